@@ -1,0 +1,1616 @@
+/* kvcache.h - v0.1.0 - a key/value cache for LLM inference engines, in one C99 header.
+
+   Storage, bookkeeping, attention over the cache, snapshots and prefix reuse for the
+   key/value cache of a transformer, with no dependency beyond libc and libm.
+
+   USAGE
+     In exactly one C or C++ file:
+         #define KVCACHE_IMPLEMENTATION
+         #include "kvcache.h"
+     Everywhere else just #include "kvcache.h".
+
+   CONFIGURATION MACROS (define before the #include that has KVCACHE_IMPLEMENTATION)
+     KVCACHE_STATIC             make every function static (private to that file).
+     KVCACHE_MALLOC(sz, user)   allocator used when the pool config names none;
+     KVCACHE_FREE(ptr, user)    define both or neither (default: malloc / free).
+     KVCACHE_ASSERT(x)          internal consistency checks (default: assert).
+
+   THE MODEL IN ONE PARAGRAPH
+     A kvc_pool owns every K/V byte, cut into pages of `page_cells` token slots
+     (a page holds those slots for every layer). Pages are reference counted and
+     the pool never takes more than its byte budget. A kvc_cache is a policy over
+     pages: FULL (append-only, grows page by page) or ROTATING (a sliding window of
+     W tokens plus optional attention-sink tokens). A kvc_snapshot shares the pages
+     it covers with the cache it came from; writing into a shared page copies that
+     page first (copy-on-write), so a snapshot never changes under you and costs
+     O(pages). kvc_prefix is the single-entry prompt reuse of ollama's MLX runner.
+
+   A FORWARD PASS
+       kvc_begin(cache, n_tokens);               // reserve cells for the new tokens
+       for (layer = 0; layer < n_layers; ++layer) {
+           ... compute q, k, v for the n_tokens (rope applied) ...
+           kvc_put(cache, layer, k, v);          // [n_tokens][kv_heads][head_dim] f32
+           kvc_attention(cache, layer, &attn);   // q over every cell it may see
+       }
+     Positions of full and rotating caches are the token indices 0, 1, 2, ...
+
+   CONVENTIONS
+     Every function returns a kvc_result (KVC_OK == 0) and validates all of its
+     arguments before it changes anything: after an error the objects are exactly
+     as they were. Nothing is thread-safe; use one pool per thread or lock around.
+     The sliding window W means W keys including the current token (Hugging Face,
+     MLX). ollama's Causal cache admits W+1: pass W+1 for that behaviour.
+
+   LICENSE: MIT or public domain (Unlicense), at your choice; see the end of file.
+*/
+#ifndef KVCACHE_H
+#define KVCACHE_H
+
+#define KVCACHE_VERSION_MAJOR 0
+#define KVCACHE_VERSION_MINOR 1
+#define KVCACHE_VERSION_PATCH 0
+#define KVCACHE_VERSION_NUMBER \
+    (KVCACHE_VERSION_MAJOR * 10000 + KVCACHE_VERSION_MINOR * 100 + KVCACHE_VERSION_PATCH)
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef KVCACHE_STATIC
+#if defined(__GNUC__) || defined(__clang__)
+#define KVCDEF static __attribute__((unused))
+#else
+#define KVCDEF static
+#endif
+#else
+#ifdef __cplusplus
+#define KVCDEF extern "C"
+#else
+#define KVCDEF extern
+#endif
+#endif
+
+/* ---- Result codes: one list gives the enum and the strings ---------------------- */
+#define KVC_RESULT_LIST(X)                                                              \
+    X(KVC_OK, 0, "ok")                                                                  \
+    X(KVC_ERR_NULL, -1, "a required pointer argument is NULL")                          \
+    X(KVC_ERR_INVALID, -2, "invalid argument value")                                    \
+    X(KVC_ERR_RANGE, -3, "layer, index, count or position out of range")                \
+    X(KVC_ERR_UNSUPPORTED, -4, "operation not supported by this cache kind or type")    \
+    X(KVC_ERR_FULL, -5, "page budget exhausted")                                        \
+    X(KVC_ERR_NO_MEMORY, -6, "memory allocation failed")                                \
+    X(KVC_ERR_ARENA_TOO_SMALL, -7, "arena smaller than the configuration needs")       \
+    X(KVC_ERR_FOREIGN, -8, "object belongs to another cache or pool")                   \
+    X(KVC_ERR_UNREACHABLE, -9, "restore target unreachable")                            \
+    X(KVC_ERR_STATE, -10, "operation not valid in the current state")                   \
+    X(KVC_ERR_BUSY, -11, "object still in use")                                         \
+    X(KVC_ERR_OVERFLOW, -12, "size computation overflows")
+
+typedef enum kvc_result {
+#define KVC__RESULT_ENUM(name, value, text) name = value,
+    KVC_RESULT_LIST(KVC__RESULT_ENUM)
+#undef KVC__RESULT_ENUM
+    KVC_RESULT_MIN_ = -12
+} kvc_result;
+
+/* ---- Storage types ----------------------------------------------------------------- */
+typedef enum kvc_type {
+    KVC_TYPE_F32 = 0, /* 4 bytes per value */
+    KVC_TYPE_F16 = 1, /* IEEE half, 2 bytes per value, round to nearest even */
+    KVC_TYPE_COUNT
+} kvc_type;
+
+/* ---- Memory --------------------------------------------------------------------- */
+typedef struct kvc_allocator {
+    void *(*alloc)(size_t size, void *user); /* NULL: KVCACHE_MALLOC */
+    void (*free)(void *ptr, void *user);     /* may be called with NULL */
+    void *user;
+} kvc_allocator;
+
+typedef struct kvc_pool_config {
+    int32_t n_layers;     /* layers whose K/V live in each page */
+    int32_t n_kv_heads;
+    int32_t head_dim_k;   /* K and V head sizes may differ */
+    int32_t head_dim_v;
+    kvc_type type_k;      /* storage type of K and of V, independently */
+    kvc_type type_v;
+    int32_t page_cells;   /* token slots per page (every layer); default 256 */
+    size_t budget_bytes;  /* hard cap on K/V bytes: floor(budget / page_bytes) pages */
+    kvc_allocator allocator;
+    /* Arena mode: when arena != NULL every byte the pool, its caches, snapshots
+       and prefix objects ever use comes from this caller-owned block, and the
+       library never calls an allocator. kvc_pool_arena_bytes() says how big it
+       must be. arena_object_bytes is the part kept for objects (cache headers,
+       page tables, snapshots, token lists); 0 means a default that scales with
+       the page count. */
+    void *arena;
+    size_t arena_bytes;
+    size_t arena_object_bytes;
+} kvc_pool_config;
+
+typedef struct kvc_pool_stats {
+    size_t page_bytes;      /* K+V bytes of one page, all layers */
+    size_t k_row_bytes;     /* bytes of one cell's K for one layer (all kv heads) */
+    size_t v_row_bytes;
+    int32_t page_cells;
+    int32_t pages_total;    /* pages the budget allows */
+    int32_t pages_used;     /* pages referenced by anything now */
+    int32_t pages_peak;
+    size_t bytes_used;      /* pages_used * page_bytes */
+    size_t bytes_peak;
+    size_t budget_bytes;
+    int32_t live_caches;    /* objects that must be destroyed before the pool */
+    int32_t live_snapshots;
+    int32_t live_prefixes;
+} kvc_pool_stats;
+
+typedef struct kvc_pool kvc_pool;
+
+KVCDEF const char *kvc_strerror(kvc_result result);
+KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", or "?" */
+KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + defaults */
+KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes);
+KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out);
+/* KVC_ERR_BUSY while caches, snapshots or prefix objects of the pool are alive. */
+KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool);
+KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *stats);
+
+/* ---- Caches ---------------------------------------------------------------------- */
+typedef enum kvc_kind {
+    KVC_KIND_FULL = 0,     /* append-only, trim/rewind anywhere */
+    KVC_KIND_ROTATING = 1  /* sliding window of `window` keys, `sinks` first tokens kept */
+} kvc_kind;
+
+typedef struct kvc_cache_config {
+    kvc_kind kind;
+    int32_t window; /* ROTATING: W keys including the current token (>= 1) */
+    int32_t sinks;  /* ROTATING: first tokens never evicted, counted inside W (0 <= sinks < W) */
+} kvc_cache_config;
+
+typedef struct kvc_cache kvc_cache;
+
+KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out);
+KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache);
+/* A new cache with the same contents, sharing every page (O(pages), no K/V copied). */
+KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out);
+KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache); /* offset 0, all pages released */
+KVCDEF kvc_result kvc_cache_offset(const kvc_cache *cache, int32_t *offset);
+/* Cells a kernel reads now: every cell the earliest query of the last batch may see
+   (FULL: offset; ROTATING: at most sinks + window - 1 + last batch size). */
+KVCDEF kvc_result kvc_cache_cells(const kvc_cache *cache, int32_t *n_cells);
+/* Pages this cache references (shared ones included). */
+KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages);
+
+/* Start a batch of n_tokens new tokens at positions offset .. offset+n_tokens-1:
+   allocates (and copies shared tail pages) for every layer at once, so it is the
+   only call of a forward pass that can run out of pages. offset grows by n_tokens.
+   ROTATING: releases pages no query of this batch can see (the seed's L>1 concat
+   and L=1 ring update keep the same window: W-1 older keys + the batch). */
+KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
+/* Write the batch's keys and values for one layer, f32, [n_tokens][n_kv_heads][head_dim],
+   converted to the storage type. Each layer of the batch must be put before its
+   attention; a later kvc_begin, snapshot or fork needs every layer put. */
+KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v);
+/* Abandon an unfinished batch: offset goes back to where kvc_begin found it. */
+KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
+
+/* Trim n tokens from the end (seed CanTrim/Trim). ROTATING caches can trim only
+   until the window has wrapped (offset <= window); otherwise KVC_ERR_UNSUPPORTED. */
+KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
+KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens);
+
+/* ---- Attention -------------------------------------------------------------------- */
+typedef struct kvc_attention_desc {
+    int32_t n_queries;    /* query tokens */
+    int32_t n_heads;      /* query heads, a multiple of n_kv_heads (GQA) */
+    const float *q;       /* [n_queries][n_heads][head_dim_k], rope applied */
+    const int32_t *pos;   /* [n_queries] positions; NULL: the last n_queries positions */
+    float scale;          /* 0: 1/sqrt(head_dim_k) */
+    int32_t window;       /* extra window (W keys incl. current), 0: none; a ROTATING
+                             cache always applies its own */
+    int non_causal;       /* nonzero: no causal mask (keys after the query are seen) */
+    float *out;           /* [n_queries][n_heads][head_dim_v]; zeros where nothing is visible */
+} kvc_attention_desc;
+
+/* Scaled dot-product attention of the queries over the cache's cells for `layer`,
+   masks computed from the cells' positions (no mask tensor). Online softmax. */
+KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc);
+
+/* ---- Views for callers with their own attention ---------------------------------- */
+typedef struct kvc_run {
+    const void *k;        /* n_cells rows of k_row_bytes, storage type type_k */
+    const void *v;        /* n_cells rows of v_row_bytes */
+    const int32_t *pos;   /* n_cells positions */
+    int32_t n_cells;
+} kvc_run;
+/* Zero-copy: the cells of kvc_cache_cells() as contiguous runs, in position order.
+   Pass runs = NULL to learn *n_runs. KVC_ERR_RANGE (with *n_runs set) if max_runs is
+   too small. Pointers stay valid until the next call that changes the cache. */
+KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run *runs,
+                                 int32_t max_runs, int32_t *n_runs);
+/* Copy: the same cells converted to f32, k [n][n_kv_heads][head_dim_k], v likewise,
+   pos [n] (any of the three may be NULL). KVC_ERR_RANGE (with *n_cells set) if
+   max_cells is too small. */
+KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v,
+                                   int32_t *pos, int32_t max_cells, int32_t *n_cells);
+
+/* ---- Snapshots (the seed's Snapshot / Restore / Merge / Split) ------------------ */
+typedef struct kvc_snapshot kvc_snapshot;
+typedef struct kvc_snapshot_info {
+    int32_t from, to;     /* FULL: the tokens [from, to) it holds; ROTATING: the whole window */
+    int32_t n_pages;      /* pages it keeps alive */
+    size_t bytes;         /* n_pages * page_bytes */
+} kvc_snapshot_info;
+
+/* Snapshot of [from, offset). *out = NULL (and KVC_OK) when offset <= from, as in the
+   seed. FULL: from < 0 counts as 0. ROTATING: the whole window state is kept. */
+KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out);
+/* Bring the cache to `target`. snap == NULL rewinds using the live state.
+   KVC_ERR_UNREACHABLE is the seed's `false`: FULL: target < 0, target > offset
+   (live) or > snap->to, or offset < snap->from. ROTATING: live rewind once the
+   window has wrapped (offset > window), or a snapshot clamped below its end when
+   its window had wrapped. The snapshot is not consumed. */
+KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target);
+/* Merge [a,b) and [b,c) into [a,c). Consumes both on success; if either is NULL
+   both are freed and *out = NULL (seed). ROTATING: the child supersedes the parent. */
+KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
+                                     kvc_snapshot **out);
+/* Split [a,c) at b into [a,b) and [b,c). Consumes snap on success. At or before a:
+   (NULL, snap); at or after c: (snap, NULL). ROTATING: (NULL, snap) always. */
+KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32_t at,
+                                     kvc_snapshot **parent, kvc_snapshot **child);
+KVCDEF kvc_result kvc_snapshot_info_get(const kvc_snapshot *snap, kvc_snapshot_info *info);
+KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap); /* NULL is fine */
+
+/* ---- Single-entry prefix reuse (seed findRemaining / begin / close) -------------- */
+typedef struct kvc_prefix kvc_prefix;
+/* Tracks the tokens held by a set of caches (one per layer group, kinds may mix).
+   max_tokens bounds the recorded token list. The caches must outlive the object. */
+KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, int32_t max_tokens,
+                                    kvc_prefix **out);
+KVCDEF kvc_result kvc_prefix_destroy(kvc_prefix *prefix);
+/* New request: longest common prefix with the recorded tokens, always leaving at least
+   one token to evaluate; trims every cache to it, or clears them all when one cannot
+   trim there (a wrapped rotating window). *n_reused = tokens already in the caches:
+   evaluate tokens[*n_reused ..]. The prompt is remembered for kvc_prefix_close. */
+KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *prefix, const int32_t *tokens, int32_t n_tokens,
+                                   int32_t *n_reused);
+/* After generation: record prompt + generated tokens, clipped to the smallest cache
+   offset (what every cache really holds) and to max_tokens. */
+KVCDEF kvc_result kvc_prefix_close(kvc_prefix *prefix, const int32_t *generated, int32_t n_generated);
+KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **tokens, int32_t *n_tokens);
+
+#endif /* KVCACHE_H */
+
+/* ================================================================================= */
+/*                                IMPLEMENTATION                                     */
+/* ================================================================================= */
+#ifdef KVCACHE_IMPLEMENTATION
+#ifndef KVCACHE_IMPLEMENTATION_DONE
+#define KVCACHE_IMPLEMENTATION_DONE
+
+#include <string.h>
+#include <math.h>
+
+#if defined(KVCACHE_MALLOC) && defined(KVCACHE_FREE)
+/* the user's allocator */
+#elif !defined(KVCACHE_MALLOC) && !defined(KVCACHE_FREE)
+#include <stdlib.h>
+#define KVCACHE_MALLOC(sz, user) ((void)(user), malloc(sz))
+#define KVCACHE_FREE(p, user) ((void)(user), free(p))
+#else
+#error "kvcache.h: define both KVCACHE_MALLOC and KVCACHE_FREE, or neither"
+#endif
+
+#ifndef KVCACHE_ASSERT
+#include <assert.h>
+#define KVCACHE_ASSERT(x) assert(x)
+#endif
+
+#define KVC__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVC__MAX(a, b) ((a) > (b) ? (a) : (b))
+#define KVC__NO_PAGE 0xffffffffu
+#define KVC__DEFAULT_PAGE_CELLS 256
+#define KVC__SLAB_ALIGN 64
+
+/* ---- Layer 0: results, sizes, half floats ---------------------------------------- */
+
+KVCDEF const char *kvc_strerror(kvc_result result) {
+    switch (result) {
+#define KVC__RESULT_CASE(name, value, text) \
+    case name: return text;
+        KVC_RESULT_LIST(KVC__RESULT_CASE)
+#undef KVC__RESULT_CASE
+    default: return "unknown kvc_result";
+    }
+}
+
+/* a*b, or 0 with *overflow set; sizes are checked once at create time */
+static size_t kvc__mul(size_t a, size_t b, int *overflow) {
+    if (a != 0 && b > (size_t)-1 / a) { *overflow = 1; return 0; }
+    return a * b;
+}
+static size_t kvc__add(size_t a, size_t b, int *overflow) {
+    if (b > (size_t)-1 - a) { *overflow = 1; return 0; }
+    return a + b;
+}
+static size_t kvc__align_up(size_t n, size_t a, int *overflow) {
+    return kvc__add(n, a - 1, overflow) & ~(a - 1);
+}
+
+static uint16_t kvc__f32_to_f16(float f) {
+    uint32_t x, sign, exp, mant, h, rem;
+    int32_t e;
+    memcpy(&x, &f, 4);
+    sign = (x >> 16) & 0x8000u;
+    exp = (x >> 23) & 0xffu;
+    mant = x & 0x7fffffu;
+    if (exp == 0xffu) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
+    e = (int32_t)exp - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) { /* subnormal half: count units of 2^-24, round to nearest even */
+        uint32_t shift, half, mid;
+        if (e < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        shift = (uint32_t)(14 - e);
+        half = mant >> shift;
+        rem = mant & ((1u << shift) - 1u);
+        mid = 1u << (shift - 1u);
+        if (rem > mid || (rem == mid && (half & 1u))) half++;
+        return (uint16_t)(sign | half);
+    }
+    h = ((uint32_t)e << 10) | (mant >> 13);
+    rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry into the exponent is right */
+    return (uint16_t)(sign | h);
+}
+
+static float kvc__f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
+    float f;
+    if (exp == 0) {
+        f = (float)mant * (1.0f / 16777216.0f);
+        return sign ? -f : f;
+    }
+    if (exp == 31) x = sign | 0x7f800000u | (mant << 13);
+    else x = sign | ((exp + 112u) << 23) | (mant << 13);
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* ---- Layer 0: the storage type table ---------------------------------------------
+   Adding a type is one row here plus its two converters. Rows are converted whole
+   (n values, a multiple of `block`), so block-quantised types fit the same slots. */
+
+typedef void (*kvc__from_f32_fn)(const float *src, void *dst, int32_t n);
+typedef void (*kvc__to_f32_fn)(const void *src, float *dst, int32_t n);
+
+typedef struct kvc__type_info {
+    const char *name;
+    int32_t block;      /* values per block */
+    size_t block_bytes; /* bytes per block */
+    kvc__from_f32_fn from_f32;
+    kvc__to_f32_fn to_f32;
+} kvc__type_info;
+
+static void kvc__f32_from_f32(const float *src, void *dst, int32_t n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+static void kvc__f32_to_f32(const void *src, float *dst, int32_t n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+static void kvc__f16_from_f32(const float *src, void *dst, int32_t n) {
+    uint16_t *d = (uint16_t *)dst;
+    int32_t i;
+    for (i = 0; i < n; ++i) d[i] = kvc__f32_to_f16(src[i]);
+}
+static void kvc__f16_to_f32_row(const void *src, float *dst, int32_t n) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t i;
+    for (i = 0; i < n; ++i) dst[i] = kvc__f16_to_f32(s[i]);
+}
+
+static const kvc__type_info kvc__types[KVC_TYPE_COUNT] = {
+    {"f32", 1, 4, kvc__f32_from_f32, kvc__f32_to_f32},
+    {"f16", 1, 2, kvc__f16_from_f32, kvc__f16_to_f32_row},
+};
+
+static int kvc__type_valid(kvc_type t) { return (int)t >= 0 && (int)t < (int)KVC_TYPE_COUNT; }
+
+KVCDEF const char *kvc_type_name(kvc_type type) {
+    return kvc__type_valid(type) ? kvc__types[type].name : "?";
+}
+
+/* ---- Layer 1a: memory: the user's allocator, or a first-fit heap in the arena ----- */
+
+typedef struct kvc__chunk { /* a free block of the arena heap; size includes the header */
+    size_t size;
+    struct kvc__chunk *next;
+} kvc__chunk;
+
+#define KVC__HEAP_HDR ((size_t)16) /* keeps payloads 16-byte aligned; >= sizeof(kvc__chunk) */
+
+typedef struct kvc__heap {
+    kvc__chunk *free_list; /* sorted by address, neighbours coalesced */
+} kvc__heap;
+
+static void kvc__heap_init(kvc__heap *h, void *base, size_t bytes) {
+    h->free_list = NULL;
+    if (bytes >= 2 * KVC__HEAP_HDR) {
+        h->free_list = (kvc__chunk *)base;
+        h->free_list->size = bytes & ~(KVC__HEAP_HDR - 1);
+        h->free_list->next = NULL;
+    }
+}
+
+static void *kvc__heap_alloc(kvc__heap *h, size_t n) {
+    kvc__chunk **link, *c;
+    size_t need;
+    if (n > (size_t)-1 / 2) return NULL;
+    need = (n + 2 * KVC__HEAP_HDR - 1) & ~(KVC__HEAP_HDR - 1);
+    for (link = &h->free_list; (c = *link) != NULL; link = &c->next) {
+        if (c->size < need) continue;
+        if (c->size - need >= 2 * KVC__HEAP_HDR) { /* split, keep the tail free */
+            kvc__chunk *rest = (kvc__chunk *)((unsigned char *)c + need);
+            rest->size = c->size - need;
+            rest->next = c->next;
+            *link = rest;
+            c->size = need;
+        } else {
+            *link = c->next;
+        }
+        return (unsigned char *)c + KVC__HEAP_HDR;
+    }
+    return NULL;
+}
+
+static void kvc__heap_free(kvc__heap *h, void *p) {
+    kvc__chunk *c = (kvc__chunk *)((unsigned char *)p - KVC__HEAP_HDR), *prev = NULL, *next = h->free_list;
+    while (next != NULL && next < c) { prev = next; next = next->next; }
+    c->next = next;
+    if (next != NULL && (unsigned char *)c + c->size == (unsigned char *)next) {
+        c->size += next->size;
+        c->next = next->next;
+    }
+    if (prev != NULL) {
+        prev->next = c;
+        if ((unsigned char *)prev + prev->size == (unsigned char *)c) {
+            prev->size += c->size;
+            prev->next = c->next;
+        }
+    } else {
+        h->free_list = c;
+    }
+}
+
+static void *kvc__default_alloc(size_t size, void *user) { return KVCACHE_MALLOC(size, user); }
+static void kvc__default_free(void *ptr, void *user) { KVCACHE_FREE(ptr, user); }
+
+/* ---- Layer 1b: the pool of pages ---------------------------------------------------
+   Page p of layer l has its K rows at k_region + (l*max_pages + p)*page_k_bytes, so
+   consecutive page ids are one contiguous tensor per layer; V likewise after all K.
+   Each cell also has a position (-1 = never written) in pos[p*page_cells + cell]. */
+
+struct kvc_pool {
+    kvc_pool_config cfg;
+    kvc_allocator alloc;     /* resolved: never NULL functions in allocator mode */
+    int arena_mode;
+    kvc__heap heap;          /* arena mode: where objects come from */
+    void *slab_block;        /* allocator mode: the block to free */
+    unsigned char *slab;     /* K regions of every layer, then V regions */
+    size_t v_region;         /* byte offset of the V regions in the slab */
+    size_t k_row, v_row;     /* bytes of one cell, one layer, all kv heads */
+    size_t page_k_bytes, page_v_bytes; /* one page, one layer */
+    size_t page_bytes;       /* one page, every layer, K+V */
+    int32_t page_cells, max_pages;
+    uint32_t *refcount;      /* [max_pages] */
+    int32_t *pos;            /* [max_pages * page_cells] */
+    uint32_t *free_pages;    /* stack of free page ids, lowest on top at start */
+    int32_t n_free, pages_peak;
+    uint32_t next_cache_id;
+    int32_t live_caches, live_snapshots, live_prefixes;
+};
+
+typedef struct kvc__layout {
+    size_t k_row, v_row, page_bytes;
+    int32_t page_cells, max_pages;
+    size_t meta_bytes;   /* pool struct + metadata arrays */
+    size_t slab_bytes;
+    size_t object_bytes; /* arena mode: the object heap */
+    size_t arena_bytes;  /* everything, alignment slack included */
+} kvc__layout;
+
+static size_t kvc__row_bytes(kvc_type t, int32_t n_heads, int32_t head_dim) {
+    return (size_t)n_heads * (size_t)(head_dim / kvc__types[t].block) * kvc__types[t].block_bytes;
+}
+
+static kvc_result kvc__check_config(const kvc_pool_config *c) {
+    if (c->n_layers < 1 || c->n_kv_heads < 1 || c->head_dim_k < 1 || c->head_dim_v < 1 ||
+        c->page_cells < 0)
+        return KVC_ERR_INVALID;
+    if (!kvc__type_valid(c->type_k) || !kvc__type_valid(c->type_v)) return KVC_ERR_INVALID;
+    if (c->head_dim_k % kvc__types[c->type_k].block != 0 ||
+        c->head_dim_v % kvc__types[c->type_v].block != 0)
+        return KVC_ERR_INVALID;
+    if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) return KVC_ERR_INVALID;
+    if (c->arena == NULL && c->arena_bytes != 0) return KVC_ERR_INVALID;
+    return KVC_OK;
+}
+
+static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
+    int of = 0;
+    size_t cells_total, per_page_layer, pages;
+    kvc_result r = kvc__check_config(c);
+    if (r != KVC_OK) return r;
+    memset(L, 0, sizeof(*L));
+    L->page_cells = c->page_cells ? c->page_cells : KVC__DEFAULT_PAGE_CELLS;
+    L->k_row = kvc__mul((size_t)c->n_kv_heads, (size_t)c->head_dim_k * 4, &of); /* bound first */
+    L->v_row = kvc__mul((size_t)c->n_kv_heads, (size_t)c->head_dim_v * 4, &of);
+    if (of) return KVC_ERR_OVERFLOW;
+    L->k_row = kvc__row_bytes(c->type_k, c->n_kv_heads, c->head_dim_k);
+    L->v_row = kvc__row_bytes(c->type_v, c->n_kv_heads, c->head_dim_v);
+    per_page_layer = kvc__mul(kvc__add(L->k_row, L->v_row, &of), (size_t)L->page_cells, &of);
+    L->page_bytes = kvc__mul(per_page_layer, (size_t)c->n_layers, &of);
+    if (of) return KVC_ERR_OVERFLOW;
+    pages = c->budget_bytes / L->page_bytes;
+    if (pages < 1) return KVC_ERR_INVALID; /* the budget does not hold a single page */
+    /* every cell index must fit an int32 */
+    if (pages > (size_t)(INT32_MAX / L->page_cells)) pages = (size_t)(INT32_MAX / L->page_cells);
+    L->max_pages = (int32_t)pages;
+    cells_total = pages * (size_t)L->page_cells;
+    L->meta_bytes = kvc__align_up(sizeof(kvc_pool), 16, &of);
+    L->meta_bytes = kvc__add(L->meta_bytes, kvc__mul(pages, 2 * sizeof(uint32_t), &of), &of);
+    L->meta_bytes = kvc__add(L->meta_bytes, kvc__mul(cells_total, sizeof(int32_t), &of), &of);
+    L->slab_bytes = kvc__mul(pages, L->page_bytes, &of);
+    L->object_bytes = c->arena_object_bytes;
+    if (L->object_bytes == 0) /* room for ~32 caches or snapshots spanning the whole pool */
+        L->object_bytes = kvc__add(65536, kvc__mul(32, kvc__add(kvc__mul(pages, 4, &of),
+                                   (size_t)c->n_layers + 512, &of), &of), &of);
+    L->arena_bytes = kvc__align_up(L->meta_bytes, KVC__SLAB_ALIGN, &of);
+    L->arena_bytes = kvc__add(L->arena_bytes, L->slab_bytes, &of);
+    L->arena_bytes = kvc__add(L->arena_bytes, kvc__align_up(L->object_bytes, 16, &of), &of);
+    L->arena_bytes = kvc__add(L->arena_bytes, KVC__SLAB_ALIGN + 16, &of); /* base alignment */
+    return of ? KVC_ERR_OVERFLOW : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg) {
+    if (cfg == NULL) return KVC_ERR_NULL;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->type_k = KVC_TYPE_F32;
+    cfg->type_v = KVC_TYPE_F32;
+    cfg->page_cells = KVC__DEFAULT_PAGE_CELLS;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes) {
+    kvc__layout L;
+    kvc_result r;
+    if (cfg == NULL || bytes == NULL) return KVC_ERR_NULL;
+    r = kvc__layout_for(cfg, &L);
+    if (r == KVC_OK) *bytes = L.arena_bytes;
+    return r;
+}
+
+static unsigned char *kvc__align_ptr(void *p, size_t a) {
+    uintptr_t u = (uintptr_t)p;
+    return (unsigned char *)(u + ((a - (u % a)) % a));
+}
+
+/* Lay the pool struct and its arrays out in `meta`, the page storage at `slab`. */
+static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const kvc_pool_config *cfg,
+                                const kvc__layout *L) {
+    kvc_pool *p = (kvc_pool *)meta;
+    int32_t i;
+    unsigned char *cursor = meta + ((sizeof(kvc_pool) + 15) & ~(size_t)15);
+    memset(p, 0, sizeof(*p));
+    p->cfg = *cfg;
+    p->cfg.page_cells = L->page_cells;
+    p->page_cells = L->page_cells;
+    p->max_pages = L->max_pages;
+    p->k_row = L->k_row;
+    p->v_row = L->v_row;
+    p->page_k_bytes = L->k_row * (size_t)L->page_cells;
+    p->page_v_bytes = L->v_row * (size_t)L->page_cells;
+    p->page_bytes = L->page_bytes;
+    p->slab = slab;
+    p->v_region = p->page_k_bytes * (size_t)L->max_pages * (size_t)cfg->n_layers;
+    p->refcount = (uint32_t *)cursor;
+    cursor += sizeof(uint32_t) * (size_t)L->max_pages;
+    p->free_pages = (uint32_t *)cursor;
+    cursor += sizeof(uint32_t) * (size_t)L->max_pages;
+    p->pos = (int32_t *)cursor;
+    for (i = 0; i < L->max_pages; ++i) {
+        p->refcount[i] = 0;
+        p->free_pages[i] = (uint32_t)(L->max_pages - 1 - i); /* page 0 pops first */
+    }
+    memset(p->pos, 0xff, sizeof(int32_t) * (size_t)L->max_pages * (size_t)L->page_cells);
+    p->n_free = L->max_pages;
+    return p;
+}
+
+KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out) {
+    kvc__layout L;
+    kvc_result r;
+    kvc_pool *p;
+    if (cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    r = kvc__layout_for(cfg, &L);
+    if (r != KVC_OK) return r;
+    if (cfg->arena != NULL) {
+        unsigned char *meta = kvc__align_ptr(cfg->arena, 16), *slab, *objects;
+        if (cfg->arena_bytes < L.arena_bytes) return KVC_ERR_ARENA_TOO_SMALL;
+        slab = kvc__align_ptr(meta + L.meta_bytes, KVC__SLAB_ALIGN);
+        objects = kvc__align_ptr(slab + L.slab_bytes, 16);
+        p = kvc__pool_init(meta, slab, cfg, &L);
+        p->arena_mode = 1;
+        kvc__heap_init(&p->heap, objects,
+                       (size_t)((unsigned char *)cfg->arena + cfg->arena_bytes - objects));
+    } else {
+        kvc_allocator a = cfg->allocator;
+        void *meta, *slab_block;
+        if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
+        meta = a.alloc(L.meta_bytes, a.user);
+        if (meta == NULL) return KVC_ERR_NO_MEMORY;
+        slab_block = a.alloc(L.slab_bytes + KVC__SLAB_ALIGN, a.user);
+        if (slab_block == NULL) { a.free(meta, a.user); return KVC_ERR_NO_MEMORY; }
+        p = kvc__pool_init((unsigned char *)meta, kvc__align_ptr(slab_block, KVC__SLAB_ALIGN), cfg, &L);
+        p->alloc = a;
+        p->slab_block = slab_block;
+    }
+    *out = p;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool) {
+    kvc_allocator a;
+    if (pool == NULL) return KVC_ERR_NULL;
+    if (pool->live_caches || pool->live_snapshots || pool->live_prefixes) return KVC_ERR_BUSY;
+    KVCACHE_ASSERT(pool->n_free == pool->max_pages);
+    if (pool->arena_mode) return KVC_OK; /* the caller owns the arena */
+    a = pool->alloc;
+    a.free(pool->slab_block, a.user);
+    a.free(pool, a.user);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *s) {
+    if (pool == NULL || s == NULL) return KVC_ERR_NULL;
+    memset(s, 0, sizeof(*s));
+    s->page_bytes = pool->page_bytes;
+    s->k_row_bytes = pool->k_row;
+    s->v_row_bytes = pool->v_row;
+    s->page_cells = pool->page_cells;
+    s->pages_total = pool->max_pages;
+    s->pages_used = pool->max_pages - pool->n_free;
+    s->pages_peak = pool->pages_peak;
+    s->bytes_used = (size_t)s->pages_used * pool->page_bytes;
+    s->bytes_peak = (size_t)s->pages_peak * pool->page_bytes;
+    s->budget_bytes = pool->cfg.budget_bytes;
+    s->live_caches = pool->live_caches;
+    s->live_snapshots = pool->live_snapshots;
+    s->live_prefixes = pool->live_prefixes;
+    return KVC_OK;
+}
+
+static void *kvc__alloc(kvc_pool *p, size_t n) {
+    if (p->arena_mode) return kvc__heap_alloc(&p->heap, n);
+    return p->alloc.alloc(n, p->alloc.user);
+}
+static void kvc__free(kvc_pool *p, void *ptr) {
+    if (ptr == NULL) return;
+    if (p->arena_mode) kvc__heap_free(&p->heap, ptr);
+    else p->alloc.free(ptr, p->alloc.user);
+}
+
+/* Page reference counting. Callers check n_free first, so acquire never fails. */
+static uint32_t kvc__page_acquire(kvc_pool *p) {
+    uint32_t page;
+    KVCACHE_ASSERT(p->n_free > 0);
+    page = p->free_pages[--p->n_free];
+    KVCACHE_ASSERT(p->refcount[page] == 0);
+    p->refcount[page] = 1;
+    if (p->max_pages - p->n_free > p->pages_peak) p->pages_peak = p->max_pages - p->n_free;
+    return page;
+}
+static void kvc__page_retain(kvc_pool *p, uint32_t page) {
+    KVCACHE_ASSERT(p->refcount[page] > 0);
+    p->refcount[page]++;
+}
+static void kvc__page_release(kvc_pool *p, uint32_t page) {
+    KVCACHE_ASSERT(p->refcount[page] > 0);
+    if (--p->refcount[page] == 0) p->free_pages[p->n_free++] = page;
+}
+
+static unsigned char *kvc__k_at(const kvc_pool *p, int32_t layer, uint32_t page, int32_t cell) {
+    return p->slab + ((size_t)layer * (size_t)p->max_pages + page) * p->page_k_bytes +
+           (size_t)cell * p->k_row;
+}
+static unsigned char *kvc__v_at(const kvc_pool *p, int32_t layer, uint32_t page, int32_t cell) {
+    return p->slab + p->v_region + ((size_t)layer * (size_t)p->max_pages + page) * p->page_v_bytes +
+           (size_t)cell * p->v_row;
+}
+static int32_t *kvc__pos_at(const kvc_pool *p, uint32_t page, int32_t cell) {
+    return p->pos + (size_t)page * (size_t)p->page_cells + (size_t)cell;
+}
+
+/* Copy cells [c0, c1) of every layer (and their positions) from one page to another. */
+static void kvc__page_copy_cells(kvc_pool *p, uint32_t dst, uint32_t src, int32_t c0, int32_t c1) {
+    int32_t l, n = c1 - c0;
+    if (n <= 0) return;
+    for (l = 0; l < p->cfg.n_layers; ++l) {
+        memcpy(kvc__k_at(p, l, dst, c0), kvc__k_at(p, l, src, c0), (size_t)n * p->k_row);
+        memcpy(kvc__v_at(p, l, dst, c0), kvc__v_at(p, l, src, c0), (size_t)n * p->v_row);
+    }
+    memcpy(kvc__pos_at(p, dst, c0), kvc__pos_at(p, src, c0), (size_t)n * sizeof(int32_t));
+}
+
+/* ---- Layer 2: cells and page tables --------------------------------------------------
+   A FULL or ROTATING cache maps token t (its position) to logical page t / page_cells,
+   slot t % page_cells. pages[] lists the logical pages it holds in order: the first
+   n_sink_pages entries are logical pages 0.. (ROTATING sinks, never released), the
+   rest are consecutive logical pages starting at first_lpage. A FULL cache has no
+   sinks and first_lpage 0; a ROTATING cache releases window pages from the front. */
+
+struct kvc_cache {
+    kvc_pool *pool;
+    uint32_t id;             /* unique within the pool: snapshots name their cache */
+    kvc_cache_config cfg;
+    int32_t offset;          /* tokens held so far = the next position */
+    int32_t batch_begin;     /* first token of the current (or last) batch */
+    int32_t batch_pending;   /* layers of the current batch not put yet */
+    unsigned char *batch_put;/* [n_layers] */
+    int32_t n_sink_pages;
+    int32_t first_lpage;
+    int32_t n_pages;
+    uint32_t *pages;         /* [pool->max_pages] */
+};
+
+struct kvc_snapshot {
+    kvc_pool *pool;
+    uint32_t cache_id;
+    kvc_kind kind;
+    int32_t from, to;
+    int32_t first_lpage;     /* FULL: logical page of pages[0]; ROTATING: the cache's */
+    int32_t batch_begin;     /* ROTATING: the window anchor at snapshot time */
+    int32_t n_pages;
+    uint32_t *pages;
+};
+
+/* Where logical page lp sits in pages[], or -1. */
+static int32_t kvc__lpage_index(const kvc_cache *c, int32_t lp) {
+    int32_t idx;
+    if (lp < 0) return -1;
+    if (lp < c->n_sink_pages) return lp < c->n_pages ? lp : -1;
+    if (lp < c->first_lpage) return -1;
+    idx = c->n_sink_pages + (lp - c->first_lpage);
+    return idx < c->n_pages ? idx : -1;
+}
+
+static int32_t kvc__entry_lpage(const kvc_cache *c, int32_t idx) {
+    return idx < c->n_sink_pages ? idx : c->first_lpage + (idx - c->n_sink_pages);
+}
+
+static int32_t kvc__recent_window(const kvc_cache *c) { return c->cfg.window - c->cfg.sinks; }
+
+/* The oldest non-sink token a query at position p of a ROTATING cache may see. */
+static int64_t kvc__window_lo(const kvc_cache *c, int64_t p) { return p - kvc__recent_window(c) + 1; }
+
+/* The tokens a kernel reads: at most two ranges, [b0,e0) then [b1,e1). */
+typedef struct kvc__ranges {
+    int32_t b[2], e[2];
+} kvc__ranges;
+
+static kvc__ranges kvc__view(const kvc_cache *c) {
+    kvc__ranges r;
+    r.b[0] = r.e[0] = r.b[1] = r.e[1] = 0;
+    if (c->cfg.kind == KVC_KIND_ROTATING) {
+        /* kvc_begin released only pages older than this, so every cell here is held */
+        int64_t lo = kvc__window_lo(c, c->batch_begin);
+        int32_t s = KVC__MIN(c->cfg.sinks, c->offset);
+        r.e[0] = s;
+        lo = KVC__MAX(lo, (int64_t)s);
+        r.b[1] = (int32_t)KVC__MIN(lo, (int64_t)c->offset);
+        r.e[1] = c->offset;
+    } else {
+        r.e[1] = c->offset;
+    }
+    return r;
+}
+
+/* A run of cells of one page, [c0, c1). */
+typedef struct kvc__run {
+    uint32_t page;
+    int32_t c0, c1;
+} kvc__run;
+
+typedef struct kvc__iter {
+    const kvc_cache *c;
+    kvc__ranges r;
+    int32_t part, t;
+} kvc__iter;
+
+static void kvc__iter_init(kvc__iter *it, const kvc_cache *c) {
+    it->c = c;
+    it->r = kvc__view(c);
+    it->part = 0;
+    it->t = it->r.b[0];
+}
+
+static int kvc__iter_next(kvc__iter *it, kvc__run *run) {
+    int32_t pc = it->c->pool->page_cells;
+    while (it->part < 2) {
+        if (it->t < it->r.e[it->part]) {
+            int32_t lp = it->t / pc, idx = kvc__lpage_index(it->c, lp), end;
+            KVCACHE_ASSERT(idx >= 0);
+            end = (int32_t)KVC__MIN((int64_t)it->r.e[it->part], (int64_t)lp * pc + pc);
+            run->page = it->c->pages[idx];
+            run->c0 = it->t - lp * pc;
+            run->c1 = end - lp * pc;
+            it->t = end;
+            return 1;
+        }
+        if (++it->part < 2) it->t = KVC__MAX(it->r.b[1], it->r.e[0]);
+    }
+    return 0;
+}
+
+/* Release the pages that hold no token below n_tokens (from the back). */
+static void kvc__release_from(kvc_cache *c, int32_t n_tokens) {
+    int32_t pc = c->pool->page_cells;
+    while (c->n_pages > 0 && (int64_t)kvc__entry_lpage(c, c->n_pages - 1) * pc >= n_tokens) {
+        kvc__page_release(c->pool, c->pages[--c->n_pages]);
+    }
+    if (c->n_pages <= c->n_sink_pages) c->first_lpage = c->n_sink_pages;
+}
+
+/* Go back to `target` tokens. `anchor` becomes batch_begin, which sets the ROTATING
+   view: target - 1 (a batch of one token) unless the caller knows better. */
+static void kvc__rewind_to(kvc_cache *c, int32_t target, int32_t anchor) {
+    kvc__release_from(c, target);
+    c->offset = target;
+    c->batch_begin = anchor;
+    c->batch_pending = 0;
+}
+static void kvc__rewind(kvc_cache *c, int32_t target) {
+    kvc__rewind_to(c, target, target > 0 ? target - 1 : 0);
+}
+
+/* ---- Layer 3: cache kinds ----------------------------------------------------------- */
+
+static int kvc__batch_open(const kvc_cache *c) { return c->batch_pending > 0; }
+
+KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
+    kvc_cache *c;
+    size_t bytes;
+    if (pool == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    if (cfg->kind == KVC_KIND_FULL) {
+        if (cfg->window != 0 || cfg->sinks != 0) return KVC_ERR_INVALID;
+    } else if (cfg->kind == KVC_KIND_ROTATING) {
+        if (cfg->window < 1 || cfg->sinks < 0 || cfg->sinks >= cfg->window) return KVC_ERR_INVALID;
+    } else {
+        return KVC_ERR_INVALID;
+    }
+    bytes = sizeof(kvc_cache) + sizeof(uint32_t) * (size_t)pool->max_pages + (size_t)pool->cfg.n_layers;
+    c = (kvc_cache *)kvc__alloc(pool, bytes);
+    if (c == NULL) return KVC_ERR_NO_MEMORY;
+    memset(c, 0, sizeof(*c));
+    c->pool = pool;
+    c->id = ++pool->next_cache_id;
+    c->cfg = *cfg;
+    c->pages = (uint32_t *)(c + 1);
+    c->batch_put = (unsigned char *)(c->pages + pool->max_pages);
+    c->n_sink_pages = (cfg->sinks + pool->page_cells - 1) / pool->page_cells;
+    c->first_lpage = c->n_sink_pages;
+    pool->live_caches++;
+    *out = c;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
+    kvc_pool *p;
+    if (cache == NULL) return KVC_ERR_NULL;
+    p = cache->pool;
+    kvc__rewind(cache, 0);
+    p->live_caches--;
+    kvc__free(p, cache);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
+    kvc_cache *c;
+    int32_t i;
+    kvc_result r;
+    if (cache == NULL || out == NULL) return KVC_ERR_NULL;
+    if (kvc__batch_open(cache)) return KVC_ERR_STATE;
+    r = kvc_cache_create(cache->pool, &cache->cfg, &c);
+    if (r != KVC_OK) return r;
+    for (i = 0; i < cache->n_pages; ++i) {
+        kvc__page_retain(cache->pool, cache->pages[i]);
+        c->pages[i] = cache->pages[i];
+    }
+    c->n_pages = cache->n_pages;
+    c->first_lpage = cache->first_lpage;
+    c->offset = cache->offset;
+    c->batch_begin = cache->batch_begin;
+    *out = c;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
+    if (cache == NULL) return KVC_ERR_NULL;
+    kvc__rewind(cache, 0);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_offset(const kvc_cache *cache, int32_t *offset) {
+    if (cache == NULL || offset == NULL) return KVC_ERR_NULL;
+    *offset = cache->offset;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_cells(const kvc_cache *cache, int32_t *n_cells) {
+    kvc__ranges r;
+    if (cache == NULL || n_cells == NULL) return KVC_ERR_NULL;
+    r = kvc__view(cache);
+    *n_cells = (r.e[0] - r.b[0]) + (r.e[1] - KVC__MAX(r.b[1], r.e[0]));
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages) {
+    if (cache == NULL || n_pages == NULL) return KVC_ERR_NULL;
+    *n_pages = cache->n_pages;
+    return KVC_OK;
+}
+
+/* Pages a ROTATING batch starting at o frees: leading window pages whose every
+   token is older than the oldest token the batch's first query may see. */
+static int32_t kvc__dead_pages(const kvc_cache *c, int32_t o, int32_t *freed) {
+    int32_t idx, n = 0, pc = c->pool->page_cells;
+    int64_t lo = kvc__window_lo(c, o);
+    *freed = 0;
+    if (c->cfg.kind != KVC_KIND_ROTATING) return 0;
+    for (idx = c->n_sink_pages; idx < c->n_pages; ++idx) {
+        if (((int64_t)kvc__entry_lpage(c, idx) + 1) * pc > lo) break;
+        n++;
+        if (c->pool->refcount[c->pages[idx]] == 1) (*freed)++;
+    }
+    return n;
+}
+
+static void kvc__drop_front(kvc_cache *c, int32_t n) {
+    int32_t i, s = c->n_sink_pages;
+    if (n <= 0) return;
+    for (i = 0; i < n; ++i) kvc__page_release(c->pool, c->pages[s + i]);
+    memmove(c->pages + s, c->pages + s + n, sizeof(uint32_t) * (size_t)(c->n_pages - s - n));
+    c->n_pages -= n;
+    c->first_lpage += n;
+}
+
+/* Make the page holding token o-1 (partly filled) private before writing after it. */
+static void kvc__unshare_tail(kvc_cache *c, int32_t o) {
+    kvc_pool *p = c->pool;
+    int32_t idx, pc = p->page_cells;
+    uint32_t fresh;
+    if (o % pc == 0) return;
+    idx = kvc__lpage_index(c, o / pc);
+    KVCACHE_ASSERT(idx >= 0);
+    if (p->refcount[c->pages[idx]] == 1) return;
+    fresh = kvc__page_acquire(p);
+    kvc__page_copy_cells(p, fresh, c->pages[idx], 0, o % pc);
+    kvc__page_release(p, c->pages[idx]);
+    c->pages[idx] = fresh;
+}
+
+static int kvc__tail_shared(const kvc_cache *c, int32_t o) {
+    int32_t idx;
+    if (o % c->pool->page_cells == 0) return 0;
+    idx = kvc__lpage_index(c, o / c->pool->page_cells);
+    return idx >= 0 && c->pool->refcount[c->pages[idx]] > 1;
+}
+
+KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
+    kvc_pool *p;
+    int32_t o, e, pc, first_new, last, n_new, n_dead, freed, lp, t;
+    if (cache == NULL) return KVC_ERR_NULL;
+    if (n_tokens < 1) return KVC_ERR_INVALID;
+    if (kvc__batch_open(cache)) return KVC_ERR_STATE;
+    p = cache->pool;
+    pc = p->page_cells;
+    o = cache->offset;
+    if (n_tokens > INT32_MAX - o) return KVC_ERR_RANGE;
+    e = o + n_tokens;
+    first_new = (int32_t)(((int64_t)o + pc - 1) / pc);
+    last = (e - 1) / pc;
+    n_new = last - first_new + 1;
+    n_dead = kvc__dead_pages(cache, o, &freed);
+    if ((int64_t)n_new + kvc__tail_shared(cache, o) > (int64_t)p->n_free + freed) return KVC_ERR_FULL;
+    /* from here on nothing can fail */
+    kvc__drop_front(cache, n_dead);
+    kvc__unshare_tail(cache, o);
+    for (lp = first_new; lp <= last; ++lp) {
+        if (cache->n_pages == cache->n_sink_pages && lp >= cache->n_sink_pages) cache->first_lpage = lp;
+        cache->pages[cache->n_pages++] = kvc__page_acquire(p);
+    }
+    for (t = o; t < e; ++t) *kvc__pos_at(p, cache->pages[kvc__lpage_index(cache, t / pc)], t % pc) = t;
+    cache->offset = e;
+    cache->batch_begin = o;
+    cache->batch_pending = p->cfg.n_layers;
+    memset(cache->batch_put, 0, (size_t)p->cfg.n_layers);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v) {
+    kvc_pool *p;
+    const kvc__type_info *tk, *tv;
+    int32_t t, pc, nk, nv;
+    if (cache == NULL || k == NULL || v == NULL) return KVC_ERR_NULL;
+    p = cache->pool;
+    if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
+    if (!kvc__batch_open(cache)) return KVC_ERR_STATE;
+    pc = p->page_cells;
+    tk = &kvc__types[p->cfg.type_k];
+    tv = &kvc__types[p->cfg.type_v];
+    nk = p->cfg.n_kv_heads * p->cfg.head_dim_k;
+    nv = p->cfg.n_kv_heads * p->cfg.head_dim_v;
+    for (t = cache->batch_begin; t < cache->offset; ++t) {
+        uint32_t page = cache->pages[kvc__lpage_index(cache, t / pc)];
+        size_t i = (size_t)(t - cache->batch_begin);
+        KVCACHE_ASSERT(p->refcount[page] == 1);
+        tk->from_f32(k + i * (size_t)nk, kvc__k_at(p, layer, page, t % pc), nk);
+        tv->from_f32(v + i * (size_t)nv, kvc__v_at(p, layer, page, t % pc), nv);
+    }
+    if (!cache->batch_put[layer]) {
+        cache->batch_put[layer] = 1;
+        cache->batch_pending--;
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
+    if (cache == NULL) return KVC_ERR_NULL;
+    if (!kvc__batch_open(cache)) return KVC_ERR_STATE;
+    /* keep batch_begin: the window kvc_begin kept is exactly the one it anchors */
+    kvc__rewind_to(cache, cache->batch_begin, cache->batch_begin);
+    return KVC_OK;
+}
+
+static int kvc__can_trim(const kvc_cache *c) {
+    return c->cfg.kind != KVC_KIND_ROTATING || c->offset <= c->cfg.window;
+}
+
+KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim) {
+    if (cache == NULL || can_trim == NULL) return KVC_ERR_NULL;
+    *can_trim = kvc__can_trim(cache);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
+    if (cache == NULL) return KVC_ERR_NULL;
+    if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
+    if (!kvc__can_trim(cache)) return KVC_ERR_UNSUPPORTED;
+    kvc__rewind(cache, cache->offset - n_tokens);
+    return KVC_OK;
+}
+
+/* ---- Layer 4: snapshots ------------------------------------------------------------- */
+
+static kvc_snapshot *kvc__snapshot_alloc(kvc_pool *p, int32_t n_pages) {
+    kvc_snapshot *s = (kvc_snapshot *)kvc__alloc(p, sizeof(kvc_snapshot) + sizeof(uint32_t) * (size_t)KVC__MAX(n_pages, 1));
+    if (s == NULL) return NULL;
+    memset(s, 0, sizeof(*s));
+    s->pool = p;
+    s->pages = (uint32_t *)(s + 1);
+    s->n_pages = n_pages;
+    p->live_snapshots++;
+    return s;
+}
+
+/* Free the struct only; the caller has dealt with the page references. */
+static void kvc__snapshot_drop(kvc_snapshot *s) {
+    s->pool->live_snapshots--;
+    kvc__free(s->pool, s);
+}
+
+static kvc_result kvc__check_snapshot(const kvc_cache *c, const kvc_snapshot *s) {
+    return (s->pool == c->pool && s->cache_id == c->id && s->kind == c->cfg.kind) ? KVC_OK : KVC_ERR_FOREIGN;
+}
+
+KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out) {
+    kvc_snapshot *s;
+    int32_t i, first, n, pc;
+    if (cache == NULL || out == NULL) return KVC_ERR_NULL;
+    if (kvc__batch_open(cache)) return KVC_ERR_STATE;
+    if (cache->offset <= from) { *out = NULL; return KVC_OK; }
+    pc = cache->pool->page_cells;
+    if (cache->cfg.kind == KVC_KIND_ROTATING) { /* the whole window: every page held */
+        first = 0;
+        n = cache->n_pages;
+    } else {
+        from = KVC__MAX(from, 0);
+        first = from / pc;
+        n = (cache->offset - 1) / pc - first + 1;
+    }
+    s = kvc__snapshot_alloc(cache->pool, n);
+    if (s == NULL) return KVC_ERR_NO_MEMORY;
+    s->cache_id = cache->id;
+    s->kind = cache->cfg.kind;
+    s->from = from;
+    s->to = cache->offset;
+    s->first_lpage = cache->cfg.kind == KVC_KIND_ROTATING ? cache->first_lpage : first;
+    s->batch_begin = cache->batch_begin;
+    for (i = 0; i < n; ++i) {
+        s->pages[i] = cache->pages[first + i];
+        kvc__page_retain(cache->pool, s->pages[i]);
+    }
+    *out = s;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap) {
+    int32_t i;
+    if (snap == NULL) return KVC_OK;
+    for (i = 0; i < snap->n_pages; ++i) kvc__page_release(snap->pool, snap->pages[i]);
+    kvc__snapshot_drop(snap);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_snapshot_info_get(const kvc_snapshot *snap, kvc_snapshot_info *info) {
+    if (snap == NULL || info == NULL) return KVC_ERR_NULL;
+    info->from = snap->from;
+    info->to = snap->to;
+    info->n_pages = snap->n_pages;
+    info->bytes = (size_t)snap->n_pages * snap->pool->page_bytes;
+    return KVC_OK;
+}
+
+/* FULL: keep the cache's tokens [0, from), take [from, target) from the snapshot.
+   The page holding `from` mid-page is the only one that may need a copy. */
+static kvc_result kvc__restore_full(kvc_cache *c, const kvc_snapshot *s, int32_t target) {
+    kvc_pool *p = c->pool;
+    int32_t pc = p->page_cells, keep = s->from / pc, cut = s->from % pc, idx, freed = 0, lp, last;
+    int need_copy;
+    uint32_t boundary = KVC__NO_PAGE;
+    if (target <= s->from) { kvc__rewind(c, target); return KVC_OK; }
+    need_copy = cut != 0 && c->pages[keep] != s->pages[0];
+    for (idx = keep + 1; idx < c->n_pages; ++idx) freed += p->refcount[c->pages[idx]] == 1;
+    if (!cut && keep < c->n_pages) freed += p->refcount[c->pages[keep]] == 1;
+    if (need_copy && p->n_free + freed < 1) return KVC_ERR_FULL;
+    /* release the cache's pages after the boundary, then build the boundary page */
+    while (c->n_pages > keep + (cut ? 1 : 0)) kvc__page_release(p, c->pages[--c->n_pages]);
+    if (need_copy) {
+        boundary = kvc__page_acquire(p);
+        kvc__page_copy_cells(p, boundary, c->pages[keep], 0, cut);
+        kvc__page_copy_cells(p, boundary, s->pages[0], cut, KVC__MIN(pc, target - keep * pc));
+        kvc__page_release(p, c->pages[keep]);
+        c->pages[keep] = boundary;
+    }
+    last = (target - 1) / pc;
+    for (lp = keep + (cut ? 1 : 0); lp <= last; ++lp) {
+        uint32_t page = s->pages[lp - s->first_lpage];
+        kvc__page_retain(p, page);
+        c->pages[c->n_pages++] = page;
+    }
+    c->offset = target;
+    c->batch_begin = target - 1;
+    c->batch_pending = 0;
+    return KVC_OK;
+}
+
+/* ROTATING: the snapshot's window replaces the cache's, then clamps to target. */
+static void kvc__restore_rotating(kvc_cache *c, const kvc_snapshot *s, int32_t target) {
+    int32_t i;
+    for (i = 0; i < s->n_pages; ++i) kvc__page_retain(c->pool, s->pages[i]);
+    for (i = 0; i < c->n_pages; ++i) kvc__page_release(c->pool, c->pages[i]);
+    memcpy(c->pages, s->pages, sizeof(uint32_t) * (size_t)s->n_pages);
+    c->n_pages = s->n_pages;
+    c->first_lpage = s->first_lpage;
+    c->offset = s->to;
+    c->batch_begin = s->batch_begin;
+    c->batch_pending = 0;
+    if (target < s->to) kvc__rewind(c, target);
+}
+
+KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
+    int rotating;
+    if (cache == NULL) return KVC_ERR_NULL;
+    if (snap != NULL && kvc__check_snapshot(cache, snap) != KVC_OK) return KVC_ERR_FOREIGN;
+    rotating = cache->cfg.kind == KVC_KIND_ROTATING;
+    if (target < 0) return KVC_ERR_UNREACHABLE;
+    if (snap == NULL) {
+        if (target > cache->offset) return KVC_ERR_UNREACHABLE;
+        if (rotating && target == cache->offset) return KVC_OK;
+        if (rotating && cache->offset > cache->cfg.window) return KVC_ERR_UNREACHABLE;
+        kvc__rewind(cache, target);
+        return KVC_OK;
+    }
+    if (target > snap->to) return KVC_ERR_UNREACHABLE;
+    if (rotating) {
+        if (target < snap->to && snap->to > cache->cfg.window) return KVC_ERR_UNREACHABLE;
+        kvc__restore_rotating(cache, snap, target);
+        return KVC_OK;
+    }
+    if (cache->offset < snap->from) return KVC_ERR_UNREACHABLE;
+    return kvc__restore_full(cache, snap, target);
+}
+
+KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
+                                     kvc_snapshot **out) {
+    kvc_pool *p;
+    kvc_snapshot *m;
+    int32_t pc, cut, shared, n;
+    if (cache == NULL || out == NULL) return KVC_ERR_NULL;
+    if (parent != NULL && kvc__check_snapshot(cache, parent) != KVC_OK) return KVC_ERR_FOREIGN;
+    if (child != NULL && kvc__check_snapshot(cache, child) != KVC_OK) return KVC_ERR_FOREIGN;
+    if (parent == child && parent != NULL) return KVC_ERR_INVALID;
+    if (cache->cfg.kind == KVC_KIND_ROTATING) { /* the child holds the whole window */
+        kvc_snapshot_free(parent);
+        *out = child;
+        return KVC_OK;
+    }
+    if (parent == NULL || child == NULL) {
+        kvc_snapshot_free(parent);
+        kvc_snapshot_free(child);
+        *out = NULL;
+        return KVC_OK;
+    }
+    if (parent->to != child->from) return KVC_ERR_INVALID;
+    p = cache->pool;
+    pc = p->page_cells;
+    cut = parent->to % pc;
+    shared = cut != 0; /* parent's last page and child's first page are the same logical page */
+    n = parent->n_pages + child->n_pages - shared;
+    if (shared && parent->pages[parent->n_pages - 1] != child->pages[0] && p->n_free < 1) return KVC_ERR_FULL;
+    m = kvc__snapshot_alloc(p, n);
+    if (m == NULL) return KVC_ERR_NO_MEMORY;
+    m->cache_id = parent->cache_id;
+    m->kind = parent->kind;
+    m->from = parent->from;
+    m->to = child->to;
+    m->first_lpage = parent->first_lpage;
+    memcpy(m->pages, parent->pages, sizeof(uint32_t) * (size_t)parent->n_pages);
+    memcpy(m->pages + parent->n_pages - shared, child->pages, sizeof(uint32_t) * (size_t)child->n_pages);
+    if (shared) { /* one page where two were: combine their halves unless they are one page */
+        uint32_t a = parent->pages[parent->n_pages - 1], b = child->pages[0];
+        if (a != b) {
+            uint32_t fresh = kvc__page_acquire(p);
+            int32_t end = (int32_t)KVC__MIN((int64_t)pc, (int64_t)child->to - (int64_t)(child->from / pc) * pc);
+            kvc__page_copy_cells(p, fresh, a, 0, cut);
+            kvc__page_copy_cells(p, fresh, b, cut, end);
+            kvc__page_release(p, a);
+            m->pages[parent->n_pages - 1] = fresh;
+        }
+        kvc__page_release(p, b);
+    }
+    kvc__snapshot_drop(parent);
+    kvc__snapshot_drop(child);
+    *out = m;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32_t at,
+                                     kvc_snapshot **parent, kvc_snapshot **child) {
+    kvc_pool *p;
+    kvc_snapshot *a, *b;
+    int32_t pc, na, first_b;
+    if (cache == NULL || parent == NULL || child == NULL) return KVC_ERR_NULL;
+    if (snap != NULL && kvc__check_snapshot(cache, snap) != KVC_OK) return KVC_ERR_FOREIGN;
+    if (snap == NULL) { *parent = *child = NULL; return KVC_OK; }
+    if (cache->cfg.kind == KVC_KIND_ROTATING || at <= snap->from) {
+        *parent = NULL;
+        *child = snap;
+        return KVC_OK;
+    }
+    if (at >= snap->to) {
+        *parent = snap;
+        *child = NULL;
+        return KVC_OK;
+    }
+    p = cache->pool;
+    pc = p->page_cells;
+    na = (at - 1) / pc - snap->first_lpage + 1;  /* pages holding [from, at) */
+    first_b = at / pc - snap->first_lpage;       /* index of the page holding `at` */
+    a = kvc__snapshot_alloc(p, na);
+    if (a == NULL) return KVC_ERR_NO_MEMORY;
+    b = kvc__snapshot_alloc(p, snap->n_pages - first_b);
+    if (b == NULL) { kvc__snapshot_drop(a); return KVC_ERR_NO_MEMORY; }
+    a->cache_id = b->cache_id = snap->cache_id;
+    a->kind = b->kind = snap->kind;
+    a->from = snap->from;
+    a->to = b->from = at;
+    b->to = snap->to;
+    a->first_lpage = snap->first_lpage;
+    b->first_lpage = snap->first_lpage + first_b;
+    memcpy(a->pages, snap->pages, sizeof(uint32_t) * (size_t)na);
+    memcpy(b->pages, snap->pages + first_b, sizeof(uint32_t) * (size_t)b->n_pages);
+    if (first_b < na) kvc__page_retain(p, snap->pages[first_b]); /* both halves hold it */
+    kvc__snapshot_drop(snap);
+    *parent = a;
+    *child = b;
+    return KVC_OK;
+}
+
+/* ---- Layer 5: single-entry prefix reuse (the seeds' findRemaining / close) -------- */
+
+struct kvc_prefix {
+    kvc_pool *pool;          /* where this object's memory comes from */
+    kvc_cache **caches;
+    int32_t n_caches, max_tokens;
+    int32_t *tokens, n_tokens;   /* what the caches hold */
+    int32_t *prompt, n_prompt;   /* the request between begin and close */
+    int open;
+};
+
+KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, int32_t max_tokens,
+                                    kvc_prefix **out) {
+    kvc_prefix *x;
+    kvc_pool *p;
+    int32_t i;
+    size_t bytes;
+    if (caches == NULL || out == NULL) return KVC_ERR_NULL;
+    if (n_caches < 1 || max_tokens < 1 || max_tokens > INT32_MAX / 8) return KVC_ERR_INVALID;
+    for (i = 0; i < n_caches; ++i) {
+        int32_t j;
+        if (caches[i] == NULL) return KVC_ERR_NULL;
+        for (j = 0; j < i; ++j) if (caches[j] == caches[i]) return KVC_ERR_INVALID;
+    }
+    p = caches[0]->pool;
+    bytes = sizeof(kvc_prefix) + sizeof(kvc_cache *) * (size_t)n_caches + 2 * sizeof(int32_t) * (size_t)max_tokens;
+    x = (kvc_prefix *)kvc__alloc(p, bytes);
+    if (x == NULL) return KVC_ERR_NO_MEMORY;
+    memset(x, 0, sizeof(*x));
+    x->pool = p;
+    x->caches = (kvc_cache **)(x + 1);
+    x->tokens = (int32_t *)(x->caches + n_caches);
+    x->prompt = x->tokens + max_tokens;
+    x->n_caches = n_caches;
+    x->max_tokens = max_tokens;
+    for (i = 0; i < n_caches; ++i) x->caches[i] = caches[i];
+    p->live_prefixes++;
+    *out = x;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_prefix_destroy(kvc_prefix *prefix) {
+    if (prefix == NULL) return KVC_ERR_NULL;
+    prefix->pool->live_prefixes--;
+    kvc__free(prefix->pool, prefix);
+    return KVC_OK;
+}
+
+static int32_t kvc__min_offset(const kvc_prefix *x) {
+    int32_t i, m = x->caches[0]->offset;
+    for (i = 1; i < x->n_caches; ++i) m = KVC__MIN(m, x->caches[i]->offset);
+    return m;
+}
+
+KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t n_tokens, int32_t *n_reused) {
+    int32_t i, prefix = 0;
+    int trimmable = 1;
+    if (x == NULL || tokens == NULL || n_reused == NULL) return KVC_ERR_NULL;
+    if (n_tokens < 1) return KVC_ERR_INVALID;
+    for (i = 0; i < x->n_caches; ++i)
+        if (kvc__batch_open(x->caches[i])) return KVC_ERR_STATE;
+    while (prefix < n_tokens && prefix < x->n_tokens && tokens[prefix] == x->tokens[prefix]) prefix++;
+    if (prefix == n_tokens) prefix--; /* always evaluate one token to seed generation */
+    prefix = KVC__MIN(prefix, kvc__min_offset(x));
+    for (i = 0; i < x->n_caches; ++i)
+        if (x->caches[i]->offset > prefix && !kvc__can_trim(x->caches[i])) trimmable = 0;
+    if (!trimmable) prefix = 0; /* a wrapped window cannot go back: start over */
+    for (i = 0; i < x->n_caches; ++i)
+        if (x->caches[i]->offset > prefix) kvc__rewind(x->caches[i], prefix);
+    x->n_tokens = prefix;
+    x->n_prompt = KVC__MIN(n_tokens, x->max_tokens);
+    memcpy(x->prompt, tokens, sizeof(int32_t) * (size_t)x->n_prompt);
+    x->open = 1;
+    *n_reused = prefix;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_prefix_close(kvc_prefix *x, const int32_t *generated, int32_t n_generated) {
+    int32_t keep, from_prompt;
+    if (x == NULL) return KVC_ERR_NULL;
+    if (n_generated < 0) return KVC_ERR_INVALID;
+    if (n_generated > 0 && generated == NULL) return KVC_ERR_NULL;
+    if (!x->open) return KVC_ERR_STATE;
+    keep = KVC__MIN(kvc__min_offset(x), x->max_tokens);
+    keep = (int32_t)KVC__MIN((int64_t)keep, (int64_t)x->n_prompt + n_generated);
+    from_prompt = KVC__MIN(keep, x->n_prompt);
+    memcpy(x->tokens, x->prompt, sizeof(int32_t) * (size_t)from_prompt);
+    if (keep > from_prompt) memcpy(x->tokens + from_prompt, generated, sizeof(int32_t) * (size_t)(keep - from_prompt));
+    x->n_tokens = keep;
+    x->open = 0;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens, int32_t *n_tokens) {
+    if (x == NULL || tokens == NULL || n_tokens == NULL) return KVC_ERR_NULL;
+    *tokens = x->tokens;
+    *n_tokens = x->n_tokens;
+    return KVC_OK;
+}
+
+/* ---- Layer 6: kernels (scalar reference) ------------------------------------------- */
+
+static int kvc__visible(const kvc_cache *c, const kvc_attention_desc *d, int32_t key, int32_t query) {
+    if (key < 0) return 0;
+    if (!d->non_causal && key > query) return 0;
+    if (d->window > 0 && (int64_t)key <= (int64_t)query - d->window) return 0;
+    if (c->cfg.kind == KVC_KIND_ROTATING && key >= c->cfg.sinks && (int64_t)key < kvc__window_lo(c, query))
+        return 0;
+    return 1;
+}
+
+static float kvc__dot_f32(const float *a, const float *b, int32_t n) {
+    float s = 0.0f;
+    int32_t i;
+    for (i = 0; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+/* One query head over every visible cell: online softmax, out[] accumulates V.
+   kbuf/vbuf hold one dequantised row (all kv heads) at a time. */
+static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc_attention_desc *d, int32_t query,
+                            int32_t kv_head, const float *q, float scale, float *out, float *kbuf, float *vbuf) {
+    const kvc_pool *p = c->pool;
+    const kvc__type_info *tk = &kvc__types[p->cfg.type_k], *tv = &kvc__types[p->cfg.type_v];
+    int32_t hk = p->cfg.head_dim_k, hv = p->cfg.head_dim_v, nk = p->cfg.n_kv_heads * hk, nv = p->cfg.n_kv_heads * hv;
+    float m = -INFINITY, sum = 0.0f;
+    kvc__iter it;
+    kvc__run run;
+    int32_t i, cell;
+    for (i = 0; i < hv; ++i) out[i] = 0.0f;
+    kvc__iter_init(&it, c);
+    while (kvc__iter_next(&it, &run)) {
+        for (cell = run.c0; cell < run.c1; ++cell) {
+            float s, w;
+            if (!kvc__visible(c, d, *kvc__pos_at(p, run.page, cell), query)) continue;
+            tk->to_f32(kvc__k_at(p, layer, run.page, cell), kbuf, nk);
+            s = kvc__dot_f32(q, kbuf + (size_t)kv_head * hk, hk) * scale;
+            if (s > m) { /* rescale what we have to the new maximum */
+                float r = expf(m - s);
+                sum *= r;
+                for (i = 0; i < hv; ++i) out[i] *= r;
+                m = s;
+            }
+            w = expf(s - m);
+            sum += w;
+            tv->to_f32(kvc__v_at(p, layer, run.page, cell), vbuf, nv);
+            for (i = 0; i < hv; ++i) out[i] += w * vbuf[(size_t)kv_head * hv + i];
+        }
+    }
+    if (sum > 0.0f)
+        for (i = 0; i < hv; ++i) out[i] /= sum;
+}
+
+static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const kvc_attention_desc *d) {
+    const kvc_pool *p;
+    if (c == NULL || d == NULL) return KVC_ERR_NULL;
+    if (d->q == NULL || d->out == NULL) return KVC_ERR_NULL;
+    p = c->pool;
+    if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
+    if (d->n_queries < 1 || d->n_heads < 1 || d->n_heads % p->cfg.n_kv_heads != 0) return KVC_ERR_INVALID;
+    if (d->window < 0 || !(d->scale >= 0.0f) || d->scale == INFINITY) return KVC_ERR_INVALID;
+    if (d->pos == NULL && d->n_queries > c->offset) return KVC_ERR_RANGE;
+    if (kvc__batch_open(c) && !c->batch_put[layer]) return KVC_ERR_STATE;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc) {
+    const kvc_pool *p;
+    int32_t qi, h, group, hk, hv;
+    float scale, kbuf_small[512], vbuf_small[512], *kbuf = kbuf_small, *vbuf = vbuf_small;
+    kvc_result r = kvc__check_attention(cache, layer, desc);
+    if (r != KVC_OK) return r;
+    p = cache->pool;
+    hk = p->cfg.head_dim_k;
+    hv = p->cfg.head_dim_v;
+    if ((size_t)p->cfg.n_kv_heads * (size_t)hk > 512 || (size_t)p->cfg.n_kv_heads * (size_t)hv > 512) {
+        kbuf = (float *)kvc__alloc(cache->pool, sizeof(float) * (size_t)p->cfg.n_kv_heads * (size_t)(hk + hv));
+        if (kbuf == NULL) return KVC_ERR_NO_MEMORY;
+        vbuf = kbuf + (size_t)p->cfg.n_kv_heads * hk;
+    }
+    scale = desc->scale > 0.0f ? desc->scale : 1.0f / sqrtf((float)hk);
+    group = desc->n_heads / p->cfg.n_kv_heads;
+    for (qi = 0; qi < desc->n_queries; ++qi) {
+        int32_t query = desc->pos ? desc->pos[qi] : cache->offset - desc->n_queries + qi;
+        for (h = 0; h < desc->n_heads; ++h) {
+            size_t row = (size_t)qi * (size_t)desc->n_heads + (size_t)h;
+            kvc__attend_one(cache, layer, desc, query, h / group, desc->q + row * (size_t)hk, scale,
+                            desc->out + row * (size_t)hv, kbuf, vbuf);
+        }
+    }
+    if (kbuf != kbuf_small) kvc__free(cache->pool, kbuf);
+    return KVC_OK;
+}
+
+/* ---- Views for callers with their own attention ---------------------------------- */
+
+KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run *runs, int32_t max_runs,
+                                 int32_t *n_runs) {
+    const kvc_pool *p;
+    kvc__iter it;
+    kvc__run run;
+    kvc_run cur;
+    int32_t n = 0;
+    if (cache == NULL || n_runs == NULL) return KVC_ERR_NULL;
+    p = cache->pool;
+    if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
+    if (max_runs < 0 || (runs == NULL && max_runs > 0)) return KVC_ERR_INVALID;
+    memset(&cur, 0, sizeof(cur));
+    kvc__iter_init(&it, cache);
+    while (kvc__iter_next(&it, &run)) {
+        const unsigned char *k = kvc__k_at(p, layer, run.page, run.c0);
+        /* consecutive page ids are one contiguous block per layer: extend the run */
+        if (cur.n_cells > 0 && (const unsigned char *)cur.k + (size_t)cur.n_cells * p->k_row == k &&
+            cur.pos + cur.n_cells == kvc__pos_at(p, run.page, run.c0)) {
+            cur.n_cells += run.c1 - run.c0;
+            continue;
+        }
+        if (cur.n_cells > 0 && n++ < max_runs) runs[n - 1] = cur;
+        cur.k = k;
+        cur.v = kvc__v_at(p, layer, run.page, run.c0);
+        cur.pos = kvc__pos_at(p, run.page, run.c0);
+        cur.n_cells = run.c1 - run.c0;
+    }
+    if (cur.n_cells > 0 && n++ < max_runs) runs[n - 1] = cur;
+    *n_runs = n;
+    return n > max_runs ? KVC_ERR_RANGE : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v, int32_t *pos,
+                                   int32_t max_cells, int32_t *n_cells) {
+    const kvc_pool *p;
+    kvc__iter it;
+    kvc__run run;
+    int32_t n, cell, nk, nv;
+    if (cache == NULL || n_cells == NULL) return KVC_ERR_NULL;
+    p = cache->pool;
+    if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
+    if (max_cells < 0) return KVC_ERR_INVALID;
+    kvc_cache_cells(cache, &n);
+    *n_cells = n;
+    if (n > max_cells) return KVC_ERR_RANGE;
+    nk = p->cfg.n_kv_heads * p->cfg.head_dim_k;
+    nv = p->cfg.n_kv_heads * p->cfg.head_dim_v;
+    n = 0;
+    kvc__iter_init(&it, cache);
+    while (kvc__iter_next(&it, &run)) {
+        for (cell = run.c0; cell < run.c1; ++cell, ++n) {
+            if (k) kvc__types[p->cfg.type_k].to_f32(kvc__k_at(p, layer, run.page, cell), k + (size_t)n * nk, nk);
+            if (v) kvc__types[p->cfg.type_v].to_f32(kvc__v_at(p, layer, run.page, cell), v + (size_t)n * nv, nv);
+            if (pos) pos[n] = *kvc__pos_at(p, run.page, cell);
+        }
+    }
+    return KVC_OK;
+}
+
+#endif /* KVCACHE_IMPLEMENTATION_DONE */
+#endif /* KVCACHE_IMPLEMENTATION */
+
+/*
+------------------------------------------------------------------------------
+This software is available under 2 licenses -- choose whichever you prefer.
+------------------------------------------------------------------------------
+ALTERNATIVE A - MIT License
+Copyright (c) 2026 the kvcache.h authors
+Permission is hereby granted, free of charge, to any person obtaining a copy of
+this software and associated documentation files (the "Software"), to deal in
+the Software without restriction, including without limitation the rights to
+use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies
+of the Software, and to permit persons to whom the Software is furnished to do
+so, subject to the following conditions:
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+SOFTWARE.
+------------------------------------------------------------------------------
+ALTERNATIVE B - Public Domain (www.unlicense.org)
+This is free and unencumbered software released into the public domain.
+Anyone is free to copy, modify, publish, use, compile, sell, or distribute this
+software, either in source code form or as a compiled binary, for any purpose,
+commercial or non-commercial, and by any means.
+------------------------------------------------------------------------------
+*/
