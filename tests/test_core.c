@@ -73,7 +73,7 @@ static void fx_done(fixture *f) {
 
 /* append tokens [offset, offset+n) with encoded values, every layer */
 static kvc_result append(fixture *f, kvc_cache *c, int n) {
-    int32_t off, l, t, h, d;
+    int32_t off = 0, l, t, h, d;
     kvc_result r;
     kvc_cache_offset(c, &off);
     r = kvc_begin(c, n);
@@ -308,7 +308,7 @@ static void test_full_basic(void) {
 static void test_rotating_concat_and_update(void) {
     fixture f;
     kvc_cache *c;
-    int32_t o, n, can = -1;
+    int32_t o, n = 0;
     int can_trim = -1;
     fx_init(&f, KVC_TYPE_F16, KVC_TYPE_F32, 2, 32);
     c = make_cache(&f, KVC_KIND_ROTATING, 4, 0);
@@ -334,7 +334,6 @@ static void test_rotating_concat_and_update(void) {
     TK_EQ(can_trim, 0);
     TK_RES(kvc_trim(c, 1), KVC_ERR_UNSUPPORTED);
     TK_CHECK(view_range(&f, c, 0, 23, 27));
-    (void)can;
     TK_OK(kvc_cache_destroy(c));
     fx_done(&f);
 }
@@ -385,7 +384,7 @@ static void test_rotating_rewind_restore(void) {
     }
     {   /* rotating snapshots cannot split and merge keeps the child */
         kvc_snapshot *a = NULL, *b = NULL, *m = NULL;
-        kvc_snapshot_info info;
+        kvc_snapshot_info info = {0, 0, 0, 0};
         TK_OK(kvc_snapshot_split(c, s12, 11, &a, &b));
         TK_CHECK(a == NULL && b == s12);
         TK_OK(kvc_snapshot_merge(c, s6, s12, &m));
@@ -428,7 +427,7 @@ static void test_snapshot_full(void) {
     fixture f;
     kvc_cache *c, *other;
     kvc_snapshot *s = NULL, *a = NULL, *b = NULL, *m = NULL;
-    kvc_snapshot_info info;
+    kvc_snapshot_info info = {0, 0, 0, 0};
     kvc_pool_stats st;
     int32_t used;
     fx_init(&f, KVC_TYPE_F32, KVC_TYPE_F16, 4, 40);
@@ -618,7 +617,7 @@ static void test_budget(void) {
     fixture f;
     kvc_cache *c;
     kvc_snapshot *s1 = NULL, *s2 = NULL;
-    int32_t n;
+    int32_t n = 0;
     fx_init(&f, KVC_TYPE_F32, KVC_TYPE_F32, 4, 3);
     c = make_cache(&f, KVC_KIND_FULL, 0, 0);
     TK_OK(append(&f, c, 11));
@@ -797,7 +796,7 @@ static void test_errors(void) {
     kvc_run runs[4];
     static float q[256], out[256];
     int32_t n = 0, toks[4] = {1, 2, 3, 4}, reused;
-    int can;
+    int can = -1;
     fingerprint before;
     fx_init(&f, KVC_TYPE_F32, KVC_TYPE_F16, 4, 16);
     fx_init(&g, KVC_TYPE_F32, KVC_TYPE_F16, 4, 16);

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# tests/run.sh - every test of kvcache.h; `make test` runs this.
+# Stages: strict compile checks (gcc, g++, clang, two translation units, KVCACHE_STATIC),
+# the test programs, the examples and the tiny-model end-to-end check, then the same
+# under ASan+UBSan and under valgrind. The last line is "N passed, N failed, N skipped".
+# A test program's checks count one by one (its "RESULT name passed failed" line);
+# every other step counts as one. Steps whose tool is missing are skipped, not failed.
+set -u
+cd "$(dirname "$0")/.."
+B=build/test
+mkdir -p "$B"
+passed=0 failed=0 skipped=0
+CC=${CC:-gcc}
+STRICT="-std=c99 -Wall -Wextra -Wpedantic -Werror"
+seed=${KVC_SEED:-$(( $(date +%s) ^ $$ ))}
+echo "seed $seed (KVC_SEED=$seed replays it)"
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# step NAME CMD...: run CMD, count it as one pass or fail, show its output on failure
+step() {
+  local name=$1; shift
+  if "$@" >"$B/$name.log" 2>&1; then
+    passed=$((passed + 1)); echo "  ok    $name"
+  else
+    failed=$((failed + 1)); echo "  FAIL  $name"; tail -n 30 "$B/$name.log"; return 1
+  fi
+}
+
+# checks NAME CMD...: run a test program, add its RESULT counts (and a failure if it crashed)
+checks() {
+  local name=$1; shift
+  local rc=0
+  "$@" >"$B/$name.log" 2>&1 || rc=$?
+  local line; line=$(grep '^RESULT ' "$B/$name.log" | tail -n 1)
+  if [ -z "$line" ]; then
+    failed=$((failed + 1)); echo "  FAIL  $name (no RESULT line, exit $rc)"; tail -n 30 "$B/$name.log"; return
+  fi
+  set -- $line
+  passed=$((passed + $3)); failed=$((failed + $4))
+  if [ "$4" != 0 ] || [ $rc != 0 ]; then
+    [ $rc != 0 ] && [ "$4" = 0 ] && failed=$((failed + 1))
+    echo "  FAIL  $name: $3 passed, $4 failed, exit $rc"; grep -v '^RESULT' "$B/$name.log" | tail -n 30
+  else
+    echo "  ok    $name: $3 checks"
+  fi
+}
+
+skip() { skipped=$((skipped + 1)); echo "  skip  $1 ($2)"; }
+
+tests=$(ls tests/test_*.c)
+examples=$(ls examples/*.c | grep -v tinylm)
+
+echo "== compile checks"
+printf '#define KVCACHE_IMPLEMENTATION\n#include "kvcache.h"\nint main(void){return 0;}\n' > "$B/tu_a.c"
+printf '#include "kvcache.h"\nint kvc_second_tu(void){kvc_pool_config c; return (int)kvc_pool_config_init(&c);}\n' > "$B/tu_b.c"
+printf '#define KVCACHE_STATIC\n#define KVCACHE_IMPLEMENTATION\n#include "kvcache.h"\nint main(void){return 0;}\n' > "$B/tu_static.c"
+step gcc-c99-two-units sh -c "$CC $STRICT -I. -c $B/tu_a.c -o $B/tu_a.o && $CC $STRICT -I. -c $B/tu_b.c -o $B/tu_b.o && $CC $B/tu_a.o $B/tu_b.o -o $B/tu -lm"
+step gcc-static sh -c "$CC $STRICT -I. $B/tu_static.c -o $B/tu_static -lm"
+if have g++; then
+  step g++-c++11 g++ -x c++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -I. -c "$B/tu_a.c" -o "$B/tu_cxx.o"
+  for t in $tests; do
+    n=$(basename "$t" .c); step "g++-$n" g++ -x c++ -std=c++11 -Wall -Wextra -Werror -I. -c "$t" -o "$B/$n.cxx.o"
+  done
+else skip g++ "g++ not installed"; fi
+if have clang; then
+  step clang-c99 clang $STRICT -I. -c "$B/tu_a.c" -o "$B/tu_clang.o"
+else skip clang-c99 "clang not installed"; fi
+
+echo "== tests (gcc -O2)"
+for t in $tests; do
+  n=$(basename "$t" .c)
+  step "build-$n" $CC $STRICT -O2 -I. "$t" -o "$B/$n" -lm && checks "$n" "$B/$n" "$seed"
+done
+echo "== examples"
+for e in $examples; do
+  n=$(basename "$e" .c)
+  step "example-$n" sh -c "$CC $STRICT -O2 -I. $e -o $B/$n -lm && $B/$n"
+done
+if [ -f examples/tinylm.c ]; then
+  echo "== end-to-end: tiny models against Hugging Face reference logits"
+  step build-tinylm $CC $STRICT -O2 -I. examples/tinylm.c -o "$B/tinylm" -lm
+  for m in tests/data/*/; do
+    step "tinylm-$(basename "$m")" "$B/tinylm" --quiet "$m"
+    step "tinylm-$(basename "$m")-chunk7" "$B/tinylm" --quiet --chunk 7 "$m"
+  done
+fi
+
+echo "== sanitizers (ASan + UBSan)"
+SAN="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+SANCC=$CC; have clang && SANCC=clang
+if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev/null 2>&1; then
+  for t in $tests; do
+    n=$(basename "$t" .c)
+    step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm && checks "asan-$n" "$B/$n.asan" "$seed"
+  done
+  if [ -f examples/tinylm.c ]; then
+    step asan-build-tinylm $SANCC $STRICT $SAN -I. examples/tinylm.c -o "$B/tinylm.asan" -lm &&
+      step asan-tinylm "$B/tinylm.asan" --quiet --chunk 5 tests/data/mistral-swa-tiny
+  fi
+else skip sanitizers "the compiler cannot build with -fsanitize=address,undefined"; fi
+
+echo "== valgrind memcheck"
+if have valgrind; then
+  VG="valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=all"
+  for t in $tests; do
+    n=$(basename "$t" .c)
+    step "vg-build-$n" $CC $STRICT -O1 -g -I. "$t" -o "$B/$n.vg" -lm &&
+      KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG "$B/$n.vg" "$seed"
+  done
+  for e in $examples; do n=$(basename "$e" .c); step "valgrind-example-$n" $VG "$B/$n"; done
+  [ -f examples/tinylm.c ] && step valgrind-tinylm $VG "$B/tinylm" --quiet tests/data/llama-tiny
+else skip valgrind "valgrind not installed"; fi
+
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" = 0 ]
