@@ -83,13 +83,15 @@
     X(KVC_ERR_UNREACHABLE, -9, "restore target unreachable")                            \
     X(KVC_ERR_STATE, -10, "operation not valid in the current state")                   \
     X(KVC_ERR_BUSY, -11, "object still in use")                                         \
-    X(KVC_ERR_OVERFLOW, -12, "size computation overflows")
+    X(KVC_ERR_OVERFLOW, -12, "size computation overflows")                             \
+    X(KVC_ERR_NOT_FOUND, -13, "no such sequence in the cache")                          \
+    X(KVC_ERR_SHARED, -14, "a cell to be changed is shared with another sequence")
 
 typedef enum kvc_result {
 #define KVC__RESULT_ENUM(name, value, text) name = value,
     KVC_RESULT_LIST(KVC__RESULT_ENUM)
 #undef KVC__RESULT_ENUM
-    KVC_RESULT_MIN_ = -12
+    KVC_RESULT_MIN_ = -14
 } kvc_result;
 
 /* ---- Storage types ----------------------------------------------------------------- */
@@ -157,22 +159,56 @@ KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *stats
 /* ---- Caches ---------------------------------------------------------------------- */
 typedef enum kvc_kind {
     KVC_KIND_FULL = 0,     /* append-only, trim/rewind anywhere */
-    KVC_KIND_ROTATING = 1  /* sliding window of `window` keys, `sinks` first tokens kept */
+    KVC_KIND_ROTATING = 1, /* sliding window of `window` keys, `sinks` first tokens kept */
+    KVC_KIND_CAUSAL = 2    /* ollama's multi-sequence cell cache: fixed capacity, cells with
+                              a position and a set of sequences */
 } kvc_kind;
+
+/* RoPE used to re-rotate stored keys when kvc_seq_remove shifts positions. */
+typedef enum kvc_rope_style {
+    KVC_ROPE_NONE = 0,        /* no shifting: kvc_seq_remove with a shift is refused */
+    KVC_ROPE_NEOX = 1,        /* rotate-half: pairs (i, i + n_dims/2) */
+    KVC_ROPE_INTERLEAVED = 2  /* pairs (2i, 2i+1) */
+} kvc_rope_style;
+
+/* A caller's own re-rotation: k holds one cell's keys of one layer as f32
+   [n_kv_heads][head_dim]; rotate them in place from old_pos to new_pos. */
+typedef void (*kvc_rope_shift_fn)(void *user, int32_t layer, float *k, int32_t n_kv_heads,
+                                  int32_t head_dim, int32_t old_pos, int32_t new_pos);
+
+typedef struct kvc_rope {
+    kvc_rope_style style;
+    float theta;            /* base, e.g. 10000; angle = pos * theta^(-2i/n_dims) */
+    int32_t n_dims;         /* rotated dimensions per head (even); 0 = head_dim_k */
+    kvc_rope_shift_fn shift;/* if set, used instead of `style` */
+    void *user;
+} kvc_rope;
 
 typedef struct kvc_cache_config {
     kvc_kind kind;
-    int32_t window; /* ROTATING: W keys including the current token (>= 1) */
-    int32_t sinks;  /* ROTATING: first tokens never evicted, counted inside W (0 <= sinks < W) */
+    int32_t window;   /* ROTATING: W keys including the current token (>= 1).
+                         CAUSAL: 0 = none, else W keys (ollama's Causal admits W+1: pass W+1) */
+    int32_t sinks;    /* ROTATING: first tokens never evicted, counted inside W (0 <= sinks < W) */
+    /* the fields below are read only by CAUSAL caches */
+    int32_t capacity; /* cells, rounded up to a multiple of `padding` */
+    int32_t padding;  /* capacity and exported mask widths are multiples of it; 0 = 1 */
+    int32_t max_seqs; /* sequence ids are 0 .. max_seqs-1; 0 = 256 */
+    int32_t chunk;    /* chunked attention: a query sees only cells of its own chunk of
+                         this many positions; 0 = none */
+    kvc_rope rope;    /* how kvc_seq_remove re-rotates shifted keys */
 } kvc_cache_config;
 
 typedef struct kvc_cache kvc_cache;
+typedef struct kvc_snapshot kvc_snapshot;
 
+KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind); /* zeros + kind */
+/* CAUSAL caches take all their pages at create (KVC_ERR_FULL if the pool lacks them). */
 KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out);
 KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache);
 /* A new cache with the same contents, sharing every page (O(pages), no K/V copied). */
 KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out);
 KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache); /* offset 0, all pages released */
+/* FULL/ROTATING: tokens appended so far (the next position). CAUSAL: cells in use. */
 KVCDEF kvc_result kvc_cache_offset(const kvc_cache *cache, int32_t *offset);
 /* Cells a kernel reads now: every cell the earliest query of the last batch may see
    (FULL: offset; ROTATING: at most sinks + window - 1 + last batch size). */
@@ -190,6 +226,20 @@ KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
    converted to the storage type. Each layer of the batch must be put before its
    attention; a later kvc_begin, snapshot or fork needs every layer put. */
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v);
+/* CAUSAL: start a forward pass over a batch of (position, sequence) pairs (seed
+   StartForward). Cells no sequence of the batch can see any more (sliding window) are
+   released first; the batch takes the first run of free cells, after a defrag if there
+   is none; KVC_ERR_FULL (nothing changed) when fewer cells are free than the batch needs.
+   non_causal (optional) marks tokens that see every cell of their sequence in the
+   attention range, later positions too (ollama's image tokens). kvc_begin(cache, n) on
+   a CAUSAL cache is a batch of sequence 0 continuing after its last position. */
+typedef struct kvc_batch {
+    int32_t n_tokens;
+    const int32_t *pos;              /* [n_tokens], >= 0 */
+    const int32_t *seq;              /* [n_tokens], 0 .. max_seqs-1 */
+    const unsigned char *non_causal; /* [n_tokens] or NULL */
+} kvc_batch;
+KVCDEF kvc_result kvc_begin_batch(kvc_cache *cache, const kvc_batch *batch);
 /* Abandon an unfinished batch: offset goes back to where kvc_begin found it. */
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
 
@@ -203,7 +253,10 @@ typedef struct kvc_attention_desc {
     int32_t n_queries;    /* query tokens */
     int32_t n_heads;      /* query heads, a multiple of n_kv_heads (GQA) */
     const float *q;       /* [n_queries][n_heads][head_dim_k], rope applied */
-    const int32_t *pos;   /* [n_queries] positions; NULL: the last n_queries positions */
+    const int32_t *pos;   /* [n_queries] positions; NULL: the last n_queries positions
+                             (CAUSAL: NULL means the queries are the current batch, with its
+                             positions, sequences and non-causal marks) */
+    const int32_t *seq;   /* CAUSAL with pos != NULL: [n_queries] sequence ids */
     float scale;          /* 0: 1/sqrt(head_dim_k) */
     int32_t window;       /* extra window (W keys incl. current), 0: none; a ROTATING
                              cache always applies its own */
@@ -233,8 +286,37 @@ KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run 
 KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v,
                                    int32_t *pos, int32_t max_cells, int32_t *n_cells);
 
+/* ---- CAUSAL: sequences, masks, defrag (ollama's kvcache.Causal) ----------------- */
+#define KVC_POS_END INT32_MAX /* kvc_seq_remove(..., begin, KVC_POS_END): to the end */
+
+/* The mask of the current batch for callers with their own attention: rows = batch
+   tokens padded up to a multiple of row_pad (padding rows all -inf), cols = the cells
+   the batch reads, [*first_cell, *first_cell + *n_cols), a multiple of the cache's
+   padding. 0 where the token may see the cell, -INFINITY elsewhere. Pass mask = NULL
+   to learn the sizes; KVC_ERR_RANGE if max_floats is too small. The K/V of those cells
+   are kvc_cache_runs / kvc_cache_gather of the same cache. */
+KVCDEF kvc_result kvc_mask_export(const kvc_cache *cache, int32_t row_pad, float *mask, size_t max_floats,
+                                  int32_t *n_rows, int32_t *n_cols, int32_t *first_cell);
+/* dst shares src's cells with position < len (no K/V copied); dst's old cells are dropped. */
+KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *cache, int32_t src, int32_t dst, int32_t len);
+/* Drop seq from cells with position in [begin, end); its later cells move back by
+   end - begin and their keys are re-rotated (config rope). KVC_ERR_SHARED, with nothing
+   changed, if a cell that would move is shared with another sequence. */
+KVCDEF kvc_result kvc_seq_remove(kvc_cache *cache, int32_t seq, int32_t begin, int32_t end);
+KVCDEF kvc_result kvc_seq_keep(kvc_cache *cache, int32_t seq); /* drop every other sequence */
+/* Smallest and largest position held for seq; both -1 if it holds none. */
+KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *cache, int32_t seq, int32_t *min_pos, int32_t *max_pos);
+/* Whether seq can continue at pos: with a window, the cells that position needs are all held. */
+KVCDEF kvc_result kvc_seq_can_resume(const kvc_cache *cache, int32_t seq, int32_t pos, int *can_resume);
+/* Move live cells to the front in as few block moves as possible. *n_moves may be NULL. */
+KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves);
+/* Per-sequence state, like llama.cpp's: the sequence's cells (positions and K/V of every
+   layer) copied into pages of the pool; restore puts them back into free cells of any
+   CAUSAL cache of the same pool, as sequence dst (dst's old cells are dropped first). */
+KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *cache, int32_t seq, kvc_snapshot **out);
+KVCDEF kvc_result kvc_seq_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t dst);
+
 /* ---- Snapshots (the seed's Snapshot / Restore / Merge / Split) ------------------ */
-typedef struct kvc_snapshot kvc_snapshot;
 typedef struct kvc_snapshot_info {
     int32_t from, to;     /* FULL: the tokens [from, to) it holds; ROTATING: the whole window */
     int32_t n_pages;      /* pages it keeps alive */
@@ -761,6 +843,18 @@ struct kvc_cache {
     int32_t first_lpage;
     int32_t n_pages;
     uint32_t *pages;         /* [pool->max_pages] */
+    /* CAUSAL: cell i is slot i % page_cells of pages[i / page_cells] */
+    int32_t capacity, words; /* cells; 32-bit words per cell's set of sequences */
+    int32_t n_used;          /* cells holding at least one sequence */
+    uint32_t *seqs;          /* [capacity * words] */
+    int32_t *seq_lo, *seq_hi;/* [max_seqs] cells [lo, hi) hold the sequence (lo >= hi: none) */
+    int32_t batch_loc, batch_n;          /* cells of the current (or last) batch */
+    int32_t *batch_pos, *batch_seq;      /* [capacity] */
+    int32_t *in_pos, *in_seq;            /* [capacity] kvc_begin's batch */
+    unsigned char *batch_nc;             /* [capacity] non-causal marks */
+    int32_t range_lo, range_hi;          /* cells the batch reads, padded */
+    int32_t *scratch;                    /* [max_seqs] */
+    float *row;                          /* one K row as f32, for re-rotation */
 };
 
 struct kvc_snapshot {
@@ -770,6 +864,7 @@ struct kvc_snapshot {
     int32_t from, to;
     int32_t first_lpage;     /* FULL: logical page of pages[0]; ROTATING: the cache's */
     int32_t batch_begin;     /* ROTATING: the window anchor at snapshot time */
+    int32_t n_cells;         /* CAUSAL: cells of the sequence, packed from pages[0] slot 0 */
     int32_t n_pages;
     uint32_t *pages;
 };
@@ -801,7 +896,10 @@ typedef struct kvc__ranges {
 static kvc__ranges kvc__view(const kvc_cache *c) {
     kvc__ranges r;
     r.b[0] = r.e[0] = r.b[1] = r.e[1] = 0;
-    if (c->cfg.kind == KVC_KIND_ROTATING) {
+    if (c->cfg.kind == KVC_KIND_CAUSAL) { /* cell indices, not positions */
+        r.b[1] = c->range_lo;
+        r.e[1] = c->range_hi;
+    } else if (c->cfg.kind == KVC_KIND_ROTATING) {
         /* kvc_begin released only pages older than this, so every cell here is held */
         int64_t lo = kvc__window_lo(c, c->batch_begin);
         int32_t s = KVC__MIN(c->cfg.sinks, c->offset);
@@ -819,6 +917,7 @@ static kvc__ranges kvc__view(const kvc_cache *c) {
 typedef struct kvc__run {
     uint32_t page;
     int32_t c0, c1;
+    int32_t t0;     /* the token (CAUSAL: cell index) at slot c0 */
 } kvc__run;
 
 typedef struct kvc__iter {
@@ -834,6 +933,16 @@ static void kvc__iter_init(kvc__iter *it, const kvc_cache *c) {
     it->t = it->r.b[0];
 }
 
+/* CAUSAL: iterate the cells [lo, hi) instead of the batch's view. */
+static void kvc__iter_init_cells(kvc__iter *it, const kvc_cache *c, int32_t lo, int32_t hi) {
+    it->c = c;
+    it->r.b[0] = it->r.e[0] = 0;
+    it->r.b[1] = lo;
+    it->r.e[1] = hi;
+    it->part = 0;
+    it->t = 0;
+}
+
 static int kvc__iter_next(kvc__iter *it, kvc__run *run) {
     int32_t pc = it->c->pool->page_cells;
     while (it->part < 2) {
@@ -842,6 +951,7 @@ static int kvc__iter_next(kvc__iter *it, kvc__run *run) {
             KVCACHE_ASSERT(idx >= 0);
             end = (int32_t)KVC__MIN((int64_t)it->r.e[it->part], (int64_t)lp * pc + pc);
             run->page = it->c->pages[idx];
+            run->t0 = it->t;
             run->c0 = it->t - lp * pc;
             run->c1 = end - lp * pc;
             it->t = end;
@@ -877,27 +987,106 @@ static void kvc__rewind(kvc_cache *c, int32_t target) {
 
 static int kvc__batch_open(const kvc_cache *c) { return c->batch_pending > 0; }
 
+/* the CAUSAL kind's parts of the common calls (Layer 3b) */
+static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n);
+static void kvc__causal_cancel(kvc_cache *c);
+static void kvc__causal_clear(kvc_cache *c);
+static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell);
+
+KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind) {
+    if (cfg == NULL) return KVC_ERR_NULL;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->kind = kind;
+    return KVC_OK;
+}
+
+static kvc_result kvc__check_causal(const kvc_pool *pool, const kvc_cache_config *c) {
+    const kvc_rope *r = &c->rope;
+    if (c->capacity < 1 || c->padding < 0 || c->max_seqs < 0 || c->max_seqs > (1 << 20) || c->chunk < 0 ||
+        c->window < 0)
+        return KVC_ERR_INVALID;
+    if (c->capacity > INT32_MAX - KVC__MAX(c->padding, 1)) return KVC_ERR_RANGE;
+    if ((int)r->style < (int)KVC_ROPE_NONE || (int)r->style > (int)KVC_ROPE_INTERLEAVED) return KVC_ERR_INVALID;
+    if (r->shift == NULL && r->style != KVC_ROPE_NONE) {
+        if (!(r->theta > 0.0f) || r->n_dims < 0 || r->n_dims % 2 != 0 || r->n_dims > pool->cfg.head_dim_k)
+            return KVC_ERR_INVALID;
+    }
+    return KVC_OK;
+}
+
+/* The causal cache's own arrays, after the common part of the struct. */
+static size_t kvc__causal_bytes(const kvc_pool *p, int32_t capacity, int32_t max_seqs, int32_t words) {
+    return (size_t)capacity * ((size_t)words * 4 + 4 * sizeof(int32_t) + 1) + (size_t)max_seqs * 3 * sizeof(int32_t) +
+           sizeof(float) * (size_t)p->cfg.n_kv_heads * (size_t)p->cfg.head_dim_k + 64;
+}
+
 KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
     kvc_cache *c;
+    kvc_cache_config cc;
     size_t bytes;
+    int32_t pages = 0, i, words = 0;
+    unsigned char *cursor;
     if (pool == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
-    if (cfg->kind == KVC_KIND_FULL) {
-        if (cfg->window != 0 || cfg->sinks != 0) return KVC_ERR_INVALID;
-    } else if (cfg->kind == KVC_KIND_ROTATING) {
-        if (cfg->window < 1 || cfg->sinks < 0 || cfg->sinks >= cfg->window) return KVC_ERR_INVALID;
+    cc = *cfg;
+    if (cc.kind == KVC_KIND_FULL) {
+        if (cc.window != 0 || cc.sinks != 0) return KVC_ERR_INVALID;
+    } else if (cc.kind == KVC_KIND_ROTATING) {
+        if (cc.window < 1 || cc.sinks < 0 || cc.sinks >= cc.window) return KVC_ERR_INVALID;
+    } else if (cc.kind == KVC_KIND_CAUSAL) {
+        kvc_result r = kvc__check_causal(pool, &cc);
+        if (r != KVC_OK) return r;
+        if (cc.sinks != 0) return KVC_ERR_INVALID;
+        if (cc.padding == 0) cc.padding = 1;
+        if (cc.max_seqs == 0) cc.max_seqs = 256;
+        if (cc.rope.n_dims == 0) cc.rope.n_dims = pool->cfg.head_dim_k;
+        cc.capacity = (cc.capacity + cc.padding - 1) / cc.padding * cc.padding;
+        pages = (int32_t)(((int64_t)cc.capacity + pool->page_cells - 1) / pool->page_cells);
+        if (pages > pool->n_free) return KVC_ERR_FULL;
+        words = (cc.max_seqs + 31) / 32;
     } else {
         return KVC_ERR_INVALID;
     }
-    bytes = sizeof(kvc_cache) + sizeof(uint32_t) * (size_t)pool->max_pages + (size_t)pool->cfg.n_layers;
+    if (cc.kind != KVC_KIND_CAUSAL) { /* the causal-only fields mean nothing here */
+        memset(&cc.rope, 0, sizeof(cc.rope));
+        cc.capacity = cc.padding = cc.max_seqs = cc.chunk = 0;
+    }
+    bytes = sizeof(kvc_cache) + sizeof(uint32_t) * (size_t)pool->max_pages + (size_t)pool->cfg.n_layers + 16;
+    if (cc.kind == KVC_KIND_CAUSAL) bytes += kvc__causal_bytes(pool, cc.capacity, cc.max_seqs, words);
     c = (kvc_cache *)kvc__alloc(pool, bytes);
     if (c == NULL) return KVC_ERR_NO_MEMORY;
     memset(c, 0, sizeof(*c));
     c->pool = pool;
     c->id = ++pool->next_cache_id;
-    c->cfg = *cfg;
+    c->cfg = cc;
     c->pages = (uint32_t *)(c + 1);
-    c->batch_put = (unsigned char *)(c->pages + pool->max_pages);
-    c->n_sink_pages = (cfg->sinks + pool->page_cells - 1) / pool->page_cells;
+    cursor = (unsigned char *)(c->pages + pool->max_pages);
+    if (cc.kind == KVC_KIND_CAUSAL) { /* 4-byte arrays first, then bytes */
+        c->capacity = cc.capacity;
+        c->words = words;
+        c->row = (float *)cursor;
+        cursor += sizeof(float) * (size_t)pool->cfg.n_kv_heads * (size_t)pool->cfg.head_dim_k;
+        c->seqs = (uint32_t *)cursor;
+        cursor += sizeof(uint32_t) * (size_t)words * (size_t)cc.capacity;
+        c->seq_lo = (int32_t *)cursor;
+        c->seq_hi = c->seq_lo + cc.max_seqs;
+        c->scratch = c->seq_hi + cc.max_seqs;
+        c->batch_pos = c->scratch + cc.max_seqs;
+        c->batch_seq = c->batch_pos + cc.capacity;
+        c->in_pos = c->batch_seq + cc.capacity;
+        c->in_seq = c->in_pos + cc.capacity;
+        cursor = (unsigned char *)(c->in_seq + cc.capacity);
+        c->batch_nc = cursor;
+        cursor += cc.capacity;
+        memset(c->seqs, 0, sizeof(uint32_t) * (size_t)words * (size_t)cc.capacity);
+        for (i = 0; i < cc.max_seqs; ++i) { c->seq_lo[i] = INT32_MAX; c->seq_hi[i] = 0; }
+        for (i = 0; i < pages; ++i) {
+            c->pages[i] = kvc__page_acquire(pool);
+            memset(kvc__pos_at(pool, c->pages[i], 0), 0xff, sizeof(int32_t) * (size_t)pool->page_cells);
+        }
+        c->n_pages = pages;
+    }
+    c->batch_put = cursor;
+    c->n_sink_pages = cc.kind == KVC_KIND_ROTATING ? (cc.sinks + pool->page_cells - 1) / pool->page_cells : 0;
     c->first_lpage = c->n_sink_pages;
     pool->live_caches++;
     *out = c;
@@ -919,6 +1108,7 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
     int32_t i;
     kvc_result r;
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
+    if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE;
     r = kvc_cache_create(cache->pool, &cache->cfg, &c);
     if (r != KVC_OK) return r;
@@ -936,13 +1126,14 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
 
 KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
-    kvc__rewind(cache, 0);
+    if (cache->cfg.kind == KVC_KIND_CAUSAL) kvc__causal_clear(cache);
+    else kvc__rewind(cache, 0);
     return KVC_OK;
 }
 
 KVCDEF kvc_result kvc_cache_offset(const kvc_cache *cache, int32_t *offset) {
     if (cache == NULL || offset == NULL) return KVC_ERR_NULL;
-    *offset = cache->offset;
+    *offset = cache->cfg.kind == KVC_KIND_CAUSAL ? cache->n_used : cache->offset;
     return KVC_OK;
 }
 
@@ -1012,6 +1203,7 @@ KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
     if (cache == NULL) return KVC_ERR_NULL;
     if (n_tokens < 1) return KVC_ERR_INVALID;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE;
+    if (cache->cfg.kind == KVC_KIND_CAUSAL) return kvc__begin_seq0(cache, n_tokens);
     p = cache->pool;
     pc = p->page_cells;
     o = cache->offset;
@@ -1050,12 +1242,13 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
     tv = &kvc__types[p->cfg.type_v];
     nk = p->cfg.n_kv_heads * p->cfg.head_dim_k;
     nv = p->cfg.n_kv_heads * p->cfg.head_dim_v;
-    for (t = cache->batch_begin; t < cache->offset; ++t) {
-        uint32_t page = cache->pages[kvc__lpage_index(cache, t / pc)];
-        size_t i = (size_t)(t - cache->batch_begin);
+    /* the batch's cells: tokens batch_begin.. (CAUSAL: cells batch_loc..) */
+    for (t = 0; t < (cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_n : cache->offset - cache->batch_begin); ++t) {
+        int32_t cell = cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_loc + t : cache->batch_begin + t;
+        uint32_t page = cache->pages[kvc__lpage_index(cache, cell / pc)];
         KVCACHE_ASSERT(p->refcount[page] == 1);
-        tk->from_f32(k + i * (size_t)nk, kvc__k_at(p, layer, page, t % pc), nk);
-        tv->from_f32(v + i * (size_t)nv, kvc__v_at(p, layer, page, t % pc), nv);
+        tk->from_f32(k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk);
+        tv->from_f32(v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv);
     }
     if (!cache->batch_put[layer]) {
         cache->batch_put[layer] = 1;
@@ -1067,12 +1260,14 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
     if (!kvc__batch_open(cache)) return KVC_ERR_STATE;
+    if (cache->cfg.kind == KVC_KIND_CAUSAL) { kvc__causal_cancel(cache); return KVC_OK; }
     /* keep batch_begin: the window kvc_begin kept is exactly the one it anchors */
     kvc__rewind_to(cache, cache->batch_begin, cache->batch_begin);
     return KVC_OK;
 }
 
 static int kvc__can_trim(const kvc_cache *c) {
+    if (c->cfg.kind == KVC_KIND_CAUSAL) return 0; /* use kvc_seq_remove */
     return c->cfg.kind != KVC_KIND_ROTATING || c->offset <= c->cfg.window;
 }
 
@@ -1084,9 +1279,421 @@ KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim) {
 
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
     if (cache == NULL) return KVC_ERR_NULL;
+    if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
     if (!kvc__can_trim(cache)) return KVC_ERR_UNSUPPORTED;
     kvc__rewind(cache, cache->offset - n_tokens);
+    return KVC_OK;
+}
+
+/* ---- Layer 3b: the CAUSAL kind (ollama's kvcache.Causal) ---------------------------
+   A fixed set of cells, each with a position (in the pool, -1 when empty) and a set of
+   sequences (a bitset). A batch takes a run of free cells; copy_prefix shares cells by
+   adding a sequence to their sets; nothing about it is copied. */
+
+static int kvc__is_causal(const kvc_cache *c) { return c->cfg.kind == KVC_KIND_CAUSAL; }
+
+static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell) {
+    int32_t pc = c->pool->page_cells;
+    return kvc__pos_at(c->pool, c->pages[cell / pc], cell % pc);
+}
+static int kvc__cell_has(const kvc_cache *c, int32_t cell, int32_t seq) {
+    return (c->seqs[(size_t)cell * c->words + (size_t)(seq >> 5)] >> (seq & 31)) & 1u;
+}
+static int kvc__cell_empty(const kvc_cache *c, int32_t cell) {
+    int32_t w;
+    for (w = 0; w < c->words; ++w)
+        if (c->seqs[(size_t)cell * c->words + w]) return 0;
+    return 1;
+}
+/* the only sequence of a cell, or -1 when it has none or several */
+static int32_t kvc__cell_only(const kvc_cache *c, int32_t cell) {
+    int32_t w, found = -1;
+    for (w = 0; w < c->words; ++w) {
+        uint32_t bits = c->seqs[(size_t)cell * c->words + w];
+        if (!bits) continue;
+        if (found >= 0 || (bits & (bits - 1u))) return -1;
+        for (found = 0; !((bits >> found) & 1u); ++found) {}
+        found += w * 32;
+    }
+    return found;
+}
+static void kvc__cell_add(kvc_cache *c, int32_t cell, int32_t seq) {
+    if (kvc__cell_empty(c, cell)) c->n_used++;
+    c->seqs[(size_t)cell * c->words + (size_t)(seq >> 5)] |= 1u << (seq & 31);
+    if (cell < c->seq_lo[seq]) c->seq_lo[seq] = cell;
+    if (cell + 1 > c->seq_hi[seq]) c->seq_hi[seq] = cell + 1;
+}
+/* bounds may stay loose after a delete; kvc__seq_bounds tightens them */
+static void kvc__cell_del(kvc_cache *c, int32_t cell, int32_t seq) {
+    if (!kvc__cell_has(c, cell, seq)) return;
+    c->seqs[(size_t)cell * c->words + (size_t)(seq >> 5)] &= ~(1u << (seq & 31));
+    if (kvc__cell_empty(c, cell)) {
+        c->n_used--;
+        *kvc__cell_pos(c, cell) = -1;
+    }
+}
+static void kvc__seq_bounds(kvc_cache *c, int32_t seq) {
+    int32_t i, lo = INT32_MAX, hi = 0;
+    for (i = KVC__MAX(c->seq_lo[seq], 0); i < c->seq_hi[seq]; ++i)
+        if (kvc__cell_has(c, i, seq)) { if (lo == INT32_MAX) lo = i; hi = i + 1; }
+    c->seq_lo[seq] = lo;
+    c->seq_hi[seq] = hi;
+}
+static void kvc__all_bounds(kvc_cache *c) {
+    int32_t i, s;
+    for (s = 0; s < c->cfg.max_seqs; ++s) { c->seq_lo[s] = INT32_MAX; c->seq_hi[s] = 0; }
+    for (i = 0; i < c->capacity; ++i)
+        for (s = 0; s < c->cfg.max_seqs; ++s)
+            if (kvc__cell_has(c, i, s)) {
+                if (i < c->seq_lo[s]) c->seq_lo[s] = i;
+                c->seq_hi[s] = i + 1;
+            }
+}
+static int kvc__seq_known(const kvc_cache *c, int32_t seq) { return c->seq_lo[seq] < c->seq_hi[seq]; }
+
+/* The mask rule: may a query (pos p, seq s) see cell `cell`? */
+static int kvc__causal_visible(const kvc_cache *c, int32_t cell, int32_t p, int32_t s, int non_causal, int32_t window) {
+    int32_t key;
+    if (!kvc__cell_has(c, cell, s)) return 0;
+    key = *kvc__cell_pos(c, cell);
+    if (!non_causal && key > p) return 0;
+    if (c->cfg.window > 0 && (int64_t)key <= (int64_t)p - c->cfg.window) return 0;
+    if (window > 0 && (int64_t)key <= (int64_t)p - window) return 0;
+    if (c->cfg.chunk > 0 && key / c->cfg.chunk != p / c->cfg.chunk) return 0;
+    return 1;
+}
+
+static kvc_result kvc__check_seq(const kvc_cache *c, int32_t seq) {
+    if (!kvc__is_causal(c)) return KVC_ERR_UNSUPPORTED;
+    return seq >= 0 && seq < c->cfg.max_seqs ? KVC_OK : KVC_ERR_RANGE;
+}
+
+/* Copy n cells (K/V of every layer and positions) between two cell indices of caches
+   on the same pool, page by page. */
+static void kvc__copy_cells(kvc_pool *p, const uint32_t *dst_pages, int32_t dst, const uint32_t *src_pages,
+                            int32_t src, int32_t n) {
+    int32_t pc = p->page_cells;
+    while (n > 0) {
+        int32_t k = KVC__MIN(n, KVC__MIN(pc - dst % pc, pc - src % pc)), l;
+        uint32_t dp = dst_pages[dst / pc], sp = src_pages[src / pc];
+        for (l = 0; l < p->cfg.n_layers; ++l) {
+            memcpy(kvc__k_at(p, l, dp, dst % pc), kvc__k_at(p, l, sp, src % pc), (size_t)k * p->k_row);
+            memcpy(kvc__v_at(p, l, dp, dst % pc), kvc__v_at(p, l, sp, src % pc), (size_t)k * p->v_row);
+        }
+        memcpy(kvc__pos_at(p, dp, dst % pc), kvc__pos_at(p, sp, src % pc), (size_t)k * sizeof(int32_t));
+        dst += k;
+        src += k;
+        n -= k;
+    }
+}
+
+/* Move the live cells into [0, n_used): only cells beyond that move, each into the
+   lowest hole, in ascending order, so runs of neighbours move as one block. */
+static int32_t kvc__defrag(kvc_cache *c) {
+    int32_t hole = 0, src, moves = 0, run_src = -1, run_dst = -1, run_n = 0;
+    for (src = c->n_used; src < c->capacity; ++src) {
+        if (kvc__cell_empty(c, src)) continue;
+        while (!kvc__cell_empty(c, hole)) hole++;
+        KVCACHE_ASSERT(hole < c->n_used);
+        if (run_n > 0 && src == run_src + run_n && hole == run_dst + run_n) {
+            run_n++;
+        } else {
+            if (run_n > 0) { kvc__copy_cells(c->pool, c->pages, run_dst, c->pages, run_src, run_n); moves++; }
+            run_src = src;
+            run_dst = hole;
+            run_n = 1;
+        }
+        /* the metadata moves now; the K/V of the run when it ends */
+        memcpy(c->seqs + (size_t)hole * c->words, c->seqs + (size_t)src * c->words, sizeof(uint32_t) * (size_t)c->words);
+        memset(c->seqs + (size_t)src * c->words, 0, sizeof(uint32_t) * (size_t)c->words);
+        hole++;
+    }
+    if (run_n > 0) { kvc__copy_cells(c->pool, c->pages, run_dst, c->pages, run_src, run_n); moves++; }
+    for (src = c->n_used; src < c->capacity; ++src) *kvc__cell_pos(c, src) = -1;
+    kvc__all_bounds(c);
+    return moves;
+}
+
+KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves) {
+    int32_t moves;
+    if (cache == NULL) return KVC_ERR_NULL;
+    if (!kvc__is_causal(cache)) return KVC_ERR_UNSUPPORTED;
+    if (kvc__batch_open(cache)) return KVC_ERR_STATE;
+    moves = kvc__defrag(cache);
+    cache->range_lo = cache->range_hi = cache->batch_n = 0; /* cell indices changed */
+    if (n_moves) *n_moves = moves;
+    return KVC_OK;
+}
+
+/* Sliding-window memory: the lowest batch position of each sequence (scratch, INT32_MAX
+   for sequences not in the batch); a cell of s older than that position's window is
+   invisible to the batch and to everything after it. */
+static int kvc__window_dead(const kvc_cache *c, int32_t cell, int32_t seq) {
+    return c->cfg.window > 0 && c->scratch[seq] != INT32_MAX &&
+           (int64_t)*kvc__cell_pos(c, cell) <= (int64_t)c->scratch[seq] - c->cfg.window;
+}
+
+/* How many cells the window release would free (without changing anything). */
+static int32_t kvc__window_freeable(const kvc_cache *c) {
+    int32_t cell, s, n = 0;
+    if (c->cfg.window <= 0) return 0;
+    for (cell = 0; cell < c->capacity; ++cell) {
+        int any = 0, all = 1;
+        for (s = 0; s < c->cfg.max_seqs && all; ++s)
+            if (kvc__cell_has(c, cell, s)) { any = 1; all = kvc__window_dead(c, cell, s); }
+        n += any && all;
+    }
+    return n;
+}
+
+static void kvc__window_release(kvc_cache *c) {
+    int32_t cell, s;
+    if (c->cfg.window <= 0) return;
+    for (s = 0; s < c->cfg.max_seqs; ++s) {
+        if (c->scratch[s] == INT32_MAX || !kvc__seq_known(c, s)) continue;
+        for (cell = c->seq_lo[s]; cell < c->seq_hi[s]; ++cell)
+            if (kvc__cell_has(c, cell, s) && kvc__window_dead(c, cell, s)) kvc__cell_del(c, cell, s);
+        kvc__seq_bounds(c, s);
+    }
+}
+
+static int32_t kvc__find_run(const kvc_cache *c, int32_t n) {
+    int32_t i, count = 0;
+    for (i = 0; i < c->capacity; ++i) {
+        if (!kvc__cell_empty(c, i)) { count = 0; continue; }
+        if (++count == n) return i - n + 1;
+    }
+    return -1;
+}
+
+static kvc_result kvc__check_batch(const kvc_cache *c, const kvc_batch *b) {
+    int32_t i;
+    if (b->n_tokens < 1) return KVC_ERR_INVALID;
+    if (b->pos == NULL || b->seq == NULL) return KVC_ERR_NULL;
+    for (i = 0; i < b->n_tokens; ++i) {
+        if (b->pos[i] < 0 || b->pos[i] == INT32_MAX) return KVC_ERR_RANGE;
+        if (b->seq[i] < 0 || b->seq[i] >= c->cfg.max_seqs) return KVC_ERR_RANGE;
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_begin_batch(kvc_cache *c, const kvc_batch *b) {
+    int32_t i, loc, pad, lo = INT32_MAX, hi = 0;
+    kvc_result r;
+    if (c == NULL || b == NULL) return KVC_ERR_NULL;
+    if (!kvc__is_causal(c)) return KVC_ERR_UNSUPPORTED;
+    if (kvc__batch_open(c)) return KVC_ERR_STATE;
+    r = kvc__check_batch(c, b);
+    if (r != KVC_OK) return r;
+    if (b->n_tokens > c->capacity) return KVC_ERR_FULL;
+    for (i = 0; i < c->cfg.max_seqs; ++i) c->scratch[i] = INT32_MAX;
+    for (i = 0; i < b->n_tokens; ++i) c->scratch[b->seq[i]] = KVC__MIN(c->scratch[b->seq[i]], b->pos[i]);
+    if (c->capacity - c->n_used + kvc__window_freeable(c) < b->n_tokens) return KVC_ERR_FULL;
+    /* from here on it succeeds */
+    kvc__window_release(c);
+    loc = kvc__find_run(c, b->n_tokens);
+    if (loc < 0) {
+        kvc__defrag(c);
+        loc = kvc__find_run(c, b->n_tokens);
+        KVCACHE_ASSERT(loc >= 0);
+    }
+    for (i = 0; i < b->n_tokens; ++i) {
+        *kvc__cell_pos(c, loc + i) = b->pos[i];
+        kvc__cell_add(c, loc + i, b->seq[i]);
+        c->batch_pos[i] = b->pos[i];
+        c->batch_seq[i] = b->seq[i];
+        c->batch_nc[i] = b->non_causal ? (b->non_causal[i] != 0) : 0;
+    }
+    for (i = 0; i < b->n_tokens; ++i) { /* what the batch reads: its sequences' cells */
+        lo = KVC__MIN(lo, c->seq_lo[b->seq[i]]);
+        hi = KVC__MAX(hi, c->seq_hi[b->seq[i]]);
+    }
+    pad = c->cfg.padding;
+    c->range_lo = lo / pad * pad;
+    c->range_hi = (int32_t)KVC__MIN((int64_t)(hi + pad - 1) / pad * pad, (int64_t)c->capacity);
+    c->batch_loc = loc;
+    c->batch_n = b->n_tokens;
+    c->batch_pending = c->pool->cfg.n_layers;
+    memset(c->batch_put, 0, (size_t)c->pool->cfg.n_layers);
+    return KVC_OK;
+}
+
+/* kvc_begin on a CAUSAL cache: sequence 0, after its last position. */
+static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n) {
+    kvc_batch b;
+    int32_t i, next = 0;
+    if (n > c->capacity) return KVC_ERR_FULL;
+    for (i = KVC__MAX(c->seq_lo[0], 0); i < c->seq_hi[0]; ++i)
+        if (kvc__cell_has(c, i, 0)) next = KVC__MAX(next, *kvc__cell_pos(c, i) + 1);
+    if (n > INT32_MAX - 1 - next) return KVC_ERR_RANGE;
+    for (i = 0; i < n; ++i) { c->in_pos[i] = next + i; c->in_seq[i] = 0; }
+    b.n_tokens = n;
+    b.pos = c->in_pos;
+    b.seq = c->in_seq;
+    b.non_causal = NULL;
+    return kvc_begin_batch(c, &b);
+}
+
+static void kvc__causal_cancel(kvc_cache *c) {
+    int32_t i;
+    for (i = 0; i < c->batch_n; ++i) {
+        int32_t s = c->batch_seq[i];
+        kvc__cell_del(c, c->batch_loc + i, s);
+    }
+    for (i = 0; i < c->batch_n; ++i) kvc__seq_bounds(c, c->batch_seq[i]);
+    c->batch_n = 0;
+    c->range_lo = c->range_hi = 0;
+    c->batch_pending = 0;
+}
+
+static void kvc__causal_clear(kvc_cache *c) {
+    int32_t i;
+    memset(c->seqs, 0, sizeof(uint32_t) * (size_t)c->words * (size_t)c->capacity);
+    for (i = 0; i < c->capacity; ++i) *kvc__cell_pos(c, i) = -1;
+    for (i = 0; i < c->cfg.max_seqs; ++i) { c->seq_lo[i] = INT32_MAX; c->seq_hi[i] = 0; }
+    c->n_used = 0;
+    c->batch_n = c->batch_pending = 0;
+    c->range_lo = c->range_hi = 0;
+}
+
+KVCDEF kvc_result kvc_mask_export(const kvc_cache *c, int32_t row_pad, float *mask, size_t max_floats,
+                                  int32_t *n_rows, int32_t *n_cols, int32_t *first_cell) {
+    int32_t rows, cols, i, j;
+    if (c == NULL || n_rows == NULL || n_cols == NULL || first_cell == NULL) return KVC_ERR_NULL;
+    if (!kvc__is_causal(c)) return KVC_ERR_UNSUPPORTED;
+    if (row_pad < 0) return KVC_ERR_INVALID;
+    if (row_pad == 0) row_pad = 1;
+    if (c->batch_n > INT32_MAX - row_pad) return KVC_ERR_RANGE;
+    rows = (c->batch_n + row_pad - 1) / row_pad * row_pad;
+    cols = c->range_hi - c->range_lo;
+    *n_rows = rows;
+    *n_cols = cols;
+    *first_cell = c->range_lo;
+    if (mask == NULL) return KVC_OK;
+    if ((size_t)rows * (size_t)cols > max_floats) return KVC_ERR_RANGE;
+    for (i = 0; i < rows; ++i)
+        for (j = 0; j < cols; ++j)
+            mask[(size_t)i * cols + j] =
+                i < c->batch_n && kvc__causal_visible(c, c->range_lo + j, c->batch_pos[i], c->batch_seq[i], c->batch_nc[i], 0)
+                    ? 0.0f : -INFINITY;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, int32_t len) {
+    int32_t i;
+    kvc_result r;
+    if (c == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_seq(c, src)) != KVC_OK || (r = kvc__check_seq(c, dst)) != KVC_OK) return r;
+    if (src == dst || len < 0) return KVC_ERR_INVALID;
+    if (kvc__batch_open(c)) return KVC_ERR_STATE;
+    for (i = 0; i < c->capacity; ++i) {
+        kvc__cell_del(c, i, dst);
+        if (kvc__cell_has(c, i, src) && *kvc__cell_pos(c, i) < len) kvc__cell_add(c, i, dst);
+    }
+    kvc__seq_bounds(c, dst);
+    return KVC_OK;
+}
+
+/* Re-rotate one cell's keys of every layer from old_pos to new_pos. */
+static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t new_pos) {
+    kvc_pool *p = c->pool;
+    const kvc__type_info *tk = &kvc__types[p->cfg.type_k];
+    const kvc_rope *rope = &c->cfg.rope;
+    int32_t pc = p->page_cells, hk = p->cfg.head_dim_k, nk = p->cfg.n_kv_heads * hk, l, h, i, half = rope->n_dims / 2;
+    uint32_t page = c->pages[cell / pc];
+    double delta = (double)new_pos - (double)old_pos;
+    for (l = 0; l < p->cfg.n_layers; ++l) {
+        unsigned char *k = kvc__k_at(p, l, page, cell % pc);
+        tk->to_f32(k, c->row, nk);
+        if (rope->shift) {
+            rope->shift(rope->user, l, c->row, p->cfg.n_kv_heads, hk, old_pos, new_pos);
+        } else {
+            for (h = 0; h < p->cfg.n_kv_heads; ++h) {
+                float *x = c->row + (size_t)h * hk;
+                for (i = 0; i < half; ++i) {
+                    double freq = pow((double)rope->theta, -2.0 * i / rope->n_dims), a, b;
+                    double cs = cos(delta * freq), sn = sin(delta * freq);
+                    int32_t i0 = rope->style == KVC_ROPE_NEOX ? i : 2 * i, i1 = rope->style == KVC_ROPE_NEOX ? i + half : 2 * i + 1;
+                    a = x[i0];
+                    b = x[i1];
+                    x[i0] = (float)(a * cs - b * sn);
+                    x[i1] = (float)(b * cs + a * sn);
+                }
+            }
+        }
+        tk->from_f32(c->row, k, nk);
+    }
+}
+
+KVCDEF kvc_result kvc_seq_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end) {
+    int32_t i, shift = 0;
+    kvc_result r;
+    if (c == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_seq(c, seq)) != KVC_OK) return r;
+    if (begin < 0 || end < begin) return KVC_ERR_INVALID;
+    if (kvc__batch_open(c)) return KVC_ERR_STATE;
+    if (!kvc__seq_known(c, seq)) return KVC_ERR_NOT_FOUND;
+    if (end != KVC_POS_END) /* later cells move back: each must be this sequence's alone */
+        for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i)
+            if (kvc__cell_has(c, i, seq) && *kvc__cell_pos(c, i) >= end) {
+                if (kvc__cell_only(c, i) != seq) return KVC_ERR_SHARED;
+                shift = 1;
+            }
+    if (shift && begin < end && c->cfg.rope.shift == NULL && c->cfg.rope.style == KVC_ROPE_NONE)
+        return KVC_ERR_UNSUPPORTED;
+    for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i) {
+        int32_t pos;
+        if (!kvc__cell_has(c, i, seq)) continue;
+        pos = *kvc__cell_pos(c, i);
+        if (pos >= begin && pos < end) {
+            kvc__cell_del(c, i, seq);
+        } else if (shift && pos >= end && begin < end) {
+            kvc__rope_cell(c, i, pos, pos - (end - begin));
+            *kvc__cell_pos(c, i) = pos - (end - begin);
+        }
+    }
+    kvc__seq_bounds(c, seq);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_seq_keep(kvc_cache *c, int32_t seq) {
+    int32_t i, s;
+    kvc_result r;
+    if (c == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_seq(c, seq)) != KVC_OK) return r;
+    if (kvc__batch_open(c)) return KVC_ERR_STATE;
+    for (i = 0; i < c->capacity; ++i)
+        for (s = 0; s < c->cfg.max_seqs; ++s)
+            if (s != seq) kvc__cell_del(c, i, s);
+    kvc__all_bounds(c);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *c, int32_t seq, int32_t *min_pos, int32_t *max_pos) {
+    int32_t i, lo = -1, hi = -1;
+    kvc_result r;
+    if (c == NULL || min_pos == NULL || max_pos == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_seq(c, seq)) != KVC_OK) return r;
+    for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i)
+        if (kvc__cell_has(c, i, seq)) {
+            int32_t p = *kvc__cell_pos(c, i);
+            if (lo < 0 || p < lo) lo = p;
+            if (p > hi) hi = p;
+        }
+    *min_pos = lo;
+    *max_pos = hi;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_seq_can_resume(const kvc_cache *c, int32_t seq, int32_t pos, int *can_resume) {
+    int32_t lo, hi;
+    kvc_result r;
+    if (c == NULL || can_resume == NULL) return KVC_ERR_NULL;
+    if ((r = kvc_seq_pos_range(c, seq, &lo, &hi)) != KVC_OK) return r;
+    if (pos < 0) return KVC_ERR_RANGE;
+    if (c->cfg.window == 0) *can_resume = 1;
+    else *can_resume = hi >= 0 && KVC__MAX(0, (int64_t)pos - c->cfg.window + 1) >= lo && pos <= (int64_t)hi + 1;
     return KVC_OK;
 }
 
@@ -1117,6 +1724,7 @@ KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot
     kvc_snapshot *s;
     int32_t i, first, n, pc;
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
+    if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED; /* kvc_seq_snapshot */
     if (kvc__batch_open(cache)) return KVC_ERR_STATE;
     if (cache->offset <= from) { *out = NULL; return KVC_OK; }
     pc = cache->pool->page_cells;
@@ -1211,6 +1819,7 @@ static void kvc__restore_rotating(kvc_cache *c, const kvc_snapshot *s, int32_t t
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
     int rotating;
     if (cache == NULL) return KVC_ERR_NULL;
+    if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED; /* kvc_seq_restore */
     if (snap != NULL && kvc__check_snapshot(cache, snap) != KVC_OK) return KVC_ERR_FOREIGN;
     rotating = cache->cfg.kind == KVC_KIND_ROTATING;
     if (target < 0) return KVC_ERR_UNREACHABLE;
@@ -1237,6 +1846,7 @@ KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc
     kvc_snapshot *m;
     int32_t pc, cut, shared, n;
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
+    if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (parent != NULL && kvc__check_snapshot(cache, parent) != KVC_OK) return KVC_ERR_FOREIGN;
     if (child != NULL && kvc__check_snapshot(cache, child) != KVC_OK) return KVC_ERR_FOREIGN;
     if (parent == child && parent != NULL) return KVC_ERR_INVALID;
@@ -1291,6 +1901,7 @@ KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32
     kvc_snapshot *a, *b;
     int32_t pc, na, first_b;
     if (cache == NULL || parent == NULL || child == NULL) return KVC_ERR_NULL;
+    if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (snap != NULL && kvc__check_snapshot(cache, snap) != KVC_OK) return KVC_ERR_FOREIGN;
     if (snap == NULL) { *parent = *child = NULL; return KVC_OK; }
     if (cache->cfg.kind == KVC_KIND_ROTATING || at <= snap->from) {
@@ -1327,6 +1938,57 @@ KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32
     return KVC_OK;
 }
 
+/* CAUSAL: one sequence's cells, packed into pages of its own. */
+KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *c, int32_t seq, kvc_snapshot **out) {
+    kvc_snapshot *s;
+    int32_t i, n = 0, pages, lo = -1, hi = -1;
+    kvc_result r;
+    if (c == NULL || out == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_seq(c, seq)) != KVC_OK) return r;
+    if (kvc__batch_open(c)) return KVC_ERR_STATE;
+    for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i) n += kvc__cell_has(c, i, seq);
+    if (n == 0) return KVC_ERR_NOT_FOUND;
+    pages = (n + c->pool->page_cells - 1) / c->pool->page_cells;
+    if (pages > c->pool->n_free) return KVC_ERR_FULL;
+    s = kvc__snapshot_alloc(c->pool, pages);
+    if (s == NULL) return KVC_ERR_NO_MEMORY;
+    for (i = 0; i < pages; ++i) s->pages[i] = kvc__page_acquire(c->pool);
+    s->kind = KVC_KIND_CAUSAL;
+    s->n_cells = n;
+    n = 0;
+    for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i) {
+        int32_t p;
+        if (!kvc__cell_has(c, i, seq)) continue;
+        kvc__copy_cells(c->pool, s->pages, n++, c->pages, i, 1);
+        p = *kvc__cell_pos(c, i);
+        if (lo < 0 || p < lo) lo = p;
+        hi = KVC__MAX(hi, p);
+    }
+    s->from = lo;
+    s->to = hi + 1;
+    *out = s;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t dst) {
+    int32_t i, cell = 0, freed = 0;
+    kvc_result r;
+    if (c == NULL || s == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_seq(c, dst)) != KVC_OK) return r;
+    if (s->pool != c->pool || s->kind != KVC_KIND_CAUSAL) return KVC_ERR_FOREIGN;
+    if (kvc__batch_open(c)) return KVC_ERR_STATE;
+    for (i = 0; i < c->capacity; ++i) freed += kvc__cell_only(c, i) == dst;
+    if (c->capacity - c->n_used + freed < s->n_cells) return KVC_ERR_FULL;
+    for (i = 0; i < c->capacity; ++i) kvc__cell_del(c, i, dst);
+    for (i = 0; i < s->n_cells; ++i) {
+        while (!kvc__cell_empty(c, cell)) cell++;
+        kvc__copy_cells(c->pool, c->pages, cell, s->pages, i, 1);
+        kvc__cell_add(c, cell, dst);
+    }
+    kvc__seq_bounds(c, dst);
+    return KVC_OK;
+}
+
 /* ---- Layer 5: single-entry prefix reuse (the seeds' findRemaining / close) -------- */
 
 struct kvc_prefix {
@@ -1349,6 +2011,7 @@ KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, 
     for (i = 0; i < n_caches; ++i) {
         int32_t j;
         if (caches[i] == NULL) return KVC_ERR_NULL;
+        if (caches[i]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
         for (j = 0; j < i; ++j) if (caches[j] == caches[i]) return KVC_ERR_INVALID;
     }
     p = caches[0]->pool;
@@ -1429,11 +2092,20 @@ KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens,
 
 /* ---- Layer 6: kernels (scalar reference) ------------------------------------------- */
 
-static int kvc__visible(const kvc_cache *c, const kvc_attention_desc *d, int32_t key, int32_t query) {
+/* One query of an attention call. */
+typedef struct kvc__query {
+    int32_t pos, seq;
+    int non_causal;
+    int32_t window; /* the call's extra window, 0: none */
+} kvc__query;
+
+/* May the query see the cell at `index` (token, or CAUSAL cell index) with position key? */
+static int kvc__visible(const kvc_cache *c, const kvc__query *q, int32_t index, int32_t key) {
+    if (c->cfg.kind == KVC_KIND_CAUSAL) return kvc__causal_visible(c, index, q->pos, q->seq, q->non_causal, q->window);
     if (key < 0) return 0;
-    if (!d->non_causal && key > query) return 0;
-    if (d->window > 0 && (int64_t)key <= (int64_t)query - d->window) return 0;
-    if (c->cfg.kind == KVC_KIND_ROTATING && key >= c->cfg.sinks && (int64_t)key < kvc__window_lo(c, query))
+    if (!q->non_causal && key > q->pos) return 0;
+    if (q->window > 0 && (int64_t)key <= (int64_t)q->pos - q->window) return 0;
+    if (c->cfg.kind == KVC_KIND_ROTATING && key >= c->cfg.sinks && (int64_t)key < kvc__window_lo(c, q->pos))
         return 0;
     return 1;
 }
@@ -1447,8 +2119,8 @@ static float kvc__dot_f32(const float *a, const float *b, int32_t n) {
 
 /* One query head over every visible cell: online softmax, out[] accumulates V.
    kbuf/vbuf hold one dequantised row (all kv heads) at a time. */
-static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc_attention_desc *d, int32_t query,
-                            int32_t kv_head, const float *q, float scale, float *out, float *kbuf, float *vbuf) {
+static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc__query *qy, int32_t kv_head,
+                            const float *q, float scale, float *out, float *kbuf, float *vbuf) {
     const kvc_pool *p = c->pool;
     const kvc__type_info *tk = &kvc__types[p->cfg.type_k], *tv = &kvc__types[p->cfg.type_v];
     int32_t hk = p->cfg.head_dim_k, hv = p->cfg.head_dim_v, nk = p->cfg.n_kv_heads * hk, nv = p->cfg.n_kv_heads * hv;
@@ -1457,11 +2129,12 @@ static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc_attenti
     kvc__run run;
     int32_t i, cell;
     for (i = 0; i < hv; ++i) out[i] = 0.0f;
-    kvc__iter_init(&it, c);
+    if (c->cfg.kind == KVC_KIND_CAUSAL) kvc__iter_init_cells(&it, c, c->seq_lo[qy->seq], c->seq_hi[qy->seq]);
+    else kvc__iter_init(&it, c);
     while (kvc__iter_next(&it, &run)) {
         for (cell = run.c0; cell < run.c1; ++cell) {
             float s, w;
-            if (!kvc__visible(c, d, *kvc__pos_at(p, run.page, cell), query)) continue;
+            if (!kvc__visible(c, qy, run.t0 + (cell - run.c0), *kvc__pos_at(p, run.page, cell))) continue;
             tk->to_f32(kvc__k_at(p, layer, run.page, cell), kbuf, nk);
             s = kvc__dot_f32(q, kbuf + (size_t)kv_head * hk, hk) * scale;
             if (s > m) { /* rescale what we have to the new maximum */
@@ -1482,15 +2155,37 @@ static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc_attenti
 
 static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const kvc_attention_desc *d) {
     const kvc_pool *p;
+    int32_t i;
     if (c == NULL || d == NULL) return KVC_ERR_NULL;
     if (d->q == NULL || d->out == NULL) return KVC_ERR_NULL;
     p = c->pool;
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (d->n_queries < 1 || d->n_heads < 1 || d->n_heads % p->cfg.n_kv_heads != 0) return KVC_ERR_INVALID;
     if (d->window < 0 || !(d->scale >= 0.0f) || d->scale == INFINITY) return KVC_ERR_INVALID;
-    if (d->pos == NULL && d->n_queries > c->offset) return KVC_ERR_RANGE;
     if (kvc__batch_open(c) && !c->batch_put[layer]) return KVC_ERR_STATE;
+    if (c->cfg.kind != KVC_KIND_CAUSAL) return d->pos == NULL && d->n_queries > c->offset ? KVC_ERR_RANGE : KVC_OK;
+    if (d->pos == NULL) return d->n_queries == c->batch_n ? KVC_OK : KVC_ERR_RANGE;
+    if (d->seq == NULL) return KVC_ERR_NULL;
+    for (i = 0; i < d->n_queries; ++i)
+        if (d->seq[i] < 0 || d->seq[i] >= c->cfg.max_seqs) return KVC_ERR_RANGE;
     return KVC_OK;
+}
+
+/* Query qi of a call: its position, sequence and causality. */
+static kvc__query kvc__query_of(const kvc_cache *c, const kvc_attention_desc *d, int32_t qi) {
+    kvc__query q;
+    q.window = d->window;
+    q.non_causal = d->non_causal;
+    q.seq = 0;
+    if (c->cfg.kind == KVC_KIND_CAUSAL && d->pos == NULL) { /* the current batch */
+        q.pos = c->batch_pos[qi];
+        q.seq = c->batch_seq[qi];
+        q.non_causal = d->non_causal || c->batch_nc[qi];
+    } else {
+        q.pos = d->pos ? d->pos[qi] : c->offset - d->n_queries + qi;
+        if (d->seq) q.seq = d->seq[qi];
+    }
+    return q;
 }
 
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc) {
@@ -1510,10 +2205,10 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
     scale = desc->scale > 0.0f ? desc->scale : 1.0f / sqrtf((float)hk);
     group = desc->n_heads / p->cfg.n_kv_heads;
     for (qi = 0; qi < desc->n_queries; ++qi) {
-        int32_t query = desc->pos ? desc->pos[qi] : cache->offset - desc->n_queries + qi;
+        kvc__query q = kvc__query_of(cache, desc, qi);
         for (h = 0; h < desc->n_heads; ++h) {
             size_t row = (size_t)qi * (size_t)desc->n_heads + (size_t)h;
-            kvc__attend_one(cache, layer, desc, query, h / group, desc->q + row * (size_t)hk, scale,
+            kvc__attend_one(cache, layer, &q, h / group, desc->q + row * (size_t)hk, scale,
                             desc->out + row * (size_t)hv, kbuf, vbuf);
         }
     }
