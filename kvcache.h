@@ -1079,9 +1079,14 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         cursor += cc.capacity;
         memset(c->seqs, 0, sizeof(uint32_t) * (size_t)words * (size_t)cc.capacity);
         for (i = 0; i < cc.max_seqs; ++i) { c->seq_lo[i] = INT32_MAX; c->seq_hi[i] = 0; }
-        for (i = 0; i < pages; ++i) {
+        for (i = 0; i < pages; ++i) { /* zeroed: masked cells of a padded view must not hold NaNs */
+            int32_t l;
             c->pages[i] = kvc__page_acquire(pool);
             memset(kvc__pos_at(pool, c->pages[i], 0), 0xff, sizeof(int32_t) * (size_t)pool->page_cells);
+            for (l = 0; l < pool->cfg.n_layers; ++l) {
+                memset(kvc__k_at(pool, l, c->pages[i], 0), 0, pool->page_k_bytes);
+                memset(kvc__v_at(pool, l, c->pages[i], 0), 0, pool->page_v_bytes);
+            }
         }
         c->n_pages = pages;
     }
