@@ -855,6 +855,7 @@ struct kvc_cache {
     int32_t range_lo, range_hi;          /* cells the batch reads, padded */
     int32_t *scratch;                    /* [max_seqs] */
     float *row;                          /* one K row as f32, for re-rotation */
+    double *rope_cos, *rope_sin;         /* [head_dim_k / 2 + 1] the angles of one shift */
 };
 
 struct kvc_snapshot {
@@ -1017,7 +1018,8 @@ static kvc_result kvc__check_causal(const kvc_pool *pool, const kvc_cache_config
 /* The causal cache's own arrays, after the common part of the struct. */
 static size_t kvc__causal_bytes(const kvc_pool *p, int32_t capacity, int32_t max_seqs, int32_t words) {
     return (size_t)capacity * ((size_t)words * 4 + 4 * sizeof(int32_t) + 1) + (size_t)max_seqs * 3 * sizeof(int32_t) +
-           sizeof(float) * (size_t)p->cfg.n_kv_heads * (size_t)p->cfg.head_dim_k + 64;
+           sizeof(float) * (size_t)p->cfg.n_kv_heads * (size_t)p->cfg.head_dim_k +
+           sizeof(double) * (size_t)(p->cfg.head_dim_k + 2) + 64;
 }
 
 KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
@@ -1063,6 +1065,9 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
     if (cc.kind == KVC_KIND_CAUSAL) { /* 4-byte arrays first, then bytes */
         c->capacity = cc.capacity;
         c->words = words;
+        c->rope_cos = (double *)cursor; /* 8-byte arrays first: the struct keeps their alignment */
+        c->rope_sin = c->rope_cos + pool->cfg.head_dim_k / 2 + 1;
+        cursor += sizeof(double) * (size_t)(pool->cfg.head_dim_k + 2);
         c->row = (float *)cursor;
         cursor += sizeof(float) * (size_t)pool->cfg.n_kv_heads * (size_t)pool->cfg.head_dim_k;
         c->seqs = (uint32_t *)cursor;
@@ -1600,14 +1605,15 @@ KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, in
     return KVC_OK;
 }
 
-/* Re-rotate one cell's keys of every layer from old_pos to new_pos. */
+/* Re-rotate one cell's keys of every layer from old_pos to new_pos, with the cos/sin
+   table of kvc__rope_table (one table serves every cell of a shift). */
 static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t new_pos) {
     kvc_pool *p = c->pool;
     const kvc__type_info *tk = &kvc__types[p->cfg.type_k];
     const kvc_rope *rope = &c->cfg.rope;
     int32_t pc = p->page_cells, hk = p->cfg.head_dim_k, nk = p->cfg.n_kv_heads * hk, l, h, i, half = rope->n_dims / 2;
+    int neox = rope->style == KVC_ROPE_NEOX;
     uint32_t page = c->pages[cell / pc];
-    double delta = (double)new_pos - (double)old_pos;
     for (l = 0; l < p->cfg.n_layers; ++l) {
         unsigned char *k = kvc__k_at(p, l, page, cell % pc);
         tk->to_f32(k, c->row, nk);
@@ -1617,17 +1623,23 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
             for (h = 0; h < p->cfg.n_kv_heads; ++h) {
                 float *x = c->row + (size_t)h * hk;
                 for (i = 0; i < half; ++i) {
-                    double freq = pow((double)rope->theta, -2.0 * i / rope->n_dims), a, b;
-                    double cs = cos(delta * freq), sn = sin(delta * freq);
-                    int32_t i0 = rope->style == KVC_ROPE_NEOX ? i : 2 * i, i1 = rope->style == KVC_ROPE_NEOX ? i + half : 2 * i + 1;
-                    a = x[i0];
-                    b = x[i1];
-                    x[i0] = (float)(a * cs - b * sn);
-                    x[i1] = (float)(b * cs + a * sn);
+                    int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                    double a = x[i0], b = x[i1];
+                    x[i0] = (float)(a * c->rope_cos[i] - b * c->rope_sin[i]);
+                    x[i1] = (float)(b * c->rope_cos[i] + a * c->rope_sin[i]);
                 }
             }
         }
         tk->from_f32(c->row, k, nk);
+    }
+}
+
+static void kvc__rope_table(kvc_cache *c, int32_t delta) {
+    int32_t i, n = c->cfg.rope.n_dims;
+    for (i = 0; i < n / 2; ++i) {
+        double angle = (double)delta * pow((double)c->cfg.rope.theta, -2.0 * i / n);
+        c->rope_cos[i] = cos(angle);
+        c->rope_sin[i] = sin(angle);
     }
 }
 
@@ -1647,6 +1659,7 @@ KVCDEF kvc_result kvc_seq_remove(kvc_cache *c, int32_t seq, int32_t begin, int32
             }
     if (shift && begin < end && c->cfg.rope.shift == NULL && c->cfg.rope.style == KVC_ROPE_NONE)
         return KVC_ERR_UNSUPPORTED;
+    if (shift && begin < end && c->cfg.rope.shift == NULL) kvc__rope_table(c, begin - end);
     for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i) {
         int32_t pos;
         if (!kvc__cell_has(c, i, seq)) continue;
