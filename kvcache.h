@@ -323,8 +323,8 @@ typedef struct kvc_snapshot_info {
     size_t bytes;         /* n_pages * page_bytes */
 } kvc_snapshot_info;
 
-/* Snapshot of [from, offset). *out = NULL (and KVC_OK) when offset <= from, as in the
-   seed. FULL: from < 0 counts as 0. ROTATING: the whole window state is kept. */
+/* Snapshot of [from, offset). *out = NULL (and KVC_OK) when offset <= from or the cache
+   is empty, as in the seed. FULL: from < 0 counts as 0. ROTATING: the whole window state is kept. */
 KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out);
 /* Bring the cache to `target`. snap == NULL rewinds using the live state.
    KVC_ERR_UNREACHABLE is the seed's `false`: FULL: target < 0, target > offset
@@ -1744,7 +1744,7 @@ KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED; /* kvc_seq_snapshot */
     if (kvc__batch_open(cache)) return KVC_ERR_STATE;
-    if (cache->offset <= from) { *out = NULL; return KVC_OK; }
+    if (cache->offset <= from || cache->offset == 0) { *out = NULL; return KVC_OK; } /* nothing to hold */
     pc = cache->pool->page_cells;
     if (cache->cfg.kind == KVC_KIND_ROTATING) { /* the whole window: every page held */
         first = 0;
