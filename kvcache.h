@@ -244,7 +244,9 @@ KVCDEF kvc_result kvc_begin_batch(kvc_cache *cache, const kvc_batch *batch);
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
 
 /* Trim n tokens from the end (seed CanTrim/Trim). ROTATING caches can trim only
-   until the window has wrapped (offset <= window); otherwise KVC_ERR_UNSUPPORTED. */
+   until the window has wrapped: offset <= window and no page ever released (a
+   kvc_cancel after kvc_begin released pages counts as wrapped); otherwise
+   KVC_ERR_UNSUPPORTED. */
 KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens);
 
@@ -328,9 +330,9 @@ typedef struct kvc_snapshot_info {
 KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out);
 /* Bring the cache to `target`. snap == NULL rewinds using the live state.
    KVC_ERR_UNREACHABLE is the seed's `false`: FULL: target < 0, target > offset
-   (live) or > snap->to, or offset < snap->from. ROTATING: live rewind once the
-   window has wrapped (offset > window), or a snapshot clamped below its end when
-   its window had wrapped. The snapshot is not consumed. */
+   (live) or > snap->to, or offset < snap->from. ROTATING: target > offset (live) or
+   > snap->to, a live rewind once the window has wrapped (see kvc_trim), or a snapshot
+   clamped below its end when its window had wrapped. The snapshot is not consumed. */
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target);
 /* Merge [a,b) and [b,c) into [a,c). Consumes both on success; if either is NULL
    both are freed and *out = NULL (seed). ROTATING: the child supersedes the parent. */
@@ -969,7 +971,8 @@ static void kvc__release_from(kvc_cache *c, int32_t n_tokens) {
     while (c->n_pages > 0 && (int64_t)kvc__entry_lpage(c, c->n_pages - 1) * pc >= n_tokens) {
         kvc__page_release(c->pool, c->pages[--c->n_pages]);
     }
-    if (c->n_pages <= c->n_sink_pages) c->first_lpage = c->n_sink_pages;
+    /* first_lpage > n_sink_pages remembers that window pages were released (kvc__wrapped) */
+    if (n_tokens == 0) c->first_lpage = c->n_sink_pages;
 }
 
 /* Go back to `target` tokens. `anchor` becomes batch_begin, which sets the ROTATING
@@ -1276,9 +1279,15 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
     return KVC_OK;
 }
 
+/* A ROTATING window has wrapped once it has held more than W tokens (the seed's rule),
+   or released a page (a kvc_cancel can bring the offset back below W after that). */
+static int kvc__wrapped(const kvc_cache *c) {
+    return c->offset > c->cfg.window || c->first_lpage > c->n_sink_pages;
+}
+
 static int kvc__can_trim(const kvc_cache *c) {
     if (c->cfg.kind == KVC_KIND_CAUSAL) return 0; /* use kvc_seq_remove */
-    return c->cfg.kind != KVC_KIND_ROTATING || c->offset <= c->cfg.window;
+    return c->cfg.kind != KVC_KIND_ROTATING || !kvc__wrapped(c);
 }
 
 KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim) {
@@ -1844,13 +1853,14 @@ KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_
     if (snap == NULL) {
         if (target > cache->offset) return KVC_ERR_UNREACHABLE;
         if (rotating && target == cache->offset) return KVC_OK;
-        if (rotating && cache->offset > cache->cfg.window) return KVC_ERR_UNREACHABLE;
+        if (rotating && kvc__wrapped(cache)) return KVC_ERR_UNREACHABLE;
         kvc__rewind(cache, target);
         return KVC_OK;
     }
     if (target > snap->to) return KVC_ERR_UNREACHABLE;
     if (rotating) {
-        if (target < snap->to && snap->to > cache->cfg.window) return KVC_ERR_UNREACHABLE;
+        if (target < snap->to && (snap->to > cache->cfg.window || snap->first_lpage > cache->n_sink_pages))
+            return KVC_ERR_UNREACHABLE;
         kvc__restore_rotating(cache, snap, target);
         return KVC_OK;
     }
