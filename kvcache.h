@@ -627,8 +627,8 @@ static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
     if (r != KVC_OK) return r;
     memset(L, 0, sizeof(*L));
     L->page_cells = c->page_cells ? c->page_cells : KVC__DEFAULT_PAGE_CELLS;
-    L->k_row = kvc__mul((size_t)c->n_kv_heads, (size_t)c->head_dim_k * 4, &of); /* bound first */
-    L->v_row = kvc__mul((size_t)c->n_kv_heads, (size_t)c->head_dim_v * 4, &of);
+    /* rows are at most 4 bytes a value: bound that before computing them */
+    kvc__mul((size_t)c->n_kv_heads, kvc__mul((size_t)c->head_dim_k + (size_t)c->head_dim_v, 4, &of), &of);
     if (of) return KVC_ERR_OVERFLOW;
     L->k_row = kvc__row_bytes(c->type_k, c->n_kv_heads, c->head_dim_k);
     L->v_row = kvc__row_bytes(c->type_v, c->n_kv_heads, c->head_dim_v);
