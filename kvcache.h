@@ -1022,7 +1022,7 @@ static kvc_result kvc__check_causal(const kvc_pool *pool, const kvc_cache_config
 static size_t kvc__causal_bytes(const kvc_pool *p, int32_t capacity, int32_t max_seqs, int32_t words) {
     return (size_t)capacity * ((size_t)words * 4 + 4 * sizeof(int32_t) + 1) + (size_t)max_seqs * 3 * sizeof(int32_t) +
            sizeof(float) * (size_t)p->cfg.n_kv_heads * (size_t)p->cfg.head_dim_k +
-           sizeof(double) * (size_t)(p->cfg.head_dim_k + 2) + 64;
+           sizeof(double) * (size_t)(p->cfg.head_dim_k + 2) + 64 + sizeof(double);
 }
 
 KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
@@ -1068,7 +1068,8 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
     if (cc.kind == KVC_KIND_CAUSAL) { /* 4-byte arrays first, then bytes */
         c->capacity = cc.capacity;
         c->words = words;
-        c->rope_cos = (double *)cursor; /* 8-byte arrays first: the struct keeps their alignment */
+        cursor = kvc__align_ptr(cursor, sizeof(double)); /* the page table may end 4-aligned */
+        c->rope_cos = (double *)cursor;
         c->rope_sin = c->rope_cos + pool->cfg.head_dim_k / 2 + 1;
         cursor += sizeof(double) * (size_t)(pool->cfg.head_dim_k + 2);
         c->row = (float *)cursor;
@@ -2146,12 +2147,13 @@ static float kvc__dot_f32(const float *a, const float *b, int32_t n) {
 }
 
 /* One query head over every visible cell: online softmax, out[] accumulates V.
-   kbuf/vbuf hold one dequantised row (all kv heads) at a time. */
+   kbuf/vbuf hold one dequantised head of a row at a time. */
 static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc__query *qy, int32_t kv_head,
                             const float *q, float scale, float *out, float *kbuf, float *vbuf) {
     const kvc_pool *p = c->pool;
     const kvc__type_info *tk = &kvc__types[p->cfg.type_k], *tv = &kvc__types[p->cfg.type_v];
-    int32_t hk = p->cfg.head_dim_k, hv = p->cfg.head_dim_v, nk = p->cfg.n_kv_heads * hk, nv = p->cfg.n_kv_heads * hv;
+    int32_t hk = p->cfg.head_dim_k, hv = p->cfg.head_dim_v;
+    size_t k_off = kvc__row_bytes(p->cfg.type_k, kv_head, hk), v_off = kvc__row_bytes(p->cfg.type_v, kv_head, hv);
     float m = -INFINITY, sum = 0.0f;
     kvc__iter it;
     kvc__run run;
@@ -2163,8 +2165,8 @@ static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc__query 
         for (cell = run.c0; cell < run.c1; ++cell) {
             float s, w;
             if (!kvc__visible(c, qy, run.t0 + (cell - run.c0), *kvc__pos_at(p, run.page, cell))) continue;
-            tk->to_f32(kvc__k_at(p, layer, run.page, cell), kbuf, nk);
-            s = kvc__dot_f32(q, kbuf + (size_t)kv_head * hk, hk) * scale;
+            tk->to_f32(kvc__k_at(p, layer, run.page, cell) + k_off, kbuf, hk);
+            s = kvc__dot_f32(q, kbuf, hk) * scale;
             if (s > m) { /* rescale what we have to the new maximum */
                 float r = expf(m - s);
                 sum *= r;
@@ -2173,8 +2175,8 @@ static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc__query 
             }
             w = expf(s - m);
             sum += w;
-            tv->to_f32(kvc__v_at(p, layer, run.page, cell), vbuf, nv);
-            for (i = 0; i < hv; ++i) out[i] += w * vbuf[(size_t)kv_head * hv + i];
+            tv->to_f32(kvc__v_at(p, layer, run.page, cell) + v_off, vbuf, hv);
+            for (i = 0; i < hv; ++i) out[i] += w * vbuf[i];
         }
     }
     if (sum > 0.0f)
@@ -2225,10 +2227,10 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
     p = cache->pool;
     hk = p->cfg.head_dim_k;
     hv = p->cfg.head_dim_v;
-    if ((size_t)p->cfg.n_kv_heads * (size_t)hk > 512 || (size_t)p->cfg.n_kv_heads * (size_t)hv > 512) {
-        kbuf = (float *)kvc__alloc(cache->pool, sizeof(float) * (size_t)p->cfg.n_kv_heads * (size_t)(hk + hv));
+    if (hk > 512 || hv > 512) { /* one head of K and of V as f32 */
+        kbuf = (float *)kvc__alloc(cache->pool, sizeof(float) * ((size_t)hk + (size_t)hv));
         if (kbuf == NULL) return KVC_ERR_NO_MEMORY;
-        vbuf = kbuf + (size_t)p->cfg.n_kv_heads * hk;
+        vbuf = kbuf + hk;
     }
     scale = desc->scale > 0.0f ? desc->scale : 1.0f / sqrtf((float)hk);
     group = desc->n_heads / p->cfg.n_kv_heads;

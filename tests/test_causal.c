@@ -176,23 +176,51 @@ static void test_sequences(void) {
     TK_OK(kvc_pool_destroy(p));
 }
 
-/* NeoX RoPE of one head's vector, in double, as the test's own reference */
-static void rope_ref(double *x, int n, double pos) {
+/* RoPE of one head's vector, in double, as the test's own reference:
+   NeoX pairs (i, i + n/2), interleaved pairs (2i, 2i+1) */
+static void rope_style(double *x, int n, double pos, int interleaved) {
     int i;
     for (i = 0; i < n / 2; ++i) {
-        double f = pow(10000.0, -2.0 * i / n), a = x[i], b = x[i + n / 2];
-        x[i] = a * cos(pos * f) - b * sin(pos * f);
-        x[i + n / 2] = b * cos(pos * f) + a * sin(pos * f);
+        int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + n / 2;
+        double f = pow(10000.0, -2.0 * i / n), a = x[i0], b = x[i1];
+        x[i0] = a * cos(pos * f) - b * sin(pos * f);
+        x[i1] = b * cos(pos * f) + a * sin(pos * f);
     }
 }
 
-static void test_remove_shift(void) {
-    kvc_pool *p = make_pool(KVC_TYPE_F32, KVC_TYPE_F32, 4, 8);
-    kvc_cache *c = make_causal(p, 16, 1, 0, 0);
+/* a caller's own shift: interleaved RoPE done here instead of by the library */
+static int g_callback_calls;
+static void my_shift(void *user, int32_t layer, float *k, int32_t heads, int32_t dim, int32_t old_pos, int32_t new_pos) {
+    int h, d;
+    (void)user;
+    (void)layer;
+    g_callback_calls++;
+    for (h = 0; h < heads; ++h) {
+        double x[64];
+        for (d = 0; d < dim; ++d) x[d] = k[h * dim + d];
+        rope_style(x, dim, (double)new_pos - old_pos, 1);
+        for (d = 0; d < dim; ++d) k[h * dim + d] = (float)x[d];
+    }
+}
+
+/* mode 0: NeoX by the library, 1: interleaved by the library, 2: interleaved by a callback;
+   kt: the K storage type (f16 re-rounds after rotating) */
+static void test_remove_shift(int mode, kvc_type kt) {
+    kvc_pool *p = make_pool(kt, KVC_TYPE_F32, 4, 8);
+    kvc_cache_config cc;
+    kvc_cache *c = NULL;
     static float k[16 * ROW], v[16 * ROW], got[16 * ROW];
     int32_t pos[16], seq[16], n, i, l, j;
     kvc_batch b;
     double worst = 0;
+    int inter = mode != 0;
+    kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
+    cc.capacity = 16;
+    cc.rope.style = mode == 0 ? KVC_ROPE_NEOX : KVC_ROPE_INTERLEAVED;
+    cc.rope.theta = 10000.0f;
+    if (mode == 2) { cc.rope.style = KVC_ROPE_NONE; cc.rope.shift = my_shift; }
+    TK_OK(kvc_cache_create(p, &cc, &c));
+    g_callback_calls = 0;
     /* keys stored with RoPE applied at their position */
     for (i = 0; i < 8; ++i) { pos[i] = i; seq[i] = 0; }
     b.n_tokens = 8; b.pos = pos; b.seq = seq; b.non_causal = NULL;
@@ -203,7 +231,7 @@ static void test_remove_shift(void) {
                 double x[D_];
                 int d;
                 for (d = 0; d < D_; ++d) x[d] = val(0, l, j, 0, d) / 256.0;
-                rope_ref(x, D_, i);
+                rope_style(x, D_, i, inter);
                 for (d = 0; d < D_; ++d) { k[(i * H_ + j) * D_ + d] = (float)x[d]; v[(i * H_ + j) * D_ + d] = (float)i; }
             }
         TK_OK(kvc_put(c, l, k, v));
@@ -211,10 +239,12 @@ static void test_remove_shift(void) {
     /* a cell to be shifted shared with another sequence: refused, nothing changes */
     TK_OK(kvc_seq_copy_prefix(c, 0, 1, 8));
     TK_RES(kvc_seq_remove(c, 0, 2, 5), KVC_ERR_SHARED);
+    TK_EQ(g_callback_calls, 0);
     TK_OK(kvc_seq_remove(c, 1, 0, KVC_POS_END)); /* to the end: no shift needed */
     TK_RES(kvc_seq_remove(c, 1, 0, KVC_POS_END), KVC_ERR_NOT_FOUND);
     /* drop positions 2,3,4: 5,6,7 become 2,3,4 and their keys rotate back by 3 */
     TK_OK(kvc_seq_remove(c, 0, 2, 5));
+    if (mode == 2) TK_EQ(g_callback_calls, 3 * L_);
     {
         int32_t pp[1] = {5}, ss[1] = {0};
         TK_OK(batch(c, 1, pp, ss, NULL)); /* a new batch so the view covers the sequence */
@@ -228,7 +258,7 @@ static void test_remove_shift(void) {
                 double x[D_];
                 int d;
                 for (d = 0; d < D_; ++d) x[d] = val(0, l, j, 0, d) / 256.0;
-                rope_ref(x, D_, pos[i]);
+                rope_style(x, D_, pos[i], inter);
                 for (d = 0; d < D_; ++d) {
                     double e = fabs(x[d] - got[(i * H_ + j) * D_ + d]);
                     if (e > worst) worst = e;
@@ -236,7 +266,8 @@ static void test_remove_shift(void) {
             }
         }
     }
-    TK_NEAR(worst, 0.0, 1e-5);
+    /* f32: rounding only; f16: two roundings of values below 1 (2^-11 each) */
+    TK_NEAR(worst, 0.0, kt == KVC_TYPE_F32 ? 1e-5 : 2e-3);
     TK_OK(kvc_cache_destroy(c));
     TK_OK(kvc_pool_destroy(p));
 }
@@ -657,7 +688,10 @@ int main(int argc, char **argv) {
     test_store();
     test_window();
     test_sequences();
-    test_remove_shift();
+    test_remove_shift(0, KVC_TYPE_F32);
+    test_remove_shift(1, KVC_TYPE_F32);
+    test_remove_shift(2, KVC_TYPE_F32);
+    test_remove_shift(0, KVC_TYPE_F16);
     test_defrag_and_snapshots();
     test_bad_input();
     for (i = 0; i < episodes; ++i) random_episode(&rng, 300);

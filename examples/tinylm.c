@@ -1,0 +1,1451 @@
+/* tinylm.c - end-to-end demo and test of kvcache.h on a tiny transformer.
+
+   Loads a tiny Llama/Mistral-style model (config.txt + model.safetensors), runs it
+   through the KV cache of kvcache.h - chunked prefill, token-by-token decode,
+   prefix reuse, snapshot/restore branching, a rotating sliding window - and checks
+   every logit against float64 reference logits computed by Hugging Face.
+
+   Build (from the repository root):
+       cc -std=c99 -O2 -Wall -Wextra -Wpedantic examples/tinylm.c -o tinylm -lm
+   Run:
+       ./tinylm [--chunk N] [--quiet] [--reference] [MODEL_DIR ...]
+   With no MODEL_DIR it runs tests/data/llama-tiny and tests/data/mistral-swa-tiny.
+   A model folder holds config.txt, model.safetensors, reference.txt and one
+   NAME.logits.f32 per case (formats and math: tests/data/README.md).
+
+   --chunk N     prefill at most N tokens per forward pass (default 2048)
+   --quiet       print only failures, errors and the final verdict
+   --reference   skip kvcache.h: one cache-free forward over each whole sequence
+                 with naive attention (checks the model math on its own)
+
+   Output: one table row per case x cache kind x storage type:
+     rows      reference logits rows compared / rows in the file (rows at positions
+               the cache reused are not recomputed, so not compared)
+     max|err|  largest |logit - reference| over those rows; rms err likewise
+     greedy    greedy tokens equal to the reference's (greedy cases)
+     reused    tokens not recomputed: found by prefix reuse, or restored from a
+               snapshot (branch_b); "a!=b" when it differs from what was expected
+     tok/s     tokens through the model per CPU second
+   then one line per pool with its peak use and a leak check after teardown, and a
+   final verdict line. Exit status: 0 when every check passed (f32 within 1e-3 and
+   every greedy token equal, f16 within 2e-2, no leak), 1 otherwise, 2 on bad usage.
+
+   The program is organised top-down:
+     1. test matrix      the cache kinds and storage types to run (one line each)
+     2. helpers          files, errors, timing
+     3. config.txt       the model's hyper-parameters
+     4. safetensors      a minimal reader with a tiny JSON parser
+     5. the model        math and the forward pass, attention through kvcache.h
+     6. reference.txt    the test cases and their reference logits
+     7. sessions         one pool + cache + prefix per (kind, type); the cases
+     8. main             argument parsing, the table, the verdict
+*/
+#define KVCACHE_IMPLEMENTATION
+#include "../kvcache.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ==================================================================================
+   1. The test matrix
+   ================================================================================== */
+
+/* Cache kinds. Every kind runs with every storage type below; `setup` fills in the
+   kind-specific fields of the cache config (window, capacity, ...) for a model.
+   A kind that needs_window only runs on models with a sliding window. The model's
+   window is always passed to kvc_attention (desc.window), so a FULL cache applies
+   it as an attention mask while a ROTATING cache also drops what falls out of it. */
+typedef struct config config;
+typedef struct kind_spec {
+    const char *name;
+    kvc_kind kind;
+    int needs_window;
+    void (*setup)(kvc_cache_config *cc, const config *c, int32_t max_tokens);
+} kind_spec;
+
+static void setup_full(kvc_cache_config *cc, const config *c, int32_t max_tokens);
+static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens);
+
+static const kind_spec KINDS[] = {
+    {"full", KVC_KIND_FULL, 0, setup_full},
+    {"rotating", KVC_KIND_ROTATING, 1, setup_rotating},
+};
+
+/* Storage types of K and V, with the accuracy each must reach against the float64
+   reference: the largest |logit - ref| allowed, and whether every greedy token must
+   match the reference (for lossy types a flipped near-tie is reported, not failed). */
+typedef struct type_spec {
+    kvc_type type;
+    double max_err;
+    int exact_greedy;
+} type_spec;
+
+static const type_spec TYPES[] = {
+    {KVC_TYPE_F32, 1e-3, 1},
+    {KVC_TYPE_F16, 2e-2, 0},
+};
+
+#define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+#define PAGE_CELLS 16                       /* small pages: many page boundaries */
+#define BUDGET_BYTES ((size_t)64 << 20)     /* generous: the runs need < 2 MiB   */
+#define DEFAULT_CHUNK 2048                  /* ollama's default batch size       */
+
+/* ==================================================================================
+   2. Helpers
+   ================================================================================== */
+
+static int g_quiet = 0;
+
+/* Every error message goes to stderr, prefixed with the program name. */
+static void errorf(const char *fmt, ...)
+{
+    va_list ap;
+    fflush(stdout); /* keep the table and the messages in order */
+    va_start(ap, fmt);
+    fputs("tinylm: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* Run a kvcache.h call; on failure print what failed and why, and jump to the
+   enclosing function's `fail:` label (which frees what the function owns). */
+#define KVC_CHECK(call)                                                             \
+    do {                                                                            \
+        kvc_result kvc_check_r_ = (call);                                           \
+        if (kvc_check_r_ != KVC_OK) {                                               \
+            errorf("%s failed: %s (%s:%d)", #call, kvc_strerror(kvc_check_r_),      \
+                  __FILE__, __LINE__);                                              \
+            goto fail;                                                              \
+        }                                                                           \
+    } while (0)
+
+static float *alloc_floats(size_t n)
+{
+    float *p = (float *)malloc((n ? n : 1) * sizeof(float));
+    if (!p) errorf("out of memory (%lu floats)", (unsigned long)n);
+    return p;
+}
+
+/* Reads a whole file into memory. Returns NULL (after a message) on failure. */
+static unsigned char *read_file(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf = NULL;
+    long len;
+    if (!f) {
+        errorf("cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        errorf("cannot determine the size of %s", path);
+        fclose(f);
+        return NULL;
+    }
+    buf = (unsigned char *)malloc((size_t)len + 1);
+    if (!buf) {
+        errorf("out of memory reading %s (%ld bytes)", path, len);
+        fclose(f);
+        return NULL;
+    }
+    if (fread(buf, 1, (size_t)len, f) != (size_t)len) {
+        errorf("cannot read %s", path);
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[len] = 0; /* lets text files be parsed as C strings */
+    *size = (size_t)len;
+    return buf;
+}
+
+static void join_path(char *out, size_t cap, const char *dir, const char *name)
+{
+    snprintf(out, cap, "%s/%s", dir, name);
+}
+
+static double seconds_now(void) { return (double)clock() / CLOCKS_PER_SEC; }
+
+/* Decodes a little-endian float32 whatever the host byte order. */
+static float load_f32_le(const unsigned char *p)
+{
+    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ==================================================================================
+   3. config.txt: `key value` lines
+   ================================================================================== */
+
+struct config {
+    int vocab, hidden, layers, heads, kv, hd, inter;
+    int window;     /* sliding window in keys (including the current token), 0: none */
+    double theta;   /* RoPE base */
+    double eps;     /* RMSNorm epsilon */
+};
+
+static int load_config(const char *dir, config *c)
+{
+    char path[1024], key[64], value[64], line[256];
+    unsigned char *text;
+    const char *next;
+    size_t size;
+    int seen = 0, ok = 1;
+    /* The keys we need, each with a bit in `seen`. */
+    static const char *const keys[] = {"vocab", "hidden", "layers", "heads", "kv",  "hd",
+                                       "inter", "theta",  "window", "rms_eps", "rope", "act"};
+    const int n_keys = COUNT_OF(keys);
+
+    join_path(path, sizeof path, dir, "config.txt");
+    if (!(text = read_file(path, &size))) return -1;
+    memset(c, 0, sizeof *c);
+    for (next = (const char *)text; *next;) {
+        /* copy one line, so that sscanf cannot read on into the next one */
+        size_t len = strcspn(next, "\n");
+        int k;
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), next);
+        next += len + (next[len] == '\n');
+        if (sscanf(line, "%63s %63s", key, value) != 2) continue; /* blank line */
+        for (k = 0; k < n_keys && strcmp(key, keys[k]) != 0; ++k) {}
+        if (k == n_keys) continue; /* unknown keys are ignored */
+        seen |= 1 << k;
+        if (!strcmp(key, "vocab")) c->vocab = atoi(value);
+        else if (!strcmp(key, "hidden")) c->hidden = atoi(value);
+        else if (!strcmp(key, "layers")) c->layers = atoi(value);
+        else if (!strcmp(key, "heads")) c->heads = atoi(value);
+        else if (!strcmp(key, "kv")) c->kv = atoi(value);
+        else if (!strcmp(key, "hd")) c->hd = atoi(value);
+        else if (!strcmp(key, "inter")) c->inter = atoi(value);
+        else if (!strcmp(key, "window")) c->window = atoi(value);
+        else if (!strcmp(key, "theta")) c->theta = atof(value);
+        else if (!strcmp(key, "rms_eps")) c->eps = atof(value);
+        else if (!strcmp(key, "rope") && strcmp(value, "neox") != 0) {
+            errorf("%s: rope '%s' not supported (only neox)", path, value);
+            ok = 0;
+        } else if (!strcmp(key, "act") && strcmp(value, "silu") != 0) {
+            errorf("%s: act '%s' not supported (only silu)", path, value);
+            ok = 0;
+        }
+    }
+    free(text);
+    for (int k = 0; k < n_keys; ++k)
+        if (!(seen & (1 << k))) {
+            errorf("%s: missing key '%s'", path, keys[k]);
+            ok = 0;
+        }
+    if (ok && (c->vocab <= 0 || c->hidden <= 0 || c->layers <= 0 || c->heads <= 0 || c->kv <= 0 ||
+               c->hd <= 0 || c->hd % 2 != 0 || c->inter <= 0 || c->heads % c->kv != 0 ||
+               c->window < 0 || !(c->theta > 0) || !(c->eps > 0))) {
+        errorf("%s: inconsistent values (need positive sizes, even hd, heads %% kv == 0)", path);
+        ok = 0;
+    }
+    return ok ? 0 : -1;
+}
+
+/* ==================================================================================
+   4. safetensors: 8-byte little-endian header length, a JSON header
+      {name: {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...},
+      then the raw data (offsets relative to the end of the header).
+   ================================================================================== */
+
+#define ST_MAX_DIMS 8
+
+typedef struct st_tensor {
+    char name[128];
+    char dtype[16];
+    uint64_t shape[ST_MAX_DIMS];
+    int ndim;
+    uint64_t begin, end;
+} st_tensor;
+
+typedef struct st_file {
+    const char *path;
+    unsigned char *bytes;       /* the whole file */
+    const unsigned char *data;  /* start of the raw data */
+    uint64_t data_size;
+    st_tensor *tensors;
+    int n_tensors;
+} st_file;
+
+/* --- A tiny JSON parser: just enough for the header ------------------------------ */
+
+typedef struct json {
+    const char *p, *end;
+    const char *path; /* for messages */
+    int failed;
+} json;
+
+static int json_fail(json *j, const char *what)
+{
+    if (!j->failed)
+        errorf("%s: malformed safetensors header: %s", j->path, what);
+    j->failed = 1;
+    return -1;
+}
+
+static void json_ws(json *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) ++j->p;
+}
+
+/* Consumes character c (after whitespace) if it is next; returns whether it did. */
+static int json_eat(json *j, char c)
+{
+    json_ws(j);
+    if (j->p < j->end && *j->p == c) {
+        ++j->p;
+        return 1;
+    }
+    return 0;
+}
+
+/* A string into out[cap] (escapes decoded; non-ASCII \u escapes become '?'). */
+static int json_string(json *j, char *out, size_t cap)
+{
+    size_t n = 0;
+    if (!json_eat(j, '"')) return json_fail(j, "expected a string");
+    while (j->p < j->end && *j->p != '"') {
+        char c = *j->p++;
+        if (c == '\\') {
+            if (j->p >= j->end) break;
+            c = *j->p++;
+            switch (c) {
+            case 'b': c = '\b'; break;
+            case 'f': c = '\f'; break;
+            case 'n': c = '\n'; break;
+            case 'r': c = '\r'; break;
+            case 't': c = '\t'; break;
+            case 'u': {
+                unsigned v = 0;
+                for (int i = 0; i < 4; ++i, ++j->p) {
+                    char h = j->p < j->end ? *j->p : 0;
+                    int d = h >= '0' && h <= '9' ? h - '0'
+                          : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                          : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                    if (d < 0) return json_fail(j, "bad \\u escape");
+                    v = v * 16 + (unsigned)d;
+                }
+                c = v < 0x80 ? (char)v : '?';
+                break;
+            }
+            default: break; /* \" \\ \/ stand for themselves */
+            }
+        }
+        if (n + 1 >= cap) return json_fail(j, "string too long");
+        out[n++] = c;
+    }
+    if (j->p >= j->end) return json_fail(j, "unterminated string");
+    ++j->p; /* closing quote */
+    out[n] = 0;
+    return 0;
+}
+
+/* A non-negative integer (shapes and offsets). */
+static int json_uint(json *j, uint64_t *out)
+{
+    uint64_t v = 0;
+    json_ws(j);
+    if (j->p >= j->end || *j->p < '0' || *j->p > '9') return json_fail(j, "expected a non-negative integer");
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+        unsigned d = (unsigned)(*j->p++ - '0');
+        if (v > (UINT64_MAX - d) / 10) return json_fail(j, "integer overflow");
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* An array of non-negative integers into out[max]; *n receives the count. */
+static int json_uint_array(json *j, uint64_t *out, int max, int *n)
+{
+    *n = 0;
+    if (!json_eat(j, '[')) return json_fail(j, "expected '['");
+    if (json_eat(j, ']')) return 0;
+    do {
+        if (*n == max) return json_fail(j, "array too long");
+        if (json_uint(j, &out[(*n)++]) != 0) return -1;
+    } while (json_eat(j, ','));
+    if (!json_eat(j, ']')) return json_fail(j, "expected ']'");
+    return 0;
+}
+
+/* Skips any value (used for __metadata__ and unknown keys). */
+static int json_skip(json *j, int depth)
+{
+    char buf[256];
+    json_ws(j);
+    if (depth > 32) return json_fail(j, "nested too deeply");
+    if (j->p >= j->end) return json_fail(j, "unexpected end");
+    if (*j->p == '"') return json_string(j, buf, sizeof buf);
+    if (*j->p == '{' || *j->p == '[') {
+        char close = *j->p == '{' ? '}' : ']';
+        int is_object = close == '}';
+        ++j->p;
+        if (json_eat(j, close)) return 0;
+        do {
+            if (is_object && (json_string(j, buf, sizeof buf) != 0 || !json_eat(j, ':')))
+                return json_fail(j, "expected \"key\":");
+            if (json_skip(j, depth + 1) != 0) return -1;
+        } while (json_eat(j, ','));
+        if (!json_eat(j, close)) return json_fail(j, "expected '}' or ']'");
+        return 0;
+    }
+    /* number, true, false, null */
+    {
+        const char *start = j->p;
+        while (j->p < j->end && strchr("+-.0123456789eEtruefalsn", *j->p)) ++j->p;
+        if (j->p == start) return json_fail(j, "unexpected character");
+    }
+    return 0;
+}
+
+/* One tensor entry: {"dtype": .., "shape": [..], "data_offsets": [b, e]}. */
+static int json_tensor(json *j, st_tensor *t)
+{
+    char key[64];
+    int have = 0;
+    if (!json_eat(j, '{')) return json_fail(j, "expected '{' for a tensor");
+    if (!json_eat(j, '}')) {
+        do {
+            if (json_string(j, key, sizeof key) != 0 || !json_eat(j, ':')) return json_fail(j, "expected \"key\":");
+            if (!strcmp(key, "dtype")) {
+                if (json_string(j, t->dtype, sizeof t->dtype) != 0) return -1;
+                have |= 1;
+            } else if (!strcmp(key, "shape")) {
+                if (json_uint_array(j, t->shape, ST_MAX_DIMS, &t->ndim) != 0) return -1;
+                have |= 2;
+            } else if (!strcmp(key, "data_offsets")) {
+                uint64_t off[2];
+                int n;
+                if (json_uint_array(j, off, 2, &n) != 0) return -1;
+                if (n != 2) return json_fail(j, "data_offsets needs two numbers");
+                t->begin = off[0];
+                t->end = off[1];
+                have |= 4;
+            } else if (json_skip(j, 1) != 0) {
+                return -1;
+            }
+        } while (json_eat(j, ','));
+        if (!json_eat(j, '}')) return json_fail(j, "expected '}' after a tensor");
+    }
+    if (have != 7) {
+        errorf("%s: tensor '%s' lacks dtype, shape or data_offsets", j->path, t->name);
+        j->failed = 1;
+        return -1;
+    }
+    return 0;
+}
+
+static void st_close(st_file *f)
+{
+    free(f->bytes);
+    free(f->tensors);
+    memset(f, 0, sizeof *f);
+}
+
+static int st_open(st_file *f, const char *path)
+{
+    json j;
+    uint64_t header_len = 0;
+    size_t size = 0;
+    int cap = 0;
+
+    memset(f, 0, sizeof *f);
+    f->path = path;
+    if (!(f->bytes = read_file(path, &size))) return -1;
+    if (size < 8) {
+        errorf("%s: too short for a safetensors file", path);
+        goto fail;
+    }
+    for (int i = 7; i >= 0; --i) header_len = header_len << 8 | f->bytes[i];
+    if (header_len > size - 8) {
+        errorf("%s: header length %llu exceeds the file size %lu", path,
+              (unsigned long long)header_len, (unsigned long)size);
+        goto fail;
+    }
+    f->data = f->bytes + 8 + header_len;
+    f->data_size = size - 8 - header_len;
+
+    j.p = (const char *)f->bytes + 8;
+    j.end = j.p + header_len;
+    j.path = path;
+    j.failed = 0;
+    if (!json_eat(&j, '{')) {
+        json_fail(&j, "expected '{'");
+        goto fail;
+    }
+    if (!json_eat(&j, '}')) {
+        do {
+            st_tensor t;
+            memset(&t, 0, sizeof t);
+            if (json_string(&j, t.name, sizeof t.name) != 0 || !json_eat(&j, ':')) {
+                json_fail(&j, "expected \"name\":");
+                goto fail;
+            }
+            if (!strcmp(t.name, "__metadata__")) {
+                if (json_skip(&j, 1) != 0) goto fail;
+                continue;
+            }
+            if (json_tensor(&j, &t) != 0) goto fail;
+            if (f->n_tensors == cap) {
+                st_tensor *grown;
+                cap = cap ? 2 * cap : 64;
+                grown = (st_tensor *)realloc(f->tensors, (size_t)cap * sizeof *grown);
+                if (!grown) {
+                    errorf("out of memory");
+                    goto fail;
+                }
+                f->tensors = grown;
+            }
+            f->tensors[f->n_tensors++] = t;
+        } while (json_eat(&j, ','));
+        if (!json_eat(&j, '}')) {
+            json_fail(&j, "expected '}' at the end");
+            goto fail;
+        }
+    }
+    json_ws(&j);
+    if (j.p != j.end) {
+        json_fail(&j, "trailing characters after the header");
+        goto fail;
+    }
+    return 0;
+fail:
+    st_close(f);
+    return -1;
+}
+
+/* Copies tensor `name` into a new float array after checking it is F32, has the
+   expected shape (dims[ndim]) and lies inside the file. NULL on any problem. */
+static float *st_load(const st_file *f, const char *name, int ndim, const int *dims)
+{
+    const st_tensor *t = NULL;
+    uint64_t count = 1;
+    float *out;
+    for (int i = 0; i < f->n_tensors; ++i)
+        if (!strcmp(f->tensors[i].name, name)) t = &f->tensors[i];
+    if (!t) {
+        errorf("%s: tensor '%s' is missing", f->path, name);
+        return NULL;
+    }
+    if (strcmp(t->dtype, "F32") != 0) {
+        errorf("%s: tensor '%s' has dtype %s, only F32 is supported", f->path, name, t->dtype);
+        return NULL;
+    }
+    if (t->ndim != ndim) {
+        errorf("%s: tensor '%s' has %d dimensions, expected %d", f->path, name, t->ndim, ndim);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; ++i) {
+        if (t->shape[i] != (uint64_t)dims[i]) {
+            errorf("%s: tensor '%s' dimension %d is %llu, config.txt implies %d", f->path, name, i,
+                  (unsigned long long)t->shape[i], dims[i]);
+            return NULL;
+        }
+        count *= (uint64_t)dims[i];
+    }
+    if (t->begin > t->end || t->end > f->data_size || t->end - t->begin != count * 4) {
+        errorf("%s: tensor '%s' data_offsets [%llu, %llu] do not fit %llu floats in %llu data bytes",
+              f->path, name, (unsigned long long)t->begin, (unsigned long long)t->end,
+              (unsigned long long)count, (unsigned long long)f->data_size);
+        return NULL;
+    }
+    if (!(out = alloc_floats((size_t)count))) return NULL;
+    for (uint64_t i = 0; i < count; ++i) out[i] = load_f32_le(f->data + t->begin + 4 * i);
+    return out;
+}
+
+/* ==================================================================================
+   5. The model
+   ================================================================================== */
+
+typedef struct layer_weights {
+    float *attn_norm;           /* [hidden] */
+    float *wq, *wk, *wv, *wo;   /* [heads*hd][hidden], [kv*hd][hidden] x2, [hidden][heads*hd] */
+    float *mlp_norm;            /* [hidden] */
+    float *gate, *up, *down;    /* [inter][hidden] x2, [hidden][inter] */
+} layer_weights;
+
+typedef struct model {
+    config c;
+    float *embed;               /* [vocab][hidden] */
+    float *norm;                /* [hidden] */
+    float *lm_head;             /* [vocab][hidden] */
+    layer_weights *layers;
+} model;
+
+static void model_free(model *m)
+{
+    if (m->layers)
+        for (int l = 0; l < m->c.layers; ++l) {
+            layer_weights *w = &m->layers[l];
+            free(w->attn_norm), free(w->wq), free(w->wk), free(w->wv), free(w->wo);
+            free(w->mlp_norm), free(w->gate), free(w->up), free(w->down);
+        }
+    free(m->layers);
+    free(m->embed), free(m->norm), free(m->lm_head);
+    memset(m, 0, sizeof *m);
+}
+
+static int model_load(model *m, const char *dir)
+{
+    char path[1024], name[160];
+    st_file f;
+    const config *c = &m->c;
+    int ok;
+
+    memset(m, 0, sizeof *m);
+    if (load_config(dir, &m->c) != 0) return -1;
+    join_path(path, sizeof path, dir, "model.safetensors");
+    if (st_open(&f, path) != 0) return -1;
+    m->layers = (layer_weights *)calloc((size_t)c->layers, sizeof *m->layers);
+    {
+        const int d_vocab[2] = {c->vocab, c->hidden}, d_hidden[1] = {c->hidden};
+        const int d_q[2] = {c->heads * c->hd, c->hidden}, d_kv[2] = {c->kv * c->hd, c->hidden};
+        const int d_o[2] = {c->hidden, c->heads * c->hd};
+        const int d_up[2] = {c->inter, c->hidden}, d_down[2] = {c->hidden, c->inter};
+        ok = m->layers != NULL;
+        ok = ok && (m->embed = st_load(&f, "model.embed_tokens.weight", 2, d_vocab)) != NULL;
+        ok = ok && (m->norm = st_load(&f, "model.norm.weight", 1, d_hidden)) != NULL;
+        ok = ok && (m->lm_head = st_load(&f, "lm_head.weight", 2, d_vocab)) != NULL;
+        /* LOAD: tensor model.layers.<l>.<suffix>.weight of shape dims into w->field */
+#define LOAD(field, suffix, dims)                                                    \
+    (snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, suffix),           \
+     (w->field = st_load(&f, name, (int)(sizeof dims / sizeof dims[0]), dims)) != NULL)
+        for (int l = 0; ok && l < c->layers; ++l) {
+            layer_weights *w = &m->layers[l];
+            ok = LOAD(attn_norm, "input_layernorm", d_hidden) && LOAD(wq, "self_attn.q_proj", d_q) &&
+                 LOAD(wk, "self_attn.k_proj", d_kv) && LOAD(wv, "self_attn.v_proj", d_kv) &&
+                 LOAD(wo, "self_attn.o_proj", d_o) && LOAD(mlp_norm, "post_attention_layernorm", d_hidden) &&
+                 LOAD(gate, "mlp.gate_proj", d_up) && LOAD(up, "mlp.up_proj", d_up) &&
+                 LOAD(down, "mlp.down_proj", d_down);
+        }
+#undef LOAD
+    }
+    st_close(&f);
+    if (!ok) {
+        if (!m->layers) errorf("out of memory");
+        model_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+/* --- The math ------------------------------------------------------------------- */
+
+/* y[n][out] = x[n][in] . W^T, with W [out][in] row-major (a Linear without bias). */
+static void matmul(float *y, const float *x, const float *w, int n, int in, int out)
+{
+    for (int i = 0; i < n; ++i)
+        for (int o = 0; o < out; ++o) {
+            const float *a = x + (size_t)i * in, *b = w + (size_t)o * in;
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s = 0; /* 8 partial sums: vectorizes */
+            int k = 0;
+            for (; k + 8 <= in; k += 8)
+                for (int u = 0; u < 8; ++u) acc[u] += a[k + u] * b[k + u];
+            for (; k < in; ++k) s += a[k] * b[k];
+            for (int u = 0; u < 8; ++u) s += acc[u];
+            y[(size_t)i * out + o] = s;
+        }
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * g for each of n rows of size d. */
+static void rmsnorm(float *y, const float *x, const float *g, int n, int d, double eps)
+{
+    for (int i = 0; i < n; ++i) {
+        const float *xi = x + (size_t)i * d;
+        double ss = 0;
+        for (int k = 0; k < d; ++k) ss += (double)xi[k] * xi[k];
+        {
+            float r = (float)(1.0 / sqrt(ss / d + eps));
+            for (int k = 0; k < d; ++k) y[(size_t)i * d + k] = xi[k] * r * g[k];
+        }
+    }
+}
+
+/* NeoX ("rotate half") RoPE, in place, on v [n][n_heads][hd]: for i < hd/2 the
+   pair (v[i], v[i+hd/2]) turns by pos * theta^(-2i/hd). */
+static void rope(float *v, int n, int n_heads, int hd, const int32_t *pos, double theta)
+{
+    const int half = hd / 2;
+    for (int t = 0; t < n; ++t)
+        for (int i = 0; i < half; ++i) {
+            double angle = pos[t] * pow(theta, -2.0 * i / hd);
+            float c = (float)cos(angle), s = (float)sin(angle);
+            for (int h = 0; h < n_heads; ++h) {
+                float *x = v + ((size_t)t * n_heads + h) * hd;
+                float a = x[i], b = x[i + half];
+                x[i] = a * c - b * s;
+                x[i + half] = b * c + a * s;
+            }
+        }
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; ++i)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Cache-free attention (the --reference mode): the n tokens of the batch attend
+   to each other only, causally and within the sliding window. q [n][heads][hd],
+   k, v [n][kv][hd], out [n][heads][hd]. */
+static void naive_attention(float *out, const float *q, const float *k, const float *v,
+                            const int32_t *pos, int n, const config *c)
+{
+    const int group = c->heads / c->kv;
+    const double scale = 1.0 / sqrt((double)c->hd);
+    double *w = (double *)malloc((size_t)n * sizeof *w);
+    if (!w) abort(); /* the reference mode is a debugging aid: keep it short */
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < c->heads; ++h) {
+            const float *qi = q + ((size_t)i * c->heads + h) * c->hd;
+            float *oi = out + ((size_t)i * c->heads + h) * c->hd;
+            double max = -INFINITY, sum = 0;
+            for (int j = 0; j < n; ++j) {
+                const float *kj = k + ((size_t)j * c->kv + h / group) * c->hd;
+                int visible = pos[j] <= pos[i] && (c->window == 0 || pos[i] - pos[j] < c->window);
+                double s = 0;
+                for (int d = 0; visible && d < c->hd; ++d) s += (double)qi[d] * kj[d];
+                w[j] = visible ? s * scale : -INFINITY;
+                if (w[j] > max) max = w[j];
+            }
+            for (int j = 0; j < n; ++j) sum += w[j] = w[j] == -INFINITY ? 0 : exp(w[j] - max);
+            for (int d = 0; d < c->hd; ++d) {
+                double acc = 0;
+                for (int j = 0; j < n; ++j)
+                    if (w[j] != 0) acc += w[j] * v[((size_t)j * c->kv + h / group) * c->hd + d];
+                oi[d] = (float)(acc / sum);
+            }
+        }
+    free(w);
+}
+
+/* One forward pass over n tokens at positions pos0 .. pos0+n-1.
+
+   With a cache, attention goes through kvcache.h: kvc_begin reserves the cells,
+   then per layer kvc_put stores this batch's K and V and kvc_attention computes
+   the queries against every cell they may see. With cache == NULL the batch must
+   be the whole sequence (pos0 == 0) and attention is the naive one above.
+
+   Logits are computed for the batch rows first_row .. n-1 only (prefill needs just
+   the last one) into logits [n - first_row][vocab]; logits == NULL: none. */
+static int forward(const model *m, kvc_cache *cache, const int32_t *tokens, int n, int32_t pos0,
+                   int first_row, float *logits)
+{
+    const config *c = &m->c;
+    const int H = c->hidden, QD = c->heads * c->hd, KD = c->kv * c->hd;
+    float *x = alloc_floats((size_t)n * H), *h = alloc_floats((size_t)n * H);
+    float *q = alloc_floats((size_t)n * QD), *att = alloc_floats((size_t)n * QD);
+    float *k = alloc_floats((size_t)n * KD), *v = alloc_floats((size_t)n * KD);
+    float *gate = alloc_floats((size_t)n * c->inter), *up = alloc_floats((size_t)n * c->inter);
+    int32_t *pos = (int32_t *)malloc((size_t)n * sizeof *pos);
+    int begun = 0, rc = -1;
+
+    if (!x || !h || !q || !att || !k || !v || !gate || !up || !pos) goto fail;
+    for (int i = 0; i < n; ++i) {
+        pos[i] = pos0 + i;
+        memcpy(x + (size_t)i * H, m->embed + (size_t)tokens[i] * H, (size_t)H * sizeof *x);
+    }
+    if (cache) {
+        KVC_CHECK(kvc_begin(cache, n)); /* the only call that allocates pages */
+        begun = 1;
+    }
+    for (int l = 0; l < c->layers; ++l) {
+        const layer_weights *w = &m->layers[l];
+        /* attention block */
+        rmsnorm(h, x, w->attn_norm, n, H, c->eps);
+        matmul(q, h, w->wq, n, H, QD);
+        matmul(k, h, w->wk, n, H, KD);
+        matmul(v, h, w->wv, n, H, KD);
+        rope(q, n, c->heads, c->hd, pos, c->theta);
+        rope(k, n, c->kv, c->hd, pos, c->theta);
+        if (cache) {
+            kvc_attention_desc desc;
+            memset(&desc, 0, sizeof desc);
+            desc.n_queries = n;
+            desc.n_heads = c->heads;
+            desc.q = q;
+            desc.pos = pos;
+            desc.scale = 0;            /* 1/sqrt(head_dim) */
+            desc.window = c->window;   /* the model's sliding window (0: none) */
+            desc.out = att;
+            KVC_CHECK(kvc_put(cache, l, k, v));
+            KVC_CHECK(kvc_attention(cache, l, &desc));
+        } else {
+            naive_attention(att, q, k, v, pos, n, c);
+        }
+        matmul(h, att, w->wo, n, QD, H);
+        for (size_t i = 0; i < (size_t)n * H; ++i) x[i] += h[i];
+        /* MLP block: down(silu(gate(h)) * up(h)) */
+        rmsnorm(h, x, w->mlp_norm, n, H, c->eps);
+        matmul(gate, h, w->gate, n, H, c->inter);
+        matmul(up, h, w->up, n, H, c->inter);
+        for (size_t i = 0; i < (size_t)n * c->inter; ++i) gate[i] = silu(gate[i]) * up[i];
+        matmul(h, gate, w->down, n, c->inter, H);
+        for (size_t i = 0; i < (size_t)n * H; ++i) x[i] += h[i];
+    }
+    if (logits && first_row < n) {
+        const size_t skip = (size_t)first_row * H;
+        rmsnorm(h, x + skip, m->norm, n - first_row, H, c->eps);
+        matmul(logits, h, m->lm_head, n - first_row, H, c->vocab);
+    }
+    rc = 0;
+fail:
+    if (rc != 0 && begun && kvc_cancel(cache) != KVC_OK) /* leave the cache as it was */
+        errorf("kvc_cancel failed too");
+    free(x), free(h), free(q), free(att), free(k), free(v), free(gate), free(up), free(pos);
+    return rc;
+}
+
+/* ==================================================================================
+   6. reference.txt and NAME.logits.f32
+      case NAME kind greedy|forced prompt_len N total_len T rows R min_top2_margin M
+      tokens t0 t1 ... t(T-1)
+   Row r of NAME.logits.f32 holds the logits at position N-1+r (R = T-N+1).
+   ================================================================================== */
+
+typedef struct test_case {
+    char name[64];
+    int greedy;               /* 1: greedy, the tokens after the prompt are argmaxes */
+    int32_t prompt_len;       /* N */
+    int32_t total_len;        /* T */
+    int32_t rows;             /* R */
+    int32_t *tokens;          /* [T] */
+    float *ref;               /* [R][vocab] */
+} test_case;
+
+static void cases_free(test_case *cases, int n)
+{
+    for (int i = 0; i < n; ++i) free(cases[i].tokens), free(cases[i].ref);
+    free(cases);
+}
+
+/* Next whitespace-separated word of *s into buf; 0 at the end of the text. */
+static int next_word(const char **s, char *buf, size_t cap)
+{
+    size_t n = 0;
+    while (**s == ' ' || **s == '\t' || **s == '\n' || **s == '\r') ++*s;
+    if (!**s) return 0;
+    while (**s && !(**s == ' ' || **s == '\t' || **s == '\n' || **s == '\r')) {
+        if (n + 1 < cap) buf[n++] = **s;
+        ++*s;
+    }
+    buf[n] = 0;
+    return 1;
+}
+
+static int load_cases(const char *dir, int vocab, test_case **out, int *n_out)
+{
+    char path[1024], word[64];
+    unsigned char *text;
+    const char *s;
+    size_t size;
+    test_case *cases = NULL;
+    int n = 0;
+
+    join_path(path, sizeof path, dir, "reference.txt");
+    if (!(text = read_file(path, &size))) return -1;
+    s = (const char *)text;
+    while (next_word(&s, word, sizeof word)) {
+        test_case *tc;
+        char kind[64] = "";
+        if (strcmp(word, "case") != 0) {
+            errorf("%s: expected 'case', found '%s'", path, word);
+            goto fail;
+        }
+        {
+            test_case *grown = (test_case *)realloc(cases, (size_t)(n + 1) * sizeof *grown);
+            if (!grown) {
+                errorf("out of memory");
+                goto fail;
+            }
+            cases = grown;
+        }
+        tc = &cases[n++];
+        memset(tc, 0, sizeof *tc);
+        tc->prompt_len = tc->total_len = tc->rows = -1;
+        if (!next_word(&s, tc->name, sizeof tc->name)) goto truncated;
+        /* key value pairs up to "tokens" */
+        while (next_word(&s, word, sizeof word) && strcmp(word, "tokens") != 0) {
+            char value[64];
+            if (!next_word(&s, value, sizeof value)) goto truncated;
+            if (!strcmp(word, "kind")) snprintf(kind, sizeof kind, "%s", value);
+            else if (!strcmp(word, "prompt_len")) tc->prompt_len = atoi(value);
+            else if (!strcmp(word, "total_len")) tc->total_len = atoi(value);
+            else if (!strcmp(word, "rows")) tc->rows = atoi(value);
+            /* min_top2_margin and unknown keys: informational */
+        }
+        if (strcmp(kind, "greedy") != 0 && strcmp(kind, "forced") != 0) {
+            errorf("%s: case %s: kind must be greedy or forced, not '%s'", path, tc->name, kind);
+            goto fail;
+        }
+        tc->greedy = !strcmp(kind, "greedy");
+        if (tc->prompt_len < 1 || tc->total_len < tc->prompt_len ||
+            tc->rows != tc->total_len - tc->prompt_len + 1) {
+            errorf("%s: case %s: need 1 <= prompt_len <= total_len and rows = total_len - prompt_len + 1",
+                  path, tc->name);
+            goto fail;
+        }
+        if (!(tc->tokens = (int32_t *)malloc((size_t)tc->total_len * sizeof *tc->tokens))) goto fail;
+        for (int i = 0; i < tc->total_len; ++i) {
+            char *end;
+            long t;
+            if (!next_word(&s, word, sizeof word)) goto truncated;
+            t = strtol(word, &end, 10);
+            if (*end || t < 0 || t >= vocab) {
+                errorf("%s: case %s: bad token '%s' (vocab %d)", path, tc->name, word, vocab);
+                goto fail;
+            }
+            tc->tokens[i] = (int32_t)t;
+        }
+        /* the reference logits */
+        {
+            char lpath[1024], lname[96];
+            unsigned char *raw;
+            size_t lsize, count = (size_t)tc->rows * (size_t)vocab;
+            snprintf(lname, sizeof lname, "%s.logits.f32", tc->name);
+            join_path(lpath, sizeof lpath, dir, lname);
+            if (!(raw = read_file(lpath, &lsize))) goto fail;
+            if (lsize != count * 4) {
+                errorf("%s: %lu bytes, expected rows %d x vocab %d x 4 = %lu", lpath, (unsigned long)lsize,
+                      tc->rows, vocab, (unsigned long)(count * 4));
+                free(raw);
+                goto fail;
+            }
+            if (!(tc->ref = alloc_floats(count))) {
+                free(raw);
+                goto fail;
+            }
+            for (size_t i = 0; i < count; ++i) tc->ref[i] = load_f32_le(raw + 4 * i);
+            free(raw);
+        }
+    }
+    free(text);
+    if (n == 0) {
+        errorf("%s: no cases", path);
+        cases_free(cases, n);
+        return -1;
+    }
+    *out = cases;
+    *n_out = n;
+    return 0;
+truncated:
+    errorf("%s: truncated", path);
+fail:
+    free(text);
+    cases_free(cases, n);
+    return -1;
+}
+
+/* ==================================================================================
+   7. Sessions: one pool, one cache and one prefix tracker per (kind, type), through
+      which every case of the model runs in order - so `reuse` finds what `base`
+      left in the cache, and `branch_b` continues `branch_a` from its snapshot.
+   ================================================================================== */
+
+/* What a case measured against the reference. */
+typedef struct score {
+    double max_err, sum_sq;   /* over every compared logit */
+    long n_values;
+    int rows;                 /* reference rows compared */
+    int tok_ok, tok_total;    /* greedy tokens that matched */
+    long tokens_run;          /* tokens pushed through the model */
+    double seconds;
+    int reused, reused_want;  /* tokens not recomputed, and what we expected */
+} score;
+
+typedef struct session {
+    const model *m;
+    int chunk;                /* prefill chunk size */
+    kvc_pool *pool;
+    kvc_cache *cache;         /* NULL in --reference mode */
+    kvc_prefix *prefix;
+    /* The request in flight: kvc_prefix_close() is called when the next one starts
+       (or the session ends), so that a branch can still continue it. */
+    int open;
+    const int32_t *generated;
+    int32_t n_generated;
+    /* The branch point: a snapshot taken after a prompt, that prompt and its last logits. */
+    kvc_snapshot *snap;
+    const int32_t *snap_prompt;
+    int32_t snap_prompt_len;
+    float *snap_logits;       /* [vocab] */
+} session;
+
+/* Compares one computed logits row with reference row `row` of the case; for
+   greedy cases also checks that its argmax is the reference's next token. */
+static void score_row(score *sc, const test_case *tc, int vocab, int row, const float *logits)
+{
+    const float *ref = tc->ref + (size_t)row * vocab;
+    for (int i = 0; i < vocab; ++i) {
+        double d = fabs((double)logits[i] - ref[i]);
+        if (!(d <= sc->max_err)) sc->max_err = d; /* also catches NaN */
+        sc->sum_sq += d * d;
+    }
+    sc->n_values += vocab;
+    sc->rows++;
+    if (tc->greedy && row + 1 < tc->rows) {
+        sc->tok_total++;
+        sc->tok_ok += argmax(logits, vocab) == tc->tokens[tc->prompt_len + row];
+    }
+}
+
+/* Runs toks[0..n) at positions pos0.. in chunks of s->chunk tokens, scoring the
+   logits of every position >= prompt_len - 1 against the reference. The logits of
+   the last position go to last[vocab]. */
+static int run_tokens(session *s, const test_case *tc, const int32_t *toks, int32_t pos0, int32_t n,
+                      score *sc, float *last)
+{
+    const int vocab = s->m->c.vocab;
+    const int32_t first_scored = tc->prompt_len - 1;
+    float *logits = alloc_floats((size_t)s->chunk * vocab);
+    if (!logits) return -1;
+    for (int32_t done = 0; done < n;) {
+        const int32_t len = n - done < s->chunk ? n - done : s->chunk;
+        const int32_t p = pos0 + done;                       /* position of toks[done] */
+        int32_t first = first_scored > p ? first_scored - p : 0; /* first row with logits */
+        if (first > len - 1) first = len - 1;                /* always keep the last row */
+        if (forward(s->m, s->cache, toks + done, len, p, first, logits) != 0) {
+            free(logits);
+            return -1;
+        }
+        for (int32_t r = first; r < len; ++r)
+            if (p + r >= first_scored)
+                score_row(sc, tc, vocab, p + r - first_scored, logits + (size_t)(r - first) * vocab);
+        memcpy(last, logits + (size_t)(len - 1 - first) * vocab, (size_t)vocab * sizeof *last);
+        sc->tokens_run += len;
+        done += len;
+    }
+    free(logits);
+    return 0;
+}
+
+/* --- The cache policy of a session: requests, prefix reuse and branch points ---
+   (the only code that depends on how a kind reuses tokens; everything else is
+   kvc_begin / kvc_put / kvc_attention in forward()). */
+
+/* Tokens kvc_prefix_begin should find reusable for `prompt`: the common prefix
+   with what the cache holds (leaving one token to evaluate), or 0 when the cache
+   would have to trim but cannot (a rotating window that has wrapped). */
+static int expected_reuse(const session *s, const int32_t *prompt, int32_t n, int32_t *want)
+{
+    const int32_t *held;
+    int32_t n_held, offset, lcp = 0;
+    int can_trim;
+    KVC_CHECK(kvc_prefix_tokens(s->prefix, &held, &n_held));
+    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
+    KVC_CHECK(kvc_can_trim(s->cache, &can_trim));
+    while (lcp < n_held && lcp < n && held[lcp] == prompt[lcp]) ++lcp;
+    if (lcp > n - 1) lcp = n - 1;
+    *want = lcp < offset && !can_trim ? 0 : lcp;
+    return 0;
+fail:
+    return -1;
+}
+
+/* Ends the request in flight: record prompt + generated tokens for reuse. */
+static int end_request(session *s)
+{
+    if (s->open) {
+        s->open = 0;
+        KVC_CHECK(kvc_prefix_close(s->prefix, s->generated, s->n_generated));
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* Starts a request for prompt[0..n): the cache keeps the longest prefix it can
+   reuse, *reused tokens, and the caller evaluates prompt[*reused ..]. */
+static int begin_request(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want)
+{
+    int32_t offset;
+    if (end_request(s) != 0 || expected_reuse(s, prompt, n, want) != 0) return -1;
+    KVC_CHECK(kvc_prefix_begin(s->prefix, prompt, n, reused));
+    s->open = 1;
+    s->generated = NULL;
+    s->n_generated = 0;
+    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
+    if (offset != *reused || *reused < 0 || *reused >= n) {
+        errorf("kvc_prefix_begin reused %d of %d tokens, cache offset %d", (int)*reused, (int)n, (int)offset);
+        return -1;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+static int drop_branch_point(session *s)
+{
+    kvc_snapshot *snap = s->snap;
+    s->snap = NULL;
+    KVC_CHECK(kvc_snapshot_free(snap));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Remembers the cache state after prompt[0..n) (and that prompt's last logits). */
+static int save_branch_point(session *s, const int32_t *prompt, int32_t n, const float *logits)
+{
+    if (drop_branch_point(s) != 0) return -1;
+    KVC_CHECK(kvc_snapshot_take(s->cache, 0, &s->snap)); /* shares pages: O(pages) */
+    s->snap_prompt = prompt;
+    s->snap_prompt_len = n;
+    memcpy(s->snap_logits, logits, (size_t)s->m->c.vocab * sizeof *logits);
+    return 0;
+fail:
+    return -1;
+}
+
+/* Whether the saved branch point is right after prompt[0..n). */
+static int have_branch_point(const session *s, const int32_t *prompt, int32_t n)
+{
+    return s->snap && s->snap_prompt_len == n && !memcmp(s->snap_prompt, prompt, (size_t)n * sizeof *prompt);
+}
+
+/* Brings the cache back to the saved branch point (n tokens). */
+static int restore_branch_point(session *s, int32_t n)
+{
+    KVC_CHECK(kvc_restore(s->cache, s->snap, n));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Runs one case through the session's cache.
+
+   - A case named branch_* whose prompt matches the branch point left by the
+     previous branch restores it and decodes its own continuation from there.
+   - Otherwise it is a new request: begin_request finds how much of the prompt
+     the cache already holds, the rest is prefilled in chunks, and the remaining
+     tokens are decoded one at a time. Greedy cases feed back the argmax; forced
+     cases feed the given tokens. A forced case that is not a branch sends all its
+     tokens as the prompt (like scoring a text), so `reuse` reuses 64 tokens and
+     prefills the other 32; a branch prompt stops at prompt_len, where the
+     branch point is saved.
+   Rows the cache did not recompute (reused positions) are not compared. */
+static int run_case_cached(session *s, const test_case *tc, score *sc)
+{
+    const int vocab = s->m->c.vocab;
+    const int is_branch = !strncmp(tc->name, "branch_", 7);
+    const int32_t N = tc->prompt_len, T = tc->total_len;
+    const int32_t plen = tc->greedy || is_branch ? N : T; /* the request's prompt */
+    float *last = alloc_floats((size_t)vocab);            /* the latest logits */
+    int32_t pos, offset;
+    int rc = -1;
+
+    if (!last) return -1;
+    if (is_branch && have_branch_point(s, tc->tokens, N)) {
+        /* continue the open request from the branch point after its prompt */
+        if (restore_branch_point(s, N) != 0) goto fail;
+        sc->reused = sc->reused_want = N;
+        score_row(sc, tc, vocab, 0, s->snap_logits); /* row 0: the prompt's last logits */
+        memcpy(last, s->snap_logits, (size_t)vocab * sizeof *last);
+    } else {
+        if (drop_branch_point(s) != 0) goto fail;
+        if (begin_request(s, tc->tokens, plen, &sc->reused, &sc->reused_want) != 0) goto fail;
+        /* chunked prefill of what is not in the cache yet */
+        if (run_tokens(s, tc, tc->tokens + sc->reused, sc->reused, plen - sc->reused, sc, last) != 0)
+            goto fail;
+        if (is_branch && save_branch_point(s, tc->tokens, N, last) != 0) goto fail;
+    }
+    /* token-by-token decode */
+    for (pos = plen; pos < T; ++pos) {
+        int32_t next = tc->tokens[pos];
+        if (tc->greedy) {
+            next = argmax(last, vocab); /* greedy sampling */
+            /* A mismatch was counted by score_row. Continue with the reference
+               token so that the remaining rows stay comparable. */
+            if (next != tc->tokens[pos]) next = tc->tokens[pos];
+        }
+        if (run_tokens(s, tc, &next, pos, 1, sc, last) != 0) goto fail;
+    }
+    /* what the request generated after its prompt, recorded when it ends */
+    s->generated = tc->tokens + plen;
+    s->n_generated = T - plen;
+    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
+    if (offset != T) {
+        errorf("case %s: cache offset %d at the end, expected %d", tc->name, (int)offset, (int)T);
+        goto fail;
+    }
+    rc = 0;
+fail:
+    if (rc != 0) errorf("case %s failed", tc->name);
+    free(last);
+    return rc;
+}
+
+/* --reference: one cache-free forward over the whole sequence gives every row. */
+static int run_case_reference(session *s, const test_case *tc, score *sc)
+{
+    session whole = *s;
+    float *last = alloc_floats((size_t)s->m->c.vocab);
+    int rc;
+    if (!last) return -1;
+    whole.chunk = tc->total_len; /* no chunking without a cache */
+    rc = run_tokens(&whole, tc, tc->tokens, 0, tc->total_len, sc, last);
+    free(last);
+    return rc;
+}
+
+/* --- The table -------------------------------------------------------------------- */
+
+static void print_header(void)
+{
+    if (g_quiet) return;
+    printf("  %-9s %-9s %-4s %7s %9s %9s %7s %7s %9s  %s\n", "case", "kind", "type", "rows", "max|err|",
+           "rms err", "greedy", "reused", "tok/s", "result");
+}
+
+static int report(const test_case *tc, const char *kind, const char *type, const type_spec *ts,
+                  const score *sc, int run_ok)
+{
+    char rows[24], greedy[24], reused[32], why[160] = "";
+    const double rms = sc->n_values ? sqrt(sc->sum_sq / sc->n_values) : 0;
+    int ok = run_ok;
+
+    if (!run_ok) strcat(why, " error");
+    if (!(sc->max_err <= ts->max_err)) {
+        ok = 0;
+        snprintf(why + strlen(why), sizeof why - strlen(why), " err>%g", ts->max_err);
+    }
+    if (tc->greedy && sc->tok_ok != sc->tok_total && ts->exact_greedy) {
+        ok = 0;
+        strcat(why, " tokens");
+    }
+    if (sc->reused != sc->reused_want) {
+        ok = 0;
+        strcat(why, " reuse");
+    }
+    if (run_ok && sc->rows == 0) {
+        ok = 0;
+        strcat(why, " no-rows");
+    }
+    if (!g_quiet || !ok) {
+        snprintf(rows, sizeof rows, "%d/%d", sc->rows, (int)tc->rows);
+        if (tc->greedy) snprintf(greedy, sizeof greedy, "%d/%d", sc->tok_ok, sc->tok_total);
+        else snprintf(greedy, sizeof greedy, "-");
+        if (sc->reused == sc->reused_want) snprintf(reused, sizeof reused, "%d", sc->reused);
+        else snprintf(reused, sizeof reused, "%d!=%d", sc->reused, sc->reused_want);
+        printf("  %-9s %-9s %-4s %7s %9.2e %9.2e %7s %7s %9.0f  %s%s\n", tc->name, kind, type, rows,
+               sc->max_err, rms, greedy, reused, sc->seconds > 0 ? sc->tokens_run / sc->seconds : 0.0,
+               ok ? "ok" : "FAIL:", why);
+    }
+    return ok;
+}
+
+/* The kind-specific cache settings of the KINDS table. */
+static void setup_full(kvc_cache_config *cc, const config *c, int32_t max_tokens)
+{
+    (void)cc, (void)c, (void)max_tokens; /* nothing: grows as needed, window via desc */
+}
+
+static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens)
+{
+    (void)max_tokens;
+    cc->window = c->window; /* W keys including the current token, like the model */
+    cc->sinks = 0;
+}
+
+/* Runs every case of a model with one (kind, type): builds the pool, cache and
+   prefix tracker, runs the cases, then destroys everything and checks that the
+   pool got every page back. Returns the number of failed rows. */
+static int run_session(const model *m, const test_case *cases, int n_cases, const kind_spec *ks,
+                       const type_spec *ts, int chunk)
+{
+    const config *c = &m->c;
+    kvc_pool_config pcfg;
+    kvc_cache_config ccfg;
+    kvc_pool_stats st;
+    session s;
+    int32_t max_tokens = 0;
+    int failures = 0, setup_ok = 0;
+
+    memset(&s, 0, sizeof s);
+    s.m = m;
+    s.chunk = chunk;
+    if (!(s.snap_logits = alloc_floats((size_t)c->vocab))) return n_cases;
+    for (int i = 0; i < n_cases; ++i)
+        if (cases[i].total_len > max_tokens) max_tokens = cases[i].total_len;
+
+    /* the pool: every K/V byte, in pages of PAGE_CELLS tokens for all layers */
+    KVC_CHECK(kvc_pool_config_init(&pcfg));
+    pcfg.n_layers = c->layers;
+    pcfg.n_kv_heads = c->kv;
+    pcfg.head_dim_k = c->hd;
+    pcfg.head_dim_v = c->hd;
+    pcfg.type_k = ts->type;
+    pcfg.type_v = ts->type;
+    pcfg.page_cells = PAGE_CELLS;
+    pcfg.budget_bytes = BUDGET_BYTES;
+    KVC_CHECK(kvc_pool_create(&pcfg, &s.pool));
+
+    /* the cache: one for all layers (every layer has the same window here) */
+    KVC_CHECK(kvc_cache_config_init(&ccfg, ks->kind));
+    ks->setup(&ccfg, c, max_tokens);
+    KVC_CHECK(kvc_cache_create(s.pool, &ccfg, &s.cache));
+    KVC_CHECK(kvc_prefix_create(&s.cache, 1, max_tokens, &s.prefix));
+    setup_ok = 1;
+
+    for (int i = 0; i < n_cases; ++i) {
+        score sc;
+        double t0;
+        int run_ok;
+        memset(&sc, 0, sizeof sc);
+        t0 = seconds_now();
+        run_ok = run_case_cached(&s, &cases[i], &sc) == 0;
+        sc.seconds = seconds_now() - t0;
+        failures += !report(&cases[i], ks->name, kvc_type_name(ts->type), ts, &sc, run_ok);
+        if (!run_ok) break; /* the cache state is unknown: stop this session */
+    }
+    if (end_request(&s) != 0 || drop_branch_point(&s) != 0) failures++;
+
+fail:
+    if (!setup_ok) failures++;
+    /* tear down in reverse order, then check that no page is left behind */
+    if (s.prefix && kvc_prefix_destroy(s.prefix) != KVC_OK) failures++, errorf("kvc_prefix_destroy failed");
+    if (s.cache && kvc_cache_destroy(s.cache) != KVC_OK) failures++, errorf("kvc_cache_destroy failed");
+    if (s.pool) {
+        kvc_result r = kvc_pool_stats_get(s.pool, &st);
+        if (r != KVC_OK) {
+            errorf("kvc_pool_stats_get failed: %s", kvc_strerror(r));
+            failures++;
+        } else {
+            const int leak = st.pages_used != 0 || st.live_caches || st.live_snapshots || st.live_prefixes;
+            if (!g_quiet || leak)
+                printf("  %-9s %-9s %-4s pool: peak %d of %d pages (%.0f KiB), after teardown %d pages, "
+                       "%d caches, %d snapshots, %d prefixes%s\n",
+                       "", ks->name, kvc_type_name(ts->type), (int)st.pages_peak, (int)st.pages_total,
+                       st.bytes_peak / 1024.0, (int)st.pages_used, (int)st.live_caches,
+                       (int)st.live_snapshots, (int)st.live_prefixes, leak ? "  FAIL: leak" : "  ok");
+            failures += leak;
+        }
+        r = kvc_pool_destroy(s.pool);
+        if (r != KVC_OK) {
+            errorf("kvc_pool_destroy failed: %s", kvc_strerror(r));
+            failures++;
+        }
+    }
+    free(s.snap_logits);
+    return failures;
+}
+
+/* ==================================================================================
+   8. main
+   ================================================================================== */
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: tinylm [--chunk N] [--quiet] [--reference] [MODEL_DIR ...]\n"
+                    "  runs tests/data/llama-tiny and tests/data/mistral-swa-tiny by default\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const default_dirs[] = {"tests/data/llama-tiny", "tests/data/mistral-swa-tiny"};
+    const char *const *dirs = default_dirs;
+    const char **given = (const char **)malloc((size_t)argc * sizeof *given);
+    int n_dirs = COUNT_OF(default_dirs), n_given = 0, chunk = DEFAULT_CHUNK, reference = 0;
+    int runs = 0, failures = 0;
+
+    if (!given) return 2;
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--chunk")) {
+            char *end = NULL;
+            long v = i + 1 < argc ? strtol(argv[++i], &end, 10) : 0;
+            if (!end || *end || v < 1 || v > 1 << 20) {
+                errorf("--chunk needs a number between 1 and %d", 1 << 20);
+                free(given);
+                return 2;
+            }
+            chunk = (int)v;
+        } else if (!strcmp(argv[i], "--quiet")) {
+            g_quiet = 1;
+        } else if (!strcmp(argv[i], "--reference")) {
+            reference = 1;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage();
+            free(given);
+            return 0;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            errorf("unknown option %s", argv[i]);
+            usage();
+            free(given);
+            return 2;
+        } else {
+            given[n_given++] = argv[i];
+        }
+    }
+    if (n_given) dirs = given, n_dirs = n_given;
+
+    for (int d = 0; d < n_dirs; ++d) {
+        model m;
+        test_case *cases = NULL;
+        int n_cases = 0;
+        if (model_load(&m, dirs[d]) != 0) {
+            errorf("%s: cannot load the model", dirs[d]);
+            failures++, runs++;
+            continue;
+        }
+        if (load_cases(dirs[d], m.c.vocab, &cases, &n_cases) != 0) {
+            errorf("%s: cannot load the reference cases", dirs[d]);
+            model_free(&m);
+            failures++, runs++;
+            continue;
+        }
+        if (!g_quiet) {
+            printf("%s: %d layers, %d heads / %d kv heads, head_dim %d, hidden %d, vocab %d, ", dirs[d],
+                   m.c.layers, m.c.heads, m.c.kv, m.c.hd, m.c.hidden, m.c.vocab);
+            if (m.c.window) printf("sliding window %d", m.c.window);
+            else printf("no sliding window");
+            printf(", %d cases, chunk %d\n", n_cases, chunk);
+            print_header();
+        }
+        if (reference) {
+            /* cache-free check of the model math alone */
+            const type_spec ts = {KVC_TYPE_F32, 1e-3, 1};
+            session s;
+            memset(&s, 0, sizeof s);
+            s.m = &m;
+            for (int i = 0; i < n_cases; ++i) {
+                score sc;
+                double t0 = seconds_now();
+                int run_ok;
+                memset(&sc, 0, sizeof sc);
+                run_ok = run_case_reference(&s, &cases[i], &sc) == 0;
+                sc.seconds = seconds_now() - t0;
+                failures += !report(&cases[i], "none", "f32", &ts, &sc, run_ok);
+                runs++;
+            }
+        } else {
+            for (int k = 0; k < COUNT_OF(KINDS); ++k) {
+                if (KINDS[k].needs_window && m.c.window == 0) continue;
+                for (int t = 0; t < COUNT_OF(TYPES); ++t) {
+                    failures += run_session(&m, cases, n_cases, &KINDS[k], &TYPES[t], chunk);
+                    runs += n_cases + 1; /* the cases, then the teardown (leak) check */
+                }
+            }
+        }
+        cases_free(cases, n_cases);
+        model_free(&m);
+    }
+    free(given);
+    printf("tinylm: %s: %d of %d checks failed (%d model%s, chunk %d%s)\n", failures ? "FAIL" : "PASS",
+           failures, runs, n_dirs, n_dirs == 1 ? "" : "s", chunk, reference ? ", reference mode" : "");
+    return failures ? 1 : 0;
+}
