@@ -3,7 +3,9 @@
    Loads a tiny Llama/Mistral-style model (config.txt + model.safetensors), runs it
    through the KV cache of kvcache.h - chunked prefill, token-by-token decode,
    prefix reuse, snapshot/restore branching, a rotating sliding window - and checks
-   every logit against float64 reference logits computed by Hugging Face.
+   every logit against float64 reference logits computed by Hugging Face. Each
+   case runs with every cache kind that applies (full, causal; rotating only with
+   a sliding window) and each storage type.
 
    Build (from the repository root):
        cc -std=c99 -O2 -Wall -Wextra -Wpedantic examples/tinylm.c -o tinylm -lm
@@ -26,6 +28,7 @@
      reused    tokens not recomputed: found by prefix reuse, or restored from a
                snapshot (branch_b); "a!=b" when it differs from what was expected
      tok/s     tokens through the model per CPU second
+     result    "ok" or "FAIL:" and why; causal rows add the cells in use at the end
    then one line per pool with its peak use and a leak check after teardown, and a
    final verdict line. Exit status: 0 when every check passed (f32 within 1e-3 and
    every greedy token equal, f16 within 2e-2, no leak), 1 otherwise, 2 on bad usage.
@@ -37,7 +40,7 @@
      4. safetensors      a minimal reader with a tiny JSON parser
      5. the model        math and the forward pass, attention through kvcache.h
      6. reference.txt    the test cases and their reference logits
-     7. sessions         one pool + cache + prefix per (kind, type); the cases
+     7. sessions         one pool + cache per (kind, type), the kinds' hooks; the cases
      8. main             argument parsing, the table, the verdict
 */
 #define KVCACHE_IMPLEMENTATION
@@ -57,23 +60,53 @@
 
 /* Cache kinds. Every kind runs with every storage type below; `setup` fills in the
    kind-specific fields of the cache config (window, capacity, ...) for a model.
-   A kind that needs_window only runs on models with a sliding window. The model's
-   window is always passed to kvc_attention (desc.window), so a FULL cache applies
-   it as an attention mask while a ROTATING cache also drops what falls out of it. */
+   A kind that needs_window only runs on models with a sliding window. FULL and
+   ROTATING caches get the model's window in kvc_attention (desc.window), so a FULL
+   cache applies it as an attention mask while a ROTATING cache also drops what falls
+   out of it; a CAUSAL cache has the window in its config and applies it itself.
+   The hooks are the cache policy of a session (section 7): how a request reuses
+   what the cache holds, and how a branch point is saved and restored. */
 typedef struct config config;
+typedef struct session session;
+typedef struct test_case test_case;
+typedef struct score score;
 typedef struct kind_spec {
     const char *name;
     kvc_kind kind;
     int needs_window;
-    void (*setup)(kvc_cache_config *cc, const config *c, int32_t max_tokens);
+    /* max_batch: the most tokens one forward pass takes */
+    void (*setup)(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
+    /* keep the longest reusable prefix of prompt[0..n): *reused tokens, *want expected */
+    int (*begin_request)(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want);
+    int (*end_request)(session *s);                  /* record the finished request's tokens */
+    int (*save_branch_point)(session *s);            /* snapshot into s->snap */
+    int (*restore_branch_point)(session *s, int32_t n); /* back to s->snap, n tokens */
+    int (*end_case)(session *s, const test_case *tc, score *sc); /* checks after a case */
 } kind_spec;
 
-static void setup_full(kvc_cache_config *cc, const config *c, int32_t max_tokens);
-static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens);
+/* FULL and ROTATING: prefix reuse through kvc_prefix, kvc_snapshot_take / kvc_restore */
+static void setup_full(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
+static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
+static int begin_request_prefix(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want);
+static int end_request_prefix(session *s);
+static int save_branch_point_prefix(session *s);
+static int restore_branch_point_prefix(session *s, int32_t n);
+static int end_case_prefix(session *s, const test_case *tc, score *sc);
+/* CAUSAL: sequence 0 of a cell cache; the same reuse rule written out, kvc_seq_snapshot */
+static void setup_causal(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
+static int begin_request_causal(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want);
+static int end_request_causal(session *s);
+static int save_branch_point_causal(session *s);
+static int restore_branch_point_causal(session *s, int32_t n);
+static int end_case_causal(session *s, const test_case *tc, score *sc);
 
 static const kind_spec KINDS[] = {
-    {"full", KVC_KIND_FULL, 0, setup_full},
-    {"rotating", KVC_KIND_ROTATING, 1, setup_rotating},
+    {"full", KVC_KIND_FULL, 0, setup_full, begin_request_prefix, end_request_prefix,
+     save_branch_point_prefix, restore_branch_point_prefix, end_case_prefix},
+    {"rotating", KVC_KIND_ROTATING, 1, setup_rotating, begin_request_prefix, end_request_prefix,
+     save_branch_point_prefix, restore_branch_point_prefix, end_case_prefix},
+    {"causal", KVC_KIND_CAUSAL, 0, setup_causal, begin_request_causal, end_request_causal,
+     save_branch_point_causal, restore_branch_point_causal, end_case_causal},
 };
 
 /* Storage types of K and V, with the accuracy each must reach against the float64
@@ -736,15 +769,16 @@ static void naive_attention(float *out, const float *q, const float *k, const fl
 
 /* One forward pass over n tokens at positions pos0 .. pos0+n-1.
 
-   With a cache, attention goes through kvcache.h: kvc_begin reserves the cells,
-   then per layer kvc_put stores this batch's K and V and kvc_attention computes
-   the queries against every cell they may see. With cache == NULL the batch must
-   be the whole sequence (pos0 == 0) and attention is the naive one above.
+   With a cache, attention goes through kvcache.h: kvc_begin reserves the cells
+   (a causal cache: kvc_begin_batch, the tokens' positions in sequence 0), then per
+   layer kvc_put stores this batch's K and V and kvc_attention computes the queries
+   against every cell they may see. With cache == NULL the batch must be the whole
+   sequence (pos0 == 0) and attention is the naive one above.
 
    Logits are computed for the batch rows first_row .. n-1 only (prefill needs just
    the last one) into logits [n - first_row][vocab]; logits == NULL: none. */
-static int forward(const model *m, kvc_cache *cache, const int32_t *tokens, int n, int32_t pos0,
-                   int first_row, float *logits)
+static int forward(const model *m, kvc_cache *cache, int causal, const int32_t *tokens, int n,
+                   int32_t pos0, int first_row, float *logits)
 {
     const config *c = &m->c;
     const int H = c->hidden, QD = c->heads * c->hd, KD = c->kv * c->hd;
@@ -753,14 +787,23 @@ static int forward(const model *m, kvc_cache *cache, const int32_t *tokens, int 
     float *k = alloc_floats((size_t)n * KD), *v = alloc_floats((size_t)n * KD);
     float *gate = alloc_floats((size_t)n * c->inter), *up = alloc_floats((size_t)n * c->inter);
     int32_t *pos = (int32_t *)malloc((size_t)n * sizeof *pos);
+    int32_t *seq = (int32_t *)calloc((size_t)n, sizeof *seq); /* causal: all sequence 0 */
     int begun = 0, rc = -1;
 
-    if (!x || !h || !q || !att || !k || !v || !gate || !up || !pos) goto fail;
+    if (!x || !h || !q || !att || !k || !v || !gate || !up || !pos || !seq) goto fail;
     for (int i = 0; i < n; ++i) {
         pos[i] = pos0 + i;
         memcpy(x + (size_t)i * H, m->embed + (size_t)tokens[i] * H, (size_t)H * sizeof *x);
     }
-    if (cache) {
+    if (cache && causal) {
+        kvc_batch batch;
+        batch.n_tokens = n;
+        batch.pos = pos;
+        batch.seq = seq;
+        batch.non_causal = NULL;
+        KVC_CHECK(kvc_begin_batch(cache, &batch)); /* takes free cells, releases dead ones */
+        begun = 1;
+    } else if (cache) {
         KVC_CHECK(kvc_begin(cache, n)); /* the only call that allocates pages */
         begun = 1;
     }
@@ -779,9 +822,10 @@ static int forward(const model *m, kvc_cache *cache, const int32_t *tokens, int 
             desc.n_queries = n;
             desc.n_heads = c->heads;
             desc.q = q;
-            desc.pos = pos;
-            desc.scale = 0;            /* 1/sqrt(head_dim) */
-            desc.window = c->window;   /* the model's sliding window (0: none) */
+            desc.pos = causal ? NULL : pos; /* causal: NULL = the batch's own queries */
+            desc.scale = 0;                 /* 1/sqrt(head_dim) */
+            /* the model's sliding window (0: none); a causal cache has its own */
+            desc.window = causal ? 0 : c->window;
             desc.out = att;
             KVC_CHECK(kvc_put(cache, l, k, v));
             KVC_CHECK(kvc_attention(cache, l, &desc));
@@ -807,7 +851,7 @@ static int forward(const model *m, kvc_cache *cache, const int32_t *tokens, int 
 fail:
     if (rc != 0 && begun && kvc_cancel(cache) != KVC_OK) /* leave the cache as it was */
         errorf("kvc_cancel failed too");
-    free(x), free(h), free(q), free(att), free(k), free(v), free(gate), free(up), free(pos);
+    free(x), free(h), free(q), free(att), free(k), free(v), free(gate), free(up), free(pos), free(seq);
     return rc;
 }
 
@@ -818,7 +862,7 @@ fail:
    Row r of NAME.logits.f32 holds the logits at position N-1+r (R = T-N+1).
    ================================================================================== */
 
-typedef struct test_case {
+struct test_case {
     char name[64];
     int greedy;               /* 1: greedy, the tokens after the prompt are argmaxes */
     int32_t prompt_len;       /* N */
@@ -826,7 +870,7 @@ typedef struct test_case {
     int32_t rows;             /* R */
     int32_t *tokens;          /* [T] */
     float *ref;               /* [R][vocab] */
-} test_case;
+};
 
 static void cases_free(test_case *cases, int n)
 {
@@ -952,13 +996,13 @@ fail:
 }
 
 /* ==================================================================================
-   7. Sessions: one pool, one cache and one prefix tracker per (kind, type), through
+   7. Sessions: one pool, one cache and its token record per (kind, type), through
       which every case of the model runs in order - so `reuse` finds what `base`
       left in the cache, and `branch_b` continues `branch_a` from its snapshot.
    ================================================================================== */
 
 /* What a case measured against the reference. */
-typedef struct score {
+struct score {
     double max_err, sum_sq;   /* over every compared logit */
     long n_values;
     int rows;                 /* reference rows compared */
@@ -966,17 +1010,24 @@ typedef struct score {
     long tokens_run;          /* tokens pushed through the model */
     double seconds;
     int reused, reused_want;  /* tokens not recomputed, and what we expected */
-} score;
+    char note[40];            /* printed after the result (causal: cells in use) */
+};
 
-typedef struct session {
+struct session {
     const model *m;
+    const kind_spec *ks;      /* the kind's hooks; NULL in --reference mode */
     int chunk;                /* prefill chunk size */
     kvc_pool *pool;
     kvc_cache *cache;         /* NULL in --reference mode */
-    kvc_prefix *prefix;
-    /* The request in flight: kvc_prefix_close() is called when the next one starts
-       (or the session ends), so that a branch can still continue it. */
+    int32_t capacity;         /* causal: cells of the cache */
+    kvc_prefix *prefix;       /* full, rotating: the tokens the cache holds */
+    int32_t *held;            /* causal: the same list kept here, the tokens of */
+    int32_t n_held, max_held; /* sequence 0 by position (kvc_prefix takes no CAUSAL cache) */
+    /* The request in flight: its tokens are recorded (kvc_prefix_close) when the
+       next one starts (or the session ends), so that a branch can still continue it. */
     int open;
+    const int32_t *prompt;
+    int32_t n_prompt;
     const int32_t *generated;
     int32_t n_generated;
     /* The branch point: a snapshot taken after a prompt, that prompt and its last logits. */
@@ -984,7 +1035,7 @@ typedef struct session {
     const int32_t *snap_prompt;
     int32_t snap_prompt_len;
     float *snap_logits;       /* [vocab] */
-} session;
+};
 
 /* Compares one computed logits row with reference row `row` of the case; for
    greedy cases also checks that its argmax is the reference's next token. */
@@ -1019,7 +1070,8 @@ static int run_tokens(session *s, const test_case *tc, const int32_t *toks, int3
         const int32_t p = pos0 + done;                       /* position of toks[done] */
         int32_t first = first_scored > p ? first_scored - p : 0; /* first row with logits */
         if (first > len - 1) first = len - 1;                /* always keep the last row */
-        if (forward(s->m, s->cache, toks + done, len, p, first, logits) != 0) {
+        if (forward(s->m, s->cache, s->ks && s->ks->kind == KVC_KIND_CAUSAL, toks + done, len, p, first,
+                    logits) != 0) {
             free(logits);
             return -1;
         }
@@ -1036,57 +1088,29 @@ static int run_tokens(session *s, const test_case *tc, const int32_t *toks, int3
 
 /* --- The cache policy of a session: requests, prefix reuse and branch points ---
    (the only code that depends on how a kind reuses tokens; everything else is
-   kvc_begin / kvc_put / kvc_attention in forward()). */
-
-/* Tokens kvc_prefix_begin should find reusable for `prompt`: the common prefix
-   with what the cache holds (leaving one token to evaluate), or 0 when the cache
-   would have to trim but cannot (a rotating window that has wrapped). */
-static int expected_reuse(const session *s, const int32_t *prompt, int32_t n, int32_t *want)
-{
-    const int32_t *held;
-    int32_t n_held, offset, lcp = 0;
-    int can_trim;
-    KVC_CHECK(kvc_prefix_tokens(s->prefix, &held, &n_held));
-    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
-    KVC_CHECK(kvc_can_trim(s->cache, &can_trim));
-    while (lcp < n_held && lcp < n && held[lcp] == prompt[lcp]) ++lcp;
-    if (lcp > n - 1) lcp = n - 1;
-    *want = lcp < offset && !can_trim ? 0 : lcp;
-    return 0;
-fail:
-    return -1;
-}
+   kvc_begin / kvc_put / kvc_attention in forward()). The generic steps come first,
+   then each kind's hooks. */
 
 /* Ends the request in flight: record prompt + generated tokens for reuse. */
 static int end_request(session *s)
 {
-    if (s->open) {
-        s->open = 0;
-        KVC_CHECK(kvc_prefix_close(s->prefix, s->generated, s->n_generated));
-    }
-    return 0;
-fail:
-    return -1;
+    if (!s->open) return 0;
+    s->open = 0;
+    return s->ks->end_request(s);
 }
 
 /* Starts a request for prompt[0..n): the cache keeps the longest prefix it can
-   reuse, *reused tokens, and the caller evaluates prompt[*reused ..]. */
+   reuse, *reused tokens (*want: what the rule should give), and the caller
+   evaluates prompt[*reused ..]. */
 static int begin_request(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want)
 {
-    int32_t offset;
-    if (end_request(s) != 0 || expected_reuse(s, prompt, n, want) != 0) return -1;
-    KVC_CHECK(kvc_prefix_begin(s->prefix, prompt, n, reused));
+    if (end_request(s) != 0 || s->ks->begin_request(s, prompt, n, reused, want) != 0) return -1;
     s->open = 1;
+    s->prompt = prompt;
+    s->n_prompt = n;
     s->generated = NULL;
     s->n_generated = 0;
-    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
-    if (offset != *reused || *reused < 0 || *reused >= n) {
-        errorf("kvc_prefix_begin reused %d of %d tokens, cache offset %d", (int)*reused, (int)n, (int)offset);
-        return -1;
-    }
     return 0;
-fail:
-    return -1;
 }
 
 static int drop_branch_point(session *s)
@@ -1102,14 +1126,11 @@ fail:
 /* Remembers the cache state after prompt[0..n) (and that prompt's last logits). */
 static int save_branch_point(session *s, const int32_t *prompt, int32_t n, const float *logits)
 {
-    if (drop_branch_point(s) != 0) return -1;
-    KVC_CHECK(kvc_snapshot_take(s->cache, 0, &s->snap)); /* shares pages: O(pages) */
+    if (drop_branch_point(s) != 0 || s->ks->save_branch_point(s) != 0) return -1;
     s->snap_prompt = prompt;
     s->snap_prompt_len = n;
     memcpy(s->snap_logits, logits, (size_t)s->m->c.vocab * sizeof *logits);
     return 0;
-fail:
-    return -1;
 }
 
 /* Whether the saved branch point is right after prompt[0..n). */
@@ -1118,10 +1139,178 @@ static int have_branch_point(const session *s, const int32_t *prompt, int32_t n)
     return s->snap && s->snap_prompt_len == n && !memcmp(s->snap_prompt, prompt, (size_t)n * sizeof *prompt);
 }
 
-/* Brings the cache back to the saved branch point (n tokens). */
-static int restore_branch_point(session *s, int32_t n)
+/* The longest common prefix of held[0..n_held) and prompt[0..n), leaving at least
+   one prompt token to evaluate (its logits are the request's first output). */
+static int32_t common_prefix(const int32_t *held, int32_t n_held, const int32_t *prompt, int32_t n)
+{
+    int32_t lcp = 0;
+    while (lcp < n_held && lcp < n && held[lcp] == prompt[lcp]) ++lcp;
+    return lcp < n - 1 ? lcp : n - 1;
+}
+
+/* --- FULL and ROTATING: kvc_prefix, kvc_snapshot_take / kvc_restore --- */
+
+/* Tokens kvc_prefix_begin should find reusable for `prompt`: the common prefix
+   with what the cache holds, or 0 when the cache would have to trim but cannot
+   (a rotating window that has wrapped). */
+static int expected_reuse(const session *s, const int32_t *prompt, int32_t n, int32_t *want)
+{
+    const int32_t *held;
+    int32_t n_held, offset, lcp;
+    int can_trim;
+    KVC_CHECK(kvc_prefix_tokens(s->prefix, &held, &n_held));
+    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
+    KVC_CHECK(kvc_can_trim(s->cache, &can_trim));
+    lcp = common_prefix(held, n_held, prompt, n);
+    *want = lcp < offset && !can_trim ? 0 : lcp;
+    return 0;
+fail:
+    return -1;
+}
+
+static int begin_request_prefix(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want)
+{
+    int32_t offset;
+    if (expected_reuse(s, prompt, n, want) != 0) return -1;
+    KVC_CHECK(kvc_prefix_begin(s->prefix, prompt, n, reused));
+    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
+    if (offset != *reused || *reused < 0 || *reused >= n) {
+        errorf("kvc_prefix_begin reused %d of %d tokens, cache offset %d", (int)*reused, (int)n, (int)offset);
+        return -1;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+static int end_request_prefix(session *s)
+{
+    KVC_CHECK(kvc_prefix_close(s->prefix, s->generated, s->n_generated));
+    return 0;
+fail:
+    return -1;
+}
+
+static int save_branch_point_prefix(session *s)
+{
+    KVC_CHECK(kvc_snapshot_take(s->cache, 0, &s->snap)); /* shares pages: O(pages) */
+    return 0;
+fail:
+    return -1;
+}
+
+static int restore_branch_point_prefix(session *s, int32_t n)
 {
     KVC_CHECK(kvc_restore(s->cache, s->snap, n));
+    return 0;
+fail:
+    return -1;
+}
+
+/* After a case of T tokens the cache holds all of them: offset T. */
+static int end_case_prefix(session *s, const test_case *tc, score *sc)
+{
+    int32_t offset;
+    (void)sc;
+    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
+    if (offset != tc->total_len) {
+        errorf("case %s: cache offset %d at the end, expected %d", tc->name, (int)offset, (int)tc->total_len);
+        return -1;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* --- CAUSAL: sequence 0 of a cell cache --- */
+
+/* kvc_prefix takes no CAUSAL cache, so its rule is written out here: keep the longest
+   common prefix of the prompt and the tokens sequence 0 holds (leaving one token to
+   evaluate) and drop the rest with kvc_seq_remove to the end (nothing after it moves,
+   so no RoPE shift). With a sliding window, cells older than the window have been
+   released: the prefix is kept only if the sequence still has every key its next
+   token sees (kvc_seq_can_resume), and otherwise the sequence starts over. */
+static int begin_request_causal(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want)
+{
+    const int32_t W = s->m->c.window;
+    int32_t lo, hi, keep;
+    int ok = 1;
+    KVC_CHECK(kvc_seq_pos_range(s->cache, 0, &lo, &hi)); /* -1, -1 when empty */
+    keep = common_prefix(s->held, hi + 1 < s->n_held ? hi + 1 : s->n_held, prompt, n);
+    /* The expectation, from the positions held: the token at `keep` sees the keys
+       keep-W+1 .. keep-1 (W with itself), which must all still be there. */
+    *want = W == 0 || lo <= (keep - W + 1 > 0 ? keep - W + 1 : 0) ? keep : 0;
+    if (hi >= 0) {
+        KVC_CHECK(kvc_seq_can_resume(s->cache, 0, keep, &ok));
+        if (!ok) keep = 0;
+        KVC_CHECK(kvc_seq_remove(s->cache, 0, keep, KVC_POS_END)); /* keep == 0: all */
+    }
+    *reused = keep;
+    KVC_CHECK(kvc_seq_pos_range(s->cache, 0, &lo, &hi));
+    if (hi != keep - 1 || (W == 0 && keep > 0 && lo != 0)) {
+        errorf("kept %d of %d tokens, but sequence 0 holds positions %d..%d", (int)keep, (int)n, (int)lo, (int)hi);
+        return -1;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* Records prompt + generated tokens, as far as the sequence goes. */
+static int end_request_causal(session *s)
+{
+    int32_t lo, hi, n = 0;
+    KVC_CHECK(kvc_seq_pos_range(s->cache, 0, &lo, &hi));
+    for (int32_t i = 0; i <= hi && i < s->max_held && i < s->n_prompt + s->n_generated; ++i)
+        s->held[n++] = i < s->n_prompt ? s->prompt[i] : s->generated[i - s->n_prompt];
+    s->n_held = n;
+    return 0;
+fail:
+    return -1;
+}
+
+/* A sequence snapshot copies the sequence's cells into pages of the pool. */
+static int save_branch_point_causal(session *s)
+{
+    KVC_CHECK(kvc_seq_snapshot(s->cache, 0, &s->snap));
+    return 0;
+fail:
+    return -1;
+}
+
+static int restore_branch_point_causal(session *s, int32_t n)
+{
+    int32_t lo, hi;
+    KVC_CHECK(kvc_seq_restore(s->cache, s->snap, 0)); /* drops what sequence 0 had */
+    KVC_CHECK(kvc_seq_pos_range(s->cache, 0, &lo, &hi));
+    if (hi != n - 1) {
+        errorf("kvc_seq_restore: sequence 0 ends at position %d, expected %d", (int)hi, (int)n - 1);
+        return -1;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* kvc_cache_offset counts the cells in use, not positions. After a case of T tokens
+   sequence 0 ends at position T-1, each position in one cell; without a window it
+   holds all of 0..T-1. With a window W, the last batch (n tokens from position p0)
+   released every cell at or before p0-W, leaving p0-W+1 .. p0+n-1: at most W-1+n
+   cells with n <= chunk, however long the case (the long case ends with a decode
+   step, n = 1: exactly W cells, not its 230 tokens). */
+static int end_case_causal(session *s, const test_case *tc, score *sc)
+{
+    const int32_t W = s->m->c.window, T = tc->total_len;
+    const int32_t bound = W ? W - 1 + (s->chunk < T ? s->chunk : T) : T;
+    int32_t lo, hi, used;
+    KVC_CHECK(kvc_seq_pos_range(s->cache, 0, &lo, &hi));
+    KVC_CHECK(kvc_cache_offset(s->cache, &used));
+    snprintf(sc->note, sizeof sc->note, "  cells %d/%d", (int)used, (int)s->capacity);
+    if (hi != T - 1 || used != hi - lo + 1 || (W == 0 && lo != 0) || used > bound) {
+        errorf("case %s: sequence 0 holds positions %d..%d in %d cells; expected ..%d in at most %d",
+               tc->name, (int)lo, (int)hi, (int)used, (int)T - 1, (int)bound);
+        return -1;
+    }
     return 0;
 fail:
     return -1;
@@ -1146,13 +1335,13 @@ static int run_case_cached(session *s, const test_case *tc, score *sc)
     const int32_t N = tc->prompt_len, T = tc->total_len;
     const int32_t plen = tc->greedy || is_branch ? N : T; /* the request's prompt */
     float *last = alloc_floats((size_t)vocab);            /* the latest logits */
-    int32_t pos, offset;
+    int32_t pos;
     int rc = -1;
 
     if (!last) return -1;
     if (is_branch && have_branch_point(s, tc->tokens, N)) {
         /* continue the open request from the branch point after its prompt */
-        if (restore_branch_point(s, N) != 0) goto fail;
+        if (s->ks->restore_branch_point(s, N) != 0) goto fail;
         sc->reused = sc->reused_want = N;
         score_row(sc, tc, vocab, 0, s->snap_logits); /* row 0: the prompt's last logits */
         memcpy(last, s->snap_logits, (size_t)vocab * sizeof *last);
@@ -1178,11 +1367,7 @@ static int run_case_cached(session *s, const test_case *tc, score *sc)
     /* what the request generated after its prompt, recorded when it ends */
     s->generated = tc->tokens + plen;
     s->n_generated = T - plen;
-    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
-    if (offset != T) {
-        errorf("case %s: cache offset %d at the end, expected %d", tc->name, (int)offset, (int)T);
-        goto fail;
-    }
+    if (s->ks->end_case(s, tc, sc) != 0) goto fail;
     rc = 0;
 fail:
     if (rc != 0) errorf("case %s failed", tc->name);
@@ -1242,24 +1427,40 @@ static int report(const test_case *tc, const char *kind, const char *type, const
         else snprintf(greedy, sizeof greedy, "-");
         if (sc->reused == sc->reused_want) snprintf(reused, sizeof reused, "%d", sc->reused);
         else snprintf(reused, sizeof reused, "%d!=%d", sc->reused, sc->reused_want);
-        printf("  %-9s %-9s %-4s %7s %9.2e %9.2e %7s %7s %9.0f  %s%s\n", tc->name, kind, type, rows,
+        printf("  %-9s %-9s %-4s %7s %9.2e %9.2e %7s %7s %9.0f  %s%s%s\n", tc->name, kind, type, rows,
                sc->max_err, rms, greedy, reused, sc->seconds > 0 ? sc->tokens_run / sc->seconds : 0.0,
-               ok ? "ok" : "FAIL:", why);
+               ok ? "ok" : "FAIL:", why, sc->note);
     }
     return ok;
 }
 
 /* The kind-specific cache settings of the KINDS table. */
-static void setup_full(kvc_cache_config *cc, const config *c, int32_t max_tokens)
+static void setup_full(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch)
 {
-    (void)cc, (void)c, (void)max_tokens; /* nothing: grows as needed, window via desc */
+    (void)cc, (void)c, (void)max_tokens, (void)max_batch; /* nothing: grows as needed, window via desc */
 }
 
-static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens)
+static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch)
 {
-    (void)max_tokens;
+    (void)max_tokens, (void)max_batch;
     cc->window = c->window; /* W keys including the current token, like the model */
     cc->sinks = 0;
+}
+
+/* A causal cache has a fixed number of cells, all taken at create. Without a window
+   a sequence keeps every token: room for the longest case. With a window W, a batch
+   of n tokens at p0 needs its n cells plus the W-1 keys before p0 (older cells are
+   released when the batch begins), so W-1+max_batch cells do whatever the length;
+   at least 64, so that with small chunks the long case (230 tokens) goes round the
+   cells several times. With the default chunk its 200-token prompt is one batch,
+   which needs 200 cells at once. */
+static void setup_causal(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch)
+{
+    cc->window = c->window;   /* W keys including the current token, like the model (0: none) */
+    cc->capacity = c->window ? (c->window - 1 + max_batch > 64 ? c->window - 1 + max_batch : 64) : max_tokens;
+    cc->max_seqs = 1;         /* only sequence 0 */
+    cc->rope.style = KVC_ROPE_NEOX; /* for kvc_seq_remove shifts, which we never make */
+    cc->rope.theta = (float)c->theta;
 }
 
 /* Runs every case of a model with one (kind, type): builds the pool, cache and
@@ -1278,6 +1479,7 @@ static int run_session(const model *m, const test_case *cases, int n_cases, cons
 
     memset(&s, 0, sizeof s);
     s.m = m;
+    s.ks = ks;
     s.chunk = chunk;
     if (!(s.snap_logits = alloc_floats((size_t)c->vocab))) return n_cases;
     for (int i = 0; i < n_cases; ++i)
@@ -1297,9 +1499,16 @@ static int run_session(const model *m, const test_case *cases, int n_cases, cons
 
     /* the cache: one for all layers (every layer has the same window here) */
     KVC_CHECK(kvc_cache_config_init(&ccfg, ks->kind));
-    ks->setup(&ccfg, c, max_tokens);
+    ks->setup(&ccfg, c, max_tokens, chunk < max_tokens ? chunk : max_tokens);
+    s.capacity = ccfg.capacity;
     KVC_CHECK(kvc_cache_create(s.pool, &ccfg, &s.cache));
-    KVC_CHECK(kvc_prefix_create(&s.cache, 1, max_tokens, &s.prefix));
+    if (ks->kind != KVC_KIND_CAUSAL) {
+        KVC_CHECK(kvc_prefix_create(&s.cache, 1, max_tokens, &s.prefix));
+    } else if (!(s.held = (int32_t *)malloc((size_t)max_tokens * sizeof *s.held))) {
+        errorf("out of memory");
+        goto fail;
+    }
+    s.max_held = max_tokens;
     setup_ok = 1;
 
     for (int i = 0; i < n_cases; ++i) {
@@ -1342,6 +1551,7 @@ fail:
         }
     }
     free(s.snap_logits);
+    free(s.held);
     return failures;
 }
 
