@@ -243,7 +243,8 @@ KVCDEF kvc_result kvc_begin_batch(kvc_cache *cache, const kvc_batch *batch);
 /* Abandon an unfinished batch: offset goes back to where kvc_begin found it. */
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
 
-/* Trim n tokens from the end (seed CanTrim/Trim). ROTATING caches can trim only
+/* Trim n tokens from the end (seed CanTrim/Trim); KVC_ERR_STATE while a batch is open
+   (kvc_cancel it first), as for kvc_restore. ROTATING caches can trim only
    until the window has wrapped: offset <= window and no page ever released (a
    kvc_cancel after kvc_begin released pages counts as wrapped); otherwise
    KVC_ERR_UNSUPPORTED. */
@@ -278,13 +279,14 @@ typedef struct kvc_run {
     int32_t n_cells;
 } kvc_run;
 /* Zero-copy: the cells of kvc_cache_cells() as contiguous runs, in position order.
-   Pass runs = NULL to learn *n_runs. KVC_ERR_RANGE (with *n_runs set) if max_runs is
-   too small. Pointers stay valid until the next call that changes the cache. */
+   Pass runs = NULL (and max_runs 0) to learn *n_runs. KVC_ERR_RANGE (with *n_runs set)
+   if max_runs is too small. Pointers stay valid until the next call that changes the
+   cache. */
 KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run *runs,
                                  int32_t max_runs, int32_t *n_runs);
 /* Copy: the same cells converted to f32, k [n][n_kv_heads][head_dim_k], v likewise,
-   pos [n] (any of the three may be NULL). KVC_ERR_RANGE (with *n_cells set) if
-   max_cells is too small. */
+   pos [n] (any of the three may be NULL; all three NULL only counts). KVC_ERR_RANGE
+   (with *n_cells set) if max_cells is too small. */
 KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v,
                                    int32_t *pos, int32_t max_cells, int32_t *n_cells);
 
@@ -1300,6 +1302,7 @@ KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim) {
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
     if (cache == NULL) return KVC_ERR_NULL;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
+    if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
     if (!kvc__can_trim(cache)) return KVC_ERR_UNSUPPORTED;
     kvc__rewind(cache, cache->offset - n_tokens);
@@ -1849,6 +1852,7 @@ KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_
     if (cache == NULL) return KVC_ERR_NULL;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED; /* kvc_seq_restore */
     if (snap != NULL && kvc__check_snapshot(cache, snap) != KVC_OK) return KVC_ERR_FOREIGN;
+    if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
     rotating = cache->cfg.kind == KVC_KIND_ROTATING;
     if (target < 0) return KVC_ERR_UNREACHABLE;
     if (snap == NULL) {
@@ -2277,7 +2281,7 @@ KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run 
     }
     if (cur.n_cells > 0 && n++ < max_runs) runs[n - 1] = cur;
     *n_runs = n;
-    return n > max_runs ? KVC_ERR_RANGE : KVC_OK;
+    return n > max_runs && runs != NULL ? KVC_ERR_RANGE : KVC_OK;
 }
 
 KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v, int32_t *pos,
@@ -2292,6 +2296,7 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
     if (max_cells < 0) return KVC_ERR_INVALID;
     kvc_cache_cells(cache, &n);
     *n_cells = n;
+    if (k == NULL && v == NULL && pos == NULL) return KVC_OK; /* only the count was asked */
     if (n > max_cells) return KVC_ERR_RANGE;
     nk = p->cfg.n_kv_heads * p->cfg.head_dim_k;
     nv = p->cfg.n_kv_heads * p->cfg.head_dim_v;
