@@ -108,6 +108,9 @@ typedef struct kvc_allocator {
     void *user;
 } kvc_allocator;
 
+/* CPU paths chosen at run time (cpuid + xgetbv); KVCACHE_NO_SIMD compiles none. */
+#define KVC_CPU_F16C (1u << 0) /* x86: f32 <-> f16 conversion with F16C */
+
 typedef struct kvc_pool_config {
     int32_t n_layers;     /* layers whose K/V live in each page */
     int32_t n_kv_heads;
@@ -127,6 +130,7 @@ typedef struct kvc_pool_config {
     void *arena;
     size_t arena_bytes;
     size_t arena_object_bytes;
+    uint32_t cpu_disable; /* KVC_CPU_* paths not to use (tests compare them with scalar) */
 } kvc_pool_config;
 
 typedef struct kvc_pool_stats {
@@ -143,6 +147,7 @@ typedef struct kvc_pool_stats {
     int32_t live_caches;    /* objects that must be destroyed before the pool */
     int32_t live_snapshots;
     int32_t live_prefixes;
+    uint32_t cpu_features;  /* the KVC_CPU_* paths this pool uses */
 } kvc_pool_stats;
 
 typedef struct kvc_pool kvc_pool;
@@ -150,6 +155,7 @@ typedef struct kvc_pool kvc_pool;
 KVCDEF const char *kvc_strerror(kvc_result result);
 KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", or "?" */
 KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + defaults */
+KVCDEF kvc_result kvc_cpu_features(uint32_t *features); /* KVC_CPU_* this CPU and build have */
 KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes);
 KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out);
 /* KVC_ERR_BUSY while caches, snapshots or prefix objects of the pool are alive. */
@@ -502,6 +508,65 @@ static const kvc__type_info kvc__types[KVC_TYPE_COUNT] = {
 
 static int kvc__type_valid(kvc_type t) { return (int)t >= 0 && (int)t < (int)KVC_TYPE_COUNT; }
 
+/* ---- Layer 0: CPU paths, chosen per pool at run time --------------------------------
+   Functions carry target attributes, so one binary serves every x86-64 CPU; each is
+   used only when cpuid says the CPU (and the OS, via xgetbv) supports it. */
+#if !defined(KVCACHE_NO_SIMD) && (defined(__x86_64__) || defined(__i386__)) && \
+    (defined(__GNUC__) || defined(__clang__)) && !defined(__TINYC__)
+#define KVC__X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+
+static uint32_t kvc__cpu_detect(void) {
+    unsigned a, b, c, d;
+    uint32_t xcr0_lo, xcr0_hi, f = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    /* F16C (ecx 29) uses AVX registers: the OS must save them (OSXSAVE, ecx 27; XCR0 bits 1-2) */
+    if (!(c & (1u << 27)) || !(c & (1u << 28))) return 0;
+    __asm__ __volatile__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    (void)xcr0_hi;
+    if ((xcr0_lo & 6u) == 6u && (c & (1u << 29))) f |= KVC_CPU_F16C;
+    return f;
+}
+
+__attribute__((target("avx,f16c"))) static void kvc__f16_from_f32_f16c(const float *src, void *dst, int32_t n) {
+    uint16_t *d = (uint16_t *)dst;
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) /* imm 0: round to nearest even, as the scalar path */
+        _mm_storeu_si128((__m128i *)(void *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), 0));
+    for (; i < n; ++i) d[i] = kvc__f32_to_f16(src[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void kvc__f16_to_f32_f16c(const void *src, float *dst, int32_t n) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s + i))));
+    for (; i < n; ++i) dst[i] = kvc__f16_to_f32(s[i]);
+}
+#else
+static uint32_t kvc__cpu_detect(void) { return 0; }
+#endif
+
+KVCDEF kvc_result kvc_cpu_features(uint32_t *features) {
+    if (features == NULL) return KVC_ERR_NULL;
+    *features = kvc__cpu_detect();
+    return KVC_OK;
+}
+
+/* The converters a pool uses for a type: the table's, or a faster path. */
+static kvc__type_info kvc__pick_type(kvc_type t, uint32_t features) {
+    kvc__type_info info = kvc__types[t];
+#ifdef KVC__X86
+    if (t == KVC_TYPE_F16 && (features & KVC_CPU_F16C)) {
+        info.from_f32 = kvc__f16_from_f32_f16c;
+        info.to_f32 = kvc__f16_to_f32_f16c;
+    }
+#endif
+    (void)features;
+    return info;
+}
+
 KVCDEF const char *kvc_type_name(kvc_type type) {
     return kvc__type_valid(type) ? kvc__types[type].name : "?";
 }
@@ -594,6 +659,8 @@ struct kvc_pool {
     int32_t n_free, pages_peak;
     uint32_t next_cache_id;
     int32_t live_caches, live_snapshots, live_prefixes;
+    uint32_t cpu;            /* KVC_CPU_* paths in use */
+    kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
 };
 
 typedef struct kvc__layout {
@@ -710,6 +777,9 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     }
     memset(p->pos, 0xff, sizeof(int32_t) * (size_t)L->max_pages * (size_t)L->page_cells);
     p->n_free = L->max_pages;
+    p->cpu = kvc__cpu_detect() & ~cfg->cpu_disable;
+    p->tk = kvc__pick_type(cfg->type_k, p->cpu);
+    p->tv = kvc__pick_type(cfg->type_v, p->cpu);
     return p;
 }
 
@@ -773,6 +843,7 @@ KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *s) {
     s->live_caches = pool->live_caches;
     s->live_snapshots = pool->live_snapshots;
     s->live_prefixes = pool->live_prefixes;
+    s->cpu_features = pool->cpu;
     return KVC_OK;
 }
 
@@ -1254,8 +1325,8 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (!kvc__batch_open(cache)) return KVC_ERR_STATE;
     pc = p->page_cells;
-    tk = &kvc__types[p->cfg.type_k];
-    tv = &kvc__types[p->cfg.type_v];
+    tk = &p->tk;
+    tv = &p->tv;
     nk = p->cfg.n_kv_heads * p->cfg.head_dim_k;
     nv = p->cfg.n_kv_heads * p->cfg.head_dim_v;
     /* the batch's cells: tokens batch_begin.. (CAUSAL: cells batch_loc..) */
@@ -1622,7 +1693,7 @@ KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, in
    table of kvc__rope_table (one table serves every cell of a shift). */
 static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t new_pos) {
     kvc_pool *p = c->pool;
-    const kvc__type_info *tk = &kvc__types[p->cfg.type_k];
+    const kvc__type_info *tk = &p->tk;
     const kvc_rope *rope = &c->cfg.rope;
     int32_t pc = p->page_cells, hk = p->cfg.head_dim_k, nk = p->cfg.n_kv_heads * hk, l, h, i, half = rope->n_dims / 2;
     int neox = rope->style == KVC_ROPE_NEOX;
@@ -2155,7 +2226,7 @@ static float kvc__dot_f32(const float *a, const float *b, int32_t n) {
 static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc__query *qy, int32_t kv_head,
                             const float *q, float scale, float *out, float *kbuf, float *vbuf) {
     const kvc_pool *p = c->pool;
-    const kvc__type_info *tk = &kvc__types[p->cfg.type_k], *tv = &kvc__types[p->cfg.type_v];
+    const kvc__type_info *tk = &p->tk, *tv = &p->tv;
     int32_t hk = p->cfg.head_dim_k, hv = p->cfg.head_dim_v;
     size_t k_off = kvc__row_bytes(p->cfg.type_k, kv_head, hk), v_off = kvc__row_bytes(p->cfg.type_v, kv_head, hv);
     float m = -INFINITY, sum = 0.0f;
@@ -2304,8 +2375,8 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
     kvc__iter_init(&it, cache);
     while (kvc__iter_next(&it, &run)) {
         for (cell = run.c0; cell < run.c1; ++cell, ++n) {
-            if (k) kvc__types[p->cfg.type_k].to_f32(kvc__k_at(p, layer, run.page, cell), k + (size_t)n * nk, nk);
-            if (v) kvc__types[p->cfg.type_v].to_f32(kvc__v_at(p, layer, run.page, cell), v + (size_t)n * nv, nv);
+            if (k) p->tk.to_f32(kvc__k_at(p, layer, run.page, cell), k + (size_t)n * nk, nk);
+            if (v) p->tv.to_f32(kvc__v_at(p, layer, run.page, cell), v + (size_t)n * nv, nv);
             if (pos) pos[n] = *kvc__pos_at(p, run.page, cell);
         }
     }
