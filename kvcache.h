@@ -111,6 +111,41 @@ typedef struct kvc_allocator {
 /* CPU paths chosen at run time (cpuid + xgetbv); KVCACHE_NO_SIMD compiles none. */
 #define KVC_CPU_F16C (1u << 0) /* x86: f32 <-> f16 conversion with F16C */
 
+/* ---- Page events (for backends that keep K/V elsewhere, e.g. kvcache_vk.h) -------
+   The pool does all bookkeeping (pages, refcounts, cells, positions, page tables) on the
+   host. Every time it changes K/V bytes of pages itself -- copy-on-write, defrag and
+   per-sequence snapshot copies, zeroing the pages of a new CAUSAL cache, re-rotating keys
+   in kvc_seq_remove -- it reports the change through `event`, in order, so a backend
+   holding a mirror of the pages can replay it. With `external_data` set the pool holds
+   no K/V bytes at all (only positions and bookkeeping): kvc_put takes k = v = NULL and
+   only marks the layer written (the backend writes it), and kvc_attention,
+   kvc_cache_runs and kvc_cache_gather return KVC_ERR_UNSUPPORTED. Unused (all zero,
+   the default), nothing changes. */
+typedef enum kvc_page_event_kind {
+    KVC_PAGE_COPY = 0, /* cells [src_cell, +n) of src_page -> [cell, +n) of page, every layer, K and V */
+    KVC_PAGE_ZERO = 1, /* cells [cell, +n) of page set to zero bytes, every layer, K and V */
+    KVC_PAGE_ROPE = 2  /* keys of cells [cell, +n) of page, every layer, re-rotated by
+                          new_pos - old_pos with `rope` (a rope->shift callback is refused
+                          with external_data) */
+} kvc_page_event_kind;
+
+typedef struct kvc_rope kvc_rope;
+typedef struct kvc_page_event {
+    kvc_page_event_kind kind;
+    uint32_t page;      /* the page whose cells change */
+    int32_t cell, n_cells;
+    uint32_t src_page;  /* COPY */
+    int32_t src_cell;
+    int32_t old_pos, new_pos; /* ROPE */
+    const kvc_rope *rope;     /* ROPE: the cache's configuration */
+} kvc_page_event;
+
+typedef struct kvc_page_hooks {
+    void (*event)(void *user, const kvc_page_event *ev); /* NULL: no events */
+    void *user;
+    int external_data;  /* nonzero: no K/V bytes on the host (see above) */
+} kvc_page_hooks;
+
 typedef struct kvc_pool_config {
     int32_t n_layers;     /* layers whose K/V live in each page */
     int32_t n_kv_heads;
@@ -131,6 +166,7 @@ typedef struct kvc_pool_config {
     size_t arena_bytes;
     size_t arena_object_bytes;
     uint32_t cpu_disable; /* KVC_CPU_* paths not to use (tests compare them with scalar) */
+    kvc_page_hooks hooks; /* page events for a device backend; zero = none */
 } kvc_pool_config;
 
 typedef struct kvc_pool_stats {
@@ -182,13 +218,13 @@ typedef enum kvc_rope_style {
 typedef void (*kvc_rope_shift_fn)(void *user, int32_t layer, float *k, int32_t n_kv_heads,
                                   int32_t head_dim, int32_t old_pos, int32_t new_pos);
 
-typedef struct kvc_rope {
+struct kvc_rope {
     kvc_rope_style style;
     float theta;            /* base, e.g. 10000; angle = pos * theta^(-2i/n_dims) */
     int32_t n_dims;         /* rotated dimensions per head (even); 0 = head_dim_k */
     kvc_rope_shift_fn shift;/* if set, used instead of `style` */
     void *user;
-} kvc_rope;
+};
 
 typedef struct kvc_cache_config {
     kvc_kind kind;
@@ -661,6 +697,7 @@ struct kvc_pool {
     int32_t live_caches, live_snapshots, live_prefixes;
     uint32_t cpu;            /* KVC_CPU_* paths in use */
     kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
+    int external;            /* hooks.external_data: no K/V bytes here (slab unused) */
 };
 
 typedef struct kvc__layout {
@@ -713,7 +750,7 @@ static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
     L->meta_bytes = kvc__align_up(sizeof(kvc_pool), 16, &of);
     L->meta_bytes = kvc__add(L->meta_bytes, kvc__mul(pages, 2 * sizeof(uint32_t), &of), &of);
     L->meta_bytes = kvc__add(L->meta_bytes, kvc__mul(cells_total, sizeof(int32_t), &of), &of);
-    L->slab_bytes = kvc__mul(pages, L->page_bytes, &of);
+    L->slab_bytes = c->hooks.external_data ? 0 : kvc__mul(pages, L->page_bytes, &of);
     L->object_bytes = c->arena_object_bytes;
     if (L->object_bytes == 0) /* room for ~32 caches or snapshots spanning the whole pool */
         L->object_bytes = kvc__add(65536, kvc__mul(32, kvc__add(kvc__mul(pages, 4, &of),
@@ -780,6 +817,7 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     p->cpu = kvc__cpu_detect() & ~cfg->cpu_disable;
     p->tk = kvc__pick_type(cfg->type_k, p->cpu);
     p->tv = kvc__pick_type(cfg->type_v, p->cpu);
+    p->external = cfg->hooks.external_data != 0;
     return p;
 }
 
@@ -888,11 +926,27 @@ static int32_t *kvc__pos_at(const kvc_pool *p, uint32_t page, int32_t cell) {
     return p->pos + (size_t)page * (size_t)p->page_cells + (size_t)cell;
 }
 
+/* Page events: tell a device backend (config hooks) which K/V bytes changed. */
+static void kvc__page_event(const kvc_pool *p, kvc_page_event_kind kind, uint32_t page, int32_t cell,
+                            int32_t n, uint32_t src_page, int32_t src_cell) {
+    kvc_page_event ev;
+    if (p->cfg.hooks.event == NULL) return;
+    memset(&ev, 0, sizeof(ev));
+    ev.kind = kind;
+    ev.page = page;
+    ev.cell = cell;
+    ev.n_cells = n;
+    ev.src_page = src_page;
+    ev.src_cell = src_cell;
+    p->cfg.hooks.event(p->cfg.hooks.user, &ev);
+}
+
 /* Copy cells [c0, c1) of every layer (and their positions) from one page to another. */
 static void kvc__page_copy_cells(kvc_pool *p, uint32_t dst, uint32_t src, int32_t c0, int32_t c1) {
     int32_t l, n = c1 - c0;
     if (n <= 0) return;
-    for (l = 0; l < p->cfg.n_layers; ++l) {
+    kvc__page_event(p, KVC_PAGE_COPY, dst, c0, n, src, c0);
+    for (l = 0; l < p->cfg.n_layers && !p->external; ++l) {
         memcpy(kvc__k_at(p, l, dst, c0), kvc__k_at(p, l, src, c0), (size_t)n * p->k_row);
         memcpy(kvc__v_at(p, l, dst, c0), kvc__v_at(p, l, src, c0), (size_t)n * p->v_row);
     }
@@ -1165,7 +1219,8 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
             int32_t l;
             c->pages[i] = kvc__page_acquire(pool);
             memset(kvc__pos_at(pool, c->pages[i], 0), 0xff, sizeof(int32_t) * (size_t)pool->page_cells);
-            for (l = 0; l < pool->cfg.n_layers; ++l) {
+            kvc__page_event(pool, KVC_PAGE_ZERO, c->pages[i], 0, pool->page_cells, 0, 0);
+            for (l = 0; l < pool->cfg.n_layers && !pool->external; ++l) {
                 memset(kvc__k_at(pool, l, c->pages[i], 0), 0, pool->page_k_bytes);
                 memset(kvc__v_at(pool, l, c->pages[i], 0), 0, pool->page_v_bytes);
             }
@@ -1320,8 +1375,10 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
     kvc_pool *p;
     const kvc__type_info *tk, *tv;
     int32_t t, pc, nk, nv;
-    if (cache == NULL || k == NULL || v == NULL) return KVC_ERR_NULL;
+    if (cache == NULL) return KVC_ERR_NULL;
     p = cache->pool;
+    if (p->external ? (k != NULL || v != NULL) : (k == NULL || v == NULL))
+        return p->external ? KVC_ERR_INVALID : KVC_ERR_NULL; /* external: the backend wrote it */
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (!kvc__batch_open(cache)) return KVC_ERR_STATE;
     pc = p->page_cells;
@@ -1330,7 +1387,7 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
     nk = p->cfg.n_kv_heads * p->cfg.head_dim_k;
     nv = p->cfg.n_kv_heads * p->cfg.head_dim_v;
     /* the batch's cells: tokens batch_begin.. (CAUSAL: cells batch_loc..) */
-    for (t = 0; t < (cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_n : cache->offset - cache->batch_begin); ++t) {
+    for (t = 0; !p->external && t < (cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_n : cache->offset - cache->batch_begin); ++t) {
         int32_t cell = cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_loc + t : cache->batch_begin + t;
         uint32_t page = cache->pages[kvc__lpage_index(cache, cell / pc)];
         KVCACHE_ASSERT(p->refcount[page] == 1);
@@ -1471,7 +1528,8 @@ static void kvc__copy_cells(kvc_pool *p, const uint32_t *dst_pages, int32_t dst,
     while (n > 0) {
         int32_t k = KVC__MIN(n, KVC__MIN(pc - dst % pc, pc - src % pc)), l;
         uint32_t dp = dst_pages[dst / pc], sp = src_pages[src / pc];
-        for (l = 0; l < p->cfg.n_layers; ++l) {
+        kvc__page_event(p, KVC_PAGE_COPY, dp, dst % pc, k, sp, src % pc);
+        for (l = 0; l < p->cfg.n_layers && !p->external; ++l) {
             memcpy(kvc__k_at(p, l, dp, dst % pc), kvc__k_at(p, l, sp, src % pc), (size_t)k * p->k_row);
             memcpy(kvc__v_at(p, l, dp, dst % pc), kvc__v_at(p, l, sp, src % pc), (size_t)k * p->v_row);
         }
@@ -1698,7 +1756,19 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
     int32_t pc = p->page_cells, hk = p->cfg.head_dim_k, nk = p->cfg.n_kv_heads * hk, l, h, i, half = rope->n_dims / 2;
     int neox = rope->style == KVC_ROPE_NEOX;
     uint32_t page = c->pages[cell / pc];
-    for (l = 0; l < p->cfg.n_layers; ++l) {
+    if (p->cfg.hooks.event != NULL) {
+        kvc_page_event ev;
+        memset(&ev, 0, sizeof(ev));
+        ev.kind = KVC_PAGE_ROPE;
+        ev.page = page;
+        ev.cell = cell % pc;
+        ev.n_cells = 1;
+        ev.old_pos = old_pos;
+        ev.new_pos = new_pos;
+        ev.rope = rope;
+        p->cfg.hooks.event(p->cfg.hooks.user, &ev);
+    }
+    for (l = 0; l < p->cfg.n_layers && !p->external; ++l) {
         unsigned char *k = kvc__k_at(p, l, page, cell % pc);
         tk->to_f32(k, c->row, nk);
         if (rope->shift) {
@@ -1743,6 +1813,8 @@ KVCDEF kvc_result kvc_seq_remove(kvc_cache *c, int32_t seq, int32_t begin, int32
             }
     if (shift && begin < end && c->cfg.rope.shift == NULL && c->cfg.rope.style == KVC_ROPE_NONE)
         return KVC_ERR_UNSUPPORTED;
+    if (shift && begin < end && c->cfg.rope.shift != NULL && c->pool->external)
+        return KVC_ERR_UNSUPPORTED; /* a host callback cannot reach device-held keys */
     if (shift && begin < end && c->cfg.rope.shift == NULL) kvc__rope_table(c, begin - end);
     for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i) {
         int32_t pos;
@@ -2268,6 +2340,7 @@ static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const 
     if (d->n_queries < 1 || d->n_heads < 1 || d->n_heads % p->cfg.n_kv_heads != 0) return KVC_ERR_INVALID;
     if (d->window < 0 || !(d->scale >= 0.0f) || d->scale == INFINITY) return KVC_ERR_INVALID;
     if (kvc__batch_open(c) && !c->batch_put[layer]) return KVC_ERR_STATE;
+    if (p->external) return KVC_ERR_UNSUPPORTED; /* the K/V live in a device backend */
     if (c->cfg.kind != KVC_KIND_CAUSAL) return d->pos == NULL && d->n_queries > c->offset ? KVC_ERR_RANGE : KVC_OK;
     if (d->pos == NULL) return d->n_queries == c->batch_n ? KVC_OK : KVC_ERR_RANGE;
     if (d->seq == NULL) return KVC_ERR_NULL;
@@ -2334,6 +2407,7 @@ KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run 
     p = cache->pool;
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (max_runs < 0 || (runs == NULL && max_runs > 0)) return KVC_ERR_INVALID;
+    if (p->external) return KVC_ERR_UNSUPPORTED;
     memset(&cur, 0, sizeof(cur));
     kvc__iter_init(&it, cache);
     while (kvc__iter_next(&it, &run)) {
@@ -2365,6 +2439,7 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
     p = cache->pool;
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (max_cells < 0) return KVC_ERR_INVALID;
+    if (p->external) return KVC_ERR_UNSUPPORTED;
     kvc_cache_cells(cache, &n);
     *n_cells = n;
     if (k == NULL && v == NULL && pos == NULL) return KVC_OK; /* only the count was asked */
