@@ -2340,7 +2340,6 @@ static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const 
     if (d->n_queries < 1 || d->n_heads < 1 || d->n_heads % p->cfg.n_kv_heads != 0) return KVC_ERR_INVALID;
     if (d->window < 0 || !(d->scale >= 0.0f) || d->scale == INFINITY) return KVC_ERR_INVALID;
     if (kvc__batch_open(c) && !c->batch_put[layer]) return KVC_ERR_STATE;
-    if (p->external) return KVC_ERR_UNSUPPORTED; /* the K/V live in a device backend */
     if (c->cfg.kind != KVC_KIND_CAUSAL) return d->pos == NULL && d->n_queries > c->offset ? KVC_ERR_RANGE : KVC_OK;
     if (d->pos == NULL) return d->n_queries == c->batch_n ? KVC_OK : KVC_ERR_RANGE;
     if (d->seq == NULL) return KVC_ERR_NULL;
@@ -2373,6 +2372,7 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
     kvc_result r = kvc__check_attention(cache, layer, desc);
     if (r != KVC_OK) return r;
     p = cache->pool;
+    if (p->external) return KVC_ERR_UNSUPPORTED; /* the K/V live in a device backend */
     hk = p->cfg.head_dim_k;
     hv = p->cfg.head_dim_v;
     if (hk > 512 || hv > 512) { /* one head of K and of V as f32 */

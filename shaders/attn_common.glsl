@@ -1,0 +1,49 @@
+// attn_common.glsl - one attention job (a query over the cells of one cache) as
+// kvcache_vk.h lays it out in the meta buffer, and the mask rules of kvcache.h.
+#define JOB_WORDS 24u
+struct Job {
+    uint kind;            // 0: FULL/ROTATING (token ranges), 1: CAUSAL (cell range)
+    uint n_view;          // cells the job may read
+    uint b0, e0, b1, e1;  // kind 0: tokens [b0,e0) then [b1,e1); kind 1: cells [b1,e1)
+    uint pt_off;          // page table: kind 0 logical pages [0,nsink) then [lp_base, ...)
+    uint nsink, lp_base;
+    int qpos; uint qseq, nc; int win; int sinks; int recent;
+    int cwin; int chunk; uint cpos_off, cseq_off, words;
+    uint q_off, out_off;
+};
+
+Job load_job(uint off, uint j) {
+    uint b = off + j * JOB_WORDS;
+    Job J;
+    J.kind = meta[b]; J.n_view = meta[b + 1u];
+    J.b0 = meta[b + 2u]; J.e0 = meta[b + 3u]; J.b1 = meta[b + 4u]; J.e1 = meta[b + 5u];
+    J.pt_off = meta[b + 6u]; J.nsink = meta[b + 7u]; J.lp_base = meta[b + 8u];
+    J.qpos = int(meta[b + 9u]); J.qseq = meta[b + 10u]; J.nc = meta[b + 11u]; J.win = int(meta[b + 12u]);
+    J.sinks = int(meta[b + 13u]); J.recent = int(meta[b + 14u]);
+    J.cwin = int(meta[b + 15u]); J.chunk = int(meta[b + 16u]);
+    J.cpos_off = meta[b + 17u]; J.cseq_off = meta[b + 18u]; J.words = meta[b + 19u];
+    J.q_off = meta[b + 20u]; J.out_off = meta[b + 21u];
+    return J;
+}
+
+// The vi-th cell of the job's view: may the query see it? gid = page * page_cells + slot.
+bool cell_visible(Job J, uint vi, uint pcells, out uint gid) {
+    int key;
+    if (J.kind == 0u) {
+        uint n0 = J.e0 - J.b0, t = vi < n0 ? J.b0 + vi : J.b1 + (vi - n0), lp = t / pcells;
+        uint idx = lp < J.nsink ? lp : J.nsink + (lp - J.lp_base);
+        gid = meta[J.pt_off + idx] * pcells + t % pcells;
+        key = int(t);
+        if (J.recent > 0 && key >= J.sinks && key < J.qpos - J.recent + 1) return false;
+    } else {
+        uint cell = J.b1 + vi;
+        gid = meta[J.pt_off + cell / pcells] * pcells + cell % pcells;
+        if (((meta[J.cseq_off + cell * J.words + (J.qseq >> 5)] >> (J.qseq & 31u)) & 1u) == 0u) return false;
+        key = int(meta[J.cpos_off + cell]);
+        if (J.cwin > 0 && key <= J.qpos - J.cwin) return false;
+        if (J.chunk > 0 && key / J.chunk != J.qpos / J.chunk) return false;
+    }
+    if (J.nc == 0u && key > J.qpos) return false;
+    if (J.win > 0 && key <= J.qpos - J.win) return false;
+    return true;
+}

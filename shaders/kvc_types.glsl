@@ -1,0 +1,74 @@
+// kvc_types.glsl - the storage types of kvcache.h, decoded and encoded on the GPU.
+// Type codes are kvc_type's values. Rows are byte arrays read through uint words, so no
+// 8/16-bit storage feature is needed; a shader that includes this defines
+//     uint ldw(uint which, uint word)   - word `word` of tensor `which` (0 = K, 1 = V)
+// before the include. Layouts (llama.cpp's for the quantised ones):
+//   f32, f16, bf16: plain arrays; q8_0: blocks of 32 = {f16 d; int8 qs[32]} (34 bytes),
+//   value qs[i]*d; q4_0: {f16 d; uint8 qs[16]} (18 bytes), qs[j] low nibble = element j,
+//   high nibble = element j+16, value (nibble-8)*d.
+#define T_F32 0u
+#define T_F16 1u
+#define T_BF16 2u
+#define T_Q8_0 3u
+#define T_Q4_0 4u
+
+uint ld_u8(uint which, uint byte_off) { return (ldw(which, byte_off >> 2) >> ((byte_off & 3u) << 3)) & 0xffu; }
+// byte_off even
+uint ld_u16(uint which, uint byte_off) { return (ldw(which, byte_off >> 2) >> ((byte_off & 2u) << 3)) & 0xffffu; }
+
+// f16 -> f32 exactly, subnormals included (some drivers flush them in unpackHalf2x16)
+float h2f(uint h) {
+    uint sgn = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0u) { float f = float(m) * (1.0 / 16777216.0); return sgn != 0u ? -f : f; }
+    if (e == 31u) return uintBitsToFloat(sgn | 0x7f800000u | (m << 13));
+    return uintBitsToFloat(sgn | ((e + 112u) << 23) | (m << 13));
+}
+float bf2f(uint h) { return uintBitsToFloat(h << 16); }
+
+// f32 -> f16, round to nearest even: the bit pattern kvcache.h's scalar path gives
+uint f2h(float f) {
+    uint x = floatBitsToUint(f), sgn = (x >> 16) & 0x8000u, e8 = (x >> 23) & 0xffu, m = x & 0x7fffffu;
+    if (e8 == 0xffu) return sgn | 0x7c00u | (m != 0u ? (0x200u | (m >> 13)) : 0u);
+    int e = int(e8) - 127 + 15;
+    if (e >= 31) return sgn | 0x7c00u;
+    if (e <= 0) {
+        if (e < -10) return sgn;
+        m |= 0x800000u;
+        uint sh = uint(14 - e), hv = m >> sh, rem = m & ((1u << sh) - 1u), mid = 1u << (sh - 1u);
+        if (rem > mid || (rem == mid && (hv & 1u) != 0u)) hv++;
+        return sgn | hv;
+    }
+    uint h = (uint(e) << 10) | (m >> 13), rem = m & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u) != 0u)) h++;
+    return sgn | h;
+}
+// f32 -> bf16, round to nearest even, NaN kept quiet
+uint f2bf(float f) {
+    uint x = floatBitsToUint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x40u;
+    return (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+}
+
+// bytes of one head of head_dim values
+uint head_bytes(uint type, uint hd) {
+    if (type == T_F32) return 4u * hd;
+    if (type == T_F16 || type == T_BF16) return 2u * hd;
+    if (type == T_Q8_0) return 34u * (hd >> 5);
+    return 18u * (hd >> 5);
+}
+
+// element i of a row (or head) that starts at byte `base`, exactly as the CPU decodes it
+float ld_elem(uint which, uint type, uint base, uint i) {
+    if (type == T_F32) return uintBitsToFloat(ldw(which, (base >> 2) + i));
+    if (type == T_F16) return h2f(ld_u16(which, base + 2u * i));
+    if (type == T_BF16) return bf2f(ld_u16(which, base + 2u * i));
+    uint j = i & 31u;
+    if (type == T_Q8_0) {
+        uint b = base + 34u * (i >> 5);
+        int q = int(ld_u8(which, b + 2u + j) << 24) >> 24;
+        return float(q) * h2f(ld_u16(which, b));
+    }
+    uint b = base + 18u * (i >> 5), byte_v = ld_u8(which, b + 2u + (j & 15u));
+    uint nib = j < 16u ? (byte_v & 15u) : (byte_v >> 4);
+    return (float(int(nib)) - 8.0) * h2f(ld_u16(which, b));
+}

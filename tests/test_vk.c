@@ -1,0 +1,529 @@
+/* test_vk.c - the Vulkan backend against the CPU reference.
+
+   Every random episode runs the same operations on two pools with the same configuration:
+   a CPU pool (kvcache.h alone) and a kvc_vk_pool (bookkeeping on the host, K/V on the
+   GPU). Both make the same bookkeeping decisions, so their page ids match; after each
+   step the test compares GPU attention with kvc_attention, the GPU gather with
+   kvc_cache_gather, and the raw page bytes of the two pools. Validation layers are on
+   when installed and must report nothing.
+
+   No Vulkan headers, loader or device: prints a skip and RESULT vk 0 0.
+   usage: test_vk [seed]        KVC_TEST_SCALE scales the episode count. */
+#define KVCACHE_IMPLEMENTATION
+#include "kvcache.h"
+#include "tk.h"
+#include <time.h>
+
+#if defined(__has_include)
+#if __has_include(<vulkan/vulkan.h>) && __has_include(<dlfcn.h>)
+#define HAVE_VK 1
+#endif
+#endif
+
+#ifndef HAVE_VK
+int main(void) {
+    printf("skip: no Vulkan headers (install libvulkan-dev)\n");
+    return tk_report("vk");
+}
+#else
+#define VK_NO_PROTOTYPES
+#define KVCACHE_VK_IMPLEMENTATION
+#include "kvcache_vk.h"
+#include <dlfcn.h>
+
+static kvc_vk_context *ctx;
+static uint64_t g_seed, run_seed;
+static int types_avail; /* storage types this kvcache.h has */
+
+/* host-visible scratch buffers for inputs and outputs */
+static kvc_vk_buffer in_buf, q_buf, out_buf, gk_buf, gv_buf;
+
+static void ensure(kvc_vk_buffer *b, size_t bytes) {
+    if (b->buffer && b->size >= bytes) return;
+    if (b->buffer) kvc_vk_buffer_destroy(ctx, b);
+    if (kvc_vk_buffer_create(ctx, bytes < 256 ? 256 : bytes, 1, b) != KVC_OK) {
+        fprintf(stderr, "buffer of %zu bytes failed\n", bytes);
+        exit(2);
+    }
+}
+
+typedef struct side {
+    kvc_pool *pool;
+    kvc_vk_pool *vk; /* NULL: the CPU side */
+    kvc_cache *cache;
+    kvc_snapshot *snap[2];
+    int rotated; /* keys went through a RoPE shift: float rounding of the rotation differs */
+} side;
+
+typedef struct shape {
+    int32_t layers, kv_heads, hdk, hdv, group, page_cells;
+    kvc_type tk, tv;
+    kvc_kind kind;
+    int32_t window, sinks;
+    int no_subgroup;
+} shape;
+
+static VkCommandBuffer begin_cmd(void) {
+    VkCommandBuffer cmd;
+    if (kvc_vk_begin(ctx, &cmd) != KVC_OK) { fprintf(stderr, "kvc_vk_begin failed\n"); exit(2); }
+    return cmd;
+}
+
+/* tolerance of a stored type against the CPU's conversion of the same input */
+static double store_tol(kvc_type t) {
+    if ((int)t == 3) return 1.0 / 127 * 1.01; /* q8_0: one step of the block scale (relative to amax <= 1) */
+    if ((int)t == 4) return 1.0 / 8 * 1.01;   /* q4_0: one step */
+    return 0.0;                               /* f32/f16/bf16: bit-exact */
+}
+
+static double rot_tol(kvc_type t) {
+    static const double tol[5] = {4e-6, 2e-3, 1.6e-2, 1.0 / 127 * 2.02, 1.0 / 8 * 2.02};
+    return tol[(int)t];
+}
+
+static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
+    int32_t nk = sh->kv_heads * sh->hdk, nv = sh->kv_heads * sh->hdv, l, i;
+    float *k = (float *)malloc(sizeof(float) * (size_t)n * (size_t)(nk + nv)), *v = k + (size_t)n * nk;
+    for (l = 0; l < sh->layers; ++l) {
+        VkCommandBuffer cmd;
+        kvc_vk_tensor tk_, tv_;
+        int f16in = (tk_int(rng, 0, 3) == 0);
+        for (i = 0; i < n * (nk + nv); ++i) k[i] = tk_float(rng);
+        if (f16in) /* f16 inputs: the CPU gets the same values */
+            for (i = 0; i < n * (nk + nv); ++i) k[i] = kvc__f16_to_f32(kvc__f32_to_f16(k[i]));
+        TK_OK(kvc_put(s[0].cache, l, k, v));
+        ensure(&in_buf, sizeof(float) * (size_t)n * (size_t)(nk + nv));
+        if (f16in) {
+            uint16_t *h = (uint16_t *)in_buf.mapped;
+            for (i = 0; i < n * (nk + nv); ++i) h[i] = kvc__f32_to_f16(k[i]);
+        } else {
+            memcpy(in_buf.mapped, k, sizeof(float) * (size_t)n * (size_t)(nk + nv));
+        }
+        tk_.buffer = tv_.buffer = in_buf.buffer;
+        tk_.offset = 0;
+        tv_.offset = (VkDeviceSize)n * nk * (f16in ? 2 : 4);
+        tk_.f16 = tv_.f16 = f16in;
+        cmd = begin_cmd();
+        TK_OK(kvc_vk_cmd_append(s[1].vk, cmd, s[1].cache, l, &tk_, &tv_));
+        TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    }
+    free(k);
+}
+
+/* GPU attention vs kvc_attention for the given queries */
+static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t nq, const int32_t *pos,
+                              const int32_t *seq, int32_t window, int nc, tk_rng *rng) {
+    int32_t nh = sh->kv_heads * sh->group, i, bad = 0;
+    size_t nqv = (size_t)nq * nh * sh->hdk, nov = (size_t)nq * nh * sh->hdv;
+    float *q = (float *)malloc(sizeof(float) * (nqv + 2 * nov)), *ref = q + nqv, *got = ref + nov;
+    kvc_attention_desc d;
+    kvc_vk_attention_desc vd;
+    VkCommandBuffer cmd;
+    double worst = 0, tol = 5e-5;
+    for (i = 0; i < (int32_t)nqv; ++i) q[i] = tk_float(rng) * 2.0f;
+    memset(&d, 0, sizeof(d));
+    d.n_queries = nq; d.n_heads = nh; d.q = q; d.out = ref; d.pos = pos; d.seq = seq; d.window = window; d.non_causal = nc;
+    TK_OK(kvc_attention(s[0].cache, layer, &d));
+    ensure(&q_buf, sizeof(float) * nqv);
+    ensure(&out_buf, sizeof(float) * nov);
+    memcpy(q_buf.mapped, q, sizeof(float) * nqv);
+    memset(out_buf.mapped, 0x7f, sizeof(float) * nov);
+    memset(&vd, 0, sizeof(vd));
+    vd.n_queries = nq; vd.n_heads = nh; vd.q.buffer = q_buf.buffer; vd.out.buffer = out_buf.buffer;
+    vd.pos = pos; vd.seq = seq; vd.window = window; vd.non_causal = nc;
+    cmd = begin_cmd();
+    TK_OK(kvc_vk_cmd_attention(s[1].vk, cmd, s[1].cache, layer, &vd));
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    memcpy(got, out_buf.mapped, sizeof(float) * nov);
+    for (i = 0; i < (int32_t)nov; ++i) {
+        double e = fabs((double)got[i] - ref[i]);
+        if (!(e <= tol)) bad++;
+        if (e > worst || e != e) worst = e;
+    }
+    if (bad) fprintf(stderr, "attention: %d of %zu values off, worst %g (layer %d, nq %d)\n", bad, nov, worst, layer, nq);
+    TK_EQ(bad, 0);
+    free(q);
+}
+
+/* gather and raw page bytes */
+static void compare_data(side *s, const shape *sh) {
+    int32_t n0, n1, l, i;
+    int32_t nk = sh->kv_heads * sh->hdk, nv = sh->kv_heads * sh->hdv;
+    TK_OK(kvc_vk_cmd_gather(s[1].vk, VK_NULL_HANDLE, s[1].cache, 0, NULL, NULL, NULL, 0, &n1));
+    TK_OK(kvc_cache_gather(s[0].cache, 0, NULL, NULL, NULL, 0, &n0));
+    TK_EQ(n0, n1);
+    if (n0 != n1 || n0 == 0) return;
+    for (l = 0; l < sh->layers; ++l) {
+        float *k0 = (float *)malloc(sizeof(float) * (size_t)n0 * (size_t)(nk + nv)), *v0 = k0 + (size_t)n0 * nk;
+        int32_t *p0 = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)n0), *p1 = p0 + n0, bad = 0;
+        kvc_vk_tensor gk, gv;
+        VkCommandBuffer cmd;
+        const float *k1, *v1;
+        double tk = store_tol(sh->tk), tv = store_tol(sh->tv);
+        /* the GPU rotates in float, kvcache.h in double: a rounding step of the type apart */
+        if (s[0].rotated) tk = tk > rot_tol(sh->tk) ? tk : rot_tol(sh->tk);
+        TK_OK(kvc_cache_gather(s[0].cache, l, k0, v0, p0, n0, &n0));
+        ensure(&gk_buf, sizeof(float) * (size_t)n0 * nk);
+        ensure(&gv_buf, sizeof(float) * (size_t)n0 * nv);
+        memset(&gk, 0, sizeof(gk));
+        memset(&gv, 0, sizeof(gv));
+        gk.buffer = gk_buf.buffer;
+        gv.buffer = gv_buf.buffer;
+        cmd = begin_cmd();
+        TK_OK(kvc_vk_cmd_gather(s[1].vk, cmd, s[1].cache, l, &gk, &gv, p1, n0, &n1));
+        TK_OK(kvc_vk_submit_wait(ctx, cmd));
+        k1 = (const float *)gk_buf.mapped;
+        v1 = (const float *)gv_buf.mapped;
+        for (i = 0; i < n0; ++i) bad += p0[i] != p1[i];
+        for (i = 0; i < n0 * nk; ++i) bad += tk == 0 ? memcmp(&k0[i], &k1[i], 4) != 0 : !(fabs(k0[i] - k1[i]) <= tk);
+        for (i = 0; i < n0 * nv; ++i) bad += tv == 0 ? memcmp(&v0[i], &v1[i], 4) != 0 : !(fabs(v0[i] - v1[i]) <= tv);
+        if (bad) {
+            double w = 0;
+            for (i = 0; i < n0 * nk; ++i) w = fabs(k0[i] - k1[i]) > w ? fabs(k0[i] - k1[i]) : w;
+            fprintf(stderr, "gather layer %d: %d values differ (K worst %g)\n", l, bad, w);
+        }
+        TK_EQ(bad, 0);
+        free(k0);
+        free(p0);
+    }
+}
+
+/* both sides must answer the same */
+#define BOTH(call_cpu, call_gpu)                                                       \
+    do {                                                                               \
+        kvc_result r0_ = (call_cpu), r1_ = (call_gpu);                                 \
+        if (r0_ != r1_) fprintf(stderr, "%s: cpu %d gpu %d\n", #call_cpu, r0_, r1_);    \
+        TK_EQ(r0_, r1_);                                                               \
+    } while (0)
+
+static void make_sides(side *s, const shape *sh) {
+    kvc_pool_config pc;
+    kvc_cache_config cc;
+    kvc_vk_pool_options o;
+    int i;
+    kvc_pool_config_init(&pc);
+    pc.n_layers = sh->layers;
+    pc.n_kv_heads = sh->kv_heads;
+    pc.head_dim_k = sh->hdk;
+    pc.head_dim_v = sh->hdv;
+    pc.type_k = sh->tk;
+    pc.type_v = sh->tv;
+    pc.page_cells = sh->page_cells;
+    pc.budget_bytes = (size_t)64 * sh->page_cells * sh->layers * sh->kv_heads * (sh->hdk + sh->hdv) * 4;
+    memset(s, 0, 2 * sizeof(side));
+    memset(&o, 0, sizeof(o));
+    o.no_subgroup = sh->no_subgroup;
+    o.max_splits = 4 + (int32_t)(g_seed % 5); /* several splits even on short caches */
+    TK_OK(kvc_pool_create(&pc, &s[0].pool));
+    TK_OK(kvc_vk_pool_create(ctx, &pc, &o, &s[1].vk));
+    s[1].pool = kvc_vk_pool_host(s[1].vk);
+    kvc_cache_config_init(&cc, sh->kind);
+    cc.window = sh->window;
+    cc.sinks = sh->sinks;
+    if (sh->kind == KVC_KIND_CAUSAL) {
+        cc.capacity = 48;
+        cc.max_seqs = 40;
+        cc.rope.style = (g_seed & 1) ? KVC_ROPE_NEOX : KVC_ROPE_INTERLEAVED;
+        cc.rope.theta = 10000.0f;
+    }
+    for (i = 0; i < 2; ++i) TK_OK(kvc_cache_create(s[i].pool, &cc, &s[i].cache));
+}
+
+static void free_sides(side *s) {
+    int i;
+    for (i = 0; i < 2; ++i) {
+        kvc_snapshot_free(s[i].snap[0]);
+        kvc_snapshot_free(s[i].snap[1]);
+        kvc_cache_destroy(s[i].cache);
+    }
+    TK_OK(kvc_pool_destroy(s[0].pool));
+    TK_OK(kvc_vk_pool_destroy(s[1].vk));
+}
+
+/* FULL and ROTATING: batches, snapshots, restores, trims, forks */
+static void episode_linear(const shape *sh, tk_rng *rng, int steps) {
+    side s[2];
+    int step, i;
+    make_sides(s, sh);
+    for (step = 0; step < steps; ++step) {
+        int op = tk_int(rng, 0, 9);
+        int32_t off0 = 0, off1 = 0;
+        if (op <= 4) { /* a batch, then attention of its queries and of a few positions */
+            int32_t n = tk_int(rng, 1, op == 0 ? 2 * sh->page_cells + 3 : 3), layer;
+            kvc_result r0 = kvc_begin(s[0].cache, n), r1 = kvc_begin(s[1].cache, n);
+            TK_EQ(r0, r1);
+            if (r0 != KVC_OK) continue;
+            put_both(s, sh, n, rng);
+            layer = tk_int(rng, 0, sh->layers - 1);
+            compare_attention(s, sh, layer, n, NULL, NULL, tk_int(rng, 0, 3) == 0 ? tk_int(rng, 1, 9) : 0,
+                              tk_int(rng, 0, 5) == 0, rng);
+            if (tk_int(rng, 0, 1)) {
+                int32_t pos[3], off = 0;
+                kvc_cache_offset(s[0].cache, &off);
+                for (i = 0; i < 3; ++i) pos[i] = tk_int(rng, 0, off + 2);
+                compare_attention(s, sh, layer, 3, pos, NULL, 0, 0, rng);
+            }
+        } else if (op == 5) {
+            int k = tk_int(rng, 0, 1);
+            int32_t from = tk_int(rng, -1, 20);
+            for (i = 0; i < 2; ++i) kvc_snapshot_free(s[i].snap[k]), s[i].snap[k] = NULL;
+            BOTH(kvc_snapshot_take(s[0].cache, from, &s[0].snap[k]), kvc_snapshot_take(s[1].cache, from, &s[1].snap[k]));
+        } else if (op == 6) {
+            int k = tk_int(rng, 0, 2);
+            int32_t target = tk_int(rng, 0, 40);
+            BOTH(kvc_restore(s[0].cache, k < 2 ? s[0].snap[k] : NULL, target),
+                 kvc_restore(s[1].cache, k < 2 ? s[1].snap[k] : NULL, target));
+        } else if (op == 7) {
+            int32_t n = tk_int(rng, 0, 5);
+            BOTH(kvc_trim(s[0].cache, n), kvc_trim(s[1].cache, n));
+        } else if (op == 8) { /* merge or split the two snapshots */
+            kvc_snapshot *m[2] = {NULL, NULL}, *a[2] = {NULL, NULL}, *b[2] = {NULL, NULL};
+            if (tk_int(rng, 0, 1) && s[0].snap[0] && s[0].snap[1]) {
+                kvc_snapshot_info i0, i1;
+                kvc_snapshot_info_get(s[0].snap[0], &i0);
+                kvc_snapshot_info_get(s[0].snap[1], &i1);
+                if (i0.to == i1.from || sh->kind == KVC_KIND_ROTATING) {
+                    kvc_result r0 = kvc_snapshot_merge(s[0].cache, s[0].snap[0], s[0].snap[1], &m[0]);
+                    kvc_result r1 = kvc_snapshot_merge(s[1].cache, s[1].snap[0], s[1].snap[1], &m[1]);
+                    TK_EQ(r0, r1);
+                    for (i = 0; i < 2; ++i)
+                        if ((i ? r1 : r0) == KVC_OK) { s[i].snap[0] = m[i]; s[i].snap[1] = NULL; }
+                }
+            } else if (s[0].snap[0]) {
+                int32_t at = tk_int(rng, 0, 40);
+                kvc_result r0 = kvc_snapshot_split(s[0].cache, s[0].snap[0], at, &a[0], &b[0]);
+                kvc_result r1 = kvc_snapshot_split(s[1].cache, s[1].snap[0], at, &a[1], &b[1]);
+                TK_EQ(r0, r1);
+                for (i = 0; i < 2; ++i) {
+                    if ((i ? r1 : r0) != KVC_OK) continue;
+                    kvc_snapshot_free(s[i].snap[1]);
+                    s[i].snap[0] = a[i];
+                    s[i].snap[1] = b[i];
+                }
+            }
+        } else { /* fork and continue on the fork: copy-on-write of the shared tail page */
+            kvc_cache *f[2];
+            BOTH(kvc_cache_fork(s[0].cache, &f[0]), kvc_cache_fork(s[1].cache, &f[1]));
+            for (i = 0; i < 2; ++i) { kvc_cache_destroy(s[i].cache); s[i].cache = f[i]; }
+        }
+        kvc_cache_offset(s[0].cache, &off0);
+        kvc_cache_offset(s[1].cache, &off1);
+        TK_EQ(off0, off1);
+        if (tk_int(rng, 0, 2) == 0) compare_data(s, sh);
+    }
+    compare_data(s, sh);
+    free_sides(s);
+}
+
+/* CAUSAL: sequences, copy_prefix, remove with RoPE shift, keep, defrag, per-sequence snapshots */
+static void episode_causal(const shape *sh, tk_rng *rng, int steps) {
+    side s[2];
+    int step, i;
+    int32_t next[6] = {0, 0, 0, 0, 0, 0};
+    make_sides(s, sh);
+    for (step = 0; step < steps; ++step) {
+        int op = tk_int(rng, 0, 9);
+        if (op <= 4) {
+            int32_t n = tk_int(rng, 1, 6), pos[6], seq[6];
+            unsigned char nc[6];
+            kvc_batch b;
+            kvc_result r0, r1;
+            for (i = 0; i < n; ++i) {
+                seq[i] = tk_int(rng, 0, 5);
+                pos[i] = next[seq[i]]++;
+                nc[i] = tk_int(rng, 0, 7) == 0;
+            }
+            b.n_tokens = n; b.pos = pos; b.seq = seq; b.non_causal = tk_int(rng, 0, 1) ? nc : NULL;
+            r0 = kvc_begin_batch(s[0].cache, &b);
+            r1 = kvc_begin_batch(s[1].cache, &b);
+            TK_EQ(r0, r1);
+            if (r0 != KVC_OK) { for (i = 0; i < n; ++i) next[seq[i]]--; continue; }
+            put_both(s, sh, n, rng);
+            compare_attention(s, sh, tk_int(rng, 0, sh->layers - 1), n, NULL, NULL, 0, 0, rng);
+            { /* explicit queries of other sequences */
+                int32_t qp[2], qs[2];
+                for (i = 0; i < 2; ++i) { qs[i] = tk_int(rng, 0, 5); qp[i] = tk_int(rng, 0, next[qs[i]] + 1); }
+                compare_attention(s, sh, 0, 2, qp, qs, tk_int(rng, 0, 2) ? 0 : 4, 0, rng);
+            }
+        } else if (op == 5) {
+            int32_t a = tk_int(rng, 0, 5), d = tk_int(rng, 0, 5), len = tk_int(rng, 0, 10);
+            BOTH(kvc_seq_copy_prefix(s[0].cache, a, d, len), kvc_seq_copy_prefix(s[1].cache, a, d, len));
+            if (a != d) next[d] = len < next[a] ? len : next[a];
+        } else if (op == 6) { /* remove with shift: keys re-rotated on the GPU */
+            int32_t q = tk_int(rng, 0, 5), b0 = tk_int(rng, 0, 8), e0 = b0 + tk_int(rng, 0, 4);
+            kvc_result r0 = kvc_seq_remove(s[0].cache, q, b0, e0), r1 = kvc_seq_remove(s[1].cache, q, b0, e0);
+            TK_EQ(r0, r1);
+            if (r0 == KVC_OK && e0 > b0) s[0].rotated = 1;
+            if (r0 == KVC_OK) {
+                int32_t lo, hi;
+                kvc_seq_pos_range(s[0].cache, q, &lo, &hi);
+                next[q] = hi + 1;
+            }
+        } else if (op == 7) {
+            int32_t n0 = 0, n1 = 0;
+            BOTH(kvc_defrag(s[0].cache, &n0), kvc_defrag(s[1].cache, &n1));
+            TK_EQ(n0, n1);
+        } else if (op == 8) {
+            int32_t q = tk_int(rng, 0, 5);
+            for (i = 0; i < 2; ++i) kvc_snapshot_free(s[i].snap[0]), s[i].snap[0] = NULL;
+            BOTH(kvc_seq_snapshot(s[0].cache, q, &s[0].snap[0]), kvc_seq_snapshot(s[1].cache, q, &s[1].snap[0]));
+        } else if (s[0].snap[0]) {
+            int32_t d = tk_int(rng, 0, 5);
+            kvc_result r0 = kvc_seq_restore(s[0].cache, s[0].snap[0], d), r1 = kvc_seq_restore(s[1].cache, s[1].snap[0], d);
+            TK_EQ(r0, r1);
+            if (r0 == KVC_OK) { int32_t lo, hi; kvc_seq_pos_range(s[0].cache, d, &lo, &hi); next[d] = hi + 1; }
+        }
+        if (tk_int(rng, 0, 2) == 0) compare_data(s, sh);
+    }
+    compare_data(s, sh);
+    free_sides(s);
+}
+
+static void dummy_shift(void *user, int32_t layer, float *k, int32_t n, int32_t hd, int32_t from, int32_t to) {
+    (void)user; (void)layer; (void)k; (void)n; (void)hd; (void)from; (void)to;
+}
+
+/* calls the backend must refuse, with nothing changed */
+static void test_errors(void) {
+    kvc_pool_config pc;
+    kvc_vk_pool *vp;
+    kvc_pool *hp;
+    kvc_cache *c, *other;
+    kvc_cache_config cc;
+    kvc_pool *cpu;
+    float x[64];
+    VkCommandBuffer cmd;
+    kvc_vk_tensor t;
+    int32_t lo, hi;
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 1; pc.n_kv_heads = 1; pc.head_dim_k = pc.head_dim_v = 8; pc.type_k = pc.type_v = KVC_TYPE_F16;
+    pc.page_cells = 4; pc.budget_bytes = 1 << 16;
+    pc.hooks.external_data = 1;
+    TK_RES(kvc_vk_pool_create(ctx, &pc, NULL, &vp), KVC_ERR_INVALID); /* the backend owns the hooks */
+    pc.hooks.external_data = 0;
+    TK_OK(kvc_vk_pool_create(ctx, &pc, NULL, &vp));
+    hp = kvc_vk_pool_host(vp);
+    TK_OK(kvc_pool_create(&pc, &cpu));
+    kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
+    cc.capacity = 8; cc.rope.style = KVC_ROPE_NEOX; cc.rope.theta = 10000.0f;
+    cc.rope.shift = NULL;
+    TK_OK(kvc_cache_create(hp, &cc, &c));
+    TK_OK(kvc_cache_create(cpu, &cc, &other));
+    memset(x, 0, sizeof(x));
+    ensure(&in_buf, 1024);
+    t.buffer = in_buf.buffer; t.offset = 0; t.f16 = 0;
+    cmd = begin_cmd();
+    TK_RES(kvc_vk_cmd_append(vp, cmd, c, 0, &t, &t), KVC_ERR_STATE);      /* no batch open */
+    TK_RES(kvc_vk_cmd_append(vp, cmd, other, 0, &t, &t), KVC_ERR_FOREIGN); /* not this pool's */
+    TK_OK(kvc_begin(c, 3));
+    TK_RES(kvc_put(c, 0, x, x), KVC_ERR_INVALID);           /* external data: the GPU writes */
+    TK_RES(kvc_vk_cmd_append(vp, cmd, c, 1, &t, &t), KVC_ERR_RANGE);
+    t.offset = 2;
+    TK_RES(kvc_vk_cmd_append(vp, cmd, c, 0, &t, &t), KVC_ERR_INVALID);
+    t.offset = 0;
+    TK_OK(kvc_vk_cmd_append(vp, cmd, c, 0, &t, &t));
+    {
+        kvc_attention_desc d;
+        memset(&d, 0, sizeof(d));
+        d.n_queries = 3; d.n_heads = 1; d.q = x; d.out = x;
+        TK_RES(kvc_attention(c, 0, &d), KVC_ERR_UNSUPPORTED); /* no host data */
+    }
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_RES(kvc_vk_pool_destroy(vp), KVC_ERR_BUSY);
+    kvc_cache_destroy(c);
+    /* a host RoPE callback cannot reach device keys: refused before anything changes */
+    cc.rope.shift = dummy_shift;
+    TK_OK(kvc_cache_create(hp, &cc, &c));
+    TK_OK(kvc_begin(c, 4));
+    cmd = begin_cmd();
+    TK_OK(kvc_vk_cmd_append(vp, cmd, c, 0, &t, &t));
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_RES(kvc_seq_remove(c, 0, 0, 1), KVC_ERR_UNSUPPORTED);
+    TK_OK(kvc_seq_pos_range(c, 0, &lo, &hi));
+    TK_EQ(lo, 0);
+    TK_EQ(hi, 3);
+    TK_OK(kvc_seq_remove(c, 0, 3, KVC_POS_END)); /* nothing moves: fine */
+    kvc_cache_destroy(c);
+    kvc_cache_destroy(other);
+    TK_OK(kvc_pool_destroy(cpu));
+    TK_OK(kvc_vk_pool_destroy(vp));
+}
+
+static kvc_type pick_type(tk_rng *rng) {
+    return (kvc_type)tk_int(rng, 0, types_avail - 1);
+}
+
+int main(int argc, char **argv) {
+    void *lib;
+    PFN_vkGetInstanceProcAddr gipa = NULL;
+    kvc_vk_device_options o;
+    kvc_vk_info info;
+    tk_rng rng;
+    int ep, n_ep;
+    void *sym;
+    g_seed = run_seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
+    lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) { printf("skip: no Vulkan loader (libvulkan.so.1)\n"); return tk_report("vk"); }
+    sym = dlsym(lib, "vkGetInstanceProcAddr");
+    memcpy(&gipa, &sym, sizeof(gipa));
+    memset(&o, 0, sizeof(o));
+    o.get_instance_proc_addr = gipa;
+    o.validation = 1;
+    o.device_index = getenv("KVC_VK_DEVICE") ? atoi(getenv("KVC_VK_DEVICE")) : -1;
+    if (kvc_vk_device_create(&o, &ctx) != KVC_OK) {
+        printf("skip: no Vulkan device with compute and VK_KHR_push_descriptor\n");
+        dlclose(lib);
+        return tk_report("vk");
+    }
+    kvc_vk_context_info(ctx, &info);
+    types_avail = (int)KVC_TYPE_COUNT;
+    printf("device %s, subgroup %u (shuffle %d), validation %s; seed %llu (test_vk %llu replays it)\n",
+           info.device_name, info.subgroup_size, info.subgroup_shuffle, info.validation ? "on" : "NOT INSTALLED",
+           (unsigned long long)g_seed, (unsigned long long)g_seed);
+    test_errors();
+    n_ep = (int)(24 * tk_scale());
+    if (n_ep < 3) n_ep = 3;
+    for (ep = 0; ep < n_ep; ++ep) {
+        shape sh;
+        static const int32_t dims[] = {8, 16, 32, 64, 128};
+        uint64_t es = run_seed * 1000003ull + (uint64_t)ep;
+        rng.s = es ^ 0x9e3779b97f4a7c15ull;
+        memset(&sh, 0, sizeof(sh));
+        sh.kind = (kvc_kind)(ep % 3);
+        sh.tk = pick_type(&rng);
+        sh.tv = pick_type(&rng);
+        sh.layers = tk_int(&rng, 1, 2);
+        sh.kv_heads = tk_int(&rng, 1, 3);
+        sh.group = tk_int(&rng, 1, 4);
+        sh.hdk = dims[tk_int(&rng, 0, 4)];
+        sh.hdv = tk_int(&rng, 0, 1) ? sh.hdk : dims[tk_int(&rng, 0, 4)];
+        if ((int)sh.tk >= 3 && sh.hdk < 32) sh.hdk = 32 * tk_int(&rng, 1, 4);
+        if ((int)sh.tv >= 3 && sh.hdv < 32) sh.hdv = 32 * tk_int(&rng, 1, 4);
+        sh.page_cells = tk_int(&rng, 1, 3) * 4;
+        sh.no_subgroup = (ep / 3) % 2;
+        if (sh.kind == KVC_KIND_ROTATING) { sh.window = tk_int(&rng, 2, 20); sh.sinks = tk_int(&rng, 0, sh.window - 1) % 3; }
+        g_seed = es;
+        {
+            int before = tk_failed;
+            if (sh.kind == KVC_KIND_CAUSAL) episode_causal(&sh, &rng, 30);
+            else episode_linear(&sh, &rng, 30);
+            if (tk_failed != before)
+                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d%s\n",
+                        ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
+                        sh.hdk, sh.hdv, sh.page_cells, sh.no_subgroup ? " no-subgroup" : "");
+        }
+        g_seed = run_seed;
+    }
+    kvc_vk_buffer_destroy(ctx, &in_buf);
+    kvc_vk_buffer_destroy(ctx, &q_buf);
+    kvc_vk_buffer_destroy(ctx, &out_buf);
+    kvc_vk_buffer_destroy(ctx, &gk_buf);
+    kvc_vk_buffer_destroy(ctx, &gv_buf);
+    kvc_vk_context_info(ctx, &info);
+    if (info.validation_messages) fprintf(stderr, "validation: %u messages, last: %s\n", info.validation_messages, info.last_message);
+    TK_EQ(info.validation_messages, 0);
+    TK_OK(kvc_vk_context_destroy(ctx));
+    dlclose(lib);
+    return tk_report("vk");
+}
+#endif
