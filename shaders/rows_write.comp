@@ -28,14 +28,11 @@ float sv(uint row, uint e) {
     return uintBitsToFloat(src[idx]);
 }
 
-// C's roundf: halves away from zero (GLSL round() leaves them to the implementation)
-float roundf_c(float v) {
-    float t = trunc(v);
-    if (abs(v - t) >= 0.5) t += sign(v);
-    return t;
-}
+// kvcache.h quantises with lrintf (nearest, ties to even) and clamps the code; the
+// product is rounded before the conversion, as here (no fused multiply-add involved).
+int quant_code(float x, int lo, int hi) { return clamp(int(roundEven(x)), lo, hi); }
 
-// q8_0 block b: d = amax/127, q = roundf(x/d) (llama.cpp's quantize_row_q8_0_ref)
+// q8_0 block b: d = amax/127, code = rint(x/d) in [-127, 127]
 float q8_d(uint row, uint b) {
     float amax = 0.0;
     for (uint j = 0u; j < 32u; ++j) amax = max(amax, abs(sv(row, 32u * b + j)));
@@ -46,14 +43,15 @@ uint q8_byte(uint row, uint B) {
     float d = q8_d(row, b);
     if (off < 2u) return (f2h(d) >> (8u * off)) & 0xffu;
     float id = d != 0.0 ? 1.0 / d : 0.0;
-    return uint(int(roundf_c(sv(row, 32u * b + off - 2u) * id))) & 0xffu;
+    return uint(quant_code(sv(row, 32u * b + off - 2u) * id, -127, 127)) & 0xffu;
 }
-// q4_0 block b: d = max/-8 with max the value of largest magnitude; nibble = min(15, (int)(x/d + 8.5))
+// q4_0 block b: d = extreme/-8 with the extreme the first value of largest magnitude;
+// nibble = rint(x/d) in [-8, 7], plus 8
 float q4_d(uint row, uint b) {
-    float amax = 0.0, mx = 0.0;
+    float mx = 0.0;
     for (uint j = 0u; j < 32u; ++j) {
         float v = sv(row, 32u * b + j);
-        if (amax < abs(v)) { amax = abs(v); mx = v; }
+        if (abs(v) > abs(mx)) mx = v;
     }
     return mx / -8.0;
 }
@@ -63,8 +61,8 @@ uint q4_byte(uint row, uint B) {
     if (off < 2u) return (f2h(d) >> (8u * off)) & 0xffu;
     float id = d != 0.0 ? 1.0 / d : 0.0;
     uint j = off - 2u;
-    uint lo = uint(min(15, int(sv(row, 32u * b + j) * id + 8.5)));
-    uint hi = uint(min(15, int(sv(row, 32u * b + j + 16u) * id + 8.5)));
+    uint lo = uint(quant_code(sv(row, 32u * b + j) * id, -8, 7) + 8);
+    uint hi = uint(quant_code(sv(row, 32u * b + j + 16u) * id, -8, 7) + 8);
     return lo | (hi << 4);
 }
 
