@@ -115,46 +115,56 @@ void main() {
     }
 
     uint c0 = split * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
-    // a uniform trip count: the shared-memory variant has barriers inside the loop
-    for (uint base_c = c0; base_c < c0 + pc.chunk && base_c < J.n_view + NG; base_c += NG) {
-        uint vi = base_c + grp;
-        bool live = vi < c1;
-        uint cell_gid = 0u;
-        bool vis = false;
-        if (live) vis = cell_visible(J, vi, pc.page_cells, cell_gid);
-        float kv[EK];
-        float s[G];
-        if (vis) {
-            load_k(cell_gid * pc.k_row_bytes + kvh * hbk, lane * EK, kv);
-        } else {
-            for (uint k = 0u; k < EK; ++k) kv[k] = 0.0;
+    // Two cells per cell group per step, both loaded before either is used, so each lane
+    // keeps four 16-byte loads in flight. The trip count is uniform across the workgroup
+    // (the shared-memory variant has barriers inside the loop).
+    for (uint base_c = c0; base_c < c0 + pc.chunk && base_c < J.n_view + 2u * NG; base_c += 2u * NG) {
+        bool vis[2];
+        uint gid[2];
+        float kv[2][EK], vv[2][EV], s[2][G];
+        for (uint u = 0u; u < 2u; ++u) {
+            uint vi = base_c + u * NG + grp;
+            vis[u] = false;
+            gid[u] = 0u;
+            if (vi < c1) vis[u] = cell_visible(J, vi, pc.page_cells, gid[u]);
         }
-        for (uint g = 0u; g < G; ++g) {
-            float acc = 0.0;
-            for (uint k = 0u; k < EK; ++k) acc += q[g][k] * kv[k];
-            s[g] = acc;
+        for (uint u = 0u; u < 2u; ++u) {
+            if (vis[u]) {
+                load_k(gid[u] * pc.k_row_bytes + kvh * hbk, lane * EK, kv[u]);
+                load_v(gid[u] * pc.v_row_bytes + kvh * hbv, lane * EV, vv[u]);
+            } else {
+                for (uint k = 0u; k < EK; ++k) kv[u][k] = 0.0;
+                for (uint k = 0u; k < EV; ++k) vv[u][k] = 0.0;
+            }
+            for (uint g = 0u; g < G; ++g) {
+                float acc = 0.0;
+                for (uint k = 0u; k < EK; ++k) acc += q[g][k] * kv[u][k];
+                s[u][g] = acc;
+            }
         }
 #if USE_SUBGROUP
         for (uint off = LANES / 2u; off > 0u; off >>= 1)
-            for (uint g = 0u; g < G; ++g) s[g] += subgroupShuffleXor(s[g], off);
+            for (uint u = 0u; u < 2u; ++u)
+                for (uint g = 0u; g < G; ++g) s[u][g] += subgroupShuffleXor(s[u][g], off);
 #else
-        for (uint g = 0u; g < G; ++g) red[(grp * LANES + lane) * G + g] = s[g];
-        barrier();
-        for (uint g = 0u; g < G; ++g) {
-            float acc = 0.0;
-            for (uint r = 0u; r < LANES; ++r) acc += red[(grp * LANES + r) * G + g];
-            s[g] = acc;
-        }
-        barrier();
-#endif
-        if (vis) {
-            float vv[EV];
-            load_v(cell_gid * pc.v_row_bytes + kvh * hbv, lane * EV, vv);
+        for (uint u = 0u; u < 2u; ++u) {
+            for (uint g = 0u; g < G; ++g) red[(grp * LANES + lane) * G + g] = s[u][g];
+            barrier();
             for (uint g = 0u; g < G; ++g) {
-                float mn = max(m[g], s[g]);
-                float a = exp2(m[g] - mn), p = exp2(s[g] - mn);
+                float acc = 0.0;
+                for (uint r = 0u; r < LANES; ++r) acc += red[(grp * LANES + r) * G + g];
+                s[u][g] = acc;
+            }
+            barrier();
+        }
+#endif
+        for (uint u = 0u; u < 2u; ++u) {
+            if (!vis[u]) continue;
+            for (uint g = 0u; g < G; ++g) {
+                float mn = max(m[g], s[u][g]);
+                float a = exp2(m[g] - mn), p = exp2(s[u][g] - mn);
                 l[g] = l[g] * a + p;
-                for (uint k = 0u; k < EV; ++k) o[g][k] = o[g][k] * a + p * vv[k];
+                for (uint k = 0u; k < EV; ++k) o[g][k] = o[g][k] * a + p * vv[u][k];
                 m[g] = mn;
             }
         }

@@ -1,0 +1,296 @@
+/* bench_vk.c - Vulkan decode attention over the cache, next to a plain Vulkan copy kernel.
+
+   Decode: 32 query heads / 8 kv heads, head dim 128, one query token per sequence,
+   `batch` sequences (each a FULL cache of `cells` tokens, one kvc_vk_cmd_attention_batch
+   call), storage f16 and q8_0. Times come from GPU timestamps around `reps` calls
+   recorded back to back (each call: split-K pass, barrier, merge pass), medians of 5
+   such runs. GB/s counts the K+V bytes the call must read (the stored bytes). The copy
+   kernel (kvc_vk_cmd_copy, 1 GiB -> 1 GiB) gives the device's bandwidth, read + write
+   counted, as the issue's yardstick. One query head group of sequence 0 is checked
+   against a double-precision reference on the host.
+
+   No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
+   usage: bench_vk [--cells 4096,32768,131072] [--batch 1,8] [--types f16,q8_0] [--reps 50]
+   tests/bench_vk.sh runs it with PyTorch's scaled_dot_product_attention beside it. */
+#define KVCACHE_IMPLEMENTATION
+#include "kvcache.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#if defined(__has_include)
+#if __has_include(<vulkan/vulkan.h>) && __has_include(<dlfcn.h>)
+#define HAVE_VK 1
+#endif
+#endif
+
+#ifndef HAVE_VK
+int main(void) {
+    printf("bench_vk: skipped (no Vulkan headers)\n");
+    return 0;
+}
+#else
+#define VK_NO_PROTOTYPES
+#define KVCACHE_VK_IMPLEMENTATION
+#include "kvcache_vk.h"
+#include <dlfcn.h>
+
+#define HQ 32
+#define HKV 8
+#define HD 128
+#define CHUNK 8192 /* tokens appended per call while filling */
+
+static kvc_vk_context *ctx;
+static const kvc_vk_functions *fn;
+static kvc_vk_info info;
+
+static void die(const char *what, kvc_result r) {
+    fprintf(stderr, "bench_vk: %s: %s\n", what, kvc_strerror(r));
+    exit(1);
+}
+#define CHECK(x) do { kvc_result r_ = (x); if (r_ != KVC_OK) die(#x, r_); } while (0)
+
+static int parse_list(const char *s, int32_t *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        out[n++] = (int32_t)strtol(s, (char **)&s, 10);
+        if (*s == ',') s++;
+    }
+    return n;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float frand(void) {
+    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* GPU time of `reps` repetitions of record(), µs per repetition, median of 5 runs */
+typedef void (*record_fn)(VkCommandBuffer cmd, void *user);
+static double time_gpu(record_fn record, void *user, int reps) {
+    VkQueryPoolCreateInfo qi;
+    VkQueryPool qp;
+    double t[5];
+    int run, i;
+    memset(&qi, 0, sizeof(qi));
+    qi.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO;
+    qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    qi.queryCount = 2;
+    if (fn->vkCreateQueryPool(info.device, &qi, NULL, &qp) != VK_SUCCESS) die("vkCreateQueryPool", KVC_ERR_UNSUPPORTED);
+    { /* warm-up: pipelines, metadata uploads, clocks */
+        VkCommandBuffer cmd;
+        CHECK(kvc_vk_begin(ctx, &cmd));
+        for (i = 0; i < 3; ++i) record(cmd, user);
+        CHECK(kvc_vk_submit_wait(ctx, cmd));
+    }
+    for (run = 0; run < 5; ++run) {
+        VkCommandBuffer cmd;
+        uint64_t ts[2];
+        CHECK(kvc_vk_begin(ctx, &cmd));
+        fn->vkCmdResetQueryPool(cmd, qp, 0, 2);
+        fn->vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, qp, 0);
+        for (i = 0; i < reps; ++i) record(cmd, user);
+        fn->vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, qp, 1);
+        CHECK(kvc_vk_submit_wait(ctx, cmd));
+        fn->vkGetQueryPoolResults(info.device, qp, 0, 2, sizeof(ts), ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+        t[run] = (double)(ts[1] - ts[0]) * info.timestamp_period / 1000.0 / reps;
+    }
+    fn->vkDestroyQueryPool(info.device, qp, NULL);
+    qsort(t, 5, sizeof(double), cmp_double);
+    return t[2];
+}
+
+typedef struct copy_job { kvc_vk_pool *pool; VkBuffer a, b; VkDeviceSize bytes; } copy_job;
+static void record_copy(VkCommandBuffer cmd, void *user) {
+    copy_job *j = (copy_job *)user;
+    CHECK(kvc_vk_cmd_copy(j->pool, cmd, j->a, j->b, j->bytes));
+}
+
+typedef struct attn_job { kvc_vk_pool *pool; kvc_vk_attention_item *items; int32_t n; } attn_job;
+static void record_attn(VkCommandBuffer cmd, void *user) {
+    attn_job *j = (attn_job *)user;
+    CHECK(kvc_vk_cmd_attention_batch(j->pool, cmd, 0, j->items, j->n));
+}
+
+/* attention of query head group 0 of sequence 0 over the stored values, in double */
+static double check_one(kvc_type type, const float *kin, const float *vin, int32_t cells, const float *q,
+                        const float *out) {
+    const kvc__type_info *ti = &kvc__types[type];
+    unsigned char row[HD * 4];
+    float kf[HD], vf[HD];
+    double worst = 0;
+    int g;
+    for (g = 0; g < HQ / HKV; ++g) {
+        double m = -1e300, sum = 0, acc[HD], scale = 1.0 / sqrt((double)HD);
+        int32_t t, i;
+        for (i = 0; i < HD; ++i) acc[i] = 0;
+        for (t = 0; t < cells; ++t) { /* token t holds input row t % CHUNK, kv head 0 */
+            double s = 0, w;
+            ti->from_f32(kin + (size_t)(t % CHUNK) * HKV * HD, row, HD);
+            ti->to_f32(row, kf, HD);
+            for (i = 0; i < HD; ++i) s += (double)q[g * HD + i] * kf[i];
+            s *= scale;
+            if (s > m) { double r = exp(m - s); sum *= r; for (i = 0; i < HD; ++i) acc[i] *= r; m = s; }
+            w = exp(s - m);
+            sum += w;
+            ti->from_f32(vin + (size_t)(t % CHUNK) * HKV * HD, row, HD);
+            ti->to_f32(row, vf, HD);
+            for (i = 0; i < HD; ++i) acc[i] += w * vf[i];
+        }
+        for (i = 0; i < HD; ++i) {
+            double e = fabs(acc[i] / sum - out[g * HD + i]);
+            if (e > worst) worst = e;
+        }
+    }
+    return worst;
+}
+
+int main(int argc, char **argv) {
+    int32_t cells_list[8] = {4096, 32768, 131072}, batch_list[8] = {1, 8};
+    int n_cells = 3, n_batch = 2, n_types = 0, reps = 50, ai, ti, bi, ci;
+    kvc_type types[4];
+    const char *type_arg = "f16,q8_0";
+    void *lib, *sym;
+    PFN_vkGetInstanceProcAddr gipa = NULL;
+    kvc_vk_device_options o;
+    kvc_vk_buffer kin_buf, vin_buf, q_buf, out_buf, copy_a, copy_b;
+    float *kin, *vin, *qh;
+    size_t in_elems = (size_t)CHUNK * HKV * HD;
+    kvc_pool_config pc;
+    kvc_vk_pool *copy_pool;
+    double copy_us, copy_gbs;
+    for (ai = 1; ai < argc; ++ai) {
+        if (!strcmp(argv[ai], "--cells") && ai + 1 < argc) n_cells = parse_list(argv[++ai], cells_list, 8);
+        else if (!strcmp(argv[ai], "--batch") && ai + 1 < argc) n_batch = parse_list(argv[++ai], batch_list, 8);
+        else if (!strcmp(argv[ai], "--types") && ai + 1 < argc) type_arg = argv[++ai];
+        else if (!strcmp(argv[ai], "--reps") && ai + 1 < argc) reps = atoi(argv[++ai]);
+        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n]\n"); return 2; }
+    }
+    for (ti = 0; ti < (int)KVC_TYPE_COUNT; ++ti)
+        if (strstr(type_arg, kvc_type_name((kvc_type)ti))) types[n_types++] = (kvc_type)ti;
+    lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) { printf("bench_vk: skipped (no Vulkan loader)\n"); return 0; }
+    sym = dlsym(lib, "vkGetInstanceProcAddr");
+    memcpy(&gipa, &sym, sizeof(gipa));
+    memset(&o, 0, sizeof(o));
+    o.get_instance_proc_addr = gipa;
+    o.device_index = getenv("KVC_VK_DEVICE") ? atoi(getenv("KVC_VK_DEVICE")) : -1;
+    if (kvc_vk_device_create(&o, &ctx) != KVC_OK) { printf("bench_vk: skipped (no Vulkan device)\n"); return 0; }
+    kvc_vk_context_info(ctx, &info);
+    fn = kvc_vk_context_functions(ctx);
+    if (info.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU && argc == 1) { /* lavapipe: a smoke run, not a benchmark */
+        n_cells = n_batch = 1;
+        cells_list[0] = 4096;
+        reps = 2;
+        printf("bench_vk: a CPU device: one small shape only (pass sizes to override)\n");
+    }
+    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u), %d reps per timing, medians of 5\n", info.device_name,
+           VK_API_VERSION_MAJOR(info.api_version), VK_API_VERSION_MINOR(info.api_version), info.subgroup_size, reps);
+
+    /* inputs: one chunk of K and V rows (f32), repeated through every cache */
+    kin = (float *)malloc(sizeof(float) * in_elems * 2);
+    vin = kin + in_elems;
+    for (ai = 0; ai < (int)(in_elems * 2); ++ai) kin[ai] = frand();
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * in_elems, 0, &kin_buf));
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * in_elems, 0, &vin_buf));
+    CHECK(kvc_vk_upload(ctx, kin_buf.buffer, 0, kin, sizeof(float) * in_elems));
+    CHECK(kvc_vk_upload(ctx, vin_buf.buffer, 0, vin, sizeof(float) * in_elems));
+    qh = (float *)malloc(sizeof(float) * 8 * HQ * HD * 2);
+    for (ai = 0; ai < 8 * HQ * HD; ++ai) qh[ai] = frand();
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * HD, 1, &q_buf));
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * HD, 1, &out_buf));
+    memcpy(q_buf.mapped, qh, sizeof(float) * 8 * HQ * HD);
+
+    /* the copy kernel: 1 GiB -> 1 GiB */
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 1; pc.n_kv_heads = 1; pc.head_dim_k = pc.head_dim_v = 4; pc.page_cells = 16; pc.budget_bytes = 4096;
+    CHECK(kvc_vk_pool_create(ctx, &pc, NULL, &copy_pool));
+    {
+        copy_job cj;
+        VkDeviceSize bytes = (VkDeviceSize)1 << (info.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU ? 26 : 30);
+        CHECK(kvc_vk_buffer_create(ctx, bytes, 0, &copy_a));
+        CHECK(kvc_vk_buffer_create(ctx, bytes, 0, &copy_b));
+        cj.pool = copy_pool; cj.a = copy_a.buffer; cj.b = copy_b.buffer; cj.bytes = bytes;
+        copy_us = time_gpu(record_copy, &cj, 20);
+        copy_gbs = 2.0 * (double)bytes / (copy_us * 1e-6) / 1e9;
+        printf("copy kernel: %.0f MiB -> %.0f MiB in %.1f us = %.0f GB/s read + write\n", (double)bytes / 1048576.0, (double)bytes / 1048576.0, copy_us, copy_gbs);
+        kvc_vk_buffer_destroy(ctx, &copy_a);
+        kvc_vk_buffer_destroy(ctx, &copy_b);
+    }
+    CHECK(kvc_vk_pool_destroy(copy_pool));
+
+    printf("\n| storage | batch | cells | time (us) | K+V read | GB/s | vs copy kernel | max err vs f64 |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    for (ti = 0; ti < n_types; ++ti)
+        for (bi = 0; bi < n_batch; ++bi)
+            for (ci = 0; ci < n_cells; ++ci) {
+                int32_t batch = batch_list[bi], cells = cells_list[ci], s, filled;
+                kvc_vk_pool *vp;
+                kvc_pool *hp;
+                kvc_cache *caches[8];
+                kvc_cache_config cc;
+                kvc_vk_attention_item items[8];
+                kvc_pool_stats st;
+                attn_job aj;
+                double us, bytes, err;
+                VkCommandBuffer cmd;
+                if (batch > 8) batch = 8;
+                kvc_pool_config_init(&pc);
+                pc.n_layers = 1; pc.n_kv_heads = HKV; pc.head_dim_k = pc.head_dim_v = HD;
+                pc.type_k = pc.type_v = types[ti];
+                pc.page_cells = 256;
+                pc.budget_bytes = (size_t)batch * (size_t)(cells + 256) * HKV * 2 * kvc__row_bytes(types[ti], 1, HD);
+                CHECK(kvc_vk_pool_create(ctx, &pc, NULL, &vp));
+                hp = kvc_vk_pool_host(vp);
+                kvc_cache_config_init(&cc, KVC_KIND_FULL);
+                for (s = 0; s < batch; ++s) {
+                    kvc_vk_tensor tk_, tv_;
+                    CHECK(kvc_cache_create(hp, &cc, &caches[s]));
+                    memset(&tk_, 0, sizeof(tk_));
+                    memset(&tv_, 0, sizeof(tv_));
+                    tk_.buffer = kin_buf.buffer;
+                    tv_.buffer = vin_buf.buffer;
+                    CHECK(kvc_vk_begin(ctx, &cmd));
+                    for (filled = 0; filled < cells; filled += CHUNK) {
+                        int32_t n = cells - filled < CHUNK ? cells - filled : CHUNK;
+                        CHECK(kvc_begin(caches[s], n));
+                        CHECK(kvc_vk_cmd_append(vp, cmd, caches[s], 0, &tk_, &tv_));
+                    }
+                    CHECK(kvc_vk_submit_wait(ctx, cmd));
+                    memset(&items[s], 0, sizeof(items[s]));
+                    items[s].cache = caches[s];
+                    items[s].desc.n_queries = 1;
+                    items[s].desc.n_heads = HQ;
+                    items[s].desc.q.buffer = q_buf.buffer;
+                    items[s].desc.q.offset = (VkDeviceSize)s * HQ * HD * 4;
+                    items[s].desc.out.buffer = out_buf.buffer;
+                    items[s].desc.out.offset = (VkDeviceSize)s * HQ * HD * 4;
+                }
+                aj.pool = vp; aj.items = items; aj.n = batch;
+                us = time_gpu(record_attn, &aj, reps);
+                err = check_one(types[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
+                kvc_pool_stats_get(hp, &st);
+                bytes = (double)batch * cells * (double)(st.k_row_bytes + st.v_row_bytes);
+                printf("| %s | %d | %d | %.1f | %.1f MB | %.0f | %.0f %% | %.1e |\n", kvc_type_name(types[ti]), batch, cells,
+                       us, bytes / 1e6, bytes / (us * 1e-6) / 1e9, 100.0 * (bytes / (us * 1e-6) / 1e9) / copy_gbs, err);
+                fflush(stdout);
+                for (s = 0; s < batch; ++s) kvc_cache_destroy(caches[s]);
+                CHECK(kvc_vk_pool_destroy(vp));
+            }
+    kvc_vk_buffer_destroy(ctx, &kin_buf);
+    kvc_vk_buffer_destroy(ctx, &vin_buf);
+    kvc_vk_buffer_destroy(ctx, &q_buf);
+    kvc_vk_buffer_destroy(ctx, &out_buf);
+    CHECK(kvc_vk_context_destroy(ctx));
+    free(kin);
+    free(qh);
+    dlclose(lib);
+    return 0;
+}
+#endif
