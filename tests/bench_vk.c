@@ -11,6 +11,7 @@
 
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
    usage: bench_vk [--cells 4096,32768,131072] [--batch 1,8] [--types f16,q8_0] [--reps 50]
+                   [--groups n (cell groups per workgroup)] [--no-copy]
    tests/bench_vk.sh runs it with PyTorch's scaled_dot_product_attention beside it. */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
@@ -106,6 +107,41 @@ static double time_gpu(record_fn record, void *user, int reps) {
     return t[2];
 }
 
+/* the driver's statistics of the attention pipelines (registers, spills), if it reports them */
+static void print_stats(const kvc_vk_pool *p) {
+    PFN_vkGetPipelineExecutablePropertiesKHR props = (PFN_vkGetPipelineExecutablePropertiesKHR)fn->vkGetDeviceProcAddr(
+        info.device, "vkGetPipelineExecutablePropertiesKHR");
+    PFN_vkGetPipelineExecutableStatisticsKHR stats = (PFN_vkGetPipelineExecutableStatisticsKHR)fn->vkGetDeviceProcAddr(
+        info.device, "vkGetPipelineExecutableStatisticsKHR");
+    VkPipeline pipes[2];
+    int k;
+    if (!props || !stats || !p->ctx->stats) return;
+    pipes[0] = p->split[0].pipe;
+    pipes[1] = p->merge[0].pipe;
+    for (k = 0; k < 2; ++k) {
+        VkPipelineInfoKHR pi;
+        VkPipelineExecutableInfoKHR ei;
+        VkPipelineExecutableStatisticKHR st[32];
+        uint32_t n = 32, i;
+        memset(&pi, 0, sizeof(pi));
+        pi.sType = VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR;
+        pi.pipeline = pipes[k];
+        memset(&ei, 0, sizeof(ei));
+        ei.sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR;
+        ei.pipeline = pipes[k];
+        for (i = 0; i < 32; ++i) { memset(&st[i], 0, sizeof(st[i])); st[i].sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR; }
+        if (pipes[k] == VK_NULL_HANDLE || stats(info.device, &ei, &n, st) < 0) continue;
+        printf("  %s pipeline:", k ? "merge" : "split");
+        for (i = 0; i < n; ++i) {
+            if (st[i].format == VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR)
+                printf(" %s=%llu", st[i].name, (unsigned long long)st[i].value.u64);
+            else if (st[i].format == VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR)
+                printf(" %s=%lld", st[i].name, (long long)st[i].value.i64);
+        }
+        printf("\n");
+    }
+}
+
 typedef struct copy_job { kvc_vk_pool *pool; VkBuffer a, b; VkDeviceSize bytes; } copy_job;
 static void record_copy(VkCommandBuffer cmd, void *user) {
     copy_job *j = (copy_job *)user;
@@ -153,7 +189,8 @@ static double check_one(kvc_type type, const float *kin, const float *vin, int32
 
 int main(int argc, char **argv) {
     int32_t cells_list[8] = {4096, 32768, 131072}, batch_list[8] = {1, 8};
-    int n_cells = 3, n_batch = 2, n_types = 0, reps = 50, ai, ti, bi, ci;
+    int n_cells = 3, n_batch = 2, n_types = 0, reps = 50, ai, ti, bi, ci, groups = 0, no_copy = 0;
+    kvc_vk_pool_options po;
     kvc_type types[4];
     const char *type_arg = "f16,q8_0";
     void *lib, *sym;
@@ -170,7 +207,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--batch") && ai + 1 < argc) n_batch = parse_list(argv[++ai], batch_list, 8);
         else if (!strcmp(argv[ai], "--types") && ai + 1 < argc) type_arg = argv[++ai];
         else if (!strcmp(argv[ai], "--reps") && ai + 1 < argc) reps = atoi(argv[++ai]);
-        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n]\n"); return 2; }
+        else if (!strcmp(argv[ai], "--groups") && ai + 1 < argc) groups = atoi(argv[++ai]);
+        else if (!strcmp(argv[ai], "--no-copy")) no_copy = 1;
+        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--groups n] [--no-copy]\n"); return 2; }
     }
     for (ti = 0; ti < (int)KVC_TYPE_COUNT; ++ti)
         if (strstr(type_arg, kvc_type_name((kvc_type)ti))) types[n_types++] = (kvc_type)ti;
@@ -181,6 +220,7 @@ int main(int argc, char **argv) {
     memset(&o, 0, sizeof(o));
     o.get_instance_proc_addr = gipa;
     o.device_index = getenv("KVC_VK_DEVICE") ? atoi(getenv("KVC_VK_DEVICE")) : -1;
+    o.pipeline_statistics = getenv("BENCH_VK_STATS") != NULL;
     if (kvc_vk_device_create(&o, &ctx) != KVC_OK) { printf("bench_vk: skipped (no Vulkan device)\n"); return 0; }
     kvc_vk_context_info(ctx, &info);
     fn = kvc_vk_context_functions(ctx);
@@ -211,7 +251,8 @@ int main(int argc, char **argv) {
     kvc_pool_config_init(&pc);
     pc.n_layers = 1; pc.n_kv_heads = 1; pc.head_dim_k = pc.head_dim_v = 4; pc.page_cells = 16; pc.budget_bytes = 4096;
     CHECK(kvc_vk_pool_create(ctx, &pc, NULL, &copy_pool));
-    {
+    copy_gbs = 1;
+    if (!no_copy) {
         copy_job cj;
         VkDeviceSize bytes = (VkDeviceSize)1 << (info.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU ? 26 : 30);
         CHECK(kvc_vk_buffer_create(ctx, bytes, 0, &copy_a));
@@ -246,7 +287,9 @@ int main(int argc, char **argv) {
                 pc.type_k = pc.type_v = types[ti];
                 pc.page_cells = 256;
                 pc.budget_bytes = (size_t)batch * (size_t)(cells + 256) * HKV * 2 * kvc__row_bytes(types[ti], 1, HD);
-                CHECK(kvc_vk_pool_create(ctx, &pc, NULL, &vp));
+                memset(&po, 0, sizeof(po));
+                po.cell_groups = groups;
+                CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
                 hp = kvc_vk_pool_host(vp);
                 kvc_cache_config_init(&cc, KVC_KIND_FULL);
                 for (s = 0; s < batch; ++s) {
@@ -274,6 +317,7 @@ int main(int argc, char **argv) {
                 }
                 aj.pool = vp; aj.items = items; aj.n = batch;
                 us = time_gpu(record_attn, &aj, reps);
+                if (getenv("BENCH_VK_STATS") && ci == 0 && bi == 0) print_stats(vp);
                 err = check_one(types[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
                 kvc_pool_stats_get(hp, &st);
                 bytes = (double)batch * cells * (double)(st.k_row_bytes + st.v_row_bytes);
