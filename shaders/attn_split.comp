@@ -1,52 +1,59 @@
 #version 450
-// attn_split.comp - decode attention, split-K pass. A workgroup takes one job (a query of
-// one cache), one kv head with its whole GQA group of G query heads, and one chunk of the
-// job's cells, so each K/V row is read once for the group. The workgroup is NG cell groups
-// of LANES lanes; a lane holds HDK/LANES query values per head and HDV/LANES output
-// values per head. Online softmax per cell group, merged inside the workgroup, written as
-// (max, sum, unnormalised output) per query head for attn_merge.comp.
-// Built twice: with USE_SUBGROUP the lanes of a cell reduce their dot products with
-// subgroup shuffles (LANES <= the subgroup size); without, through shared memory.
+// attn_split.comp - decode attention, split-K pass (FlashDecoding-style). A workgroup
+// takes one job (a query of one cache), one kv head with its whole GQA group of G query
+// heads, and one chunk of the job's cells, so each K/V row is read from memory once for
+// the group. The chunk is walked in blocks of WG cells:
+//   scores   invocation i takes cell i of the block: its key row against the G queries
+//            (queries in shared memory), masks from the cell metadata;
+//   softmax  one maximum per head per block (subgroup or shared-memory reductions), the
+//            block's weights into shared memory, running max and sum kept by everyone;
+//   values   invocation i takes EVT output values of one head and sums the block's
+//            V rows weighted.
+// Written out as (max, sum, unnormalised output) per query head for attn_merge.comp.
+// Built twice: USE_SUBGROUP reduces with subgroup arithmetic, otherwise shared memory.
 #extension GL_EXT_control_flow_attributes : require
 #if USE_SUBGROUP
-#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 #endif
 layout(constant_id = 0) const uint TYPE_K = 1u;
 layout(constant_id = 1) const uint TYPE_V = 1u;
 layout(constant_id = 2) const uint HDK = 128u;
 layout(constant_id = 3) const uint HDV = 128u;
 layout(constant_id = 4) const uint G = 4u;        // query heads per kv head
-layout(constant_id = 5) const uint LANES = 16u;   // lanes per cell
-layout(constant_id = 6) const uint NG = 8u;       // cell groups per workgroup
+layout(constant_id = 5) const uint SEGK = 8u;     // key values decoded at a time (divides HDK)
+layout(constant_id = 6) const uint EVT = 4u;      // output values per invocation (divides HDV)
 layout(constant_id = 7) const uint KV_HEADS = 8u;
-layout(local_size_x_id = 8) in;                   // NG * LANES
-layout(constant_id = 9) const uint PAGE_CELLS = 256u; // a constant: cell -> page is a multiply, not a division
-const uint EK = HDK / LANES, EV = HDV / LANES;
+layout(local_size_x_id = 8) in;                   // cells per block
+layout(constant_id = 9) const uint PAGE_CELLS = 256u; // a constant: cell -> page is a multiply
+const uint WG = gl_WorkGroupSize.x;
 
 layout(set = 0, binding = 0) readonly buffer KB { uvec4 kb[]; };
 layout(set = 0, binding = 1) readonly buffer VB { uvec4 vb[]; };
 layout(set = 0, binding = 2) readonly buffer MB { uint meta[]; };
 layout(set = 0, binding = 3) readonly buffer QB { float qb[]; };
 layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
+// the same K and V buffers as single words: scalar loads without picking a component of
+// a 16-byte vector at run time
+layout(set = 0, binding = 5) readonly buffer KW { uint kw[]; };
+layout(set = 0, binding = 6) readonly buffer VW { uint vw[]; };
 
 layout(push_constant) uniform PC {
     uint job_off;     // word offset of the job table in meta
-    uint chunk;       // cells per split (a multiple of NG)
+    uint chunk;       // cells per split (a multiple of WG)
     uint n_splits;
     uint k_row_bytes;
     uint v_row_bytes;
-    uint page_cells;
+    uint page_cells;  // (unused: PAGE_CELLS)
     float scale_log2; // softmax scale * log2(e): scores live in base 2
 } pc;
 
-uint ldw(uint which, uint w) { return which == 0u ? kb[w >> 2][w & 3u] : vb[w >> 2][w & 3u]; }
+uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 #include "kvc_types.glsl"
 #include "attn_common.glsl"
 
-// EK (EV) consecutive values of one head starting at value e0; base = the head's first byte
 #define SEG_LOADER(NAME, WHICH, TYPE, E, BUF)                                                   \
 void NAME(uint base, uint e0, out float v[E]) {                                                 \
-    if (TYPE == T_F16 || TYPE == T_BF16) {                                                      \
+    if ((TYPE == T_F16 || TYPE == T_BF16) && (E % 2u) == 0u) {                                  \
         uint b = base + 2u * e0;                                                                \
         if ((E % 8u) == 0u && (b & 15u) == 0u) {                                                \
             [[unroll]] for (uint k = 0u; k < E; k += 8u) {                                                 \
@@ -90,119 +97,128 @@ void NAME(uint base, uint e0, out float v[E]) {                                 
         [[unroll]] for (uint k = 0u; k < E; ++k) v[k] = ld_elem(WHICH, TYPE, base, e0 + k);                \
     }                                                                                           \
 }
-SEG_LOADER(load_k, 0u, TYPE_K, EK, kb)
-SEG_LOADER(load_v, 1u, TYPE_V, EV, vb)
+SEG_LOADER(load_k, 0u, TYPE_K, SEGK, kb)
+SEG_LOADER(load_v, 1u, TYPE_V, EVT, vb)
 
-#if !USE_SUBGROUP
-shared float red[NG * LANES * G];
-#endif
-shared float wg_m[NG * G], wg_l[NG * G];
-shared float wg_o[G * HDV];
+const uint NRED = WG; // partial results per head (subgroups, or invocations)
+shared float qs[G * HDK];
+shared float pw[G * WG];       // the block's weights, [head][cell]
+shared uint gids[WG];          // the block's cells (page * page_cells + slot)
+shared float red[G * NRED];
+const float NEG_INF = -1.0 / 0.0;
 
-void main() {
-    uint split = gl_WorkGroupID.x, kvh = gl_WorkGroupID.y, jb = gl_WorkGroupID.z;
-    uint tid = gl_LocalInvocationID.x, grp = tid / LANES, lane = tid % LANES;
-    Job J = load_job(pc.job_off, jb);
-    uint hbk = head_bytes(TYPE_K, HDK), hbv = head_bytes(TYPE_V, HDV);
-
-    // this lane's slice of the G query heads, pre-scaled into base 2
-    float q[G][EK];
-    [[unroll]] for (uint g = 0u; g < G; ++g)
-        [[unroll]] for (uint k = 0u; k < EK; ++k)
-            q[g][k] = qb[J.q_off + (kvh * G + g) * HDK + lane * EK + k] * pc.scale_log2;
-    float m[G], l[G], o[G][EV];
-    [[unroll]] for (uint g = 0u; g < G; ++g) {
-        m[g] = -1.0 / 0.0; l[g] = 0.0;
-        [[unroll]] for (uint k = 0u; k < EV; ++k) o[g][k] = 0.0;
-    }
-
-    uint c0 = split * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
-    // Two cells per cell group per step, both loaded before either is used, so each lane
-    // keeps four 16-byte loads in flight. The trip count is uniform across the workgroup
-    // (the shared-memory variant has barriers inside the loop).
-    [[dont_unroll]] for (uint base_c = c0; base_c < c0 + pc.chunk && base_c < J.n_view + 2u * NG; base_c += 2u * NG) {
-        bool vis[2];
-        uint gid[2];
-        float kv[2][EK], vv[2][EV], s[2][G];
-        [[unroll]] for (uint u = 0u; u < 2u; ++u) {
-            uint vi = base_c + u * NG + grp;
-            vis[u] = false;
-            gid[u] = 0u;
-            if (vi < c1) vis[u] = cell_visible(J, vi, PAGE_CELLS, gid[u]);
-        }
-        [[unroll]] for (uint u = 0u; u < 2u; ++u) {
-            if (vis[u]) {
-                load_k(gid[u] * pc.k_row_bytes + kvh * hbk, lane * EK, kv[u]);
-                load_v(gid[u] * pc.v_row_bytes + kvh * hbv, lane * EV, vv[u]);
-            } else {
-                [[unroll]] for (uint k = 0u; k < EK; ++k) kv[u][k] = 0.0;
-                [[unroll]] for (uint k = 0u; k < EV; ++k) vv[u][k] = 0.0;
-            }
-            [[unroll]] for (uint g = 0u; g < G; ++g) {
-                float acc = 0.0;
-                [[unroll]] for (uint k = 0u; k < EK; ++k) acc += q[g][k] * kv[u][k];
-                s[u][g] = acc;
-            }
-        }
+// block-wide max (op 0) or sum (op 1) of one value per invocation, for each head
+void reduce(inout float v[G], uint op) {
+    uint tid = gl_LocalInvocationID.x;
 #if USE_SUBGROUP
-        [[unroll]] for (uint off = LANES / 2u; off > 0u; off >>= 1)
-            [[unroll]] for (uint u = 0u; u < 2u; ++u)
-                [[unroll]] for (uint g = 0u; g < G; ++g) s[u][g] += subgroupShuffleXor(s[u][g], off);
-#else
-        [[unroll]] for (uint u = 0u; u < 2u; ++u) {
-            [[unroll]] for (uint g = 0u; g < G; ++g) red[(grp * LANES + lane) * G + g] = s[u][g];
-            barrier();
-            [[unroll]] for (uint g = 0u; g < G; ++g) {
-                float acc = 0.0;
-                [[unroll]] for (uint r = 0u; r < LANES; ++r) acc += red[(grp * LANES + r) * G + g];
-                s[u][g] = acc;
-            }
-            barrier();
-        }
-#endif
-        [[unroll]] for (uint u = 0u; u < 2u; ++u) {
-            if (!vis[u]) continue;
-            [[unroll]] for (uint g = 0u; g < G; ++g) {
-                float mn = max(m[g], s[u][g]);
-                float a = exp2(m[g] - mn), p = exp2(s[u][g] - mn);
-                l[g] = l[g] * a + p;
-                [[unroll]] for (uint k = 0u; k < EV; ++k) o[g][k] = o[g][k] * a + p * vv[u][k];
-                m[g] = mn;
-            }
-        }
-    }
-
-    // merge the NG cell groups: a common max, then the sums and outputs in group order
-    if (lane == 0u)
-        [[unroll]] for (uint g = 0u; g < G; ++g) { wg_m[grp * G + g] = m[g]; wg_l[grp * G + g] = l[g]; }
-    [[unroll]] for (uint i = tid; i < G * HDV; i += NG * LANES) wg_o[i] = 0.0;
-    barrier();
-    float M[G];
     [[unroll]] for (uint g = 0u; g < G; ++g) {
-        M[g] = -1.0 / 0.0;
-        [[unroll]] for (uint r = 0u; r < NG; ++r) M[g] = max(M[g], wg_m[r * G + g]);
+        float r = op == 0u ? subgroupMax(v[g]) : subgroupAdd(v[g]);
+        if (gl_SubgroupInvocationID == 0u) red[g * NRED + gl_SubgroupID] = r;
     }
-    [[unroll]] for (uint r = 0u; r < NG; ++r) {
-        if (grp == r)
+    barrier();
+    [[unroll]] for (uint g = 0u; g < G; ++g) {
+        float r = red[g * NRED];
+        for (uint i = 1u; i < gl_NumSubgroups; ++i) r = op == 0u ? max(r, red[g * NRED + i]) : r + red[g * NRED + i];
+        v[g] = r;
+    }
+#else
+    [[unroll]] for (uint g = 0u; g < G; ++g) red[g * NRED + tid] = v[g];
+    barrier();
+    for (uint h = WG / 2u; h > 0u; h >>= 1) {
+        if (tid < h)
             [[unroll]] for (uint g = 0u; g < G; ++g) {
-                float f = m[g] == -1.0 / 0.0 ? 0.0 : exp2(m[g] - M[g]);
-                [[unroll]] for (uint k = 0u; k < EV; ++k) wg_o[g * HDV + lane * EV + k] += o[g][k] * f;
+                float a = red[g * NRED + tid], b = red[g * NRED + tid + h];
+                red[g * NRED + tid] = op == 0u ? max(a, b) : a + b;
             }
         barrier();
     }
-    uint stride = HDV + 2u;
-    [[unroll]] for (uint g = 0u; g < G; ++g) {
-        uint qh = kvh * G + g;
-        uint at = ((jb * KV_HEADS * G + qh) * pc.n_splits + split) * stride;
-        if (tid == 0u) {
-            float L = 0.0;
-            [[unroll]] for (uint r = 0u; r < NG; ++r) {
-                float mr = wg_m[r * G + g];
-                if (mr != -1.0 / 0.0) L += wg_l[r * G + g] * exp2(mr - M[g]);
+    [[unroll]] for (uint g = 0u; g < G; ++g) v[g] = red[g * NRED];
+#endif
+    barrier(); // red is reused
+}
+
+void main() {
+    // kv heads vary fastest across workgroups: the heads of one cell range run side by
+    // side and read whole K/V rows ([cell][kv head][dim]) between them
+    uint kvh = gl_WorkGroupID.x, split = gl_WorkGroupID.y, jb = gl_WorkGroupID.z;
+    uint tid = gl_LocalInvocationID.x;
+    Job J = load_job(pc.job_off, jb);
+    uint hbk = head_bytes(TYPE_K, HDK), hbv = head_bytes(TYPE_V, HDV);
+    for (uint i = tid; i < G * HDK; i += WG)
+        qs[i] = qb[J.q_off + kvh * G * HDK + i] * pc.scale_log2;
+    // the value invocations: head gv, values [ev0, ev0 + EVT)
+    const uint per_head = HDV / EVT;
+    uint gv = tid / per_head, ev0 = (tid % per_head) * EVT;
+    bool has_v = tid < G * per_head;
+    float o[EVT];
+    [[unroll]] for (uint k = 0u; k < EVT; ++k) o[k] = 0.0;
+    float m[G], l[G];
+    [[unroll]] for (uint g = 0u; g < G; ++g) { m[g] = NEG_INF; l[g] = 0.0; }
+    barrier();
+
+    uint c0 = split * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
+    [[dont_unroll]] for (uint base = c0; base < c1; base += WG) { // uniform trip count
+        // scores of this invocation's cell
+        uint vi = base + tid, gid = 0u;
+        bool vis = vi < c1 && cell_visible(J, vi, PAGE_CELLS, gid);
+        float s[G];
+        [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = 0.0;
+        if (vis) {
+            uint kbase = gid * pc.k_row_bytes + kvh * hbk;
+            [[unroll]] for (uint e = 0u; e < HDK; e += SEGK) {
+                float kv[SEGK];
+                load_k(kbase, e, kv);
+                [[unroll]] for (uint g = 0u; g < G; ++g)
+                    [[unroll]] for (uint k = 0u; k < SEGK; ++k) s[g] += qs[g * HDK + e + k] * kv[k];
             }
-            part[at] = M[g];
-            part[at + 1u] = L;
         }
-        [[unroll]] for (uint i = tid; i < HDV; i += NG * LANES) part[at + 2u + i] = wg_o[g * HDV + i];
+        gids[tid] = gid;
+        // one max per head for the block, then the weights
+        float mb[G];
+        [[unroll]] for (uint g = 0u; g < G; ++g) mb[g] = vis ? s[g] : NEG_INF;
+        reduce(mb, 0u);
+        float alpha[G], p[G];
+        [[unroll]] for (uint g = 0u; g < G; ++g) {
+            float mn = max(m[g], mb[g]);
+            alpha[g] = mn == NEG_INF ? 1.0 : exp2(m[g] - mn);
+            p[g] = vis ? exp2(s[g] - mn) : 0.0;
+            pw[g * WG + tid] = p[g];
+            m[g] = mn;
+        }
+        reduce(p, 1u); // also the barrier that publishes pw and gids
+        [[unroll]] for (uint g = 0u; g < G; ++g) l[g] = l[g] * alpha[g] + p[g];
+        // the weighted V rows
+        if (has_v) {
+            float a = 1.0;
+            [[unroll]] for (uint g = 0u; g < G; ++g) if (g == gv) a = alpha[g];
+            [[unroll]] for (uint k = 0u; k < EVT; ++k) o[k] *= a;
+            uint n = min(WG, c1 - base);
+            // eight rows loaded before any is used; a zero weight (masked or past the
+            // end) adds nothing, whatever the row holds
+            for (uint c = 0u; c < n; c += 8u) {
+                float vv[8][EVT], w8[8];
+                [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+                    uint cc = min(c + j, n - 1u);
+                    w8[j] = c + j < n ? pw[gv * WG + cc] : 0.0;
+                    load_v(gids[cc] * pc.v_row_bytes + kvh * hbv, ev0, vv[j]);
+                }
+                [[unroll]] for (uint j = 0u; j < 8u; ++j)
+                    if (w8[j] != 0.0)
+                        [[unroll]] for (uint k = 0u; k < EVT; ++k) o[k] += w8[j] * vv[j][k];
+            }
+        }
+        barrier(); // pw and gids are rewritten by the next block
+    }
+
+    uint stride = HDV + 2u;
+    if (has_v) {
+        uint at = ((jb * KV_HEADS * G + kvh * G + gv) * pc.n_splits + split) * stride;
+        [[unroll]] for (uint k = 0u; k < EVT; ++k) part[at + 2u + ev0 + k] = o[k];
+        if (ev0 == 0u) {
+            float mm = NEG_INF, ll = 0.0;
+            [[unroll]] for (uint g = 0u; g < G; ++g) if (g == gv) { mm = m[g]; ll = l[g]; }
+            part[at] = mm;
+            part[at + 1u] = ll;
+        }
     }
 }

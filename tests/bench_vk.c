@@ -11,7 +11,7 @@
 
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
    usage: bench_vk [--cells 4096,32768,131072] [--batch 1,8] [--types f16,q8_0] [--reps 50]
-                   [--groups n (cell groups per workgroup)] [--no-copy]
+                   [--splits n (max split-K chunks)] [--no-copy]
    tests/bench_vk.sh runs it with PyTorch's scaled_dot_product_attention beside it. */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
@@ -207,9 +207,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--batch") && ai + 1 < argc) n_batch = parse_list(argv[++ai], batch_list, 8);
         else if (!strcmp(argv[ai], "--types") && ai + 1 < argc) type_arg = argv[++ai];
         else if (!strcmp(argv[ai], "--reps") && ai + 1 < argc) reps = atoi(argv[++ai]);
-        else if (!strcmp(argv[ai], "--groups") && ai + 1 < argc) groups = atoi(argv[++ai]);
+        else if (!strcmp(argv[ai], "--splits") && ai + 1 < argc) groups = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--no-copy")) no_copy = 1;
-        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--groups n] [--no-copy]\n"); return 2; }
+        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--no-copy]\n"); return 2; }
     }
     for (ti = 0; ti < (int)KVC_TYPE_COUNT; ++ti)
         if (strstr(type_arg, kvc_type_name((kvc_type)ti))) types[n_types++] = (kvc_type)ti;
@@ -288,7 +288,7 @@ int main(int argc, char **argv) {
                 pc.page_cells = 256;
                 pc.budget_bytes = (size_t)batch * (size_t)(cells + 256) * HKV * 2 * kvc__row_bytes(types[ti], 1, HD);
                 memset(&po, 0, sizeof(po));
-                po.cell_groups = groups;
+                po.max_splits = groups;
                 CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
                 hp = kvc_vk_pool_host(vp);
                 kvc_cache_config_init(&cc, KVC_KIND_FULL);

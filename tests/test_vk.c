@@ -506,8 +506,8 @@ int main(int argc, char **argv) {
     }
     kvc_vk_context_info(ctx, &info);
     types_avail = (int)KVC_TYPE_COUNT;
-    printf("device %s, subgroup %u (shuffle %d), validation %s; seed %llu (test_vk %llu replays it)\n",
-           info.device_name, info.subgroup_size, info.subgroup_shuffle, info.validation ? "on" : "NOT INSTALLED",
+    printf("device %s, subgroup %u (arithmetic %d), validation %s; seed %llu (test_vk %llu replays it)\n",
+           info.device_name, info.subgroup_size, info.subgroup_arithmetic, info.validation ? "on" : "NOT INSTALLED",
            (unsigned long long)g_seed, (unsigned long long)g_seed);
     test_errors();
     n_ep = (int)(24 * tk_scale());
