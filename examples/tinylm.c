@@ -19,6 +19,9 @@
    --quiet       print only failures, errors and the final verdict
    --reference   skip kvcache.h: one cache-free forward over each whole sequence
                  with naive attention (checks the model math on its own)
+   --vk          the Vulkan backend (kvcache_vk.h): K/V pages in device memory, append
+                 and attention on the GPU, everything else unchanged. Needs a build with
+                 -DTINYLM_VK (Vulkan headers; the loader is opened at run time)
 
    Output: one table row per case x cache kind x storage type:
      rows      reference logits rows compared / rows in the file (rows at positions
@@ -45,6 +48,12 @@
 */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
+#ifdef TINYLM_VK /* --vk: the Vulkan backend; VK_NO_PROTOTYPES, the loader opened with dlopen */
+#define VK_NO_PROTOTYPES
+#define KVCACHE_VK_IMPLEMENTATION
+#include "../kvcache_vk.h"
+#include <dlfcn.h>
+#endif
 
 #include <errno.h>
 #include <math.h>
@@ -134,6 +143,62 @@ static const type_spec TYPES[] = {
    ================================================================================== */
 
 static int g_quiet = 0;
+
+#ifdef TINYLM_VK
+/* --vk: one device for the run, the session's device pool, host-visible buffers that
+   carry one layer's q, k, v and attention output between host and GPU */
+static struct {
+    int on;
+    void *lib;
+    kvc_vk_context *ctx;
+    kvc_vk_pool *pool;
+    kvc_vk_buffer q, k, v, out;
+} g_vk;
+static kvc_vk_info g_vk_info;
+
+static int vk_buffer(kvc_vk_buffer *b, size_t bytes) {
+    if (b->buffer && b->size >= bytes) return 0;
+    if (b->buffer) kvc_vk_buffer_destroy(g_vk.ctx, b);
+    return kvc_vk_buffer_create(g_vk.ctx, bytes, 1, b) == KVC_OK ? 0 : -1;
+}
+
+/* kvc_put + kvc_attention of one layer on the GPU (one submission; a real engine would
+   record every layer into one command buffer with its own kernels around these) */
+static kvc_result vk_put_attention(kvc_cache *cache, int32_t layer, const float *k, const float *v, size_t kv_floats,
+                                   const kvc_attention_desc *d, size_t q_floats, size_t out_floats) {
+    VkCommandBuffer cmd;
+    kvc_vk_tensor tk, tv;
+    kvc_vk_attention_desc vd;
+    kvc_result r;
+    if (vk_buffer(&g_vk.k, kv_floats * 4) || vk_buffer(&g_vk.v, kv_floats * 4) || vk_buffer(&g_vk.q, q_floats * 4) ||
+        vk_buffer(&g_vk.out, out_floats * 4))
+        return KVC_ERR_NO_MEMORY;
+    memcpy(g_vk.k.mapped, k, kv_floats * 4);
+    memcpy(g_vk.v.mapped, v, kv_floats * 4);
+    memcpy(g_vk.q.mapped, d->q, q_floats * 4);
+    memset(&tk, 0, sizeof tk);
+    memset(&tv, 0, sizeof tv);
+    tk.buffer = g_vk.k.buffer;
+    tv.buffer = g_vk.v.buffer;
+    memset(&vd, 0, sizeof vd);
+    vd.n_queries = d->n_queries;
+    vd.n_heads = d->n_heads;
+    vd.q.buffer = g_vk.q.buffer;
+    vd.out.buffer = g_vk.out.buffer;
+    vd.pos = d->pos;
+    vd.seq = d->seq;
+    vd.scale = d->scale;
+    vd.window = d->window;
+    vd.non_causal = d->non_causal;
+    if ((r = kvc_vk_begin(g_vk.ctx, &cmd)) != KVC_OK) return r;
+    r = kvc_vk_cmd_append(g_vk.pool, cmd, cache, layer, &tk, &tv);
+    if (r == KVC_OK) r = kvc_vk_cmd_attention(g_vk.pool, cmd, cache, layer, &vd);
+    if (r != KVC_OK) { kvc_vk_submit_wait(g_vk.ctx, cmd); return r; }
+    if ((r = kvc_vk_submit_wait(g_vk.ctx, cmd)) != KVC_OK) return r;
+    memcpy(d->out, g_vk.out.mapped, out_floats * 4);
+    return KVC_OK;
+}
+#endif
 
 /* Every error message goes to stderr, prefixed with the program name. */
 static void errorf(const char *fmt, ...)
@@ -827,8 +892,15 @@ static int forward(const model *m, kvc_cache *cache, int causal, const int32_t *
             /* the model's sliding window (0: none); a causal cache has its own */
             desc.window = causal ? 0 : c->window;
             desc.out = att;
-            KVC_CHECK(kvc_put(cache, l, k, v));
-            KVC_CHECK(kvc_attention(cache, l, &desc));
+#ifdef TINYLM_VK
+            if (g_vk.on) {
+                KVC_CHECK(vk_put_attention(cache, l, k, v, (size_t)n * KD, &desc, (size_t)n * QD, (size_t)n * QD));
+            } else
+#endif
+            {
+                KVC_CHECK(kvc_put(cache, l, k, v));
+                KVC_CHECK(kvc_attention(cache, l, &desc));
+            }
         } else {
             naive_attention(att, q, k, v, pos, n, c);
         }
@@ -1495,6 +1567,12 @@ static int run_session(const model *m, const test_case *cases, int n_cases, cons
     pcfg.type_v = ts->type;
     pcfg.page_cells = PAGE_CELLS;
     pcfg.budget_bytes = BUDGET_BYTES;
+#ifdef TINYLM_VK
+    if (g_vk.on) { /* the same bookkeeping on the host, the pages on the GPU */
+        KVC_CHECK(kvc_vk_pool_create(g_vk.ctx, &pcfg, NULL, &g_vk.pool));
+        s.pool = kvc_vk_pool_host(g_vk.pool);
+    } else
+#endif
     KVC_CHECK(kvc_pool_create(&pcfg, &s.pool));
 
     /* the cache: one for all layers (every layer has the same window here) */
@@ -1544,6 +1622,13 @@ fail:
                        (int)st.live_snapshots, (int)st.live_prefixes, leak ? "  FAIL: leak" : "  ok");
             failures += leak;
         }
+#ifdef TINYLM_VK
+        if (g_vk.on) {
+            kvc_vk_context_info(g_vk.ctx, &g_vk_info);
+            r = kvc_vk_pool_destroy(g_vk.pool);
+            g_vk.pool = NULL;
+        } else
+#endif
         r = kvc_pool_destroy(s.pool);
         if (r != KVC_OK) {
             errorf("kvc_pool_destroy failed: %s", kvc_strerror(r));
@@ -1586,6 +1671,13 @@ int main(int argc, char **argv)
             chunk = (int)v;
         } else if (!strcmp(argv[i], "--quiet")) {
             g_quiet = 1;
+        } else if (!strcmp(argv[i], "--vk")) {
+#ifdef TINYLM_VK
+            g_vk.on = 1;
+#else
+            errorf("--vk needs a build with -DTINYLM_VK (and the Vulkan headers)");
+            return 2;
+#endif
         } else if (!strcmp(argv[i], "--reference")) {
             reference = 1;
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -1602,6 +1694,24 @@ int main(int argc, char **argv)
         }
     }
     if (n_given) dirs = given, n_dirs = n_given;
+#ifdef TINYLM_VK
+    if (g_vk.on) { /* a compute device of our own, with the validation layer when installed */
+        kvc_vk_device_options o;
+        void *sym;
+        memset(&o, 0, sizeof o);
+        o.validation = 1;
+        o.device_index = -1;
+        g_vk.lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+        sym = g_vk.lib ? dlsym(g_vk.lib, "vkGetInstanceProcAddr") : NULL;
+        memcpy(&o.get_instance_proc_addr, &sym, sizeof sym);
+        if (sym == NULL || kvc_vk_device_create(&o, &g_vk.ctx) != KVC_OK) {
+            errorf("--vk: no Vulkan loader or device with compute and VK_KHR_push_descriptor");
+            return 2;
+        }
+        kvc_vk_context_info(g_vk.ctx, &g_vk_info);
+        if (!g_quiet) printf("Vulkan backend: %s, validation %s\n", g_vk_info.device_name, g_vk_info.validation ? "on" : "off");
+    }
+#endif
 
     for (int d = 0; d < n_dirs; ++d) {
         model m;
@@ -1655,7 +1765,27 @@ int main(int argc, char **argv)
         model_free(&m);
     }
     free(given);
-    printf("tinylm: %s: %d of %d checks failed (%d model%s, chunk %d%s)\n", failures ? "FAIL" : "PASS",
-           failures, runs, n_dirs, n_dirs == 1 ? "" : "s", chunk, reference ? ", reference mode" : "");
+#ifdef TINYLM_VK
+    if (g_vk.on) { /* the validation layer must have said nothing */
+        kvc_vk_context_info(g_vk.ctx, &g_vk_info);
+        runs++;
+        if (g_vk_info.validation_messages) {
+            failures++;
+            errorf("Vulkan validation: %u messages, last: %s", g_vk_info.validation_messages, g_vk_info.last_message);
+        }
+        kvc_vk_buffer_destroy(g_vk.ctx, &g_vk.q);
+        kvc_vk_buffer_destroy(g_vk.ctx, &g_vk.k);
+        kvc_vk_buffer_destroy(g_vk.ctx, &g_vk.v);
+        kvc_vk_buffer_destroy(g_vk.ctx, &g_vk.out);
+        kvc_vk_context_destroy(g_vk.ctx);
+        dlclose(g_vk.lib);
+    }
+#endif
+    printf("tinylm: %s: %d of %d checks failed (%d model%s, chunk %d%s%s)\n", failures ? "FAIL" : "PASS",
+           failures, runs, n_dirs, n_dirs == 1 ? "" : "s", chunk, reference ? ", reference mode" : "",
+#ifdef TINYLM_VK
+           g_vk.on ? ", Vulkan backend" :
+#endif
+           "");
     return failures ? 1 : 0;
 }
