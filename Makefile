@@ -1,5 +1,6 @@
 # kvcache.h - `make` builds and runs the tiny-model demo, `make test` runs every test,
-# `make bench` runs the benchmarks, `make examples` builds and runs the small examples.
+# `make bench` runs the benchmarks, `make examples` builds and runs the small examples,
+# `make shaders` regenerates the Vulkan backend's SPIR-V.
 CC ?= cc
 CFLAGS ?= -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror
 BENCHFLAGS ?= -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror
@@ -7,7 +8,7 @@ BUILD = build
 EXAMPLES = $(filter-out examples/tinylm.c,$(wildcard examples/*.c))
 BENCHES = $(wildcard tests/bench_*.c)
 
-.PHONY: all run test bench examples clean
+.PHONY: all run test bench examples clean shaders
 
 all: run
 
@@ -31,6 +32,10 @@ test:
 bench: | $(BUILD)
 	@for b in $(BENCHES); do n=$$(basename $$b .c); \
 	  $(CC) $(BENCHFLAGS) -I. $$b -o $(BUILD)/$$n -lm -lpthread && echo "== $$n" && ./$(BUILD)/$$n || exit 1; done
+
+# regenerate the SPIR-V committed in kvcache_vk.h from shaders/*.comp (needs glslc)
+shaders:
+	bash shaders/embed.sh
 
 clean:
 	rm -rf $(BUILD)
