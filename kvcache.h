@@ -116,7 +116,18 @@ typedef struct kvc_allocator {
 } kvc_allocator;
 
 /* CPU paths chosen at run time (cpuid + xgetbv); KVCACHE_NO_SIMD compiles none. */
-#define KVC_CPU_F16C (1u << 0) /* x86: f32 <-> f16 conversion with F16C */
+#define KVC_CPU_F16C (1u << 0)        /* x86: f32 <-> f16 conversion with F16C */
+#define KVC_CPU_AVX2 (1u << 1)        /* x86: AVX2 + FMA kernels, bf16/q8_0/q4_0 conversion */
+#define KVC_CPU_AVX512 (1u << 2)      /* x86: AVX-512 F/DQ/BW/VL kernels */
+#define KVC_CPU_AVX512_VNNI (1u << 3) /* x86: reported; the int8 dot kernels are not written yet */
+#define KVC_CPU_NEON (1u << 4)        /* aarch64: NEON kernels and conversions */
+
+/* Parallel work goes through the caller's threads: parallel_for runs fn(ctx, task,
+   worker) for every task in [0, n_tasks), in any order and on any of n_workers
+   workers (worker ids < n_workers, never two tasks at once on one worker id), and
+   returns when all are done. Results do not depend on how tasks are spread. */
+typedef void (*kvc_task_fn)(void *ctx, int32_t task, int32_t worker);
+typedef void (*kvc_parallel_for_fn)(void *user, int32_t n_tasks, kvc_task_fn fn, void *ctx);
 
 typedef struct kvc_pool_config {
     int32_t n_layers;     /* layers whose K/V live in each page */
@@ -138,6 +149,9 @@ typedef struct kvc_pool_config {
     size_t arena_bytes;
     size_t arena_object_bytes;
     uint32_t cpu_disable; /* KVC_CPU_* paths not to use (tests compare them with scalar) */
+    kvc_parallel_for_fn parallel_for; /* NULL: the library works on the calling thread */
+    void *parallel_user;
+    int32_t n_workers;                /* with parallel_for: how many worker ids it uses (>= 1) */
 } kvc_pool_config;
 
 typedef struct kvc_pool_stats {
@@ -278,11 +292,30 @@ typedef struct kvc_attention_desc {
                              cache always applies its own */
     int non_causal;       /* nonzero: no causal mask (keys after the query are seen) */
     float *out;           /* [n_queries][n_heads][head_dim_v]; zeros where nothing is visible */
+    void *scratch;        /* optional working memory of kvc_attention_scratch_bytes(); NULL:
+                             the pool's allocator is asked on every call (arena mode: the
+                             arena's object heap, which is not safe to share across threads) */
+    size_t scratch_bytes;
 } kvc_attention_desc;
 
 /* Scaled dot-product attention of the queries over the cache's cells for `layer`,
    masks computed from the cells' positions (no mask tensor). Online softmax. */
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc);
+/* The scratch a call with this desc needs now (q, out and scratch are not looked at);
+   it changes as the cache grows. */
+KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc,
+                                              size_t *bytes);
+
+/* Optional, for demos and benchmarks: #define KVCACHE_THREADS where the implementation
+   is compiled (link with -lpthread) for a small pthread pool that serves as the
+   parallel_for hook. n_threads counts the calling thread, which works too. */
+#ifdef KVCACHE_THREADS
+typedef struct kvc_threads kvc_threads;
+KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
+KVCDEF kvc_result kvc_threads_destroy(kvc_threads *threads); /* after every pool using it */
+KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_pool_config *cfg); /* sets the hook */
+KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx);
+#endif
 
 /* ---- Views for callers with their own attention ---------------------------------- */
 typedef struct kvc_run {
@@ -630,18 +663,31 @@ static int kvc__type_valid(kvc_type t) { return (int)t >= 0 && (int)t < (int)KVC
 #include <immintrin.h>
 
 static uint32_t kvc__cpu_detect(void) {
-    unsigned a, b, c, d;
+    unsigned a, b, c, d, b7 = 0, c7 = 0, d7 = 0;
     uint32_t xcr0_lo, xcr0_hi, f = 0;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    /* F16C (ecx 29) uses AVX registers: the OS must save them (OSXSAVE, ecx 27; XCR0 bits 1-2) */
+    /* AVX registers are usable only if the OS saves them (OSXSAVE, ecx 27; XCR0 bits 1-2) */
     if (!(c & (1u << 27)) || !(c & (1u << 28))) return 0;
     __asm__ __volatile__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
     (void)xcr0_hi;
-    if ((xcr0_lo & 6u) == 6u && (c & (1u << 29))) f |= KVC_CPU_F16C;
+    if ((xcr0_lo & 6u) != 6u) return 0;
+    if (c & (1u << 29)) f |= KVC_CPU_F16C;
+    if (__get_cpuid_max(0, NULL) >= 7) __cpuid_count(7, 0, a, b7, c7, d7);
+    (void)d7;
+    /* AVX2 (leaf 7 ebx 5) with FMA (leaf 1 ecx 12) and F16C */
+    if ((b7 & (1u << 5)) && (c & (1u << 12)) && (f & KVC_CPU_F16C)) f |= KVC_CPU_AVX2;
+    /* AVX-512 F, DQ, BW, VL (ebx 16, 17, 30, 31), with opmask and ZMM state saved (XCR0 bits 5-7) */
+    if ((f & KVC_CPU_AVX2) && (xcr0_lo & 0xe0u) == 0xe0u && (b7 & (1u << 16)) && (b7 & (1u << 17)) &&
+        (b7 & (1u << 30)) && (b7 & (1u << 31)))
+        f |= KVC_CPU_AVX512;
+    if ((f & KVC_CPU_AVX512) && (c7 & (1u << 11))) f |= KVC_CPU_AVX512_VNNI;
     return f;
 }
 
-__attribute__((target("avx,f16c"))) static void kvc__f16_from_f32_f16c(const float *src, void *dst, int32_t n) {
+#define KVC__F16C __attribute__((target("avx,f16c")))
+#define KVC__AVX2 __attribute__((target("avx,avx2,fma,f16c")))
+
+KVC__F16C static void kvc__f16_from_f32_f16c(const float *src, void *dst, int32_t n) {
     uint16_t *d = (uint16_t *)dst;
     int32_t i = 0;
     for (; i + 8 <= n; i += 8) /* imm 0: round to nearest even, as the scalar path */
@@ -649,12 +695,189 @@ __attribute__((target("avx,f16c"))) static void kvc__f16_from_f32_f16c(const flo
     for (; i < n; ++i) d[i] = kvc__f32_to_f16(src[i]);
 }
 
-__attribute__((target("avx,f16c"))) static void kvc__f16_to_f32_f16c(const void *src, float *dst, int32_t n) {
+KVC__F16C static void kvc__f16_to_f32_f16c(const void *src, float *dst, int32_t n) {
     const uint16_t *s = (const uint16_t *)src;
     int32_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s + i))));
     for (; i < n; ++i) dst[i] = kvc__f16_to_f32(s[i]);
+}
+
+KVC__AVX2 static void kvc__bf16_to_f32_avx2(const void *src, float *dst, int32_t n) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(s + i)));
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+    for (; i < n; ++i) dst[i] = kvc__bf16_to_f32(s[i]);
+}
+
+/* The scalar rounding in integer lanes (VCVTNEPS2BF16 would flush subnormals). */
+KVC__AVX2 static void kvc__bf16_from_f32_avx2(const float *src, void *dst, int32_t n) {
+    uint16_t *d = (uint16_t *)dst;
+    const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i quiet = _mm256_set1_epi32(0x40);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(src + i));
+        __m256i hi = _mm256_srli_epi32(x, 16);
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, bias), _mm256_and_si256(hi, one)), 16);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan);
+        r = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08); /* 8 x u16 in the low half */
+        _mm_storeu_si128((__m128i *)(void *)(d + i), _mm256_castsi256_si128(r));
+    }
+    for (; i < n; ++i) d[i] = kvc__f32_to_bf16(src[i]);
+}
+
+KVC__AVX2 static float kvc__hmax_avx2(__m256 m) {
+    m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4e));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xb1));
+    return _mm256_cvtss_f32(m);
+}
+
+/* 32 codes, clamped to [lo, hi], of x * id rounded as lrintf does (MXCSR: nearest even) */
+KVC__AVX2 static void kvc__codes_avx2(const float *x, float id, int32_t lo, int32_t hi, __m256i c[4]) {
+    const __m256 iv = _mm256_set1_ps(id);
+    const __m256i vlo = _mm256_set1_epi32(lo), vhi = _mm256_set1_epi32(hi);
+    int32_t j;
+    for (j = 0; j < 4; ++j) {
+        __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), iv));
+        c[j] = _mm256_min_epi32(_mm256_max_epi32(q, vlo), vhi);
+    }
+}
+
+KVC__AVX2 static void kvc__q8_0_from_f32_avx2(const float *src, void *dst, int32_t n) {
+    kvc__block_q8_0 *b = (kvc__block_q8_0 *)dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int32_t i;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, src += KVC__QBLOCK) {
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(src)),
+                                               _mm256_andnot_ps(sign, _mm256_loadu_ps(src + 8))),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(src + 16)),
+                                               _mm256_andnot_ps(sign, _mm256_loadu_ps(src + 24))));
+        float d = kvc__q8_scale(kvc__hmax_avx2(m));
+        __m256i c[4], bytes;
+        kvc__store_scale(b[i].d, d);
+        kvc__codes_avx2(src, kvc__inverse(d), -127, 127, c);
+        bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+        _mm256_storeu_si256((__m256i *)(void *)b[i].q, _mm256_permutevar8x32_epi32(bytes, order));
+    }
+}
+
+KVC__AVX2 static void kvc__q8_0_to_f32_avx2(const void *src, float *dst, int32_t n) {
+    const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)src;
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, dst += KVC__QBLOCK) {
+        __m256 d = _mm256_set1_ps(kvc__load_scale(b[i].d));
+        for (j = 0; j < KVC__QBLOCK; j += 8) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b[i].q + j)));
+            _mm256_storeu_ps(dst + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+KVC__AVX2 static void kvc__q4_0_from_f32_avx2(const float *src, void *dst, int32_t n) {
+    kvc__block_q4_0 *b = (kvc__block_q4_0 *)dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i eight = _mm256_set1_epi32(8);
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, src += KVC__QBLOCK) {
+        __m256 a[4], m, am;
+        uint32_t first = 0;
+        float d;
+        __m256i c[4], lo, hi, p;
+        for (j = 0; j < 4; ++j) a[j] = _mm256_andnot_ps(sign, _mm256_loadu_ps(src + 8 * j));
+        m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+        am = _mm256_set1_ps(kvc__hmax_avx2(m));
+        for (j = 3; j >= 0; --j) /* the first value of largest magnitude, as the scalar loop picks */
+            first = (first << 8) | (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a[j], am, _CMP_EQ_OQ));
+        d = kvc__q4_scale(first ? src[__builtin_ctz(first)] : 0.0f);
+        kvc__store_scale(b[i].d, d);
+        kvc__codes_avx2(src, kvc__inverse(d), -8, 7, c);
+        lo = _mm256_add_epi32(_mm256_add_epi32(c[0], eight), _mm256_slli_epi32(_mm256_add_epi32(c[2], eight), 4));
+        hi = _mm256_add_epi32(_mm256_add_epi32(c[1], eight), _mm256_slli_epi32(_mm256_add_epi32(c[3], eight), 4));
+        p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8); /* 16 x u16 in order */
+        _mm_storeu_si128((__m128i *)(void *)b[i].q,
+                         _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+    }
+}
+
+KVC__AVX2 static void kvc__q4_0_to_f32_avx2(const void *src, float *dst, int32_t n) {
+    const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)src;
+    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, dst += KVC__QBLOCK) {
+        __m256 d = _mm256_set1_ps(kvc__load_scale(b[i].d));
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)b[i].q), q[2];
+        q[0] = _mm_sub_epi8(_mm_and_si128(x, low4), eight);
+        q[1] = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), low4), eight);
+        for (j = 0; j < 2; ++j) {
+            _mm256_storeu_ps(dst + 16 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q[j])), d));
+            _mm256_storeu_ps(dst + 16 * j + 8,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q[j], 8))), d));
+        }
+    }
+}
+
+#elif !defined(KVCACHE_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#define KVC__NEON 1
+#include <arm_neon.h>
+
+static uint32_t kvc__cpu_detect(void) { return KVC_CPU_NEON; } /* NEON is part of aarch64 */
+
+static void kvc__f16_from_f32_neon(const float *src, void *dst, int32_t n) {
+    uint16_t *d = (uint16_t *)dst;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) /* FPCR's default: nearest even, subnormals kept */
+        vst1_u16(d + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
+    for (; i < n; ++i) d[i] = kvc__f32_to_f16(src[i]);
+}
+static void kvc__f16_to_f32_neon(const void *src, float *dst, int32_t n) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(s + i))));
+    for (; i < n; ++i) dst[i] = kvc__f16_to_f32(s[i]);
+}
+static void kvc__bf16_to_f32_neon(const void *src, float *dst, int32_t n) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(s + i), 16)));
+    for (; i < n; ++i) dst[i] = kvc__bf16_to_f32(s[i]);
+}
+static void kvc__q8_0_to_f32_neon(const void *src, float *dst, int32_t n) {
+    const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)src;
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, dst += KVC__QBLOCK) {
+        float d = kvc__load_scale(b[i].d);
+        for (j = 0; j < KVC__QBLOCK; j += 8) {
+            int16x8_t q = vmovl_s8(vld1_s8(b[i].q + j));
+            vst1q_f32(dst + j, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(q))), d));
+            vst1q_f32(dst + j + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(q))), d));
+        }
+    }
+}
+static void kvc__q4_0_to_f32_neon(const void *src, float *dst, int32_t n) {
+    const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)src;
+    int32_t i, j, h;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, dst += KVC__QBLOCK) {
+        float d = kvc__load_scale(b[i].d);
+        uint8x16_t x = vld1q_u8(b[i].q);
+        int8x16_t q[2];
+        q[0] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(0x0f))), vdupq_n_s8(8));
+        q[1] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(x, 4)), vdupq_n_s8(8));
+        for (h = 0; h < 2; ++h)
+            for (j = 0; j < 2; ++j) {
+                int16x8_t w = vmovl_s8(j ? vget_high_s8(q[h]) : vget_low_s8(q[h]));
+                float *o = dst + 16 * h + 8 * j;
+                vst1q_f32(o, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), d));
+                vst1q_f32(o + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), d));
+            }
+    }
 }
 #else
 static uint32_t kvc__cpu_detect(void) { return 0; }
@@ -673,6 +896,19 @@ static kvc__type_info kvc__pick_type(kvc_type t, uint32_t features) {
     if (t == KVC_TYPE_F16 && (features & KVC_CPU_F16C)) {
         info.from_f32 = kvc__f16_from_f32_f16c;
         info.to_f32 = kvc__f16_to_f32_f16c;
+    }
+    if (features & KVC_CPU_AVX2) {
+        if (t == KVC_TYPE_BF16) { info.from_f32 = kvc__bf16_from_f32_avx2; info.to_f32 = kvc__bf16_to_f32_avx2; }
+        if (t == KVC_TYPE_Q8_0) { info.from_f32 = kvc__q8_0_from_f32_avx2; info.to_f32 = kvc__q8_0_to_f32_avx2; }
+        if (t == KVC_TYPE_Q4_0) { info.from_f32 = kvc__q4_0_from_f32_avx2; info.to_f32 = kvc__q4_0_to_f32_avx2; }
+    }
+#endif
+#ifdef KVC__NEON
+    if (features & KVC_CPU_NEON) { /* quantising stays scalar here: append is not the hot path */
+        if (t == KVC_TYPE_F16) { info.from_f32 = kvc__f16_from_f32_neon; info.to_f32 = kvc__f16_to_f32_neon; }
+        if (t == KVC_TYPE_BF16) info.to_f32 = kvc__bf16_to_f32_neon;
+        if (t == KVC_TYPE_Q8_0) info.to_f32 = kvc__q8_0_to_f32_neon;
+        if (t == KVC_TYPE_Q4_0) info.to_f32 = kvc__q4_0_to_f32_neon;
     }
 #endif
     (void)features;
@@ -753,6 +989,9 @@ static void kvc__default_free(void *ptr, void *user) { KVCACHE_FREE(ptr, user); 
    consecutive page ids are one contiguous tensor per layer; V likewise after all K.
    Each cell also has a position (-1 = never written) in pos[p*page_cells + cell]. */
 
+struct kvc__kernels;
+static const struct kvc__kernels *kvc__pick_kernels(uint32_t features); /* Layer 6 */
+
 struct kvc_pool {
     kvc_pool_config cfg;
     kvc_allocator alloc;     /* resolved: never NULL functions in allocator mode */
@@ -773,6 +1012,7 @@ struct kvc_pool {
     int32_t live_caches, live_snapshots, live_prefixes;
     uint32_t cpu;            /* KVC_CPU_* paths in use */
     kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
+    const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
 };
 
 typedef struct kvc__layout {
@@ -798,6 +1038,7 @@ static kvc_result kvc__check_config(const kvc_pool_config *c) {
         return KVC_ERR_INVALID;
     if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) return KVC_ERR_INVALID;
     if (c->arena == NULL && c->arena_bytes != 0) return KVC_ERR_INVALID;
+    if (c->parallel_for != NULL && c->n_workers < 1) return KVC_ERR_INVALID;
     return KVC_OK;
 }
 
@@ -892,6 +1133,7 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     p->cpu = kvc__cpu_detect() & ~cfg->cpu_disable;
     p->tk = kvc__pick_type(cfg->type_k, p->cpu);
     p->tv = kvc__pick_type(cfg->type_v, p->cpu);
+    p->kern = kvc__pick_kernels(p->cpu);
     return p;
 }
 
@@ -2306,79 +2548,774 @@ KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens,
     return KVC_OK;
 }
 
-/* ---- Layer 6: kernels (scalar reference) ------------------------------------------- */
+/* ---- Layer 6: attention kernels ----------------------------------------------------
+   One driver, four sets of small kernels (scalar, AVX2, AVX-512, NEON) chosen per pool.
+   The driver walks the visible cells in blocks of KVC__BLOCK; for each block and kv
+   head it converts the K rows of that head once into an f32 tile, scores every query
+   head of the GQA group against it, updates each row's online softmax once per block
+   and accumulates the V tile. Work is split into tasks (a block of queries x a chunk
+   of cells) whose sizes depend only on the shape, never on the thread count; split-K
+   partials are merged by log-sum-exp in chunk order, so 1 and N threads agree bit for
+   bit. */
 
-/* One query of an attention call. */
+#define KVC__BLOCK 16            /* cells scored together */
+#define KVC__CHUNK 512           /* cells per split-K task (decode) */
+#define KVC__DECODE_QUERIES 8    /* up to this many queries a call splits the cells */
+#define KVC__PREFILL_QUERIES 16  /* otherwise tasks take this many queries over all cells */
+
+typedef struct kvc__kernels {
+    const char *name;
+    /* s[c] = q . k[c] for c < n <= KVC__BLOCK, rows of d floats `stride` floats apart */
+    void (*dot)(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s);
+    /* s[c] = exp(s[c] * scale - m), 0 where s[c] = -inf; returns the sum */
+    float (*exp_sum)(float *s, int32_t n, float scale, float m);
+    /* acc += sum over c < n of p[c] * v[c], rows of d floats `stride` floats apart */
+    void (*axpy)(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n);
+    void (*scale)(float *x, int32_t n, float a);
+    /* Fused kernels by storage type (NULL: convert rows to an f32 tile, then dot/axpy),
+       for head dims that are multiples of `lanes`. nr rows (1..4; the driver pads to 4
+       with harmless rows when it has 2 or 3), n <= KVC__BLOCK cells `row` bytes apart:
+       scores: s[r][c] = q[r] . k[c];  values: acc[r] += sum_c p[r][c] v[c]. */
+    int32_t lanes;
+    void (*scores[KVC_TYPE_COUNT])(const float *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                   int32_t d, int32_t n, float *const *s);
+    void (*values[KVC_TYPE_COUNT])(float *const *acc, int32_t nr, const float *const *p, const unsigned char *v,
+                                   size_t v_row, int32_t d, int32_t n);
+} kvc__kernels;
+
+/* -- scalar: the reference -- */
+static void kvc__dot_scalar(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s) {
+    int32_t c, i;
+    for (c = 0; c < n; ++c) {
+        float acc = 0.0f;
+        for (i = 0; i < d; ++i) acc += q[i] * k[(size_t)c * stride + i];
+        s[c] = acc;
+    }
+}
+static float kvc__exp_sum_scalar(float *s, int32_t n, float scale, float m) {
+    float sum = 0.0f;
+    int32_t c;
+    for (c = 0; c < n; ++c) {
+        s[c] = s[c] == -INFINITY ? 0.0f : expf(s[c] * scale - m);
+        sum += s[c];
+    }
+    return sum;
+}
+static void kvc__axpy_scalar(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
+    int32_t c, i;
+    for (c = 0; c < n; ++c)
+        for (i = 0; i < d; ++i) acc[i] += p[c] * v[(size_t)c * stride + i];
+}
+static void kvc__scale_scalar(float *x, int32_t n, float a) {
+    int32_t i;
+    for (i = 0; i < n; ++i) x[i] *= a;
+}
+static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc__exp_sum_scalar, kvc__axpy_scalar,
+                                                 kvc__scale_scalar, 1, {NULL, NULL, NULL, NULL, NULL},
+                                                 {NULL, NULL, NULL, NULL, NULL}};
+
+/* exp(x) for x <= 0 in SIMD lanes: Cephes' expf (range reduction by ln 2, a degree-6
+   polynomial), within 2 ulp of expf; lanes below -87 (where expf underflows) give 0. */
+#define KVC__EXP_C1 0.693359375f
+#define KVC__EXP_C2 -2.12194440e-4f
+#define KVC__EXP_P0 1.9875691500e-4f
+#define KVC__EXP_P1 1.3981999507e-3f
+#define KVC__EXP_P2 8.3334519073e-3f
+#define KVC__EXP_P3 4.1665795894e-2f
+#define KVC__EXP_P4 1.6666665459e-1f
+#define KVC__EXP_P5 5.0000001201e-1f
+
+#ifdef KVC__X86
+/* -- AVX2 + FMA: 8 lanes -- */
+KVC__AVX2 static __m256 kvc__exp_avx2(__m256 x) {
+    __m256 n, y, z, keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    __m256i e;
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(KVC__EXP_C1), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(KVC__EXP_C2), x);
+    y = _mm256_set1_ps(KVC__EXP_P0);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(KVC__EXP_P1));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(KVC__EXP_P2));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(KVC__EXP_P3));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(KVC__EXP_P4));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(KVC__EXP_P5));
+    z = _mm256_mul_ps(x, x);
+    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
+}
+/* the sums of eight vectors, one per lane */
+KVC__AVX2 static __m256 kvc__hsum8_avx2(const __m256 *a) {
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+KVC__AVX2 static __m256i kvc__tail_mask_avx2(int32_t left) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+/* Eight cells at a time with eight named accumulators (arrays would live in memory);
+   past the last cell the rows repeat the last one and their sums are not stored. */
+#define KVC__ROWS8(r, k, c, n, stride)                                                  \
+    for (j = 0; j < 8; ++j) r[j] = k + (size_t)KVC__MIN(c + j, n - 1) * stride
+KVC__AVX2 static void kvc__dot_avx2(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s) {
+    int32_t c, i, j, full = d & ~7;
+    __m256i tail = kvc__tail_mask_avx2(d - full);
+    for (c = 0; c < n; c += 8) {
+        const float *r[8];
+        __m256 a[8], a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, qv;
+        float t[8];
+        KVC__ROWS8(r, k, c, n, stride);
+        for (i = 0; i < full; i += 8) {
+            qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[0] + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[1] + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[2] + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[3] + i), a3);
+            a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[4] + i), a4);
+            a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[5] + i), a5);
+            a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[6] + i), a6);
+            a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[7] + i), a7);
+        }
+        if (full < d) {
+            qv = _mm256_maskload_ps(q + full, tail);
+            a0 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[0] + full, tail), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[1] + full, tail), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[2] + full, tail), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[3] + full, tail), a3);
+            a4 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[4] + full, tail), a4);
+            a5 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[5] + full, tail), a5);
+            a6 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[6] + full, tail), a6);
+            a7 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[7] + full, tail), a7);
+        }
+        a[0] = a0; a[1] = a1; a[2] = a2; a[3] = a3; a[4] = a4; a[5] = a5; a[6] = a6; a[7] = a7;
+        _mm256_storeu_ps(t, kvc__hsum8_avx2(a));
+        for (j = 0; j < 8 && c + j < n; ++j) s[c + j] = t[j];
+    }
+}
+KVC__AVX2 static float kvc__exp_sum_avx2(float *s, int32_t n, float scale, float m) {
+    __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    float t[8], total;
+    int32_t c = 0, j;
+    for (; c + 8 <= n; c += 8) {
+        __m256 p = kvc__exp_avx2(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(s + c), vs), vm));
+        _mm256_storeu_ps(s + c, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    if (c < n) {
+        __m256i tail = kvc__tail_mask_avx2(n - c);
+        __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, tail), _mm256_castsi256_ps(tail));
+        __m256 p = kvc__exp_avx2(_mm256_sub_ps(_mm256_mul_ps(x, vs), vm));
+        _mm256_maskstore_ps(s + c, tail, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    _mm256_storeu_ps(t, sum);
+    for (total = 0.0f, j = 0; j < 8; ++j) total += t[j];
+    return total;
+}
+KVC__AVX2 static void kvc__axpy_avx2(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
+    int32_t i = 0, c;
+    for (; i + 32 <= d; i += 32) { /* four accumulators stay in registers across the cells */
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
+        for (c = 0; c < n; ++c) {
+            __m256 w = _mm256_set1_ps(p[c]);
+            const float *row = v + (size_t)c * stride + i;
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 16), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 24), a3);
+        }
+        _mm256_storeu_ps(acc + i, a0);
+        _mm256_storeu_ps(acc + i + 8, a1);
+        _mm256_storeu_ps(acc + i + 16, a2);
+        _mm256_storeu_ps(acc + i + 24, a3);
+    }
+    for (; i < d; i += 8) {
+        __m256i m = kvc__tail_mask_avx2(d - i);
+        __m256 a = _mm256_maskload_ps(acc + i, m);
+        for (c = 0; c < n; ++c) a = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), _mm256_maskload_ps(v + (size_t)c * stride + i, m), a);
+        _mm256_maskstore_ps(acc + i, m, a);
+    }
+}
+KVC__AVX2 static void kvc__scale_avx2(float *x, int32_t n, float a) {
+    __m256 va = _mm256_set1_ps(a);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), va));
+    for (; i < n; ++i) x[i] *= a;
+}
+
+/* Fused AVX2 kernels, the same shapes as AVX-512's with 8 lanes (head dims multiples of 8). */
+#define KVC__AVX2_INLINE KVC__AVX2 static inline __attribute__((always_inline))
+
+KVC__AVX2_INLINE __m256 kvc__load8_avx2(kvc_type t, const unsigned char *row, int32_t i) {
+    if (t == KVC_TYPE_F32) return _mm256_loadu_ps((const float *)(const void *)row + i);
+    if (t == KVC_TYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(row + 2 * i)));
+    if (t == KVC_TYPE_BF16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 2 * i))), 16));
+    if (t == KVC_TYPE_Q8_0) {
+        const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)(const void *)row + i / KVC__QBLOCK;
+        __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b->q + (i & 31))));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(_cvtsh_ss((unsigned short)(b->d[0] | (b->d[1] << 8)))));
+    } else {
+        const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)(const void *)row + i / KVC__QBLOCK;
+        __m128i x = _mm_loadl_epi64((const __m128i *)(const void *)(b->q + (i & 15)));
+        __m256i q;
+        if (i & 16) x = _mm_srli_epi16(x, 4); /* values 16..31 are the high nibbles */
+        q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_and_si128(x, _mm_set1_epi8(0x0f))), _mm256_set1_epi32(8));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(_cvtsh_ss((unsigned short)(b->d[0] | (b->d[1] << 8)))));
+    }
+}
+
+/* four rows, two cells at a time (sixteen registers hold no more) */
+KVC__AVX2_INLINE void kvc__scores4_avx2(kvc_type t, const float *const *q, const unsigned char *k, size_t k_row, int32_t d,
+                                        int32_t n, float *const *s) {
+    int32_t c, i, j, r;
+    for (c = 0; c < n; c += 2) {
+        const unsigned char *k0 = k + (size_t)c * k_row, *k1 = k + (size_t)KVC__MIN(c + 1, n - 1) * k_row;
+        __m256 a[8], a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
+        float sum[8];
+        for (i = 0; i < d; i += 8) {
+            __m256 q0 = _mm256_loadu_ps(q[0] + i), q1 = _mm256_loadu_ps(q[1] + i);
+            __m256 q2 = _mm256_loadu_ps(q[2] + i), q3 = _mm256_loadu_ps(q[3] + i), x;
+            x = kvc__load8_avx2(t, k0, i);
+            a00 = _mm256_fmadd_ps(q0, x, a00); a10 = _mm256_fmadd_ps(q1, x, a10);
+            a20 = _mm256_fmadd_ps(q2, x, a20); a30 = _mm256_fmadd_ps(q3, x, a30);
+            x = kvc__load8_avx2(t, k1, i);
+            a01 = _mm256_fmadd_ps(q0, x, a01); a11 = _mm256_fmadd_ps(q1, x, a11);
+            a21 = _mm256_fmadd_ps(q2, x, a21); a31 = _mm256_fmadd_ps(q3, x, a31);
+        }
+        a[0] = a00; a[1] = a10; a[2] = a20; a[3] = a30; a[4] = a01; a[5] = a11; a[6] = a21; a[7] = a31;
+        _mm256_storeu_ps(sum, kvc__hsum8_avx2(a));
+        for (j = 0; j < 2 && c + j < n; ++j)
+            for (r = 0; r < 4; ++r) s[r][c + j] = sum[4 * j + r];
+    }
+}
+
+KVC__AVX2_INLINE void kvc__scores1_avx2(kvc_type t, const float *q, const unsigned char *k, size_t k_row, int32_t d,
+                                        int32_t n, float *s) {
+    int32_t c, i, j;
+    for (c = 0; c < n; c += 8) {
+        const unsigned char *r[8];
+        __m256 a[8], a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        float sum[8];
+        KVC__ROWS8(r, k, c, n, k_row);
+        for (i = 0; i < d; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[0], i), a0);
+            a1 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[1], i), a1);
+            a2 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[2], i), a2);
+            a3 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[3], i), a3);
+            a4 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[4], i), a4);
+            a5 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[5], i), a5);
+            a6 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[6], i), a6);
+            a7 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[7], i), a7);
+        }
+        a[0] = a0; a[1] = a1; a[2] = a2; a[3] = a3; a[4] = a4; a[5] = a5; a[6] = a6; a[7] = a7;
+        _mm256_storeu_ps(sum, kvc__hsum8_avx2(a));
+        for (j = 0; j < 8 && c + j < n; ++j) s[c + j] = sum[j];
+    }
+}
+
+KVC__AVX2_INLINE void kvc__values4_avx2(kvc_type t, float *const *acc, const float *const *p, const unsigned char *v,
+                                        size_t v_row, int32_t d, int32_t n) {
+    int32_t i, c;
+    for (i = 0; i < d; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc[0] + i), a1 = _mm256_loadu_ps(acc[1] + i);
+        __m256 a2 = _mm256_loadu_ps(acc[2] + i), a3 = _mm256_loadu_ps(acc[3] + i);
+        for (c = 0; c < n; ++c) {
+            __m256 x = kvc__load8_avx2(t, v + (size_t)c * v_row, i);
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[0][c]), x, a0);
+            a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[1][c]), x, a1);
+            a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[2][c]), x, a2);
+            a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[3][c]), x, a3);
+        }
+        _mm256_storeu_ps(acc[0] + i, a0);
+        _mm256_storeu_ps(acc[1] + i, a1);
+        _mm256_storeu_ps(acc[2] + i, a2);
+        _mm256_storeu_ps(acc[3] + i, a3);
+    }
+}
+
+KVC__AVX2_INLINE void kvc__values1_avx2(kvc_type t, float *acc, const float *p, const unsigned char *v, size_t v_row,
+                                        int32_t d, int32_t n) {
+    int32_t i, c;
+    for (i = 0; i < d; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_setzero_ps(), a2 = a1, a3 = a1;
+        for (c = 0; c + 4 <= n; c += 4) {
+            const unsigned char *r = v + (size_t)c * v_row;
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), kvc__load8_avx2(t, r, i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[c + 1]), kvc__load8_avx2(t, r + v_row, i), a1);
+            a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[c + 2]), kvc__load8_avx2(t, r + 2 * v_row, i), a2);
+            a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[c + 3]), kvc__load8_avx2(t, r + 3 * v_row, i), a3);
+        }
+        for (; c < n; ++c) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), kvc__load8_avx2(t, v + (size_t)c * v_row, i), a0);
+        _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    }
+}
+
+#define KVC__FUSED_AVX2(T, name)                                                                                     \
+    KVC__AVX2 static void kvc__scores_avx2_##name(const float *const *q, int32_t nr, const unsigned char *k,         \
+                                                  size_t k_row, int32_t d, int32_t n, float *const *s) {            \
+        if (nr == 1) kvc__scores1_avx2(T, q[0], k, k_row, d, n, s[0]);                                             \
+        else kvc__scores4_avx2(T, q, k, k_row, d, n, s);                                                           \
+    }                                                                                                               \
+    KVC__AVX2 static void kvc__values_avx2_##name(float *const *acc, int32_t nr, const float *const *p,              \
+                                                  const unsigned char *v, size_t v_row, int32_t d, int32_t n) {     \
+        if (nr == 1) kvc__values1_avx2(T, acc[0], p[0], v, v_row, d, n);                                           \
+        else kvc__values4_avx2(T, acc, p, v, v_row, d, n);                                                         \
+    }
+KVC__FUSED_AVX2(KVC_TYPE_F32, f32)
+KVC__FUSED_AVX2(KVC_TYPE_F16, f16)
+KVC__FUSED_AVX2(KVC_TYPE_BF16, bf16)
+KVC__FUSED_AVX2(KVC_TYPE_Q8_0, q8_0)
+KVC__FUSED_AVX2(KVC_TYPE_Q4_0, q4_0)
+
+static const kvc__kernels kvc__kernels_avx2 = {
+    "avx2", kvc__dot_avx2, kvc__exp_sum_avx2, kvc__axpy_avx2, kvc__scale_avx2, 8,
+    {kvc__scores_avx2_f32, kvc__scores_avx2_f16, kvc__scores_avx2_bf16, kvc__scores_avx2_q8_0, kvc__scores_avx2_q4_0},
+    {kvc__values_avx2_f32, kvc__values_avx2_f16, kvc__values_avx2_bf16, kvc__values_avx2_q8_0, kvc__values_avx2_q4_0}};
+
+/* -- AVX-512: 16 lanes, masked tails -- */
+#if defined(__GNUC__) && !defined(__clang__) /* g++ 12 flags _mm512_undefined_* inside the intrinsics */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#define KVC__AVX512 __attribute__((target("avx,avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vl")))
+KVC__AVX512 static __m512 kvc__exp_avx512(__m512 x) {
+    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    __m512 n, y;
+    __m512i e;
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(KVC__EXP_C1), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(KVC__EXP_C2), x);
+    y = _mm512_set1_ps(KVC__EXP_P0);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P1));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P2));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P3));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P4));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P5));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+}
+KVC__AVX512 static __mmask16 kvc__tail_mask_avx512(int32_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+}
+KVC__AVX512 static __m256 kvc__fold_avx512(__m512 x) {
+    return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
+}
+KVC__AVX512 static void kvc__dot_avx512(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s) {
+    int32_t c, i, j, full = d & ~15;
+    __mmask16 tail = kvc__tail_mask_avx512(d - full);
+    for (c = 0; c < n; c += 8) {
+        const float *r[8];
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, qv;
+        __m256 h[8];
+        KVC__ROWS8(r, k, c, n, stride);
+        for (i = 0; i < full; i += 16) {
+            qv = _mm512_loadu_ps(q + i);
+            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[0] + i), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[1] + i), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[2] + i), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[3] + i), a3);
+            a4 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[4] + i), a4);
+            a5 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[5] + i), a5);
+            a6 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[6] + i), a6);
+            a7 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[7] + i), a7);
+        }
+        if (full < d) {
+            qv = _mm512_maskz_loadu_ps(tail, q + full);
+            a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[0] + full), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[1] + full), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[2] + full), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[3] + full), a3);
+            a4 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[4] + full), a4);
+            a5 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[5] + full), a5);
+            a6 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[6] + full), a6);
+            a7 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[7] + full), a7);
+        }
+        h[0] = kvc__fold_avx512(a0); h[1] = kvc__fold_avx512(a1); h[2] = kvc__fold_avx512(a2);
+        h[3] = kvc__fold_avx512(a3); h[4] = kvc__fold_avx512(a4); h[5] = kvc__fold_avx512(a5);
+        h[6] = kvc__fold_avx512(a6); h[7] = kvc__fold_avx512(a7);
+        _mm256_mask_storeu_ps(s + c, (__mmask8)((1u << KVC__MIN(8, n - c)) - 1u), kvc__hsum8_avx2(h));
+    }
+}
+KVC__AVX512 static float kvc__exp_sum_avx512(float *s, int32_t n, float scale, float m) {
+    __m512 vs = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+    int32_t c;
+    for (c = 0; c < n; c += 16) {
+        __mmask16 t = kvc__tail_mask_avx512(n - c);
+        __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), t, s + c);
+        __m512 p = kvc__exp_avx512(_mm512_sub_ps(_mm512_mul_ps(x, vs), vm));
+        _mm512_mask_storeu_ps(s + c, t, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+KVC__AVX512 static void kvc__axpy_avx512(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
+    int32_t i = 0, c;
+    for (; i + 64 <= d; i += 64) { /* four accumulators stay in registers across the cells */
+        __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_loadu_ps(acc + i + 16);
+        __m512 a2 = _mm512_loadu_ps(acc + i + 32), a3 = _mm512_loadu_ps(acc + i + 48);
+        for (c = 0; c < n; ++c) {
+            __m512 w = _mm512_set1_ps(p[c]);
+            const float *row = v + (size_t)c * stride + i;
+            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(row), a0);
+            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16), a1);
+            a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 32), a2);
+            a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 48), a3);
+        }
+        _mm512_storeu_ps(acc + i, a0);
+        _mm512_storeu_ps(acc + i + 16, a1);
+        _mm512_storeu_ps(acc + i + 32, a2);
+        _mm512_storeu_ps(acc + i + 48, a3);
+    }
+    for (; i < d; i += 16) {
+        __mmask16 m = kvc__tail_mask_avx512(d - i);
+        __m512 a = _mm512_maskz_loadu_ps(m, acc + i);
+        for (c = 0; c < n; ++c) a = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), _mm512_maskz_loadu_ps(m, v + (size_t)c * stride + i), a);
+        _mm512_mask_storeu_ps(acc + i, m, a);
+    }
+}
+KVC__AVX512 static void kvc__scale_avx512(float *x, int32_t n, float a) {
+    __m512 va = _mm512_set1_ps(a);
+    int32_t i;
+    for (i = 0; i < n; i += 16) {
+        __mmask16 m = kvc__tail_mask_avx512(n - i);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), va));
+    }
+}
+
+/* Fused AVX-512 kernels: K and V are read in their storage type and converted in
+   registers, once for up to four query rows (a GQA group), never written to a tile.
+   The storage type is a constant after inlining, so each wrapper below is its own
+   specialised loop. Head dims must be multiples of 16 (others take the tile path). */
+#define KVC__AVX512_INLINE KVC__AVX512 static inline __attribute__((always_inline))
+
+/* 16 values of a head row from value i (a multiple of 16) as f32 */
+KVC__AVX512_INLINE __m512 kvc__load16_avx512(kvc_type t, const unsigned char *row, int32_t i) {
+    if (t == KVC_TYPE_F32) return _mm512_loadu_ps((const float *)(const void *)row + i);
+    if (t == KVC_TYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * i)));
+    if (t == KVC_TYPE_BF16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * i))), 16));
+    if (t == KVC_TYPE_Q8_0) {
+        const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)(const void *)row + i / KVC__QBLOCK;
+        __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b->q + (i & 31))));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss((unsigned short)(b->d[0] | (b->d[1] << 8)))));
+    } else {
+        const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)(const void *)row + i / KVC__QBLOCK;
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)b->q);
+        __m512i q;
+        if (i & 31) x = _mm_srli_epi16(x, 4); /* values 16..31 are the high nibbles */
+        q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(x, _mm_set1_epi8(0x0f))), _mm512_set1_epi32(8));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss((unsigned short)(b->d[0] | (b->d[1] << 8)))));
+    }
+}
+
+/* s[r][c] = q[r] . k[c] for four rows and n cells, four cells at a time */
+KVC__AVX512_INLINE void kvc__scores4_avx512(kvc_type t, const float *const *q, const unsigned char *k, size_t k_row,
+                                            int32_t d, int32_t n, float *const *s) {
+    int32_t c, i, j, r;
+    for (c = 0; c < n; c += 4) {
+        const unsigned char *k0 = k + (size_t)c * k_row, *k1 = k + (size_t)KVC__MIN(c + 1, n - 1) * k_row;
+        const unsigned char *k2 = k + (size_t)KVC__MIN(c + 2, n - 1) * k_row, *k3 = k + (size_t)KVC__MIN(c + 3, n - 1) * k_row;
+        __m512 a00 = _mm512_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
+        __m512 a02 = a00, a12 = a00, a22 = a00, a32 = a00, a03 = a00, a13 = a00, a23 = a00, a33 = a00;
+        __m256 h[8];
+        float sum[16];
+        for (i = 0; i < d; i += 16) {
+            __m512 q0 = _mm512_loadu_ps(q[0] + i), q1 = _mm512_loadu_ps(q[1] + i);
+            __m512 q2 = _mm512_loadu_ps(q[2] + i), q3 = _mm512_loadu_ps(q[3] + i), x;
+            x = kvc__load16_avx512(t, k0, i);
+            a00 = _mm512_fmadd_ps(q0, x, a00); a10 = _mm512_fmadd_ps(q1, x, a10);
+            a20 = _mm512_fmadd_ps(q2, x, a20); a30 = _mm512_fmadd_ps(q3, x, a30);
+            x = kvc__load16_avx512(t, k1, i);
+            a01 = _mm512_fmadd_ps(q0, x, a01); a11 = _mm512_fmadd_ps(q1, x, a11);
+            a21 = _mm512_fmadd_ps(q2, x, a21); a31 = _mm512_fmadd_ps(q3, x, a31);
+            x = kvc__load16_avx512(t, k2, i);
+            a02 = _mm512_fmadd_ps(q0, x, a02); a12 = _mm512_fmadd_ps(q1, x, a12);
+            a22 = _mm512_fmadd_ps(q2, x, a22); a32 = _mm512_fmadd_ps(q3, x, a32);
+            x = kvc__load16_avx512(t, k3, i);
+            a03 = _mm512_fmadd_ps(q0, x, a03); a13 = _mm512_fmadd_ps(q1, x, a13);
+            a23 = _mm512_fmadd_ps(q2, x, a23); a33 = _mm512_fmadd_ps(q3, x, a33);
+        }
+        h[0] = kvc__fold_avx512(a00); h[1] = kvc__fold_avx512(a10); h[2] = kvc__fold_avx512(a20);
+        h[3] = kvc__fold_avx512(a30); h[4] = kvc__fold_avx512(a01); h[5] = kvc__fold_avx512(a11);
+        h[6] = kvc__fold_avx512(a21); h[7] = kvc__fold_avx512(a31);
+        _mm256_storeu_ps(sum, kvc__hsum8_avx2(h));
+        h[0] = kvc__fold_avx512(a02); h[1] = kvc__fold_avx512(a12); h[2] = kvc__fold_avx512(a22);
+        h[3] = kvc__fold_avx512(a32); h[4] = kvc__fold_avx512(a03); h[5] = kvc__fold_avx512(a13);
+        h[6] = kvc__fold_avx512(a23); h[7] = kvc__fold_avx512(a33);
+        _mm256_storeu_ps(sum + 8, kvc__hsum8_avx2(h));
+        for (j = 0; j < 4 && c + j < n; ++j) /* sum[4 * cell + row] */
+            for (r = 0; r < 4; ++r) s[r][c + j] = sum[4 * j + r];
+    }
+}
+
+/* one row: eight cells at a time */
+KVC__AVX512_INLINE void kvc__scores1_avx512(kvc_type t, const float *q, const unsigned char *k, size_t k_row, int32_t d,
+                                            int32_t n, float *s) {
+    int32_t c, i, j;
+    for (c = 0; c < n; c += 8) {
+        const unsigned char *r[8];
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        __m256 h[8];
+        KVC__ROWS8(r, k, c, n, k_row);
+        for (i = 0; i < d; i += 16) {
+            __m512 qv = _mm512_loadu_ps(q + i);
+            a0 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[0], i), a0);
+            a1 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[1], i), a1);
+            a2 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[2], i), a2);
+            a3 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[3], i), a3);
+            a4 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[4], i), a4);
+            a5 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[5], i), a5);
+            a6 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[6], i), a6);
+            a7 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[7], i), a7);
+        }
+        h[0] = kvc__fold_avx512(a0); h[1] = kvc__fold_avx512(a1); h[2] = kvc__fold_avx512(a2);
+        h[3] = kvc__fold_avx512(a3); h[4] = kvc__fold_avx512(a4); h[5] = kvc__fold_avx512(a5);
+        h[6] = kvc__fold_avx512(a6); h[7] = kvc__fold_avx512(a7);
+        _mm256_mask_storeu_ps(s + c, (__mmask8)((1u << KVC__MIN(8, n - c)) - 1u), kvc__hsum8_avx2(h));
+    }
+}
+
+/* acc[r] += sum_c p[r][c] v[c] for four rows, 16 values at a time */
+KVC__AVX512_INLINE void kvc__values4_avx512(kvc_type t, float *const *acc, const float *const *p, const unsigned char *v,
+                                            size_t v_row, int32_t d, int32_t n) {
+    int32_t i, c;
+    for (i = 0; i < d; i += 16) {
+        __m512 a0 = _mm512_loadu_ps(acc[0] + i), a1 = _mm512_loadu_ps(acc[1] + i);
+        __m512 a2 = _mm512_loadu_ps(acc[2] + i), a3 = _mm512_loadu_ps(acc[3] + i);
+        for (c = 0; c < n; ++c) {
+            __m512 x = kvc__load16_avx512(t, v + (size_t)c * v_row, i);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[0][c]), x, a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[1][c]), x, a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(p[2][c]), x, a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(p[3][c]), x, a3);
+        }
+        _mm512_storeu_ps(acc[0] + i, a0);
+        _mm512_storeu_ps(acc[1] + i, a1);
+        _mm512_storeu_ps(acc[2] + i, a2);
+        _mm512_storeu_ps(acc[3] + i, a3);
+    }
+}
+
+/* one row: 16 values at a time, four cells per step */
+KVC__AVX512_INLINE void kvc__values1_avx512(kvc_type t, float *acc, const float *p, const unsigned char *v,
+                                            size_t v_row, int32_t d, int32_t n) {
+    int32_t i, c;
+    for (i = 0; i < d; i += 16) {
+        __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_setzero_ps(), a2 = a1, a3 = a1;
+        for (c = 0; c + 4 <= n; c += 4) {
+            const unsigned char *r = v + (size_t)c * v_row;
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), kvc__load16_avx512(t, r, i), a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[c + 1]), kvc__load16_avx512(t, r + v_row, i), a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(p[c + 2]), kvc__load16_avx512(t, r + 2 * v_row, i), a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(p[c + 3]), kvc__load16_avx512(t, r + 3 * v_row, i), a3);
+        }
+        for (; c < n; ++c) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), kvc__load16_avx512(t, v + (size_t)c * v_row, i), a0);
+        _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    }
+}
+
+#define KVC__FUSED_AVX512(T, name)                                                                                   \
+    KVC__AVX512 static void kvc__scores_avx512_##name(const float *const *q, int32_t nr, const unsigned char *k,     \
+                                                      size_t k_row, int32_t d, int32_t n, float *const *s) {        \
+        if (nr == 1) kvc__scores1_avx512(T, q[0], k, k_row, d, n, s[0]);                                           \
+        else kvc__scores4_avx512(T, q, k, k_row, d, n, s);                                                         \
+    }                                                                                                               \
+    KVC__AVX512 static void kvc__values_avx512_##name(float *const *acc, int32_t nr, const float *const *p,          \
+                                                      const unsigned char *v, size_t v_row, int32_t d, int32_t n) { \
+        if (nr == 1) kvc__values1_avx512(T, acc[0], p[0], v, v_row, d, n);                                         \
+        else kvc__values4_avx512(T, acc, p, v, v_row, d, n);                                                       \
+    }
+KVC__FUSED_AVX512(KVC_TYPE_F32, f32)
+KVC__FUSED_AVX512(KVC_TYPE_F16, f16)
+KVC__FUSED_AVX512(KVC_TYPE_BF16, bf16)
+KVC__FUSED_AVX512(KVC_TYPE_Q8_0, q8_0)
+KVC__FUSED_AVX512(KVC_TYPE_Q4_0, q4_0)
+
+static const kvc__kernels kvc__kernels_avx512 = {
+    "avx512", kvc__dot_avx512, kvc__exp_sum_avx512, kvc__axpy_avx512, kvc__scale_avx512, 16,
+    {kvc__scores_avx512_f32, kvc__scores_avx512_f16, kvc__scores_avx512_bf16, kvc__scores_avx512_q8_0,
+     kvc__scores_avx512_q4_0},
+    {kvc__values_avx512_f32, kvc__values_avx512_f16, kvc__values_avx512_bf16, kvc__values_avx512_q8_0,
+     kvc__values_avx512_q4_0}};
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif /* KVC__X86 */
+
+#ifdef KVC__NEON
+/* -- NEON: 4 lanes -- */
+static float32x4_t kvc__exp_neon(float32x4_t x) {
+    uint32x4_t keep = vcgeq_f32(x, vdupq_n_f32(-87.0f));
+    float32x4_t n, y;
+    int32x4_t e;
+    x = vmaxq_f32(x, vdupq_n_f32(-87.0f));
+    n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+    x = vfmsq_f32(x, n, vdupq_n_f32(KVC__EXP_C1));
+    x = vfmsq_f32(x, n, vdupq_n_f32(KVC__EXP_C2));
+    y = vdupq_n_f32(KVC__EXP_P0);
+    y = vfmaq_f32(vdupq_n_f32(KVC__EXP_P1), y, x);
+    y = vfmaq_f32(vdupq_n_f32(KVC__EXP_P2), y, x);
+    y = vfmaq_f32(vdupq_n_f32(KVC__EXP_P3), y, x);
+    y = vfmaq_f32(vdupq_n_f32(KVC__EXP_P4), y, x);
+    y = vfmaq_f32(vdupq_n_f32(KVC__EXP_P5), y, x);
+    y = vfmaq_f32(vaddq_f32(x, vdupq_n_f32(1.0f)), y, vmulq_f32(x, x));
+    e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(vmulq_f32(y, vreinterpretq_f32_s32(e))), keep));
+}
+static void kvc__dot_neon(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s) {
+    int32_t c, i, j, full = d & ~3;
+    for (c = 0; c < n; c += 4) {
+        float32x4_t acc[4];
+        int32_t m = KVC__MIN(4, n - c);
+        float t[4];
+        for (j = 0; j < 4; ++j) acc[j] = vdupq_n_f32(0.0f);
+        for (i = 0; i < full; i += 4) {
+            float32x4_t qv = vld1q_f32(q + i);
+            for (j = 0; j < m; ++j) acc[j] = vfmaq_f32(acc[j], qv, vld1q_f32(k + (size_t)(c + j) * stride + i));
+        }
+        vst1q_f32(t, vpaddq_f32(vpaddq_f32(acc[0], acc[1]), vpaddq_f32(acc[2], acc[3])));
+        for (j = 0; j < m; ++j) {
+            for (i = full; i < d; ++i) t[j] += q[i] * k[(size_t)(c + j) * stride + i];
+            s[c + j] = t[j];
+        }
+    }
+}
+static float kvc__exp_sum_neon(float *s, int32_t n, float scale, float m) {
+    float32x4_t sum = vdupq_n_f32(0.0f);
+    float total;
+    int32_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        float32x4_t p = kvc__exp_neon(vsubq_f32(vmulq_n_f32(vld1q_f32(s + c), scale), vdupq_n_f32(m)));
+        vst1q_f32(s + c, p);
+        sum = vaddq_f32(sum, p);
+    }
+    total = vaddvq_f32(sum);
+    for (; c < n; ++c) {
+        s[c] = s[c] == -INFINITY ? 0.0f : expf(s[c] * scale - m);
+        total += s[c];
+    }
+    return total;
+}
+static void kvc__axpy_neon(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
+    int32_t i = 0, c, j;
+    for (; i + 16 <= d; i += 16) {
+        float32x4_t a[4];
+        for (j = 0; j < 4; ++j) a[j] = vld1q_f32(acc + i + 4 * j);
+        for (c = 0; c < n; ++c)
+            for (j = 0; j < 4; ++j) a[j] = vfmaq_n_f32(a[j], vld1q_f32(v + (size_t)c * stride + i + 4 * j), p[c]);
+        for (j = 0; j < 4; ++j) vst1q_f32(acc + i + 4 * j, a[j]);
+    }
+    for (; i < d; ++i)
+        for (c = 0; c < n; ++c) acc[i] += p[c] * v[(size_t)c * stride + i];
+}
+static void kvc__scale_neon(float *x, int32_t n, float a) {
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), a));
+    for (; i < n; ++i) x[i] *= a;
+}
+static const kvc__kernels kvc__kernels_neon = {"neon", kvc__dot_neon, kvc__exp_sum_neon, kvc__axpy_neon,
+                                               kvc__scale_neon, 4, {NULL, NULL, NULL, NULL, NULL},
+                                               {NULL, NULL, NULL, NULL, NULL}};
+#endif /* KVC__NEON */
+
+static const kvc__kernels *kvc__pick_kernels(uint32_t features) {
+#ifdef KVC__X86
+    if (features & KVC_CPU_AVX512) return &kvc__kernels_avx512;
+    if (features & KVC_CPU_AVX2) return &kvc__kernels_avx2;
+#endif
+#ifdef KVC__NEON
+    if (features & KVC_CPU_NEON) return &kvc__kernels_neon;
+#endif
+    (void)features;
+    return &kvc__kernels_scalar;
+}
+
+/* ---- Layer 6: the attention driver ------------------------------------------------- */
+
+/* One query of an attention call, and where it may look. FULL/ROTATING keys are
+   positions in token order: visible iff 0 <= key <= hi, key >= lo, and (key < sink_end
+   or key >= wlo). */
 typedef struct kvc__query {
     int32_t pos, seq;
     int non_causal;
     int32_t window; /* the call's extra window, 0: none */
+    int64_t hi, lo, sink_end, wlo;
 } kvc__query;
 
-/* May the query see the cell at `index` (token, or CAUSAL cell index) with position key? */
-static int kvc__visible(const kvc_cache *c, const kvc__query *q, int32_t index, int32_t key) {
-    if (c->cfg.kind == KVC_KIND_CAUSAL) return kvc__causal_visible(c, index, q->pos, q->seq, q->non_causal, q->window);
-    if (key < 0) return 0;
-    if (!q->non_causal && key > q->pos) return 0;
-    if (q->window > 0 && (int64_t)key <= (int64_t)q->pos - q->window) return 0;
-    if (c->cfg.kind == KVC_KIND_ROTATING && key >= c->cfg.sinks && (int64_t)key < kvc__window_lo(c, q->pos))
-        return 0;
-    return 1;
-}
+/* The rows (query x head of one kv head's group) that see something in a block,
+   padded to whole groups of four with rows of zero weight; arrays of `cap` entries in
+   the worker's memory. */
+typedef struct kvc__rows {
+    int32_t n;
+    const float **q;
+    float **s, **acc, **ml;
+    uint32_t *vis;
+} kvc__rows;
 
-static float kvc__dot_f32(const float *a, const float *b, int32_t n) {
-    float s = 0.0f;
-    int32_t i;
-    for (i = 0; i < n; ++i) s += a[i] * b[i];
-    return s;
-}
+typedef struct kvc__attn {
+    const kvc_cache *c;
+    const kvc_pool *p;
+    const kvc_attention_desc *d;
+    const kvc__kernels *kern;
+    int32_t layer, group, n_heads, n_kv, hk, hv;
+    float scale;
+    kvc__run *runs;        /* the cells the call reads, in order */
+    int32_t *run_start;    /* run r holds cells [run_start[r], run_start[r + 1]) of that order */
+    int32_t n_runs, n_cells;
+    int32_t per_task, n_qtasks, chunk, n_chunks; /* queries per task; cells per chunk */
+    int32_t rows_max;      /* per_task * n_heads */
+    int fused_k, fused_v;  /* the kernels read K / V in their storage type */
+    float *ml;             /* [task][row][2]: running max and sum */
+    float *part;           /* split-K partial outputs [task][row][hv]; NULL with one chunk */
+    float *work;           /* [worker]: K tile, V tile, scores */
+    size_t work_floats;
+    size_t rows_floats;    /* where a worker's row lists start in its work */
+    int32_t rows_cap;      /* entries of a row list */
+} kvc__attn;
 
-/* One query head over every visible cell: online softmax, out[] accumulates V.
-   kbuf/vbuf hold one dequantised head of a row at a time. */
-static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc__query *qy, int32_t kv_head,
-                            const float *q, float scale, float *out, float *kbuf, float *vbuf) {
-    const kvc_pool *p = c->pool;
-    const kvc__type_info *tk = &p->tk, *tv = &p->tv;
-    int32_t hk = p->cfg.head_dim_k, hv = p->cfg.head_dim_v;
-    size_t k_off = kvc__row_bytes(p->cfg.type_k, kv_head, hk), v_off = kvc__row_bytes(p->cfg.type_v, kv_head, hv);
-    float m = -INFINITY, sum = 0.0f;
-    kvc__iter it;
-    kvc__run run;
-    int32_t i, cell;
-    for (i = 0; i < hv; ++i) out[i] = 0.0f;
-    if (c->cfg.kind == KVC_KIND_CAUSAL) kvc__iter_init_cells(&it, c, c->seq_lo[qy->seq], c->seq_hi[qy->seq]);
-    else kvc__iter_init(&it, c);
-    while (kvc__iter_next(&it, &run)) {
-        for (cell = run.c0; cell < run.c1; ++cell) {
-            float s, w;
-            if (!kvc__visible(c, qy, run.t0 + (cell - run.c0), *kvc__pos_at(p, run.page, cell))) continue;
-            tk->to_f32(kvc__k_at(p, layer, run.page, cell) + k_off, kbuf, hk);
-            s = kvc__dot_f32(q, kbuf, hk) * scale;
-            if (s > m) { /* rescale what we have to the new maximum */
-                float r = expf(m - s);
-                sum *= r;
-                for (i = 0; i < hv; ++i) out[i] *= r;
-                m = s;
-            }
-            w = expf(s - m);
-            sum += w;
-            tv->to_f32(kvc__v_at(p, layer, run.page, cell) + v_off, vbuf, hv);
-            for (i = 0; i < hv; ++i) out[i] += w * vbuf[i];
-        }
+/* a worker's row lists: one per kv head */
+static size_t kvc__rows_bytes(const kvc__attn *A) {
+    return (size_t)A->n_kv * (sizeof(kvc__rows) + (size_t)A->rows_cap * (4 * sizeof(void *) + sizeof(uint32_t)));
+}
+static kvc__rows *kvc__rows_carve(const kvc__attn *A, void *mem) {
+    kvc__rows *R = (kvc__rows *)mem;
+    unsigned char *p = (unsigned char *)(R + A->n_kv);
+    size_t cap = (size_t)A->rows_cap;
+    int32_t h;
+    for (h = 0; h < A->n_kv; ++h) {
+        R[h].q = (const float **)(void *)p; p += cap * sizeof(void *);
+        R[h].s = (float **)(void *)p; p += cap * sizeof(void *);
+        R[h].acc = (float **)(void *)p; p += cap * sizeof(void *);
+        R[h].ml = (float **)(void *)p; p += cap * sizeof(void *);
     }
-    if (sum > 0.0f)
-        for (i = 0; i < hv; ++i) out[i] /= sum;
+    for (h = 0; h < A->n_kv; ++h) { /* after every pointer array: they stay aligned */
+        R[h].vis = (uint32_t *)(void *)p;
+        p += cap * sizeof(uint32_t);
+    }
+    return R;
 }
 
 static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const kvc_attention_desc *d) {
     const kvc_pool *p;
     int32_t i;
     if (c == NULL || d == NULL) return KVC_ERR_NULL;
-    if (d->q == NULL || d->out == NULL) return KVC_ERR_NULL;
     p = c->pool;
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (d->n_queries < 1 || d->n_heads < 1 || d->n_heads % p->cfg.n_kv_heads != 0) return KVC_ERR_INVALID;
     if (d->window < 0 || !(d->scale >= 0.0f) || d->scale == INFINITY) return KVC_ERR_INVALID;
+    if (d->scratch == NULL && d->scratch_bytes != 0) return KVC_ERR_INVALID;
     if (kvc__batch_open(c) && !c->batch_put[layer]) return KVC_ERR_STATE;
     if (c->cfg.kind != KVC_KIND_CAUSAL) return d->pos == NULL && d->n_queries > c->offset ? KVC_ERR_RANGE : KVC_OK;
     if (d->pos == NULL) return d->n_queries == c->batch_n ? KVC_OK : KVC_ERR_RANGE;
@@ -2388,7 +3325,7 @@ static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const 
     return KVC_OK;
 }
 
-/* Query qi of a call: its position, sequence and causality. */
+/* Query qi of a call: its position, sequence, causality and span. */
 static kvc__query kvc__query_of(const kvc_cache *c, const kvc_attention_desc *d, int32_t qi) {
     kvc__query q;
     q.window = d->window;
@@ -2402,36 +3339,466 @@ static kvc__query kvc__query_of(const kvc_cache *c, const kvc_attention_desc *d,
         q.pos = d->pos ? d->pos[qi] : c->offset - d->n_queries + qi;
         if (d->seq) q.seq = d->seq[qi];
     }
+    q.hi = q.non_causal ? INT64_MAX : q.pos;
+    q.lo = q.window > 0 ? (int64_t)q.pos - q.window + 1 : INT64_MIN;
+    q.sink_end = c->cfg.kind == KVC_KIND_ROTATING ? c->cfg.sinks : 0;
+    q.wlo = c->cfg.kind == KVC_KIND_ROTATING ? kvc__window_lo(c, q.pos) : INT64_MIN;
     return q;
 }
 
-KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc) {
-    const kvc_pool *p;
-    int32_t qi, h, group, hk, hv;
-    float scale, kbuf_small[512], vbuf_small[512], *kbuf = kbuf_small, *vbuf = vbuf_small;
-    kvc_result r = kvc__check_attention(cache, layer, desc);
-    if (r != KVC_OK) return r;
-    p = cache->pool;
-    hk = p->cfg.head_dim_k;
-    hv = p->cfg.head_dim_v;
-    if (hk > 512 || hv > 512) { /* one head of K and of V as f32 */
-        kbuf = (float *)kvc__alloc(cache->pool, sizeof(float) * ((size_t)hk + (size_t)hv));
-        if (kbuf == NULL) return KVC_ERR_NO_MEMORY;
-        vbuf = kbuf + hk;
-    }
-    scale = desc->scale > 0.0f ? desc->scale : 1.0f / sqrtf((float)hk);
-    group = desc->n_heads / p->cfg.n_kv_heads;
-    for (qi = 0; qi < desc->n_queries; ++qi) {
-        kvc__query q = kvc__query_of(cache, desc, qi);
-        for (h = 0; h < desc->n_heads; ++h) {
-            size_t row = (size_t)qi * (size_t)desc->n_heads + (size_t)h;
-            kvc__attend_one(cache, layer, &q, h / group, desc->q + row * (size_t)hk, scale,
-                            desc->out + row * (size_t)hv, kbuf, vbuf);
+/* The bit mask of the n cells from page slot `slot` (the call's cell `index`) that
+   query q may see. */
+static uint32_t kvc__visible_mask(const kvc__attn *A, const kvc__query *q, uint32_t page, int32_t slot,
+                                  int32_t index, int32_t n) {
+    uint32_t m = 0;
+    int32_t i;
+    if (A->c->cfg.kind == KVC_KIND_CAUSAL) {
+        for (i = 0; i < n; ++i)
+            m |= (uint32_t)kvc__causal_visible(A->c, index + i, q->pos, q->seq, q->non_causal, q->window) << i;
+    } else {
+        const int32_t *key = kvc__pos_at(A->p, page, slot);
+        for (i = 0; i < n; ++i) {
+            int64_t k = key[i];
+            m |= (uint32_t)(k >= 0 && k <= q->hi && k >= q->lo && (k < q->sink_end || k >= q->wlo)) << i;
         }
     }
-    if (kbuf != kbuf_small) kvc__free(cache->pool, kbuf);
+    return m;
+}
+
+/* The cells a call reads: the view (FULL/ROTATING), or for CAUSAL the cells between
+   the first and last cell of the queries' sequences. */
+static void kvc__attn_iter(const kvc_cache *c, const kvc_attention_desc *d, kvc__iter *it) {
+    if (c->cfg.kind == KVC_KIND_CAUSAL) {
+        int32_t lo = INT32_MAX, hi = 0, i;
+        for (i = 0; i < d->n_queries; ++i) {
+            int32_t s = d->pos == NULL ? c->batch_seq[i] : d->seq[i];
+            lo = KVC__MIN(lo, c->seq_lo[s]);
+            hi = KVC__MAX(hi, c->seq_hi[s]);
+        }
+        kvc__iter_init_cells(it, c, lo, KVC__MAX(lo, hi));
+    } else {
+        kvc__iter_init(it, c);
+    }
+}
+
+static size_t kvc__floats_aligned(size_t n) { return (n + 15) & ~(size_t)15; } /* 64-byte pieces */
+
+/* Task shapes and scratch layout; with base == NULL only *bytes is computed. */
+static void kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
+    const kvc_attention_desc *d = A->d;
+    size_t off = 0, n_tasks, n_workers;
+    kvc__iter it;
+    kvc__run run;
+    int32_t r = 0;
+    A->n_cells = A->n_runs = 0;
+    kvc__attn_iter(A->c, d, &it);
+    while (kvc__iter_next(&it, &run)) {
+        A->n_runs++;
+        A->n_cells += run.c1 - run.c0;
+    }
+    if (d->n_queries <= KVC__DECODE_QUERIES) { /* few queries: split the cells */
+        A->per_task = d->n_queries;
+        A->chunk = KVC__CHUNK;
+    } else { /* many: blocks of queries over every cell */
+        A->per_task = KVC__PREFILL_QUERIES;
+        A->chunk = KVC__MAX(A->n_cells, 1);
+    }
+    A->n_chunks = KVC__MAX(1, (A->n_cells + A->chunk - 1) / A->chunk);
+    A->n_qtasks = (d->n_queries + A->per_task - 1) / A->per_task;
+    A->rows_max = A->per_task * A->n_heads;
+    n_tasks = (size_t)A->n_qtasks * (size_t)A->n_chunks;
+    n_workers = A->p->cfg.parallel_for ? (size_t)A->p->cfg.n_workers : 1;
+    A->rows_floats = kvc__floats_aligned((size_t)A->rows_max * KVC__BLOCK +                 /* scores */
+                                         (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv) + /* tile */
+                                         KVC__BLOCK + (size_t)A->hv);                          /* padding rows */
+    A->rows_cap = A->per_task * A->group + 4;
+    A->work_floats = A->rows_floats + kvc__floats_aligned(kvc__rows_bytes(A) / sizeof(float) + 1);
+    A->runs = (kvc__run *)(void *)(base ? base + off : NULL);
+    off += kvc__floats_aligned(sizeof(kvc__run) * (size_t)A->n_runs) * sizeof(float);
+    A->run_start = (int32_t *)(void *)(base ? base + off : NULL);
+    off += kvc__floats_aligned((size_t)A->n_runs + 1) * sizeof(float);
+    A->ml = (float *)(void *)(base ? base + off : NULL);
+    off += kvc__floats_aligned(n_tasks * (size_t)A->rows_max * 2) * sizeof(float);
+    A->part = NULL;
+    if (A->n_chunks > 1) {
+        A->part = (float *)(void *)(base ? base + off : NULL);
+        off += kvc__floats_aligned(n_tasks * (size_t)A->rows_max * (size_t)A->hv) * sizeof(float);
+    }
+    A->work = (float *)(void *)(base ? base + off : NULL);
+    off += n_workers * A->work_floats * sizeof(float);
+    *bytes = off + 64; /* room to align the base */
+    if (base == NULL) return;
+    kvc__attn_iter(A->c, d, &it);
+    A->run_start[0] = 0;
+    while (kvc__iter_next(&it, &A->runs[r])) {
+        A->run_start[r + 1] = A->run_start[r] + A->runs[r].c1 - A->runs[r].c0;
+        ++r;
+    }
+}
+
+
+/* Cells a fused kernel call takes: whole-row strips, so that the kv heads' slices of
+   those rows are read one after another and the reads stream through memory. */
+#define KVC__STRIP 8
+
+static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t nq, const uint32_t *vis, float *ml,
+                              float *acc, float *s, float *pad_s, float *pad_acc, kvc__rows *R) {
+    int32_t q, g, r;
+    R->n = 0;
+    for (q = 0; q < nq; ++q) {
+        if (vis[q] == 0) continue;
+        for (g = 0; g < A->group; ++g) {
+            int32_t head = h * A->group + g, row = q * A->n_heads + head;
+            R->q[R->n] = A->d->q + ((size_t)(q0 + q) * (size_t)A->n_heads + (size_t)head) * (size_t)A->hk;
+            R->s[R->n] = s + (size_t)row * KVC__BLOCK;
+            R->acc[R->n] = acc + (size_t)row * A->hv;
+            R->ml[R->n] = ml + 2 * (size_t)row;
+            R->vis[R->n++] = vis[q];
+        }
+    }
+    for (r = R->n; r % 4 != 0 && R->n > 1; ++r) {
+        R->q[r] = R->q[0];
+        R->s[r] = pad_s;
+        R->acc[r] = pad_acc;
+    }
+}
+
+/* Mask a row's scores, fold its block into the online softmax; the scores become
+   the weights of the V accumulation. */
+static void kvc__attn_softmax(const kvc__attn *A, float *s, float *ml, float *acc, uint32_t vis, int32_t n) {
+    float bm = -INFINITY;
+    int32_t i;
+    for (i = 0; i < n; ++i) {
+        if (!((vis >> i) & 1u)) s[i] = -INFINITY;
+        else if (s[i] > bm) bm = s[i];
+    }
+    bm *= A->scale;
+    if (bm > ml[0]) { /* a new maximum: rescale what the row has */
+        if (ml[0] != -INFINITY) {
+            float r = expf(ml[0] - bm);
+            ml[1] *= r;
+            A->kern->scale(acc, A->hv, r);
+        }
+        ml[0] = bm;
+    }
+    ml[1] += A->kern->exp_sum(s, n, A->scale, ml[0]);
+}
+
+/* Fused scores of every head's rows against cells [c, c + m) of the block. */
+static void kvc__fused_scores(const kvc__attn *A, const kvc__rows *R, const unsigned char *k0, int32_t c, int32_t m) {
+    const kvc_pool *p = A->p;
+    size_t slice = kvc__row_bytes(p->cfg.type_k, 1, A->hk);
+    int32_t h, r, j;
+    for (h = 0; h < A->n_kv; ++h) {
+        const unsigned char *k = k0 + (size_t)c * p->k_row + (size_t)h * slice;
+        for (r = 0; r < R[h].n; r += 4) {
+            float *s[4];
+            for (j = 0; j < 4; ++j) s[j] = R[h].s[R[h].n == 1 ? 0 : r + j] + c; /* one row: not padded */
+            A->kern->scores[p->cfg.type_k](R[h].q + r, R[h].n - r == 1 ? 1 : 4, k, p->k_row, A->hk, m, s);
+        }
+    }
+}
+
+static void kvc__fused_values(const kvc__attn *A, const kvc__rows *R, const unsigned char *v0, int32_t c, int32_t m) {
+    const kvc_pool *p = A->p;
+    size_t slice = kvc__row_bytes(p->cfg.type_v, 1, A->hv);
+    int32_t h, r, j;
+    for (h = 0; h < A->n_kv; ++h) {
+        const unsigned char *v = v0 + (size_t)c * p->v_row + (size_t)h * slice;
+        for (r = 0; r < R[h].n; r += 4) {
+            const float *w[4];
+            for (j = 0; j < 4; ++j) w[j] = R[h].s[R[h].n == 1 ? 0 : r + j] + c;
+            A->kern->values[p->cfg.type_v](R[h].acc + r, R[h].n - r == 1 ? 1 : 4, w, v, p->v_row, A->hv, m);
+        }
+    }
+}
+
+/* One block of n cells (page slots [slot, slot + n)) for every kv head: scores, online
+   softmax and V accumulation of the rows of the task's queries that see any of them.
+   Fused kernels walk the block in whole-row strips; otherwise each kv head's slice is
+   converted into an f32 tile first. */
+static void kvc__attn_block(const kvc__attn *A, uint32_t page, int32_t slot, int32_t n, int32_t q0, int32_t nq,
+                            const uint32_t *vis, float *ml, float *acc, float *work, kvc__rows *R) {
+    const kvc_pool *p = A->p;
+    float *s = work, *tile = s + (size_t)A->rows_max * KVC__BLOCK;
+    float *pad_s = tile + (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv), *pad_acc = pad_s + KVC__BLOCK;
+    const unsigned char *k0 = kvc__k_at(p, A->layer, page, slot), *v0 = kvc__v_at(p, A->layer, page, slot);
+    int32_t h, r, c, i;
+    for (h = 0; h < A->n_kv; ++h) kvc__rows_of_head(A, h, q0, nq, vis, ml, acc, s, pad_s, pad_acc, &R[h]);
+    if (R[0].n == 0) return;
+    if (A->fused_k) {
+        for (c = 0; c < n; c += KVC__STRIP) kvc__fused_scores(A, R, k0, c, KVC__MIN(KVC__STRIP, n - c));
+    } else {
+        for (h = 0; h < A->n_kv; ++h) {
+            size_t off = kvc__row_bytes(p->cfg.type_k, h, A->hk);
+            for (i = 0; i < n; ++i) p->tk.to_f32(k0 + (size_t)i * p->k_row + off, tile + (size_t)i * A->hk, A->hk);
+            for (r = 0; r < R[h].n; ++r) A->kern->dot(R[h].q[r], tile, A->hk, (size_t)A->hk, n, R[h].s[r]);
+        }
+    }
+    for (h = 0; h < A->n_kv; ++h)
+        for (r = 0; r < R[h].n; ++r) kvc__attn_softmax(A, R[h].s[r], R[h].ml[r], R[h].acc[r], R[h].vis[r], n);
+    memset(pad_s, 0, sizeof(float) * KVC__BLOCK);
+    if (A->fused_v) {
+        for (c = 0; c < n; c += KVC__STRIP) kvc__fused_values(A, R, v0, c, KVC__MIN(KVC__STRIP, n - c));
+    } else {
+        for (h = 0; h < A->n_kv; ++h) {
+            size_t off = kvc__row_bytes(p->cfg.type_v, h, A->hv);
+            for (i = 0; i < n; ++i) p->tv.to_f32(v0 + (size_t)i * p->v_row + off, tile + (size_t)i * A->hv, A->hv);
+            for (r = 0; r < R[h].n; ++r) A->kern->axpy(R[h].acc[r], R[h].s[r], tile, A->hv, (size_t)A->hv, n);
+        }
+    }
+}
+
+/* Task t: the queries of block t / n_chunks over the cells of chunk t % n_chunks. */
+static void kvc__attn_task(void *ctx, int32_t task, int32_t worker) {
+    const kvc__attn *A = (const kvc__attn *)ctx;
+    const kvc_attention_desc *d = A->d;
+    int32_t qt = task / A->n_chunks, ch = task % A->n_chunks, q0 = qt * A->per_task;
+    int32_t nq = KVC__MIN(A->per_task, d->n_queries - q0), rows = nq * A->n_heads;
+    int32_t cell = ch * A->chunk, end = KVC__MIN(A->n_cells, cell + A->chunk), lo = 0, hi = A->n_runs, i, q;
+    float *ml = A->ml + (size_t)task * (size_t)A->rows_max * 2;
+    float *acc = A->part ? A->part + (size_t)task * (size_t)A->rows_max * (size_t)A->hv
+                         : d->out + (size_t)q0 * (size_t)A->n_heads * (size_t)A->hv;
+    float *work = A->work + (size_t)worker * A->work_floats;
+    kvc__rows *lists = kvc__rows_carve(A, work + A->rows_floats);
+    kvc__query qs[KVC__PREFILL_QUERIES];
+    uint32_t vis[KVC__PREFILL_QUERIES];
+    for (i = 0; i < rows; ++i) { ml[2 * i] = -INFINITY; ml[2 * i + 1] = 0.0f; }
+    memset(acc, 0, sizeof(float) * (size_t)rows * (size_t)A->hv);
+    for (q = 0; q < nq; ++q) qs[q] = kvc__query_of(A->c, d, q0 + q);
+    while (hi - lo > 1) { /* the run holding the chunk's first cell */
+        int32_t mid = (lo + hi) / 2;
+        if (A->run_start[mid] <= cell) lo = mid; else hi = mid;
+    }
+    while (cell < end) {
+        const kvc__run *run = &A->runs[lo];
+        int32_t off = cell - A->run_start[lo], n = KVC__MIN(KVC__BLOCK, KVC__MIN(end, A->run_start[lo + 1]) - cell);
+        uint32_t any = 0;
+        for (q = 0; q < nq; ++q) any |= vis[q] = kvc__visible_mask(A, &qs[q], run->page, run->c0 + off, run->t0 + off, n);
+        if (any) kvc__attn_block(A, run->page, run->c0 + off, n, q0, nq, vis, ml, acc, work, lists);
+        cell += n;
+        if (cell == A->run_start[lo + 1]) ++lo;
+    }
+    if (A->part == NULL) /* the only chunk: normalise in place */
+        for (i = 0; i < rows; ++i)
+            if (ml[2 * i + 1] > 0.0f) A->kern->scale(acc + (size_t)i * A->hv, A->hv, 1.0f / ml[2 * i + 1]);
+}
+
+/* Split-K: out = sum_k exp(m_k - M) acc_k / sum_k exp(m_k - M) l_k, chunks in order. */
+static void kvc__attn_merge(const kvc__attn *A) {
+    const kvc_attention_desc *d = A->d;
+    int32_t qt, row, ch;
+    for (qt = 0; qt < A->n_qtasks; ++qt) {
+        int32_t q0 = qt * A->per_task, rows = KVC__MIN(A->per_task, d->n_queries - q0) * A->n_heads;
+        for (row = 0; row < rows; ++row) {
+            float *out = d->out + ((size_t)q0 * (size_t)A->n_heads + (size_t)row) * (size_t)A->hv, M = -INFINITY, L = 0.0f;
+            memset(out, 0, sizeof(float) * (size_t)A->hv);
+            for (ch = 0; ch < A->n_chunks; ++ch)
+                M = KVC__MAX(M, A->ml[((size_t)qt * A->n_chunks + ch) * (size_t)A->rows_max * 2 + 2 * (size_t)row]);
+            if (M == -INFINITY) continue; /* nothing visible */
+            for (ch = 0; ch < A->n_chunks; ++ch) {
+                size_t t = (size_t)qt * A->n_chunks + ch;
+                const float *ml = A->ml + t * (size_t)A->rows_max * 2 + 2 * (size_t)row;
+                float w;
+                if (ml[0] == -INFINITY) continue;
+                w = expf(ml[0] - M);
+                L += w * ml[1];
+                A->kern->axpy(out, &w, A->part + (t * (size_t)A->rows_max + (size_t)row) * (size_t)A->hv, A->hv, 0, 1);
+            }
+            A->kern->scale(out, A->hv, 1.0f / L);
+        }
+    }
+}
+
+static void kvc__attn_init(kvc__attn *A, const kvc_cache *c, int32_t layer, const kvc_attention_desc *d) {
+    memset(A, 0, sizeof(*A));
+    A->c = c;
+    A->p = c->pool;
+    A->d = d;
+    A->kern = c->pool->kern;
+    A->layer = layer;
+    A->n_heads = d->n_heads;
+    A->n_kv = c->pool->cfg.n_kv_heads;
+    A->group = d->n_heads / A->n_kv;
+    A->hk = c->pool->cfg.head_dim_k;
+    A->hv = c->pool->cfg.head_dim_v;
+    A->scale = d->scale > 0.0f ? d->scale : 1.0f / sqrtf((float)A->hk);
+    A->fused_k = A->kern->scores[c->pool->cfg.type_k] != NULL && A->hk % A->kern->lanes == 0;
+    A->fused_v = A->kern->values[c->pool->cfg.type_v] != NULL && A->hv % A->kern->lanes == 0;
+}
+
+KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc, size_t *bytes) {
+    kvc__attn A;
+    kvc_attention_desc d;
+    kvc_result r;
+    if (bytes == NULL) return KVC_ERR_NULL;
+    if (desc == NULL) return KVC_ERR_NULL;
+    d = *desc;
+    d.scratch = NULL;
+    d.scratch_bytes = 0;
+    r = kvc__check_attention(cache, 0, &d);
+    if (r != KVC_OK) return r;
+    kvc__attn_init(&A, cache, 0, &d);
+    kvc__attn_plan(&A, NULL, bytes);
     return KVC_OK;
 }
+
+KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc) {
+    kvc__attn A;
+    size_t bytes;
+    unsigned char *mem, *base;
+    int32_t n_tasks, t;
+    kvc_result r = kvc__check_attention(cache, layer, desc);
+    if (r != KVC_OK) return r;
+    if (desc->q == NULL || desc->out == NULL) return KVC_ERR_NULL;
+    kvc__attn_init(&A, cache, layer, desc);
+    kvc__attn_plan(&A, NULL, &bytes);
+    if (desc->scratch != NULL) {
+        if (desc->scratch_bytes < bytes) return KVC_ERR_RANGE;
+        mem = (unsigned char *)desc->scratch;
+    } else {
+        mem = (unsigned char *)kvc__alloc(cache->pool, bytes);
+        if (mem == NULL) return KVC_ERR_NO_MEMORY;
+    }
+    base = mem + ((64 - ((uintptr_t)mem & 63)) & 63);
+    kvc__attn_plan(&A, base, &bytes);
+    n_tasks = A.n_qtasks * A.n_chunks;
+    if (cache->pool->cfg.parallel_for != NULL && n_tasks > 1)
+        cache->pool->cfg.parallel_for(cache->pool->cfg.parallel_user, n_tasks, kvc__attn_task, &A);
+    else
+        for (t = 0; t < n_tasks; ++t) kvc__attn_task(&A, t, 0);
+    if (A.part != NULL) kvc__attn_merge(&A);
+    if (desc->scratch == NULL) kvc__free(cache->pool, mem);
+    return KVC_OK;
+}
+
+/* ---- Layer 6: the optional pthread helper (KVCACHE_THREADS) ------------------------ */
+#ifdef KVCACHE_THREADS
+#include <pthread.h>
+
+struct kvc_threads {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    pthread_t *threads;
+    int32_t n_threads, started; /* workers, the caller included; background threads running */
+    kvc_task_fn fn;             /* the job being run */
+    void *ctx;
+    int32_t n_tasks, next_task, busy; /* busy: background workers still in this job */
+    uint32_t generation;        /* bumped per job, so a worker takes each job once */
+    int stop;
+};
+typedef struct kvc__thread_arg {
+    kvc_threads *pool;
+    int32_t worker;
+} kvc__thread_arg;
+
+/* take tasks until none is left */
+static void kvc__threads_drain(kvc_threads *t, int32_t worker) {
+    for (;;) {
+        int32_t task;
+        pthread_mutex_lock(&t->lock);
+        task = t->next_task < t->n_tasks ? t->next_task++ : -1;
+        pthread_mutex_unlock(&t->lock);
+        if (task < 0) return;
+        t->fn(t->ctx, task, worker);
+    }
+}
+
+static void *kvc__thread_main(void *arg) {
+    kvc_threads *t = ((kvc__thread_arg *)arg)->pool;
+    int32_t worker = ((kvc__thread_arg *)arg)->worker;
+    uint32_t seen = 0;
+    KVCACHE_FREE(arg, NULL);
+    for (;;) {
+        pthread_mutex_lock(&t->lock);
+        while (!t->stop && t->generation == seen) pthread_cond_wait(&t->wake, &t->lock);
+        if (t->stop) { pthread_mutex_unlock(&t->lock); return NULL; }
+        seen = t->generation;
+        pthread_mutex_unlock(&t->lock);
+        kvc__threads_drain(t, worker);
+        pthread_mutex_lock(&t->lock);
+        if (--t->busy == 0) pthread_cond_signal(&t->done);
+        pthread_mutex_unlock(&t->lock);
+    }
+}
+
+KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx) {
+    kvc_threads *t = (kvc_threads *)threads;
+    pthread_mutex_lock(&t->lock);
+    t->fn = fn;
+    t->ctx = ctx;
+    t->n_tasks = n_tasks;
+    t->next_task = 0;
+    t->busy = t->started;
+    t->generation++;
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    kvc__threads_drain(t, 0); /* the caller is worker 0 */
+    pthread_mutex_lock(&t->lock);
+    while (t->busy > 0) pthread_cond_wait(&t->done, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+}
+
+KVCDEF kvc_result kvc_threads_destroy(kvc_threads *t) {
+    int32_t i;
+    if (t == NULL) return KVC_ERR_NULL;
+    pthread_mutex_lock(&t->lock);
+    t->stop = 1;
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    for (i = 0; i < t->started; ++i) pthread_join(t->threads[i], NULL);
+    pthread_cond_destroy(&t->done);
+    pthread_cond_destroy(&t->wake);
+    pthread_mutex_destroy(&t->lock);
+    KVCACHE_FREE(t->threads, NULL);
+    KVCACHE_FREE(t, NULL);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out) {
+    kvc_threads *t;
+    int32_t i;
+    if (out == NULL) return KVC_ERR_NULL;
+    if (n_threads < 1 || n_threads > 1024) return KVC_ERR_INVALID;
+    t = (kvc_threads *)KVCACHE_MALLOC(sizeof(*t), NULL);
+    if (t == NULL) return KVC_ERR_NO_MEMORY;
+    memset(t, 0, sizeof(*t));
+    t->threads = (pthread_t *)KVCACHE_MALLOC(sizeof(pthread_t) * (size_t)n_threads, NULL);
+    if (t->threads == NULL || pthread_mutex_init(&t->lock, NULL) != 0) {
+        KVCACHE_FREE(t->threads, NULL);
+        KVCACHE_FREE(t, NULL);
+        return KVC_ERR_NO_MEMORY;
+    }
+    pthread_cond_init(&t->wake, NULL);
+    pthread_cond_init(&t->done, NULL);
+    t->n_threads = n_threads;
+    for (i = 1; i < n_threads; ++i) {
+        kvc__thread_arg *arg = (kvc__thread_arg *)KVCACHE_MALLOC(sizeof(*arg), NULL);
+        if (arg == NULL) break;
+        arg->pool = t;
+        arg->worker = i;
+        if (pthread_create(&t->threads[t->started], NULL, kvc__thread_main, arg) != 0) {
+            KVCACHE_FREE(arg, NULL);
+            break;
+        }
+        t->started++;
+    }
+    if (t->started != n_threads - 1) {
+        kvc_threads_destroy(t);
+        return KVC_ERR_NO_MEMORY;
+    }
+    *out = t;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_threads_attach(kvc_threads *t, kvc_pool_config *cfg) {
+    if (t == NULL || cfg == NULL) return KVC_ERR_NULL;
+    cfg->parallel_for = kvc_threads_parallel_for;
+    cfg->parallel_user = t;
+    cfg->n_workers = t->n_threads;
+    return KVC_OK;
+}
+#endif /* KVCACHE_THREADS */
 
 /* ---- Views for callers with their own attention ---------------------------------- */
 

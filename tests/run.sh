@@ -70,7 +70,7 @@ else skip clang-c99 "clang not installed"; fi
 echo "== tests (gcc -O2)"
 for t in $tests; do
   n=$(basename "$t" .c)
-  step "build-$n" $CC $STRICT -O2 -I. "$t" -o "$B/$n" -lm && checks "$n" "$B/$n" "$seed"
+  step "build-$n" $CC $STRICT -O2 -I. "$t" -o "$B/$n" -lm -lpthread && checks "$n" "$B/$n" "$seed"
 done
 echo "== examples"
 for e in $examples; do
@@ -92,7 +92,7 @@ SANCC=$CC; have clang && SANCC=clang
 if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev/null 2>&1; then
   for t in $tests; do
     n=$(basename "$t" .c)
-    step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm && checks "asan-$n" "$B/$n.asan" "$seed"
+    step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm -lpthread && checks "asan-$n" "$B/$n.asan" "$seed"
   done
   if [ -f examples/tinylm.c ]; then
     step asan-build-tinylm $SANCC $STRICT $SAN -I. examples/tinylm.c -o "$B/tinylm.asan" -lm &&
@@ -105,7 +105,7 @@ if have valgrind; then
   VG="valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=all"
   for t in $tests; do
     n=$(basename "$t" .c)
-    step "vg-build-$n" $CC $STRICT -O1 -g -I. "$t" -o "$B/$n.vg" -lm &&
+    step "vg-build-$n" $CC $STRICT -O1 -g -I. "$t" -o "$B/$n.vg" -lm -lpthread &&
       KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG "$B/$n.vg" "$seed"
   done
   for e in $examples; do n=$(basename "$e" .c); step "valgrind-example-$n" $VG "$B/$n"; done
