@@ -119,7 +119,6 @@ typedef struct kvc_allocator {
 #define KVC_CPU_F16C (1u << 0)        /* x86: f32 <-> f16 conversion with F16C */
 #define KVC_CPU_AVX2 (1u << 1)        /* x86: AVX2 + FMA kernels, bf16/q8_0/q4_0 conversion */
 #define KVC_CPU_AVX512 (1u << 2)      /* x86: AVX-512 F/DQ/BW/VL kernels */
-#define KVC_CPU_AVX512_VNNI (1u << 3) /* x86: reported; the int8 dot kernels are not written yet */
 #define KVC_CPU_NEON (1u << 4)        /* aarch64: NEON kernels and conversions */
 
 /* Parallel work goes through the caller's threads: parallel_for runs fn(ctx, task,
@@ -663,7 +662,7 @@ static int kvc__type_valid(kvc_type t) { return (int)t >= 0 && (int)t < (int)KVC
 #include <immintrin.h>
 
 static uint32_t kvc__cpu_detect(void) {
-    unsigned a, b, c, d, b7 = 0, c7 = 0, d7 = 0;
+    unsigned a, b, c, d, b7 = 0, c7 = 0, d7 = 0; /* c7, d7: unused today */
     uint32_t xcr0_lo, xcr0_hi, f = 0;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     /* AVX registers are usable only if the OS saves them (OSXSAVE, ecx 27; XCR0 bits 1-2) */
@@ -673,6 +672,7 @@ static uint32_t kvc__cpu_detect(void) {
     if ((xcr0_lo & 6u) != 6u) return 0;
     if (c & (1u << 29)) f |= KVC_CPU_F16C;
     if (__get_cpuid_max(0, NULL) >= 7) __cpuid_count(7, 0, a, b7, c7, d7);
+    (void)c7;
     (void)d7;
     /* AVX2 (leaf 7 ebx 5) with FMA (leaf 1 ecx 12) and F16C */
     if ((b7 & (1u << 5)) && (c & (1u << 12)) && (f & KVC_CPU_F16C)) f |= KVC_CPU_AVX2;
@@ -680,7 +680,6 @@ static uint32_t kvc__cpu_detect(void) {
     if ((f & KVC_CPU_AVX2) && (xcr0_lo & 0xe0u) == 0xe0u && (b7 & (1u << 16)) && (b7 & (1u << 17)) &&
         (b7 & (1u << 30)) && (b7 & (1u << 31)))
         f |= KVC_CPU_AVX512;
-    if ((f & KVC_CPU_AVX512) && (c7 & (1u << 11))) f |= KVC_CPU_AVX512_VNNI;
     return f;
 }
 
