@@ -371,6 +371,80 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *prefix, const int32_t *tokens, in
 KVCDEF kvc_result kvc_prefix_close(kvc_prefix *prefix, const int32_t *generated, int32_t n_generated);
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **tokens, int32_t *n_tokens);
 
+/* ---- Radix prefix cache: many conversations share cached prefixes ---------------- */
+/* A tree over token ids on one pool. Each node is a span of tokens and holds the pool
+   pages of that span (a page whose first cells belong to the parent is the node's own
+   copy, or the page it shares with the parent since a split). A lookup stitches the
+   pages of the longest cached prefix into a ready cache without copying K/V; a commit
+   inserts a conversation's prompt + generated tokens, sharing its pages with the tree.
+   When the pool runs out of pages (kvc_begin, a CAUSAL create, a load), the trees on the
+   pool evict their least recently used unreferenced leaves first, all or nothing: an
+   allocation that cannot succeed even after eviction fails with nothing evicted.
+   Entries in use (a cache looked up from or committed to them, until it is destroyed,
+   cleared or released) and pinned entries are never evicted. With max_entries = 1 the
+   tree keeps only the latest conversation: the seeds' single entry (kvc_prefix is the
+   same rule applied in place to caches you keep). Trees count as live_prefixes. */
+typedef struct kvc_radix kvc_radix;
+
+/* Entries committed under one namespace are found only by lookups under the same one. */
+typedef struct kvc_namespace {
+    uint64_t model; /* e.g. a hash of the model file: two models never match */
+    uint64_t salt;  /* e.g. a tenant id: 0 when everyone may share prefixes */
+} kvc_namespace;
+
+typedef struct kvc_radix_config {
+    kvc_cache_config cache; /* FULL, or ROTATING (window, sinks): the caches lookups return
+                               and commits take */
+    int32_t max_entries;    /* 0: keep as much as the pool holds; N: after a commit keep only
+                               the N latest committed sequences (and entries in use or
+                               pinned); 1 = the seeds' single entry */
+} kvc_radix_config;
+
+typedef struct kvc_radix_stats {
+    uint64_t lookups;         /* successful kvc_radix_lookup calls */
+    uint64_t tokens_queried;  /* tokens they were given */
+    uint64_t tokens_hit;      /* tokens their ready caches held */
+    uint64_t commits;
+    uint64_t entries_evicted; /* nodes removed by eviction (pool pressure, max_entries, evict) */
+    uint64_t pages_evicted;   /* page references those nodes gave up */
+    int32_t n_nodes;          /* spans of tokens */
+    int32_t n_entries;        /* leaves: cached sequences that are no prefix of another */
+    int32_t n_pages;          /* distinct pool pages the tree references */
+    int32_t n_in_use;         /* caches holding an entry in use */
+    int32_t n_pinned;         /* pins over all entries */
+} kvc_radix_stats;
+
+KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind); /* zeros + kind */
+KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out);
+/* KVC_ERR_BUSY while a cache still holds an entry in use (destroy or release it first). */
+KVCDEF kvc_result kvc_radix_destroy(kvc_radix *tree);
+/* The longest cached prefix of tokens under ns as a new cache of the tree's kind that
+   shares the tree's pages (O(pages), nothing copied; the first write into a shared
+   page copies that page). Always leaves at least one token to evaluate: evaluate
+   tokens[*n_reused ..]. ROTATING: the prefix is shortened until the tree holds every
+   page its window needs (sinks + the last window - 1 keys). On a miss the cache is
+   empty. The entry it came from is in use until the cache is destroyed, cleared,
+   released or committed elsewhere. */
+KVCDEF kvc_result kvc_radix_lookup(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                   kvc_cache **out, int32_t *n_reused);
+/* After generation: insert tokens[0 .. min(n_tokens, offset)) — the prompt AND the
+   generated tokens — with the K/V the cache holds for them (cache positions 0, 1, ...).
+   What the tree already holds is kept (only the new part's pages are shared with the
+   tree); the cache must be of the tree's pool and config, with no batch open. The new
+   entry is in use by the cache (as for a lookup). */
+KVCDEF kvc_result kvc_radix_commit(kvc_radix *tree, kvc_namespace ns, kvc_cache *cache, const int32_t *tokens,
+                                   int32_t n_tokens);
+/* The cache no longer holds an entry in use (it stays valid; no-op if it held none). */
+KVCDEF kvc_result kvc_radix_release(kvc_cache *cache);
+/* Pin the cached sequence tokens[0 .. n_tokens) (a system prompt) so that eviction never
+   takes it; pins nest. KVC_ERR_NOT_FOUND if the tree does not hold all of it. */
+KVCDEF kvc_result kvc_radix_pin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
+KVCDEF kvc_result kvc_radix_unpin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
+/* Evict least recently used unreferenced leaves until n_pages pages went back to the
+   pool or nothing more can be evicted; *n_freed (may be NULL) = pages freed. */
+KVCDEF kvc_result kvc_radix_evict(kvc_radix *tree, int32_t n_pages, int32_t *n_freed);
+KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *stats);
+
 #endif /* KVCACHE_H */
 
 /* ================================================================================= */
@@ -659,6 +733,7 @@ struct kvc_pool {
     int32_t n_free, pages_peak;
     uint32_t next_cache_id;
     int32_t live_caches, live_snapshots, live_prefixes;
+    kvc_radix *trees;        /* prefix trees on this pool: they give pages back under pressure */
     uint32_t cpu;            /* KVC_CPU_* paths in use */
     kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
 };
@@ -931,6 +1006,8 @@ struct kvc_cache {
     int32_t *scratch;                    /* [max_seqs] */
     float *row;                          /* one K row as f32, for re-rotation */
     double *rope_cos, *rope_sin;         /* [head_dim_k / 2 + 1] the angles of one shift */
+    struct kvc__rnode *lease;            /* the prefix-tree entry this cache keeps in use */
+    kvc_radix *lease_tree;
 };
 
 struct kvc_snapshot {
@@ -1069,6 +1146,10 @@ static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n);
 static void kvc__causal_cancel(kvc_cache *c);
 static void kvc__causal_clear(kvc_cache *c);
 static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell);
+/* prefix trees (Layer 5b): a cache's entry in use; pages given back under pressure */
+static void kvc__lease_drop(kvc_cache *c);
+static int kvc__can_reclaim(kvc_pool *p, int64_t need);
+static int kvc__reclaim(kvc_pool *p, int64_t need);
 
 KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind) {
     if (cfg == NULL) return KVC_ERR_NULL;
@@ -1119,7 +1200,7 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         if (cc.rope.n_dims == 0) cc.rope.n_dims = pool->cfg.head_dim_k;
         cc.capacity = (cc.capacity + cc.padding - 1) / cc.padding * cc.padding;
         pages = (int32_t)(((int64_t)cc.capacity + pool->page_cells - 1) / pool->page_cells);
-        if (pages > pool->n_free) return KVC_ERR_FULL;
+        if (!kvc__can_reclaim(pool, pages)) return KVC_ERR_FULL;
         words = (cc.max_seqs + 31) / 32;
     } else {
         return KVC_ERR_INVALID;
@@ -1159,6 +1240,7 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         cursor = (unsigned char *)(c->in_seq + cc.capacity);
         c->batch_nc = cursor;
         cursor += cc.capacity;
+        kvc__reclaim(pool, pages); /* checked above: frees enough pages */
         memset(c->seqs, 0, sizeof(uint32_t) * (size_t)words * (size_t)cc.capacity);
         for (i = 0; i < cc.max_seqs; ++i) { c->seq_lo[i] = INT32_MAX; c->seq_hi[i] = 0; }
         for (i = 0; i < pages; ++i) { /* zeroed: masked cells of a padded view must not hold NaNs */
@@ -1184,6 +1266,7 @@ KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
     kvc_pool *p;
     if (cache == NULL) return KVC_ERR_NULL;
     p = cache->pool;
+    kvc__lease_drop(cache);
     kvc__rewind(cache, 0);
     p->live_caches--;
     kvc__free(p, cache);
@@ -1213,6 +1296,7 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
 
 KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
+    kvc__lease_drop(cache);
     if (cache->cfg.kind == KVC_KIND_CAUSAL) kvc__causal_clear(cache);
     else kvc__rewind(cache, 0);
     return KVC_OK;
@@ -1300,7 +1384,7 @@ KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
     last = (e - 1) / pc;
     n_new = last - first_new + 1;
     n_dead = kvc__dead_pages(cache, o, &freed);
-    if ((int64_t)n_new + kvc__tail_shared(cache, o) > (int64_t)p->n_free + freed) return KVC_ERR_FULL;
+    if (!kvc__reclaim(p, (int64_t)n_new + kvc__tail_shared(cache, o) - freed)) return KVC_ERR_FULL;
     /* from here on nothing can fail */
     kvc__drop_front(cache, n_dead);
     kvc__unshare_tail(cache, o);
@@ -1882,7 +1966,7 @@ static kvc_result kvc__restore_full(kvc_cache *c, const kvc_snapshot *s, int32_t
     need_copy = cut != 0 && c->pages[keep] != s->pages[0];
     for (idx = keep + 1; idx < c->n_pages; ++idx) freed += p->refcount[c->pages[idx]] == 1;
     if (!cut && keep < c->n_pages) freed += p->refcount[c->pages[keep]] == 1;
-    if (need_copy && p->n_free + freed < 1) return KVC_ERR_FULL;
+    if (need_copy && !kvc__reclaim(p, 1 - freed)) return KVC_ERR_FULL;
     /* release the cache's pages after the boundary, then build the boundary page */
     while (c->n_pages > keep + (cut ? 1 : 0)) kvc__page_release(p, c->pages[--c->n_pages]);
     if (need_copy) {
@@ -2191,6 +2275,579 @@ KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens,
     if (x == NULL || tokens == NULL || n_tokens == NULL) return KVC_ERR_NULL;
     *tokens = x->tokens;
     *n_tokens = x->n_tokens;
+    return KVC_OK;
+}
+
+/* ---- Layer 5b: the radix prefix tree ---------------------------------------------------
+   A node is a span of tokens [start, start + len) of the path from the root and holds
+   the pages of the logical pages start / page_cells .. (end - 1) / page_cells. Its page
+   of a logical page holds valid K/V for every token of the path in that page up to the
+   node's end, its ancestors' tokens included: the first page is the committing cache's
+   own (it held the same tokens) or, after a split, the page shared with the other half.
+   So the page for logical page lp of a prefix is the deepest node's that covers lp.
+   ROTATING trees hold only the pages the committed caches still had (KVC__NO_PAGE where
+   a window released them). */
+
+typedef struct kvc__rnode {
+    struct kvc__rnode *parent, *child, *next; /* first child, next sibling */
+    kvc_namespace ns;
+    int32_t start, len;   /* the path's tokens [start, start + len) */
+    int32_t n_pages;      /* pages[i] is logical page start / page_cells + i */
+    uint32_t users;       /* caches keeping this entry in use */
+    uint32_t pins;
+    uint64_t tick;        /* last lookup or commit through it: LRU order */
+    uint64_t entry_tick;  /* last commit that ended at its end (0: none) */
+    int blocked;          /* scratch: it or a descendant is in use or pinned */
+    int kept;             /* scratch: on the path of one of the max_entries latest commits */
+    int32_t *tokens;      /* [len] */
+    uint32_t *pages;      /* [n_pages] */
+} kvc__rnode;
+
+struct kvc_radix {
+    kvc_pool *pool;
+    kvc_radix_config cfg;
+    kvc__rnode root;      /* len 0; its children start the namespaces' sequences */
+    kvc_radix *next;      /* the pool's list of trees */
+    uint64_t clock;
+    int32_t n_leases;
+    kvc_radix_stats stats;
+    uint32_t *table;      /* [max_pages] scratch: the page of each logical page of a prefix */
+    uint32_t *count;      /* [max_pages] scratch, zero between uses: references per page */
+};
+
+static int kvc__ns_equal(kvc_namespace a, kvc_namespace b) { return a.model == b.model && a.salt == b.salt; }
+static int32_t kvc__rnode_end(const kvc__rnode *n) { return n->start + n->len; }
+
+/* Pre-order successor of n within the tree of `root` (NULL after the last node). */
+static kvc__rnode *kvc__rnode_next(const kvc__rnode *root, const kvc__rnode *n) {
+    if (n->child) return n->child;
+    while (n != root) {
+        if (n->next) return n->next;
+        n = n->parent;
+    }
+    return NULL;
+}
+
+static kvc__rnode *kvc__rnode_new(kvc_radix *t, int32_t start, int32_t len) {
+    int32_t pc = t->pool->page_cells, np = (start + len - 1) / pc - start / pc + 1, i;
+    kvc__rnode *n = (kvc__rnode *)kvc__alloc(t->pool, sizeof(kvc__rnode) + sizeof(int32_t) * (size_t)len +
+                                                          sizeof(uint32_t) * (size_t)np);
+    if (n == NULL) return NULL;
+    memset(n, 0, sizeof(*n));
+    n->start = start;
+    n->len = len;
+    n->n_pages = np;
+    n->tokens = (int32_t *)(n + 1);
+    n->pages = (uint32_t *)(n->tokens + len);
+    for (i = 0; i < np; ++i) n->pages[i] = KVC__NO_PAGE;
+    return n;
+}
+
+static void kvc__rnode_link(kvc__rnode *parent, kvc__rnode *n) {
+    n->parent = parent;
+    n->next = parent->child;
+    parent->child = n;
+}
+static void kvc__rnode_unlink(kvc__rnode *n) {
+    kvc__rnode **link = &n->parent->child;
+    while (*link != n) link = &(*link)->next;
+    *link = n->next;
+    n->next = NULL;
+}
+
+/* Drop the node's page references; returns how many pages went back to the pool. */
+static int32_t kvc__rnode_release_pages(kvc_pool *p, kvc__rnode *n) {
+    int32_t i, freed = 0;
+    for (i = 0; i < n->n_pages; ++i) {
+        if (n->pages[i] == KVC__NO_PAGE) continue;
+        freed += p->refcount[n->pages[i]] == 1;
+        kvc__page_release(p, n->pages[i]);
+    }
+    return freed;
+}
+
+/* Follow tokens[0 .. n) down from the root under ns. Returns the node holding the last
+   matching token (the root when none matches) and *matched; the match may end inside
+   that node. */
+static kvc__rnode *kvc__radix_walk(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n,
+                                   int32_t *matched) {
+    kvc__rnode *at = &t->root, *c;
+    int32_t m = 0, k;
+    while (m < n) {
+        for (c = at->child; c != NULL; c = c->next)
+            if (c->tokens[0] == tokens[m] && kvc__ns_equal(c->ns, ns)) break;
+        if (c == NULL) break;
+        for (k = 1; k < c->len && m + k < n && c->tokens[k] == tokens[m + k]; ++k) {}
+        m += k;
+        at = c;
+        if (k < c->len) break;
+    }
+    *matched = m;
+    return at;
+}
+
+/* The node of the path through `deep` that holds token m - 1 (the root when m == 0). */
+static kvc__rnode *kvc__rnode_holding(kvc__rnode *deep, int32_t m) {
+    while (deep->parent != NULL && deep->start >= m) deep = deep->parent;
+    return deep;
+}
+
+/* Split n at token `at` (start < at < end): `head` (fresh, [start, at)) takes n's place
+   and n keeps the tail, so entries in use or pinned at n stay where they were. A page
+   holding both sides is shared by the two halves; nothing is copied. */
+static void kvc__rnode_split(kvc_radix *t, kvc__rnode *n, kvc__rnode *head, int32_t at) {
+    kvc_pool *p = t->pool;
+    int32_t pc = p->page_cells, cut = at - n->start, drop = at / pc - n->start / pc, i;
+    kvc__rnode **link = &n->parent->child;
+    while (*link != n) link = &(*link)->next;
+    *link = head;
+    head->parent = n->parent;
+    head->next = n->next;
+    head->child = n;
+    head->ns = n->ns;
+    head->tick = n->tick;
+    n->parent = head;
+    n->next = NULL;
+    memcpy(head->tokens, n->tokens, sizeof(int32_t) * (size_t)cut);
+    for (i = 0; i < head->n_pages; ++i) {
+        head->pages[i] = n->pages[i];
+        if (head->pages[i] != KVC__NO_PAGE) kvc__page_retain(p, head->pages[i]);
+    }
+    for (i = 0; i < drop; ++i)
+        if (n->pages[i] != KVC__NO_PAGE) kvc__page_release(p, n->pages[i]);
+    memmove(n->pages, n->pages + drop, sizeof(uint32_t) * (size_t)(n->n_pages - drop));
+    n->n_pages -= drop;
+    memmove(n->tokens, n->tokens + cut, sizeof(int32_t) * (size_t)(n->len - cut));
+    n->len -= cut;
+    n->start = at;
+}
+
+/* Where a cache at offset m needs pages: logical pages [0, *sink_end) and
+   [*first, last]; FULL: all of them. ROTATING: the sinks and the window of the next
+   query (the keys after max(sinks, m - window + sinks) - 1). */
+static void kvc__needed_pages(const kvc_radix *t, int32_t m, int32_t *sink_end, int32_t *first) {
+    int32_t pc = t->pool->page_cells, last = (m - 1) / pc, nsp, lo;
+    const kvc_cache_config *cc = &t->cfg.cache;
+    if (cc->kind != KVC_KIND_ROTATING) { *sink_end = 0; *first = 0; return; }
+    nsp = (cc->sinks + pc - 1) / pc;
+    lo = (int32_t)KVC__MAX((int64_t)cc->sinks, (int64_t)m - cc->window + cc->sinks);
+    *sink_end = KVC__MIN(nsp, last + 1);
+    *first = KVC__MAX(nsp, lo / pc);
+}
+
+/* Fill t->table[0 .. (m-1)/pc] with the page of each logical page of the first m tokens
+   along the path of `at` (which holds token m - 1): the deepest node covering it. */
+static void kvc__radix_table(kvc_radix *t, const kvc__rnode *at, int32_t m) {
+    int32_t pc = t->pool->page_cells, hi = (m - 1) / pc, lp;
+    for (; at->parent != NULL && hi >= 0; at = at->parent) {
+        int32_t first = at->start / pc;
+        for (lp = hi; lp >= first; --lp) t->table[lp] = at->pages[lp - first];
+        hi = first - 1;
+    }
+}
+
+/* The highest logical page a cache at offset m needs and the table lacks, or -1. */
+static int32_t kvc__radix_missing(const kvc_radix *t, int32_t m) {
+    int32_t pc = t->pool->page_cells, lp, sink_end, first;
+    kvc__needed_pages(t, m, &sink_end, &first);
+    for (lp = (m - 1) / pc; lp >= first; --lp)
+        if (t->table[lp] == KVC__NO_PAGE) return lp;
+    for (lp = sink_end - 1; lp >= 0; --lp)
+        if (t->table[lp] == KVC__NO_PAGE) return lp;
+    return -1;
+}
+
+/* The longest usable prefix of at most m tokens ending in `*at`'s path: ROTATING
+   prefixes shrink below the highest missing page until their window is whole. Leaves
+   the table filled for the result and *at holding its last token. */
+static int32_t kvc__radix_usable(kvc_radix *t, kvc__rnode **at, int32_t m) {
+    int32_t lp;
+    while (m > 0) {
+        *at = kvc__rnode_holding(*at, m);
+        kvc__radix_table(t, *at, m);
+        lp = kvc__radix_missing(t, m);
+        if (lp < 0) break;
+        m = lp * t->pool->page_cells;
+    }
+    if (m == 0) *at = &t->root;
+    return m;
+}
+
+/* Give an empty cache of the tree's config the table's pages for offset m (m > 0), as
+   if it had appended m tokens and then rewound to m (anchor m - 1). */
+static void kvc__radix_fill(kvc_radix *t, kvc_cache *c, int32_t m) {
+    int32_t pc = t->pool->page_cells, last = (m - 1) / pc, sink_end, first, lp;
+    kvc__needed_pages(t, m, &sink_end, &first);
+    c->n_pages = 0;
+    for (lp = 0; lp < sink_end; ++lp) c->pages[c->n_pages++] = t->table[lp];
+    c->first_lpage = first <= last ? first : c->n_sink_pages;
+    for (lp = first; lp <= last; ++lp) c->pages[c->n_pages++] = t->table[lp];
+    for (lp = 0; lp < c->n_pages; ++lp) kvc__page_retain(t->pool, c->pages[lp]);
+    c->offset = m;
+    c->batch_begin = m - 1;
+}
+
+/* Mark the entry at n (and so its path) as used now. */
+static void kvc__radix_touch(kvc_radix *t, kvc__rnode *n) {
+    uint64_t tick = ++t->clock;
+    for (; n->parent != NULL; n = n->parent) n->tick = tick;
+}
+
+static void kvc__lease_set(kvc_cache *c, kvc_radix *t, kvc__rnode *n) {
+    kvc__lease_drop(c);
+    if (n == &t->root) return;
+    n->users++;
+    t->n_leases++;
+    c->lease = n;
+    c->lease_tree = t;
+}
+
+static void kvc__lease_drop(kvc_cache *c) {
+    if (c->lease == NULL) return;
+    c->lease->users--;
+    c->lease_tree->n_leases--;
+    c->lease = NULL;
+    c->lease_tree = NULL;
+}
+
+/* ---- eviction ---- */
+
+/* blocked = the node or one of its descendants is in use or pinned: never evicted. */
+static void kvc__radix_mark_blocked(kvc_radix *t) {
+    kvc__rnode *n, *up;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) n->blocked = 0;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+        if (n->users || n->pins)
+            for (up = n; up->parent != NULL && !up->blocked; up = up->parent) up->blocked = 1;
+}
+
+/* Pages that evicting everything evictable in every tree of the pool would free: those
+   whose every reference comes from unblocked nodes. `count` is the first tree's scratch. */
+static int64_t kvc__reclaimable(kvc_pool *p) {
+    uint32_t *count = p->trees->count;
+    int64_t n_freeable = 0;
+    kvc_radix *t;
+    kvc__rnode *n;
+    int32_t i, pass;
+    for (t = p->trees; t != NULL; t = t->next) kvc__radix_mark_blocked(t);
+    for (pass = 0; pass < 2; ++pass) /* count references, then compare and reset */
+        for (t = p->trees; t != NULL; t = t->next)
+            for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) {
+                if (n->blocked) continue;
+                for (i = 0; i < n->n_pages; ++i) {
+                    uint32_t pg = n->pages[i];
+                    if (pg == KVC__NO_PAGE) continue;
+                    if (pass == 0) { count[pg]++; continue; }
+                    if (count[pg] == 0) continue; /* already compared */
+                    n_freeable += count[pg] == p->refcount[pg];
+                    count[pg] = 0;
+                }
+            }
+    return n_freeable;
+}
+
+/* The least recently used leaf of t that is neither in use nor pinned, or NULL. */
+static kvc__rnode *kvc__radix_lru_leaf(kvc_radix *t) {
+    kvc__rnode *n, *best = NULL;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+        if (n->child == NULL && n->users == 0 && n->pins == 0 && (best == NULL || n->tick < best->tick)) best = n;
+    return best;
+}
+
+static int32_t kvc__radix_evict_node(kvc_radix *t, kvc__rnode *n) {
+    int32_t freed, i;
+    kvc__rnode_unlink(n);
+    for (i = 0; i < n->n_pages; ++i) t->stats.pages_evicted += n->pages[i] != KVC__NO_PAGE;
+    freed = kvc__rnode_release_pages(t->pool, n);
+    t->stats.entries_evicted++;
+    kvc__free(t->pool, n);
+    return freed;
+}
+
+static int kvc__can_reclaim(kvc_pool *p, int64_t need) {
+    if (need <= p->n_free) return 1;
+    return p->trees != NULL && kvc__reclaimable(p) >= need - p->n_free;
+}
+
+/* Make n_free >= need by evicting LRU leaves of the pool's trees; all or nothing. */
+static int kvc__reclaim(kvc_pool *p, int64_t need) {
+    if (!kvc__can_reclaim(p, need)) return 0;
+    while (p->n_free < need) {
+        kvc_radix *t, *best_t = NULL;
+        kvc__rnode *leaf, *best = NULL;
+        for (t = p->trees; t != NULL; t = t->next) {
+            leaf = kvc__radix_lru_leaf(t);
+            if (leaf != NULL && (best == NULL || leaf->tick < best->tick)) { best = leaf; best_t = t; }
+        }
+        KVCACHE_ASSERT(best != NULL); /* kvc__can_reclaim counted these pages */
+        kvc__radix_evict_node(best_t, best);
+    }
+    return 1;
+}
+
+/* ---- the public calls ---- */
+
+KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind) {
+    if (cfg == NULL) return KVC_ERR_NULL;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->cache.kind = kind;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out) {
+    kvc_radix *t;
+    const kvc_cache_config *cc;
+    if (pool == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    cc = &cfg->cache;
+    if (cfg->max_entries < 0) return KVC_ERR_INVALID;
+    if (cc->kind == KVC_KIND_FULL) {
+        if (cc->window != 0 || cc->sinks != 0) return KVC_ERR_INVALID;
+    } else if (cc->kind == KVC_KIND_ROTATING) {
+        if (cc->window < 1 || cc->sinks < 0 || cc->sinks >= cc->window) return KVC_ERR_INVALID;
+    } else {
+        return cc->kind == KVC_KIND_CAUSAL ? KVC_ERR_UNSUPPORTED : KVC_ERR_INVALID;
+    }
+    t = (kvc_radix *)kvc__alloc(pool, sizeof(kvc_radix) + 2 * sizeof(uint32_t) * (size_t)pool->max_pages);
+    if (t == NULL) return KVC_ERR_NO_MEMORY;
+    memset(t, 0, sizeof(*t));
+    t->pool = pool;
+    t->cfg = *cfg;
+    memset(&t->cfg.cache, 0, sizeof(t->cfg.cache)); /* only what a FULL/ROTATING cache reads */
+    t->cfg.cache.kind = cc->kind;
+    t->cfg.cache.window = cc->window;
+    t->cfg.cache.sinks = cc->sinks;
+    t->table = (uint32_t *)(t + 1);
+    t->count = t->table + pool->max_pages;
+    memset(t->count, 0, sizeof(uint32_t) * (size_t)pool->max_pages);
+    t->next = pool->trees;
+    pool->trees = t;
+    pool->live_prefixes++;
+    *out = t;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
+    kvc_radix **link;
+    if (t == NULL) return KVC_ERR_NULL;
+    if (t->n_leases > 0) return KVC_ERR_BUSY;
+    while (t->root.child != NULL) { /* leaves first */
+        kvc__rnode *n = t->root.child;
+        while (n->child != NULL) n = n->child;
+        kvc__rnode_unlink(n);
+        kvc__rnode_release_pages(t->pool, n);
+        kvc__free(t->pool, n);
+    }
+    for (link = &t->pool->trees; *link != t; link = &(*link)->next) {}
+    *link = t->next;
+    t->pool->live_prefixes--;
+    kvc__free(t->pool, t);
+    return KVC_OK;
+}
+
+static kvc_result kvc__check_tokens(const int32_t *tokens, int32_t n_tokens, int32_t min) {
+    if (n_tokens < min) return KVC_ERR_INVALID;
+    return tokens == NULL && n_tokens > 0 ? KVC_ERR_NULL : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                   kvc_cache **out, int32_t *n_reused) {
+    kvc__rnode *at;
+    kvc_cache *c;
+    int32_t m;
+    kvc_result r;
+    if (t == NULL || out == NULL || n_reused == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
+    if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return r;
+    at = kvc__radix_walk(t, ns, tokens, n_tokens - 1, &m); /* always one token to evaluate */
+    m = kvc__radix_usable(t, &at, m);
+    if (m > 0) {
+        kvc__radix_fill(t, c, m);
+        kvc__radix_touch(t, at);
+        kvc__lease_set(c, t, at);
+    }
+    t->stats.lookups++;
+    t->stats.tokens_queried += (uint64_t)n_tokens;
+    t->stats.tokens_hit += (uint64_t)m;
+    *n_reused = m;
+    *out = c;
+    return KVC_OK;
+}
+
+/* max_entries: keep the paths of the max_entries latest commits (and what is in use or
+   pinned); evict every other leaf, oldest first, until none is left. */
+static void kvc__radix_trim_entries(kvc_radix *t) {
+    kvc__rnode *n, *best, *up;
+    int32_t k;
+    if (t->cfg.max_entries == 0) return;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) n->kept = 0;
+    for (k = 0; k < t->cfg.max_entries; ++k) { /* the k-th latest commit end */
+        best = NULL;
+        for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+            if (n->entry_tick && !n->kept && (best == NULL || n->entry_tick > best->entry_tick)) best = n;
+        if (best == NULL) break;
+        for (up = best; up->parent != NULL; up = up->parent) up->kept = 1;
+    }
+    for (;;) {
+        best = NULL;
+        for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+            if (n->child == NULL && !n->kept && n->users == 0 && n->pins == 0 && (best == NULL || n->tick < best->tick))
+                best = n;
+        if (best == NULL) break;
+        kvc__radix_evict_node(t, best);
+    }
+}
+
+/* The node that will end at `at` on the path of tokens (a split of the node holding
+   it when the path ends inside a node): *head is the fresh node the split needs, or
+   NULL if none is needed. NO_MEMORY before anything changes. */
+static kvc_result kvc__radix_prepare_split(kvc_radix *t, kvc__rnode *holder, int32_t at, kvc__rnode **head) {
+    *head = NULL;
+    if (holder->parent == NULL || at >= kvc__rnode_end(holder)) return KVC_OK;
+    *head = kvc__rnode_new(t, holder->start, at - holder->start);
+    return *head == NULL ? KVC_ERR_NO_MEMORY : KVC_OK;
+}
+
+/* ROTATING: the committing cache still holds pages that the path up to token m lacks
+   (another conversation's window had released them): same tokens, same K/V, so the
+   path takes them. A node's page is taken only if all of its tokens in it are < m. */
+static void kvc__radix_fill_holes(kvc_radix *t, kvc__rnode *at, int32_t m, const kvc_cache *c) {
+    int32_t pc = t->pool->page_cells, i;
+    for (; at->parent != NULL; at = at->parent) {
+        for (i = 0; i < at->n_pages; ++i) {
+            int32_t lp = at->start / pc + i, idx;
+            if (at->pages[i] != KVC__NO_PAGE || KVC__MIN((int64_t)kvc__rnode_end(at), ((int64_t)lp + 1) * pc) > m)
+                continue;
+            if ((idx = kvc__lpage_index(c, lp)) < 0) continue;
+            at->pages[i] = c->pages[idx];
+            kvc__page_retain(t->pool, at->pages[i]);
+        }
+    }
+}
+
+KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                   int32_t n_tokens) {
+    kvc__rnode *at, *head = NULL, *leaf = NULL;
+    int32_t n, m, lp, pc;
+    kvc_result r;
+    if (t == NULL || c == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (c->pool != t->pool) return KVC_ERR_FOREIGN;
+    if (c->cfg.kind != t->cfg.cache.kind || c->cfg.window != t->cfg.cache.window ||
+        c->cfg.sinks != t->cfg.cache.sinks)
+        return KVC_ERR_INVALID;
+    if (kvc__batch_open(c)) return KVC_ERR_STATE;
+    n = KVC__MIN(n_tokens, c->offset); /* only evaluated tokens have K/V */
+    at = kvc__radix_walk(t, ns, tokens, n, &m);
+    /* a split if m is inside a node: before the new leaf, or, when entries are limited,
+       so that the entry kept is exactly these n tokens (the seeds' single entry) */
+    if ((m < n || (t->cfg.max_entries > 0 && n > 0)) &&
+        (r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK)
+        return r;
+    if (m < n) { /* a new leaf for tokens [m, n) */
+        if ((leaf = kvc__rnode_new(t, m, n - m)) == NULL) {
+            if (head) kvc__free(t->pool, head);
+            return KVC_ERR_NO_MEMORY;
+        }
+    }
+    /* from here on it succeeds */
+    if (head != NULL) {
+        kvc__rnode_split(t, at, head, m);
+        at = head;
+    }
+    if (m > 0) kvc__radix_fill_holes(t, at, m, c);
+    if (leaf != NULL) {
+        pc = t->pool->page_cells;
+        leaf->ns = ns;
+        memcpy(leaf->tokens, tokens + m, sizeof(int32_t) * (size_t)(n - m));
+        for (lp = m / pc; lp <= (n - 1) / pc; ++lp) {
+            int32_t idx = kvc__lpage_index(c, lp);
+            if (idx < 0) continue; /* released by a rotating window */
+            leaf->pages[lp - m / pc] = c->pages[idx];
+            kvc__page_retain(t->pool, c->pages[idx]);
+        }
+        kvc__rnode_link(at, leaf);
+        at = leaf;
+    } /* else the tree holds all n tokens already: nothing to add */
+    if (n > 0) kvc__radix_touch(t, at);
+    if (n > 0 && kvc__rnode_end(at) == n) at->entry_tick = t->clock;
+    kvc__lease_set(c, t, n > 0 ? at : &t->root);
+    t->stats.commits++;
+    kvc__radix_trim_entries(t);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_release(kvc_cache *cache) {
+    if (cache == NULL) return KVC_ERR_NULL;
+    kvc__lease_drop(cache);
+    return KVC_OK;
+}
+
+/* The node ending exactly at n_tokens on the path of tokens, or NULL. */
+static kvc__rnode *kvc__radix_find_end(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    int32_t m;
+    kvc__rnode *at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
+    return m == n_tokens && at->parent != NULL && kvc__rnode_end(at) == n_tokens ? at : NULL;
+}
+
+KVCDEF kvc_result kvc_radix_pin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    kvc__rnode *at, *head;
+    int32_t m;
+    kvc_result r;
+    if (t == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
+    at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
+    if (m < n_tokens) return KVC_ERR_NOT_FOUND;
+    if ((r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK) return r;
+    if (head != NULL) { /* pin exactly these tokens: what follows stays evictable */
+        kvc__rnode_split(t, at, head, m);
+        at = head;
+    }
+    at->pins++;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_unpin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    kvc__rnode *at;
+    kvc_result r;
+    if (t == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
+    at = kvc__radix_find_end(t, ns, tokens, n_tokens);
+    if (at == NULL || at->pins == 0) return KVC_ERR_NOT_FOUND;
+    at->pins--;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_evict(kvc_radix *t, int32_t n_pages, int32_t *n_freed) {
+    int32_t freed = 0;
+    kvc__rnode *leaf;
+    if (t == NULL) return KVC_ERR_NULL;
+    if (n_pages < 0) return KVC_ERR_INVALID;
+    while (freed < n_pages && (leaf = kvc__radix_lru_leaf(t)) != NULL) freed += kvc__radix_evict_node(t, leaf);
+    if (n_freed) *n_freed = freed;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s) {
+    kvc_radix *t = (kvc_radix *)tree; /* the count scratch is used and left zeroed */
+    kvc__rnode *n;
+    int32_t i, pass;
+    if (t == NULL || s == NULL) return KVC_ERR_NULL;
+    *s = t->stats;
+    s->n_nodes = s->n_entries = s->n_pages = s->n_pinned = 0;
+    s->n_in_use = t->n_leases;
+    for (pass = 0; pass < 2; ++pass) /* count distinct pages, then reset the scratch */
+        for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+            for (i = 0; i < n->n_pages; ++i) {
+                uint32_t pg = n->pages[i];
+                if (pg == KVC__NO_PAGE) continue;
+                if (pass == 0) s->n_pages += t->count[pg]++ == 0;
+                else t->count[pg] = 0;
+            }
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) {
+        s->n_nodes++;
+        s->n_entries += n->child == NULL;
+        s->n_pinned += (int32_t)n->pins;
+    }
     return KVC_OK;
 }
 
