@@ -85,13 +85,18 @@
     X(KVC_ERR_BUSY, -11, "object still in use")                                         \
     X(KVC_ERR_OVERFLOW, -12, "size computation overflows")                             \
     X(KVC_ERR_NOT_FOUND, -13, "no such sequence in the cache")                          \
-    X(KVC_ERR_SHARED, -14, "a cell to be changed is shared with another sequence")
+    X(KVC_ERR_SHARED, -14, "a cell to be changed is shared with another sequence")        \
+    X(KVC_ERR_IO, -15, "a read, write or file operation failed")                        \
+    X(KVC_ERR_FORMAT, -16, "not a saved kvcache object, or a format version not supported") \
+    X(KVC_ERR_CORRUPT, -17, "saved data damaged: a checksum, length or value is wrong")  \
+    X(KVC_ERR_TRUNCATED, -18, "saved data ends early")                                  \
+    X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind")
 
 typedef enum kvc_result {
 #define KVC__RESULT_ENUM(name, value, text) name = value,
     KVC_RESULT_LIST(KVC__RESULT_ENUM)
 #undef KVC__RESULT_ENUM
-    KVC_RESULT_MIN_ = -14
+    KVC_RESULT_MIN_ = -19
 } kvc_result;
 
 /* ---- Storage types ----------------------------------------------------------------- */
@@ -444,6 +449,82 @@ KVCDEF kvc_result kvc_radix_unpin(kvc_radix *tree, kvc_namespace ns, const int32
    pool or nothing more can be evicted; *n_freed (may be NULL) = pages freed. */
 KVCDEF kvc_result kvc_radix_evict(kvc_radix *tree, int32_t n_pages, int32_t *n_freed);
 KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *stats);
+
+/* ---- Persistence: save and load caches, sequences, prefix-tree entries ------------ */
+/* The format (README, "Saved format"): a header (magic, version, what) and sections
+   CONF (layers, heads, dims, types, page size, cache config, namespace), META, TOKS
+   (your token ids), CELL (positions; CAUSAL: cell indices and sequence sets) and KV
+   (the storage bytes), each with its length and an XXH64 checksum. A load checks the
+   configuration and namespace against its target, reads everything into free pool
+   pages and verifies every checksum before it changes the target: damaged, truncated
+   or mismatched input returns an error and leaves the target as it was. A load needs
+   the pages it reads into free in the pool (it never evicts prefix-tree entries). On
+   a big-endian host saving and loading return KVC_ERR_UNSUPPORTED. */
+
+/* Where bytes go and come from. write / read return the bytes moved: fewer than n means
+   failure (write) or the end of the input (read). finish (may be NULL) is called once at
+   the end of every save or load given this io, with ok = 1 on success; a nonzero return
+   turns success into KVC_ERR_IO (the path io renames there). */
+typedef struct kvc_io {
+    size_t (*write)(void *user, const void *data, size_t n);
+    size_t (*read)(void *user, void *data, size_t n);
+    int (*finish)(void *user, int ok);
+    void *user;
+} kvc_io;
+
+/* Memory: a save appends at size (data == NULL only counts: the bytes a save needs;
+   past capacity it fails with KVC_ERR_IO); a load reads from pos up to size. */
+typedef struct kvc_mem {
+    unsigned char *data;
+    size_t capacity, size, pos;
+} kvc_mem;
+KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io);
+
+#ifndef KVCACHE_NO_STDIO
+#include <stdio.h>
+#define KVC_PATH_MAX 4096
+/* An open FILE (the caller closes it; finish flushes after a save). */
+KVCDEF kvc_result kvc_io_stdio(FILE *file, kvc_io *io);
+/* A file by name: a save writes "<path>.kvctmp" and renames it onto path when it
+   succeeded (removes it when not), so readers never see a half-written file; a load
+   opens path and closes it at the end. `state` is yours: keep it until that save or
+   load returns. KVC_ERR_IO if the file cannot be opened, KVC_ERR_RANGE for a path of
+   KVC_PATH_MAX bytes or more. */
+typedef struct kvc_path_io {
+    FILE *file;
+    int writing;
+    char path[KVC_PATH_MAX];
+    char tmp[KVC_PATH_MAX + 8];
+} kvc_path_io;
+KVCDEF kvc_result kvc_io_path(kvc_path_io *state, const char *path, int writing, kvc_io *io);
+#endif
+
+/* A FULL, ROTATING or CAUSAL cache (no batch open), with your token ids (any n_tokens
+   >= 0; e.g. the tokens at positions 0 .. offset-1), under namespace ns. */
+KVCDEF kvc_result kvc_cache_save(const kvc_cache *cache, kvc_namespace ns, const int32_t *tokens,
+                                 int32_t n_tokens, const kvc_io *io);
+/* Replace the cache's contents with a saved cache of the same pool configuration, kind
+   and window/sinks (CAUSAL: window and chunk; its capacity and max_seqs must hold the
+   saved cells). The saved tokens go to tokens[0 .. *n_tokens) (tokens may be NULL;
+   KVC_ERR_RANGE if max_tokens is too small; n_tokens may be NULL). The result is
+   bit-exact: same offset, window state, positions, sequence sets and K/V bytes. */
+KVCDEF kvc_result kvc_cache_load(kvc_cache *cache, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                 int32_t max_tokens, int32_t *n_tokens);
+/* One sequence of a CAUSAL cache: its cells' positions and K/V. Loading puts them into
+   free cells of any CAUSAL cache of the same configuration as sequence dst (dst's old
+   cells dropped first), as kvc_seq_restore does. */
+KVCDEF kvc_result kvc_seq_save(const kvc_cache *cache, int32_t seq, kvc_namespace ns, const int32_t *tokens,
+                               int32_t n_tokens, const kvc_io *io);
+KVCDEF kvc_result kvc_seq_load(kvc_cache *cache, int32_t dst, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                               int32_t max_tokens, int32_t *n_tokens);
+/* A prefix-tree entry: the cached sequence tokens[0 .. n_tokens) under ns with its K/V
+   (ROTATING: the sinks and window a lookup would use). KVC_ERR_NOT_FOUND if the tree
+   does not hold it whole. Loading commits it to a tree of the same configuration
+   (pinned if pin != 0: a system prompt loaded at start-up); *n_tokens (may be NULL) =
+   its length. */
+KVCDEF kvc_result kvc_radix_save(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 const kvc_io *io);
+KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens);
 
 #endif /* KVCACHE_H */
 
@@ -2724,8 +2805,9 @@ static void kvc__radix_fill_holes(kvc_radix *t, kvc__rnode *at, int32_t m, const
     }
 }
 
-KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
-                                   int32_t n_tokens) {
+/* kvc_radix_commit; pin: also pin the committed sequence (kvc_radix_load). */
+static kvc_result kvc__radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                    int32_t n_tokens, int pin) {
     kvc__rnode *at, *head = NULL, *leaf = NULL;
     int32_t n, m, lp, pc;
     kvc_result r;
@@ -2740,7 +2822,7 @@ KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c,
     at = kvc__radix_walk(t, ns, tokens, n, &m);
     /* a split if m is inside a node: before the new leaf, or, when entries are limited,
        so that the entry kept is exactly these n tokens (the seeds' single entry) */
-    if ((m < n || (t->cfg.max_entries > 0 && n > 0)) &&
+    if ((m < n || ((t->cfg.max_entries > 0 || pin) && n > 0)) &&
         (r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK)
         return r;
     if (m < n) { /* a new leaf for tokens [m, n) */
@@ -2770,10 +2852,16 @@ KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c,
     } /* else the tree holds all n tokens already: nothing to add */
     if (n > 0) kvc__radix_touch(t, at);
     if (n > 0 && kvc__rnode_end(at) == n) at->entry_tick = t->clock;
+    if (n > 0 && pin) at->pins++;
     kvc__lease_set(c, t, n > 0 ? at : &t->root);
     t->stats.commits++;
     kvc__radix_trim_entries(t);
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                   int32_t n_tokens) {
+    return kvc__radix_commit(t, ns, c, tokens, n_tokens, 0);
 }
 
 KVCDEF kvc_result kvc_radix_release(kvc_cache *cache) {
@@ -3039,6 +3127,866 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
     }
     return KVC_OK;
 }
+
+/* ---- Layer 7: persistence ------------------------------------------------------------
+   A saved object: "KVCACHE\x1a", u32 version, u32 what, then the sections CONF, META,
+   TOKS, CELL and KV, each u32 tag, u32 0, u64 length, the payload and the XXH64 (seed 0)
+   of everything from the tag to the payload's end. Integers are little-endian. The
+   layout of each section is in the README ("Saved format"). A load reads into fresh
+   pages and scratch memory and changes its target only after the last checksum. */
+
+#define KVC__FORMAT_VERSION 1u
+#define KVC__WHAT_CACHE 1u
+#define KVC__WHAT_SEQ 2u
+#define KVC__WHAT_ENTRY 3u
+#define KVC__TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
+#define KVC__CONF_BYTES 80u
+#define KVC__META_BYTES 24u
+
+static const unsigned char kvc__magic[8] = {'K', 'V', 'C', 'A', 'C', 'H', 'E', 0x1a};
+
+static int kvc__little_endian(void) {
+    const uint16_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+/* XXH64, streaming (the reference algorithm; seed 0). */
+#define KVC__P1 0x9E3779B185EBCA87ull
+#define KVC__P2 0xC2B2AE3D27D4EB4Full
+#define KVC__P3 0x165667B19E3779F9ull
+#define KVC__P4 0x85EBCA77C2B2AE63ull
+#define KVC__P5 0x27D4EB2F165667C5ull
+
+typedef struct kvc__xxh {
+    uint64_t v[4], total;
+    unsigned char buf[32];
+    size_t n_buf;
+} kvc__xxh;
+
+static uint64_t kvc__rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static uint64_t kvc__le64(const unsigned char *p) {
+    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 |
+           (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
+}
+static uint32_t kvc__le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void kvc__put32(unsigned char *p, uint32_t x) {
+    p[0] = (unsigned char)x; p[1] = (unsigned char)(x >> 8); p[2] = (unsigned char)(x >> 16); p[3] = (unsigned char)(x >> 24);
+}
+static void kvc__put64(unsigned char *p, uint64_t x) {
+    kvc__put32(p, (uint32_t)x);
+    kvc__put32(p + 4, (uint32_t)(x >> 32));
+}
+static uint64_t kvc__xxh_round(uint64_t acc, uint64_t in) { return kvc__rotl(acc + in * KVC__P2, 31) * KVC__P1; }
+
+static void kvc__xxh_init(kvc__xxh *h) {
+    memset(h, 0, sizeof(*h));
+    h->v[0] = KVC__P1 + KVC__P2;
+    h->v[1] = KVC__P2;
+    h->v[2] = 0;
+    h->v[3] = 0 - KVC__P1;
+}
+
+static void kvc__xxh_stripe(kvc__xxh *h, const unsigned char *p) {
+    h->v[0] = kvc__xxh_round(h->v[0], kvc__le64(p));
+    h->v[1] = kvc__xxh_round(h->v[1], kvc__le64(p + 8));
+    h->v[2] = kvc__xxh_round(h->v[2], kvc__le64(p + 16));
+    h->v[3] = kvc__xxh_round(h->v[3], kvc__le64(p + 24));
+}
+
+static void kvc__xxh_update(kvc__xxh *h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    h->total += n;
+    if (h->n_buf > 0) {
+        size_t k = KVC__MIN(n, 32 - h->n_buf);
+        memcpy(h->buf + h->n_buf, p, k);
+        h->n_buf += k;
+        p += k;
+        n -= k;
+        if (h->n_buf < 32) return;
+        kvc__xxh_stripe(h, h->buf);
+        h->n_buf = 0;
+    }
+    for (; n >= 32; p += 32, n -= 32) kvc__xxh_stripe(h, p);
+    memcpy(h->buf, p, n);
+    h->n_buf = n;
+}
+
+static uint64_t kvc__xxh_digest(const kvc__xxh *h) {
+    uint64_t x;
+    const unsigned char *p = h->buf;
+    size_t n = h->n_buf, i;
+    if (h->total >= 32) {
+        x = kvc__rotl(h->v[0], 1) + kvc__rotl(h->v[1], 7) + kvc__rotl(h->v[2], 12) + kvc__rotl(h->v[3], 18);
+        for (i = 0; i < 4; ++i) x = (x ^ kvc__xxh_round(0, h->v[i])) * KVC__P1 + KVC__P4;
+    } else {
+        x = KVC__P5;
+    }
+    x += h->total;
+    for (; n >= 8; p += 8, n -= 8) x = kvc__rotl(x ^ kvc__xxh_round(0, kvc__le64(p)), 27) * KVC__P1 + KVC__P4;
+    if (n >= 4) { x = kvc__rotl(x ^ (uint64_t)kvc__le32(p) * KVC__P1, 23) * KVC__P2 + KVC__P3; p += 4; n -= 4; }
+    for (; n > 0; ++p, --n) x = kvc__rotl(x ^ (uint64_t)*p * KVC__P5, 11) * KVC__P1;
+    x ^= x >> 33;
+    x *= KVC__P2;
+    x ^= x >> 29;
+    x *= KVC__P3;
+    return x ^ (x >> 32);
+}
+
+/* ---- writing ---- */
+
+typedef struct kvc__wr {
+    const kvc_io *io;
+    kvc__xxh h;
+    int failed;
+} kvc__wr;
+
+static void kvc__w_bytes(kvc__wr *w, const void *data, size_t n) {
+    if (w->failed || n == 0) return;
+    kvc__xxh_update(&w->h, data, n);
+    if (w->io->write(w->io->user, data, n) != n) w->failed = 1;
+}
+static void kvc__w_u32(kvc__wr *w, uint32_t x) {
+    unsigned char b[4];
+    kvc__put32(b, x);
+    kvc__w_bytes(w, b, 4);
+}
+static void kvc__w_section(kvc__wr *w, uint32_t tag, uint64_t length) {
+    unsigned char b[16];
+    kvc__put32(b, tag);
+    kvc__put32(b + 4, 0);
+    kvc__put64(b + 8, length);
+    kvc__xxh_init(&w->h);
+    kvc__w_bytes(w, b, 16);
+}
+static void kvc__w_end(kvc__wr *w) { /* the checksum is not part of what it covers */
+    unsigned char b[8];
+    kvc__put64(b, kvc__xxh_digest(&w->h));
+    if (!w->failed && w->io->write(w->io->user, b, 8) != 8) w->failed = 1;
+}
+
+/* The header and the CONF section: everything a load checks before reading data. */
+static void kvc__w_head(kvc__wr *w, const kvc_cache *c, uint32_t what, kvc_namespace ns) {
+    const kvc_pool_config *pc = &c->pool->cfg;
+    const kvc_cache_config *cc = &c->cfg;
+    unsigned char b[16];
+    memcpy(b, kvc__magic, 8);
+    kvc__put32(b + 8, KVC__FORMAT_VERSION);
+    kvc__put32(b + 12, what);
+    if (w->io->write(w->io->user, b, 16) != 16) w->failed = 1;
+    kvc__w_section(w, KVC__TAG('C', 'O', 'N', 'F'), KVC__CONF_BYTES);
+    kvc__w_u32(w, (uint32_t)pc->n_layers);
+    kvc__w_u32(w, (uint32_t)pc->n_kv_heads);
+    kvc__w_u32(w, (uint32_t)pc->head_dim_k);
+    kvc__w_u32(w, (uint32_t)pc->head_dim_v);
+    kvc__w_u32(w, (uint32_t)pc->type_k);
+    kvc__w_u32(w, (uint32_t)pc->type_v);
+    kvc__w_u32(w, (uint32_t)c->pool->page_cells);
+    kvc__w_u32(w, (uint32_t)cc->kind);
+    kvc__w_u32(w, (uint32_t)cc->window);
+    kvc__w_u32(w, (uint32_t)cc->sinks);
+    kvc__w_u32(w, (uint32_t)cc->capacity);
+    kvc__w_u32(w, (uint32_t)cc->max_seqs);
+    kvc__w_u32(w, (uint32_t)cc->chunk);
+    kvc__w_u32(w, (uint32_t)cc->padding);
+    kvc__w_u32(w, 0);
+    kvc__w_u32(w, 0);
+    kvc__put64(b, ns.model);
+    kvc__put64(b + 8, ns.salt);
+    kvc__w_bytes(w, b, 16);
+    kvc__w_end(w);
+}
+
+static void kvc__w_meta(kvc__wr *w, const int32_t m[6]) {
+    int i;
+    kvc__w_section(w, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
+    for (i = 0; i < 6; ++i) kvc__w_u32(w, (uint32_t)m[i]);
+    kvc__w_end(w);
+}
+
+static void kvc__w_tokens(kvc__wr *w, const int32_t *tokens, int32_t n) {
+    int32_t i;
+    kvc__w_section(w, KVC__TAG('T', 'O', 'K', 'S'), 4 * (uint64_t)n);
+    for (i = 0; i < n; ++i) kvc__w_u32(w, (uint32_t)tokens[i]);
+    kvc__w_end(w);
+}
+
+/* The cells a save writes: n runs of consecutive cells, each one page's [c0, c1). */
+typedef struct kvc__cellset {
+    const kvc_cache *c;
+    int32_t n_cells;
+    int32_t seq;      /* CAUSAL sequence save: only its cells; -1: every used cell */
+} kvc__cellset;
+
+/* Visit the saved cells in order: FULL/ROTATING the held pages' tokens below offset,
+   CAUSAL the used cells (of one sequence). */
+static int kvc__cell_next(const kvc__cellset *s, int32_t *i, uint32_t *page, int32_t *slot) {
+    const kvc_cache *c = s->c;
+    int32_t pc = c->pool->page_cells;
+    if (c->cfg.kind != KVC_KIND_CAUSAL) { /* *i = page-table index * pc + slot */
+        for (;;) {
+            int32_t idx = *i / pc, sl = *i % pc;
+            if (idx >= c->n_pages) return 0;
+            if ((int64_t)kvc__entry_lpage(c, idx) * pc + sl < c->offset) {
+                *page = c->pages[idx];
+                *slot = sl;
+                (*i)++;
+                return 1;
+            }
+            *i = (idx + 1) * pc;
+        }
+    }
+    for (; *i < c->capacity; ++*i) {
+        int used = s->seq >= 0 ? kvc__cell_has(c, *i, s->seq) : !kvc__cell_empty(c, *i);
+        if (used) {
+            *page = c->pages[*i / pc];
+            *slot = *i % pc;
+            (*i)++;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int32_t kvc__cell_count(const kvc__cellset *s) {
+    int32_t i = 0, n = 0, slot;
+    uint32_t page;
+    while (kvc__cell_next(s, &i, &page, &slot)) n++;
+    return n;
+}
+
+/* CELL: per cell its position; a CAUSAL cache also its index and sequence set words. */
+static void kvc__w_cells(kvc__wr *w, const kvc__cellset *s, int with_seqs) {
+    const kvc_cache *c = s->c;
+    int32_t i = 0, slot, k;
+    uint32_t page;
+    uint64_t per = with_seqs ? 8 + 4 * (uint64_t)c->words : 4;
+    kvc__w_section(w, KVC__TAG('C', 'E', 'L', 'L'), per * (uint64_t)s->n_cells);
+    while (kvc__cell_next(s, &i, &page, &slot)) {
+        if (with_seqs) kvc__w_u32(w, (uint32_t)(i - 1));
+        kvc__w_u32(w, (uint32_t)*kvc__pos_at(c->pool, page, slot));
+        if (with_seqs)
+            for (k = 0; k < c->words; ++k) kvc__w_u32(w, c->seqs[(size_t)(i - 1) * c->words + k]);
+    }
+    kvc__w_end(w);
+}
+
+/* KV: layer by layer, the K rows of the cells then their V rows, runs of one page at a time. */
+static void kvc__w_kv(kvc__wr *w, const kvc__cellset *s) {
+    const kvc_pool *p = s->c->pool;
+    int32_t l, kv, i, slot, run_slot = 0, run_n = 0;
+    uint32_t page, run_page = 0;
+    kvc__w_section(w, KVC__TAG('K', 'V', 'D', 'T'), (uint64_t)p->cfg.n_layers * (uint64_t)s->n_cells * (p->k_row + p->v_row));
+    for (l = 0; l < p->cfg.n_layers; ++l)
+        for (kv = 0; kv < 2; ++kv) {
+            size_t row = kv ? p->v_row : p->k_row;
+            i = 0;
+            run_n = 0;
+            for (;;) {
+                int more = kvc__cell_next(s, &i, &page, &slot);
+                if (run_n > 0 && (!more || page != run_page || slot != run_slot + run_n)) {
+                    const unsigned char *src = kv ? kvc__v_at(p, l, run_page, run_slot) : kvc__k_at(p, l, run_page, run_slot);
+                    kvc__w_bytes(w, src, (size_t)run_n * row);
+                    run_n = 0;
+                }
+                if (!more) break;
+                if (run_n == 0) { run_page = page; run_slot = slot; }
+                run_n++;
+            }
+        }
+    kvc__w_end(w);
+}
+
+/* Every save ends here: finish the io, turn its failure into KVC_ERR_IO. */
+static kvc_result kvc__io_end(const kvc_io *io, kvc_result r) {
+    if (io->finish != NULL && io->finish(io->user, r == KVC_OK) != 0 && r == KVC_OK) r = KVC_ERR_IO;
+    return r;
+}
+
+static kvc_result kvc__check_io(const kvc_io *io, int writing) {
+    if (writing ? io->write == NULL : io->read == NULL) return KVC_ERR_NULL;
+    return kvc__little_endian() ? KVC_OK : KVC_ERR_UNSUPPORTED;
+}
+
+static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_namespace ns, const int32_t *tokens,
+                            int32_t n_tokens, const kvc_io *io) {
+    kvc__wr w;
+    kvc__cellset set;
+    int32_t meta[6] = {0, 0, 0, 0, 0, 0};
+    set.c = c;
+    set.seq = seq;
+    set.n_cells = kvc__cell_count(&set);
+    meta[0] = n_tokens;
+    meta[1] = set.n_cells;
+    if (c->cfg.kind != KVC_KIND_CAUSAL) {
+        meta[2] = c->offset;
+        meta[3] = c->batch_begin;
+        meta[4] = c->first_lpage;
+        meta[5] = c->n_pages;
+    } else if (what == KVC__WHAT_CACHE) {
+        meta[2] = c->words;
+    }
+    memset(&w, 0, sizeof(w));
+    w.io = io;
+    kvc__w_head(&w, c, what, ns);
+    kvc__w_meta(&w, meta);
+    kvc__w_tokens(&w, tokens, n_tokens);
+    kvc__w_cells(&w, &set, c->cfg.kind == KVC_KIND_CAUSAL && what == KVC__WHAT_CACHE);
+    kvc__w_kv(&w, &set);
+    return w.failed ? KVC_ERR_IO : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_save(const kvc_cache *c, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 const kvc_io *io) {
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) r = KVC_ERR_NULL;
+    else if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) {}
+    else if (kvc__batch_open(c)) r = KVC_ERR_STATE;
+    else r = kvc__save(c, KVC__WHAT_CACHE, -1, ns, tokens, n_tokens, io);
+    return kvc__io_end(io, r);
+}
+
+KVCDEF kvc_result kvc_seq_save(const kvc_cache *c, int32_t seq, kvc_namespace ns, const int32_t *tokens,
+                               int32_t n_tokens, const kvc_io *io) {
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) r = KVC_ERR_NULL;
+    else if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK ||
+             (r = kvc__check_seq(c, seq)) != KVC_OK) {}
+    else if (kvc__batch_open(c)) r = KVC_ERR_STATE;
+    else if (!kvc__seq_known(c, seq)) r = KVC_ERR_NOT_FOUND;
+    else r = kvc__save(c, KVC__WHAT_SEQ, seq, ns, tokens, n_tokens, io);
+    return kvc__io_end(io, r);
+}
+
+/* ---- reading ---- */
+
+typedef struct kvc__rd {
+    const kvc_io *io;
+    kvc__xxh h;
+    uint64_t left;      /* payload bytes of the current section not read yet */
+    kvc_result err;     /* the first error; every later read is a no-op */
+} kvc__rd;
+
+static void kvc__r_fail(kvc__rd *r, kvc_result e) { if (r->err == KVC_OK) r->err = e; }
+
+static void kvc__r_raw(kvc__rd *r, void *dst, size_t n) {
+    if (r->err != KVC_OK || n == 0) return;
+    if (r->io->read(r->io->user, dst, n) != n) kvc__r_fail(r, KVC_ERR_TRUNCATED);
+}
+
+/* Payload bytes of the current section, hashed. */
+static void kvc__r_bytes(kvc__rd *r, void *dst, size_t n) {
+    if (r->err != KVC_OK) return;
+    if (n > r->left) { kvc__r_fail(r, KVC_ERR_CORRUPT); return; }
+    kvc__r_raw(r, dst, n);
+    kvc__xxh_update(&r->h, dst, n);
+    r->left -= n;
+}
+static uint32_t kvc__r_u32(kvc__rd *r) {
+    unsigned char b[4] = {0, 0, 0, 0};
+    kvc__r_bytes(r, b, 4);
+    return kvc__le32(b);
+}
+
+/* A section header: its tag and length must be what this object needs. */
+static void kvc__r_section(kvc__rd *r, uint32_t tag, uint64_t length) {
+    unsigned char b[16];
+    memset(b, 0, sizeof(b));
+    kvc__r_raw(r, b, 16);
+    if (r->err != KVC_OK) return;
+    kvc__xxh_init(&r->h);
+    kvc__xxh_update(&r->h, b, 16);
+    if (kvc__le32(b) != tag || kvc__le32(b + 4) != 0 || kvc__le64(b + 8) != length) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    r->left = length;
+}
+static void kvc__r_end(kvc__rd *r) {
+    unsigned char b[8];
+    memset(b, 0, sizeof(b));
+    if (r->err == KVC_OK && r->left != 0) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    kvc__r_raw(r, b, 8);
+    if (r->err == KVC_OK && kvc__le64(b) != kvc__xxh_digest(&r->h)) kvc__r_fail(r, KVC_ERR_CORRUPT);
+}
+
+/* What a load learns before it reads data. */
+typedef struct kvc__saved {
+    uint32_t what;
+    int32_t shape[7];          /* layers, kv heads, head dims, types, page cells */
+    kvc_cache_config cc;       /* kind, window, sinks, capacity, max_seqs, chunk, padding */
+    kvc_namespace ns;
+    int32_t meta[6];           /* n_tokens, n_cells, then per kind (see kvc__save) */
+} kvc__saved;
+
+/* Header, CONF and META, checked against the pool, the expected object and namespace. */
+static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namespace ns, kvc__saved *s) {
+    unsigned char b[16];
+    uint32_t f[16];
+    int32_t i;
+    memset(b, 0, sizeof(b));
+    kvc__r_raw(r, b, 16);
+    if (r->err != KVC_OK) return;
+    if (memcmp(b, kvc__magic, 8) != 0 || kvc__le32(b + 8) != KVC__FORMAT_VERSION) { kvc__r_fail(r, KVC_ERR_FORMAT); return; }
+    s->what = kvc__le32(b + 12);
+    if (s->what < KVC__WHAT_CACHE || s->what > KVC__WHAT_ENTRY) { kvc__r_fail(r, KVC_ERR_FORMAT); return; }
+    kvc__r_section(r, KVC__TAG('C', 'O', 'N', 'F'), KVC__CONF_BYTES);
+    for (i = 0; i < 16; ++i) f[i] = kvc__r_u32(r);
+    kvc__r_bytes(r, b, 16);
+    kvc__r_end(r);
+    if (r->err != KVC_OK) return;
+    for (i = 0; i < 7; ++i) s->shape[i] = (int32_t)f[i];
+    s->cc.kind = (kvc_kind)f[7];
+    s->cc.window = (int32_t)f[8];
+    s->cc.sinks = (int32_t)f[9];
+    s->cc.capacity = (int32_t)f[10];
+    s->cc.max_seqs = (int32_t)f[11];
+    s->cc.chunk = (int32_t)f[12];
+    s->cc.padding = (int32_t)f[13];
+    s->ns.model = kvc__le64(b);
+    s->ns.salt = kvc__le64(b + 8);
+    if (s->shape[0] != p->cfg.n_layers || s->shape[1] != p->cfg.n_kv_heads || s->shape[2] != p->cfg.head_dim_k ||
+        s->shape[3] != p->cfg.head_dim_v || s->shape[4] != (int32_t)p->cfg.type_k ||
+        s->shape[5] != (int32_t)p->cfg.type_v || s->shape[6] != p->page_cells || !kvc__ns_equal(s->ns, ns) ||
+        s->what != what) {
+        kvc__r_fail(r, KVC_ERR_MISMATCH);
+        return;
+    }
+    kvc__r_section(r, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
+    for (i = 0; i < 6; ++i) s->meta[i] = (int32_t)kvc__r_u32(r);
+    kvc__r_end(r);
+    if (r->err == KVC_OK && (s->meta[0] < 0 || s->meta[1] < 0)) kvc__r_fail(r, KVC_ERR_CORRUPT);
+}
+
+/* TOKS into dst (NULL: read and check only). */
+static void kvc__r_tokens(kvc__rd *r, int32_t *dst, int32_t n) {
+    int32_t i;
+    kvc__r_section(r, KVC__TAG('T', 'O', 'K', 'S'), 4 * (uint64_t)n);
+    for (i = 0; i < n && r->err == KVC_OK; ++i) {
+        uint32_t t = kvc__r_u32(r);
+        if (dst != NULL) dst[i] = (int32_t)t;
+    }
+    kvc__r_end(r);
+}
+
+/* Fresh pages for n cells, packed from slot 0 (the load's staging area). */
+static kvc_result kvc__stage_pages(kvc_pool *p, int32_t n_cells, uint32_t **pages, int32_t *n_pages) {
+    int32_t n = (int32_t)(((int64_t)n_cells + p->page_cells - 1) / p->page_cells), i;
+    *pages = NULL;
+    *n_pages = n;
+    if (n > p->n_free) return KVC_ERR_FULL;
+    *pages = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)KVC__MAX(n, 1));
+    if (*pages == NULL) return KVC_ERR_NO_MEMORY;
+    for (i = 0; i < n; ++i) (*pages)[i] = kvc__page_acquire(p);
+    return KVC_OK;
+}
+static void kvc__unstage_pages(kvc_pool *p, uint32_t *pages, int32_t n) {
+    int32_t i;
+    if (pages == NULL) return;
+    for (i = 0; i < n; ++i) kvc__page_release(p, pages[i]);
+    kvc__free(p, pages);
+}
+
+/* KV into the staged pages: cell i at page i / pc, slot i % pc. */
+static void kvc__r_kv(kvc__rd *r, kvc_pool *p, const uint32_t *pages, int32_t n_cells) {
+    int32_t pc = p->page_cells, l, kv, i;
+    kvc__r_section(r, KVC__TAG('K', 'V', 'D', 'T'), (uint64_t)p->cfg.n_layers * (uint64_t)n_cells * (p->k_row + p->v_row));
+    for (l = 0; l < p->cfg.n_layers; ++l)
+        for (kv = 0; kv < 2; ++kv)
+            for (i = 0; i < n_cells; i += pc) {
+                int32_t n = KVC__MIN(pc, n_cells - i);
+                unsigned char *dst = kv ? kvc__v_at(p, l, pages[i / pc], 0) : kvc__k_at(p, l, pages[i / pc], 0);
+                kvc__r_bytes(r, dst, (size_t)n * (kv ? p->v_row : p->k_row));
+            }
+    kvc__r_end(r);
+}
+
+/* FULL/ROTATING: is (offset, batch_begin, first_lpage, n_pages, n_cells) a state the
+   cache kind can be in, with every cell its view reads held? */
+static int kvc__linear_state_ok(const kvc_cache *c, const int32_t *m) {
+    int32_t pc = c->pool->page_cells, off = m[2], bb = m[3], first = m[4], np = m[5], n_cells = m[1];
+    int32_t nsp = c->n_sink_pages, last = off > 0 ? (off - 1) / pc : -1, sink_end, cells = 0, idx;
+    if (off < 0 || bb < 0 || bb > off || first < nsp || np < 0 || np > c->pool->max_pages) return 0;
+    if (c->cfg.kind == KVC_KIND_FULL && first != 0) return 0;
+    sink_end = KVC__MIN(nsp, last + 1);
+    if (first > KVC__MAX(last + 1, nsp)) return 0;
+    if (np != sink_end + KVC__MAX(0, last - first + 1)) return 0;
+    for (idx = 0; idx < np; ++idx) { /* cells below offset of each held page */
+        int32_t lp = idx < sink_end ? idx : first + (idx - sink_end);
+        cells += (int32_t)KVC__MIN((int64_t)pc, (int64_t)off - (int64_t)lp * pc);
+    }
+    if (cells != n_cells) return 0;
+    if (c->cfg.kind == KVC_KIND_ROTATING) { /* the view [b1, off) after the sinks is held */
+        int64_t lo = (int64_t)bb - (c->cfg.window - c->cfg.sinks) + 1, s = KVC__MIN(c->cfg.sinks, off);
+        int64_t b1 = KVC__MIN(KVC__MAX(lo, s), (int64_t)off);
+        if (b1 < off && KVC__MAX(b1 / pc, (int64_t)sink_end) <= KVC__MIN((int64_t)first - 1, (int64_t)last)) return 0;
+    }
+    return 1;
+}
+
+/* CELL of a FULL/ROTATING cache: positions must be the tokens the page table implies. */
+static void kvc__r_linear_cells(kvc__rd *r, const kvc_cache *c, const kvc__saved *s, const uint32_t *pages) {
+    int32_t pc = c->pool->page_cells, sink_end = KVC__MIN(c->n_sink_pages, s->meta[2] > 0 ? (s->meta[2] - 1) / pc + 1 : 0);
+    int32_t idx, k, cell = 0;
+    kvc__r_section(r, KVC__TAG('C', 'E', 'L', 'L'), 4 * (uint64_t)s->meta[1]);
+    for (idx = 0; idx < s->meta[5] && r->err == KVC_OK; ++idx) {
+        int32_t lp = idx < sink_end ? idx : s->meta[4] + (idx - sink_end);
+        int32_t n = (int32_t)KVC__MIN((int64_t)pc, (int64_t)s->meta[2] - (int64_t)lp * pc);
+        for (k = 0; k < n; ++k, ++cell) {
+            int32_t pos = (int32_t)kvc__r_u32(r);
+            if (r->err == KVC_OK && pos != lp * pc + k) kvc__r_fail(r, KVC_ERR_CORRUPT);
+            *kvc__pos_at(c->pool, pages[cell / pc], cell % pc) = pos;
+        }
+    }
+    kvc__r_end(r);
+}
+
+/* Reading CONF..KV of a FULL/ROTATING cache or entry into staged pages. */
+typedef struct kvc__staged {
+    uint32_t *pages;   /* packed cells */
+    int32_t n_pages;
+    kvc__saved s;
+    int32_t *tokens;   /* an entry's tokens (scratch) */
+} kvc__staged;
+
+static void kvc__staged_free(kvc_pool *p, kvc__staged *st) {
+    kvc__unstage_pages(p, st->pages, st->n_pages);
+    if (st->tokens != NULL) kvc__free(p, st->tokens);
+    st->pages = NULL;
+    st->tokens = NULL;
+}
+
+static void kvc__r_linear(kvc__rd *r, const kvc_cache *c, uint32_t what, kvc_namespace ns, kvc__staged *st,
+                          int32_t *tokens, int32_t max_tokens) {
+    kvc_pool *p = c->pool;
+    kvc_result e;
+    kvc__r_head(r, p, what, ns, &st->s);
+    if (r->err != KVC_OK) return;
+    if (st->s.cc.kind != c->cfg.kind || st->s.cc.window != c->cfg.window || st->s.cc.sinks != c->cfg.sinks) {
+        kvc__r_fail(r, KVC_ERR_MISMATCH);
+        return;
+    }
+    if (!kvc__linear_state_ok(c, st->s.meta) || (what == KVC__WHAT_ENTRY && st->s.meta[0] != st->s.meta[2])) {
+        kvc__r_fail(r, KVC_ERR_CORRUPT);
+        return;
+    }
+    if (what == KVC__WHAT_ENTRY) { /* the tokens of an entry are needed to commit it */
+        st->tokens = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)KVC__MAX(st->s.meta[0], 1));
+        if (st->tokens == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); return; }
+        tokens = st->tokens;
+    } else if (tokens != NULL && st->s.meta[0] > max_tokens) {
+        kvc__r_fail(r, KVC_ERR_RANGE);
+        return;
+    }
+    if ((e = kvc__stage_pages(p, st->s.meta[1], &st->pages, &st->n_pages)) != KVC_OK) { kvc__r_fail(r, e); return; }
+    kvc__r_tokens(r, tokens, st->s.meta[0]);
+    kvc__r_linear_cells(r, c, &st->s, st->pages);
+    kvc__r_kv(r, p, st->pages, st->s.meta[1]);
+}
+
+/* Install staged cells as the cache's pages. Every held page but the last is full
+   (sink pages, then consecutive window pages), so the packed staging pages line up with
+   the page table one to one: the cache takes them over. */
+static void kvc__install_linear(kvc_cache *c, kvc__staged *st) {
+    const int32_t *m = st->s.meta;
+    kvc__lease_drop(c);
+    kvc__rewind(c, 0); /* the old pages go */
+    KVCACHE_ASSERT(st->n_pages == m[5]);
+    memcpy(c->pages, st->pages, sizeof(uint32_t) * (size_t)m[5]);
+    c->n_pages = m[5];
+    c->first_lpage = m[4];
+    c->offset = m[2];
+    c->batch_begin = m[3];
+    c->batch_pending = 0;
+    kvc__free(c->pool, st->pages);
+    st->pages = NULL;
+}
+
+static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                   int32_t max_tokens, int32_t *n_tokens);
+
+/* Load entry points end here: release what is staged, finish the io. */
+static kvc_result kvc__load_end(const kvc_io *io, kvc_pool *p, kvc__staged *st, kvc_result r) {
+    if (p != NULL) kvc__staged_free(p, st);
+    return kvc__io_end(io, r);
+}
+
+KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
+                                 int32_t *n_tokens) {
+    kvc__rd r;
+    kvc__staged st;
+    kvc_result e;
+    memset(&st, 0, sizeof(st));
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) return kvc__load_end(io, NULL, &st, KVC_ERR_NULL);
+    if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__load_end(io, NULL, &st, e);
+    if (max_tokens < 0) return kvc__load_end(io, NULL, &st, KVC_ERR_INVALID);
+    if (kvc__batch_open(c)) return kvc__load_end(io, NULL, &st, KVC_ERR_STATE);
+    if (kvc__is_causal(c)) return kvc__load_end(io, NULL, &st, kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens));
+    memset(&r, 0, sizeof(r));
+    r.io = io;
+    kvc__r_linear(&r, c, KVC__WHAT_CACHE, ns, &st, tokens, max_tokens);
+    if (r.err == KVC_ERR_RANGE && n_tokens != NULL) *n_tokens = st.s.meta[0];
+    if (r.err != KVC_OK) return kvc__load_end(io, c->pool, &st, r.err);
+    kvc__install_linear(c, &st);
+    if (n_tokens != NULL) *n_tokens = st.s.meta[0];
+    return kvc__load_end(io, c->pool, &st, KVC_OK);
+}
+
+/* ---- CAUSAL: a whole cache, or one sequence ---- */
+
+/* CELL of a CAUSAL cache: cell index (ascending, inside the target), position, the
+   saved sequence set (words of the saved max_seqs), converted to the target's words. */
+static void kvc__r_causal_cells(kvc__rd *r, const kvc_cache *c, const kvc__saved *s, const uint32_t *pages,
+                                int32_t *cell_of, uint32_t *seqs) {
+    kvc_pool *p = c->pool;
+    int32_t n = s->meta[1], w_saved = s->meta[2], i, k, prev = -1;
+    kvc__r_section(r, KVC__TAG('C', 'E', 'L', 'L'), (8 + 4 * (uint64_t)w_saved) * (uint64_t)n);
+    for (i = 0; i < n && r->err == KVC_OK; ++i) {
+        int32_t cell = (int32_t)kvc__r_u32(r), pos = (int32_t)kvc__r_u32(r);
+        uint32_t any = 0;
+        if (r->err == KVC_OK && (cell <= prev || pos < 0 || pos == INT32_MAX)) kvc__r_fail(r, KVC_ERR_CORRUPT);
+        if (r->err == KVC_OK && cell >= c->capacity) kvc__r_fail(r, KVC_ERR_MISMATCH);
+        prev = cell;
+        cell_of[i] = cell;
+        *kvc__pos_at(p, pages[i / p->page_cells], i % p->page_cells) = pos;
+        for (k = 0; k < w_saved; ++k) {
+            uint32_t bits = kvc__r_u32(r), keep = bits;
+            if (k >= c->words) keep = 0;
+            else if (k == c->words - 1 && c->cfg.max_seqs % 32) keep &= (1u << (c->cfg.max_seqs % 32)) - 1u;
+            if (r->err == KVC_OK && keep != bits) kvc__r_fail(r, KVC_ERR_MISMATCH); /* a sequence the target lacks */
+            if (k < c->words) seqs[(size_t)i * c->words + k] = keep;
+            any |= bits;
+        }
+        for (k = w_saved; k < c->words; ++k) seqs[(size_t)i * c->words + k] = 0;
+        if (r->err == KVC_OK && !any) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    }
+    kvc__r_end(r);
+}
+
+/* The causal configuration a saved cache or sequence must share with the target. */
+static int kvc__causal_conf_ok(const kvc_cache *c, const kvc__saved *s) {
+    return s->cc.kind == KVC_KIND_CAUSAL && s->cc.window == c->cfg.window && s->cc.chunk == c->cfg.chunk;
+}
+
+static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                   int32_t max_tokens, int32_t *n_tokens) {
+    kvc_pool *p = c->pool;
+    kvc__rd r;
+    kvc__saved s;
+    uint32_t *pages = NULL, *seqs = NULL;
+    int32_t *cell_of = NULL, n_pages = 0, i, n;
+    memset(&r, 0, sizeof(r));
+    memset(&s, 0, sizeof(s));
+    r.io = io;
+    kvc__r_head(&r, p, KVC__WHAT_CACHE, ns, &s);
+    if (r.err != KVC_OK) return r.err;
+    if (!kvc__causal_conf_ok(c, &s)) return KVC_ERR_MISMATCH;
+    n = s.meta[1];
+    if (s.meta[2] < 1 || s.meta[2] > (1 << 15) || n > c->capacity) return n > c->capacity ? KVC_ERR_MISMATCH : KVC_ERR_CORRUPT;
+    if (tokens != NULL && s.meta[0] > max_tokens) {
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        return KVC_ERR_RANGE;
+    }
+    cell_of = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)KVC__MAX(n, 1) * (size_t)(1 + c->words));
+    if (cell_of == NULL) return KVC_ERR_NO_MEMORY;
+    seqs = (uint32_t *)(cell_of + KVC__MAX(n, 1));
+    if ((r.err = kvc__stage_pages(p, n, &pages, &n_pages)) == KVC_OK) {
+        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_causal_cells(&r, c, &s, pages, cell_of, seqs);
+        kvc__r_kv(&r, p, pages, n);
+    }
+    if (r.err == KVC_OK) { /* replace every cell */
+        kvc__causal_clear(c);
+        for (i = 0; i < n; ++i) {
+            kvc__copy_cells(p, c->pages, cell_of[i], pages, i, 1);
+            memcpy(c->seqs + (size_t)cell_of[i] * c->words, seqs + (size_t)i * c->words, sizeof(uint32_t) * (size_t)c->words);
+        }
+        c->n_used = n;
+        kvc__all_bounds(c);
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+    }
+    kvc__unstage_pages(p, pages, n_pages);
+    kvc__free(p, cell_of);
+    return r.err;
+}
+
+KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                               int32_t max_tokens, int32_t *n_tokens) {
+    kvc__rd r;
+    kvc__saved s;
+    kvc_snapshot *snap = NULL;
+    kvc_pool *p;
+    int32_t i, n, freed = 0, pc;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if ((r.err = kvc__check_io(io, 0)) != KVC_OK || (r.err = kvc__check_seq(c, dst)) != KVC_OK) return kvc__io_end(io, r.err);
+    if (max_tokens < 0) return kvc__io_end(io, KVC_ERR_INVALID);
+    if (kvc__batch_open(c)) return kvc__io_end(io, KVC_ERR_STATE);
+    p = c->pool;
+    pc = p->page_cells;
+    memset(&r, 0, sizeof(r));
+    memset(&s, 0, sizeof(s));
+    r.io = io;
+    kvc__r_head(&r, p, KVC__WHAT_SEQ, ns, &s);
+    if (r.err == KVC_OK && !kvc__causal_conf_ok(c, &s)) r.err = KVC_ERR_MISMATCH;
+    n = s.meta[1];
+    for (i = 0; r.err == KVC_OK && i < c->capacity; ++i) freed += kvc__cell_only(c, i) == dst;
+    if (r.err == KVC_OK && c->capacity - c->n_used + freed < n) r.err = KVC_ERR_FULL;
+    if (r.err == KVC_OK && tokens != NULL && s.meta[0] > max_tokens) {
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        r.err = KVC_ERR_RANGE;
+    }
+    if (r.err == KVC_OK && (n + pc - 1) / pc > p->n_free) r.err = KVC_ERR_FULL;
+    if (r.err == KVC_OK && (snap = kvc__snapshot_alloc(p, (n + pc - 1) / pc)) == NULL) r.err = KVC_ERR_NO_MEMORY;
+    if (r.err == KVC_OK) { /* the cells go into a sequence snapshot's pages, then kvc_seq_restore */
+        snap->kind = KVC_KIND_CAUSAL;
+        snap->n_cells = n;
+        for (i = 0; i < snap->n_pages; ++i) snap->pages[i] = kvc__page_acquire(p);
+        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_section(&r, KVC__TAG('C', 'E', 'L', 'L'), 4 * (uint64_t)n);
+        for (i = 0; i < n && r.err == KVC_OK; ++i) {
+            int32_t pos = (int32_t)kvc__r_u32(&r);
+            if (r.err == KVC_OK && (pos < 0 || pos == INT32_MAX)) kvc__r_fail(&r, KVC_ERR_CORRUPT);
+            *kvc__pos_at(p, snap->pages[i / pc], i % pc) = pos;
+        }
+        kvc__r_end(&r);
+        kvc__r_kv(&r, p, snap->pages, n);
+    }
+    if (r.err == KVC_OK) {
+        r.err = kvc_seq_restore(c, snap, dst); /* checked above: cannot fail */
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+    }
+    kvc_snapshot_free(snap);
+    return kvc__io_end(io, r.err);
+}
+
+/* ---- prefix-tree entries ---- */
+
+KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 const kvc_io *io) {
+    kvc__rnode *at;
+    kvc_cache *c = NULL;
+    int32_t m;
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK)
+        return kvc__io_end(io, r);
+    at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
+    if (m < n_tokens || kvc__radix_usable(t, &at, m) < n_tokens) return kvc__io_end(io, KVC_ERR_NOT_FOUND);
+    if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, r);
+    kvc__radix_fill(t, c, n_tokens); /* the ready cache a lookup would give, all n tokens */
+    r = kvc__save(c, KVC__WHAT_ENTRY, -1, ns, tokens, n_tokens, io);
+    kvc_cache_destroy(c);
+    return kvc__io_end(io, r);
+}
+
+KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens) {
+    kvc__rd r;
+    kvc__staged st;
+    kvc_cache *c = NULL;
+    kvc_result e;
+    memset(&st, 0, sizeof(st));
+    if (io == NULL) return KVC_ERR_NULL;
+    if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__io_end(io, e);
+    if ((e = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, e);
+    memset(&r, 0, sizeof(r));
+    r.io = io;
+    kvc__r_linear(&r, c, KVC__WHAT_ENTRY, ns, &st, NULL, 0);
+    if (r.err == KVC_OK) {
+        kvc__install_linear(c, &st);
+        r.err = kvc__radix_commit(t, ns, c, st.tokens, st.s.meta[0], pin); /* NO_MEMORY: tree unchanged */
+    }
+    if (r.err == KVC_OK && n_tokens != NULL) *n_tokens = st.s.meta[0];
+    kvc_cache_destroy(c);
+    return kvc__load_end(io, t->pool, &st, r.err);
+}
+
+/* ---- the ios ---- */
+
+static size_t kvc__mem_write(void *user, const void *data, size_t n) {
+    kvc_mem *m = (kvc_mem *)user;
+    if (m->data == NULL) { m->size += n; return n; } /* counting only */
+    if (m->size > m->capacity || n > m->capacity - m->size) return 0;
+    memcpy(m->data + m->size, data, n);
+    m->size += n;
+    return n;
+}
+static size_t kvc__mem_read(void *user, void *data, size_t n) {
+    kvc_mem *m = (kvc_mem *)user;
+    size_t k;
+    if (m->pos >= m->size) return 0;
+    k = KVC__MIN(n, m->size - m->pos);
+    memcpy(data, m->data + m->pos, k);
+    m->pos += k;
+    return k;
+}
+
+KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io) {
+    if (mem == NULL || io == NULL) return KVC_ERR_NULL;
+    memset(io, 0, sizeof(*io));
+    io->write = kvc__mem_write;
+    io->read = kvc__mem_read;
+    io->user = mem;
+    return KVC_OK;
+}
+
+#ifndef KVCACHE_NO_STDIO
+static size_t kvc__file_write(void *user, const void *data, size_t n) { return fwrite(data, 1, n, (FILE *)user); }
+static size_t kvc__file_read(void *user, void *data, size_t n) { return fread(data, 1, n, (FILE *)user); }
+static int kvc__file_finish(void *user, int ok) { (void)ok; return ferror((FILE *)user) != 0; }
+
+KVCDEF kvc_result kvc_io_stdio(FILE *file, kvc_io *io) {
+    if (file == NULL || io == NULL) return KVC_ERR_NULL;
+    memset(io, 0, sizeof(*io));
+    io->write = kvc__file_write;
+    io->read = kvc__file_read;
+    io->finish = kvc__file_finish;
+    io->user = file;
+    return KVC_OK;
+}
+
+/* Close; a successful save's temporary file becomes the file, a failed one is removed. */
+static int kvc__path_finish(void *user, int ok) {
+    kvc_path_io *s = (kvc_path_io *)user;
+    int bad;
+    if (s->file == NULL) return 1;
+    bad = ferror(s->file) != 0;
+    bad |= fclose(s->file) != 0;
+    s->file = NULL;
+    if (!s->writing) return bad;
+    if (ok && !bad) bad = rename(s->tmp, s->path) != 0;
+    if (!ok || bad) remove(s->tmp);
+    return bad;
+}
+static size_t kvc__path_write(void *user, const void *data, size_t n) { return fwrite(data, 1, n, ((kvc_path_io *)user)->file); }
+static size_t kvc__path_read(void *user, void *data, size_t n) { return fread(data, 1, n, ((kvc_path_io *)user)->file); }
+
+KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc_io *io) {
+    size_t len;
+    if (s == NULL || path == NULL || io == NULL) return KVC_ERR_NULL;
+    len = strlen(path);
+    if (len == 0) return KVC_ERR_INVALID;
+    if (len >= KVC_PATH_MAX) return KVC_ERR_RANGE;
+    memset(s, 0, sizeof(*s));
+    memcpy(s->path, path, len + 1);
+    memcpy(s->tmp, path, len);
+    memcpy(s->tmp + len, ".kvctmp", 8);
+    s->writing = writing != 0;
+    s->file = fopen(s->writing ? s->tmp : s->path, s->writing ? "wb" : "rb");
+    if (s->file == NULL) return KVC_ERR_IO;
+    memset(io, 0, sizeof(*io));
+    io->write = kvc__path_write;
+    io->read = kvc__path_read;
+    io->finish = kvc__path_finish;
+    io->user = s;
+    return KVC_OK;
+}
+#endif
 
 #endif /* KVCACHE_IMPLEMENTATION_DONE */
 #endif /* KVCACHE_IMPLEMENTATION */
