@@ -3190,11 +3190,24 @@ static void kvc__xxh_init(kvc__xxh *h) {
     h->v[3] = 0 - KVC__P1;
 }
 
-static void kvc__xxh_stripe(kvc__xxh *h, const unsigned char *p) {
-    h->v[0] = kvc__xxh_round(h->v[0], kvc__le64(p));
-    h->v[1] = kvc__xxh_round(h->v[1], kvc__le64(p + 8));
-    h->v[2] = kvc__xxh_round(h->v[2], kvc__le64(p + 16));
-    h->v[3] = kvc__xxh_round(h->v[3], kvc__le64(p + 24));
+/* Whole 32-byte stripes of p[0 .. n): the lanes live in locals, not behind h (the byte
+   loads could alias them), which keeps the loop at memory speed. */
+static void kvc__xxh_stripes(kvc__xxh *h, const unsigned char *p, size_t n) {
+    uint64_t v0 = h->v[0], v1 = h->v[1], v2 = h->v[2], v3 = h->v[3], w[4];
+    int le = kvc__little_endian(), i;
+    for (; n >= 32; p += 32, n -= 32) {
+        memcpy(w, p, 32); /* one load per lane (kvc__le64 is a call at -O2) */
+        if (!le)
+            for (i = 0; i < 4; ++i) w[i] = kvc__le64(p + 8 * i);
+        v0 = kvc__xxh_round(v0, w[0]);
+        v1 = kvc__xxh_round(v1, w[1]);
+        v2 = kvc__xxh_round(v2, w[2]);
+        v3 = kvc__xxh_round(v3, w[3]);
+    }
+    h->v[0] = v0;
+    h->v[1] = v1;
+    h->v[2] = v2;
+    h->v[3] = v3;
 }
 
 static void kvc__xxh_update(kvc__xxh *h, const void *data, size_t n) {
@@ -3207,10 +3220,12 @@ static void kvc__xxh_update(kvc__xxh *h, const void *data, size_t n) {
         p += k;
         n -= k;
         if (h->n_buf < 32) return;
-        kvc__xxh_stripe(h, h->buf);
+        kvc__xxh_stripes(h, h->buf, 32);
         h->n_buf = 0;
     }
-    for (; n >= 32; p += 32, n -= 32) kvc__xxh_stripe(h, p);
+    kvc__xxh_stripes(h, p, n);
+    p += n & ~(size_t)31;
+    n &= 31;
     memcpy(h->buf, p, n);
     h->n_buf = n;
 }
@@ -3963,8 +3978,15 @@ static int kvc__path_finish(void *user, int ok) {
     if (!ok || bad) remove(s->tmp);
     return bad;
 }
-static size_t kvc__path_write(void *user, const void *data, size_t n) { return fwrite(data, 1, n, ((kvc_path_io *)user)->file); }
-static size_t kvc__path_read(void *user, void *data, size_t n) { return fread(data, 1, n, ((kvc_path_io *)user)->file); }
+/* a path io used again after its save or load finished (closed) moves nothing */
+static size_t kvc__path_write(void *user, const void *data, size_t n) {
+    FILE *f = ((kvc_path_io *)user)->file;
+    return f != NULL ? fwrite(data, 1, n, f) : 0;
+}
+static size_t kvc__path_read(void *user, void *data, size_t n) {
+    FILE *f = ((kvc_path_io *)user)->file;
+    return f != NULL ? fread(data, 1, n, f) : 0;
+}
 
 KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc_io *io) {
     size_t len;
