@@ -103,6 +103,13 @@ typedef enum kvc_result {
 typedef enum kvc_type {
     KVC_TYPE_F32 = 0, /* 4 bytes per value */
     KVC_TYPE_F16 = 1, /* IEEE half, 2 bytes per value, round to nearest even */
+    KVC_TYPE_BF16 = 2, /* bfloat16 (the top half of an f32), round to nearest even */
+    /* Block types quantise along head_dim in blocks of 32 values (head dims must be
+       multiples of 32); the layouts are llama.cpp's, so its tools read our pages. */
+    KVC_TYPE_Q8_0 = 3, /* 34 bytes: f16 scale d, 32 x int8 q; value = q * d, d = max|x| / 127 */
+    KVC_TYPE_Q4_0 = 4, /* 18 bytes: f16 scale d, 16 bytes of nibbles (value j in the low
+                          nibble of byte j, value j+16 in the high one); value = (q - 8) * d,
+                          d = -m / 8 where m is the value of largest magnitude */
     KVC_TYPE_COUNT
 } kvc_type;
 
@@ -158,7 +165,7 @@ typedef struct kvc_pool_stats {
 typedef struct kvc_pool kvc_pool;
 
 KVCDEF const char *kvc_strerror(kvc_result result);
-KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", or "?" */
+KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", "bf16", "q8_0", "q4_0" or "?" */
 KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + defaults */
 KVCDEF kvc_result kvc_cpu_features(uint32_t *features); /* KVC_CPU_* this CPU and build have */
 KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes);
@@ -656,9 +663,114 @@ static void kvc__f16_to_f32_row(const void *src, float *dst, int32_t n) {
     for (i = 0; i < n; ++i) dst[i] = kvc__f16_to_f32(s[i]);
 }
 
+static uint16_t kvc__f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* NaN stays NaN (quiet) */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);                  /* nearest, ties to even */
+}
+static float kvc__bf16_to_f32(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static void kvc__bf16_from_f32(const float *src, void *dst, int32_t n) {
+    uint16_t *d = (uint16_t *)dst;
+    int32_t i;
+    for (i = 0; i < n; ++i) d[i] = kvc__f32_to_bf16(src[i]);
+}
+static void kvc__bf16_to_f32_row(const void *src, float *dst, int32_t n) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t i;
+    for (i = 0; i < n; ++i) dst[i] = kvc__bf16_to_f32(s[i]);
+}
+
+/* Block quantisation. Rounding is lrintf's (to nearest, ties to even, in the default
+   rounding mode), which SIMD conversions reproduce exactly; a product is rounded
+   before it is converted, so no fused multiply-add can change a result. Non-finite
+   inputs give unspecified codes but never undefined behaviour: codes are clamped. */
+#define KVC__QBLOCK 32
+typedef struct kvc__block_q8_0 {
+    uint8_t d[2]; /* f16 scale, little-endian bytes: blocks are not 2-byte aligned */
+    int8_t q[KVC__QBLOCK];
+} kvc__block_q8_0;
+typedef struct kvc__block_q4_0 {
+    uint8_t d[2];
+    uint8_t q[KVC__QBLOCK / 2];
+} kvc__block_q4_0;
+
+static float kvc__load_scale(const uint8_t *d) { return kvc__f16_to_f32((uint16_t)(d[0] | (d[1] << 8))); }
+static void kvc__store_scale(uint8_t *d, float scale) {
+    uint16_t h = kvc__f32_to_f16(scale);
+    d[0] = (uint8_t)(h & 0xffu);
+    d[1] = (uint8_t)(h >> 8);
+}
+static int32_t kvc__quant_code(float x, int32_t lo, int32_t hi) {
+    long q = lrintf(x);
+    return q < lo ? lo : q > hi ? hi : (int32_t)q;
+}
+
+/* The scales of one block, computed the same way by every path. */
+static float kvc__q8_scale(float amax) { return amax / 127.0f; }
+static float kvc__q4_scale(float extreme) { return extreme / -8.0f; }
+static float kvc__inverse(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
+
+static void kvc__q8_0_from_f32(const float *src, void *dst, int32_t n) {
+    kvc__block_q8_0 *b = (kvc__block_q8_0 *)dst;
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, src += KVC__QBLOCK) {
+        float amax = 0.0f, d, id;
+        for (j = 0; j < KVC__QBLOCK; ++j) amax = fmaxf(amax, fabsf(src[j]));
+        d = kvc__q8_scale(amax);
+        id = kvc__inverse(d);
+        kvc__store_scale(b[i].d, d);
+        for (j = 0; j < KVC__QBLOCK; ++j) b[i].q[j] = (int8_t)kvc__quant_code(src[j] * id, -127, 127);
+    }
+}
+static void kvc__q8_0_to_f32(const void *src, float *dst, int32_t n) {
+    const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)src;
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, dst += KVC__QBLOCK) {
+        float d = kvc__load_scale(b[i].d);
+        for (j = 0; j < KVC__QBLOCK; ++j) dst[j] = (float)b[i].q[j] * d;
+    }
+}
+static void kvc__q4_0_from_f32(const float *src, void *dst, int32_t n) {
+    kvc__block_q4_0 *b = (kvc__block_q4_0 *)dst;
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, src += KVC__QBLOCK) {
+        float extreme = 0.0f, d, id;
+        for (j = 0; j < KVC__QBLOCK; ++j)
+            if (fabsf(src[j]) > fabsf(extreme)) extreme = src[j];
+        d = kvc__q4_scale(extreme);
+        id = kvc__inverse(d);
+        kvc__store_scale(b[i].d, d);
+        for (j = 0; j < KVC__QBLOCK / 2; ++j) {
+            int32_t lo = kvc__quant_code(src[j] * id, -8, 7) + 8;
+            int32_t hi = kvc__quant_code(src[j + KVC__QBLOCK / 2] * id, -8, 7) + 8;
+            b[i].q[j] = (uint8_t)(lo | (hi << 4));
+        }
+    }
+}
+static void kvc__q4_0_to_f32(const void *src, float *dst, int32_t n) {
+    const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)src;
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, dst += KVC__QBLOCK) {
+        float d = kvc__load_scale(b[i].d);
+        for (j = 0; j < KVC__QBLOCK / 2; ++j) {
+            dst[j] = (float)((int32_t)(b[i].q[j] & 0x0fu) - 8) * d;
+            dst[j + KVC__QBLOCK / 2] = (float)((int32_t)(b[i].q[j] >> 4) - 8) * d;
+        }
+    }
+}
+
 static const kvc__type_info kvc__types[KVC_TYPE_COUNT] = {
     {"f32", 1, 4, kvc__f32_from_f32, kvc__f32_to_f32},
     {"f16", 1, 2, kvc__f16_from_f32, kvc__f16_to_f32_row},
+    {"bf16", 1, 2, kvc__bf16_from_f32, kvc__bf16_to_f32_row},
+    {"q8_0", KVC__QBLOCK, sizeof(kvc__block_q8_0), kvc__q8_0_from_f32, kvc__q8_0_to_f32},
+    {"q4_0", KVC__QBLOCK, sizeof(kvc__block_q4_0), kvc__q4_0_from_f32, kvc__q4_0_to_f32},
 };
 
 static int kvc__type_valid(kvc_type t) { return (int)t >= 0 && (int)t < (int)KVC_TYPE_COUNT; }

@@ -163,6 +163,9 @@ static void test_results(void) {
     }
     TK_CHECK(strcmp(kvc_type_name(KVC_TYPE_F32), "f32") == 0);
     TK_CHECK(strcmp(kvc_type_name(KVC_TYPE_F16), "f16") == 0);
+    TK_CHECK(strcmp(kvc_type_name(KVC_TYPE_BF16), "bf16") == 0);
+    TK_CHECK(strcmp(kvc_type_name(KVC_TYPE_Q8_0), "q8_0") == 0);
+    TK_CHECK(strcmp(kvc_type_name(KVC_TYPE_Q4_0), "q4_0") == 0);
     TK_CHECK(strcmp(kvc_type_name((kvc_type)99), "?") == 0);
 }
 
