@@ -14,6 +14,7 @@
      KVCACHE_MALLOC(sz, user)   allocator used when the pool config names none;
      KVCACHE_FREE(ptr, user)    define both or neither (default: malloc / free).
      KVCACHE_ASSERT(x)          internal consistency checks (default: assert).
+     KVCACHE_NO_STDIO           leave out kvc_io_stdio / kvc_io_path (no <stdio.h>).
 
    THE MODEL IN ONE PARAGRAPH
      A kvc_pool owns every K/V byte, cut into pages of `page_cells` token slots
@@ -23,7 +24,9 @@
      W tokens plus optional attention-sink tokens). A kvc_snapshot shares the pages
      it covers with the cache it came from; writing into a shared page copies that
      page first (copy-on-write), so a snapshot never changes under you and costs
-     O(pages). kvc_prefix is the single-entry prompt reuse of ollama's MLX runner.
+     O(pages). kvc_prefix is the single-entry prompt reuse of ollama's MLX runner;
+     kvc_radix is a prefix tree on the pool's pages shared by many conversations.
+     kvc_*_save / kvc_*_load persist caches, sequences and tree entries.
 
    A FORWARD PASS
        kvc_begin(cache, n_tokens);               // reserve cells for the new tokens
