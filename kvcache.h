@@ -14,6 +14,7 @@
      KVCACHE_MALLOC(sz, user)   allocator used when the pool config names none;
      KVCACHE_FREE(ptr, user)    define both or neither (default: malloc / free).
      KVCACHE_ASSERT(x)          internal consistency checks (default: assert).
+     KVCACHE_NO_STDIO           leave out kvc_io_stdio / kvc_io_path (no <stdio.h>).
 
    THE MODEL IN ONE PARAGRAPH
      A kvc_pool owns every K/V byte, cut into pages of `page_cells` token slots
@@ -23,7 +24,9 @@
      W tokens plus optional attention-sink tokens). A kvc_snapshot shares the pages
      it covers with the cache it came from; writing into a shared page copies that
      page first (copy-on-write), so a snapshot never changes under you and costs
-     O(pages). kvc_prefix is the single-entry prompt reuse of ollama's MLX runner.
+     O(pages). kvc_prefix is the single-entry prompt reuse of ollama's MLX runner;
+     kvc_radix is a prefix tree on the pool's pages shared by many conversations.
+     kvc_*_save / kvc_*_load persist caches, sequences and tree entries.
 
    A FORWARD PASS
        kvc_begin(cache, n_tokens);               // reserve cells for the new tokens
@@ -85,13 +88,18 @@
     X(KVC_ERR_BUSY, -11, "object still in use")                                         \
     X(KVC_ERR_OVERFLOW, -12, "size computation overflows")                             \
     X(KVC_ERR_NOT_FOUND, -13, "no such sequence in the cache")                          \
-    X(KVC_ERR_SHARED, -14, "a cell to be changed is shared with another sequence")
+    X(KVC_ERR_SHARED, -14, "a cell to be changed is shared with another sequence")        \
+    X(KVC_ERR_IO, -15, "a read, write or file operation failed")                        \
+    X(KVC_ERR_FORMAT, -16, "not a saved kvcache object, or a format version not supported") \
+    X(KVC_ERR_CORRUPT, -17, "saved data damaged: a checksum, length or value is wrong")  \
+    X(KVC_ERR_TRUNCATED, -18, "saved data ends early")                                  \
+    X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind")
 
 typedef enum kvc_result {
 #define KVC__RESULT_ENUM(name, value, text) name = value,
     KVC_RESULT_LIST(KVC__RESULT_ENUM)
 #undef KVC__RESULT_ENUM
-    KVC_RESULT_MIN_ = -14
+    KVC_RESULT_MIN_ = -19
 } kvc_result;
 
 /* ---- Storage types ----------------------------------------------------------------- */
@@ -409,6 +417,156 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *prefix, const int32_t *tokens, in
    offset (what every cache really holds) and to max_tokens. */
 KVCDEF kvc_result kvc_prefix_close(kvc_prefix *prefix, const int32_t *generated, int32_t n_generated);
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **tokens, int32_t *n_tokens);
+
+/* ---- Radix prefix cache: many conversations share cached prefixes ---------------- */
+/* A tree over token ids on one pool. Each node is a span of tokens and holds the pool
+   pages of that span (a page whose first cells belong to the parent is the node's own
+   copy, or the page it shares with the parent since a split). A lookup stitches the
+   pages of the longest cached prefix into a ready cache without copying K/V; a commit
+   inserts a conversation's prompt + generated tokens, sharing its pages with the tree.
+   When the pool runs out of pages (kvc_begin, a CAUSAL create, a load), the trees on the
+   pool evict their least recently used unreferenced leaves first, all or nothing: an
+   allocation that cannot succeed even after eviction fails with nothing evicted.
+   Entries in use (a cache looked up from or committed to them, until it is destroyed,
+   cleared or released) and pinned entries are never evicted. With max_entries = 1 the
+   tree keeps only the latest conversation: the seeds' single entry (kvc_prefix is the
+   same rule applied in place to caches you keep). Trees count as live_prefixes. */
+typedef struct kvc_radix kvc_radix;
+
+/* Entries committed under one namespace are found only by lookups under the same one. */
+typedef struct kvc_namespace {
+    uint64_t model; /* e.g. a hash of the model file: two models never match */
+    uint64_t salt;  /* e.g. a tenant id: 0 when everyone may share prefixes */
+} kvc_namespace;
+
+typedef struct kvc_radix_config {
+    kvc_cache_config cache; /* FULL, or ROTATING (window, sinks): the caches lookups return
+                               and commits take */
+    int32_t max_entries;    /* 0: keep as much as the pool holds; N: after a commit keep only
+                               the N latest committed sequences (and entries in use or
+                               pinned); 1 = the seeds' single entry */
+} kvc_radix_config;
+
+typedef struct kvc_radix_stats {
+    uint64_t lookups;         /* successful kvc_radix_lookup calls */
+    uint64_t tokens_queried;  /* tokens they were given */
+    uint64_t tokens_hit;      /* tokens their ready caches held */
+    uint64_t commits;
+    uint64_t entries_evicted; /* nodes removed by eviction (pool pressure, max_entries, evict) */
+    uint64_t pages_evicted;   /* page references those nodes gave up */
+    int32_t n_nodes;          /* spans of tokens */
+    int32_t n_entries;        /* leaves: cached sequences that are no prefix of another */
+    int32_t n_pages;          /* distinct pool pages the tree references */
+    int32_t n_in_use;         /* caches holding an entry in use */
+    int32_t n_pinned;         /* pins over all entries */
+} kvc_radix_stats;
+
+KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind); /* zeros + kind */
+KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out);
+/* KVC_ERR_BUSY while a cache still holds an entry in use (destroy or release it first). */
+KVCDEF kvc_result kvc_radix_destroy(kvc_radix *tree);
+/* The longest cached prefix of tokens under ns as a new cache of the tree's kind that
+   shares the tree's pages (O(pages), nothing copied; the first write into a shared
+   page copies that page). Always leaves at least one token to evaluate: evaluate
+   tokens[*n_reused ..]. ROTATING: the prefix is shortened until the tree holds every
+   page its window needs (sinks + the last window - 1 keys). On a miss the cache is
+   empty. The entry it came from is in use until the cache is destroyed, cleared,
+   released or committed elsewhere. */
+KVCDEF kvc_result kvc_radix_lookup(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                   kvc_cache **out, int32_t *n_reused);
+/* After generation: insert tokens[0 .. min(n_tokens, offset)) — the prompt AND the
+   generated tokens — with the K/V the cache holds for them (cache positions 0, 1, ...).
+   What the tree already holds is kept (only the new part's pages are shared with the
+   tree); the cache must be of the tree's pool and config, with no batch open. The new
+   entry is in use by the cache (as for a lookup). */
+KVCDEF kvc_result kvc_radix_commit(kvc_radix *tree, kvc_namespace ns, kvc_cache *cache, const int32_t *tokens,
+                                   int32_t n_tokens);
+/* The cache no longer holds an entry in use (it stays valid; no-op if it held none). */
+KVCDEF kvc_result kvc_radix_release(kvc_cache *cache);
+/* Pin the cached sequence tokens[0 .. n_tokens) (a system prompt) so that eviction never
+   takes it; pins nest. KVC_ERR_NOT_FOUND if the tree does not hold all of it. */
+KVCDEF kvc_result kvc_radix_pin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
+KVCDEF kvc_result kvc_radix_unpin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
+/* Evict least recently used unreferenced leaves until n_pages pages went back to the
+   pool or nothing more can be evicted; *n_freed (may be NULL) = pages freed. */
+KVCDEF kvc_result kvc_radix_evict(kvc_radix *tree, int32_t n_pages, int32_t *n_freed);
+KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *stats);
+
+/* ---- Persistence: save and load caches, sequences, prefix-tree entries ------------ */
+/* The format (README, "Saved format"): a header (magic, version, what) and sections
+   CONF (layers, heads, dims, types, page size, cache config, namespace), META, TOKS
+   (your token ids), CELL (positions; CAUSAL: cell indices and sequence sets) and KV
+   (the storage bytes), each with its length and an XXH64 checksum. A load checks the
+   configuration and namespace against its target, reads everything into free pool
+   pages and verifies every checksum before it changes the target: damaged, truncated
+   or mismatched input returns an error and leaves the target as it was. A load needs
+   the pages it reads into free in the pool (it never evicts prefix-tree entries). On
+   a big-endian host saving and loading return KVC_ERR_UNSUPPORTED. */
+
+/* Where bytes go and come from. write / read return the bytes moved: fewer than n means
+   failure (write) or the end of the input (read). finish (may be NULL) is called once at
+   the end of every save or load given this io, with ok = 1 on success; a nonzero return
+   turns success into KVC_ERR_IO (the path io renames there). */
+typedef struct kvc_io {
+    size_t (*write)(void *user, const void *data, size_t n);
+    size_t (*read)(void *user, void *data, size_t n);
+    int (*finish)(void *user, int ok);
+    void *user;
+} kvc_io;
+
+/* Memory: a save appends at size (data == NULL only counts: the bytes a save needs;
+   past capacity it fails with KVC_ERR_IO); a load reads from pos up to size. */
+typedef struct kvc_mem {
+    unsigned char *data;
+    size_t capacity, size, pos;
+} kvc_mem;
+KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io);
+
+#ifndef KVCACHE_NO_STDIO
+#include <stdio.h>
+#define KVC_PATH_MAX 4096
+/* An open FILE (the caller closes it; finish flushes after a save). */
+KVCDEF kvc_result kvc_io_stdio(FILE *file, kvc_io *io);
+/* A file by name: a save writes "<path>.kvctmp" and renames it onto path when it
+   succeeded (removes it when not), so readers never see a half-written file; a load
+   opens path and closes it at the end. `state` is yours: keep it until that save or
+   load returns. KVC_ERR_IO if the file cannot be opened, KVC_ERR_RANGE for a path of
+   KVC_PATH_MAX bytes or more. */
+typedef struct kvc_path_io {
+    FILE *file;
+    int writing;
+    char path[KVC_PATH_MAX];
+    char tmp[KVC_PATH_MAX + 8];
+} kvc_path_io;
+KVCDEF kvc_result kvc_io_path(kvc_path_io *state, const char *path, int writing, kvc_io *io);
+#endif
+
+/* A FULL, ROTATING or CAUSAL cache (no batch open), with your token ids (any n_tokens
+   >= 0; e.g. the tokens at positions 0 .. offset-1), under namespace ns. */
+KVCDEF kvc_result kvc_cache_save(const kvc_cache *cache, kvc_namespace ns, const int32_t *tokens,
+                                 int32_t n_tokens, const kvc_io *io);
+/* Replace the cache's contents with a saved cache of the same pool configuration, kind
+   and window/sinks (CAUSAL: window and chunk; its capacity and max_seqs must hold the
+   saved cells). The saved tokens go to tokens[0 .. *n_tokens) (tokens may be NULL;
+   KVC_ERR_RANGE if max_tokens is too small; n_tokens may be NULL). The result is
+   bit-exact: same offset, window state, positions, sequence sets and K/V bytes. */
+KVCDEF kvc_result kvc_cache_load(kvc_cache *cache, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                 int32_t max_tokens, int32_t *n_tokens);
+/* One sequence of a CAUSAL cache: its cells' positions and K/V. Loading puts them into
+   free cells of any CAUSAL cache of the same configuration as sequence dst (dst's old
+   cells dropped first), as kvc_seq_restore does. */
+KVCDEF kvc_result kvc_seq_save(const kvc_cache *cache, int32_t seq, kvc_namespace ns, const int32_t *tokens,
+                               int32_t n_tokens, const kvc_io *io);
+KVCDEF kvc_result kvc_seq_load(kvc_cache *cache, int32_t dst, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                               int32_t max_tokens, int32_t *n_tokens);
+/* A prefix-tree entry: the cached sequence tokens[0 .. n_tokens) under ns with its K/V
+   (ROTATING: the sinks and window a lookup would use). KVC_ERR_NOT_FOUND if the tree
+   does not hold it whole. Loading commits it to a tree of the same configuration
+   (pinned if pin != 0: a system prompt loaded at start-up); *n_tokens (may be NULL) =
+   its length. */
+KVCDEF kvc_result kvc_radix_save(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 const kvc_io *io);
+KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens);
 
 #endif /* KVCACHE_H */
 
@@ -1009,6 +1167,7 @@ struct kvc_pool {
     int32_t n_free, pages_peak;
     uint32_t next_cache_id;
     int32_t live_caches, live_snapshots, live_prefixes;
+    kvc_radix *trees;        /* prefix trees on this pool: they give pages back under pressure */
     uint32_t cpu;            /* KVC_CPU_* paths in use */
     kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
     const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
@@ -1284,6 +1443,8 @@ struct kvc_cache {
     int32_t *scratch;                    /* [max_seqs] */
     float *row;                          /* one K row as f32, for re-rotation */
     double *rope_cos, *rope_sin;         /* [head_dim_k / 2 + 1] the angles of one shift */
+    struct kvc__rnode *lease;            /* the prefix-tree entry this cache keeps in use */
+    kvc_radix *lease_tree;
 };
 
 struct kvc_snapshot {
@@ -1422,6 +1583,10 @@ static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n);
 static void kvc__causal_cancel(kvc_cache *c);
 static void kvc__causal_clear(kvc_cache *c);
 static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell);
+/* prefix trees (Layer 5b): a cache's entry in use; pages given back under pressure */
+static void kvc__lease_drop(kvc_cache *c);
+static int kvc__can_reclaim(kvc_pool *p, int64_t need);
+static int kvc__reclaim(kvc_pool *p, int64_t need);
 
 KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind) {
     if (cfg == NULL) return KVC_ERR_NULL;
@@ -1472,7 +1637,7 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         if (cc.rope.n_dims == 0) cc.rope.n_dims = pool->cfg.head_dim_k;
         cc.capacity = (cc.capacity + cc.padding - 1) / cc.padding * cc.padding;
         pages = (int32_t)(((int64_t)cc.capacity + pool->page_cells - 1) / pool->page_cells);
-        if (pages > pool->n_free) return KVC_ERR_FULL;
+        if (!kvc__can_reclaim(pool, pages)) return KVC_ERR_FULL;
         words = (cc.max_seqs + 31) / 32;
     } else {
         return KVC_ERR_INVALID;
@@ -1512,6 +1677,7 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         cursor = (unsigned char *)(c->in_seq + cc.capacity);
         c->batch_nc = cursor;
         cursor += cc.capacity;
+        kvc__reclaim(pool, pages); /* checked above: frees enough pages */
         memset(c->seqs, 0, sizeof(uint32_t) * (size_t)words * (size_t)cc.capacity);
         for (i = 0; i < cc.max_seqs; ++i) { c->seq_lo[i] = INT32_MAX; c->seq_hi[i] = 0; }
         for (i = 0; i < pages; ++i) { /* zeroed: masked cells of a padded view must not hold NaNs */
@@ -1537,6 +1703,7 @@ KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
     kvc_pool *p;
     if (cache == NULL) return KVC_ERR_NULL;
     p = cache->pool;
+    kvc__lease_drop(cache);
     kvc__rewind(cache, 0);
     p->live_caches--;
     kvc__free(p, cache);
@@ -1566,6 +1733,7 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
 
 KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
+    kvc__lease_drop(cache);
     if (cache->cfg.kind == KVC_KIND_CAUSAL) kvc__causal_clear(cache);
     else kvc__rewind(cache, 0);
     return KVC_OK;
@@ -1653,7 +1821,7 @@ KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
     last = (e - 1) / pc;
     n_new = last - first_new + 1;
     n_dead = kvc__dead_pages(cache, o, &freed);
-    if ((int64_t)n_new + kvc__tail_shared(cache, o) > (int64_t)p->n_free + freed) return KVC_ERR_FULL;
+    if (!kvc__reclaim(p, (int64_t)n_new + kvc__tail_shared(cache, o) - freed)) return KVC_ERR_FULL;
     /* from here on nothing can fail */
     kvc__drop_front(cache, n_dead);
     kvc__unshare_tail(cache, o);
@@ -2235,7 +2403,7 @@ static kvc_result kvc__restore_full(kvc_cache *c, const kvc_snapshot *s, int32_t
     need_copy = cut != 0 && c->pages[keep] != s->pages[0];
     for (idx = keep + 1; idx < c->n_pages; ++idx) freed += p->refcount[c->pages[idx]] == 1;
     if (!cut && keep < c->n_pages) freed += p->refcount[c->pages[keep]] == 1;
-    if (need_copy && p->n_free + freed < 1) return KVC_ERR_FULL;
+    if (need_copy && !kvc__reclaim(p, 1 - freed)) return KVC_ERR_FULL;
     /* release the cache's pages after the boundary, then build the boundary page */
     while (c->n_pages > keep + (cut ? 1 : 0)) kvc__page_release(p, c->pages[--c->n_pages]);
     if (need_copy) {
@@ -2547,12 +2715,592 @@ KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens,
     return KVC_OK;
 }
 
+/* ---- Layer 5b: the radix prefix tree ---------------------------------------------------
+   A node is a span of tokens [start, start + len) of the path from the root and holds
+   the pages of the logical pages start / page_cells .. (end - 1) / page_cells. Its page
+   of a logical page holds valid K/V for every token of the path in that page up to the
+   node's end, its ancestors' tokens included: the first page is the committing cache's
+   own (it held the same tokens) or, after a split, the page shared with the other half.
+   So the page for logical page lp of a prefix is the deepest node's that covers lp.
+   ROTATING trees hold only the pages the committed caches still had (KVC__NO_PAGE where
+   a window released them). */
+
+typedef struct kvc__rnode {
+    struct kvc__rnode *parent, *child, *next; /* first child, next sibling */
+    kvc_namespace ns;
+    int32_t start, len;   /* the path's tokens [start, start + len) */
+    int32_t n_pages;      /* pages[i] is logical page start / page_cells + i */
+    uint32_t users;       /* caches keeping this entry in use */
+    uint32_t pins;
+    uint64_t tick;        /* last lookup or commit through it: LRU order */
+    uint64_t entry_tick;  /* last commit that ended at its end (0: none) */
+    int blocked;          /* scratch: it or a descendant is in use or pinned */
+    int kept;             /* scratch: on the path of one of the max_entries latest commits */
+    int32_t *tokens;      /* [len] */
+    uint32_t *pages;      /* [n_pages] */
+} kvc__rnode;
+
+struct kvc_radix {
+    kvc_pool *pool;
+    kvc_radix_config cfg;
+    kvc__rnode root;      /* len 0; its children start the namespaces' sequences */
+    kvc_radix *next;      /* the pool's list of trees */
+    uint64_t clock;
+    int32_t n_leases;
+    kvc_radix_stats stats;
+    uint32_t *table;      /* [max_pages] scratch: the page of each logical page of a prefix */
+    uint32_t *count;      /* [max_pages] scratch, zero between uses: references per page */
+};
+
+static int kvc__ns_equal(kvc_namespace a, kvc_namespace b) { return a.model == b.model && a.salt == b.salt; }
+static int32_t kvc__rnode_end(const kvc__rnode *n) { return n->start + n->len; }
+
+/* Pre-order successor of n within the tree of `root` (NULL after the last node). */
+static kvc__rnode *kvc__rnode_next(const kvc__rnode *root, const kvc__rnode *n) {
+    if (n->child) return n->child;
+    while (n != root) {
+        if (n->next) return n->next;
+        n = n->parent;
+    }
+    return NULL;
+}
+
+static kvc__rnode *kvc__rnode_new(kvc_radix *t, int32_t start, int32_t len) {
+    int32_t pc = t->pool->page_cells, np = (start + len - 1) / pc - start / pc + 1, i;
+    kvc__rnode *n = (kvc__rnode *)kvc__alloc(t->pool, sizeof(kvc__rnode) + sizeof(int32_t) * (size_t)len +
+                                                          sizeof(uint32_t) * (size_t)np);
+    if (n == NULL) return NULL;
+    memset(n, 0, sizeof(*n));
+    n->start = start;
+    n->len = len;
+    n->n_pages = np;
+    n->tokens = (int32_t *)(n + 1);
+    n->pages = (uint32_t *)(n->tokens + len);
+    for (i = 0; i < np; ++i) n->pages[i] = KVC__NO_PAGE;
+    return n;
+}
+
+static void kvc__rnode_link(kvc__rnode *parent, kvc__rnode *n) {
+    n->parent = parent;
+    n->next = parent->child;
+    parent->child = n;
+}
+static void kvc__rnode_unlink(kvc__rnode *n) {
+    kvc__rnode **link = &n->parent->child;
+    while (*link != n) link = &(*link)->next;
+    *link = n->next;
+    n->next = NULL;
+}
+
+/* Drop the node's page references; returns how many pages went back to the pool. */
+static int32_t kvc__rnode_release_pages(kvc_pool *p, kvc__rnode *n) {
+    int32_t i, freed = 0;
+    for (i = 0; i < n->n_pages; ++i) {
+        if (n->pages[i] == KVC__NO_PAGE) continue;
+        freed += p->refcount[n->pages[i]] == 1;
+        kvc__page_release(p, n->pages[i]);
+    }
+    return freed;
+}
+
+/* Follow tokens[0 .. n) down from the root under ns. Returns the node holding the last
+   matching token (the root when none matches) and *matched; the match may end inside
+   that node. */
+static kvc__rnode *kvc__radix_walk(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n,
+                                   int32_t *matched) {
+    kvc__rnode *at = &t->root, *c;
+    int32_t m = 0, k;
+    while (m < n) {
+        for (c = at->child; c != NULL; c = c->next)
+            if (c->tokens[0] == tokens[m] && kvc__ns_equal(c->ns, ns)) break;
+        if (c == NULL) break;
+        for (k = 1; k < c->len && m + k < n && c->tokens[k] == tokens[m + k]; ++k) {}
+        m += k;
+        at = c;
+        if (k < c->len) break;
+    }
+    *matched = m;
+    return at;
+}
+
+/* The node of the path through `deep` that holds token m - 1 (the root when m == 0). */
+static kvc__rnode *kvc__rnode_holding(kvc__rnode *deep, int32_t m) {
+    while (deep->parent != NULL && deep->start >= m) deep = deep->parent;
+    return deep;
+}
+
+/* Split n at token `at` (start < at < end): `head` (fresh, [start, at)) takes n's place
+   and n keeps the tail, so entries in use or pinned at n stay where they were. A page
+   holding both sides is shared by the two halves; nothing is copied. */
+static void kvc__rnode_split(kvc_radix *t, kvc__rnode *n, kvc__rnode *head, int32_t at) {
+    kvc_pool *p = t->pool;
+    int32_t pc = p->page_cells, cut = at - n->start, drop = at / pc - n->start / pc, i;
+    kvc__rnode **link = &n->parent->child;
+    while (*link != n) link = &(*link)->next;
+    *link = head;
+    head->parent = n->parent;
+    head->next = n->next;
+    head->child = n;
+    head->ns = n->ns;
+    head->tick = n->tick;
+    n->parent = head;
+    n->next = NULL;
+    memcpy(head->tokens, n->tokens, sizeof(int32_t) * (size_t)cut);
+    for (i = 0; i < head->n_pages; ++i) {
+        head->pages[i] = n->pages[i];
+        if (head->pages[i] != KVC__NO_PAGE) kvc__page_retain(p, head->pages[i]);
+    }
+    for (i = 0; i < drop; ++i)
+        if (n->pages[i] != KVC__NO_PAGE) kvc__page_release(p, n->pages[i]);
+    memmove(n->pages, n->pages + drop, sizeof(uint32_t) * (size_t)(n->n_pages - drop));
+    n->n_pages -= drop;
+    memmove(n->tokens, n->tokens + cut, sizeof(int32_t) * (size_t)(n->len - cut));
+    n->len -= cut;
+    n->start = at;
+}
+
+/* Where a cache at offset m needs pages: logical pages [0, *sink_end) and
+   [*first, last]; FULL: all of them. ROTATING: the sinks and the window of the next
+   query (the keys after max(sinks, m - window + sinks) - 1). */
+static void kvc__needed_pages(const kvc_radix *t, int32_t m, int32_t *sink_end, int32_t *first) {
+    int32_t pc = t->pool->page_cells, last = (m - 1) / pc, nsp, lo;
+    const kvc_cache_config *cc = &t->cfg.cache;
+    if (cc->kind != KVC_KIND_ROTATING) { *sink_end = 0; *first = 0; return; }
+    nsp = (cc->sinks + pc - 1) / pc;
+    lo = (int32_t)KVC__MAX((int64_t)cc->sinks, (int64_t)m - cc->window + cc->sinks);
+    *sink_end = KVC__MIN(nsp, last + 1);
+    *first = KVC__MAX(nsp, lo / pc);
+}
+
+/* Fill t->table[0 .. (m-1)/pc] with the page of each logical page of the first m tokens
+   along the path of `at` (which holds token m - 1): the deepest node covering it. */
+static void kvc__radix_table(kvc_radix *t, const kvc__rnode *at, int32_t m) {
+    int32_t pc = t->pool->page_cells, hi = (m - 1) / pc, lp;
+    for (; at->parent != NULL && hi >= 0; at = at->parent) {
+        int32_t first = at->start / pc;
+        for (lp = hi; lp >= first; --lp) t->table[lp] = at->pages[lp - first];
+        hi = first - 1;
+    }
+}
+
+/* The highest logical page a cache at offset m needs and the table lacks, or -1. */
+static int32_t kvc__radix_missing(const kvc_radix *t, int32_t m) {
+    int32_t pc = t->pool->page_cells, lp, sink_end, first;
+    kvc__needed_pages(t, m, &sink_end, &first);
+    for (lp = (m - 1) / pc; lp >= first; --lp)
+        if (t->table[lp] == KVC__NO_PAGE) return lp;
+    for (lp = sink_end - 1; lp >= 0; --lp)
+        if (t->table[lp] == KVC__NO_PAGE) return lp;
+    return -1;
+}
+
+/* The longest usable prefix of at most m tokens ending in `*at`'s path: ROTATING
+   prefixes shrink below the highest missing page until their window is whole. Leaves
+   the table filled for the result and *at holding its last token. */
+static int32_t kvc__radix_usable(kvc_radix *t, kvc__rnode **at, int32_t m) {
+    int32_t lp;
+    while (m > 0) {
+        *at = kvc__rnode_holding(*at, m);
+        kvc__radix_table(t, *at, m);
+        lp = kvc__radix_missing(t, m);
+        if (lp < 0) break;
+        m = lp * t->pool->page_cells;
+    }
+    if (m == 0) *at = &t->root;
+    return m;
+}
+
+/* Give an empty cache of the tree's config the table's pages for offset m (m > 0), as
+   if it had appended m tokens and then rewound to m (anchor m - 1). */
+static void kvc__radix_fill(kvc_radix *t, kvc_cache *c, int32_t m) {
+    int32_t pc = t->pool->page_cells, last = (m - 1) / pc, sink_end, first, lp;
+    kvc__needed_pages(t, m, &sink_end, &first);
+    c->n_pages = 0;
+    for (lp = 0; lp < sink_end; ++lp) c->pages[c->n_pages++] = t->table[lp];
+    c->first_lpage = first <= last ? first : c->n_sink_pages;
+    for (lp = first; lp <= last; ++lp) c->pages[c->n_pages++] = t->table[lp];
+    for (lp = 0; lp < c->n_pages; ++lp) kvc__page_retain(t->pool, c->pages[lp]);
+    c->offset = m;
+    c->batch_begin = m - 1;
+}
+
+/* Mark the entry at n (and so its path) as used now. */
+static void kvc__radix_touch(kvc_radix *t, kvc__rnode *n) {
+    uint64_t tick = ++t->clock;
+    for (; n->parent != NULL; n = n->parent) n->tick = tick;
+}
+
+static void kvc__lease_set(kvc_cache *c, kvc_radix *t, kvc__rnode *n) {
+    kvc__lease_drop(c);
+    if (n == &t->root) return;
+    n->users++;
+    t->n_leases++;
+    c->lease = n;
+    c->lease_tree = t;
+}
+
+static void kvc__lease_drop(kvc_cache *c) {
+    if (c->lease == NULL) return;
+    c->lease->users--;
+    c->lease_tree->n_leases--;
+    c->lease = NULL;
+    c->lease_tree = NULL;
+}
+
+/* ---- eviction ---- */
+
+/* blocked = the node or one of its descendants is in use or pinned: never evicted. */
+static void kvc__radix_mark_blocked(kvc_radix *t) {
+    kvc__rnode *n, *up;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) n->blocked = 0;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+        if (n->users || n->pins)
+            for (up = n; up->parent != NULL && !up->blocked; up = up->parent) up->blocked = 1;
+}
+
+/* Pages that evicting everything evictable in every tree of the pool would free: those
+   whose every reference comes from unblocked nodes. `count` is the first tree's scratch. */
+static int64_t kvc__reclaimable(kvc_pool *p) {
+    uint32_t *count = p->trees->count;
+    int64_t n_freeable = 0;
+    kvc_radix *t;
+    kvc__rnode *n;
+    int32_t i, pass;
+    for (t = p->trees; t != NULL; t = t->next) kvc__radix_mark_blocked(t);
+    for (pass = 0; pass < 2; ++pass) /* count references, then compare and reset */
+        for (t = p->trees; t != NULL; t = t->next)
+            for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) {
+                if (n->blocked) continue;
+                for (i = 0; i < n->n_pages; ++i) {
+                    uint32_t pg = n->pages[i];
+                    if (pg == KVC__NO_PAGE) continue;
+                    if (pass == 0) { count[pg]++; continue; }
+                    if (count[pg] == 0) continue; /* already compared */
+                    n_freeable += count[pg] == p->refcount[pg];
+                    count[pg] = 0;
+                }
+            }
+    return n_freeable;
+}
+
+/* The least recently used leaf of t that is neither in use nor pinned, or NULL. */
+static kvc__rnode *kvc__radix_lru_leaf(kvc_radix *t) {
+    kvc__rnode *n, *best = NULL;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+        if (n->child == NULL && n->users == 0 && n->pins == 0 && (best == NULL || n->tick < best->tick)) best = n;
+    return best;
+}
+
+static int32_t kvc__radix_evict_node(kvc_radix *t, kvc__rnode *n) {
+    int32_t freed, i;
+    kvc__rnode_unlink(n);
+    for (i = 0; i < n->n_pages; ++i) t->stats.pages_evicted += n->pages[i] != KVC__NO_PAGE;
+    freed = kvc__rnode_release_pages(t->pool, n);
+    t->stats.entries_evicted++;
+    kvc__free(t->pool, n);
+    return freed;
+}
+
+static int kvc__can_reclaim(kvc_pool *p, int64_t need) {
+    if (need <= p->n_free) return 1;
+    return p->trees != NULL && kvc__reclaimable(p) >= need - p->n_free;
+}
+
+/* Make n_free >= need by evicting LRU leaves of the pool's trees; all or nothing. */
+static int kvc__reclaim(kvc_pool *p, int64_t need) {
+    if (!kvc__can_reclaim(p, need)) return 0;
+    while (p->n_free < need) {
+        kvc_radix *t, *best_t = NULL;
+        kvc__rnode *leaf, *best = NULL;
+        for (t = p->trees; t != NULL; t = t->next) {
+            leaf = kvc__radix_lru_leaf(t);
+            if (leaf != NULL && (best == NULL || leaf->tick < best->tick)) { best = leaf; best_t = t; }
+        }
+        KVCACHE_ASSERT(best != NULL); /* kvc__can_reclaim counted these pages */
+        kvc__radix_evict_node(best_t, best);
+    }
+    return 1;
+}
+
+/* ---- the public calls ---- */
+
+KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind) {
+    if (cfg == NULL) return KVC_ERR_NULL;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->cache.kind = kind;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out) {
+    kvc_radix *t;
+    const kvc_cache_config *cc;
+    if (pool == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    cc = &cfg->cache;
+    if (cfg->max_entries < 0) return KVC_ERR_INVALID;
+    if (cc->kind == KVC_KIND_FULL) {
+        if (cc->window != 0 || cc->sinks != 0) return KVC_ERR_INVALID;
+    } else if (cc->kind == KVC_KIND_ROTATING) {
+        if (cc->window < 1 || cc->sinks < 0 || cc->sinks >= cc->window) return KVC_ERR_INVALID;
+    } else {
+        return cc->kind == KVC_KIND_CAUSAL ? KVC_ERR_UNSUPPORTED : KVC_ERR_INVALID;
+    }
+    t = (kvc_radix *)kvc__alloc(pool, sizeof(kvc_radix) + 2 * sizeof(uint32_t) * (size_t)pool->max_pages);
+    if (t == NULL) return KVC_ERR_NO_MEMORY;
+    memset(t, 0, sizeof(*t));
+    t->pool = pool;
+    t->cfg = *cfg;
+    memset(&t->cfg.cache, 0, sizeof(t->cfg.cache)); /* only what a FULL/ROTATING cache reads */
+    t->cfg.cache.kind = cc->kind;
+    t->cfg.cache.window = cc->window;
+    t->cfg.cache.sinks = cc->sinks;
+    t->table = (uint32_t *)(t + 1);
+    t->count = t->table + pool->max_pages;
+    memset(t->count, 0, sizeof(uint32_t) * (size_t)pool->max_pages);
+    t->next = pool->trees;
+    pool->trees = t;
+    pool->live_prefixes++;
+    *out = t;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
+    kvc_radix **link;
+    if (t == NULL) return KVC_ERR_NULL;
+    if (t->n_leases > 0) return KVC_ERR_BUSY;
+    while (t->root.child != NULL) { /* leaves first */
+        kvc__rnode *n = t->root.child;
+        while (n->child != NULL) n = n->child;
+        kvc__rnode_unlink(n);
+        kvc__rnode_release_pages(t->pool, n);
+        kvc__free(t->pool, n);
+    }
+    for (link = &t->pool->trees; *link != t; link = &(*link)->next) {}
+    *link = t->next;
+    t->pool->live_prefixes--;
+    kvc__free(t->pool, t);
+    return KVC_OK;
+}
+
+static kvc_result kvc__check_tokens(const int32_t *tokens, int32_t n_tokens, int32_t min) {
+    if (n_tokens < min) return KVC_ERR_INVALID;
+    return tokens == NULL && n_tokens > 0 ? KVC_ERR_NULL : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                   kvc_cache **out, int32_t *n_reused) {
+    kvc__rnode *at;
+    kvc_cache *c;
+    int32_t m;
+    kvc_result r;
+    if (t == NULL || out == NULL || n_reused == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
+    if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return r;
+    at = kvc__radix_walk(t, ns, tokens, n_tokens - 1, &m); /* always one token to evaluate */
+    m = kvc__radix_usable(t, &at, m);
+    if (m > 0) {
+        kvc__radix_fill(t, c, m);
+        kvc__radix_touch(t, at);
+        kvc__lease_set(c, t, at);
+    }
+    t->stats.lookups++;
+    t->stats.tokens_queried += (uint64_t)n_tokens;
+    t->stats.tokens_hit += (uint64_t)m;
+    *n_reused = m;
+    *out = c;
+    return KVC_OK;
+}
+
+/* max_entries: keep the paths of the max_entries latest commits (and what is in use or
+   pinned); evict every other leaf, oldest first, until none is left. */
+static void kvc__radix_trim_entries(kvc_radix *t) {
+    kvc__rnode *n, *best, *up;
+    int32_t k;
+    if (t->cfg.max_entries == 0) return;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) n->kept = 0;
+    for (k = 0; k < t->cfg.max_entries; ++k) { /* the k-th latest commit end */
+        best = NULL;
+        for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+            if (n->entry_tick && !n->kept && (best == NULL || n->entry_tick > best->entry_tick)) best = n;
+        if (best == NULL) break;
+        for (up = best; up->parent != NULL; up = up->parent) up->kept = 1;
+    }
+    for (;;) {
+        best = NULL;
+        for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+            if (n->child == NULL && !n->kept && n->users == 0 && n->pins == 0 && (best == NULL || n->tick < best->tick))
+                best = n;
+        if (best == NULL) break;
+        kvc__radix_evict_node(t, best);
+    }
+}
+
+/* The node that will end at `at` on the path of tokens (a split of the node holding
+   it when the path ends inside a node): *head is the fresh node the split needs, or
+   NULL if none is needed. NO_MEMORY before anything changes. */
+static kvc_result kvc__radix_prepare_split(kvc_radix *t, kvc__rnode *holder, int32_t at, kvc__rnode **head) {
+    *head = NULL;
+    if (holder->parent == NULL || at >= kvc__rnode_end(holder)) return KVC_OK;
+    *head = kvc__rnode_new(t, holder->start, at - holder->start);
+    return *head == NULL ? KVC_ERR_NO_MEMORY : KVC_OK;
+}
+
+/* ROTATING: the committing cache still holds pages that the path up to token m lacks
+   (another conversation's window had released them): same tokens, same K/V, so the
+   path takes them. A node's page is taken only if all of its tokens in it are < m. */
+static void kvc__radix_fill_holes(kvc_radix *t, kvc__rnode *at, int32_t m, const kvc_cache *c) {
+    int32_t pc = t->pool->page_cells, i;
+    for (; at->parent != NULL; at = at->parent) {
+        for (i = 0; i < at->n_pages; ++i) {
+            int32_t lp = at->start / pc + i, idx;
+            if (at->pages[i] != KVC__NO_PAGE || KVC__MIN((int64_t)kvc__rnode_end(at), ((int64_t)lp + 1) * pc) > m)
+                continue;
+            if ((idx = kvc__lpage_index(c, lp)) < 0) continue;
+            at->pages[i] = c->pages[idx];
+            kvc__page_retain(t->pool, at->pages[i]);
+        }
+    }
+}
+
+/* kvc_radix_commit; pin: also pin the committed sequence (kvc_radix_load). */
+static kvc_result kvc__radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                    int32_t n_tokens, int pin) {
+    kvc__rnode *at, *head = NULL, *leaf = NULL;
+    int32_t n, m, lp, pc;
+    kvc_result r;
+    if (t == NULL || c == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (c->pool != t->pool) return KVC_ERR_FOREIGN;
+    if (c->cfg.kind != t->cfg.cache.kind || c->cfg.window != t->cfg.cache.window ||
+        c->cfg.sinks != t->cfg.cache.sinks)
+        return KVC_ERR_INVALID;
+    if (kvc__batch_open(c)) return KVC_ERR_STATE;
+    n = KVC__MIN(n_tokens, c->offset); /* only evaluated tokens have K/V */
+    at = kvc__radix_walk(t, ns, tokens, n, &m);
+    /* a split if m is inside a node: before the new leaf, or, when entries are limited,
+       so that the entry kept is exactly these n tokens (the seeds' single entry) */
+    if ((m < n || ((t->cfg.max_entries > 0 || pin) && n > 0)) &&
+        (r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK)
+        return r;
+    if (m < n) { /* a new leaf for tokens [m, n) */
+        if ((leaf = kvc__rnode_new(t, m, n - m)) == NULL) {
+            if (head) kvc__free(t->pool, head);
+            return KVC_ERR_NO_MEMORY;
+        }
+    }
+    /* from here on it succeeds */
+    if (head != NULL) {
+        kvc__rnode_split(t, at, head, m);
+        at = head;
+    }
+    if (m > 0) kvc__radix_fill_holes(t, at, m, c);
+    if (leaf != NULL) {
+        pc = t->pool->page_cells;
+        leaf->ns = ns;
+        memcpy(leaf->tokens, tokens + m, sizeof(int32_t) * (size_t)(n - m));
+        for (lp = m / pc; lp <= (n - 1) / pc; ++lp) {
+            int32_t idx = kvc__lpage_index(c, lp);
+            if (idx < 0) continue; /* released by a rotating window */
+            leaf->pages[lp - m / pc] = c->pages[idx];
+            kvc__page_retain(t->pool, c->pages[idx]);
+        }
+        kvc__rnode_link(at, leaf);
+        at = leaf;
+    } /* else the tree holds all n tokens already: nothing to add */
+    if (n > 0) kvc__radix_touch(t, at);
+    if (n > 0 && kvc__rnode_end(at) == n) at->entry_tick = t->clock;
+    if (n > 0 && pin) at->pins++;
+    kvc__lease_set(c, t, n > 0 ? at : &t->root);
+    t->stats.commits++;
+    kvc__radix_trim_entries(t);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                   int32_t n_tokens) {
+    return kvc__radix_commit(t, ns, c, tokens, n_tokens, 0);
+}
+
+KVCDEF kvc_result kvc_radix_release(kvc_cache *cache) {
+    if (cache == NULL) return KVC_ERR_NULL;
+    kvc__lease_drop(cache);
+    return KVC_OK;
+}
+
+/* The node ending exactly at n_tokens on the path of tokens, or NULL. */
+static kvc__rnode *kvc__radix_find_end(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    int32_t m;
+    kvc__rnode *at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
+    return m == n_tokens && at->parent != NULL && kvc__rnode_end(at) == n_tokens ? at : NULL;
+}
+
+KVCDEF kvc_result kvc_radix_pin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    kvc__rnode *at, *head;
+    int32_t m;
+    kvc_result r;
+    if (t == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
+    at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
+    if (m < n_tokens) return KVC_ERR_NOT_FOUND;
+    if ((r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK) return r;
+    if (head != NULL) { /* pin exactly these tokens: what follows stays evictable */
+        kvc__rnode_split(t, at, head, m);
+        at = head;
+    }
+    at->pins++;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_unpin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    kvc__rnode *at;
+    kvc_result r;
+    if (t == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
+    at = kvc__radix_find_end(t, ns, tokens, n_tokens);
+    if (at == NULL || at->pins == 0) return KVC_ERR_NOT_FOUND;
+    at->pins--;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_evict(kvc_radix *t, int32_t n_pages, int32_t *n_freed) {
+    int32_t freed = 0;
+    kvc__rnode *leaf;
+    if (t == NULL) return KVC_ERR_NULL;
+    if (n_pages < 0) return KVC_ERR_INVALID;
+    while (freed < n_pages && (leaf = kvc__radix_lru_leaf(t)) != NULL) freed += kvc__radix_evict_node(t, leaf);
+    if (n_freed) *n_freed = freed;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s) {
+    kvc_radix *t = (kvc_radix *)tree; /* the count scratch is used and left zeroed */
+    kvc__rnode *n;
+    int32_t i, pass;
+    if (t == NULL || s == NULL) return KVC_ERR_NULL;
+    *s = t->stats;
+    s->n_nodes = s->n_entries = s->n_pages = s->n_pinned = 0;
+    s->n_in_use = t->n_leases;
+    for (pass = 0; pass < 2; ++pass) /* count distinct pages, then reset the scratch */
+        for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+            for (i = 0; i < n->n_pages; ++i) {
+                uint32_t pg = n->pages[i];
+                if (pg == KVC__NO_PAGE) continue;
+                if (pass == 0) s->n_pages += t->count[pg]++ == 0;
+                else t->count[pg] = 0;
+            }
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) {
+        s->n_nodes++;
+        s->n_entries += n->child == NULL;
+        s->n_pinned += (int32_t)n->pins;
+    }
+    return KVC_OK;
+}
+
 /* ---- Layer 6: attention kernels ----------------------------------------------------
    One driver, four sets of small kernels (scalar, AVX2, AVX-512, NEON) chosen per pool.
-   The driver walks the visible cells in blocks of KVC__BLOCK; for each block and kv
-   head it converts the K rows of that head once into an f32 tile, scores every query
-   head of the GQA group against it, updates each row's online softmax once per block
-   and accumulates the V tile. Work is split into tasks (a block of queries x a chunk
+   The driver walks the visible cells in blocks of KVC__BLOCK; in each block it reads
+   every K row once for all the query heads of its GQA group (fused kernels convert
+   the storage type in registers; the others through a small f32 tile), updates each
+   row's online softmax once per block and accumulates V the same way. Work is split into tasks (a block of queries x a chunk
    of cells) whose sizes depend only on the shape, never on the thread count; split-K
    partials are merged by log-sum-exp in chunk order, so 1 and N threads agree bit for
    bit. */
@@ -2839,20 +3587,30 @@ KVC__AVX2_INLINE void kvc__values4_avx2(kvc_type t, float *const *acc, const flo
     }
 }
 
+/* one row, in values4's order of operations (batch-invariant), four chains at a time */
 KVC__AVX2_INLINE void kvc__values1_avx2(kvc_type t, float *acc, const float *p, const unsigned char *v, size_t v_row,
                                         int32_t d, int32_t n) {
-    int32_t i, c;
-    for (i = 0; i < d; i += 8) {
-        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_setzero_ps(), a2 = a1, a3 = a1;
-        for (c = 0; c + 4 <= n; c += 4) {
+    int32_t i = 0, c;
+    for (; i + 32 <= d; i += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
+        for (c = 0; c < n; ++c) {
             const unsigned char *r = v + (size_t)c * v_row;
-            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), kvc__load8_avx2(t, r, i), a0);
-            a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[c + 1]), kvc__load8_avx2(t, r + v_row, i), a1);
-            a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[c + 2]), kvc__load8_avx2(t, r + 2 * v_row, i), a2);
-            a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[c + 3]), kvc__load8_avx2(t, r + 3 * v_row, i), a3);
+            __m256 w = _mm256_set1_ps(p[c]);
+            a0 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i), a0);
+            a1 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 8), a1);
+            a2 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 16), a2);
+            a3 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 24), a3);
         }
-        for (; c < n; ++c) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), kvc__load8_avx2(t, v + (size_t)c * v_row, i), a0);
-        _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        _mm256_storeu_ps(acc + i, a0);
+        _mm256_storeu_ps(acc + i + 8, a1);
+        _mm256_storeu_ps(acc + i + 16, a2);
+        _mm256_storeu_ps(acc + i + 24, a3);
+    }
+    for (; i < d; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + i);
+        for (c = 0; c < n; ++c) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), kvc__load8_avx2(t, v + (size_t)c * v_row, i), a0);
+        _mm256_storeu_ps(acc + i, a0);
     }
 }
 
@@ -3107,21 +3865,31 @@ KVC__AVX512_INLINE void kvc__values4_avx512(kvc_type t, float *const *acc, const
     }
 }
 
-/* one row: 16 values at a time, four cells per step */
+/* one row: the same order of operations as a row of values4, so a query's result
+   does not depend on how many rows shared its call (four 16-value chains at a time) */
 KVC__AVX512_INLINE void kvc__values1_avx512(kvc_type t, float *acc, const float *p, const unsigned char *v,
                                             size_t v_row, int32_t d, int32_t n) {
-    int32_t i, c;
-    for (i = 0; i < d; i += 16) {
-        __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_setzero_ps(), a2 = a1, a3 = a1;
-        for (c = 0; c + 4 <= n; c += 4) {
+    int32_t i = 0, c;
+    for (; i + 64 <= d; i += 64) {
+        __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_loadu_ps(acc + i + 16);
+        __m512 a2 = _mm512_loadu_ps(acc + i + 32), a3 = _mm512_loadu_ps(acc + i + 48);
+        for (c = 0; c < n; ++c) {
             const unsigned char *r = v + (size_t)c * v_row;
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), kvc__load16_avx512(t, r, i), a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[c + 1]), kvc__load16_avx512(t, r + v_row, i), a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(p[c + 2]), kvc__load16_avx512(t, r + 2 * v_row, i), a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(p[c + 3]), kvc__load16_avx512(t, r + 3 * v_row, i), a3);
+            __m512 w = _mm512_set1_ps(p[c]);
+            a0 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i), a0);
+            a1 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 16), a1);
+            a2 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 32), a2);
+            a3 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 48), a3);
         }
-        for (; c < n; ++c) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), kvc__load16_avx512(t, v + (size_t)c * v_row, i), a0);
-        _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        _mm512_storeu_ps(acc + i, a0);
+        _mm512_storeu_ps(acc + i + 16, a1);
+        _mm512_storeu_ps(acc + i + 32, a2);
+        _mm512_storeu_ps(acc + i + 48, a3);
+    }
+    for (; i < d; i += 16) {
+        __m512 a0 = _mm512_loadu_ps(acc + i);
+        for (c = 0; c < n; ++c) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), kvc__load16_avx512(t, v + (size_t)c * v_row, i), a0);
+        _mm512_storeu_ps(acc + i, a0);
     }
 }
 
@@ -3374,6 +4142,9 @@ static void kvc__attn_iter(const kvc_cache *c, const kvc_attention_desc *d, kvc_
             lo = KVC__MIN(lo, c->seq_lo[s]);
             hi = KVC__MAX(hi, c->seq_hi[s]);
         }
+        /* from a multiple of the chunk size: blocks and chunks then sit at the same cells
+           whatever the other queries' sequences, so a query's result does not depend on them */
+        if (lo < hi) lo -= lo % KVC__CHUNK;
         kvc__iter_init_cells(it, c, lo, KVC__MAX(lo, hi));
     } else {
         kvc__iter_init(it, c);
@@ -3860,6 +4631,888 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
     }
     return KVC_OK;
 }
+
+/* ---- Layer 7: persistence ------------------------------------------------------------
+   A saved object: "KVCACHE\x1a", u32 version, u32 what, then the sections CONF, META,
+   TOKS, CELL and KV, each u32 tag, u32 0, u64 length, the payload and the XXH64 (seed 0)
+   of everything from the tag to the payload's end. Integers are little-endian. The
+   layout of each section is in the README ("Saved format"). A load reads into fresh
+   pages and scratch memory and changes its target only after the last checksum. */
+
+#define KVC__FORMAT_VERSION 1u
+#define KVC__WHAT_CACHE 1u
+#define KVC__WHAT_SEQ 2u
+#define KVC__WHAT_ENTRY 3u
+#define KVC__TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
+#define KVC__CONF_BYTES 80u
+#define KVC__META_BYTES 24u
+
+static const unsigned char kvc__magic[8] = {'K', 'V', 'C', 'A', 'C', 'H', 'E', 0x1a};
+
+static int kvc__little_endian(void) {
+    const uint16_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+/* XXH64, streaming (the reference algorithm; seed 0). */
+#define KVC__P1 0x9E3779B185EBCA87ull
+#define KVC__P2 0xC2B2AE3D27D4EB4Full
+#define KVC__P3 0x165667B19E3779F9ull
+#define KVC__P4 0x85EBCA77C2B2AE63ull
+#define KVC__P5 0x27D4EB2F165667C5ull
+
+typedef struct kvc__xxh {
+    uint64_t v[4], total;
+    unsigned char buf[32];
+    size_t n_buf;
+} kvc__xxh;
+
+static uint64_t kvc__rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static uint64_t kvc__le64(const unsigned char *p) {
+    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 |
+           (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
+}
+static uint32_t kvc__le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void kvc__put32(unsigned char *p, uint32_t x) {
+    p[0] = (unsigned char)x; p[1] = (unsigned char)(x >> 8); p[2] = (unsigned char)(x >> 16); p[3] = (unsigned char)(x >> 24);
+}
+static void kvc__put64(unsigned char *p, uint64_t x) {
+    kvc__put32(p, (uint32_t)x);
+    kvc__put32(p + 4, (uint32_t)(x >> 32));
+}
+static uint64_t kvc__xxh_round(uint64_t acc, uint64_t in) { return kvc__rotl(acc + in * KVC__P2, 31) * KVC__P1; }
+
+static void kvc__xxh_init(kvc__xxh *h) {
+    memset(h, 0, sizeof(*h));
+    h->v[0] = KVC__P1 + KVC__P2;
+    h->v[1] = KVC__P2;
+    h->v[2] = 0;
+    h->v[3] = 0 - KVC__P1;
+}
+
+/* Whole 32-byte stripes of p[0 .. n): the lanes live in locals, not behind h (the byte
+   loads could alias them), which keeps the loop at memory speed. */
+static void kvc__xxh_stripes(kvc__xxh *h, const unsigned char *p, size_t n) {
+    uint64_t v0 = h->v[0], v1 = h->v[1], v2 = h->v[2], v3 = h->v[3], w[4];
+    int le = kvc__little_endian(), i;
+    for (; n >= 32; p += 32, n -= 32) {
+        memcpy(w, p, 32); /* one load per lane (kvc__le64 is a call at -O2) */
+        if (!le)
+            for (i = 0; i < 4; ++i) w[i] = kvc__le64(p + 8 * i);
+        v0 = kvc__xxh_round(v0, w[0]);
+        v1 = kvc__xxh_round(v1, w[1]);
+        v2 = kvc__xxh_round(v2, w[2]);
+        v3 = kvc__xxh_round(v3, w[3]);
+    }
+    h->v[0] = v0;
+    h->v[1] = v1;
+    h->v[2] = v2;
+    h->v[3] = v3;
+}
+
+static void kvc__xxh_update(kvc__xxh *h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    h->total += n;
+    if (h->n_buf > 0) {
+        size_t k = KVC__MIN(n, 32 - h->n_buf);
+        memcpy(h->buf + h->n_buf, p, k);
+        h->n_buf += k;
+        p += k;
+        n -= k;
+        if (h->n_buf < 32) return;
+        kvc__xxh_stripes(h, h->buf, 32);
+        h->n_buf = 0;
+    }
+    kvc__xxh_stripes(h, p, n);
+    p += n & ~(size_t)31;
+    n &= 31;
+    memcpy(h->buf, p, n);
+    h->n_buf = n;
+}
+
+static uint64_t kvc__xxh_digest(const kvc__xxh *h) {
+    uint64_t x;
+    const unsigned char *p = h->buf;
+    size_t n = h->n_buf, i;
+    if (h->total >= 32) {
+        x = kvc__rotl(h->v[0], 1) + kvc__rotl(h->v[1], 7) + kvc__rotl(h->v[2], 12) + kvc__rotl(h->v[3], 18);
+        for (i = 0; i < 4; ++i) x = (x ^ kvc__xxh_round(0, h->v[i])) * KVC__P1 + KVC__P4;
+    } else {
+        x = KVC__P5;
+    }
+    x += h->total;
+    for (; n >= 8; p += 8, n -= 8) x = kvc__rotl(x ^ kvc__xxh_round(0, kvc__le64(p)), 27) * KVC__P1 + KVC__P4;
+    if (n >= 4) { x = kvc__rotl(x ^ (uint64_t)kvc__le32(p) * KVC__P1, 23) * KVC__P2 + KVC__P3; p += 4; n -= 4; }
+    for (; n > 0; ++p, --n) x = kvc__rotl(x ^ (uint64_t)*p * KVC__P5, 11) * KVC__P1;
+    x ^= x >> 33;
+    x *= KVC__P2;
+    x ^= x >> 29;
+    x *= KVC__P3;
+    return x ^ (x >> 32);
+}
+
+/* ---- writing ---- */
+
+typedef struct kvc__wr {
+    const kvc_io *io;
+    kvc__xxh h;
+    int failed;
+} kvc__wr;
+
+static void kvc__w_bytes(kvc__wr *w, const void *data, size_t n) {
+    if (w->failed || n == 0) return;
+    kvc__xxh_update(&w->h, data, n);
+    if (w->io->write(w->io->user, data, n) != n) w->failed = 1;
+}
+static void kvc__w_u32(kvc__wr *w, uint32_t x) {
+    unsigned char b[4];
+    kvc__put32(b, x);
+    kvc__w_bytes(w, b, 4);
+}
+static void kvc__w_section(kvc__wr *w, uint32_t tag, uint64_t length) {
+    unsigned char b[16];
+    kvc__put32(b, tag);
+    kvc__put32(b + 4, 0);
+    kvc__put64(b + 8, length);
+    kvc__xxh_init(&w->h);
+    kvc__w_bytes(w, b, 16);
+}
+static void kvc__w_end(kvc__wr *w) { /* the checksum is not part of what it covers */
+    unsigned char b[8];
+    kvc__put64(b, kvc__xxh_digest(&w->h));
+    if (!w->failed && w->io->write(w->io->user, b, 8) != 8) w->failed = 1;
+}
+
+/* The header and the CONF section: everything a load checks before reading data. */
+static void kvc__w_head(kvc__wr *w, const kvc_cache *c, uint32_t what, kvc_namespace ns) {
+    const kvc_pool_config *pc = &c->pool->cfg;
+    const kvc_cache_config *cc = &c->cfg;
+    unsigned char b[16];
+    memcpy(b, kvc__magic, 8);
+    kvc__put32(b + 8, KVC__FORMAT_VERSION);
+    kvc__put32(b + 12, what);
+    if (w->io->write(w->io->user, b, 16) != 16) w->failed = 1;
+    kvc__w_section(w, KVC__TAG('C', 'O', 'N', 'F'), KVC__CONF_BYTES);
+    kvc__w_u32(w, (uint32_t)pc->n_layers);
+    kvc__w_u32(w, (uint32_t)pc->n_kv_heads);
+    kvc__w_u32(w, (uint32_t)pc->head_dim_k);
+    kvc__w_u32(w, (uint32_t)pc->head_dim_v);
+    kvc__w_u32(w, (uint32_t)pc->type_k);
+    kvc__w_u32(w, (uint32_t)pc->type_v);
+    kvc__w_u32(w, (uint32_t)c->pool->page_cells);
+    kvc__w_u32(w, (uint32_t)cc->kind);
+    kvc__w_u32(w, (uint32_t)cc->window);
+    kvc__w_u32(w, (uint32_t)cc->sinks);
+    kvc__w_u32(w, (uint32_t)cc->capacity);
+    kvc__w_u32(w, (uint32_t)cc->max_seqs);
+    kvc__w_u32(w, (uint32_t)cc->chunk);
+    kvc__w_u32(w, (uint32_t)cc->padding);
+    kvc__w_u32(w, 0);
+    kvc__w_u32(w, 0);
+    kvc__put64(b, ns.model);
+    kvc__put64(b + 8, ns.salt);
+    kvc__w_bytes(w, b, 16);
+    kvc__w_end(w);
+}
+
+static void kvc__w_meta(kvc__wr *w, const int32_t m[6]) {
+    int i;
+    kvc__w_section(w, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
+    for (i = 0; i < 6; ++i) kvc__w_u32(w, (uint32_t)m[i]);
+    kvc__w_end(w);
+}
+
+static void kvc__w_tokens(kvc__wr *w, const int32_t *tokens, int32_t n) {
+    int32_t i;
+    kvc__w_section(w, KVC__TAG('T', 'O', 'K', 'S'), 4 * (uint64_t)n);
+    for (i = 0; i < n; ++i) kvc__w_u32(w, (uint32_t)tokens[i]);
+    kvc__w_end(w);
+}
+
+/* The cells a save writes: n runs of consecutive cells, each one page's [c0, c1). */
+typedef struct kvc__cellset {
+    const kvc_cache *c;
+    int32_t n_cells;
+    int32_t seq;      /* CAUSAL sequence save: only its cells; -1: every used cell */
+} kvc__cellset;
+
+/* Visit the saved cells in order: FULL/ROTATING the held pages' tokens below offset,
+   CAUSAL the used cells (of one sequence). */
+static int kvc__cell_next(const kvc__cellset *s, int32_t *i, uint32_t *page, int32_t *slot) {
+    const kvc_cache *c = s->c;
+    int32_t pc = c->pool->page_cells;
+    if (c->cfg.kind != KVC_KIND_CAUSAL) { /* *i = page-table index * pc + slot */
+        for (;;) {
+            int32_t idx = *i / pc, sl = *i % pc;
+            if (idx >= c->n_pages) return 0;
+            if ((int64_t)kvc__entry_lpage(c, idx) * pc + sl < c->offset) {
+                *page = c->pages[idx];
+                *slot = sl;
+                (*i)++;
+                return 1;
+            }
+            *i = (idx + 1) * pc;
+        }
+    }
+    for (; *i < c->capacity; ++*i) {
+        int used = s->seq >= 0 ? kvc__cell_has(c, *i, s->seq) : !kvc__cell_empty(c, *i);
+        if (used) {
+            *page = c->pages[*i / pc];
+            *slot = *i % pc;
+            (*i)++;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int32_t kvc__cell_count(const kvc__cellset *s) {
+    int32_t i = 0, n = 0, slot;
+    uint32_t page;
+    while (kvc__cell_next(s, &i, &page, &slot)) n++;
+    return n;
+}
+
+/* CELL: per cell its position; a CAUSAL cache also its index and sequence set words. */
+static void kvc__w_cells(kvc__wr *w, const kvc__cellset *s, int with_seqs) {
+    const kvc_cache *c = s->c;
+    int32_t i = 0, slot, k;
+    uint32_t page;
+    uint64_t per = with_seqs ? 8 + 4 * (uint64_t)c->words : 4;
+    kvc__w_section(w, KVC__TAG('C', 'E', 'L', 'L'), per * (uint64_t)s->n_cells);
+    while (kvc__cell_next(s, &i, &page, &slot)) {
+        if (with_seqs) kvc__w_u32(w, (uint32_t)(i - 1));
+        kvc__w_u32(w, (uint32_t)*kvc__pos_at(c->pool, page, slot));
+        if (with_seqs)
+            for (k = 0; k < c->words; ++k) kvc__w_u32(w, c->seqs[(size_t)(i - 1) * c->words + k]);
+    }
+    kvc__w_end(w);
+}
+
+/* KV: layer by layer, the K rows of the cells then their V rows, runs of one page at a time. */
+static void kvc__w_kv(kvc__wr *w, const kvc__cellset *s) {
+    const kvc_pool *p = s->c->pool;
+    int32_t l, kv, i, slot, run_slot = 0, run_n = 0;
+    uint32_t page, run_page = 0;
+    kvc__w_section(w, KVC__TAG('K', 'V', 'D', 'T'), (uint64_t)p->cfg.n_layers * (uint64_t)s->n_cells * (p->k_row + p->v_row));
+    for (l = 0; l < p->cfg.n_layers; ++l)
+        for (kv = 0; kv < 2; ++kv) {
+            size_t row = kv ? p->v_row : p->k_row;
+            i = 0;
+            run_n = 0;
+            for (;;) {
+                int more = kvc__cell_next(s, &i, &page, &slot);
+                if (run_n > 0 && (!more || page != run_page || slot != run_slot + run_n)) {
+                    const unsigned char *src = kv ? kvc__v_at(p, l, run_page, run_slot) : kvc__k_at(p, l, run_page, run_slot);
+                    kvc__w_bytes(w, src, (size_t)run_n * row);
+                    run_n = 0;
+                }
+                if (!more) break;
+                if (run_n == 0) { run_page = page; run_slot = slot; }
+                run_n++;
+            }
+        }
+    kvc__w_end(w);
+}
+
+/* Every save ends here: finish the io, turn its failure into KVC_ERR_IO. */
+static kvc_result kvc__io_end(const kvc_io *io, kvc_result r) {
+    if (io->finish != NULL && io->finish(io->user, r == KVC_OK) != 0 && r == KVC_OK) r = KVC_ERR_IO;
+    return r;
+}
+
+static kvc_result kvc__check_io(const kvc_io *io, int writing) {
+    if (writing ? io->write == NULL : io->read == NULL) return KVC_ERR_NULL;
+    return kvc__little_endian() ? KVC_OK : KVC_ERR_UNSUPPORTED;
+}
+
+static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_namespace ns, const int32_t *tokens,
+                            int32_t n_tokens, const kvc_io *io) {
+    kvc__wr w;
+    kvc__cellset set;
+    int32_t meta[6] = {0, 0, 0, 0, 0, 0};
+    set.c = c;
+    set.seq = seq;
+    set.n_cells = kvc__cell_count(&set);
+    meta[0] = n_tokens;
+    meta[1] = set.n_cells;
+    if (c->cfg.kind != KVC_KIND_CAUSAL) {
+        meta[2] = c->offset;
+        meta[3] = c->batch_begin;
+        meta[4] = c->first_lpage;
+        meta[5] = c->n_pages;
+    } else if (what == KVC__WHAT_CACHE) {
+        meta[2] = c->words;
+    }
+    memset(&w, 0, sizeof(w));
+    w.io = io;
+    kvc__w_head(&w, c, what, ns);
+    kvc__w_meta(&w, meta);
+    kvc__w_tokens(&w, tokens, n_tokens);
+    kvc__w_cells(&w, &set, c->cfg.kind == KVC_KIND_CAUSAL && what == KVC__WHAT_CACHE);
+    kvc__w_kv(&w, &set);
+    return w.failed ? KVC_ERR_IO : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_save(const kvc_cache *c, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 const kvc_io *io) {
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) r = KVC_ERR_NULL;
+    else if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) {}
+    else if (kvc__batch_open(c)) r = KVC_ERR_STATE;
+    else r = kvc__save(c, KVC__WHAT_CACHE, -1, ns, tokens, n_tokens, io);
+    return kvc__io_end(io, r);
+}
+
+KVCDEF kvc_result kvc_seq_save(const kvc_cache *c, int32_t seq, kvc_namespace ns, const int32_t *tokens,
+                               int32_t n_tokens, const kvc_io *io) {
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) r = KVC_ERR_NULL;
+    else if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK ||
+             (r = kvc__check_seq(c, seq)) != KVC_OK) {}
+    else if (kvc__batch_open(c)) r = KVC_ERR_STATE;
+    else if (!kvc__seq_known(c, seq)) r = KVC_ERR_NOT_FOUND;
+    else r = kvc__save(c, KVC__WHAT_SEQ, seq, ns, tokens, n_tokens, io);
+    return kvc__io_end(io, r);
+}
+
+/* ---- reading ---- */
+
+typedef struct kvc__rd {
+    const kvc_io *io;
+    kvc__xxh h;
+    uint64_t left;      /* payload bytes of the current section not read yet */
+    kvc_result err;     /* the first error; every later read is a no-op */
+} kvc__rd;
+
+static void kvc__r_fail(kvc__rd *r, kvc_result e) { if (r->err == KVC_OK) r->err = e; }
+
+static void kvc__r_raw(kvc__rd *r, void *dst, size_t n) {
+    if (r->err != KVC_OK || n == 0) return;
+    if (r->io->read(r->io->user, dst, n) != n) kvc__r_fail(r, KVC_ERR_TRUNCATED);
+}
+
+/* Payload bytes of the current section, hashed. */
+static void kvc__r_bytes(kvc__rd *r, void *dst, size_t n) {
+    if (r->err != KVC_OK) return;
+    if (n > r->left) { kvc__r_fail(r, KVC_ERR_CORRUPT); return; }
+    kvc__r_raw(r, dst, n);
+    kvc__xxh_update(&r->h, dst, n);
+    r->left -= n;
+}
+static uint32_t kvc__r_u32(kvc__rd *r) {
+    unsigned char b[4] = {0, 0, 0, 0};
+    kvc__r_bytes(r, b, 4);
+    return kvc__le32(b);
+}
+
+/* A section header: its tag and length must be what this object needs. */
+static void kvc__r_section(kvc__rd *r, uint32_t tag, uint64_t length) {
+    unsigned char b[16];
+    memset(b, 0, sizeof(b));
+    kvc__r_raw(r, b, 16);
+    if (r->err != KVC_OK) return;
+    kvc__xxh_init(&r->h);
+    kvc__xxh_update(&r->h, b, 16);
+    if (kvc__le32(b) != tag || kvc__le32(b + 4) != 0 || kvc__le64(b + 8) != length) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    r->left = length;
+}
+static void kvc__r_end(kvc__rd *r) {
+    unsigned char b[8];
+    memset(b, 0, sizeof(b));
+    if (r->err == KVC_OK && r->left != 0) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    kvc__r_raw(r, b, 8);
+    if (r->err == KVC_OK && kvc__le64(b) != kvc__xxh_digest(&r->h)) kvc__r_fail(r, KVC_ERR_CORRUPT);
+}
+
+/* What a load learns before it reads data. */
+typedef struct kvc__saved {
+    uint32_t what;
+    int32_t shape[7];          /* layers, kv heads, head dims, types, page cells */
+    kvc_cache_config cc;       /* kind, window, sinks, capacity, max_seqs, chunk, padding */
+    kvc_namespace ns;
+    int32_t meta[6];           /* n_tokens, n_cells, then per kind (see kvc__save) */
+} kvc__saved;
+
+/* Header, CONF and META, checked against the pool, the expected object and namespace. */
+static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namespace ns, kvc__saved *s) {
+    unsigned char b[16];
+    uint32_t f[16];
+    int32_t i;
+    memset(b, 0, sizeof(b));
+    kvc__r_raw(r, b, 16);
+    if (r->err != KVC_OK) return;
+    if (memcmp(b, kvc__magic, 8) != 0 || kvc__le32(b + 8) != KVC__FORMAT_VERSION) { kvc__r_fail(r, KVC_ERR_FORMAT); return; }
+    s->what = kvc__le32(b + 12);
+    if (s->what < KVC__WHAT_CACHE || s->what > KVC__WHAT_ENTRY) { kvc__r_fail(r, KVC_ERR_FORMAT); return; }
+    kvc__r_section(r, KVC__TAG('C', 'O', 'N', 'F'), KVC__CONF_BYTES);
+    for (i = 0; i < 16; ++i) f[i] = kvc__r_u32(r);
+    kvc__r_bytes(r, b, 16);
+    kvc__r_end(r);
+    if (r->err != KVC_OK) return;
+    for (i = 0; i < 7; ++i) s->shape[i] = (int32_t)f[i];
+    s->cc.kind = (kvc_kind)f[7];
+    s->cc.window = (int32_t)f[8];
+    s->cc.sinks = (int32_t)f[9];
+    s->cc.capacity = (int32_t)f[10];
+    s->cc.max_seqs = (int32_t)f[11];
+    s->cc.chunk = (int32_t)f[12];
+    s->cc.padding = (int32_t)f[13];
+    s->ns.model = kvc__le64(b);
+    s->ns.salt = kvc__le64(b + 8);
+    if (s->shape[0] != p->cfg.n_layers || s->shape[1] != p->cfg.n_kv_heads || s->shape[2] != p->cfg.head_dim_k ||
+        s->shape[3] != p->cfg.head_dim_v || s->shape[4] != (int32_t)p->cfg.type_k ||
+        s->shape[5] != (int32_t)p->cfg.type_v || s->shape[6] != p->page_cells || !kvc__ns_equal(s->ns, ns) ||
+        s->what != what) {
+        kvc__r_fail(r, KVC_ERR_MISMATCH);
+        return;
+    }
+    kvc__r_section(r, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
+    for (i = 0; i < 6; ++i) s->meta[i] = (int32_t)kvc__r_u32(r);
+    kvc__r_end(r);
+    if (r->err == KVC_OK && (s->meta[0] < 0 || s->meta[1] < 0)) kvc__r_fail(r, KVC_ERR_CORRUPT);
+}
+
+/* TOKS into dst (NULL: read and check only). */
+static void kvc__r_tokens(kvc__rd *r, int32_t *dst, int32_t n) {
+    int32_t i;
+    kvc__r_section(r, KVC__TAG('T', 'O', 'K', 'S'), 4 * (uint64_t)n);
+    for (i = 0; i < n && r->err == KVC_OK; ++i) {
+        uint32_t t = kvc__r_u32(r);
+        if (dst != NULL) dst[i] = (int32_t)t;
+    }
+    kvc__r_end(r);
+}
+
+/* Fresh pages for n cells, packed from slot 0 (the load's staging area). */
+static kvc_result kvc__stage_pages(kvc_pool *p, int32_t n_cells, uint32_t **pages, int32_t *n_pages) {
+    int32_t n = (int32_t)(((int64_t)n_cells + p->page_cells - 1) / p->page_cells), i;
+    *pages = NULL;
+    *n_pages = n;
+    if (n > p->n_free) return KVC_ERR_FULL;
+    *pages = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)KVC__MAX(n, 1));
+    if (*pages == NULL) return KVC_ERR_NO_MEMORY;
+    for (i = 0; i < n; ++i) (*pages)[i] = kvc__page_acquire(p);
+    return KVC_OK;
+}
+static void kvc__unstage_pages(kvc_pool *p, uint32_t *pages, int32_t n) {
+    int32_t i;
+    if (pages == NULL) return;
+    for (i = 0; i < n; ++i) kvc__page_release(p, pages[i]);
+    kvc__free(p, pages);
+}
+
+/* KV into the staged pages: cell i at page i / pc, slot i % pc. */
+static void kvc__r_kv(kvc__rd *r, kvc_pool *p, const uint32_t *pages, int32_t n_cells) {
+    int32_t pc = p->page_cells, l, kv, i;
+    kvc__r_section(r, KVC__TAG('K', 'V', 'D', 'T'), (uint64_t)p->cfg.n_layers * (uint64_t)n_cells * (p->k_row + p->v_row));
+    for (l = 0; l < p->cfg.n_layers; ++l)
+        for (kv = 0; kv < 2; ++kv)
+            for (i = 0; i < n_cells; i += pc) {
+                int32_t n = KVC__MIN(pc, n_cells - i);
+                unsigned char *dst = kv ? kvc__v_at(p, l, pages[i / pc], 0) : kvc__k_at(p, l, pages[i / pc], 0);
+                kvc__r_bytes(r, dst, (size_t)n * (kv ? p->v_row : p->k_row));
+            }
+    kvc__r_end(r);
+}
+
+/* FULL/ROTATING: is (offset, batch_begin, first_lpage, n_pages, n_cells) a state the
+   cache kind can be in, with every cell its view reads held? */
+static int kvc__linear_state_ok(const kvc_cache *c, const int32_t *m) {
+    int32_t pc = c->pool->page_cells, off = m[2], bb = m[3], first = m[4], np = m[5], n_cells = m[1];
+    int32_t nsp = c->n_sink_pages, last = off > 0 ? (off - 1) / pc : -1, sink_end, cells = 0, idx;
+    if (off < 0 || bb < 0 || bb > off || first < nsp || np < 0 || np > c->pool->max_pages) return 0;
+    if (c->cfg.kind == KVC_KIND_FULL && first != 0) return 0;
+    sink_end = KVC__MIN(nsp, last + 1);
+    if (first > KVC__MAX(last + 1, nsp)) return 0;
+    if (np != sink_end + KVC__MAX(0, last - first + 1)) return 0;
+    for (idx = 0; idx < np; ++idx) { /* cells below offset of each held page */
+        int32_t lp = idx < sink_end ? idx : first + (idx - sink_end);
+        cells += (int32_t)KVC__MIN((int64_t)pc, (int64_t)off - (int64_t)lp * pc);
+    }
+    if (cells != n_cells) return 0;
+    if (c->cfg.kind == KVC_KIND_ROTATING) { /* the view [b1, off) after the sinks is held */
+        int64_t lo = (int64_t)bb - (c->cfg.window - c->cfg.sinks) + 1, s = KVC__MIN(c->cfg.sinks, off);
+        int64_t b1 = KVC__MIN(KVC__MAX(lo, s), (int64_t)off);
+        if (b1 < off && KVC__MAX(b1 / pc, (int64_t)sink_end) <= KVC__MIN((int64_t)first - 1, (int64_t)last)) return 0;
+    }
+    return 1;
+}
+
+/* CELL of a FULL/ROTATING cache: positions must be the tokens the page table implies. */
+static void kvc__r_linear_cells(kvc__rd *r, const kvc_cache *c, const kvc__saved *s, const uint32_t *pages) {
+    int32_t pc = c->pool->page_cells, sink_end = KVC__MIN(c->n_sink_pages, s->meta[2] > 0 ? (s->meta[2] - 1) / pc + 1 : 0);
+    int32_t idx, k, cell = 0;
+    kvc__r_section(r, KVC__TAG('C', 'E', 'L', 'L'), 4 * (uint64_t)s->meta[1]);
+    for (idx = 0; idx < s->meta[5] && r->err == KVC_OK; ++idx) {
+        int32_t lp = idx < sink_end ? idx : s->meta[4] + (idx - sink_end);
+        int32_t n = (int32_t)KVC__MIN((int64_t)pc, (int64_t)s->meta[2] - (int64_t)lp * pc);
+        for (k = 0; k < n; ++k, ++cell) {
+            int32_t pos = (int32_t)kvc__r_u32(r);
+            if (r->err == KVC_OK && pos != lp * pc + k) kvc__r_fail(r, KVC_ERR_CORRUPT);
+            *kvc__pos_at(c->pool, pages[cell / pc], cell % pc) = pos;
+        }
+    }
+    kvc__r_end(r);
+}
+
+/* Reading CONF..KV of a FULL/ROTATING cache or entry into staged pages. */
+typedef struct kvc__staged {
+    uint32_t *pages;   /* packed cells */
+    int32_t n_pages;
+    kvc__saved s;
+    int32_t *tokens;   /* an entry's tokens (scratch) */
+} kvc__staged;
+
+static void kvc__staged_free(kvc_pool *p, kvc__staged *st) {
+    kvc__unstage_pages(p, st->pages, st->n_pages);
+    if (st->tokens != NULL) kvc__free(p, st->tokens);
+    st->pages = NULL;
+    st->tokens = NULL;
+}
+
+static void kvc__r_linear(kvc__rd *r, const kvc_cache *c, uint32_t what, kvc_namespace ns, kvc__staged *st,
+                          int32_t *tokens, int32_t max_tokens) {
+    kvc_pool *p = c->pool;
+    kvc_result e;
+    kvc__r_head(r, p, what, ns, &st->s);
+    if (r->err != KVC_OK) return;
+    if (st->s.cc.kind != c->cfg.kind || st->s.cc.window != c->cfg.window || st->s.cc.sinks != c->cfg.sinks) {
+        kvc__r_fail(r, KVC_ERR_MISMATCH);
+        return;
+    }
+    if (!kvc__linear_state_ok(c, st->s.meta) || (what == KVC__WHAT_ENTRY && st->s.meta[0] != st->s.meta[2])) {
+        kvc__r_fail(r, KVC_ERR_CORRUPT);
+        return;
+    }
+    if (what == KVC__WHAT_ENTRY) { /* the tokens of an entry are needed to commit it */
+        st->tokens = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)KVC__MAX(st->s.meta[0], 1));
+        if (st->tokens == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); return; }
+        tokens = st->tokens;
+    } else if (tokens != NULL && st->s.meta[0] > max_tokens) {
+        kvc__r_fail(r, KVC_ERR_RANGE);
+        return;
+    }
+    if ((e = kvc__stage_pages(p, st->s.meta[1], &st->pages, &st->n_pages)) != KVC_OK) { kvc__r_fail(r, e); return; }
+    kvc__r_tokens(r, tokens, st->s.meta[0]);
+    kvc__r_linear_cells(r, c, &st->s, st->pages);
+    kvc__r_kv(r, p, st->pages, st->s.meta[1]);
+}
+
+/* Install staged cells as the cache's pages. Every held page but the last is full
+   (sink pages, then consecutive window pages), so the packed staging pages line up with
+   the page table one to one: the cache takes them over. */
+static void kvc__install_linear(kvc_cache *c, kvc__staged *st) {
+    const int32_t *m = st->s.meta;
+    kvc__lease_drop(c);
+    kvc__rewind(c, 0); /* the old pages go */
+    KVCACHE_ASSERT(st->n_pages == m[5]);
+    memcpy(c->pages, st->pages, sizeof(uint32_t) * (size_t)m[5]);
+    c->n_pages = m[5];
+    c->first_lpage = m[4];
+    c->offset = m[2];
+    c->batch_begin = m[3];
+    c->batch_pending = 0;
+    kvc__free(c->pool, st->pages);
+    st->pages = NULL;
+}
+
+static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                   int32_t max_tokens, int32_t *n_tokens);
+
+/* Load entry points end here: release what is staged, finish the io. */
+static kvc_result kvc__load_end(const kvc_io *io, kvc_pool *p, kvc__staged *st, kvc_result r) {
+    if (p != NULL) kvc__staged_free(p, st);
+    return kvc__io_end(io, r);
+}
+
+KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
+                                 int32_t *n_tokens) {
+    kvc__rd r;
+    kvc__staged st;
+    kvc_result e;
+    memset(&st, 0, sizeof(st));
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) return kvc__load_end(io, NULL, &st, KVC_ERR_NULL);
+    if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__load_end(io, NULL, &st, e);
+    if (max_tokens < 0) return kvc__load_end(io, NULL, &st, KVC_ERR_INVALID);
+    if (kvc__batch_open(c)) return kvc__load_end(io, NULL, &st, KVC_ERR_STATE);
+    if (kvc__is_causal(c)) return kvc__load_end(io, NULL, &st, kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens));
+    memset(&r, 0, sizeof(r));
+    r.io = io;
+    kvc__r_linear(&r, c, KVC__WHAT_CACHE, ns, &st, tokens, max_tokens);
+    if (r.err == KVC_ERR_RANGE && n_tokens != NULL) *n_tokens = st.s.meta[0];
+    if (r.err != KVC_OK) return kvc__load_end(io, c->pool, &st, r.err);
+    kvc__install_linear(c, &st);
+    if (n_tokens != NULL) *n_tokens = st.s.meta[0];
+    return kvc__load_end(io, c->pool, &st, KVC_OK);
+}
+
+/* ---- CAUSAL: a whole cache, or one sequence ---- */
+
+/* CELL of a CAUSAL cache: cell index (ascending, inside the target), position, the
+   saved sequence set (words of the saved max_seqs), converted to the target's words. */
+static void kvc__r_causal_cells(kvc__rd *r, const kvc_cache *c, const kvc__saved *s, const uint32_t *pages,
+                                int32_t *cell_of, uint32_t *seqs) {
+    kvc_pool *p = c->pool;
+    int32_t n = s->meta[1], w_saved = s->meta[2], i, k, prev = -1;
+    kvc__r_section(r, KVC__TAG('C', 'E', 'L', 'L'), (8 + 4 * (uint64_t)w_saved) * (uint64_t)n);
+    for (i = 0; i < n && r->err == KVC_OK; ++i) {
+        int32_t cell = (int32_t)kvc__r_u32(r), pos = (int32_t)kvc__r_u32(r);
+        uint32_t any = 0;
+        if (r->err == KVC_OK && (cell <= prev || pos < 0 || pos == INT32_MAX)) kvc__r_fail(r, KVC_ERR_CORRUPT);
+        if (r->err == KVC_OK && cell >= c->capacity) kvc__r_fail(r, KVC_ERR_MISMATCH);
+        prev = cell;
+        cell_of[i] = cell;
+        *kvc__pos_at(p, pages[i / p->page_cells], i % p->page_cells) = pos;
+        for (k = 0; k < w_saved; ++k) {
+            uint32_t bits = kvc__r_u32(r), keep = bits;
+            if (k >= c->words) keep = 0;
+            else if (k == c->words - 1 && c->cfg.max_seqs % 32) keep &= (1u << (c->cfg.max_seqs % 32)) - 1u;
+            if (r->err == KVC_OK && keep != bits) kvc__r_fail(r, KVC_ERR_MISMATCH); /* a sequence the target lacks */
+            if (k < c->words) seqs[(size_t)i * c->words + k] = keep;
+            any |= bits;
+        }
+        for (k = w_saved; k < c->words; ++k) seqs[(size_t)i * c->words + k] = 0;
+        if (r->err == KVC_OK && !any) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    }
+    kvc__r_end(r);
+}
+
+/* The causal configuration a saved cache or sequence must share with the target. */
+static int kvc__causal_conf_ok(const kvc_cache *c, const kvc__saved *s) {
+    return s->cc.kind == KVC_KIND_CAUSAL && s->cc.window == c->cfg.window && s->cc.chunk == c->cfg.chunk;
+}
+
+static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                   int32_t max_tokens, int32_t *n_tokens) {
+    kvc_pool *p = c->pool;
+    kvc__rd r;
+    kvc__saved s;
+    uint32_t *pages = NULL, *seqs = NULL;
+    int32_t *cell_of = NULL, n_pages = 0, i, n;
+    memset(&r, 0, sizeof(r));
+    memset(&s, 0, sizeof(s));
+    r.io = io;
+    kvc__r_head(&r, p, KVC__WHAT_CACHE, ns, &s);
+    if (r.err != KVC_OK) return r.err;
+    if (!kvc__causal_conf_ok(c, &s)) return KVC_ERR_MISMATCH;
+    n = s.meta[1];
+    if (s.meta[2] < 1 || s.meta[2] > (1 << 15) || n > c->capacity) return n > c->capacity ? KVC_ERR_MISMATCH : KVC_ERR_CORRUPT;
+    if (tokens != NULL && s.meta[0] > max_tokens) {
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        return KVC_ERR_RANGE;
+    }
+    cell_of = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)KVC__MAX(n, 1) * (size_t)(1 + c->words));
+    if (cell_of == NULL) return KVC_ERR_NO_MEMORY;
+    seqs = (uint32_t *)(cell_of + KVC__MAX(n, 1));
+    if ((r.err = kvc__stage_pages(p, n, &pages, &n_pages)) == KVC_OK) {
+        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_causal_cells(&r, c, &s, pages, cell_of, seqs);
+        kvc__r_kv(&r, p, pages, n);
+    }
+    if (r.err == KVC_OK) { /* replace every cell */
+        kvc__causal_clear(c);
+        for (i = 0; i < n; ++i) {
+            kvc__copy_cells(p, c->pages, cell_of[i], pages, i, 1);
+            memcpy(c->seqs + (size_t)cell_of[i] * c->words, seqs + (size_t)i * c->words, sizeof(uint32_t) * (size_t)c->words);
+        }
+        c->n_used = n;
+        kvc__all_bounds(c);
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+    }
+    kvc__unstage_pages(p, pages, n_pages);
+    kvc__free(p, cell_of);
+    return r.err;
+}
+
+KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                               int32_t max_tokens, int32_t *n_tokens) {
+    kvc__rd r;
+    kvc__saved s;
+    kvc_snapshot *snap = NULL;
+    kvc_pool *p;
+    int32_t i, n, freed = 0, pc;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if ((r.err = kvc__check_io(io, 0)) != KVC_OK || (r.err = kvc__check_seq(c, dst)) != KVC_OK) return kvc__io_end(io, r.err);
+    if (max_tokens < 0) return kvc__io_end(io, KVC_ERR_INVALID);
+    if (kvc__batch_open(c)) return kvc__io_end(io, KVC_ERR_STATE);
+    p = c->pool;
+    pc = p->page_cells;
+    memset(&r, 0, sizeof(r));
+    memset(&s, 0, sizeof(s));
+    r.io = io;
+    kvc__r_head(&r, p, KVC__WHAT_SEQ, ns, &s);
+    if (r.err == KVC_OK && !kvc__causal_conf_ok(c, &s)) r.err = KVC_ERR_MISMATCH;
+    n = s.meta[1];
+    for (i = 0; r.err == KVC_OK && i < c->capacity; ++i) freed += kvc__cell_only(c, i) == dst;
+    if (r.err == KVC_OK && c->capacity - c->n_used + freed < n) r.err = KVC_ERR_FULL;
+    if (r.err == KVC_OK && tokens != NULL && s.meta[0] > max_tokens) {
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        r.err = KVC_ERR_RANGE;
+    }
+    if (r.err == KVC_OK && (n + pc - 1) / pc > p->n_free) r.err = KVC_ERR_FULL;
+    if (r.err == KVC_OK && (snap = kvc__snapshot_alloc(p, (n + pc - 1) / pc)) == NULL) r.err = KVC_ERR_NO_MEMORY;
+    if (r.err == KVC_OK) { /* the cells go into a sequence snapshot's pages, then kvc_seq_restore */
+        snap->kind = KVC_KIND_CAUSAL;
+        snap->n_cells = n;
+        for (i = 0; i < snap->n_pages; ++i) snap->pages[i] = kvc__page_acquire(p);
+        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_section(&r, KVC__TAG('C', 'E', 'L', 'L'), 4 * (uint64_t)n);
+        for (i = 0; i < n && r.err == KVC_OK; ++i) {
+            int32_t pos = (int32_t)kvc__r_u32(&r);
+            if (r.err == KVC_OK && (pos < 0 || pos == INT32_MAX)) kvc__r_fail(&r, KVC_ERR_CORRUPT);
+            *kvc__pos_at(p, snap->pages[i / pc], i % pc) = pos;
+        }
+        kvc__r_end(&r);
+        kvc__r_kv(&r, p, snap->pages, n);
+    }
+    if (r.err == KVC_OK) {
+        r.err = kvc_seq_restore(c, snap, dst); /* checked above: cannot fail */
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+    }
+    kvc_snapshot_free(snap);
+    return kvc__io_end(io, r.err);
+}
+
+/* ---- prefix-tree entries ---- */
+
+KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 const kvc_io *io) {
+    kvc__rnode *at;
+    kvc_cache *c = NULL;
+    int32_t m;
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK)
+        return kvc__io_end(io, r);
+    at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
+    if (m < n_tokens || kvc__radix_usable(t, &at, m) < n_tokens) return kvc__io_end(io, KVC_ERR_NOT_FOUND);
+    if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, r);
+    kvc__radix_fill(t, c, n_tokens); /* the ready cache a lookup would give, all n tokens */
+    r = kvc__save(c, KVC__WHAT_ENTRY, -1, ns, tokens, n_tokens, io);
+    kvc_cache_destroy(c);
+    return kvc__io_end(io, r);
+}
+
+KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens) {
+    kvc__rd r;
+    kvc__staged st;
+    kvc_cache *c = NULL;
+    kvc_result e;
+    memset(&st, 0, sizeof(st));
+    if (io == NULL) return KVC_ERR_NULL;
+    if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__io_end(io, e);
+    if ((e = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, e);
+    memset(&r, 0, sizeof(r));
+    r.io = io;
+    kvc__r_linear(&r, c, KVC__WHAT_ENTRY, ns, &st, NULL, 0);
+    if (r.err == KVC_OK) {
+        kvc__install_linear(c, &st);
+        r.err = kvc__radix_commit(t, ns, c, st.tokens, st.s.meta[0], pin); /* NO_MEMORY: tree unchanged */
+    }
+    if (r.err == KVC_OK && n_tokens != NULL) *n_tokens = st.s.meta[0];
+    kvc_cache_destroy(c);
+    return kvc__load_end(io, t->pool, &st, r.err);
+}
+
+/* ---- the ios ---- */
+
+static size_t kvc__mem_write(void *user, const void *data, size_t n) {
+    kvc_mem *m = (kvc_mem *)user;
+    if (m->data == NULL) { m->size += n; return n; } /* counting only */
+    if (m->size > m->capacity || n > m->capacity - m->size) return 0;
+    memcpy(m->data + m->size, data, n);
+    m->size += n;
+    return n;
+}
+static size_t kvc__mem_read(void *user, void *data, size_t n) {
+    kvc_mem *m = (kvc_mem *)user;
+    size_t k;
+    if (m->pos >= m->size) return 0;
+    k = KVC__MIN(n, m->size - m->pos);
+    memcpy(data, m->data + m->pos, k);
+    m->pos += k;
+    return k;
+}
+
+KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io) {
+    if (mem == NULL || io == NULL) return KVC_ERR_NULL;
+    memset(io, 0, sizeof(*io));
+    io->write = kvc__mem_write;
+    io->read = kvc__mem_read;
+    io->user = mem;
+    return KVC_OK;
+}
+
+#ifndef KVCACHE_NO_STDIO
+static size_t kvc__file_write(void *user, const void *data, size_t n) { return fwrite(data, 1, n, (FILE *)user); }
+static size_t kvc__file_read(void *user, void *data, size_t n) { return fread(data, 1, n, (FILE *)user); }
+static int kvc__file_finish(void *user, int ok) { (void)ok; return ferror((FILE *)user) != 0; }
+
+KVCDEF kvc_result kvc_io_stdio(FILE *file, kvc_io *io) {
+    if (file == NULL || io == NULL) return KVC_ERR_NULL;
+    memset(io, 0, sizeof(*io));
+    io->write = kvc__file_write;
+    io->read = kvc__file_read;
+    io->finish = kvc__file_finish;
+    io->user = file;
+    return KVC_OK;
+}
+
+/* Close; a successful save's temporary file becomes the file, a failed one is removed. */
+static int kvc__path_finish(void *user, int ok) {
+    kvc_path_io *s = (kvc_path_io *)user;
+    int bad;
+    if (s->file == NULL) return 1;
+    bad = ferror(s->file) != 0;
+    bad |= fclose(s->file) != 0;
+    s->file = NULL;
+    if (!s->writing) return bad;
+    if (ok && !bad) bad = rename(s->tmp, s->path) != 0;
+    if (!ok || bad) remove(s->tmp);
+    return bad;
+}
+/* a path io used again after its save or load finished (closed) moves nothing */
+static size_t kvc__path_write(void *user, const void *data, size_t n) {
+    FILE *f = ((kvc_path_io *)user)->file;
+    return f != NULL ? fwrite(data, 1, n, f) : 0;
+}
+static size_t kvc__path_read(void *user, void *data, size_t n) {
+    FILE *f = ((kvc_path_io *)user)->file;
+    return f != NULL ? fread(data, 1, n, f) : 0;
+}
+
+KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc_io *io) {
+    size_t len;
+    if (s == NULL || path == NULL || io == NULL) return KVC_ERR_NULL;
+    len = strlen(path);
+    if (len == 0) return KVC_ERR_INVALID;
+    if (len >= KVC_PATH_MAX) return KVC_ERR_RANGE;
+    memset(s, 0, sizeof(*s));
+    memcpy(s->path, path, len + 1);
+    memcpy(s->tmp, path, len);
+    memcpy(s->tmp + len, ".kvctmp", 8);
+    s->writing = writing != 0;
+    s->file = fopen(s->writing ? s->tmp : s->path, s->writing ? "wb" : "rb");
+    if (s->file == NULL) return KVC_ERR_IO;
+    memset(io, 0, sizeof(*io));
+    io->write = kvc__path_write;
+    io->read = kvc__path_read;
+    io->finish = kvc__path_finish;
+    io->user = s;
+    return KVC_OK;
+}
+#endif
 
 #endif /* KVCACHE_IMPLEMENTATION_DONE */
 #endif /* KVCACHE_IMPLEMENTATION */

@@ -9,7 +9,8 @@
    - accuracy: each storage type against attention computed in double on the f32
      inputs, with the max and RMS bounds written below.
    - threads: 1, 2 and 3 workers of kvc_threads and a hook that runs tasks backwards
-     on random worker ids all give the serial result bit for bit.
+     on random worker ids all give the serial result bit for bit; a decode query
+     (calls of up to 8 queries) gives the same bits alone as with others.
    `test_kernels SEED` replays a run. */
 #define KVCACHE_THREADS
 #define KVCACHE_IMPLEMENTATION
@@ -427,6 +428,49 @@ static void test_threads(tk_rng *rng) {
     }
 }
 
+/* ---- a decode query's result does not depend on the other queries of its call ---- */
+
+static void test_batch_invariance(tk_rng *rng) {
+    uint32_t disable[4];
+    const char *names[4];
+    int32_t np = paths(disable, names), p, round;
+    for (round = 0; round < tk_scaled(8); ++round)
+        for (p = 0; p < np; ++p) {
+            shape s = random_shape(rng, 64 * tk_int(rng, 1, 2), 64, (kvc_type)tk_int(rng, 0, 4), (kvc_type)tk_int(rng, 0, 4));
+            int32_t nh, pos[64], seq[64], qi, n_queries;
+            size_t row_q, row_o;
+            float *q, *all, *one;
+            run r;
+            s.n_queries = n_queries = tk_int(rng, 2, 8);
+            s.tokens = tk_int(rng, 1, 1200);
+            if (s.kind != KVC_KIND_CAUSAL) s.n_queries = n_queries = KVC__MIN(n_queries, s.tokens);
+            nh = s.n_kv * s.group;
+            row_q = (size_t)nh * s.hk;
+            row_o = (size_t)nh * s.hv;
+            q = (float *)malloc(sizeof(float) * row_q * 8);
+            all = (float *)malloc(sizeof(float) * row_o * 8);
+            one = (float *)malloc(sizeof(float) * row_o);
+            fill(rng, q, row_q * (size_t)n_queries, 1.0f);
+            queries_of(&s, rng, pos, seq);
+            if (build(&s, disable[p], NULL, NULL, 0, tk_next(rng), &r)) {
+                attend(&s, &r, q, pos, seq, all);
+                s.n_queries = 1;
+                for (qi = 0; qi < n_queries; ++qi) {
+                    attend(&s, &r, q + row_q * qi, pos + qi, seq + qi, one);
+                    if (memcmp(one, all + row_o * qi, sizeof(float) * row_o) != 0) {
+                        printf("%s: query %d of %d differs alone (kind %d %s/%s group %d tokens %d)\n", names[p], qi,
+                               n_queries, (int)s.kind, kvc_type_name(s.tk), kvc_type_name(s.tv), s.group, s.tokens);
+                        TK_CHECK(0);
+                    } else {
+                        TK_CHECK(1);
+                    }
+                }
+                destroy(&r);
+            }
+            free(q); free(all); free(one);
+        }
+}
+
 /* ---- scratch: the caller's memory, and its errors ---- */
 
 static void test_scratch(tk_rng *rng) {
@@ -502,6 +546,7 @@ int main(int argc, char **argv) {
     test_paths(&rng);
     test_accuracy(&rng);
     test_threads(&rng);
+    test_batch_invariance(&rng);
     test_scratch(&rng);
     test_bad_hook();
     return tk_report("kernels");
