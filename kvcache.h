@@ -3309,6 +3309,8 @@ KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s)
 #define KVC__CHUNK 512           /* cells per split-K task (decode) */
 #define KVC__DECODE_QUERIES 8    /* up to this many queries a call splits the cells */
 #define KVC__PREFILL_QUERIES 16  /* otherwise tasks take this many queries over all cells */
+#define KVC__STRIP 8             /* cells (whole rows) per fused kernel call */
+#define KVC__SCALES 32           /* block scales per row a fused kernel holds: head dims <= 1024 */
 
 typedef struct kvc__kernels {
     const char *name;
@@ -3494,10 +3496,26 @@ KVC__AVX2 static void kvc__scale_avx2(float *x, int32_t n, float a) {
     for (; i < n; ++i) x[i] *= a;
 }
 
+/* Fused kernels take at most KVC__STRIP cells a call; a block type's f16 scales of
+   those cells are converted once into sc[cell * KVC__SCALES + block] (nothing for the
+   float types), so the inner loops broadcast them from memory. */
+KVC__F16C static inline __attribute__((always_inline)) void kvc__strip_scales(kvc_type t, const unsigned char *row,
+                                                                              size_t row_bytes, int32_t d, int32_t n,
+                                                                              float *sc) {
+    size_t bb = t == KVC_TYPE_Q8_0 ? sizeof(kvc__block_q8_0) : sizeof(kvc__block_q4_0);
+    int32_t c, b;
+    if (t != KVC_TYPE_Q8_0 && t != KVC_TYPE_Q4_0) return;
+    for (c = 0; c < n; ++c)
+        for (b = 0; b < d / KVC__QBLOCK; ++b) {
+            const unsigned char *p = row + (size_t)c * row_bytes + (size_t)b * bb;
+            sc[c * KVC__SCALES + b] = _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8)));
+        }
+}
+
 /* Fused AVX2 kernels, the same shapes as AVX-512's with 8 lanes (head dims multiples of 8). */
 #define KVC__AVX2_INLINE KVC__AVX2 static inline __attribute__((always_inline))
 
-KVC__AVX2_INLINE __m256 kvc__load8_avx2(kvc_type t, const unsigned char *row, int32_t i) {
+KVC__AVX2_INLINE __m256 kvc__load8_avx2(kvc_type t, const unsigned char *row, int32_t i, const float *sc) {
     if (t == KVC_TYPE_F32) return _mm256_loadu_ps((const float *)(const void *)row + i);
     if (t == KVC_TYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(row + 2 * i)));
     if (t == KVC_TYPE_BF16)
@@ -3506,14 +3524,14 @@ KVC__AVX2_INLINE __m256 kvc__load8_avx2(kvc_type t, const unsigned char *row, in
     if (t == KVC_TYPE_Q8_0) {
         const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)(const void *)row + i / KVC__QBLOCK;
         __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b->q + (i & 31))));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(_cvtsh_ss((unsigned short)(b->d[0] | (b->d[1] << 8)))));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(sc[i / KVC__QBLOCK]));
     } else {
         const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)(const void *)row + i / KVC__QBLOCK;
         __m128i x = _mm_loadl_epi64((const __m128i *)(const void *)(b->q + (i & 15)));
         __m256i q;
         if (i & 16) x = _mm_srli_epi16(x, 4); /* values 16..31 are the high nibbles */
         q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_and_si128(x, _mm_set1_epi8(0x0f))), _mm256_set1_epi32(8));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(_cvtsh_ss((unsigned short)(b->d[0] | (b->d[1] << 8)))));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(sc[i / KVC__QBLOCK]));
     }
 }
 
@@ -3521,17 +3539,20 @@ KVC__AVX2_INLINE __m256 kvc__load8_avx2(kvc_type t, const unsigned char *row, in
 KVC__AVX2_INLINE void kvc__scores4_avx2(kvc_type t, const float *const *q, const unsigned char *k, size_t k_row, int32_t d,
                                         int32_t n, float *const *s) {
     int32_t c, i, j, r;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, k, k_row, d, n, sc);
     for (c = 0; c < n; c += 2) {
         const unsigned char *k0 = k + (size_t)c * k_row, *k1 = k + (size_t)KVC__MIN(c + 1, n - 1) * k_row;
+        const float *s0 = sc + c * KVC__SCALES, *s1 = sc + KVC__MIN(c + 1, n - 1) * KVC__SCALES;
         __m256 a[8], a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
         float sum[8];
         for (i = 0; i < d; i += 8) {
             __m256 q0 = _mm256_loadu_ps(q[0] + i), q1 = _mm256_loadu_ps(q[1] + i);
             __m256 q2 = _mm256_loadu_ps(q[2] + i), q3 = _mm256_loadu_ps(q[3] + i), x;
-            x = kvc__load8_avx2(t, k0, i);
+            x = kvc__load8_avx2(t, k0, i, s0);
             a00 = _mm256_fmadd_ps(q0, x, a00); a10 = _mm256_fmadd_ps(q1, x, a10);
             a20 = _mm256_fmadd_ps(q2, x, a20); a30 = _mm256_fmadd_ps(q3, x, a30);
-            x = kvc__load8_avx2(t, k1, i);
+            x = kvc__load8_avx2(t, k1, i, s1);
             a01 = _mm256_fmadd_ps(q0, x, a01); a11 = _mm256_fmadd_ps(q1, x, a11);
             a21 = _mm256_fmadd_ps(q2, x, a21); a31 = _mm256_fmadd_ps(q3, x, a31);
         }
@@ -3545,6 +3566,8 @@ KVC__AVX2_INLINE void kvc__scores4_avx2(kvc_type t, const float *const *q, const
 KVC__AVX2_INLINE void kvc__scores1_avx2(kvc_type t, const float *q, const unsigned char *k, size_t k_row, int32_t d,
                                         int32_t n, float *s) {
     int32_t c, i, j;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, k, k_row, d, n, sc);
     for (c = 0; c < n; c += 8) {
         const unsigned char *r[8];
         __m256 a[8], a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
@@ -3552,14 +3575,14 @@ KVC__AVX2_INLINE void kvc__scores1_avx2(kvc_type t, const float *q, const unsign
         KVC__ROWS8(r, k, c, n, k_row);
         for (i = 0; i < d; i += 8) {
             __m256 qv = _mm256_loadu_ps(q + i);
-            a0 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[0], i), a0);
-            a1 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[1], i), a1);
-            a2 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[2], i), a2);
-            a3 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[3], i), a3);
-            a4 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[4], i), a4);
-            a5 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[5], i), a5);
-            a6 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[6], i), a6);
-            a7 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[7], i), a7);
+            a0 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[0], i, sc + KVC__MIN(c + 0, n - 1) * KVC__SCALES), a0);
+            a1 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[1], i, sc + KVC__MIN(c + 1, n - 1) * KVC__SCALES), a1);
+            a2 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[2], i, sc + KVC__MIN(c + 2, n - 1) * KVC__SCALES), a2);
+            a3 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[3], i, sc + KVC__MIN(c + 3, n - 1) * KVC__SCALES), a3);
+            a4 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[4], i, sc + KVC__MIN(c + 4, n - 1) * KVC__SCALES), a4);
+            a5 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[5], i, sc + KVC__MIN(c + 5, n - 1) * KVC__SCALES), a5);
+            a6 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[6], i, sc + KVC__MIN(c + 6, n - 1) * KVC__SCALES), a6);
+            a7 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[7], i, sc + KVC__MIN(c + 7, n - 1) * KVC__SCALES), a7);
         }
         a[0] = a0; a[1] = a1; a[2] = a2; a[3] = a3; a[4] = a4; a[5] = a5; a[6] = a6; a[7] = a7;
         _mm256_storeu_ps(sum, kvc__hsum8_avx2(a));
@@ -3570,11 +3593,13 @@ KVC__AVX2_INLINE void kvc__scores1_avx2(kvc_type t, const float *q, const unsign
 KVC__AVX2_INLINE void kvc__values4_avx2(kvc_type t, float *const *acc, const float *const *p, const unsigned char *v,
                                         size_t v_row, int32_t d, int32_t n) {
     int32_t i, c;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, v, v_row, d, n, sc);
     for (i = 0; i < d; i += 8) {
         __m256 a0 = _mm256_loadu_ps(acc[0] + i), a1 = _mm256_loadu_ps(acc[1] + i);
         __m256 a2 = _mm256_loadu_ps(acc[2] + i), a3 = _mm256_loadu_ps(acc[3] + i);
         for (c = 0; c < n; ++c) {
-            __m256 x = kvc__load8_avx2(t, v + (size_t)c * v_row, i);
+            __m256 x = kvc__load8_avx2(t, v + (size_t)c * v_row, i, sc + c * KVC__SCALES);
             a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[0][c]), x, a0);
             a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[1][c]), x, a1);
             a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[2][c]), x, a2);
@@ -3591,16 +3616,18 @@ KVC__AVX2_INLINE void kvc__values4_avx2(kvc_type t, float *const *acc, const flo
 KVC__AVX2_INLINE void kvc__values1_avx2(kvc_type t, float *acc, const float *p, const unsigned char *v, size_t v_row,
                                         int32_t d, int32_t n) {
     int32_t i = 0, c;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, v, v_row, d, n, sc);
     for (; i + 32 <= d; i += 32) {
         __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
         __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
         for (c = 0; c < n; ++c) {
             const unsigned char *r = v + (size_t)c * v_row;
             __m256 w = _mm256_set1_ps(p[c]);
-            a0 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i), a0);
-            a1 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 8), a1);
-            a2 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 16), a2);
-            a3 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 24), a3);
+            a0 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i, sc + c * KVC__SCALES), a0);
+            a1 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 8, sc + c * KVC__SCALES), a1);
+            a2 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 16, sc + c * KVC__SCALES), a2);
+            a3 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 24, sc + c * KVC__SCALES), a3);
         }
         _mm256_storeu_ps(acc + i, a0);
         _mm256_storeu_ps(acc + i + 8, a1);
@@ -3609,7 +3636,7 @@ KVC__AVX2_INLINE void kvc__values1_avx2(kvc_type t, float *acc, const float *p, 
     }
     for (; i < d; i += 8) {
         __m256 a0 = _mm256_loadu_ps(acc + i);
-        for (c = 0; c < n; ++c) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), kvc__load8_avx2(t, v + (size_t)c * v_row, i), a0);
+        for (c = 0; c < n; ++c) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), kvc__load8_avx2(t, v + (size_t)c * v_row, i, sc + c * KVC__SCALES), a0);
         _mm256_storeu_ps(acc + i, a0);
     }
 }
@@ -3756,8 +3783,9 @@ KVC__AVX512 static void kvc__scale_avx512(float *x, int32_t n, float a) {
    specialised loop. Head dims must be multiples of 16 (others take the tile path). */
 #define KVC__AVX512_INLINE KVC__AVX512 static inline __attribute__((always_inline))
 
-/* 16 values of a head row from value i (a multiple of 16) as f32 */
-KVC__AVX512_INLINE __m512 kvc__load16_avx512(kvc_type t, const unsigned char *row, int32_t i) {
+/* 16 values of a head row from value i (a multiple of 16) as f32; sc: the row's block
+   scales as floats (block types) */
+KVC__AVX512_INLINE __m512 kvc__load16_avx512(kvc_type t, const unsigned char *row, int32_t i, const float *sc) {
     if (t == KVC_TYPE_F32) return _mm512_loadu_ps((const float *)(const void *)row + i);
     if (t == KVC_TYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * i)));
     if (t == KVC_TYPE_BF16)
@@ -3766,14 +3794,14 @@ KVC__AVX512_INLINE __m512 kvc__load16_avx512(kvc_type t, const unsigned char *ro
     if (t == KVC_TYPE_Q8_0) {
         const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)(const void *)row + i / KVC__QBLOCK;
         __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b->q + (i & 31))));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss((unsigned short)(b->d[0] | (b->d[1] << 8)))));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(sc[i / KVC__QBLOCK]));
     } else {
         const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)(const void *)row + i / KVC__QBLOCK;
         __m128i x = _mm_loadu_si128((const __m128i *)(const void *)b->q);
         __m512i q;
         if (i & 31) x = _mm_srli_epi16(x, 4); /* values 16..31 are the high nibbles */
         q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(x, _mm_set1_epi8(0x0f))), _mm512_set1_epi32(8));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss((unsigned short)(b->d[0] | (b->d[1] << 8)))));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(sc[i / KVC__QBLOCK]));
     }
 }
 
@@ -3781,9 +3809,13 @@ KVC__AVX512_INLINE __m512 kvc__load16_avx512(kvc_type t, const unsigned char *ro
 KVC__AVX512_INLINE void kvc__scores4_avx512(kvc_type t, const float *const *q, const unsigned char *k, size_t k_row,
                                             int32_t d, int32_t n, float *const *s) {
     int32_t c, i, j, r;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, k, k_row, d, n, sc);
     for (c = 0; c < n; c += 4) {
         const unsigned char *k0 = k + (size_t)c * k_row, *k1 = k + (size_t)KVC__MIN(c + 1, n - 1) * k_row;
         const unsigned char *k2 = k + (size_t)KVC__MIN(c + 2, n - 1) * k_row, *k3 = k + (size_t)KVC__MIN(c + 3, n - 1) * k_row;
+        const float *s0 = sc + c * KVC__SCALES, *s1 = sc + KVC__MIN(c + 1, n - 1) * KVC__SCALES;
+        const float *s2 = sc + KVC__MIN(c + 2, n - 1) * KVC__SCALES, *s3 = sc + KVC__MIN(c + 3, n - 1) * KVC__SCALES;
         __m512 a00 = _mm512_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
         __m512 a02 = a00, a12 = a00, a22 = a00, a32 = a00, a03 = a00, a13 = a00, a23 = a00, a33 = a00;
         __m256 h[8];
@@ -3791,16 +3823,16 @@ KVC__AVX512_INLINE void kvc__scores4_avx512(kvc_type t, const float *const *q, c
         for (i = 0; i < d; i += 16) {
             __m512 q0 = _mm512_loadu_ps(q[0] + i), q1 = _mm512_loadu_ps(q[1] + i);
             __m512 q2 = _mm512_loadu_ps(q[2] + i), q3 = _mm512_loadu_ps(q[3] + i), x;
-            x = kvc__load16_avx512(t, k0, i);
+            x = kvc__load16_avx512(t, k0, i, s0);
             a00 = _mm512_fmadd_ps(q0, x, a00); a10 = _mm512_fmadd_ps(q1, x, a10);
             a20 = _mm512_fmadd_ps(q2, x, a20); a30 = _mm512_fmadd_ps(q3, x, a30);
-            x = kvc__load16_avx512(t, k1, i);
+            x = kvc__load16_avx512(t, k1, i, s1);
             a01 = _mm512_fmadd_ps(q0, x, a01); a11 = _mm512_fmadd_ps(q1, x, a11);
             a21 = _mm512_fmadd_ps(q2, x, a21); a31 = _mm512_fmadd_ps(q3, x, a31);
-            x = kvc__load16_avx512(t, k2, i);
+            x = kvc__load16_avx512(t, k2, i, s2);
             a02 = _mm512_fmadd_ps(q0, x, a02); a12 = _mm512_fmadd_ps(q1, x, a12);
             a22 = _mm512_fmadd_ps(q2, x, a22); a32 = _mm512_fmadd_ps(q3, x, a32);
-            x = kvc__load16_avx512(t, k3, i);
+            x = kvc__load16_avx512(t, k3, i, s3);
             a03 = _mm512_fmadd_ps(q0, x, a03); a13 = _mm512_fmadd_ps(q1, x, a13);
             a23 = _mm512_fmadd_ps(q2, x, a23); a33 = _mm512_fmadd_ps(q3, x, a33);
         }
@@ -3821,6 +3853,8 @@ KVC__AVX512_INLINE void kvc__scores4_avx512(kvc_type t, const float *const *q, c
 KVC__AVX512_INLINE void kvc__scores1_avx512(kvc_type t, const float *q, const unsigned char *k, size_t k_row, int32_t d,
                                             int32_t n, float *s) {
     int32_t c, i, j;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, k, k_row, d, n, sc);
     for (c = 0; c < n; c += 8) {
         const unsigned char *r[8];
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
@@ -3828,14 +3862,14 @@ KVC__AVX512_INLINE void kvc__scores1_avx512(kvc_type t, const float *q, const un
         KVC__ROWS8(r, k, c, n, k_row);
         for (i = 0; i < d; i += 16) {
             __m512 qv = _mm512_loadu_ps(q + i);
-            a0 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[0], i), a0);
-            a1 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[1], i), a1);
-            a2 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[2], i), a2);
-            a3 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[3], i), a3);
-            a4 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[4], i), a4);
-            a5 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[5], i), a5);
-            a6 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[6], i), a6);
-            a7 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[7], i), a7);
+            a0 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[0], i, sc + KVC__MIN(c + 0, n - 1) * KVC__SCALES), a0);
+            a1 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[1], i, sc + KVC__MIN(c + 1, n - 1) * KVC__SCALES), a1);
+            a2 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[2], i, sc + KVC__MIN(c + 2, n - 1) * KVC__SCALES), a2);
+            a3 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[3], i, sc + KVC__MIN(c + 3, n - 1) * KVC__SCALES), a3);
+            a4 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[4], i, sc + KVC__MIN(c + 4, n - 1) * KVC__SCALES), a4);
+            a5 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[5], i, sc + KVC__MIN(c + 5, n - 1) * KVC__SCALES), a5);
+            a6 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[6], i, sc + KVC__MIN(c + 6, n - 1) * KVC__SCALES), a6);
+            a7 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[7], i, sc + KVC__MIN(c + 7, n - 1) * KVC__SCALES), a7);
         }
         h[0] = kvc__fold_avx512(a0); h[1] = kvc__fold_avx512(a1); h[2] = kvc__fold_avx512(a2);
         h[3] = kvc__fold_avx512(a3); h[4] = kvc__fold_avx512(a4); h[5] = kvc__fold_avx512(a5);
@@ -3848,11 +3882,13 @@ KVC__AVX512_INLINE void kvc__scores1_avx512(kvc_type t, const float *q, const un
 KVC__AVX512_INLINE void kvc__values4_avx512(kvc_type t, float *const *acc, const float *const *p, const unsigned char *v,
                                             size_t v_row, int32_t d, int32_t n) {
     int32_t i, c;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, v, v_row, d, n, sc);
     for (i = 0; i < d; i += 16) {
         __m512 a0 = _mm512_loadu_ps(acc[0] + i), a1 = _mm512_loadu_ps(acc[1] + i);
         __m512 a2 = _mm512_loadu_ps(acc[2] + i), a3 = _mm512_loadu_ps(acc[3] + i);
         for (c = 0; c < n; ++c) {
-            __m512 x = kvc__load16_avx512(t, v + (size_t)c * v_row, i);
+            __m512 x = kvc__load16_avx512(t, v + (size_t)c * v_row, i, sc + c * KVC__SCALES);
             a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[0][c]), x, a0);
             a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[1][c]), x, a1);
             a2 = _mm512_fmadd_ps(_mm512_set1_ps(p[2][c]), x, a2);
@@ -3870,16 +3906,18 @@ KVC__AVX512_INLINE void kvc__values4_avx512(kvc_type t, float *const *acc, const
 KVC__AVX512_INLINE void kvc__values1_avx512(kvc_type t, float *acc, const float *p, const unsigned char *v,
                                             size_t v_row, int32_t d, int32_t n) {
     int32_t i = 0, c;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, v, v_row, d, n, sc);
     for (; i + 64 <= d; i += 64) {
         __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_loadu_ps(acc + i + 16);
         __m512 a2 = _mm512_loadu_ps(acc + i + 32), a3 = _mm512_loadu_ps(acc + i + 48);
         for (c = 0; c < n; ++c) {
             const unsigned char *r = v + (size_t)c * v_row;
             __m512 w = _mm512_set1_ps(p[c]);
-            a0 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i), a0);
-            a1 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 16), a1);
-            a2 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 32), a2);
-            a3 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 48), a3);
+            a0 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i, sc + c * KVC__SCALES), a0);
+            a1 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 16, sc + c * KVC__SCALES), a1);
+            a2 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 32, sc + c * KVC__SCALES), a2);
+            a3 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 48, sc + c * KVC__SCALES), a3);
         }
         _mm512_storeu_ps(acc + i, a0);
         _mm512_storeu_ps(acc + i + 16, a1);
@@ -3888,7 +3926,7 @@ KVC__AVX512_INLINE void kvc__values1_avx512(kvc_type t, float *acc, const float 
     }
     for (; i < d; i += 16) {
         __m512 a0 = _mm512_loadu_ps(acc + i);
-        for (c = 0; c < n; ++c) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), kvc__load16_avx512(t, v + (size_t)c * v_row, i), a0);
+        for (c = 0; c < n; ++c) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), kvc__load16_avx512(t, v + (size_t)c * v_row, i, sc + c * KVC__SCALES), a0);
         _mm512_storeu_ps(acc + i, a0);
     }
 }
@@ -4207,9 +4245,8 @@ static void kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
 }
 
 
-/* Cells a fused kernel call takes: whole-row strips, so that the kv heads' slices of
-   those rows are read one after another and the reads stream through memory. */
-#define KVC__STRIP 8
+/* Fused kernel calls take strips of KVC__STRIP whole rows, so that the kv heads'
+   slices of those rows are read one after another and the reads stream. */
 
 static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t nq, const uint32_t *vis, float *ml,
                               float *acc, float *s, float *pad_s, float *pad_acc, kvc__rows *R) {
@@ -4287,8 +4324,19 @@ static void kvc__fused_values(const kvc__attn *A, const kvc__rows *R, const unsi
    softmax and V accumulation of the rows of the task's queries that see any of them.
    Fused kernels walk the block in whole-row strips; otherwise each kv head's slice is
    converted into an f32 tile first. */
-static void kvc__attn_block(const kvc__attn *A, uint32_t page, int32_t slot, int32_t n, int32_t q0, int32_t nq,
-                            const uint32_t *vis, float *ml, float *acc, float *work, kvc__rows *R) {
+/* Ask for bytes the next block will read (into L2): the hardware prefetchers alone
+   leave a single thread well below its streaming bandwidth here. */
+static void kvc__prefetch(const unsigned char *p, size_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+    size_t i;
+    for (i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 2);
+#else
+    (void)p; (void)bytes;
+#endif
+}
+
+static void kvc__attn_block(const kvc__attn *A, uint32_t page, int32_t slot, int32_t n, int32_t n_next, int32_t q0,
+                            int32_t nq, const uint32_t *vis, float *ml, float *acc, float *work, kvc__rows *R) {
     const kvc_pool *p = A->p;
     float *s = work, *tile = s + (size_t)A->rows_max * KVC__BLOCK;
     float *pad_s = tile + (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv), *pad_acc = pad_s + KVC__BLOCK;
@@ -4296,6 +4344,7 @@ static void kvc__attn_block(const kvc__attn *A, uint32_t page, int32_t slot, int
     int32_t h, r, c, i;
     for (h = 0; h < A->n_kv; ++h) kvc__rows_of_head(A, h, q0, nq, vis, ml, acc, s, pad_s, pad_acc, &R[h]);
     if (R[0].n == 0) return;
+    kvc__prefetch(k0 + (size_t)n * p->k_row, (size_t)n_next * p->k_row);
     if (A->fused_k) {
         for (c = 0; c < n; c += KVC__STRIP) kvc__fused_scores(A, R, k0, c, KVC__MIN(KVC__STRIP, n - c));
     } else {
@@ -4308,6 +4357,7 @@ static void kvc__attn_block(const kvc__attn *A, uint32_t page, int32_t slot, int
     for (h = 0; h < A->n_kv; ++h)
         for (r = 0; r < R[h].n; ++r) kvc__attn_softmax(A, R[h].s[r], R[h].ml[r], R[h].acc[r], R[h].vis[r], n);
     memset(pad_s, 0, sizeof(float) * KVC__BLOCK);
+    kvc__prefetch(v0 + (size_t)n * p->v_row, (size_t)n_next * p->v_row);
     if (A->fused_v) {
         for (c = 0; c < n; c += KVC__STRIP) kvc__fused_values(A, R, v0, c, KVC__MIN(KVC__STRIP, n - c));
     } else {
@@ -4345,7 +4395,9 @@ static void kvc__attn_task(void *ctx, int32_t task, int32_t worker) {
         int32_t off = cell - A->run_start[lo], n = KVC__MIN(KVC__BLOCK, KVC__MIN(end, A->run_start[lo + 1]) - cell);
         uint32_t any = 0;
         for (q = 0; q < nq; ++q) any |= vis[q] = kvc__visible_mask(A, &qs[q], run->page, run->c0 + off, run->t0 + off, n);
-        if (any) kvc__attn_block(A, run->page, run->c0 + off, n, q0, nq, vis, ml, acc, work, lists);
+        if (any) /* the next block of the same run is prefetched */
+            kvc__attn_block(A, run->page, run->c0 + off, n, KVC__MIN(KVC__BLOCK, KVC__MIN(end, A->run_start[lo + 1]) - cell - n),
+                            q0, nq, vis, ml, acc, work, lists);
         cell += n;
         if (cell == A->run_start[lo + 1]) ++lo;
     }
@@ -4393,8 +4445,8 @@ static void kvc__attn_init(kvc__attn *A, const kvc_cache *c, int32_t layer, cons
     A->hk = c->pool->cfg.head_dim_k;
     A->hv = c->pool->cfg.head_dim_v;
     A->scale = d->scale > 0.0f ? d->scale : 1.0f / sqrtf((float)A->hk);
-    A->fused_k = A->kern->scores[c->pool->cfg.type_k] != NULL && A->hk % A->kern->lanes == 0;
-    A->fused_v = A->kern->values[c->pool->cfg.type_v] != NULL && A->hv % A->kern->lanes == 0;
+    A->fused_k = A->kern->scores[c->pool->cfg.type_k] != NULL && A->hk % A->kern->lanes == 0 && A->hk <= 1024;
+    A->fused_v = A->kern->values[c->pool->cfg.type_v] != NULL && A->hv % A->kern->lanes == 0 && A->hv <= 1024;
 }
 
 KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc, size_t *bytes) {
