@@ -3316,8 +3316,10 @@ typedef struct kvc__kernels {
     const char *name;
     /* s[c] = q . k[c] for c < n <= KVC__BLOCK, rows of d floats `stride` floats apart */
     void (*dot)(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s);
-    /* s[c] = exp(s[c] * scale - m), 0 where s[c] = -inf; returns the sum */
-    float (*exp_sum)(float *s, int32_t n, float scale, float m);
+    /* the largest s[c] of the cells c < n whose bit is set in vis (-inf if none) */
+    float (*masked_max)(const float *s, int32_t n, uint32_t vis);
+    /* s[c] = exp(s[c] * scale - m) where vis has bit c, else 0; returns the sum */
+    float (*exp_sum)(float *s, int32_t n, uint32_t vis, float scale, float m);
     /* acc += sum over c < n of p[c] * v[c], rows of d floats `stride` floats apart */
     void (*axpy)(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n);
     void (*scale)(float *x, int32_t n, float a);
@@ -3341,11 +3343,18 @@ static void kvc__dot_scalar(const float *q, const float *k, int32_t d, size_t st
         s[c] = acc;
     }
 }
-static float kvc__exp_sum_scalar(float *s, int32_t n, float scale, float m) {
+static float kvc__masked_max_scalar(const float *s, int32_t n, uint32_t vis) {
+    float m = -INFINITY;
+    int32_t c;
+    for (c = 0; c < n; ++c)
+        if (((vis >> c) & 1u) && s[c] > m) m = s[c];
+    return m;
+}
+static float kvc__exp_sum_scalar(float *s, int32_t n, uint32_t vis, float scale, float m) {
     float sum = 0.0f;
     int32_t c;
     for (c = 0; c < n; ++c) {
-        s[c] = s[c] == -INFINITY ? 0.0f : expf(s[c] * scale - m);
+        s[c] = (vis >> c) & 1u ? expf(s[c] * scale - m) : 0.0f;
         sum += s[c];
     }
     return sum;
@@ -3359,7 +3368,8 @@ static void kvc__scale_scalar(float *x, int32_t n, float a) {
     int32_t i;
     for (i = 0; i < n; ++i) x[i] *= a;
 }
-static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc__exp_sum_scalar, kvc__axpy_scalar,
+static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc__masked_max_scalar,
+                                                 kvc__exp_sum_scalar, kvc__axpy_scalar,
                                                  kvc__scale_scalar, 1, {NULL, NULL, NULL, NULL, NULL},
                                                  {NULL, NULL, NULL, NULL, NULL}};
 
@@ -3444,20 +3454,29 @@ KVC__AVX2 static void kvc__dot_avx2(const float *q, const float *k, int32_t d, s
         for (j = 0; j < 8 && c + j < n; ++j) s[c + j] = t[j];
     }
 }
-KVC__AVX2 static float kvc__exp_sum_avx2(float *s, int32_t n, float scale, float m) {
+/* the lanes of cells c .. c + 7 whose bit is set in vis */
+KVC__AVX2 static __m256i kvc__vis_mask_avx2(uint32_t vis, int32_t c) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)((vis >> c) & 0xffu)), bit), bit);
+}
+KVC__AVX2 static float kvc__masked_max_avx2(const float *s, int32_t n, uint32_t vis) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int32_t c;
+    for (c = 0; c < n; c += 8) { /* vis has no bit at or past n: the masked load stays in s */
+        __m256i k = kvc__vis_mask_avx2(vis, c);
+        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, k), _mm256_castsi256_ps(k)));
+    }
+    return kvc__hmax_avx2(m);
+}
+KVC__AVX2 static float kvc__exp_sum_avx2(float *s, int32_t n, uint32_t vis, float scale, float m) {
     __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
     float t[8], total;
-    int32_t c = 0, j;
-    for (; c + 8 <= n; c += 8) {
-        __m256 p = kvc__exp_avx2(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(s + c), vs), vm));
-        _mm256_storeu_ps(s + c, p);
-        sum = _mm256_add_ps(sum, p);
-    }
-    if (c < n) {
-        __m256i tail = kvc__tail_mask_avx2(n - c);
-        __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, tail), _mm256_castsi256_ps(tail));
-        __m256 p = kvc__exp_avx2(_mm256_sub_ps(_mm256_mul_ps(x, vs), vm));
-        _mm256_maskstore_ps(s + c, tail, p);
+    int32_t c, j;
+    for (c = 0; c < n; c += 8) {
+        __m256i k = kvc__vis_mask_avx2(vis, c);
+        __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, k), _mm256_castsi256_ps(k));
+        __m256 p = kvc__exp_avx2(_mm256_sub_ps(_mm256_mul_ps(x, vs), vm)); /* -inf lanes give 0 */
+        _mm256_maskstore_ps(s + c, kvc__tail_mask_avx2(n - c), p);
         sum = _mm256_add_ps(sum, p);
     }
     _mm256_storeu_ps(t, sum);
@@ -3659,7 +3678,7 @@ KVC__FUSED_AVX2(KVC_TYPE_Q8_0, q8_0)
 KVC__FUSED_AVX2(KVC_TYPE_Q4_0, q4_0)
 
 static const kvc__kernels kvc__kernels_avx2 = {
-    "avx2", kvc__dot_avx2, kvc__exp_sum_avx2, kvc__axpy_avx2, kvc__scale_avx2, 8,
+    "avx2", kvc__dot_avx2, kvc__masked_max_avx2, kvc__exp_sum_avx2, kvc__axpy_avx2, kvc__scale_avx2, 8,
     {kvc__scores_avx2_f32, kvc__scores_avx2_f16, kvc__scores_avx2_bf16, kvc__scores_avx2_q8_0, kvc__scores_avx2_q4_0},
     {kvc__values_avx2_f32, kvc__values_avx2_f16, kvc__values_avx2_bf16, kvc__values_avx2_q8_0, kvc__values_avx2_q4_0}};
 
@@ -3731,14 +3750,20 @@ KVC__AVX512 static void kvc__dot_avx512(const float *q, const float *k, int32_t 
         _mm256_mask_storeu_ps(s + c, (__mmask8)((1u << KVC__MIN(8, n - c)) - 1u), kvc__hsum8_avx2(h));
     }
 }
-KVC__AVX512 static float kvc__exp_sum_avx512(float *s, int32_t n, float scale, float m) {
+KVC__AVX512 static float kvc__masked_max_avx512(const float *s, int32_t n, uint32_t vis) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int32_t c;
+    for (c = 0; c < n; c += 16) /* vis has no bit at or past n */
+        m = _mm512_max_ps(m, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)(vis >> c), s + c));
+    return _mm512_reduce_max_ps(m);
+}
+KVC__AVX512 static float kvc__exp_sum_avx512(float *s, int32_t n, uint32_t vis, float scale, float m) {
     __m512 vs = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
     int32_t c;
     for (c = 0; c < n; c += 16) {
-        __mmask16 t = kvc__tail_mask_avx512(n - c);
-        __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), t, s + c);
-        __m512 p = kvc__exp_avx512(_mm512_sub_ps(_mm512_mul_ps(x, vs), vm));
-        _mm512_mask_storeu_ps(s + c, t, p);
+        __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)(vis >> c), s + c);
+        __m512 p = kvc__exp_avx512(_mm512_sub_ps(_mm512_mul_ps(x, vs), vm)); /* -inf lanes give 0 */
+        _mm512_mask_storeu_ps(s + c, kvc__tail_mask_avx512(n - c), p);
         sum = _mm512_add_ps(sum, p);
     }
     return _mm512_reduce_add_ps(sum);
@@ -3949,7 +3974,7 @@ KVC__FUSED_AVX512(KVC_TYPE_Q8_0, q8_0)
 KVC__FUSED_AVX512(KVC_TYPE_Q4_0, q4_0)
 
 static const kvc__kernels kvc__kernels_avx512 = {
-    "avx512", kvc__dot_avx512, kvc__exp_sum_avx512, kvc__axpy_avx512, kvc__scale_avx512, 16,
+    "avx512", kvc__dot_avx512, kvc__masked_max_avx512, kvc__exp_sum_avx512, kvc__axpy_avx512, kvc__scale_avx512, 16,
     {kvc__scores_avx512_f32, kvc__scores_avx512_f16, kvc__scores_avx512_bf16, kvc__scores_avx512_q8_0,
      kvc__scores_avx512_q4_0},
     {kvc__values_avx512_f32, kvc__values_avx512_f16, kvc__values_avx512_bf16, kvc__values_avx512_q8_0,
@@ -3997,11 +4022,13 @@ static void kvc__dot_neon(const float *q, const float *k, int32_t d, size_t stri
         }
     }
 }
-static float kvc__exp_sum_neon(float *s, int32_t n, float scale, float m) {
+static float kvc__exp_sum_neon(float *s, int32_t n, uint32_t vis, float scale, float m) {
     float32x4_t sum = vdupq_n_f32(0.0f);
     float total;
     int32_t c = 0;
-    for (; c + 4 <= n; c += 4) {
+    for (c = 0; c < n; ++c)
+        if (!((vis >> c) & 1u)) s[c] = -INFINITY; /* gives 0 below */
+    for (c = 0; c + 4 <= n; c += 4) {
         float32x4_t p = kvc__exp_neon(vsubq_f32(vmulq_n_f32(vld1q_f32(s + c), scale), vdupq_n_f32(m)));
         vst1q_f32(s + c, p);
         sum = vaddq_f32(sum, p);
@@ -4030,7 +4057,8 @@ static void kvc__scale_neon(float *x, int32_t n, float a) {
     for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), a));
     for (; i < n; ++i) x[i] *= a;
 }
-static const kvc__kernels kvc__kernels_neon = {"neon", kvc__dot_neon, kvc__exp_sum_neon, kvc__axpy_neon,
+static const kvc__kernels kvc__kernels_neon = {"neon", kvc__dot_neon, kvc__masked_max_scalar, kvc__exp_sum_neon,
+                                               kvc__axpy_neon,
                                                kvc__scale_neon, 4, {NULL, NULL, NULL, NULL, NULL},
                                                {NULL, NULL, NULL, NULL, NULL}};
 #endif /* KVC__NEON */
@@ -4273,13 +4301,7 @@ static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t
 /* Mask a row's scores, fold its block into the online softmax; the scores become
    the weights of the V accumulation. */
 static void kvc__attn_softmax(const kvc__attn *A, float *s, float *ml, float *acc, uint32_t vis, int32_t n) {
-    float bm = -INFINITY;
-    int32_t i;
-    for (i = 0; i < n; ++i) {
-        if (!((vis >> i) & 1u)) s[i] = -INFINITY;
-        else if (s[i] > bm) bm = s[i];
-    }
-    bm *= A->scale;
+    float bm = A->kern->masked_max(s, n, vis) * A->scale;
     if (bm > ml[0]) { /* a new maximum: rescale what the row has */
         if (ml[0] != -INFINITY) {
             float r = expf(ml[0] - bm);
@@ -4288,7 +4310,7 @@ static void kvc__attn_softmax(const kvc__attn *A, float *s, float *ml, float *ac
         }
         ml[0] = bm;
     }
-    ml[1] += A->kern->exp_sum(s, n, A->scale, ml[0]);
+    ml[1] += A->kern->exp_sum(s, n, vis, A->scale, ml[0]);
 }
 
 /* Fused scores of every head's rows against cells [c, c + m) of the block. */
