@@ -4033,11 +4033,16 @@ static float kvc__exp_sum_neon(float *s, int32_t n, uint32_t vis, float scale, f
         vst1q_f32(s + c, p);
         sum = vaddq_f32(sum, p);
     }
-    total = vaddvq_f32(sum);
-    for (; c < n; ++c) {
-        s[c] = s[c] == -INFINITY ? 0.0f : expf(s[c] * scale - m);
-        total += s[c];
+    if (c < n) { /* the tail in a padded vector too: every cell's weight is computed the
+                    same way whatever n is, so a query's result does not depend on its block */
+        float t[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        int32_t j;
+        for (j = 0; c + j < n; ++j) t[j] = s[c + j];
+        vst1q_f32(t, kvc__exp_neon(vsubq_f32(vmulq_n_f32(vld1q_f32(t), scale), vdupq_n_f32(m))));
+        for (j = 0; c + j < n; ++j) s[c + j] = t[j];
+        sum = vaddq_f32(sum, vld1q_f32(t));
     }
+    total = vaddvq_f32(sum);
     return total;
 }
 static void kvc__axpy_neon(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
