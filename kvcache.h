@@ -14,6 +14,7 @@
      KVCACHE_MALLOC(sz, user)   allocator used when the pool config names none;
      KVCACHE_FREE(ptr, user)    define both or neither (default: malloc / free).
      KVCACHE_ASSERT(x)          internal consistency checks (default: assert).
+     KVCACHE_NO_STDIO           leave out kvc_io_stdio / kvc_io_path (no <stdio.h>).
 
    THE MODEL IN ONE PARAGRAPH
      A kvc_pool owns every K/V byte, cut into pages of `page_cells` token slots
@@ -23,7 +24,9 @@
      W tokens plus optional attention-sink tokens). A kvc_snapshot shares the pages
      it covers with the cache it came from; writing into a shared page copies that
      page first (copy-on-write), so a snapshot never changes under you and costs
-     O(pages). kvc_prefix is the single-entry prompt reuse of ollama's MLX runner.
+     O(pages). kvc_prefix is the single-entry prompt reuse of ollama's MLX runner;
+     kvc_radix is a prefix tree on the pool's pages shared by many conversations.
+     kvc_*_save / kvc_*_load persist caches, sequences and tree entries.
 
    A FORWARD PASS
        kvc_begin(cache, n_tokens);               // reserve cells for the new tokens
@@ -85,13 +88,18 @@
     X(KVC_ERR_BUSY, -11, "object still in use")                                         \
     X(KVC_ERR_OVERFLOW, -12, "size computation overflows")                             \
     X(KVC_ERR_NOT_FOUND, -13, "no such sequence in the cache")                          \
-    X(KVC_ERR_SHARED, -14, "a cell to be changed is shared with another sequence")
+    X(KVC_ERR_SHARED, -14, "a cell to be changed is shared with another sequence")        \
+    X(KVC_ERR_IO, -15, "a read, write or file operation failed")                        \
+    X(KVC_ERR_FORMAT, -16, "not a saved kvcache object, or a format version not supported") \
+    X(KVC_ERR_CORRUPT, -17, "saved data damaged: a checksum, length or value is wrong")  \
+    X(KVC_ERR_TRUNCATED, -18, "saved data ends early")                                  \
+    X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind")
 
 typedef enum kvc_result {
 #define KVC__RESULT_ENUM(name, value, text) name = value,
     KVC_RESULT_LIST(KVC__RESULT_ENUM)
 #undef KVC__RESULT_ENUM
-    KVC_RESULT_MIN_ = -14
+    KVC_RESULT_MIN_ = -19
 } kvc_result;
 
 /* ---- Storage types ----------------------------------------------------------------- */
@@ -116,7 +124,17 @@ typedef struct kvc_allocator {
 } kvc_allocator;
 
 /* CPU paths chosen at run time (cpuid + xgetbv); KVCACHE_NO_SIMD compiles none. */
-#define KVC_CPU_F16C (1u << 0) /* x86: f32 <-> f16 conversion with F16C */
+#define KVC_CPU_F16C (1u << 0)        /* x86: f32 <-> f16 conversion with F16C */
+#define KVC_CPU_AVX2 (1u << 1)        /* x86: AVX2 + FMA kernels, bf16/q8_0/q4_0 conversion */
+#define KVC_CPU_AVX512 (1u << 2)      /* x86: AVX-512 F/DQ/BW/VL kernels */
+#define KVC_CPU_NEON (1u << 4)        /* aarch64: NEON kernels and conversions */
+
+/* Parallel work goes through the caller's threads: parallel_for runs fn(ctx, task,
+   worker) for every task in [0, n_tasks), in any order and on any of n_workers
+   workers (worker ids < n_workers, never two tasks at once on one worker id), and
+   returns when all are done. Results do not depend on how tasks are spread. */
+typedef void (*kvc_task_fn)(void *ctx, int32_t task, int32_t worker);
+typedef void (*kvc_parallel_for_fn)(void *user, int32_t n_tasks, kvc_task_fn fn, void *ctx);
 
 /* ---- Page events (for backends that keep K/V elsewhere, e.g. kvcache_vk.h) -------
    The pool does all bookkeeping (pages, refcounts, cells, positions, page tables) on the
@@ -174,6 +192,9 @@ typedef struct kvc_pool_config {
     size_t arena_object_bytes;
     uint32_t cpu_disable; /* KVC_CPU_* paths not to use (tests compare them with scalar) */
     kvc_page_hooks hooks; /* page events for a device backend; zero = none */
+    kvc_parallel_for_fn parallel_for; /* NULL: the library works on the calling thread */
+    void *parallel_user;
+    int32_t n_workers;                /* with parallel_for: how many worker ids it uses (>= 1) */
 } kvc_pool_config;
 
 typedef struct kvc_pool_stats {
@@ -314,11 +335,30 @@ typedef struct kvc_attention_desc {
                              cache always applies its own */
     int non_causal;       /* nonzero: no causal mask (keys after the query are seen) */
     float *out;           /* [n_queries][n_heads][head_dim_v]; zeros where nothing is visible */
+    void *scratch;        /* optional working memory of kvc_attention_scratch_bytes(); NULL:
+                             the pool's allocator is asked on every call (arena mode: the
+                             arena's object heap, which is not safe to share across threads) */
+    size_t scratch_bytes;
 } kvc_attention_desc;
 
 /* Scaled dot-product attention of the queries over the cache's cells for `layer`,
    masks computed from the cells' positions (no mask tensor). Online softmax. */
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc);
+/* The scratch a call with this desc needs now (q, out and scratch are not looked at);
+   it changes as the cache grows. */
+KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc,
+                                              size_t *bytes);
+
+/* Optional, for demos and benchmarks: #define KVCACHE_THREADS where the implementation
+   is compiled (link with -lpthread) for a small pthread pool that serves as the
+   parallel_for hook. n_threads counts the calling thread, which works too. */
+#ifdef KVCACHE_THREADS
+typedef struct kvc_threads kvc_threads;
+KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
+KVCDEF kvc_result kvc_threads_destroy(kvc_threads *threads); /* after every pool using it */
+KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_pool_config *cfg); /* sets the hook */
+KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx);
+#endif
 
 /* ---- Views for callers with their own attention ---------------------------------- */
 typedef struct kvc_run {
@@ -413,6 +453,156 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *prefix, const int32_t *tokens, in
    offset (what every cache really holds) and to max_tokens. */
 KVCDEF kvc_result kvc_prefix_close(kvc_prefix *prefix, const int32_t *generated, int32_t n_generated);
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **tokens, int32_t *n_tokens);
+
+/* ---- Radix prefix cache: many conversations share cached prefixes ---------------- */
+/* A tree over token ids on one pool. Each node is a span of tokens and holds the pool
+   pages of that span (a page whose first cells belong to the parent is the node's own
+   copy, or the page it shares with the parent since a split). A lookup stitches the
+   pages of the longest cached prefix into a ready cache without copying K/V; a commit
+   inserts a conversation's prompt + generated tokens, sharing its pages with the tree.
+   When the pool runs out of pages (kvc_begin, a CAUSAL create, a load), the trees on the
+   pool evict their least recently used unreferenced leaves first, all or nothing: an
+   allocation that cannot succeed even after eviction fails with nothing evicted.
+   Entries in use (a cache looked up from or committed to them, until it is destroyed,
+   cleared or released) and pinned entries are never evicted. With max_entries = 1 the
+   tree keeps only the latest conversation: the seeds' single entry (kvc_prefix is the
+   same rule applied in place to caches you keep). Trees count as live_prefixes. */
+typedef struct kvc_radix kvc_radix;
+
+/* Entries committed under one namespace are found only by lookups under the same one. */
+typedef struct kvc_namespace {
+    uint64_t model; /* e.g. a hash of the model file: two models never match */
+    uint64_t salt;  /* e.g. a tenant id: 0 when everyone may share prefixes */
+} kvc_namespace;
+
+typedef struct kvc_radix_config {
+    kvc_cache_config cache; /* FULL, or ROTATING (window, sinks): the caches lookups return
+                               and commits take */
+    int32_t max_entries;    /* 0: keep as much as the pool holds; N: after a commit keep only
+                               the N latest committed sequences (and entries in use or
+                               pinned); 1 = the seeds' single entry */
+} kvc_radix_config;
+
+typedef struct kvc_radix_stats {
+    uint64_t lookups;         /* successful kvc_radix_lookup calls */
+    uint64_t tokens_queried;  /* tokens they were given */
+    uint64_t tokens_hit;      /* tokens their ready caches held */
+    uint64_t commits;
+    uint64_t entries_evicted; /* nodes removed by eviction (pool pressure, max_entries, evict) */
+    uint64_t pages_evicted;   /* page references those nodes gave up */
+    int32_t n_nodes;          /* spans of tokens */
+    int32_t n_entries;        /* leaves: cached sequences that are no prefix of another */
+    int32_t n_pages;          /* distinct pool pages the tree references */
+    int32_t n_in_use;         /* caches holding an entry in use */
+    int32_t n_pinned;         /* pins over all entries */
+} kvc_radix_stats;
+
+KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind); /* zeros + kind */
+KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out);
+/* KVC_ERR_BUSY while a cache still holds an entry in use (destroy or release it first). */
+KVCDEF kvc_result kvc_radix_destroy(kvc_radix *tree);
+/* The longest cached prefix of tokens under ns as a new cache of the tree's kind that
+   shares the tree's pages (O(pages), nothing copied; the first write into a shared
+   page copies that page). Always leaves at least one token to evaluate: evaluate
+   tokens[*n_reused ..]. ROTATING: the prefix is shortened until the tree holds every
+   page its window needs (sinks + the last window - 1 keys). On a miss the cache is
+   empty. The entry it came from is in use until the cache is destroyed, cleared,
+   released or committed elsewhere. */
+KVCDEF kvc_result kvc_radix_lookup(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                   kvc_cache **out, int32_t *n_reused);
+/* After generation: insert tokens[0 .. min(n_tokens, offset)) — the prompt AND the
+   generated tokens — with the K/V the cache holds for them (cache positions 0, 1, ...).
+   What the tree already holds is kept (only the new part's pages are shared with the
+   tree); the cache must be of the tree's pool and config, with no batch open. The new
+   entry is in use by the cache (as for a lookup). */
+KVCDEF kvc_result kvc_radix_commit(kvc_radix *tree, kvc_namespace ns, kvc_cache *cache, const int32_t *tokens,
+                                   int32_t n_tokens);
+/* The cache no longer holds an entry in use (it stays valid; no-op if it held none). */
+KVCDEF kvc_result kvc_radix_release(kvc_cache *cache);
+/* Pin the cached sequence tokens[0 .. n_tokens) (a system prompt) so that eviction never
+   takes it; pins nest. KVC_ERR_NOT_FOUND if the tree does not hold all of it. */
+KVCDEF kvc_result kvc_radix_pin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
+KVCDEF kvc_result kvc_radix_unpin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
+/* Evict least recently used unreferenced leaves until n_pages pages went back to the
+   pool or nothing more can be evicted; *n_freed (may be NULL) = pages freed. */
+KVCDEF kvc_result kvc_radix_evict(kvc_radix *tree, int32_t n_pages, int32_t *n_freed);
+KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *stats);
+
+/* ---- Persistence: save and load caches, sequences, prefix-tree entries ------------ */
+/* The format (README, "Saved format"): a header (magic, version, what) and sections
+   CONF (layers, heads, dims, types, page size, cache config, namespace), META, TOKS
+   (your token ids), CELL (positions; CAUSAL: cell indices and sequence sets) and KV
+   (the storage bytes), each with its length and an XXH64 checksum. A load checks the
+   configuration and namespace against its target, reads everything into free pool
+   pages and verifies every checksum before it changes the target: damaged, truncated
+   or mismatched input returns an error and leaves the target as it was. A load needs
+   the pages it reads into free in the pool (it never evicts prefix-tree entries). On
+   a big-endian host saving and loading return KVC_ERR_UNSUPPORTED. */
+
+/* Where bytes go and come from. write / read return the bytes moved: fewer than n means
+   failure (write) or the end of the input (read). finish (may be NULL) is called once at
+   the end of every save or load given this io, with ok = 1 on success; a nonzero return
+   turns success into KVC_ERR_IO (the path io renames there). */
+typedef struct kvc_io {
+    size_t (*write)(void *user, const void *data, size_t n);
+    size_t (*read)(void *user, void *data, size_t n);
+    int (*finish)(void *user, int ok);
+    void *user;
+} kvc_io;
+
+/* Memory: a save appends at size (data == NULL only counts: the bytes a save needs;
+   past capacity it fails with KVC_ERR_IO); a load reads from pos up to size. */
+typedef struct kvc_mem {
+    unsigned char *data;
+    size_t capacity, size, pos;
+} kvc_mem;
+KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io);
+
+#ifndef KVCACHE_NO_STDIO
+#include <stdio.h>
+#define KVC_PATH_MAX 4096
+/* An open FILE (the caller closes it; finish flushes after a save). */
+KVCDEF kvc_result kvc_io_stdio(FILE *file, kvc_io *io);
+/* A file by name: a save writes "<path>.kvctmp" and renames it onto path when it
+   succeeded (removes it when not), so readers never see a half-written file; a load
+   opens path and closes it at the end. `state` is yours: keep it until that save or
+   load returns. KVC_ERR_IO if the file cannot be opened, KVC_ERR_RANGE for a path of
+   KVC_PATH_MAX bytes or more. */
+typedef struct kvc_path_io {
+    FILE *file;
+    int writing;
+    char path[KVC_PATH_MAX];
+    char tmp[KVC_PATH_MAX + 8];
+} kvc_path_io;
+KVCDEF kvc_result kvc_io_path(kvc_path_io *state, const char *path, int writing, kvc_io *io);
+#endif
+
+/* A FULL, ROTATING or CAUSAL cache (no batch open), with your token ids (any n_tokens
+   >= 0; e.g. the tokens at positions 0 .. offset-1), under namespace ns. */
+KVCDEF kvc_result kvc_cache_save(const kvc_cache *cache, kvc_namespace ns, const int32_t *tokens,
+                                 int32_t n_tokens, const kvc_io *io);
+/* Replace the cache's contents with a saved cache of the same pool configuration, kind
+   and window/sinks (CAUSAL: window and chunk; its capacity and max_seqs must hold the
+   saved cells). The saved tokens go to tokens[0 .. *n_tokens) (tokens may be NULL;
+   KVC_ERR_RANGE if max_tokens is too small; n_tokens may be NULL). The result is
+   bit-exact: same offset, window state, positions, sequence sets and K/V bytes. */
+KVCDEF kvc_result kvc_cache_load(kvc_cache *cache, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                 int32_t max_tokens, int32_t *n_tokens);
+/* One sequence of a CAUSAL cache: its cells' positions and K/V. Loading puts them into
+   free cells of any CAUSAL cache of the same configuration as sequence dst (dst's old
+   cells dropped first), as kvc_seq_restore does. */
+KVCDEF kvc_result kvc_seq_save(const kvc_cache *cache, int32_t seq, kvc_namespace ns, const int32_t *tokens,
+                               int32_t n_tokens, const kvc_io *io);
+KVCDEF kvc_result kvc_seq_load(kvc_cache *cache, int32_t dst, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                               int32_t max_tokens, int32_t *n_tokens);
+/* A prefix-tree entry: the cached sequence tokens[0 .. n_tokens) under ns with its K/V
+   (ROTATING: the sinks and window a lookup would use). KVC_ERR_NOT_FOUND if the tree
+   does not hold it whole. Loading commits it to a tree of the same configuration
+   (pinned if pin != 0: a system prompt loaded at start-up); *n_tokens (may be NULL) =
+   its length. */
+KVCDEF kvc_result kvc_radix_save(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 const kvc_io *io);
+KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens);
 
 #endif /* KVCACHE_H */
 
@@ -666,18 +856,31 @@ static int kvc__type_valid(kvc_type t) { return (int)t >= 0 && (int)t < (int)KVC
 #include <immintrin.h>
 
 static uint32_t kvc__cpu_detect(void) {
-    unsigned a, b, c, d;
+    unsigned a, b, c, d, b7 = 0, c7 = 0, d7 = 0; /* c7, d7: unused today */
     uint32_t xcr0_lo, xcr0_hi, f = 0;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    /* F16C (ecx 29) uses AVX registers: the OS must save them (OSXSAVE, ecx 27; XCR0 bits 1-2) */
+    /* AVX registers are usable only if the OS saves them (OSXSAVE, ecx 27; XCR0 bits 1-2) */
     if (!(c & (1u << 27)) || !(c & (1u << 28))) return 0;
     __asm__ __volatile__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
     (void)xcr0_hi;
-    if ((xcr0_lo & 6u) == 6u && (c & (1u << 29))) f |= KVC_CPU_F16C;
+    if ((xcr0_lo & 6u) != 6u) return 0;
+    if (c & (1u << 29)) f |= KVC_CPU_F16C;
+    if (__get_cpuid_max(0, NULL) >= 7) __cpuid_count(7, 0, a, b7, c7, d7);
+    (void)c7;
+    (void)d7;
+    /* AVX2 (leaf 7 ebx 5) with FMA (leaf 1 ecx 12) and F16C */
+    if ((b7 & (1u << 5)) && (c & (1u << 12)) && (f & KVC_CPU_F16C)) f |= KVC_CPU_AVX2;
+    /* AVX-512 F, DQ, BW, VL (ebx 16, 17, 30, 31), with opmask and ZMM state saved (XCR0 bits 5-7) */
+    if ((f & KVC_CPU_AVX2) && (xcr0_lo & 0xe0u) == 0xe0u && (b7 & (1u << 16)) && (b7 & (1u << 17)) &&
+        (b7 & (1u << 30)) && (b7 & (1u << 31)))
+        f |= KVC_CPU_AVX512;
     return f;
 }
 
-__attribute__((target("avx,f16c"))) static void kvc__f16_from_f32_f16c(const float *src, void *dst, int32_t n) {
+#define KVC__F16C __attribute__((target("avx,f16c")))
+#define KVC__AVX2 __attribute__((target("avx,avx2,fma,f16c")))
+
+KVC__F16C static void kvc__f16_from_f32_f16c(const float *src, void *dst, int32_t n) {
     uint16_t *d = (uint16_t *)dst;
     int32_t i = 0;
     for (; i + 8 <= n; i += 8) /* imm 0: round to nearest even, as the scalar path */
@@ -685,12 +888,189 @@ __attribute__((target("avx,f16c"))) static void kvc__f16_from_f32_f16c(const flo
     for (; i < n; ++i) d[i] = kvc__f32_to_f16(src[i]);
 }
 
-__attribute__((target("avx,f16c"))) static void kvc__f16_to_f32_f16c(const void *src, float *dst, int32_t n) {
+KVC__F16C static void kvc__f16_to_f32_f16c(const void *src, float *dst, int32_t n) {
     const uint16_t *s = (const uint16_t *)src;
     int32_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s + i))));
     for (; i < n; ++i) dst[i] = kvc__f16_to_f32(s[i]);
+}
+
+KVC__AVX2 static void kvc__bf16_to_f32_avx2(const void *src, float *dst, int32_t n) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(s + i)));
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+    for (; i < n; ++i) dst[i] = kvc__bf16_to_f32(s[i]);
+}
+
+/* The scalar rounding in integer lanes (VCVTNEPS2BF16 would flush subnormals). */
+KVC__AVX2 static void kvc__bf16_from_f32_avx2(const float *src, void *dst, int32_t n) {
+    uint16_t *d = (uint16_t *)dst;
+    const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i quiet = _mm256_set1_epi32(0x40);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(src + i));
+        __m256i hi = _mm256_srli_epi32(x, 16);
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, bias), _mm256_and_si256(hi, one)), 16);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan);
+        r = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08); /* 8 x u16 in the low half */
+        _mm_storeu_si128((__m128i *)(void *)(d + i), _mm256_castsi256_si128(r));
+    }
+    for (; i < n; ++i) d[i] = kvc__f32_to_bf16(src[i]);
+}
+
+KVC__AVX2 static float kvc__hmax_avx2(__m256 m) {
+    m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4e));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xb1));
+    return _mm256_cvtss_f32(m);
+}
+
+/* 32 codes, clamped to [lo, hi], of x * id rounded as lrintf does (MXCSR: nearest even) */
+KVC__AVX2 static void kvc__codes_avx2(const float *x, float id, int32_t lo, int32_t hi, __m256i c[4]) {
+    const __m256 iv = _mm256_set1_ps(id);
+    const __m256i vlo = _mm256_set1_epi32(lo), vhi = _mm256_set1_epi32(hi);
+    int32_t j;
+    for (j = 0; j < 4; ++j) {
+        __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), iv));
+        c[j] = _mm256_min_epi32(_mm256_max_epi32(q, vlo), vhi);
+    }
+}
+
+KVC__AVX2 static void kvc__q8_0_from_f32_avx2(const float *src, void *dst, int32_t n) {
+    kvc__block_q8_0 *b = (kvc__block_q8_0 *)dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int32_t i;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, src += KVC__QBLOCK) {
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(src)),
+                                               _mm256_andnot_ps(sign, _mm256_loadu_ps(src + 8))),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(src + 16)),
+                                               _mm256_andnot_ps(sign, _mm256_loadu_ps(src + 24))));
+        float d = kvc__q8_scale(kvc__hmax_avx2(m));
+        __m256i c[4], bytes;
+        kvc__store_scale(b[i].d, d);
+        kvc__codes_avx2(src, kvc__inverse(d), -127, 127, c);
+        bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+        _mm256_storeu_si256((__m256i *)(void *)b[i].q, _mm256_permutevar8x32_epi32(bytes, order));
+    }
+}
+
+KVC__AVX2 static void kvc__q8_0_to_f32_avx2(const void *src, float *dst, int32_t n) {
+    const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)src;
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, dst += KVC__QBLOCK) {
+        __m256 d = _mm256_set1_ps(kvc__load_scale(b[i].d));
+        for (j = 0; j < KVC__QBLOCK; j += 8) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b[i].q + j)));
+            _mm256_storeu_ps(dst + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+KVC__AVX2 static void kvc__q4_0_from_f32_avx2(const float *src, void *dst, int32_t n) {
+    kvc__block_q4_0 *b = (kvc__block_q4_0 *)dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i eight = _mm256_set1_epi32(8);
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, src += KVC__QBLOCK) {
+        __m256 a[4], m, am;
+        uint32_t first = 0;
+        float d;
+        __m256i c[4], lo, hi, p;
+        for (j = 0; j < 4; ++j) a[j] = _mm256_andnot_ps(sign, _mm256_loadu_ps(src + 8 * j));
+        m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+        am = _mm256_set1_ps(kvc__hmax_avx2(m));
+        for (j = 3; j >= 0; --j) /* the first value of largest magnitude, as the scalar loop picks */
+            first = (first << 8) | (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a[j], am, _CMP_EQ_OQ));
+        d = kvc__q4_scale(first ? src[__builtin_ctz(first)] : 0.0f);
+        kvc__store_scale(b[i].d, d);
+        kvc__codes_avx2(src, kvc__inverse(d), -8, 7, c);
+        lo = _mm256_add_epi32(_mm256_add_epi32(c[0], eight), _mm256_slli_epi32(_mm256_add_epi32(c[2], eight), 4));
+        hi = _mm256_add_epi32(_mm256_add_epi32(c[1], eight), _mm256_slli_epi32(_mm256_add_epi32(c[3], eight), 4));
+        p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8); /* 16 x u16 in order */
+        _mm_storeu_si128((__m128i *)(void *)b[i].q,
+                         _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+    }
+}
+
+KVC__AVX2 static void kvc__q4_0_to_f32_avx2(const void *src, float *dst, int32_t n) {
+    const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)src;
+    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, dst += KVC__QBLOCK) {
+        __m256 d = _mm256_set1_ps(kvc__load_scale(b[i].d));
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)b[i].q), q[2];
+        q[0] = _mm_sub_epi8(_mm_and_si128(x, low4), eight);
+        q[1] = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), low4), eight);
+        for (j = 0; j < 2; ++j) {
+            _mm256_storeu_ps(dst + 16 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q[j])), d));
+            _mm256_storeu_ps(dst + 16 * j + 8,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q[j], 8))), d));
+        }
+    }
+}
+
+#elif !defined(KVCACHE_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#define KVC__NEON 1
+#include <arm_neon.h>
+
+static uint32_t kvc__cpu_detect(void) { return KVC_CPU_NEON; } /* NEON is part of aarch64 */
+
+static void kvc__f16_from_f32_neon(const float *src, void *dst, int32_t n) {
+    uint16_t *d = (uint16_t *)dst;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) /* FPCR's default: nearest even, subnormals kept */
+        vst1_u16(d + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
+    for (; i < n; ++i) d[i] = kvc__f32_to_f16(src[i]);
+}
+static void kvc__f16_to_f32_neon(const void *src, float *dst, int32_t n) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(s + i))));
+    for (; i < n; ++i) dst[i] = kvc__f16_to_f32(s[i]);
+}
+static void kvc__bf16_to_f32_neon(const void *src, float *dst, int32_t n) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(s + i), 16)));
+    for (; i < n; ++i) dst[i] = kvc__bf16_to_f32(s[i]);
+}
+static void kvc__q8_0_to_f32_neon(const void *src, float *dst, int32_t n) {
+    const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)src;
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, dst += KVC__QBLOCK) {
+        float d = kvc__load_scale(b[i].d);
+        for (j = 0; j < KVC__QBLOCK; j += 8) {
+            int16x8_t q = vmovl_s8(vld1_s8(b[i].q + j));
+            vst1q_f32(dst + j, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(q))), d));
+            vst1q_f32(dst + j + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(q))), d));
+        }
+    }
+}
+static void kvc__q4_0_to_f32_neon(const void *src, float *dst, int32_t n) {
+    const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)src;
+    int32_t i, j, h;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, dst += KVC__QBLOCK) {
+        float d = kvc__load_scale(b[i].d);
+        uint8x16_t x = vld1q_u8(b[i].q);
+        int8x16_t q[2];
+        q[0] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(0x0f))), vdupq_n_s8(8));
+        q[1] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(x, 4)), vdupq_n_s8(8));
+        for (h = 0; h < 2; ++h)
+            for (j = 0; j < 2; ++j) {
+                int16x8_t w = vmovl_s8(j ? vget_high_s8(q[h]) : vget_low_s8(q[h]));
+                float *o = dst + 16 * h + 8 * j;
+                vst1q_f32(o, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), d));
+                vst1q_f32(o + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), d));
+            }
+    }
 }
 #else
 static uint32_t kvc__cpu_detect(void) { return 0; }
@@ -709,6 +1089,19 @@ static kvc__type_info kvc__pick_type(kvc_type t, uint32_t features) {
     if (t == KVC_TYPE_F16 && (features & KVC_CPU_F16C)) {
         info.from_f32 = kvc__f16_from_f32_f16c;
         info.to_f32 = kvc__f16_to_f32_f16c;
+    }
+    if (features & KVC_CPU_AVX2) {
+        if (t == KVC_TYPE_BF16) { info.from_f32 = kvc__bf16_from_f32_avx2; info.to_f32 = kvc__bf16_to_f32_avx2; }
+        if (t == KVC_TYPE_Q8_0) { info.from_f32 = kvc__q8_0_from_f32_avx2; info.to_f32 = kvc__q8_0_to_f32_avx2; }
+        if (t == KVC_TYPE_Q4_0) { info.from_f32 = kvc__q4_0_from_f32_avx2; info.to_f32 = kvc__q4_0_to_f32_avx2; }
+    }
+#endif
+#ifdef KVC__NEON
+    if (features & KVC_CPU_NEON) { /* quantising stays scalar here: append is not the hot path */
+        if (t == KVC_TYPE_F16) { info.from_f32 = kvc__f16_from_f32_neon; info.to_f32 = kvc__f16_to_f32_neon; }
+        if (t == KVC_TYPE_BF16) info.to_f32 = kvc__bf16_to_f32_neon;
+        if (t == KVC_TYPE_Q8_0) info.to_f32 = kvc__q8_0_to_f32_neon;
+        if (t == KVC_TYPE_Q4_0) info.to_f32 = kvc__q4_0_to_f32_neon;
     }
 #endif
     (void)features;
@@ -789,6 +1182,9 @@ static void kvc__default_free(void *ptr, void *user) { KVCACHE_FREE(ptr, user); 
    consecutive page ids are one contiguous tensor per layer; V likewise after all K.
    Each cell also has a position (-1 = never written) in pos[p*page_cells + cell]. */
 
+struct kvc__kernels;
+static const struct kvc__kernels *kvc__pick_kernels(uint32_t features); /* Layer 6 */
+
 struct kvc_pool {
     kvc_pool_config cfg;
     kvc_allocator alloc;     /* resolved: never NULL functions in allocator mode */
@@ -807,9 +1203,11 @@ struct kvc_pool {
     int32_t n_free, pages_peak;
     uint32_t next_cache_id;
     int32_t live_caches, live_snapshots, live_prefixes;
+    kvc_radix *trees;        /* prefix trees on this pool: they give pages back under pressure */
     uint32_t cpu;            /* KVC_CPU_* paths in use */
     kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
     int external;            /* hooks.external_data: no K/V bytes here (slab unused) */
+    const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
 };
 
 typedef struct kvc__layout {
@@ -835,6 +1233,7 @@ static kvc_result kvc__check_config(const kvc_pool_config *c) {
         return KVC_ERR_INVALID;
     if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) return KVC_ERR_INVALID;
     if (c->arena == NULL && c->arena_bytes != 0) return KVC_ERR_INVALID;
+    if (c->parallel_for != NULL && c->n_workers < 1) return KVC_ERR_INVALID;
     return KVC_OK;
 }
 
@@ -930,6 +1329,7 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     p->tk = kvc__pick_type(cfg->type_k, p->cpu);
     p->tv = kvc__pick_type(cfg->type_v, p->cpu);
     p->external = cfg->hooks.external_data != 0;
+    p->kern = kvc__pick_kernels(p->cpu);
     return p;
 }
 
@@ -1097,6 +1497,8 @@ struct kvc_cache {
     int32_t *scratch;                    /* [max_seqs] */
     float *row;                          /* one K row as f32, for re-rotation */
     double *rope_cos, *rope_sin;         /* [head_dim_k / 2 + 1] the angles of one shift */
+    struct kvc__rnode *lease;            /* the prefix-tree entry this cache keeps in use */
+    kvc_radix *lease_tree;
 };
 
 struct kvc_snapshot {
@@ -1235,6 +1637,10 @@ static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n);
 static void kvc__causal_cancel(kvc_cache *c);
 static void kvc__causal_clear(kvc_cache *c);
 static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell);
+/* prefix trees (Layer 5b): a cache's entry in use; pages given back under pressure */
+static void kvc__lease_drop(kvc_cache *c);
+static int kvc__can_reclaim(kvc_pool *p, int64_t need);
+static int kvc__reclaim(kvc_pool *p, int64_t need);
 
 KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind) {
     if (cfg == NULL) return KVC_ERR_NULL;
@@ -1285,7 +1691,7 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         if (cc.rope.n_dims == 0) cc.rope.n_dims = pool->cfg.head_dim_k;
         cc.capacity = (cc.capacity + cc.padding - 1) / cc.padding * cc.padding;
         pages = (int32_t)(((int64_t)cc.capacity + pool->page_cells - 1) / pool->page_cells);
-        if (pages > pool->n_free) return KVC_ERR_FULL;
+        if (!kvc__can_reclaim(pool, pages)) return KVC_ERR_FULL;
         words = (cc.max_seqs + 31) / 32;
     } else {
         return KVC_ERR_INVALID;
@@ -1325,6 +1731,7 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         cursor = (unsigned char *)(c->in_seq + cc.capacity);
         c->batch_nc = cursor;
         cursor += cc.capacity;
+        kvc__reclaim(pool, pages); /* checked above: frees enough pages */
         memset(c->seqs, 0, sizeof(uint32_t) * (size_t)words * (size_t)cc.capacity);
         for (i = 0; i < cc.max_seqs; ++i) { c->seq_lo[i] = INT32_MAX; c->seq_hi[i] = 0; }
         for (i = 0; i < pages; ++i) { /* zeroed: masked cells of a padded view must not hold NaNs */
@@ -1351,6 +1758,7 @@ KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
     kvc_pool *p;
     if (cache == NULL) return KVC_ERR_NULL;
     p = cache->pool;
+    kvc__lease_drop(cache);
     kvc__rewind(cache, 0);
     p->live_caches--;
     kvc__free(p, cache);
@@ -1380,6 +1788,7 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
 
 KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
+    kvc__lease_drop(cache);
     if (cache->cfg.kind == KVC_KIND_CAUSAL) kvc__causal_clear(cache);
     else kvc__rewind(cache, 0);
     return KVC_OK;
@@ -1467,7 +1876,7 @@ KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
     last = (e - 1) / pc;
     n_new = last - first_new + 1;
     n_dead = kvc__dead_pages(cache, o, &freed);
-    if ((int64_t)n_new + kvc__tail_shared(cache, o) > (int64_t)p->n_free + freed) return KVC_ERR_FULL;
+    if (!kvc__reclaim(p, (int64_t)n_new + kvc__tail_shared(cache, o) - freed)) return KVC_ERR_FULL;
     /* from here on nothing can fail */
     kvc__drop_front(cache, n_dead);
     kvc__unshare_tail(cache, o);
@@ -2066,7 +2475,7 @@ static kvc_result kvc__restore_full(kvc_cache *c, const kvc_snapshot *s, int32_t
     need_copy = cut != 0 && c->pages[keep] != s->pages[0];
     for (idx = keep + 1; idx < c->n_pages; ++idx) freed += p->refcount[c->pages[idx]] == 1;
     if (!cut && keep < c->n_pages) freed += p->refcount[c->pages[keep]] == 1;
-    if (need_copy && p->n_free + freed < 1) return KVC_ERR_FULL;
+    if (need_copy && !kvc__reclaim(p, 1 - freed)) return KVC_ERR_FULL;
     /* release the cache's pages after the boundary, then build the boundary page */
     while (c->n_pages > keep + (cut ? 1 : 0)) kvc__page_release(p, c->pages[--c->n_pages]);
     if (need_copy) {
@@ -2378,79 +2787,1445 @@ KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens,
     return KVC_OK;
 }
 
-/* ---- Layer 6: kernels (scalar reference) ------------------------------------------- */
+/* ---- Layer 5b: the radix prefix tree ---------------------------------------------------
+   A node is a span of tokens [start, start + len) of the path from the root and holds
+   the pages of the logical pages start / page_cells .. (end - 1) / page_cells. Its page
+   of a logical page holds valid K/V for every token of the path in that page up to the
+   node's end, its ancestors' tokens included: the first page is the committing cache's
+   own (it held the same tokens) or, after a split, the page shared with the other half.
+   So the page for logical page lp of a prefix is the deepest node's that covers lp.
+   ROTATING trees hold only the pages the committed caches still had (KVC__NO_PAGE where
+   a window released them). */
 
-/* One query of an attention call. */
+typedef struct kvc__rnode {
+    struct kvc__rnode *parent, *child, *next; /* first child, next sibling */
+    kvc_namespace ns;
+    int32_t start, len;   /* the path's tokens [start, start + len) */
+    int32_t n_pages;      /* pages[i] is logical page start / page_cells + i */
+    uint32_t users;       /* caches keeping this entry in use */
+    uint32_t pins;
+    uint64_t tick;        /* last lookup or commit through it: LRU order */
+    uint64_t entry_tick;  /* last commit that ended at its end (0: none) */
+    int blocked;          /* scratch: it or a descendant is in use or pinned */
+    int kept;             /* scratch: on the path of one of the max_entries latest commits */
+    int32_t *tokens;      /* [len] */
+    uint32_t *pages;      /* [n_pages] */
+} kvc__rnode;
+
+struct kvc_radix {
+    kvc_pool *pool;
+    kvc_radix_config cfg;
+    kvc__rnode root;      /* len 0; its children start the namespaces' sequences */
+    kvc_radix *next;      /* the pool's list of trees */
+    uint64_t clock;
+    int32_t n_leases;
+    kvc_radix_stats stats;
+    uint32_t *table;      /* [max_pages] scratch: the page of each logical page of a prefix */
+    uint32_t *count;      /* [max_pages] scratch, zero between uses: references per page */
+};
+
+static int kvc__ns_equal(kvc_namespace a, kvc_namespace b) { return a.model == b.model && a.salt == b.salt; }
+static int32_t kvc__rnode_end(const kvc__rnode *n) { return n->start + n->len; }
+
+/* Pre-order successor of n within the tree of `root` (NULL after the last node). */
+static kvc__rnode *kvc__rnode_next(const kvc__rnode *root, const kvc__rnode *n) {
+    if (n->child) return n->child;
+    while (n != root) {
+        if (n->next) return n->next;
+        n = n->parent;
+    }
+    return NULL;
+}
+
+static kvc__rnode *kvc__rnode_new(kvc_radix *t, int32_t start, int32_t len) {
+    int32_t pc = t->pool->page_cells, np = (start + len - 1) / pc - start / pc + 1, i;
+    kvc__rnode *n = (kvc__rnode *)kvc__alloc(t->pool, sizeof(kvc__rnode) + sizeof(int32_t) * (size_t)len +
+                                                          sizeof(uint32_t) * (size_t)np);
+    if (n == NULL) return NULL;
+    memset(n, 0, sizeof(*n));
+    n->start = start;
+    n->len = len;
+    n->n_pages = np;
+    n->tokens = (int32_t *)(n + 1);
+    n->pages = (uint32_t *)(n->tokens + len);
+    for (i = 0; i < np; ++i) n->pages[i] = KVC__NO_PAGE;
+    return n;
+}
+
+static void kvc__rnode_link(kvc__rnode *parent, kvc__rnode *n) {
+    n->parent = parent;
+    n->next = parent->child;
+    parent->child = n;
+}
+static void kvc__rnode_unlink(kvc__rnode *n) {
+    kvc__rnode **link = &n->parent->child;
+    while (*link != n) link = &(*link)->next;
+    *link = n->next;
+    n->next = NULL;
+}
+
+/* Drop the node's page references; returns how many pages went back to the pool. */
+static int32_t kvc__rnode_release_pages(kvc_pool *p, kvc__rnode *n) {
+    int32_t i, freed = 0;
+    for (i = 0; i < n->n_pages; ++i) {
+        if (n->pages[i] == KVC__NO_PAGE) continue;
+        freed += p->refcount[n->pages[i]] == 1;
+        kvc__page_release(p, n->pages[i]);
+    }
+    return freed;
+}
+
+/* Follow tokens[0 .. n) down from the root under ns. Returns the node holding the last
+   matching token (the root when none matches) and *matched; the match may end inside
+   that node. */
+static kvc__rnode *kvc__radix_walk(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n,
+                                   int32_t *matched) {
+    kvc__rnode *at = &t->root, *c;
+    int32_t m = 0, k;
+    while (m < n) {
+        for (c = at->child; c != NULL; c = c->next)
+            if (c->tokens[0] == tokens[m] && kvc__ns_equal(c->ns, ns)) break;
+        if (c == NULL) break;
+        for (k = 1; k < c->len && m + k < n && c->tokens[k] == tokens[m + k]; ++k) {}
+        m += k;
+        at = c;
+        if (k < c->len) break;
+    }
+    *matched = m;
+    return at;
+}
+
+/* The node of the path through `deep` that holds token m - 1 (the root when m == 0). */
+static kvc__rnode *kvc__rnode_holding(kvc__rnode *deep, int32_t m) {
+    while (deep->parent != NULL && deep->start >= m) deep = deep->parent;
+    return deep;
+}
+
+/* Split n at token `at` (start < at < end): `head` (fresh, [start, at)) takes n's place
+   and n keeps the tail, so entries in use or pinned at n stay where they were. A page
+   holding both sides is shared by the two halves; nothing is copied. */
+static void kvc__rnode_split(kvc_radix *t, kvc__rnode *n, kvc__rnode *head, int32_t at) {
+    kvc_pool *p = t->pool;
+    int32_t pc = p->page_cells, cut = at - n->start, drop = at / pc - n->start / pc, i;
+    kvc__rnode **link = &n->parent->child;
+    while (*link != n) link = &(*link)->next;
+    *link = head;
+    head->parent = n->parent;
+    head->next = n->next;
+    head->child = n;
+    head->ns = n->ns;
+    head->tick = n->tick;
+    n->parent = head;
+    n->next = NULL;
+    memcpy(head->tokens, n->tokens, sizeof(int32_t) * (size_t)cut);
+    for (i = 0; i < head->n_pages; ++i) {
+        head->pages[i] = n->pages[i];
+        if (head->pages[i] != KVC__NO_PAGE) kvc__page_retain(p, head->pages[i]);
+    }
+    for (i = 0; i < drop; ++i)
+        if (n->pages[i] != KVC__NO_PAGE) kvc__page_release(p, n->pages[i]);
+    memmove(n->pages, n->pages + drop, sizeof(uint32_t) * (size_t)(n->n_pages - drop));
+    n->n_pages -= drop;
+    memmove(n->tokens, n->tokens + cut, sizeof(int32_t) * (size_t)(n->len - cut));
+    n->len -= cut;
+    n->start = at;
+}
+
+/* Where a cache at offset m needs pages: logical pages [0, *sink_end) and
+   [*first, last]; FULL: all of them. ROTATING: the sinks and the window of the next
+   query (the keys after max(sinks, m - window + sinks) - 1). */
+static void kvc__needed_pages(const kvc_radix *t, int32_t m, int32_t *sink_end, int32_t *first) {
+    int32_t pc = t->pool->page_cells, last = (m - 1) / pc, nsp, lo;
+    const kvc_cache_config *cc = &t->cfg.cache;
+    if (cc->kind != KVC_KIND_ROTATING) { *sink_end = 0; *first = 0; return; }
+    nsp = (cc->sinks + pc - 1) / pc;
+    lo = (int32_t)KVC__MAX((int64_t)cc->sinks, (int64_t)m - cc->window + cc->sinks);
+    *sink_end = KVC__MIN(nsp, last + 1);
+    *first = KVC__MAX(nsp, lo / pc);
+}
+
+/* Fill t->table[0 .. (m-1)/pc] with the page of each logical page of the first m tokens
+   along the path of `at` (which holds token m - 1): the deepest node covering it. */
+static void kvc__radix_table(kvc_radix *t, const kvc__rnode *at, int32_t m) {
+    int32_t pc = t->pool->page_cells, hi = (m - 1) / pc, lp;
+    for (; at->parent != NULL && hi >= 0; at = at->parent) {
+        int32_t first = at->start / pc;
+        for (lp = hi; lp >= first; --lp) t->table[lp] = at->pages[lp - first];
+        hi = first - 1;
+    }
+}
+
+/* The highest logical page a cache at offset m needs and the table lacks, or -1. */
+static int32_t kvc__radix_missing(const kvc_radix *t, int32_t m) {
+    int32_t pc = t->pool->page_cells, lp, sink_end, first;
+    kvc__needed_pages(t, m, &sink_end, &first);
+    for (lp = (m - 1) / pc; lp >= first; --lp)
+        if (t->table[lp] == KVC__NO_PAGE) return lp;
+    for (lp = sink_end - 1; lp >= 0; --lp)
+        if (t->table[lp] == KVC__NO_PAGE) return lp;
+    return -1;
+}
+
+/* The longest usable prefix of at most m tokens ending in `*at`'s path: ROTATING
+   prefixes shrink below the highest missing page until their window is whole. Leaves
+   the table filled for the result and *at holding its last token. */
+static int32_t kvc__radix_usable(kvc_radix *t, kvc__rnode **at, int32_t m) {
+    int32_t lp;
+    while (m > 0) {
+        *at = kvc__rnode_holding(*at, m);
+        kvc__radix_table(t, *at, m);
+        lp = kvc__radix_missing(t, m);
+        if (lp < 0) break;
+        m = lp * t->pool->page_cells;
+    }
+    if (m == 0) *at = &t->root;
+    return m;
+}
+
+/* Give an empty cache of the tree's config the table's pages for offset m (m > 0), as
+   if it had appended m tokens and then rewound to m (anchor m - 1). */
+static void kvc__radix_fill(kvc_radix *t, kvc_cache *c, int32_t m) {
+    int32_t pc = t->pool->page_cells, last = (m - 1) / pc, sink_end, first, lp;
+    kvc__needed_pages(t, m, &sink_end, &first);
+    c->n_pages = 0;
+    for (lp = 0; lp < sink_end; ++lp) c->pages[c->n_pages++] = t->table[lp];
+    c->first_lpage = first <= last ? first : c->n_sink_pages;
+    for (lp = first; lp <= last; ++lp) c->pages[c->n_pages++] = t->table[lp];
+    for (lp = 0; lp < c->n_pages; ++lp) kvc__page_retain(t->pool, c->pages[lp]);
+    c->offset = m;
+    c->batch_begin = m - 1;
+}
+
+/* Mark the entry at n (and so its path) as used now. */
+static void kvc__radix_touch(kvc_radix *t, kvc__rnode *n) {
+    uint64_t tick = ++t->clock;
+    for (; n->parent != NULL; n = n->parent) n->tick = tick;
+}
+
+static void kvc__lease_set(kvc_cache *c, kvc_radix *t, kvc__rnode *n) {
+    kvc__lease_drop(c);
+    if (n == &t->root) return;
+    n->users++;
+    t->n_leases++;
+    c->lease = n;
+    c->lease_tree = t;
+}
+
+static void kvc__lease_drop(kvc_cache *c) {
+    if (c->lease == NULL) return;
+    c->lease->users--;
+    c->lease_tree->n_leases--;
+    c->lease = NULL;
+    c->lease_tree = NULL;
+}
+
+/* ---- eviction ---- */
+
+/* blocked = the node or one of its descendants is in use or pinned: never evicted. */
+static void kvc__radix_mark_blocked(kvc_radix *t) {
+    kvc__rnode *n, *up;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) n->blocked = 0;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+        if (n->users || n->pins)
+            for (up = n; up->parent != NULL && !up->blocked; up = up->parent) up->blocked = 1;
+}
+
+/* Pages that evicting everything evictable in every tree of the pool would free: those
+   whose every reference comes from unblocked nodes. `count` is the first tree's scratch. */
+static int64_t kvc__reclaimable(kvc_pool *p) {
+    uint32_t *count = p->trees->count;
+    int64_t n_freeable = 0;
+    kvc_radix *t;
+    kvc__rnode *n;
+    int32_t i, pass;
+    for (t = p->trees; t != NULL; t = t->next) kvc__radix_mark_blocked(t);
+    for (pass = 0; pass < 2; ++pass) /* count references, then compare and reset */
+        for (t = p->trees; t != NULL; t = t->next)
+            for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) {
+                if (n->blocked) continue;
+                for (i = 0; i < n->n_pages; ++i) {
+                    uint32_t pg = n->pages[i];
+                    if (pg == KVC__NO_PAGE) continue;
+                    if (pass == 0) { count[pg]++; continue; }
+                    if (count[pg] == 0) continue; /* already compared */
+                    n_freeable += count[pg] == p->refcount[pg];
+                    count[pg] = 0;
+                }
+            }
+    return n_freeable;
+}
+
+/* The least recently used leaf of t that is neither in use nor pinned, or NULL. */
+static kvc__rnode *kvc__radix_lru_leaf(kvc_radix *t) {
+    kvc__rnode *n, *best = NULL;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+        if (n->child == NULL && n->users == 0 && n->pins == 0 && (best == NULL || n->tick < best->tick)) best = n;
+    return best;
+}
+
+static int32_t kvc__radix_evict_node(kvc_radix *t, kvc__rnode *n) {
+    int32_t freed, i;
+    kvc__rnode_unlink(n);
+    for (i = 0; i < n->n_pages; ++i) t->stats.pages_evicted += n->pages[i] != KVC__NO_PAGE;
+    freed = kvc__rnode_release_pages(t->pool, n);
+    t->stats.entries_evicted++;
+    kvc__free(t->pool, n);
+    return freed;
+}
+
+static int kvc__can_reclaim(kvc_pool *p, int64_t need) {
+    if (need <= p->n_free) return 1;
+    return p->trees != NULL && kvc__reclaimable(p) >= need - p->n_free;
+}
+
+/* Make n_free >= need by evicting LRU leaves of the pool's trees; all or nothing. */
+static int kvc__reclaim(kvc_pool *p, int64_t need) {
+    if (!kvc__can_reclaim(p, need)) return 0;
+    while (p->n_free < need) {
+        kvc_radix *t, *best_t = NULL;
+        kvc__rnode *leaf, *best = NULL;
+        for (t = p->trees; t != NULL; t = t->next) {
+            leaf = kvc__radix_lru_leaf(t);
+            if (leaf != NULL && (best == NULL || leaf->tick < best->tick)) { best = leaf; best_t = t; }
+        }
+        KVCACHE_ASSERT(best != NULL); /* kvc__can_reclaim counted these pages */
+        kvc__radix_evict_node(best_t, best);
+    }
+    return 1;
+}
+
+/* ---- the public calls ---- */
+
+KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind) {
+    if (cfg == NULL) return KVC_ERR_NULL;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->cache.kind = kind;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out) {
+    kvc_radix *t;
+    const kvc_cache_config *cc;
+    if (pool == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    cc = &cfg->cache;
+    if (cfg->max_entries < 0) return KVC_ERR_INVALID;
+    if (cc->kind == KVC_KIND_FULL) {
+        if (cc->window != 0 || cc->sinks != 0) return KVC_ERR_INVALID;
+    } else if (cc->kind == KVC_KIND_ROTATING) {
+        if (cc->window < 1 || cc->sinks < 0 || cc->sinks >= cc->window) return KVC_ERR_INVALID;
+    } else {
+        return cc->kind == KVC_KIND_CAUSAL ? KVC_ERR_UNSUPPORTED : KVC_ERR_INVALID;
+    }
+    t = (kvc_radix *)kvc__alloc(pool, sizeof(kvc_radix) + 2 * sizeof(uint32_t) * (size_t)pool->max_pages);
+    if (t == NULL) return KVC_ERR_NO_MEMORY;
+    memset(t, 0, sizeof(*t));
+    t->pool = pool;
+    t->cfg = *cfg;
+    memset(&t->cfg.cache, 0, sizeof(t->cfg.cache)); /* only what a FULL/ROTATING cache reads */
+    t->cfg.cache.kind = cc->kind;
+    t->cfg.cache.window = cc->window;
+    t->cfg.cache.sinks = cc->sinks;
+    t->table = (uint32_t *)(t + 1);
+    t->count = t->table + pool->max_pages;
+    memset(t->count, 0, sizeof(uint32_t) * (size_t)pool->max_pages);
+    t->next = pool->trees;
+    pool->trees = t;
+    pool->live_prefixes++;
+    *out = t;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
+    kvc_radix **link;
+    if (t == NULL) return KVC_ERR_NULL;
+    if (t->n_leases > 0) return KVC_ERR_BUSY;
+    while (t->root.child != NULL) { /* leaves first */
+        kvc__rnode *n = t->root.child;
+        while (n->child != NULL) n = n->child;
+        kvc__rnode_unlink(n);
+        kvc__rnode_release_pages(t->pool, n);
+        kvc__free(t->pool, n);
+    }
+    for (link = &t->pool->trees; *link != t; link = &(*link)->next) {}
+    *link = t->next;
+    t->pool->live_prefixes--;
+    kvc__free(t->pool, t);
+    return KVC_OK;
+}
+
+static kvc_result kvc__check_tokens(const int32_t *tokens, int32_t n_tokens, int32_t min) {
+    if (n_tokens < min) return KVC_ERR_INVALID;
+    return tokens == NULL && n_tokens > 0 ? KVC_ERR_NULL : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                   kvc_cache **out, int32_t *n_reused) {
+    kvc__rnode *at;
+    kvc_cache *c;
+    int32_t m;
+    kvc_result r;
+    if (t == NULL || out == NULL || n_reused == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
+    if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return r;
+    at = kvc__radix_walk(t, ns, tokens, n_tokens - 1, &m); /* always one token to evaluate */
+    m = kvc__radix_usable(t, &at, m);
+    if (m > 0) {
+        kvc__radix_fill(t, c, m);
+        kvc__radix_touch(t, at);
+        kvc__lease_set(c, t, at);
+    }
+    t->stats.lookups++;
+    t->stats.tokens_queried += (uint64_t)n_tokens;
+    t->stats.tokens_hit += (uint64_t)m;
+    *n_reused = m;
+    *out = c;
+    return KVC_OK;
+}
+
+/* max_entries: keep the paths of the max_entries latest commits (and what is in use or
+   pinned); evict every other leaf, oldest first, until none is left. */
+static void kvc__radix_trim_entries(kvc_radix *t) {
+    kvc__rnode *n, *best, *up;
+    int32_t k;
+    if (t->cfg.max_entries == 0) return;
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) n->kept = 0;
+    for (k = 0; k < t->cfg.max_entries; ++k) { /* the k-th latest commit end */
+        best = NULL;
+        for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+            if (n->entry_tick && !n->kept && (best == NULL || n->entry_tick > best->entry_tick)) best = n;
+        if (best == NULL) break;
+        for (up = best; up->parent != NULL; up = up->parent) up->kept = 1;
+    }
+    for (;;) {
+        best = NULL;
+        for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+            if (n->child == NULL && !n->kept && n->users == 0 && n->pins == 0 && (best == NULL || n->tick < best->tick))
+                best = n;
+        if (best == NULL) break;
+        kvc__radix_evict_node(t, best);
+    }
+}
+
+/* The node that will end at `at` on the path of tokens (a split of the node holding
+   it when the path ends inside a node): *head is the fresh node the split needs, or
+   NULL if none is needed. NO_MEMORY before anything changes. */
+static kvc_result kvc__radix_prepare_split(kvc_radix *t, kvc__rnode *holder, int32_t at, kvc__rnode **head) {
+    *head = NULL;
+    if (holder->parent == NULL || at >= kvc__rnode_end(holder)) return KVC_OK;
+    *head = kvc__rnode_new(t, holder->start, at - holder->start);
+    return *head == NULL ? KVC_ERR_NO_MEMORY : KVC_OK;
+}
+
+/* ROTATING: the committing cache still holds pages that the path up to token m lacks
+   (another conversation's window had released them): same tokens, same K/V, so the
+   path takes them. A node's page is taken only if all of its tokens in it are < m. */
+static void kvc__radix_fill_holes(kvc_radix *t, kvc__rnode *at, int32_t m, const kvc_cache *c) {
+    int32_t pc = t->pool->page_cells, i;
+    for (; at->parent != NULL; at = at->parent) {
+        for (i = 0; i < at->n_pages; ++i) {
+            int32_t lp = at->start / pc + i, idx;
+            if (at->pages[i] != KVC__NO_PAGE || KVC__MIN((int64_t)kvc__rnode_end(at), ((int64_t)lp + 1) * pc) > m)
+                continue;
+            if ((idx = kvc__lpage_index(c, lp)) < 0) continue;
+            at->pages[i] = c->pages[idx];
+            kvc__page_retain(t->pool, at->pages[i]);
+        }
+    }
+}
+
+/* kvc_radix_commit; pin: also pin the committed sequence (kvc_radix_load). */
+static kvc_result kvc__radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                    int32_t n_tokens, int pin) {
+    kvc__rnode *at, *head = NULL, *leaf = NULL;
+    int32_t n, m, lp, pc;
+    kvc_result r;
+    if (t == NULL || c == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (c->pool != t->pool) return KVC_ERR_FOREIGN;
+    if (c->cfg.kind != t->cfg.cache.kind || c->cfg.window != t->cfg.cache.window ||
+        c->cfg.sinks != t->cfg.cache.sinks)
+        return KVC_ERR_INVALID;
+    if (kvc__batch_open(c)) return KVC_ERR_STATE;
+    n = KVC__MIN(n_tokens, c->offset); /* only evaluated tokens have K/V */
+    at = kvc__radix_walk(t, ns, tokens, n, &m);
+    /* a split if m is inside a node: before the new leaf, or, when entries are limited,
+       so that the entry kept is exactly these n tokens (the seeds' single entry) */
+    if ((m < n || ((t->cfg.max_entries > 0 || pin) && n > 0)) &&
+        (r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK)
+        return r;
+    if (m < n) { /* a new leaf for tokens [m, n) */
+        if ((leaf = kvc__rnode_new(t, m, n - m)) == NULL) {
+            if (head) kvc__free(t->pool, head);
+            return KVC_ERR_NO_MEMORY;
+        }
+    }
+    /* from here on it succeeds */
+    if (head != NULL) {
+        kvc__rnode_split(t, at, head, m);
+        at = head;
+    }
+    if (m > 0) kvc__radix_fill_holes(t, at, m, c);
+    if (leaf != NULL) {
+        pc = t->pool->page_cells;
+        leaf->ns = ns;
+        memcpy(leaf->tokens, tokens + m, sizeof(int32_t) * (size_t)(n - m));
+        for (lp = m / pc; lp <= (n - 1) / pc; ++lp) {
+            int32_t idx = kvc__lpage_index(c, lp);
+            if (idx < 0) continue; /* released by a rotating window */
+            leaf->pages[lp - m / pc] = c->pages[idx];
+            kvc__page_retain(t->pool, c->pages[idx]);
+        }
+        kvc__rnode_link(at, leaf);
+        at = leaf;
+    } /* else the tree holds all n tokens already: nothing to add */
+    if (n > 0) kvc__radix_touch(t, at);
+    if (n > 0 && kvc__rnode_end(at) == n) at->entry_tick = t->clock;
+    if (n > 0 && pin) at->pins++;
+    kvc__lease_set(c, t, n > 0 ? at : &t->root);
+    t->stats.commits++;
+    kvc__radix_trim_entries(t);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                   int32_t n_tokens) {
+    return kvc__radix_commit(t, ns, c, tokens, n_tokens, 0);
+}
+
+KVCDEF kvc_result kvc_radix_release(kvc_cache *cache) {
+    if (cache == NULL) return KVC_ERR_NULL;
+    kvc__lease_drop(cache);
+    return KVC_OK;
+}
+
+/* The node ending exactly at n_tokens on the path of tokens, or NULL. */
+static kvc__rnode *kvc__radix_find_end(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    int32_t m;
+    kvc__rnode *at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
+    return m == n_tokens && at->parent != NULL && kvc__rnode_end(at) == n_tokens ? at : NULL;
+}
+
+KVCDEF kvc_result kvc_radix_pin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    kvc__rnode *at, *head;
+    int32_t m;
+    kvc_result r;
+    if (t == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
+    at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
+    if (m < n_tokens) return KVC_ERR_NOT_FOUND;
+    if ((r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK) return r;
+    if (head != NULL) { /* pin exactly these tokens: what follows stays evictable */
+        kvc__rnode_split(t, at, head, m);
+        at = head;
+    }
+    at->pins++;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_unpin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    kvc__rnode *at;
+    kvc_result r;
+    if (t == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
+    at = kvc__radix_find_end(t, ns, tokens, n_tokens);
+    if (at == NULL || at->pins == 0) return KVC_ERR_NOT_FOUND;
+    at->pins--;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_evict(kvc_radix *t, int32_t n_pages, int32_t *n_freed) {
+    int32_t freed = 0;
+    kvc__rnode *leaf;
+    if (t == NULL) return KVC_ERR_NULL;
+    if (n_pages < 0) return KVC_ERR_INVALID;
+    while (freed < n_pages && (leaf = kvc__radix_lru_leaf(t)) != NULL) freed += kvc__radix_evict_node(t, leaf);
+    if (n_freed) *n_freed = freed;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s) {
+    kvc_radix *t = (kvc_radix *)tree; /* the count scratch is used and left zeroed */
+    kvc__rnode *n;
+    int32_t i, pass;
+    if (t == NULL || s == NULL) return KVC_ERR_NULL;
+    *s = t->stats;
+    s->n_nodes = s->n_entries = s->n_pages = s->n_pinned = 0;
+    s->n_in_use = t->n_leases;
+    for (pass = 0; pass < 2; ++pass) /* count distinct pages, then reset the scratch */
+        for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
+            for (i = 0; i < n->n_pages; ++i) {
+                uint32_t pg = n->pages[i];
+                if (pg == KVC__NO_PAGE) continue;
+                if (pass == 0) s->n_pages += t->count[pg]++ == 0;
+                else t->count[pg] = 0;
+            }
+    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) {
+        s->n_nodes++;
+        s->n_entries += n->child == NULL;
+        s->n_pinned += (int32_t)n->pins;
+    }
+    return KVC_OK;
+}
+
+/* ---- Layer 6: attention kernels ----------------------------------------------------
+   One driver, four sets of small kernels (scalar, AVX2, AVX-512, NEON) chosen per pool.
+   The driver walks the visible cells in blocks of KVC__BLOCK; in each block it reads
+   every K row once for all the query heads of its GQA group (fused kernels convert
+   the storage type in registers; the others through a small f32 tile), updates each
+   row's online softmax once per block and accumulates V the same way. Work is split into tasks (a block of queries x a chunk
+   of cells) whose sizes depend only on the shape, never on the thread count; split-K
+   partials are merged by log-sum-exp in chunk order, so 1 and N threads agree bit for
+   bit. */
+
+#define KVC__BLOCK 16            /* cells scored together */
+#define KVC__CHUNK 512           /* cells per split-K task (decode) */
+#define KVC__DECODE_QUERIES 8    /* up to this many queries a call splits the cells */
+#define KVC__PREFILL_QUERIES 16  /* otherwise tasks take this many queries over all cells */
+#define KVC__STRIP 8             /* cells (whole rows) per fused kernel call */
+#define KVC__SCALES 32           /* block scales per row a fused kernel holds: head dims <= 1024 */
+
+typedef struct kvc__kernels {
+    const char *name;
+    /* s[c] = q . k[c] for c < n <= KVC__BLOCK, rows of d floats `stride` floats apart */
+    void (*dot)(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s);
+    /* the largest s[c] of the cells c < n whose bit is set in vis (-inf if none) */
+    float (*masked_max)(const float *s, int32_t n, uint32_t vis);
+    /* s[c] = exp(s[c] * scale - m) where vis has bit c, else 0; returns the sum */
+    float (*exp_sum)(float *s, int32_t n, uint32_t vis, float scale, float m);
+    /* acc += sum over c < n of p[c] * v[c], rows of d floats `stride` floats apart */
+    void (*axpy)(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n);
+    void (*scale)(float *x, int32_t n, float a);
+    /* Fused kernels by storage type (NULL: convert rows to an f32 tile, then dot/axpy),
+       for head dims that are multiples of `lanes`. nr rows (1..4; the driver pads to 4
+       with harmless rows when it has 2 or 3), n <= KVC__BLOCK cells `row` bytes apart:
+       scores: s[r][c] = q[r] . k[c];  values: acc[r] += sum_c p[r][c] v[c]. */
+    int32_t lanes;
+    void (*scores[KVC_TYPE_COUNT])(const float *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                   int32_t d, int32_t n, float *const *s);
+    void (*values[KVC_TYPE_COUNT])(float *const *acc, int32_t nr, const float *const *p, const unsigned char *v,
+                                   size_t v_row, int32_t d, int32_t n);
+} kvc__kernels;
+
+/* -- scalar: the reference -- */
+static void kvc__dot_scalar(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s) {
+    int32_t c, i;
+    for (c = 0; c < n; ++c) {
+        float acc = 0.0f;
+        for (i = 0; i < d; ++i) acc += q[i] * k[(size_t)c * stride + i];
+        s[c] = acc;
+    }
+}
+static float kvc__masked_max_scalar(const float *s, int32_t n, uint32_t vis) {
+    float m = -INFINITY;
+    int32_t c;
+    for (c = 0; c < n; ++c)
+        if (((vis >> c) & 1u) && s[c] > m) m = s[c];
+    return m;
+}
+static float kvc__exp_sum_scalar(float *s, int32_t n, uint32_t vis, float scale, float m) {
+    float sum = 0.0f;
+    int32_t c;
+    for (c = 0; c < n; ++c) {
+        s[c] = (vis >> c) & 1u ? expf(s[c] * scale - m) : 0.0f;
+        sum += s[c];
+    }
+    return sum;
+}
+static void kvc__axpy_scalar(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
+    int32_t c, i;
+    for (c = 0; c < n; ++c)
+        for (i = 0; i < d; ++i) acc[i] += p[c] * v[(size_t)c * stride + i];
+}
+static void kvc__scale_scalar(float *x, int32_t n, float a) {
+    int32_t i;
+    for (i = 0; i < n; ++i) x[i] *= a;
+}
+static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc__masked_max_scalar,
+                                                 kvc__exp_sum_scalar, kvc__axpy_scalar,
+                                                 kvc__scale_scalar, 1, {NULL, NULL, NULL, NULL, NULL},
+                                                 {NULL, NULL, NULL, NULL, NULL}};
+
+/* exp(x) for x <= 0 in SIMD lanes: Cephes' expf (range reduction by ln 2, a degree-6
+   polynomial), within 2 ulp of expf; lanes below -87 (where expf underflows) give 0. */
+#define KVC__EXP_C1 0.693359375f
+#define KVC__EXP_C2 -2.12194440e-4f
+#define KVC__EXP_P0 1.9875691500e-4f
+#define KVC__EXP_P1 1.3981999507e-3f
+#define KVC__EXP_P2 8.3334519073e-3f
+#define KVC__EXP_P3 4.1665795894e-2f
+#define KVC__EXP_P4 1.6666665459e-1f
+#define KVC__EXP_P5 5.0000001201e-1f
+
+#ifdef KVC__X86
+/* -- AVX2 + FMA: 8 lanes -- */
+KVC__AVX2 static __m256 kvc__exp_avx2(__m256 x) {
+    __m256 n, y, z, keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    __m256i e;
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(KVC__EXP_C1), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(KVC__EXP_C2), x);
+    y = _mm256_set1_ps(KVC__EXP_P0);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(KVC__EXP_P1));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(KVC__EXP_P2));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(KVC__EXP_P3));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(KVC__EXP_P4));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(KVC__EXP_P5));
+    z = _mm256_mul_ps(x, x);
+    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
+}
+/* the sums of eight vectors, one per lane */
+KVC__AVX2 static __m256 kvc__hsum8_avx2(const __m256 *a) {
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+KVC__AVX2 static __m256i kvc__tail_mask_avx2(int32_t left) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+/* Eight cells at a time with eight named accumulators (arrays would live in memory);
+   past the last cell the rows repeat the last one and their sums are not stored. */
+#define KVC__ROWS8(r, k, c, n, stride)                                                  \
+    for (j = 0; j < 8; ++j) r[j] = k + (size_t)KVC__MIN(c + j, n - 1) * stride
+KVC__AVX2 static void kvc__dot_avx2(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s) {
+    int32_t c, i, j, full = d & ~7;
+    __m256i tail = kvc__tail_mask_avx2(d - full);
+    for (c = 0; c < n; c += 8) {
+        const float *r[8];
+        __m256 a[8], a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, qv;
+        float t[8];
+        KVC__ROWS8(r, k, c, n, stride);
+        for (i = 0; i < full; i += 8) {
+            qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[0] + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[1] + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[2] + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[3] + i), a3);
+            a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[4] + i), a4);
+            a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[5] + i), a5);
+            a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[6] + i), a6);
+            a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r[7] + i), a7);
+        }
+        if (full < d) {
+            qv = _mm256_maskload_ps(q + full, tail);
+            a0 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[0] + full, tail), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[1] + full, tail), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[2] + full, tail), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[3] + full, tail), a3);
+            a4 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[4] + full, tail), a4);
+            a5 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[5] + full, tail), a5);
+            a6 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[6] + full, tail), a6);
+            a7 = _mm256_fmadd_ps(qv, _mm256_maskload_ps(r[7] + full, tail), a7);
+        }
+        a[0] = a0; a[1] = a1; a[2] = a2; a[3] = a3; a[4] = a4; a[5] = a5; a[6] = a6; a[7] = a7;
+        _mm256_storeu_ps(t, kvc__hsum8_avx2(a));
+        for (j = 0; j < 8 && c + j < n; ++j) s[c + j] = t[j];
+    }
+}
+/* the lanes of cells c .. c + 7 whose bit is set in vis */
+KVC__AVX2 static __m256i kvc__vis_mask_avx2(uint32_t vis, int32_t c) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)((vis >> c) & 0xffu)), bit), bit);
+}
+KVC__AVX2 static float kvc__masked_max_avx2(const float *s, int32_t n, uint32_t vis) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int32_t c;
+    for (c = 0; c < n; c += 8) { /* vis has no bit at or past n: the masked load stays in s */
+        __m256i k = kvc__vis_mask_avx2(vis, c);
+        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, k), _mm256_castsi256_ps(k)));
+    }
+    return kvc__hmax_avx2(m);
+}
+KVC__AVX2 static float kvc__exp_sum_avx2(float *s, int32_t n, uint32_t vis, float scale, float m) {
+    __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    float t[8], total;
+    int32_t c, j;
+    for (c = 0; c < n; c += 8) {
+        __m256i k = kvc__vis_mask_avx2(vis, c);
+        __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, k), _mm256_castsi256_ps(k));
+        __m256 p = kvc__exp_avx2(_mm256_sub_ps(_mm256_mul_ps(x, vs), vm)); /* -inf lanes give 0 */
+        _mm256_maskstore_ps(s + c, kvc__tail_mask_avx2(n - c), p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    _mm256_storeu_ps(t, sum);
+    for (total = 0.0f, j = 0; j < 8; ++j) total += t[j];
+    return total;
+}
+KVC__AVX2 static void kvc__axpy_avx2(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
+    int32_t i = 0, c;
+    for (; i + 32 <= d; i += 32) { /* four accumulators stay in registers across the cells */
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
+        for (c = 0; c < n; ++c) {
+            __m256 w = _mm256_set1_ps(p[c]);
+            const float *row = v + (size_t)c * stride + i;
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 16), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 24), a3);
+        }
+        _mm256_storeu_ps(acc + i, a0);
+        _mm256_storeu_ps(acc + i + 8, a1);
+        _mm256_storeu_ps(acc + i + 16, a2);
+        _mm256_storeu_ps(acc + i + 24, a3);
+    }
+    for (; i < d; i += 8) {
+        __m256i m = kvc__tail_mask_avx2(d - i);
+        __m256 a = _mm256_maskload_ps(acc + i, m);
+        for (c = 0; c < n; ++c) a = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), _mm256_maskload_ps(v + (size_t)c * stride + i, m), a);
+        _mm256_maskstore_ps(acc + i, m, a);
+    }
+}
+KVC__AVX2 static void kvc__scale_avx2(float *x, int32_t n, float a) {
+    __m256 va = _mm256_set1_ps(a);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), va));
+    for (; i < n; ++i) x[i] *= a;
+}
+
+/* Fused kernels take at most KVC__STRIP cells a call; a block type's f16 scales of
+   those cells are converted once into sc[cell * KVC__SCALES + block] (nothing for the
+   float types), so the inner loops broadcast them from memory. */
+KVC__F16C static inline __attribute__((always_inline)) void kvc__strip_scales(kvc_type t, const unsigned char *row,
+                                                                              size_t row_bytes, int32_t d, int32_t n,
+                                                                              float *sc) {
+    size_t bb = t == KVC_TYPE_Q8_0 ? sizeof(kvc__block_q8_0) : sizeof(kvc__block_q4_0);
+    int32_t c, b;
+    if (t != KVC_TYPE_Q8_0 && t != KVC_TYPE_Q4_0) return;
+    for (c = 0; c < n; ++c)
+        for (b = 0; b < d / KVC__QBLOCK; ++b) {
+            const unsigned char *p = row + (size_t)c * row_bytes + (size_t)b * bb;
+            sc[c * KVC__SCALES + b] = _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8)));
+        }
+}
+
+/* Fused AVX2 kernels, the same shapes as AVX-512's with 8 lanes (head dims multiples of 8). */
+#define KVC__AVX2_INLINE KVC__AVX2 static inline __attribute__((always_inline))
+
+KVC__AVX2_INLINE __m256 kvc__load8_avx2(kvc_type t, const unsigned char *row, int32_t i, const float *sc) {
+    if (t == KVC_TYPE_F32) return _mm256_loadu_ps((const float *)(const void *)row + i);
+    if (t == KVC_TYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(row + 2 * i)));
+    if (t == KVC_TYPE_BF16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 2 * i))), 16));
+    if (t == KVC_TYPE_Q8_0) {
+        const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)(const void *)row + i / KVC__QBLOCK;
+        __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b->q + (i & 31))));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(sc[i / KVC__QBLOCK]));
+    } else {
+        const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)(const void *)row + i / KVC__QBLOCK;
+        __m128i x = _mm_loadl_epi64((const __m128i *)(const void *)(b->q + (i & 15)));
+        __m256i q;
+        if (i & 16) x = _mm_srli_epi16(x, 4); /* values 16..31 are the high nibbles */
+        q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_and_si128(x, _mm_set1_epi8(0x0f))), _mm256_set1_epi32(8));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(sc[i / KVC__QBLOCK]));
+    }
+}
+
+/* four rows, two cells at a time (sixteen registers hold no more) */
+KVC__AVX2_INLINE void kvc__scores4_avx2(kvc_type t, const float *const *q, const unsigned char *k, size_t k_row, int32_t d,
+                                        int32_t n, float *const *s) {
+    int32_t c, i, j, r;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, k, k_row, d, n, sc);
+    for (c = 0; c < n; c += 2) {
+        const unsigned char *k0 = k + (size_t)c * k_row, *k1 = k + (size_t)KVC__MIN(c + 1, n - 1) * k_row;
+        const float *s0 = sc + c * KVC__SCALES, *s1 = sc + KVC__MIN(c + 1, n - 1) * KVC__SCALES;
+        __m256 a[8], a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
+        float sum[8];
+        for (i = 0; i < d; i += 8) {
+            __m256 q0 = _mm256_loadu_ps(q[0] + i), q1 = _mm256_loadu_ps(q[1] + i);
+            __m256 q2 = _mm256_loadu_ps(q[2] + i), q3 = _mm256_loadu_ps(q[3] + i), x;
+            x = kvc__load8_avx2(t, k0, i, s0);
+            a00 = _mm256_fmadd_ps(q0, x, a00); a10 = _mm256_fmadd_ps(q1, x, a10);
+            a20 = _mm256_fmadd_ps(q2, x, a20); a30 = _mm256_fmadd_ps(q3, x, a30);
+            x = kvc__load8_avx2(t, k1, i, s1);
+            a01 = _mm256_fmadd_ps(q0, x, a01); a11 = _mm256_fmadd_ps(q1, x, a11);
+            a21 = _mm256_fmadd_ps(q2, x, a21); a31 = _mm256_fmadd_ps(q3, x, a31);
+        }
+        a[0] = a00; a[1] = a10; a[2] = a20; a[3] = a30; a[4] = a01; a[5] = a11; a[6] = a21; a[7] = a31;
+        _mm256_storeu_ps(sum, kvc__hsum8_avx2(a));
+        for (j = 0; j < 2 && c + j < n; ++j)
+            for (r = 0; r < 4; ++r) s[r][c + j] = sum[4 * j + r];
+    }
+}
+
+KVC__AVX2_INLINE void kvc__scores1_avx2(kvc_type t, const float *q, const unsigned char *k, size_t k_row, int32_t d,
+                                        int32_t n, float *s) {
+    int32_t c, i, j;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, k, k_row, d, n, sc);
+    for (c = 0; c < n; c += 8) {
+        const unsigned char *r[8];
+        __m256 a[8], a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        float sum[8];
+        KVC__ROWS8(r, k, c, n, k_row);
+        for (i = 0; i < d; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[0], i, sc + KVC__MIN(c + 0, n - 1) * KVC__SCALES), a0);
+            a1 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[1], i, sc + KVC__MIN(c + 1, n - 1) * KVC__SCALES), a1);
+            a2 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[2], i, sc + KVC__MIN(c + 2, n - 1) * KVC__SCALES), a2);
+            a3 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[3], i, sc + KVC__MIN(c + 3, n - 1) * KVC__SCALES), a3);
+            a4 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[4], i, sc + KVC__MIN(c + 4, n - 1) * KVC__SCALES), a4);
+            a5 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[5], i, sc + KVC__MIN(c + 5, n - 1) * KVC__SCALES), a5);
+            a6 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[6], i, sc + KVC__MIN(c + 6, n - 1) * KVC__SCALES), a6);
+            a7 = _mm256_fmadd_ps(qv, kvc__load8_avx2(t, r[7], i, sc + KVC__MIN(c + 7, n - 1) * KVC__SCALES), a7);
+        }
+        a[0] = a0; a[1] = a1; a[2] = a2; a[3] = a3; a[4] = a4; a[5] = a5; a[6] = a6; a[7] = a7;
+        _mm256_storeu_ps(sum, kvc__hsum8_avx2(a));
+        for (j = 0; j < 8 && c + j < n; ++j) s[c + j] = sum[j];
+    }
+}
+
+KVC__AVX2_INLINE void kvc__values4_avx2(kvc_type t, float *const *acc, const float *const *p, const unsigned char *v,
+                                        size_t v_row, int32_t d, int32_t n) {
+    int32_t i, c;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, v, v_row, d, n, sc);
+    for (i = 0; i < d; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc[0] + i), a1 = _mm256_loadu_ps(acc[1] + i);
+        __m256 a2 = _mm256_loadu_ps(acc[2] + i), a3 = _mm256_loadu_ps(acc[3] + i);
+        for (c = 0; c < n; ++c) {
+            __m256 x = kvc__load8_avx2(t, v + (size_t)c * v_row, i, sc + c * KVC__SCALES);
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[0][c]), x, a0);
+            a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[1][c]), x, a1);
+            a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[2][c]), x, a2);
+            a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[3][c]), x, a3);
+        }
+        _mm256_storeu_ps(acc[0] + i, a0);
+        _mm256_storeu_ps(acc[1] + i, a1);
+        _mm256_storeu_ps(acc[2] + i, a2);
+        _mm256_storeu_ps(acc[3] + i, a3);
+    }
+}
+
+/* one row, in values4's order of operations (batch-invariant), four chains at a time */
+KVC__AVX2_INLINE void kvc__values1_avx2(kvc_type t, float *acc, const float *p, const unsigned char *v, size_t v_row,
+                                        int32_t d, int32_t n) {
+    int32_t i = 0, c;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, v, v_row, d, n, sc);
+    for (; i + 32 <= d; i += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
+        for (c = 0; c < n; ++c) {
+            const unsigned char *r = v + (size_t)c * v_row;
+            __m256 w = _mm256_set1_ps(p[c]);
+            a0 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i, sc + c * KVC__SCALES), a0);
+            a1 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 8, sc + c * KVC__SCALES), a1);
+            a2 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 16, sc + c * KVC__SCALES), a2);
+            a3 = _mm256_fmadd_ps(w, kvc__load8_avx2(t, r, i + 24, sc + c * KVC__SCALES), a3);
+        }
+        _mm256_storeu_ps(acc + i, a0);
+        _mm256_storeu_ps(acc + i + 8, a1);
+        _mm256_storeu_ps(acc + i + 16, a2);
+        _mm256_storeu_ps(acc + i + 24, a3);
+    }
+    for (; i < d; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + i);
+        for (c = 0; c < n; ++c) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), kvc__load8_avx2(t, v + (size_t)c * v_row, i, sc + c * KVC__SCALES), a0);
+        _mm256_storeu_ps(acc + i, a0);
+    }
+}
+
+#define KVC__FUSED_AVX2(T, name)                                                                                     \
+    KVC__AVX2 static void kvc__scores_avx2_##name(const float *const *q, int32_t nr, const unsigned char *k,         \
+                                                  size_t k_row, int32_t d, int32_t n, float *const *s) {            \
+        if (nr == 1) kvc__scores1_avx2(T, q[0], k, k_row, d, n, s[0]);                                             \
+        else kvc__scores4_avx2(T, q, k, k_row, d, n, s);                                                           \
+    }                                                                                                               \
+    KVC__AVX2 static void kvc__values_avx2_##name(float *const *acc, int32_t nr, const float *const *p,              \
+                                                  const unsigned char *v, size_t v_row, int32_t d, int32_t n) {     \
+        if (nr == 1) kvc__values1_avx2(T, acc[0], p[0], v, v_row, d, n);                                           \
+        else kvc__values4_avx2(T, acc, p, v, v_row, d, n);                                                         \
+    }
+KVC__FUSED_AVX2(KVC_TYPE_F32, f32)
+KVC__FUSED_AVX2(KVC_TYPE_F16, f16)
+KVC__FUSED_AVX2(KVC_TYPE_BF16, bf16)
+KVC__FUSED_AVX2(KVC_TYPE_Q8_0, q8_0)
+KVC__FUSED_AVX2(KVC_TYPE_Q4_0, q4_0)
+
+static const kvc__kernels kvc__kernels_avx2 = {
+    "avx2", kvc__dot_avx2, kvc__masked_max_avx2, kvc__exp_sum_avx2, kvc__axpy_avx2, kvc__scale_avx2, 8,
+    {kvc__scores_avx2_f32, kvc__scores_avx2_f16, kvc__scores_avx2_bf16, kvc__scores_avx2_q8_0, kvc__scores_avx2_q4_0},
+    {kvc__values_avx2_f32, kvc__values_avx2_f16, kvc__values_avx2_bf16, kvc__values_avx2_q8_0, kvc__values_avx2_q4_0}};
+
+/* -- AVX-512: 16 lanes, masked tails -- */
+#if defined(__GNUC__) && !defined(__clang__) /* g++ 12 flags _mm512_undefined_* inside the intrinsics */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#define KVC__AVX512 __attribute__((target("avx,avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vl")))
+KVC__AVX512 static __m512 kvc__exp_avx512(__m512 x) {
+    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    __m512 n, y;
+    __m512i e;
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(KVC__EXP_C1), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(KVC__EXP_C2), x);
+    y = _mm512_set1_ps(KVC__EXP_P0);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P1));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P2));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P3));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P4));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P5));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+}
+KVC__AVX512 static __mmask16 kvc__tail_mask_avx512(int32_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+}
+KVC__AVX512 static __m256 kvc__fold_avx512(__m512 x) {
+    return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
+}
+KVC__AVX512 static void kvc__dot_avx512(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s) {
+    int32_t c, i, j, full = d & ~15;
+    __mmask16 tail = kvc__tail_mask_avx512(d - full);
+    for (c = 0; c < n; c += 8) {
+        const float *r[8];
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, qv;
+        __m256 h[8];
+        KVC__ROWS8(r, k, c, n, stride);
+        for (i = 0; i < full; i += 16) {
+            qv = _mm512_loadu_ps(q + i);
+            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[0] + i), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[1] + i), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[2] + i), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[3] + i), a3);
+            a4 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[4] + i), a4);
+            a5 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[5] + i), a5);
+            a6 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[6] + i), a6);
+            a7 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(r[7] + i), a7);
+        }
+        if (full < d) {
+            qv = _mm512_maskz_loadu_ps(tail, q + full);
+            a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[0] + full), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[1] + full), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[2] + full), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[3] + full), a3);
+            a4 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[4] + full), a4);
+            a5 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[5] + full), a5);
+            a6 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[6] + full), a6);
+            a7 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[7] + full), a7);
+        }
+        h[0] = kvc__fold_avx512(a0); h[1] = kvc__fold_avx512(a1); h[2] = kvc__fold_avx512(a2);
+        h[3] = kvc__fold_avx512(a3); h[4] = kvc__fold_avx512(a4); h[5] = kvc__fold_avx512(a5);
+        h[6] = kvc__fold_avx512(a6); h[7] = kvc__fold_avx512(a7);
+        _mm256_mask_storeu_ps(s + c, (__mmask8)((1u << KVC__MIN(8, n - c)) - 1u), kvc__hsum8_avx2(h));
+    }
+}
+KVC__AVX512 static float kvc__masked_max_avx512(const float *s, int32_t n, uint32_t vis) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int32_t c;
+    for (c = 0; c < n; c += 16) /* vis has no bit at or past n */
+        m = _mm512_max_ps(m, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)(vis >> c), s + c));
+    return _mm512_reduce_max_ps(m);
+}
+KVC__AVX512 static float kvc__exp_sum_avx512(float *s, int32_t n, uint32_t vis, float scale, float m) {
+    __m512 vs = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+    int32_t c;
+    for (c = 0; c < n; c += 16) {
+        __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)(vis >> c), s + c);
+        __m512 p = kvc__exp_avx512(_mm512_sub_ps(_mm512_mul_ps(x, vs), vm)); /* -inf lanes give 0 */
+        _mm512_mask_storeu_ps(s + c, kvc__tail_mask_avx512(n - c), p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+KVC__AVX512 static void kvc__axpy_avx512(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
+    int32_t i = 0, c;
+    for (; i + 64 <= d; i += 64) { /* four accumulators stay in registers across the cells */
+        __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_loadu_ps(acc + i + 16);
+        __m512 a2 = _mm512_loadu_ps(acc + i + 32), a3 = _mm512_loadu_ps(acc + i + 48);
+        for (c = 0; c < n; ++c) {
+            __m512 w = _mm512_set1_ps(p[c]);
+            const float *row = v + (size_t)c * stride + i;
+            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(row), a0);
+            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16), a1);
+            a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 32), a2);
+            a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 48), a3);
+        }
+        _mm512_storeu_ps(acc + i, a0);
+        _mm512_storeu_ps(acc + i + 16, a1);
+        _mm512_storeu_ps(acc + i + 32, a2);
+        _mm512_storeu_ps(acc + i + 48, a3);
+    }
+    for (; i < d; i += 16) {
+        __mmask16 m = kvc__tail_mask_avx512(d - i);
+        __m512 a = _mm512_maskz_loadu_ps(m, acc + i);
+        for (c = 0; c < n; ++c) a = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), _mm512_maskz_loadu_ps(m, v + (size_t)c * stride + i), a);
+        _mm512_mask_storeu_ps(acc + i, m, a);
+    }
+}
+KVC__AVX512 static void kvc__scale_avx512(float *x, int32_t n, float a) {
+    __m512 va = _mm512_set1_ps(a);
+    int32_t i;
+    for (i = 0; i < n; i += 16) {
+        __mmask16 m = kvc__tail_mask_avx512(n - i);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), va));
+    }
+}
+
+/* Fused AVX-512 kernels: K and V are read in their storage type and converted in
+   registers, once for up to four query rows (a GQA group), never written to a tile.
+   The storage type is a constant after inlining, so each wrapper below is its own
+   specialised loop. Head dims must be multiples of 16 (others take the tile path). */
+#define KVC__AVX512_INLINE KVC__AVX512 static inline __attribute__((always_inline))
+
+/* 16 values of a head row from value i (a multiple of 16) as f32; sc: the row's block
+   scales as floats (block types) */
+KVC__AVX512_INLINE __m512 kvc__load16_avx512(kvc_type t, const unsigned char *row, int32_t i, const float *sc) {
+    if (t == KVC_TYPE_F32) return _mm512_loadu_ps((const float *)(const void *)row + i);
+    if (t == KVC_TYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * i)));
+    if (t == KVC_TYPE_BF16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * i))), 16));
+    if (t == KVC_TYPE_Q8_0) {
+        const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)(const void *)row + i / KVC__QBLOCK;
+        __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b->q + (i & 31))));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(sc[i / KVC__QBLOCK]));
+    } else {
+        const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)(const void *)row + i / KVC__QBLOCK;
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)b->q);
+        __m512i q;
+        if (i & 31) x = _mm_srli_epi16(x, 4); /* values 16..31 are the high nibbles */
+        q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(x, _mm_set1_epi8(0x0f))), _mm512_set1_epi32(8));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(sc[i / KVC__QBLOCK]));
+    }
+}
+
+/* s[r][c] = q[r] . k[c] for four rows and n cells, four cells at a time */
+KVC__AVX512_INLINE void kvc__scores4_avx512(kvc_type t, const float *const *q, const unsigned char *k, size_t k_row,
+                                            int32_t d, int32_t n, float *const *s) {
+    int32_t c, i, j, r;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, k, k_row, d, n, sc);
+    for (c = 0; c < n; c += 4) {
+        const unsigned char *k0 = k + (size_t)c * k_row, *k1 = k + (size_t)KVC__MIN(c + 1, n - 1) * k_row;
+        const unsigned char *k2 = k + (size_t)KVC__MIN(c + 2, n - 1) * k_row, *k3 = k + (size_t)KVC__MIN(c + 3, n - 1) * k_row;
+        const float *s0 = sc + c * KVC__SCALES, *s1 = sc + KVC__MIN(c + 1, n - 1) * KVC__SCALES;
+        const float *s2 = sc + KVC__MIN(c + 2, n - 1) * KVC__SCALES, *s3 = sc + KVC__MIN(c + 3, n - 1) * KVC__SCALES;
+        __m512 a00 = _mm512_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
+        __m512 a02 = a00, a12 = a00, a22 = a00, a32 = a00, a03 = a00, a13 = a00, a23 = a00, a33 = a00;
+        __m256 h[8];
+        float sum[16];
+        for (i = 0; i < d; i += 16) {
+            __m512 q0 = _mm512_loadu_ps(q[0] + i), q1 = _mm512_loadu_ps(q[1] + i);
+            __m512 q2 = _mm512_loadu_ps(q[2] + i), q3 = _mm512_loadu_ps(q[3] + i), x;
+            x = kvc__load16_avx512(t, k0, i, s0);
+            a00 = _mm512_fmadd_ps(q0, x, a00); a10 = _mm512_fmadd_ps(q1, x, a10);
+            a20 = _mm512_fmadd_ps(q2, x, a20); a30 = _mm512_fmadd_ps(q3, x, a30);
+            x = kvc__load16_avx512(t, k1, i, s1);
+            a01 = _mm512_fmadd_ps(q0, x, a01); a11 = _mm512_fmadd_ps(q1, x, a11);
+            a21 = _mm512_fmadd_ps(q2, x, a21); a31 = _mm512_fmadd_ps(q3, x, a31);
+            x = kvc__load16_avx512(t, k2, i, s2);
+            a02 = _mm512_fmadd_ps(q0, x, a02); a12 = _mm512_fmadd_ps(q1, x, a12);
+            a22 = _mm512_fmadd_ps(q2, x, a22); a32 = _mm512_fmadd_ps(q3, x, a32);
+            x = kvc__load16_avx512(t, k3, i, s3);
+            a03 = _mm512_fmadd_ps(q0, x, a03); a13 = _mm512_fmadd_ps(q1, x, a13);
+            a23 = _mm512_fmadd_ps(q2, x, a23); a33 = _mm512_fmadd_ps(q3, x, a33);
+        }
+        h[0] = kvc__fold_avx512(a00); h[1] = kvc__fold_avx512(a10); h[2] = kvc__fold_avx512(a20);
+        h[3] = kvc__fold_avx512(a30); h[4] = kvc__fold_avx512(a01); h[5] = kvc__fold_avx512(a11);
+        h[6] = kvc__fold_avx512(a21); h[7] = kvc__fold_avx512(a31);
+        _mm256_storeu_ps(sum, kvc__hsum8_avx2(h));
+        h[0] = kvc__fold_avx512(a02); h[1] = kvc__fold_avx512(a12); h[2] = kvc__fold_avx512(a22);
+        h[3] = kvc__fold_avx512(a32); h[4] = kvc__fold_avx512(a03); h[5] = kvc__fold_avx512(a13);
+        h[6] = kvc__fold_avx512(a23); h[7] = kvc__fold_avx512(a33);
+        _mm256_storeu_ps(sum + 8, kvc__hsum8_avx2(h));
+        for (j = 0; j < 4 && c + j < n; ++j) /* sum[4 * cell + row] */
+            for (r = 0; r < 4; ++r) s[r][c + j] = sum[4 * j + r];
+    }
+}
+
+/* one row: eight cells at a time */
+KVC__AVX512_INLINE void kvc__scores1_avx512(kvc_type t, const float *q, const unsigned char *k, size_t k_row, int32_t d,
+                                            int32_t n, float *s) {
+    int32_t c, i, j;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, k, k_row, d, n, sc);
+    for (c = 0; c < n; c += 8) {
+        const unsigned char *r[8];
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        __m256 h[8];
+        KVC__ROWS8(r, k, c, n, k_row);
+        for (i = 0; i < d; i += 16) {
+            __m512 qv = _mm512_loadu_ps(q + i);
+            a0 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[0], i, sc + KVC__MIN(c + 0, n - 1) * KVC__SCALES), a0);
+            a1 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[1], i, sc + KVC__MIN(c + 1, n - 1) * KVC__SCALES), a1);
+            a2 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[2], i, sc + KVC__MIN(c + 2, n - 1) * KVC__SCALES), a2);
+            a3 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[3], i, sc + KVC__MIN(c + 3, n - 1) * KVC__SCALES), a3);
+            a4 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[4], i, sc + KVC__MIN(c + 4, n - 1) * KVC__SCALES), a4);
+            a5 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[5], i, sc + KVC__MIN(c + 5, n - 1) * KVC__SCALES), a5);
+            a6 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[6], i, sc + KVC__MIN(c + 6, n - 1) * KVC__SCALES), a6);
+            a7 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[7], i, sc + KVC__MIN(c + 7, n - 1) * KVC__SCALES), a7);
+        }
+        h[0] = kvc__fold_avx512(a0); h[1] = kvc__fold_avx512(a1); h[2] = kvc__fold_avx512(a2);
+        h[3] = kvc__fold_avx512(a3); h[4] = kvc__fold_avx512(a4); h[5] = kvc__fold_avx512(a5);
+        h[6] = kvc__fold_avx512(a6); h[7] = kvc__fold_avx512(a7);
+        _mm256_mask_storeu_ps(s + c, (__mmask8)((1u << KVC__MIN(8, n - c)) - 1u), kvc__hsum8_avx2(h));
+    }
+}
+
+/* acc[r] += sum_c p[r][c] v[c] for four rows, 16 values at a time */
+KVC__AVX512_INLINE void kvc__values4_avx512(kvc_type t, float *const *acc, const float *const *p, const unsigned char *v,
+                                            size_t v_row, int32_t d, int32_t n) {
+    int32_t i, c;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, v, v_row, d, n, sc);
+    for (i = 0; i < d; i += 16) {
+        __m512 a0 = _mm512_loadu_ps(acc[0] + i), a1 = _mm512_loadu_ps(acc[1] + i);
+        __m512 a2 = _mm512_loadu_ps(acc[2] + i), a3 = _mm512_loadu_ps(acc[3] + i);
+        for (c = 0; c < n; ++c) {
+            __m512 x = kvc__load16_avx512(t, v + (size_t)c * v_row, i, sc + c * KVC__SCALES);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[0][c]), x, a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[1][c]), x, a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(p[2][c]), x, a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(p[3][c]), x, a3);
+        }
+        _mm512_storeu_ps(acc[0] + i, a0);
+        _mm512_storeu_ps(acc[1] + i, a1);
+        _mm512_storeu_ps(acc[2] + i, a2);
+        _mm512_storeu_ps(acc[3] + i, a3);
+    }
+}
+
+/* one row: the same order of operations as a row of values4, so a query's result
+   does not depend on how many rows shared its call (four 16-value chains at a time) */
+KVC__AVX512_INLINE void kvc__values1_avx512(kvc_type t, float *acc, const float *p, const unsigned char *v,
+                                            size_t v_row, int32_t d, int32_t n) {
+    int32_t i = 0, c;
+    float sc[KVC__STRIP * KVC__SCALES];
+    kvc__strip_scales(t, v, v_row, d, n, sc);
+    for (; i + 64 <= d; i += 64) {
+        __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_loadu_ps(acc + i + 16);
+        __m512 a2 = _mm512_loadu_ps(acc + i + 32), a3 = _mm512_loadu_ps(acc + i + 48);
+        for (c = 0; c < n; ++c) {
+            const unsigned char *r = v + (size_t)c * v_row;
+            __m512 w = _mm512_set1_ps(p[c]);
+            a0 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i, sc + c * KVC__SCALES), a0);
+            a1 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 16, sc + c * KVC__SCALES), a1);
+            a2 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 32, sc + c * KVC__SCALES), a2);
+            a3 = _mm512_fmadd_ps(w, kvc__load16_avx512(t, r, i + 48, sc + c * KVC__SCALES), a3);
+        }
+        _mm512_storeu_ps(acc + i, a0);
+        _mm512_storeu_ps(acc + i + 16, a1);
+        _mm512_storeu_ps(acc + i + 32, a2);
+        _mm512_storeu_ps(acc + i + 48, a3);
+    }
+    for (; i < d; i += 16) {
+        __m512 a0 = _mm512_loadu_ps(acc + i);
+        for (c = 0; c < n; ++c) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), kvc__load16_avx512(t, v + (size_t)c * v_row, i, sc + c * KVC__SCALES), a0);
+        _mm512_storeu_ps(acc + i, a0);
+    }
+}
+
+#define KVC__FUSED_AVX512(T, name)                                                                                   \
+    KVC__AVX512 static void kvc__scores_avx512_##name(const float *const *q, int32_t nr, const unsigned char *k,     \
+                                                      size_t k_row, int32_t d, int32_t n, float *const *s) {        \
+        if (nr == 1) kvc__scores1_avx512(T, q[0], k, k_row, d, n, s[0]);                                           \
+        else kvc__scores4_avx512(T, q, k, k_row, d, n, s);                                                         \
+    }                                                                                                               \
+    KVC__AVX512 static void kvc__values_avx512_##name(float *const *acc, int32_t nr, const float *const *p,          \
+                                                      const unsigned char *v, size_t v_row, int32_t d, int32_t n) { \
+        if (nr == 1) kvc__values1_avx512(T, acc[0], p[0], v, v_row, d, n);                                         \
+        else kvc__values4_avx512(T, acc, p, v, v_row, d, n);                                                       \
+    }
+KVC__FUSED_AVX512(KVC_TYPE_F32, f32)
+KVC__FUSED_AVX512(KVC_TYPE_F16, f16)
+KVC__FUSED_AVX512(KVC_TYPE_BF16, bf16)
+KVC__FUSED_AVX512(KVC_TYPE_Q8_0, q8_0)
+KVC__FUSED_AVX512(KVC_TYPE_Q4_0, q4_0)
+
+static const kvc__kernels kvc__kernels_avx512 = {
+    "avx512", kvc__dot_avx512, kvc__masked_max_avx512, kvc__exp_sum_avx512, kvc__axpy_avx512, kvc__scale_avx512, 16,
+    {kvc__scores_avx512_f32, kvc__scores_avx512_f16, kvc__scores_avx512_bf16, kvc__scores_avx512_q8_0,
+     kvc__scores_avx512_q4_0},
+    {kvc__values_avx512_f32, kvc__values_avx512_f16, kvc__values_avx512_bf16, kvc__values_avx512_q8_0,
+     kvc__values_avx512_q4_0}};
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif /* KVC__X86 */
+
+#ifdef KVC__NEON
+/* -- NEON: 4 lanes -- */
+static float32x4_t kvc__exp_neon(float32x4_t x) {
+    uint32x4_t keep = vcgeq_f32(x, vdupq_n_f32(-87.0f));
+    float32x4_t n, y;
+    int32x4_t e;
+    x = vmaxq_f32(x, vdupq_n_f32(-87.0f));
+    n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+    x = vfmsq_f32(x, n, vdupq_n_f32(KVC__EXP_C1));
+    x = vfmsq_f32(x, n, vdupq_n_f32(KVC__EXP_C2));
+    y = vdupq_n_f32(KVC__EXP_P0);
+    y = vfmaq_f32(vdupq_n_f32(KVC__EXP_P1), y, x);
+    y = vfmaq_f32(vdupq_n_f32(KVC__EXP_P2), y, x);
+    y = vfmaq_f32(vdupq_n_f32(KVC__EXP_P3), y, x);
+    y = vfmaq_f32(vdupq_n_f32(KVC__EXP_P4), y, x);
+    y = vfmaq_f32(vdupq_n_f32(KVC__EXP_P5), y, x);
+    y = vfmaq_f32(vaddq_f32(x, vdupq_n_f32(1.0f)), y, vmulq_f32(x, x));
+    e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(vmulq_f32(y, vreinterpretq_f32_s32(e))), keep));
+}
+static void kvc__dot_neon(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s) {
+    int32_t c, i, j, full = d & ~3;
+    for (c = 0; c < n; c += 4) {
+        float32x4_t acc[4];
+        int32_t m = KVC__MIN(4, n - c);
+        float t[4];
+        for (j = 0; j < 4; ++j) acc[j] = vdupq_n_f32(0.0f);
+        for (i = 0; i < full; i += 4) {
+            float32x4_t qv = vld1q_f32(q + i);
+            for (j = 0; j < m; ++j) acc[j] = vfmaq_f32(acc[j], qv, vld1q_f32(k + (size_t)(c + j) * stride + i));
+        }
+        vst1q_f32(t, vpaddq_f32(vpaddq_f32(acc[0], acc[1]), vpaddq_f32(acc[2], acc[3])));
+        for (j = 0; j < m; ++j) {
+            for (i = full; i < d; ++i) t[j] += q[i] * k[(size_t)(c + j) * stride + i];
+            s[c + j] = t[j];
+        }
+    }
+}
+static float kvc__exp_sum_neon(float *s, int32_t n, uint32_t vis, float scale, float m) {
+    float32x4_t sum = vdupq_n_f32(0.0f);
+    float total;
+    int32_t c = 0;
+    for (c = 0; c < n; ++c)
+        if (!((vis >> c) & 1u)) s[c] = -INFINITY; /* gives 0 below */
+    for (c = 0; c + 4 <= n; c += 4) {
+        float32x4_t p = kvc__exp_neon(vsubq_f32(vmulq_n_f32(vld1q_f32(s + c), scale), vdupq_n_f32(m)));
+        vst1q_f32(s + c, p);
+        sum = vaddq_f32(sum, p);
+    }
+    if (c < n) { /* the tail in a padded vector too: every cell's weight is computed the
+                    same way whatever n is, so a query's result does not depend on its block */
+        float t[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        int32_t j;
+        for (j = 0; c + j < n; ++j) t[j] = s[c + j];
+        vst1q_f32(t, kvc__exp_neon(vsubq_f32(vmulq_n_f32(vld1q_f32(t), scale), vdupq_n_f32(m))));
+        for (j = 0; c + j < n; ++j) s[c + j] = t[j];
+        sum = vaddq_f32(sum, vld1q_f32(t));
+    }
+    total = vaddvq_f32(sum);
+    return total;
+}
+static void kvc__axpy_neon(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
+    int32_t i = 0, c, j;
+    for (; i + 16 <= d; i += 16) {
+        float32x4_t a[4];
+        for (j = 0; j < 4; ++j) a[j] = vld1q_f32(acc + i + 4 * j);
+        for (c = 0; c < n; ++c)
+            for (j = 0; j < 4; ++j) a[j] = vfmaq_n_f32(a[j], vld1q_f32(v + (size_t)c * stride + i + 4 * j), p[c]);
+        for (j = 0; j < 4; ++j) vst1q_f32(acc + i + 4 * j, a[j]);
+    }
+    for (; i < d; ++i)
+        for (c = 0; c < n; ++c) acc[i] += p[c] * v[(size_t)c * stride + i];
+}
+static void kvc__scale_neon(float *x, int32_t n, float a) {
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), a));
+    for (; i < n; ++i) x[i] *= a;
+}
+static const kvc__kernels kvc__kernels_neon = {"neon", kvc__dot_neon, kvc__masked_max_scalar, kvc__exp_sum_neon,
+                                               kvc__axpy_neon,
+                                               kvc__scale_neon, 4, {NULL, NULL, NULL, NULL, NULL},
+                                               {NULL, NULL, NULL, NULL, NULL}};
+#endif /* KVC__NEON */
+
+static const kvc__kernels *kvc__pick_kernels(uint32_t features) {
+#ifdef KVC__X86
+    if (features & KVC_CPU_AVX512) return &kvc__kernels_avx512;
+    if (features & KVC_CPU_AVX2) return &kvc__kernels_avx2;
+#endif
+#ifdef KVC__NEON
+    if (features & KVC_CPU_NEON) return &kvc__kernels_neon;
+#endif
+    (void)features;
+    return &kvc__kernels_scalar;
+}
+
+/* ---- Layer 6: the attention driver ------------------------------------------------- */
+
+/* One query of an attention call, and where it may look. FULL/ROTATING keys are
+   positions in token order: visible iff 0 <= key <= hi, key >= lo, and (key < sink_end
+   or key >= wlo). */
 typedef struct kvc__query {
     int32_t pos, seq;
     int non_causal;
     int32_t window; /* the call's extra window, 0: none */
+    int64_t hi, lo, sink_end, wlo;
 } kvc__query;
 
-/* May the query see the cell at `index` (token, or CAUSAL cell index) with position key? */
-static int kvc__visible(const kvc_cache *c, const kvc__query *q, int32_t index, int32_t key) {
-    if (c->cfg.kind == KVC_KIND_CAUSAL) return kvc__causal_visible(c, index, q->pos, q->seq, q->non_causal, q->window);
-    if (key < 0) return 0;
-    if (!q->non_causal && key > q->pos) return 0;
-    if (q->window > 0 && (int64_t)key <= (int64_t)q->pos - q->window) return 0;
-    if (c->cfg.kind == KVC_KIND_ROTATING && key >= c->cfg.sinks && (int64_t)key < kvc__window_lo(c, q->pos))
-        return 0;
-    return 1;
-}
+/* The rows (query x head of one kv head's group) that see something in a block,
+   padded to whole groups of four with rows of zero weight; arrays of `cap` entries in
+   the worker's memory. */
+typedef struct kvc__rows {
+    int32_t n;
+    const float **q;
+    float **s, **acc, **ml;
+    uint32_t *vis;
+} kvc__rows;
 
-static float kvc__dot_f32(const float *a, const float *b, int32_t n) {
-    float s = 0.0f;
-    int32_t i;
-    for (i = 0; i < n; ++i) s += a[i] * b[i];
-    return s;
-}
+typedef struct kvc__attn {
+    const kvc_cache *c;
+    const kvc_pool *p;
+    const kvc_attention_desc *d;
+    const kvc__kernels *kern;
+    int32_t layer, group, n_heads, n_kv, hk, hv;
+    float scale;
+    kvc__run *runs;        /* the cells the call reads, in order */
+    int32_t *run_start;    /* run r holds cells [run_start[r], run_start[r + 1]) of that order */
+    int32_t n_runs, n_cells;
+    int32_t per_task, n_qtasks, chunk, n_chunks; /* queries per task; cells per chunk */
+    int32_t rows_max;      /* per_task * n_heads */
+    int fused_k, fused_v;  /* the kernels read K / V in their storage type */
+    float *ml;             /* [task][row][2]: running max and sum */
+    float *part;           /* split-K partial outputs [task][row][hv]; NULL with one chunk */
+    float *work;           /* [worker]: K tile, V tile, scores */
+    size_t work_floats;
+    size_t rows_floats;    /* where a worker's row lists start in its work */
+    int32_t rows_cap;      /* entries of a row list */
+} kvc__attn;
 
-/* One query head over every visible cell: online softmax, out[] accumulates V.
-   kbuf/vbuf hold one dequantised head of a row at a time. */
-static void kvc__attend_one(const kvc_cache *c, int32_t layer, const kvc__query *qy, int32_t kv_head,
-                            const float *q, float scale, float *out, float *kbuf, float *vbuf) {
-    const kvc_pool *p = c->pool;
-    const kvc__type_info *tk = &p->tk, *tv = &p->tv;
-    int32_t hk = p->cfg.head_dim_k, hv = p->cfg.head_dim_v;
-    size_t k_off = kvc__row_bytes(p->cfg.type_k, kv_head, hk), v_off = kvc__row_bytes(p->cfg.type_v, kv_head, hv);
-    float m = -INFINITY, sum = 0.0f;
-    kvc__iter it;
-    kvc__run run;
-    int32_t i, cell;
-    for (i = 0; i < hv; ++i) out[i] = 0.0f;
-    if (c->cfg.kind == KVC_KIND_CAUSAL) kvc__iter_init_cells(&it, c, c->seq_lo[qy->seq], c->seq_hi[qy->seq]);
-    else kvc__iter_init(&it, c);
-    while (kvc__iter_next(&it, &run)) {
-        for (cell = run.c0; cell < run.c1; ++cell) {
-            float s, w;
-            if (!kvc__visible(c, qy, run.t0 + (cell - run.c0), *kvc__pos_at(p, run.page, cell))) continue;
-            tk->to_f32(kvc__k_at(p, layer, run.page, cell) + k_off, kbuf, hk);
-            s = kvc__dot_f32(q, kbuf, hk) * scale;
-            if (s > m) { /* rescale what we have to the new maximum */
-                float r = expf(m - s);
-                sum *= r;
-                for (i = 0; i < hv; ++i) out[i] *= r;
-                m = s;
-            }
-            w = expf(s - m);
-            sum += w;
-            tv->to_f32(kvc__v_at(p, layer, run.page, cell) + v_off, vbuf, hv);
-            for (i = 0; i < hv; ++i) out[i] += w * vbuf[i];
-        }
+/* a worker's row lists: one per kv head */
+static size_t kvc__rows_bytes(const kvc__attn *A) {
+    return (size_t)A->n_kv * (sizeof(kvc__rows) + (size_t)A->rows_cap * (4 * sizeof(void *) + sizeof(uint32_t)));
+}
+static kvc__rows *kvc__rows_carve(const kvc__attn *A, void *mem) {
+    kvc__rows *R = (kvc__rows *)mem;
+    unsigned char *p = (unsigned char *)(R + A->n_kv);
+    size_t cap = (size_t)A->rows_cap;
+    int32_t h;
+    for (h = 0; h < A->n_kv; ++h) {
+        R[h].q = (const float **)(void *)p; p += cap * sizeof(void *);
+        R[h].s = (float **)(void *)p; p += cap * sizeof(void *);
+        R[h].acc = (float **)(void *)p; p += cap * sizeof(void *);
+        R[h].ml = (float **)(void *)p; p += cap * sizeof(void *);
     }
-    if (sum > 0.0f)
-        for (i = 0; i < hv; ++i) out[i] /= sum;
+    for (h = 0; h < A->n_kv; ++h) { /* after every pointer array: they stay aligned */
+        R[h].vis = (uint32_t *)(void *)p;
+        p += cap * sizeof(uint32_t);
+    }
+    return R;
 }
 
 static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const kvc_attention_desc *d) {
     const kvc_pool *p;
     int32_t i;
     if (c == NULL || d == NULL) return KVC_ERR_NULL;
-    if (d->q == NULL || d->out == NULL) return KVC_ERR_NULL;
     p = c->pool;
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (d->n_queries < 1 || d->n_heads < 1 || d->n_heads % p->cfg.n_kv_heads != 0) return KVC_ERR_INVALID;
     if (d->window < 0 || !(d->scale >= 0.0f) || d->scale == INFINITY) return KVC_ERR_INVALID;
+    if (d->scratch == NULL && d->scratch_bytes != 0) return KVC_ERR_INVALID;
     if (kvc__batch_open(c) && !c->batch_put[layer]) return KVC_ERR_STATE;
     if (c->cfg.kind != KVC_KIND_CAUSAL) return d->pos == NULL && d->n_queries > c->offset ? KVC_ERR_RANGE : KVC_OK;
     if (d->pos == NULL) return d->n_queries == c->batch_n ? KVC_OK : KVC_ERR_RANGE;
@@ -2460,7 +4235,7 @@ static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const 
     return KVC_OK;
 }
 
-/* Query qi of a call: its position, sequence and causality. */
+/* Query qi of a call: its position, sequence, causality and span. */
 static kvc__query kvc__query_of(const kvc_cache *c, const kvc_attention_desc *d, int32_t qi) {
     kvc__query q;
     q.window = d->window;
@@ -2474,37 +4249,478 @@ static kvc__query kvc__query_of(const kvc_cache *c, const kvc_attention_desc *d,
         q.pos = d->pos ? d->pos[qi] : c->offset - d->n_queries + qi;
         if (d->seq) q.seq = d->seq[qi];
     }
+    q.hi = q.non_causal ? INT64_MAX : q.pos;
+    q.lo = q.window > 0 ? (int64_t)q.pos - q.window + 1 : INT64_MIN;
+    q.sink_end = c->cfg.kind == KVC_KIND_ROTATING ? c->cfg.sinks : 0;
+    q.wlo = c->cfg.kind == KVC_KIND_ROTATING ? kvc__window_lo(c, q.pos) : INT64_MIN;
     return q;
 }
 
-KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc) {
-    const kvc_pool *p;
-    int32_t qi, h, group, hk, hv;
-    float scale, kbuf_small[512], vbuf_small[512], *kbuf = kbuf_small, *vbuf = vbuf_small;
-    kvc_result r = kvc__check_attention(cache, layer, desc);
-    if (r != KVC_OK) return r;
-    p = cache->pool;
-    if (p->external) return KVC_ERR_UNSUPPORTED; /* the K/V live in a device backend */
-    hk = p->cfg.head_dim_k;
-    hv = p->cfg.head_dim_v;
-    if (hk > 512 || hv > 512) { /* one head of K and of V as f32 */
-        kbuf = (float *)kvc__alloc(cache->pool, sizeof(float) * ((size_t)hk + (size_t)hv));
-        if (kbuf == NULL) return KVC_ERR_NO_MEMORY;
-        vbuf = kbuf + hk;
-    }
-    scale = desc->scale > 0.0f ? desc->scale : 1.0f / sqrtf((float)hk);
-    group = desc->n_heads / p->cfg.n_kv_heads;
-    for (qi = 0; qi < desc->n_queries; ++qi) {
-        kvc__query q = kvc__query_of(cache, desc, qi);
-        for (h = 0; h < desc->n_heads; ++h) {
-            size_t row = (size_t)qi * (size_t)desc->n_heads + (size_t)h;
-            kvc__attend_one(cache, layer, &q, h / group, desc->q + row * (size_t)hk, scale,
-                            desc->out + row * (size_t)hv, kbuf, vbuf);
+/* The bit mask of the n cells from page slot `slot` (the call's cell `index`) that
+   query q may see. */
+static uint32_t kvc__visible_mask(const kvc__attn *A, const kvc__query *q, uint32_t page, int32_t slot,
+                                  int32_t index, int32_t n) {
+    uint32_t m = 0;
+    int32_t i;
+    if (A->c->cfg.kind == KVC_KIND_CAUSAL) {
+        for (i = 0; i < n; ++i)
+            m |= (uint32_t)kvc__causal_visible(A->c, index + i, q->pos, q->seq, q->non_causal, q->window) << i;
+    } else {
+        const int32_t *key = kvc__pos_at(A->p, page, slot);
+        for (i = 0; i < n; ++i) {
+            int64_t k = key[i];
+            m |= (uint32_t)(k >= 0 && k <= q->hi && k >= q->lo && (k < q->sink_end || k >= q->wlo)) << i;
         }
     }
-    if (kbuf != kbuf_small) kvc__free(cache->pool, kbuf);
+    return m;
+}
+
+/* The cells a call reads: the view (FULL/ROTATING), or for CAUSAL the cells between
+   the first and last cell of the queries' sequences. */
+static void kvc__attn_iter(const kvc_cache *c, const kvc_attention_desc *d, kvc__iter *it) {
+    if (c->cfg.kind == KVC_KIND_CAUSAL) {
+        int32_t lo = INT32_MAX, hi = 0, i;
+        for (i = 0; i < d->n_queries; ++i) {
+            int32_t s = d->pos == NULL ? c->batch_seq[i] : d->seq[i];
+            lo = KVC__MIN(lo, c->seq_lo[s]);
+            hi = KVC__MAX(hi, c->seq_hi[s]);
+        }
+        /* from a multiple of the chunk size: blocks and chunks then sit at the same cells
+           whatever the other queries' sequences, so a query's result does not depend on them */
+        if (lo < hi) lo -= lo % KVC__CHUNK;
+        kvc__iter_init_cells(it, c, lo, KVC__MAX(lo, hi));
+    } else {
+        kvc__iter_init(it, c);
+    }
+}
+
+static size_t kvc__floats_aligned(size_t n) { return (n + 15) & ~(size_t)15; } /* 64-byte pieces */
+
+/* Task shapes and scratch layout; with base == NULL only *bytes is computed. */
+static void kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
+    const kvc_attention_desc *d = A->d;
+    size_t off = 0, n_tasks, n_workers;
+    kvc__iter it;
+    kvc__run run;
+    int32_t r = 0;
+    A->n_cells = A->n_runs = 0;
+    kvc__attn_iter(A->c, d, &it);
+    while (kvc__iter_next(&it, &run)) {
+        A->n_runs++;
+        A->n_cells += run.c1 - run.c0;
+    }
+    if (d->n_queries <= KVC__DECODE_QUERIES) { /* few queries: split the cells */
+        A->per_task = d->n_queries;
+        A->chunk = KVC__CHUNK;
+    } else { /* many: blocks of queries over every cell */
+        A->per_task = KVC__PREFILL_QUERIES;
+        A->chunk = KVC__MAX(A->n_cells, 1);
+    }
+    A->n_chunks = KVC__MAX(1, (A->n_cells + A->chunk - 1) / A->chunk);
+    A->n_qtasks = (d->n_queries + A->per_task - 1) / A->per_task;
+    A->rows_max = A->per_task * A->n_heads;
+    n_tasks = (size_t)A->n_qtasks * (size_t)A->n_chunks;
+    n_workers = A->p->cfg.parallel_for ? (size_t)A->p->cfg.n_workers : 1;
+    A->rows_floats = kvc__floats_aligned((size_t)A->rows_max * KVC__BLOCK +                 /* scores */
+                                         (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv) + /* tile */
+                                         KVC__BLOCK + (size_t)A->hv);                          /* padding rows */
+    A->rows_cap = A->per_task * A->group + 4;
+    A->work_floats = A->rows_floats + kvc__floats_aligned(kvc__rows_bytes(A) / sizeof(float) + 1);
+    A->runs = (kvc__run *)(void *)(base ? base + off : NULL);
+    off += kvc__floats_aligned(sizeof(kvc__run) * (size_t)A->n_runs) * sizeof(float);
+    A->run_start = (int32_t *)(void *)(base ? base + off : NULL);
+    off += kvc__floats_aligned((size_t)A->n_runs + 1) * sizeof(float);
+    A->ml = (float *)(void *)(base ? base + off : NULL);
+    off += kvc__floats_aligned(n_tasks * (size_t)A->rows_max * 2) * sizeof(float);
+    A->part = NULL;
+    if (A->n_chunks > 1) {
+        A->part = (float *)(void *)(base ? base + off : NULL);
+        off += kvc__floats_aligned(n_tasks * (size_t)A->rows_max * (size_t)A->hv) * sizeof(float);
+    }
+    A->work = (float *)(void *)(base ? base + off : NULL);
+    off += n_workers * A->work_floats * sizeof(float);
+    *bytes = off + 64; /* room to align the base */
+    if (base == NULL) return;
+    kvc__attn_iter(A->c, d, &it);
+    A->run_start[0] = 0;
+    while (kvc__iter_next(&it, &A->runs[r])) {
+        A->run_start[r + 1] = A->run_start[r] + A->runs[r].c1 - A->runs[r].c0;
+        ++r;
+    }
+}
+
+
+/* Fused kernel calls take strips of KVC__STRIP whole rows, so that the kv heads'
+   slices of those rows are read one after another and the reads stream. */
+
+static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t nq, const uint32_t *vis, float *ml,
+                              float *acc, float *s, float *pad_s, float *pad_acc, kvc__rows *R) {
+    int32_t q, g, r;
+    R->n = 0;
+    for (q = 0; q < nq; ++q) {
+        if (vis[q] == 0) continue;
+        for (g = 0; g < A->group; ++g) {
+            int32_t head = h * A->group + g, row = q * A->n_heads + head;
+            R->q[R->n] = A->d->q + ((size_t)(q0 + q) * (size_t)A->n_heads + (size_t)head) * (size_t)A->hk;
+            R->s[R->n] = s + (size_t)row * KVC__BLOCK;
+            R->acc[R->n] = acc + (size_t)row * A->hv;
+            R->ml[R->n] = ml + 2 * (size_t)row;
+            R->vis[R->n++] = vis[q];
+        }
+    }
+    for (r = R->n; r % 4 != 0 && R->n > 1; ++r) {
+        R->q[r] = R->q[0];
+        R->s[r] = pad_s;
+        R->acc[r] = pad_acc;
+    }
+}
+
+/* Mask a row's scores, fold its block into the online softmax; the scores become
+   the weights of the V accumulation. */
+static void kvc__attn_softmax(const kvc__attn *A, float *s, float *ml, float *acc, uint32_t vis, int32_t n) {
+    float bm = A->kern->masked_max(s, n, vis) * A->scale;
+    if (bm > ml[0]) { /* a new maximum: rescale what the row has */
+        if (ml[0] != -INFINITY) {
+            float r = expf(ml[0] - bm);
+            ml[1] *= r;
+            A->kern->scale(acc, A->hv, r);
+        }
+        ml[0] = bm;
+    }
+    ml[1] += A->kern->exp_sum(s, n, vis, A->scale, ml[0]);
+}
+
+/* Fused scores of every head's rows against cells [c, c + m) of the block. */
+static void kvc__fused_scores(const kvc__attn *A, const kvc__rows *R, const unsigned char *k0, int32_t c, int32_t m) {
+    const kvc_pool *p = A->p;
+    size_t slice = kvc__row_bytes(p->cfg.type_k, 1, A->hk);
+    int32_t h, r, j;
+    for (h = 0; h < A->n_kv; ++h) {
+        const unsigned char *k = k0 + (size_t)c * p->k_row + (size_t)h * slice;
+        for (r = 0; r < R[h].n; r += 4) {
+            float *s[4];
+            for (j = 0; j < 4; ++j) s[j] = R[h].s[R[h].n == 1 ? 0 : r + j] + c; /* one row: not padded */
+            A->kern->scores[p->cfg.type_k](R[h].q + r, R[h].n - r == 1 ? 1 : 4, k, p->k_row, A->hk, m, s);
+        }
+    }
+}
+
+static void kvc__fused_values(const kvc__attn *A, const kvc__rows *R, const unsigned char *v0, int32_t c, int32_t m) {
+    const kvc_pool *p = A->p;
+    size_t slice = kvc__row_bytes(p->cfg.type_v, 1, A->hv);
+    int32_t h, r, j;
+    for (h = 0; h < A->n_kv; ++h) {
+        const unsigned char *v = v0 + (size_t)c * p->v_row + (size_t)h * slice;
+        for (r = 0; r < R[h].n; r += 4) {
+            const float *w[4];
+            for (j = 0; j < 4; ++j) w[j] = R[h].s[R[h].n == 1 ? 0 : r + j] + c;
+            A->kern->values[p->cfg.type_v](R[h].acc + r, R[h].n - r == 1 ? 1 : 4, w, v, p->v_row, A->hv, m);
+        }
+    }
+}
+
+/* One block of n cells (page slots [slot, slot + n)) for every kv head: scores, online
+   softmax and V accumulation of the rows of the task's queries that see any of them.
+   Fused kernels walk the block in whole-row strips; otherwise each kv head's slice is
+   converted into an f32 tile first. */
+/* Ask for bytes the next block will read (into L2): the hardware prefetchers alone
+   leave a single thread well below its streaming bandwidth here. */
+static void kvc__prefetch(const unsigned char *p, size_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+    size_t i;
+    for (i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 2);
+#else
+    (void)p; (void)bytes;
+#endif
+}
+
+static void kvc__attn_block(const kvc__attn *A, uint32_t page, int32_t slot, int32_t n, int32_t n_next, int32_t q0,
+                            int32_t nq, const uint32_t *vis, float *ml, float *acc, float *work, kvc__rows *R) {
+    const kvc_pool *p = A->p;
+    float *s = work, *tile = s + (size_t)A->rows_max * KVC__BLOCK;
+    float *pad_s = tile + (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv), *pad_acc = pad_s + KVC__BLOCK;
+    const unsigned char *k0 = kvc__k_at(p, A->layer, page, slot), *v0 = kvc__v_at(p, A->layer, page, slot);
+    int32_t h, r, c, i;
+    for (h = 0; h < A->n_kv; ++h) kvc__rows_of_head(A, h, q0, nq, vis, ml, acc, s, pad_s, pad_acc, &R[h]);
+    if (R[0].n == 0) return;
+    kvc__prefetch(k0 + (size_t)n * p->k_row, (size_t)n_next * p->k_row);
+    if (A->fused_k) {
+        for (c = 0; c < n; c += KVC__STRIP) kvc__fused_scores(A, R, k0, c, KVC__MIN(KVC__STRIP, n - c));
+    } else {
+        for (h = 0; h < A->n_kv; ++h) {
+            size_t off = kvc__row_bytes(p->cfg.type_k, h, A->hk);
+            for (i = 0; i < n; ++i) p->tk.to_f32(k0 + (size_t)i * p->k_row + off, tile + (size_t)i * A->hk, A->hk);
+            for (r = 0; r < R[h].n; ++r) A->kern->dot(R[h].q[r], tile, A->hk, (size_t)A->hk, n, R[h].s[r]);
+        }
+    }
+    for (h = 0; h < A->n_kv; ++h)
+        for (r = 0; r < R[h].n; ++r) kvc__attn_softmax(A, R[h].s[r], R[h].ml[r], R[h].acc[r], R[h].vis[r], n);
+    memset(pad_s, 0, sizeof(float) * KVC__BLOCK);
+    kvc__prefetch(v0 + (size_t)n * p->v_row, (size_t)n_next * p->v_row);
+    if (A->fused_v) {
+        for (c = 0; c < n; c += KVC__STRIP) kvc__fused_values(A, R, v0, c, KVC__MIN(KVC__STRIP, n - c));
+    } else {
+        for (h = 0; h < A->n_kv; ++h) {
+            size_t off = kvc__row_bytes(p->cfg.type_v, h, A->hv);
+            for (i = 0; i < n; ++i) p->tv.to_f32(v0 + (size_t)i * p->v_row + off, tile + (size_t)i * A->hv, A->hv);
+            for (r = 0; r < R[h].n; ++r) A->kern->axpy(R[h].acc[r], R[h].s[r], tile, A->hv, (size_t)A->hv, n);
+        }
+    }
+}
+
+/* Task t: the queries of block t / n_chunks over the cells of chunk t % n_chunks. */
+static void kvc__attn_task(void *ctx, int32_t task, int32_t worker) {
+    const kvc__attn *A = (const kvc__attn *)ctx;
+    const kvc_attention_desc *d = A->d;
+    int32_t qt = task / A->n_chunks, ch = task % A->n_chunks, q0 = qt * A->per_task;
+    int32_t nq = KVC__MIN(A->per_task, d->n_queries - q0), rows = nq * A->n_heads;
+    int32_t cell = ch * A->chunk, end = KVC__MIN(A->n_cells, cell + A->chunk), lo = 0, hi = A->n_runs, i, q;
+    float *ml = A->ml + (size_t)task * (size_t)A->rows_max * 2;
+    float *acc = A->part ? A->part + (size_t)task * (size_t)A->rows_max * (size_t)A->hv
+                         : d->out + (size_t)q0 * (size_t)A->n_heads * (size_t)A->hv;
+    float *work = A->work + (size_t)worker * A->work_floats;
+    kvc__rows *lists = kvc__rows_carve(A, work + A->rows_floats);
+    kvc__query qs[KVC__PREFILL_QUERIES];
+    uint32_t vis[KVC__PREFILL_QUERIES];
+    for (i = 0; i < rows; ++i) { ml[2 * i] = -INFINITY; ml[2 * i + 1] = 0.0f; }
+    memset(acc, 0, sizeof(float) * (size_t)rows * (size_t)A->hv);
+    for (q = 0; q < nq; ++q) qs[q] = kvc__query_of(A->c, d, q0 + q);
+    while (hi - lo > 1) { /* the run holding the chunk's first cell */
+        int32_t mid = (lo + hi) / 2;
+        if (A->run_start[mid] <= cell) lo = mid; else hi = mid;
+    }
+    while (cell < end) {
+        const kvc__run *run = &A->runs[lo];
+        int32_t off = cell - A->run_start[lo], n = KVC__MIN(KVC__BLOCK, KVC__MIN(end, A->run_start[lo + 1]) - cell);
+        uint32_t any = 0;
+        for (q = 0; q < nq; ++q) any |= vis[q] = kvc__visible_mask(A, &qs[q], run->page, run->c0 + off, run->t0 + off, n);
+        if (any) /* the next block of the same run is prefetched */
+            kvc__attn_block(A, run->page, run->c0 + off, n, KVC__MIN(KVC__BLOCK, KVC__MIN(end, A->run_start[lo + 1]) - cell - n),
+                            q0, nq, vis, ml, acc, work, lists);
+        cell += n;
+        if (cell == A->run_start[lo + 1]) ++lo;
+    }
+    if (A->part == NULL) /* the only chunk: normalise in place */
+        for (i = 0; i < rows; ++i)
+            if (ml[2 * i + 1] > 0.0f) A->kern->scale(acc + (size_t)i * A->hv, A->hv, 1.0f / ml[2 * i + 1]);
+}
+
+/* Split-K: out = sum_k exp(m_k - M) acc_k / sum_k exp(m_k - M) l_k, chunks in order. */
+static void kvc__attn_merge(const kvc__attn *A) {
+    const kvc_attention_desc *d = A->d;
+    int32_t qt, row, ch;
+    for (qt = 0; qt < A->n_qtasks; ++qt) {
+        int32_t q0 = qt * A->per_task, rows = KVC__MIN(A->per_task, d->n_queries - q0) * A->n_heads;
+        for (row = 0; row < rows; ++row) {
+            float *out = d->out + ((size_t)q0 * (size_t)A->n_heads + (size_t)row) * (size_t)A->hv, M = -INFINITY, L = 0.0f;
+            memset(out, 0, sizeof(float) * (size_t)A->hv);
+            for (ch = 0; ch < A->n_chunks; ++ch)
+                M = KVC__MAX(M, A->ml[((size_t)qt * A->n_chunks + ch) * (size_t)A->rows_max * 2 + 2 * (size_t)row]);
+            if (M == -INFINITY) continue; /* nothing visible */
+            for (ch = 0; ch < A->n_chunks; ++ch) {
+                size_t t = (size_t)qt * A->n_chunks + ch;
+                const float *ml = A->ml + t * (size_t)A->rows_max * 2 + 2 * (size_t)row;
+                float w;
+                if (ml[0] == -INFINITY) continue;
+                w = expf(ml[0] - M);
+                L += w * ml[1];
+                A->kern->axpy(out, &w, A->part + (t * (size_t)A->rows_max + (size_t)row) * (size_t)A->hv, A->hv, 0, 1);
+            }
+            A->kern->scale(out, A->hv, 1.0f / L);
+        }
+    }
+}
+
+static void kvc__attn_init(kvc__attn *A, const kvc_cache *c, int32_t layer, const kvc_attention_desc *d) {
+    memset(A, 0, sizeof(*A));
+    A->c = c;
+    A->p = c->pool;
+    A->d = d;
+    A->kern = c->pool->kern;
+    A->layer = layer;
+    A->n_heads = d->n_heads;
+    A->n_kv = c->pool->cfg.n_kv_heads;
+    A->group = d->n_heads / A->n_kv;
+    A->hk = c->pool->cfg.head_dim_k;
+    A->hv = c->pool->cfg.head_dim_v;
+    A->scale = d->scale > 0.0f ? d->scale : 1.0f / sqrtf((float)A->hk);
+    A->fused_k = A->kern->scores[c->pool->cfg.type_k] != NULL && A->hk % A->kern->lanes == 0 && A->hk <= 1024;
+    A->fused_v = A->kern->values[c->pool->cfg.type_v] != NULL && A->hv % A->kern->lanes == 0 && A->hv <= 1024;
+}
+
+KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc, size_t *bytes) {
+    kvc__attn A;
+    kvc_attention_desc d;
+    kvc_result r;
+    if (bytes == NULL) return KVC_ERR_NULL;
+    if (desc == NULL) return KVC_ERR_NULL;
+    d = *desc;
+    d.scratch = NULL;
+    d.scratch_bytes = 0;
+    r = kvc__check_attention(cache, 0, &d);
+    if (r != KVC_OK) return r;
+    kvc__attn_init(&A, cache, 0, &d);
+    kvc__attn_plan(&A, NULL, bytes);
     return KVC_OK;
 }
+
+KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc) {
+    kvc__attn A;
+    size_t bytes;
+    unsigned char *mem, *base;
+    int32_t n_tasks, t;
+    kvc_result r = kvc__check_attention(cache, layer, desc);
+    if (r != KVC_OK) return r;
+    if (desc->q == NULL || desc->out == NULL) return KVC_ERR_NULL;
+    if (cache->pool->external) return KVC_ERR_UNSUPPORTED; /* the K/V live in a device backend */
+    kvc__attn_init(&A, cache, layer, desc);
+    kvc__attn_plan(&A, NULL, &bytes);
+    if (desc->scratch != NULL) {
+        if (desc->scratch_bytes < bytes) return KVC_ERR_RANGE;
+        mem = (unsigned char *)desc->scratch;
+    } else {
+        mem = (unsigned char *)kvc__alloc(cache->pool, bytes);
+        if (mem == NULL) return KVC_ERR_NO_MEMORY;
+    }
+    base = mem + ((64 - ((uintptr_t)mem & 63)) & 63);
+    kvc__attn_plan(&A, base, &bytes);
+    n_tasks = A.n_qtasks * A.n_chunks;
+    if (cache->pool->cfg.parallel_for != NULL && n_tasks > 1)
+        cache->pool->cfg.parallel_for(cache->pool->cfg.parallel_user, n_tasks, kvc__attn_task, &A);
+    else
+        for (t = 0; t < n_tasks; ++t) kvc__attn_task(&A, t, 0);
+    if (A.part != NULL) kvc__attn_merge(&A);
+    if (desc->scratch == NULL) kvc__free(cache->pool, mem);
+    return KVC_OK;
+}
+
+/* ---- Layer 6: the optional pthread helper (KVCACHE_THREADS) ------------------------ */
+#ifdef KVCACHE_THREADS
+#include <pthread.h>
+
+struct kvc_threads {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    pthread_t *threads;
+    int32_t n_threads, started; /* workers, the caller included; background threads running */
+    kvc_task_fn fn;             /* the job being run */
+    void *ctx;
+    int32_t n_tasks, next_task, busy; /* busy: background workers still in this job */
+    uint32_t generation;        /* bumped per job, so a worker takes each job once */
+    int stop;
+};
+typedef struct kvc__thread_arg {
+    kvc_threads *pool;
+    int32_t worker;
+} kvc__thread_arg;
+
+/* take tasks until none is left */
+static void kvc__threads_drain(kvc_threads *t, int32_t worker) {
+    for (;;) {
+        int32_t task;
+        pthread_mutex_lock(&t->lock);
+        task = t->next_task < t->n_tasks ? t->next_task++ : -1;
+        pthread_mutex_unlock(&t->lock);
+        if (task < 0) return;
+        t->fn(t->ctx, task, worker);
+    }
+}
+
+static void *kvc__thread_main(void *arg) {
+    kvc_threads *t = ((kvc__thread_arg *)arg)->pool;
+    int32_t worker = ((kvc__thread_arg *)arg)->worker;
+    uint32_t seen = 0;
+    KVCACHE_FREE(arg, NULL);
+    for (;;) {
+        pthread_mutex_lock(&t->lock);
+        while (!t->stop && t->generation == seen) pthread_cond_wait(&t->wake, &t->lock);
+        if (t->stop) { pthread_mutex_unlock(&t->lock); return NULL; }
+        seen = t->generation;
+        pthread_mutex_unlock(&t->lock);
+        kvc__threads_drain(t, worker);
+        pthread_mutex_lock(&t->lock);
+        if (--t->busy == 0) pthread_cond_signal(&t->done);
+        pthread_mutex_unlock(&t->lock);
+    }
+}
+
+KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx) {
+    kvc_threads *t = (kvc_threads *)threads;
+    pthread_mutex_lock(&t->lock);
+    t->fn = fn;
+    t->ctx = ctx;
+    t->n_tasks = n_tasks;
+    t->next_task = 0;
+    t->busy = t->started;
+    t->generation++;
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    kvc__threads_drain(t, 0); /* the caller is worker 0 */
+    pthread_mutex_lock(&t->lock);
+    while (t->busy > 0) pthread_cond_wait(&t->done, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+}
+
+KVCDEF kvc_result kvc_threads_destroy(kvc_threads *t) {
+    int32_t i;
+    if (t == NULL) return KVC_ERR_NULL;
+    pthread_mutex_lock(&t->lock);
+    t->stop = 1;
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    for (i = 0; i < t->started; ++i) pthread_join(t->threads[i], NULL);
+    pthread_cond_destroy(&t->done);
+    pthread_cond_destroy(&t->wake);
+    pthread_mutex_destroy(&t->lock);
+    KVCACHE_FREE(t->threads, NULL);
+    KVCACHE_FREE(t, NULL);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out) {
+    kvc_threads *t;
+    int32_t i;
+    if (out == NULL) return KVC_ERR_NULL;
+    if (n_threads < 1 || n_threads > 1024) return KVC_ERR_INVALID;
+    t = (kvc_threads *)KVCACHE_MALLOC(sizeof(*t), NULL);
+    if (t == NULL) return KVC_ERR_NO_MEMORY;
+    memset(t, 0, sizeof(*t));
+    t->threads = (pthread_t *)KVCACHE_MALLOC(sizeof(pthread_t) * (size_t)n_threads, NULL);
+    if (t->threads == NULL || pthread_mutex_init(&t->lock, NULL) != 0) {
+        KVCACHE_FREE(t->threads, NULL);
+        KVCACHE_FREE(t, NULL);
+        return KVC_ERR_NO_MEMORY;
+    }
+    pthread_cond_init(&t->wake, NULL);
+    pthread_cond_init(&t->done, NULL);
+    t->n_threads = n_threads;
+    for (i = 1; i < n_threads; ++i) {
+        kvc__thread_arg *arg = (kvc__thread_arg *)KVCACHE_MALLOC(sizeof(*arg), NULL);
+        if (arg == NULL) break;
+        arg->pool = t;
+        arg->worker = i;
+        if (pthread_create(&t->threads[t->started], NULL, kvc__thread_main, arg) != 0) {
+            KVCACHE_FREE(arg, NULL);
+            break;
+        }
+        t->started++;
+    }
+    if (t->started != n_threads - 1) {
+        kvc_threads_destroy(t);
+        return KVC_ERR_NO_MEMORY;
+    }
+    *out = t;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_threads_attach(kvc_threads *t, kvc_pool_config *cfg) {
+    if (t == NULL || cfg == NULL) return KVC_ERR_NULL;
+    cfg->parallel_for = kvc_threads_parallel_for;
+    cfg->parallel_user = t;
+    cfg->n_workers = t->n_threads;
+    return KVC_OK;
+}
+#endif /* KVCACHE_THREADS */
 
 /* ---- Views for callers with their own attention ---------------------------------- */
 
@@ -2569,6 +4785,892 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
     }
     return KVC_OK;
 }
+
+/* ---- Layer 7: persistence ------------------------------------------------------------
+   A saved object: "KVCACHE\x1a", u32 version, u32 what, then the sections CONF, META,
+   TOKS, CELL and KV, each u32 tag, u32 0, u64 length, the payload and the XXH64 (seed 0)
+   of everything from the tag to the payload's end. Integers are little-endian. The
+   layout of each section is in the README ("Saved format"). A load reads into fresh
+   pages and scratch memory and changes its target only after the last checksum. */
+
+#define KVC__FORMAT_VERSION 1u
+#define KVC__WHAT_CACHE 1u
+#define KVC__WHAT_SEQ 2u
+#define KVC__WHAT_ENTRY 3u
+#define KVC__TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
+#define KVC__CONF_BYTES 80u
+#define KVC__META_BYTES 24u
+
+static const unsigned char kvc__magic[8] = {'K', 'V', 'C', 'A', 'C', 'H', 'E', 0x1a};
+
+static int kvc__little_endian(void) {
+    const uint16_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+/* XXH64, streaming (the reference algorithm; seed 0). */
+#define KVC__P1 0x9E3779B185EBCA87ull
+#define KVC__P2 0xC2B2AE3D27D4EB4Full
+#define KVC__P3 0x165667B19E3779F9ull
+#define KVC__P4 0x85EBCA77C2B2AE63ull
+#define KVC__P5 0x27D4EB2F165667C5ull
+
+typedef struct kvc__xxh {
+    uint64_t v[4], total;
+    unsigned char buf[32];
+    size_t n_buf;
+} kvc__xxh;
+
+static uint64_t kvc__rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static uint64_t kvc__le64(const unsigned char *p) {
+    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 |
+           (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
+}
+static uint32_t kvc__le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void kvc__put32(unsigned char *p, uint32_t x) {
+    p[0] = (unsigned char)x; p[1] = (unsigned char)(x >> 8); p[2] = (unsigned char)(x >> 16); p[3] = (unsigned char)(x >> 24);
+}
+static void kvc__put64(unsigned char *p, uint64_t x) {
+    kvc__put32(p, (uint32_t)x);
+    kvc__put32(p + 4, (uint32_t)(x >> 32));
+}
+static uint64_t kvc__xxh_round(uint64_t acc, uint64_t in) { return kvc__rotl(acc + in * KVC__P2, 31) * KVC__P1; }
+
+static void kvc__xxh_init(kvc__xxh *h) {
+    memset(h, 0, sizeof(*h));
+    h->v[0] = KVC__P1 + KVC__P2;
+    h->v[1] = KVC__P2;
+    h->v[2] = 0;
+    h->v[3] = 0 - KVC__P1;
+}
+
+/* Whole 32-byte stripes of p[0 .. n): the lanes live in locals, not behind h (the byte
+   loads could alias them), which keeps the loop at memory speed. */
+static void kvc__xxh_stripes(kvc__xxh *h, const unsigned char *p, size_t n) {
+    uint64_t v0 = h->v[0], v1 = h->v[1], v2 = h->v[2], v3 = h->v[3], w[4];
+    int le = kvc__little_endian(), i;
+    for (; n >= 32; p += 32, n -= 32) {
+        memcpy(w, p, 32); /* one load per lane (kvc__le64 is a call at -O2) */
+        if (!le)
+            for (i = 0; i < 4; ++i) w[i] = kvc__le64(p + 8 * i);
+        v0 = kvc__xxh_round(v0, w[0]);
+        v1 = kvc__xxh_round(v1, w[1]);
+        v2 = kvc__xxh_round(v2, w[2]);
+        v3 = kvc__xxh_round(v3, w[3]);
+    }
+    h->v[0] = v0;
+    h->v[1] = v1;
+    h->v[2] = v2;
+    h->v[3] = v3;
+}
+
+static void kvc__xxh_update(kvc__xxh *h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    h->total += n;
+    if (h->n_buf > 0) {
+        size_t k = KVC__MIN(n, 32 - h->n_buf);
+        memcpy(h->buf + h->n_buf, p, k);
+        h->n_buf += k;
+        p += k;
+        n -= k;
+        if (h->n_buf < 32) return;
+        kvc__xxh_stripes(h, h->buf, 32);
+        h->n_buf = 0;
+    }
+    kvc__xxh_stripes(h, p, n);
+    p += n & ~(size_t)31;
+    n &= 31;
+    memcpy(h->buf, p, n);
+    h->n_buf = n;
+}
+
+static uint64_t kvc__xxh_digest(const kvc__xxh *h) {
+    uint64_t x;
+    const unsigned char *p = h->buf;
+    size_t n = h->n_buf, i;
+    if (h->total >= 32) {
+        x = kvc__rotl(h->v[0], 1) + kvc__rotl(h->v[1], 7) + kvc__rotl(h->v[2], 12) + kvc__rotl(h->v[3], 18);
+        for (i = 0; i < 4; ++i) x = (x ^ kvc__xxh_round(0, h->v[i])) * KVC__P1 + KVC__P4;
+    } else {
+        x = KVC__P5;
+    }
+    x += h->total;
+    for (; n >= 8; p += 8, n -= 8) x = kvc__rotl(x ^ kvc__xxh_round(0, kvc__le64(p)), 27) * KVC__P1 + KVC__P4;
+    if (n >= 4) { x = kvc__rotl(x ^ (uint64_t)kvc__le32(p) * KVC__P1, 23) * KVC__P2 + KVC__P3; p += 4; n -= 4; }
+    for (; n > 0; ++p, --n) x = kvc__rotl(x ^ (uint64_t)*p * KVC__P5, 11) * KVC__P1;
+    x ^= x >> 33;
+    x *= KVC__P2;
+    x ^= x >> 29;
+    x *= KVC__P3;
+    return x ^ (x >> 32);
+}
+
+/* ---- writing ---- */
+
+typedef struct kvc__wr {
+    const kvc_io *io;
+    kvc__xxh h;
+    int failed;
+} kvc__wr;
+
+static void kvc__w_bytes(kvc__wr *w, const void *data, size_t n) {
+    if (w->failed || n == 0) return;
+    kvc__xxh_update(&w->h, data, n);
+    if (w->io->write(w->io->user, data, n) != n) w->failed = 1;
+}
+static void kvc__w_u32(kvc__wr *w, uint32_t x) {
+    unsigned char b[4];
+    kvc__put32(b, x);
+    kvc__w_bytes(w, b, 4);
+}
+static void kvc__w_section(kvc__wr *w, uint32_t tag, uint64_t length) {
+    unsigned char b[16];
+    kvc__put32(b, tag);
+    kvc__put32(b + 4, 0);
+    kvc__put64(b + 8, length);
+    kvc__xxh_init(&w->h);
+    kvc__w_bytes(w, b, 16);
+}
+static void kvc__w_end(kvc__wr *w) { /* the checksum is not part of what it covers */
+    unsigned char b[8];
+    kvc__put64(b, kvc__xxh_digest(&w->h));
+    if (!w->failed && w->io->write(w->io->user, b, 8) != 8) w->failed = 1;
+}
+
+/* The header and the CONF section: everything a load checks before reading data. */
+static void kvc__w_head(kvc__wr *w, const kvc_cache *c, uint32_t what, kvc_namespace ns) {
+    const kvc_pool_config *pc = &c->pool->cfg;
+    const kvc_cache_config *cc = &c->cfg;
+    unsigned char b[16];
+    memcpy(b, kvc__magic, 8);
+    kvc__put32(b + 8, KVC__FORMAT_VERSION);
+    kvc__put32(b + 12, what);
+    if (w->io->write(w->io->user, b, 16) != 16) w->failed = 1;
+    kvc__w_section(w, KVC__TAG('C', 'O', 'N', 'F'), KVC__CONF_BYTES);
+    kvc__w_u32(w, (uint32_t)pc->n_layers);
+    kvc__w_u32(w, (uint32_t)pc->n_kv_heads);
+    kvc__w_u32(w, (uint32_t)pc->head_dim_k);
+    kvc__w_u32(w, (uint32_t)pc->head_dim_v);
+    kvc__w_u32(w, (uint32_t)pc->type_k);
+    kvc__w_u32(w, (uint32_t)pc->type_v);
+    kvc__w_u32(w, (uint32_t)c->pool->page_cells);
+    kvc__w_u32(w, (uint32_t)cc->kind);
+    kvc__w_u32(w, (uint32_t)cc->window);
+    kvc__w_u32(w, (uint32_t)cc->sinks);
+    kvc__w_u32(w, (uint32_t)cc->capacity);
+    kvc__w_u32(w, (uint32_t)cc->max_seqs);
+    kvc__w_u32(w, (uint32_t)cc->chunk);
+    kvc__w_u32(w, (uint32_t)cc->padding);
+    kvc__w_u32(w, 0);
+    kvc__w_u32(w, 0);
+    kvc__put64(b, ns.model);
+    kvc__put64(b + 8, ns.salt);
+    kvc__w_bytes(w, b, 16);
+    kvc__w_end(w);
+}
+
+static void kvc__w_meta(kvc__wr *w, const int32_t m[6]) {
+    int i;
+    kvc__w_section(w, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
+    for (i = 0; i < 6; ++i) kvc__w_u32(w, (uint32_t)m[i]);
+    kvc__w_end(w);
+}
+
+static void kvc__w_tokens(kvc__wr *w, const int32_t *tokens, int32_t n) {
+    int32_t i;
+    kvc__w_section(w, KVC__TAG('T', 'O', 'K', 'S'), 4 * (uint64_t)n);
+    for (i = 0; i < n; ++i) kvc__w_u32(w, (uint32_t)tokens[i]);
+    kvc__w_end(w);
+}
+
+/* The cells a save writes: n runs of consecutive cells, each one page's [c0, c1). */
+typedef struct kvc__cellset {
+    const kvc_cache *c;
+    int32_t n_cells;
+    int32_t seq;      /* CAUSAL sequence save: only its cells; -1: every used cell */
+} kvc__cellset;
+
+/* Visit the saved cells in order: FULL/ROTATING the held pages' tokens below offset,
+   CAUSAL the used cells (of one sequence). */
+static int kvc__cell_next(const kvc__cellset *s, int32_t *i, uint32_t *page, int32_t *slot) {
+    const kvc_cache *c = s->c;
+    int32_t pc = c->pool->page_cells;
+    if (c->cfg.kind != KVC_KIND_CAUSAL) { /* *i = page-table index * pc + slot */
+        for (;;) {
+            int32_t idx = *i / pc, sl = *i % pc;
+            if (idx >= c->n_pages) return 0;
+            if ((int64_t)kvc__entry_lpage(c, idx) * pc + sl < c->offset) {
+                *page = c->pages[idx];
+                *slot = sl;
+                (*i)++;
+                return 1;
+            }
+            *i = (idx + 1) * pc;
+        }
+    }
+    for (; *i < c->capacity; ++*i) {
+        int used = s->seq >= 0 ? kvc__cell_has(c, *i, s->seq) : !kvc__cell_empty(c, *i);
+        if (used) {
+            *page = c->pages[*i / pc];
+            *slot = *i % pc;
+            (*i)++;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int32_t kvc__cell_count(const kvc__cellset *s) {
+    int32_t i = 0, n = 0, slot;
+    uint32_t page;
+    while (kvc__cell_next(s, &i, &page, &slot)) n++;
+    return n;
+}
+
+/* CELL: per cell its position; a CAUSAL cache also its index and sequence set words. */
+static void kvc__w_cells(kvc__wr *w, const kvc__cellset *s, int with_seqs) {
+    const kvc_cache *c = s->c;
+    int32_t i = 0, slot, k;
+    uint32_t page;
+    uint64_t per = with_seqs ? 8 + 4 * (uint64_t)c->words : 4;
+    kvc__w_section(w, KVC__TAG('C', 'E', 'L', 'L'), per * (uint64_t)s->n_cells);
+    while (kvc__cell_next(s, &i, &page, &slot)) {
+        if (with_seqs) kvc__w_u32(w, (uint32_t)(i - 1));
+        kvc__w_u32(w, (uint32_t)*kvc__pos_at(c->pool, page, slot));
+        if (with_seqs)
+            for (k = 0; k < c->words; ++k) kvc__w_u32(w, c->seqs[(size_t)(i - 1) * c->words + k]);
+    }
+    kvc__w_end(w);
+}
+
+/* KV: layer by layer, the K rows of the cells then their V rows, runs of one page at a time. */
+static void kvc__w_kv(kvc__wr *w, const kvc__cellset *s) {
+    const kvc_pool *p = s->c->pool;
+    int32_t l, kv, i, slot, run_slot = 0, run_n = 0;
+    uint32_t page, run_page = 0;
+    kvc__w_section(w, KVC__TAG('K', 'V', 'D', 'T'), (uint64_t)p->cfg.n_layers * (uint64_t)s->n_cells * (p->k_row + p->v_row));
+    for (l = 0; l < p->cfg.n_layers; ++l)
+        for (kv = 0; kv < 2; ++kv) {
+            size_t row = kv ? p->v_row : p->k_row;
+            i = 0;
+            run_n = 0;
+            for (;;) {
+                int more = kvc__cell_next(s, &i, &page, &slot);
+                if (run_n > 0 && (!more || page != run_page || slot != run_slot + run_n)) {
+                    const unsigned char *src = kv ? kvc__v_at(p, l, run_page, run_slot) : kvc__k_at(p, l, run_page, run_slot);
+                    kvc__w_bytes(w, src, (size_t)run_n * row);
+                    run_n = 0;
+                }
+                if (!more) break;
+                if (run_n == 0) { run_page = page; run_slot = slot; }
+                run_n++;
+            }
+        }
+    kvc__w_end(w);
+}
+
+/* Every save ends here: finish the io, turn its failure into KVC_ERR_IO. */
+static kvc_result kvc__io_end(const kvc_io *io, kvc_result r) {
+    if (io->finish != NULL && io->finish(io->user, r == KVC_OK) != 0 && r == KVC_OK) r = KVC_ERR_IO;
+    return r;
+}
+
+static kvc_result kvc__check_io(const kvc_io *io, int writing) {
+    if (writing ? io->write == NULL : io->read == NULL) return KVC_ERR_NULL;
+    return kvc__little_endian() ? KVC_OK : KVC_ERR_UNSUPPORTED;
+}
+
+static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_namespace ns, const int32_t *tokens,
+                            int32_t n_tokens, const kvc_io *io) {
+    kvc__wr w;
+    kvc__cellset set;
+    int32_t meta[6] = {0, 0, 0, 0, 0, 0};
+    if (c->pool->external) return KVC_ERR_UNSUPPORTED; /* the K/V bytes live in a device backend */
+    set.c = c;
+    set.seq = seq;
+    set.n_cells = kvc__cell_count(&set);
+    meta[0] = n_tokens;
+    meta[1] = set.n_cells;
+    if (c->cfg.kind != KVC_KIND_CAUSAL) {
+        meta[2] = c->offset;
+        meta[3] = c->batch_begin;
+        meta[4] = c->first_lpage;
+        meta[5] = c->n_pages;
+    } else if (what == KVC__WHAT_CACHE) {
+        meta[2] = c->words;
+    }
+    memset(&w, 0, sizeof(w));
+    w.io = io;
+    kvc__w_head(&w, c, what, ns);
+    kvc__w_meta(&w, meta);
+    kvc__w_tokens(&w, tokens, n_tokens);
+    kvc__w_cells(&w, &set, c->cfg.kind == KVC_KIND_CAUSAL && what == KVC__WHAT_CACHE);
+    kvc__w_kv(&w, &set);
+    return w.failed ? KVC_ERR_IO : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_save(const kvc_cache *c, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 const kvc_io *io) {
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) r = KVC_ERR_NULL;
+    else if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) {}
+    else if (kvc__batch_open(c)) r = KVC_ERR_STATE;
+    else r = kvc__save(c, KVC__WHAT_CACHE, -1, ns, tokens, n_tokens, io);
+    return kvc__io_end(io, r);
+}
+
+KVCDEF kvc_result kvc_seq_save(const kvc_cache *c, int32_t seq, kvc_namespace ns, const int32_t *tokens,
+                               int32_t n_tokens, const kvc_io *io) {
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) r = KVC_ERR_NULL;
+    else if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK ||
+             (r = kvc__check_seq(c, seq)) != KVC_OK) {}
+    else if (kvc__batch_open(c)) r = KVC_ERR_STATE;
+    else if (!kvc__seq_known(c, seq)) r = KVC_ERR_NOT_FOUND;
+    else r = kvc__save(c, KVC__WHAT_SEQ, seq, ns, tokens, n_tokens, io);
+    return kvc__io_end(io, r);
+}
+
+/* ---- reading ---- */
+
+typedef struct kvc__rd {
+    const kvc_io *io;
+    kvc__xxh h;
+    uint64_t left;      /* payload bytes of the current section not read yet */
+    kvc_result err;     /* the first error; every later read is a no-op */
+} kvc__rd;
+
+static void kvc__r_fail(kvc__rd *r, kvc_result e) { if (r->err == KVC_OK) r->err = e; }
+
+static void kvc__r_raw(kvc__rd *r, void *dst, size_t n) {
+    if (r->err != KVC_OK || n == 0) return;
+    if (r->io->read(r->io->user, dst, n) != n) kvc__r_fail(r, KVC_ERR_TRUNCATED);
+}
+
+/* Payload bytes of the current section, hashed. */
+static void kvc__r_bytes(kvc__rd *r, void *dst, size_t n) {
+    if (r->err != KVC_OK) return;
+    if (n > r->left) { kvc__r_fail(r, KVC_ERR_CORRUPT); return; }
+    kvc__r_raw(r, dst, n);
+    kvc__xxh_update(&r->h, dst, n);
+    r->left -= n;
+}
+static uint32_t kvc__r_u32(kvc__rd *r) {
+    unsigned char b[4] = {0, 0, 0, 0};
+    kvc__r_bytes(r, b, 4);
+    return kvc__le32(b);
+}
+
+/* A section header: its tag and length must be what this object needs. */
+static void kvc__r_section(kvc__rd *r, uint32_t tag, uint64_t length) {
+    unsigned char b[16];
+    memset(b, 0, sizeof(b));
+    kvc__r_raw(r, b, 16);
+    if (r->err != KVC_OK) return;
+    kvc__xxh_init(&r->h);
+    kvc__xxh_update(&r->h, b, 16);
+    if (kvc__le32(b) != tag || kvc__le32(b + 4) != 0 || kvc__le64(b + 8) != length) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    r->left = length;
+}
+static void kvc__r_end(kvc__rd *r) {
+    unsigned char b[8];
+    memset(b, 0, sizeof(b));
+    if (r->err == KVC_OK && r->left != 0) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    kvc__r_raw(r, b, 8);
+    if (r->err == KVC_OK && kvc__le64(b) != kvc__xxh_digest(&r->h)) kvc__r_fail(r, KVC_ERR_CORRUPT);
+}
+
+/* What a load learns before it reads data. */
+typedef struct kvc__saved {
+    uint32_t what;
+    int32_t shape[7];          /* layers, kv heads, head dims, types, page cells */
+    kvc_cache_config cc;       /* kind, window, sinks, capacity, max_seqs, chunk, padding */
+    kvc_namespace ns;
+    int32_t meta[6];           /* n_tokens, n_cells, then per kind (see kvc__save) */
+} kvc__saved;
+
+/* Header, CONF and META, checked against the pool, the expected object and namespace. */
+static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namespace ns, kvc__saved *s) {
+    unsigned char b[16];
+    uint32_t f[16];
+    int32_t i;
+    memset(b, 0, sizeof(b));
+    kvc__r_raw(r, b, 16);
+    if (r->err != KVC_OK) return;
+    if (memcmp(b, kvc__magic, 8) != 0 || kvc__le32(b + 8) != KVC__FORMAT_VERSION) { kvc__r_fail(r, KVC_ERR_FORMAT); return; }
+    s->what = kvc__le32(b + 12);
+    if (s->what < KVC__WHAT_CACHE || s->what > KVC__WHAT_ENTRY) { kvc__r_fail(r, KVC_ERR_FORMAT); return; }
+    kvc__r_section(r, KVC__TAG('C', 'O', 'N', 'F'), KVC__CONF_BYTES);
+    for (i = 0; i < 16; ++i) f[i] = kvc__r_u32(r);
+    kvc__r_bytes(r, b, 16);
+    kvc__r_end(r);
+    if (r->err != KVC_OK) return;
+    for (i = 0; i < 7; ++i) s->shape[i] = (int32_t)f[i];
+    s->cc.kind = (kvc_kind)f[7];
+    s->cc.window = (int32_t)f[8];
+    s->cc.sinks = (int32_t)f[9];
+    s->cc.capacity = (int32_t)f[10];
+    s->cc.max_seqs = (int32_t)f[11];
+    s->cc.chunk = (int32_t)f[12];
+    s->cc.padding = (int32_t)f[13];
+    s->ns.model = kvc__le64(b);
+    s->ns.salt = kvc__le64(b + 8);
+    if (s->shape[0] != p->cfg.n_layers || s->shape[1] != p->cfg.n_kv_heads || s->shape[2] != p->cfg.head_dim_k ||
+        s->shape[3] != p->cfg.head_dim_v || s->shape[4] != (int32_t)p->cfg.type_k ||
+        s->shape[5] != (int32_t)p->cfg.type_v || s->shape[6] != p->page_cells || !kvc__ns_equal(s->ns, ns) ||
+        s->what != what) {
+        kvc__r_fail(r, KVC_ERR_MISMATCH);
+        return;
+    }
+    kvc__r_section(r, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
+    for (i = 0; i < 6; ++i) s->meta[i] = (int32_t)kvc__r_u32(r);
+    kvc__r_end(r);
+    if (r->err == KVC_OK && (s->meta[0] < 0 || s->meta[1] < 0)) kvc__r_fail(r, KVC_ERR_CORRUPT);
+}
+
+/* TOKS into dst (NULL: read and check only). */
+static void kvc__r_tokens(kvc__rd *r, int32_t *dst, int32_t n) {
+    int32_t i;
+    kvc__r_section(r, KVC__TAG('T', 'O', 'K', 'S'), 4 * (uint64_t)n);
+    for (i = 0; i < n && r->err == KVC_OK; ++i) {
+        uint32_t t = kvc__r_u32(r);
+        if (dst != NULL) dst[i] = (int32_t)t;
+    }
+    kvc__r_end(r);
+}
+
+/* Fresh pages for n cells, packed from slot 0 (the load's staging area). */
+static kvc_result kvc__stage_pages(kvc_pool *p, int32_t n_cells, uint32_t **pages, int32_t *n_pages) {
+    int32_t n = (int32_t)(((int64_t)n_cells + p->page_cells - 1) / p->page_cells), i;
+    *pages = NULL;
+    *n_pages = n;
+    if (n > p->n_free) return KVC_ERR_FULL;
+    *pages = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)KVC__MAX(n, 1));
+    if (*pages == NULL) return KVC_ERR_NO_MEMORY;
+    for (i = 0; i < n; ++i) (*pages)[i] = kvc__page_acquire(p);
+    return KVC_OK;
+}
+static void kvc__unstage_pages(kvc_pool *p, uint32_t *pages, int32_t n) {
+    int32_t i;
+    if (pages == NULL) return;
+    for (i = 0; i < n; ++i) kvc__page_release(p, pages[i]);
+    kvc__free(p, pages);
+}
+
+/* KV into the staged pages: cell i at page i / pc, slot i % pc. */
+static void kvc__r_kv(kvc__rd *r, kvc_pool *p, const uint32_t *pages, int32_t n_cells) {
+    int32_t pc = p->page_cells, l, kv, i;
+    kvc__r_section(r, KVC__TAG('K', 'V', 'D', 'T'), (uint64_t)p->cfg.n_layers * (uint64_t)n_cells * (p->k_row + p->v_row));
+    for (l = 0; l < p->cfg.n_layers; ++l)
+        for (kv = 0; kv < 2; ++kv)
+            for (i = 0; i < n_cells; i += pc) {
+                int32_t n = KVC__MIN(pc, n_cells - i);
+                unsigned char *dst = kv ? kvc__v_at(p, l, pages[i / pc], 0) : kvc__k_at(p, l, pages[i / pc], 0);
+                kvc__r_bytes(r, dst, (size_t)n * (kv ? p->v_row : p->k_row));
+            }
+    kvc__r_end(r);
+}
+
+/* FULL/ROTATING: is (offset, batch_begin, first_lpage, n_pages, n_cells) a state the
+   cache kind can be in, with every cell its view reads held? */
+static int kvc__linear_state_ok(const kvc_cache *c, const int32_t *m) {
+    int32_t pc = c->pool->page_cells, off = m[2], bb = m[3], first = m[4], np = m[5], n_cells = m[1];
+    int32_t nsp = c->n_sink_pages, last = off > 0 ? (off - 1) / pc : -1, sink_end, cells = 0, idx;
+    if (off < 0 || bb < 0 || bb > off || first < nsp || np < 0 || np > c->pool->max_pages) return 0;
+    if (c->cfg.kind == KVC_KIND_FULL && first != 0) return 0;
+    sink_end = KVC__MIN(nsp, last + 1);
+    if (first > KVC__MAX(last + 1, nsp)) return 0;
+    if (np != sink_end + KVC__MAX(0, last - first + 1)) return 0;
+    for (idx = 0; idx < np; ++idx) { /* cells below offset of each held page */
+        int32_t lp = idx < sink_end ? idx : first + (idx - sink_end);
+        cells += (int32_t)KVC__MIN((int64_t)pc, (int64_t)off - (int64_t)lp * pc);
+    }
+    if (cells != n_cells) return 0;
+    if (c->cfg.kind == KVC_KIND_ROTATING) { /* the view [b1, off) after the sinks is held */
+        int64_t lo = (int64_t)bb - (c->cfg.window - c->cfg.sinks) + 1, s = KVC__MIN(c->cfg.sinks, off);
+        int64_t b1 = KVC__MIN(KVC__MAX(lo, s), (int64_t)off);
+        if (b1 < off && KVC__MAX(b1 / pc, (int64_t)sink_end) <= KVC__MIN((int64_t)first - 1, (int64_t)last)) return 0;
+    }
+    return 1;
+}
+
+/* CELL of a FULL/ROTATING cache: positions must be the tokens the page table implies. */
+static void kvc__r_linear_cells(kvc__rd *r, const kvc_cache *c, const kvc__saved *s, const uint32_t *pages) {
+    int32_t pc = c->pool->page_cells, sink_end = KVC__MIN(c->n_sink_pages, s->meta[2] > 0 ? (s->meta[2] - 1) / pc + 1 : 0);
+    int32_t idx, k, cell = 0;
+    kvc__r_section(r, KVC__TAG('C', 'E', 'L', 'L'), 4 * (uint64_t)s->meta[1]);
+    for (idx = 0; idx < s->meta[5] && r->err == KVC_OK; ++idx) {
+        int32_t lp = idx < sink_end ? idx : s->meta[4] + (idx - sink_end);
+        int32_t n = (int32_t)KVC__MIN((int64_t)pc, (int64_t)s->meta[2] - (int64_t)lp * pc);
+        for (k = 0; k < n; ++k, ++cell) {
+            int32_t pos = (int32_t)kvc__r_u32(r);
+            if (r->err == KVC_OK && pos != lp * pc + k) kvc__r_fail(r, KVC_ERR_CORRUPT);
+            *kvc__pos_at(c->pool, pages[cell / pc], cell % pc) = pos;
+        }
+    }
+    kvc__r_end(r);
+}
+
+/* Reading CONF..KV of a FULL/ROTATING cache or entry into staged pages. */
+typedef struct kvc__staged {
+    uint32_t *pages;   /* packed cells */
+    int32_t n_pages;
+    kvc__saved s;
+    int32_t *tokens;   /* an entry's tokens (scratch) */
+} kvc__staged;
+
+static void kvc__staged_free(kvc_pool *p, kvc__staged *st) {
+    kvc__unstage_pages(p, st->pages, st->n_pages);
+    if (st->tokens != NULL) kvc__free(p, st->tokens);
+    st->pages = NULL;
+    st->tokens = NULL;
+}
+
+static void kvc__r_linear(kvc__rd *r, const kvc_cache *c, uint32_t what, kvc_namespace ns, kvc__staged *st,
+                          int32_t *tokens, int32_t max_tokens) {
+    kvc_pool *p = c->pool;
+    kvc_result e;
+    kvc__r_head(r, p, what, ns, &st->s);
+    if (r->err != KVC_OK) return;
+    if (st->s.cc.kind != c->cfg.kind || st->s.cc.window != c->cfg.window || st->s.cc.sinks != c->cfg.sinks) {
+        kvc__r_fail(r, KVC_ERR_MISMATCH);
+        return;
+    }
+    if (!kvc__linear_state_ok(c, st->s.meta) || (what == KVC__WHAT_ENTRY && st->s.meta[0] != st->s.meta[2])) {
+        kvc__r_fail(r, KVC_ERR_CORRUPT);
+        return;
+    }
+    if (what == KVC__WHAT_ENTRY) { /* the tokens of an entry are needed to commit it */
+        st->tokens = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)KVC__MAX(st->s.meta[0], 1));
+        if (st->tokens == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); return; }
+        tokens = st->tokens;
+    } else if (tokens != NULL && st->s.meta[0] > max_tokens) {
+        kvc__r_fail(r, KVC_ERR_RANGE);
+        return;
+    }
+    if ((e = kvc__stage_pages(p, st->s.meta[1], &st->pages, &st->n_pages)) != KVC_OK) { kvc__r_fail(r, e); return; }
+    kvc__r_tokens(r, tokens, st->s.meta[0]);
+    kvc__r_linear_cells(r, c, &st->s, st->pages);
+    kvc__r_kv(r, p, st->pages, st->s.meta[1]);
+}
+
+/* Install staged cells as the cache's pages. Every held page but the last is full
+   (sink pages, then consecutive window pages), so the packed staging pages line up with
+   the page table one to one: the cache takes them over. */
+static void kvc__install_linear(kvc_cache *c, kvc__staged *st) {
+    const int32_t *m = st->s.meta;
+    kvc__lease_drop(c);
+    kvc__rewind(c, 0); /* the old pages go */
+    KVCACHE_ASSERT(st->n_pages == m[5]);
+    memcpy(c->pages, st->pages, sizeof(uint32_t) * (size_t)m[5]);
+    c->n_pages = m[5];
+    c->first_lpage = m[4];
+    c->offset = m[2];
+    c->batch_begin = m[3];
+    c->batch_pending = 0;
+    kvc__free(c->pool, st->pages);
+    st->pages = NULL;
+}
+
+static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                   int32_t max_tokens, int32_t *n_tokens);
+
+/* Load entry points end here: release what is staged, finish the io. */
+static kvc_result kvc__load_end(const kvc_io *io, kvc_pool *p, kvc__staged *st, kvc_result r) {
+    if (p != NULL) kvc__staged_free(p, st);
+    return kvc__io_end(io, r);
+}
+
+KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
+                                 int32_t *n_tokens) {
+    kvc__rd r;
+    kvc__staged st;
+    kvc_result e;
+    memset(&st, 0, sizeof(st));
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) return kvc__load_end(io, NULL, &st, KVC_ERR_NULL);
+    if (c->pool->external) return kvc__load_end(io, NULL, &st, KVC_ERR_UNSUPPORTED); /* device backend */
+    if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__load_end(io, NULL, &st, e);
+    if (max_tokens < 0) return kvc__load_end(io, NULL, &st, KVC_ERR_INVALID);
+    if (kvc__batch_open(c)) return kvc__load_end(io, NULL, &st, KVC_ERR_STATE);
+    if (kvc__is_causal(c)) return kvc__load_end(io, NULL, &st, kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens));
+    memset(&r, 0, sizeof(r));
+    r.io = io;
+    kvc__r_linear(&r, c, KVC__WHAT_CACHE, ns, &st, tokens, max_tokens);
+    if (r.err == KVC_ERR_RANGE && n_tokens != NULL) *n_tokens = st.s.meta[0];
+    if (r.err != KVC_OK) return kvc__load_end(io, c->pool, &st, r.err);
+    kvc__install_linear(c, &st);
+    if (n_tokens != NULL) *n_tokens = st.s.meta[0];
+    return kvc__load_end(io, c->pool, &st, KVC_OK);
+}
+
+/* ---- CAUSAL: a whole cache, or one sequence ---- */
+
+/* CELL of a CAUSAL cache: cell index (ascending, inside the target), position, the
+   saved sequence set (words of the saved max_seqs), converted to the target's words. */
+static void kvc__r_causal_cells(kvc__rd *r, const kvc_cache *c, const kvc__saved *s, const uint32_t *pages,
+                                int32_t *cell_of, uint32_t *seqs) {
+    kvc_pool *p = c->pool;
+    int32_t n = s->meta[1], w_saved = s->meta[2], i, k, prev = -1;
+    kvc__r_section(r, KVC__TAG('C', 'E', 'L', 'L'), (8 + 4 * (uint64_t)w_saved) * (uint64_t)n);
+    for (i = 0; i < n && r->err == KVC_OK; ++i) {
+        int32_t cell = (int32_t)kvc__r_u32(r), pos = (int32_t)kvc__r_u32(r);
+        uint32_t any = 0;
+        if (r->err == KVC_OK && (cell <= prev || pos < 0 || pos == INT32_MAX)) kvc__r_fail(r, KVC_ERR_CORRUPT);
+        if (r->err == KVC_OK && cell >= c->capacity) kvc__r_fail(r, KVC_ERR_MISMATCH);
+        prev = cell;
+        cell_of[i] = cell;
+        *kvc__pos_at(p, pages[i / p->page_cells], i % p->page_cells) = pos;
+        for (k = 0; k < w_saved; ++k) {
+            uint32_t bits = kvc__r_u32(r), keep = bits;
+            if (k >= c->words) keep = 0;
+            else if (k == c->words - 1 && c->cfg.max_seqs % 32) keep &= (1u << (c->cfg.max_seqs % 32)) - 1u;
+            if (r->err == KVC_OK && keep != bits) kvc__r_fail(r, KVC_ERR_MISMATCH); /* a sequence the target lacks */
+            if (k < c->words) seqs[(size_t)i * c->words + k] = keep;
+            any |= bits;
+        }
+        for (k = w_saved; k < c->words; ++k) seqs[(size_t)i * c->words + k] = 0;
+        if (r->err == KVC_OK && !any) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    }
+    kvc__r_end(r);
+}
+
+/* The causal configuration a saved cache or sequence must share with the target. */
+static int kvc__causal_conf_ok(const kvc_cache *c, const kvc__saved *s) {
+    return s->cc.kind == KVC_KIND_CAUSAL && s->cc.window == c->cfg.window && s->cc.chunk == c->cfg.chunk;
+}
+
+static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                   int32_t max_tokens, int32_t *n_tokens) {
+    kvc_pool *p = c->pool;
+    kvc__rd r;
+    kvc__saved s;
+    uint32_t *pages = NULL, *seqs = NULL;
+    int32_t *cell_of = NULL, n_pages = 0, i, n;
+    memset(&r, 0, sizeof(r));
+    memset(&s, 0, sizeof(s));
+    r.io = io;
+    kvc__r_head(&r, p, KVC__WHAT_CACHE, ns, &s);
+    if (r.err != KVC_OK) return r.err;
+    if (!kvc__causal_conf_ok(c, &s)) return KVC_ERR_MISMATCH;
+    n = s.meta[1];
+    if (s.meta[2] < 1 || s.meta[2] > (1 << 15) || n > c->capacity) return n > c->capacity ? KVC_ERR_MISMATCH : KVC_ERR_CORRUPT;
+    if (tokens != NULL && s.meta[0] > max_tokens) {
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        return KVC_ERR_RANGE;
+    }
+    cell_of = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)KVC__MAX(n, 1) * (size_t)(1 + c->words));
+    if (cell_of == NULL) return KVC_ERR_NO_MEMORY;
+    seqs = (uint32_t *)(cell_of + KVC__MAX(n, 1));
+    if ((r.err = kvc__stage_pages(p, n, &pages, &n_pages)) == KVC_OK) {
+        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_causal_cells(&r, c, &s, pages, cell_of, seqs);
+        kvc__r_kv(&r, p, pages, n);
+    }
+    if (r.err == KVC_OK) { /* replace every cell */
+        kvc__causal_clear(c);
+        for (i = 0; i < n; ++i) {
+            kvc__copy_cells(p, c->pages, cell_of[i], pages, i, 1);
+            memcpy(c->seqs + (size_t)cell_of[i] * c->words, seqs + (size_t)i * c->words, sizeof(uint32_t) * (size_t)c->words);
+        }
+        c->n_used = n;
+        kvc__all_bounds(c);
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+    }
+    kvc__unstage_pages(p, pages, n_pages);
+    kvc__free(p, cell_of);
+    return r.err;
+}
+
+KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                               int32_t max_tokens, int32_t *n_tokens) {
+    kvc__rd r;
+    kvc__saved s;
+    kvc_snapshot *snap = NULL;
+    kvc_pool *p;
+    int32_t i, n, freed = 0, pc;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if (c->pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
+    if ((r.err = kvc__check_io(io, 0)) != KVC_OK || (r.err = kvc__check_seq(c, dst)) != KVC_OK) return kvc__io_end(io, r.err);
+    if (max_tokens < 0) return kvc__io_end(io, KVC_ERR_INVALID);
+    if (kvc__batch_open(c)) return kvc__io_end(io, KVC_ERR_STATE);
+    p = c->pool;
+    pc = p->page_cells;
+    memset(&r, 0, sizeof(r));
+    memset(&s, 0, sizeof(s));
+    r.io = io;
+    kvc__r_head(&r, p, KVC__WHAT_SEQ, ns, &s);
+    if (r.err == KVC_OK && !kvc__causal_conf_ok(c, &s)) r.err = KVC_ERR_MISMATCH;
+    n = s.meta[1];
+    for (i = 0; r.err == KVC_OK && i < c->capacity; ++i) freed += kvc__cell_only(c, i) == dst;
+    if (r.err == KVC_OK && c->capacity - c->n_used + freed < n) r.err = KVC_ERR_FULL;
+    if (r.err == KVC_OK && tokens != NULL && s.meta[0] > max_tokens) {
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        r.err = KVC_ERR_RANGE;
+    }
+    if (r.err == KVC_OK && (n + pc - 1) / pc > p->n_free) r.err = KVC_ERR_FULL;
+    if (r.err == KVC_OK && (snap = kvc__snapshot_alloc(p, (n + pc - 1) / pc)) == NULL) r.err = KVC_ERR_NO_MEMORY;
+    if (r.err == KVC_OK) { /* the cells go into a sequence snapshot's pages, then kvc_seq_restore */
+        snap->kind = KVC_KIND_CAUSAL;
+        snap->n_cells = n;
+        for (i = 0; i < snap->n_pages; ++i) snap->pages[i] = kvc__page_acquire(p);
+        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_section(&r, KVC__TAG('C', 'E', 'L', 'L'), 4 * (uint64_t)n);
+        for (i = 0; i < n && r.err == KVC_OK; ++i) {
+            int32_t pos = (int32_t)kvc__r_u32(&r);
+            if (r.err == KVC_OK && (pos < 0 || pos == INT32_MAX)) kvc__r_fail(&r, KVC_ERR_CORRUPT);
+            *kvc__pos_at(p, snap->pages[i / pc], i % pc) = pos;
+        }
+        kvc__r_end(&r);
+        kvc__r_kv(&r, p, snap->pages, n);
+    }
+    if (r.err == KVC_OK) {
+        r.err = kvc_seq_restore(c, snap, dst); /* checked above: cannot fail */
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+    }
+    kvc_snapshot_free(snap);
+    return kvc__io_end(io, r.err);
+}
+
+/* ---- prefix-tree entries ---- */
+
+KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 const kvc_io *io) {
+    kvc__rnode *at;
+    kvc_cache *c = NULL;
+    int32_t m;
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK)
+        return kvc__io_end(io, r);
+    at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
+    if (m < n_tokens || kvc__radix_usable(t, &at, m) < n_tokens) return kvc__io_end(io, KVC_ERR_NOT_FOUND);
+    if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, r);
+    kvc__radix_fill(t, c, n_tokens); /* the ready cache a lookup would give, all n tokens */
+    r = kvc__save(c, KVC__WHAT_ENTRY, -1, ns, tokens, n_tokens, io);
+    kvc_cache_destroy(c);
+    return kvc__io_end(io, r);
+}
+
+KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens) {
+    kvc__rd r;
+    kvc__staged st;
+    kvc_cache *c = NULL;
+    kvc_result e;
+    memset(&st, 0, sizeof(st));
+    if (io == NULL) return KVC_ERR_NULL;
+    if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if (t->pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
+    if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__io_end(io, e);
+    if ((e = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, e);
+    memset(&r, 0, sizeof(r));
+    r.io = io;
+    kvc__r_linear(&r, c, KVC__WHAT_ENTRY, ns, &st, NULL, 0);
+    if (r.err == KVC_OK) {
+        kvc__install_linear(c, &st);
+        r.err = kvc__radix_commit(t, ns, c, st.tokens, st.s.meta[0], pin); /* NO_MEMORY: tree unchanged */
+    }
+    if (r.err == KVC_OK && n_tokens != NULL) *n_tokens = st.s.meta[0];
+    kvc_cache_destroy(c);
+    return kvc__load_end(io, t->pool, &st, r.err);
+}
+
+/* ---- the ios ---- */
+
+static size_t kvc__mem_write(void *user, const void *data, size_t n) {
+    kvc_mem *m = (kvc_mem *)user;
+    if (m->data == NULL) { m->size += n; return n; } /* counting only */
+    if (m->size > m->capacity || n > m->capacity - m->size) return 0;
+    memcpy(m->data + m->size, data, n);
+    m->size += n;
+    return n;
+}
+static size_t kvc__mem_read(void *user, void *data, size_t n) {
+    kvc_mem *m = (kvc_mem *)user;
+    size_t k;
+    if (m->pos >= m->size) return 0;
+    k = KVC__MIN(n, m->size - m->pos);
+    memcpy(data, m->data + m->pos, k);
+    m->pos += k;
+    return k;
+}
+
+KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io) {
+    if (mem == NULL || io == NULL) return KVC_ERR_NULL;
+    memset(io, 0, sizeof(*io));
+    io->write = kvc__mem_write;
+    io->read = kvc__mem_read;
+    io->user = mem;
+    return KVC_OK;
+}
+
+#ifndef KVCACHE_NO_STDIO
+static size_t kvc__file_write(void *user, const void *data, size_t n) { return fwrite(data, 1, n, (FILE *)user); }
+static size_t kvc__file_read(void *user, void *data, size_t n) { return fread(data, 1, n, (FILE *)user); }
+static int kvc__file_finish(void *user, int ok) { (void)ok; return ferror((FILE *)user) != 0; }
+
+KVCDEF kvc_result kvc_io_stdio(FILE *file, kvc_io *io) {
+    if (file == NULL || io == NULL) return KVC_ERR_NULL;
+    memset(io, 0, sizeof(*io));
+    io->write = kvc__file_write;
+    io->read = kvc__file_read;
+    io->finish = kvc__file_finish;
+    io->user = file;
+    return KVC_OK;
+}
+
+/* Close; a successful save's temporary file becomes the file, a failed one is removed. */
+static int kvc__path_finish(void *user, int ok) {
+    kvc_path_io *s = (kvc_path_io *)user;
+    int bad;
+    if (s->file == NULL) return 1;
+    bad = ferror(s->file) != 0;
+    bad |= fclose(s->file) != 0;
+    s->file = NULL;
+    if (!s->writing) return bad;
+    if (ok && !bad) bad = rename(s->tmp, s->path) != 0;
+    if (!ok || bad) remove(s->tmp);
+    return bad;
+}
+/* a path io used again after its save or load finished (closed) moves nothing */
+static size_t kvc__path_write(void *user, const void *data, size_t n) {
+    FILE *f = ((kvc_path_io *)user)->file;
+    return f != NULL ? fwrite(data, 1, n, f) : 0;
+}
+static size_t kvc__path_read(void *user, void *data, size_t n) {
+    FILE *f = ((kvc_path_io *)user)->file;
+    return f != NULL ? fread(data, 1, n, f) : 0;
+}
+
+KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc_io *io) {
+    size_t len;
+    if (s == NULL || path == NULL || io == NULL) return KVC_ERR_NULL;
+    len = strlen(path);
+    if (len == 0) return KVC_ERR_INVALID;
+    if (len >= KVC_PATH_MAX) return KVC_ERR_RANGE;
+    memset(s, 0, sizeof(*s));
+    memcpy(s->path, path, len + 1);
+    memcpy(s->tmp, path, len);
+    memcpy(s->tmp + len, ".kvctmp", 8);
+    s->writing = writing != 0;
+    s->file = fopen(s->writing ? s->tmp : s->path, s->writing ? "wb" : "rb");
+    if (s->file == NULL) return KVC_ERR_IO;
+    memset(io, 0, sizeof(*io));
+    io->write = kvc__path_write;
+    io->read = kvc__path_read;
+    io->finish = kvc__path_finish;
+    io->user = s;
+    return KVC_OK;
+}
+#endif
 
 #endif /* KVCACHE_IMPLEMENTATION_DONE */
 #endif /* KVCACHE_IMPLEMENTATION */

@@ -87,7 +87,7 @@ else skip shaders-committed "glslc not installed"; fi
 echo "== tests (gcc -O2)"
 for t in $tests; do
   n=$(basename "$t" .c)
-  step "build-$n" $CC $STRICT -O2 -I. "$t" -o "$B/$n" -lm && checks "$n" "$B/$n" "$seed"
+  step "build-$n" $CC $STRICT -O2 -I. "$t" -o "$B/$n" -lm -lpthread && checks "$n" "$B/$n" "$seed"
 done
 echo "== examples"
 for e in $examples; do
@@ -121,11 +121,11 @@ if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev
     # test_vk: the Vulkan driver's own allocations are not ours to free (the test counts
     # the backend's with its own allocator), and lavapipe under ASan is slow
     if [ "$n" = test_vk ]; then
-      step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm &&
+      step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm -lpthread &&
         ASAN_OPTIONS=detect_leaks=0 KVC_TEST_SCALE=0.3 checks "asan-$n" "$B/$n.asan" "$seed"
       continue
     fi
-    step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm && checks "asan-$n" "$B/$n.asan" "$seed"
+    step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm -lpthread && checks "asan-$n" "$B/$n.asan" "$seed"
   done
   if [ -f examples/tinylm.c ]; then
     step asan-build-tinylm $SANCC $STRICT $SAN -I. examples/tinylm.c -o "$B/tinylm.asan" -lm &&
@@ -141,7 +141,7 @@ if have valgrind; then
     # lavapipe JIT-compiles shaders with LLVM: far too slow under valgrind, and its
     # memory is the driver's; ASan covers the backend's host code above
     if [ "$n" = test_vk ]; then skip valgrind-test_vk "the Vulkan driver under valgrind"; continue; fi
-    step "vg-build-$n" $CC $STRICT -O1 -g -I. "$t" -o "$B/$n.vg" -lm &&
+    step "vg-build-$n" $CC $STRICT -O1 -g -I. "$t" -o "$B/$n.vg" -lm -lpthread &&
       KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG "$B/$n.vg" "$seed"
   done
   for e in $examples; do n=$(basename "$e" .c); step "valgrind-example-$n" $VG "$B/$n"; done

@@ -1,7 +1,18 @@
 /* test_kernels.c - every CPU path against the scalar reference, on random data.
-   Today: the F16C f32 <-> f16 conversions (bit-exact on all 65536 halves and on
-   millions of floats, ties and subnormals included), and whole pools with the path
-   on and off giving identical K/V and identical attention. */
+   - converters: each type's fast path (F16C, AVX2, NEON) against the scalar table,
+     bit for bit (f16: all 65536 halves and millions of floats with ties and subnormals);
+     llama.cpp's q8_0/q4_0 block layouts on a hand-worked block; quantisation error.
+   - attention: every kernel path of this CPU against the scalar path, for every K/V
+     type pair, head dims 64/80/96/128/256 (and odd dims that take the tile path), odd
+     lengths, page boundaries, the three cache kinds with windows, sinks, sequences,
+     decode (split over cell chunks) and prefill (blocks of queries) shapes.
+   - accuracy: each storage type against attention computed in double on the f32
+     inputs, with the max and RMS bounds written below.
+   - threads: 1, 2 and 3 workers of kvc_threads and a hook that runs tasks backwards
+     on random worker ids all give the serial result bit for bit; a decode query
+     (calls of up to 8 queries) gives the same bits alone as with others.
+   `test_kernels SEED` replays a run. */
+#define KVCACHE_THREADS
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 #include "tk.h"
@@ -10,104 +21,533 @@
 
 static uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static int is_nan(float f) { return f != f; }
+
+/* ---- converters ---- */
+
+/* random floats of the kinds that catch rounding bugs */
+static void fill_tricky(tk_rng *rng, float *x, int32_t n, int round) {
+    int32_t i;
+    for (i = 0; i < n; ++i) {
+        uint32_t u = (uint32_t)tk_next(rng);
+        switch (round % 5) {
+        case 0: x[i] = tk_float(rng) * 4.0f; break;                                           /* ordinary */
+        case 1: u = (u & 0x80000000u) | ((uint32_t)(103 + u % 40) << 23) | (u & 0x7fffffu); x[i] = float_of(u); break;
+        case 2: u = (u & 0x80001000u) | ((uint32_t)(103 + u % 40) << 23) | (u & 0x7fe000u); x[i] = float_of(u); break;
+        case 3: u = (u & 0x80008000u) | ((uint32_t)(1 + u % 250) << 23) | (u & 0x7f0000u); x[i] = float_of(u); break; /* bf16 ties */
+        default: x[i] = tk_float(rng) * (i % 32 == 7 ? 1000.0f : 1e-3f); break;               /* one big value a block */
+        }
+    }
+}
+
+/* a pool's converters for type t with features f against the scalar table, bit for bit */
+static void test_converters_of(tk_rng *rng, kvc_type t, uint32_t f) {
+    kvc__type_info fast = kvc__pick_type(t, f), ref = kvc__types[t];
+    static float src[4096], a[4096], b[4096];
+    static unsigned char qa[4096 * 4], qb[4096 * 4];
+    int32_t round, i, bad = 0;
+    for (round = 0; round < 40; ++round) {
+        int32_t n = ref.block == 1 ? tk_int(rng, 1, 4096) : ref.block * tk_int(rng, 1, 4096 / ref.block);
+        size_t bytes = (size_t)(n / ref.block) * ref.block_bytes;
+        fill_tricky(rng, src, n, round);
+        fast.from_f32(src, qa, n);
+        ref.from_f32(src, qb, n);
+        bad += memcmp(qa, qb, bytes) != 0;
+        fast.to_f32(qb, a, n);
+        ref.to_f32(qb, b, n);
+        for (i = 0; i < n; ++i) bad += is_nan(b[i]) ? !is_nan(a[i]) : bits_of(a[i]) != bits_of(b[i]);
+    }
+    if (bad) printf("converters of %s (features %#x): %d differences\n", kvc_type_name(t), f, bad);
+    TK_EQ(bad, 0);
+}
 
 #ifdef KVC__X86
-static void test_f16c_conversions(tk_rng *rng) {
-    static uint16_t half[65536], back[65536];
-    static float fast[65536], ref[65536], src[1 << 16];
-    int32_t i, bad = 0, round;
+static void test_f16c_all_halves(void) {
+    static uint16_t half[65536];
+    static float fast[65536];
+    int32_t i, bad = 0;
     for (i = 0; i < 65536; ++i) half[i] = (uint16_t)i;
     kvc__f16_to_f32_f16c(half, fast, 65536);
     for (i = 0; i < 65536; ++i) {
-        ref[i] = kvc__f16_to_f32(half[i]);
-        if (ref[i] != ref[i]) bad += fast[i] == fast[i]; /* NaN stays NaN */
-        else bad += bits_of(ref[i]) != bits_of(fast[i]);
+        float ref = kvc__f16_to_f32(half[i]);
+        bad += is_nan(ref) ? !is_nan(fast[i]) : bits_of(ref) != bits_of(fast[i]);
     }
     TK_EQ(bad, 0);
-    /* f32 -> f16: random bit patterns, values near every f16 rounding boundary, ties */
-    for (round = 0; round < 40; ++round) {
-        for (i = 0; i < 65536; ++i) {
-            uint32_t u = (uint32_t)tk_next(rng);
-            switch (round % 4) {
-            case 0: break;                                                 /* any float */
-            case 1: u = (u & 0x80000000u) | ((uint32_t)(103 + u % 40) << 23) | (u & 0x7fffffu); break; /* f16 range */
-            case 2: u = (u & 0x80001000u) | ((uint32_t)(103 + u % 40) << 23) | (u & 0x7fe000u); break; /* exact ties */
-            default: u = bits_of(ref[u & 0xffffu]) + (uint32_t)(u % 3) - 1u; break;  /* halves and neighbours */
-            }
-            src[i] = float_of(u);
-        }
-        kvc__f16_from_f32_f16c(src, back, 65536);
-        for (i = 0; i < 65536; ++i) {
-            uint16_t want = kvc__f32_to_f16(src[i]);
-            int nan = (want & 0x7c00u) == 0x7c00u && (want & 0x3ffu);
-            if (nan) bad += !((back[i] & 0x7c00u) == 0x7c00u && (back[i] & 0x3ffu));
-            else bad += back[i] != want;
-        }
-    }
-    TK_EQ(bad, 0);
-    /* odd lengths use the scalar tail */
-    kvc__f16_from_f32_f16c(src, back, 13);
-    for (i = 0; i < 13; ++i) TK_EQ(back[i], kvc__f32_to_f16(src[i]) | 0);
 }
 #endif
 
-/* the same random batches in two pools, one without the CPU paths: identical bits */
-static void test_pools_agree(tk_rng *rng) {
-    kvc_pool_config cfg;
-    kvc_pool *p[2];
-    kvc_cache *c[2];
-    kvc_cache_config cc;
-    kvc_pool_stats st;
-    static float k[64 * 4 * 24], v[64 * 4 * 24], q[64 * 8 * 24], out[2][64 * 8 * 24], gk[2][128 * 4 * 24], gv[2][128 * 4 * 24];
-    int32_t n[2], i, j, b, l;
-    kvc_pool_config_init(&cfg);
-    cfg.n_layers = 2; cfg.n_kv_heads = 4; cfg.head_dim_k = 24; cfg.head_dim_v = 20;
-    cfg.type_k = cfg.type_v = KVC_TYPE_F16;
-    cfg.page_cells = 7;
-    cfg.budget_bytes = 1 << 22;
-    kvc_cache_config_init(&cc, KVC_KIND_FULL);
-    for (i = 0; i < 2; ++i) {
-        cfg.cpu_disable = i ? ~0u : 0u;
-        TK_OK(kvc_pool_create(&cfg, &p[i]));
-        TK_OK(kvc_cache_create(p[i], &cc, &c[i]));
-    }
-    TK_OK(kvc_pool_stats_get(p[1], &st));
-    TK_EQ(st.cpu_features, 0);
-    for (b = 0; b < 6; ++b) {
-        int32_t len = tk_int(rng, 1, 23);
-        for (i = 0; i < 2; ++i) TK_OK(kvc_begin(c[i], len));
-        for (l = 0; l < 2; ++l) {
-            for (j = 0; j < len * 4 * 24; ++j) k[j] = tk_float(rng) * 8.0f;
-            for (j = 0; j < len * 4 * 20; ++j) v[j] = tk_float(rng) * (b == 3 ? 1e-5f : 1.0f); /* subnormal halves */
-            for (i = 0; i < 2; ++i) TK_OK(kvc_put(c[i], l, k, v));
+/* llama.cpp's layouts, worked by hand: x[j] = j - 16 */
+static void test_block_layouts(void) {
+    float x[32], y[32];
+    unsigned char q8[34], q4[18];
+    int32_t j;
+    for (j = 0; j < 32; ++j) x[j] = (float)(j - 16);
+    kvc__types[KVC_TYPE_Q8_0].from_f32(x, q8, 32);
+    /* d = 16 / 127 as f16 (0x3008 = 0.1279296875 is the nearest half of 0.1259842...) */
+    TK_EQ(q8[0] | (q8[1] << 8), kvc__f32_to_f16(16.0f / 127.0f));
+    TK_EQ((int8_t)q8[2], -127);       /* -16 * 127/16 */
+    TK_EQ((int8_t)q8[2 + 16], 0);
+    TK_EQ((int8_t)q8[2 + 31], 119);   /* 15 * 127 / 16 = 119.06 */
+    kvc__types[KVC_TYPE_Q4_0].from_f32(x, q4, 32);
+    /* the largest magnitude is -16: d = -16 / -8 = 2; q = x / 2 rounded to even, + 8 */
+    TK_EQ(q4[0] | (q4[1] << 8), kvc__f32_to_f16(2.0f));
+    TK_EQ(q4[2] & 0x0f, 0);           /* x[0] = -16 -> -8 + 8 */
+    TK_EQ(q4[2] >> 4, 8);             /* x[16] = 0 -> 0 + 8 */
+    TK_EQ(q4[2 + 15] >> 4, 15);       /* x[31] = 15 -> 7.5 rounds to 8, clamped to 7, + 8 */
+    TK_EQ(q4[2 + 1] & 0x0f, 0);       /* x[1] = -15 -> -7.5 rounds to -8 (even) */
+    kvc__types[KVC_TYPE_Q4_0].to_f32(q4, y, 32);
+    TK_NEAR(y[0], -16.0f, 0.0f);
+    TK_NEAR(y[31], 14.0f, 0.0f);
+}
+
+/* quantisation error per element: at most half a step (plus the f16 rounding of d) */
+static void test_quant_error(tk_rng *rng) {
+    static float x[32 * 256], y[32 * 256];
+    static unsigned char q[34 * 256];
+    int32_t t, i, j, bad = 0;
+    for (t = KVC_TYPE_Q8_0; t <= KVC_TYPE_Q4_0; ++t) {
+        for (i = 0; i < 32 * 256; ++i) x[i] = tk_float(rng) * (float)(1 + i / 32);
+        kvc__types[t].from_f32(x, q, 32 * 256);
+        kvc__types[t].to_f32(q, y, 32 * 256);
+        for (i = 0; i < 256; ++i) {
+            float amax = 0.0f;
+            for (j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(x[32 * i + j]));
+            for (j = 0; j < 32; ++j) {
+                /* q8_0: half a step; q4_0: a whole one where +max clamps at code 7 */
+                float step = t == KVC_TYPE_Q8_0 ? 0.5f * amax / 127.0f : amax / 8.0f;
+                bad += fabsf(x[32 * i + j] - y[32 * i + j]) > step * 1.002f + amax * 1e-3f;
+            }
         }
     }
-    for (l = 0; l < 2; ++l) {
-        kvc_attention_desc d;
-        for (i = 0; i < 2; ++i) TK_OK(kvc_cache_gather(c[i], l, gk[i], gv[i], NULL, 128, &n[i]));
-        TK_EQ(n[0], n[1]);
-        TK_CHECK(memcmp(gk[0], gk[1], sizeof(float) * (size_t)n[0] * 4 * 24) == 0);
-        TK_CHECK(memcmp(gv[0], gv[1], sizeof(float) * (size_t)n[0] * 4 * 20) == 0);
-        memset(&d, 0, sizeof(d));
-        for (j = 0; j < 5 * 8 * 24; ++j) q[j] = tk_float(rng);
-        d.n_queries = 5; d.n_heads = 8; d.q = q;
-        for (i = 0; i < 2; ++i) { d.out = out[i]; TK_OK(kvc_attention(c[i], l, &d)); }
-        TK_CHECK(memcmp(out[0], out[1], sizeof(float) * 5 * 8 * 20) == 0);
+    TK_EQ(bad, 0);
+}
+
+/* ---- attention: paths against scalar ---- */
+
+typedef struct shape {
+    kvc_kind kind;
+    kvc_type tk, tv;
+    int32_t hk, hv, n_kv, group, page_cells, tokens, n_queries, window, sinks, seqs;
+} shape;
+
+/* The paths this CPU and build have, as cpu_disable masks; [0] is scalar. */
+static int32_t paths(uint32_t *disable, const char **names) {
+    uint32_t f = 0;
+    int32_t n = 0;
+    kvc_cpu_features(&f);
+    disable[n] = ~0u; names[n++] = "scalar";
+    if (f & KVC_CPU_AVX2) { disable[n] = KVC_CPU_AVX512; names[n++] = "avx2"; }
+    if (f & KVC_CPU_AVX512) { disable[n] = 0; names[n++] = "avx512"; }
+    if (f & KVC_CPU_NEON) { disable[n] = 0; names[n++] = "neon"; }
+    return n;
+}
+
+typedef struct run {
+    kvc_pool *pool;
+    kvc_cache *cache;
+} run;
+
+static void fill(tk_rng *rng, float *x, size_t n, float amp) {
+    size_t i;
+    for (i = 0; i < n; ++i) x[i] = tk_float(rng) * amp;
+}
+
+/* build the same cache contents in a pool with the given cpu_disable */
+static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn pf, void *pu, int32_t workers, uint64_t seed,
+                 run *r) {
+    kvc_pool_config pc;
+    kvc_cache_config cc;
+    tk_rng rng;
+    int32_t done = 0, nk = s->n_kv * s->hk, nv = s->n_kv * s->hv;
+    float *k = (float *)malloc(sizeof(float) * 64 * (size_t)nk), *v = (float *)malloc(sizeof(float) * 64 * (size_t)nv);
+    rng.s = seed;
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 2; pc.n_kv_heads = s->n_kv; pc.head_dim_k = s->hk; pc.head_dim_v = s->hv;
+    pc.type_k = s->tk; pc.type_v = s->tv; pc.page_cells = s->page_cells;
+    pc.budget_bytes = (size_t)64 << 20; pc.cpu_disable = disable;
+    pc.parallel_for = pf; pc.parallel_user = pu; pc.n_workers = workers;
+    kvc_cache_config_init(&cc, s->kind);
+    if (s->kind == KVC_KIND_ROTATING) { cc.window = s->window; cc.sinks = s->sinks; }
+    if (s->kind == KVC_KIND_CAUSAL) { cc.capacity = s->tokens * s->seqs + 64; cc.max_seqs = s->seqs; cc.window = s->window; }
+    if (kvc_pool_create(&pc, &r->pool) != KVC_OK) {
+        free(k); free(v);
+        return 0;
     }
-    for (i = 0; i < 2; ++i) { TK_OK(kvc_cache_destroy(c[i])); TK_OK(kvc_pool_destroy(p[i])); }
+    if (kvc_cache_create(r->pool, &cc, &r->cache) != KVC_OK) {
+        printf("cache: kind %d window %d sinks %d capacity %d seqs %d\n", (int)s->kind, cc.window, cc.sinks, cc.capacity, cc.max_seqs);
+        kvc_pool_destroy(r->pool);
+        free(k); free(v);
+        return 0;
+    }
+    while (done < s->tokens) { /* batches of random sizes; CAUSAL: the sequences interleaved */
+        int32_t n = KVC__MIN(tk_int(&rng, 1, 64), s->tokens - done), l, i;
+        if (s->kind == KVC_KIND_CAUSAL) {
+            kvc_batch b;
+            int32_t pos[64], seq[64];
+            memset(&b, 0, sizeof(b));
+            for (i = 0; i < n; ++i) { pos[i] = (done + i) / s->seqs; seq[i] = (done + i) % s->seqs; }
+            b.n_tokens = n; b.pos = pos; b.seq = seq;
+            TK_OK(kvc_begin_batch(r->cache, &b));
+        } else {
+            TK_OK(kvc_begin(r->cache, n));
+        }
+        for (l = 0; l < 2; ++l) {
+            fill(&rng, k, (size_t)n * nk, 2.0f);
+            fill(&rng, v, (size_t)n * nv, 1.0f);
+            TK_OK(kvc_put(r->cache, l, k, v));
+        }
+        done += n;
+    }
+    free(k); free(v);
+    return 1;
+}
+
+static void destroy(run *r) {
+    TK_OK(kvc_cache_destroy(r->cache));
+    TK_OK(kvc_pool_destroy(r->pool));
+}
+
+/* the queries of a shape: positions (and sequences) the cache can answer */
+static void queries_of(const shape *s, tk_rng *rng, int32_t *pos, int32_t *seq) {
+    int32_t i, last = s->kind == KVC_KIND_CAUSAL ? s->tokens / s->seqs - 1 : s->tokens - 1;
+    for (i = 0; i < s->n_queries; ++i) {
+        pos[i] = s->kind == KVC_KIND_ROTATING ? last - tk_int(rng, 0, 2) : tk_int(rng, 0, last);
+        seq[i] = s->kind == KVC_KIND_CAUSAL ? tk_int(rng, 0, s->seqs - 1) : 0;
+    }
+}
+
+static void attend(const shape *s, run *r, const float *q, const int32_t *pos, const int32_t *seq, float *out) {
+    kvc_attention_desc d;
+    memset(&d, 0, sizeof(d));
+    d.n_queries = s->n_queries; d.n_heads = s->n_kv * s->group; d.q = q; d.out = out;
+    d.pos = pos; d.seq = s->kind == KVC_KIND_CAUSAL ? seq : NULL;
+    d.window = s->kind == KVC_KIND_FULL ? s->window : 0;
+    TK_OK(kvc_attention(r->cache, 1, &d));
+}
+
+static double max_abs(const float *x, size_t n) {
+    double m = 0;
+    size_t i;
+    for (i = 0; i < n; ++i) m = fmax(m, fabs((double)x[i]));
+    return m;
+}
+
+/* One shape on every path: the same bytes stored, outputs within 2e-5 of scalar's. */
+static void check_paths(tk_rng *rng, const shape *s) {
+    uint32_t disable[4];
+    const char *names[4];
+    int32_t np = paths(disable, names), p, nh = s->n_kv * s->group;
+    size_t nq = (size_t)s->n_queries * nh * s->hk, no = (size_t)s->n_queries * nh * s->hv, i;
+    float *q = (float *)malloc(sizeof(float) * nq), *ref = (float *)malloc(sizeof(float) * no);
+    float *out = (float *)malloc(sizeof(float) * no);
+    int32_t pos[64], seq[64];
+    uint64_t seed = tk_next(rng);
+    run r;
+    fill(rng, q, nq, 1.0f);
+    queries_of(s, rng, pos, seq);
+    if (!build(s, disable[0], NULL, NULL, 0, seed, &r)) { TK_CHECK(0); return; }
+    attend(s, &r, q, pos, seq, ref);
+    destroy(&r);
+    for (p = 1; p < np; ++p) {
+        double err = 0, scale = max_abs(ref, no) + 1e-3;
+        if (!build(s, disable[p], NULL, NULL, 0, seed, &r)) { TK_CHECK(0); continue; }
+        attend(s, &r, q, pos, seq, out);
+        destroy(&r);
+        for (i = 0; i < no; ++i) err = fmax(err, fabs((double)out[i] - ref[i]));
+        if (!(err <= 2e-5 * scale)) {
+            printf("%s vs scalar: kind %d %s/%s hk %d hv %d kv %d group %d pc %d tokens %d queries %d window %d: "
+                   "max err %.3g (scale %.3g)\n", names[p], (int)s->kind, kvc_type_name(s->tk), kvc_type_name(s->tv),
+                   s->hk, s->hv, s->n_kv, s->group, s->page_cells, s->tokens, s->n_queries, s->window, err, scale);
+            TK_CHECK(0);
+        } else {
+            TK_CHECK(1);
+        }
+    }
+    free(q); free(ref); free(out);
+}
+
+static shape random_shape(tk_rng *rng, int32_t hk, int32_t hv, kvc_type tk, kvc_type tv) {
+    shape s;
+    s.kind = (kvc_kind)tk_int(rng, 0, 2);
+    s.tk = tk; s.tv = tv; s.hk = hk; s.hv = hv;
+    s.n_kv = tk_int(rng, 1, 3);
+    s.group = tk_pct(rng, 30) ? 1 : tk_int(rng, 2, 6);
+    s.page_cells = tk_pct(rng, 50) ? tk_int(rng, 3, 20) : 256;
+    s.tokens = tk_int(rng, 1, tk_pct(rng, 30) ? 1500 : 200);
+    s.n_queries = tk_pct(rng, 60) ? tk_int(rng, 1, 8) : tk_int(rng, 9, 40);
+    s.window = tk_pct(rng, 40) ? tk_int(rng, 1, 100) : 0;
+    s.sinks = tk_int(rng, 0, 4);
+    s.seqs = tk_int(rng, 1, 4);
+    if (s.kind == KVC_KIND_ROTATING && s.window < 8) s.window = tk_int(rng, 8, 300);
+    if (s.kind == KVC_KIND_ROTATING && s.sinks >= s.window) s.sinks = 0;
+    if (s.kind == KVC_KIND_CAUSAL) s.tokens = KVC__MAX(s.tokens, s.seqs);
+    if (s.kind != KVC_KIND_CAUSAL) s.n_queries = KVC__MIN(s.n_queries, s.tokens);
+    return s;
+}
+
+static void test_paths(tk_rng *rng) {
+    static const int32_t dims[] = {64, 80, 96, 128, 256};
+    int32_t tk, tv, i, n = tk_scaled(4);
+    for (tk = 0; tk < KVC_TYPE_COUNT; ++tk)
+        for (tv = 0; tv < KVC_TYPE_COUNT; ++tv)
+            for (i = 0; i < n; ++i) {
+                int32_t hk = dims[tk_int(rng, 0, 4)], hv = dims[tk_int(rng, 0, 4)];
+                if (tk >= KVC_TYPE_Q8_0 && hk == 80) hk = 96; /* block types: multiples of 32 */
+                if (tv >= KVC_TYPE_Q8_0 && hv == 80) hv = 64;
+                shape s = random_shape(rng, hk, hv, (kvc_type)tk, (kvc_type)tv);
+                check_paths(rng, &s);
+            }
+    for (i = 0; i < 2 * n; ++i) { /* head dims no fused kernel takes: the tile path */
+        shape s = random_shape(rng, 4 * tk_int(rng, 1, 9) + 2 * (i & 1), 4 * tk_int(rng, 1, 9), (kvc_type)(i % 3),
+                               (kvc_type)((i / 3) % 3));
+        check_paths(rng, &s);
+    }
+}
+
+/* ---- accuracy of each storage type against double attention on the f32 inputs ---- */
+
+static void test_accuracy(tk_rng *rng) {
+    /* Errors relative to the output's max (and rms), measured over 6 seeds on this data
+       (700 cells, uniform K, V, q; the outputs are averages, so small):
+       f32 max 7e-7 rms 4e-7; f16 2e-4 / 2.2e-4; bf16 1.7e-3 / 1.6e-3; q8_0 4.7e-3 /
+       4.2e-3; q4_0 7.7e-2 / 7.7e-2. The bounds leave about 2x room. */
+    static const double max_bound[KVC_TYPE_COUNT] = {2e-6, 6e-4, 5e-3, 1.2e-2, 1.6e-1};
+    static const double rms_bound[KVC_TYPE_COUNT] = {1e-6, 5e-4, 4e-3, 1e-2, 1.5e-1};
+    enum { N = 700, KV = 2, G = 4, D = 128, Q = 3 };
+    static float k[N * KV * D], v[N * KV * D], q[Q * KV * G * D], out[Q * KV * G * D];
+    static double ref[Q * KV * G * D];
+    int32_t t, qi, h, c, i;
+    fill(rng, k, sizeof(k) / sizeof(k[0]), 1.0f);
+    fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
+    fill(rng, q, sizeof(q) / sizeof(q[0]), 1.0f);
+    for (qi = 0; qi < Q; ++qi) /* queries at positions N-3, N-2, N-1, causal */
+        for (h = 0; h < KV * G; ++h) {
+            int32_t pos = N - Q + qi;
+            double m = -1e300, sum = 0, *o = ref + ((size_t)qi * KV * G + h) * D;
+            const float *qq = q + ((size_t)qi * KV * G + h) * D;
+            static double sc[N];
+            for (i = 0; i < D; ++i) o[i] = 0;
+            for (c = 0; c <= pos; ++c) {
+                double dot = 0;
+                for (i = 0; i < D; ++i) dot += (double)qq[i] * k[((size_t)c * KV + h / G) * D + i];
+                sc[c] = dot / sqrt((double)D);
+                m = fmax(m, sc[c]);
+            }
+            for (c = 0; c <= pos; ++c) {
+                double w = exp(sc[c] - m);
+                sum += w;
+                for (i = 0; i < D; ++i) o[i] += w * v[((size_t)c * KV + h / G) * D + i];
+            }
+            for (i = 0; i < D; ++i) o[i] /= sum;
+        }
+    for (t = 0; t < KVC_TYPE_COUNT; ++t) {
+        kvc_pool_config pc;
+        kvc_cache_config cc;
+        kvc_pool *p;
+        kvc_cache *cache;
+        kvc_attention_desc d;
+        double err = 0, se = 0, so = 0, mo = 0;
+        kvc_pool_config_init(&pc);
+        pc.n_layers = 1; pc.n_kv_heads = KV; pc.head_dim_k = pc.head_dim_v = D;
+        pc.type_k = pc.type_v = (kvc_type)t; pc.budget_bytes = (size_t)16 << 20;
+        kvc_cache_config_init(&cc, KVC_KIND_FULL);
+        TK_OK(kvc_pool_create(&pc, &p));
+        TK_OK(kvc_cache_create(p, &cc, &cache));
+        TK_OK(kvc_begin(cache, N));
+        TK_OK(kvc_put(cache, 0, k, v));
+        memset(&d, 0, sizeof(d));
+        d.n_queries = Q; d.n_heads = KV * G; d.q = q; d.out = out;
+        TK_OK(kvc_attention(cache, 0, &d));
+        for (i = 0; i < Q * KV * G * D; ++i) {
+            double e = fabs(out[i] - ref[i]);
+            err = fmax(err, e);
+            se += e * e;
+            so += ref[i] * ref[i];
+            mo = fmax(mo, fabs(ref[i]));
+        }
+        err /= mo;
+        se = sqrt(se / so);
+        printf("accuracy %-5s: max |err| / max |out| %.2e (bound %.1e), rms %.2e (bound %.1e)\n", kvc_type_name((kvc_type)t),
+               err, max_bound[t], se, rms_bound[t]);
+        TK_CHECK(err <= max_bound[t]);
+        TK_CHECK(se <= rms_bound[t]);
+        TK_OK(kvc_cache_destroy(cache));
+        TK_OK(kvc_pool_destroy(p));
+    }
+}
+
+/* ---- threads: bit-identical results ---- */
+
+typedef struct backwards {
+    tk_rng rng;
+    int32_t workers;
+} backwards;
+
+/* a hook that runs the tasks last first on random worker ids */
+static void run_backwards(void *user, int32_t n, kvc_task_fn fn, void *ctx) {
+    backwards *b = (backwards *)user;
+    int32_t t;
+    for (t = n - 1; t >= 0; --t) fn(ctx, t, tk_int(&b->rng, 0, b->workers - 1));
+}
+
+static void test_threads(tk_rng *rng) {
+    int32_t round, w;
+    for (round = 0; round < tk_scaled(6); ++round) {
+        shape s = random_shape(rng, 128, 128, (kvc_type)tk_int(rng, 0, 4), (kvc_type)tk_int(rng, 0, 4));
+        int32_t nh = s.n_kv * s.group, pos[64], seq[64];
+        size_t nq = (size_t)s.n_queries * nh * s.hk, no = (size_t)s.n_queries * nh * s.hv;
+        float *q = (float *)malloc(sizeof(float) * nq), *ref = (float *)malloc(sizeof(float) * no);
+        float *out = (float *)malloc(sizeof(float) * no);
+        uint64_t seed = tk_next(rng);
+        backwards bw;
+        run r;
+        s.tokens = tk_int(rng, 600, 2500); /* several split-K chunks */
+        fill(rng, q, nq, 1.0f);
+        queries_of(&s, rng, pos, seq);
+        if (!build(&s, 0, NULL, NULL, 0, seed, &r)) { TK_CHECK(0); break; }
+        attend(&s, &r, q, pos, seq, ref);
+        destroy(&r);
+        for (w = 1; w <= 3; ++w) {
+            kvc_threads *th;
+            TK_OK(kvc_threads_create(w, &th));
+            if (build(&s, 0, kvc_threads_parallel_for, th, w, seed, &r)) {
+                attend(&s, &r, q, pos, seq, out);
+                TK_CHECK(memcmp(out, ref, sizeof(float) * no) == 0);
+                destroy(&r);
+            }
+            TK_OK(kvc_threads_destroy(th));
+        }
+        bw.rng.s = tk_next(rng);
+        bw.workers = 5;
+        if (build(&s, 0, run_backwards, &bw, 5, seed, &r)) {
+            attend(&s, &r, q, pos, seq, out);
+            TK_CHECK(memcmp(out, ref, sizeof(float) * no) == 0);
+            destroy(&r);
+        }
+        free(q); free(ref); free(out);
+    }
+}
+
+/* ---- a decode query's result does not depend on the other queries of its call ---- */
+
+static void test_batch_invariance(tk_rng *rng) {
+    uint32_t disable[4];
+    const char *names[4];
+    int32_t np = paths(disable, names), p, round;
+    for (round = 0; round < tk_scaled(8); ++round)
+        for (p = 0; p < np; ++p) {
+            shape s = random_shape(rng, 64 * tk_int(rng, 1, 2), 64, (kvc_type)tk_int(rng, 0, 4), (kvc_type)tk_int(rng, 0, 4));
+            int32_t nh, pos[64], seq[64], qi, n_queries;
+            size_t row_q, row_o;
+            float *q, *all, *one;
+            run r;
+            s.n_queries = n_queries = tk_int(rng, 2, 8);
+            s.tokens = tk_int(rng, 1, 1200);
+            if (s.kind != KVC_KIND_CAUSAL) s.n_queries = n_queries = KVC__MIN(n_queries, s.tokens);
+            nh = s.n_kv * s.group;
+            row_q = (size_t)nh * s.hk;
+            row_o = (size_t)nh * s.hv;
+            q = (float *)malloc(sizeof(float) * row_q * 8);
+            all = (float *)malloc(sizeof(float) * row_o * 8);
+            one = (float *)malloc(sizeof(float) * row_o);
+            fill(rng, q, row_q * (size_t)n_queries, 1.0f);
+            queries_of(&s, rng, pos, seq);
+            if (build(&s, disable[p], NULL, NULL, 0, tk_next(rng), &r)) {
+                attend(&s, &r, q, pos, seq, all);
+                s.n_queries = 1;
+                for (qi = 0; qi < n_queries; ++qi) {
+                    attend(&s, &r, q + row_q * qi, pos + qi, seq + qi, one);
+                    if (memcmp(one, all + row_o * qi, sizeof(float) * row_o) != 0) {
+                        printf("%s: query %d of %d differs alone (kind %d %s/%s group %d tokens %d)\n", names[p], qi,
+                               n_queries, (int)s.kind, kvc_type_name(s.tk), kvc_type_name(s.tv), s.group, s.tokens);
+                        TK_CHECK(0);
+                    } else {
+                        TK_CHECK(1);
+                    }
+                }
+                destroy(&r);
+            }
+            free(q); free(all); free(one);
+        }
+}
+
+/* ---- scratch: the caller's memory, and its errors ---- */
+
+static void test_scratch(tk_rng *rng) {
+    shape s = random_shape(rng, 64, 64, KVC_TYPE_F16, KVC_TYPE_Q8_0);
+    int32_t nh, pos[64], seq[64];
+    float *q, *a, *b;
+    size_t need = 0, nq, no;
+    kvc_attention_desc d;
+    run r;
+    void *mem;
+    s.kind = KVC_KIND_FULL; s.tokens = 1000; s.n_queries = 2; s.window = 0;
+    nh = s.n_kv * s.group;
+    nq = (size_t)2 * nh * 64; no = nq;
+    q = (float *)malloc(sizeof(float) * nq); a = (float *)malloc(sizeof(float) * no); b = (float *)malloc(sizeof(float) * no);
+    fill(rng, q, nq, 1.0f);
+    queries_of(&s, rng, pos, seq);
+    if (!build(&s, 0, NULL, NULL, 0, tk_next(rng), &r)) { TK_CHECK(0); return; }
+    memset(&d, 0, sizeof(d));
+    d.n_queries = 2; d.n_heads = nh; d.q = q; d.out = a; d.pos = pos;
+    TK_RES(kvc_attention_scratch_bytes(r.cache, &d, NULL), KVC_ERR_NULL);
+    TK_RES(kvc_attention_scratch_bytes(NULL, &d, &need), KVC_ERR_NULL);
+    TK_OK(kvc_attention_scratch_bytes(r.cache, &d, &need));
+    TK_CHECK(need > 0);
+    TK_OK(kvc_attention(r.cache, 1, &d));
+    mem = malloc(need);
+    d.out = b; d.scratch = mem; d.scratch_bytes = need - 1;
+    TK_RES(kvc_attention(r.cache, 1, &d), KVC_ERR_RANGE);
+    d.scratch_bytes = need;
+    TK_OK(kvc_attention(r.cache, 1, &d));
+    TK_CHECK(memcmp(a, b, sizeof(float) * no) == 0);
+    d.scratch = NULL;
+    TK_RES(kvc_attention(r.cache, 1, &d), KVC_ERR_INVALID); /* bytes without memory */
+    destroy(&r);
+    free(mem); free(q); free(a); free(b);
+}
+
+static void test_bad_hook(void) {
+    kvc_pool_config pc;
+    kvc_pool *p = NULL;
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 1; pc.n_kv_heads = 1; pc.head_dim_k = pc.head_dim_v = 32; pc.budget_bytes = 1 << 20;
+    pc.parallel_for = run_backwards; pc.n_workers = 0;
+    TK_RES(kvc_pool_create(&pc, &p), KVC_ERR_INVALID);
+    TK_CHECK(p == NULL);
+    pc.type_k = KVC_TYPE_Q4_0; pc.head_dim_k = 48; pc.n_workers = 1; /* not a multiple of 32 */
+    TK_RES(kvc_pool_create(&pc, &p), KVC_ERR_INVALID);
 }
 
 int main(int argc, char **argv) {
     tk_rng rng;
     uint32_t f = 0;
+    int32_t t;
+    const char *names[4];
+    uint32_t disable[4];
+    int32_t np, i;
     rng.s = argc > 1 ? strtoull(argv[1], NULL, 10) : (unsigned long long)time(NULL) * 2654435761ull;
-    printf("seed %llu\n", rng.s);
+    printf("seed %llu (test_kernels %llu replays it)\n", rng.s, rng.s);
     TK_OK(kvc_cpu_features(&f));
     TK_RES(kvc_cpu_features(NULL), KVC_ERR_NULL);
-    printf("cpu features: %s\n", (f & KVC_CPU_F16C) ? "f16c" : "none (scalar only)");
+    np = paths(disable, names);
+    printf("cpu features %#x, paths:", f);
+    for (i = 0; i < np; ++i) printf(" %s", names[i]);
+    printf("\n");
 #ifdef KVC__X86
-    if (f & KVC_CPU_F16C) test_f16c_conversions(&rng);
+    if (f & KVC_CPU_F16C) test_f16c_all_halves();
 #endif
-    test_pools_agree(&rng);
+    for (t = 0; t < KVC_TYPE_COUNT; ++t) {
+        test_converters_of(&rng, (kvc_type)t, f);
+        test_converters_of(&rng, (kvc_type)t, f & ~(uint32_t)KVC_CPU_AVX512);
+    }
+    test_block_layouts();
+    test_quant_error(&rng);
+    test_paths(&rng);
+    test_accuracy(&rng);
+    test_threads(&rng);
+    test_batch_invariance(&rng);
+    test_scratch(&rng);
+    test_bad_hook();
     return tk_report("kernels");
 }

@@ -67,10 +67,17 @@ TK_UNUSED static float tk_float(tk_rng *r) { /* [-1, 1) */
     return (float)((double)(tk_next(r) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
+TK_UNUSED static int tk_pct(tk_rng *r, int percent) { return tk_int(r, 0, 99) < percent; }
+
 /* Test scale: KVC_TEST_SCALE=0.1 under valgrind, 1 by default. */
 TK_UNUSED static double tk_scale(void) {
     const char *s = getenv("KVC_TEST_SCALE");
     double v = s ? atof(s) : 1.0;
     return v > 0 ? v : 1.0;
+}
+/* n scaled by KVC_TEST_SCALE, at least 1 */
+TK_UNUSED static int tk_scaled(int n) {
+    int v = (int)(n * tk_scale() + 0.5);
+    return v > 0 ? v : 1;
 }
 #endif

@@ -1,0 +1,151 @@
+/* fuzz_load.c - libFuzzer target for the loaders of kvcache.h (Layer 7).
+
+   Each input is given to every loader: kvc_cache_load into a FULL, a ROTATING and a
+   CAUSAL cache, kvc_seq_load into the CAUSAL cache and kvc_radix_load into a prefix
+   tree, all holding contents of their own (tests/load_fixture.h, the same world
+   `test_persist --write-corpus` saved the seed corpus tests/corpus/load/ from). Then
+   once more with every section's checksum recomputed, so that the checks behind the
+   checksums (lengths, window states, cell indices, positions, sequence sets) are
+   reached as an attacker who can write checksums would reach them.
+   A load that fails must leave its target exactly as it was (fingerprint of every held
+   cell, pool pages, tree statistics); a load that succeeds must leave a cache that the
+   next batch, the views and attention can use. Any breach aborts; so does a page leak
+   (kvc_pool_destroy asserts that every page came back).
+
+   Build: clang -g -O1 -fsanitize=fuzzer,address,undefined -I. tests/fuzz_load.c -o fuzz_load -lm
+   Run:   ./fuzz_load -max_total_time=60 tests/corpus/load */
+#define KVCACHE_IMPLEMENTATION
+#include "../kvcache.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "load_fixture.h"
+
+static void must(int cond) {
+    if (!cond) abort();
+}
+
+typedef struct world_state {
+    uint64_t fp;
+    int32_t pages;
+    kvc_radix_stats tree;
+} world_state;
+
+static world_state state_of(const lf_world *w, const kvc_cache *target) {
+    world_state s;
+    kvc_pool_stats ps;
+    memset(&s, 0, sizeof(s));
+    s.fp = target != NULL ? lf_fingerprint(target) : 0;
+    kvc_pool_stats_get(w->pool, &ps);
+    s.pages = ps.pages_used;
+    kvc_radix_stats_get(w->tree, &s.tree);
+    return s;
+}
+
+static int same(const world_state *a, const world_state *b) {
+    return a->fp == b->fp && a->pages == b->pages && a->tree.n_nodes == b->tree.n_nodes &&
+           a->tree.n_pages == b->tree.n_pages && a->tree.commits == b->tree.commits &&
+           a->tree.n_pinned == b->tree.n_pinned;
+}
+
+/* A loaded FULL/ROTATING cache works: views, attention, one more batch. */
+static void use_linear(kvc_cache *c) {
+    static float k[512 * LF_HEADS * LF_HK], v[512 * LF_HEADS * LF_HV];
+    float q[LF_HEADS * LF_HK], out[LF_HEADS * LF_HV];
+    static int32_t pos[512];
+    int32_t n = 0, off = 0, l;
+    kvc_attention_desc a;
+    memset(q, 0, sizeof(q));
+    memset(&a, 0, sizeof(a));
+    must(kvc_cache_offset(c, &off) == KVC_OK);
+    for (l = 0; l < LF_LAYERS; ++l) must(kvc_cache_gather(c, l, k, v, pos, 512, &n) == KVC_OK);
+    if (off > 0) {
+        a.n_queries = 1;
+        a.n_heads = LF_HEADS;
+        a.q = q;
+        a.out = out;
+        must(kvc_attention(c, 0, &a) == KVC_OK);
+    }
+    if (off < 1000) {
+        kvc_result r = lf_append(c, 2, 2, 9);
+        must(r == KVC_OK || r == KVC_ERR_FULL);
+        if (r != KVC_OK) kvc_cancel(c);
+    }
+}
+
+static void use_causal(kvc_cache *c) {
+    static float mask[64 * 64];
+    int32_t rows, cols, first;
+    kvc_result r = lf_causal_append(c, 2, 1000, 2, 9);
+    must(r == KVC_OK || r == KVC_ERR_FULL);
+    if (r == KVC_OK) must(kvc_mask_export(c, 1, mask, 64 * 64, &rows, &cols, &first) == KVC_OK);
+}
+
+static void use_tree(kvc_radix *t) {
+    int32_t tok[16], i, reused;
+    kvc_cache *c = NULL;
+    for (i = 0; i < 16; ++i) tok[i] = 100 + i;
+    must(kvc_radix_lookup(t, LF_NS, tok, 16, &c, &reused) == KVC_OK);
+    use_linear(c);
+    kvc_cache_destroy(c);
+}
+
+static void load_all(const uint8_t *data, size_t size) {
+    lf_world w;
+    int kind;
+    must(lf_make(&w, KVC_TYPE_F16, KVC_TYPE_F32, 1));
+    for (kind = 0; kind < 5; ++kind) {
+        kvc_cache *target = kind == 0 ? w.full : kind == 1 ? w.rot : kind == 4 ? NULL : w.causal;
+        world_state before = state_of(&w, target), after;
+        int32_t tokens[64], n_tokens = -1;
+        kvc_mem m;
+        kvc_io io;
+        kvc_result r;
+        memset(&m, 0, sizeof(m));
+        m.data = (unsigned char *)(uintptr_t)data; /* only read */
+        m.size = m.capacity = size;
+        kvc_io_memory(&m, &io);
+        if (kind < 3) r = kvc_cache_load(target, LF_NS, &io, tokens, 64, &n_tokens);
+        else if (kind == 3) r = kvc_seq_load(target, 2, LF_NS, &io, tokens, 64, &n_tokens);
+        else r = kvc_radix_load(w.tree, LF_NS, &io, (int)(size & 1), &n_tokens);
+        after = state_of(&w, target);
+        if (r != KVC_OK) {
+            must(same(&before, &after));
+            continue;
+        }
+        must(n_tokens >= 0);
+        if (kind < 2) use_linear(target);
+        else if (kind < 4) use_causal(target);
+        else use_tree(w.tree);
+    }
+    lf_free(&w); /* asserts that every page came back */
+}
+
+/* The input with every complete section's checksum recomputed. */
+static void fix_checksums(uint8_t *d, size_t size) {
+    size_t at = 16;
+    while (size - at >= 16 && at <= size) {
+        uint64_t len = kvc__le64(d + at + 8);
+        kvc__xxh h;
+        if (len > size - at - 16 || size - at - 16 - len < 8) return;
+        kvc__xxh_init(&h);
+        kvc__xxh_update(&h, d + at, (size_t)(16 + len));
+        kvc__put64(d + at + 16 + (size_t)len, kvc__xxh_digest(&h));
+        at += 16 + (size_t)len + 8;
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    uint8_t *fixed;
+    load_all(data, size);
+    if (size < 16) return 0;
+    fixed = (uint8_t *)malloc(size);
+    must(fixed != NULL);
+    memcpy(fixed, data, size);
+    fix_checksums(fixed, size);
+    load_all(fixed, size);
+    free(fixed);
+    return 0;
+}

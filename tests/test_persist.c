@@ -1,0 +1,688 @@
+/* test_persist.c - saving and loading (Layer 7): round trips of every kind through every
+   io (memory, FILE*, callbacks, a path written atomically), bit-exact (every held cell's
+   position, sequence set and K/V bytes, the window state, then identical behaviour on the
+   next batch); every damaged byte, every truncation and every mismatch is an error that
+   leaves the target exactly as it was and leaks no page; prefix-tree entries move
+   between trees and pools.
+
+   Usage: test_persist [seed]                 the tests (the seed picks random contents)
+          test_persist --write-corpus DIR     writes the loader fuzz target's seed corpus */
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define KVCACHE_IMPLEMENTATION
+#include "../kvcache.h"
+#include "tk.h"
+#include "load_fixture.h"
+
+#define TMP_PATH "build/test_persist.tmp"
+
+/* ---- helpers ----------------------------------------------------------------------- */
+
+typedef struct blob { unsigned char *data; size_t size; } blob;
+
+/* Save into memory (sized by a counting pass first). */
+typedef kvc_result (*save_fn)(void *what, const kvc_io *io);
+static blob save_blob(save_fn fn, void *what) {
+    kvc_mem m;
+    kvc_io io;
+    blob b = {NULL, 0};
+    memset(&m, 0, sizeof(m));
+    TK_OK(kvc_io_memory(&m, &io));
+    TK_OK(fn(what, &io));                     /* data == NULL: counts */
+    b.data = (unsigned char *)malloc(m.size ? m.size : 1);
+    m.data = b.data;
+    m.capacity = m.size;
+    m.size = 0;
+    TK_OK(fn(what, &io));
+    TK_EQ(m.size, m.capacity);
+    b.size = m.size;
+    return b;
+}
+
+static int32_t g_tokens[64];
+static kvc_result save_cache(void *c, const kvc_io *io) { return kvc_cache_save((kvc_cache *)c, LF_NS, g_tokens, 7, io); }
+static kvc_result save_seq1(void *c, const kvc_io *io) { return kvc_seq_save((kvc_cache *)c, 1, LF_NS, g_tokens, 3, io); }
+static kvc_result save_entry(void *t, const kvc_io *io) {
+    int32_t tok[9], i;
+    for (i = 0; i < 9; ++i) tok[i] = 100 + i;
+    return kvc_radix_save((kvc_radix *)t, LF_NS, tok, 9, io);
+}
+
+static kvc_io mem_reader(kvc_mem *m, const blob *b) {
+    kvc_io io;
+    memset(m, 0, sizeof(*m));
+    m->data = b->data;
+    m->size = m->capacity = b->size;
+    kvc_io_memory(m, &io);
+    return io;
+}
+
+static int32_t tree_pinned(const kvc_radix *t) {
+    kvc_radix_stats s;
+    kvc_radix_stats_get(t, &s);
+    return s.n_pinned;
+}
+
+static int32_t pool_pages(const kvc_pool *p) {
+    kvc_pool_stats s;
+    kvc_pool_stats_get(p, &s);
+    return s.pages_used;
+}
+
+/* The same batch on two causal caches must give the same masks and the same K/V views. */
+static void same_next_batch(kvc_cache *a, kvc_cache *b) {
+    static float ma[4096], mb[4096];
+    int32_t ra, ca, fa, rb, cb, fb, l, na, nb, i;
+    kvc_run runs_a[16], runs_b[16];
+    TK_OK(lf_causal_append(a, 1, 8, 2, 9));
+    TK_OK(lf_causal_append(b, 1, 8, 2, 9));
+    TK_OK(kvc_mask_export(a, 1, ma, 4096, &ra, &ca, &fa));
+    TK_OK(kvc_mask_export(b, 1, mb, 4096, &rb, &cb, &fb));
+    TK_EQ(ra, rb);
+    TK_EQ(ca, cb);
+    TK_EQ(fa, fb);
+    TK_EQ(memcmp(ma, mb, sizeof(float) * (size_t)(ra * ca)), 0);
+    for (l = 0; l < LF_LAYERS; ++l) {
+        TK_OK(kvc_cache_runs(a, l, runs_a, 16, &na));
+        TK_OK(kvc_cache_runs(b, l, runs_b, 16, &nb));
+        TK_EQ(na, nb);
+        for (i = 0; i < na && i < nb; ++i) {
+            TK_EQ(runs_a[i].n_cells, runs_b[i].n_cells);
+            TK_EQ(memcmp(runs_a[i].pos, runs_b[i].pos, 4 * (size_t)runs_a[i].n_cells), 0);
+            TK_EQ(memcmp(runs_a[i].k, runs_b[i].k, a->pool->k_row * (size_t)runs_a[i].n_cells), 0);
+            TK_EQ(memcmp(runs_a[i].v, runs_b[i].v, a->pool->v_row * (size_t)runs_a[i].n_cells), 0);
+        }
+    }
+}
+
+/* ---- round trips ------------------------------------------------------------------- */
+
+static void roundtrip_linear(kvc_type tk, kvc_type tv) {
+    lf_world a, b;
+    blob bf, br;
+    kvc_mem m;
+    kvc_io io;
+    int32_t toks[64], n = -1, can_a, can_b;
+    TK_EQ(lf_make(&a, tk, tv, 1), 1);
+    TK_EQ(lf_make(&b, tk, tv, 0), 1);
+    TK_OK(lf_append(b.full, 3, 3, 7)); /* something to be replaced */
+    bf = save_blob(save_cache, a.full);
+    br = save_blob(save_cache, a.rot);
+    io = mem_reader(&m, &bf);
+    TK_OK(kvc_cache_load(b.full, LF_NS, &io, toks, 64, &n));
+    TK_EQ(n, 7);
+    TK_EQ(memcmp(toks, g_tokens, 7 * sizeof(int32_t)), 0);
+    TK_EQ(lf_fingerprint(b.full), lf_fingerprint(a.full));
+    io = mem_reader(&m, &br);
+    TK_OK(kvc_cache_load(b.rot, LF_NS, &io, NULL, 0, NULL));
+    TK_EQ(lf_fingerprint(b.rot), lf_fingerprint(a.rot));
+    TK_OK(kvc_can_trim(a.rot, &can_a));
+    TK_OK(kvc_can_trim(b.rot, &can_b));
+    TK_EQ(can_a, 0);
+    TK_EQ(can_b, 0);
+    /* both continue the same way */
+    TK_OK(lf_append(a.full, 5, 2, 8));
+    TK_OK(lf_append(b.full, 5, 2, 8));
+    TK_OK(lf_append(a.rot, 5, 2, 8));
+    TK_OK(lf_append(b.rot, 5, 2, 8));
+    TK_EQ(lf_fingerprint(b.full), lf_fingerprint(a.full));
+    TK_EQ(lf_fingerprint(b.rot), lf_fingerprint(a.rot));
+    free(bf.data);
+    free(br.data);
+    lf_free(&a);
+    { /* no page leaked: the pool holds exactly b's pages (nothing is shared there) */
+        int32_t pf = 0, pr = 0, pc = 0;
+        kvc_cache_pages(b.full, &pf);
+        kvc_cache_pages(b.rot, &pr);
+        kvc_cache_pages(b.causal, &pc);
+        TK_EQ(pool_pages(b.pool), pf + pr + pc);
+    }
+    lf_free(&b);
+}
+
+/* ROTATING states around the window: empty, unwrapped, exactly W, a cancelled batch
+   after a release, a long batch (L > W), snapshots restored. Each round-trips exactly. */
+static void roundtrip_rotating_states(void) {
+    int sinks, step;
+    for (sinks = 0; sinks < 3; ++sinks)
+        for (step = 0; step < 9; ++step) {
+            kvc_pool *p = lf_pool(KVC_TYPE_F16, KVC_TYPE_F16);
+            kvc_cache_config cc;
+            kvc_cache *c = NULL, *d = NULL;
+            blob b;
+            kvc_mem m;
+            kvc_io io;
+            kvc_cache_config_init(&cc, KVC_KIND_ROTATING);
+            cc.window = 7;
+            cc.sinks = sinks;
+            TK_OK(kvc_cache_create(p, &cc, &c));
+            TK_OK(kvc_cache_create(p, &cc, &d));
+            if (step >= 1) TK_OK(lf_append(c, 3 + step, 1, 1));
+            if (step >= 3) TK_OK(lf_append(c, 2 * step, step, 2));
+            if (step % 2 == 1) { TK_OK(kvc_begin(c, 2)); TK_OK(kvc_cancel(c)); }
+            if (step == 8) TK_OK(lf_append(c, 20, 20, 3));
+            b = save_blob(save_cache, c);
+            io = mem_reader(&m, &b);
+            TK_OK(kvc_cache_load(d, LF_NS, &io, NULL, 0, NULL));
+            TK_EQ(lf_fingerprint(d), lf_fingerprint(c));
+            TK_OK(lf_append(c, 3, 1, 4));
+            TK_OK(lf_append(d, 3, 1, 4));
+            TK_EQ(lf_fingerprint(d), lf_fingerprint(c));
+            free(b.data);
+            TK_OK(kvc_cache_destroy(c));
+            TK_OK(kvc_cache_destroy(d));
+            TK_EQ(pool_pages(p), 0);
+            TK_OK(kvc_pool_destroy(p));
+        }
+}
+
+static void roundtrip_causal(void) {
+    lf_world a, b;
+    blob bc, bs;
+    kvc_mem m;
+    kvc_io io;
+    int32_t lo, hi, n = -1, toks[8];
+    TK_EQ(lf_make(&a, KVC_TYPE_F16, KVC_TYPE_F32, 1), 1);
+    TK_EQ(lf_make(&b, KVC_TYPE_F16, KVC_TYPE_F32, 0), 1);
+    TK_OK(lf_causal_append(b.causal, 2, 0, 4, 6)); /* replaced by the load */
+    bc = save_blob(save_cache, a.causal);
+    bs = save_blob(save_seq1, a.causal);
+    io = mem_reader(&m, &bc);
+    TK_OK(kvc_cache_load(b.causal, LF_NS, &io, NULL, 0, NULL));
+    TK_EQ(lf_fingerprint(b.causal), lf_fingerprint(a.causal));
+    TK_OK(kvc_seq_pos_range(b.causal, 1, &lo, &hi));
+    TK_EQ(lo, 0);
+    TK_EQ(hi, 7);
+    same_next_batch(a.causal, b.causal);
+    /* one sequence into another cache, as sequence 3 */
+    TK_OK(kvc_cache_clear(b.causal));
+    io = mem_reader(&m, &bs);
+    TK_OK(kvc_seq_load(b.causal, 3, LF_NS, &io, toks, 8, &n));
+    TK_EQ(n, 3);
+    TK_OK(kvc_seq_pos_range(b.causal, 3, &lo, &hi));
+    TK_EQ(lo, 0);
+    TK_EQ(hi, 7); /* sequence 1 as saved: positions 0..7 */
+    free(bc.data);
+    free(bs.data);
+    lf_free(&a);
+    lf_free(&b);
+}
+
+static void roundtrip_entry(void) {
+    lf_world a, b;
+    blob be;
+    kvc_mem m;
+    kvc_io io;
+    kvc_cache *c = NULL, *ref = NULL;
+    int32_t tok[12], i, reused, n = -1;
+    TK_EQ(lf_make(&a, KVC_TYPE_F32, KVC_TYPE_F16, 1), 1);
+    TK_EQ(lf_make(&b, KVC_TYPE_F32, KVC_TYPE_F16, 0), 1);
+    be = save_blob(save_entry, a.tree);
+    io = mem_reader(&m, &be);
+    TK_OK(kvc_radix_load(b.tree, LF_NS, &io, 1, &n));
+    TK_EQ(n, 9);
+    TK_EQ(tree_pinned(b.tree), 1);
+    for (i = 0; i < 12; ++i) tok[i] = 100 + i;
+    TK_OK(kvc_radix_lookup(b.tree, LF_NS, tok, 12, &c, &reused));
+    TK_EQ(reused, 9);
+    TK_OK(kvc_radix_lookup(a.tree, LF_NS, tok, 12, &ref, &reused));
+    TK_EQ(reused, 9);
+    TK_EQ(lf_fingerprint(c), lf_fingerprint(ref));
+    TK_OK(kvc_cache_destroy(c));
+    TK_OK(kvc_cache_destroy(ref));
+    /* a sequence the tree does not hold whole */
+    tok[3] = 5;
+    {
+        kvc_mem cm;
+        kvc_io cio;
+        memset(&cm, 0, sizeof(cm));
+        kvc_io_memory(&cm, &cio);
+        TK_RES(kvc_radix_save(a.tree, LF_NS, tok, 9, &cio), KVC_ERR_NOT_FOUND);
+        TK_RES(kvc_radix_save(a.tree, LF_NS, tok, 0, &cio), KVC_ERR_INVALID);
+    }
+    free(be.data);
+    lf_free(&a);
+    lf_free(&b);
+}
+
+/* A ROTATING tree's entry is its sinks + window: it loads into another tree and a
+   lookup continues from it. */
+static void roundtrip_rotating_entry(void) {
+    kvc_pool *p = lf_pool(KVC_TYPE_F16, KVC_TYPE_F16);
+    kvc_radix_config rc;
+    kvc_radix *t1 = NULL, *t2 = NULL;
+    kvc_cache *c = NULL, *d = NULL;
+    kvc_mem m;
+    kvc_io io;
+    unsigned char buf[8192];
+    int32_t tok[21], i, reused, n;
+    kvc_radix_config_init(&rc, KVC_KIND_ROTATING);
+    rc.cache.window = 6;
+    rc.cache.sinks = 2;
+    TK_OK(kvc_radix_create(p, &rc, &t1));
+    TK_OK(kvc_radix_create(p, &rc, &t2));
+    for (i = 0; i < 21; ++i) tok[i] = 7 * i;
+    TK_OK(kvc_radix_lookup(t1, LF_NS, tok, 20, &c, &reused));
+    TK_OK(lf_append(c, 20, 1, 3));
+    TK_OK(kvc_radix_commit(t1, LF_NS, c, tok, 20));
+    memset(&m, 0, sizeof(m));
+    m.data = buf;
+    m.capacity = sizeof(buf);
+    kvc_io_memory(&m, &io);
+    TK_OK(kvc_radix_save(t1, LF_NS, tok, 20, &io));
+    TK_RES(kvc_radix_save(t1, LF_NS, tok, 12, &io), KVC_ERR_NOT_FOUND); /* its window is gone */
+    m.pos = 0;
+    TK_OK(kvc_radix_load(t2, LF_NS, &io, 0, &n));
+    TK_EQ(n, 20);
+    TK_OK(kvc_radix_lookup(t2, LF_NS, tok, 21, &d, &reused));
+    TK_EQ(reused, 20);
+    TK_EQ(lf_fingerprint(d), lf_fingerprint(c));
+    TK_OK(kvc_cache_destroy(c));
+    TK_OK(kvc_cache_destroy(d));
+    TK_OK(kvc_radix_destroy(t1));
+    TK_OK(kvc_radix_destroy(t2));
+    TK_EQ(pool_pages(p), 0);
+    TK_OK(kvc_pool_destroy(p));
+}
+
+/* Every storage type round-trips bit-exactly (blocks of quantised types included). */
+static void roundtrip_types(void) {
+    kvc_type types[3] = {KVC_TYPE_BF16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0};
+    int a, b;
+    for (a = 0; a < 3; ++a)
+        for (b = 0; b < 3; ++b) {
+            kvc_pool_config pc;
+            kvc_pool *p = NULL;
+            kvc_cache_config cc;
+            kvc_cache *c = NULL, *d = NULL;
+            static float k[12 * 64], v[12 * 64];
+            int32_t i, l;
+            blob bl;
+            kvc_mem m;
+            kvc_io io;
+            kvc_pool_config_init(&pc);
+            pc.n_layers = 2;
+            pc.n_kv_heads = 2;
+            pc.head_dim_k = pc.head_dim_v = 32;
+            pc.type_k = types[a];
+            pc.type_v = types[b];
+            pc.page_cells = 4;
+            pc.budget_bytes = 64 * 4 * 2 * 2 * 32 * 4;
+            TK_OK(kvc_pool_create(&pc, &p));
+            kvc_cache_config_init(&cc, KVC_KIND_FULL);
+            TK_OK(kvc_cache_create(p, &cc, &c));
+            TK_OK(kvc_cache_create(p, &cc, &d));
+            for (i = 0; i < 12 * 64; ++i) {
+                k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+                v[i] = (float)((i * 53) % 97) / 40.0f - 1.2f;
+            }
+            TK_OK(kvc_begin(c, 11));
+            for (l = 0; l < 2; ++l) TK_OK(kvc_put(c, l, k, v));
+            bl = save_blob(save_cache, c);
+            io = mem_reader(&m, &bl);
+            TK_OK(kvc_cache_load(d, LF_NS, &io, NULL, 0, NULL));
+            TK_EQ(lf_fingerprint(d), lf_fingerprint(c));
+            free(bl.data);
+            TK_OK(kvc_cache_destroy(c));
+            TK_OK(kvc_cache_destroy(d));
+            TK_OK(kvc_pool_destroy(p));
+        }
+}
+
+/* ---- the ios ------------------------------------------------------------------------- */
+
+/* caller callbacks: a byte array written and read in whatever pieces the library asks */
+typedef struct cb_buf { unsigned char data[8192]; size_t size, pos, calls; } cb_buf;
+static size_t cb_write(void *u, const void *d, size_t n) {
+    cb_buf *b = (cb_buf *)u;
+    if (n > sizeof(b->data) - b->size) return 0;
+    memcpy(b->data + b->size, d, n);
+    b->size += n;
+    b->calls++;
+    return n;
+}
+static size_t cb_read(void *u, void *d, size_t n) {
+    cb_buf *b = (cb_buf *)u;
+    size_t k = n < b->size - b->pos ? n : b->size - b->pos;
+    memcpy(d, b->data + b->pos, k);
+    b->pos += k;
+    b->calls++;
+    return k;
+}
+static int g_finished, g_finish_ok;
+static int cb_finish(void *u, int ok) { (void)u; g_finished++; g_finish_ok = ok; return 0; }
+
+static void test_ios(void) {
+    lf_world a, b;
+    cb_buf *cb = (cb_buf *)calloc(1, sizeof(cb_buf));
+    kvc_io io;
+    kvc_path_io path_state;
+    FILE *f;
+    char longpath[KVC_PATH_MAX + 2];
+    TK_EQ(lf_make(&a, KVC_TYPE_F16, KVC_TYPE_F16, 1), 1);
+    TK_EQ(lf_make(&b, KVC_TYPE_F16, KVC_TYPE_F16, 0), 1);
+    /* callbacks, with finish told the outcome */
+    io.write = cb_write;
+    io.read = cb_read;
+    io.finish = cb_finish;
+    io.user = cb;
+    g_finished = 0;
+    TK_OK(kvc_cache_save(a.causal, LF_NS, NULL, 0, &io));
+    TK_EQ(g_finished, 1);
+    TK_EQ(g_finish_ok, 1);
+    TK_OK(kvc_cache_load(b.causal, LF_NS, &io, NULL, 0, NULL));
+    TK_EQ(g_finished, 2);
+    TK_EQ(lf_fingerprint(b.causal), lf_fingerprint(a.causal));
+    TK_RES(kvc_cache_load(b.causal, LF_NS, &io, NULL, 0, NULL), KVC_ERR_TRUNCATED); /* input used up */
+    TK_EQ(g_finished, 3);
+    TK_EQ(g_finish_ok, 0);
+    TK_RES(kvc_cache_save(NULL, LF_NS, NULL, 0, &io), KVC_ERR_NULL);   /* finish still called */
+    TK_EQ(g_finished, 4);
+    /* FILE*: two objects one after the other in one stream */
+    f = tmpfile();
+    TK_EQ(f != NULL, 1);
+    if (f != NULL) {
+        TK_OK(kvc_io_stdio(f, &io));
+        TK_OK(kvc_cache_save(a.full, LF_NS, g_tokens, 7, &io));
+        TK_OK(kvc_cache_save(a.rot, LF_NS, NULL, 0, &io));
+        rewind(f);
+        TK_OK(kvc_cache_load(b.full, LF_NS, &io, NULL, 0, NULL));
+        TK_OK(kvc_cache_load(b.rot, LF_NS, &io, NULL, 0, NULL));
+        TK_EQ(lf_fingerprint(b.full), lf_fingerprint(a.full));
+        TK_EQ(lf_fingerprint(b.rot), lf_fingerprint(a.rot));
+        fclose(f);
+    }
+    /* a path: written to a temporary file and renamed; a failed save keeps the old file */
+    remove(TMP_PATH);
+    TK_OK(kvc_io_path(&path_state, TMP_PATH, 1, &io));
+    TK_OK(kvc_radix_save(a.tree, LF_NS, (const int32_t[]){100, 101, 102, 103, 104, 105, 106, 107, 108}, 9, &io));
+    TK_EQ((f = fopen(TMP_PATH ".kvctmp", "rb")) == NULL, 1);
+    if (f) fclose(f);
+    TK_OK(kvc_io_path(&path_state, TMP_PATH, 1, &io));
+    TK_RES(kvc_radix_save(a.tree, LF_NS, (const int32_t[]){1, 2}, 2, &io), KVC_ERR_NOT_FOUND);
+    TK_EQ((f = fopen(TMP_PATH ".kvctmp", "rb")) == NULL, 1);
+    if (f) fclose(f);
+    TK_OK(kvc_io_path(&path_state, TMP_PATH, 0, &io));
+    TK_OK(kvc_radix_load(b.tree, LF_NS, &io, 0, NULL));
+    TK_EQ(path_state.file == NULL, 1);                                  /* closed */
+    {
+        kvc_radix_stats s;
+        kvc_radix_stats_get(b.tree, &s);
+        TK_EQ(s.n_entries, 1);
+    }
+    remove(TMP_PATH);
+    TK_RES(kvc_io_path(&path_state, TMP_PATH, 0, &io), KVC_ERR_IO);      /* no such file */
+    memset(longpath, 'a', sizeof(longpath) - 1);
+    longpath[sizeof(longpath) - 1] = 0;
+    TK_RES(kvc_io_path(&path_state, longpath, 1, &io), KVC_ERR_RANGE);
+    TK_RES(kvc_io_path(&path_state, "", 1, &io), KVC_ERR_INVALID);
+    TK_RES(kvc_io_path(NULL, TMP_PATH, 1, &io), KVC_ERR_NULL);
+    TK_RES(kvc_io_stdio(NULL, &io), KVC_ERR_NULL);
+    TK_RES(kvc_io_memory(NULL, &io), KVC_ERR_NULL);
+    TK_RES(kvc_io_memory((kvc_mem *)cb, NULL), KVC_ERR_NULL);
+    free(cb);
+    lf_free(&a);
+    lf_free(&b);
+}
+
+/* ---- damage, truncation, mismatch: an error and the target untouched ------------------- */
+
+typedef struct target_state { uint64_t fp; int32_t pages; kvc_radix_stats ts; } target_state;
+
+static target_state snap_state(const lf_world *w, const kvc_cache *c) {
+    target_state s;
+    s.fp = c ? lf_fingerprint(c) : 0;
+    s.pages = pool_pages(w->pool);
+    kvc_radix_stats_get(w->tree, &s.ts);
+    return s;
+}
+static int same_state(const target_state *a, const target_state *b) {
+    return a->fp == b->fp && a->pages == b->pages && a->ts.n_nodes == b->ts.n_nodes && a->ts.n_pages == b->ts.n_pages &&
+           a->ts.commits == b->ts.commits && a->ts.n_pinned == b->ts.n_pinned;
+}
+
+static int load_error(kvc_result r) {
+    return r == KVC_ERR_FORMAT || r == KVC_ERR_CORRUPT || r == KVC_ERR_TRUNCATED || r == KVC_ERR_MISMATCH;
+}
+
+/* kind: 0 cache into full, 1 into rot, 2 into causal, 3 seq into causal, 4 entry into tree */
+static kvc_result load_into(lf_world *w, int kind, const unsigned char *data, size_t size) {
+    kvc_mem m;
+    kvc_io io;
+    blob b;
+    b.data = (unsigned char *)data;
+    b.size = size;
+    io = mem_reader(&m, &b);
+    switch (kind) {
+    case 0: return kvc_cache_load(w->full, LF_NS, &io, NULL, 0, NULL);
+    case 1: return kvc_cache_load(w->rot, LF_NS, &io, NULL, 0, NULL);
+    case 2: return kvc_cache_load(w->causal, LF_NS, &io, NULL, 0, NULL);
+    case 3: return kvc_seq_load(w->causal, 2, LF_NS, &io, NULL, 0, NULL);
+    default: return kvc_radix_load(w->tree, LF_NS, &io, 0, NULL);
+    }
+}
+static kvc_cache *target_of(lf_world *w, int kind) {
+    return kind == 0 ? w->full : kind == 1 ? w->rot : kind == 4 ? NULL : w->causal;
+}
+
+static void test_damage(void) {
+    lf_world a, w;
+    blob objs[5];
+    int kind, bad_err = 0, changed = 0, accepted = 0, truncated_ok = 0;
+    size_t i, len;
+    TK_EQ(lf_make(&a, KVC_TYPE_F16, KVC_TYPE_F32, 1), 1);
+    TK_EQ(lf_make(&w, KVC_TYPE_F16, KVC_TYPE_F32, 1), 1); /* targets with contents of their own */
+    TK_OK(lf_append(w.full, 2, 2, 11));
+    objs[0] = save_blob(save_cache, a.full);
+    objs[1] = save_blob(save_cache, a.rot);
+    objs[2] = save_blob(save_cache, a.causal);
+    objs[3] = save_blob(save_seq1, a.causal);
+    objs[4] = save_blob(save_entry, a.tree);
+    { /* the entry goes into a tree that lacks it */
+        int32_t freed;
+        TK_OK(kvc_radix_evict(w.tree, 1000, &freed));
+    }
+    for (kind = 0; kind < 5; ++kind) {
+        unsigned char *copy = (unsigned char *)malloc(objs[kind].size);
+        target_state before = snap_state(&w, target_of(&w, kind)), after;
+        for (i = 0; i < objs[kind].size; ++i) { /* every byte, two different damages */
+            int flip;
+            for (flip = 0; flip < 2; ++flip) {
+                kvc_result r;
+                memcpy(copy, objs[kind].data, objs[kind].size);
+                copy[i] ^= flip ? 0x80 : 0x01;
+                r = load_into(&w, kind, copy, objs[kind].size);
+                after = snap_state(&w, target_of(&w, kind));
+                if (!load_error(r)) { bad_err++; fprintf(stderr, "kind %d byte %zu flip %d: %s\n", kind, i, flip, kvc_strerror(r)); }
+                changed += !same_state(&before, &after);
+            }
+        }
+        for (len = 0; len < objs[kind].size; ++len) { /* every truncation */
+            kvc_result r = load_into(&w, kind, objs[kind].data, len);
+            after = snap_state(&w, target_of(&w, kind));
+            truncated_ok += r == KVC_ERR_TRUNCATED;
+            changed += !same_state(&before, &after);
+        }
+        TK_EQ(truncated_ok, (int)objs[kind].size);
+        truncated_ok = 0;
+        /* the intact object loads */
+        accepted += load_into(&w, kind, objs[kind].data, objs[kind].size) == KVC_OK;
+        if (kind == 4) TK_OK(kvc_radix_evict(w.tree, 1000, NULL));
+        free(copy);
+    }
+    TK_EQ(bad_err, 0);
+    TK_EQ(changed, 0);
+    TK_EQ(accepted, 5);
+    /* mismatches: another object kind, namespace, window, pool shape, capacity */
+    {
+        kvc_namespace other = LF_NS;
+        kvc_mem m;
+        kvc_io io;
+        lf_world x;
+        kvc_cache *small = NULL;
+        kvc_cache_config cc;
+        target_state before = snap_state(&w, w.full), after;
+        TK_RES(load_into(&w, 0, objs[1].data, objs[1].size), KVC_ERR_MISMATCH); /* rotating into full */
+        TK_RES(load_into(&w, 1, objs[0].data, objs[0].size), KVC_ERR_MISMATCH);
+        TK_RES(load_into(&w, 0, objs[3].data, objs[3].size), KVC_ERR_MISMATCH); /* a sequence as a cache */
+        TK_RES(load_into(&w, 3, objs[2].data, objs[2].size), KVC_ERR_MISMATCH);
+        TK_RES(load_into(&w, 4, objs[0].data, objs[0].size), KVC_ERR_MISMATCH); /* a cache as an entry */
+        other.salt++;
+        io = mem_reader(&m, &objs[0]);
+        TK_RES(kvc_cache_load(w.full, other, &io, NULL, 0, NULL), KVC_ERR_MISMATCH);
+        after = snap_state(&w, w.full);
+        TK_EQ(same_state(&before, &after), 1);
+        TK_EQ(lf_make(&x, KVC_TYPE_F32, KVC_TYPE_F32, 0), 1);  /* other storage types */
+        io = mem_reader(&m, &objs[0]);
+        TK_RES(kvc_cache_load(x.full, LF_NS, &io, NULL, 0, NULL), KVC_ERR_MISMATCH);
+        lf_cache_configs(&cc, &cc, &cc);
+        cc.capacity = 8;                                       /* cells up to index 10 */
+        kvc_cache_create(w.pool, &cc, &small);
+        io = mem_reader(&m, &objs[2]);
+        TK_RES(kvc_cache_load(small, LF_NS, &io, NULL, 0, NULL), KVC_ERR_MISMATCH);
+        cc.max_seqs = 1;                                       /* sequence 1 has no room */
+        kvc_cache_destroy(small);
+        cc.capacity = 32;
+        kvc_cache_create(w.pool, &cc, &small);
+        io = mem_reader(&m, &objs[2]);
+        TK_RES(kvc_cache_load(small, LF_NS, &io, NULL, 0, NULL), KVC_ERR_MISMATCH);
+        kvc_cache_destroy(small);
+        lf_free(&x);
+    }
+    for (kind = 0; kind < 5; ++kind) free(objs[kind].data);
+    lf_free(&a);
+    lf_free(&w);
+}
+
+/* Bad arguments and states: an error, nothing changed. */
+static void test_errors(void) {
+    lf_world a, w;
+    blob b;
+    kvc_mem m;
+    kvc_io io, noread;
+    int32_t toks[4], n = -1;
+    target_state before, after;
+    TK_EQ(lf_make(&a, KVC_TYPE_F16, KVC_TYPE_F16, 1), 1);
+    TK_EQ(lf_make(&w, KVC_TYPE_F16, KVC_TYPE_F16, 0), 1);
+    b = save_blob(save_cache, a.full);
+    before = snap_state(&w, w.full);
+    TK_RES(kvc_cache_save(a.full, LF_NS, NULL, 0, NULL), KVC_ERR_NULL);
+    TK_RES(kvc_cache_load(w.full, LF_NS, NULL, NULL, 0, NULL), KVC_ERR_NULL);
+    io = mem_reader(&m, &b);
+    TK_RES(kvc_cache_load(NULL, LF_NS, &io, NULL, 0, NULL), KVC_ERR_NULL);
+    TK_RES(kvc_cache_load(w.full, LF_NS, &io, toks, -1, NULL), KVC_ERR_INVALID);
+    io = mem_reader(&m, &b);
+    TK_RES(kvc_cache_load(w.full, LF_NS, &io, toks, 4, &n), KVC_ERR_RANGE); /* 7 tokens saved */
+    TK_EQ(n, 7);
+    memset(&noread, 0, sizeof(noread));
+    TK_RES(kvc_cache_load(w.full, LF_NS, &noread, NULL, 0, NULL), KVC_ERR_NULL);
+    TK_RES(kvc_cache_save(a.full, LF_NS, NULL, 0, &noread), KVC_ERR_NULL);
+    TK_RES(kvc_cache_save(a.full, LF_NS, NULL, 3, &io), KVC_ERR_NULL);
+    TK_RES(kvc_cache_save(a.full, LF_NS, toks, -3, &io), KVC_ERR_INVALID);
+    TK_OK(kvc_begin(w.full, 1));
+    io = mem_reader(&m, &b);
+    TK_RES(kvc_cache_load(w.full, LF_NS, &io, NULL, 0, NULL), KVC_ERR_STATE);
+    TK_RES(kvc_cache_save(w.full, LF_NS, NULL, 0, &io), KVC_ERR_STATE);
+    TK_OK(kvc_cancel(w.full));
+    after = snap_state(&w, w.full);
+    TK_EQ(same_state(&before, &after), 1);
+    /* a memory io too small for the save */
+    {
+        unsigned char small[40];
+        memset(&m, 0, sizeof(m));
+        m.data = small;
+        m.capacity = sizeof(small);
+        kvc_io_memory(&m, &io);
+        TK_RES(kvc_cache_save(a.full, LF_NS, NULL, 0, &io), KVC_ERR_IO);
+    }
+    /* sequences */
+    io = mem_reader(&m, &b);
+    TK_RES(kvc_seq_save(a.full, 0, LF_NS, NULL, 0, &io), KVC_ERR_UNSUPPORTED);
+    TK_RES(kvc_seq_save(a.causal, 9, LF_NS, NULL, 0, &io), KVC_ERR_RANGE);
+    TK_RES(kvc_seq_save(a.causal, 3, LF_NS, NULL, 0, &io), KVC_ERR_NOT_FOUND);
+    TK_RES(kvc_seq_load(w.causal, -1, LF_NS, &io, NULL, 0, NULL), KVC_ERR_RANGE);
+    TK_RES(kvc_seq_load(w.full, 0, LF_NS, &io, NULL, 0, NULL), KVC_ERR_UNSUPPORTED);
+    /* a pool without free pages for the staging: FULL, nothing changed */
+    {
+        kvc_cache *hog = NULL;
+        kvc_cache_config cc;
+        kvc_pool_stats ps;
+        kvc_cache_config_init(&cc, KVC_KIND_FULL);
+        TK_OK(kvc_cache_create(w.pool, &cc, &hog));
+        kvc_pool_stats_get(w.pool, &ps);
+        TK_OK(lf_append(hog, (ps.pages_total - ps.pages_used) * LF_PAGE, 16, 1));
+        TK_EQ(pool_pages(w.pool), ps.pages_total);
+        before = snap_state(&w, w.full);
+        io = mem_reader(&m, &b);
+        TK_RES(kvc_cache_load(w.full, LF_NS, &io, NULL, 0, NULL), KVC_ERR_FULL);
+        after = snap_state(&w, w.full);
+        TK_EQ(same_state(&before, &after), 1);
+        TK_OK(kvc_cache_destroy(hog));
+    }
+    TK_RES(kvc_radix_load(NULL, LF_NS, &io, 0, NULL), KVC_ERR_NULL);
+    TK_RES(kvc_radix_save(NULL, LF_NS, toks, 1, &io), KVC_ERR_NULL);
+    free(b.data);
+    lf_free(&a);
+    lf_free(&w);
+}
+
+/* ---- the fuzz target's seed corpus --------------------------------------------------- */
+
+static int write_file(const char *dir, const char *name, const unsigned char *d, size_t n) {
+    char path[1024];
+    kvc_path_io st;
+    kvc_io io;
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    if (kvc_io_path(&st, path, 1, &io) != KVC_OK) return 1;
+    if (io.write(io.user, d, n) != n) { io.finish(io.user, 0); return 1; }
+    return io.finish(io.user, 1);
+}
+
+static int write_corpus(const char *dir) {
+    lf_world a;
+    blob objs[5];
+    const char *names[5] = {"full.kvc", "rotating.kvc", "causal.kvc", "sequence.kvc", "entry.kvc"};
+    int k, bad = 0;
+    unsigned char *copy;
+    char name[64];
+    if (!lf_make(&a, KVC_TYPE_F16, KVC_TYPE_F32, 1)) return 1;
+    objs[0] = save_blob(save_cache, a.full);
+    objs[1] = save_blob(save_cache, a.rot);
+    objs[2] = save_blob(save_cache, a.causal);
+    objs[3] = save_blob(save_seq1, a.causal);
+    objs[4] = save_blob(save_entry, a.tree);
+    for (k = 0; k < 5; ++k) {
+        bad |= write_file(dir, names[k], objs[k].data, objs[k].size);
+        copy = (unsigned char *)malloc(objs[k].size);
+        memcpy(copy, objs[k].data, objs[k].size);
+        copy[objs[k].size / 2] ^= 0x10; /* damaged in the middle of the data */
+        snprintf(name, sizeof(name), "damaged-%s", names[k]);
+        bad |= write_file(dir, name, copy, objs[k].size);
+        snprintf(name, sizeof(name), "truncated-%s", names[k]);
+        bad |= write_file(dir, name, objs[k].data, objs[k].size * 2 / 3);
+        free(copy);
+        free(objs[k].data);
+    }
+    lf_free(&a);
+    return bad;
+}
+
+int main(int argc, char **argv) {
+    int32_t i;
+    if (argc > 2 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
+    for (i = 0; i < 64; ++i) g_tokens[i] = 1000 + 3 * i;
+    roundtrip_linear(KVC_TYPE_F32, KVC_TYPE_F32);
+    roundtrip_linear(KVC_TYPE_F16, KVC_TYPE_F32);
+    roundtrip_linear(KVC_TYPE_F16, KVC_TYPE_F16);
+    roundtrip_rotating_states();
+    roundtrip_types();
+    roundtrip_causal();
+    roundtrip_entry();
+    roundtrip_rotating_entry();
+    test_ios();
+    test_damage();
+    test_errors();
+    return tk_report("persist");
+}
