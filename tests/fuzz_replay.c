@@ -11,6 +11,10 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
+/* 32-bit hosts: without it stat and readdir fail (EOVERFLOW) on 64-bit inode numbers */
+#ifndef _FILE_OFFSET_BITS
+#define _FILE_OFFSET_BITS 64
+#endif
 #include <dirent.h>
 #include <signal.h>
 #include <stdint.h>

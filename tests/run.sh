@@ -138,6 +138,64 @@ if have valgrind; then
   [ -f examples/tinylm.c ] && step valgrind-tinylm $VG "$B/tinylm" --quiet tests/data/llama-tiny
 else skip valgrind "valgrind not installed"; fi
 
+echo "== compiler and target matrix (KVC_TEST_SCALE=0.05; every fuzz corpus replayed too)"
+# mx LABEL "COMPILER FLAGS" [RUNNER] -- PROGRAMS: build each test program (tests/test_NAME.c,
+# or fuzz:NAME for a fuzz target with the replay driver) and run it at reduced scale.
+MXS=0.05
+MXLIBS="-lm -lpthread"
+mx() {
+  local label=$1 cc=$2 runner=$3; shift 4
+  local p n src
+  for p in "$@"; do
+    case $p in
+      fuzz:*) n=${p#fuzz:}
+        step "$label-build-fuzz-$n" $cc -I. tests/fuzz_replay.c "tests/fuzz_$n.c" -o "$B/mx-$label-fuzz-$n" $MXLIBS &&
+          replay "$label-fuzz-replay-$n" "$B/mx-$label-fuzz-$n" "$n" $runner ;;
+      *) src=tests/test_$p.c
+        [ -f "$src" ] || continue
+        step "$label-build-$p" $cc -I. "$src" -o "$B/mx-$label-$p" $MXLIBS &&
+          KVC_TEST_SCALE=$MXS checks "$label-$p" $runner "$B/mx-$label-$p" "$seed" ;;
+    esac
+  done
+}
+all_tests=""; for t in $tests; do all_tests="$all_tests $(basename "$t" .c | sed 's/^test_//')"; done
+all_fuzz=""; for fz in $fuzzers; do all_fuzz="$all_fuzz fuzz:$(fuzz_name "$fz")"; done
+# The library alone, strict at -O3 and with KVCACHE_STATIC (every warning an error). The
+# test programs below build at -O3 / STATIC without -Wmaybe-uninitialized: inlined into
+# test code, gcc warns about out-structs that a failing call would not write.
+step gcc-O3-library $CC $STRICT -O3 -I. -c "$B/tu_a.c" -o "$B/tu_O3.o"
+step gcc-O3-static-library $CC $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_O3.o"
+NOMU="-Wno-maybe-uninitialized"
+mx gcc-O0 "$CC $STRICT -O0" "" -- $all_tests $all_fuzz
+mx gcc-O3 "$CC $STRICT $NOMU -O3" "" -- $all_tests $all_fuzz
+mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- $all_tests $all_fuzz
+mx gcc-nosimd "$CC $STRICT -O2 -DKVCACHE_NO_SIMD" "" -- $all_tests $all_fuzz
+if have clang; then
+  step clang-O3-static-library clang $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_clang.o"
+  for o in O0 O2 O3; do mx clang-$o "clang $STRICT -$o" "" -- $all_tests $all_fuzz; done
+else skip clang-matrix "clang not installed"; fi
+CXXW="-Wall -Wextra -Werror"
+if have g++; then
+  mx g++-c++11 "g++ -x c++ -std=c++11 $CXXW -O2" "" -- $all_tests $all_fuzz
+  mx g++-c++17 "g++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
+else skip g++-matrix "g++ not installed"; fi
+if have clang++; then
+  mx clang++-c++17 "clang++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
+else skip clang++-matrix "clang++ not installed"; fi
+# tcc has no SIMD intrinsics: the scalar path, a different front end, its own codegen
+if have tcc; then mx tcc "tcc -Wall -Werror" "" -- $all_tests $all_fuzz
+else skip tcc "tcc not installed"; fi
+# 32-bit ARM: size_t of 32 bits (test_limits' 32-bit cases); aarch64: the NEON paths.
+# Static binaries under qemu-user. Warnings are not errors here: the native builds
+# above are the strict ones, and x86-only test helpers may go unused on ARM.
+XW="-std=c99 -Wall -Wextra -O2 -static"
+if have arm-linux-gnueabihf-gcc && have qemu-arm; then
+  mx arm32 "arm-linux-gnueabihf-gcc $XW" qemu-arm -- core causal limits $all_fuzz
+else skip arm32 "gcc-arm-linux-gnueabihf or qemu-user not installed"; fi
+if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
+  mx aarch64 "aarch64-linux-gnu-gcc $XW" qemu-aarch64 -- core kernels limits $all_fuzz
+else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
+
 echo "== libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 60)"
 FUZZ_S=${KVC_FUZZ_SECONDS:-0}
 LF="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"

@@ -8,8 +8,8 @@
 
 #include <time.h>
 
-static uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+TK_UNUSED static uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+TK_UNUSED static float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 #ifdef KVC__X86
 static void test_f16c_conversions(tk_rng *rng) {

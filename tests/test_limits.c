@@ -85,18 +85,18 @@ static void test_pool_limits(void) {
     /* one row's values must fit an int32 (kvc_put, the kernels and the converters count
        values in int32): 65536 heads x 65536 dims is 2^32 values */
     config(&c, 1, 65536, 65536, 1, 1, (size_t)-1);
-    refused(&c, KVC_ERR_OVERFLOW, 0, __LINE__);
+    refused(&c, KVC_ERR_OVERFLOW, KVC_OK, __LINE__);
     config(&c, 1, 1, INT32_MAX, 1, 1, (size_t)-1);
-    refused(&c, KVC_ERR_OVERFLOW, 0, __LINE__);
+    refused(&c, KVC_ERR_OVERFLOW, KVC_OK, __LINE__);
     config(&c, 1, INT32_MAX, 1, INT32_MAX, 1, (size_t)-1);
-    refused(&c, KVC_ERR_OVERFLOW, 0, __LINE__);
+    refused(&c, KVC_ERR_OVERFLOW, KVC_OK, __LINE__);
     config(&c, 1, 46341, 46341, 1, 1, (size_t)-1); /* 46341^2 > 2^31 */
-    refused(&c, KVC_ERR_OVERFLOW, 0, __LINE__);
+    refused(&c, KVC_ERR_OVERFLOW, KVC_OK, __LINE__);
 
     /* huge layer counts and page sizes: the page does not fit the budget, or its bytes
        overflow, or (64-bit, budget unlimited) the allocator refuses the honest size */
     config(&c, INT32_MAX, 1, 1, 1, 256, (size_t)1 << 20);
-    refused(&c, is32 ? KVC_ERR_OVERFLOW : KVC_ERR_INVALID, 0, __LINE__);
+    refused(&c, is32 ? KVC_ERR_OVERFLOW : KVC_ERR_INVALID, KVC_OK, __LINE__);
     config(&c, INT32_MAX, 1, 1, 1, 256, (size_t)-1);
     refused(&c, KVC_ERR_OVERFLOW, KVC_ERR_NO_MEMORY, __LINE__);
     config(&c, 1, 1, 1, 1, INT32_MAX, (size_t)1 << 20);
@@ -104,7 +104,7 @@ static void test_pool_limits(void) {
     config(&c, 1, 1, 1, 1, INT32_MAX, (size_t)-1);
     refused(&c, KVC_ERR_OVERFLOW, KVC_ERR_NO_MEMORY, __LINE__);
     config(&c, INT32_MAX, INT32_MAX, 1, 1, INT32_MAX, (size_t)-1);
-    refused(&c, KVC_ERR_OVERFLOW, 0, __LINE__);
+    refused(&c, KVC_ERR_OVERFLOW, KVC_OK, __LINE__);
 
     /* an unlimited budget with small pages: 2^31 cells of metadata or more */
     config(&c, 1, 1, 1, 1, 256, (size_t)-1);
@@ -147,13 +147,13 @@ static void test_pool_limits(void) {
 
     /* negative and zero sizes */
     config(&c, INT32_MIN, 1, 1, 1, 1, 1 << 20);
-    refused(&c, KVC_ERR_INVALID, 0, __LINE__);
+    refused(&c, KVC_ERR_INVALID, KVC_OK, __LINE__);
     config(&c, 1, 1, INT32_MIN, 1, 1, 1 << 20);
-    refused(&c, KVC_ERR_INVALID, 0, __LINE__);
+    refused(&c, KVC_ERR_INVALID, KVC_OK, __LINE__);
     config(&c, 1, 1, 1, 1, INT32_MIN, 1 << 20);
-    refused(&c, KVC_ERR_INVALID, 0, __LINE__);
+    refused(&c, KVC_ERR_INVALID, KVC_OK, __LINE__);
     config(&c, 1, 1, 1, 1, 1, 0);
-    refused(&c, KVC_ERR_INVALID, 0, __LINE__);
+    refused(&c, KVC_ERR_INVALID, KVC_OK, __LINE__);
 }
 
 /* ---- a small pool for the cache-level limits -------------------------------------------- */
