@@ -208,6 +208,8 @@ static void test_pool_config(void) {
     TK_RES(kvc_pool_destroy(NULL), KVC_ERR_NULL);
 }
 
+static kvc_result causal_tokens(fixture *f, kvc_cache *x, int32_t seq, int32_t pos0, int32_t n);
+
 /* Arena mode: create, use and tear down everything without one allocator call. */
 static void test_arena(void) {
     fixture f;
@@ -241,6 +243,24 @@ static void test_arena(void) {
     TK_OK(kvc_prefix_create(&c, 1, 64, &px));
     TK_OK(kvc_prefix_begin(px, toks, 13, &reused));
     TK_OK(kvc_prefix_close(px, toks + 13, 2));
+    {   /* a CAUSAL cache: batches, sequence operations, per-sequence snapshots */
+        kvc_cache_config cc;
+        kvc_cache *x = NULL;
+        kvc_snapshot *sx = NULL;
+        int32_t moves = -1;
+        kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
+        cc.capacity = 8; cc.max_seqs = 4; cc.rope.style = KVC_ROPE_NEOX; cc.rope.theta = 10000.0f;
+        TK_OK(kvc_cache_create(f.pool, &cc, &x));
+        TK_OK(causal_tokens(&f, x, 0, 0, 3));
+        TK_OK(causal_tokens(&f, x, 1, 0, 2));
+        TK_OK(kvc_seq_copy_prefix(x, 0, 2, 2));
+        TK_OK(kvc_seq_snapshot(x, 1, &sx));
+        TK_OK(kvc_seq_remove(x, 1, 0, 1)); /* its later cell moves back, re-rotated */
+        TK_OK(kvc_seq_restore(x, sx, 3));
+        TK_OK(kvc_defrag(x, &moves));
+        TK_OK(kvc_snapshot_free(sx));
+        TK_OK(kvc_cache_destroy(x));
+    }
     TK_EQ(g_allocs, allocs); /* nothing from the allocator after create */
     TK_CHECK(view_range(&f, fork, 0, 0, 13));
     TK_OK(kvc_prefix_destroy(px));
