@@ -1247,6 +1247,9 @@ static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
     /* rows are at most 4 bytes a value: bound that before computing them */
     kvc__mul((size_t)c->n_kv_heads, kvc__mul((size_t)c->head_dim_k + (size_t)c->head_dim_v, 4, &of), &of);
     if (of) return KVC_ERR_OVERFLOW;
+    /* kvc_put, the converters and the kernels count a row's values (n_kv_heads * head_dim)
+       in int32: 65536 heads of 65536 would wrap there */
+    if ((int64_t)c->n_kv_heads * KVC__MAX(c->head_dim_k, c->head_dim_v) > INT32_MAX) return KVC_ERR_OVERFLOW;
     L->k_row = kvc__row_bytes(c->type_k, c->n_kv_heads, c->head_dim_k);
     L->v_row = kvc__row_bytes(c->type_v, c->n_kv_heads, c->head_dim_v);
     per_page_layer = kvc__mul(kvc__add(L->k_row, L->v_row, &of), (size_t)L->page_cells, &of);
@@ -1663,11 +1666,14 @@ static kvc_result kvc__check_causal(const kvc_pool *pool, const kvc_cache_config
     return KVC_OK;
 }
 
-/* The causal cache's own arrays, after the common part of the struct. */
-static size_t kvc__causal_bytes(const kvc_pool *p, int32_t capacity, int32_t max_seqs, int32_t words) {
-    return (size_t)capacity * ((size_t)words * 4 + 4 * sizeof(int32_t) + 1) + (size_t)max_seqs * 3 * sizeof(int32_t) +
-           sizeof(float) * (size_t)p->cfg.n_kv_heads * (size_t)p->cfg.head_dim_k +
-           sizeof(double) * (size_t)(p->cfg.head_dim_k + 2) + 64 + sizeof(double);
+/* The causal cache's own arrays, after the common part of the struct. *of is set when
+   they do not fit a size_t: capacity x max_seqs bits exceed 4 GiB on 32-bit hosts. */
+static size_t kvc__causal_bytes(const kvc_pool *p, int32_t capacity, int32_t max_seqs, int32_t words, int *of) {
+    size_t n = kvc__mul((size_t)capacity, (size_t)words * 4 + 4 * sizeof(int32_t) + 1, of);
+    n = kvc__add(n, (size_t)max_seqs * 3 * sizeof(int32_t), of);
+    n = kvc__add(n, kvc__mul(sizeof(float) * (size_t)p->cfg.n_kv_heads, (size_t)p->cfg.head_dim_k, of), of);
+    n = kvc__add(n, kvc__mul(sizeof(double), (size_t)p->cfg.head_dim_k + 2, of), of);
+    return kvc__add(n, 64 + sizeof(double), of);
 }
 
 KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
@@ -1700,8 +1706,14 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         memset(&cc.rope, 0, sizeof(cc.rope));
         cc.capacity = cc.padding = cc.max_seqs = cc.chunk = 0;
     }
-    bytes = sizeof(kvc_cache) + sizeof(uint32_t) * (size_t)pool->max_pages + (size_t)pool->cfg.n_layers + 16;
-    if (cc.kind == KVC_KIND_CAUSAL) bytes += kvc__causal_bytes(pool, cc.capacity, cc.max_seqs, words);
+    {   /* checked: a wrapped size would be a small block written far past its end */
+        int of = 0;
+        bytes = kvc__add(sizeof(kvc_cache) + 16, sizeof(uint32_t) * (size_t)pool->max_pages, &of);
+        bytes = kvc__add(bytes, (size_t)pool->cfg.n_layers, &of);
+        if (cc.kind == KVC_KIND_CAUSAL)
+            bytes = kvc__add(bytes, kvc__causal_bytes(pool, cc.capacity, cc.max_seqs, words, &of), &of);
+        if (of) return KVC_ERR_OVERFLOW;
+    }
     c = (kvc_cache *)kvc__alloc(pool, bytes);
     if (c == NULL) return KVC_ERR_NO_MEMORY;
     memset(c, 0, sizeof(*c));
@@ -1747,7 +1759,9 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         c->n_pages = pages;
     }
     c->batch_put = cursor;
-    c->n_sink_pages = cc.kind == KVC_KIND_ROTATING ? (cc.sinks + pool->page_cells - 1) / pool->page_cells : 0;
+    /* in 64 bits: sinks + page_cells - 1 overflows int32 for sinks near INT32_MAX */
+    c->n_sink_pages = cc.kind == KVC_KIND_ROTATING
+                          ? (int32_t)(((int64_t)cc.sinks + pool->page_cells - 1) / pool->page_cells) : 0;
     c->first_lpage = c->n_sink_pages;
     pool->live_caches++;
     *out = c;
@@ -2244,7 +2258,8 @@ KVCDEF kvc_result kvc_mask_export(const kvc_cache *c, int32_t row_pad, float *ma
     *n_cols = cols;
     *first_cell = c->range_lo;
     if (mask == NULL) return KVC_OK;
-    if ((size_t)rows * (size_t)cols > max_floats) return KVC_ERR_RANGE;
+    /* in 64 bits: 2^30 rows x 4 columns wraps a 32-bit size_t to 0 */
+    if ((uint64_t)rows * (uint64_t)cols > (uint64_t)max_floats) return KVC_ERR_RANGE;
     for (i = 0; i < rows; ++i)
         for (j = 0; j < cols; ++j)
             mask[(size_t)i * cols + j] =
@@ -2645,7 +2660,7 @@ KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *c, int32_t seq, kvc_snapshot **out
     if (kvc__batch_open(c)) return KVC_ERR_STATE;
     for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i) n += kvc__cell_has(c, i, seq);
     if (n == 0) return KVC_ERR_NOT_FOUND;
-    pages = (n + c->pool->page_cells - 1) / c->pool->page_cells;
+    pages = (int32_t)(((int64_t)n + c->pool->page_cells - 1) / c->pool->page_cells); /* pages of 2^31 cells */
     if (pages > c->pool->n_free) return KVC_ERR_FULL;
     s = kvc__snapshot_alloc(c->pool, pages);
     if (s == NULL) return KVC_ERR_NO_MEMORY;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/run.sh - every test of kvcache.h; `make test` runs this.
 # Stages: strict compile checks (gcc, g++, clang, two translation units, KVCACHE_STATIC),
-# the test programs, the examples and the tiny-model end-to-end check, then the same
-# under ASan+UBSan and under valgrind. The last line is "N passed, N failed, N skipped".
+# the test programs and the fuzz corpora replayed, the examples and the tiny-model
+# end-to-end check, then the same under ASan+UBSan and under valgrind, and libFuzzer for
+# KVC_FUZZ_SECONDS per target when that is set. The last line is "N passed, N failed, N skipped".
 # A test program's checks count one by one (its "RESULT name passed failed" line);
 # every other step counts as one. Steps whose tool is missing are skipped, not failed.
 set -u
@@ -50,6 +51,16 @@ skip() { skipped=$((skipped + 1)); echo "  skip  $1 ($2)"; }
 
 tests=$(ls tests/test_*.c)
 examples=$(ls examples/*.c | grep -v tinylm)
+# Fuzz targets: tests/fuzz_NAME.c defines LLVMFuzzerTestOneInput, tests/corpus/NAME/ is its
+# seed corpus. Every stage replays each corpus through tests/fuzz_replay.c (no libFuzzer
+# needed); a target added later is picked up by this glob.
+fuzzers=$(ls tests/fuzz_*.c 2>/dev/null | grep -v '/fuzz_replay\.c$')
+fuzz_name() { basename "$1" .c | sed 's/^fuzz_//'; }
+# replay LABEL BINARY NAME [runner...]: the corpus of NAME through BINARY, counted per input
+replay() {
+  local label=$1 bin=$2 name=$3; shift 3
+  checks "$label" "$@" "$bin" --name "$name" "tests/corpus/$name"
+}
 
 echo "== compile checks"
 printf '#define KVCACHE_IMPLEMENTATION\n#include "kvcache.h"\nint main(void){return 0;}\n' > "$B/tu_a.c"
@@ -59,7 +70,7 @@ step gcc-c99-two-units sh -c "$CC $STRICT -I. -c $B/tu_a.c -o $B/tu_a.o && $CC $
 step gcc-static sh -c "$CC $STRICT -I. $B/tu_static.c -o $B/tu_static -lm"
 if have g++; then
   step g++-c++11 g++ -x c++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -I. -c "$B/tu_a.c" -o "$B/tu_cxx.o"
-  for t in $tests; do
+  for t in $tests $fuzzers tests/fuzz_replay.c; do
     n=$(basename "$t" .c); step "g++-$n" g++ -x c++ -std=c++11 -Wall -Wextra -Werror -I. -c "$t" -o "$B/$n.cxx.o"
   done
 else skip g++ "g++ not installed"; fi
@@ -88,6 +99,11 @@ echo "== tests (gcc -O2)"
 for t in $tests; do
   n=$(basename "$t" .c)
   step "build-$n" $CC $STRICT -O2 -I. "$t" -o "$B/$n" -lm -lpthread && checks "$n" "$B/$n" "$seed"
+done
+for fz in $fuzzers; do
+  n=$(fuzz_name "$fz")
+  step "build-fuzz-$n" $CC $STRICT -O2 -I. tests/fuzz_replay.c "$fz" -o "$B/fuzz_$n" -lm &&
+    replay "fuzz-replay-$n" "$B/fuzz_$n" "$n"
 done
 echo "== examples"
 for e in $examples; do
@@ -127,6 +143,11 @@ if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev
     fi
     step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm -lpthread && checks "asan-$n" "$B/$n.asan" "$seed"
   done
+  for fz in $fuzzers; do
+    n=$(fuzz_name "$fz")
+    step "asan-build-fuzz-$n" $SANCC $STRICT $SAN -I. tests/fuzz_replay.c "$fz" -o "$B/fuzz_$n.asan" -lm &&
+      replay "asan-fuzz-replay-$n" "$B/fuzz_$n.asan" "$n"
+  done
   if [ -f examples/tinylm.c ]; then
     step asan-build-tinylm $SANCC $STRICT $SAN -I. examples/tinylm.c -o "$B/tinylm.asan" -lm &&
       step asan-tinylm "$B/tinylm.asan" --quiet --chunk 5 tests/data/mistral-swa-tiny
@@ -144,9 +165,100 @@ if have valgrind; then
     step "vg-build-$n" $CC $STRICT -O1 -g -I. "$t" -o "$B/$n.vg" -lm -lpthread &&
       KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG "$B/$n.vg" "$seed"
   done
+  for fz in $fuzzers; do
+    n=$(fuzz_name "$fz")
+    step "vg-build-fuzz-$n" $CC $STRICT -O1 -g -I. tests/fuzz_replay.c "$fz" -o "$B/fuzz_$n.vg" -lm &&
+      replay "valgrind-fuzz-replay-$n" "$B/fuzz_$n.vg" "$n" $VG
+  done
   for e in $examples; do n=$(basename "$e" .c); step "valgrind-example-$n" $VG "$B/$n"; done
   [ -f examples/tinylm.c ] && step valgrind-tinylm $VG "$B/tinylm" --quiet tests/data/llama-tiny
 else skip valgrind "valgrind not installed"; fi
+
+echo "== compiler and target matrix (KVC_TEST_SCALE=0.05; every fuzz corpus replayed too)"
+# mx LABEL "COMPILER FLAGS" [RUNNER] -- PROGRAMS: build each test program (tests/test_NAME.c,
+# or fuzz:NAME for a fuzz target with the replay driver) and run it at reduced scale.
+MXS=0.05
+MXLIBS="-lm -lpthread"
+mx() {
+  local label=$1 cc=$2 runner=$3; shift 4
+  local p n src
+  for p in "$@"; do
+    case $p in
+      fuzz:*) n=${p#fuzz:}
+        step "$label-build-fuzz-$n" $cc -I. tests/fuzz_replay.c "tests/fuzz_$n.c" -o "$B/mx-$label-fuzz-$n" $MXLIBS &&
+          replay "$label-fuzz-replay-$n" "$B/mx-$label-fuzz-$n" "$n" $runner ;;
+      *) src=tests/test_$p.c
+        [ -f "$src" ] || continue
+        step "$label-build-$p" $cc -I. "$src" -o "$B/mx-$label-$p" $MXLIBS &&
+          KVC_TEST_SCALE=$MXS checks "$label-$p" $runner "$B/mx-$label-$p" "$seed" ;;
+    esac
+  done
+}
+all_tests=""; for t in $tests; do all_tests="$all_tests $(basename "$t" .c | sed 's/^test_//')"; done
+all_fuzz=""; for fz in $fuzzers; do all_fuzz="$all_fuzz fuzz:$(fuzz_name "$fz")"; done
+# The library alone, strict at -O3 and with KVCACHE_STATIC (every warning an error). The
+# test programs below build at -O3 / STATIC without -Wmaybe-uninitialized: inlined into
+# test code, gcc warns about out-structs that a failing call would not write.
+step gcc-O3-library $CC $STRICT -O3 -I. -c "$B/tu_a.c" -o "$B/tu_O3.o"
+step gcc-O3-static-library $CC $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_O3.o"
+NOMU="-Wno-maybe-uninitialized"
+mx gcc-O0 "$CC $STRICT -O0" "" -- $all_tests $all_fuzz
+mx gcc-O3 "$CC $STRICT $NOMU -O3" "" -- $all_tests $all_fuzz
+mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- $all_tests $all_fuzz
+mx gcc-nosimd "$CC $STRICT -O2 -DKVCACHE_NO_SIMD" "" -- $all_tests $all_fuzz
+if have clang; then
+  step clang-O3-static-library clang $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_clang.o"
+  for o in O0 O2 O3; do mx clang-$o "clang $STRICT -$o" "" -- $all_tests $all_fuzz; done
+else skip clang-matrix "clang not installed"; fi
+CXXW="-Wall -Wextra -Werror"
+if have g++; then
+  mx g++-c++11 "g++ -x c++ -std=c++11 $CXXW -O2" "" -- $all_tests $all_fuzz
+  mx g++-c++17 "g++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
+else skip g++-matrix "g++ not installed"; fi
+if have clang++; then
+  mx clang++-c++17 "clang++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
+else skip clang++-matrix "clang++ not installed"; fi
+# tcc has no SIMD intrinsics: the scalar path, a different front end, its own codegen
+if have tcc; then mx tcc "tcc -Wall -Werror" "" -- $all_tests $all_fuzz
+else skip tcc "tcc not installed"; fi
+# 32-bit ARM: size_t of 32 bits (test_limits' 32-bit cases); aarch64: the NEON paths.
+# Static binaries under qemu-user. Warnings are not errors here: the native builds
+# above are the strict ones, and x86-only test helpers may go unused on ARM.
+XW="-std=c99 -Wall -Wextra -O2 -static"
+if have arm-linux-gnueabihf-gcc && have qemu-arm; then
+  mx arm32 "arm-linux-gnueabihf-gcc $XW" qemu-arm -- core causal limits $all_fuzz
+else skip arm32 "gcc-arm-linux-gnueabihf or qemu-user not installed"; fi
+if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
+  mx aarch64 "aarch64-linux-gnu-gcc $XW" qemu-aarch64 -- core kernels limits $all_fuzz
+else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
+
+echo "== libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 60)"
+FUZZ_S=${KVC_FUZZ_SECONDS:-0}
+LF="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
+if [ "$FUZZ_S" = 0 ]; then
+  skip libfuzzer "KVC_FUZZ_SECONDS not set"
+elif ! have clang || ! echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n){(void)d;(void)n;return 0;}' |
+    clang $LF -x c - -o "$B/lf_probe" >/dev/null 2>&1; then
+  skip libfuzzer "clang cannot link -fsanitize=fuzzer (libclang-rt-dev)"
+else
+  for fz in $fuzzers; do
+    n=$(fuzz_name "$fz")
+    # fuzz a copy: the committed corpus stays as it is; crashes land in $B/fuzz-$n-artifacts/
+    rm -rf "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
+    mkdir -p "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
+    cp tests/corpus/"$n"/* "$B/fuzz-$n-corpus/" 2>/dev/null
+    if step "libfuzzer-build-$n" clang $STRICT $LF -I. "$fz" -o "$B/fuzz_$n.lf" -lm; then
+      if ! step "libfuzzer-$n-${FUZZ_S}s" "$B/fuzz_$n.lf" -max_total_time="$FUZZ_S" -timeout=30 -rss_limit_mb=2048 \
+          -print_final_stats=1 -artifact_prefix="$B/fuzz-$n-artifacts/" "$B/fuzz-$n-corpus"; then
+        for a in "$B/fuzz-$n-artifacts"/*; do
+          [ -f "$a" ] && echo "  replay: $B/fuzz_$n.lf $a   (or: $B/fuzz_$n $a)"
+        done
+      else
+        grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' "$B/libfuzzer-$n-${FUZZ_S}s.log" | sed 's/^/        /'
+      fi
+    fi
+  done
+fi
 
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]

@@ -211,6 +211,8 @@ static void test_pool_config(void) {
     TK_RES(kvc_pool_destroy(NULL), KVC_ERR_NULL);
 }
 
+static kvc_result causal_tokens(fixture *f, kvc_cache *x, int32_t seq, int32_t pos0, int32_t n);
+
 /* Arena mode: create, use and tear down everything without one allocator call. */
 static void test_arena(void) {
     fixture f;
@@ -244,6 +246,24 @@ static void test_arena(void) {
     TK_OK(kvc_prefix_create(&c, 1, 64, &px));
     TK_OK(kvc_prefix_begin(px, toks, 13, &reused));
     TK_OK(kvc_prefix_close(px, toks + 13, 2));
+    {   /* a CAUSAL cache: batches, sequence operations, per-sequence snapshots */
+        kvc_cache_config cc;
+        kvc_cache *x = NULL;
+        kvc_snapshot *sx = NULL;
+        int32_t moves = -1;
+        kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
+        cc.capacity = 8; cc.max_seqs = 4; cc.rope.style = KVC_ROPE_NEOX; cc.rope.theta = 10000.0f;
+        TK_OK(kvc_cache_create(f.pool, &cc, &x));
+        TK_OK(causal_tokens(&f, x, 0, 0, 3));
+        TK_OK(causal_tokens(&f, x, 1, 0, 2));
+        TK_OK(kvc_seq_copy_prefix(x, 0, 2, 2));
+        TK_OK(kvc_seq_snapshot(x, 1, &sx));
+        TK_OK(kvc_seq_remove(x, 1, 0, 1)); /* its later cell moves back, re-rotated */
+        TK_OK(kvc_seq_restore(x, sx, 3));
+        TK_OK(kvc_defrag(x, &moves));
+        TK_OK(kvc_snapshot_free(sx));
+        TK_OK(kvc_cache_destroy(x));
+    }
     TK_EQ(g_allocs, allocs); /* nothing from the allocator after create */
     TK_CHECK(view_range(&f, fork, 0, 0, 13));
     TK_OK(kvc_prefix_destroy(px));
@@ -1018,6 +1038,227 @@ done:
     return r != KVC_OK;
 }
 
+/* Every allocating call on every kind, with the calls that do not allocate in between:
+   FULL, ROTATING and CAUSAL caches (batches, sequences, copy_prefix, remove, defrag,
+   per-sequence snapshot and restore), snapshots (take, split, merge, restore), fork,
+   prefix reuse, and attention with a head of more than 512 values (its scratch row is
+   allocated). When the injected failure hits, the call must say KVC_ERR_NO_MEMORY with
+   nothing changed, and every object made so far must still work: the probe appends to
+   every cache and checks their contents, then everything is torn down. */
+typedef struct kinds_state {
+    fixture f;
+    kvc_pool *big;                       /* head dim 600: attention allocates */
+    kvc_cache *c, *r, *x, *fc, *fr, *bigc;
+    kvc_snapshot *s1, *s2, *sr, *sx, *a, *b;
+    kvc_prefix *px;
+    int32_t off_c, off_r;                /* tokens appended (positions 0..off-1, salt 0) */
+} kinds_state;
+
+static kvc_result causal_tokens(fixture *f, kvc_cache *x, int32_t seq, int32_t pos0, int32_t n) {
+    int32_t pos[8], sq[8], i, l, h, d;
+    kvc_batch b;
+    kvc_result r;
+    for (i = 0; i < n; ++i) { pos[i] = pos0 + i; sq[i] = seq; }
+    b.n_tokens = n; b.pos = pos; b.seq = sq; b.non_causal = NULL;
+    r = kvc_begin_batch(x, &b);
+    if (r != KVC_OK) return r;
+    for (l = 0; l < f->cfg.n_layers; ++l) {
+        for (i = 0; i < n; ++i)
+            for (h = 0; h < f->cfg.n_kv_heads; ++h) {
+                for (d = 0; d < f->cfg.head_dim_k; ++d)
+                    f->k[(i * f->cfg.n_kv_heads + h) * f->cfg.head_dim_k + d] = enc(0, l, h, pos[i], d, seq);
+                for (d = 0; d < f->cfg.head_dim_v; ++d)
+                    f->v[(i * f->cfg.n_kv_heads + h) * f->cfg.head_dim_v + d] = enc(1, l, h, pos[i], d, seq);
+            }
+        if ((r = kvc_put(x, l, f->k, f->v)) != KVC_OK) return r;
+    }
+    return KVC_OK;
+}
+
+typedef struct kinds_print {
+    int32_t off[6], cells[6], pages[6], used, live_c, live_s, live_p, seq_lo[4], seq_hi[4];
+} kinds_print;
+
+static kinds_print kinds_fp(kinds_state *k) {
+    kinds_print p;
+    kvc_cache *all[6];
+    kvc_pool_stats st;
+    int i;
+    memset(&p, 0, sizeof(p));
+    all[0] = k->c; all[1] = k->r; all[2] = k->x; all[3] = k->fc; all[4] = k->fr; all[5] = k->bigc;
+    for (i = 0; i < 6; ++i)
+        if (all[i]) {
+            kvc_cache_offset(all[i], &p.off[i]);
+            kvc_cache_cells(all[i], &p.cells[i]);
+            kvc_cache_pages(all[i], &p.pages[i]);
+        }
+    kvc_pool_stats_get(k->f.pool, &st);
+    p.used = st.pages_used; p.live_c = st.live_caches; p.live_s = st.live_snapshots; p.live_p = st.live_prefixes;
+    for (i = 0; k->x && i < 4; ++i) kvc_seq_pos_range(k->x, i, &p.seq_lo[i], &p.seq_hi[i]);
+    return p;
+}
+
+/* After a failed allocation: every live object still works. */
+static int kinds_probe(kinds_state *k) {
+    int ok = 1;
+    int32_t before = -1, after = -2, lo = -1, hi = -1;
+    if (k->c) { /* FULL: one more token, the whole content exact */
+        ok &= append(&k->f, k->c, 1) == KVC_OK;
+        ok &= view_range(&k->f, k->c, 0, 0, ++k->off_c);
+    }
+    if (k->r) { /* ROTATING, window 5 with 1 sink: the sink and the last 4 */
+        ok &= append(&k->f, k->r, 1) == KVC_OK;
+        k->off_r++;
+        ok &= view_range(&k->f, k->r, 1, k->off_r - 4 > 1 ? k->off_r - 4 : 1, k->off_r);
+    }
+    if (k->x) { /* CAUSAL: a token of sequence 3 after its last position takes one cell */
+        kvc_cache_offset(k->x, &before);
+        kvc_seq_pos_range(k->x, 3, &lo, &hi);
+        ok &= causal_tokens(&k->f, k->x, 3, hi + 1, 1) == KVC_OK;
+        kvc_cache_offset(k->x, &after);
+        ok &= after == before + 1;
+    }
+    if (k->fc) ok &= append(&k->f, k->fc, 1) == KVC_OK;
+    return ok;
+}
+
+static int scenario_kinds(int *failed_cleanly) {
+    kinds_state k;
+    kinds_print fp;
+    kvc_result r = KVC_OK;
+    kvc_cache_config cc;
+    int32_t toks[6] = {3, 1, 4, 1, 5, 9}, reused, moves;
+    memset(&k, 0, sizeof(k));
+    *failed_cleanly = 1;
+    fx_config(&k.f.cfg, 2, 1, 2, 2, 2, 40);
+    k.f.k = (float *)malloc(4096 * sizeof(float));
+    k.f.v = (float *)malloc(4096 * sizeof(float));
+    r = kvc_pool_create(&k.f.cfg, &k.f.pool);
+    if (r != KVC_OK) { free(k.f.k); free(k.f.v); *failed_cleanly = r == KVC_ERR_NO_MEMORY; return 1; }
+#define KSTEP(call)                                                                     \
+    do {                                                                                \
+        fp = kinds_fp(&k);                                                              \
+        r = (call);                                                                     \
+        if (r != KVC_OK) {                                                              \
+            kinds_print now_ = kinds_fp(&k);                                            \
+            *failed_cleanly = r == KVC_ERR_NO_MEMORY && memcmp(&now_, &fp, sizeof(fp)) == 0 && \
+                              kinds_probe(&k);                                          \
+            goto done;                                                                  \
+        }                                                                               \
+    } while (0)
+    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    KSTEP(kvc_cache_create(k.f.pool, &cc, &k.c));
+    cc.kind = KVC_KIND_ROTATING; cc.window = 5; cc.sinks = 1;
+    KSTEP(kvc_cache_create(k.f.pool, &cc, &k.r));
+    kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
+    cc.capacity = 16; cc.max_seqs = 4; cc.window = 0;
+    cc.rope.style = KVC_ROPE_NEOX; cc.rope.theta = 10000.0f;
+    KSTEP(kvc_cache_create(k.f.pool, &cc, &k.x));
+    KSTEP(append(&k.f, k.c, 5)); k.off_c = 5;
+    KSTEP(append(&k.f, k.r, 7)); k.off_r = 7;
+    KSTEP(causal_tokens(&k.f, k.x, 0, 0, 4));
+    KSTEP(causal_tokens(&k.f, k.x, 1, 0, 3));
+    /* FULL snapshots: take, split, merge, restore */
+    KSTEP(kvc_snapshot_take(k.c, 1, &k.s1));
+    KSTEP(kvc_snapshot_split(k.c, k.s1, 3, &k.a, &k.b));
+    k.s1 = NULL;
+    KSTEP(kvc_snapshot_merge(k.c, k.a, k.b, &k.s1));
+    k.a = k.b = NULL;
+    KSTEP(append(&k.f, k.c, 2)); k.off_c += 2;
+    KSTEP(kvc_snapshot_take(k.c, 5, &k.s2));
+    KSTEP(kvc_restore(k.c, k.s1, 5)); k.off_c = 5;
+    /* ROTATING snapshot, restore; forks of both */
+    KSTEP(kvc_snapshot_take(k.r, 0, &k.sr));
+    KSTEP(append(&k.f, k.r, 2)); k.off_r += 2;
+    KSTEP(kvc_restore(k.r, k.sr, 7)); k.off_r = 7;
+    KSTEP(kvc_cache_fork(k.c, &k.fc));
+    KSTEP(kvc_cache_fork(k.r, &k.fr));
+    KSTEP(append(&k.f, k.fc, 1)); /* copy-on-write of the shared tail */
+    /* CAUSAL: sequences, per-sequence snapshot and restore, defrag */
+    KSTEP(kvc_seq_copy_prefix(k.x, 0, 2, 2));
+    KSTEP(kvc_seq_snapshot(k.x, 1, &k.sx));
+    KSTEP(kvc_seq_remove(k.x, 0, 1, 2));
+    KSTEP(kvc_seq_restore(k.x, k.sx, 3));
+    KSTEP(kvc_seq_keep(k.x, 3) == KVC_OK ? causal_tokens(&k.f, k.x, 0, 0, 2) : KVC_ERR_STATE);
+    KSTEP(kvc_defrag(k.x, &moves));
+    KSTEP(kvc_seq_snapshot(k.x, 3, &k.a));
+    KSTEP(kvc_snapshot_free(k.a));
+    k.a = NULL;
+    /* prefix reuse over the FULL and ROTATING caches */
+    {
+        kvc_cache *both[2];
+        both[0] = k.c; both[1] = k.r;
+        KSTEP(kvc_prefix_create(both, 2, 16, &k.px));
+    }
+    KSTEP(kvc_prefix_begin(k.px, toks, 6, &reused));
+    TK_EQ(reused, 0); /* nothing recorded yet; the wrapped window cannot trim: both start over */
+    k.off_c = k.off_r = reused;
+    KSTEP(append(&k.f, k.c, 6 - reused)); k.off_c = 6; /* the engine evaluates the prompt */
+    KSTEP(append(&k.f, k.r, 6 - reused)); k.off_r = 6;
+    KSTEP(kvc_prefix_close(k.px, NULL, 0));
+    /* attention with a head of 600 values allocates its scratch row */
+    {
+        kvc_pool_config bc;
+        kvc_attention_desc d;
+        static float q[600], out[600], kv[1200];
+        int i;
+        fx_config(&bc, 1, 1, 600, 600, 4, 4);
+        KSTEP(kvc_pool_create(&bc, &k.big));
+        kvc_cache_config_init(&cc, KVC_KIND_FULL);
+        KSTEP(kvc_cache_create(k.big, &cc, &k.bigc));
+        for (i = 0; i < 1200; ++i) kv[i] = (float)(i % 13);
+        for (i = 0; i < 600; ++i) q[i] = 0.01f;
+        KSTEP(kvc_begin(k.bigc, 1));
+        KSTEP(kvc_put(k.bigc, 0, kv, kv + 600));
+        memset(&d, 0, sizeof(d));
+        d.n_queries = 1; d.n_heads = 1; d.q = q; d.out = out;
+        KSTEP(kvc_attention(k.bigc, 0, &d));
+        if (out[0] != kv[600] || out[599] != kv[1199]) { *failed_cleanly = 0; r = KVC_ERR_INVALID; goto done; }
+    }
+    *failed_cleanly = kinds_probe(&k); /* the same probe must pass without a failure too */
+#undef KSTEP
+done:
+    if (k.px) kvc_prefix_destroy(k.px);
+    kvc_snapshot_free(k.s1); kvc_snapshot_free(k.s2); kvc_snapshot_free(k.sr); kvc_snapshot_free(k.sx);
+    kvc_snapshot_free(k.a); kvc_snapshot_free(k.b);
+    if (k.fc) kvc_cache_destroy(k.fc);
+    if (k.fr) kvc_cache_destroy(k.fr);
+    if (k.c) kvc_cache_destroy(k.c);
+    if (k.r) kvc_cache_destroy(k.r);
+    if (k.x) kvc_cache_destroy(k.x);
+    if (k.bigc) kvc_cache_destroy(k.bigc);
+    {
+        kvc_pool_stats st;
+        kvc_pool_stats_get(k.f.pool, &st);
+        if (st.pages_used != 0 || st.live_caches || st.live_snapshots || st.live_prefixes) *failed_cleanly = 0;
+        if (k.big) {
+            kvc_pool_stats_get(k.big, &st);
+            if (st.pages_used != 0) *failed_cleanly = 0;
+        }
+    }
+    if (kvc_pool_destroy(k.f.pool) != KVC_OK) *failed_cleanly = 0;
+    if (k.big && kvc_pool_destroy(k.big) != KVC_OK) *failed_cleanly = 0;
+    free(k.f.k);
+    free(k.f.v);
+    return r != KVC_OK;
+}
+
+static void test_alloc_failures_all_kinds(void) {
+    long n;
+    int clean, failed = 1;
+    for (n = 0; failed && n < 200; ++n) {
+        long a0 = g_allocs, f0 = g_frees;
+        g_fail_after = n;
+        failed = scenario_kinds(&clean);
+        g_fail_after = -1;
+        if (!clean) fprintf(stderr, "allocation failure injected at allocation %ld: not clean\n", n);
+        TK_CHECK(clean);
+        TK_EQ(g_allocs - a0, g_frees - f0); /* nothing leaked */
+    }
+    TK_CHECK(!failed); /* the scenario eventually runs with enough allocations */
+    TK_CHECK(n > 15);  /* pools, caches, forks, snapshots, prefix, attention: each one failed */
+}
+
 static void test_alloc_failures(void) {
     long n;
     int clean, failed = 1;
@@ -1050,6 +1291,7 @@ int main(int argc, char **argv) {
     test_attention(&rng);
     test_errors();
     test_alloc_failures();
+    test_alloc_failures_all_kinds();
     TK_EQ(g_allocs, g_frees);
     return tk_report("core");
 }
