@@ -336,8 +336,9 @@ typedef struct kvc_attention_desc {
     int non_causal;       /* nonzero: no causal mask (keys after the query are seen) */
     float *out;           /* [n_queries][n_heads][head_dim_v]; zeros where nothing is visible */
     void *scratch;        /* optional working memory of kvc_attention_scratch_bytes(); NULL:
-                             the pool's allocator is asked on every call (arena mode: the
-                             arena's object heap, which is not safe to share across threads) */
+                             calls needing up to 16 KiB use the stack, larger ones ask the
+                             pool's allocator (arena mode: the arena's object heap, which
+                             may be too small, and is not safe to share across threads) */
     size_t scratch_bytes;
 } kvc_attention_desc;
 
@@ -3397,6 +3398,7 @@ KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s)
 #define KVC__DECODE_QUERIES 8    /* up to this many queries a call splits the cells */
 #define KVC__PREFILL_QUERIES 16  /* otherwise tasks take this many queries over all cells */
 #define KVC__STRIP 8             /* cells (whole rows) per fused kernel call */
+#define KVC__STACK_SCRATCH 16384 /* bytes of scratch a call keeps on its stack */
 #define KVC__SCALES 32           /* block scales per row a fused kernel holds: head dims <= 1024 */
 
 typedef struct kvc__kernels {
@@ -4583,6 +4585,7 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
     kvc__attn A;
     size_t bytes;
     unsigned char *mem, *base;
+    double small[KVC__STACK_SCRATCH / sizeof(double)]; /* small calls need no allocation */
     int32_t n_tasks, t;
     kvc_result r = kvc__check_attention(cache, layer, desc);
     if (r != KVC_OK) return r;
@@ -4593,6 +4596,8 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
     if (desc->scratch != NULL) {
         if (desc->scratch_bytes < bytes) return KVC_ERR_RANGE;
         mem = (unsigned char *)desc->scratch;
+    } else if (bytes <= sizeof(small)) {
+        mem = (unsigned char *)small;
     } else {
         mem = (unsigned char *)kvc__alloc(cache->pool, bytes);
         if (mem == NULL) return KVC_ERR_NO_MEMORY;
@@ -4605,7 +4610,7 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
     else
         for (t = 0; t < n_tasks; ++t) kvc__attn_task(&A, t, 0);
     if (A.part != NULL) kvc__attn_merge(&A);
-    if (desc->scratch == NULL) kvc__free(cache->pool, mem);
+    if (mem != (unsigned char *)desc->scratch && mem != (unsigned char *)small) kvc__free(cache->pool, mem);
     return KVC_OK;
 }
 
