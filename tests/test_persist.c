@@ -67,7 +67,8 @@ static int32_t tree_pinned(const kvc_radix *t) {
 
 static int32_t pool_pages(const kvc_pool *p) {
     kvc_pool_stats s;
-    kvc_pool_stats_get(p, &s);
+    memset(&s, 0, sizeof(s)); /* g++ -O2 cannot see that the call always fills it */
+    TK_OK(kvc_pool_stats_get(p, &s));
     return s.pages_used;
 }
 
