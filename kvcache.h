@@ -127,6 +127,7 @@ typedef struct kvc_allocator {
 #define KVC_CPU_F16C (1u << 0)        /* x86: f32 <-> f16 conversion with F16C */
 #define KVC_CPU_AVX2 (1u << 1)        /* x86: AVX2 + FMA kernels, bf16/q8_0/q4_0 conversion */
 #define KVC_CPU_AVX512 (1u << 2)      /* x86: AVX-512 F/DQ/BW/VL kernels */
+#define KVC_CPU_AVX512_VNNI (1u << 3) /* x86: AVX-512 VNNI integer scores of q8_0/q4_0 keys */
 #define KVC_CPU_NEON (1u << 4)        /* aarch64: NEON kernels and conversions */
 
 /* Parallel work goes through the caller's threads: parallel_for runs fn(ctx, task,
@@ -861,7 +862,7 @@ static int kvc__type_valid(kvc_type t) { return (int)t >= 0 && (int)t < (int)KVC
 #include <immintrin.h>
 
 static uint32_t kvc__cpu_detect(void) {
-    unsigned a, b, c, d, b7 = 0, c7 = 0, d7 = 0; /* c7, d7: unused today */
+    unsigned a, b, c, d, b7 = 0, c7 = 0, d7 = 0; /* d7: unused today */
     uint32_t xcr0_lo, xcr0_hi, f = 0;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     /* AVX registers are usable only if the OS saves them (OSXSAVE, ecx 27; XCR0 bits 1-2) */
@@ -871,7 +872,6 @@ static uint32_t kvc__cpu_detect(void) {
     if ((xcr0_lo & 6u) != 6u) return 0;
     if (c & (1u << 29)) f |= KVC_CPU_F16C;
     if (__get_cpuid_max(0, NULL) >= 7) __cpuid_count(7, 0, a, b7, c7, d7);
-    (void)c7;
     (void)d7;
     /* AVX2 (leaf 7 ebx 5) with FMA (leaf 1 ecx 12) and F16C */
     if ((b7 & (1u << 5)) && (c & (1u << 12)) && (f & KVC_CPU_F16C)) f |= KVC_CPU_AVX2;
@@ -879,6 +879,7 @@ static uint32_t kvc__cpu_detect(void) {
     if ((f & KVC_CPU_AVX2) && (xcr0_lo & 0xe0u) == 0xe0u && (b7 & (1u << 16)) && (b7 & (1u << 17)) &&
         (b7 & (1u << 30)) && (b7 & (1u << 31)))
         f |= KVC_CPU_AVX512;
+    if ((f & KVC_CPU_AVX512) && (c7 & (1u << 11))) f |= KVC_CPU_AVX512_VNNI; /* leaf 7 ecx 11 */
     return f;
 }
 
@@ -1350,6 +1351,10 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     memset(p->pos, 0xff, sizeof(int32_t) * (size_t)L->max_pages * (size_t)L->page_cells);
     p->n_free = L->max_pages;
     p->cpu = kvc__cpu_detect() & ~cfg->cpu_disable;
+    /* a path needs the ones it builds on: disabling AVX2 disables AVX-512 too, etc. */
+    if (!(p->cpu & KVC_CPU_F16C)) p->cpu &= ~KVC_CPU_AVX2;
+    if (!(p->cpu & KVC_CPU_AVX2)) p->cpu &= ~KVC_CPU_AVX512;
+    if (!(p->cpu & KVC_CPU_AVX512)) p->cpu &= ~KVC_CPU_AVX512_VNNI;
     p->tk = kvc__pick_type(cfg->type_k, p->cpu);
     p->tv = kvc__pick_type(cfg->type_v, p->cpu);
     p->external = cfg->hooks.external_data != 0;
@@ -3443,6 +3448,14 @@ typedef struct kvc__kernels {
                                    int32_t d, int32_t n, float *const *s);
     void (*values[KVC_TYPE_COUNT])(float *const *acc, int32_t nr, const float *const *p, const unsigned char *v,
                                    size_t v_row, int32_t d, int32_t n);
+    /* Scores of q8_0 / q4_0 keys (NULL for the other types) against query rows
+       quantised to q8_0, any head dim: s[r][c] = sum_b dq[r][b] dk[c][b] idot(b). A
+       row is its q8_0 blocks, or with i8_prepare the kernel's own layout of them
+       (i8_row_bytes(t, d) bytes, a multiple of 64, 64-aligned). */
+    void (*scores_i8[KVC_TYPE_COUNT])(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                      int32_t d, int32_t n, float *const *s);
+    size_t (*i8_row_bytes)(kvc_type t, int32_t d);
+    void (*i8_prepare)(kvc_type t, int32_t d, const kvc__block_q8_0 *blocks, void *row);
 } kvc__kernels;
 
 /* -- scalar: the reference -- */
@@ -3479,10 +3492,57 @@ static void kvc__scale_scalar(float *x, int32_t n, float a) {
     int32_t i;
     for (i = 0; i < n; ++i) x[i] *= a;
 }
+/* Keys stored as q8_0 or q4_0 are scored in integers, as llama.cpp does: the query
+   row is quantised to q8_0 with the storage quantiser, each 32-value block's dot
+   product of codes is exact, and s = the sum over blocks, in order, of
+   (dq * dk) * idot. Every path computes this; they differ only in the order of the
+   float sums. The query's rounding is part of the result (see the accuracy bounds). */
+static int32_t kvc__idot_scalar(kvc_type t, const int8_t *q, const unsigned char *kb) {
+    int32_t j, s = 0;
+    if (t == KVC_TYPE_Q8_0) {
+        const kvc__block_q8_0 *b = (const kvc__block_q8_0 *)(const void *)kb;
+        for (j = 0; j < KVC__QBLOCK; ++j) s += (int32_t)q[j] * b->q[j];
+    } else {
+        const kvc__block_q4_0 *b = (const kvc__block_q4_0 *)(const void *)kb;
+        for (j = 0; j < KVC__QBLOCK / 2; ++j)
+            s += (int32_t)q[j] * ((b->q[j] & 15) - 8) + (int32_t)q[j + KVC__QBLOCK / 2] * ((b->q[j] >> 4) - 8);
+    }
+    return s;
+}
+typedef int32_t (*kvc__idot_fn)(kvc_type t, const int8_t *q, const unsigned char *kb);
+static void kvc__scores_i8_rows(kvc_type t, kvc__idot_fn idot, const void *const *rows, int32_t nr,
+                                const unsigned char *k, size_t k_row, int32_t d, int32_t n, float *const *s) {
+    const kvc__block_q8_0 *const *q = (const kvc__block_q8_0 *const *)rows;
+    size_t bb = t == KVC_TYPE_Q8_0 ? sizeof(kvc__block_q8_0) : sizeof(kvc__block_q4_0);
+    int32_t r, c, b;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; ++c) {
+            const unsigned char *row = k + (size_t)c * k_row;
+            float acc = 0.0f;
+            for (b = 0; b < d / KVC__QBLOCK; ++b) {
+                const unsigned char *kb = row + (size_t)b * bb;
+                float scale = kvc__load_scale(q[r][b].d) * kvc__load_scale(kb);
+                acc += scale * (float)idot(t, q[r][b].q, kb); /* exact: |idot| < 2^24 */
+            }
+            s[r][c] = acc;
+        }
+}
+static void kvc__scores_i8_scalar_q8_0(const void *const *q, int32_t nr, const unsigned char *k,
+                                       size_t k_row, int32_t d, int32_t n, float *const *s) {
+    kvc__scores_i8_rows(KVC_TYPE_Q8_0, kvc__idot_scalar, q, nr, k, k_row, d, n, s);
+}
+static void kvc__scores_i8_scalar_q4_0(const void *const *q, int32_t nr, const unsigned char *k,
+                                       size_t k_row, int32_t d, int32_t n, float *const *s) {
+    kvc__scores_i8_rows(KVC_TYPE_Q4_0, kvc__idot_scalar, q, nr, k, k_row, d, n, s);
+}
+
 static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc__masked_max_scalar,
                                                  kvc__exp_sum_scalar, kvc__axpy_scalar,
                                                  kvc__scale_scalar, 1, {NULL, NULL, NULL, NULL, NULL},
-                                                 {NULL, NULL, NULL, NULL, NULL}};
+                                                 {NULL, NULL, NULL, NULL, NULL},
+                                                 {NULL, NULL, NULL, kvc__scores_i8_scalar_q8_0,
+                                                  kvc__scores_i8_scalar_q4_0},
+                                                 NULL, NULL};
 
 /* exp(x) for x <= 0 in SIMD lanes: Cephes' expf (range reduction by ln 2, a degree-6
    polynomial), within 2 ulp of expf; lanes below -87 (where expf underflows) give 0. */
@@ -3788,10 +3848,93 @@ KVC__FUSED_AVX2(KVC_TYPE_BF16, bf16)
 KVC__FUSED_AVX2(KVC_TYPE_Q8_0, q8_0)
 KVC__FUSED_AVX2(KVC_TYPE_Q4_0, q4_0)
 
+/* Integer scores, AVX2: a key block's 32 codes in one vector (q4_0's nibbles minus 8);
+   |k| times q with k's sign moved onto it through maddubs (a pair of products stays
+   below 2^15: |q|, |k| <= 127), then madd into 8 int32 lanes, exact. */
+KVC__AVX2_INLINE __m256i kvc__kcodes_avx2(kvc_type t, const unsigned char *kb) {
+    if (t == KVC_TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(const void *)((const kvc__block_q8_0 *)(const void *)kb)->q);
+    {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)((const kvc__block_q4_0 *)(const void *)kb)->q);
+        __m128i m = _mm_set1_epi8(15);
+        __m256i c = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(x, m)),
+                                            _mm_and_si128(_mm_srli_epi16(x, 4), m), 1);
+        return _mm256_sub_epi8(c, _mm256_set1_epi8(8));
+    }
+}
+KVC__AVX2_INLINE __m256 kvc__idot_avx2(__m256i k, const int8_t *q) {
+    __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)q);
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(k, k), _mm256_sign_epi8(qv, k));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+/* a[r][c] += idot lanes * (dq * dk) over the blocks; four rows x two cells, or one row
+   x eight cells with the same operations per (row, cell), then one hsum8 */
+KVC__AVX2_INLINE void kvc__iscores_avx2(kvc_type t, const void *const *rows, int32_t nr, const unsigned char *k,
+                                        size_t k_row, int32_t d, int32_t n, float *const *s) {
+    const kvc__block_q8_0 *const *q = (const kvc__block_q8_0 *const *)rows;
+    size_t bb = t == KVC_TYPE_Q8_0 ? sizeof(kvc__block_q8_0) : sizeof(kvc__block_q4_0);
+    int32_t nb = d / KVC__QBLOCK, c, b, i, r;
+    float sc[KVC__STRIP * KVC__SCALES], dq[4][KVC__SCALES], sum[8];
+    __m256 h[8];
+    kvc__strip_scales(t, k, k_row, d, n, sc);
+    for (r = 0; r < nr; ++r)
+        for (b = 0; b < nb; ++b) dq[r][b] = _cvtsh_ss((unsigned short)(q[r][b].d[0] | (q[r][b].d[1] << 8)));
+#define KVC__IDOT_AVX2(a, x, r, cell) \
+    a = _mm256_fmadd_ps(kvc__idot_avx2(x, q[r][b].q), _mm256_set1_ps(dq[r][b] * sc[(cell) * KVC__SCALES + b]), a)
+    if (nr == 1) {
+        for (c = 0; c < n; c += 8) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            int32_t ci[8];
+            for (i = 0; i < 8; ++i) ci[i] = KVC__MIN(c + i, n - 1);
+            for (b = 0; b < nb; ++b) {
+                const unsigned char *kb = k + (size_t)b * bb;
+                KVC__IDOT_AVX2(a0, kvc__kcodes_avx2(t, kb + (size_t)ci[0] * k_row), 0, ci[0]);
+                KVC__IDOT_AVX2(a1, kvc__kcodes_avx2(t, kb + (size_t)ci[1] * k_row), 0, ci[1]);
+                KVC__IDOT_AVX2(a2, kvc__kcodes_avx2(t, kb + (size_t)ci[2] * k_row), 0, ci[2]);
+                KVC__IDOT_AVX2(a3, kvc__kcodes_avx2(t, kb + (size_t)ci[3] * k_row), 0, ci[3]);
+                KVC__IDOT_AVX2(a4, kvc__kcodes_avx2(t, kb + (size_t)ci[4] * k_row), 0, ci[4]);
+                KVC__IDOT_AVX2(a5, kvc__kcodes_avx2(t, kb + (size_t)ci[5] * k_row), 0, ci[5]);
+                KVC__IDOT_AVX2(a6, kvc__kcodes_avx2(t, kb + (size_t)ci[6] * k_row), 0, ci[6]);
+                KVC__IDOT_AVX2(a7, kvc__kcodes_avx2(t, kb + (size_t)ci[7] * k_row), 0, ci[7]);
+            }
+            h[0] = a0; h[1] = a1; h[2] = a2; h[3] = a3; h[4] = a4; h[5] = a5; h[6] = a6; h[7] = a7;
+            _mm256_storeu_ps(sum, kvc__hsum8_avx2(h));
+            for (i = 0; i < 8 && c + i < n; ++i) s[0][c + i] = sum[i];
+        }
+        return;
+    }
+    for (c = 0; c < n; c += 2) {
+        int32_t c1 = KVC__MIN(c + 1, n - 1);
+        __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
+        for (b = 0; b < nb; ++b) {
+            __m256i x0 = kvc__kcodes_avx2(t, k + (size_t)c * k_row + (size_t)b * bb);
+            __m256i x1 = kvc__kcodes_avx2(t, k + (size_t)c1 * k_row + (size_t)b * bb);
+            KVC__IDOT_AVX2(a00, x0, 0, c); KVC__IDOT_AVX2(a10, x0, 1, c);
+            KVC__IDOT_AVX2(a20, x0, 2, c); KVC__IDOT_AVX2(a30, x0, 3, c);
+            KVC__IDOT_AVX2(a01, x1, 0, c1); KVC__IDOT_AVX2(a11, x1, 1, c1);
+            KVC__IDOT_AVX2(a21, x1, 2, c1); KVC__IDOT_AVX2(a31, x1, 3, c1);
+        }
+        h[0] = a00; h[1] = a10; h[2] = a20; h[3] = a30; h[4] = a01; h[5] = a11; h[6] = a21; h[7] = a31;
+        _mm256_storeu_ps(sum, kvc__hsum8_avx2(h));
+        for (i = 0; i < 2 && c + i < n; ++i) /* sum[4 * cell + row] */
+            for (r = 0; r < 4; ++r) s[r][c + i] = sum[4 * i + r];
+    }
+#undef KVC__IDOT_AVX2
+}
+KVC__AVX2 static void kvc__scores_i8_avx2_q8_0(const void *const *q, int32_t nr, const unsigned char *k,
+                                               size_t k_row, int32_t d, int32_t n, float *const *s) {
+    kvc__iscores_avx2(KVC_TYPE_Q8_0, q, nr, k, k_row, d, n, s);
+}
+KVC__AVX2 static void kvc__scores_i8_avx2_q4_0(const void *const *q, int32_t nr, const unsigned char *k,
+                                               size_t k_row, int32_t d, int32_t n, float *const *s) {
+    kvc__iscores_avx2(KVC_TYPE_Q4_0, q, nr, k, k_row, d, n, s);
+}
+
 static const kvc__kernels kvc__kernels_avx2 = {
     "avx2", kvc__dot_avx2, kvc__masked_max_avx2, kvc__exp_sum_avx2, kvc__axpy_avx2, kvc__scale_avx2, 8,
     {kvc__scores_avx2_f32, kvc__scores_avx2_f16, kvc__scores_avx2_bf16, kvc__scores_avx2_q8_0, kvc__scores_avx2_q4_0},
-    {kvc__values_avx2_f32, kvc__values_avx2_f16, kvc__values_avx2_bf16, kvc__values_avx2_q8_0, kvc__values_avx2_q4_0}};
+    {kvc__values_avx2_f32, kvc__values_avx2_f16, kvc__values_avx2_bf16, kvc__values_avx2_q8_0, kvc__values_avx2_q4_0},
+    {NULL, NULL, NULL, kvc__scores_i8_avx2_q8_0, kvc__scores_i8_avx2_q4_0},
+    NULL, NULL};
 
 /* -- AVX-512: 16 lanes, masked tails -- */
 #if defined(__GNUC__) && !defined(__clang__) /* g++ 12 flags _mm512_undefined_* inside the intrinsics */
@@ -4106,12 +4249,178 @@ KVC__FUSED_AVX512(KVC_TYPE_BF16, bf16)
 KVC__FUSED_AVX512(KVC_TYPE_Q8_0, q8_0)
 KVC__FUSED_AVX512(KVC_TYPE_Q4_0, q4_0)
 
-static const kvc__kernels kvc__kernels_avx512 = {
-    "avx512", kvc__dot_avx512, kvc__masked_max_avx512, kvc__exp_sum_avx512, kvc__axpy_avx512, kvc__scale_avx512, 16,
-    {kvc__scores_avx512_f32, kvc__scores_avx512_f16, kvc__scores_avx512_bf16, kvc__scores_avx512_q8_0,
-     kvc__scores_avx512_q4_0},
-    {kvc__values_avx512_f32, kvc__values_avx512_f16, kvc__values_avx512_bf16, kvc__values_avx512_q8_0,
-     kvc__values_avx512_q4_0}};
+
+/* Integer scores with AVX-512 VNNI: vpdpbusd multiplies unsigned by signed bytes, 64
+   at a time, so a pair of key blocks is made unsigned (q8_0 codes + 128; q4_0's
+   nibbles as stored) and a prepared query row holds, per pair of blocks, its codes in
+   the key's lane order, the bias that undoes the offset (-offset x the sum of each
+   lane's four codes) and its block scales spread over their lanes (kvc__i8_prepare_vnni,
+   once per task). Lanes of a pair: q8_0 blocks in lanes 0-7 and 8-15; q4_0 low nibbles
+   of both blocks then high nibbles, so block b has lanes 0-3 and 8-11, block b + 1
+   lanes 4-7 and 12-15. Head dims above 256 take the AVX2 kernels (plain rows). */
+#define KVC__VNNI __attribute__((target("avx,avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vl,avx512vnni")))
+#define KVC__VNNI_INLINE KVC__VNNI static inline __attribute__((always_inline))
+#define KVC__VNNI_MAX_DIM 256
+
+static size_t kvc__i8_row_bytes_vnni(kvc_type t, int32_t d) {
+    (void)t;
+    if (d > KVC__VNNI_MAX_DIM) return (size_t)(d / KVC__QBLOCK) * sizeof(kvc__block_q8_0);
+    return (size_t)((d / KVC__QBLOCK + 1) / 2) * 3 * 64;
+}
+/* two 16-bit words over the lanes of blocks b and b + 1 of a pair */
+KVC__VNNI_INLINE __m256i kvc__spread16_vnni(kvc_type t, uint16_t h0, uint16_t h1) {
+    long long w0 = (long long)(0x0001000100010001ull * h0), w1 = (long long)(0x0001000100010001ull * h1);
+    return t == KVC_TYPE_Q8_0 ? _mm256_set_epi64x(w1, w1, w0, w0) : _mm256_set_epi64x(w1, w0, w1, w0);
+}
+KVC__VNNI static void kvc__i8_prepare_vnni(kvc_type t, int32_t d, const kvc__block_q8_0 *q, void *row) {
+    int32_t nb = d / KVC__QBLOCK, j;
+    __m512i *out = (__m512i *)row;
+    if (d > KVC__VNNI_MAX_DIM) {
+        memcpy(row, q, (size_t)nb * sizeof(kvc__block_q8_0));
+        return;
+    }
+    for (j = 0; 2 * j < nb; ++j, q += 2, out += 3) {
+        int one = 2 * j + 1 >= nb;
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)q[0].q);
+        __m256i hi = one ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)(const void *)q[1].q);
+        __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        uint16_t h0 = (uint16_t)(q[0].d[0] | (q[0].d[1] << 8)), h1 = one ? 0 : (uint16_t)(q[1].d[0] | (q[1].d[1] << 8));
+        if (t == KVC_TYPE_Q4_0) z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)); /* lo b, lo b+1, hi b, hi b+1 */
+        out[0] = z;
+        out[1] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                  _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                      _mm512_set1_epi8(t == KVC_TYPE_Q8_0 ? (char)0x80 : 8), z));
+        out[2] = _mm512_castps_si512(_mm512_cvtph_ps(kvc__spread16_vnni(t, h0, h1)));
+    }
+}
+/* a pair of key blocks (only b when `one`) as unsigned bytes in the lane order above */
+KVC__VNNI_INLINE __m512i kvc__kpair_vnni(kvc_type t, const unsigned char *kb, size_t bb, int one) {
+    if (t == KVC_TYPE_Q8_0) {
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(kb + 2));
+        __m256i hi = one ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)(const void *)(kb + bb + 2));
+        return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
+    } else {
+        __m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(kb + 2));
+        __m128i hi = one ? _mm_setzero_si128() : _mm_loadu_si128((const __m128i *)(const void *)(kb + bb + 2));
+        __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1), m = _mm256_set1_epi8(15);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(x, m)),
+                                  _mm256_and_si256(_mm256_srli_epi16(x, 4), m), 1);
+    }
+}
+/* the pair's key scales over their lanes, converted from f16 in the vector unit */
+KVC__VNNI_INLINE __m512 kvc__kscale_vnni(kvc_type t, const unsigned char *kb, size_t bb, int one) {
+    __m128i h0 = _mm_set1_epi16((short)(kb[0] | (kb[1] << 8)));
+    __m128i h1 = one ? _mm_setzero_si128() : _mm_set1_epi16((short)(kb[bb] | (kb[bb + 1] << 8)));
+    if (t == KVC_TYPE_Q8_0) return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1));
+    h0 = _mm_unpacklo_epi64(h0, h1);
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(h0), h0, 1));
+}
+/* f += (idot lanes of row r, pair j) * dq * dk */
+#define KVC__ISTEP_VNNI(f, x, dk, r)                                                                                 \
+    f = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(q[r][3 * j + 1], x, q[r][3 * j])),       \
+                                      _mm512_castsi512_ps(q[r][3 * j + 2])),                                         \
+                        dk, f)
+#define KVC__KPAIR_VNNI(x, dk, cell)                                                                                  \
+    kb = k + (size_t)(cell) * k_row + (size_t)(2 * j) * bb;                                                          \
+    x = kvc__kpair_vnni(t, kb, bb, one);                                                                             \
+    dk = kvc__kscale_vnni(t, kb, bb, one)
+/* odd: the head has an odd number of blocks (a constant after inlining, so even ones
+   pay nothing for the half pair at the end) */
+KVC__VNNI_INLINE void kvc__iscores_vnni(kvc_type t, int odd, const void *const *rows, int32_t nr,
+                                        const unsigned char *k, size_t k_row, int32_t d, int32_t n, float *const *s) {
+    size_t bb = t == KVC_TYPE_Q8_0 ? sizeof(kvc__block_q8_0) : sizeof(kvc__block_q4_0);
+    int32_t nb = d / KVC__QBLOCK, np = (nb + 1) / 2, c, i, j, r;
+    const __m512i *q[4];
+    const unsigned char *kb;
+    float sum[16];
+    __m256 h[8];
+    for (r = 0; r < nr; ++r) q[r] = (const __m512i *)rows[r];
+    if (nr == 1) {
+        for (c = 0; c < n; c += 8) {
+            __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0, dk;
+            __m512i x;
+            int32_t ci[8];
+            for (i = 0; i < 8; ++i) ci[i] = KVC__MIN(c + i, n - 1);
+            for (j = 0; j < np; ++j) {
+                int one = odd && 2 * j + 1 == nb;
+                KVC__KPAIR_VNNI(x, dk, ci[0]); KVC__ISTEP_VNNI(f0, x, dk, 0);
+                KVC__KPAIR_VNNI(x, dk, ci[1]); KVC__ISTEP_VNNI(f1, x, dk, 0);
+                KVC__KPAIR_VNNI(x, dk, ci[2]); KVC__ISTEP_VNNI(f2, x, dk, 0);
+                KVC__KPAIR_VNNI(x, dk, ci[3]); KVC__ISTEP_VNNI(f3, x, dk, 0);
+                KVC__KPAIR_VNNI(x, dk, ci[4]); KVC__ISTEP_VNNI(f4, x, dk, 0);
+                KVC__KPAIR_VNNI(x, dk, ci[5]); KVC__ISTEP_VNNI(f5, x, dk, 0);
+                KVC__KPAIR_VNNI(x, dk, ci[6]); KVC__ISTEP_VNNI(f6, x, dk, 0);
+                KVC__KPAIR_VNNI(x, dk, ci[7]); KVC__ISTEP_VNNI(f7, x, dk, 0);
+            }
+            h[0] = kvc__fold_avx512(f0); h[1] = kvc__fold_avx512(f1); h[2] = kvc__fold_avx512(f2);
+            h[3] = kvc__fold_avx512(f3); h[4] = kvc__fold_avx512(f4); h[5] = kvc__fold_avx512(f5);
+            h[6] = kvc__fold_avx512(f6); h[7] = kvc__fold_avx512(f7);
+            _mm256_storeu_ps(sum, kvc__hsum8_avx2(h));
+            for (i = 0; i < 8 && c + i < n; ++i) s[0][c + i] = sum[i];
+        }
+        return;
+    }
+    for (c = 0; c < n; c += 4) { /* four rows x four cells */
+        int32_t c1 = KVC__MIN(c + 1, n - 1), c2 = KVC__MIN(c + 2, n - 1), c3 = KVC__MIN(c + 3, n - 1);
+        __m512 f00 = _mm512_setzero_ps(), f10 = f00, f20 = f00, f30 = f00, f01 = f00, f11 = f00, f21 = f00, f31 = f00;
+        __m512 f02 = f00, f12 = f00, f22 = f00, f32 = f00, f03 = f00, f13 = f00, f23 = f00, f33 = f00;
+        __m512 d0, d1;
+        __m512i x0, x1;
+        for (j = 0; j < np; ++j) {
+            int one = odd && 2 * j + 1 == nb;
+            KVC__KPAIR_VNNI(x0, d0, c);
+            KVC__KPAIR_VNNI(x1, d1, c1);
+            KVC__ISTEP_VNNI(f00, x0, d0, 0); KVC__ISTEP_VNNI(f10, x0, d0, 1);
+            KVC__ISTEP_VNNI(f20, x0, d0, 2); KVC__ISTEP_VNNI(f30, x0, d0, 3);
+            KVC__ISTEP_VNNI(f01, x1, d1, 0); KVC__ISTEP_VNNI(f11, x1, d1, 1);
+            KVC__ISTEP_VNNI(f21, x1, d1, 2); KVC__ISTEP_VNNI(f31, x1, d1, 3);
+            KVC__KPAIR_VNNI(x0, d0, c2);
+            KVC__KPAIR_VNNI(x1, d1, c3);
+            KVC__ISTEP_VNNI(f02, x0, d0, 0); KVC__ISTEP_VNNI(f12, x0, d0, 1);
+            KVC__ISTEP_VNNI(f22, x0, d0, 2); KVC__ISTEP_VNNI(f32, x0, d0, 3);
+            KVC__ISTEP_VNNI(f03, x1, d1, 0); KVC__ISTEP_VNNI(f13, x1, d1, 1);
+            KVC__ISTEP_VNNI(f23, x1, d1, 2); KVC__ISTEP_VNNI(f33, x1, d1, 3);
+        }
+        h[0] = kvc__fold_avx512(f00); h[1] = kvc__fold_avx512(f10); h[2] = kvc__fold_avx512(f20);
+        h[3] = kvc__fold_avx512(f30); h[4] = kvc__fold_avx512(f01); h[5] = kvc__fold_avx512(f11);
+        h[6] = kvc__fold_avx512(f21); h[7] = kvc__fold_avx512(f31);
+        _mm256_storeu_ps(sum, kvc__hsum8_avx2(h));
+        h[0] = kvc__fold_avx512(f02); h[1] = kvc__fold_avx512(f12); h[2] = kvc__fold_avx512(f22);
+        h[3] = kvc__fold_avx512(f32); h[4] = kvc__fold_avx512(f03); h[5] = kvc__fold_avx512(f13);
+        h[6] = kvc__fold_avx512(f23); h[7] = kvc__fold_avx512(f33);
+        _mm256_storeu_ps(sum + 8, kvc__hsum8_avx2(h));
+        for (i = 0; i < 4 && c + i < n; ++i) /* sum[4 * cell + row] */
+            for (r = 0; r < 4; ++r) s[r][c + i] = sum[4 * i + r];
+    }
+}
+#undef KVC__ISTEP_VNNI
+#undef KVC__KPAIR_VNNI
+KVC__VNNI static void kvc__scores_i8_vnni_q8_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                               int32_t d, int32_t n, float *const *s) {
+    if (d > KVC__VNNI_MAX_DIM) kvc__scores_i8_avx2_q8_0(q, nr, k, k_row, d, n, s);
+    else if (d % (2 * KVC__QBLOCK)) kvc__iscores_vnni(KVC_TYPE_Q8_0, 1, q, nr, k, k_row, d, n, s);
+    else kvc__iscores_vnni(KVC_TYPE_Q8_0, 0, q, nr, k, k_row, d, n, s);
+}
+KVC__VNNI static void kvc__scores_i8_vnni_q4_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                               int32_t d, int32_t n, float *const *s) {
+    if (d > KVC__VNNI_MAX_DIM) kvc__scores_i8_avx2_q4_0(q, nr, k, k_row, d, n, s);
+    else if (d % (2 * KVC__QBLOCK)) kvc__iscores_vnni(KVC_TYPE_Q4_0, 1, q, nr, k, k_row, d, n, s);
+    else kvc__iscores_vnni(KVC_TYPE_Q4_0, 0, q, nr, k, k_row, d, n, s);
+}
+
+/* AVX-512 without VNNI scores block keys with the AVX2 integer kernels */
+#define KVC__KERNELS_AVX512(name, i8_q8_0, i8_q4_0, i8_row_bytes, i8_prepare)                                                                  \
+    {name, kvc__dot_avx512, kvc__masked_max_avx512, kvc__exp_sum_avx512, kvc__axpy_avx512, kvc__scale_avx512, 16,    \
+     {kvc__scores_avx512_f32, kvc__scores_avx512_f16, kvc__scores_avx512_bf16, kvc__scores_avx512_q8_0,              \
+      kvc__scores_avx512_q4_0},                                                                                     \
+     {kvc__values_avx512_f32, kvc__values_avx512_f16, kvc__values_avx512_bf16, kvc__values_avx512_q8_0,              \
+      kvc__values_avx512_q4_0},                                                                                     \
+     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, i8_row_bytes, i8_prepare}
+static const kvc__kernels kvc__kernels_avx512 =
+    KVC__KERNELS_AVX512("avx512", kvc__scores_i8_avx2_q8_0, kvc__scores_i8_avx2_q4_0, NULL, NULL);
+static const kvc__kernels kvc__kernels_avx512_vnni =
+    KVC__KERNELS_AVX512("avx512-vnni", kvc__scores_i8_vnni_q8_0, kvc__scores_i8_vnni_q4_0, kvc__i8_row_bytes_vnni,
+                        kvc__i8_prepare_vnni);
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -4195,14 +4504,43 @@ static void kvc__scale_neon(float *x, int32_t n, float a) {
     for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), a));
     for (; i < n; ++i) x[i] *= a;
 }
+/* a block's integer dot product: 8-bit products widened to 16 bits (two per lane stay
+   below 2^15), then pairwise into 32 bits */
+static int32_t kvc__idot_neon(kvc_type t, const int8_t *q, const unsigned char *kb) {
+    int8x16_t q0 = vld1q_s8(q), q1 = vld1q_s8(q + 16), k0, k1;
+    int16x8_t a, b;
+    if (t == KVC_TYPE_Q8_0) {
+        const int8_t *c = ((const kvc__block_q8_0 *)(const void *)kb)->q;
+        k0 = vld1q_s8(c);
+        k1 = vld1q_s8(c + 16);
+    } else {
+        uint8x16_t x = vld1q_u8(((const kvc__block_q4_0 *)(const void *)kb)->q);
+        k0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(15))), vdupq_n_s8(8));
+        k1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(x, 4)), vdupq_n_s8(8));
+    }
+    a = vmlal_s8(vmull_s8(vget_low_s8(q0), vget_low_s8(k0)), vget_high_s8(q0), vget_high_s8(k0));
+    b = vmlal_s8(vmull_s8(vget_low_s8(q1), vget_low_s8(k1)), vget_high_s8(q1), vget_high_s8(k1));
+    return vaddvq_s32(vpadalq_s16(vpaddlq_s16(a), b));
+}
+static void kvc__scores_i8_neon_q8_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                     int32_t d, int32_t n, float *const *s) {
+    kvc__scores_i8_rows(KVC_TYPE_Q8_0, kvc__idot_neon, q, nr, k, k_row, d, n, s);
+}
+static void kvc__scores_i8_neon_q4_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                     int32_t d, int32_t n, float *const *s) {
+    kvc__scores_i8_rows(KVC_TYPE_Q4_0, kvc__idot_neon, q, nr, k, k_row, d, n, s);
+}
 static const kvc__kernels kvc__kernels_neon = {"neon", kvc__dot_neon, kvc__masked_max_scalar, kvc__exp_sum_neon,
                                                kvc__axpy_neon,
                                                kvc__scale_neon, 4, {NULL, NULL, NULL, NULL, NULL},
-                                               {NULL, NULL, NULL, NULL, NULL}};
+                                               {NULL, NULL, NULL, NULL, NULL},
+                                               {NULL, NULL, NULL, kvc__scores_i8_neon_q8_0, kvc__scores_i8_neon_q4_0},
+                                               NULL, NULL};
 #endif /* KVC__NEON */
 
 static const kvc__kernels *kvc__pick_kernels(uint32_t features) {
 #ifdef KVC__X86
+    if (features & KVC_CPU_AVX512_VNNI) return &kvc__kernels_avx512_vnni;
     if (features & KVC_CPU_AVX512) return &kvc__kernels_avx512;
     if (features & KVC_CPU_AVX2) return &kvc__kernels_avx2;
 #endif
@@ -4231,6 +4569,7 @@ typedef struct kvc__query {
 typedef struct kvc__rows {
     int32_t n;
     const float **q;
+    const void **qb;       /* the rows quantised (and prepared), for block-typed keys */
     float **s, **acc, **ml;
     uint32_t *vis;
 } kvc__rows;
@@ -4248,6 +4587,13 @@ typedef struct kvc__attn {
     int32_t per_task, n_qtasks, chunk, n_chunks; /* queries per task; cells per chunk */
     int32_t rows_max;      /* per_task * n_heads */
     int fused_k, fused_v;  /* the kernels read K / V in their storage type */
+    /* block-typed keys: integer scores against query rows quantised to q8_0 */
+    void (*scores_i8)(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row, int32_t d, int32_t n,
+                      float *const *s);
+    void (*i8_prepare)(kvc_type t, int32_t d, const kvc__block_q8_0 *blocks, void *row);
+    kvc__from_f32_fn quantise;
+    size_t qb_row;         /* bytes of a quantised (prepared) query row, a multiple of 64 */
+    size_t qb_floats;      /* where a worker's quantised rows start in its work */
     float *ml;             /* [task][row][2]: running max and sum */
     float *part;           /* split-K partial outputs [task][row][hv]; NULL with one chunk */
     float *work;           /* [worker]: K tile, V tile, scores */
@@ -4258,7 +4604,7 @@ typedef struct kvc__attn {
 
 /* a worker's row lists: one per kv head */
 static size_t kvc__rows_bytes(const kvc__attn *A) {
-    return (size_t)A->n_kv * (sizeof(kvc__rows) + (size_t)A->rows_cap * (4 * sizeof(void *) + sizeof(uint32_t)));
+    return (size_t)A->n_kv * (sizeof(kvc__rows) + (size_t)A->rows_cap * (5 * sizeof(void *) + sizeof(uint32_t)));
 }
 static kvc__rows *kvc__rows_carve(const kvc__attn *A, void *mem) {
     kvc__rows *R = (kvc__rows *)mem;
@@ -4270,6 +4616,7 @@ static kvc__rows *kvc__rows_carve(const kvc__attn *A, void *mem) {
         R[h].s = (float **)(void *)p; p += cap * sizeof(void *);
         R[h].acc = (float **)(void *)p; p += cap * sizeof(void *);
         R[h].ml = (float **)(void *)p; p += cap * sizeof(void *);
+        R[h].qb = (const void **)(void *)p; p += cap * sizeof(void *);
     }
     for (h = 0; h < A->n_kv; ++h) { /* after every pointer array: they stay aligned */
         R[h].vis = (uint32_t *)(void *)p;
@@ -4386,7 +4733,8 @@ static void kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
                                          (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv) + /* tile */
                                          KVC__BLOCK + (size_t)A->hv);                          /* padding rows */
     A->rows_cap = A->per_task * A->group + 4;
-    A->work_floats = A->rows_floats + kvc__floats_aligned(kvc__rows_bytes(A) / sizeof(float) + 1);
+    A->qb_floats = A->rows_floats + kvc__floats_aligned(kvc__rows_bytes(A) / sizeof(float) + 1);
+    A->work_floats = A->qb_floats + kvc__floats_aligned((size_t)(A->rows_max + 1) * A->qb_row / sizeof(float));
     A->runs = (kvc__run *)(void *)(base ? base + off : NULL);
     off += kvc__floats_aligned(sizeof(kvc__run) * (size_t)A->n_runs) * sizeof(float);
     A->run_start = (int32_t *)(void *)(base ? base + off : NULL);
@@ -4415,7 +4763,7 @@ static void kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
    slices of those rows are read one after another and the reads stream. */
 
 static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t nq, const uint32_t *vis, float *ml,
-                              float *acc, float *s, float *pad_s, float *pad_acc, kvc__rows *R) {
+                              float *acc, float *s, float *pad_s, float *pad_acc, const unsigned char *qb, kvc__rows *R) {
     int32_t q, g, r;
     R->n = 0;
     for (q = 0; q < nq; ++q) {
@@ -4426,11 +4774,13 @@ static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t
             R->s[R->n] = s + (size_t)row * KVC__BLOCK;
             R->acc[R->n] = acc + (size_t)row * A->hv;
             R->ml[R->n] = ml + 2 * (size_t)row;
+            R->qb[R->n] = qb + (size_t)row * A->qb_row;
             R->vis[R->n++] = vis[q];
         }
     }
     for (r = R->n; r % 4 != 0 && R->n > 1; ++r) {
         R->q[r] = R->q[0];
+        R->qb[r] = R->qb[0];
         R->s[r] = pad_s;
         R->acc[r] = pad_acc;
     }
@@ -4481,7 +4831,8 @@ static void kvc__fused_scores(const kvc__attn *A, const kvc__rows *R, const unsi
         for (r = 0; r < R[h].n; r += 4) {
             float *s[4];
             for (j = 0; j < 4; ++j) s[j] = R[h].s[R[h].n == 1 ? 0 : r + j] + c; /* one row: not padded */
-            A->kern->scores[p->cfg.type_k](R[h].q + r, R[h].n - r == 1 ? 1 : 4, k, p->k_row, A->hk, m, s);
+            if (A->scores_i8) A->scores_i8(R[h].qb + r, R[h].n - r == 1 ? 1 : 4, k, p->k_row, A->hk, m, s);
+            else A->kern->scores[p->cfg.type_k](R[h].q + r, R[h].n - r == 1 ? 1 : 4, k, p->k_row, A->hk, m, s);
         }
     }
 }
@@ -4524,7 +4875,8 @@ static void kvc__attn_block(const kvc__attn *A, uint32_t page, int32_t slot, int
     float *pad_s = tile + (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv), *pad_acc = pad_s + KVC__BLOCK;
     const unsigned char *k0 = kvc__k_at(p, A->layer, page, slot), *v0 = kvc__v_at(p, A->layer, page, slot);
     int32_t h, r, c, i;
-    for (h = 0; h < A->n_kv; ++h) kvc__rows_of_head(A, h, q0, nq, vis, ml, acc, s, pad_s, pad_acc, &R[h]);
+    const unsigned char *qb = (const unsigned char *)(work + A->qb_floats);
+    for (h = 0; h < A->n_kv; ++h) kvc__rows_of_head(A, h, q0, nq, vis, ml, acc, s, pad_s, pad_acc, qb, &R[h]);
     if (R[0].n == 0) return;
     if (A->fused_k) {
         for (c = 0; c < n; c += KVC__STRIP) kvc__fused_scores(A, R, k0, c, KVC__MIN(KVC__STRIP, n - c), n + after);
@@ -4568,6 +4920,14 @@ static void kvc__attn_task(void *ctx, int32_t task, int32_t worker) {
     for (i = 0; i < rows; ++i) { ml[2 * i] = -INFINITY; ml[2 * i + 1] = 0.0f; }
     memset(acc, 0, sizeof(float) * (size_t)rows * (size_t)A->hv);
     for (q = 0; q < nq; ++q) qs[q] = kvc__query_of(A->c, d, q0 + q);
+    if (A->quantise != NULL) { /* the task's query rows, for integer scores (the last slot: blocks to prepare) */
+        unsigned char *qb = (unsigned char *)(work + A->qb_floats), *tmp = qb + (size_t)A->rows_max * A->qb_row;
+        for (i = 0; i < rows; ++i) {
+            const float *row = d->q + ((size_t)q0 * (size_t)A->n_heads + (size_t)i) * (size_t)A->hk;
+            A->quantise(row, A->i8_prepare ? tmp : qb + (size_t)i * A->qb_row, A->hk);
+            if (A->i8_prepare) A->i8_prepare(A->p->cfg.type_k, A->hk, (const kvc__block_q8_0 *)(void *)tmp, qb + (size_t)i * A->qb_row);
+        }
+    }
     while (hi - lo > 1) { /* the run holding the chunk's first cell */
         int32_t mid = (lo + hi) / 2;
         if (A->run_start[mid] <= cell) lo = mid; else hi = mid;
@@ -4627,6 +4987,16 @@ static void kvc__attn_init(kvc__attn *A, const kvc_cache *c, int32_t layer, cons
     A->hv = c->pool->cfg.head_dim_v;
     A->scale = d->scale > 0.0f ? d->scale : 1.0f / sqrtf((float)A->hk);
     A->fused_k = A->kern->scores[c->pool->cfg.type_k] != NULL && A->hk % A->kern->lanes == 0 && A->hk <= 1024;
+    if (A->kern->scores_i8[c->pool->cfg.type_k] != NULL) { /* every path has them for block types */
+        const kvc__kernels *ik = A->hk <= KVC__SCALES * KVC__QBLOCK ? A->kern : &kvc__kernels_scalar;
+        size_t row = ik->i8_row_bytes ? ik->i8_row_bytes(c->pool->cfg.type_k, A->hk)
+                                      : (size_t)(A->hk / KVC__QBLOCK) * sizeof(kvc__block_q8_0);
+        A->scores_i8 = ik->scores_i8[c->pool->cfg.type_k];
+        A->i8_prepare = ik->i8_prepare;
+        A->quantise = kvc__pick_type(KVC_TYPE_Q8_0, c->pool->cpu).from_f32;
+        A->qb_row = (row + 63) & ~(size_t)63;
+        A->fused_k = 1;
+    }
     A->fused_v = A->kern->values[c->pool->cfg.type_v] != NULL && A->hv % A->kern->lanes == 0 && A->hv <= 1024;
 }
 

@@ -137,7 +137,8 @@ static int32_t paths(uint32_t *disable, const char **names) {
     kvc_cpu_features(&f);
     disable[n] = ~0u; names[n++] = "scalar";
     if (f & KVC_CPU_AVX2) { disable[n] = KVC_CPU_AVX512; names[n++] = "avx2"; }
-    if (f & KVC_CPU_AVX512) { disable[n] = 0; names[n++] = "avx512"; }
+    if (f & KVC_CPU_AVX512) { disable[n] = KVC_CPU_AVX512_VNNI; names[n++] = "avx512"; }
+    if (f & KVC_CPU_AVX512_VNNI) { disable[n] = 0; names[n++] = "avx512-vnni"; }
     if (f & KVC_CPU_NEON) { disable[n] = 0; names[n++] = "neon"; }
     return n;
 }
@@ -234,8 +235,8 @@ static double max_abs(const float *x, size_t n) {
 
 /* One shape on every path: the same bytes stored, outputs within 2e-5 of scalar's. */
 static void check_paths(tk_rng *rng, const shape *s) {
-    uint32_t disable[4];
-    const char *names[4];
+    uint32_t disable[8];
+    const char *names[8];
     int32_t np = paths(disable, names), p, nh = s->n_kv * s->group;
     size_t nq = (size_t)s->n_queries * nh * s->hk, no = (size_t)s->n_queries * nh * s->hv, i;
     float *q = (float *)malloc(sizeof(float) * nq), *ref = (float *)malloc(sizeof(float) * no);
@@ -376,6 +377,113 @@ static void test_accuracy(tk_rng *rng) {
     }
 }
 
+/* ---- q8_0 / q4_0 keys: integer scores against the query quantised to q8_0 ---- */
+
+/* the test's own q8_0 quantiser of one 32-value block, dequantised: codes lrintf'd,
+   clamped to +-127, the scale stored as f16 */
+static void q8_round_trip(const float *x, double *out) {
+    float amax = 0, d, id;
+    double ds;
+    int32_t j;
+    for (j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(x[j]));
+    d = amax / 127.0f;
+    id = d != 0.0f ? 1.0f / d : 0.0f;
+    ds = kvc__f16_to_f32(kvc__f32_to_f16(d));
+    for (j = 0; j < 32; ++j) {
+        long c = lrintf(x[j] * id);
+        out[j] = (double)(c < -127 ? -127 : c > 127 ? 127 : c) * ds;
+    }
+}
+
+/* Every path's output against double attention over the stored (dequantised) keys
+   and the query rounded to q8_0 by the test: within float rounding (1e-5), while the
+   unrounded query is 10x further off, so the check sees which query was used. Head
+   dims cover the 4-row and 1-row kernels, an odd number of blocks, VNNI's AVX2
+   fallback above 256 and the scalar one above 1024. */
+static void test_integer_scores(tk_rng *rng) {
+    static const int32_t dims[] = {32, 64, 96, 128, 160, 256, 320, 1056};
+    uint32_t disable[8];
+    const char *names[8];
+    int32_t np = paths(disable, names), di, ti, p, g;
+    for (di = 0; di < (int32_t)(sizeof(dims) / sizeof(dims[0])); ++di)
+        for (ti = 0; ti < 2; ++ti)
+            for (g = 1; g <= 4; g += 3) { /* GQA 1: one-row kernels; 4: four-row kernels */
+                enum { N = 150, KV = 2 };
+                kvc_type kt = ti == 0 ? KVC_TYPE_Q8_0 : KVC_TYPE_Q4_0;
+                int32_t d = dims[di], nh = KV * g, h, c, i, n_cells = 0;
+                size_t nk = (size_t)N * KV * d;
+                float *k = (float *)malloc(sizeof(float) * nk), *v = (float *)malloc(sizeof(float) * nk);
+                float *kd = (float *)malloc(sizeof(float) * nk), *q = (float *)malloc(sizeof(float) * (size_t)nh * d);
+                float *out = (float *)malloc(sizeof(float) * (size_t)nh * d);
+                double *ref = (double *)malloc(sizeof(double) * (size_t)nh * d);
+                double *raw = (double *)malloc(sizeof(double) * (size_t)nh * d), *qd = (double *)malloc(sizeof(double) * d);
+                double mo = 0;
+                fill(rng, k, nk, 2.0f);
+                fill(rng, v, nk, 1.0f);
+                fill(rng, q, (size_t)nh * d, 1.0f);
+                for (p = 0; p < np; ++p) {
+                    kvc_pool_config pc;
+                    kvc_cache_config cc;
+                    kvc_pool *pool;
+                    kvc_cache *cache;
+                    kvc_attention_desc ad;
+                    double err = 0, err_raw = 0;
+                    kvc_pool_config_init(&pc);
+                    pc.n_layers = 1; pc.n_kv_heads = KV; pc.head_dim_k = pc.head_dim_v = d;
+                    pc.type_k = kt; pc.type_v = KVC_TYPE_F32; pc.budget_bytes = (size_t)16 << 20;
+                    pc.cpu_disable = disable[p];
+                    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+                    TK_OK(kvc_pool_create(&pc, &pool));
+                    TK_OK(kvc_cache_create(pool, &cc, &cache));
+                    TK_OK(kvc_begin(cache, N));
+                    TK_OK(kvc_put(cache, 0, k, v));
+                    if (p == 0) { /* the reference, from the stored keys */
+                        TK_OK(kvc_cache_gather(cache, 0, kd, NULL, NULL, N, &n_cells));
+                        TK_CHECK(n_cells == N);
+                        for (h = 0; h < nh; ++h)
+                            for (i = 0; i < 2; ++i) { /* i = 0: the query rounded to q8_0; 1: as given */
+                                double m = -1e300, sum = 0, sc[N], *o = (i == 0 ? ref : raw) + (size_t)h * d;
+                                const float *qq = q + (size_t)h * d;
+                                for (c = 0; c < d; c += 32) q8_round_trip(qq + c, qd + c);
+                                if (i == 1)
+                                    for (c = 0; c < d; ++c) qd[c] = qq[c];
+                                for (c = 0; c < N; ++c) {
+                                    double dot = 0;
+                                    int32_t j;
+                                    for (j = 0; j < d; ++j) dot += qd[j] * kd[((size_t)c * KV + h / g) * d + j];
+                                    sc[c] = dot / sqrt((double)d);
+                                    m = fmax(m, sc[c]);
+                                }
+                                for (c = 0; c < d; ++c) o[c] = 0;
+                                for (c = 0; c < N; ++c) {
+                                    double w = exp(sc[c] - m);
+                                    int32_t j;
+                                    sum += w;
+                                    for (j = 0; j < d; ++j) o[j] += w * v[((size_t)c * KV + h / g) * d + j];
+                                }
+                                for (c = 0; c < d; ++c) o[c] /= sum;
+                            }
+                        for (i = 0; i < nh * d; ++i) mo = fmax(mo, fabs(ref[i]));
+                    }
+                    memset(&ad, 0, sizeof(ad));
+                    ad.n_queries = 1; ad.n_heads = nh; ad.q = q; ad.out = out;
+                    TK_OK(kvc_attention(cache, 0, &ad));
+                    for (i = 0; i < nh * d; ++i) {
+                        err = fmax(err, fabs(out[i] - ref[i]) / mo);
+                        err_raw = fmax(err_raw, fabs(out[i] - raw[i]) / mo);
+                    }
+                    if (!(err <= 1e-5 && err_raw >= 1e-4))
+                        printf("integer scores %s %s d %d group %d: %.2e from the rounded query, %.2e from the raw one\n",
+                               names[p], kvc_type_name(kt), d, g, err, err_raw);
+                    TK_CHECK(err <= 1e-5);
+                    TK_CHECK(err_raw >= 1e-4);
+                    TK_OK(kvc_cache_destroy(cache));
+                    TK_OK(kvc_pool_destroy(pool));
+                }
+                free(k); free(v); free(kd); free(q); free(out); free(ref); free(raw); free(qd);
+            }
+}
+
 /* ---- threads: bit-identical results ---- */
 
 typedef struct backwards {
@@ -431,8 +539,8 @@ static void test_threads(tk_rng *rng) {
 /* ---- a decode query's result does not depend on the other queries of its call ---- */
 
 static void test_batch_invariance(tk_rng *rng) {
-    uint32_t disable[4];
-    const char *names[4];
+    uint32_t disable[8];
+    const char *names[8];
     int32_t np = paths(disable, names), p, round;
     for (round = 0; round < tk_scaled(8); ++round)
         for (p = 0; p < np; ++p) {
@@ -523,8 +631,8 @@ int main(int argc, char **argv) {
     tk_rng rng;
     uint32_t f = 0;
     int32_t t;
-    const char *names[4];
-    uint32_t disable[4];
+    const char *names[8];
+    uint32_t disable[8];
     int32_t np, i;
     rng.s = argc > 1 ? strtoull(argv[1], NULL, 10) : (unsigned long long)time(NULL) * 2654435761ull;
     printf("seed %llu (test_kernels %llu replays it)\n", rng.s, rng.s);
@@ -545,6 +653,7 @@ int main(int argc, char **argv) {
     test_quant_error(&rng);
     test_paths(&rng);
     test_accuracy(&rng);
+    test_integer_scores(&rng);
     test_threads(&rng);
     test_batch_invariance(&rng);
     test_scratch(&rng);
