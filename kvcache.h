@@ -1118,6 +1118,75 @@ KVCDEF const char *kvc_type_name(kvc_type type) {
     return kvc__type_valid(type) ? kvc__types[type].name : "?";
 }
 
+/* RoPE re-rotation of one key row by a fixed angle per pair (the RoPE shift of
+   kvc_seq_remove): cs/sn hold, per pair, cos/sin of the shift's angles. NeoX pairs
+   (i, i + n/2) take cs[i], sn[i] for i < n/2; interleaved pairs (2i, 2i + 1) take
+   cs[2i] = cs[2i + 1] (the tables are laid out for the style). In float, so paths
+   differ only by fused multiply-adds (the result is stored as f16 or coarser, or f32
+   within 1e-6 of the exact rotation). */
+typedef void (*kvc__rotate_fn)(float *x, const float *cs, const float *sn, int32_t n, int interleaved);
+static void kvc__rotate_tail(float *x, const float *cs, const float *sn, int32_t n, int interleaved, int32_t i) {
+    int32_t half = n / 2;
+    for (; interleaved ? i < n : i < half; i += interleaved ? 2 : 1) {
+        int32_t j = interleaved ? i + 1 : i + half;
+        float a = x[i], b = x[j];
+        x[i] = a * cs[i] - b * sn[i];
+        x[j] = b * cs[i] + a * sn[i];
+    }
+}
+static void kvc__rotate_scalar(float *x, const float *cs, const float *sn, int32_t n, int interleaved) {
+    kvc__rotate_tail(x, cs, sn, n, interleaved, 0);
+}
+#ifdef KVC__X86
+KVC__AVX2 static void kvc__rotate_avx2(float *x, const float *cs, const float *sn, int32_t n, int interleaved) {
+    int32_t i = 0, half = n / 2;
+    if (interleaved) { /* (a, b) pairs: a c - b s, b c + a s = fmaddsub(x, c, swapped x * s) */
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i), sw = _mm256_permute_ps(v, 0xb1);
+            _mm256_storeu_ps(x + i, _mm256_fmaddsub_ps(v, _mm256_loadu_ps(cs + i), _mm256_mul_ps(sw, _mm256_loadu_ps(sn + i))));
+        }
+    } else {
+        for (; i + 8 <= half; i += 8) {
+            __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + half);
+            __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+            _mm256_storeu_ps(x + i, _mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)));
+            _mm256_storeu_ps(x + i + half, _mm256_fmadd_ps(b, c, _mm256_mul_ps(a, s)));
+        }
+    }
+    kvc__rotate_tail(x, cs, sn, n, interleaved, i);
+}
+#endif
+#ifdef KVC__NEON
+static void kvc__rotate_neon(float *x, const float *cs, const float *sn, int32_t n, int interleaved) {
+    int32_t i = 0, half = n / 2;
+    if (interleaved) {
+        static const float sign[4] = {-1.0f, 1.0f, -1.0f, 1.0f};
+        float32x4_t sg = vld1q_f32(sign);
+        for (; i + 4 <= n; i += 4) {
+            float32x4_t v = vld1q_f32(x + i), sw = vrev64q_f32(v);
+            vst1q_f32(x + i, vfmaq_f32(vmulq_f32(vmulq_f32(sw, vld1q_f32(sn + i)), sg), v, vld1q_f32(cs + i)));
+        }
+    } else {
+        for (; i + 4 <= half; i += 4) {
+            float32x4_t a = vld1q_f32(x + i), b = vld1q_f32(x + i + half), c = vld1q_f32(cs + i), s = vld1q_f32(sn + i);
+            vst1q_f32(x + i, vfmsq_f32(vmulq_f32(a, c), b, s));
+            vst1q_f32(x + i + half, vfmaq_f32(vmulq_f32(b, c), a, s));
+        }
+    }
+    kvc__rotate_tail(x, cs, sn, n, interleaved, i);
+}
+#endif
+static kvc__rotate_fn kvc__pick_rotate(uint32_t features) {
+#ifdef KVC__X86
+    if (features & KVC_CPU_AVX2) return kvc__rotate_avx2;
+#endif
+#ifdef KVC__NEON
+    if (features & KVC_CPU_NEON) return kvc__rotate_neon;
+#endif
+    (void)features;
+    return kvc__rotate_scalar;
+}
+
 /* ---- Layer 1a: memory: the user's allocator, or a first-fit heap in the arena ----- */
 
 typedef struct kvc__chunk { /* a free block of the arena heap; size includes the header */
@@ -1228,6 +1297,7 @@ struct kvc_pool {
     kvc_radix *trees;        /* prefix trees on this pool: they give pages back under pressure */
     uint32_t cpu;            /* KVC_CPU_* paths in use */
     kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
+    kvc__rotate_fn rotate;   /* the RoPE shift's rotation */
     int external;            /* hooks.external_data: no K/V bytes here (slab unused) */
     const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
 };
@@ -1357,6 +1427,7 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     if (!(p->cpu & KVC_CPU_AVX512)) p->cpu &= ~KVC_CPU_AVX512_VNNI;
     p->tk = kvc__pick_type(cfg->type_k, p->cpu);
     p->tv = kvc__pick_type(cfg->type_v, p->cpu);
+    p->rotate = kvc__pick_rotate(p->cpu);
     p->external = cfg->hooks.external_data != 0;
     p->kern = kvc__pick_kernels(p->cpu);
     return p;
@@ -1526,7 +1597,7 @@ struct kvc_cache {
     int32_t range_lo, range_hi;          /* cells the batch reads, padded */
     int32_t *scratch;                    /* [max_seqs] */
     float *row;                          /* one K row as f32, for re-rotation */
-    double *rope_cos, *rope_sin;         /* [head_dim_k / 2 + 1] the angles of one shift */
+    float *rope_cos, *rope_sin;          /* [head_dim_k] one shift's, laid out for kvc__rotate_fn */
     struct kvc__rnode *lease;            /* the prefix-tree entry this cache keeps in use */
     kvc_radix *lease_tree;
 };
@@ -1753,9 +1824,9 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         c->capacity = cc.capacity;
         c->words = words;
         cursor = kvc__align_ptr(cursor, sizeof(double)); /* the page table may end 4-aligned */
-        c->rope_cos = (double *)cursor;
-        c->rope_sin = c->rope_cos + pool->cfg.head_dim_k / 2 + 1;
-        cursor += sizeof(double) * (size_t)(pool->cfg.head_dim_k + 2);
+        c->rope_cos = (float *)(void *)cursor;
+        c->rope_sin = c->rope_cos + pool->cfg.head_dim_k;
+        cursor += sizeof(double) * (size_t)(pool->cfg.head_dim_k + 2); /* the size before floats: layouts unchanged */
         c->row = (float *)cursor;
         cursor += sizeof(float) * (size_t)pool->cfg.n_kv_heads * (size_t)pool->cfg.head_dim_k;
         c->seqs = (uint32_t *)cursor;
@@ -2316,8 +2387,7 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
     kvc_pool *p = c->pool;
     const kvc__type_info *tk = &p->tk;
     const kvc_rope *rope = &c->cfg.rope;
-    int32_t pc = p->page_cells, hk = p->cfg.head_dim_k, nk = p->cfg.n_kv_heads * hk, l, h, i, half = rope->n_dims / 2;
-    int neox = rope->style == KVC_ROPE_NEOX;
+    int32_t pc = p->page_cells, hk = p->cfg.head_dim_k, nk = p->cfg.n_kv_heads * hk, l, h;
     uint32_t page = c->pages[cell / pc];
     if (p->cfg.hooks.event != NULL) {
         kvc_page_event ev;
@@ -2337,26 +2407,26 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
         if (rope->shift) {
             rope->shift(rope->user, l, c->row, p->cfg.n_kv_heads, hk, old_pos, new_pos);
         } else {
-            for (h = 0; h < p->cfg.n_kv_heads; ++h) {
-                float *x = c->row + (size_t)h * hk;
-                for (i = 0; i < half; ++i) {
-                    int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-                    double a = x[i0], b = x[i1];
-                    x[i0] = (float)(a * c->rope_cos[i] - b * c->rope_sin[i]);
-                    x[i1] = (float)(b * c->rope_cos[i] + a * c->rope_sin[i]);
-                }
-            }
+            for (h = 0; h < p->cfg.n_kv_heads; ++h)
+                p->rotate(c->row + (size_t)h * hk, c->rope_cos, c->rope_sin, rope->n_dims,
+                          rope->style == KVC_ROPE_INTERLEAVED);
         }
         tk->from_f32(c->row, k, nk);
     }
 }
 
+/* cos/sin of one shift's angles (in double, then rounded), laid out for the style */
 static void kvc__rope_table(kvc_cache *c, int32_t delta) {
-    int32_t i, n = c->cfg.rope.n_dims;
+    int32_t i, n = c->cfg.rope.n_dims, inter = c->cfg.rope.style == KVC_ROPE_INTERLEAVED;
     for (i = 0; i < n / 2; ++i) {
         double angle = (double)delta * pow((double)c->cfg.rope.theta, -2.0 * i / n);
-        c->rope_cos[i] = cos(angle);
-        c->rope_sin[i] = sin(angle);
+        int32_t at = inter ? 2 * i : i;
+        c->rope_cos[at] = (float)cos(angle);
+        c->rope_sin[at] = (float)sin(angle);
+        if (inter) {
+            c->rope_cos[at + 1] = c->rope_cos[at];
+            c->rope_sin[at + 1] = c->rope_sin[at];
+        }
     }
 }
 

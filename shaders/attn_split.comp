@@ -145,7 +145,20 @@ void main() {
     Job J = load_job(pc.job_off, jb);
     uint hbk = head_bytes(TYPE_K, HDK), hbv = head_bytes(TYPE_V, HDV);
     for (uint i = tid; i < G * HDK; i += WG)
-        qs[i] = qb[J.q_off + kvh * G * HDK + i] * pc.scale_log2;
+        qs[i] = qb[J.q_off + kvh * G * HDK + i];
+    if (TYPE_K == T_Q8_0 || TYPE_K == T_Q4_0) {
+        // block-typed keys score against the query rounded to q8_0, as on the CPU (kvcache.h
+        // scores them in integers): d = amax / 127 stored as f16, codes rint(x / d) in +-127
+        barrier();
+        for (uint b = tid; b < G * HDK / 32u; b += WG) {
+            float amax = 0.0;
+            for (uint j = 0u; j < 32u; ++j) amax = max(amax, abs(qs[32u * b + j]));
+            float d = div_rn(amax, 127.0), id = d != 0.0 ? div_rn(1.0, d) : 0.0, dh = h2f(f2h(d));
+            for (uint j = 0u; j < 32u; ++j) qs[32u * b + j] = float(clamp(int(roundEven(qs[32u * b + j] * id)), -127, 127)) * dh;
+        }
+        barrier();
+    }
+    for (uint i = tid; i < G * HDK; i += WG) qs[i] *= pc.scale_log2;
     // the value invocations: head gv, values [ev0, ev0 + EVT)
     const uint per_head = HDV / EVT;
     uint gv = tid / per_head, ev0 = (tid % per_head) * EVT;

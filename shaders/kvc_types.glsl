@@ -25,6 +25,17 @@ float h2f(uint h) {
 }
 float bf2f(uint h) { return uintBitsToFloat(h << 16); }
 
+// a / b rounded to nearest as the CPU's division (a >= 0, b > 0, finite): drivers may
+// divide through an approximate reciprocal (lavapipe does), which moves a quantisation
+// scale or code now and then. Of the quotient and its two float neighbours, the nearest
+// to a / b leaves the smallest residual a - b q, computed with one rounding in an fma.
+float div_rn(float a, float b) {
+    precise float q = a / b;
+    float up = uintBitsToFloat(floatBitsToUint(q) + 1u), dn = q > 0.0 ? uintBitsToFloat(floatBitsToUint(q) - 1u) : q;
+    precise float e = abs(fma(-b, q, a)), eu = abs(fma(-b, up, a)), ed = abs(fma(-b, dn, a));
+    return eu < e && eu <= ed ? up : ed < e ? dn : q;
+}
+
 // f32 -> f16, round to nearest even: the bit pattern kvcache.h's scalar path gives
 uint f2h(float f) {
     uint x = floatBitsToUint(f), sgn = (x >> 16) & 0x8000u, e8 = (x >> 23) & 0xffu, m = x & 0x7fffffu;

@@ -36,13 +36,13 @@ int quant_code(float x, int lo, int hi) { return clamp(int(roundEven(x)), lo, hi
 float q8_d(uint row, uint b) {
     float amax = 0.0;
     for (uint j = 0u; j < 32u; ++j) amax = max(amax, abs(sv(row, 32u * b + j)));
-    return amax / 127.0;
+    return div_rn(amax, 127.0);
 }
 uint q8_byte(uint row, uint B) {
     uint b = B / 34u, off = B % 34u;
     float d = q8_d(row, b);
     if (off < 2u) return (f2h(d) >> (8u * off)) & 0xffu;
-    float id = d != 0.0 ? 1.0 / d : 0.0;
+    float id = d > 0.0 ? div_rn(1.0, d) : d < 0.0 ? -div_rn(1.0, -d) : 0.0; /* as the CPU's 1.0f / d */
     return uint(quant_code(sv(row, 32u * b + off - 2u) * id, -127, 127)) & 0xffu;
 }
 // q4_0 block b: d = extreme/-8 with the extreme the first value of largest magnitude;
@@ -53,13 +53,13 @@ float q4_d(uint row, uint b) {
         float v = sv(row, 32u * b + j);
         if (abs(v) > abs(mx)) mx = v;
     }
-    return mx / -8.0;
+    return mx * -0.125; /* = mx / -8 exactly: no division to approximate */
 }
 uint q4_byte(uint row, uint B) {
     uint b = B / 18u, off = B % 18u;
     float d = q4_d(row, b);
     if (off < 2u) return (f2h(d) >> (8u * off)) & 0xffu;
-    float id = d != 0.0 ? 1.0 / d : 0.0;
+    float id = d > 0.0 ? div_rn(1.0, d) : d < 0.0 ? -div_rn(1.0, -d) : 0.0; /* as the CPU's 1.0f / d */
     uint j = off - 2u;
     uint lo = uint(quant_code(sv(row, 32u * b + j) * id, -8, 7) + 8);
     uint hi = uint(quant_code(sv(row, 32u * b + j + 16u) * id, -8, 7) + 8);
