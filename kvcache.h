@@ -1127,7 +1127,7 @@ KVCDEF const char *kvc_type_name(kvc_type type) {
 typedef void (*kvc__rotate_fn)(float *x, const float *cs, const float *sn, int32_t n, int interleaved);
 static void kvc__rotate_tail(float *x, const float *cs, const float *sn, int32_t n, int interleaved, int32_t i) {
     int32_t half = n / 2;
-    for (; interleaved ? i < n : i < half; i += interleaved ? 2 : 1) {
+    for (; interleaved ? i + 1 < n : i < half; i += interleaved ? 2 : 1) { /* an odd n leaves its last value */
         int32_t j = interleaved ? i + 1 : i + half;
         float a = x[i], b = x[j];
         x[i] = a * cs[i] - b * sn[i];
