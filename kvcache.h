@@ -129,6 +129,7 @@ typedef struct kvc_allocator {
 #define KVC_CPU_AVX512 (1u << 2)      /* x86: AVX-512 F/DQ/BW/VL kernels */
 #define KVC_CPU_AVX512_VNNI (1u << 3) /* x86: AVX-512 VNNI integer scores of q8_0/q4_0 keys */
 #define KVC_CPU_NEON (1u << 4)        /* aarch64: NEON kernels and conversions */
+#define KVC_CPU_SSE2 (1u << 5)        /* x86: SSE2 kernels, for CPUs (or VMs) without AVX2 */
 
 /* Parallel work goes through the caller's threads: parallel_for runs fn(ctx, task,
    worker) for every task in [0, n_tasks), in any order and on any of n_workers
@@ -191,7 +192,8 @@ typedef struct kvc_pool_config {
     void *arena;
     size_t arena_bytes;
     size_t arena_object_bytes;
-    uint32_t cpu_disable; /* KVC_CPU_* paths not to use (tests compare them with scalar) */
+    uint32_t cpu_disable; /* KVC_CPU_* paths not to use (tests compare them with scalar); a path
+                             needs those below it: no AVX2 means no AVX-512 either */
     kvc_page_hooks hooks; /* page events for a device backend; zero = none */
     kvc_parallel_for_fn parallel_for; /* NULL: the library works on the calling thread */
     void *parallel_user;
@@ -865,11 +867,12 @@ static uint32_t kvc__cpu_detect(void) {
     unsigned a, b, c, d, b7 = 0, c7 = 0, d7 = 0; /* d7: unused today */
     uint32_t xcr0_lo, xcr0_hi, f = 0;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    if (d & (1u << 26)) f |= KVC_CPU_SSE2; /* edx 26; every x86-64 CPU has it */
     /* AVX registers are usable only if the OS saves them (OSXSAVE, ecx 27; XCR0 bits 1-2) */
-    if (!(c & (1u << 27)) || !(c & (1u << 28))) return 0;
+    if (!(c & (1u << 27)) || !(c & (1u << 28))) return f;
     __asm__ __volatile__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
     (void)xcr0_hi;
-    if ((xcr0_lo & 6u) != 6u) return 0;
+    if ((xcr0_lo & 6u) != 6u) return f;
     if (c & (1u << 29)) f |= KVC_CPU_F16C;
     if (__get_cpuid_max(0, NULL) >= 7) __cpuid_count(7, 0, a, b7, c7, d7);
     (void)d7;
@@ -3626,6 +3629,133 @@ static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc_
 #define KVC__EXP_P5 5.0000001201e-1f
 
 #ifdef KVC__X86
+/* -- SSE2: 4 lanes, through an f32 tile like NEON (no fused kernels) -- */
+#define KVC__SSE2 __attribute__((target("sse2")))
+KVC__SSE2 static __m128 kvc__exp_sse2(__m128 x) {
+    __m128 keep = _mm_cmpge_ps(x, _mm_set1_ps(-87.0f)), n, y;
+    __m128i e;
+    x = _mm_max_ps(x, _mm_set1_ps(-87.0f));
+    e = _mm_cvtps_epi32(_mm_mul_ps(x, _mm_set1_ps(1.44269504088896341f))); /* nearest, MXCSR's default */
+    n = _mm_cvtepi32_ps(e);
+    x = _mm_sub_ps(x, _mm_mul_ps(n, _mm_set1_ps(KVC__EXP_C1)));
+    x = _mm_sub_ps(x, _mm_mul_ps(n, _mm_set1_ps(KVC__EXP_C2)));
+    y = _mm_set1_ps(KVC__EXP_P0);
+    y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(KVC__EXP_P1));
+    y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(KVC__EXP_P2));
+    y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(KVC__EXP_P3));
+    y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(KVC__EXP_P4));
+    y = _mm_add_ps(_mm_mul_ps(y, x), _mm_set1_ps(KVC__EXP_P5));
+    y = _mm_add_ps(_mm_mul_ps(y, _mm_mul_ps(x, x)), _mm_add_ps(x, _mm_set1_ps(1.0f)));
+    e = _mm_slli_epi32(_mm_add_epi32(e, _mm_set1_epi32(127)), 23);
+    return _mm_and_ps(_mm_mul_ps(y, _mm_castsi128_ps(e)), keep);
+}
+/* the sums of four vectors, one per lane */
+KVC__SSE2 static __m128 kvc__hsum4_sse2(__m128 a, __m128 b, __m128 c, __m128 d) {
+    __m128 t0 = _mm_unpacklo_ps(a, b), t1 = _mm_unpackhi_ps(a, b), t2 = _mm_unpacklo_ps(c, d), t3 = _mm_unpackhi_ps(c, d);
+    __m128 s0 = _mm_add_ps(t0, t1), s1 = _mm_add_ps(t2, t3); /* a01 b01 a23 b23 / c.. d.. */
+    return _mm_add_ps(_mm_movelh_ps(s0, s1), _mm_movehl_ps(s1, s0));
+}
+KVC__SSE2 static void kvc__dot_sse2(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s) {
+    int32_t c, i, j, full = d & ~3;
+    for (c = 0; c < n; c += 4) {
+        const float *r[4];
+        __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        float t[4];
+        for (j = 0; j < 4; ++j) r[j] = k + (size_t)KVC__MIN(c + j, n - 1) * stride;
+        for (i = 0; i < full; i += 4) {
+            __m128 qv = _mm_loadu_ps(q + i);
+            a0 = _mm_add_ps(a0, _mm_mul_ps(qv, _mm_loadu_ps(r[0] + i)));
+            a1 = _mm_add_ps(a1, _mm_mul_ps(qv, _mm_loadu_ps(r[1] + i)));
+            a2 = _mm_add_ps(a2, _mm_mul_ps(qv, _mm_loadu_ps(r[2] + i)));
+            a3 = _mm_add_ps(a3, _mm_mul_ps(qv, _mm_loadu_ps(r[3] + i)));
+        }
+        _mm_storeu_ps(t, kvc__hsum4_sse2(a0, a1, a2, a3));
+        for (j = 0; j < 4 && c + j < n; ++j) {
+            for (i = full; i < d; ++i) t[j] += q[i] * r[j][i];
+            s[c + j] = t[j];
+        }
+    }
+}
+KVC__SSE2 static float kvc__exp_sum_sse2(float *s, int32_t n, uint32_t vis, float scale, float m) {
+    __m128 sum = _mm_setzero_ps();
+    float t[4];
+    int32_t c;
+    for (c = 0; c < n; ++c)
+        if (!((vis >> c) & 1u)) s[c] = -INFINITY; /* gives 0 below */
+    for (c = 0; c < n; c += 4) { /* a tail in a padded vector: each weight computed alike */
+        int32_t j;
+        for (j = 0; j < 4; ++j) t[j] = c + j < n ? s[c + j] : -INFINITY;
+        _mm_storeu_ps(t, kvc__exp_sse2(_mm_sub_ps(_mm_mul_ps(_mm_loadu_ps(t), _mm_set1_ps(scale)), _mm_set1_ps(m))));
+        for (j = 0; j < 4 && c + j < n; ++j) s[c + j] = t[j];
+        sum = _mm_add_ps(sum, _mm_loadu_ps(t));
+    }
+    _mm_storeu_ps(t, sum);
+    return (t[0] + t[1]) + (t[2] + t[3]);
+}
+KVC__SSE2 static void kvc__axpy_sse2(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
+    int32_t i = 0, c;
+    for (; i + 16 <= d; i += 16) {
+        __m128 a0 = _mm_loadu_ps(acc + i), a1 = _mm_loadu_ps(acc + i + 4);
+        __m128 a2 = _mm_loadu_ps(acc + i + 8), a3 = _mm_loadu_ps(acc + i + 12);
+        for (c = 0; c < n; ++c) {
+            const float *r = v + (size_t)c * stride + i;
+            __m128 w = _mm_set1_ps(p[c]);
+            a0 = _mm_add_ps(a0, _mm_mul_ps(w, _mm_loadu_ps(r)));
+            a1 = _mm_add_ps(a1, _mm_mul_ps(w, _mm_loadu_ps(r + 4)));
+            a2 = _mm_add_ps(a2, _mm_mul_ps(w, _mm_loadu_ps(r + 8)));
+            a3 = _mm_add_ps(a3, _mm_mul_ps(w, _mm_loadu_ps(r + 12)));
+        }
+        _mm_storeu_ps(acc + i, a0);
+        _mm_storeu_ps(acc + i + 4, a1);
+        _mm_storeu_ps(acc + i + 8, a2);
+        _mm_storeu_ps(acc + i + 12, a3);
+    }
+    for (; i < d; ++i)
+        for (c = 0; c < n; ++c) acc[i] += p[c] * v[(size_t)c * stride + i];
+}
+KVC__SSE2 static void kvc__scale_sse2(float *x, int32_t n, float a) {
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_mul_ps(_mm_loadu_ps(x + i), _mm_set1_ps(a)));
+    for (; i < n; ++i) x[i] *= a;
+}
+/* a block's integer dot product: codes widened to 16 bits, pmaddwd into 32 */
+KVC__SSE2 static __m128i kvc__widen_lo_sse2(__m128i x) { return _mm_unpacklo_epi8(x, _mm_cmpgt_epi8(_mm_setzero_si128(), x)); }
+KVC__SSE2 static __m128i kvc__widen_hi_sse2(__m128i x) { return _mm_unpackhi_epi8(x, _mm_cmpgt_epi8(_mm_setzero_si128(), x)); }
+KVC__SSE2 static int32_t kvc__idot_sse2(kvc_type t, const int8_t *q, const unsigned char *kb) {
+    __m128i q0 = _mm_loadu_si128((const __m128i *)(const void *)q), q1 = _mm_loadu_si128((const __m128i *)(const void *)(q + 16));
+    __m128i k0, k1, acc;
+    int32_t r[4];
+    if (t == KVC_TYPE_Q8_0) {
+        const int8_t *c = ((const kvc__block_q8_0 *)(const void *)kb)->q;
+        k0 = _mm_loadu_si128((const __m128i *)(const void *)c);
+        k1 = _mm_loadu_si128((const __m128i *)(const void *)(c + 16));
+    } else {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)((const kvc__block_q4_0 *)(const void *)kb)->q);
+        __m128i m = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+        k0 = _mm_sub_epi8(_mm_and_si128(x, m), eight);
+        k1 = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m), eight);
+    }
+    acc = _mm_add_epi32(_mm_madd_epi16(kvc__widen_lo_sse2(q0), kvc__widen_lo_sse2(k0)),
+                        _mm_madd_epi16(kvc__widen_hi_sse2(q0), kvc__widen_hi_sse2(k0)));
+    acc = _mm_add_epi32(acc, _mm_add_epi32(_mm_madd_epi16(kvc__widen_lo_sse2(q1), kvc__widen_lo_sse2(k1)),
+                                           _mm_madd_epi16(kvc__widen_hi_sse2(q1), kvc__widen_hi_sse2(k1))));
+    _mm_storeu_si128((__m128i *)(void *)r, acc);
+    return r[0] + r[1] + r[2] + r[3];
+}
+KVC__SSE2 static void kvc__scores_i8_sse2_q8_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                               int32_t d, int32_t n, float *const *s) {
+    kvc__scores_i8_rows(KVC_TYPE_Q8_0, kvc__idot_sse2, q, nr, k, k_row, d, n, s);
+}
+KVC__SSE2 static void kvc__scores_i8_sse2_q4_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                               int32_t d, int32_t n, float *const *s) {
+    kvc__scores_i8_rows(KVC_TYPE_Q4_0, kvc__idot_sse2, q, nr, k, k_row, d, n, s);
+}
+static const kvc__kernels kvc__kernels_sse2 = {"sse2", kvc__dot_sse2, kvc__masked_max_scalar, kvc__exp_sum_sse2,
+                                               kvc__axpy_sse2, kvc__scale_sse2, 4, {NULL, NULL, NULL, NULL, NULL},
+                                               {NULL, NULL, NULL, NULL, NULL},
+                                               {NULL, NULL, NULL, kvc__scores_i8_sse2_q8_0, kvc__scores_i8_sse2_q4_0},
+                                               NULL, NULL};
+
 /* -- AVX2 + FMA: 8 lanes -- */
 KVC__AVX2 static __m256 kvc__exp_avx2(__m256 x) {
     __m256 n, y, z, keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
@@ -4613,6 +4743,7 @@ static const kvc__kernels *kvc__pick_kernels(uint32_t features) {
     if (features & KVC_CPU_AVX512_VNNI) return &kvc__kernels_avx512_vnni;
     if (features & KVC_CPU_AVX512) return &kvc__kernels_avx512;
     if (features & KVC_CPU_AVX2) return &kvc__kernels_avx2;
+    if (features & KVC_CPU_SSE2) return &kvc__kernels_sse2;
 #endif
 #ifdef KVC__NEON
     if (features & KVC_CPU_NEON) return &kvc__kernels_neon;

@@ -303,7 +303,7 @@ int main(int argc, char **argv) {
     bw1 = read_bandwidth(1);
     bw2 = read_bandwidth(2);
     printf("cpu features %#x (kernels: %s); read bandwidth over 1 GiB: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", f,
-           f & KVC_CPU_AVX512 ? "avx512" : f & KVC_CPU_AVX2 ? "avx2" : f & KVC_CPU_NEON ? "neon" : "scalar", bw1 / 1e9,
+           f & KVC_CPU_AVX512_VNNI ? "avx512-vnni" : f & KVC_CPU_AVX512 ? "avx512" : f & KVC_CPU_AVX2 ? "avx2" : f & KVC_CPU_NEON ? "neon" : "scalar", bw1 / 1e9,
            bw2 / 1e9);
     bench_decode(bw1, bw2, quick);
     bench_prefill();

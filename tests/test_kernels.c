@@ -136,6 +136,7 @@ static int32_t paths(uint32_t *disable, const char **names) {
     int32_t n = 0;
     kvc_cpu_features(&f);
     disable[n] = ~0u; names[n++] = "scalar";
+    if (f & KVC_CPU_SSE2) { disable[n] = ~(uint32_t)KVC_CPU_SSE2; names[n++] = "sse2"; }
     if (f & KVC_CPU_AVX2) { disable[n] = KVC_CPU_AVX512; names[n++] = "avx2"; }
     if (f & KVC_CPU_AVX512) { disable[n] = KVC_CPU_AVX512_VNNI; names[n++] = "avx512"; }
     if (f & KVC_CPU_AVX512_VNNI) { disable[n] = 0; names[n++] = "avx512-vnni"; }
