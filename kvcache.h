@@ -1081,6 +1081,59 @@ static void kvc__q4_0_to_f32_neon(const void *src, float *dst, int32_t n) {
             }
     }
 }
+/* Quantisers, bit for bit the scalar ones on this CPU: lrintf is fcvtns here, as
+   vcvtnq (nearest, ties to even, NaN to 0, saturating); fmaxf is vmaxnm (NaN ignored). */
+static void kvc__bf16_from_f32_neon(const float *src, void *dst, int32_t n) {
+    uint16_t *d = (uint16_t *)dst;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        uint32x4_t x = vreinterpretq_u32_f32(vld1q_f32(src + i)), hi = vshrq_n_u32(x, 16);
+        uint32x4_t r = vshrq_n_u32(vaddq_u32(vaddq_u32(x, vdupq_n_u32(0x7fff)), vandq_u32(hi, vdupq_n_u32(1))), 16);
+        uint32x4_t nan = vcgtq_u32(vandq_u32(x, vdupq_n_u32(0x7fffffff)), vdupq_n_u32(0x7f800000));
+        vst1_u16(d + i, vmovn_u32(vbslq_u32(nan, vorrq_u32(hi, vdupq_n_u32(0x40)), r)));
+    }
+    for (; i < n; ++i) d[i] = kvc__f32_to_bf16(src[i]);
+}
+/* 32 codes rint(x * id) clamped to [lo, hi] */
+static void kvc__codes_neon(const float *x, float id, int32_t lo, int32_t hi, int8_t *out) {
+    int32_t j;
+    for (j = 0; j < KVC__QBLOCK; j += 8) {
+        int32x4_t a = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + j), id));
+        int32x4_t b = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + j + 4), id));
+        a = vmaxq_s32(vminq_s32(a, vdupq_n_s32(hi)), vdupq_n_s32(lo));
+        b = vmaxq_s32(vminq_s32(b, vdupq_n_s32(hi)), vdupq_n_s32(lo));
+        vst1_s8(out + j, vmovn_s16(vcombine_s16(vmovn_s32(a), vmovn_s32(b))));
+    }
+}
+static void kvc__q8_0_from_f32_neon(const float *src, void *dst, int32_t n) {
+    kvc__block_q8_0 *b = (kvc__block_q8_0 *)dst;
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, src += KVC__QBLOCK) {
+        float32x4_t m = vdupq_n_f32(0.0f);
+        float d;
+        for (j = 0; j < KVC__QBLOCK; j += 4) m = vmaxnmq_f32(m, vabsq_f32(vld1q_f32(src + j)));
+        d = kvc__q8_scale(vmaxnmvq_f32(m));
+        kvc__store_scale(b[i].d, d);
+        kvc__codes_neon(src, kvc__inverse(d), -127, 127, b[i].q);
+    }
+}
+static void kvc__q4_0_from_f32_neon(const float *src, void *dst, int32_t n) {
+    kvc__block_q4_0 *b = (kvc__block_q4_0 *)dst;
+    int32_t i, j;
+    for (i = 0; i < n / KVC__QBLOCK; ++i, src += KVC__QBLOCK) {
+        float extreme = 0.0f, d;
+        int8_t c[KVC__QBLOCK];
+        for (j = 0; j < KVC__QBLOCK; ++j) /* the first value of largest magnitude, sign kept */
+            if (fabsf(src[j]) > fabsf(extreme)) extreme = src[j];
+        d = kvc__q4_scale(extreme);
+        kvc__store_scale(b[i].d, d);
+        kvc__codes_neon(src, kvc__inverse(d), -8, 7, c);
+        {
+            int8x16_t lo = vaddq_s8(vld1q_s8(c), vdupq_n_s8(8)), hi = vaddq_s8(vld1q_s8(c + 16), vdupq_n_s8(8));
+            vst1q_u8(b[i].q, vorrq_u8(vreinterpretq_u8_s8(lo), vshlq_n_u8(vreinterpretq_u8_s8(hi), 4)));
+        }
+    }
+}
 #else
 static uint32_t kvc__cpu_detect(void) { return 0; }
 #endif
@@ -1106,11 +1159,11 @@ static kvc__type_info kvc__pick_type(kvc_type t, uint32_t features) {
     }
 #endif
 #ifdef KVC__NEON
-    if (features & KVC_CPU_NEON) { /* quantising stays scalar here: append is not the hot path */
+    if (features & KVC_CPU_NEON) {
         if (t == KVC_TYPE_F16) { info.from_f32 = kvc__f16_from_f32_neon; info.to_f32 = kvc__f16_to_f32_neon; }
-        if (t == KVC_TYPE_BF16) info.to_f32 = kvc__bf16_to_f32_neon;
-        if (t == KVC_TYPE_Q8_0) info.to_f32 = kvc__q8_0_to_f32_neon;
-        if (t == KVC_TYPE_Q4_0) info.to_f32 = kvc__q4_0_to_f32_neon;
+        if (t == KVC_TYPE_BF16) { info.from_f32 = kvc__bf16_from_f32_neon; info.to_f32 = kvc__bf16_to_f32_neon; }
+        if (t == KVC_TYPE_Q8_0) { info.from_f32 = kvc__q8_0_from_f32_neon; info.to_f32 = kvc__q8_0_to_f32_neon; }
+        if (t == KVC_TYPE_Q4_0) { info.from_f32 = kvc__q4_0_from_f32_neon; info.to_f32 = kvc__q4_0_to_f32_neon; }
     }
 #endif
     (void)features;
