@@ -15,6 +15,10 @@
      KVCACHE_FREE(ptr, user)    define both or neither (default: malloc / free).
      KVCACHE_ASSERT(x)          internal consistency checks (default: assert).
      KVCACHE_NO_STDIO           leave out kvc_io_stdio / kvc_io_path (no <stdio.h>).
+     KVCACHE_NO_SIMD            compile only the scalar C paths.
+     KVCACHE_NO_HUGE_PAGES      on Linux, do not ask for transparent huge pages under
+                                a pool's slab from malloc (madvise; the default asks).
+     KVCACHE_THREADS            also compile the small pthread helper (kvc_threads_*).
 
    THE MODEL IN ONE PARAGRAPH
      A kvc_pool owns every K/V byte, cut into pages of `page_cells` token slots
