@@ -230,8 +230,9 @@ int main(int argc, char **argv) {
         reps = 2;
         printf("bench_vk: a CPU device: one small shape only (pass sizes to override)\n");
     }
-    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u), %d reps per timing, medians of 5\n", info.device_name,
-           VK_API_VERSION_MAJOR(info.api_version), VK_API_VERSION_MINOR(info.api_version), info.subgroup_size, reps);
+    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d), %d reps per timing, medians of 5\n",
+           info.device_name, VK_API_VERSION_MAJOR(info.api_version), VK_API_VERSION_MINOR(info.api_version),
+           info.subgroup_size, info.cooperative_matrix, reps);
 
     /* inputs: one chunk of K and V rows (f32), repeated through every cache */
     kin = (float *)malloc(sizeof(float) * in_elems * 2);
@@ -289,6 +290,7 @@ int main(int argc, char **argv) {
                 pc.budget_bytes = (size_t)batch * (size_t)(cells + 256) * HKV * 2 * kvc__row_bytes(types[ti], 1, HD);
                 memset(&po, 0, sizeof(po));
                 po.max_splits = groups;
+                po.no_cooperative_matrix = getenv("BENCH_VK_NO_CM") != NULL;
                 CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
                 hp = kvc_vk_pool_host(vp);
                 kvc_cache_config_init(&cc, KVC_KIND_FULL);
