@@ -39,7 +39,9 @@
      - q, out and the append inputs are f32 (append also f16) in the caller's buffers,
        laid out as kvcache.h's kvc_attention / kvc_put arrays; offsets are in bytes and
        multiples of 4.
-     - Needs Vulkan 1.1 and VK_KHR_push_descriptor on the device. Rows of K and V (one
+     - Needs Vulkan 1.1 and VK_KHR_push_descriptor on the device; decode attention over f16
+       K/V uses VK_NV_cooperative_matrix where the device has it enabled (see
+       kvc_vk_context_desc.cooperative_matrix). Rows of K and V (one
        cell, one layer, every kv head) must be multiples of 4 bytes, and f16/bf16 head
        dims even.
      - No printf, no globals, no threads; every call returns a kvc_result.
@@ -6528,7 +6530,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     splits = (int32_t)((cm ? 1024 : 2048) / ((int64_t)n_jobs * p->n_kv_heads));
     splits = KVC__MAX(1, KVC__MIN(splits, p->max_splits));
     chunk = (max_view + splits - 1) / splits;
-    chunk = (KVC__MAX(chunk, 1) + block - 1) / block * block;
+    chunk = (KVC__MAX(chunk, cm ? 64 : 1) + block - 1) / block * block; /* cm: 4 tiles at least */
     splits = KVC__MAX(1, (max_view + chunk - 1) / chunk);
     part_bytes = (size_t)n_jobs * (size_t)n_heads * (size_t)splits * ((size_t)p->hdv + 2) * 4;
     if ((r = kvc_vk__grow(p, &p->part, part_bytes, &grown)) != KVC_OK) return r;
