@@ -487,7 +487,12 @@ static void test_errors(void) {
 }
 
 static kvc_type pick_type(tk_rng *rng) {
-    return (kvc_type)tk_int(rng, 0, types_avail - 1);
+    kvc_type t = (kvc_type)tk_int(rng, 0, types_avail - 1);
+    const char *force = getenv("KVC_VK_TYPE"); /* e.g. f16: every K and V of that type */
+    int i;
+    for (i = 0; force && i < types_avail; ++i)
+        if (strcmp(force, kvc_type_name((kvc_type)i)) == 0) t = (kvc_type)i;
+    return t;
 }
 
 int main(int argc, char **argv) {
@@ -516,8 +521,9 @@ int main(int argc, char **argv) {
     }
     kvc_vk_context_info(ctx, &info);
     types_avail = (int)KVC_TYPE_COUNT;
-    printf("device %s, subgroup %u (arithmetic %d), validation %s; seed %llu (test_vk %llu replays it)\n",
-           info.device_name, info.subgroup_size, info.subgroup_arithmetic, info.validation ? "on" : "NOT INSTALLED",
+    printf("device %s, subgroup %u (arithmetic %d), cooperative matrix %d, validation %s; seed %llu (test_vk %llu replays it)\n",
+           info.device_name, info.subgroup_size, info.subgroup_arithmetic, info.cooperative_matrix,
+           info.validation ? "on" : "NOT INSTALLED",
            (unsigned long long)g_seed, (unsigned long long)g_seed);
     test_errors();
     n_ep = (int)(24 * tk_scale());

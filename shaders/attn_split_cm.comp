@@ -1,0 +1,253 @@
+#version 450
+// attn_split_cm.comp - decode attention, split-K pass on the tensor cores
+// (VK_NV_cooperative_matrix), for f16 keys and values. attn_split.comp's job and output,
+// another schedule: a workgroup is one subgroup of 32 that takes one job, one kv head with
+// its whole GQA group of G query heads (G <= 8) and one chunk of cells, walked in tiles
+// of 16 cells. The products are taken transposed, so that the query side is the narrow
+// N = NQ (8 for G <= 4, else 16) dimension of the tensor-core tiles:
+//   stage    the tile's K and V rows, loaded into registers one tile ahead (16 bytes per
+//            load), are stored into shared memory (V rows of cells it may not see: zeros);
+//   scores   S^T (16 cells x NQ) = K (16 x HDK) x Q^T, where columns 0..G-1 of Q^T hold
+//            the queries rounded to multiples of 2^-11 (after scaling by a power of two
+//            into (-1, 1)) and columns G..2G-1 the remainders times 2^12: f16 x f16
+//            products are exact and summed in f32, hi + lo * 2^-12 carries each query to
+//            about 2^-23 of the largest;
+//   softmax  one invocation per (head, cell): mask, running max per head (clustered
+//            subgroup max over the 16 cells), weights p = exp2(s - m); when a maximum
+//            grows, O^T is rescaled element-wise by a matrix of the same type whose
+//            columns hold each column's factor;
+//   values   O^T (HDV x NQ) += V^T (HDV x 16) x P^T, P split into hi / lo columns the
+//            same way (p in [0, 1]: to about 2^-24 absolute).
+// Written out as attn_split.comp does: (max, sum, unnormalised output) per query head.
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_NV_cooperative_matrix : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_clustered : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
+#extension GL_KHR_shader_subgroup_ballot : require
+#extension GL_KHR_memory_scope_semantics : require
+layout(constant_id = 0) const uint TYPE_K = 1u;   // f16 only (kvcache_vk.h picks this shader)
+layout(constant_id = 1) const uint TYPE_V = 1u;
+layout(constant_id = 2) const uint HDK = 128u;    // multiples of 16, at most 128
+layout(constant_id = 3) const uint HDV = 128u;
+layout(constant_id = 4) const uint G = 4u;        // query heads per kv head, at most 8
+layout(constant_id = 7) const uint KV_HEADS = 8u;
+layout(constant_id = 9) const uint PAGE_CELLS = 256u;
+layout(local_size_x = 32) in;                     // one subgroup
+
+layout(set = 0, binding = 0) volatile readonly buffer KB { uvec4 kb[]; };
+layout(set = 0, binding = 1) volatile readonly buffer VB { uvec4 vb[]; };
+layout(set = 0, binding = 2) readonly buffer MB { uint meta[]; };
+layout(set = 0, binding = 3) readonly buffer QB { float qb[]; };
+layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
+
+layout(push_constant) uniform PC {
+    uint job_off;
+    uint chunk;       // cells per split (a multiple of 16)
+    uint n_splits;
+    uint k_row_bytes;
+    uint v_row_bytes;
+    uint page_cells;  // (unused: PAGE_CELLS)
+    float scale_log2;
+} pc;
+
+#include "attn_common.glsl"
+
+const int SG = 3;                                 // gl_ScopeSubgroup
+const uint NQ = 2u * G <= 8u ? 8u : 16u;          // query columns (hi, lo, zero padding)
+#define MATA fcoopmatNV<16, SG, 16, 16>
+#define MATB fcoopmatNV<16, SG, 16, NQ>
+#define MATC fcoopmatNV<32, SG, 16, NQ>
+const uint TC = 16u;                              // cells per tile
+const uint CK = HDK / 8u, CV = HDV / 8u;          // 16-byte pieces of a head row
+const uint SK = CK + 1u, SV = CV + 1u;            // shared row strides (+16 bytes: no bank conflicts)
+const uint NK = TC * CK / 32u, NV = TC * CV / 32u;// pieces per invocation per tile
+const uint KV_WORDS = TC * SK + TC * SV;          // staged K, then V (uvec4); also Q, then O
+const uint O_WORDS = NQ * HDV / 4u;
+const float HI = 2048.0, INV_HI = 1.0 / 2048.0, LO = 4096.0, INV_LO = 1.0 / 4096.0;
+const float NEG_INF = -1.0 / 0.0;
+const uint NT = (G + 1u) / 2u;                    // heads per invocation in the softmax
+
+shared uvec4 kv[KV_WORDS > O_WORDS ? KV_WORDS : O_WORDS];
+shared float ss[2u * TC * NQ];                    // S^T in two parts, row-major (cell, column)
+shared float am[16u * NQ];                        // rescale factors: column n holds column n's
+shared float16_t ps[TC * NQ];                     // P^T, row-major (cell, column)
+
+uvec4 kr[NK], vr[NV];
+
+// The subgroup's barrier for shared memory only.
+void sync_shared() {
+    controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
+}
+
+// This invocation's cell of the tile at base (lane & 15): visible? and where (a cell it
+// may not see: cell 0 of page 0, in bounds, its row masked later).
+bool cell_at(Job J, uint base, uint c1, uint lane, out uint g) {
+    uint vi = base + (lane & 15u), gid = 0u;
+    bool vis = vi < c1 && cell_visible(J, vi, PAGE_CELLS, gid);
+    g = vis ? gid : 0u;
+    return vis;
+}
+
+// Load the rows of a tile's cells (g: this invocation's cell) into kr / vr.
+void fetch(uint g, uint kvh, uint lane) {
+    uint hk = kvh * (HDK * 2u), hv = kvh * (HDV * 2u);
+    [[unroll]] for (uint j = 0u; j < NK; ++j) {
+        uint i = lane + 32u * j, cg = subgroupShuffle(g, i / CK);
+        kr[j] = kb[(cg * pc.k_row_bytes + hk) / 16u + i % CK];
+    }
+    [[unroll]] for (uint j = 0u; j < NV; ++j) {
+        uint i = lane + 32u * j, cg = subgroupShuffle(g, i / CV);
+        vr[j] = vb[(cg * pc.v_row_bytes + hv) / 16u + i % CV];
+    }
+}
+
+// x (|x| <= 1) as hi + lo * 2^-12 with hi a multiple of 2^-11: both exact in f16 but
+// lo's last bits
+vec2 split(float x) {
+    float hi = floor(x * HI + 0.5) * INV_HI;
+    return vec2(hi, (x - hi) * LO);
+}
+
+void main() {
+    uint kvh = gl_WorkGroupID.x, split_id = gl_WorkGroupID.y, jb = gl_WorkGroupID.z;
+    uint lane = gl_LocalInvocationID.x, lc = lane & 15u, hb = lane >> 4;
+    Job J = load_job(pc.job_off, jb);
+    uint c0 = split_id * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
+    // the first tile's rows are on their way while Q is prepared; the cells of the tile
+    // after it are looked up one tile ahead (the page table read is off the critical path)
+    uint gid0, gid1;
+    bool vis0 = cell_at(J, c0, c1, lane, gid0);
+    fetch(gid0, kvh, lane);
+    bool vis1 = cell_at(J, c0 + TC, c1, lane, gid1);
+
+    // Q: scaled to base 2, by a power of two into (-1, 1), split hi / lo into rows of kv
+    uint q0 = J.q_off + kvh * G * HDK;
+    float qmax = 0.0;
+    for (uint i = lane; i < G * HDK; i += 32u) qmax = max(qmax, abs(qb[q0 + i] * pc.scale_log2));
+    qmax = subgroupMax(qmax);
+    int qe = 0;
+    if (qmax > 0.0 && qmax < 1.0 / 0.0) frexp(qmax, qe);
+    for (uint i = lane; i < NQ * SK; i += 32u) kv[i] = uvec4(0u);
+    sync_shared();
+    for (uint i = lane; i < G * HDK / 2u; i += 32u) {
+        uint g = (2u * i) / HDK, d = (2u * i) % HDK;
+        vec2 q = ldexp(vec2(qb[q0 + 2u * i], qb[q0 + 2u * i + 1u]) * pc.scale_log2, ivec2(-qe));
+        vec2 a = split(q.x), b = split(q.y);
+        kv[g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.x, b.x));
+        kv[(G + g) * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.y, b.y));
+    }
+    for (uint i = lane; i < 16u * NQ; i += 32u) { am[i] = 1.0; ps[i] = float16_t(0.0); }
+    sync_shared();
+    MATB qf[HDK / 16u];
+    [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) coopMatLoadNV(qf[k], kv, 2u * k, SK, true);
+    MATC o[HDV / 16u];
+    [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
+    float m[NT], l[NT];
+    [[unroll]] for (uint t = 0u; t < NT; ++t) { m[t] = NEG_INF; l[t] = 0.0; }
+    float escale = ldexp(1.0, qe);
+
+    sync_shared(); // everyone has read Q out of kv
+    [[dont_unroll]] for (uint base = c0; base < c1; base += TC) {
+        // stage this tile; start loading the next (past the end: cell 0, never used) and
+        // look up the cells of the one after it
+        [[unroll]] for (uint j = 0u; j < NK; ++j) { uint i = lane + 32u * j; kv[(i / CK) * SK + i % CK] = kr[j]; }
+        [[unroll]] for (uint j = 0u; j < NV; ++j) { uint i = lane + 32u * j; kv[TC * SK + (i / CV) * SV + i % CV] = vr[j]; }
+        bool vis = vis0;
+        fetch(gid1, kvh, lane);
+        // keep those loads ahead of this tile's work: without this the driver's compiler sank
+        // them to their use (the next tile's staging, seen in its SASS) and nothing overlapped
+        // them; with volatile K/V loads and this release the kernel ran 15 % faster (H200)
+        memoryBarrier(gl_ScopeSubgroup, gl_StorageSemanticsBuffer, gl_SemanticsRelease);
+        vis0 = vis1;
+        vis1 = cell_at(J, base + 2u * TC, c1, lane, gid1);
+        sync_shared();
+        if (!subgroupAll(vis)) { // V rows of unseen cells: zeros (their weight is 0, their bytes anything)
+            uint hidden = subgroupBallot(!vis).x & 0xffffu;
+            for (uint i = lane; i < TC * CV; i += 32u)
+                if ((hidden & (1u << (i / CV))) != 0u) kv[TC * SK + (i / CV) * SV + i % CV] = uvec4(0u);
+            sync_shared();
+        }
+
+        // scores, two accumulators for a shorter dependency chain
+        MATC s0 = MATC(0.0), s1 = MATC(0.0);
+        [[unroll]] for (uint k = 0u; k < HDK / 16u; k += 2u) {
+            MATA kt;
+            coopMatLoadNV(kt, kv, 2u * k, SK, false);
+            s0 = coopMatMulAddNV(kt, qf[k], s0);
+            if (k + 1u < HDK / 16u) {
+                coopMatLoadNV(kt, kv, 2u * k + 2u, SK, false);
+                s1 = coopMatMulAddNV(kt, qf[k + 1u], s1);
+            }
+        }
+        coopMatStoreNV(s0, ss, 0u, NQ, false); // (a matrix sum would crash spirv-opt 2022.4)
+        coopMatStoreNV(s1, ss, TC * NQ, NQ, false);
+        sync_shared();
+
+        // softmax: this invocation takes cell lc for heads hb, hb + 2, ...
+        bool grew = false;
+        [[unroll]] for (uint t = 0u; t < NT; ++t) {
+            uint g = hb + 2u * t;
+            bool live = vis && g < G;
+            float x = NEG_INF;
+            if (live) {
+                uint a = lc * NQ + g, b = a + TC * NQ;
+                x = ((ss[a] + ss[b]) + (ss[a + G] + ss[b + G]) * INV_LO) * escale;
+            }
+            float mb = subgroupClusteredMax(x, 16u);
+            float mn = max(m[t], mb);
+            float alpha = mn == NEG_INF ? 1.0 : exp2(m[t] - mn);
+            float p = live ? exp2(x - mn) : 0.0;
+            l[t] = l[t] * alpha + p;
+            m[t] = mn;
+            grew = grew || alpha != 1.0;
+            if (g < G) {
+                vec2 h = split(p);
+                ps[lc * NQ + g] = float16_t(h.x);
+                ps[lc * NQ + G + g] = float16_t(h.y);
+                am[lc * NQ + g] = alpha;
+                am[lc * NQ + G + g] = alpha;
+            }
+        }
+        grew = subgroupAny(grew);
+        sync_shared();
+        if (grew) {
+            MATC a;
+            coopMatLoadNV(a, am, 0u, NQ, false);
+            [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
+                for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
+        }
+
+        // values
+        MATB pb;
+        coopMatLoadNV(pb, ps, 0u, NQ, false);
+        [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
+            MATA vt;
+            coopMatLoadNV(vt, kv, TC * SK + 2u * t, SV, true);
+            o[t] = coopMatMulAddNV(vt, pb, o[t]);
+        }
+        sync_shared(); // kv, ss, ps are rewritten by the next tile
+    }
+
+    // out: O^T columns through shared memory (column n at n * HDV floats), hi + lo * 2^-12
+    [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) coopMatStoreNV(o[t], kv, 4u * t, HDV / 4u, true);
+    sync_shared();
+    uint stride = HDV + 2u, at0 = ((jb * KV_HEADS * G + kvh * G) * pc.n_splits + split_id) * stride;
+    for (uint i = lane; i < G * HDV; i += 32u) {
+        uint g = i / HDV, d = i % HDV;
+        float hi = uintBitsToFloat(kv[g * (HDV / 4u) + d / 4u][d % 4u]);
+        float lo = uintBitsToFloat(kv[(G + g) * (HDV / 4u) + d / 4u][d % 4u]);
+        part[at0 + g * pc.n_splits * stride + 2u + d] = hi + lo * INV_LO;
+    }
+    [[unroll]] for (uint t = 0u; t < NT; ++t) {
+        float lt = subgroupClusteredAdd(l[t], 16u);
+        uint g = hb + 2u * t;
+        if (lc == 0u && g < G) {
+            part[at0 + g * pc.n_splits * stride] = m[t];
+            part[at0 + g * pc.n_splits * stride + 1u] = lt;
+        }
+    }
+}
