@@ -14,6 +14,7 @@ passed=0 failed=0 skipped=0
 CC=${CC:-gcc}
 STRICT="-std=c99 -Wall -Wextra -Wpedantic -Werror"
 seed=${KVC_SEED:-$(( $(date +%s) ^ $$ ))}
+run_t0=$SECONDS
 echo "seed $seed (KVC_SEED=$seed replays it)"
 
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -49,6 +50,14 @@ checks() {
 
 skip() { skipped=$((skipped + 1)); echo "  skip  $1 ($2)"; }
 
+# stage KEY TITLE: starts a stage; each one's wall time goes into the summary at the end
+stage_key="" stage_t0=$SECONDS stage_times=""
+stage() {
+  [ -n "$stage_key" ] && stage_times="$stage_times $stage_key $((SECONDS - stage_t0))s"
+  stage_key=$1 stage_t0=$SECONDS
+  [ -n "$2" ] && echo "== $2"
+}
+
 tests=$(ls tests/test_*.c)
 examples=$(ls examples/*.c | grep -v tinylm)
 # Fuzz targets: tests/fuzz_NAME.c defines LLVMFuzzerTestOneInput, tests/corpus/NAME/ is its
@@ -62,7 +71,7 @@ replay() {
   checks "$label" "$@" "$bin" --name "$name" "tests/corpus/$name"
 }
 
-echo "== compile checks"
+stage compile "compile checks"
 printf '#define KVCACHE_IMPLEMENTATION\n#include "kvcache.h"\nint main(void){return 0;}\n' > "$B/tu_a.c"
 printf '#include "kvcache.h"\nint kvc_second_tu(void){kvc_pool_config c; return (int)kvc_pool_config_init(&c);}\n' > "$B/tu_b.c"
 printf '#define KVCACHE_STATIC\n#define KVCACHE_IMPLEMENTATION\n#include "kvcache.h"\nint main(void){return 0;}\n' > "$B/tu_static.c"
@@ -95,7 +104,7 @@ if have glslc; then
   step shaders-committed sh -c "cp kvcache_vk.h $B/kvcache_vk.h && bash shaders/embed.sh $B/kvcache_vk.h && cmp kvcache_vk.h $B/kvcache_vk.h"
 else skip shaders-committed "glslc not installed"; fi
 
-echo "== tests (gcc -O2)"
+stage tests "tests (gcc -O2)"
 for t in $tests; do
   n=$(basename "$t" .c)
   step "build-$n" $CC $STRICT -O2 -I. "$t" -o "$B/$n" -lm -lpthread && checks "$n" "$B/$n" "$seed"
@@ -105,13 +114,13 @@ for fz in $fuzzers; do
   step "build-fuzz-$n" $CC $STRICT -O2 -I. tests/fuzz_replay.c "$fz" -o "$B/fuzz_$n" -lm &&
     replay "fuzz-replay-$n" "$B/fuzz_$n" "$n"
 done
-echo "== examples"
+stage examples "examples"
 for e in $examples; do
   n=$(basename "$e" .c)
   step "example-$n" sh -c "$CC $STRICT -O2 -I. $e -o $B/$n -lm && $B/$n"
 done
 if [ -f examples/tinylm.c ]; then
-  echo "== end-to-end: tiny models against Hugging Face reference logits"
+  stage tinylm "end-to-end: tiny models against Hugging Face reference logits"
   step build-tinylm $CC $STRICT -O2 -I. examples/tinylm.c -o "$B/tinylm" -lm
   for m in tests/data/*/; do
     step "tinylm-$(basename "$m")" "$B/tinylm" --quiet "$m"
@@ -128,7 +137,7 @@ if [ -f examples/tinylm.c ]; then
   fi
 fi
 
-echo "== sanitizers (ASan + UBSan)"
+stage asan "sanitizers (ASan + UBSan)"
 SAN="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 SANCC=$CC; have clang && SANCC=clang
 if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev/null 2>&1; then
@@ -154,7 +163,7 @@ if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev
   fi
 else skip sanitizers "the compiler cannot build with -fsanitize=address,undefined"; fi
 
-echo "== valgrind memcheck"
+stage valgrind "valgrind memcheck"
 if have valgrind; then
   VG="valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=all"
   # test_vk on lavapipe: LLVM's and the dynamic linker's process-lifetime state is still
@@ -179,14 +188,14 @@ if have valgrind; then
   [ -f examples/tinylm.c ] && step valgrind-tinylm $VG "$B/tinylm" --quiet tests/data/llama-tiny
 else skip valgrind "valgrind not installed"; fi
 
-echo "== compiler and target matrix (KVC_TEST_SCALE=0.05; every fuzz corpus replayed too)"
+stage matrix "compiler and target matrix (KVC_TEST_SCALE=0.05; every fuzz corpus replayed too)"
 # mx LABEL "COMPILER FLAGS" [RUNNER] -- PROGRAMS: build each test program (tests/test_NAME.c,
 # or fuzz:NAME for a fuzz target with the replay driver) and run it at reduced scale.
 MXS=0.05
 MXLIBS="-lm -lpthread"
 mx() {
   local label=$1 cc=$2 runner=$3; shift 4
-  local p n src
+  local p n src t0=$SECONDS
   for p in "$@"; do
     case $p in
       fuzz:*) n=${p#fuzz:}
@@ -198,6 +207,7 @@ mx() {
           KVC_TEST_SCALE=$MXS checks "$label-$p" $runner "$B/mx-$label-$p" "$seed" ;;
     esac
   done
+  echo "        ($label: $((SECONDS - t0)) s)"
 }
 all_tests=""; for t in $tests; do all_tests="$all_tests $(basename "$t" .c | sed 's/^test_//')"; done
 all_fuzz=""; for fz in $fuzzers; do all_fuzz="$all_fuzz fuzz:$(fuzz_name "$fz")"; done
@@ -237,7 +247,7 @@ if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
   mx aarch64 "aarch64-linux-gnu-gcc $XW" qemu-aarch64 -- core kernels limits $all_fuzz
 else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
 
-echo "== libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 45)"
+stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 60)"
 FUZZ_S=${KVC_FUZZ_SECONDS:-0}
 LF="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 if [ "$FUZZ_S" = 0 ]; then
@@ -265,5 +275,7 @@ else
   done
 fi
 
+stage end ""
+echo "stage times:$stage_times; total $((SECONDS - run_t0))s"
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]
