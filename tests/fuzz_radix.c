@@ -161,7 +161,7 @@ typedef struct fr_world {
     int freel[FR_TOKS];
 } fr_world;
 
-static fr_world FW_;
+static fr_world fr_the_world;
 
 static void *fr_alloc(size_t size, void *user) {
     fr_world *w = (fr_world *)user;
@@ -888,7 +888,7 @@ static void fr_op(fr_world *w, unsigned op, int i) {
 /* ---- one input ----------------------------------------------------------------------------- */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fr_world *w = &FW_;
+    fr_world *w = &fr_the_world;
     kvc_pool_config cfg;
     kvc_radix_config rc;
     kvc_pool_stats st;
