@@ -261,7 +261,10 @@ if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
   mx aarch64 "aarch64-linux-gnu-gcc $XW" qemu-aarch64 -- core kernels limits $all_fuzz
 else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
 
-stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 60)"
+# Each target is one single-threaded process: up to KVC_JOBS (default: the CPU count) fuzz
+# side by side, each for the full KVC_FUZZ_SECONDS, and the next target builds meanwhile.
+JOBS=${KVC_JOBS:-$(nproc 2>/dev/null || echo 1)}
+stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 60), $JOBS at a time"
 FUZZ_S=${KVC_FUZZ_SECONDS:-0}
 LF="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 if [ "$FUZZ_S" = 0 ]; then
@@ -270,21 +273,31 @@ elif ! have clang || ! echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, 
     clang $LF -x c - -o "$B/lf_probe" >/dev/null 2>&1; then
   skip libfuzzer "clang cannot link -fsanitize=fuzzer (libclang-rt-dev)"
 else
+  started=""
   for fz in $fuzzers; do
     n=$(fuzz_name "$fz")
     # fuzz a copy: the committed corpus stays as it is; crashes land in $B/fuzz-$n-artifacts/
-    rm -rf "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
+    rm -rf "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts" "$B/libfuzzer-$n.rc"
     mkdir -p "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
     cp tests/corpus/"$n"/* "$B/fuzz-$n-corpus/" 2>/dev/null
-    if step "libfuzzer-build-$n" clang $STRICT $LF -I. "$fz" -o "$B/fuzz_$n.lf" -lm; then
-      if ! step "libfuzzer-$n-${FUZZ_S}s" "$B/fuzz_$n.lf" -max_total_time="$FUZZ_S" -timeout=30 -rss_limit_mb=2048 \
-          -print_final_stats=1 -artifact_prefix="$B/fuzz-$n-artifacts/" "$B/fuzz-$n-corpus"; then
-        for a in "$B/fuzz-$n-artifacts"/*; do
-          [ -f "$a" ] && echo "  replay: $B/fuzz_$n.lf $a   (or: $B/fuzz --name $n $a)"
-        done
-      else
-        grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' "$B/libfuzzer-$n-${FUZZ_S}s.log" | sed 's/^/        /'
-      fi
+    step "libfuzzer-build-$n" clang $STRICT $LF -I. "$fz" -o "$B/fuzz_$n.lf" -lm || continue
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    ( "$B/fuzz_$n.lf" -max_total_time="$FUZZ_S" -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix="$B/fuzz-$n-artifacts/" "$B/fuzz-$n-corpus" >"$B/libfuzzer-$n-${FUZZ_S}s.log" 2>&1
+      echo $? >"$B/libfuzzer-$n.rc" ) &
+    started="$started $n"
+  done
+  wait
+  for n in $started; do # the results in order, as steps
+    log="$B/libfuzzer-$n-${FUZZ_S}s.log"
+    if [ "$(cat "$B/libfuzzer-$n.rc" 2>/dev/null)" = 0 ]; then
+      passed=$((passed + 1)); echo "  ok    libfuzzer-$n-${FUZZ_S}s"
+      grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' "$log" | sed 's/^/        /'
+    else
+      failed=$((failed + 1)); echo "  FAIL  libfuzzer-$n-${FUZZ_S}s"; tail -n 30 "$log"
+      for a in "$B/fuzz-$n-artifacts"/*; do
+        [ -f "$a" ] && echo "  replay: $B/fuzz_$n.lf $a   (or: $B/fuzz --name $n $a)"
+      done
     fi
   done
 fi
