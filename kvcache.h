@@ -2992,7 +2992,6 @@ struct kvc_radix {
     uint64_t clock;
     int32_t n_leases;
     kvc_radix_stats stats;
-    uint32_t *table;      /* [max_pages] scratch: the page of each logical page of a prefix */
     uint32_t *count;      /* [max_pages] scratch, zero between uses: references per page */
 };
 
@@ -3116,37 +3115,36 @@ static void kvc__needed_pages(const kvc_radix *t, int32_t m, int32_t *sink_end, 
     *first = KVC__MAX(nsp, lo / pc);
 }
 
-/* Fill t->table[0 .. (m-1)/pc] with the page of each logical page of the first m tokens
-   along the path of `at` (which holds token m - 1): the deepest node covering it. */
-static void kvc__radix_table(kvc_radix *t, const kvc__rnode *at, int32_t m) {
-    int32_t pc = t->pool->page_cells, hi = (m - 1) / pc, lp;
-    for (; at->parent != NULL && hi >= 0; at = at->parent) {
-        int32_t first = at->start / pc;
-        for (lp = hi; lp >= first; --lp) t->table[lp] = at->pages[lp - first];
-        hi = first - 1;
-    }
+/* The page of logical page lp on the path of *at: the deepest node covering it. Called
+   with lp descending, *at (holding the prefix's last token at first) moves up the path as
+   lp goes below its nodes: one pass over the path for all of a prefix's pages. No table
+   indexed by logical page: a ROTATING path can span far more logical pages than the pool
+   has pages (its windows released them), so such a table could not be bounded. */
+static uint32_t kvc__path_page(const kvc__rnode **at, int32_t lp, int32_t pc) {
+    while ((*at)->start / pc > lp) *at = (*at)->parent;
+    return (*at)->pages[lp - (*at)->start / pc];
 }
 
-/* The highest logical page a cache at offset m needs and the table lacks, or -1. */
-static int32_t kvc__radix_missing(const kvc_radix *t, int32_t m) {
+/* The highest logical page a cache at offset m needs and the path of `at` (which holds
+   token m - 1) lacks, or -1. */
+static int32_t kvc__radix_missing(const kvc_radix *t, const kvc__rnode *at, int32_t m) {
     int32_t pc = t->pool->page_cells, lp, sink_end, first;
     kvc__needed_pages(t, m, &sink_end, &first);
     for (lp = (m - 1) / pc; lp >= first; --lp)
-        if (t->table[lp] == KVC__NO_PAGE) return lp;
+        if (kvc__path_page(&at, lp, pc) == KVC__NO_PAGE) return lp;
     for (lp = sink_end - 1; lp >= 0; --lp)
-        if (t->table[lp] == KVC__NO_PAGE) return lp;
+        if (kvc__path_page(&at, lp, pc) == KVC__NO_PAGE) return lp;
     return -1;
 }
 
 /* The longest usable prefix of at most m tokens ending in `*at`'s path: ROTATING
    prefixes shrink below the highest missing page until their window is whole. Leaves
-   the table filled for the result and *at holding its last token. */
+   *at holding its last token. */
 static int32_t kvc__radix_usable(kvc_radix *t, kvc__rnode **at, int32_t m) {
     int32_t lp;
     while (m > 0) {
         *at = kvc__rnode_holding(*at, m);
-        kvc__radix_table(t, *at, m);
-        lp = kvc__radix_missing(t, m);
+        lp = kvc__radix_missing(t, *at, m);
         if (lp < 0) break;
         m = lp * t->pool->page_cells;
     }
@@ -3154,15 +3152,18 @@ static int32_t kvc__radix_usable(kvc_radix *t, kvc__rnode **at, int32_t m) {
     return m;
 }
 
-/* Give an empty cache of the tree's config the table's pages for offset m (m > 0), as
-   if it had appended m tokens and then rewound to m (anchor m - 1). */
-static void kvc__radix_fill(kvc_radix *t, kvc_cache *c, int32_t m) {
-    int32_t pc = t->pool->page_cells, last = (m - 1) / pc, sink_end, first, lp;
+/* Give an empty cache of the tree's config the pages of the path of `at` for offset m
+   (m > 0, a usable prefix: every page it needs is there, distinct pool pages, so at most
+   max_pages of them), as if it had appended m tokens and then rewound to m (anchor m - 1). */
+static void kvc__radix_fill(kvc_radix *t, kvc_cache *c, const kvc__rnode *at, int32_t m) {
+    int32_t pc = t->pool->page_cells, last = (m - 1) / pc, sink_end, first, lp, idx;
     kvc__needed_pages(t, m, &sink_end, &first);
-    c->n_pages = 0;
-    for (lp = 0; lp < sink_end; ++lp) c->pages[c->n_pages++] = t->table[lp];
+    c->n_pages = sink_end + (first <= last ? last - first + 1 : 0);
+    KVCACHE_ASSERT(c->n_pages <= t->pool->max_pages);
+    idx = c->n_pages; /* filled from the back: window pages, then sink pages */
+    for (lp = last; lp >= first; --lp) c->pages[--idx] = kvc__path_page(&at, lp, pc);
+    for (lp = sink_end - 1; lp >= 0; --lp) c->pages[--idx] = kvc__path_page(&at, lp, pc);
     c->first_lpage = first <= last ? first : c->n_sink_pages;
-    for (lp = first; lp <= last; ++lp) c->pages[c->n_pages++] = t->table[lp];
     for (lp = 0; lp < c->n_pages; ++lp) kvc__page_retain(t->pool, c->pages[lp]);
     c->offset = m;
     c->batch_begin = m - 1;
@@ -3288,7 +3289,7 @@ KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, 
     } else {
         return cc->kind == KVC_KIND_CAUSAL ? KVC_ERR_UNSUPPORTED : KVC_ERR_INVALID;
     }
-    t = (kvc_radix *)kvc__alloc(pool, sizeof(kvc_radix) + 2 * sizeof(uint32_t) * (size_t)pool->max_pages);
+    t = (kvc_radix *)kvc__alloc(pool, sizeof(kvc_radix) + sizeof(uint32_t) * (size_t)pool->max_pages);
     if (t == NULL) return KVC_ERR_NO_MEMORY;
     memset(t, 0, sizeof(*t));
     t->pool = pool;
@@ -3297,8 +3298,7 @@ KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, 
     t->cfg.cache.kind = cc->kind;
     t->cfg.cache.window = cc->window;
     t->cfg.cache.sinks = cc->sinks;
-    t->table = (uint32_t *)(t + 1);
-    t->count = t->table + pool->max_pages;
+    t->count = (uint32_t *)(t + 1);
     memset(t->count, 0, sizeof(uint32_t) * (size_t)pool->max_pages);
     t->next = pool->trees;
     pool->trees = t;
@@ -3342,7 +3342,7 @@ KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t
     at = kvc__radix_walk(t, ns, tokens, n_tokens - 1, &m); /* always one token to evaluate */
     m = kvc__radix_usable(t, &at, m);
     if (m > 0) {
-        kvc__radix_fill(t, c, m);
+        kvc__radix_fill(t, c, at, m);
         kvc__radix_touch(t, at);
         kvc__lease_set(c, t, at);
     }
@@ -6267,7 +6267,7 @@ KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *
     at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
     if (m < n_tokens || kvc__radix_usable(t, &at, m) < n_tokens) return kvc__io_end(io, KVC_ERR_NOT_FOUND);
     if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, r);
-    kvc__radix_fill(t, c, n_tokens); /* the ready cache a lookup would give, all n tokens */
+    kvc__radix_fill(t, c, at, n_tokens); /* the ready cache a lookup would give, all n tokens */
     r = kvc__save(c, KVC__WHAT_ENTRY, -1, ns, tokens, n_tokens, io);
     kvc_cache_destroy(c);
     return kvc__io_end(io, r);

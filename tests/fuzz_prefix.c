@@ -1,15 +1,16 @@
 /* tests/fuzz_prefix.c - libFuzzer target: prefix reuse driven by request sequences
    decoded from the input bytes, checked against a reference.
 
-   The first byte picks a prefix-cache backend from fp_backends[] (today the seeds'
-   single-entry kvc_prefix; issue 6's radix tree is meant to be one more row, with its
-   own setup / request / check / teardown over the same world), the next bytes a pool
-   and 1-3 caches (FULL or ROTATING, small windows so they wrap), then every byte starts
-   a step: a request (prompt = some prefix of what was recorded + new token ids; begin;
-   evaluate the rest of the prompt in chunks; generate; close; sometimes left open),
-   a disturbance that only shrinks a cache (trim, live rewind, clear: what was recorded
-   stays true for the tokens still held), a bad call (each must change nothing), or
-   destroying and recreating the prefix object.
+   The first byte picks a prefix-cache backend from fp_backends[] (the seeds'
+   single-entry kvc_prefix; the radix tree has its own target, tests/fuzz_radix.c,
+   whose reference is a trie of committed tokens rather than caches kept in place),
+   the next bytes a pool and 1-3 caches (FULL or ROTATING, small windows so they
+   wrap), then every byte starts a step: a request (prompt = some prefix of what was
+   recorded + new token ids; begin; evaluate the rest of the prompt in chunks;
+   generate; close; sometimes left open), a disturbance that only shrinks a cache
+   (trim, live rewind, clear: what was recorded stays true for the tokens still held),
+   a bad call (each must change nothing), or destroying and recreating the prefix
+   object.
 
    The property checked after every begin: every cache holds, at each position below
    n_reused, K/V computed for the prompt's token at that position (the reference records

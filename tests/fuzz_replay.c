@@ -7,7 +7,11 @@
        RESULT fuzz-NAME <inputs run> 0
    (tests/run.sh sums it). A target reports a wrong result by aborting; this driver then
    prints the input that did it and the command that replays it alone, and the process
-   dies with that signal (so the step fails). Link it with exactly one tests/fuzz_*.c. */
+   dies with that signal (so the step fails). Link it with one tests/fuzz_*.c, or with a
+   file that includes several of them, each LLVMFuzzerTestOneInput renamed, and defines an
+   LLVMFuzzerTestOneInput that runs the target named kvc_fuzz_replay_name (the --name):
+   tests/run.sh generates one, so that a configuration compiles kvcache.h once for every
+   target instead of once per target. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -27,11 +31,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const char *g_argv0;
 static char g_current[4096]; /* the input running now, for the crash message */
+/* the --name: a program with several targets runs the one of that name */
+extern const char *kvc_fuzz_replay_name;
+const char *kvc_fuzz_replay_name = "replay";
 
 static void on_crash(int sig) {
     /* only a message and the default action: the process is going down anyway */
-    fprintf(stderr, "\nfuzz_replay: signal %d while running input %s\nreplay: %s %s\n", sig, g_current, g_argv0,
-            g_current);
+    fprintf(stderr, "\nfuzz_replay: signal %d while running input %s\nreplay: %s --name %s %s\n", sig, g_current,
+            g_argv0, kvc_fuzz_replay_name, g_current);
     fflush(stderr);
     signal(sig, SIG_DFL);
     raise(sig);
@@ -98,7 +105,6 @@ static long run_dir(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    const char *name = "replay";
     long total = 0;
     int i, bad = 0;
     struct stat st;
@@ -112,13 +118,13 @@ int main(int argc, char **argv) {
 #endif
     for (i = 1; i < argc; ++i) {
         long ran;
-        if (strcmp(argv[i], "--name") == 0 && i + 1 < argc) { name = argv[++i]; continue; }
+        if (strcmp(argv[i], "--name") == 0 && i + 1 < argc) { kvc_fuzz_replay_name = argv[++i]; continue; }
         if (stat(argv[i], &st) != 0) { fprintf(stderr, "fuzz_replay: no such input %s\n", argv[i]); bad = 1; continue; }
         ran = S_ISDIR(st.st_mode) ? run_dir(argv[i]) : (run_file(argv[i]) == 0 ? 1 : -1);
         if (ran < 0) bad = 1;
         else total += ran;
     }
     if (total == 0 && !bad) { fprintf(stderr, "fuzz_replay: no inputs\n"); bad = 1; }
-    printf("RESULT fuzz-%s %ld %d\n", name, total, bad);
+    printf("RESULT fuzz-%s %ld %d\n", kvc_fuzz_replay_name, total, bad);
     return bad;
 }

@@ -446,6 +446,40 @@ static void test_rotating(void) {
     TK_OK(kvc_pool_destroy(pool));
 }
 
+/* ROTATING paths longer than the pool: window 2, pages of 1, a budget of 6 pages. A
+   conversation of 40 tokens slides through the pool (its window releases pages), so the
+   tree's path spans 40 logical pages of which it holds only the last ones. A lookup of
+   it needs only its window's pages; it used to fill a scratch table indexed by logical
+   page, sized by the pool's page count, and wrote past it (found by fuzz_radix). */
+static void test_rotating_long(void) {
+    shape s = {1, 1, 2, 2};
+    kvc_pool *pool = make_pool(&s, KVC_TYPE_F32, KVC_TYPE_F32, 1, 6);
+    kvc_radix_config rc;
+    kvc_radix *t = NULL;
+    kvc_cache *a = NULL, *c = NULL;
+    int32_t tok[MAXT], i, reused = -1;
+    kvc_radix_config_init(&rc, KVC_KIND_ROTATING);
+    rc.cache.window = 2;
+    TK_OK(kvc_radix_create(pool, &rc, &t));
+    for (i = 0; i < 41; ++i) tok[i] = i % 3;
+    TK_OK(kvc_radix_lookup(t, NS, tok, 40, &a, &reused));
+    for (i = 0; i < 40; ++i) TK_OK(extend(a, &s, tok, i, i + 1));
+    TK_OK(kvc_radix_commit(t, NS, a, tok, 40));
+    TK_OK(kvc_cache_destroy(a));
+    TK_OK(kvc_radix_lookup(t, NS, tok, 41, &c, &reused));
+    TK_EQ(reused, 40);
+    check_contents(c, &s, tok);
+    TK_OK(extend(c, &s, tok, 40, 41));
+    check_contents(c, &s, tok);
+    TK_OK(kvc_cache_destroy(c));
+    TK_OK(kvc_radix_lookup(t, NS, tok, 30, &c, &reused)); /* its window is gone: a miss */
+    TK_EQ(reused, 0);
+    TK_OK(kvc_cache_destroy(c));
+    TK_OK(kvc_radix_destroy(t));
+    TK_EQ(pages_used(pool), 0);
+    TK_OK(kvc_pool_destroy(pool));
+}
+
 /* max_entries = 1 is the seeds' single entry: a stream of requests reuses exactly what
    kvc_prefix (the in-place single entry) reuses. */
 static void test_single_entry(unsigned long long seed) {
@@ -995,6 +1029,7 @@ int main(int argc, char **argv) {
     test_pin_prefix();
     test_namespaces();
     test_rotating();
+    test_rotating_long();
     test_single_entry(seed);
     test_cow_reclaim();
     test_errors();
