@@ -12,7 +12,8 @@
    must report nothing.
 
    No Vulkan headers, loader or device: prints a skip and RESULT vk 0 0.
-   usage: test_vk [seed]        KVC_TEST_SCALE scales the episode count. */
+   usage: test_vk [seed]        KVC_TEST_SCALE scales the episode count (3 at least, one
+   per cache kind); KVC_VK_EPISODE=e runs episode e alone (make test does under valgrind). */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
 #include "tk.h"
