@@ -140,6 +140,7 @@ typedef struct fz_entry {        /* CAUSAL: one (sequence, position) */
     uint32_t uid;                /* 0: none */
     int32_t cell;                /* identity shared by copy_prefix */
     float k[FZ_L][FZ_ROW];       /* current K (re-rotated by shifts) */
+    int rotated;                 /* the library's RoPE rotated it, in any cache it was in */
 } fz_entry;
 
 typedef struct fz_seqmap {
@@ -341,6 +342,7 @@ static void fz_rotate(const fz_world *w, const fz_cache *c, fz_entry *e, int32_t
                 for (i = 0; i < w->hk; ++i) x[i] = fz_store_k(w, x[i] + (float)delta / 8.0f);
                 continue;
             }
+            e->rotated = 1;
             for (i = 0; i < half; ++i) {
                 double angle = (double)delta * pow(10000.0, -2.0 * i / n);
                 int i0 = c->rope == 2 ? i : 2 * i, i1 = c->rope == 2 ? i + half : 2 * i + 1;
@@ -351,9 +353,11 @@ static void fz_rotate(const fz_world *w, const fz_cache *c, fz_entry *e, int32_t
         }
 }
 
-/* keys equal, exactly unless the library's RoPE rotated them (then within rounding) */
-static int fz_k_close(const fz_cache *c, float got, float want) {
-    if (c->rope < 2) return got == want;
+/* keys equal, exactly unless the library's RoPE rotated them, then within rounding: it
+   rotates in float, the reference in double. The entry remembers, so a key restored from
+   another cache's snapshot into one without RoPE keeps the tolerance. */
+static int fz_k_close(const fz_entry *e, float got, float want) {
+    if (!e->rotated) return got == want;
     return fabs((double)got - (double)want) <= 2e-3 * (1.0 + fabs((double)want));
 }
 
@@ -848,7 +852,7 @@ static void fz_check_batch(fz_world *w, int ci, int n, const int32_t *pos, const
             for (i = 0; i < nv; ++i)
                 FZ_CHECK(w->gv[j * nv + i] == fz_vval(e->uid, l, i), "gathered cell %d (seq %d pos %d): V[%d]", j, s, p, i);
             for (i = 0; i < nk; ++i)
-                FZ_CHECK(fz_k_close(c, w->gk[j * nk + i], e->k[l][i]), "gathered cell %d (seq %d pos %d): K[%d] %.9g, want %.9g",
+                FZ_CHECK(fz_k_close(e, w->gk[j * nk + i], e->k[l][i]), "gathered cell %d (seq %d pos %d): K[%d] %.9g, want %.9g",
                          j, s, p, i, (double)w->gk[j * nk + i], (double)e->k[l][i]);
         }
         FZ_CHECK(found, "gathered cell %d (pos %d, V0 %g) is in no sequence", j, p, (double)w->gv[j * nv]);
@@ -915,6 +919,7 @@ static void fz_op_batch(fz_world *w, int ci, int seq0) {
         int l, k;
         e->uid = uids[i];
         e->cell = ++w->next_cell;
+        e->rotated = 0;
         for (l = 0; l < w->L; ++l)
             for (k = 0; k < w->H * w->hk; ++k) e->k[l][k] = fz_kval(uids[i], l, k);
     }
