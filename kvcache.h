@@ -3553,8 +3553,8 @@ KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s)
 #define KVC__CHUNK 512           /* cells per split-K task (decode) */
 #define KVC__DECODE_QUERIES 8    /* up to this many queries a call splits the cells */
 #define KVC__PREFILL_QUERIES 16  /* otherwise tasks take this many queries over all cells */
-#define KVC__STRIP 8             /* cells (whole rows) per fused kernel call */
-#define KVC__PREFETCH_CELLS 16   /* how far ahead fused kernels ask for rows */
+#define KVC__STRIP 16            /* cells (whole rows) per fused kernel call */
+#define KVC__PREFETCH_CELLS 16   /* how far ahead fused kernels ask for rows: the next strip */
 #define KVC__STACK_SCRATCH 16384 /* bytes of scratch a call keeps on its stack */
 #define KVC__SCALES 32           /* block scales per row a fused kernel holds: head dims <= 1024 */
 
@@ -5059,25 +5059,30 @@ static void kvc__attn_softmax(const kvc__attn *A, float *s, float *ml, float *ac
     ml[1] += A->kern->exp_sum(s, n, vis, A->scale, ml[0]);
 }
 
-/* Ask for a kv head's slices of rows [c, c + m) (into L2), of the `rows` rows that
-   follow `base` in the same page; rows past them are not asked for. Spread over the
-   heads of a strip, these requests keep a single thread near its streaming bandwidth
-   (one burst per block left it at 60 %: the miss queue overflows). */
-static void kvc__prefetch_rows(const unsigned char *base, size_t row, size_t slice, int32_t c, int32_t m, int32_t rows) {
+/* Ask for part `part` of `parts` of the whole rows [c, c + m) (into L2), of the
+   `rows` rows that follow `base` in the same page; rows past them are not asked for.
+   The kv heads of a strip each ask for one part, in address order: spread out, the
+   requests do not overflow the miss queue (one burst per block left a thread at 60 %
+   of its bandwidth), and in order they also train the hardware's stream prefetcher
+   (asking for each head's own slices, 2 KB apart, was 4 % slower at 16k cells). */
+static void kvc__prefetch_part(const unsigned char *base, size_t row, int32_t c, int32_t m, int32_t rows, int32_t part,
+                               int32_t parts) {
 #if defined(__GNUC__) || defined(__clang__)
-    int32_t i;
-    for (i = c; i < c + m && i < rows; ++i) { /* each 64-byte line once: asking twice stalls */
-        uintptr_t a = (uintptr_t)(base + (size_t)i * row), end = a + slice;
-        for (a &= ~(uintptr_t)63; a < end; a += 64) __builtin_prefetch((const void *)a, 0, 2);
+    int32_t e = KVC__MIN(c + m, rows);
+    if (c < e) {
+        uintptr_t a = (uintptr_t)(base + (size_t)c * row) & ~(uintptr_t)63, end = (uintptr_t)(base + (size_t)e * row);
+        uintptr_t span = ((end - a) / (uintptr_t)parts + 63) & ~(uintptr_t)63, lo = a + span * (uintptr_t)part;
+        uintptr_t hi = KVC__MIN(lo + span, end);
+        for (; lo < hi; lo += 64) __builtin_prefetch((const void *)lo, 0, 2); /* each line once: asking twice stalls */
     }
 #else
-    (void)base; (void)row; (void)slice; (void)c; (void)m; (void)rows;
+    (void)base; (void)row; (void)c; (void)m; (void)rows; (void)part; (void)parts;
 #endif
 }
 
 /* Fused scores of every head's rows against cells [c, c + m) of the block, whose
-   page has `rows` rows from k0 on: the same head's rows KVC__PREFETCH_CELLS ahead
-   are asked for meanwhile. */
+   page has `rows` rows from k0 on: each head asks meanwhile for its part of the rows
+   KVC__PREFETCH_CELLS ahead. */
 static void kvc__fused_scores(const kvc__attn *A, const kvc__rows *R, const unsigned char *k0, int32_t c, int32_t m,
                               int32_t rows) {
     const kvc_pool *p = A->p;
@@ -5085,7 +5090,7 @@ static void kvc__fused_scores(const kvc__attn *A, const kvc__rows *R, const unsi
     int32_t h, r, j;
     for (h = 0; h < A->n_kv; ++h) {
         const unsigned char *k = k0 + (size_t)c * p->k_row + (size_t)h * slice;
-        kvc__prefetch_rows(k0 + (size_t)h * slice, p->k_row, slice, c + KVC__PREFETCH_CELLS, m, rows);
+        kvc__prefetch_part(k0, p->k_row, c + KVC__PREFETCH_CELLS, m, rows, h, A->n_kv);
         for (r = 0; r < R[h].n; r += 4) {
             float *s[4];
             for (j = 0; j < 4; ++j) s[j] = R[h].s[R[h].n == 1 ? 0 : r + j] + c; /* one row: not padded */
@@ -5102,7 +5107,7 @@ static void kvc__fused_values(const kvc__attn *A, const kvc__rows *R, const unsi
     int32_t h, r, j;
     for (h = 0; h < A->n_kv; ++h) {
         const unsigned char *v = v0 + (size_t)c * p->v_row + (size_t)h * slice;
-        kvc__prefetch_rows(v0 + (size_t)h * slice, p->v_row, slice, c + KVC__PREFETCH_CELLS, m, rows);
+        kvc__prefetch_part(v0, p->v_row, c + KVC__PREFETCH_CELLS, m, rows, h, A->n_kv);
         for (r = 0; r < R[h].n; r += 4) {
             const float *w[4];
             for (j = 0; j < 4; ++j) w[j] = R[h].s[R[h].n == 1 ? 0 : r + j] + c;
