@@ -11,6 +11,9 @@
      and q8_0 the ratio to llama.cpp's CPU flash attention on this machine as the
      issue quotes it (f16 2.4 ms at 4k, 12 ms at 16k; q8_0 3.4 / 13.8 ms).
      At 4k cells the f16 K+V (16 MiB) fits in the 32 MiB L3; 16k (64 MiB) does not.
+     For the float types, 'vs FMA' is the share of this machine's 512-bit FMA throughput
+     (measured here too) that the call reaches: every kernel of this design needs
+     n_heads x (hk + hv) f32 multiply-adds per cell, so that is the compute floor.
    - Prefill attention: 512 queries at the last positions of 4k cells, causal,
      f16 and q8_0: GFLOP/s counting 4 flops per (query head, visible cell, dim)
      (llama.cpp: 60 and 18 GFLOP/s).
@@ -103,6 +106,36 @@ static double read_bandwidth(int threads) {
     return (double)r.n * sizeof(float) / median(t, g_reps);
 }
 
+/* ---- the FMA floor ---- */
+/* 512-bit FMAs per second on one thread (12 independent chains, so throughput, not
+   latency, bounds it); 0 where the CPU or compiler has no AVX-512. Decode in float
+   arithmetic needs n_heads x (hk + hv) / 16 of them per cell (512 for 32 heads of 128),
+   whatever the GQA group: that time is the floor no kernel of this design can pass. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define FMA_CHAIN(a) a = _mm512_fmadd_ps(a, x, y);
+__attribute__((target("avx512f"))) static double fma512_rate(void) {
+    __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-6f), a0 = _mm512_set1_ps(1.0f), a1 = a0, a2 = a0;
+    __m512 a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    double t[MAX_REPS], t0;
+    long n = 20000000, i;
+    int r;
+    for (r = 0; r < g_reps; ++r) {
+        t0 = now();
+        for (i = 0; i < n; ++i) {
+            FMA_CHAIN(a0) FMA_CHAIN(a1) FMA_CHAIN(a2) FMA_CHAIN(a3) FMA_CHAIN(a4) FMA_CHAIN(a5)
+            FMA_CHAIN(a6) FMA_CHAIN(a7) FMA_CHAIN(a8) FMA_CHAIN(a9) FMA_CHAIN(a10) FMA_CHAIN(a11)
+        }
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
+                         "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11)); /* done before the clock is read */
+        t[r] = now() - t0;
+    }
+    return 12.0 * (double)n / median(t, g_reps);
+}
+#else
+static double fma512_rate(void) { return 0; }
+#endif
+
 /* ---- a FULL cache of n cells, 1 layer ---- */
 typedef struct bcache {
     kvc_pool *pool;
@@ -170,13 +203,13 @@ static double time_attention(bcache *b, int32_t nq, int32_t n_heads, int reps) {
 
 static const double g_llama_ms[2][3] = {{2.4, 12.0, 0}, {3.4, 13.8, 0}}; /* f16, q8_0 at 4k, 16k */
 
-static void bench_decode(double bw1, double bw2, int quick) {
+static void bench_decode(double bw1, double bw2, double fma, int quick) {
     static const int32_t sizes[3] = {4096, 16384, 32768};
     static const kvc_type types[5] = {KVC_TYPE_F16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_BF16, KVC_TYPE_F32};
     int si, ti, th, gqa;
     printf("\ndecode attention, 1 query, head dim 128, FULL cache, medians of %d (scalar: %d)\n", g_reps, 3);
-    printf("%-6s %5s %6s %3s %9s %8s %8s %9s %10s\n", "type", "GQA", "cells", "thr", "time", "K+V GB/s", "vs read",
-           "vs scalar", "vs llama");
+    printf("%-6s %5s %6s %3s %9s %8s %8s %8s %9s %10s\n", "type", "GQA", "cells", "thr", "time", "K+V GB/s", "vs read",
+           "vs FMA", "vs scalar", "vs llama");
     for (gqa = 4; gqa >= 1; gqa -= 3)
         for (ti = 0; ti < 5; ++ti)
             for (si = 0; si < (quick ? 1 : 3); ++si) {
@@ -197,6 +230,10 @@ static void bench_decode(double bw1, double bw2, int quick) {
                     }
                     printf("%-6s %5d %6d %3d %7.3fms %8.1f %7.0f%% ", kvc_type_name(types[ti]), gqa, (int)sizes[si], th,
                            s * 1e3, gbs, 100.0 * gbs * 1e9 / (th == 1 ? bw1 : bw2));
+                    if (fma > 0 && (types[ti] == KVC_TYPE_F16 || types[ti] == KVC_TYPE_BF16 || types[ti] == KVC_TYPE_F32))
+                        printf("%7.0f%% ", 100.0 * (double)sizes[si] * 512.0 / (th * fma) / s); /* float types */
+                    else
+                        printf("%8s ", "-");
                     if (scalar_s > 0) printf("%8.1fx ", scalar_s / s); else printf("%9s ", "-");
                     if (gqa == 4 && ti < 2 && si < 2) printf("%9.1fx", g_llama_ms[ti][si] * 1e-3 / s);
                     printf("\n");
@@ -290,7 +327,7 @@ static void bench_append_and_rope(void) {
 
 int main(int argc, char **argv) {
     int i, quick = 0;
-    double bw1, bw2;
+    double bw1, bw2, fma;
     uint32_t f = 0;
     for (i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) g_reps = atoi(argv[++i]);
@@ -302,10 +339,15 @@ int main(int argc, char **argv) {
     CHECK(kvc_cpu_features(&f));
     bw1 = read_bandwidth(1);
     bw2 = read_bandwidth(2);
+    fma = f & KVC_CPU_AVX512 ? fma512_rate() : 0;
     printf("cpu features %#x (kernels: %s); read bandwidth over 1 GiB: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", f,
            f & KVC_CPU_AVX512_VNNI ? "avx512-vnni" : f & KVC_CPU_AVX512 ? "avx512" : f & KVC_CPU_AVX2 ? "avx2" : f & KVC_CPU_NEON ? "neon" : "scalar", bw1 / 1e9,
            bw2 / 1e9);
-    bench_decode(bw1, bw2, quick);
+    if (fma > 0)
+        printf("512-bit FMAs: %.2f G/s on one thread; decode in float needs 512 per cell (32 heads, head dim 128):\n"
+               "'vs FMA' is that floor's time over the measured time (%.2f ms at 16k cells on 1 thread)\n",
+               fma / 1e9, 16384.0 * 512.0 / fma * 1e3);
+    bench_decode(bw1, bw2, fma, quick);
     bench_prefill();
     bench_append_and_rope();
     CHECK(kvc_threads_destroy(g_threads2));
