@@ -4200,6 +4200,7 @@ static const kvc__kernels kvc__kernels_avx2 = {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #define KVC__AVX512 __attribute__((target("avx,avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vl")))
+#define KVC__AVX512_INLINE KVC__AVX512 static inline __attribute__((always_inline))
 KVC__AVX512 static __m512 kvc__exp_avx512(__m512 x) {
     __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
     __m512 n, y;
@@ -4225,13 +4226,20 @@ KVC__AVX512 static __mmask16 kvc__tail_mask_avx512(int32_t left) {
 KVC__AVX512 static __m256 kvc__fold_avx512(__m512 x) {
     return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
 }
+/* the sums of eight vectors' lanes, in their order */
+KVC__AVX512_INLINE __m256 kvc__sum8_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5, __m512 a6,
+                                           __m512 a7) {
+    __m256 h[8];
+    h[0] = kvc__fold_avx512(a0); h[1] = kvc__fold_avx512(a1); h[2] = kvc__fold_avx512(a2); h[3] = kvc__fold_avx512(a3);
+    h[4] = kvc__fold_avx512(a4); h[5] = kvc__fold_avx512(a5); h[6] = kvc__fold_avx512(a6); h[7] = kvc__fold_avx512(a7);
+    return kvc__hsum8_avx2(h);
+}
 KVC__AVX512 static void kvc__dot_avx512(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s) {
     int32_t c, i, j, full = d & ~15;
     __mmask16 tail = kvc__tail_mask_avx512(d - full);
     for (c = 0; c < n; c += 8) {
         const float *r[8];
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, qv;
-        __m256 h[8];
         KVC__ROWS8(r, k, c, n, stride);
         for (i = 0; i < full; i += 16) {
             qv = _mm512_loadu_ps(q + i);
@@ -4255,10 +4263,8 @@ KVC__AVX512 static void kvc__dot_avx512(const float *q, const float *k, int32_t 
             a6 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[6] + full), a6);
             a7 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, r[7] + full), a7);
         }
-        h[0] = kvc__fold_avx512(a0); h[1] = kvc__fold_avx512(a1); h[2] = kvc__fold_avx512(a2);
-        h[3] = kvc__fold_avx512(a3); h[4] = kvc__fold_avx512(a4); h[5] = kvc__fold_avx512(a5);
-        h[6] = kvc__fold_avx512(a6); h[7] = kvc__fold_avx512(a7);
-        _mm256_mask_storeu_ps(s + c, (__mmask8)((1u << KVC__MIN(8, n - c)) - 1u), kvc__hsum8_avx2(h));
+        _mm256_mask_storeu_ps(s + c, (__mmask8)((1u << KVC__MIN(8, n - c)) - 1u),
+                              kvc__sum8_avx512(a0, a1, a2, a3, a4, a5, a6, a7));
     }
 }
 KVC__AVX512 static float kvc__masked_max_avx512(const float *s, int32_t n, uint32_t vis) {
@@ -4317,7 +4323,6 @@ KVC__AVX512 static void kvc__scale_avx512(float *x, int32_t n, float a) {
    registers, once for up to four query rows (a GQA group), never written to a tile.
    The storage type is a constant after inlining, so each wrapper below is its own
    specialised loop. Head dims must be multiples of 16 (others take the tile path). */
-#define KVC__AVX512_INLINE KVC__AVX512 static inline __attribute__((always_inline))
 
 /* 16 values of a head row from value i (a multiple of 16) as f32; sc: the row's block
    scales as floats (block types) */
@@ -4354,7 +4359,6 @@ KVC__AVX512_INLINE void kvc__scores4_avx512(kvc_type t, const float *const *q, c
         const float *s2 = sc + KVC__MIN(c + 2, n - 1) * KVC__SCALES, *s3 = sc + KVC__MIN(c + 3, n - 1) * KVC__SCALES;
         __m512 a00 = _mm512_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
         __m512 a02 = a00, a12 = a00, a22 = a00, a32 = a00, a03 = a00, a13 = a00, a23 = a00, a33 = a00;
-        __m256 h[8];
         float sum[16];
         for (i = 0; i < d; i += 16) {
             __m512 q0 = _mm512_loadu_ps(q[0] + i), q1 = _mm512_loadu_ps(q[1] + i);
@@ -4372,14 +4376,8 @@ KVC__AVX512_INLINE void kvc__scores4_avx512(kvc_type t, const float *const *q, c
             a03 = _mm512_fmadd_ps(q0, x, a03); a13 = _mm512_fmadd_ps(q1, x, a13);
             a23 = _mm512_fmadd_ps(q2, x, a23); a33 = _mm512_fmadd_ps(q3, x, a33);
         }
-        h[0] = kvc__fold_avx512(a00); h[1] = kvc__fold_avx512(a10); h[2] = kvc__fold_avx512(a20);
-        h[3] = kvc__fold_avx512(a30); h[4] = kvc__fold_avx512(a01); h[5] = kvc__fold_avx512(a11);
-        h[6] = kvc__fold_avx512(a21); h[7] = kvc__fold_avx512(a31);
-        _mm256_storeu_ps(sum, kvc__hsum8_avx2(h));
-        h[0] = kvc__fold_avx512(a02); h[1] = kvc__fold_avx512(a12); h[2] = kvc__fold_avx512(a22);
-        h[3] = kvc__fold_avx512(a32); h[4] = kvc__fold_avx512(a03); h[5] = kvc__fold_avx512(a13);
-        h[6] = kvc__fold_avx512(a23); h[7] = kvc__fold_avx512(a33);
-        _mm256_storeu_ps(sum + 8, kvc__hsum8_avx2(h));
+        _mm256_storeu_ps(sum, kvc__sum8_avx512(a00, a10, a20, a30, a01, a11, a21, a31));
+        _mm256_storeu_ps(sum + 8, kvc__sum8_avx512(a02, a12, a22, a32, a03, a13, a23, a33));
         for (j = 0; j < 4 && c + j < n; ++j) /* sum[4 * cell + row] */
             for (r = 0; r < 4; ++r) s[r][c + j] = sum[4 * j + r];
     }
@@ -4394,7 +4392,6 @@ KVC__AVX512_INLINE void kvc__scores1_avx512(kvc_type t, const float *q, const un
     for (c = 0; c < n; c += 8) {
         const unsigned char *r[8];
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        __m256 h[8];
         KVC__ROWS8(r, k, c, n, k_row);
         for (i = 0; i < d; i += 16) {
             __m512 qv = _mm512_loadu_ps(q + i);
@@ -4407,10 +4404,8 @@ KVC__AVX512_INLINE void kvc__scores1_avx512(kvc_type t, const float *q, const un
             a6 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[6], i, sc + KVC__MIN(c + 6, n - 1) * KVC__SCALES), a6);
             a7 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[7], i, sc + KVC__MIN(c + 7, n - 1) * KVC__SCALES), a7);
         }
-        h[0] = kvc__fold_avx512(a0); h[1] = kvc__fold_avx512(a1); h[2] = kvc__fold_avx512(a2);
-        h[3] = kvc__fold_avx512(a3); h[4] = kvc__fold_avx512(a4); h[5] = kvc__fold_avx512(a5);
-        h[6] = kvc__fold_avx512(a6); h[7] = kvc__fold_avx512(a7);
-        _mm256_mask_storeu_ps(s + c, (__mmask8)((1u << KVC__MIN(8, n - c)) - 1u), kvc__hsum8_avx2(h));
+        _mm256_mask_storeu_ps(s + c, (__mmask8)((1u << KVC__MIN(8, n - c)) - 1u),
+                              kvc__sum8_avx512(a0, a1, a2, a3, a4, a5, a6, a7));
     }
 }
 
@@ -4590,7 +4585,6 @@ KVC__VNNI_INLINE void kvc__iscores_vnni(kvc_type t, int odd, const void *const *
     const __m512i *q[4];
     const unsigned char *kb;
     float sum[16];
-    __m256 h[8];
     for (r = 0; r < nr; ++r) q[r] = (const __m512i *)rows[r];
     if (nr == 1) {
         for (c = 0; c < n; c += 8) {
@@ -4609,10 +4603,7 @@ KVC__VNNI_INLINE void kvc__iscores_vnni(kvc_type t, int odd, const void *const *
                 KVC__KPAIR_VNNI(x, dk, ci[6]); KVC__ISTEP_VNNI(f6, x, dk, 0);
                 KVC__KPAIR_VNNI(x, dk, ci[7]); KVC__ISTEP_VNNI(f7, x, dk, 0);
             }
-            h[0] = kvc__fold_avx512(f0); h[1] = kvc__fold_avx512(f1); h[2] = kvc__fold_avx512(f2);
-            h[3] = kvc__fold_avx512(f3); h[4] = kvc__fold_avx512(f4); h[5] = kvc__fold_avx512(f5);
-            h[6] = kvc__fold_avx512(f6); h[7] = kvc__fold_avx512(f7);
-            _mm256_storeu_ps(sum, kvc__hsum8_avx2(h));
+            _mm256_storeu_ps(sum, kvc__sum8_avx512(f0, f1, f2, f3, f4, f5, f6, f7));
             for (i = 0; i < 8 && c + i < n; ++i) s[0][c + i] = sum[i];
         }
         return;
@@ -4638,14 +4629,8 @@ KVC__VNNI_INLINE void kvc__iscores_vnni(kvc_type t, int odd, const void *const *
             KVC__ISTEP_VNNI(f03, x1, d1, 0); KVC__ISTEP_VNNI(f13, x1, d1, 1);
             KVC__ISTEP_VNNI(f23, x1, d1, 2); KVC__ISTEP_VNNI(f33, x1, d1, 3);
         }
-        h[0] = kvc__fold_avx512(f00); h[1] = kvc__fold_avx512(f10); h[2] = kvc__fold_avx512(f20);
-        h[3] = kvc__fold_avx512(f30); h[4] = kvc__fold_avx512(f01); h[5] = kvc__fold_avx512(f11);
-        h[6] = kvc__fold_avx512(f21); h[7] = kvc__fold_avx512(f31);
-        _mm256_storeu_ps(sum, kvc__hsum8_avx2(h));
-        h[0] = kvc__fold_avx512(f02); h[1] = kvc__fold_avx512(f12); h[2] = kvc__fold_avx512(f22);
-        h[3] = kvc__fold_avx512(f32); h[4] = kvc__fold_avx512(f03); h[5] = kvc__fold_avx512(f13);
-        h[6] = kvc__fold_avx512(f23); h[7] = kvc__fold_avx512(f33);
-        _mm256_storeu_ps(sum + 8, kvc__hsum8_avx2(h));
+        _mm256_storeu_ps(sum, kvc__sum8_avx512(f00, f10, f20, f30, f01, f11, f21, f31));
+        _mm256_storeu_ps(sum + 8, kvc__sum8_avx512(f02, f12, f22, f32, f03, f13, f23, f33));
         for (i = 0; i < 4 && c + i < n; ++i) /* sum[4 * cell + row] */
             for (r = 0; r < 4; ++r) s[r][c + i] = sum[4 * i + r];
     }
