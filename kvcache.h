@@ -134,6 +134,7 @@ typedef struct kvc_allocator {
 #define KVC_CPU_AVX512_VNNI (1u << 3) /* x86: AVX-512 VNNI integer scores of q8_0/q4_0 keys */
 #define KVC_CPU_NEON (1u << 4)        /* aarch64: NEON kernels and conversions */
 #define KVC_CPU_SSE2 (1u << 5)        /* x86: SSE2 kernels, for CPUs (or VMs) without AVX2 */
+#define KVC_CPU_NEON_DOTPROD (1u << 6) /* aarch64: SDOT integer scores of q8_0/q4_0 keys */
 
 /* Parallel work goes through the caller's threads: parallel_for runs fn(ctx, task,
    worker) for every task in [0, n_tasks), in any order and on any of n_workers
@@ -1034,7 +1035,26 @@ KVC__AVX2 static void kvc__q4_0_to_f32_avx2(const void *src, float *dst, int32_t
 #define KVC__NEON 1
 #include <arm_neon.h>
 
-static uint32_t kvc__cpu_detect(void) { return KVC_CPU_NEON; } /* NEON is part of aarch64 */
+/* NEON is part of aarch64; the dot-product extension is optional before ARMv8.4: the
+   compiler may promise it, else Linux's auxiliary vector says */
+#if defined(__ARM_FEATURE_DOTPROD) || !defined(__clang__)
+#define KVC__NEON_DOT 1 /* the SDOT kernels are compiled */
+#endif
+#if defined(KVC__NEON_DOT) && defined(__linux__) && !defined(__ARM_FEATURE_DOTPROD)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1ul << 20)
+#endif
+#endif
+static uint32_t kvc__cpu_detect(void) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return KVC_CPU_NEON | KVC_CPU_NEON_DOTPROD;
+#elif defined(KVC__NEON_DOT) && defined(__linux__)
+    return KVC_CPU_NEON | ((getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? KVC_CPU_NEON_DOTPROD : 0u);
+#else
+    return KVC_CPU_NEON;
+#endif
+}
 
 static void kvc__f16_from_f32_neon(const float *src, void *dst, int32_t n) {
     uint16_t *d = (uint16_t *)dst;
@@ -1485,6 +1505,7 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     if (!(p->cpu & KVC_CPU_F16C)) p->cpu &= ~KVC_CPU_AVX2;
     if (!(p->cpu & KVC_CPU_AVX2)) p->cpu &= ~KVC_CPU_AVX512;
     if (!(p->cpu & KVC_CPU_AVX512)) p->cpu &= ~KVC_CPU_AVX512_VNNI;
+    if (!(p->cpu & KVC_CPU_NEON)) p->cpu &= ~KVC_CPU_NEON_DOTPROD;
     p->tk = kvc__pick_type(cfg->type_k, p->cpu);
     p->tv = kvc__pick_type(cfg->type_v, p->cpu);
     p->rotate = kvc__pick_rotate(p->cpu);
@@ -3540,7 +3561,8 @@ KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s)
 }
 
 /* ---- Layer 6: attention kernels ----------------------------------------------------
-   One driver, four sets of small kernels (scalar, AVX2, AVX-512, NEON) chosen per pool.
+   One driver, small kernels per path (scalar, SSE2, AVX2, AVX-512, AVX-512 VNNI, NEON,
+   NEON with SDOT) chosen per pool.
    The driver walks the visible cells in blocks of KVC__BLOCK; in each block it reads
    every K row once for all the query heads of its GQA group (fused kernels convert
    the storage type in registers; the others through a small f32 tile), updates each
@@ -3686,7 +3708,7 @@ static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc_
 #define KVC__EXP_P5 5.0000001201e-1f
 
 #ifdef KVC__X86
-/* -- SSE2: 4 lanes, through an f32 tile like NEON (no fused kernels) -- */
+/* -- SSE2: 4 lanes, through an f32 tile (no fused kernels) -- */
 #define KVC__SSE2 __attribute__((target("sse2")))
 KVC__SSE2 static __m128 kvc__exp_sse2(__m128 x) {
     __m128 keep = _mm_cmpge_ps(x, _mm_set1_ps(-87.0f)), n, y;
@@ -4746,6 +4768,116 @@ static void kvc__scale_neon(float *x, int32_t n, float a) {
     for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), a));
     for (; i < n; ++i) x[i] *= a;
 }
+
+/* Fused NEON kernels: rows read in their storage type 16 values at a time (a q4_0
+   block's nibble half, half a q8_0 block), so head dims must be multiples of 16 (others
+   take the f32 tile). As on x86, one accumulator per (row, cell) summed once at the end
+   for scores, and every lane of a values accumulator sums its cells in order, so one row
+   alone gets the same result as in a group of four. */
+#define KVC__NEON_INLINE static inline __attribute__((always_inline))
+
+/* the block scales of n rows (0 for unquantised types), sc[cell * KVC__SCALES + block] */
+KVC__NEON_INLINE void kvc__row_scales_neon(kvc_type t, const unsigned char *row, size_t stride, int32_t d, int32_t n,
+                                           float *sc) {
+    size_t bb = t == KVC_TYPE_Q8_0 ? sizeof(kvc__block_q8_0) : sizeof(kvc__block_q4_0);
+    int32_t c, b;
+    if (t != KVC_TYPE_Q8_0 && t != KVC_TYPE_Q4_0) return;
+    for (c = 0; c < n; ++c)
+        for (b = 0; b < d / KVC__QBLOCK; ++b) sc[c * KVC__SCALES + b] = kvc__load_scale(row + (size_t)c * stride + (size_t)b * bb);
+}
+
+/* values i .. i + 15 of a head row (i a multiple of 16) as f32; sc: the row's scales */
+KVC__NEON_INLINE void kvc__load16_neon(kvc_type t, const unsigned char *row, int32_t i, const float *sc, float32x4_t *x) {
+    int32_t j;
+    if (t == KVC_TYPE_F32) {
+        for (j = 0; j < 4; ++j) x[j] = vld1q_f32((const float *)(const void *)row + i + 4 * j);
+    } else if (t == KVC_TYPE_F16) {
+        for (j = 0; j < 4; ++j)
+            x[j] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)row + i + 4 * j)));
+    } else if (t == KVC_TYPE_BF16) {
+        for (j = 0; j < 4; ++j)
+            x[j] = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(const void *)row + i + 4 * j), 16));
+    } else {
+        int8x16_t q;
+        int16x8_t lo, hi;
+        float scale = sc[i / KVC__QBLOCK];
+        if (t == KVC_TYPE_Q8_0) {
+            q = vld1q_s8(((const kvc__block_q8_0 *)(const void *)row + i / KVC__QBLOCK)->q + (i & 31));
+        } else { /* values 16..31 of a block are the high nibbles */
+            uint8x16_t b = vld1q_u8(((const kvc__block_q4_0 *)(const void *)row + i / KVC__QBLOCK)->q);
+            b = (i & 16) ? vshrq_n_u8(b, 4) : vandq_u8(b, vdupq_n_u8(15));
+            q = vsubq_s8(vreinterpretq_s8_u8(b), vdupq_n_s8(8));
+        }
+        lo = vmovl_s8(vget_low_s8(q));
+        hi = vmovl_s8(vget_high_s8(q));
+        x[0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), scale);
+        x[1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo))), scale);
+        x[2] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), scale);
+        x[3] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi))), scale);
+    }
+}
+
+/* s[r][c] = q[r] . k[c] for nr (1 or 4) rows, four cells at a time */
+KVC__NEON_INLINE void kvc__scores_neon(kvc_type t, const float *const *q, int32_t nr, const unsigned char *k,
+                                       size_t k_row, int32_t d, int32_t n, float *const *s) {
+    float sc[KVC__STRIP * KVC__SCALES];
+    int32_t c, i, j, r, m;
+    kvc__row_scales_neon(t, k, k_row, d, n, sc);
+    for (c = 0; c < n; c += 4) {
+        float32x4_t a[4][4]; /* [row][cell] */
+        m = KVC__MIN(4, n - c);
+        for (r = 0; r < 4; ++r)
+            for (j = 0; j < 4; ++j) a[r][j] = vdupq_n_f32(0.0f);
+        for (i = 0; i < d; i += 16)
+            for (j = 0; j < m; ++j) {
+                float32x4_t x[4];
+                int32_t u;
+                kvc__load16_neon(t, k + (size_t)(c + j) * k_row, i, sc + (c + j) * KVC__SCALES, x);
+                for (r = 0; r < nr; ++r)
+                    for (u = 0; u < 4; ++u) a[r][j] = vfmaq_f32(a[r][j], vld1q_f32(q[r] + i + 4 * u), x[u]);
+            }
+        for (r = 0; r < nr; ++r)
+            for (j = 0; j < m; ++j) s[r][c + j] = vaddvq_f32(a[r][j]);
+    }
+}
+
+/* acc[r] += sum_c p[r][c] v[c] for nr (1 or 4) rows, 16 values at a time */
+KVC__NEON_INLINE void kvc__values_neon(kvc_type t, float *const *acc, int32_t nr, const float *const *p,
+                                       const unsigned char *v, size_t v_row, int32_t d, int32_t n) {
+    float sc[KVC__STRIP * KVC__SCALES];
+    int32_t c, i, r, u;
+    kvc__row_scales_neon(t, v, v_row, d, n, sc);
+    for (i = 0; i < d; i += 16) {
+        float32x4_t a[4][4];
+        for (r = 0; r < nr; ++r)
+            for (u = 0; u < 4; ++u) a[r][u] = vld1q_f32(acc[r] + i + 4 * u);
+        for (c = 0; c < n; ++c) {
+            float32x4_t x[4];
+            kvc__load16_neon(t, v + (size_t)c * v_row, i, sc + c * KVC__SCALES, x);
+            for (r = 0; r < nr; ++r)
+                for (u = 0; u < 4; ++u) a[r][u] = vfmaq_n_f32(a[r][u], x[u], p[r][c]);
+        }
+        for (r = 0; r < nr; ++r)
+            for (u = 0; u < 4; ++u) vst1q_f32(acc[r] + i + 4 * u, a[r][u]);
+    }
+}
+
+#define KVC__FUSED_NEON(T, name)                                                                                     \
+    static void kvc__scores_neon_##name(const float *const *q, int32_t nr, const unsigned char *k, size_t k_row,     \
+                                        int32_t d, int32_t n, float *const *s) {                                    \
+        if (nr == 1) kvc__scores_neon(T, q, 1, k, k_row, d, n, s);                                                   \
+        else kvc__scores_neon(T, q, 4, k, k_row, d, n, s);                                                           \
+    }                                                                                                               \
+    static void kvc__values_neon_##name(float *const *acc, int32_t nr, const float *const *p, const unsigned char *v, \
+                                        size_t v_row, int32_t d, int32_t n) {                                       \
+        if (nr == 1) kvc__values_neon(T, acc, 1, p, v, v_row, d, n);                                                 \
+        else kvc__values_neon(T, acc, 4, p, v, v_row, d, n);                                                         \
+    }
+KVC__FUSED_NEON(KVC_TYPE_F32, f32)
+KVC__FUSED_NEON(KVC_TYPE_F16, f16)
+KVC__FUSED_NEON(KVC_TYPE_BF16, bf16)
+KVC__FUSED_NEON(KVC_TYPE_Q8_0, q8_0)
+KVC__FUSED_NEON(KVC_TYPE_Q4_0, q4_0)
 /* a block's integer dot product: 8-bit products widened to 16 bits (two per lane stay
    below 2^15), then pairwise into 32 bits */
 static int32_t kvc__idot_neon(kvc_type t, const int8_t *q, const unsigned char *kb) {
@@ -4772,12 +4904,51 @@ static void kvc__scores_i8_neon_q4_0(const void *const *q, int32_t nr, const uns
                                      int32_t d, int32_t n, float *const *s) {
     kvc__scores_i8_rows(KVC_TYPE_Q4_0, kvc__idot_neon, q, nr, k, k_row, d, n, s);
 }
-static const kvc__kernels kvc__kernels_neon = {"neon", kvc__dot_neon, kvc__masked_max_scalar, kvc__exp_sum_neon,
-                                               kvc__axpy_neon,
-                                               kvc__scale_neon, 4, {NULL, NULL, NULL, NULL, NULL},
-                                               {NULL, NULL, NULL, NULL, NULL},
-                                               {NULL, NULL, NULL, kvc__scores_i8_neon_q8_0, kvc__scores_i8_neon_q4_0},
-                                               NULL, NULL};
+
+/* The same integer dot product with the dot-product extension (ARMv8.2 SDOT, optional
+   before ARMv8.4): four 8-bit products summed into each 32-bit lane, exact as well.
+   GCC compiles it for any aarch64 target (checked at run time); clang's arm_neon.h
+   (to 14 at least) declares vdotq_s32 only when the whole build targets the extension. */
+#ifdef KVC__NEON_DOT
+#ifdef __ARM_FEATURE_DOTPROD
+#define KVC__DOTPROD
+#else
+#define KVC__DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
+KVC__DOTPROD static int32_t kvc__idot_neon_dot(kvc_type t, const int8_t *q, const unsigned char *kb) {
+    int8x16_t k0, k1;
+    if (t == KVC_TYPE_Q8_0) {
+        const int8_t *c = ((const kvc__block_q8_0 *)(const void *)kb)->q;
+        k0 = vld1q_s8(c);
+        k1 = vld1q_s8(c + 16);
+    } else {
+        uint8x16_t x = vld1q_u8(((const kvc__block_q4_0 *)(const void *)kb)->q);
+        k0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(15))), vdupq_n_s8(8));
+        k1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(x, 4)), vdupq_n_s8(8));
+    }
+    return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), vld1q_s8(q), k0), vld1q_s8(q + 16), k1));
+}
+static void kvc__scores_i8_neon_dot_q8_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                         int32_t d, int32_t n, float *const *s) {
+    kvc__scores_i8_rows(KVC_TYPE_Q8_0, kvc__idot_neon_dot, q, nr, k, k_row, d, n, s);
+}
+static void kvc__scores_i8_neon_dot_q4_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
+                                         int32_t d, int32_t n, float *const *s) {
+    kvc__scores_i8_rows(KVC_TYPE_Q4_0, kvc__idot_neon_dot, q, nr, k, k_row, d, n, s);
+}
+#endif /* KVC__NEON_DOT */
+
+#define KVC__KERNELS_NEON(name, i8_q8_0, i8_q4_0)                                                                      \
+    {name, kvc__dot_neon, kvc__masked_max_scalar, kvc__exp_sum_neon, kvc__axpy_neon, kvc__scale_neon, 16,            \
+     {kvc__scores_neon_f32, kvc__scores_neon_f16, kvc__scores_neon_bf16, kvc__scores_neon_q8_0, kvc__scores_neon_q4_0}, \
+     {kvc__values_neon_f32, kvc__values_neon_f16, kvc__values_neon_bf16, kvc__values_neon_q8_0, kvc__values_neon_q4_0}, \
+     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, NULL, NULL}
+static const kvc__kernels kvc__kernels_neon =
+    KVC__KERNELS_NEON("neon", kvc__scores_i8_neon_q8_0, kvc__scores_i8_neon_q4_0);
+#ifdef KVC__NEON_DOT
+static const kvc__kernels kvc__kernels_neon_dotprod =
+    KVC__KERNELS_NEON("neon-dotprod", kvc__scores_i8_neon_dot_q8_0, kvc__scores_i8_neon_dot_q4_0);
+#endif
 #endif /* KVC__NEON */
 
 static const kvc__kernels *kvc__pick_kernels(uint32_t features) {
@@ -4786,6 +4957,9 @@ static const kvc__kernels *kvc__pick_kernels(uint32_t features) {
     if (features & KVC_CPU_AVX512) return &kvc__kernels_avx512;
     if (features & KVC_CPU_AVX2) return &kvc__kernels_avx2;
     if (features & KVC_CPU_SSE2) return &kvc__kernels_sse2;
+#endif
+#ifdef KVC__NEON_DOT
+    if (features & KVC_CPU_NEON_DOTPROD) return &kvc__kernels_neon_dotprod;
 #endif
 #ifdef KVC__NEON
     if (features & KVC_CPU_NEON) return &kvc__kernels_neon;

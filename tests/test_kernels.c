@@ -140,7 +140,8 @@ static int32_t paths(uint32_t *disable, const char **names) {
     if (f & KVC_CPU_AVX2) { disable[n] = KVC_CPU_AVX512; names[n++] = "avx2"; }
     if (f & KVC_CPU_AVX512) { disable[n] = KVC_CPU_AVX512_VNNI; names[n++] = "avx512"; }
     if (f & KVC_CPU_AVX512_VNNI) { disable[n] = 0; names[n++] = "avx512-vnni"; }
-    if (f & KVC_CPU_NEON) { disable[n] = 0; names[n++] = "neon"; }
+    if (f & KVC_CPU_NEON) { disable[n] = KVC_CPU_NEON_DOTPROD; names[n++] = "neon"; }
+    if (f & KVC_CPU_NEON_DOTPROD) { disable[n] = 0; names[n++] = "neon-dotprod"; }
     return n;
 }
 
