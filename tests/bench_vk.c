@@ -98,34 +98,42 @@ static double time_once(VkQueryPool qp, record_fn record, void *user, int reps) 
 
 /* GPU time of `reps` repetitions of record(), µs per repetition, median of 5 runs. The GPU
    lowers its SM clock after about 2 s without work (filling a cache, the f64 check of the
-   last row): on an H200 nvidia-smi read 390-405 MHz instead of 1980 MHz, for a few tenths
-   of a second after work came back, and rows of a few milliseconds timed in that window
-   measured up to 4x slower (q8_0 batch 1 at 4k cells: 128 instead of 34 us; three calls,
-   and once even 0.2 s of calls, as warm-up were not enough). So the warm-up runs
-   the calls back to back for at least 0.5 s and until two runs agree within 2 % (at most
-   3 s); a CPU device (lavapipe) gets one warm-up run. */
-static double time_gpu(record_fn record, void *user, int reps) {
+   last row, probably building a new pool's pipelines): on an H200 nvidia-smi read 390-510 MHz
+   instead of 1980 MHz, and it took 0.3-0.5 s of work to climb back, through plateaus.
+   Rows of a few milliseconds timed in that window measured up to 4x slower (q8_0 batch 1
+   at 4k cells, the first row after f16 batch 8 at 128k: 128 instead of 34 us), five
+   agreeing runs and all; three calls as warm-up, 0.5 s of 50-call submissions, and 0.5 s
+   counted from before the pipelines were built were each not enough. So, after a first
+   run (pipelines, metadata uploads), the warm-up keeps the GPU busy with submissions of
+   about 20 ms for at least 1 s and until two agree within 2 % (at most 3 s); a CPU device
+   (lavapipe) gets the first run only. *spread = slowest / fastest run. */
+static double g_wall0;
+static double time_gpu(record_fn record, void *user, int reps, double *spread) {
     VkQueryPoolCreateInfo qi;
     VkQueryPool qp;
-    double t[5], t0 = now_s(), last = 0, cur;
+    double t[5], t0, last, cur;
     int run;
     memset(&qi, 0, sizeof(qi));
     qi.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO;
     qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
     qi.queryCount = 2;
     if (fn->vkCreateQueryPool(info.device, &qi, NULL, &qp) != VK_SUCCESS) die("vkCreateQueryPool", KVC_ERR_UNSUPPORTED);
-    for (;;) { /* warm-up: pipelines, metadata uploads, then the clocks */
+    last = cur = time_once(qp, record, user, 3);
+    t0 = now_s();
+    while (info.device_type != VK_PHYSICAL_DEVICE_TYPE_CPU) {
         double el;
-        cur = time_once(qp, record, user, reps < 3 ? 3 : reps);
+        int n = (int)(20000.0 / (last > 1.0 ? last : 1.0));
+        cur = time_once(qp, record, user, n < reps ? reps : n > 20000 ? 20000 : n);
         el = now_s() - t0;
-        if (info.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU || el > 3.0 ||
-            (el >= 0.5 && fabs(cur - last) <= 0.02 * last))
-            break;
+        if (el > 3.0 || (el >= 1.0 && fabs(cur - last) <= 0.02 * last)) break;
         last = cur;
     }
+    if (getenv("BENCH_VK_WALL")) fprintf(stderr, "  warm-up %.3f-%.3f s, last %.1f us\n", t0 - g_wall0, now_s() - g_wall0, cur);
     for (run = 0; run < 5; ++run) t[run] = time_once(qp, record, user, reps);
     fn->vkDestroyQueryPool(info.device, qp, NULL);
+    if (getenv("BENCH_VK_WALL")) fprintf(stderr, "  runs until %.3f s: %.1f %.1f %.1f %.1f %.1f\n", now_s() - g_wall0, t[0], t[1], t[2], t[3], t[4]);
     qsort(t, 5, sizeof(double), cmp_double);
+    if (spread) *spread = t[4] / t[0];
     return t[2];
 }
 
@@ -230,6 +238,7 @@ int main(int argc, char **argv) {
     kvc_pool_config pc;
     kvc_vk_pool *copy_pool;
     double copy_us, copy_gbs;
+    g_wall0 = now_s();
     for (ai = 1; ai < argc; ++ai) {
         if (!strcmp(argv[ai], "--cells") && ai + 1 < argc) n_cells = parse_list(argv[++ai], cells_list, 8);
         else if (!strcmp(argv[ai], "--batch") && ai + 1 < argc) n_batch = parse_list(argv[++ai], batch_list, 8);
@@ -287,14 +296,14 @@ int main(int argc, char **argv) {
         CHECK(kvc_vk_buffer_create(ctx, bytes, 0, &copy_a));
         CHECK(kvc_vk_buffer_create(ctx, bytes, 0, &copy_b));
         cj.pool = copy_pool; cj.a = copy_a.buffer; cj.b = copy_b.buffer; cj.bytes = bytes;
-        copy_us = time_gpu(record_copy, &cj, 20);
+        copy_us = time_gpu(record_copy, &cj, 20, NULL);
         copy_gbs = 2.0 * (double)bytes / (copy_us * 1e-6) / 1e9;
         printf("copy kernel: %.0f MiB -> %.0f MiB in %.1f us = %.0f GB/s read + write\n", (double)bytes / 1048576.0, (double)bytes / 1048576.0, copy_us, copy_gbs);
     }
     CHECK(kvc_vk_pool_destroy(copy_pool));
 
-    printf("\n| storage | batch | cells | time (us) | K+V read | GB/s | vs copy kernel | max err vs f64 |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+    printf("\n| storage | batch | cells | time (us) | K+V read | GB/s | vs copy kernel | max err vs f64 | slowest / fastest run |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
     for (ti = 0; ti < n_types; ++ti)
         for (bi = 0; bi < n_batch; ++bi)
             for (ci = 0; ci < n_cells; ++ci) {
@@ -306,7 +315,7 @@ int main(int argc, char **argv) {
                 kvc_vk_attention_item items[8];
                 kvc_pool_stats st;
                 attn_job aj;
-                double us, bytes, err;
+                double us, bytes, err, spread = 1;
                 VkCommandBuffer cmd;
                 if (batch > 8) batch = 8;
                 kvc_pool_config_init(&pc);
@@ -344,13 +353,13 @@ int main(int argc, char **argv) {
                     items[s].desc.out.offset = (VkDeviceSize)s * HQ * HD * 4;
                 }
                 aj.pool = vp; aj.items = items; aj.n = batch;
-                us = time_gpu(record_attn, &aj, reps);
+                us = time_gpu(record_attn, &aj, reps, &spread);
                 if (getenv("BENCH_VK_STATS") && ci == 0 && bi == 0) print_stats(vp);
                 err = check_one(types[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
                 kvc_pool_stats_get(hp, &st);
                 bytes = (double)batch * cells * (double)(st.k_row_bytes + st.v_row_bytes);
-                printf("| %s | %d | %d | %.1f | %.1f MB | %.0f | %.0f %% | %.1e |\n", kvc_type_name(types[ti]), batch, cells,
-                       us, bytes / 1e6, bytes / (us * 1e-6) / 1e9, 100.0 * (bytes / (us * 1e-6) / 1e9) / copy_gbs, err);
+                printf("| %s | %d | %d | %.1f | %.1f MB | %.0f | %.0f %% | %.1e | %.2f |\n", kvc_type_name(types[ti]), batch, cells,
+                       us, bytes / 1e6, bytes / (us * 1e-6) / 1e9, 100.0 * (bytes / (us * 1e-6) / 1e9) / copy_gbs, err, spread);
                 fflush(stdout);
                 if (n_kept < 256) {
                     kept_pool[n_kept] = vp;
