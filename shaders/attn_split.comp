@@ -87,7 +87,8 @@ void NAME(uint base, uint e0, out float v[E]) {                                 
         uint w0 = s >> 2, sh = (s & 3u) * 8u;                                                   \
         uint cur = ldw(WHICH, w0);                                                              \
         [[unroll]] for (uint k = 0u; k < E; k += 4u) {                                                     \
-            uint nxt = ldw(WHICH, w0 + k / 4u + 1u);                                            \
+            /* (the word after the segment only when the codes straddle it) */                 \
+            uint nxt = sh != 0u || k + 4u < E ? ldw(WHICH, w0 + k / 4u + 1u) : 0u;             \
             uint w = sh == 0u ? cur : (cur >> sh) | (nxt << (32u - sh));                        \
             [[unroll]] for (uint c = 0u; c < 4u && k + c < E; ++c)                                         \
                 v[k + c] = float(int(w << (24u - 8u * c)) >> 24) * d;                           \
@@ -101,10 +102,22 @@ SEG_LOADER(load_k, 0u, TYPE_K, SEGK, kb)
 SEG_LOADER(load_v, 1u, TYPE_V, EVT, vb)
 
 const uint NRED = WG; // partial results per head (subgroups, or invocations)
+// q8_0 values: invocation (cell group cg, slice sl) sums 8 values of every head of the
+// group over every NCG-th cell of a block: one scale and two or three words a cell for
+// 8 G products, instead of three loads for every 4 products of one head. The cell groups'
+// sums are added once, at the end of the split.
+// kvcache_vk.h sets VQ for q8_0 V rows when HDV % 32 == 0, G <= 8 and WG / (HDV / 8) >= 2.
+layout(constant_id = 10) const uint VQ = 0u;
+const uint NS = HDV / 8u;       // slices of 8 values
+const uint NCG = WG / NS;       // cell groups
+const uint VSUM = VQ != 0u ? WG * 8u : 1u;
 shared float qs[G * HDK];
 shared float pw[G * WG];       // the block's weights, [head][cell]
 shared uint gids[WG];          // the block's cells (page * page_cells + slot)
 shared float red[G * NRED];
+shared float qa[G * HDK / 4u + 1u];         // query rounding: maxima of 4 values
+shared float qd[2u * (G * HDK / 32u) + 2u]; // per query block: 1 / d, d as f16
+shared float vsum[VSUM];                    // VQ: the cell groups' sums of one head
 const float NEG_INF = -1.0 / 0.0;
 
 // block-wide max (op 0) or sum (op 1) of one value per invocation, for each head
@@ -148,15 +161,23 @@ void main() {
         qs[i] = qb[J.q_off + kvh * G * HDK + i];
     if (TYPE_K == T_Q8_0 || TYPE_K == T_Q4_0) {
         // block-typed keys score against the query rounded to q8_0, as on the CPU (kvcache.h
-        // scores them in integers): d = amax / 127 stored as f16, codes rint(x / d) in +-127
+        // scores them in integers): d = amax / 127 stored as f16, codes rint(x / d) in +-127.
+        // Spread over the whole workgroup: maxima of 4 values, then one invocation per
+        // block of 32 for its scale, then every value.
+        barrier();
+        for (uint i = tid; i < G * HDK / 4u; i += WG)
+            qa[i] = max(max(abs(qs[4u * i]), abs(qs[4u * i + 1u])), max(abs(qs[4u * i + 2u]), abs(qs[4u * i + 3u])));
         barrier();
         for (uint b = tid; b < G * HDK / 32u; b += WG) {
             float amax = 0.0;
-            for (uint j = 0u; j < 32u; ++j) amax = max(amax, abs(qs[32u * b + j]));
-            float d = div_rn(amax, 127.0), id = d != 0.0 ? div_rn(1.0, d) : 0.0, dh = h2f(f2h(d));
-            for (uint j = 0u; j < 32u; ++j) qs[32u * b + j] = float(clamp(int(roundEven(qs[32u * b + j] * id)), -127, 127)) * dh;
+            [[unroll]] for (uint j = 0u; j < 8u; ++j) amax = max(amax, qa[8u * b + j]);
+            float d = div_rn(amax, 127.0);
+            qd[2u * b] = d != 0.0 ? div_rn(1.0, d) : 0.0;
+            qd[2u * b + 1u] = h2f(f2h(d));
         }
         barrier();
+        for (uint i = tid; i < G * HDK; i += WG)
+            qs[i] = float(clamp(int(roundEven(qs[i] * qd[2u * (i / 32u)])), -127, 127)) * qd[2u * (i / 32u) + 1u];
     }
     for (uint i = tid; i < G * HDK; i += WG) qs[i] *= pc.scale_log2;
     // the value invocations: head gv, values [ev0, ev0 + EVT)
@@ -165,6 +186,9 @@ void main() {
     bool has_v = tid < G * per_head;
     float o[EVT];
     [[unroll]] for (uint k = 0u; k < EVT; ++k) o[k] = 0.0;
+    uint sl = tid % NS, cg = tid / NS;
+    float oq[G][8];
+    [[unroll]] for (uint g = 0u; g < G; ++g) [[unroll]] for (uint k = 0u; k < 8u; ++k) oq[g][k] = 0.0;
     float m[G], l[G];
     [[unroll]] for (uint g = 0u; g < G; ++g) { m[g] = NEG_INF; l[g] = 0.0; }
     barrier();
@@ -201,7 +225,43 @@ void main() {
         reduce(p, 1u); // also the barrier that publishes pw and gids
         [[unroll]] for (uint g = 0u; g < G; ++g) l[g] = l[g] * alpha[g] + p[g];
         // the weighted V rows
-        if (has_v) {
+        if (VQ != 0u) {
+            [[unroll]] for (uint g = 0u; g < G; ++g) [[unroll]] for (uint k = 0u; k < 8u; ++k) oq[g][k] *= alpha[g];
+            uint n = min(WG, c1 - base), boff = kvh * hbv + 34u * (sl >> 2), coff = boff + 2u + 8u * (sl & 3u);
+            // two cells loaded before either is used; a cell whose weights are all zero
+            // (masked or past the end) adds nothing, whatever its row holds
+            for (uint c = cg; c < n; c += 2u * NCG) {
+                uint wd[2][3], hw[2];
+                bool odd[2];
+                float w[2][G];
+                [[unroll]] for (uint j = 0u; j < 2u; ++j) {
+                    uint cc = min(c + j * NCG, n - 1u), row = gids[cc] * pc.v_row_bytes;
+                    uint h = row + boff, s0 = (row + coff) >> 2;
+                    // the 8 codes start 0 or 2 bytes into a word: two or three words
+                    odd[j] = ((row + coff) & 2u) != 0u;
+                    hw[j] = vw[h >> 2] >> ((h & 2u) << 3);
+                    wd[j][0] = vw[s0]; wd[j][1] = vw[s0 + 1u]; wd[j][2] = odd[j] ? vw[s0 + 2u] : 0u;
+                    [[unroll]] for (uint g = 0u; g < G; ++g) w[j][g] = c + j * NCG < n ? pw[g * WG + cc] : 0.0;
+                }
+                [[unroll]] for (uint j = 0u; j < 2u; ++j) {
+                    bool any = false;
+                    [[unroll]] for (uint g = 0u; g < G; ++g) any = any || w[j][g] != 0.0;
+                    if (!any) continue;
+                    float d = unpackHalf2x16(hw[j] & 0xffffu).x;
+                    uint lo = odd[j] ? (wd[j][0] >> 16) | (wd[j][1] << 16) : wd[j][0];
+                    uint hi = odd[j] ? (wd[j][1] >> 16) | (wd[j][2] << 16) : wd[j][1];
+                    float x[8];
+                    [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+                        x[k] = float(int(lo << (24u - 8u * k)) >> 24);
+                        x[k + 4u] = float(int(hi << (24u - 8u * k)) >> 24);
+                    }
+                    [[unroll]] for (uint g = 0u; g < G; ++g) {
+                        float wg = w[j][g] * d;
+                        [[unroll]] for (uint k = 0u; k < 8u; ++k) oq[g][k] += wg * x[k];
+                    }
+                }
+            }
+        } else if (has_v) {
             float a = 1.0;
             [[unroll]] for (uint g = 0u; g < G; ++g) if (g == gv) a = alpha[g];
             [[unroll]] for (uint k = 0u; k < EVT; ++k) o[k] *= a;
@@ -224,7 +284,24 @@ void main() {
     }
 
     uint stride = HDV + 2u;
-    if (has_v) {
+    if (VQ != 0u) {
+        // add the cell groups' sums, one head at a time
+        [[unroll]] for (uint g = 0u; g < G; ++g) {
+            [[unroll]] for (uint k = 0u; k < 8u; ++k) vsum[tid * 8u + k] = oq[g][k];
+            barrier();
+            uint at = ((jb * KV_HEADS * G + kvh * G + g) * pc.n_splits + split) * stride;
+            for (uint e = tid; e < HDV; e += WG) {
+                float acc = 0.0;
+                for (uint q = 0u; q < NCG; ++q) acc += vsum[(q * NS + e / 8u) * 8u + e % 8u];
+                part[at + 2u + e] = acc;
+            }
+            if (tid == 0u) {
+                part[at] = m[g];
+                part[at + 1u] = l[g];
+            }
+            barrier();
+        }
+    } else if (has_v) {
         uint at = ((jb * KV_HEADS * G + kvh * G + gv) * pc.n_splits + split) * stride;
         [[unroll]] for (uint k = 0u; k < EVT; ++k) part[at + 2u + ev0 + k] = o[k];
         if (ev0 == 0u) {

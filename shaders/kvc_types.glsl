@@ -26,14 +26,19 @@ float h2f(uint h) {
 float bf2f(uint h) { return uintBitsToFloat(h << 16); }
 
 // a / b rounded to nearest as the CPU's division (a >= 0, b > 0, finite): drivers may
-// divide through an approximate reciprocal (lavapipe does), which moves a quantisation
-// scale or code now and then. Of the quotient and its two float neighbours, the nearest
-// to a / b leaves the smallest residual a - b q, computed with one rounding in an fma.
-float div_rn(float a, float b) {
-    precise float q = a / b;
+// divide through an approximate reciprocal (lavapipe does; GLSL allows 2.5 ulp), which
+// moves a quantisation scale or code now and then. Of a quotient and its two float
+// neighbours, the nearest to a / b leaves the smallest residual a - b q, computed with
+// one rounding in an fma; two such steps reach it from up to 2 ulp away.
+float nearer_quotient(float a, float b, float q) {
     float up = uintBitsToFloat(floatBitsToUint(q) + 1u), dn = q > 0.0 ? uintBitsToFloat(floatBitsToUint(q) - 1u) : q;
     precise float e = abs(fma(-b, q, a)), eu = abs(fma(-b, up, a)), ed = abs(fma(-b, dn, a));
     return eu < e && eu <= ed ? up : ed < e ? dn : q;
+}
+float div_rn(float a, float b) {
+    precise float q = a / b;
+    if (isinf(q)) return q;
+    return nearer_quotient(a, b, nearer_quotient(a, b, q));
 }
 
 // f32 -> f16, round to nearest even: the bit pattern kvcache.h's scalar path gives

@@ -13,12 +13,14 @@
    usage: bench_vk [--cells 4096,32768,131072] [--batch 1,8] [--types f16,q8_0] [--reps 50]
                    [--splits n (max split-K chunks)] [--no-copy]
    tests/bench_vk.sh runs it with PyTorch's scaled_dot_product_attention beside it. */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <time.h>
 
 #if defined(__has_include)
 #if __has_include(<vulkan/vulkan.h>) && __has_include(<dlfcn.h>)
@@ -72,38 +74,66 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* GPU time of `reps` repetitions of record(), µs per repetition, median of 5 runs */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* GPU time of `reps` repetitions of record() in one command buffer, µs per repetition */
 typedef void (*record_fn)(VkCommandBuffer cmd, void *user);
-static double time_gpu(record_fn record, void *user, int reps) {
+static double time_once(VkQueryPool qp, record_fn record, void *user, int reps) {
+    VkCommandBuffer cmd;
+    uint64_t ts[2];
+    int i;
+    CHECK(kvc_vk_begin(ctx, &cmd));
+    fn->vkCmdResetQueryPool(cmd, qp, 0, 2);
+    fn->vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, qp, 0);
+    for (i = 0; i < reps; ++i) record(cmd, user);
+    fn->vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, qp, 1);
+    CHECK(kvc_vk_submit_wait(ctx, cmd));
+    fn->vkGetQueryPoolResults(info.device, qp, 0, 2, sizeof(ts), ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+    return (double)(ts[1] - ts[0]) * info.timestamp_period / 1000.0 / reps;
+}
+
+/* GPU time of `reps` repetitions of record(), µs per repetition, median of 5 runs. The GPU
+   lowers its SM clock after about 2 s without work (filling a cache, the f64 check of the
+   last row, probably building a new pool's pipelines): on an H200 nvidia-smi read 390-510 MHz
+   instead of 1980 MHz, and it took 0.3-0.5 s of work to climb back, through plateaus.
+   Rows of a few milliseconds timed in that window measured up to 4x slower (q8_0 batch 1
+   at 4k cells, the first row after f16 batch 8 at 128k: 128 instead of 34 us), five
+   agreeing runs and all; three calls as warm-up, 0.5 s of 50-call submissions, and 0.5 s
+   counted from before the pipelines were built were each not enough. So, after a first
+   run (pipelines, metadata uploads), the warm-up keeps the GPU busy with submissions of
+   about 20 ms for at least 1 s and until two agree within 2 % (at most 3 s); a CPU device
+   (lavapipe) gets the first run only. *spread = slowest / fastest run. */
+static double g_wall0;
+static double time_gpu(record_fn record, void *user, int reps, double *spread) {
     VkQueryPoolCreateInfo qi;
     VkQueryPool qp;
-    double t[5];
-    int run, i;
+    double t[5], t0, last, cur;
+    int run;
     memset(&qi, 0, sizeof(qi));
     qi.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO;
     qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
     qi.queryCount = 2;
     if (fn->vkCreateQueryPool(info.device, &qi, NULL, &qp) != VK_SUCCESS) die("vkCreateQueryPool", KVC_ERR_UNSUPPORTED);
-    { /* warm-up: pipelines, metadata uploads, clocks */
-        VkCommandBuffer cmd;
-        CHECK(kvc_vk_begin(ctx, &cmd));
-        for (i = 0; i < 3; ++i) record(cmd, user);
-        CHECK(kvc_vk_submit_wait(ctx, cmd));
+    last = cur = time_once(qp, record, user, 3);
+    t0 = now_s();
+    while (info.device_type != VK_PHYSICAL_DEVICE_TYPE_CPU) {
+        double el;
+        int n = (int)(20000.0 / (last > 1.0 ? last : 1.0));
+        cur = time_once(qp, record, user, n < reps ? reps : n > 20000 ? 20000 : n);
+        el = now_s() - t0;
+        if (el > 3.0 || (el >= 1.0 && fabs(cur - last) <= 0.02 * last)) break;
+        last = cur;
     }
-    for (run = 0; run < 5; ++run) {
-        VkCommandBuffer cmd;
-        uint64_t ts[2];
-        CHECK(kvc_vk_begin(ctx, &cmd));
-        fn->vkCmdResetQueryPool(cmd, qp, 0, 2);
-        fn->vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, qp, 0);
-        for (i = 0; i < reps; ++i) record(cmd, user);
-        fn->vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, qp, 1);
-        CHECK(kvc_vk_submit_wait(ctx, cmd));
-        fn->vkGetQueryPoolResults(info.device, qp, 0, 2, sizeof(ts), ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
-        t[run] = (double)(ts[1] - ts[0]) * info.timestamp_period / 1000.0 / reps;
-    }
+    if (getenv("BENCH_VK_WALL")) fprintf(stderr, "  warm-up %.3f-%.3f s, last %.1f us\n", t0 - g_wall0, now_s() - g_wall0, cur);
+    for (run = 0; run < 5; ++run) t[run] = time_once(qp, record, user, reps);
     fn->vkDestroyQueryPool(info.device, qp, NULL);
+    if (getenv("BENCH_VK_WALL")) fprintf(stderr, "  runs until %.3f s: %.1f %.1f %.1f %.1f %.1f\n", now_s() - g_wall0, t[0], t[1], t[2], t[3], t[4]);
     qsort(t, 5, sizeof(double), cmp_double);
+    if (spread) *spread = t[4] / t[0];
     return t[2];
 }
 
@@ -190,9 +220,9 @@ static double check_one(kvc_type type, const float *kin, const float *vin, int32
 int main(int argc, char **argv) {
     int32_t cells_list[8] = {4096, 32768, 131072}, batch_list[8] = {1, 8};
     int n_cells = 3, n_batch = 2, n_types = 0, reps = 50, ai, ti, bi, ci, groups = 0, no_copy = 0, n_kept = 0, k;
-    /* every pool and its caches stay until the end, and the copy kernel's buffers too: in two
-       H200 runs that freed them first, f16 batch 8 at 4k / 32k cells measured 2.3x / 2.6x
-       slower; kept, that was not seen again (q8_0 batch 1 varied run to run either way) */
+    /* every pool and its caches stay until the end, and the copy kernel's buffers too. (This
+       was against f16 batch 8 rows measured 2.3x / 2.6x slower in runs that freed them; the
+       later H200 runs put such slow rows, freed or kept, down to the SM clock: see time_gpu) */
     static kvc_vk_pool *kept_pool[256];
     static kvc_cache *kept_cache[256][8];
     static int32_t kept_n[256];
@@ -208,6 +238,7 @@ int main(int argc, char **argv) {
     kvc_pool_config pc;
     kvc_vk_pool *copy_pool;
     double copy_us, copy_gbs;
+    g_wall0 = now_s();
     for (ai = 1; ai < argc; ++ai) {
         if (!strcmp(argv[ai], "--cells") && ai + 1 < argc) n_cells = parse_list(argv[++ai], cells_list, 8);
         else if (!strcmp(argv[ai], "--batch") && ai + 1 < argc) n_batch = parse_list(argv[++ai], batch_list, 8);
@@ -265,14 +296,14 @@ int main(int argc, char **argv) {
         CHECK(kvc_vk_buffer_create(ctx, bytes, 0, &copy_a));
         CHECK(kvc_vk_buffer_create(ctx, bytes, 0, &copy_b));
         cj.pool = copy_pool; cj.a = copy_a.buffer; cj.b = copy_b.buffer; cj.bytes = bytes;
-        copy_us = time_gpu(record_copy, &cj, 20);
+        copy_us = time_gpu(record_copy, &cj, 20, NULL);
         copy_gbs = 2.0 * (double)bytes / (copy_us * 1e-6) / 1e9;
         printf("copy kernel: %.0f MiB -> %.0f MiB in %.1f us = %.0f GB/s read + write\n", (double)bytes / 1048576.0, (double)bytes / 1048576.0, copy_us, copy_gbs);
     }
     CHECK(kvc_vk_pool_destroy(copy_pool));
 
-    printf("\n| storage | batch | cells | time (us) | K+V read | GB/s | vs copy kernel | max err vs f64 |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+    printf("\n| storage | batch | cells | time (us) | K+V read | GB/s | vs copy kernel | max err vs f64 | slowest / fastest run |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
     for (ti = 0; ti < n_types; ++ti)
         for (bi = 0; bi < n_batch; ++bi)
             for (ci = 0; ci < n_cells; ++ci) {
@@ -284,7 +315,7 @@ int main(int argc, char **argv) {
                 kvc_vk_attention_item items[8];
                 kvc_pool_stats st;
                 attn_job aj;
-                double us, bytes, err;
+                double us, bytes, err, spread = 1;
                 VkCommandBuffer cmd;
                 if (batch > 8) batch = 8;
                 kvc_pool_config_init(&pc);
@@ -322,13 +353,13 @@ int main(int argc, char **argv) {
                     items[s].desc.out.offset = (VkDeviceSize)s * HQ * HD * 4;
                 }
                 aj.pool = vp; aj.items = items; aj.n = batch;
-                us = time_gpu(record_attn, &aj, reps);
+                us = time_gpu(record_attn, &aj, reps, &spread);
                 if (getenv("BENCH_VK_STATS") && ci == 0 && bi == 0) print_stats(vp);
                 err = check_one(types[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
                 kvc_pool_stats_get(hp, &st);
                 bytes = (double)batch * cells * (double)(st.k_row_bytes + st.v_row_bytes);
-                printf("| %s | %d | %d | %.1f | %.1f MB | %.0f | %.0f %% | %.1e |\n", kvc_type_name(types[ti]), batch, cells,
-                       us, bytes / 1e6, bytes / (us * 1e-6) / 1e9, 100.0 * (bytes / (us * 1e-6) / 1e9) / copy_gbs, err);
+                printf("| %s | %d | %d | %.1f | %.1f MB | %.0f | %.0f %% | %.1e | %.2f |\n", kvc_type_name(types[ti]), batch, cells,
+                       us, bytes / 1e6, bytes / (us * 1e-6) / 1e9, 100.0 * (bytes / (us * 1e-6) / 1e9) / copy_gbs, err, spread);
                 fflush(stdout);
                 if (n_kept < 256) {
                     kept_pool[n_kept] = vp;
