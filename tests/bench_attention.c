@@ -328,6 +328,7 @@ static void bench_append_and_rope(void) {
 int main(int argc, char **argv) {
     int i, quick = 0;
     double bw1, bw2, fma;
+    const char *kernels;
     uint32_t f = 0;
     for (i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) g_reps = atoi(argv[++i]);
@@ -340,9 +341,10 @@ int main(int argc, char **argv) {
     bw1 = read_bandwidth(1);
     bw2 = read_bandwidth(2);
     fma = f & KVC_CPU_AVX512 ? fma512_rate() : 0;
+    kernels = f & KVC_CPU_AVX512_VNNI ? "avx512-vnni" : f & KVC_CPU_AVX512 ? "avx512" : f & KVC_CPU_AVX2 ? "avx2"
+              : f & KVC_CPU_SSE2 ? "sse2" : f & KVC_CPU_NEON_DOTPROD ? "neon-dotprod" : f & KVC_CPU_NEON ? "neon" : "scalar";
     printf("cpu features %#x (kernels: %s); read bandwidth over 1 GiB: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", f,
-           f & KVC_CPU_AVX512_VNNI ? "avx512-vnni" : f & KVC_CPU_AVX512 ? "avx512" : f & KVC_CPU_AVX2 ? "avx2" : f & KVC_CPU_NEON ? "neon" : "scalar", bw1 / 1e9,
-           bw2 / 1e9);
+           kernels, bw1 / 1e9, bw2 / 1e9);
     if (fma > 0)
         printf("512-bit FMAs: %.2f G/s on one thread; decode in float needs 512 per cell (32 heads, head dim 128):\n"
                "'vs FMA' is that floor's time over the measured time (%.2f ms at 16k cells on 1 thread)\n",
