@@ -19,6 +19,8 @@
      KVCACHE_NO_HUGE_PAGES      on Linux, do not ask for transparent huge pages under
                                 a pool's slab from malloc (madvise; the default asks).
      KVCACHE_THREADS            also compile the small pthread helper (kvc_threads_*).
+     KVCACHE_THREADS_SPIN       how many times (default 20000) its idle threads poll
+                                for the next job before they sleep (0: sleep at once).
 
    THE MODEL IN ONE PARAGRAPH
      A kvc_pool owns every K/V byte, cut into pages of `page_cells` token slots
@@ -360,7 +362,9 @@ KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_
 
 /* Optional, for demos and benchmarks: #define KVCACHE_THREADS where the implementation
    is compiled (link with -lpthread) for a small pthread pool that serves as the
-   parallel_for hook. n_threads counts the calling thread, which works too. */
+   parallel_for hook. n_threads counts the calling thread, which works too. A thread
+   that runs out of work polls briefly before it sleeps (KVCACHE_THREADS_SPIN), so
+   back-to-back calls do not wait for the kernel to wake it. */
 #ifdef KVCACHE_THREADS
 typedef struct kvc_threads kvc_threads;
 KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
@@ -5481,6 +5485,31 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
 #ifdef KVCACHE_THREADS
 #include <pthread.h>
 
+/* Before sleeping on a condition variable, a worker waiting for a job and the caller
+   waiting for the workers poll for KVCACHE_THREADS_SPIN rounds: waking a sleeping thread
+   took about 30 us here, which left f16 decode over 4k cells on two threads 6 % slower
+   (0.603-0.613 against 0.571-0.576 ms). The polled fields are written with atomic stores (under the
+   lock as well); without GCC/clang atomics nobody polls. */
+#ifndef KVCACHE_THREADS_SPIN
+#define KVCACHE_THREADS_SPIN 20000
+#endif
+#if KVCACHE_THREADS_SPIN > 0 && (defined(__GNUC__) || defined(__clang__)) && !defined(__TINYC__)
+#define KVC__SPIN KVCACHE_THREADS_SPIN
+#define KVC__POLL(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define KVC__PUBLISH(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
+#else
+#define KVC__SPIN 0
+#define KVC__POLL(x) (x)
+#define KVC__PUBLISH(x, v) ((x) = (v))
+#endif
+static void kvc__cpu_relax(void) {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_ia32_pause();
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 struct kvc_threads {
     pthread_mutex_t lock;
     pthread_cond_t wake, done;
@@ -5515,6 +5544,9 @@ static void *kvc__thread_main(void *arg) {
     uint32_t seen = 0;
     KVCACHE_FREE(arg, NULL);
     for (;;) {
+        long spin;
+        for (spin = 0; spin < KVC__SPIN && KVC__POLL(t->generation) == seen && !KVC__POLL(t->stop); ++spin)
+            kvc__cpu_relax();
         pthread_mutex_lock(&t->lock);
         while (!t->stop && t->generation == seen) pthread_cond_wait(&t->wake, &t->lock);
         if (t->stop) { pthread_mutex_unlock(&t->lock); return NULL; }
@@ -5522,7 +5554,8 @@ static void *kvc__thread_main(void *arg) {
         pthread_mutex_unlock(&t->lock);
         kvc__threads_drain(t, worker);
         pthread_mutex_lock(&t->lock);
-        if (--t->busy == 0) pthread_cond_signal(&t->done);
+        KVC__PUBLISH(t->busy, t->busy - 1);
+        if (t->busy == 0) pthread_cond_signal(&t->done);
         pthread_mutex_unlock(&t->lock);
     }
 }
@@ -5534,11 +5567,15 @@ KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn
     t->ctx = ctx;
     t->n_tasks = n_tasks;
     t->next_task = 0;
-    t->busy = t->started;
-    t->generation++;
+    KVC__PUBLISH(t->busy, t->started);
+    KVC__PUBLISH(t->generation, t->generation + 1);
     pthread_cond_broadcast(&t->wake);
     pthread_mutex_unlock(&t->lock);
     kvc__threads_drain(t, 0); /* the caller is worker 0 */
+    {
+        long spin;
+        for (spin = 0; spin < KVC__SPIN && KVC__POLL(t->busy) > 0; ++spin) kvc__cpu_relax();
+    }
     pthread_mutex_lock(&t->lock);
     while (t->busy > 0) pthread_cond_wait(&t->done, &t->lock);
     pthread_mutex_unlock(&t->lock);
@@ -5548,7 +5585,7 @@ KVCDEF kvc_result kvc_threads_destroy(kvc_threads *t) {
     int32_t i;
     if (t == NULL) return KVC_ERR_NULL;
     pthread_mutex_lock(&t->lock);
-    t->stop = 1;
+    KVC__PUBLISH(t->stop, 1);
     pthread_cond_broadcast(&t->wake);
     pthread_mutex_unlock(&t->lock);
     for (i = 0; i < t->started; ++i) pthread_join(t->threads[i], NULL);
