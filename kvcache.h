@@ -4882,20 +4882,24 @@ KVC__FUSED_NEON(KVC_TYPE_F16, f16)
 KVC__FUSED_NEON(KVC_TYPE_BF16, bf16)
 KVC__FUSED_NEON(KVC_TYPE_Q8_0, q8_0)
 KVC__FUSED_NEON(KVC_TYPE_Q4_0, q4_0)
+/* a key block's 32 codes as signed bytes (q4_0: nibbles minus 8), values 0-15 and 16-31 */
+KVC__NEON_INLINE void kvc__kblock_neon(kvc_type t, const unsigned char *kb, int8x16_t *k0, int8x16_t *k1) {
+    if (t == KVC_TYPE_Q8_0) {
+        const int8_t *c = ((const kvc__block_q8_0 *)(const void *)kb)->q;
+        *k0 = vld1q_s8(c);
+        *k1 = vld1q_s8(c + 16);
+    } else {
+        uint8x16_t x = vld1q_u8(((const kvc__block_q4_0 *)(const void *)kb)->q);
+        *k0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(15))), vdupq_n_s8(8));
+        *k1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(x, 4)), vdupq_n_s8(8));
+    }
+}
 /* a block's integer dot product: 8-bit products widened to 16 bits (two per lane stay
    below 2^15), then pairwise into 32 bits */
 static int32_t kvc__idot_neon(kvc_type t, const int8_t *q, const unsigned char *kb) {
     int8x16_t q0 = vld1q_s8(q), q1 = vld1q_s8(q + 16), k0, k1;
     int16x8_t a, b;
-    if (t == KVC_TYPE_Q8_0) {
-        const int8_t *c = ((const kvc__block_q8_0 *)(const void *)kb)->q;
-        k0 = vld1q_s8(c);
-        k1 = vld1q_s8(c + 16);
-    } else {
-        uint8x16_t x = vld1q_u8(((const kvc__block_q4_0 *)(const void *)kb)->q);
-        k0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(15))), vdupq_n_s8(8));
-        k1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(x, 4)), vdupq_n_s8(8));
-    }
+    kvc__kblock_neon(t, kb, &k0, &k1);
     a = vmlal_s8(vmull_s8(vget_low_s8(q0), vget_low_s8(k0)), vget_high_s8(q0), vget_high_s8(k0));
     b = vmlal_s8(vmull_s8(vget_low_s8(q1), vget_low_s8(k1)), vget_high_s8(q1), vget_high_s8(k1));
     return vaddvq_s32(vpadalq_s16(vpaddlq_s16(a), b));
@@ -4921,15 +4925,7 @@ static void kvc__scores_i8_neon_q4_0(const void *const *q, int32_t nr, const uns
 #endif
 KVC__DOTPROD static int32_t kvc__idot_neon_dot(kvc_type t, const int8_t *q, const unsigned char *kb) {
     int8x16_t k0, k1;
-    if (t == KVC_TYPE_Q8_0) {
-        const int8_t *c = ((const kvc__block_q8_0 *)(const void *)kb)->q;
-        k0 = vld1q_s8(c);
-        k1 = vld1q_s8(c + 16);
-    } else {
-        uint8x16_t x = vld1q_u8(((const kvc__block_q4_0 *)(const void *)kb)->q);
-        k0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(15))), vdupq_n_s8(8));
-        k1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(x, 4)), vdupq_n_s8(8));
-    }
+    kvc__kblock_neon(t, kb, &k0, &k1);
     return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), vld1q_s8(q), k0), vld1q_s8(q + 16), k1));
 }
 static void kvc__scores_i8_neon_dot_q8_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
