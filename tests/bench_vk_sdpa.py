@@ -5,6 +5,10 @@ batch 1 and 8, 4k / 32k / 128k cells. CUDA-event times around 50 back-to-back ca
 median of 5 runs, after at least 1 s of the same calls (an H200 lowers its SM clock after
 about 2 s idle and needs 0.2-0.5 s of load to raise it again; 5 warm-up calls left the
 first row up to 1.6x slow); GB/s counts the f16 K+V bytes, as bench_vk does.
+
+Two columns: the 50 calls launched from Python ("eager": small shapes then wait for the
+host's launches), and the same 50 calls captured once in a CUDA graph and replayed
+("graph": the GPU's own time, as bench_vk's timestamps around one command buffer are).
 """
 import statistics
 import sys
@@ -12,6 +16,42 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+
+def timed(run, reps):
+    """median microseconds per call of run() (which makes `reps` calls), after 1 s of it"""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 1.0:
+        run()
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / reps)
+    return statistics.median(times)
+
+
+def graph_of(call, reps):
+    """`reps` calls captured in a CUDA graph, or None where capture fails"""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                call()
+        return g
+    except RuntimeError as e:
+        print(f"bench_vk_sdpa: no CUDA graph ({e})")
+        return None
 
 
 def main():
@@ -22,33 +62,29 @@ def main():
     batches = [1, 8]
     reps = 50
     print(f"bench_vk_sdpa: torch {torch.__version__}, {torch.cuda.get_device_name()}, {reps} calls per timing, medians of 5")
-    print("\n| SDPA f16 | batch | cells | time (us) | K+V read | GB/s |")
-    print("|---|---|---|---|---|---|")
+    print("\n| SDPA f16 | batch | cells | eager (us) | graph (us) | K+V read | GB/s (graph) |")
+    print("|---|---|---|---|---|---|---|")
     torch.manual_seed(0)
     for b in batches:
         for n in cells:
             q = torch.randn(b, 32, 1, 128, dtype=torch.float16, device="cuda")
             k = torch.randn(b, 8, n, 128, dtype=torch.float16, device="cuda")
             v = torch.randn(b, 8, n, 128, dtype=torch.float16, device="cuda")
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < 1.0:
+
+            def call():
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+            def eager():
                 for _ in range(reps):
-                    F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                torch.cuda.synchronize()
-            times = []
-            for _ in range(5):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(reps):
-                    F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) * 1000.0 / reps)
-            us = statistics.median(times)
+                    call()
+
+            us = timed(eager, reps)
+            g = graph_of(call, reps)
+            gus = timed(g.replay, reps) if g is not None else float("nan")
             nbytes = b * n * 8 * 128 * 2 * 2
-            print(f"| sdpa | {b} | {n} | {us:.1f} | {nbytes / 1e6:.1f} MB | {nbytes / (us * 1e-6) / 1e9:.0f} |")
+            print(f"| sdpa | {b} | {n} | {us:.1f} | {gus:.1f} | {nbytes / 1e6:.1f} MB | {nbytes / (gus * 1e-6) / 1e9:.0f} |")
             sys.stdout.flush()
-            del q, k, v
+            del q, k, v, g
             torch.cuda.empty_cache()
 
 
