@@ -3683,14 +3683,18 @@ static void kvc__scores_i8_rows(kvc_type t, kvc__idot_fn idot, const void *const
             s[r][c] = acc;
         }
 }
-static void kvc__scores_i8_scalar_q8_0(const void *const *q, int32_t nr, const unsigned char *k,
-                                       size_t k_row, int32_t d, int32_t n, float *const *s) {
-    kvc__scores_i8_rows(KVC_TYPE_Q8_0, kvc__idot_scalar, q, nr, k, k_row, d, n, s);
-}
-static void kvc__scores_i8_scalar_q4_0(const void *const *q, int32_t nr, const unsigned char *k,
-                                       size_t k_row, int32_t d, int32_t n, float *const *s) {
-    kvc__scores_i8_rows(KVC_TYPE_Q4_0, kvc__idot_scalar, q, nr, k, k_row, d, n, s);
-}
+/* a path's scores_i8 kernels for both block types through kvc__scores_i8_rows and its idot */
+#define KVC__SCORES_I8_ROWS(ATTR, name, idot)                                                                     \
+    ATTR static void kvc__scores_i8_##name##_q8_0(const void *const *q, int32_t nr, const unsigned char *k,       \
+                                                  size_t k_row, int32_t d, int32_t n, float *const *s) {          \
+        kvc__scores_i8_rows(KVC_TYPE_Q8_0, idot, q, nr, k, k_row, d, n, s);                                       \
+    }                                                                                                             \
+    ATTR static void kvc__scores_i8_##name##_q4_0(const void *const *q, int32_t nr, const unsigned char *k,       \
+                                                  size_t k_row, int32_t d, int32_t n, float *const *s) {          \
+        kvc__scores_i8_rows(KVC_TYPE_Q4_0, idot, q, nr, k, k_row, d, n, s);                                       \
+    }
+#define KVC__NO_ATTR
+KVC__SCORES_I8_ROWS(KVC__NO_ATTR, scalar, kvc__idot_scalar)
 
 static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc__masked_max_scalar,
                                                  kvc__exp_sum_scalar, kvc__axpy_scalar,
@@ -3825,14 +3829,7 @@ KVC__SSE2 static int32_t kvc__idot_sse2(kvc_type t, const int8_t *q, const unsig
     _mm_storeu_si128((__m128i *)(void *)r, acc);
     return r[0] + r[1] + r[2] + r[3];
 }
-KVC__SSE2 static void kvc__scores_i8_sse2_q8_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
-                                               int32_t d, int32_t n, float *const *s) {
-    kvc__scores_i8_rows(KVC_TYPE_Q8_0, kvc__idot_sse2, q, nr, k, k_row, d, n, s);
-}
-KVC__SSE2 static void kvc__scores_i8_sse2_q4_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
-                                               int32_t d, int32_t n, float *const *s) {
-    kvc__scores_i8_rows(KVC_TYPE_Q4_0, kvc__idot_sse2, q, nr, k, k_row, d, n, s);
-}
+KVC__SCORES_I8_ROWS(KVC__SSE2, sse2, kvc__idot_sse2)
 static const kvc__kernels kvc__kernels_sse2 = {"sse2", kvc__dot_sse2, kvc__masked_max_scalar, kvc__exp_sum_sse2,
                                                kvc__axpy_sse2, kvc__scale_sse2, 4, {NULL, NULL, NULL, NULL, NULL},
                                                {NULL, NULL, NULL, NULL, NULL},
@@ -4904,14 +4901,7 @@ static int32_t kvc__idot_neon(kvc_type t, const int8_t *q, const unsigned char *
     b = vmlal_s8(vmull_s8(vget_low_s8(q1), vget_low_s8(k1)), vget_high_s8(q1), vget_high_s8(k1));
     return vaddvq_s32(vpadalq_s16(vpaddlq_s16(a), b));
 }
-static void kvc__scores_i8_neon_q8_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
-                                     int32_t d, int32_t n, float *const *s) {
-    kvc__scores_i8_rows(KVC_TYPE_Q8_0, kvc__idot_neon, q, nr, k, k_row, d, n, s);
-}
-static void kvc__scores_i8_neon_q4_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
-                                     int32_t d, int32_t n, float *const *s) {
-    kvc__scores_i8_rows(KVC_TYPE_Q4_0, kvc__idot_neon, q, nr, k, k_row, d, n, s);
-}
+KVC__SCORES_I8_ROWS(KVC__NO_ATTR, neon, kvc__idot_neon)
 
 /* The same integer dot product with the dot-product extension (ARMv8.2 SDOT, optional
    before ARMv8.4): four 8-bit products summed into each 32-bit lane, exact as well.
@@ -4928,14 +4918,7 @@ KVC__DOTPROD static int32_t kvc__idot_neon_dot(kvc_type t, const int8_t *q, cons
     kvc__kblock_neon(t, kb, &k0, &k1);
     return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), vld1q_s8(q), k0), vld1q_s8(q + 16), k1));
 }
-static void kvc__scores_i8_neon_dot_q8_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
-                                         int32_t d, int32_t n, float *const *s) {
-    kvc__scores_i8_rows(KVC_TYPE_Q8_0, kvc__idot_neon_dot, q, nr, k, k_row, d, n, s);
-}
-static void kvc__scores_i8_neon_dot_q4_0(const void *const *q, int32_t nr, const unsigned char *k, size_t k_row,
-                                         int32_t d, int32_t n, float *const *s) {
-    kvc__scores_i8_rows(KVC_TYPE_Q4_0, kvc__idot_neon_dot, q, nr, k, k_row, d, n, s);
-}
+KVC__SCORES_I8_ROWS(KVC__NO_ATTR, neon_dot, kvc__idot_neon_dot)
 #endif /* KVC__NEON_DOT */
 
 #define KVC__KERNELS_NEON(name, i8_q8_0, i8_q4_0)                                                                      \
