@@ -6,7 +6,9 @@
 //   scores   invocation i takes cell i of the block: its key row against the G queries
 //            (queries in shared memory), masks from the cell metadata;
 //   softmax  one maximum per head per block (subgroup or shared-memory reductions), the
-//            block's weights into shared memory, running max and sum kept by everyone;
+//            block's weights into shared memory, running maxima kept by everyone; each
+//            invocation sums its own cells' weights, and those sums are added once, at
+//            the end of the split;
 //   values   invocation i takes EVT output values of one head and sums the block's
 //            V rows weighted.
 // Written out as (max, sum, unnormalised output) per query head for attn_merge.comp.
@@ -222,7 +224,7 @@ void main() {
             pw[g * WG + tid] = p[g];
             m[g] = mn;
         }
-        reduce(p, 1u); // also the barrier that publishes pw and gids
+        barrier(); // publishes pw and gids
         [[unroll]] for (uint g = 0u; g < G; ++g) l[g] = l[g] * alpha[g] + p[g];
         // the weighted V rows
         if (VQ != 0u) {
@@ -283,6 +285,7 @@ void main() {
         barrier(); // pw and gids are rewritten by the next block
     }
 
+    reduce(l, 1u); // each invocation's share of the sums
     uint stride = HDV + 2u;
     if (VQ != 0u) {
         // add the cell groups' sums, one head at a time

@@ -12,10 +12,11 @@
 //            into (-1, 1)) and columns G..2G-1 the remainders times 2^12: f16 x f16
 //            products are exact and summed in f32, hi + lo * 2^-12 carries each query to
 //            about 2^-23 of the largest;
-//   softmax  one invocation per (head, cell): mask, running max per head (clustered
-//            subgroup max over the 16 cells), weights p = exp2(s - m); when a maximum
-//            grows, O^T is rescaled element-wise by a matrix of the same type whose
-//            columns hold each column's factor;
+//   softmax  one invocation per (head, cell): mask, running max per head, weights
+//            p = exp2(s - m). A tile with no score above its head's maximum (one vote)
+//            takes the short way; otherwise the tile's maxima (clustered subgroup max
+//            over the 16 cells), and where a maximum grows O^T is rescaled element-wise
+//            by a matrix of the same type whose columns hold each column's factor;
 //   values   O^T (HDV x NQ) += V^T (HDV x 16) x P^T, P split into hi / lo columns the
 //            same way (p in [0, 1]: to about 2^-24 absolute).
 // Written out as attn_split.comp does: (max, sum, unnormalised output) per query head.
@@ -72,7 +73,7 @@ const float NEG_INF = -1.0 / 0.0;
 const uint NT = (G + 1u) / 2u;                    // heads per invocation in the softmax
 
 shared uvec4 kv[KV_WORDS > O_WORDS ? KV_WORDS : O_WORDS];
-shared float ss[2u * TC * NQ];                    // S^T in two parts, row-major (cell, column)
+shared float ss[TC * NQ];                         // S^T, row-major (cell, column)
 shared float am[16u * NQ];                        // rescale factors: column n holds column n's
 shared float16_t ps[TC * NQ];                     // P^T, row-major (cell, column)
 
@@ -183,42 +184,60 @@ void main() {
                 s1 = coopMatMulAddNV(kt, qf[k + 1u], s1);
             }
         }
-        coopMatStoreNV(s0, ss, 0u, NQ, false); // (a matrix sum would crash spirv-opt 2022.4)
-        coopMatStoreNV(s1, ss, TC * NQ, NQ, false);
+        for (int i = 0; i < s0.length(); ++i) s0[i] += s1[i]; // (same layout: element-wise)
+        coopMatStoreNV(s0, ss, 0u, NQ, false);
         sync_shared();
 
         // softmax: this invocation takes cell lc for heads hb, hb + 2, ...
-        bool grew = false;
+        float x[NT];
+        bool above = false;
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
-            uint g = hb + 2u * t;
-            bool live = vis && g < G;
-            float x = NEG_INF;
-            if (live) {
-                uint a = lc * NQ + g, b = a + TC * NQ;
-                x = ((ss[a] + ss[b]) + (ss[a + G] + ss[b + G]) * INV_LO) * escale;
-            }
-            float mb = subgroupClusteredMax(x, 16u);
-            float mn = max(m[t], mb);
-            float alpha = mn == NEG_INF ? 1.0 : exp2(m[t] - mn);
-            float p = live ? exp2(x - mn) : 0.0;
-            l[t] = l[t] * alpha + p;
-            m[t] = mn;
-            grew = grew || alpha != 1.0;
-            if (g < G) {
-                vec2 h = split(p);
-                ps[lc * NQ + g] = float16_t(h.x);
-                ps[lc * NQ + G + g] = float16_t(h.y);
-                am[lc * NQ + g] = alpha;
-                am[lc * NQ + G + g] = alpha;
-            }
+            uint g = hb + 2u * t, a = lc * NQ + g;
+            x[t] = vis && g < G ? (ss[a] + ss[a + G] * INV_LO) * escale : NEG_INF;
+            above = above || x[t] > m[t];
         }
-        grew = subgroupAny(grew);
-        sync_shared();
-        if (grew) {
-            MATC a;
-            coopMatLoadNV(a, am, 0u, NQ, false);
-            [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
-                for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
+        if (!subgroupAny(above)) {
+            // no score above its head's running maximum (after the first tiles, most tiles):
+            // the maxima stay, nothing to rescale; what the general path below computes
+            // then (alpha = 1), without its cross-lane maximum and the rescale's round trip
+            [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                uint g = hb + 2u * t;
+                float p = x[t] == NEG_INF ? 0.0 : exp2(x[t] - m[t]);
+                l[t] += p;
+                if (g < G) {
+                    vec2 h = split(p);
+                    ps[lc * NQ + g] = float16_t(h.x);
+                    ps[lc * NQ + G + g] = float16_t(h.y);
+                }
+            }
+            sync_shared();
+        } else {
+            bool grew = false;
+            [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                uint g = hb + 2u * t;
+                float mb = subgroupClusteredMax(x[t], 16u);
+                float mn = max(m[t], mb);
+                float alpha = mn == NEG_INF ? 1.0 : exp2(m[t] - mn);
+                float p = x[t] == NEG_INF ? 0.0 : exp2(x[t] - mn);
+                l[t] = l[t] * alpha + p;
+                m[t] = mn;
+                grew = grew || alpha != 1.0;
+                if (g < G) {
+                    vec2 h = split(p);
+                    ps[lc * NQ + g] = float16_t(h.x);
+                    ps[lc * NQ + G + g] = float16_t(h.y);
+                    am[lc * NQ + g] = alpha;
+                    am[lc * NQ + G + g] = alpha;
+                }
+            }
+            grew = subgroupAny(grew);
+            sync_shared();
+            if (grew) {
+                MATC a;
+                coopMatLoadNV(a, am, 0u, NQ, false);
+                [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
+                    for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
+            }
         }
 
         // values
