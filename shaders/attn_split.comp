@@ -230,13 +230,15 @@ void main() {
         if (VQ != 0u) {
             [[unroll]] for (uint g = 0u; g < G; ++g) [[unroll]] for (uint k = 0u; k < 8u; ++k) oq[g][k] *= alpha[g];
             uint n = min(WG, c1 - base), boff = kvh * hbv + 34u * (sl >> 2), coff = boff + 2u + 8u * (sl & 3u);
-            // two cells loaded before either is used; a cell whose weights are all zero
-            // (masked or past the end) adds nothing, whatever its row holds
-            for (uint c = cg; c < n; c += 2u * NCG) {
-                uint wd[2][3], hw[2];
-                bool odd[2];
-                float w[2][G];
-                [[unroll]] for (uint j = 0u; j < 2u; ++j) {
+            // VJ cells loaded before any is used (4 was 5-6 % faster than 2 on the H200, 8
+            // no better); a cell whose weights are all zero (masked or past the end) adds
+            // nothing, whatever its row holds
+            const uint VJ = 4u;
+            for (uint c = cg; c < n; c += VJ * NCG) {
+                uint wd[VJ][3], hw[VJ];
+                bool odd[VJ];
+                float w[VJ][G];
+                [[unroll]] for (uint j = 0u; j < VJ; ++j) {
                     uint cc = min(c + j * NCG, n - 1u), row = gids[cc] * pc.v_row_bytes;
                     uint h = row + boff, s0 = (row + coff) >> 2;
                     // the 8 codes start 0 or 2 bytes into a word: two or three words
@@ -245,7 +247,7 @@ void main() {
                     wd[j][0] = vw[s0]; wd[j][1] = vw[s0 + 1u]; wd[j][2] = odd[j] ? vw[s0 + 2u] : 0u;
                     [[unroll]] for (uint g = 0u; g < G; ++g) w[j][g] = c + j * NCG < n ? pw[g * WG + cc] : 0.0;
                 }
-                [[unroll]] for (uint j = 0u; j < 2u; ++j) {
+                [[unroll]] for (uint j = 0u; j < VJ; ++j) {
                     bool any = false;
                     [[unroll]] for (uint g = 0u; g < G; ++g) any = any || w[j][g] != 0.0;
                     if (!any) continue;
