@@ -38,6 +38,7 @@ layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
 // a 16-byte vector at run time
 layout(set = 0, binding = 5) readonly buffer KW { uint kw[]; };
 layout(set = 0, binding = 6) readonly buffer VW { uint vw[]; };
+layout(set = 0, binding = 7) readonly buffer KD { uvec2 kd[]; }; // and K as 8-byte pieces
 
 layout(push_constant) uniform PC {
     uint job_off;     // word offset of the job table in meta
@@ -104,6 +105,11 @@ SEG_LOADER(load_k, 0u, TYPE_K, SEGK, kb)
 SEG_LOADER(load_v, 1u, TYPE_V, EVT, vb)
 
 const uint NRED = WG; // partial results per head (subgroups, or invocations)
+// q8_0 keys of head dim 64 or 128 (rows of 68 or 136 bytes, starting on a word): the words
+// of a head row, loaded whole for the scores
+const bool KROW = TYPE_K == T_Q8_0 && (HDK == 64u || HDK == 128u);
+const uint KRW = 34u * HDK / 128u; // (the words of a row when KROW)
+const uint HBK = 34u * (HDK / 32u);
 // q8_0 values: invocation (cell group cg, slice sl) sums 8 values of every head of the
 // group over every NCG-th cell of a block: one scale and two or three words a cell for
 // 8 G products, instead of three loads for every 4 products of one head. The cell groups'
@@ -202,7 +208,32 @@ void main() {
         bool vis = vi < c1 && cell_visible(J, vi, PAGE_CELLS, gid);
         float s[G];
         [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = 0.0;
-        if (vis) {
+        if (vis && KROW) {
+            // q8_0 keys, head dims 64 or 128: the head row's KRW words loaded whole (8 bytes
+            // at a time where rows are 8-byte aligned), then decoded with constant shifts,
+            // as load_k decodes them; load_k reads each 8-value segment's scale and words
+            uint kbase = gid * pc.k_row_bytes + kvh * hbk, wr[KRW + 1u];
+            if (HBK % 8u == 0u)
+                [[unroll]] for (uint j = 0u; j < KRW / 2u; ++j) {
+                    uvec2 x = kd[(kbase >> 3) + j];
+                    wr[2u * j] = x.x; wr[2u * j + 1u] = x.y;
+                }
+            else
+                [[unroll]] for (uint j = 0u; j < KRW; ++j) wr[j] = kw[(kbase >> 2) + j];
+            [[unroll]] for (uint b = 0u; b < HDK / 32u; ++b) {
+                uint o = 34u * b; // the block's byte in the row; a row starts on a word
+                float d = unpackHalf2x16(wr[o >> 2] >> ((o & 2u) << 3)).x;
+                [[unroll]] for (uint e = 0u; e < 32u; e += SEGK) {
+                    float kv[SEGK];
+                    [[unroll]] for (uint k = 0u; k < SEGK; ++k) {
+                        uint q = o + 2u + e + k;
+                        kv[k] = float(int(wr[q >> 2] << (24u - 8u * (q & 3u))) >> 24) * d;
+                    }
+                    [[unroll]] for (uint g = 0u; g < G; ++g)
+                        [[unroll]] for (uint k = 0u; k < SEGK; ++k) s[g] += qs[g * HDK + 32u * b + e + k] * kv[k];
+                }
+            }
+        } else if (vis) {
             uint kbase = gid * pc.k_row_bytes + kvh * hbk;
             [[unroll]] for (uint e = 0u; e < HDK; e += SEGK) {
                 float kv[SEGK];
