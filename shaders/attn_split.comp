@@ -105,11 +105,11 @@ SEG_LOADER(load_k, 0u, TYPE_K, SEGK, kb)
 SEG_LOADER(load_v, 1u, TYPE_V, EVT, vb)
 
 const uint NRED = WG; // partial results per head (subgroups, or invocations)
-// q8_0 keys of head dim 64 or 128 (rows of 68 or 136 bytes, starting on a word): the words
-// of a head row, loaded whole for the scores
-const bool KROW = TYPE_K == T_Q8_0 && (HDK == 64u || HDK == 128u);
-const uint KRW = 34u * HDK / 128u; // (the words of a row when KROW)
-const uint HBK = 34u * (HDK / 32u);
+// q8_0 / q4_0 keys of head dim 64 or 128 (rows of 68 / 136 or 36 / 72 bytes, starting on
+// a word): the words of a head row, loaded whole for the scores
+const bool KROW = (TYPE_K == T_Q8_0 || TYPE_K == T_Q4_0) && (HDK == 64u || HDK == 128u);
+const uint KBB = TYPE_K == T_Q8_0 ? 34u : 18u;  // bytes of a block
+const uint HBK = KBB * (HDK / 32u), KRW = HBK / 4u;
 // q8_0 values: invocation (cell group cg, slice sl) sums 8 values of every head of the
 // group over every NCG-th cell of a block: one scale and two or three words a cell for
 // 8 G products, instead of three loads for every 4 products of one head. The cell groups'
@@ -209,10 +209,11 @@ void main() {
         float s[G];
         [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = 0.0;
         if (vis && KROW) {
-            // q8_0 keys, head dims 64 or 128: the head row's KRW words loaded whole (8 bytes
-            // at a time where rows are 8-byte aligned), then decoded with constant shifts,
-            // as load_k decodes them; load_k reads each 8-value segment's scale and words
-            uint kbase = gid * pc.k_row_bytes + kvh * hbk, wr[KRW + 1u];
+            // q8_0 / q4_0 keys, head dims 64 or 128: the head row's KRW words loaded whole
+            // (8 bytes at a time where rows are 8-byte aligned), then decoded with constant
+            // shifts, as load_k decodes them; load_k reads each 8-value segment's scale and
+            // words again (q4_0: each value's)
+            uint kbase = gid * pc.k_row_bytes + kvh * hbk, wr[34u * HDK / 128u + 1u];
             if (HBK % 8u == 0u)
                 [[unroll]] for (uint j = 0u; j < KRW / 2u; ++j) {
                     uvec2 x = kd[(kbase >> 3) + j];
@@ -221,13 +222,17 @@ void main() {
             else
                 [[unroll]] for (uint j = 0u; j < KRW; ++j) wr[j] = kw[(kbase >> 2) + j];
             [[unroll]] for (uint b = 0u; b < HDK / 32u; ++b) {
-                uint o = 34u * b; // the block's byte in the row; a row starts on a word
-                float d = unpackHalf2x16(wr[o >> 2] >> ((o & 2u) << 3)).x;
+                uint o = KBB * b, dh = (wr[o >> 2] >> ((o & 2u) << 3)) & 0xffffu; // a row starts on a word
+                float d = TYPE_K == T_Q8_0 ? unpackHalf2x16(dh).x : h2f(dh);
                 [[unroll]] for (uint e = 0u; e < 32u; e += SEGK) {
                     float kv[SEGK];
                     [[unroll]] for (uint k = 0u; k < SEGK; ++k) {
-                        uint q = o + 2u + e + k;
-                        kv[k] = float(int(wr[q >> 2] << (24u - 8u * (q & 3u))) >> 24) * d;
+                        uint i = e + k, q = o + 2u + (TYPE_K == T_Q8_0 ? i : i & 15u);
+                        if (TYPE_K == T_Q8_0) kv[k] = float(int(wr[q >> 2] << (24u - 8u * (q & 3u))) >> 24) * d;
+                        else {
+                            uint byte_v = (wr[q >> 2] >> (8u * (q & 3u))) & 0xffu;
+                            kv[k] = (float(int(i < 16u ? byte_v & 15u : byte_v >> 4)) - 8.0) * d;
+                        }
                     }
                     [[unroll]] for (uint g = 0u; g < G; ++g)
                         [[unroll]] for (uint k = 0u; k < SEGK; ++k) s[g] += qs[g * HDK + 32u * b + e + k] * kv[k];
