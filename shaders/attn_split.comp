@@ -110,11 +110,12 @@ const uint NRED = WG; // partial results per head (subgroups, or invocations)
 const bool KROW = (TYPE_K == T_Q8_0 || TYPE_K == T_Q4_0) && (HDK == 64u || HDK == 128u);
 const uint KBB = TYPE_K == T_Q8_0 ? 34u : 18u;  // bytes of a block
 const uint HBK = KBB * (HDK / 32u), KRW = HBK / 4u;
-// q8_0 values: invocation (cell group cg, slice sl) sums 8 values of every head of the
-// group over every NCG-th cell of a block: one scale and two or three words a cell for
-// 8 G products, instead of three loads for every 4 products of one head. The cell groups'
-// sums are added once, at the end of the split.
-// kvcache_vk.h sets VQ for q8_0 V rows when HDV % 32 == 0, G <= 8 and WG / (HDV / 8) >= 2.
+// q8_0 / q4_0 values: invocation (cell group cg, slice sl) sums 8 values of every head of
+// the group over every NCG-th cell of a block: one scale and two or three words a cell for
+// 8 G products, instead of three loads for every 4 products of one head (q4_0: two loads
+// for every value). The cell groups' sums are added once, at the end of the split.
+// kvcache_vk.h sets VQ for q8_0 and q4_0 V rows when HDV % 32 == 0, G <= 8 and
+// WG / (HDV / 8) >= 2.
 layout(constant_id = 10) const uint VQ = 0u;
 const uint NS = HDV / 8u;       // slices of 8 values
 const uint NCG = WG / NS;       // cell groups
@@ -265,7 +266,12 @@ void main() {
         // the weighted V rows
         if (VQ != 0u) {
             [[unroll]] for (uint g = 0u; g < G; ++g) [[unroll]] for (uint k = 0u; k < 8u; ++k) oq[g][k] *= alpha[g];
-            uint n = min(WG, c1 - base), boff = kvh * hbv + 34u * (sl >> 2), coff = boff + 2u + 8u * (sl & 3u);
+            // slice sl: values 8 (sl % 4) .. + 8 of block sl / 4; q8_0: 8 bytes of codes from
+            // that value on; q4_0: bytes 8 (sl % 2) .. + 8, low nibbles for values 0-15 of
+            // the block, high nibbles for 16-31
+            uint bbv = TYPE_V == T_Q8_0 ? 34u : 18u, boff = kvh * hbv + bbv * (sl >> 2);
+            uint n = min(WG, c1 - base), coff = boff + 2u + (TYPE_V == T_Q8_0 ? 8u * (sl & 3u) : 8u * (sl & 1u));
+            bool high = (sl & 2u) != 0u;
             // VJ cells loaded before any is used (4 was 5-6 % faster than 2 on the H200, 8
             // no better); a cell whose weights are all zero (masked or past the end) adds
             // nothing, whatever its row holds
@@ -287,13 +293,19 @@ void main() {
                     bool any = false;
                     [[unroll]] for (uint g = 0u; g < G; ++g) any = any || w[j][g] != 0.0;
                     if (!any) continue;
-                    float d = unpackHalf2x16(hw[j] & 0xffffu).x;
+                    float d = TYPE_V == T_Q8_0 ? unpackHalf2x16(hw[j] & 0xffffu).x : h2f(hw[j] & 0xffffu);
                     uint lo = odd[j] ? (wd[j][0] >> 16) | (wd[j][1] << 16) : wd[j][0];
                     uint hi = odd[j] ? (wd[j][1] >> 16) | (wd[j][2] << 16) : wd[j][1];
                     float x[8];
                     [[unroll]] for (uint k = 0u; k < 4u; ++k) {
-                        x[k] = float(int(lo << (24u - 8u * k)) >> 24);
-                        x[k + 4u] = float(int(hi << (24u - 8u * k)) >> 24);
+                        if (TYPE_V == T_Q8_0) {
+                            x[k] = float(int(lo << (24u - 8u * k)) >> 24);
+                            x[k + 4u] = float(int(hi << (24u - 8u * k)) >> 24);
+                        } else {
+                            uint sh = 8u * k + (high ? 4u : 0u);
+                            x[k] = float(int((lo >> sh) & 15u)) - 8.0;
+                            x[k + 4u] = float(int((hi >> sh) & 15u)) - 8.0;
+                        }
                     }
                     [[unroll]] for (uint g = 0u; g < G; ++g) {
                         float wg = w[j][g] * d;
