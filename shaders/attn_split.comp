@@ -4,7 +4,8 @@
 // heads, and one chunk of the job's cells, so each K/V row is read from memory once for
 // the group. The chunk is walked in blocks of WG cells:
 //   scores   invocation i takes cell i of the block: its key row against the G queries
-//            (queries in shared memory), masks from the cell metadata;
+//            (queries in shared memory), masks from the cell metadata; q8_0/q4_0 key
+//            rows of head dim 64 or 128 are loaded whole, then decoded (KROW);
 //   softmax  one maximum per head per block (subgroup or shared-memory reductions), the
 //            block's weights into shared memory, running maxima kept by everyone; each
 //            invocation sums its own cells' weights, and those sums are added once, at
@@ -109,7 +110,7 @@ const uint NRED = WG; // partial results per head (subgroups, or invocations)
 // a word): the words of a head row, loaded whole for the scores
 const bool KROW = (TYPE_K == T_Q8_0 || TYPE_K == T_Q4_0) && (HDK == 64u || HDK == 128u);
 const uint KBB = TYPE_K == T_Q8_0 ? 34u : 18u;  // bytes of a block
-const uint HBK = KBB * (HDK / 32u), KRW = HBK / 4u;
+const uint KROW_BYTES = KBB * (HDK / 32u), KROW_WORDS = KROW_BYTES / 4u;
 // q8_0 / q4_0 values: invocation (cell group cg, slice sl) sums 8 values of every head of
 // the group over every NCG-th cell of a block: one scale and two or three words a cell for
 // 8 G products, instead of three loads for every 4 products of one head (q4_0: two loads
@@ -210,18 +211,18 @@ void main() {
         float s[G];
         [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = 0.0;
         if (vis && KROW) {
-            // q8_0 / q4_0 keys, head dims 64 or 128: the head row's KRW words loaded whole
+            // q8_0 / q4_0 keys, head dims 64 or 128: the head row's KROW_WORDS loaded whole
             // (8 bytes at a time where rows are 8-byte aligned), then decoded with constant
             // shifts, as load_k decodes them; load_k reads each 8-value segment's scale and
             // words again (q4_0: each value's)
             uint kbase = gid * pc.k_row_bytes + kvh * hbk, wr[34u * HDK / 128u + 1u];
-            if (HBK % 8u == 0u)
-                [[unroll]] for (uint j = 0u; j < KRW / 2u; ++j) {
+            if (KROW_BYTES % 8u == 0u)
+                [[unroll]] for (uint j = 0u; j < KROW_WORDS / 2u; ++j) {
                     uvec2 x = kd[(kbase >> 3) + j];
                     wr[2u * j] = x.x; wr[2u * j + 1u] = x.y;
                 }
             else
-                [[unroll]] for (uint j = 0u; j < KRW; ++j) wr[j] = kw[(kbase >> 2) + j];
+                [[unroll]] for (uint j = 0u; j < KROW_WORDS; ++j) wr[j] = kw[(kbase >> 2) + j];
             [[unroll]] for (uint b = 0u; b < HDK / 32u; ++b) {
                 uint o = KBB * b, dh = (wr[o >> 2] >> ((o & 2u) << 3)) & 0xffffu; // a row starts on a word
                 float d = TYPE_K == T_Q8_0 ? unpackHalf2x16(dh).x : h2f(dh);
