@@ -25,14 +25,29 @@ float h2f(uint h) {
 }
 float bf2f(uint h) { return uintBitsToFloat(h << 16); }
 
+// a - b q for q near a / b, with one rounding at the end: b q = p + e exactly (Dekker's
+// product through Veltkamp's halves, so no fused multiply-add is needed: Vulkan gives
+// fma() only the precision of a multiply then an add, and on lavapipe an fma residual
+// chose the wrong neighbour below - one query code of a test_vk seed, 1795316161, whose
+// x / d fell on a tie), and a - p is exact (p is within a few ulp of a).
+// Halves of b or q past 2^115 would overflow: there the fma stands in.
+float residual(float a, float b, float q) {
+    precise float p = b * q, cb = 4097.0 * b, cq = 4097.0 * q;
+    if (isinf(cb) || isinf(cq)) return fma(-b, q, a);
+    precise float bh = cb - (cb - b), bl = b - bh, qh = cq - (cq - q), ql = q - qh;
+    precise float e = ((bh * qh - p) + bh * ql + bl * qh) + bl * ql;
+    precise float r = (a - p) - e;
+    return r;
+}
+
 // a / b rounded to nearest as the CPU's division (a >= 0, b > 0, finite): drivers may
 // divide through an approximate reciprocal (lavapipe does; GLSL allows 2.5 ulp), which
 // moves a quantisation scale or code now and then. Of a quotient and its two float
-// neighbours, the nearest to a / b leaves the smallest residual a - b q, computed with
-// one rounding in an fma; two such steps reach it from up to 2 ulp away.
+// neighbours, the nearest to a / b leaves the smallest residual a - b q; two such steps
+// reach it from up to 2 ulp away.
 float nearer_quotient(float a, float b, float q) {
     float up = uintBitsToFloat(floatBitsToUint(q) + 1u), dn = q > 0.0 ? uintBitsToFloat(floatBitsToUint(q) - 1u) : q;
-    precise float e = abs(fma(-b, q, a)), eu = abs(fma(-b, up, a)), ed = abs(fma(-b, dn, a));
+    precise float e = abs(residual(a, b, q)), eu = abs(residual(a, b, up)), ed = abs(residual(a, b, dn));
     return eu < e && eu <= ed ? up : ed < e ? dn : q;
 }
 float div_rn(float a, float b) {
