@@ -95,7 +95,7 @@ void NAME(uint base, uint e0, out float v[E]) {                                 
             uint nxt = sh != 0u || k + 4u < E ? ldw(WHICH, w0 + k / 4u + 1u) : 0u;             \
             uint w = sh == 0u ? cur : (cur >> sh) | (nxt << (32u - sh));                        \
             [[unroll]] for (uint c = 0u; c < 4u && k + c < E; ++c)                                         \
-                v[k + c] = float(int(w << (24u - 8u * c)) >> 24) * d;                           \
+                v[k + c] = q8_code(w, c) * d;                                                   \
             cur = nxt;                                                                          \
         }                                                                                       \
     } else {                                                                                    \
@@ -230,11 +230,8 @@ void main() {
                     float kv[SEGK];
                     [[unroll]] for (uint k = 0u; k < SEGK; ++k) {
                         uint i = e + k, q = o + 2u + (TYPE_K == T_Q8_0 ? i : i & 15u);
-                        if (TYPE_K == T_Q8_0) kv[k] = float(int(wr[q >> 2] << (24u - 8u * (q & 3u))) >> 24) * d;
-                        else {
-                            uint byte_v = (wr[q >> 2] >> (8u * (q & 3u))) & 0xffu;
-                            kv[k] = (float(int(i < 16u ? byte_v & 15u : byte_v >> 4)) - 8.0) * d;
-                        }
+                        kv[k] = (TYPE_K == T_Q8_0 ? q8_code(wr[q >> 2], q & 3u)
+                                                  : q4_code(wr[q >> 2], 2u * (q & 3u) + (i < 16u ? 0u : 1u))) * d;
                     }
                     [[unroll]] for (uint g = 0u; g < G; ++g)
                         [[unroll]] for (uint k = 0u; k < SEGK; ++k) s[g] += qs[g * HDK + 32u * b + e + k] * kv[k];
@@ -299,14 +296,9 @@ void main() {
                     uint hi = odd[j] ? (wd[j][1] >> 16) | (wd[j][2] << 16) : wd[j][1];
                     float x[8];
                     [[unroll]] for (uint k = 0u; k < 4u; ++k) {
-                        if (TYPE_V == T_Q8_0) {
-                            x[k] = float(int(lo << (24u - 8u * k)) >> 24);
-                            x[k + 4u] = float(int(hi << (24u - 8u * k)) >> 24);
-                        } else {
-                            uint sh = 8u * k + (high ? 4u : 0u);
-                            x[k] = float(int((lo >> sh) & 15u)) - 8.0;
-                            x[k + 4u] = float(int((hi >> sh) & 15u)) - 8.0;
-                        }
+                        uint n = 2u * k + (high ? 1u : 0u);
+                        x[k] = TYPE_V == T_Q8_0 ? q8_code(lo, k) : q4_code(lo, n);
+                        x[k + 4u] = TYPE_V == T_Q8_0 ? q8_code(hi, k) : q4_code(hi, n);
                     }
                     [[unroll]] for (uint g = 0u; g < G; ++g) {
                         float wg = w[j][g] * d;

@@ -196,48 +196,47 @@ void main() {
             x[t] = vis && g < G ? (ss[a] + ss[a + G] * INV_LO) * escale : NEG_INF;
             above = above || x[t] > m[t];
         }
-        if (!subgroupAny(above)) {
-            // no score above its head's running maximum (after the first tiles, most tiles):
-            // the maxima stay, nothing to rescale; what the general path below computes
-            // then (alpha = 1), without its cross-lane maximum and the rescale's round trip
-            [[unroll]] for (uint t = 0u; t < NT; ++t) {
-                uint g = hb + 2u * t;
-                float p = x[t] == NEG_INF ? 0.0 : exp2(x[t] - m[t]);
-                l[t] += p;
-                if (g < G) {
-                    vec2 h = split(p);
-                    ps[lc * NQ + g] = float16_t(h.x);
-                    ps[lc * NQ + G + g] = float16_t(h.y);
-                }
-            }
-            sync_shared();
-        } else {
-            bool grew = false;
+        // A tile with no score above its head's running maximum (after the first tiles, most
+        // tiles) keeps the maxima and has nothing to rescale: it skips the cross-lane maxima,
+        // the factors and the rescale's round trip (what the general path gives then, alpha = 1)
+        float p[NT];
+        bool grew = false;
+        if (subgroupAny(above)) {
             [[unroll]] for (uint t = 0u; t < NT; ++t) {
                 uint g = hb + 2u * t;
                 float mb = subgroupClusteredMax(x[t], 16u);
                 float mn = max(m[t], mb);
                 float alpha = mn == NEG_INF ? 1.0 : exp2(m[t] - mn);
-                float p = x[t] == NEG_INF ? 0.0 : exp2(x[t] - mn);
-                l[t] = l[t] * alpha + p;
+                p[t] = x[t] == NEG_INF ? 0.0 : exp2(x[t] - mn);
+                l[t] = l[t] * alpha + p[t];
                 m[t] = mn;
                 grew = grew || alpha != 1.0;
                 if (g < G) {
-                    vec2 h = split(p);
-                    ps[lc * NQ + g] = float16_t(h.x);
-                    ps[lc * NQ + G + g] = float16_t(h.y);
                     am[lc * NQ + g] = alpha;
                     am[lc * NQ + G + g] = alpha;
                 }
             }
             grew = subgroupAny(grew);
-            sync_shared();
-            if (grew) {
-                MATC a;
-                coopMatLoadNV(a, am, 0u, NQ, false);
-                [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
-                    for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
+        } else {
+            [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                p[t] = x[t] == NEG_INF ? 0.0 : exp2(x[t] - m[t]);
+                l[t] += p[t];
             }
+        }
+        [[unroll]] for (uint t = 0u; t < NT; ++t) {
+            uint g = hb + 2u * t;
+            if (g < G) {
+                vec2 h = split(p[t]);
+                ps[lc * NQ + g] = float16_t(h.x);
+                ps[lc * NQ + G + g] = float16_t(h.y);
+            }
+        }
+        sync_shared();
+        if (grew) {
+            MATC a;
+            coopMatLoadNV(a, am, 0u, NQ, false);
+            [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
+                for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
         }
 
         // values

@@ -12,6 +12,11 @@
 #define T_Q8_0 3u
 #define T_Q4_0 4u
 
+// q8_0's signed code in byte b (0-3) of a word; q4_0's value before its scale in nibble n
+// (0-7) of a word (the low nibble of a byte first)
+float q8_code(uint w, uint b) { return float(int(w << (24u - 8u * b)) >> 24); }
+float q4_code(uint w, uint n) { return float(int((w >> (4u * n)) & 15u)) - 8.0; }
+
 uint ld_u8(uint which, uint byte_off) { return (ldw(which, byte_off >> 2) >> ((byte_off & 3u) << 3)) & 0xffu; }
 // byte_off even
 uint ld_u16(uint which, uint byte_off) { return (ldw(which, byte_off >> 2) >> ((byte_off & 2u) << 3)) & 0xffffu; }
@@ -96,10 +101,8 @@ float ld_elem(uint which, uint type, uint base, uint i) {
     uint j = i & 31u;
     if (type == T_Q8_0) {
         uint b = base + 34u * (i >> 5);
-        int q = int(ld_u8(which, b + 2u + j) << 24) >> 24;
-        return float(q) * h2f(ld_u16(which, b));
+        return q8_code(ld_u8(which, b + 2u + j), 0u) * h2f(ld_u16(which, b));
     }
-    uint b = base + 18u * (i >> 5), byte_v = ld_u8(which, b + 2u + (j & 15u));
-    uint nib = j < 16u ? (byte_v & 15u) : (byte_v >> 4);
-    return (float(int(nib)) - 8.0) * h2f(ld_u16(which, b));
+    uint b = base + 18u * (i >> 5);
+    return q4_code(ld_u8(which, b + 2u + (j & 15u)), j < 16u ? 0u : 1u) * h2f(ld_u16(which, b));
 }
