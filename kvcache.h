@@ -4359,45 +4359,45 @@ KVC__AVX512 static float kvc__exp_sum_avx512(float *s, int32_t n, uint32_t vis, 
         e = op(e, _mm512_permute_ps(e, 0x4e));                                                                      \
         e = op(e, _mm512_permute_ps(e, 0xb1));                                                                      \
     } while (0)
-/* lanes 0, 4, 8 and 12 (read in registers: through memory, each waited for the store) */
+/* lanes 0, 4, 8 and 12 of e into out[0..3] */
 KVC__AVX512_INLINE void kvc__lanes4_avx512(__m512 e, float *out) {
     _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0,
                                                                                       0, 0, 0, 0, 0), e)));
 }
-KVC__AVX512_INLINE __m512 kvc__row_load_avx512(float *const *s, const uint32_t *vis, int32_t nr, int32_t r, int32_t c) {
-    __mmask16 m = r < nr ? (__mmask16)(vis[r] >> c) : (__mmask16)0; /* vis has no bit at or past n */
-    return _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, s[r < nr ? r : 0] + c);
+/* 16 scores, -inf where vis has no bit */
+KVC__AVX512_INLINE __m512 kvc__row_load_avx512(const float *s, uint32_t vis) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)vis, s);
 }
 KVC__AVX512 static void kvc__masked_max4_avx512(float *const *s, const uint32_t *vis, int32_t nr, int32_t n,
                                                 float *max) {
     __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0, e;
     int32_t c;
-    for (c = 0; c < n; c += 16) {
-        m0 = _mm512_max_ps(m0, kvc__row_load_avx512(s, vis, nr, 0, c));
-        m1 = _mm512_max_ps(m1, kvc__row_load_avx512(s, vis, nr, 1, c));
-        m2 = _mm512_max_ps(m2, kvc__row_load_avx512(s, vis, nr, 2, c));
-        m3 = _mm512_max_ps(m3, kvc__row_load_avx512(s, vis, nr, 3, c));
+    for (c = 0; c < n; c += 16) { /* vis has no bit at or past n */
+        m0 = _mm512_max_ps(m0, kvc__row_load_avx512(s[0] + c, vis[0] >> c));
+        if (nr > 1) m1 = _mm512_max_ps(m1, kvc__row_load_avx512(s[1] + c, vis[1] >> c));
+        if (nr > 2) m2 = _mm512_max_ps(m2, kvc__row_load_avx512(s[2] + c, vis[2] >> c));
+        if (nr > 3) m3 = _mm512_max_ps(m3, kvc__row_load_avx512(s[3] + c, vis[3] >> c));
     }
     KVC__REDUCE4_AVX512(_mm512_max_ps, m0, m1, m2, m3, e);
     kvc__lanes4_avx512(e, max);
 }
-/* row r's weights over cells [c, c + 16) (stored when r < nr), added to a */
+/* row r's weights over cells [c, c + 16), stored and added to a (rows past nr: none) */
 #define KVC__EXP_ROW_AVX512(r, a)                                                                                     \
-    do {                                                                                                            \
-        __m512 x_ = _mm512_mul_ps(kvc__row_load_avx512(s, vis, nr, r, c), vs);                                      \
-        __m512 p_ = kvc__exp_avx512(_mm512_sub_ps(x_, _mm512_set1_ps(m[r < nr ? r : 0]))); /* -inf lanes give 0 */ \
-        if (r < nr) _mm512_mask_storeu_ps(s[r] + c, kvc__tail_mask_avx512(n - c), p_);                             \
+    if (r < nr) {                                                                                                   \
+        __m512 x_ = _mm512_mul_ps(kvc__row_load_avx512(s[r] + c, vis[r] >> c), vs);                                  \
+        __m512 p_ = kvc__exp_avx512(_mm512_sub_ps(x_, _mm512_set1_ps(m[r]))); /* -inf lanes give 0 */              \
+        _mm512_mask_storeu_ps(s[r] + c, kvc__tail_mask_avx512(n - c), p_);                                          \
         a = _mm512_add_ps(a, p_);                                                                                   \
-    } while (0)
+    }
 KVC__AVX512 static void kvc__exp_sum4_avx512(float *const *s, const uint32_t *vis, int32_t nr, int32_t n, float scale,
                                              const float *m, float *sum) {
     __m512 vs = _mm512_set1_ps(scale), a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, e;
     int32_t c;
     for (c = 0; c < n; c += 16) {
-        KVC__EXP_ROW_AVX512(0, a0);
-        KVC__EXP_ROW_AVX512(1, a1);
-        KVC__EXP_ROW_AVX512(2, a2);
-        KVC__EXP_ROW_AVX512(3, a3);
+        KVC__EXP_ROW_AVX512(0, a0)
+        KVC__EXP_ROW_AVX512(1, a1)
+        KVC__EXP_ROW_AVX512(2, a2)
+        KVC__EXP_ROW_AVX512(3, a3)
     }
     KVC__REDUCE4_AVX512(_mm512_add_ps, a0, a1, a2, a3, e);
     kvc__lanes4_avx512(e, sum);
@@ -4500,18 +4500,19 @@ KVC__AVX512_INLINE void kvc__scores4_avx512(kvc_type t, const float *const *q, c
     }
 }
 
-/* one row: sixteen cells at a time, each cell's sum in the order of a row of scores4 */
+/* one row: eight cells at a time, each cell's sum in the order of a row of scores4
+   (sixteen rows a call, 8 KB apart with 32 kv heads, took 15 % longer: rows at such
+   strides share the L1's sets, and sixteen of them overflow its eight ways) */
 KVC__AVX512_INLINE void kvc__scores1_avx512(kvc_type t, const float *q, const unsigned char *k, size_t k_row, int32_t d,
                                             int32_t n, float *s) {
     int32_t c, i, j;
     float sc[KVC__STRIP * KVC__SCALES];
     kvc__strip_scales(t, k, k_row, d, n, sc);
-    for (c = 0; c < n; c += 16) {
-        const unsigned char *r[16];
-        const float *rs[16];
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        __m512 a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
-        for (j = 0; j < 16; ++j) { /* past the last cell the rows repeat it; their sums are not stored */
+    for (c = 0; c < n; c += 8) {
+        const unsigned char *r[8];
+        const float *rs[8];
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, z = a0;
+        for (j = 0; j < 8; ++j) { /* past the last cell the rows repeat it; their sums are not stored */
             r[j] = k + (size_t)KVC__MIN(c + j, n - 1) * k_row;
             rs[j] = sc + KVC__MIN(c + j, n - 1) * KVC__SCALES;
         }
@@ -4525,17 +4526,9 @@ KVC__AVX512_INLINE void kvc__scores1_avx512(kvc_type t, const float *q, const un
             a5 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[5], i, rs[5]), a5);
             a6 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[6], i, rs[6]), a6);
             a7 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[7], i, rs[7]), a7);
-            a8 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[8], i, rs[8]), a8);
-            a9 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[9], i, rs[9]), a9);
-            a10 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[10], i, rs[10]), a10);
-            a11 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[11], i, rs[11]), a11);
-            a12 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[12], i, rs[12]), a12);
-            a13 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[13], i, rs[13]), a13);
-            a14 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[14], i, rs[14]), a14);
-            a15 = _mm512_fmadd_ps(qv, kvc__load16_avx512(t, r[15], i, rs[15]), a15);
         }
-        kvc__store16_avx512(kvc__sum16_avx512(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15), s + c,
-                            n - c);
+        kvc__store16_avx512(kvc__sum16_avx512(a0, a1, a2, a3, a4, a5, a6, a7, z, z, z, z, z, z, z, z), s + c,
+                            KVC__MIN(8, n - c));
     }
 }
 
@@ -4715,13 +4708,12 @@ KVC__VNNI_INLINE void kvc__iscores_vnni(kvc_type t, int odd, const void *const *
     const __m512i *q[4];
     const unsigned char *kb;
     for (r = 0; r < nr; ++r) q[r] = (const __m512i *)rows[r];
-    if (nr == 1) { /* sixteen cells at a time, each cell's sum in the order of a row of the four-row loop */
-        for (c = 0; c < n; c += 16) {
-            __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0, dk;
-            __m512 f8 = f0, f9 = f0, f10 = f0, f11 = f0, f12 = f0, f13 = f0, f14 = f0, f15 = f0;
+    if (nr == 1) { /* eight cells at a time (as scores1_avx512), each cell's sum in the order of a row below */
+        for (c = 0; c < n; c += 8) {
+            __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0, z = f0, dk;
             __m512i x;
-            int32_t ci[16];
-            for (i = 0; i < 16; ++i) ci[i] = KVC__MIN(c + i, n - 1);
+            int32_t ci[8];
+            for (i = 0; i < 8; ++i) ci[i] = KVC__MIN(c + i, n - 1);
             for (j = 0; j < np; ++j) {
                 int one = odd && 2 * j + 1 == nb;
                 KVC__KPAIR_VNNI(x, dk, ci[0]); KVC__ISTEP_VNNI(f0, x, dk, 0);
@@ -4732,17 +4724,9 @@ KVC__VNNI_INLINE void kvc__iscores_vnni(kvc_type t, int odd, const void *const *
                 KVC__KPAIR_VNNI(x, dk, ci[5]); KVC__ISTEP_VNNI(f5, x, dk, 0);
                 KVC__KPAIR_VNNI(x, dk, ci[6]); KVC__ISTEP_VNNI(f6, x, dk, 0);
                 KVC__KPAIR_VNNI(x, dk, ci[7]); KVC__ISTEP_VNNI(f7, x, dk, 0);
-                KVC__KPAIR_VNNI(x, dk, ci[8]); KVC__ISTEP_VNNI(f8, x, dk, 0);
-                KVC__KPAIR_VNNI(x, dk, ci[9]); KVC__ISTEP_VNNI(f9, x, dk, 0);
-                KVC__KPAIR_VNNI(x, dk, ci[10]); KVC__ISTEP_VNNI(f10, x, dk, 0);
-                KVC__KPAIR_VNNI(x, dk, ci[11]); KVC__ISTEP_VNNI(f11, x, dk, 0);
-                KVC__KPAIR_VNNI(x, dk, ci[12]); KVC__ISTEP_VNNI(f12, x, dk, 0);
-                KVC__KPAIR_VNNI(x, dk, ci[13]); KVC__ISTEP_VNNI(f13, x, dk, 0);
-                KVC__KPAIR_VNNI(x, dk, ci[14]); KVC__ISTEP_VNNI(f14, x, dk, 0);
-                KVC__KPAIR_VNNI(x, dk, ci[15]); KVC__ISTEP_VNNI(f15, x, dk, 0);
             }
-            kvc__store16_avx512(kvc__sum16_avx512(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15),
-                                s[0] + c, n - c);
+            kvc__store16_avx512(kvc__sum16_avx512(f0, f1, f2, f3, f4, f5, f6, f7, z, z, z, z, z, z, z, z), s[0] + c,
+                                KVC__MIN(8, n - c));
         }
         return;
     }
