@@ -4233,7 +4233,6 @@ static const kvc__kernels kvc__kernels_avx2 = {
 KVC__AVX512_INLINE __m512 kvc__exp_avx512(__m512 x) {
     __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
     __m512 n, y;
-    __m512i e;
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -4246,8 +4245,7 @@ KVC__AVX512_INLINE __m512 kvc__exp_avx512(__m512 x) {
     y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P4));
     y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(KVC__EXP_P5));
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+    return _mm512_maskz_scalef_ps(keep, y, n); /* y * 2^n: one instruction for the exponent */
 }
 KVC__AVX512 static __mmask16 kvc__tail_mask_avx512(int32_t left) {
     return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
