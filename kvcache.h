@@ -3588,10 +3588,13 @@ typedef struct kvc__kernels {
     const char *name;
     /* s[c] = q . k[c] for c < n <= KVC__BLOCK, rows of d floats `stride` floats apart */
     void (*dot)(const float *q, const float *k, int32_t d, size_t stride, int32_t n, float *s);
-    /* the largest s[c] of the cells c < n whose bit is set in vis (-inf if none) */
-    float (*masked_max)(const float *s, int32_t n, uint32_t vis);
-    /* s[c] = exp(s[c] * scale - m) where vis has bit c, else 0; returns the sum */
-    float (*exp_sum)(float *s, int32_t n, uint32_t vis, float scale, float m);
+    /* For rows r < nr <= 4 (s[r][c], c < n): max[r] = the largest s[r][c] whose bit is set
+       in vis[r] (-inf if none); then s[r][c] = exp(s[r][c] * scale - m[r]) where vis[r]
+       has bit c, else 0, and sum[r] = their sum. Four rows a call, so that kernels can
+       reduce them together. */
+    void (*masked_max)(float *const *s, const uint32_t *vis, int32_t nr, int32_t n, float *max);
+    void (*exp_sum)(float *const *s, const uint32_t *vis, int32_t nr, int32_t n, float scale, const float *m,
+                    float *sum);
     /* acc += sum over c < n of p[c] * v[c], rows of d floats `stride` floats apart */
     void (*axpy)(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n);
     void (*scale)(float *x, int32_t n, float a);
@@ -3612,12 +3615,6 @@ typedef struct kvc__kernels {
                                       int32_t d, int32_t n, float *const *s);
     size_t (*i8_row_bytes)(kvc_type t, int32_t d);
     void (*i8_prepare)(kvc_type t, int32_t d, const kvc__block_q8_0 *blocks, void *row);
-    /* Optional (NULL: masked_max / exp_sum row by row): the same for four rows at once,
-       rows from nr on ignored, so their reductions share shuffles: max[r] of row r;
-       then each row's weights with its m[r], sum[r] their sum. */
-    void (*masked_max4)(float *const *s, const uint32_t *vis, int32_t nr, int32_t n, float *max);
-    void (*exp_sum4)(float *const *s, const uint32_t *vis, int32_t nr, int32_t n, float scale, const float *m,
-                     float *sum);
 } kvc__kernels;
 
 /* -- scalar: the reference -- */
@@ -3645,6 +3642,18 @@ static float kvc__exp_sum_scalar(float *s, int32_t n, uint32_t vis, float scale,
     }
     return sum;
 }
+/* masked_max / exp_sum of a kernel table from a path's one-row functions */
+#define KVC__SOFTMAX_ROWS(ATTR, name, max1, exp1)                                                                   \
+    ATTR static void kvc__masked_max_rows_##name(float *const *s, const uint32_t *vis, int32_t nr, int32_t n,       \
+                                                 float *max) {                                                      \
+        int32_t r;                                                                                                  \
+        for (r = 0; r < nr; ++r) max[r] = max1(s[r], n, vis[r]);                                                    \
+    }                                                                                                               \
+    ATTR static void kvc__exp_sum_rows_##name(float *const *s, const uint32_t *vis, int32_t nr, int32_t n,          \
+                                              float scale, const float *m, float *sum) {                            \
+        int32_t r;                                                                                                  \
+        for (r = 0; r < nr; ++r) sum[r] = exp1(s[r], n, vis[r], scale, m[r]);                                       \
+    }
 static void kvc__axpy_scalar(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
     int32_t c, i;
     for (c = 0; c < n; ++c)
@@ -3701,14 +3710,15 @@ static void kvc__scores_i8_rows(kvc_type t, kvc__idot_fn idot, const void *const
     }
 #define KVC__NO_ATTR
 KVC__SCORES_I8_ROWS(KVC__NO_ATTR, scalar, kvc__idot_scalar)
+KVC__SOFTMAX_ROWS(KVC__NO_ATTR, scalar, kvc__masked_max_scalar, kvc__exp_sum_scalar)
 
-static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc__masked_max_scalar,
-                                                 kvc__exp_sum_scalar, kvc__axpy_scalar,
+static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc__masked_max_rows_scalar,
+                                                 kvc__exp_sum_rows_scalar, kvc__axpy_scalar,
                                                  kvc__scale_scalar, 1, {NULL, NULL, NULL, NULL, NULL},
                                                  {NULL, NULL, NULL, NULL, NULL},
                                                  {NULL, NULL, NULL, kvc__scores_i8_scalar_q8_0,
                                                   kvc__scores_i8_scalar_q4_0},
-                                                 NULL, NULL, NULL, NULL};
+                                                 NULL, NULL};
 
 /* exp(x) for x <= 0 in SIMD lanes: Cephes' expf (range reduction by ln 2, a degree-6
    polynomial), within 2 ulp of expf; lanes below -87 (where expf underflows) give 0. */
@@ -3836,11 +3846,12 @@ KVC__SSE2 static int32_t kvc__idot_sse2(kvc_type t, const int8_t *q, const unsig
     return r[0] + r[1] + r[2] + r[3];
 }
 KVC__SCORES_I8_ROWS(KVC__SSE2, sse2, kvc__idot_sse2)
-static const kvc__kernels kvc__kernels_sse2 = {"sse2", kvc__dot_sse2, kvc__masked_max_scalar, kvc__exp_sum_sse2,
+KVC__SOFTMAX_ROWS(KVC__SSE2, sse2, kvc__masked_max_scalar, kvc__exp_sum_sse2)
+static const kvc__kernels kvc__kernels_sse2 = {"sse2", kvc__dot_sse2, kvc__masked_max_rows_sse2, kvc__exp_sum_rows_sse2,
                                                kvc__axpy_sse2, kvc__scale_sse2, 4, {NULL, NULL, NULL, NULL, NULL},
                                                {NULL, NULL, NULL, NULL, NULL},
                                                {NULL, NULL, NULL, kvc__scores_i8_sse2_q8_0, kvc__scores_i8_sse2_q4_0},
-                                               NULL, NULL, NULL, NULL};
+                                               NULL, NULL};
 
 /* -- AVX2 + FMA: 8 lanes -- */
 KVC__AVX2 static __m256 kvc__exp_avx2(__m256 x) {
@@ -4215,12 +4226,13 @@ KVC__AVX2 static void kvc__scores_i8_avx2_q4_0(const void *const *q, int32_t nr,
     kvc__iscores_avx2(KVC_TYPE_Q4_0, q, nr, k, k_row, d, n, s);
 }
 
+KVC__SOFTMAX_ROWS(KVC__AVX2, avx2, kvc__masked_max_avx2, kvc__exp_sum_avx2)
 static const kvc__kernels kvc__kernels_avx2 = {
-    "avx2", kvc__dot_avx2, kvc__masked_max_avx2, kvc__exp_sum_avx2, kvc__axpy_avx2, kvc__scale_avx2, 8,
+    "avx2", kvc__dot_avx2, kvc__masked_max_rows_avx2, kvc__exp_sum_rows_avx2, kvc__axpy_avx2, kvc__scale_avx2, 8,
     {kvc__scores_avx2_f32, kvc__scores_avx2_f16, kvc__scores_avx2_bf16, kvc__scores_avx2_q8_0, kvc__scores_avx2_q4_0},
     {kvc__values_avx2_f32, kvc__values_avx2_f16, kvc__values_avx2_bf16, kvc__values_avx2_q8_0, kvc__values_avx2_q4_0},
     {NULL, NULL, NULL, kvc__scores_i8_avx2_q8_0, kvc__scores_i8_avx2_q4_0},
-    NULL, NULL, NULL, NULL};
+    NULL, NULL};
 
 /* -- AVX-512: 16 lanes, masked tails -- */
 #if defined(__GNUC__) && !defined(__clang__) /* g++ 12 flags _mm512_undefined_* inside the intrinsics */
@@ -4328,24 +4340,6 @@ KVC__AVX512 static void kvc__dot_avx512(const float *q, const float *k, int32_t 
         _mm256_mask_storeu_ps(s + c, (__mmask8)((1u << KVC__MIN(8, n - c)) - 1u),
                               kvc__sum8_avx512(a0, a1, a2, a3, a4, a5, a6, a7));
     }
-}
-KVC__AVX512 static float kvc__masked_max_avx512(const float *s, int32_t n, uint32_t vis) {
-    __m512 m = _mm512_set1_ps(-INFINITY);
-    int32_t c;
-    for (c = 0; c < n; c += 16) /* vis has no bit at or past n */
-        m = _mm512_max_ps(m, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)(vis >> c), s + c));
-    return _mm512_reduce_max_ps(m);
-}
-KVC__AVX512 static float kvc__exp_sum_avx512(float *s, int32_t n, uint32_t vis, float scale, float m) {
-    __m512 vs = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
-    int32_t c;
-    for (c = 0; c < n; c += 16) {
-        __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)(vis >> c), s + c);
-        __m512 p = kvc__exp_avx512(_mm512_sub_ps(_mm512_mul_ps(x, vs), vm)); /* -inf lanes give 0 */
-        _mm512_mask_storeu_ps(s + c, kvc__tail_mask_avx512(n - c), p);
-        sum = _mm512_add_ps(sum, p);
-    }
-    return _mm512_reduce_add_ps(sum);
 }
 /* Four rows' vectors reduced together, each as halves of halves: lanes 4r..4r+3 of
    the result all hold row r's maximum (or sum). */
@@ -4771,12 +4765,12 @@ KVC__VNNI static void kvc__scores_i8_vnni_q4_0(const void *const *q, int32_t nr,
 
 /* AVX-512 without VNNI scores block keys with the AVX2 integer kernels */
 #define KVC__KERNELS_AVX512(name, i8_q8_0, i8_q4_0, i8_row_bytes, i8_prepare)                                                                  \
-    {name, kvc__dot_avx512, kvc__masked_max_avx512, kvc__exp_sum_avx512, kvc__axpy_avx512, kvc__scale_avx512, 16,    \
+    {name, kvc__dot_avx512, kvc__masked_max4_avx512, kvc__exp_sum4_avx512, kvc__axpy_avx512, kvc__scale_avx512, 16,  \
      {kvc__scores_avx512_f32, kvc__scores_avx512_f16, kvc__scores_avx512_bf16, kvc__scores_avx512_q8_0,              \
       kvc__scores_avx512_q4_0},                                                                                     \
      {kvc__values_avx512_f32, kvc__values_avx512_f16, kvc__values_avx512_bf16, kvc__values_avx512_q8_0,              \
       kvc__values_avx512_q4_0},                                                                                     \
-     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, i8_row_bytes, i8_prepare, kvc__masked_max4_avx512, kvc__exp_sum4_avx512}
+     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, i8_row_bytes, i8_prepare}
 static const kvc__kernels kvc__kernels_avx512 =
     KVC__KERNELS_AVX512("avx512", kvc__scores_i8_avx2_q8_0, kvc__scores_i8_avx2_q4_0, NULL, NULL);
 static const kvc__kernels kvc__kernels_avx512_vnni =
@@ -5017,11 +5011,12 @@ KVC__DOTPROD static int32_t kvc__idot_neon_dot(kvc_type t, const int8_t *q, cons
 KVC__SCORES_I8_ROWS(KVC__NO_ATTR, neon_dot, kvc__idot_neon_dot)
 #endif /* KVC__NEON_DOT */
 
+KVC__SOFTMAX_ROWS(KVC__NO_ATTR, neon, kvc__masked_max_scalar, kvc__exp_sum_neon)
 #define KVC__KERNELS_NEON(name, i8_q8_0, i8_q4_0)                                                                      \
-    {name, kvc__dot_neon, kvc__masked_max_scalar, kvc__exp_sum_neon, kvc__axpy_neon, kvc__scale_neon, 16,            \
+    {name, kvc__dot_neon, kvc__masked_max_rows_neon, kvc__exp_sum_rows_neon, kvc__axpy_neon, kvc__scale_neon, 16,    \
      {kvc__scores_neon_f32, kvc__scores_neon_f16, kvc__scores_neon_bf16, kvc__scores_neon_q8_0, kvc__scores_neon_q4_0}, \
      {kvc__values_neon_f32, kvc__values_neon_f16, kvc__values_neon_bf16, kvc__values_neon_q8_0, kvc__values_neon_q4_0}, \
-     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, NULL, NULL, NULL, NULL}
+     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, NULL, NULL}
 static const kvc__kernels kvc__kernels_neon =
     KVC__KERNELS_NEON("neon", kvc__scores_i8_neon_q8_0, kvc__scores_i8_neon_q4_0);
 #ifdef KVC__NEON_DOT
@@ -5289,9 +5284,7 @@ static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t
 static void kvc__attn_softmax(const kvc__attn *A, const kvc__rows *R, int32_t r0, int32_t n) {
     int32_t nr = KVC__MIN(4, R->n - r0), r;
     float bm[4], m[4], sum[4];
-    if (A->kern->masked_max4 != NULL) A->kern->masked_max4(R->s + r0, R->vis + r0, nr, n, bm);
-    else
-        for (r = 0; r < nr; ++r) bm[r] = A->kern->masked_max(R->s[r0 + r], n, R->vis[r0 + r]);
+    A->kern->masked_max(R->s + r0, R->vis + r0, nr, n, bm);
     for (r = 0; r < nr; ++r) {
         float *ml = R->ml[r0 + r], b = bm[r] * A->scale;
         if (b > ml[0]) { /* a new maximum: rescale what the row has */
@@ -5304,9 +5297,7 @@ static void kvc__attn_softmax(const kvc__attn *A, const kvc__rows *R, int32_t r0
         }
         m[r] = ml[0];
     }
-    if (A->kern->exp_sum4 != NULL) A->kern->exp_sum4(R->s + r0, R->vis + r0, nr, n, A->scale, m, sum);
-    else
-        for (r = 0; r < nr; ++r) sum[r] = A->kern->exp_sum(R->s[r0 + r], n, R->vis[r0 + r], A->scale, m[r]);
+    A->kern->exp_sum(R->s + r0, R->vis + r0, nr, n, A->scale, m, sum);
     for (r = 0; r < nr; ++r) R->ml[r0 + r][1] += sum[r];
 }
 
