@@ -3586,9 +3586,9 @@ KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s)
 
 /* Lines [lo, hi) (64-byte aligned) that a fused kernel asks for (into L2) while it
    works: the driver hands each call its kv head's share of the rows the next strip
-   reads, the AVX-512 kernels ask for a few lines at a time between their loads (one
-   burst before each call was 5 % slower at 16k cells: 4.33 against 4.10 ms), and the
-   driver asks for whatever a kernel left. */
+   reads; the AVX-512 kernels ask for a few lines at a time between their loads (one
+   burst before each call was 5 % slower at 16k cells: 4.33 against 4.10 ms), the
+   others for all of them first, and the driver asks for whatever a kernel left. */
 typedef struct kvc__pf {
     uintptr_t lo, hi;
 } kvc__pf;
@@ -3723,13 +3723,15 @@ static void kvc__scores_i8_rows(kvc_type t, kvc__idot_fn idot, const void *const
 /* a path's scores_i8 kernels for both block types through kvc__scores_i8_rows and its idot */
 #define KVC__SCORES_I8_ROWS(ATTR, name, idot)                                                                     \
     ATTR static void kvc__scores_i8_##name##_q8_0(const void *const *q, int32_t nr, const unsigned char *k,       \
-                                                  size_t k_row, int32_t d, int32_t n, float *const *s, kvc__pf *pf) { \
-        (void)pf;                                                                                                 \
+                                                  size_t k_row, int32_t d, int32_t n, float *const *s,            \
+                                                  kvc__pf *pf) {                                                  \
+        kvc__pf_some(pf, INT32_MAX);                                                                              \
         kvc__scores_i8_rows(KVC_TYPE_Q8_0, idot, q, nr, k, k_row, d, n, s);                                       \
     }                                                                                                             \
     ATTR static void kvc__scores_i8_##name##_q4_0(const void *const *q, int32_t nr, const unsigned char *k,       \
-                                                  size_t k_row, int32_t d, int32_t n, float *const *s, kvc__pf *pf) { \
-        (void)pf;                                                                                                 \
+                                                  size_t k_row, int32_t d, int32_t n, float *const *s,            \
+                                                  kvc__pf *pf) {                                                  \
+        kvc__pf_some(pf, INT32_MAX);                                                                              \
         kvc__scores_i8_rows(KVC_TYPE_Q4_0, idot, q, nr, k, k_row, d, n, s);                                       \
     }
 #define KVC__NO_ATTR
@@ -4154,17 +4156,18 @@ KVC__AVX2_INLINE void kvc__values1_avx2(kvc_type t, float *acc, const float *p, 
 
 #define KVC__FUSED_AVX2(T, name)                                                                                     \
     KVC__AVX2 static void kvc__scores_avx2_##name(const float *const *q, int32_t nr, const unsigned char *k,         \
-                                                  size_t k_row, int32_t d, int32_t n, float *const *s, kvc__pf *pf) { \
-        (void)pf;                                                                                                   \
-        if (nr == 1) kvc__scores1_avx2(T, q[0], k, k_row, d, n, s[0]);                                             \
-        else kvc__scores4_avx2(T, q, k, k_row, d, n, s);                                                           \
-    }                                                                                                               \
+                                                  size_t k_row, int32_t d, int32_t n, float *const *s,               \
+                                                  kvc__pf *pf) {                                                     \
+        kvc__pf_some(pf, INT32_MAX);                                                                                 \
+        if (nr == 1) kvc__scores1_avx2(T, q[0], k, k_row, d, n, s[0]);                                               \
+        else kvc__scores4_avx2(T, q, k, k_row, d, n, s);                                                             \
+    }                                                                                                                \
     KVC__AVX2 static void kvc__values_avx2_##name(float *const *acc, int32_t nr, const float *const *p,              \
-                                                  const unsigned char *v, size_t v_row, int32_t d, int32_t n,       \
-                                                  kvc__pf *pf) {                                                    \
-        (void)pf;                                                                                                   \
-        if (nr == 1) kvc__values1_avx2(T, acc[0], p[0], v, v_row, d, n);                                           \
-        else kvc__values4_avx2(T, acc, p, v, v_row, d, n);                                                         \
+                                                  const unsigned char *v, size_t v_row, int32_t d, int32_t n,        \
+                                                  kvc__pf *pf) {                                                     \
+        kvc__pf_some(pf, INT32_MAX);                                                                                 \
+        if (nr == 1) kvc__values1_avx2(T, acc[0], p[0], v, v_row, d, n);                                             \
+        else kvc__values4_avx2(T, acc, p, v, v_row, d, n);                                                           \
     }
 KVC__FUSED_AVX2(KVC_TYPE_F32, f32)
 KVC__FUSED_AVX2(KVC_TYPE_F16, f16)
@@ -4246,12 +4249,12 @@ KVC__AVX2_INLINE void kvc__iscores_avx2(kvc_type t, const void *const *rows, int
 }
 KVC__AVX2 static void kvc__scores_i8_avx2_q8_0(const void *const *q, int32_t nr, const unsigned char *k,
                                                size_t k_row, int32_t d, int32_t n, float *const *s, kvc__pf *pf) {
-    (void)pf;
+    kvc__pf_some(pf, INT32_MAX);
     kvc__iscores_avx2(KVC_TYPE_Q8_0, q, nr, k, k_row, d, n, s);
 }
 KVC__AVX2 static void kvc__scores_i8_avx2_q4_0(const void *const *q, int32_t nr, const unsigned char *k,
                                                size_t k_row, int32_t d, int32_t n, float *const *s, kvc__pf *pf) {
-    (void)pf;
+    kvc__pf_some(pf, INT32_MAX);
     kvc__iscores_avx2(KVC_TYPE_Q4_0, q, nr, k, k_row, d, n, s);
 }
 
@@ -4634,16 +4637,16 @@ KVC__AVX512_INLINE void kvc__values1_avx512(kvc_type t, float *acc, const float 
 
 #define KVC__FUSED_AVX512(T, name)                                                                                   \
     KVC__AVX512 static void kvc__scores_avx512_##name(const float *const *q, int32_t nr, const unsigned char *k,     \
-                                                      size_t k_row, int32_t d, int32_t n, float *const *s,          \
-                                                      kvc__pf *pf) {                                                \
-        if (nr == 1) kvc__scores1_avx512(T, q[0], k, k_row, d, n, s[0], pf);                                       \
-        else kvc__scores4_avx512(T, q, k, k_row, d, n, s, pf);                                                     \
-    }                                                                                                               \
+                                                      size_t k_row, int32_t d, int32_t n, float *const *s,           \
+                                                      kvc__pf *pf) {                                                 \
+        if (nr == 1) kvc__scores1_avx512(T, q[0], k, k_row, d, n, s[0], pf);                                         \
+        else kvc__scores4_avx512(T, q, k, k_row, d, n, s, pf);                                                       \
+    }                                                                                                                \
     KVC__AVX512 static void kvc__values_avx512_##name(float *const *acc, int32_t nr, const float *const *p,          \
-                                                      const unsigned char *v, size_t v_row, int32_t d, int32_t n,   \
-                                                      kvc__pf *pf) {                                                \
-        if (nr == 1) kvc__values1_avx512(T, acc[0], p[0], v, v_row, d, n, pf);                                     \
-        else kvc__values4_avx512(T, acc, p, v, v_row, d, n, pf);                                                   \
+                                                      const unsigned char *v, size_t v_row, int32_t d, int32_t n,    \
+                                                      kvc__pf *pf) {                                                 \
+        if (nr == 1) kvc__values1_avx512(T, acc[0], p[0], v, v_row, d, n, pf);                                       \
+        else kvc__values4_avx512(T, acc, p, v, v_row, d, n, pf);                                                     \
     }
 KVC__FUSED_AVX512(KVC_TYPE_F32, f32)
 KVC__FUSED_AVX512(KVC_TYPE_F16, f16)
@@ -4994,14 +4997,14 @@ KVC__NEON_INLINE void kvc__values_neon(kvc_type t, float *const *acc, int32_t nr
 
 #define KVC__FUSED_NEON(T, name)                                                                                     \
     static void kvc__scores_neon_##name(const float *const *q, int32_t nr, const unsigned char *k, size_t k_row,     \
-                                        int32_t d, int32_t n, float *const *s, kvc__pf *pf) {                       \
-        (void)pf;                                                                                                   \
+                                        int32_t d, int32_t n, float *const *s, kvc__pf *pf) {                        \
+        kvc__pf_some(pf, INT32_MAX);                                                                                 \
         if (nr == 1) kvc__scores_neon(T, q, 1, k, k_row, d, n, s);                                                   \
         else kvc__scores_neon(T, q, 4, k, k_row, d, n, s);                                                           \
-    }                                                                                                               \
+    }                                                                                                                \
     static void kvc__values_neon_##name(float *const *acc, int32_t nr, const float *const *p, const unsigned char *v, \
-                                        size_t v_row, int32_t d, int32_t n, kvc__pf *pf) {                          \
-        (void)pf;                                                                                                   \
+                                        size_t v_row, int32_t d, int32_t n, kvc__pf *pf) {                           \
+        kvc__pf_some(pf, INT32_MAX);                                                                                 \
         if (nr == 1) kvc__values_neon(T, acc, 1, p, v, v_row, d, n);                                                 \
         else kvc__values_neon(T, acc, 4, p, v, v_row, d, n);                                                         \
     }
