@@ -270,7 +270,7 @@ else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
 # Each target is one single-threaded process: up to KVC_JOBS (default: the CPU count) fuzz
 # side by side, each for the full KVC_FUZZ_SECONDS, and the next target builds meanwhile.
 JOBS=${KVC_JOBS:-$(nproc 2>/dev/null || echo 1)}
-stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 45), $JOBS at a time"
+stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 30), $JOBS at a time"
 FUZZ_S=${KVC_FUZZ_SECONDS:-0}
 LF="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 if [ "$FUZZ_S" = 0 ]; then
