@@ -553,6 +553,7 @@ static void test_batch_invariance(tk_rng *rng) {
             run r;
             s.n_queries = n_queries = tk_int(rng, 2, 8);
             s.tokens = tk_int(rng, 1, 1200);
+            if (s.kind == KVC_KIND_CAUSAL) s.tokens = KVC__MAX(s.tokens, s.seqs); /* a token per sequence at least */
             if (s.kind != KVC_KIND_CAUSAL) s.n_queries = n_queries = KVC__MIN(n_queries, s.tokens);
             nh = s.n_kv * s.group;
             row_q = (size_t)nh * s.hk;
