@@ -2,8 +2,9 @@
 # tests/run.sh - every test of kvcache.h; `make test` runs this.
 # Stages: strict compile checks (gcc, g++, clang, two translation units, KVCACHE_STATIC),
 # the test programs and the fuzz corpora replayed, the examples and the tiny-model
-# end-to-end check, then the same under ASan+UBSan and under valgrind, and libFuzzer for
-# KVC_FUZZ_SECONDS per target when that is set. The last line is "N passed, N failed, N skipped".
+# end-to-end check, then the same under ASan+UBSan and under valgrind, the compiler and
+# target matrix, and libFuzzer for KVC_FUZZ_SECONDS per target when that is set; the long
+# ones two at a time ("lanes", below). The last line is "N passed, N failed, N skipped".
 # A test program's checks count one by one (its "RESULT name passed failed" line);
 # every other step counts as one. Steps whose tool is missing are skipped, not failed.
 set -u
@@ -56,6 +57,36 @@ stage() {
   [ -n "$stage_key" ] && stage_times="$stage_times $stage_key $((SECONDS - stage_t0))s"
   stage_key=$1 stage_t0=$SECONDS
   [ -n "$2" ] && echo "== $2"
+}
+
+# Lanes: the long stages come in pairs that run side by side (this 2-core machine's CI took
+# 21 min one after the other). lane NAME FUNCTION runs FUNCTION in the background with its
+# own counts, its output kept in a file; lanes_join waits for them, prints each lane's
+# output whole, in the order they started, and adds the counts. Lanes build and write
+# distinct files under $B (test_persist writes next to its own binary). KVC_JOBS=1 (or a
+# 1-CPU machine) runs each lane in turn.
+JOBS=${KVC_JOBS:-$(nproc 2>/dev/null || echo 1)}
+lanes=""
+lane() {
+  local name=$1; shift
+  rm -f "$B/lane-$name.count"
+  ( passed=0 failed=0 skipped=0 t0=$SECONDS; "$@"; echo "        (lane $name: $((SECONDS - t0)) s)"
+    echo "$passed $failed $skipped" >"$B/lane-$name.count" ) >"$B/lane-$name.out" 2>&1 &
+  [ "$JOBS" -ge 2 ] || wait
+  lanes="$lanes $name"
+}
+lanes_join() {
+  local name p f s
+  wait
+  for name in $lanes; do
+    cat "$B/lane-$name.out"
+    if read -r p f s <"$B/lane-$name.count" 2>/dev/null; then
+      passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+    else
+      failed=$((failed + 1)); echo "  FAIL  lane $name (ended without its counts)"
+    fi
+  done
+  lanes=""
 }
 
 tests=$(ls tests/test_*.c)
@@ -126,7 +157,8 @@ if have glslc; then
   step shaders-committed sh -c "cp kvcache_vk.h $B/kvcache_vk.h && bash shaders/embed.sh $B/kvcache_vk.h && cmp kvcache_vk.h $B/kvcache_vk.h"
 else skip shaders-committed "glslc not installed"; fi
 
-stage tests "tests (gcc -O2)"
+stage tests "tests (gcc -O2), and beside them the examples and the tiny-model end-to-end check"
+test_programs() {
 for t in $tests; do
   n=$(basename "$t" .c)
   step "build-$n" $CC $STRICT -O2 -I. "$t" -o "$B/$n" -lm -lpthread && checks "$n" "$B/$n" "$seed"
@@ -135,13 +167,15 @@ done
 step fuzz-targets-share-a-build sh -c '! grep -n "^[[:space:]]*#[[:space:]]*define[[:space:]]*KVCACHE_" "$@" | grep -v KVCACHE_IMPLEMENTATION' sh $fuzzers
 step build-fuzz $CC $STRICT -O2 -I. tests/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz" -lm &&
   for n in $fuzz_names; do replay "fuzz-replay-$n" "$B/fuzz" "$n"; done
-stage examples "examples"
+}
+examples_and_tinylm() {
+echo "-- examples"
 for e in $examples; do
   n=$(basename "$e" .c)
   step "example-$n" sh -c "$CC $STRICT -O2 -I. $e -o $B/$n -lm && $B/$n"
 done
 if [ -f examples/tinylm.c ]; then
-  stage tinylm "end-to-end: tiny models against Hugging Face reference logits"
+  echo "-- end-to-end: tiny models against Hugging Face reference logits"
   step build-tinylm $CC $STRICT -O2 -I. examples/tinylm.c -o "$B/tinylm" -lm
   for m in tests/data/*/; do
     step "tinylm-$(basename "$m")" "$B/tinylm" --quiet "$m"
@@ -157,8 +191,13 @@ if [ -f examples/tinylm.c ]; then
     else skip tinylm-vk "no Vulkan loader or device (apt-get install mesa-vulkan-drivers)"; fi
   fi
 fi
+}
+lane tests test_programs
+lane examples examples_and_tinylm
+lanes_join
 
-stage asan "sanitizers (ASan + UBSan)"
+stage asan "sanitizers (ASan + UBSan), and beside them valgrind memcheck"
+sanitizers() {
 SAN="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 SANCC=$CC; have clang && SANCC=clang
 if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev/null 2>&1; then
@@ -180,8 +219,9 @@ if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev
       step asan-tinylm "$B/tinylm.asan" --quiet --chunk 5 tests/data/mistral-swa-tiny
   fi
 else skip sanitizers "the compiler cannot build with -fsanitize=address,undefined"; fi
-
-stage valgrind "valgrind memcheck"
+}
+memcheck() {
+echo "-- valgrind memcheck"
 if have valgrind; then
   VG="valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=all"
   # test_vk on lavapipe: LLVM's and the dynamic linker's process-lifetime state is still
@@ -208,8 +248,12 @@ if have valgrind; then
   for e in $examples; do n=$(basename "$e" .c); step "valgrind-example-$n" $VG "$B/$n"; done
   [ -f examples/tinylm.c ] && step valgrind-tinylm $VG "$B/tinylm" --quiet tests/data/llama-tiny
 else skip valgrind "valgrind not installed"; fi
+}
+lane asan sanitizers
+lane valgrind memcheck
+lanes_join
 
-stage matrix "compiler and target matrix (KVC_TEST_SCALE=0.05; every fuzz corpus replayed too)"
+stage matrix "compiler and target matrix (KVC_TEST_SCALE=0.05; every fuzz corpus replayed too), two lanes"
 # mx LABEL "COMPILER FLAGS" [RUNNER] -- PROGRAMS: build each test program (tests/test_NAME.c,
 # or fuzz: every fuzz target in one replay program) and run it at reduced scale.
 MXS=0.05
@@ -237,39 +281,49 @@ all_fuzz=""; [ -n "$fuzzers" ] && all_fuzz=fuzz
 step gcc-O3-library $CC $STRICT -O3 -I. -c "$B/tu_a.c" -o "$B/tu_O3.o"
 step gcc-O3-static-library $CC $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_O3.o"
 NOMU="-Wno-maybe-uninitialized"
-mx gcc-O0 "$CC $STRICT -O0" "" -- $all_tests $all_fuzz
-mx gcc-O3 "$CC $STRICT $NOMU -O3" "" -- $all_tests $all_fuzz
-mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- $all_tests $all_fuzz
-mx gcc-nosimd "$CC $STRICT -O2 -DKVCACHE_NO_SIMD" "" -- $all_tests $all_fuzz
-if have clang; then
-  step clang-O3-static-library clang $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_clang.o"
-  for o in O0 O3; do mx clang-$o "clang $STRICT -$o" "" -- $all_tests $all_fuzz; done # -O2: ASan's -O1 and gcc -O2 above
-else skip clang-matrix "clang not installed"; fi
 CXXW="-Wall -Wextra -Werror"
-if have g++; then
-  # C++11: every test compiles as C++11 in the first stage; here C++17 builds and runs them
-  mx g++-c++17 "g++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
-else skip g++-matrix "g++ not installed"; fi
-if have clang++; then
-  mx clang++-c++17 "clang++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
-else skip clang++-matrix "clang++ not installed"; fi
-# tcc has no SIMD intrinsics: the scalar path, a different front end, its own codegen;
-# every warning tcc has (-Wall is only implicit declarations), as errors
-if have tcc; then mx tcc "tcc -Wall -Wunsupported -Wwrite-strings -Werror" "" -- $all_tests $all_fuzz
-else skip tcc "tcc not installed"; fi
-# 32-bit ARM: size_t of 32 bits (test_limits' 32-bit cases); aarch64: the NEON paths.
-# Static binaries under qemu-user, as strict as the native builds.
 XW="$STRICT -O2 -static"
-if have arm-linux-gnueabihf-gcc && have qemu-arm; then
-  mx arm32 "arm-linux-gnueabihf-gcc $XW" qemu-arm -- core causal limits $all_fuzz
-else skip arm32 "gcc-arm-linux-gnueabihf or qemu-user not installed"; fi
-if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
-  mx aarch64 "aarch64-linux-gnu-gcc $XW" qemu-aarch64 -- core kernels limits $all_fuzz
-else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
+# Two lanes of about equal length (alone on this machine: gcc -O3 60 s, g++ 57, clang++ 51,
+# clang -O3 50, gcc static 42, gcc -O0 29, no-SIMD 27, aarch64 23, clang -O0 16, arm32 14,
+# tcc 2).
+matrix_gcc() {
+  mx gcc-O3 "$CC $STRICT $NOMU -O3" "" -- $all_tests $all_fuzz
+  mx gcc-nosimd "$CC $STRICT -O2 -DKVCACHE_NO_SIMD" "" -- $all_tests $all_fuzz
+  if have g++; then
+    # C++11: every test compiles as C++11 in the first stage; here C++17 builds and runs them
+    mx g++-c++17 "g++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
+  else skip g++-matrix "g++ not installed"; fi
+  # tcc has no SIMD intrinsics: the scalar path, a different front end, its own codegen;
+  # every warning tcc has (-Wall is only implicit declarations), as errors
+  if have tcc; then mx tcc "tcc -Wall -Wunsupported -Wwrite-strings -Werror" "" -- $all_tests $all_fuzz
+  else skip tcc "tcc not installed"; fi
+  # 32-bit ARM: size_t of 32 bits (test_limits' 32-bit cases); aarch64 (the other lane):
+  # the NEON paths. Static binaries under qemu-user, as strict as the native builds.
+  if have arm-linux-gnueabihf-gcc && have qemu-arm; then
+    mx arm32 "arm-linux-gnueabihf-gcc $XW" qemu-arm -- core causal limits $all_fuzz
+  else skip arm32 "gcc-arm-linux-gnueabihf or qemu-user not installed"; fi
+  if have clang; then mx clang-O0 "clang $STRICT -O0" "" -- $all_tests $all_fuzz; fi # clang-O3: the other lane
+}
+matrix_clang() {
+  if have clang; then
+    step clang-O3-static-library clang $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_clang.o"
+    mx clang-O3 "clang $STRICT -O3" "" -- $all_tests $all_fuzz # -O2: ASan's -O1 and gcc -O2 above
+  else skip clang-matrix "clang not installed"; fi
+  if have clang++; then
+    mx clang++-c++17 "clang++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
+  else skip clang++-matrix "clang++ not installed"; fi
+  mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- $all_tests $all_fuzz
+  mx gcc-O0 "$CC $STRICT -O0" "" -- $all_tests $all_fuzz
+  if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
+    mx aarch64 "aarch64-linux-gnu-gcc $XW" qemu-aarch64 -- core kernels limits $all_fuzz
+  else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
+}
+lane matrix-gcc matrix_gcc
+lane matrix-clang matrix_clang
+lanes_join
 
 # Each target is one single-threaded process: up to KVC_JOBS (default: the CPU count) fuzz
 # side by side, each for the full KVC_FUZZ_SECONDS, and the next target builds meanwhile.
-JOBS=${KVC_JOBS:-$(nproc 2>/dev/null || echo 1)}
 stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 30), $JOBS at a time"
 FUZZ_S=${KVC_FUZZ_SECONDS:-0}
 LF="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"

@@ -16,7 +16,11 @@
 #include "tk.h"
 #include "load_fixture.h"
 
-#define TMP_PATH "build/test_persist.tmp"
+/* The file the path tests write: the program's own path + ".tmp" (set in main), so that
+   builds of this test run side by side (tests/run.sh runs configurations at once) do
+   not share it; the library's temporary file is that + ".kvctmp". */
+static char g_tmp_path[1024] = "build/test_persist.tmp", g_tmp_side[1040];
+#define TMP_PATH g_tmp_path
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
@@ -399,11 +403,11 @@ static void test_ios(void) {
     remove(TMP_PATH);
     TK_OK(kvc_io_path(&path_state, TMP_PATH, 1, &io));
     TK_OK(kvc_radix_save(a.tree, LF_NS, (const int32_t[]){100, 101, 102, 103, 104, 105, 106, 107, 108}, 9, &io));
-    TK_EQ((f = fopen(TMP_PATH ".kvctmp", "rb")) == NULL, 1);
+    TK_EQ((f = fopen(g_tmp_side, "rb")) == NULL, 1);
     if (f) fclose(f);
     TK_OK(kvc_io_path(&path_state, TMP_PATH, 1, &io));
     TK_RES(kvc_radix_save(a.tree, LF_NS, (const int32_t[]){1, 2}, 2, &io), KVC_ERR_NOT_FOUND);
-    TK_EQ((f = fopen(TMP_PATH ".kvctmp", "rb")) == NULL, 1);
+    TK_EQ((f = fopen(g_tmp_side, "rb")) == NULL, 1);
     if (f) fclose(f);
     TK_OK(kvc_io_path(&path_state, TMP_PATH, 0, &io));
     TK_OK(kvc_radix_load(b.tree, LF_NS, &io, 0, NULL));
@@ -673,6 +677,8 @@ static int write_corpus(const char *dir) {
 int main(int argc, char **argv) {
     int32_t i;
     if (argc > 2 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
+    if (argc > 0 && strlen(argv[0]) + 5 < sizeof(g_tmp_path)) sprintf(g_tmp_path, "%s.tmp", argv[0]);
+    sprintf(g_tmp_side, "%s.kvctmp", g_tmp_path);
     for (i = 0; i < 64; ++i) g_tokens[i] = 1000 + 3 * i;
     roundtrip_linear(KVC_TYPE_F32, KVC_TYPE_F32);
     roundtrip_linear(KVC_TYPE_F16, KVC_TYPE_F32);
