@@ -3953,30 +3953,63 @@ KVC__AVX2 static __m256i kvc__vis_mask_avx2(uint32_t vis, int32_t c) {
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)((vis >> c) & 0xffu)), bit), bit);
 }
-KVC__AVX2 static float kvc__masked_max_avx2(const float *s, int32_t n, uint32_t vis) {
-    __m256 m = _mm256_set1_ps(-INFINITY);
+/* Softmax of up to four rows (nr) at once, as the AVX-512 kernels do: their vectors are
+   reduced as one set (row 0's result in lane 0, row 1's in lane 4, row 2's in lane 2,
+   row 3's in lane 6), where each row alone took its own reduction and, for the sums, a
+   round trip through memory. */
+#define KVC__REDUCE4_AVX2(op, x0, x1, x2, x3, e)                                                                    \
+    do {                                                                                                            \
+        __m256 t0_ = op(_mm256_permute2f128_ps(x0, x1, 0x20), _mm256_permute2f128_ps(x0, x1, 0x31));                 \
+        __m256 t1_ = op(_mm256_permute2f128_ps(x2, x3, 0x20), _mm256_permute2f128_ps(x2, x3, 0x31));                 \
+        e = op(_mm256_shuffle_ps(t0_, t1_, 0x44), _mm256_shuffle_ps(t0_, t1_, 0xee));                               \
+        e = op(e, _mm256_permute_ps(e, 0xb1));                                                                      \
+    } while (0)
+KVC__AVX2 static void kvc__lanes4_avx2(__m256 e, float *out) {
+    float t[8];
+    _mm256_storeu_ps(t, e);
+    out[0] = t[0]; out[1] = t[4]; out[2] = t[2]; out[3] = t[6];
+}
+/* 8 scores from s + c, -inf where vis has no bit (the masked load stays in s: vis has
+   no bit at or past n) */
+KVC__AVX2 static __m256 kvc__row_load_avx2(const float *s, uint32_t vis, int32_t c) {
+    __m256i k = kvc__vis_mask_avx2(vis, c);
+    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, k), _mm256_castsi256_ps(k));
+}
+KVC__AVX2 static void kvc__masked_max4_avx2(float *const *s, const uint32_t *vis, int32_t nr, int32_t n, float *max) {
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0, e;
     int32_t c;
-    for (c = 0; c < n; c += 8) { /* vis has no bit at or past n: the masked load stays in s */
-        __m256i k = kvc__vis_mask_avx2(vis, c);
-        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, k), _mm256_castsi256_ps(k)));
-    }
-    return kvc__hmax_avx2(m);
-}
-KVC__AVX2 static float kvc__exp_sum_avx2(float *s, int32_t n, uint32_t vis, float scale, float m) {
-    __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
-    float t[8], total;
-    int32_t c, j;
     for (c = 0; c < n; c += 8) {
-        __m256i k = kvc__vis_mask_avx2(vis, c);
-        __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, k), _mm256_castsi256_ps(k));
-        __m256 p = kvc__exp_avx2(_mm256_sub_ps(_mm256_mul_ps(x, vs), vm)); /* -inf lanes give 0 */
-        _mm256_maskstore_ps(s + c, kvc__tail_mask_avx2(n - c), p);
-        sum = _mm256_add_ps(sum, p);
+        m0 = _mm256_max_ps(m0, kvc__row_load_avx2(s[0], vis[0], c));
+        if (nr > 1) m1 = _mm256_max_ps(m1, kvc__row_load_avx2(s[1], vis[1], c));
+        if (nr > 2) m2 = _mm256_max_ps(m2, kvc__row_load_avx2(s[2], vis[2], c));
+        if (nr > 3) m3 = _mm256_max_ps(m3, kvc__row_load_avx2(s[3], vis[3], c));
     }
-    _mm256_storeu_ps(t, sum);
-    for (total = 0.0f, j = 0; j < 8; ++j) total += t[j];
-    return total;
+    KVC__REDUCE4_AVX2(_mm256_max_ps, m0, m1, m2, m3, e);
+    kvc__lanes4_avx2(e, max);
 }
+/* row r's weights over cells [c, c + 8), stored and added to a (rows past nr: none) */
+#define KVC__EXP_ROW_AVX2(r, a)                                                                                     \
+    if (r < nr) {                                                                                                   \
+        __m256 x_ = _mm256_mul_ps(kvc__row_load_avx2(s[r], vis[r], c), vs);                                         \
+        __m256 p_ = kvc__exp_avx2(_mm256_sub_ps(x_, _mm256_set1_ps(m[r]))); /* -inf lanes give 0 */                 \
+        _mm256_maskstore_ps(s[r] + c, kvc__tail_mask_avx2(n - c), p_);                                              \
+        a = _mm256_add_ps(a, p_);                                                                                   \
+    }
+KVC__AVX2 static void kvc__exp_sum4_avx2(float *const *s, const uint32_t *vis, int32_t nr, int32_t n, float scale,
+                                         const float *m, float *sum) {
+    __m256 vs = _mm256_set1_ps(scale), a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, e;
+    int32_t c;
+    for (c = 0; c < n; c += 8) {
+        KVC__EXP_ROW_AVX2(0, a0)
+        KVC__EXP_ROW_AVX2(1, a1)
+        KVC__EXP_ROW_AVX2(2, a2)
+        KVC__EXP_ROW_AVX2(3, a3)
+    }
+    KVC__REDUCE4_AVX2(_mm256_add_ps, a0, a1, a2, a3, e);
+    kvc__lanes4_avx2(e, sum);
+}
+#undef KVC__EXP_ROW_AVX2
+#undef KVC__REDUCE4_AVX2
 KVC__AVX2 static void kvc__axpy_avx2(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
     int32_t i = 0, c;
     for (; i + 32 <= d; i += 32) { /* four accumulators stay in registers across the cells */
@@ -4051,17 +4084,18 @@ KVC__AVX2_INLINE __m256 kvc__load8_avx2(kvc_type t, const unsigned char *row, in
 /* four rows, two cells at a time (sixteen registers hold no more) */
 KVC__AVX2_INLINE void kvc__scores4_avx2(kvc_type t, const float *const *q, const unsigned char *k, size_t k_row, int32_t d,
                                         int32_t n, float *const *s) {
-    int32_t c, i, j, r;
+    int32_t c, i, r;
     float sc[KVC__STRIP * KVC__SCALES];
     kvc__strip_scales(t, k, k_row, d, n, sc);
     for (c = 0; c < n; c += 2) {
         const unsigned char *k0 = k + (size_t)c * k_row, *k1 = k + (size_t)KVC__MIN(c + 1, n - 1) * k_row;
         const float *s0 = sc + c * KVC__SCALES, *s1 = sc + KVC__MIN(c + 1, n - 1) * KVC__SCALES;
         __m256 a[8], a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
+        __m256 x;
         float sum[8];
         for (i = 0; i < d; i += 8) {
             __m256 q0 = _mm256_loadu_ps(q[0] + i), q1 = _mm256_loadu_ps(q[1] + i);
-            __m256 q2 = _mm256_loadu_ps(q[2] + i), q3 = _mm256_loadu_ps(q[3] + i), x;
+            __m256 q2 = _mm256_loadu_ps(q[2] + i), q3 = _mm256_loadu_ps(q[3] + i);
             x = kvc__load8_avx2(t, k0, i, s0);
             a00 = _mm256_fmadd_ps(q0, x, a00); a10 = _mm256_fmadd_ps(q1, x, a10);
             a20 = _mm256_fmadd_ps(q2, x, a20); a30 = _mm256_fmadd_ps(q3, x, a30);
@@ -4070,9 +4104,16 @@ KVC__AVX2_INLINE void kvc__scores4_avx2(kvc_type t, const float *const *q, const
             a21 = _mm256_fmadd_ps(q2, x, a21); a31 = _mm256_fmadd_ps(q3, x, a31);
         }
         a[0] = a00; a[1] = a10; a[2] = a20; a[3] = a30; a[4] = a01; a[5] = a11; a[6] = a21; a[7] = a31;
-        _mm256_storeu_ps(sum, kvc__hsum8_avx2(a));
-        for (j = 0; j < 2 && c + j < n; ++j)
-            for (r = 0; r < 4; ++r) s[r][c + j] = sum[4 * j + r];
+        x = kvc__hsum8_avx2(a); /* row r: lane r (cell c), lane 4 + r (cell c + 1) */
+        if (c + 1 < n) {
+            __m128 lo = _mm256_castps256_ps128(x), hi = _mm256_extractf128_ps(x, 1);
+            __m128 u0 = _mm_unpacklo_ps(lo, hi), u1 = _mm_unpackhi_ps(lo, hi);
+            _mm_storel_pi((__m64 *)(void *)(s[0] + c), u0); _mm_storeh_pi((__m64 *)(void *)(s[1] + c), u0);
+            _mm_storel_pi((__m64 *)(void *)(s[2] + c), u1); _mm_storeh_pi((__m64 *)(void *)(s[3] + c), u1);
+        } else {
+            _mm256_storeu_ps(sum, x);
+            for (r = 0; r < 4; ++r) s[r][c] = sum[r];
+        }
     }
 }
 
@@ -4103,12 +4144,36 @@ KVC__AVX2_INLINE void kvc__scores1_avx2(kvc_type t, const float *q, const unsign
     }
 }
 
+/* acc[r] += sum_c p[r][c] v[c] for four rows: 16 values at a time (eight accumulators,
+   each cell's four weights broadcast once for both halves; 8 at a time broadcast them
+   twice as often), then 8 */
 KVC__AVX2_INLINE void kvc__values4_avx2(kvc_type t, float *const *acc, const float *const *p, const unsigned char *v,
                                         size_t v_row, int32_t d, int32_t n) {
-    int32_t i, c;
+    int32_t i = 0, c;
     float sc[KVC__STRIP * KVC__SCALES];
     kvc__strip_scales(t, v, v_row, d, n, sc);
-    for (i = 0; i < d; i += 8) {
+    for (; i + 16 <= d; i += 16) {
+        __m256 a00 = _mm256_loadu_ps(acc[0] + i), a10 = _mm256_loadu_ps(acc[1] + i);
+        __m256 a20 = _mm256_loadu_ps(acc[2] + i), a30 = _mm256_loadu_ps(acc[3] + i);
+        __m256 a01 = _mm256_loadu_ps(acc[0] + i + 8), a11 = _mm256_loadu_ps(acc[1] + i + 8);
+        __m256 a21 = _mm256_loadu_ps(acc[2] + i + 8), a31 = _mm256_loadu_ps(acc[3] + i + 8);
+        for (c = 0; c < n; ++c) {
+            const unsigned char *r = v + (size_t)c * v_row;
+            __m256 x0 = kvc__load8_avx2(t, r, i, sc + c * KVC__SCALES);
+            __m256 x1 = kvc__load8_avx2(t, r, i + 8, sc + c * KVC__SCALES);
+            __m256 w0 = _mm256_set1_ps(p[0][c]), w1 = _mm256_set1_ps(p[1][c]);
+            __m256 w2 = _mm256_set1_ps(p[2][c]), w3 = _mm256_set1_ps(p[3][c]);
+            a00 = _mm256_fmadd_ps(w0, x0, a00); a10 = _mm256_fmadd_ps(w1, x0, a10);
+            a20 = _mm256_fmadd_ps(w2, x0, a20); a30 = _mm256_fmadd_ps(w3, x0, a30);
+            a01 = _mm256_fmadd_ps(w0, x1, a01); a11 = _mm256_fmadd_ps(w1, x1, a11);
+            a21 = _mm256_fmadd_ps(w2, x1, a21); a31 = _mm256_fmadd_ps(w3, x1, a31);
+        }
+        _mm256_storeu_ps(acc[0] + i, a00); _mm256_storeu_ps(acc[1] + i, a10);
+        _mm256_storeu_ps(acc[2] + i, a20); _mm256_storeu_ps(acc[3] + i, a30);
+        _mm256_storeu_ps(acc[0] + i + 8, a01); _mm256_storeu_ps(acc[1] + i + 8, a11);
+        _mm256_storeu_ps(acc[2] + i + 8, a21); _mm256_storeu_ps(acc[3] + i + 8, a31);
+    }
+    for (; i < d; i += 8) {
         __m256 a0 = _mm256_loadu_ps(acc[0] + i), a1 = _mm256_loadu_ps(acc[1] + i);
         __m256 a2 = _mm256_loadu_ps(acc[2] + i), a3 = _mm256_loadu_ps(acc[3] + i);
         for (c = 0; c < n; ++c) {
@@ -4258,9 +4323,8 @@ KVC__AVX2 static void kvc__scores_i8_avx2_q4_0(const void *const *q, int32_t nr,
     kvc__iscores_avx2(KVC_TYPE_Q4_0, q, nr, k, k_row, d, n, s);
 }
 
-KVC__SOFTMAX_ROWS(KVC__AVX2, avx2, kvc__masked_max_avx2, kvc__exp_sum_avx2)
 static const kvc__kernels kvc__kernels_avx2 = {
-    "avx2", kvc__dot_avx2, kvc__masked_max_rows_avx2, kvc__exp_sum_rows_avx2, kvc__axpy_avx2, kvc__scale_avx2, 8,
+    "avx2", kvc__dot_avx2, kvc__masked_max4_avx2, kvc__exp_sum4_avx2, kvc__axpy_avx2, kvc__scale_avx2, 8,
     {kvc__scores_avx2_f32, kvc__scores_avx2_f16, kvc__scores_avx2_bf16, kvc__scores_avx2_q8_0, kvc__scores_avx2_q4_0},
     {kvc__values_avx2_f32, kvc__values_avx2_f16, kvc__values_avx2_bf16, kvc__values_avx2_q8_0, kvc__values_avx2_q4_0},
     {NULL, NULL, NULL, kvc__scores_i8_avx2_q8_0, kvc__scores_i8_avx2_q4_0},
