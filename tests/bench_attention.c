@@ -22,7 +22,9 @@
    Times are medians of --reps runs; nothing is asserted.
 
    Build:  cc -std=c99 -O2 tests/bench_attention.c -o bench_attention -lm -lpthread
-   Usage:  bench_attention [--reps N] [--quick]   (--quick: 4k cells only) */
+   Usage:  bench_attention [--reps N] [--quick] [--disable MASK]
+           --quick: 4k cells only; --disable: the pools' cpu_disable (0xc: the AVX2 path on
+           an AVX-512 machine, as CPUs without AVX-512 run it) */
 #define _DEFAULT_SOURCE /* madvise: the pool's slab and the read buffer both get huge pages */
 #define _POSIX_C_SOURCE 199309L
 #define KVCACHE_THREADS
@@ -143,6 +145,8 @@ typedef struct bcache {
     size_t kv_bytes; /* K+V bytes of the cells */
 } bcache;
 
+static uint32_t g_disable; /* --disable: cpu_disable of every pool but the scalar one's */
+
 static void make_cache(bcache *b, kvc_type t, int32_t n_kv, int32_t cells, uint32_t disable, int threads) {
     kvc_pool_config pc;
     kvc_cache_config cc;
@@ -219,7 +223,7 @@ static void bench_decode(double bw1, double bw2, double fma, int quick) {
                 for (th = 1; th <= 2; ++th) {
                     bcache b;
                     double s, gbs;
-                    make_cache(&b, types[ti], n_kv, sizes[si], 0, th);
+                    make_cache(&b, types[ti], n_kv, sizes[si], g_disable, th);
                     s = time_attention(&b, 1, 32, g_reps);
                     gbs = (double)b.kv_bytes / s / 1e9;
                     free_cache(&b);
@@ -252,7 +256,7 @@ static void bench_prefill(void) {
             bcache b;
             double s, flops = 0;
             int32_t qi;
-            make_cache(&b, types[ti], 8, 4096, 0, th);
+            make_cache(&b, types[ti], 8, 4096, g_disable, th);
             s = time_attention(&b, 512, 32, g_reps < 5 ? g_reps : 5);
             for (qi = 0; qi < 512; ++qi) flops += 4.0 * 32 * 128 * (double)(4096 - 512 + qi + 1);
             printf("%-6s %3d %7.1fms %9.1f %8.1fx\n", kvc_type_name(types[ti]), th, s * 1e3, flops / s / 1e9,
@@ -333,11 +337,13 @@ int main(int argc, char **argv) {
     for (i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) g_reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--quick") == 0) quick = 1;
-        else { fprintf(stderr, "usage: %s [--reps N] [--quick]\n", argv[0]); return 2; }
+        else if (strcmp(argv[i], "--disable") == 0 && i + 1 < argc) g_disable = (uint32_t)strtoul(argv[++i], NULL, 0);
+        else { fprintf(stderr, "usage: %s [--reps N] [--quick] [--disable MASK]\n", argv[0]); return 2; }
     }
     if (g_reps < 1 || g_reps > MAX_REPS) g_reps = 7;
     CHECK(kvc_threads_create(2, &g_threads2));
     CHECK(kvc_cpu_features(&f));
+    f &= ~g_disable;
     bw1 = read_bandwidth(1);
     bw2 = read_bandwidth(2);
     fma = f & KVC_CPU_AVX512 ? fma512_rate() : 0;
