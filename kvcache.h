@@ -4081,26 +4081,34 @@ KVC__AVX2_INLINE __m256 kvc__load8_avx2(kvc_type t, const unsigned char *row, in
     }
 }
 
+/* one cell's four row sums (in hsum8's order of additions) into s[r][c] */
+KVC__AVX2_INLINE void kvc__store_cell4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *const *s, int32_t c) {
+    __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    float sum[4];
+    int32_t r;
+    _mm_storeu_ps(sum, _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
+    for (r = 0; r < 4; ++r) s[r][c] = sum[r];
+}
 /* four rows, three cells at a time: twelve sums in flight (FMA latency x two per
    cycle needs eight), the fourth row's query read with each multiply-add as sixteen
-   registers hold no more (two cells at a time, eight sums, took 6-13 % longer at 4k cells) */
+   registers hold no more (two cells at a time, eight sums, took 6-13 % longer at 4k
+   cells); the last cells of a strip one at a time */
 #define KVC__S4_CELL_AVX2(x, kr, sr, a0, a1, a2, a3)                                                                \
     x = kvc__load8_avx2(t, kr, i, sr);                                                                              \
     a0 = _mm256_fmadd_ps(q0, x, a0); a1 = _mm256_fmadd_ps(q1, x, a1);                                               \
     a2 = _mm256_fmadd_ps(q2, x, a2); a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q[3] + i), x, a3)
 KVC__AVX2_INLINE void kvc__scores4_avx2(kvc_type t, const float *const *q, const unsigned char *k, size_t k_row, int32_t d,
                                         int32_t n, float *const *s) {
-    int32_t c, i, r;
+    int32_t c, i;
     float sc[KVC__STRIP * KVC__SCALES];
+    __m256 x;
     kvc__strip_scales(t, k, k_row, d, n, sc);
-    for (c = 0; c < n; c += 3) {
-        int32_t c1 = KVC__MIN(c + 1, n - 1), c2 = KVC__MIN(c + 2, n - 1);
-        const unsigned char *k0 = k + (size_t)c * k_row, *k1 = k + (size_t)c1 * k_row, *k2 = k + (size_t)c2 * k_row;
-        const float *s0 = sc + c * KVC__SCALES, *s1 = sc + c1 * KVC__SCALES, *s2 = sc + c2 * KVC__SCALES;
+    for (c = 0; c + 3 <= n; c += 3) {
+        const unsigned char *k0 = k + (size_t)c * k_row, *k1 = k0 + k_row, *k2 = k1 + k_row;
+        const float *s0 = sc + c * KVC__SCALES, *s1 = s0 + KVC__SCALES, *s2 = s1 + KVC__SCALES;
         __m256 a[8], a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00, a01 = a00, a11 = a00, a21 = a00, a31 = a00;
-        __m256 a02 = a00, a12 = a00, a22 = a00, a32 = a00, x;
-        __m128 e;
-        float sum[8];
+        __m256 a02 = a00, a12 = a00, a22 = a00, a32 = a00;
+        __m128 lo, hi, u0, u1;
         for (i = 0; i < d; i += 8) {
             __m256 q0 = _mm256_loadu_ps(q[0] + i), q1 = _mm256_loadu_ps(q[1] + i), q2 = _mm256_loadu_ps(q[2] + i);
             KVC__S4_CELL_AVX2(x, k0, s0, a00, a10, a20, a30);
@@ -4109,21 +4117,21 @@ KVC__AVX2_INLINE void kvc__scores4_avx2(kvc_type t, const float *const *q, const
         }
         a[0] = a00; a[1] = a10; a[2] = a20; a[3] = a30; a[4] = a01; a[5] = a11; a[6] = a21; a[7] = a31;
         x = kvc__hsum8_avx2(a); /* row r: lane r (cell c), lane 4 + r (cell c + 1) */
-        if (c + 1 < n) {
-            __m128 lo = _mm256_castps256_ps128(x), hi = _mm256_extractf128_ps(x, 1);
-            __m128 u0 = _mm_unpacklo_ps(lo, hi), u1 = _mm_unpackhi_ps(lo, hi);
-            _mm_storel_pi((__m64 *)(void *)(s[0] + c), u0); _mm_storeh_pi((__m64 *)(void *)(s[1] + c), u0);
-            _mm_storel_pi((__m64 *)(void *)(s[2] + c), u1); _mm_storeh_pi((__m64 *)(void *)(s[3] + c), u1);
-        } else {
-            _mm256_storeu_ps(sum, x);
-            for (r = 0; r < 4; ++r) s[r][c] = sum[r];
+        lo = _mm256_castps256_ps128(x); hi = _mm256_extractf128_ps(x, 1);
+        u0 = _mm_unpacklo_ps(lo, hi); u1 = _mm_unpackhi_ps(lo, hi);
+        _mm_storel_pi((__m64 *)(void *)(s[0] + c), u0); _mm_storeh_pi((__m64 *)(void *)(s[1] + c), u0);
+        _mm_storel_pi((__m64 *)(void *)(s[2] + c), u1); _mm_storeh_pi((__m64 *)(void *)(s[3] + c), u1);
+        kvc__store_cell4_avx2(a02, a12, a22, a32, s, c + 2);
+    }
+    for (; c < n; ++c) {
+        const unsigned char *k0 = k + (size_t)c * k_row;
+        const float *s0 = sc + c * KVC__SCALES;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (i = 0; i < d; i += 8) {
+            __m256 q0 = _mm256_loadu_ps(q[0] + i), q1 = _mm256_loadu_ps(q[1] + i), q2 = _mm256_loadu_ps(q[2] + i);
+            KVC__S4_CELL_AVX2(x, k0, s0, a0, a1, a2, a3);
         }
-        if (c + 2 < n) { /* the third cell's four sums in hsum8's order of additions */
-            x = _mm256_hadd_ps(_mm256_hadd_ps(a02, a12), _mm256_hadd_ps(a22, a32));
-            e = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-            _mm_storeu_ps(sum, e);
-            for (r = 0; r < 4; ++r) s[r][c + 2] = sum[r];
-        }
+        kvc__store_cell4_avx2(a0, a1, a2, a3, s, c);
     }
 }
 #undef KVC__S4_CELL_AVX2
