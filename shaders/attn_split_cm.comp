@@ -127,16 +127,23 @@ void main() {
 
     // Q: scaled to base 2, by a power of two into (-1, 1), split hi / lo into rows of kv
     uint q0 = J.q_off + kvh * G * HDK;
+    const uint QP = (G * HDK / 2u + 31u) / 32u;  // pairs of query values per invocation
+    vec2 qv[QP];
     float qmax = 0.0;
-    for (uint i = lane; i < G * HDK; i += 32u) qmax = max(qmax, abs(qb[q0 + i] * pc.scale_log2));
+    [[unroll]] for (uint j = 0u; j < QP; ++j) { // read once, kept in registers until split
+        uint i = lane + 32u * j;
+        qv[j] = i < G * HDK / 2u ? vec2(qb[q0 + 2u * i], qb[q0 + 2u * i + 1u]) * pc.scale_log2 : vec2(0.0);
+        qmax = max(qmax, max(abs(qv[j].x), abs(qv[j].y)));
+    }
     qmax = subgroupMax(qmax);
     int qe = 0;
     if (qmax > 0.0 && qmax < 1.0 / 0.0) frexp(qmax, qe);
     for (uint i = lane; i < NQ * SK; i += 32u) kv[i] = uvec4(0u);
     sync_shared();
-    for (uint i = lane; i < G * HDK / 2u; i += 32u) {
-        uint g = (2u * i) / HDK, d = (2u * i) % HDK;
-        vec2 q = ldexp(vec2(qb[q0 + 2u * i], qb[q0 + 2u * i + 1u]) * pc.scale_log2, ivec2(-qe));
+    [[unroll]] for (uint j = 0u; j < QP; ++j) {
+        uint i = lane + 32u * j, g = (2u * i) / HDK, d = (2u * i) % HDK;
+        if (i >= G * HDK / 2u) break;
+        vec2 q = ldexp(qv[j], ivec2(-qe));
         vec2 a = split(q.x), b = split(q.y);
         kv[g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.x, b.x));
         kv[(G + g) * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.y, b.y));
