@@ -110,6 +110,9 @@ typedef struct kvc_vk_context_desc {
     int cooperative_matrix; /* the device was created with VK_NV_cooperative_matrix (cooperativeMatrix),
                                shaderFloat16 and vulkanMemoryModel enabled: decode attention may
                                use the tensor-core shader where the device has its shapes */
+    int pipeline_robustness; /* the device was created with VK_EXT_pipeline_robustness
+                                (pipelineRobustness) enabled: the attention pipelines turn the
+                                driver's buffer bounds checks off (see kvc_vk_info) */
 } kvc_vk_context_desc;
 
 /* kvc_vk_device_create: a compute-only instance + device of its own, for tools, tests and
@@ -122,6 +125,7 @@ typedef struct kvc_vk_device_options {
                                 (the driver's register and spill counts, for tuning) */
     kvc_allocator allocator;
     int no_cooperative_matrix; /* do not enable VK_NV_cooperative_matrix even where present */
+    int keep_bounds_checks;    /* do not enable VK_EXT_pipeline_robustness to turn them off */
 } kvc_vk_device_options;
 
 typedef struct kvc_vk_info {
@@ -131,6 +135,9 @@ typedef struct kvc_vk_info {
     uint32_t subgroup_size;
     int subgroup_arithmetic;     /* subgroup reductions in compute shaders (the fast attention variant) */
     int cooperative_matrix;      /* tensor-core attention available (f16 K/V; see kvc_vk_context_desc) */
+    int bounds_checks_off;       /* the attention pipelines ask the driver for no buffer bounds checks
+                                    (VK_EXT_pipeline_robustness): every index they use is in range by
+                                    construction, and NVIDIA's driver otherwise checks every load */
     int validation;              /* validation layer active (kvc_vk_device_create only) */
     uint32_t validation_messages;/* warnings and errors the layer reported so far */
     char last_message[512];
@@ -8467,6 +8474,7 @@ struct kvc_vk_context {
     uint32_t subgroup_size;
     int subgroup_arith;
     int coopmat_enabled;       /* the device has the cooperative-matrix features enabled */
+    int robustness_enabled;    /* the device has VK_EXT_pipeline_robustness enabled */
     int coopmat;               /* ... and the subgroup operations attn_split_cm needs: its shapes
                                   (kvc_vk__coopmat_shape's bits), else 0 */
     int validation;
@@ -8616,6 +8624,7 @@ KVCDEF kvc_result kvc_vk_context_create(const kvc_vk_context_desc *d, kvc_vk_con
     c->queue = d->queue;
     c->family = d->queue_family;
     c->coopmat_enabled = d->cooperative_matrix != 0;
+    c->robustness_enabled = d->pipeline_robustness != 0;
     if ((r = kvc_vk__load_instance_fns(c)) != KVC_OK || (r = kvc_vk__context_finish(c)) != KVC_OK) {
         kvc_vk__context_release(c);
         return r;
@@ -8657,8 +8666,11 @@ KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_co
     VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16f;
     VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmmf;
     VkPhysicalDeviceFeatures2 f2;
-    const char *dev_exts[5];
-    uint32_t n_devs = 16, i, best = UINT32_MAX, best_family = 0, n, j, best_stats = 0, best_cm = 0;
+#ifdef VK_EXT_pipeline_robustness /* (Vulkan headers older than 1.3.228 do without) */
+    VkPhysicalDevicePipelineRobustnessFeaturesEXT prf;
+#endif
+    const char *dev_exts[6];
+    uint32_t n_devs = 16, i, best = UINT32_MAX, best_family = 0, n, j, best_stats = 0, best_cm = 0, best_rob = 0;
     int best_score = -1, want_debug = 0;
     float prio = 1.0f;
     kvc_vk_context *c;
@@ -8718,7 +8730,7 @@ KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_co
         VkExtensionProperties ep[512];
         VkPhysicalDeviceProperties pp;
         uint32_t ne = 512, fam = UINT32_MAX;
-        int push = 0, score, stats = 0, cm = 0;
+        int push = 0, score, stats = 0, cm = 0, rob = 0;
         if (o->device_index >= 0 && (uint32_t)o->device_index != i) continue;
         n = 16;
         c->fn.vkGetPhysicalDeviceQueueFamilyProperties(devs[i], &n, qf);
@@ -8728,6 +8740,9 @@ KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_co
             for (j = 0; j < ne; ++j) {
                 push |= strcmp(ep[j].extensionName, push_ext) == 0;
                 stats |= strcmp(ep[j].extensionName, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME) == 0;
+#ifdef VK_EXT_pipeline_robustness
+                rob |= strcmp(ep[j].extensionName, VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME) == 0;
+#endif
                 cm |= (strcmp(ep[j].extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0) * 1 |
                       (strcmp(ep[j].extensionName, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME) == 0) * 2 |
                       (strcmp(ep[j].extensionName, VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME) == 0) * 4;
@@ -8738,6 +8753,7 @@ KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_co
               : pp.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? 2 : 1;
         if (score > best_score) {
             best_score = score; best = i; best_family = fam; best_stats = (uint32_t)stats; best_cm = (uint32_t)(cm == 7);
+            best_rob = (uint32_t)rob;
         }
     }
     if (best == UINT32_MAX) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
@@ -8797,6 +8813,24 @@ KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_co
             c->coopmat_enabled = 1;
         }
     }
+#ifdef VK_EXT_pipeline_robustness
+    if (!o->keep_bounds_checks && best_rob) { /* lets the attention pipelines turn bounds checks off */
+        memset(&prf, 0, sizeof(prf));
+        prf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_ROBUSTNESS_FEATURES_EXT;
+        memset(&f2, 0, sizeof(f2));
+        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+        f2.pNext = &prf;
+        c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
+        if (prf.pipelineRobustness) {
+            prf.pNext = (void *)dci.pNext;
+            dci.pNext = &prf;
+            dev_exts[dci.enabledExtensionCount++] = VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME;
+            c->robustness_enabled = 1;
+        }
+    }
+#else
+    (void)best_rob;
+#endif
     if ((r = kvc_vk__vr(c->fn.vkCreateDevice(c->phys, &dci, NULL, &c->device))) != KVC_OK) {
         c->device = VK_NULL_HANDLE;
         kvc_vk__context_release(c);
@@ -8830,6 +8864,7 @@ KVCDEF kvc_result kvc_vk_context_info(const kvc_vk_context *c, kvc_vk_info *info
     info->subgroup_size = c->subgroup_size;
     info->subgroup_arithmetic = c->subgroup_arith;
     info->cooperative_matrix = c->coopmat != 0;
+    info->bounds_checks_off = c->robustness_enabled;
     info->validation = c->validation;
     info->validation_messages = c->messages;
     memcpy(info->last_message, c->last_message, sizeof(info->last_message));
@@ -9081,11 +9116,17 @@ static kvc_result kvc_vk__module(kvc_vk_context *c, const uint32_t *code, size_t
     return kvc_vk__vr(c->fn.vkCreateShaderModule(c->device, &ci, c->vk_alloc, m));
 }
 
+/* unchecked: no buffer bounds checks where the device lets us say so (the attention
+   pipelines, whose every index is in range by construction; on an H200 NVIDIA's checks,
+   a compare and a select per load, cost f16 decode attention 3-6 %). */
 static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint32_t *spec, uint32_t n_spec,
-                                   VkPipeline *out) {
+                                   int unchecked, VkPipeline *out) {
     VkSpecializationMapEntry map[16];
     VkSpecializationInfo si;
     VkComputePipelineCreateInfo ci;
+#ifdef VK_EXT_pipeline_robustness
+    VkPipelineRobustnessCreateInfoEXT rob;
+#endif
     uint32_t i;
     for (i = 0; i < n_spec; ++i) { map[i].constantID = i; map[i].offset = 4 * i; map[i].size = 4; }
     si.mapEntryCount = n_spec;
@@ -9101,6 +9142,19 @@ static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint3
     ci.stage.pSpecializationInfo = &si;
     ci.layout = p->layout;
     if (p->ctx->stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
+#ifdef VK_EXT_pipeline_robustness
+    if (unchecked && p->ctx->robustness_enabled) {
+        memset(&rob, 0, sizeof(rob));
+        rob.sType = VK_STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT;
+        rob.storageBuffers = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DISABLED_EXT;
+        rob.uniformBuffers = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DISABLED_EXT;
+        rob.vertexInputs = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DEVICE_DEFAULT_EXT;
+        rob.images = VK_PIPELINE_ROBUSTNESS_IMAGE_BEHAVIOR_DEVICE_DEFAULT_EXT;
+        ci.pNext = &rob;
+    }
+#else
+    (void)unchecked;
+#endif
     return kvc_vk__vr(p->ctx->fn.vkCreateComputePipelines(p->ctx->device, VK_NULL_HANDLE, 1, &ci, p->ctx->vk_alloc, out));
 }
 
@@ -9316,20 +9370,20 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
         (r = kvc_vk__module(c, kvc_vk__spv_rows_write, sizeof(kvc_vk__spv_rows_write), &p->modules[2])) != KVC_OK ||
         (r = kvc_vk__module(c, kvc_vk__spv_rows_read, sizeof(kvc_vk__spv_rows_read), &p->modules[3])) != KVC_OK ||
         (r = kvc_vk__module(c, kvc_vk__spv_copy, sizeof(kvc_vk__spv_copy), &p->modules[4])) != KVC_OK ||
-        (r = kvc_vk__pipeline(p, p->modules[4], spec, 0, &p->fixed[KVC_VK__COPY])) != KVC_OK) {
+        (r = kvc_vk__pipeline(p, p->modules[4], spec, 0, 0, &p->fixed[KVC_VK__COPY])) != KVC_OK) {
         kvc_vk__pool_free(p);
         return r;
     }
     spec[0] = (uint32_t)p->tk;
-    if ((r = kvc_vk__pipeline(p, p->modules[2], spec, 1, &p->fixed[KVC_VK__WRITE_K])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
+    if ((r = kvc_vk__pipeline(p, p->modules[2], spec, 1, 0, &p->fixed[KVC_VK__WRITE_K])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
     spec[0] = (uint32_t)p->tv;
-    if ((r = kvc_vk__pipeline(p, p->modules[2], spec, 1, &p->fixed[KVC_VK__WRITE_V])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
+    if ((r = kvc_vk__pipeline(p, p->modules[2], spec, 1, 0, &p->fixed[KVC_VK__WRITE_V])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
     spec[0] = (uint32_t)p->tk;
     spec[1] = (uint32_t)p->hdk;
-    if ((r = kvc_vk__pipeline(p, p->modules[3], spec, 2, &p->fixed[KVC_VK__READ_K])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
+    if ((r = kvc_vk__pipeline(p, p->modules[3], spec, 2, 0, &p->fixed[KVC_VK__READ_K])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
     spec[0] = (uint32_t)p->tv;
     spec[1] = (uint32_t)p->hdv;
-    if ((r = kvc_vk__pipeline(p, p->modules[3], spec, 2, &p->fixed[KVC_VK__READ_V])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
+    if ((r = kvc_vk__pipeline(p, p->modules[3], spec, 2, 0, &p->fixed[KVC_VK__READ_V])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
     /* the tensor-core split pass: f16 K and V, head dims of whole 16 x 16 tiles up to 128 */
     p->use_cm = c->coopmat && !(opts && opts->no_cooperative_matrix) && p->tk == KVC_TYPE_F16 &&
                 p->tv == KVC_TYPE_F16 && p->hdk % 16 == 0 && p->hdv % 16 == 0 && p->hdk <= 128 && p->hdv <= 128;
@@ -9661,7 +9715,7 @@ static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint
     if (merge) {
         spec[0] = (uint32_t)p->hdv;
         spec[1] = key;
-        r = kvc_vk__pipeline(p, p->modules[1], spec, 2, &tab[i].pipe);
+        r = kvc_vk__pipeline(p, p->modules[1], spec, 2, 1, &tab[i].pipe);
     } else {
         spec[0] = (uint32_t)p->tk;
         spec[1] = (uint32_t)p->tv;
@@ -9677,7 +9731,7 @@ static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint
            two groups of whole slices of 8 values in a block) */
         spec[10] = (p->tv == KVC_TYPE_Q8_0 || p->tv == KVC_TYPE_Q4_0) && p->hdv % 32 == 0 && key <= 8 &&
                    KVC_VK__WG % (uint32_t)(p->hdv / 8) == 0 && KVC_VK__WG / (uint32_t)(p->hdv / 8) >= 2;
-        r = kvc_vk__pipeline(p, p->modules[kvc_vk__cm(p, key) ? 5 : 0], spec, 11, &tab[i].pipe);
+        r = kvc_vk__pipeline(p, p->modules[kvc_vk__cm(p, key) ? 5 : 0], spec, 11, 1, &tab[i].pipe);
     }
     if (r != KVC_OK) { tab[i].pipe = VK_NULL_HANDLE; return r; }
     tab[i].key = key;

@@ -515,6 +515,7 @@ int main(int argc, char **argv) {
     o.allocator.alloc = count_alloc;
     o.allocator.free = count_free;
     o.device_index = getenv("KVC_VK_DEVICE") ? atoi(getenv("KVC_VK_DEVICE")) : -1;
+    o.keep_bounds_checks = getenv("KVC_VK_BOUNDS_CHECKS") != NULL; /* the driver's own checks stay on */
     if (kvc_vk_device_create(&o, &ctx) != KVC_OK) {
         printf("skip: no Vulkan device with compute and VK_KHR_push_descriptor\n");
         dlclose(lib);
@@ -522,8 +523,8 @@ int main(int argc, char **argv) {
     }
     kvc_vk_context_info(ctx, &info);
     types_avail = (int)KVC_TYPE_COUNT;
-    printf("device %s, subgroup %u (arithmetic %d), cooperative matrix %d, validation %s; seed %llu (test_vk %llu replays it)\n",
-           info.device_name, info.subgroup_size, info.subgroup_arithmetic, info.cooperative_matrix,
+    printf("device %s, subgroup %u (arithmetic %d), cooperative matrix %d, bounds checks off %d, validation %s; seed %llu (test_vk %llu replays it)\n",
+           info.device_name, info.subgroup_size, info.subgroup_arithmetic, info.cooperative_matrix, info.bounds_checks_off,
            info.validation ? "on" : "NOT INSTALLED",
            (unsigned long long)g_seed, (unsigned long long)g_seed);
     test_errors();
