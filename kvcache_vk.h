@@ -111,7 +111,7 @@ typedef struct kvc_vk_context_desc {
                                shaderFloat16 and vulkanMemoryModel enabled: decode attention may
                                use the tensor-core shader where the device has its shapes */
     int pipeline_robustness; /* the device was created with VK_EXT_pipeline_robustness
-                                (pipelineRobustness) enabled: the attention pipelines turn the
+                                (pipelineRobustness) enabled: attention pipelines may turn the
                                 driver's buffer bounds checks off (see kvc_vk_info) */
 } kvc_vk_context_desc;
 
@@ -135,9 +135,10 @@ typedef struct kvc_vk_info {
     uint32_t subgroup_size;
     int subgroup_arithmetic;     /* subgroup reductions in compute shaders (the fast attention variant) */
     int cooperative_matrix;      /* tensor-core attention available (f16 K/V; see kvc_vk_context_desc) */
-    int bounds_checks_off;       /* the attention pipelines ask the driver for no buffer bounds checks
-                                    (VK_EXT_pipeline_robustness): every index they use is in range by
-                                    construction, and NVIDIA's driver otherwise checks every load */
+    int bounds_checks_off;       /* the tensor-core attention and the merge pass ask the driver for no
+                                    buffer bounds checks (VK_EXT_pipeline_robustness): every index they
+                                    use is in range by construction, and NVIDIA's driver otherwise
+                                    checks every load */
     int validation;              /* validation layer active (kvc_vk_device_create only) */
     uint32_t validation_messages;/* warnings and errors the layer reported so far */
     char last_message[512];
@@ -9116,9 +9117,14 @@ static kvc_result kvc_vk__module(kvc_vk_context *c, const uint32_t *code, size_t
     return kvc_vk__vr(c->fn.vkCreateShaderModule(c->device, &ci, c->vk_alloc, m));
 }
 
-/* unchecked: no buffer bounds checks where the device lets us say so (the attention
-   pipelines, whose every index is in range by construction; on an H200 NVIDIA's checks,
-   a compare and a select per load, cost f16 decode attention 3-6 %). */
+/* unchecked: no buffer bounds checks, where the device lets us say so per pipeline
+   (VK_EXT_pipeline_robustness enabled); the other pipelines then ask for robust buffer
+   access by name, which is what NVIDIA's driver gives every pipeline without the extension
+   (and what it no longer gives a pipeline that does not ask, once the extension is on).
+   Unchecked: the tensor-core split pass and the merge, whose every index is in range by
+   construction; on an H200 the checks (a compare and selects per load) cost f16 decode
+   attention 3-6 %. The CUDA-core split keeps them: without, q4_0 ran 3.5 % slower there
+   (scheduled differently by the driver's compiler) and q8_0 1 % faster. */
 static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint32_t *spec, uint32_t n_spec,
                                    int unchecked, VkPipeline *out) {
     VkSpecializationMapEntry map[16];
@@ -9143,11 +9149,13 @@ static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint3
     ci.layout = p->layout;
     if (p->ctx->stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
 #ifdef VK_EXT_pipeline_robustness
-    if (unchecked && p->ctx->robustness_enabled) {
+    if (p->ctx->robustness_enabled) {
+        VkPipelineRobustnessBufferBehaviorEXT b = unchecked ? VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DISABLED_EXT
+                                                            : VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_ROBUST_BUFFER_ACCESS_EXT;
         memset(&rob, 0, sizeof(rob));
         rob.sType = VK_STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT;
-        rob.storageBuffers = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DISABLED_EXT;
-        rob.uniformBuffers = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DISABLED_EXT;
+        rob.storageBuffers = b;
+        rob.uniformBuffers = b;
         rob.vertexInputs = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DEVICE_DEFAULT_EXT;
         rob.images = VK_PIPELINE_ROBUSTNESS_IMAGE_BEHAVIOR_DEVICE_DEFAULT_EXT;
         ci.pNext = &rob;
@@ -9731,7 +9739,7 @@ static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint
            two groups of whole slices of 8 values in a block) */
         spec[10] = (p->tv == KVC_TYPE_Q8_0 || p->tv == KVC_TYPE_Q4_0) && p->hdv % 32 == 0 && key <= 8 &&
                    KVC_VK__WG % (uint32_t)(p->hdv / 8) == 0 && KVC_VK__WG / (uint32_t)(p->hdv / 8) >= 2;
-        r = kvc_vk__pipeline(p, p->modules[kvc_vk__cm(p, key) ? 5 : 0], spec, 11, 1, &tab[i].pipe);
+        r = kvc_vk__pipeline(p, p->modules[kvc_vk__cm(p, key) ? 5 : 0], spec, 11, kvc_vk__cm(p, key), &tab[i].pipe);
     }
     if (r != KVC_OK) { tab[i].pipe = VK_NULL_HANDLE; return r; }
     tab[i].key = key;
