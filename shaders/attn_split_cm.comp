@@ -139,11 +139,15 @@ void main() {
     int qe = 0;
     if (qmax > 0.0 && qmax < 1.0 / 0.0) frexp(qmax, qe);
     for (uint i = lane; i < NQ * SK; i += 32u) kv[i] = uvec4(0u);
+    // 2^-qe as a float multiplies exactly where it is one (qe >= -126: every query but one
+    // made of subnormals); ldexp, the general case, compiles to a long branchy sequence per
+    // value (H200, 4k cells, batch 1: 15.6-15.7 -> 14.6 us)
+    float down = qe >= -126 ? uintBitsToFloat(qe <= 126 ? uint(127 - qe) << 23 : 1u << uint(149 - qe)) : 0.0;
     sync_shared();
     [[unroll]] for (uint j = 0u; j < QP; ++j) {
         uint i = lane + 32u * j, g = (2u * i) / HDK, d = (2u * i) % HDK;
         if (i >= G * HDK / 2u) break;
-        vec2 q = ldexp(qv[j], ivec2(-qe));
+        vec2 q = qe >= -126 ? qv[j] * down : ldexp(qv[j], ivec2(-qe));
         vec2 a = split(q.x), b = split(q.y);
         kv[g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.x, b.x));
         kv[(G + g) * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.y, b.y));
