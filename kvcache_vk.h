@@ -34,16 +34,19 @@
      - Command buffers recorded by kvc_vk_cmd_* must be submitted, to one queue, in the
        order they were recorded: the backend mirrors metadata into device buffers and
        skips uploads whose content the device will already hold at that point.
-     - Each kvc_vk_cmd_* call starts with a full memory barrier, so it sees everything
-       recorded before it. Record your own barrier before reading its outputs.
+     - Each kvc_vk_cmd_* call starts with a barrier that makes every earlier write, by any
+       stage, visible to its compute shaders and transfers, so it sees everything recorded
+       before it. Record your own barrier before reading its outputs.
      - q, out and the append inputs are f32 (append also f16) in the caller's buffers,
        laid out as kvcache.h's kvc_attention / kvc_put arrays; offsets are in bytes and
        multiples of 4.
      - Needs Vulkan 1.1 and VK_KHR_push_descriptor on the device; decode attention over f16
        K/V uses VK_NV_cooperative_matrix where the device has it enabled (see
-       kvc_vk_context_desc.cooperative_matrix). Rows of K and V (one
-       cell, one layer, every kv head) must be multiples of 4 bytes, and f16/bf16 head
-       dims even.
+       kvc_vk_context_desc.cooperative_matrix), and runs without the driver's buffer bounds
+       checks where VK_EXT_pipeline_robustness is enabled (pipeline_robustness there): q and
+       out must then hold what the call reads and writes, as Vulkan requires anyway. Rows
+       of K and V (one cell, one layer, every kv head) must be multiples of 4 bytes, and
+       f16/bf16 head dims even.
      - No printf, no globals, no threads; every call returns a kvc_result.
 
    LICENSE: as kvcache.h (MIT or public domain), see the end of that file.
