@@ -13,10 +13,22 @@
 //   values   invocation i takes EVT output values of one head and sums the block's
 //            V rows weighted.
 // Written out as (max, sum, unnormalised output) per query head for attn_merge.comp.
-// Built twice: USE_SUBGROUP reduces with subgroup arithmetic, otherwise shared memory.
+// Built three times: USE_SUBGROUP reduces with subgroup arithmetic, otherwise shared
+// memory; USE_DOT (with subgroups) scores q8_0 keys of head dim 64 / 128 by packed 8-bit
+// dot products (VK_KHR_shader_integer_dot_product) against the query's q8_0 codes.
 #extension GL_EXT_control_flow_attributes : require
+#ifndef USE_DOT
+#define USE_DOT 0
+#endif
 #if USE_SUBGROUP
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+#if USE_DOT
+#extension GL_EXT_spirv_intrinsics : require
+// OpSDot (4450) of two words of four signed bytes (PackedVectorFormat4x8Bit = 0); glslc of
+// Debian 12 (shaderc 2023.2) has no GL_EXT_integer_dot_product to spell it
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6018, 6019], id = 4450)
+int sdot4x8(uint a, uint b, spirv_literal int packed_format);
 #endif
 layout(constant_id = 0) const uint TYPE_K = 1u;
 layout(constant_id = 1) const uint TYPE_V = 1u;
@@ -127,6 +139,11 @@ shared uint gids[WG];          // the block's cells (page * page_cells + slot)
 shared float red[G * NRED];
 shared float qa[G * HDK / 4u + 1u];         // query rounding: maxima of 4 values
 shared float qd[2u * (G * HDK / 32u) + 2u]; // per query block: 1 / d, d as f16
+// USE_DOT: the query's codes, four to a word, and each block's d (as f16) * scale_log2
+#if USE_DOT
+shared uint qc[G * HDK / 4u];
+shared float qsc[G * HDK / 32u + 1u];
+#endif
 shared float vsum[VSUM];                    // VQ: the cell groups' sums of one head
 const float NEG_INF = -1.0 / 0.0;
 
@@ -186,6 +203,21 @@ void main() {
             qd[2u * b + 1u] = h2f(f2h(d));
         }
         barrier();
+#if USE_DOT
+        if (TYPE_K == T_Q8_0) {
+            for (uint w = tid; w < G * HDK / 4u; w += WG) {
+                uint packed = 0u;
+                [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+                    uint i = 4u * w + c;
+                    int code = clamp(int(roundEven(qs[i] * qd[2u * (i / 32u)])), -127, 127);
+                    packed |= (uint(code) & 0xffu) << (8u * c);
+                }
+                qc[w] = packed;
+            }
+            for (uint b = tid; b < G * HDK / 32u; b += WG) qsc[b] = qd[2u * b + 1u] * pc.scale_log2;
+        }
+        barrier(); // (qs is rewritten below)
+#endif
         for (uint i = tid; i < G * HDK; i += WG)
             qs[i] = float(clamp(int(roundEven(qs[i] * qd[2u * (i / 32u)])), -127, 127)) * qd[2u * (i / 32u) + 1u];
     }
@@ -226,6 +258,19 @@ void main() {
             [[unroll]] for (uint b = 0u; b < HDK / 32u; ++b) {
                 uint o = KBB * b, dh = (wr[o >> 2] >> ((o & 2u) << 3)) & 0xffffu; // a row starts on a word
                 float d = TYPE_K == T_Q8_0 ? unpackHalf2x16(dh).x : h2f(dh);
+#if USE_DOT
+                if (TYPE_K == T_Q8_0) { // the block's 32 codes start 2 bytes past a word in even blocks
+                    uint c0 = o + 2u;
+                    int isum[G];
+                    [[unroll]] for (uint g = 0u; g < G; ++g) isum[g] = 0;
+                    [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+                        uint w = (c0 & 3u) == 0u ? wr[(c0 >> 2) + j]
+                                                 : (wr[(c0 >> 2) + j] >> 16) | (wr[(c0 >> 2) + j + 1u] << 16);
+                        [[unroll]] for (uint g = 0u; g < G; ++g) isum[g] += sdot4x8(w, qc[g * (HDK / 4u) + 8u * b + j], 0);
+                    }
+                    [[unroll]] for (uint g = 0u; g < G; ++g) s[g] += float(isum[g]) * (d * qsc[g * (HDK / 32u) + b]);
+                } else
+#endif
                 [[unroll]] for (uint e = 0u; e < 32u; e += SEGK) {
                     float kv[SEGK];
                     [[unroll]] for (uint k = 0u; k < SEGK; ++k) {

@@ -13,6 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 # attn_split_cm's optimised SPIR-V)
 variants="attn_split_sg attn_split.comp -DUSE_SUBGROUP=1
 attn_split attn_split.comp -DUSE_SUBGROUP=0
+attn_split_sg_dot attn_split.comp -DUSE_SUBGROUP=1 -DUSE_DOT=1
 attn_merge attn_merge.comp
 rows_write rows_write.comp
 rows_read rows_read.comp

@@ -258,6 +258,7 @@ int main(int argc, char **argv) {
     o.get_instance_proc_addr = gipa;
     o.device_index = getenv("KVC_VK_DEVICE") ? atoi(getenv("KVC_VK_DEVICE")) : -1;
     o.keep_bounds_checks = getenv("BENCH_VK_BOUNDS_CHECKS") != NULL;
+    o.no_integer_dot = getenv("BENCH_VK_NO_DOT") != NULL;
     o.pipeline_statistics = getenv("BENCH_VK_STATS") != NULL;
     if (kvc_vk_device_create(&o, &ctx) != KVC_OK) { printf("bench_vk: skipped (no Vulkan device)\n"); return 0; }
     kvc_vk_context_info(ctx, &info);
@@ -268,9 +269,9 @@ int main(int argc, char **argv) {
         reps = 2;
         printf("bench_vk: a CPU device: one small shape only (pass sizes to override)\n");
     }
-    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d, bounds checks off %d), %d reps per timing, medians of 5\n",
+    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d, bounds checks off %d, integer dot %d), %d reps per timing, medians of 5\n",
            info.device_name, VK_API_VERSION_MAJOR(info.api_version), VK_API_VERSION_MINOR(info.api_version),
-           info.subgroup_size, info.cooperative_matrix, info.bounds_checks_off, reps);
+           info.subgroup_size, info.cooperative_matrix, info.bounds_checks_off, info.integer_dot_product, reps);
 
     /* inputs: one chunk of K and V rows (f32), repeated through every cache */
     kin = (float *)malloc(sizeof(float) * in_elems * 2);

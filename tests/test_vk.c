@@ -72,6 +72,7 @@ typedef struct shape {
     kvc_kind kind;
     int32_t window, sinks;
     int no_subgroup;
+    int no_integer_dot;
 } shape;
 
 static VkCommandBuffer begin_cmd(void) {
@@ -245,6 +246,7 @@ static void make_sides(side *s, const shape *sh) {
     memset(s, 0, 2 * sizeof(side));
     memset(&o, 0, sizeof(o));
     o.no_subgroup = sh->no_subgroup;
+    o.no_integer_dot = sh->no_integer_dot;
     o.max_splits = 4 + (int32_t)(g_seed % 5); /* several splits even on short caches */
     TK_OK(kvc_pool_create(&pc, &s[0].pool));
     pc.allocator.alloc = count_alloc;
@@ -523,8 +525,9 @@ int main(int argc, char **argv) {
     }
     kvc_vk_context_info(ctx, &info);
     types_avail = (int)KVC_TYPE_COUNT;
-    printf("device %s, subgroup %u (arithmetic %d), cooperative matrix %d, bounds checks off %d, validation %s; seed %llu (test_vk %llu replays it)\n",
+    printf("device %s, subgroup %u (arithmetic %d), cooperative matrix %d, bounds checks off %d, integer dot %d, validation %s; seed %llu (test_vk %llu replays it)\n",
            info.device_name, info.subgroup_size, info.subgroup_arithmetic, info.cooperative_matrix, info.bounds_checks_off,
+           info.integer_dot_product,
            info.validation ? "on" : "NOT INSTALLED",
            (unsigned long long)g_seed, (unsigned long long)g_seed);
     test_errors();
@@ -553,6 +556,7 @@ int main(int argc, char **argv) {
             sh.kv_heads = 2;
         sh.page_cells = tk_int(&rng, 1, 3) * 4;
         sh.no_subgroup = (ep / 3) % 2;
+        sh.no_integer_dot = ep % 5 == 4;
         if (sh.kind == KVC_KIND_ROTATING) { sh.window = tk_int(&rng, 2, 20); sh.sinks = tk_int(&rng, 0, sh.window - 1) % 3; }
         g_seed = es;
         {
@@ -560,9 +564,10 @@ int main(int argc, char **argv) {
             if (sh.kind == KVC_KIND_CAUSAL) episode_causal(&sh, &rng, 30);
             else episode_linear(&sh, &rng, 30);
             if (tk_failed != before)
-                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d%s\n",
+                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
-                        sh.hdk, sh.hdv, sh.page_cells, sh.no_subgroup ? " no-subgroup" : "");
+                        sh.hdk, sh.hdv, sh.page_cells, sh.no_subgroup ? " no-subgroup" : "",
+                        sh.no_integer_dot ? " no-integer-dot" : "");
         }
         g_seed = run_seed;
     }
