@@ -204,19 +204,20 @@ void main() {
         }
         barrier();
 #if USE_DOT
-        if (TYPE_K == T_Q8_0) {
+        if (TYPE_K == T_Q8_0) { // the codes also four to a word, for the dot products
             for (uint w = tid; w < G * HDK / 4u; w += WG) {
                 uint packed = 0u;
                 [[unroll]] for (uint c = 0u; c < 4u; ++c) {
                     uint i = 4u * w + c;
                     int code = clamp(int(roundEven(qs[i] * qd[2u * (i / 32u)])), -127, 127);
                     packed |= (uint(code) & 0xffu) << (8u * c);
+                    qs[i] = float(code) * qd[2u * (i / 32u) + 1u];
                 }
                 qc[w] = packed;
             }
             for (uint b = tid; b < G * HDK / 32u; b += WG) qsc[b] = qd[2u * b + 1u] * pc.scale_log2;
-        }
-        barrier(); // (qs is rewritten below)
+            barrier(); // the scaling below takes each value in another invocation
+        } else
 #endif
         for (uint i = tid; i < G * HDK; i += WG)
             qs[i] = float(clamp(int(roundEven(qs[i] * qd[2u * (i / 32u)])), -127, 127)) * qd[2u * (i / 32u) + 1u];
