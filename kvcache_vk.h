@@ -11083,6 +11083,27 @@ static VKAPI_ATTR VkBool32 VKAPI_CALL kvc_vk__on_message(VkDebugUtilsMessageSeve
     return VK_FALSE;
 }
 
+#if defined(VK_EXT_pipeline_robustness) || defined(VK_KHR_shader_integer_dot_product)
+/* One optional device feature: query `feature` (a features struct, sType set, whose VkBool32
+   `flag` says it); if the device has it, chain the struct into dci with the flag still set and
+   add its extension. Returns whether it did. */
+static int kvc_vk__enable_feature(kvc_vk_context *c, VkDeviceCreateInfo *dci, const char **exts, void *feature,
+                                  const VkBool32 *flag, const char *extension) {
+    VkPhysicalDeviceFeatures2 f2;
+    VkBaseOutStructure *f = (VkBaseOutStructure *)feature;
+    memset(&f2, 0, sizeof(f2));
+    f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+    f2.pNext = f;
+    f->pNext = NULL;
+    c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
+    if (!*flag) return 0;
+    f->pNext = (VkBaseOutStructure *)(uintptr_t)dci->pNext;
+    dci->pNext = f;
+    exts[dci->enabledExtensionCount++] = extension;
+    return 1;
+}
+#endif
+
 KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_context **out) {
     static const char *const validation_layer = "VK_LAYER_KHRONOS_validation";
     static const char *const debug_ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
@@ -11259,16 +11280,8 @@ KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_co
     if (!o->keep_bounds_checks && best_rob) { /* lets the attention pipelines turn bounds checks off */
         memset(&prf, 0, sizeof(prf));
         prf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_ROBUSTNESS_FEATURES_EXT;
-        memset(&f2, 0, sizeof(f2));
-        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-        f2.pNext = &prf;
-        c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
-        if (prf.pipelineRobustness) {
-            prf.pNext = (void *)dci.pNext;
-            dci.pNext = &prf;
-            dev_exts[dci.enabledExtensionCount++] = VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME;
-            c->robustness_enabled = 1;
-        }
+        c->robustness_enabled = kvc_vk__enable_feature(c, &dci, dev_exts, &prf, &prf.pipelineRobustness,
+                                                       VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME);
     }
 #else
     (void)best_rob;
@@ -11277,16 +11290,8 @@ KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_co
     if (!o->no_integer_dot && best_dot) { /* q8_0 key scores as packed 8-bit dot products */
         memset(&idf, 0, sizeof(idf));
         idf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR;
-        memset(&f2, 0, sizeof(f2));
-        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-        f2.pNext = &idf;
-        c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
-        if (idf.shaderIntegerDotProduct) {
-            idf.pNext = (void *)dci.pNext;
-            dci.pNext = &idf;
-            dev_exts[dci.enabledExtensionCount++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
-            c->dot_enabled = 1;
-        }
+        c->dot_enabled = kvc_vk__enable_feature(c, &dci, dev_exts, &idf, &idf.shaderIntegerDotProduct,
+                                                VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
     }
 #else
     (void)best_dot;
