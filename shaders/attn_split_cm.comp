@@ -5,8 +5,12 @@
 // its whole GQA group of G query heads (G <= 8) and one chunk of cells, walked in tiles
 // of 16 cells. The products are taken transposed, so that the query side is the narrow
 // N = NQ (8 for G <= 4, else 16) dimension of the tensor-core tiles:
-//   stage    the tile's K and V rows, loaded into registers one tile ahead (16 bytes per
-//            load), are stored into shared memory (V rows of cells it may not see: zeros);
+//   stage    the tile's K rows, loaded into registers one tile ahead (16 bytes per load),
+//            are stored into shared memory; its V rows (loaded as early) take their place
+//            once the scores are taken (V rows of cells it may not see: zeros): 5.6 KB of
+//            shared memory a subgroup, not 10 (a read-only test kernel of 1024 single-
+//            subgroup workgroups read 4.5 TB/s on an H200 with 5 KB each, 4.1 with 10 KB,
+//            2.8 with 20 KB: shared memory caps how many run at once);
 //   scores   S^T (16 cells x NQ) = K (16 x HDK) x Q^T, where columns 0..G-1 of Q^T hold
 //            the queries rounded to multiples of 2^-11 (after scaling by a power of two
 //            into (-1, 1)) and columns G..2G-1 the remainders times 2^12: f16 x f16
@@ -66,7 +70,7 @@ const uint TC = 16u;                              // cells per tile
 const uint CK = HDK / 8u, CV = HDV / 8u;          // 16-byte pieces of a head row
 const uint SK = CK + 1u, SV = CV + 1u;            // shared row strides (+16 bytes: no bank conflicts)
 const uint NK = TC * CK / 32u, NV = TC * CV / 32u;// pieces per invocation per tile
-const uint KV_WORDS = TC * SK + TC * SV;          // staged K, then V (uvec4); also Q, then O
+const uint KV_WORDS = TC * (SK > SV ? SK : SV);  // a tile's K, then its V (uvec4); also Q, then O
 const uint O_WORDS = NQ * HDV / 4u;
 const float HI = 2048.0, INV_HI = 1.0 / 2048.0, LO = 4096.0, INV_LO = 1.0 / 4096.0;
 const float NEG_INF = -1.0 / 0.0;
@@ -93,17 +97,25 @@ bool cell_at(Job J, uint base, uint c1, uint lane, out uint g) {
     return vis;
 }
 
-// Load the rows of a tile's cells (g: this invocation's cell) into kr / vr.
-void fetch(uint g, uint kvh, uint lane) {
-    uint hk = kvh * (HDK * 2u), hv = kvh * (HDV * 2u);
+// Load the K rows, or the V rows, of a tile's cells (g: this invocation's cell) into kr / vr.
+void fetch_k(uint g, uint kvh, uint lane) {
     [[unroll]] for (uint j = 0u; j < NK; ++j) {
         uint i = lane + 32u * j, cg = subgroupShuffle(g, i / CK);
-        kr[j] = kb[(cg * pc.k_row_bytes + hk) / 16u + i % CK];
+        kr[j] = kb[(cg * pc.k_row_bytes + kvh * (HDK * 2u)) / 16u + i % CK];
     }
+}
+void fetch_v(uint g, uint kvh, uint lane) {
     [[unroll]] for (uint j = 0u; j < NV; ++j) {
         uint i = lane + 32u * j, cg = subgroupShuffle(g, i / CV);
-        vr[j] = vb[(cg * pc.v_row_bytes + hv) / 16u + i % CV];
+        vr[j] = vb[(cg * pc.v_row_bytes + kvh * (HDV * 2u)) / 16u + i % CV];
     }
+}
+
+// Keep the loads just issued ahead of the work that follows: without this the driver's
+// compiler sank them to their use (the next tile's staging, seen in its SASS) and nothing
+// overlapped them; with volatile K/V loads and this release the kernel ran 15 % faster (H200)
+void loads_issued() {
+    memoryBarrier(gl_ScopeSubgroup, gl_StorageSemanticsBuffer, gl_SemanticsRelease);
 }
 
 // x (|x| <= 1) as hi + lo * 2^-12 with hi a multiple of 2^-11: both exact in f16 but
@@ -122,7 +134,8 @@ void main() {
     // after it are looked up one tile ahead (the page table read is off the critical path)
     uint gid0, gid1;
     bool vis0 = cell_at(J, c0, c1, lane, gid0);
-    fetch(gid0, kvh, lane);
+    fetch_k(gid0, kvh, lane);
+    fetch_v(gid0, kvh, lane);
     bool vis1 = cell_at(J, c0 + TC, c1, lane, gid1);
 
     // Q: scaled to base 2, by a power of two into (-1, 1), split hi / lo into rows of kv
@@ -164,25 +177,14 @@ void main() {
 
     sync_shared(); // everyone has read Q out of kv
     [[dont_unroll]] for (uint base = c0; base < c1; base += TC) {
-        // stage this tile; start loading the next (past the end: cell 0, never used) and
-        // look up the cells of the one after it
+        // stage this tile's K and start loading the next tile's (past the end: cell 0, never
+        // used); its V waits in registers until the scores are taken, then goes where K was
+        // (one tile's K or V in shared memory, not both: at 5.6 instead of 10 KB a subgroup,
+        // twice the subgroups fit on a multiprocessor)
         [[unroll]] for (uint j = 0u; j < NK; ++j) { uint i = lane + 32u * j; kv[(i / CK) * SK + i % CK] = kr[j]; }
-        [[unroll]] for (uint j = 0u; j < NV; ++j) { uint i = lane + 32u * j; kv[TC * SK + (i / CV) * SV + i % CV] = vr[j]; }
-        bool vis = vis0;
-        fetch(gid1, kvh, lane);
-        // keep those loads ahead of this tile's work: without this the driver's compiler sank
-        // them to their use (the next tile's staging, seen in its SASS) and nothing overlapped
-        // them; with volatile K/V loads and this release the kernel ran 15 % faster (H200)
-        memoryBarrier(gl_ScopeSubgroup, gl_StorageSemanticsBuffer, gl_SemanticsRelease);
-        vis0 = vis1;
-        vis1 = cell_at(J, base + 2u * TC, c1, lane, gid1);
+        fetch_k(gid1, kvh, lane);
+        loads_issued();
         sync_shared();
-        if (!subgroupAll(vis)) { // V rows of unseen cells: zeros (their weight is 0, their bytes anything)
-            uint hidden = subgroupBallot(!vis).x & 0xffffu;
-            for (uint i = lane; i < TC * CV; i += 32u)
-                if ((hidden & (1u << (i / CV))) != 0u) kv[TC * SK + (i / CV) * SV + i % CV] = uvec4(0u);
-            sync_shared();
-        }
 
         // scores, two accumulators for a shorter dependency chain
         MATC s0 = MATC(0.0), s1 = MATC(0.0);
@@ -197,7 +199,21 @@ void main() {
         }
         for (int i = 0; i < s0.length(); ++i) s0[i] += s1[i]; // (same layout: element-wise)
         coopMatStoreNV(s0, ss, 0u, NQ, false);
-        sync_shared();
+        sync_shared(); // (the K tile is read)
+
+        // stage V (rows of cells it may not see: zeros, their weight is 0 but their bytes
+        // anything), start loading the next tile's, look up the cells of the one after it
+        bool vis = vis0;
+        [[unroll]] for (uint j = 0u; j < NV; ++j) { uint i = lane + 32u * j; kv[(i / CV) * SV + i % CV] = vr[j]; }
+        if (!subgroupAll(vis)) {
+            uint hidden = subgroupBallot(!vis).x & 0xffffu;
+            for (uint i = lane; i < TC * CV; i += 32u) // (the pieces this invocation staged)
+                if ((hidden & (1u << (i / CV))) != 0u) kv[(i / CV) * SV + i % CV] = uvec4(0u);
+        }
+        fetch_v(gid1, kvh, lane);
+        loads_issued();
+        vis0 = vis1;
+        vis1 = cell_at(J, base + 2u * TC, c1, lane, gid1);
 
         // softmax: this invocation takes cell lc for heads hb, hb + 2, ...
         float x[NT];
@@ -255,7 +271,7 @@ void main() {
         coopMatLoadNV(pb, ps, 0u, NQ, false);
         [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
             MATA vt;
-            coopMatLoadNV(vt, kv, TC * SK + 2u * t, SV, true);
+            coopMatLoadNV(vt, kv, 2u * t, SV, true);
             o[t] = coopMatMulAddNV(vt, pb, o[t]);
         }
         sync_shared(); // kv, ss, ps are rewritten by the next tile
