@@ -12251,7 +12251,7 @@ static kvc_result kvc_vk__check_item(const kvc_vk_pool *p, const kvc_vk_attentio
 
 KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t layer,
                                              const kvc_vk_attention_item *items, int32_t n_items) {
-    int32_t it, qi, n_heads, n_jobs = 0, max_view = 0, splits, chunk, pc, block, cm;
+    int32_t it, qi, n_heads, n_jobs = 0, max_view = 0, splits, chunk, pc, block, cm, groups;
     size_t words, at, part_bytes;
     uint32_t *job;
     float scale;
@@ -12367,11 +12367,14 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
        1-8, 4k-128k cells): attn_split_cm at 1024 was 9-14 % faster than at 512 at >= 32k
        cells (at 512 while it staged K and V together in 10 KB of shared memory: 1-16 %
        faster than 1024); attn_split (q8_0) at 1024 was 0-8 % faster than at 2048 but at
-       128k cells, batch 8 (1 % slower). The split depends only on the shapes and the
-       shader, never on the device. */
+       128k cells, batch 8 (1 % slower), and for calls of at most 128k cells in all (jobs x
+       longest view) 512 workgroups were 2-9 % faster than 1024 for q8_0 and q4_0 (batch 1
+       32k, batch 8 4k; 128k batch 1 within 2 %), 0.4-2 % slower above. The split depends
+       only on the shapes and the shader, never on the device. */
     cm = kvc_vk__cm(p, (uint32_t)(n_heads / p->n_kv_heads));
     block = cm ? 16 : (int32_t)KVC_VK__WG;
-    splits = (int32_t)(1024 / ((int64_t)n_jobs * p->n_kv_heads));
+    groups = cm || (int64_t)n_jobs * max_view > 131072 ? 1024 : 512;
+    splits = (int32_t)(groups / ((int64_t)n_jobs * p->n_kv_heads));
     splits = KVC__MAX(1, KVC__MIN(splits, p->max_splits));
     chunk = (max_view + splits - 1) / splits;
     chunk = (KVC__MAX(chunk, cm ? 64 : 1) + block - 1) / block * block; /* cm: 4 tiles at least */
