@@ -12368,9 +12368,10 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
        cells (at 512 while it staged K and V together in 10 KB of shared memory: 1-16 %
        faster than 1024); attn_split (q8_0) at 1024 was 0-8 % faster than at 2048 but at
        128k cells, batch 8 (1 % slower), and for calls of at most 128k cells in all (jobs x
-       longest view) 512 workgroups were 2-9 % faster than 1024 for q8_0 and q4_0 (batch 1
-       32k, batch 8 4k; 128k batch 1 within 2 %), 0.4-2 % slower above. The split depends
-       only on the shapes and the shader, never on the device. */
+       longest view) 512 workgroups were 6-7 % faster than 1024 for q8_0 and q4_0 (batch 1
+       32k, batch 8 4k; 128k batch 1: q8_0 1.4 % faster, q4_0 0.3-1 % slower), 0.4-2 %
+       slower above. The split depends only on the shapes and the shader, never on the
+       device. */
     cm = kvc_vk__cm(p, (uint32_t)(n_heads / p->n_kv_heads));
     block = cm ? 16 : (int32_t)KVC_VK__WG;
     groups = cm || (int64_t)n_jobs * max_view > 131072 ? 1024 : 512;
