@@ -12364,8 +12364,8 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     }
     /* split-K: about 1024 workgroups in all, chunks of whole blocks (attn_split_cm: single-
        subgroup workgroups, tiles of 16 cells). Measured on an H200 (32 q / 8 kv heads, batch
-       1-8, 4k-128k cells): attn_split_cm at 1024 was 9-14 % faster than at 512 at >= 32k
-       cells (at 512 while it staged K and V together in 10 KB of shared memory: 1-16 %
+       1-8, 4k-128k cells): attn_split_cm at 1024 was 15-19 % faster than at 512 at >= 32k
+       cells (while it staged K and V together in 10 KB of shared memory, 512 had been 1-16 %
        faster than 1024); attn_split (q8_0) at 1024 was 0-8 % faster than at 2048 but at
        128k cells, batch 8 (1 % slower), and for calls of at most 128k cells in all (jobs x
        longest view) 512 workgroups were 6-7 % faster than 1024 for q8_0 and q4_0 (batch 1
