@@ -12196,6 +12196,7 @@ static int kvc_vk__cm(const kvc_vk_pool *p, uint32_t group) {
 static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint32_t key, int merge, VkPipeline *out) {
     uint32_t spec[11];
     int32_t i;
+    int cm;
     kvc_result r;
     for (i = 0; i < KVC_VK__MAX_VARIANTS && tab[i].pipe; ++i)
         if (tab[i].key == key) { *out = tab[i].pipe; return KVC_OK; }
@@ -12220,7 +12221,8 @@ static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint
            two groups of whole slices of 8 values in a block) */
         spec[10] = (p->tv == KVC_TYPE_Q8_0 || p->tv == KVC_TYPE_Q4_0) && p->hdv % 32 == 0 && key <= 8 &&
                    KVC_VK__WG % (uint32_t)(p->hdv / 8) == 0 && KVC_VK__WG / (uint32_t)(p->hdv / 8) >= 2;
-        r = kvc_vk__pipeline(p, p->modules[kvc_vk__cm(p, key) ? 5 : 0], spec, 11, kvc_vk__cm(p, key), &tab[i].pipe);
+        cm = kvc_vk__cm(p, key); /* the tensor-core split runs unchecked */
+        r = kvc_vk__pipeline(p, p->modules[cm ? 5 : 0], spec, 11, cm, &tab[i].pipe);
     }
     if (r != KVC_OK) { tab[i].pipe = VK_NULL_HANDLE; return r; }
     tab[i].key = key;

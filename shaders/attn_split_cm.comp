@@ -179,8 +179,6 @@ void main() {
     [[dont_unroll]] for (uint base = c0; base < c1; base += TC) {
         // stage this tile's K and start loading the next tile's (past the end: cell 0, never
         // used); its V waits in registers until the scores are taken, then goes where K was
-        // (one tile's K or V in shared memory, not both: at 5.6 instead of 10 KB a subgroup,
-        // twice the subgroups fit on a multiprocessor)
         [[unroll]] for (uint j = 0u; j < NK; ++j) { uint i = lane + 32u * j; kv[(i / CK) * SK + i % CK] = kr[j]; }
         fetch_k(gid1, kvh, lane);
         loads_issued();
