@@ -202,11 +202,10 @@ void main() {
         // stage V (rows of cells it may not see: zeros, their weight is 0 but their bytes
         // anything), start loading the next tile's, look up the cells of the one after it
         bool vis = vis0;
-        [[unroll]] for (uint j = 0u; j < NV; ++j) { uint i = lane + 32u * j; kv[(i / CV) * SV + i % CV] = vr[j]; }
-        if (!subgroupAll(vis)) {
-            uint hidden = subgroupBallot(!vis).x & 0xffffu;
-            for (uint i = lane; i < TC * CV; i += 32u) // (the pieces this invocation staged)
-                if ((hidden & (1u << (i / CV))) != 0u) kv[(i / CV) * SV + i % CV] = uvec4(0u);
+        uint hidden = subgroupBallot(!vis).x & 0xffffu; // (lanes 16-31 repeat lanes 0-15's cells)
+        [[unroll]] for (uint j = 0u; j < NV; ++j) {
+            uint i = lane + 32u * j;
+            kv[(i / CV) * SV + i % CV] = (hidden & (1u << (i / CV))) != 0u ? uvec4(0u) : vr[j];
         }
         fetch_v(gid1, kvh, lane);
         loads_issued();
