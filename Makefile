@@ -6,7 +6,7 @@ CFLAGS ?= -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror
 BENCHFLAGS ?= -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror
 BUILD = build
 EXAMPLES = $(filter-out examples/tinylm.c,$(wildcard examples/*.c))
-BENCHES = $(wildcard tests/bench_*.c)
+BENCHES = $(wildcard bench/bench_*.c)
 
 .PHONY: all run test bench examples clean shaders
 

@@ -1,5 +1,5 @@
-/* load_fixture.h - the world the loader fuzz target (tests/fuzz_load.c) loads into, and
-   the objects its seed corpus (tests/corpus/load/) is made of: `test_persist
+/* load_fixture.h - the world the loader fuzz target (fuzz/fuzz_load.c) loads into, and
+   the objects its seed corpus (fuzz/corpus/load/) is made of: `test_persist
    --write-corpus DIR` writes that corpus from the same definitions, so the two always
    agree on the pool configuration and the namespace.
 

@@ -15,7 +15,7 @@
    Every time is the median of --reps runs, measured in this run. Nothing is asserted
    about timings; exit status 1 on a library error. Files go to --dir (default build).
 
-   Build:  cc -std=c99 -O2 -Wall -Wextra -Wpedantic tests/bench_prefix.c -o bench_prefix -lm
+   Build:  cc -std=c99 -O2 -Wall -Wextra -Wpedantic bench/bench_prefix.c -o bench_prefix -lm
    Usage:  bench_prefix [--layers N] [--reps N] [--dir DIR] */
 #define _POSIX_C_SOURCE 200809L
 #define KVCACHE_IMPLEMENTATION

@@ -21,7 +21,7 @@
      kvc_seq_remove (dequantise, rotate, requantise): GB/s of stored K+V bytes.
    Times are medians of --reps runs; nothing is asserted.
 
-   Build:  cc -std=c99 -O2 tests/bench_attention.c -o bench_attention -lm -lpthread
+   Build:  cc -std=c99 -O2 bench/bench_attention.c -o bench_attention -lm -lpthread
    Usage:  bench_attention [--reps N] [--quick] [--disable MASK]
            --quick: 4k cells only; --disable: the pools' cpu_disable (0xc: the AVX2 path on
            an AVX-512 machine, as CPUs without AVX-512 run it) */

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# tests/bench_vk.sh - the GPU benchmark: bench_vk (Vulkan decode attention over the cache
+# bench/bench_vk.sh - the GPU benchmark: bench_vk (Vulkan decode attention over the cache
 # and a Vulkan copy kernel) and PyTorch's SDPA on the same shapes, in one run.
-#   bash tests/bench_vk.sh [bench_vk options]
-# BENCH_VK_BIN=path runs a prebuilt bench_vk instead of compiling tests/bench_vk.c.
+#   bash bench/bench_vk.sh [bench_vk options]
+# BENCH_VK_BIN=path runs a prebuilt bench_vk instead of compiling bench/bench_vk.c.
 set -eu
 cd "$(dirname "$0")/.."
 bin=${BENCH_VK_BIN:-}
 if [ -z "$bin" ]; then
   mkdir -p build
-  ${CC:-cc} -std=c99 -O2 -Wall -Wextra -I. tests/bench_vk.c -o build/bench_vk -lm
+  ${CC:-cc} -std=c99 -O2 -Wall -Wextra -I. bench/bench_vk.c -o build/bench_vk -lm
   bin=build/bench_vk
 fi
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 "$bin" "$@"
 echo
 if command -v python3 >/dev/null 2>&1 && python3 -c 'import torch' >/dev/null 2>&1; then
-  PYTHONUNBUFFERED=1 python3 tests/bench_vk_sdpa.py
+  PYTHONUNBUFFERED=1 python3 bench/bench_vk_sdpa.py
 else
   echo "bench_vk_sdpa: skipped (python3 with torch not found)"
 fi

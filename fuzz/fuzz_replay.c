@@ -1,4 +1,4 @@
-/* tests/fuzz_replay.c - runs a libFuzzer target's LLVMFuzzerTestOneInput over files,
+/* fuzz/fuzz_replay.c - runs a libFuzzer target's LLVMFuzzerTestOneInput over files,
    without libFuzzer: any compiler (gcc, tcc, a cross compiler), any sanitizer.
 
    Usage: fuzz_NAME [--name NAME] PATH...
@@ -7,7 +7,7 @@
        RESULT fuzz-NAME <inputs run> 0
    (tests/run.sh sums it). A target reports a wrong result by aborting; this driver then
    prints the input that did it and the command that replays it alone, and the process
-   dies with that signal (so the step fails). Link it with one tests/fuzz_*.c, or with a
+   dies with that signal (so the step fails). Link it with one fuzz/fuzz_*.c, or with a
    file that includes several of them, each LLVMFuzzerTestOneInput renamed, and defines an
    LLVMFuzzerTestOneInput that runs the target named kvc_fuzz_replay_name (the --name):
    tests/run.sh generates one, so that a configuration compiles kvcache.h once for every

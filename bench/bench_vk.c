@@ -12,7 +12,7 @@
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
    usage: bench_vk [--cells 4096,32768,131072] [--batch 1,8] [--types f16,q8_0] [--reps 50]
                    [--splits n (max split-K chunks)] [--no-copy]
-   tests/bench_vk.sh runs it with PyTorch's scaled_dot_product_attention beside it. */
+   bench/bench_vk.sh runs it with PyTorch's scaled_dot_product_attention beside it. */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"

@@ -1,4 +1,4 @@
-/* tests/fuzz_ops.c - libFuzzer target: operation sequences on every cache kind, decoded
+/* fuzz/fuzz_ops.c - libFuzzer target: operation sequences on every cache kind, decoded
    from the input bytes and checked against a deliberately simple reference.
 
    The first bytes choose a pool (1-2 layers, 1-2 kv heads, K and V head sizes 1-8, f32 or
@@ -26,7 +26,7 @@
    double-precision reference (CAUSAL), pool statistics; at the end every object is
    freed and the pool must be empty (and the counting allocator back to zero blocks).
    A mismatch prints what differs and the last operations, then aborts (a crash for
-   libFuzzer; tests/fuzz_replay.c prints the input file to replay). */
+   libFuzzer; fuzz/fuzz_replay.c prints the input file to replay). */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 

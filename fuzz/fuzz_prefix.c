@@ -1,8 +1,8 @@
-/* tests/fuzz_prefix.c - libFuzzer target: prefix reuse driven by request sequences
+/* fuzz/fuzz_prefix.c - libFuzzer target: prefix reuse driven by request sequences
    decoded from the input bytes, checked against a reference.
 
    The first byte picks a prefix-cache backend from fp_backends[] (the seeds'
-   single-entry kvc_prefix; the radix tree has its own target, tests/fuzz_radix.c,
+   single-entry kvc_prefix; the radix tree has its own target, fuzz/fuzz_radix.c,
    whose reference is a trie of committed tokens rather than caches kept in place),
    the next bytes a pool and 1-3 caches (FULL or ROTATING, small windows so they
    wrap), then every byte starts a step: a request (prompt = some prefix of what was
@@ -17,7 +17,7 @@
    which token id each cell was evaluated for), n_reused is the seeds' value (longest
    common prefix, at least one token left, at most the smallest offset, 0 when a wrapped
    window cannot trim), and the recorded token list is what kvc_prefix_tokens says.
-   Failures print the last steps and abort (tests/fuzz_replay.c prints the input). */
+   Failures print the last steps and abort (fuzz/fuzz_replay.c prints the input). */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 

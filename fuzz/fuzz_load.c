@@ -3,7 +3,7 @@
    Each input is given to every loader: kvc_cache_load into a FULL, a ROTATING and a
    CAUSAL cache, kvc_seq_load into the CAUSAL cache and kvc_radix_load into a prefix
    tree, all holding contents of their own (tests/load_fixture.h, the same world
-   `test_persist --write-corpus` saved the seed corpus tests/corpus/load/ from). Then
+   `test_persist --write-corpus` saved the seed corpus fuzz/corpus/load/ from). Then
    once more with every section's checksum recomputed, so that the checks behind the
    checksums (lengths, window states, cell indices, positions, sequence sets) are
    reached as an attacker who can write checksums would reach them.
@@ -12,8 +12,8 @@
    next batch, the views and attention can use. Any breach aborts; so does a page leak
    (kvc_pool_destroy asserts that every page came back).
 
-   Build: clang -g -O1 -fsanitize=fuzzer,address,undefined -I. tests/fuzz_load.c -o fuzz_load -lm
-   Run:   ./fuzz_load -max_total_time=60 tests/corpus/load */
+   Build: clang -g -O1 -fsanitize=fuzzer,address,undefined -I. fuzz/fuzz_load.c -o fuzz_load -lm
+   Run:   ./fuzz_load -max_total_time=60 fuzz/corpus/load */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "load_fixture.h"
+#include "../tests/load_fixture.h"
 
 static void must(int cond) {
     if (!cond) abort();

@@ -1,4 +1,4 @@
-/* tests/fuzz_radix.c - libFuzzer target: the radix prefix tree (kvc_radix_*) driven by
+/* fuzz/fuzz_radix.c - libFuzzer target: the radix prefix tree (kvc_radix_*) driven by
    operation sequences decoded from the input bytes, checked against a reference model.
 
    The first bytes choose a pool (1-2 layers, f32/f16 K and V, 1-8 cells per page, a
@@ -34,7 +34,7 @@
    tokens[0..p] (exact in f16), so after every operation every live cache - stitched from
    the tree's pages by a lookup, then written into - must read back (kvc_cache_gather,
    every layer) exactly the visible positions of its model with exactly those values.
-   A failure prints the last steps and aborts (tests/fuzz_replay.c names the input). */
+   A failure prints the last steps and aborts (fuzz/fuzz_replay.c names the input). */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 

@@ -16,7 +16,7 @@
    the 2 x 1 GiB memcpy buffers and 16 MiB of random f32 input rows, reused for every
    layer and batch.
 
-   Build:  cc -std=c99 -O2 -Wall -Wextra -Wpedantic tests/bench_core.c -o bench_core -lm
+   Build:  cc -std=c99 -O2 -Wall -Wextra -Wpedantic bench/bench_core.c -o bench_core -lm
    Usage:  bench_core [--tokens N] [--reps N] [--batch N] [--page-cells N]
              --tokens      cached tokens (default 32768, at least 2 pages; halved while
                            the pool cannot be allocated)
