@@ -10,9 +10,10 @@
    bytes after it (a missing byte reads as 0).
 
    Reference:
-   - FULL / ROTATING: the tokens at positions [0, offset) (a token is a uid; its K/V are a
-     function of it, exact in f16), the first token of the last batch (the rotating
-     window's anchor) and whether a window page was released (the seeds' "wrapped").
+   - FULL / ROTATING: tests/ref_model.h (shared with tests/test_random.c): the tokens at
+     positions [0, offset) (a token is a uid; its K/V are a function of it, exact in f16),
+     the first token of the last batch (the rotating window's anchor) and whether a
+     window page was released (the window "wrapped").
    - CAUSAL: a map (sequence, position) -> token with a cell identity (copy_prefix shares
      cells) and the token's current K (kvc_seq_remove re-rotates it: by a callback that
      adds (new - old) / 8, exact in f16, or by the library's NeoX / interleaved RoPE, which
@@ -29,6 +30,7 @@
    libFuzzer; fuzz/fuzz_replay.c prints the input file to replay). */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
+#include "../tests/ref_model.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -42,7 +44,7 @@
 #define FZ_ROW (FZ_H * FZ_D)
 #define FZ_CACHES 4
 #define FZ_SNAPS 6
-#define FZ_TOK 160        /* tokens a FULL / ROTATING reference can hold */
+#define FZ_TOK 160        /* a ROTATING cache is not grown past this (ref_state holds more) */
 #define FZ_FULL_CAP 96    /* a FULL cache is not grown past this */
 #define FZ_BATCH 8
 #define FZ_SEQS 4         /* CAUSAL sequences used (max_seqs is 4 or 256) */
@@ -130,12 +132,6 @@ static float fz_vval(uint32_t uid, int l, int i) {
 }
 
 /* ---- reference state ---------------------------------------------------------------- */
-typedef struct fz_lin {          /* FULL / ROTATING */
-    int32_t off, bb;
-    int rel;
-    uint32_t uid[FZ_TOK];
-} fz_lin;
-
 typedef struct fz_entry {        /* CAUSAL: one (sequence, position) */
     uint32_t uid;                /* 0: none */
     int32_t cell;                /* identity shared by copy_prefix */
@@ -152,7 +148,7 @@ typedef struct fz_cache {
     kvc_kind kind;
     uint32_t serial;
     int32_t W, S;                /* ROTATING */
-    fz_lin st;
+    ref_state st;
     int32_t cap, window, chunk;  /* CAUSAL */
     int rope;                    /* 0 none, 1 callback, 2 NeoX, 3 interleaved */
     int32_t rope_dims;
@@ -164,7 +160,7 @@ typedef struct fz_snap {
     uint32_t owner;              /* serial of its cache (CAUSAL: 0, any causal cache) */
     kvc_kind kind;
     int32_t from, to;
-    fz_lin st;
+    ref_state st;
     fz_entry seq[FZ_POS];        /* CAUSAL */
 } fz_snap;
 
@@ -229,31 +225,9 @@ static float fz_store_k(const fz_world *w, float x) {
     return w->tk == KVC_TYPE_F16 ? kvc__f16_to_f32(kvc__f32_to_f16(x)) : x;
 }
 
-/* ---- FULL / ROTATING semantics (as tests/test_random.c) --------------------------------- */
-static int fz_view(const fz_cache *c, const fz_lin *st, int32_t *pos) {
-    int n = 0;
-    int32_t t;
-    if (c->kind == KVC_KIND_FULL) {
-        for (t = 0; t < st->off; ++t) pos[n++] = t;
-    } else {
-        int32_t s0 = fz_min(c->S, st->off), lo = fz_max(c->S, st->bb - (c->W - c->S) + 1);
-        for (t = 0; t < s0; ++t) pos[n++] = t;
-        for (t = fz_max(lo, s0); t < st->off; ++t) pos[n++] = t;
-    }
-    return n;
-}
-static void fz_rewind(fz_lin *st, int32_t target) {
-    st->off = target;
-    st->bb = target > 0 ? target - 1 : 0;
-    if (target == 0) st->rel = 0;
-}
-static int fz_wrapped(const fz_cache *c, const fz_lin *st) {
-    return c->kind == KVC_KIND_ROTATING && (st->off > c->W || st->rel);
-}
-static int fz_begin_releases(const fz_cache *c, int32_t pc, int32_t o) {
-    int32_t nsp = (c->S + pc - 1) / pc;
-    return c->kind == KVC_KIND_ROTATING && o > nsp * pc && (nsp + 1) * pc <= o - (c->W - c->S) + 1;
-}
+/* ---- FULL / ROTATING semantics (tests/ref_model.h, with this cache's window and sinks) */
+static int fz_view(const fz_cache *c, const ref_state *st, int32_t *pos) { return ref_view(c->kind, c->W, c->S, st, pos); }
+static int fz_wrapped(const fz_cache *c, const ref_state *st) { return ref_wrapped(c->kind, c->W, st); }
 static int fz_find_cache(const fz_world *w, uint32_t serial) {
     int i;
     for (i = 0; i < w->nc; ++i)
@@ -395,10 +369,7 @@ static void fz_check_lin(fz_world *w, int ci) {
 
 /* Whether a FULL / ROTATING query at p sees token t (the documented masks). */
 static int fz_lin_visible(const fz_cache *c, const kvc_attention_desc *d, int32_t t, int32_t p) {
-    if (!d->non_causal && t > p) return 0;
-    if (d->window > 0 && t <= p - d->window) return 0;
-    if (c->kind == KVC_KIND_ROTATING && t >= c->S && t <= p - (c->W - c->S)) return 0;
-    return 1;
+    return ref_visible(c->kind, c->W, c->S, d->non_causal, d->window, t, p);
 }
 
 /* Attention of a few queries against a double reference (FULL / ROTATING). */
@@ -575,7 +546,7 @@ static void fz_fill(fz_world *w, const uint32_t *uids, int n, int l) {
 /* begin + put every layer (maybe cancelled); 1 when appended */
 static int fz_append(fz_world *w, int ci, int n) {
     fz_cache *c = &w->c[ci];
-    fz_lin after;
+    ref_state after;
     uint32_t uids[FZ_BATCH];
     int32_t o = c->st.off, free0 = fz_free_pages(w), need_lo, need_hi;
     int r, l, i, cancel_at = -1, mode = (int)fz_byte(&w->in);
@@ -591,18 +562,13 @@ static int fz_append(fz_world *w, int ci, int n) {
     }
     FZ_RES(r, KVC_OK);
     if (c->kind == KVC_KIND_FULL) FZ_CHECK(free0 >= need_lo, "kvc_begin found pages that were not free");
-    after = c->st;
-    for (i = 0; i < n; ++i) after.uid[o + i] = uids[i] = ++w->next_uid;
-    after.off = o + n;
-    after.bb = o;
-    if (fz_begin_releases(c, w->pc, o)) after.rel = 1;
+    for (i = 0; i < n; ++i) uids[i] = ++w->next_uid;
+    ref_begin(c->kind, c->W, c->S, w->pc, &c->st, uids, n, &after);
     if (mode % 8 == 0) cancel_at = (int)(mode / 8) % w->L;
     for (l = 0; l < w->L; ++l) {
         if (l == cancel_at) {
             FZ_RES(kvc_cancel(c->h), KVC_OK);
-            c->st.off = o;
-            c->st.bb = o;
-            c->st.rel = o > 0 && after.rel;
+            ref_cancel(&c->st, &after);
             fz_note("  cancelled after %d layers", l);
             return 0;
         }
@@ -635,24 +601,19 @@ static void fz_op_trim(fz_world *w, int ci) {
     int r, want;
     fz_note("trim cache %d n %d (offset %d)", ci, n, c->st.off);
     r = kvc_trim(c->h, n);
-    if (n < 0 || n > c->st.off) want = KVC_ERR_RANGE;
-    else if (fz_wrapped(c, &c->st)) want = KVC_ERR_UNSUPPORTED;
-    else want = KVC_OK;
+    want = ref_trim_expect(c->kind, c->W, &c->st, n);
     FZ_RES(r, want);
-    if (r == KVC_OK) fz_rewind(&c->st, c->st.off - n);
+    if (r == KVC_OK) ref_rewind(&c->st, c->st.off - n);
 }
 
 static void fz_op_live_restore(fz_world *w, int ci) {
     fz_cache *c = &w->c[ci];
     int32_t off = c->st.off, target = off - fz_int(&w->in, -2, 12);
-    int r, want = KVC_OK;
+    int r, want = ref_live_restore_expect(c->kind, c->W, &c->st, target);
     fz_note("live restore cache %d target %d (offset %d)", ci, target, off);
     r = kvc_restore(c->h, NULL, target);
-    if (target < 0 || target > off) want = KVC_ERR_UNREACHABLE;
-    else if (c->kind == KVC_KIND_ROTATING && target == off) want = KVC_OK;
-    else if (fz_wrapped(c, &c->st)) want = KVC_ERR_UNREACHABLE;
     FZ_RES(r, want);
-    if (r == KVC_OK && !(c->kind == KVC_KIND_ROTATING && target == off)) fz_rewind(&c->st, target);
+    if (r == KVC_OK) ref_live_restore(c->kind, &c->st, target);
 }
 
 static void fz_snap_drop(fz_world *w, int si) {
@@ -674,8 +635,8 @@ static void fz_op_take(fz_world *w, int ci) {
     r = kvc_snapshot_take(c->h, from, &out);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom) return;
     FZ_RES(r, KVC_OK);
-    f0 = c->kind == KVC_KIND_FULL ? fz_max(from, 0) : from;
-    if (c->st.off == 0 || c->st.off <= f0) {
+    f0 = ref_take_from(c->kind, from);
+    if (!ref_take_holds(c->kind, &c->st, from)) {
         FZ_CHECK(out == NULL, "a snapshot of nothing");
         return;
     }
@@ -700,9 +661,7 @@ static void fz_op_restore(fz_world *w, int ci) {
     target = fz_byte(&w->in) % 4 ? s->to - fz_int(&w->in, -1, 8) : fz_int(&w->in, -2, s->to + 2);
     if (c->kind == KVC_KIND_CAUSAL) want = KVC_ERR_UNSUPPORTED;
     else if (s->owner != c->serial) want = KVC_ERR_FOREIGN;
-    else if (target < 0 || target > s->to) want = KVC_ERR_UNREACHABLE;
-    else if (c->kind == KVC_KIND_FULL) want = c->st.off < s->from ? KVC_ERR_UNREACHABLE : KVC_OK;
-    else want = (target < s->to && (s->to > c->W || s->st.rel)) ? KVC_ERR_UNREACHABLE : KVC_OK;
+    else want = ref_restore_expect(c->kind, c->W, &c->st, s->from, s->to, &s->st, target);
     free0 = fz_free_pages(w);
     fz_note("restore cache %d (offset %d) from snapshot [%d, %d) target %d, want %d", ci, c->st.off, s->from, s->to,
             target, want);
@@ -713,13 +672,7 @@ static void fz_op_restore(fz_world *w, int ci) {
     }
     FZ_RES(r, want);
     if (r != KVC_OK) return;
-    if (c->kind == KVC_KIND_FULL) {
-        if (target > s->from) memcpy(c->st.uid + s->from, s->st.uid + s->from, sizeof(uint32_t) * (size_t)(target - s->from));
-        fz_rewind(&c->st, target);
-    } else {
-        c->st = s->st;
-        if (target < s->to) fz_rewind(&c->st, target);
-    }
+    ref_restore(c->kind, s->from, s->to, &s->st, target, &c->st);
 }
 
 static void fz_op_merge(fz_world *w, int ci) {
@@ -760,9 +713,7 @@ static void fz_op_merge(fz_world *w, int ci) {
         fz_snap m = w->s[pi];
         m.h = out;
         m.to = w->s[chi].to;
-        memcpy(m.st.uid + w->s[chi].from, w->s[chi].st.uid + w->s[chi].from,
-               sizeof(uint32_t) * (size_t)(w->s[chi].to - w->s[chi].from));
-        m.st.off = m.to;
+        ref_merge_full(&m.st, m.from, w->s[chi].from, &w->s[chi].st, m.to, &m.st);
         if (pi > chi) { fz_snap_drop(w, pi); fz_snap_drop(w, chi); }
         else { fz_snap_drop(w, chi); fz_snap_drop(w, pi); }
         w->s[w->ns++] = m;
@@ -1154,7 +1105,7 @@ static void fz_op_prefix_session(fz_world *w) {
     FZ_CHECK(reused == p, "prefix reused %d, reference %d", reused, p);
     for (i = 0; i < x->n_c; ++i) {
         fz_cache *c = &w->c[fz_find_cache(w, x->serial[i])];
-        if (c->st.off > p) fz_rewind(&c->st, p);
+        if (c->st.off > p) ref_rewind(&c->st, p);
     }
     x->n = p;
     x->n_prompt = fz_min(n, x->max_tokens);

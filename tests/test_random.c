@@ -51,6 +51,7 @@
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
 #include "tk.h"
+#include "ref_model.h"
 
 #include <signal.h>
 #include <stdarg.h>
@@ -68,7 +69,7 @@
 #define TR_MAX_H 3
 #define TR_MAX_D 9
 #define TR_ROW (TR_MAX_H * TR_MAX_D)
-#define TR_MAX_TOK 320     /* tokens one reference history can hold */
+#define TR_MAX_TOK REF_MAX_TOKENS /* tokens one reference history can hold */
 #define TR_FULL_CAP 72     /* a FULL cache is not grown past this many tokens */
 #define TR_ROT_CAP 300     /* nor a ROTATING one past this */
 #define TR_MAX_BATCH 10
@@ -80,20 +81,13 @@
 #define TR_LOG 40
 #define TR_LOGW 120
 
-/* ---- reference model --------------------------------------------------------------- */
-typedef struct tr_state {
-    int32_t off;                 /* tokens held = next position */
-    int32_t bb;                  /* first token of the last batch (ROTATING window anchor) */
-    int rel;                     /* ROTATING: a window page was released (until emptied) */
-    uint32_t uid[TR_MAX_TOK];    /* the token at each position [0, off) */
-} tr_state;
-
+/* ---- reference model (the state and its rules: ref_model.h) ---------------------- */
 typedef struct tr_cache {
     kvc_cache *h;
     kvc_kind kind;
     int32_t W, S;                /* ROTATING window and sinks */
     uint32_t serial;             /* identity: snapshots name the cache they came from */
-    tr_state st;
+    ref_state st;
 } tr_cache;
 
 typedef struct tr_snap {
@@ -102,7 +96,7 @@ typedef struct tr_snap {
     kvc_kind kind;
     int32_t from, to;            /* as kvc_snapshot_info should report them */
     int32_t page_bound;          /* ROTATING: the most pages it may hold */
-    tr_state st;                 /* FULL: uid[from, to) meaningful; ROTATING: the whole state */
+    ref_state st;                 /* FULL: uid[from, to) meaningful; ROTATING: the whole state */
 } tr_snap;
 
 typedef struct tr_prefix {
@@ -247,41 +241,9 @@ static const float *tr_vrow(const tr_ep *e, uint32_t uid, int l) {
            (size_t)l * (size_t)(e->H * e->hv);
 }
 
-/* ---- reference semantics ------------------------------------------------------------ */
-/* The cells a cache shows (kvc_cache_gather order): positions into st->uid. */
-static int tr_view(const tr_cache *c, const tr_state *st, int32_t *pos) {
-    int n = 0;
-    int32_t t;
-    if (c->kind == KVC_KIND_FULL) {
-        for (t = 0; t < st->off; ++t) pos[n++] = t;
-    } else {
-        int32_t s0 = tr_min(c->S, st->off), lo = tr_max(c->S, st->bb - (c->W - c->S) + 1);
-        for (t = 0; t < s0; ++t) pos[n++] = t;
-        for (t = tr_max(lo, s0); t < st->off; ++t) pos[n++] = t;
-    }
-    return n;
-}
-
-static void tr_rewind(tr_state *st, int32_t target) { /* trim / live restore: a batch of one */
-    st->off = target;
-    st->bb = target > 0 ? target - 1 : 0;
-    if (target == 0) st->rel = 0;
-}
-
-/* ROTATING: the window has wrapped (no trim, no live rewind, no clamped restore) once
-   it held more than W tokens or released a page: a kvc_cancel can bring the offset back
-   to W or less after kvc_begin released pages. */
-static int tr_wrapped(const tr_cache *c, const tr_state *st) {
-    return c->kind == KVC_KIND_ROTATING && (st->off > c->W || st->rel);
-}
-
-/* Whether kvc_begin at offset o releases a window page: the first window page (logical
-   page ceil(S/page_cells), held since nothing was released yet) lies wholly before the
-   oldest token the batch's first query may see, o - (W - S) + 1. */
-static int tr_begin_releases(const tr_cache *c, int32_t pc, int32_t o) {
-    int32_t nsp = (c->S + pc - 1) / pc;
-    return c->kind == KVC_KIND_ROTATING && o > nsp * pc && (nsp + 1) * pc <= o - (c->W - c->S) + 1;
-}
+/* ---- reference semantics (ref_model.h, with this cache's kind, window and sinks) -- */
+static int tr_view(const tr_cache *c, const ref_state *st, int32_t *pos) { return ref_view(c->kind, c->W, c->S, st, pos); }
+static int tr_wrapped(const tr_cache *c, const ref_state *st) { return ref_wrapped(c->kind, c->W, st); }
 
 static int tr_find_cache(const tr_ep *e, uint32_t serial) {
     int i;
@@ -309,7 +271,7 @@ static int32_t tr_free_pages(tr_ep *e) {
 static int tr_row_eq(const float *a, const float *b, int n) { return memcmp(a, b, sizeof(float) * (size_t)n) == 0; }
 
 /* Compare a cache with a reference state (used for live caches and for probes). */
-static void tr_check_cache_state(tr_ep *e, int ci, const tr_state *st) {
+static void tr_check_cache_state(tr_ep *e, int ci, const ref_state *st) {
     tr_cache *c = &e->c[ci];
     int32_t off = -1, cells = -1, pages = -1, n = -1, nr = -1, l, j, r;
     int nview = tr_view(c, st, e->view), can = -1;
@@ -448,7 +410,7 @@ static void tr_check_all(tr_ep *e) {
 /* ---- attention ------------------------------------------------------------------------ */
 /* kvc_attention of random queries against a double-precision reference over the
    reference tokens with the documented mask. */
-static void tr_check_attention(tr_ep *e, int ci, const tr_state *st, int layer) {
+static void tr_check_attention(tr_ep *e, int ci, const ref_state *st, int layer) {
     tr_cache *c = &e->c[ci];
     kvc_attention_desc d;
     int32_t nq, g, nh, lo, hi, qi, h, i, t, kvh;
@@ -486,9 +448,7 @@ static void tr_check_attention(tr_ep *e, int ci, const tr_state *st, int layer) 
             for (t = 0; t < st->off; ++t) { /* pass 1: the max score */
                 double s = 0.0;
                 const float *k;
-                if (!d.non_causal && t > p) continue;
-                if (d.window > 0 && t <= p - d.window) continue;
-                if (c->kind == KVC_KIND_ROTATING && t >= c->S && t <= p - (c->W - c->S)) continue;
+                if (!ref_visible(c->kind, c->W, c->S, d.non_causal, d.window, t, p)) continue;
                 k = tr_krow(e, st->uid[t], layer) + (size_t)kvh * e->hk;
                 for (i = 0; i < e->hk; ++i) s += (double)q[i] * (double)k[i];
                 s *= scale;
@@ -498,9 +458,7 @@ static void tr_check_attention(tr_ep *e, int ci, const tr_state *st, int layer) 
             for (t = 0; any && t < st->off; ++t) { /* pass 2: weights */
                 double s = 0.0, w;
                 const float *k, *v;
-                if (!d.non_causal && t > p) continue;
-                if (d.window > 0 && t <= p - d.window) continue;
-                if (c->kind == KVC_KIND_ROTATING && t >= c->S && t <= p - (c->W - c->S)) continue;
+                if (!ref_visible(c->kind, c->W, c->S, d.non_causal, d.window, t, p)) continue;
                 k = tr_krow(e, st->uid[t], layer) + (size_t)kvh * e->hk;
                 v = tr_vrow(e, st->uid[t], layer) + (size_t)kvh * e->hv;
                 for (i = 0; i < e->hk; ++i) s += (double)q[i] * (double)k[i];
@@ -541,7 +499,7 @@ static void tr_fill_batch(tr_ep *e, const uint32_t *uids, int n, int l) {
    appended, 0 on KVC_ERR_FULL, a cancel or the cap. */
 static int tr_op_append(tr_ep *e, int ci, int n, int allow_cancel) {
     tr_cache *c = &e->c[ci];
-    tr_state after;
+    ref_state after;
     uint32_t uids[TR_MAX_BATCH], junk[TR_MAX_BATCH];
     int order[TR_MAX_L], put[TR_MAX_L];
     int32_t o = c->st.off, free_before, need_lo, need_hi, off = -1;
@@ -566,11 +524,8 @@ static int tr_op_append(tr_ep *e, int ci, int n, int allow_cancel) {
     TK_OK(r);
     if (r != KVC_OK) return 0;
     if (c->kind == KVC_KIND_FULL) TK_CHECK(free_before >= need_lo);
-    after = c->st;
-    for (i = 0; i < n; ++i) { uids[i] = tr_new_uid(e); after.uid[o + i] = uids[i]; }
-    after.off = o + n;
-    after.bb = o;
-    if (tr_begin_releases(c, e->pc, o)) after.rel = 1;
+    for (i = 0; i < n; ++i) uids[i] = tr_new_uid(e);
+    ref_begin(c->kind, c->W, c->S, e->pc, &c->st, uids, n, &after);
     for (i = 0; i < e->L; ++i) { order[i] = i; put[i] = 0; }
     for (i = e->L - 1; i > 0; --i) { j = tr_int(e, 0, i); r = order[i]; order[i] = order[j]; order[j] = r; }
     if (allow_cancel && tr_pct(e, 12)) cancel_at = tr_int(e, 0, e->L - 1);
@@ -579,9 +534,7 @@ static int tr_op_append(tr_ep *e, int ci, int n, int allow_cancel) {
         if (j == cancel_at) {
             TK_OK(kvc_cancel(c->h));
             tr_logf(e, "  cancel after %d of %d layers", j, e->L);
-            c->st.off = o;
-            c->st.bb = o; /* the cancelled batch's start anchors the window */
-            c->st.rel = o > 0 && after.rel; /* what kvc_begin released stays released */
+            ref_cancel(&c->st, &after);
             return 0;
         }
         if (j < e->L - 1 && tr_pct(e, 8)) { /* junk first, the second put wins (the last put closes the batch) */
@@ -633,32 +586,23 @@ static int tr_op_append(tr_ep *e, int ci, int n, int allow_cancel) {
 static void tr_op_trim(tr_ep *e, int ci) {
     tr_cache *c = &e->c[ci];
     int32_t n = tr_pct(e, 10) ? tr_int(e, -2, c->st.off + 2) : tr_int(e, 0, tr_min(c->st.off, 12));
-    int r, wrapped = tr_wrapped(c, &c->st);
+    int r, want = ref_trim_expect(c->kind, c->W, &c->st, n);
     tr_logf(e, "trim cache %d n %d (offset %d)", ci, n, c->st.off);
     r = kvc_trim(c->h, n);
-    tr_loga(e, " -> %d", r);
-    if (n < 0 || n > c->st.off) {
-        TK_CHECK(r == KVC_ERR_RANGE || (wrapped && r == KVC_ERR_UNSUPPORTED));
-    } else if (wrapped) {
-        TK_RES(r, KVC_ERR_UNSUPPORTED);
-    } else {
-        TK_OK(r);
-        if (r == KVC_OK) tr_rewind(&c->st, c->st.off - n);
-    }
+    tr_loga(e, " -> %d (want %d)", r, want);
+    TK_RES(r, want);
+    if (r == KVC_OK && want == KVC_OK) ref_rewind(&c->st, c->st.off - n);
 }
 
 static void tr_op_live_restore(tr_ep *e, int ci) {
     tr_cache *c = &e->c[ci];
     int32_t off = c->st.off, target = tr_pct(e, 15) ? tr_int(e, -2, off + 2) : tr_int(e, tr_max(0, off - 10), off);
-    int r, want = KVC_OK;
+    int r, want = ref_live_restore_expect(c->kind, c->W, &c->st, target);
     tr_logf(e, "live restore cache %d target %d (offset %d)", ci, target, off);
     r = kvc_restore(c->h, NULL, target);
     tr_loga(e, " -> %d", r);
-    if (target < 0 || target > off) want = KVC_ERR_UNREACHABLE;
-    else if (c->kind == KVC_KIND_ROTATING && target == off) want = KVC_OK; /* nothing to do */
-    else if (tr_wrapped(c, &c->st)) want = KVC_ERR_UNREACHABLE;
     TK_RES(r, want);
-    if (r == KVC_OK && want == KVC_OK && !(c->kind == KVC_KIND_ROTATING && target == off)) tr_rewind(&c->st, target);
+    if (r == KVC_OK && want == KVC_OK) ref_live_restore(c->kind, &c->st, target);
 }
 
 static void tr_snap_remove(tr_ep *e, int si) {
@@ -711,7 +655,7 @@ static tr_snap *tr_op_take(tr_ep *e, int ci, int32_t from) {
     tr_loga(e, " -> %d %s", r, out ? "snap" : "NULL");
     TK_OK(r);
     if (r != KVC_OK) return NULL;
-    if (off == 0 || off <= (c->kind == KVC_KIND_FULL ? tr_max(from, 0) : from)) { /* nothing to hold */
+    if (!ref_take_holds(c->kind, &c->st, from)) {
         TK_CHECK(out == NULL);
         if (out != NULL && out != (kvc_snapshot *)(void *)e->sentinel) kvc_snapshot_free(out);
         return NULL;
@@ -723,7 +667,7 @@ static tr_snap *tr_op_take(tr_ep *e, int ci, int32_t from) {
         s->h = out;
         s->owner = c->serial;
         s->kind = c->kind;
-        s->from = c->kind == KVC_KIND_FULL ? tr_max(from, 0) : from;
+        s->from = ref_take_from(c->kind, from);
         s->to = off;
         s->st = c->st;
         s->page_bound = c->kind == KVC_KIND_ROTATING ? tr_rot_page_bound(e, c) : 0;
@@ -733,24 +677,10 @@ static tr_snap *tr_op_take(tr_ep *e, int ci, int32_t from) {
     }
 }
 
-/* The reference effect of restoring snapshot s into cache c at target (already valid). */
-static void tr_apply_restore(const tr_cache *c, const tr_snap *s, int32_t target, tr_state *st) {
-    if (c->kind == KVC_KIND_FULL) {
-        if (target > s->from)
-            memcpy(st->uid + s->from, s->st.uid + s->from, sizeof(uint32_t) * (size_t)(target - s->from));
-        tr_rewind(st, target);
-    } else {
-        *st = s->st;
-        if (target < s->to) tr_rewind(st, target);
-    }
-}
-
-/* What kvc_restore(c, s, target) must return (the seed's false cases). */
+/* What kvc_restore(c, s, target) must return (ref_model.h, after the owner check). */
 static int tr_restore_expect(const tr_cache *c, const tr_snap *s, int32_t target) {
     if (s->owner != c->serial) return KVC_ERR_FOREIGN;
-    if (target < 0 || target > s->to) return KVC_ERR_UNREACHABLE;
-    if (c->kind == KVC_KIND_FULL) return c->st.off < s->from ? KVC_ERR_UNREACHABLE : KVC_OK;
-    return (target < s->to && (s->to > c->W || s->st.rel)) ? KVC_ERR_UNREACHABLE : KVC_OK;
+    return ref_restore_expect(c->kind, c->W, &c->st, s->from, s->to, &s->st, target);
 }
 
 static int32_t tr_pick_target(tr_ep *e, const tr_snap *s) {
@@ -778,7 +708,7 @@ static int tr_do_restore(tr_ep *e, int ci, int si, int32_t target) {
     }
     TK_RES(r, want);
     if (r != KVC_OK || want != KVC_OK) return 0;
-    tr_apply_restore(c, s, target, &c->st);
+    ref_restore(c->kind, s->from, s->to, &s->st, target, &c->st);
     return 1;
 }
 
@@ -810,7 +740,7 @@ static void tr_op_restore(tr_ep *e) {
 static void tr_op_probe(tr_ep *e) {
     int si, ci, r;
     tr_cache *c;
-    tr_state saved;
+    ref_state saved;
     kvc_snapshot *tmp = NULL;
     if (e->ns == 0) return;
     si = tr_int(e, 0, e->ns - 1);
@@ -921,9 +851,7 @@ static void tr_do_merge(tr_ep *e, int ci, int pi, int chi) {
         m->kind = KVC_KIND_FULL;
         m->from = p->from;
         m->to = ch->to;
-        m->st.off = ch->to;
-        memcpy(m->st.uid + p->from, p->st.uid + p->from, sizeof(uint32_t) * (size_t)(p->to - p->from));
-        memcpy(m->st.uid + ch->from, ch->st.uid + ch->from, sizeof(uint32_t) * (size_t)(ch->to - ch->from));
+        ref_merge_full(&p->st, p->from, p->to, &ch->st, ch->to, &m->st);
         tr_snap_remove_ptr(e, p);
         tr_snap_remove_ptr(e, ch);
         e->s[e->ns++] = m;
@@ -1138,7 +1066,7 @@ static void tr_prefix_begin(tr_ep *e, const int32_t *tok, int32_t n, int32_t *re
     if (r != KVC_OK) return;
     for (i = 0; i < x->n_c; ++i) {
         ci = tr_find_cache(e, x->serial[i]);
-        if (e->c[ci].st.off > p) tr_rewind(&e->c[ci].st, p);
+        if (e->c[ci].st.off > p) ref_rewind(&e->c[ci].st, p);
     }
     x->n = p;
     x->n_prompt = tr_min(n, x->max_tokens);
@@ -1206,8 +1134,7 @@ static void tr_op_invalid(tr_ep *e, int ci) {
     case 0: TK_RES(kvc_begin(c->h, 0), KVC_ERR_INVALID); TK_RES(kvc_begin(c->h, -3), KVC_ERR_INVALID); break;
     case 1: TK_RES(kvc_put(c->h, 0, e->bk, e->bv), KVC_ERR_STATE); TK_RES(kvc_cancel(c->h), KVC_ERR_STATE); break;
     case 2: {
-        int r = kvc_trim(c->h, c->st.off + 1);
-        TK_CHECK(r == KVC_ERR_RANGE || (tr_wrapped(c, &c->st) && r == KVC_ERR_UNSUPPORTED));
+        TK_RES(kvc_trim(c->h, c->st.off + 1), ref_trim_expect(c->kind, c->W, &c->st, c->st.off + 1));
         break;
     }
     case 3: TK_RES(kvc_attention(c->h, e->L, &d), KVC_ERR_RANGE); TK_RES(kvc_attention(c->h, -1, &d), KVC_ERR_RANGE); break;
@@ -1316,7 +1243,7 @@ static void tr_step(tr_ep *e) {
                 int32_t t = tr_int(e, 0, c->st.off);
                 tr_logf(e, "(cap) trim cache %d to %d", ci, t);
                 TK_OK(kvc_trim(c->h, c->st.off - t));
-                tr_rewind(&c->st, t);
+                ref_rewind(&c->st, t);
             } else tr_op_clear(e, ci);
         } else tr_op_append(e, ci, n, 1);
     } else if (k < 36) tr_op_trim(e, ci);
