@@ -30,10 +30,10 @@
    libFuzzer; fuzz/fuzz_replay.c prints the input file to replay). */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
+#include "fuzz_util.h"
 #include "../tests/ref_model.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,49 +51,16 @@
 #define FZ_POS 48         /* CAUSAL positions used */
 #define FZ_PTOK 32        /* prefix: prompt and max_tokens bound */
 #define FZ_STEPS 400      /* operations per input at most */
-#define FZ_LOG 24
 
-/* ---- input and failure reporting ---------------------------------------------------- */
-typedef struct fz_in {
-    const uint8_t *p;
-    size_t n, i;
-} fz_in;
-static unsigned fz_byte(fz_in *in) { return in->i < in->n ? in->p[in->i++] : 0u; }
-static int fz_int(fz_in *in, int lo, int hi) { /* [lo, hi], hi - lo < 65536 */
-    unsigned span = (unsigned)(hi - lo + 1), v = fz_byte(in);
+/* ---- input (this target's reader; the rest of the input and failure handling: fuzz_util.h) */
+/* [lo, hi], hi - lo < 65536: reads one byte even when lo >= hi, a second when the span
+   exceeds 256 (unlike fuzz_int; the corpus was made with this reader) */
+static int fz_int(fuzz_in *in, int lo, int hi) {
+    unsigned span = (unsigned)(hi - lo + 1), v = fuzz_byte(in);
     if (lo >= hi) return lo;
-    if (span > 256) v |= fz_byte(in) << 8;
+    if (span > 256) v |= fuzz_byte(in) << 8;
     return lo + (int)(v % span);
 }
-
-static char fz_log[FZ_LOG][160];
-static int fz_nlog, fz_step;
-static void fz_note(const char *fmt, ...) {
-    va_list ap;
-    char *dst = fz_log[fz_nlog++ % FZ_LOG];
-    int n = snprintf(dst, 160, "op %d: ", fz_step);
-    va_start(ap, fmt);
-    if (n > 0 && n < 160) vsnprintf(dst + n, (size_t)(160 - n), fmt, ap);
-    va_end(ap);
-}
-static void fz_fail(int line, const char *fmt, ...) {
-    va_list ap;
-    int i;
-    fprintf(stderr, "fuzz_ops.c:%d: ", line);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\nlast operations:\n");
-    for (i = fz_nlog > FZ_LOG ? fz_nlog - FZ_LOG : 0; i < fz_nlog; ++i) fprintf(stderr, "  %s\n", fz_log[i % FZ_LOG]);
-    abort();
-}
-#define FZ_CHECK(cond, ...) do { if (!(cond)) fz_fail(__LINE__, __VA_ARGS__); } while (0)
-#define FZ_RES(expr, want)                                                                      \
-    do {                                                                                        \
-        int fz_r_ = (int)(expr), fz_w_ = (int)(want);                                           \
-        FZ_CHECK(fz_r_ == fz_w_, "%s returned %d (%s), wanted %d", #expr, fz_r_,                \
-                 kvc_strerror((kvc_result)fz_r_), fz_w_);                                       \
-    } while (0)
 
 /* ---- memory: a counting allocator that refuses a pattern of allocations --------------- */
 static long fz_live_blocks, fz_alloc_calls;
@@ -173,7 +140,7 @@ typedef struct fz_prefix {
 } fz_prefix;
 
 typedef struct fz_world {
-    fz_in in;
+    fuzz_in in;
     int L, H, hk, hv, pc;
     kvc_type tk, tv;
     int32_t pages_total;
@@ -211,12 +178,10 @@ static int fz_rint(fz_world *w, int lo, int hi) {
 }
 
 static int32_t fz_ceil_div(int32_t a, int32_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
-static int32_t fz_min(int32_t a, int32_t b) { return a < b ? a : b; }
-static int32_t fz_max(int32_t a, int32_t b) { return a > b ? a : b; }
 
 static int32_t fz_free_pages(fz_world *w) {
     kvc_pool_stats st;
-    FZ_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
+    FUZZ_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
     return st.pages_total - st.pages_used;
 }
 
@@ -340,30 +305,30 @@ static void fz_check_lin(fz_world *w, int ci) {
     fz_cache *c = &w->c[ci];
     int32_t view[FZ_TOK], off = -1, cells = -1, pages = -1, n = -1, nr = -1;
     int nview = fz_view(c, &c->st, view), can = -1, l, j, i, nk = w->H * w->hk, nv = w->H * w->hv;
-    FZ_RES(kvc_cache_offset(c->h, &off), KVC_OK);
-    FZ_CHECK(off == c->st.off, "cache %d: offset %d, reference %d", ci, off, c->st.off);
-    FZ_RES(kvc_cache_cells(c->h, &cells), KVC_OK);
-    FZ_CHECK(cells == nview, "cache %d: %d cells, reference %d", ci, cells, nview);
-    FZ_RES(kvc_cache_pages(c->h, &pages), KVC_OK);
+    FUZZ_RES(kvc_cache_offset(c->h, &off), KVC_OK);
+    FUZZ_CHECK(off == c->st.off, "cache %d: offset %d, reference %d", ci, off, c->st.off);
+    FUZZ_RES(kvc_cache_cells(c->h, &cells), KVC_OK);
+    FUZZ_CHECK(cells == nview, "cache %d: %d cells, reference %d", ci, cells, nview);
+    FUZZ_RES(kvc_cache_pages(c->h, &pages), KVC_OK);
     if (c->kind == KVC_KIND_FULL)
-        FZ_CHECK(pages == fz_ceil_div(c->st.off, w->pc), "cache %d: %d pages for %d tokens", ci, pages, c->st.off);
-    FZ_RES(kvc_can_trim(c->h, &can), KVC_OK);
-    FZ_CHECK((can != 0) == !fz_wrapped(c, &c->st), "cache %d: can_trim %d", ci, can);
+        FUZZ_CHECK(pages == fz_ceil_div(c->st.off, w->pc), "cache %d: %d pages for %d tokens", ci, pages, c->st.off);
+    FUZZ_RES(kvc_can_trim(c->h, &can), KVC_OK);
+    FUZZ_CHECK((can != 0) == !fz_wrapped(c, &c->st), "cache %d: can_trim %d", ci, can);
     for (l = 0; l < w->L; ++l) {
-        FZ_RES(kvc_cache_gather(c->h, l, w->gk, w->gv, w->gpos, FZ_TOK, &n), KVC_OK);
-        FZ_CHECK(n == nview, "cache %d: gather %d cells, reference %d", ci, n, nview);
+        FUZZ_RES(kvc_cache_gather(c->h, l, w->gk, w->gv, w->gpos, FZ_TOK, &n), KVC_OK);
+        FUZZ_CHECK(n == nview, "cache %d: gather %d cells, reference %d", ci, n, nview);
         for (j = 0; j < n; ++j) {
             uint32_t uid = c->st.uid[view[j]];
-            FZ_CHECK(w->gpos[j] == view[j], "cache %d layer %d cell %d: pos %d, want %d", ci, l, j, w->gpos[j], view[j]);
+            FUZZ_CHECK(w->gpos[j] == view[j], "cache %d layer %d cell %d: pos %d, want %d", ci, l, j, w->gpos[j], view[j]);
             for (i = 0; i < nk; ++i)
-                FZ_CHECK(w->gk[j * nk + i] == fz_kval(uid, l, i), "cache %d layer %d pos %d: K[%d] %g, want %g", ci, l,
+                FUZZ_CHECK(w->gk[j * nk + i] == fz_kval(uid, l, i), "cache %d layer %d pos %d: K[%d] %g, want %g", ci, l,
                          view[j], i, (double)w->gk[j * nk + i], (double)fz_kval(uid, l, i));
             for (i = 0; i < nv; ++i)
-                FZ_CHECK(w->gv[j * nv + i] == fz_vval(uid, l, i), "cache %d layer %d pos %d: V[%d] %g, want %g", ci, l,
+                FUZZ_CHECK(w->gv[j * nv + i] == fz_vval(uid, l, i), "cache %d layer %d pos %d: V[%d] %g, want %g", ci, l,
                          view[j], i, (double)w->gv[j * nv + i], (double)fz_vval(uid, l, i));
         }
-        FZ_RES(kvc_cache_runs(c->h, l, NULL, 0, &nr), KVC_OK);
-        FZ_CHECK(nr >= (n > 0) && nr <= n, "cache %d: %d runs for %d cells", ci, nr, n);
+        FUZZ_RES(kvc_cache_runs(c->h, l, NULL, 0, &nr), KVC_OK);
+        FUZZ_CHECK(nr >= (n > 0) && nr <= n, "cache %d: %d runs for %d cells", ci, nr, n);
     }
 }
 
@@ -380,13 +345,13 @@ static void fz_check_lin_attention(fz_world *w, int ci, int layer) {
     double scale;
     if (c->st.off == 0) return;
     memset(&d, 0, sizeof(d));
-    lo = c->kind == KVC_KIND_FULL ? fz_max(0, c->st.off - 12) : c->st.bb; /* cells the cache still holds */
+    lo = c->kind == KVC_KIND_FULL ? fuzz_max(0, c->st.off - 12) : c->st.bb; /* cells the cache still holds */
     for (qi = 0; qi < nq; ++qi) qpos[qi] = fz_rint(w, lo, c->st.off);
     for (i = 0; i < nq * nh * w->hk; ++i) w->q[i] = fz_rand(w);
     d.n_queries = nq; d.n_heads = nh; d.q = w->q; d.pos = qpos; d.out = w->out;
     d.window = fz_rint(w, 0, 12);
     d.non_causal = fz_rint(w, 0, 7) == 0;
-    FZ_RES(kvc_attention(c->h, layer, &d), KVC_OK);
+    FUZZ_RES(kvc_attention(c->h, layer, &d), KVC_OK);
     scale = 1.0 / sqrt((double)w->hk);
     for (qi = 0; qi < nq; ++qi)
         for (h = 0; h < nh; ++h) {
@@ -415,7 +380,7 @@ static void fz_check_lin_attention(fz_world *w, int ci, int layer) {
             }
             for (i = 0; i < w->hv; ++i) {
                 double want = any ? acc[i] / sum : 0.0;
-                FZ_CHECK(fabs((double)o[i] - want) <= 1e-4 * (1.0 + vmax),
+                FUZZ_CHECK(fabs((double)o[i] - want) <= 1e-4 * (1.0 + vmax),
                          "cache %d layer %d query pos %d head %d dim %d: attention %.9g, reference %.9g (window %d nc %d)",
                          ci, layer, qpos[qi], h, i, (double)o[i], want, d.window, d.non_causal);
             }
@@ -452,7 +417,7 @@ static void fz_causal_ref_attend(const fz_world *w, const fz_cache *c, int s, in
         }
         for (i = 0; i < w->hv; ++i) {
             double want = any ? acc[i] / sum : 0.0;
-            FZ_CHECK(fabs((double)o[h * w->hv + i] - want) <= 1e-4 * (1.0 + vmax),
+            FUZZ_CHECK(fabs((double)o[h * w->hv + i] - want) <= 1e-4 * (1.0 + vmax),
                      "causal attention seq %d pos %d layer %d head %d dim %d: %.9g, reference %.9g (nc %d window %d)", s,
                      p, layer, h, i, (double)o[h * w->hv + i], want, nc, window);
         }
@@ -464,11 +429,11 @@ static void fz_check_causal(fz_world *w, int ci) {
     kvc_attention_desc d;
     int32_t used = -1, lo, hi, s, i, qs, qp;
     int layer = fz_rint(w, 0, w->L - 1);
-    FZ_RES(kvc_cache_offset(c->h, &used), KVC_OK);
-    FZ_CHECK(used == fz_cells_used(c), "causal cache %d: %d cells used, reference %d", ci, used, fz_cells_used(c));
+    FUZZ_RES(kvc_cache_offset(c->h, &used), KVC_OK);
+    FUZZ_CHECK(used == fz_cells_used(c), "causal cache %d: %d cells used, reference %d", ci, used, fz_cells_used(c));
     for (s = 0; s < FZ_SEQS; ++s) {
-        FZ_RES(kvc_seq_pos_range(c->h, s, &lo, &hi), KVC_OK);
-        FZ_CHECK(lo == fz_min_pos(c, s) && hi == fz_max_pos(c, s), "causal cache %d seq %d: pos range [%d, %d], want [%d, %d]",
+        FUZZ_RES(kvc_seq_pos_range(c->h, s, &lo, &hi), KVC_OK);
+        FUZZ_CHECK(lo == fz_min_pos(c, s) && hi == fz_max_pos(c, s), "causal cache %d seq %d: pos range [%d, %d], want [%d, %d]",
                  ci, s, lo, hi, fz_min_pos(c, s), fz_max_pos(c, s));
     }
     /* every (sequence, position) up to one past its last (the ranges above say nothing
@@ -479,12 +444,12 @@ static void fz_check_causal(fz_world *w, int ci) {
     for (i = 0; i < w->H * w->hk; ++i) w->q[i] = 0.0f;
     d.n_queries = 1; d.n_heads = w->H; d.q = w->q; d.out = w->out; d.window = 1;
     d.pos = &qp; d.seq = &qs;
-    for (qs = 0; qs < FZ_SEQS && (w->rescan || fz_step % 4 == 0); ++qs)
+    for (qs = 0; qs < FZ_SEQS && (w->rescan || fuzz_step % 4 == 0); ++qs)
         for (qp = 0; qp <= fz_max_pos(c, qs) + 1 && qp < FZ_POS; ++qp) {
-            FZ_RES(kvc_attention(c->h, layer, &d), KVC_OK);
+            FUZZ_RES(kvc_attention(c->h, layer, &d), KVC_OK);
             for (i = 0; i < w->H * w->hv; ++i) {
                 float want = fz_has(c, qs, qp) ? fz_vval(c->m.e[qs][qp].uid, layer, i) : 0.0f;
-                FZ_CHECK(w->out[i] == want, "causal cache %d seq %d pos %d layer %d: V[%d] %g, want %g", ci, qs, qp, layer,
+                FUZZ_CHECK(w->out[i] == want, "causal cache %d seq %d pos %d layer %d: V[%d] %g, want %g", ci, qs, qp, layer,
                          i, (double)w->out[i], (double)want);
             }
         }
@@ -497,7 +462,7 @@ static void fz_check_causal(fz_world *w, int ci) {
         d.n_heads = nh;
         d.window = fz_rint(w, 0, 8);
         d.non_causal = fz_rint(w, 0, 5) == 0;
-        FZ_RES(kvc_attention(c->h, layer, &d), KVC_OK);
+        FUZZ_RES(kvc_attention(c->h, layer, &d), KVC_OK);
         fz_causal_ref_attend(w, c, qs, qp, d.non_causal, d.window, layer, w->q, nh, w->out);
     }
 }
@@ -509,27 +474,27 @@ static void fz_check_all(fz_world *w) {
         if (w->c[i].kind == KVC_KIND_CAUSAL) fz_check_causal(w, i);
         else fz_check_lin(w, i);
     }
-    FZ_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
-    FZ_CHECK(st.live_caches == w->nc && st.live_snapshots == w->ns && st.live_prefixes == (w->px.h != NULL),
+    FUZZ_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
+    FUZZ_CHECK(st.live_caches == w->nc && st.live_snapshots == w->ns && st.live_prefixes == (w->px.h != NULL),
              "live objects %d %d %d, reference %d %d %d", st.live_caches, st.live_snapshots, st.live_prefixes, w->nc,
              w->ns, w->px.h != NULL);
-    FZ_CHECK(st.pages_used >= 0 && st.pages_used <= st.pages_total && st.pages_total == w->pages_total,
+    FUZZ_CHECK(st.pages_used >= 0 && st.pages_used <= st.pages_total && st.pages_total == w->pages_total,
              "pages used %d of %d", st.pages_used, st.pages_total);
     for (i = 0; i < w->ns; ++i) {
         kvc_snapshot_info info;
-        FZ_RES(kvc_snapshot_info_get(w->s[i].h, &info), KVC_OK);
+        FUZZ_RES(kvc_snapshot_info_get(w->s[i].h, &info), KVC_OK);
         if (w->s[i].kind != KVC_KIND_ROTATING)
-            FZ_CHECK(info.from == w->s[i].from && info.to == w->s[i].to, "snapshot %d: [%d, %d), want [%d, %d)", i,
+            FUZZ_CHECK(info.from == w->s[i].from && info.to == w->s[i].to, "snapshot %d: [%d, %d), want [%d, %d)", i,
                      info.from, info.to, w->s[i].from, w->s[i].to);
         if (w->s[i].kind == KVC_KIND_FULL)
-            FZ_CHECK(info.n_pages == (w->s[i].to - 1) / w->pc - w->s[i].from / w->pc + 1, "snapshot %d: %d pages", i,
+            FUZZ_CHECK(info.n_pages == (w->s[i].to - 1) / w->pc - w->s[i].from / w->pc + 1, "snapshot %d: %d pages", i,
                      info.n_pages);
     }
     if (w->px.h != NULL) {
         const int32_t *toks = NULL;
         int32_t nt = -1;
-        FZ_RES(kvc_prefix_tokens(w->px.h, &toks, &nt), KVC_OK);
-        FZ_CHECK(nt == w->px.n && (nt == 0 || memcmp(toks, w->px.tok, sizeof(int32_t) * (size_t)nt) == 0),
+        FUZZ_RES(kvc_prefix_tokens(w->px.h, &toks, &nt), KVC_OK);
+        FUZZ_CHECK(nt == w->px.n && (nt == 0 || memcmp(toks, w->px.tok, sizeof(int32_t) * (size_t)nt) == 0),
                  "prefix tokens: %d, reference %d", nt, w->px.n);
     }
 }
@@ -549,45 +514,45 @@ static int fz_append(fz_world *w, int ci, int n) {
     ref_state after;
     uint32_t uids[FZ_BATCH];
     int32_t o = c->st.off, free0 = fz_free_pages(w), need_lo, need_hi;
-    int r, l, i, cancel_at = -1, mode = (int)fz_byte(&w->in);
+    int r, l, i, cancel_at = -1, mode = (int)fuzz_byte(&w->in);
     if (o + n > (c->kind == KVC_KIND_FULL ? FZ_FULL_CAP : FZ_TOK)) return 0;
     need_lo = fz_ceil_div(o + n, w->pc) - fz_ceil_div(o, w->pc);
     need_hi = need_lo + (o % w->pc != 0);
-    fz_note("append cache %d n %d (offset %d, free %d)", ci, n, o, free0);
+    fuzz_note("append cache %d n %d (offset %d, free %d)", ci, n, o, free0);
     r = kvc_begin(c->h, n);
     if (r == KVC_ERR_FULL) {
-        FZ_CHECK(free0 < need_hi, "kvc_begin(%d) said FULL with %d free pages (needs at most %d)", n, free0, need_hi);
-        FZ_CHECK(fz_free_pages(w) == free0, "a refused kvc_begin changed the free pages");
+        FUZZ_CHECK(free0 < need_hi, "kvc_begin(%d) said FULL with %d free pages (needs at most %d)", n, free0, need_hi);
+        FUZZ_CHECK(fz_free_pages(w) == free0, "a refused kvc_begin changed the free pages");
         return 0;
     }
-    FZ_RES(r, KVC_OK);
-    if (c->kind == KVC_KIND_FULL) FZ_CHECK(free0 >= need_lo, "kvc_begin found pages that were not free");
+    FUZZ_RES(r, KVC_OK);
+    if (c->kind == KVC_KIND_FULL) FUZZ_CHECK(free0 >= need_lo, "kvc_begin found pages that were not free");
     for (i = 0; i < n; ++i) uids[i] = ++w->next_uid;
     ref_begin(c->kind, c->W, c->S, w->pc, &c->st, uids, n, &after);
     if (mode % 8 == 0) cancel_at = (int)(mode / 8) % w->L;
     for (l = 0; l < w->L; ++l) {
         if (l == cancel_at) {
-            FZ_RES(kvc_cancel(c->h), KVC_OK);
+            FUZZ_RES(kvc_cancel(c->h), KVC_OK);
             ref_cancel(&c->st, &after);
-            fz_note("  cancelled after %d layers", l);
+            fuzz_note("  cancelled after %d layers", l);
             return 0;
         }
         if (mode % 16 == 3 && l + 1 < w->L) { /* junk first: the second put wins (the last layer's put closes the batch) */
             uint32_t junk[FZ_BATCH];
             for (i = 0; i < n; ++i) junk[i] = 0x80000000u + uids[i];
             fz_fill(w, junk, n, l);
-            FZ_RES(kvc_put(c->h, l, w->k, w->v), KVC_OK);
+            FUZZ_RES(kvc_put(c->h, l, w->k, w->v), KVC_OK);
         }
         fz_fill(w, uids, n, l);
-        FZ_RES(kvc_put(c->h, l, w->k, w->v), KVC_OK);
+        FUZZ_RES(kvc_put(c->h, l, w->k, w->v), KVC_OK);
         if (l + 1 < w->L && mode % 16 == 5) { /* an open batch refuses what needs it closed */
             kvc_snapshot *sn = NULL;
             kvc_cache *fk = NULL;
-            FZ_RES(kvc_begin(c->h, 1), KVC_ERR_STATE);
-            FZ_RES(kvc_snapshot_take(c->h, 0, &sn), KVC_ERR_STATE);
-            FZ_RES(kvc_cache_fork(c->h, &fk), KVC_ERR_STATE);
-            FZ_RES(kvc_trim(c->h, 0), KVC_ERR_STATE);
-            FZ_RES(kvc_restore(c->h, NULL, 0), KVC_ERR_STATE);
+            FUZZ_RES(kvc_begin(c->h, 1), KVC_ERR_STATE);
+            FUZZ_RES(kvc_snapshot_take(c->h, 0, &sn), KVC_ERR_STATE);
+            FUZZ_RES(kvc_cache_fork(c->h, &fk), KVC_ERR_STATE);
+            FUZZ_RES(kvc_trim(c->h, 0), KVC_ERR_STATE);
+            FUZZ_RES(kvc_restore(c->h, NULL, 0), KVC_ERR_STATE);
         }
     }
     c->st = after;
@@ -599,10 +564,10 @@ static void fz_op_trim(fz_world *w, int ci) {
     fz_cache *c = &w->c[ci];
     int32_t n = fz_int(&w->in, -1, 14);
     int r, want;
-    fz_note("trim cache %d n %d (offset %d)", ci, n, c->st.off);
+    fuzz_note("trim cache %d n %d (offset %d)", ci, n, c->st.off);
     r = kvc_trim(c->h, n);
     want = ref_trim_expect(c->kind, c->W, &c->st, n);
-    FZ_RES(r, want);
+    FUZZ_RES(r, want);
     if (r == KVC_OK) ref_rewind(&c->st, c->st.off - n);
 }
 
@@ -610,9 +575,9 @@ static void fz_op_live_restore(fz_world *w, int ci) {
     fz_cache *c = &w->c[ci];
     int32_t off = c->st.off, target = off - fz_int(&w->in, -2, 12);
     int r, want = ref_live_restore_expect(c->kind, c->W, &c->st, target);
-    fz_note("live restore cache %d target %d (offset %d)", ci, target, off);
+    fuzz_note("live restore cache %d target %d (offset %d)", ci, target, off);
     r = kvc_restore(c->h, NULL, target);
-    FZ_RES(r, want);
+    FUZZ_RES(r, want);
     if (r == KVC_OK) ref_live_restore(c->kind, &c->st, target);
 }
 
@@ -620,8 +585,8 @@ static void fz_snap_drop(fz_world *w, int si) {
     w->s[si] = w->s[--w->ns];
 }
 static void fz_op_snap_free(fz_world *w, int si) {
-    fz_note("snapshot free %d", si);
-    FZ_RES(kvc_snapshot_free(w->s[si].h), KVC_OK);
+    fuzz_note("snapshot free %d", si);
+    FUZZ_RES(kvc_snapshot_free(w->s[si].h), KVC_OK);
     fz_snap_drop(w, si);
 }
 
@@ -631,16 +596,16 @@ static void fz_op_take(fz_world *w, int ci) {
     int32_t from = fz_int(&w->in, -2, c->st.off + 1), f0;
     int r;
     if (w->ns == FZ_SNAPS) fz_op_snap_free(w, 0);
-    fz_note("snapshot take cache %d from %d (offset %d)", ci, from, c->st.off);
+    fuzz_note("snapshot take cache %d from %d (offset %d)", ci, from, c->st.off);
     r = kvc_snapshot_take(c->h, from, &out);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom) return;
-    FZ_RES(r, KVC_OK);
+    FUZZ_RES(r, KVC_OK);
     f0 = ref_take_from(c->kind, from);
     if (!ref_take_holds(c->kind, &c->st, from)) {
-        FZ_CHECK(out == NULL, "a snapshot of nothing");
+        FUZZ_CHECK(out == NULL, "a snapshot of nothing");
         return;
     }
-    FZ_CHECK(out != NULL, "no snapshot");
+    FUZZ_CHECK(out != NULL, "no snapshot");
     memset(&w->s[w->ns], 0, sizeof(w->s[w->ns]));
     w->s[w->ns].h = out;
     w->s[w->ns].owner = c->serial;
@@ -658,29 +623,29 @@ static void fz_op_restore(fz_world *w, int ci) {
     int r, want;
     if (w->ns == 0) return;
     s = &w->s[fz_int(&w->in, 0, w->ns - 1)];
-    target = fz_byte(&w->in) % 4 ? s->to - fz_int(&w->in, -1, 8) : fz_int(&w->in, -2, s->to + 2);
+    target = fuzz_byte(&w->in) % 4 ? s->to - fz_int(&w->in, -1, 8) : fz_int(&w->in, -2, s->to + 2);
     if (c->kind == KVC_KIND_CAUSAL) want = KVC_ERR_UNSUPPORTED;
     else if (s->owner != c->serial) want = KVC_ERR_FOREIGN;
     else want = ref_restore_expect(c->kind, c->W, &c->st, s->from, s->to, &s->st, target);
     free0 = fz_free_pages(w);
-    fz_note("restore cache %d (offset %d) from snapshot [%d, %d) target %d, want %d", ci, c->st.off, s->from, s->to,
+    fuzz_note("restore cache %d (offset %d) from snapshot [%d, %d) target %d, want %d", ci, c->st.off, s->from, s->to,
             target, want);
     r = kvc_restore(c->h, s->h, target);
     if (r == KVC_ERR_FULL && want == KVC_OK && c->kind == KVC_KIND_FULL) { /* only a boundary copy needs a page */
-        FZ_CHECK(free0 < 1 && fz_free_pages(w) == free0, "restore said FULL with %d free pages", free0);
+        FUZZ_CHECK(free0 < 1 && fz_free_pages(w) == free0, "restore said FULL with %d free pages", free0);
         return;
     }
-    FZ_RES(r, want);
+    FUZZ_RES(r, want);
     if (r != KVC_OK) return;
     ref_restore(c->kind, s->from, s->to, &s->st, target, &c->st);
 }
 
 static void fz_op_merge(fz_world *w, int ci) {
     fz_cache *c = &w->c[ci];
-    int pi = (int)fz_byte(&w->in) % (w->ns + 1) - 1, chi = (int)fz_byte(&w->in) % (w->ns + 1) - 1, r, want, i;
+    int pi = (int)fuzz_byte(&w->in) % (w->ns + 1) - 1, chi = (int)fuzz_byte(&w->in) % (w->ns + 1) - 1, r, want, i;
     kvc_snapshot *out = NULL;
     int32_t free0 = fz_free_pages(w);
-    if (fz_byte(&w->in) % 2) /* usually look for an adjacent pair of this cache */
+    if (fuzz_byte(&w->in) % 2) /* usually look for an adjacent pair of this cache */
         for (i = 0; i < w->ns * w->ns; ++i)
             if (i / w->ns != i % w->ns && w->s[i / w->ns].owner == c->serial && w->s[i % w->ns].owner == c->serial &&
                 w->s[i / w->ns].to == w->s[i % w->ns].from) { pi = i / w->ns; chi = i % w->ns; break; }
@@ -689,26 +654,26 @@ static void fz_op_merge(fz_world *w, int ci) {
     else if (pi >= 0 && pi == chi) want = KVC_ERR_INVALID;
     else if (c->kind == KVC_KIND_FULL && pi >= 0 && chi >= 0 && w->s[pi].to != w->s[chi].from) want = KVC_ERR_INVALID;
     else want = KVC_OK;
-    fz_note("merge cache %d parent %d child %d, want %d", ci, pi, chi, want);
+    fuzz_note("merge cache %d parent %d child %d, want %d", ci, pi, chi, want);
     r = kvc_snapshot_merge(c->h, pi >= 0 ? w->s[pi].h : NULL, chi >= 0 ? w->s[chi].h : NULL, &out);
     if (want == KVC_OK && c->kind == KVC_KIND_FULL && pi >= 0 && chi >= 0) {
-        if (r == KVC_ERR_FULL) { FZ_CHECK(free0 < 1, "merge said FULL with %d free pages", free0); return; }
+        if (r == KVC_ERR_FULL) { FUZZ_CHECK(free0 < 1, "merge said FULL with %d free pages", free0); return; }
         if (r == KVC_ERR_NO_MEMORY && fz_may_oom) return;
     }
-    FZ_RES(r, want);
+    FUZZ_RES(r, want);
     if (r != KVC_OK) return;
     if (c->kind == KVC_KIND_ROTATING) { /* the child supersedes the parent */
-        FZ_CHECK(out == (chi >= 0 ? w->s[chi].h : NULL), "rotating merge must give the child");
+        FUZZ_CHECK(out == (chi >= 0 ? w->s[chi].h : NULL), "rotating merge must give the child");
         if (pi >= 0) fz_snap_drop(w, pi);
         return;
     }
     if (pi < 0 || chi < 0) { /* a missing side frees the other */
-        FZ_CHECK(out == NULL, "merge with a NULL side gave a snapshot");
+        FUZZ_CHECK(out == NULL, "merge with a NULL side gave a snapshot");
         if (pi >= 0) fz_snap_drop(w, pi);
         if (chi >= 0) fz_snap_drop(w, chi);
         return;
     }
-    FZ_CHECK(out != NULL, "merge gave nothing");
+    FUZZ_CHECK(out != NULL, "merge gave nothing");
     {
         fz_snap m = w->s[pi];
         m.h = out;
@@ -733,14 +698,14 @@ static void fz_op_split(fz_world *w, int ci) {
     s = &w->s[si];
     at = s->from + fz_int(&w->in, -2, s->to - s->from + 2);
     want = c->kind == KVC_KIND_CAUSAL ? KVC_ERR_UNSUPPORTED : s->owner != c->serial ? KVC_ERR_FOREIGN : KVC_OK;
-    fz_note("split snapshot %d [%d, %d) at %d with cache %d, want %d", si, s->from, s->to, at, ci, want);
+    fuzz_note("split snapshot %d [%d, %d) at %d with cache %d, want %d", si, s->from, s->to, at, ci, want);
     r = kvc_snapshot_split(c->h, s->h, at, &a, &b);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom && want == KVC_OK) return;
-    FZ_RES(r, want);
+    FUZZ_RES(r, want);
     if (r != KVC_OK) return;
-    if (s->kind == KVC_KIND_ROTATING || at <= s->from) { FZ_CHECK(a == NULL && b == s->h, "split before the start"); return; }
-    if (at >= s->to) { FZ_CHECK(a == s->h && b == NULL, "split after the end"); return; }
-    FZ_CHECK(a != NULL && b != NULL, "split gave a NULL half");
+    if (s->kind == KVC_KIND_ROTATING || at <= s->from) { FUZZ_CHECK(a == NULL && b == s->h, "split before the start"); return; }
+    if (at >= s->to) { FUZZ_CHECK(a == s->h && b == NULL, "split after the end"); return; }
+    FUZZ_CHECK(a != NULL && b != NULL, "split gave a NULL half");
     w->s[w->ns] = *s;
     w->s[w->ns].h = b;
     w->s[w->ns].from = at;
@@ -755,7 +720,7 @@ static void fz_causal_put(fz_world *w, fz_cache *c, int n, const uint32_t *uids)
     int l;
     for (l = 0; l < w->L; ++l) {
         fz_fill(w, uids, n, l);
-        FZ_RES(kvc_put(c->h, l, w->k, w->v), KVC_OK);
+        FUZZ_RES(kvc_put(c->h, l, w->k, w->v), KVC_OK);
     }
 }
 
@@ -770,43 +735,43 @@ static void fz_check_batch(fz_world *w, int ci, int n, const int32_t *pos, const
     memset(&d, 0, sizeof(d));
     for (i = 0; i < n * w->H * w->hk; ++i) w->q[i] = fz_rand(w);
     d.n_queries = n; d.n_heads = w->H; d.q = w->q; d.out = w->out;
-    FZ_RES(kvc_attention(c->h, l, &d), KVC_OK);
+    FUZZ_RES(kvc_attention(c->h, l, &d), KVC_OK);
     for (i = 0; i < n; ++i)
         fz_causal_ref_attend(w, c, seq[i], pos[i], nc[i], 0, l, w->q + i * nk, w->H, w->out + i * nv);
-    FZ_RES(kvc_mask_export(c->h, row_pad, NULL, 0, &rows, &cols, &first), KVC_OK);
-    FZ_CHECK(rows >= n && rows < n + (row_pad ? row_pad : 1) && cols >= 0 && first >= 0 && first + cols <= c->cap,
+    FUZZ_RES(kvc_mask_export(c->h, row_pad, NULL, 0, &rows, &cols, &first), KVC_OK);
+    FUZZ_CHECK(rows >= n && rows < n + (row_pad ? row_pad : 1) && cols >= 0 && first >= 0 && first + cols <= c->cap,
              "mask export %d x %d at %d for %d tokens", rows, cols, first, n);
     if ((size_t)rows * (size_t)cols <= sizeof(mask) / sizeof(mask[0])) {
-        FZ_RES(kvc_mask_export(c->h, row_pad, mask, sizeof(mask) / sizeof(mask[0]), &rows, &cols, &first), KVC_OK);
+        FUZZ_RES(kvc_mask_export(c->h, row_pad, mask, sizeof(mask) / sizeof(mask[0]), &rows, &cols, &first), KVC_OK);
         for (i = 0; i < rows; ++i) {
             int vis = 0, want = 0, key;
             for (j = 0; j < cols; ++j) vis += mask[i * cols + j] == 0.0f;
             if (i < n)
                 for (key = 0; key < FZ_POS; ++key) want += fz_has(c, seq[i], key) && fz_visible(c, key, pos[i], nc[i], 0);
-            FZ_CHECK(vis == want, "mask row %d: %d visible cells, reference %d", i, vis, want);
+            FUZZ_CHECK(vis == want, "mask row %d: %d visible cells, reference %d", i, vis, want);
         }
     }
     /* the gathered cells: each non-empty one is some entry of the map, by its V */
-    FZ_RES(kvc_cache_gather(c->h, l, NULL, NULL, NULL, 0, &ng), KVC_OK);
-    FZ_CHECK(ng == cols, "gather %d cells, mask %d columns", ng, cols);
+    FUZZ_RES(kvc_cache_gather(c->h, l, NULL, NULL, NULL, 0, &ng), KVC_OK);
+    FUZZ_CHECK(ng == cols, "gather %d cells, mask %d columns", ng, cols);
     if (ng > FZ_TOK) return;
-    FZ_RES(kvc_cache_gather(c->h, l, w->gk, w->gv, w->gpos, FZ_TOK, &ng), KVC_OK);
+    FUZZ_RES(kvc_cache_gather(c->h, l, w->gk, w->gv, w->gpos, FZ_TOK, &ng), KVC_OK);
     for (j = 0; j < ng; ++j) {
         int s, found = 0;
         int32_t p = w->gpos[j];
         if (p < 0) continue;
-        FZ_CHECK(p < FZ_POS, "gathered cell %d: position %d", j, p);
+        FUZZ_CHECK(p < FZ_POS, "gathered cell %d: position %d", j, p);
         for (s = 0; s < FZ_SEQS && !found; ++s) {
             const fz_entry *e = &c->m.e[s][p];
             if (!e->uid || w->gv[j * nv] != fz_vval(e->uid, l, 0)) continue;
             found = 1;
             for (i = 0; i < nv; ++i)
-                FZ_CHECK(w->gv[j * nv + i] == fz_vval(e->uid, l, i), "gathered cell %d (seq %d pos %d): V[%d]", j, s, p, i);
+                FUZZ_CHECK(w->gv[j * nv + i] == fz_vval(e->uid, l, i), "gathered cell %d (seq %d pos %d): V[%d]", j, s, p, i);
             for (i = 0; i < nk; ++i)
-                FZ_CHECK(fz_k_close(e, w->gk[j * nk + i], e->k[l][i]), "gathered cell %d (seq %d pos %d): K[%d] %.9g, want %.9g",
+                FUZZ_CHECK(fz_k_close(e, w->gk[j * nk + i], e->k[l][i]), "gathered cell %d (seq %d pos %d): K[%d] %.9g, want %.9g",
                          j, s, p, i, (double)w->gk[j * nk + i], (double)e->k[l][i]);
         }
-        FZ_CHECK(found, "gathered cell %d (pos %d, V0 %g) is in no sequence", j, p, (double)w->gv[j * nv]);
+        FUZZ_CHECK(found, "gathered cell %d (pos %d, V0 %g) is in no sequence", j, p, (double)w->gv[j * nv]);
     }
 }
 
@@ -826,9 +791,9 @@ static void fz_op_batch(fz_world *w, int ci, int seq0) {
         n = want_n;
     } else {
         for (i = 0; i < want_n; ++i) {
-            unsigned x = fz_byte(&w->in);
+            unsigned x = fuzz_byte(&w->in);
             s = (int)(x % FZ_SEQS);
-            p = x & 0x80 ? (int)fz_byte(&w->in) % FZ_POS : next[s]; /* a hole, or the next position */
+            p = x & 0x80 ? (int)fuzz_byte(&w->in) % FZ_POS : next[s]; /* a hole, or the next position */
             if (p >= FZ_POS || fz_has(c, s, p)) continue;
             for (j = 0; j < n && !(seq[j] == s && pos[j] == p); ++j) {}
             if (j < n) continue; /* one cell per (sequence, position) */
@@ -840,28 +805,28 @@ static void fz_op_batch(fz_world *w, int ci, int seq0) {
     for (i = 0; i < n; ++i)
         if (minpos[seq[i]] < 0 || pos[i] < minpos[seq[i]]) minpos[seq[i]] = pos[i];
     want = n > c->cap || c->cap - fz_cells_used(c) + fz_freeable(c, minpos) < n ? KVC_ERR_FULL : KVC_OK;
-    fz_note("%s causal cache %d n %d (used %d of %d), want %d", seq0 ? "begin" : "batch", ci, n, fz_cells_used(c), c->cap,
+    fuzz_note("%s causal cache %d n %d (used %d of %d), want %d", seq0 ? "begin" : "batch", ci, n, fz_cells_used(c), c->cap,
             want);
     if (seq0) r = kvc_begin(c->h, n);
     else {
         b.n_tokens = n; b.pos = pos; b.seq = seq; b.non_causal = nc;
         r = kvc_begin_batch(c->h, &b);
     }
-    FZ_RES(r, want);
+    FUZZ_RES(r, want);
     if (r != KVC_OK) return;
     w->rescan |= c->window > 0;
     for (s = 0; s < FZ_SEQS; ++s) /* the window release */
         for (p = 0; p < FZ_POS; ++p)
             if (fz_has(c, s, p) && fz_dead(c, minpos, s, p)) c->m.e[s][p].uid = 0;
     for (i = 0; i < n; ++i) uids[i] = ++w->next_uid;
-    mode = (int)fz_byte(&w->in);
+    mode = (int)fuzz_byte(&w->in);
     if (mode % 8 == 0 && w->L > 1) { /* cancel midway: the release stays, the batch goes */
         fz_fill(w, uids, n, 0);
-        FZ_RES(kvc_put(c->h, 0, w->k, w->v), KVC_OK);
-        FZ_RES(kvc_seq_remove(c->h, 0, 0, 1), KVC_ERR_STATE);
-        FZ_RES(kvc_defrag(c->h, NULL), KVC_ERR_STATE);
-        FZ_RES(kvc_cancel(c->h), KVC_OK);
-        fz_note("  cancelled");
+        FUZZ_RES(kvc_put(c->h, 0, w->k, w->v), KVC_OK);
+        FUZZ_RES(kvc_seq_remove(c->h, 0, 0, 1), KVC_ERR_STATE);
+        FUZZ_RES(kvc_defrag(c->h, NULL), KVC_ERR_STATE);
+        FUZZ_RES(kvc_cancel(c->h), KVC_OK);
+        fuzz_note("  cancelled");
         return;
     }
     fz_causal_put(w, c, n, uids);
@@ -880,21 +845,21 @@ static void fz_op_batch(fz_world *w, int ci, int seq0) {
 static void fz_op_seq_remove(fz_world *w, int ci) {
     fz_cache *c = &w->c[ci];
     int s = fz_int(&w->in, 0, FZ_SEQS - 1), j, shift = 0, want = KVC_OK;
-    int32_t b = fz_int(&w->in, -1, FZ_POS), e, x = (int32_t)fz_byte(&w->in);
+    int32_t b = fz_int(&w->in, -1, FZ_POS), e, x = (int32_t)fuzz_byte(&w->in);
     e = x % 4 == 0 ? KVC_POS_END : b + (x / 4) % 9 - 1;
     if (b < 0 || e < b) want = KVC_ERR_INVALID;
     else if (fz_max_pos(c, s) < 0) want = KVC_ERR_NOT_FOUND;
     else if (e != KVC_POS_END) {
-        for (j = fz_max(e, 0); j < FZ_POS; ++j)
+        for (j = fuzz_max(e, 0); j < FZ_POS; ++j)
             if (fz_has(c, s, j)) {
                 shift = 1;
                 if (fz_cell_shared(c, s, c->m.e[s][j].cell)) want = KVC_ERR_SHARED;
             }
         if (want == KVC_OK && shift && b < e && c->rope == 0) want = KVC_ERR_UNSUPPORTED;
     }
-    fz_note("seq_remove cache %d seq %d [%d, %d), want %d", ci, s, b, e, want);
+    fuzz_note("seq_remove cache %d seq %d [%d, %d), want %d", ci, s, b, e, want);
     w->rescan = 1;
-    FZ_RES(kvc_seq_remove(c->h, s, b, e), want);
+    FUZZ_RES(kvc_seq_remove(c->h, s, b, e), want);
     if (want != KVC_OK) return;
     for (j = b; j < FZ_POS && j < e; ++j) c->m.e[s][j].uid = 0;
     if (shift && b < e)
@@ -912,9 +877,9 @@ static void fz_op_copy_prefix(fz_world *w, int ci) {
     int src = fz_int(&w->in, 0, FZ_SEQS - 1), dst = fz_int(&w->in, 0, FZ_SEQS - 1), j;
     int32_t len = fz_int(&w->in, -1, FZ_POS);
     int want = src == dst || len < 0 ? KVC_ERR_INVALID : KVC_OK;
-    fz_note("copy_prefix cache %d %d -> %d len %d", ci, src, dst, len);
+    fuzz_note("copy_prefix cache %d %d -> %d len %d", ci, src, dst, len);
     w->rescan = 1;
-    FZ_RES(kvc_seq_copy_prefix(c->h, src, dst, len), want);
+    FUZZ_RES(kvc_seq_copy_prefix(c->h, src, dst, len), want);
     if (want != KVC_OK) return;
     for (j = 0; j < FZ_POS; ++j) {
         c->m.e[dst][j].uid = 0;
@@ -929,10 +894,10 @@ static void fz_op_seq_snapshot(fz_world *w, int ci) {
     for (j = 0; j < FZ_POS; ++j) n += fz_has(c, s, j);
     if (w->ns == FZ_SNAPS) fz_op_snap_free(w, 0);
     want = n == 0 ? KVC_ERR_NOT_FOUND : fz_ceil_div(n, w->pc) > fz_free_pages(w) ? KVC_ERR_FULL : KVC_OK;
-    fz_note("seq_snapshot cache %d seq %d (%d cells), want %d", ci, s, n, want);
+    fuzz_note("seq_snapshot cache %d seq %d (%d cells), want %d", ci, s, n, want);
     r = kvc_seq_snapshot(c->h, s, &out);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom && want == KVC_OK) return;
-    FZ_RES(r, want);
+    FUZZ_RES(r, want);
     if (r != KVC_OK) return;
     memset(&w->s[w->ns], 0, sizeof(w->s[w->ns]));
     w->s[w->ns].h = out;
@@ -955,9 +920,9 @@ static void fz_op_seq_restore(fz_world *w, int ci) {
     if (c->kind != KVC_KIND_CAUSAL) want = KVC_ERR_UNSUPPORTED;
     else if (s->kind != KVC_KIND_CAUSAL) want = KVC_ERR_FOREIGN;
     else want = c->cap - fz_cells_used(c) + only < n ? KVC_ERR_FULL : KVC_OK;
-    fz_note("seq_restore cache %d dst %d (%d cells), want %d", ci, dst, n, want);
+    fuzz_note("seq_restore cache %d dst %d (%d cells), want %d", ci, dst, n, want);
     w->rescan = 1;
-    FZ_RES(kvc_seq_restore(c->h, s->h, dst), want);
+    FUZZ_RES(kvc_seq_restore(c->h, s->h, dst), want);
     if (want != KVC_OK) return;
     for (j = 0; j < FZ_POS; ++j) {
         c->m.e[dst][j] = s->seq[j];
@@ -970,14 +935,14 @@ static void fz_op_create(fz_world *w) {
     fz_cache *c = &w->c[w->nc];
     kvc_cache_config cc;
     int r, want = KVC_OK;
-    unsigned x = fz_byte(&w->in);
+    unsigned x = fuzz_byte(&w->in);
     if (w->nc == FZ_CACHES) return;
     memset(c, 0, sizeof(*c));
     kvc_cache_config_init(&cc, (kvc_kind)(x % 3));
     c->kind = cc.kind;
     if (cc.kind == KVC_KIND_ROTATING) {
         cc.window = fz_int(&w->in, 1, 12);
-        cc.sinks = fz_byte(&w->in) % 2 ? 0 : fz_int(&w->in, 0, cc.window - 1);
+        cc.sinks = fuzz_byte(&w->in) % 2 ? 0 : fz_int(&w->in, 0, cc.window - 1);
         c->W = cc.window;
         c->S = cc.sinks;
     } else if (cc.kind == KVC_KIND_CAUSAL) {
@@ -1002,11 +967,11 @@ static void fz_op_create(fz_world *w) {
         pages = fz_ceil_div(c->cap, w->pc);
         if (pages > fz_free_pages(w)) want = KVC_ERR_FULL;
     }
-    fz_note("create cache %d kind %d window %d sinks %d capacity %d rope %d, want %d", w->nc, (int)cc.kind, cc.window,
+    fuzz_note("create cache %d kind %d window %d sinks %d capacity %d rope %d, want %d", w->nc, (int)cc.kind, cc.window,
             cc.sinks, c->cap, c->rope, want);
     r = kvc_cache_create(w->pool, &cc, &c->h);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom && want == KVC_OK) return;
-    FZ_RES(r, want);
+    FUZZ_RES(r, want);
     if (r != KVC_OK) return;
     c->serial = ++w->next_serial;
     w->nc++;
@@ -1014,8 +979,8 @@ static void fz_op_create(fz_world *w) {
 
 static void fz_prefix_drop(fz_world *w) {
     if (w->px.h == NULL) return;
-    fz_note("prefix destroy");
-    FZ_RES(kvc_prefix_destroy(w->px.h), KVC_OK);
+    fuzz_note("prefix destroy");
+    FUZZ_RES(kvc_prefix_destroy(w->px.h), KVC_OK);
     memset(&w->px, 0, sizeof(w->px));
 }
 static int fz_in_prefix(const fz_world *w, uint32_t serial) {
@@ -1027,8 +992,8 @@ static int fz_in_prefix(const fz_world *w, uint32_t serial) {
 
 static void fz_op_destroy(fz_world *w, int ci) {
     if (fz_in_prefix(w, w->c[ci].serial)) fz_prefix_drop(w); /* the caches must outlive it */
-    fz_note("destroy cache %d", ci);
-    FZ_RES(kvc_cache_destroy(w->c[ci].h), KVC_OK);
+    fuzz_note("destroy cache %d", ci);
+    FUZZ_RES(kvc_cache_destroy(w->c[ci].h), KVC_OK);
     w->c[ci] = w->c[--w->nc]; /* its snapshots stay, foreign to every other cache */
 }
 
@@ -1036,10 +1001,10 @@ static void fz_op_fork(fz_world *w, int ci) {
     kvc_cache *f = NULL;
     int r, want = w->c[ci].kind == KVC_KIND_CAUSAL ? KVC_ERR_UNSUPPORTED : KVC_OK;
     if (w->nc == FZ_CACHES) return;
-    fz_note("fork cache %d, want %d", ci, want);
+    fuzz_note("fork cache %d, want %d", ci, want);
     r = kvc_cache_fork(w->c[ci].h, &f);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom && want == KVC_OK) return;
-    FZ_RES(r, want);
+    FUZZ_RES(r, want);
     if (r != KVC_OK) return;
     w->c[w->nc] = w->c[ci];
     w->c[w->nc].h = f;
@@ -1049,8 +1014,8 @@ static void fz_op_fork(fz_world *w, int ci) {
 
 static void fz_op_clear(fz_world *w, int ci) {
     fz_cache *c = &w->c[ci];
-    fz_note("clear cache %d", ci);
-    FZ_RES(kvc_cache_clear(c->h), KVC_OK);
+    fuzz_note("clear cache %d", ci);
+    FUZZ_RES(kvc_cache_clear(c->h), KVC_OK);
     c->st.off = c->st.bb = c->st.rel = 0;
     memset(&c->m, 0, sizeof(c->m));
 }
@@ -1058,7 +1023,7 @@ static void fz_op_clear(fz_world *w, int ci) {
 static void fz_op_prefix_create(fz_world *w) {
     kvc_cache *hs[FZ_CACHES];
     int i, n = 0, r, want = KVC_OK;
-    unsigned pick = fz_byte(&w->in);
+    unsigned pick = fuzz_byte(&w->in);
     int32_t maxt = fz_int(&w->in, 1, FZ_PTOK);
     kvc_prefix *x = NULL;
     if (w->px.h != NULL || w->nc == 0) return;
@@ -1070,10 +1035,10 @@ static void fz_op_prefix_create(fz_world *w) {
             if (w->c[i].kind == KVC_KIND_CAUSAL) want = KVC_ERR_UNSUPPORTED;
         }
     if (n == 0) return;
-    fz_note("prefix create over %d caches, max_tokens %d, want %d", n, maxt, want);
+    fuzz_note("prefix create over %d caches, max_tokens %d, want %d", n, maxt, want);
     r = kvc_prefix_create(hs, n, maxt, &x);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom && want == KVC_OK) return;
-    FZ_RES(r, want);
+    FUZZ_RES(r, want);
     if (r != KVC_OK) { memset(&w->px, 0, sizeof(w->px)); return; }
     w->px.h = x;
     w->px.n_c = n;
@@ -1092,31 +1057,31 @@ static void fz_op_prefix_session(fz_world *w) {
     if (n == 0) tok[n++] = 1;
     while (p < n && p < x->n && tok[p] == x->tok[p]) p++;
     if (p == n) p--;
-    for (i = 0; i < x->n_c; ++i) min_off = fz_min(min_off, w->c[fz_find_cache(w, x->serial[i])].st.off);
-    p = fz_min(p, min_off);
+    for (i = 0; i < x->n_c; ++i) min_off = fuzz_min(min_off, w->c[fz_find_cache(w, x->serial[i])].st.off);
+    p = fuzz_min(p, min_off);
     for (i = 0; i < x->n_c; ++i) {
         fz_cache *c = &w->c[fz_find_cache(w, x->serial[i])];
         if (c->st.off > p && fz_wrapped(c, &c->st)) trimmable = 0;
     }
     if (!trimmable) p = 0;
-    fz_note("prefix begin n %d (recorded %d), want reuse %d", n, x->n, p);
+    fuzz_note("prefix begin n %d (recorded %d), want reuse %d", n, x->n, p);
     r = kvc_prefix_begin(x->h, tok, n, &reused);
-    FZ_RES(r, KVC_OK);
-    FZ_CHECK(reused == p, "prefix reused %d, reference %d", reused, p);
+    FUZZ_RES(r, KVC_OK);
+    FUZZ_CHECK(reused == p, "prefix reused %d, reference %d", reused, p);
     for (i = 0; i < x->n_c; ++i) {
         fz_cache *c = &w->c[fz_find_cache(w, x->serial[i])];
         if (c->st.off > p) ref_rewind(&c->st, p);
     }
     x->n = p;
-    x->n_prompt = fz_min(n, x->max_tokens);
+    x->n_prompt = fuzz_min(n, x->max_tokens);
     memcpy(x->prompt, tok, sizeof(int32_t) * (size_t)x->n_prompt);
     x->open = 1;
-    if (fz_byte(&w->in) % 8 == 0) return; /* left open */
+    if (fuzz_byte(&w->in) % 8 == 0) return; /* left open */
     for (i = 0; i < x->n_c; ++i) {
         int ci = fz_find_cache(w, x->serial[i]);
         int32_t done = p;
         while (done < n) {
-            int32_t b = fz_min(n - done, fz_int(&w->in, 1, FZ_BATCH));
+            int32_t b = fuzz_min(n - done, fz_int(&w->in, 1, FZ_BATCH));
             if (!fz_append(w, ci, b)) break;
             done += b;
         }
@@ -1126,12 +1091,12 @@ static void fz_op_prefix_session(fz_world *w) {
         gen[j] = fz_int(&w->in, 0, 3);
         for (i = 0; i < x->n_c; ++i) fz_append(w, fz_find_cache(w, x->serial[i]), 1);
     }
-    fz_note("prefix close generated %d", g);
-    FZ_RES(kvc_prefix_close(x->h, gen, g), KVC_OK);
+    fuzz_note("prefix close generated %d", g);
+    FUZZ_RES(kvc_prefix_close(x->h, gen, g), KVC_OK);
     keep = x->max_tokens;
-    for (i = 0; i < x->n_c; ++i) keep = fz_min(keep, w->c[fz_find_cache(w, x->serial[i])].st.off);
-    keep = fz_min(keep, x->n_prompt + g);
-    j = fz_min(keep, x->n_prompt);
+    for (i = 0; i < x->n_c; ++i) keep = fuzz_min(keep, w->c[fz_find_cache(w, x->serial[i])].st.off);
+    keep = fuzz_min(keep, x->n_prompt + g);
+    j = fuzz_min(keep, x->n_prompt);
     memcpy(x->tok, x->prompt, sizeof(int32_t) * (size_t)j);
     if (keep > j) memcpy(x->tok + j, gen, sizeof(int32_t) * (size_t)(keep - j));
     x->n = keep;
@@ -1148,7 +1113,7 @@ static int fz_setup(fz_world *w) {
     w->H = fz_int(&w->in, 1, FZ_H);
     w->hk = fz_int(&w->in, 1, FZ_D);
     w->hv = fz_int(&w->in, 1, FZ_D);
-    mem = fz_byte(&w->in);
+    mem = fuzz_byte(&w->in);
     w->tk = mem & 1 ? KVC_TYPE_F16 : KVC_TYPE_F32;
     w->tv = mem & 2 ? KVC_TYPE_F16 : KVC_TYPE_F32;
     w->pc = fz_int(&w->in, 1, 8);
@@ -1168,13 +1133,13 @@ static int fz_setup(fz_world *w) {
         cfg.allocator.alloc = fz_alloc;
         cfg.allocator.free = fz_free;
         fz_fail_mask = (1u << fz_int(&w->in, 1, 4)) - 1u;
-        fz_fail_phase = fz_byte(&w->in);
+        fz_fail_phase = fuzz_byte(&w->in);
         fz_may_oom = 1;
     } else if ((mem >> 3) % 4 == 2) { /* an arena, its object part sometimes tiny */
-        unsigned obj = fz_byte(&w->in);
+        unsigned obj = fuzz_byte(&w->in);
         cfg.arena_object_bytes = obj < 128 ? 0 : (size_t)(obj - 128) * 64;
         fz_may_oom = cfg.arena_object_bytes != 0;
-        FZ_RES(kvc_pool_arena_bytes(&cfg, &bytes), KVC_OK);
+        FUZZ_RES(kvc_pool_arena_bytes(&cfg, &bytes), KVC_OK);
         w->arena = malloc(bytes);
         if (w->arena == NULL) return 0;
         cfg.arena = w->arena;
@@ -1184,24 +1149,24 @@ static int fz_setup(fz_world *w) {
         cfg.allocator.free = fz_free;
     }
     r = kvc_pool_create(&cfg, &w->pool);
-    fz_note("pool L %d H %d hk %d hv %d %s/%s page_cells %d pages %d memory %u -> %d", w->L, w->H, w->hk, w->hv,
+    fuzz_note("pool L %d H %d hk %d hv %d %s/%s page_cells %d pages %d memory %u -> %d", w->L, w->H, w->hk, w->hv,
             kvc_type_name(w->tk), kvc_type_name(w->tv), w->pc, w->pages_total, (mem >> 3) % 4, r);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom) return 0;
-    FZ_RES(r, KVC_OK);
+    FUZZ_RES(r, KVC_OK);
     return 1;
 }
 
 static void fz_teardown(fz_world *w) {
     kvc_pool_stats st;
-    if (w->nc + w->ns > 0) FZ_RES(kvc_pool_destroy(w->pool), KVC_ERR_BUSY);
+    if (w->nc + w->ns > 0) FUZZ_RES(kvc_pool_destroy(w->pool), KVC_ERR_BUSY);
     fz_prefix_drop(w);
     while (w->ns > 0) fz_op_snap_free(w, w->ns - 1);
     while (w->nc > 0) fz_op_destroy(w, w->nc - 1);
-    FZ_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
-    FZ_CHECK(st.pages_used == 0 && st.live_caches == 0 && st.live_snapshots == 0 && st.live_prefixes == 0,
+    FUZZ_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
+    FUZZ_CHECK(st.pages_used == 0 && st.live_caches == 0 && st.live_snapshots == 0 && st.live_prefixes == 0,
              "after teardown: %d pages, %d caches, %d snapshots, %d prefixes", st.pages_used, st.live_caches,
              st.live_snapshots, st.live_prefixes);
-    FZ_RES(kvc_pool_destroy(w->pool), KVC_OK);
+    FUZZ_RES(kvc_pool_destroy(w->pool), KVC_OK);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -1210,12 +1175,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(w, 0, sizeof(*w));
     w->in.p = data;
     w->in.n = size;
-    fz_nlog = fz_step = 0;
+    fuzz_log_reset();
     fz_live_blocks = fz_alloc_calls = 0;
     if (fz_setup(w)) {
         fz_op_create(w); /* a first cache of the kind the input names */
-        for (fz_step = 0; fz_step < FZ_STEPS && w->in.i < w->in.n; ++fz_step) {
-            unsigned op = fz_byte(&w->in) % 20;
+        for (fuzz_step = 0; fuzz_step < FZ_STEPS && w->in.i < w->in.n; ++fuzz_step) {
+            unsigned op = fuzz_byte(&w->in) % 20;
             int ci;
             if (w->nc == 0 || op == 0) { fz_op_create(w); if (w->nc == 0) continue; }
             ci = fz_int(&w->in, 0, w->nc - 1);
@@ -1226,12 +1191,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 case 6: case 7: fz_op_seq_remove(w, ci); break;
                 case 8: fz_op_copy_prefix(w, ci); break;
                 case 9: { int s = fz_int(&w->in, 0, FZ_SEQS - 1), t, p;
-                          fz_note("seq_keep cache %d seq %d", ci, s);
-                          FZ_RES(kvc_seq_keep(w->c[ci].h, s), KVC_OK);
+                          fuzz_note("seq_keep cache %d seq %d", ci, s);
+                          FUZZ_RES(kvc_seq_keep(w->c[ci].h, s), KVC_OK);
                           w->rescan = 1;
                           for (t = 0; t < FZ_SEQS; ++t) if (t != s) for (p = 0; p < FZ_POS; ++p) w->c[ci].m.e[t][p].uid = 0;
                           break; }
-                case 10: fz_note("defrag cache %d", ci); FZ_RES(kvc_defrag(w->c[ci].h, NULL), KVC_OK); w->rescan = 1; break;
+                case 10: fuzz_note("defrag cache %d", ci); FUZZ_RES(kvc_defrag(w->c[ci].h, NULL), KVC_OK); w->rescan = 1; break;
                 case 11: fz_op_seq_snapshot(w, ci); break;
                 case 12: case 13: fz_op_seq_restore(w, ci); break;
                 case 14: fz_op_clear(w, ci); break;
@@ -1266,6 +1231,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_teardown(w);
     }
     free(w->arena);
-    FZ_CHECK(fz_live_blocks == 0, "%ld blocks of the counting allocator still live", fz_live_blocks);
+    FUZZ_CHECK(fz_live_blocks == 0, "%ld blocks of the counting allocator still live", fz_live_blocks);
     return 0;
 }

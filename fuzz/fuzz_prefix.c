@@ -20,8 +20,9 @@
    Failures print the last steps and abort (fuzz/fuzz_replay.c prints the input). */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
+#include "fuzz_util.h"
+#include "../tests/ref_model.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,45 +31,7 @@
 #define FP_TOK 200      /* positions a cache's reference can hold */
 #define FP_PTOK 48      /* prompt length and max_tokens bound */
 #define FP_STEPS 200
-#define FP_LOG 16
 #define FP_ROW 4        /* n_kv_heads 1, head_dim 4 */
-
-/* ---- input, reporting ----------------------------------------------------------------- */
-typedef struct fp_in {
-    const uint8_t *p;
-    size_t n, i;
-} fp_in;
-static unsigned fp_byte(fp_in *in) { return in->i < in->n ? in->p[in->i++] : 0u; }
-static int fp_int(fp_in *in, int lo, int hi) { return lo >= hi ? lo : lo + (int)(fp_byte(in) % (unsigned)(hi - lo + 1)); }
-
-static char fp_log[FP_LOG][160];
-static int fp_nlog, fp_step;
-static void fp_note(const char *fmt, ...) {
-    va_list ap;
-    char *dst = fp_log[fp_nlog++ % FP_LOG];
-    int n = snprintf(dst, 160, "step %d: ", fp_step);
-    va_start(ap, fmt);
-    if (n > 0 && n < 160) vsnprintf(dst + n, (size_t)(160 - n), fmt, ap);
-    va_end(ap);
-}
-static void fp_fail(int line, const char *fmt, ...) {
-    va_list ap;
-    int i;
-    fprintf(stderr, "fuzz_prefix.c:%d: ", line);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\nlast steps:\n");
-    for (i = fp_nlog > FP_LOG ? fp_nlog - FP_LOG : 0; i < fp_nlog; ++i) fprintf(stderr, "  %s\n", fp_log[i % FP_LOG]);
-    abort();
-}
-#define FP_CHECK(cond, ...) do { if (!(cond)) fp_fail(__LINE__, __VA_ARGS__); } while (0)
-#define FP_RES(expr, want)                                                                      \
-    do {                                                                                        \
-        int fp_r_ = (int)(expr), fp_w_ = (int)(want);                                           \
-        FP_CHECK(fp_r_ == fp_w_, "%s returned %d (%s), wanted %d", #expr, fp_r_,                \
-                 kvc_strerror((kvc_result)fp_r_), fp_w_);                                       \
-    } while (0)
 
 /* ---- the world: caches whose cells remember the token id they were evaluated for ----- */
 typedef struct fp_cache {
@@ -82,7 +45,7 @@ typedef struct fp_cache {
 } fp_cache;
 
 typedef struct fp_world {
-    fp_in in;
+    fuzz_in in;
     int pc;
     kvc_pool *pool;
     fp_cache c[FP_CACHES];
@@ -97,9 +60,6 @@ typedef struct fp_world {
 } fp_world;
 
 static fp_world FW_;
-
-static int32_t fp_min(int32_t a, int32_t b) { return a < b ? a : b; }
-static int32_t fp_max(int32_t a, int32_t b) { return a > b ? a : b; }
 
 /* K/V of an evaluation: exact in f16; V[0] names the evaluation */
 static float fp_val(uint32_t uid, int kv, int i) {
@@ -116,8 +76,7 @@ static void fp_rewind(fp_cache *c, int32_t target) {
     if (target == 0) c->rel = 0;
 }
 static int fp_begin_releases(const fp_cache *c, int32_t pc, int32_t o) {
-    int32_t nsp = (c->S + pc - 1) / pc;
-    return c->kind == KVC_KIND_ROTATING && o > nsp * pc && (nsp + 1) * pc <= o - (c->W - c->S) + 1;
+    return ref_begin_releases(c->kind, c->W, c->S, pc, o); /* tests/ref_model.h */
 }
 
 /* evaluate tokens tok[0..n) at the end of cache ci; 0 when the pool is full */
@@ -128,7 +87,7 @@ static int fp_eval(fp_world *w, int ci, const int32_t *tok, int32_t n) {
     if (o + n > FP_TOK) return 0;
     r = kvc_begin(c->h, n);
     if (r == KVC_ERR_FULL) return 0;
-    FP_RES(r, KVC_OK);
+    FUZZ_RES(r, KVC_OK);
     if (fp_begin_releases(c, w->pc, o)) c->rel = 1;
     for (i = 0; i < n; ++i) {
         c->tok[o + i] = tok[i];
@@ -138,7 +97,7 @@ static int fp_eval(fp_world *w, int ci, const int32_t *tok, int32_t n) {
             w->v[i * FP_ROW + j] = fp_val(c->uid[o + i], 1, j);
         }
     }
-    FP_RES(kvc_put(c->h, 0, w->k, w->v), KVC_OK);
+    FUZZ_RES(kvc_put(c->h, 0, w->k, w->v), KVC_OK);
     c->off = o + n;
     c->bb = o;
     return 1;
@@ -148,22 +107,22 @@ static int fp_eval(fp_world *w, int ci, const int32_t *tok, int32_t n) {
 static void fp_check_cache(fp_world *w, int ci) {
     fp_cache *c = &w->c[ci];
     int32_t n = -1, off = -1, j, i, lo, want_n = 0, t, s0;
-    FP_RES(kvc_cache_offset(c->h, &off), KVC_OK);
-    FP_CHECK(off == c->off, "cache %d: offset %d, reference %d", ci, off, c->off);
-    FP_RES(kvc_cache_gather(c->h, 0, w->gk, w->gv, w->gpos, FP_TOK, &n), KVC_OK);
-    s0 = c->kind == KVC_KIND_ROTATING ? fp_min(c->S, c->off) : 0;
-    lo = c->kind == KVC_KIND_ROTATING ? fp_max(s0, fp_max(c->S, c->bb - (c->W - c->S) + 1)) : 0;
+    FUZZ_RES(kvc_cache_offset(c->h, &off), KVC_OK);
+    FUZZ_CHECK(off == c->off, "cache %d: offset %d, reference %d", ci, off, c->off);
+    FUZZ_RES(kvc_cache_gather(c->h, 0, w->gk, w->gv, w->gpos, FP_TOK, &n), KVC_OK);
+    s0 = c->kind == KVC_KIND_ROTATING ? fuzz_min(c->S, c->off) : 0;
+    lo = c->kind == KVC_KIND_ROTATING ? fuzz_max(s0, fuzz_max(c->S, c->bb - (c->W - c->S) + 1)) : 0;
     for (t = 0; t < c->off; ++t) {
         if (t >= s0 && t < lo) continue;
-        FP_CHECK(want_n < n && w->gpos[want_n] == t, "cache %d: cell %d is not position %d", ci, want_n, t);
+        FUZZ_CHECK(want_n < n && w->gpos[want_n] == t, "cache %d: cell %d is not position %d", ci, want_n, t);
         for (i = 0; i < FP_ROW; ++i) {
             j = want_n * FP_ROW + i;
-            FP_CHECK(w->gk[j] == fp_val(c->uid[t], 0, i) && w->gv[j] == fp_val(c->uid[t], 1, i),
+            FUZZ_CHECK(w->gk[j] == fp_val(c->uid[t], 0, i) && w->gv[j] == fp_val(c->uid[t], 1, i),
                      "cache %d position %d: K/V are not those of its evaluation", ci, t);
         }
         want_n++;
     }
-    FP_CHECK(n == want_n, "cache %d: %d cells, reference %d", ci, n, want_n);
+    FUZZ_CHECK(n == want_n, "cache %d: %d cells, reference %d", ci, n, want_n);
 }
 
 static void fp_check_all(fp_world *w) {
@@ -173,23 +132,23 @@ static void fp_check_all(fp_world *w) {
 
 /* a shrinking disturbance: what the prefix object recorded stays true below the offset */
 static void fp_disturb(fp_world *w) {
-    int ci = fp_int(&w->in, 0, w->nc - 1), how = fp_int(&w->in, 0, 2);
+    int ci = fuzz_int(&w->in, 0, w->nc - 1), how = fuzz_int(&w->in, 0, 2);
     fp_cache *c = &w->c[ci];
-    int32_t n = fp_int(&w->in, 0, 6);
+    int32_t n = fuzz_int(&w->in, 0, 6);
     if (how == 0) {
-        fp_note("trim cache %d by %d (offset %d)", ci, n, c->off);
-        FP_RES(kvc_trim(c->h, n), n > c->off ? KVC_ERR_RANGE : fp_wrapped(c) ? KVC_ERR_UNSUPPORTED : KVC_OK);
+        fuzz_note("trim cache %d by %d (offset %d)", ci, n, c->off);
+        FUZZ_RES(kvc_trim(c->h, n), n > c->off ? KVC_ERR_RANGE : fp_wrapped(c) ? KVC_ERR_UNSUPPORTED : KVC_OK);
         if (n <= c->off && !fp_wrapped(c)) fp_rewind(c, c->off - n);
     } else if (how == 1) {
         int32_t target = c->off - n;
         int want = target < 0 ? KVC_ERR_UNREACHABLE : c->kind == KVC_KIND_ROTATING && target == c->off ? KVC_OK
                    : fp_wrapped(c) ? KVC_ERR_UNREACHABLE : KVC_OK;
-        fp_note("rewind cache %d to %d (offset %d)", ci, target, c->off);
-        FP_RES(kvc_restore(c->h, NULL, target), want);
+        fuzz_note("rewind cache %d to %d (offset %d)", ci, target, c->off);
+        FUZZ_RES(kvc_restore(c->h, NULL, target), want);
         if (want == KVC_OK && !(c->kind == KVC_KIND_ROTATING && target == c->off)) fp_rewind(c, target);
     } else {
-        fp_note("clear cache %d", ci);
-        FP_RES(kvc_cache_clear(c->h), KVC_OK);
+        fuzz_note("clear cache %d", ci);
+        FUZZ_RES(kvc_cache_clear(c->h), KVC_OK);
         c->off = c->bb = c->rel = 0;
     }
 }
@@ -198,11 +157,11 @@ static void fp_disturb(fp_world *w) {
 static int se_setup(fp_world *w) {
     kvc_cache *hs[FP_CACHES];
     int i, r;
-    w->max_tokens = fp_int(&w->in, 1, FP_PTOK);
+    w->max_tokens = fuzz_int(&w->in, 1, FP_PTOK);
     for (i = 0; i < w->nc; ++i) hs[i] = w->c[i].h;
-    fp_note("kvc_prefix_create over %d caches, max_tokens %d", w->nc, w->max_tokens);
+    fuzz_note("kvc_prefix_create over %d caches, max_tokens %d", w->nc, w->max_tokens);
     r = kvc_prefix_create(hs, w->nc, w->max_tokens, &w->px);
-    FP_RES(r, KVC_OK);
+    FUZZ_RES(r, KVC_OK);
     w->n_rec = w->n_prompt = 0;
     w->open = 0;
     return r == KVC_OK;
@@ -211,52 +170,52 @@ static int se_setup(fp_world *w) {
 static void se_check(fp_world *w) {
     const int32_t *toks = NULL;
     int32_t n = -1;
-    FP_RES(kvc_prefix_tokens(w->px, &toks, &n), KVC_OK);
-    FP_CHECK(n == w->n_rec && (n == 0 || memcmp(toks, w->rec, sizeof(int32_t) * (size_t)n) == 0),
+    FUZZ_RES(kvc_prefix_tokens(w->px, &toks, &n), KVC_OK);
+    FUZZ_CHECK(n == w->n_rec && (n == 0 || memcmp(toks, w->rec, sizeof(int32_t) * (size_t)n) == 0),
              "recorded %d tokens, reference %d", n, w->n_rec);
 }
 
 static void se_request(fp_world *w) {
     int32_t tok[FP_PTOK], n = 0, p = 0, min_off = INT32_MAX, reused = -1, gen[8], g, i, j, keep;
     int trimmable = 1;
-    unsigned shape = fp_byte(&w->in);
+    unsigned shape = fuzz_byte(&w->in);
     /* a prompt: some of what was recorded (sometimes with one token changed), then new ids */
-    keep = fp_int(&w->in, 0, w->n_rec);
+    keep = fuzz_int(&w->in, 0, w->n_rec);
     for (i = 0; i < keep && n < FP_PTOK; ++i) tok[n++] = w->rec[i];
-    if (shape % 5 == 0 && n > 0) tok[fp_int(&w->in, 0, n - 1)] ^= 1;
-    for (i = fp_int(&w->in, 0, 10); i > 0 && n < FP_PTOK; --i) tok[n++] = fp_int(&w->in, 0, 5);
+    if (shape % 5 == 0 && n > 0) tok[fuzz_int(&w->in, 0, n - 1)] ^= 1;
+    for (i = fuzz_int(&w->in, 0, 10); i > 0 && n < FP_PTOK; --i) tok[n++] = fuzz_int(&w->in, 0, 5);
     if (n == 0) tok[n++] = 7;
     /* the seeds' rule */
     while (p < n && p < w->n_rec && tok[p] == w->rec[p]) p++;
     if (p == n) p--;
-    for (i = 0; i < w->nc; ++i) min_off = fp_min(min_off, w->c[i].off);
-    p = fp_min(p, min_off);
+    for (i = 0; i < w->nc; ++i) min_off = fuzz_min(min_off, w->c[i].off);
+    p = fuzz_min(p, min_off);
     for (i = 0; i < w->nc; ++i)
         if (w->c[i].off > p && fp_wrapped(&w->c[i])) trimmable = 0;
     if (!trimmable) p = 0;
-    fp_note("begin n %d (recorded %d, open %d), want reuse %d", n, w->n_rec, w->open, p);
-    FP_RES(kvc_prefix_begin(w->px, tok, n, &reused), KVC_OK);
-    FP_CHECK(reused == p, "reused %d, reference %d", reused, p);
+    fuzz_note("begin n %d (recorded %d, open %d), want reuse %d", n, w->n_rec, w->open, p);
+    FUZZ_RES(kvc_prefix_begin(w->px, tok, n, &reused), KVC_OK);
+    FUZZ_CHECK(reused == p, "reused %d, reference %d", reused, p);
     for (i = 0; i < w->nc; ++i) {
         fp_cache *c = &w->c[i];
         if (c->off > p) fp_rewind(c, p);
         /* the point of it all: every reused cell was evaluated for this prompt's token */
         for (j = 0; j < p; ++j)
-            FP_CHECK(c->tok[j] == tok[j], "cache %d reuses position %d evaluated for token %d, prompt has %d", i, j,
+            FUZZ_CHECK(c->tok[j] == tok[j], "cache %d reuses position %d evaluated for token %d, prompt has %d", i, j,
                      c->tok[j], tok[j]);
     }
     w->n_rec = p;
-    w->n_prompt = fp_min(n, w->max_tokens);
+    w->n_prompt = fuzz_min(n, w->max_tokens);
     memcpy(w->prompt, tok, sizeof(int32_t) * (size_t)w->n_prompt);
     w->open = 1;
     fp_check_all(w);
     se_check(w);
     if (shape % 7 == 1) return; /* left open: the next begin starts over from here */
-    g = fp_int(&w->in, 0, 8);
+    g = fuzz_int(&w->in, 0, 8);
     for (i = 0; i < w->nc; ++i) { /* evaluate the rest, in chunks */
         int32_t done = p;
         while (done < n) {
-            int32_t b = fp_min(n - done, fp_int(&w->in, 1, 16));
+            int32_t b = fuzz_min(n - done, fuzz_int(&w->in, 1, 16));
             if (!fp_eval(w, i, tok + done, b)) break;
             done += b;
         }
@@ -265,16 +224,16 @@ static void se_request(fp_world *w) {
     for (j = 0; j < g; ++j) { /* generate: each token evaluated by every cache (sometimes by
                                  the first only: close keeps what every cache holds) */
         int ok = 1;
-        gen[j] = fp_int(&w->in, 0, 5);
+        gen[j] = fuzz_int(&w->in, 0, 5);
         for (i = 0; i < (shape % 11 == 2 ? 1 : w->nc); ++i) ok &= fp_eval(w, i, &gen[j], 1);
         if (!ok) { g = j; break; } /* out of pages: token j was not generated */
     }
-    fp_note("close generated %d", g);
-    FP_RES(kvc_prefix_close(w->px, gen, g), KVC_OK);
+    fuzz_note("close generated %d", g);
+    FUZZ_RES(kvc_prefix_close(w->px, gen, g), KVC_OK);
     keep = w->max_tokens;
-    for (i = 0; i < w->nc; ++i) keep = fp_min(keep, w->c[i].off);
-    keep = fp_min(keep, w->n_prompt + g);
-    j = fp_min(keep, w->n_prompt);
+    for (i = 0; i < w->nc; ++i) keep = fuzz_min(keep, w->c[i].off);
+    keep = fuzz_min(keep, w->n_prompt + g);
+    j = fuzz_min(keep, w->n_prompt);
     memcpy(w->rec, w->prompt, sizeof(int32_t) * (size_t)j);
     if (keep > j) memcpy(w->rec + j, gen, sizeof(int32_t) * (size_t)(keep - j));
     w->n_rec = keep;
@@ -284,18 +243,18 @@ static void se_request(fp_world *w) {
 /* calls that must fail and change nothing */
 static void se_bad(fp_world *w) {
     int32_t t = 1, r = -1;
-    int k = fp_int(&w->in, 0, 3);
-    fp_note("bad call %d", k);
-    if (k == 0) FP_RES(kvc_prefix_begin(w->px, &t, 0, &r), KVC_ERR_INVALID);
-    else if (k == 1) FP_RES(kvc_prefix_close(w->px, NULL, 2), KVC_ERR_NULL);
-    else if (k == 2) FP_RES(kvc_prefix_close(w->px, &t, -1), KVC_ERR_INVALID);
-    else if (!w->open) FP_RES(kvc_prefix_close(w->px, &t, 1), KVC_ERR_STATE);
+    int k = fuzz_int(&w->in, 0, 3);
+    fuzz_note("bad call %d", k);
+    if (k == 0) FUZZ_RES(kvc_prefix_begin(w->px, &t, 0, &r), KVC_ERR_INVALID);
+    else if (k == 1) FUZZ_RES(kvc_prefix_close(w->px, NULL, 2), KVC_ERR_NULL);
+    else if (k == 2) FUZZ_RES(kvc_prefix_close(w->px, &t, -1), KVC_ERR_INVALID);
+    else if (!w->open) FUZZ_RES(kvc_prefix_close(w->px, &t, 1), KVC_ERR_STATE);
     else { /* an open batch in one cache: begin refuses */
         int rb = kvc_begin(w->c[0].h, 1);
         if (rb == KVC_ERR_FULL) return;
-        FP_RES(rb, KVC_OK);
-        FP_RES(kvc_prefix_begin(w->px, &t, 1, &r), KVC_ERR_STATE);
-        FP_RES(kvc_cancel(w->c[0].h), KVC_OK);
+        FUZZ_RES(rb, KVC_OK);
+        FUZZ_RES(kvc_prefix_begin(w->px, &t, 1, &r), KVC_ERR_STATE);
+        FUZZ_RES(kvc_cancel(w->c[0].h), KVC_OK);
         w->c[0].bb = w->c[0].off; /* a cancel anchors the window at the batch start */
         if (fp_begin_releases(&w->c[0], w->pc, w->c[0].off) && w->c[0].off > 0) w->c[0].rel = 1;
     }
@@ -308,15 +267,15 @@ static void se_step(fp_world *w, unsigned op) {
     else if (op < 8) fp_disturb(w);
     else if (op < 9) se_bad(w);
     else { /* a new prefix object: it starts with nothing recorded */
-        fp_note("kvc_prefix_destroy");
-        FP_RES(kvc_prefix_destroy(w->px), KVC_OK);
+        fuzz_note("kvc_prefix_destroy");
+        FUZZ_RES(kvc_prefix_destroy(w->px), KVC_OK);
         w->px = NULL;
         se_setup(w);
     }
 }
 
 static void se_teardown(fp_world *w) {
-    if (w->px != NULL) FP_RES(kvc_prefix_destroy(w->px), KVC_OK);
+    if (w->px != NULL) FUZZ_RES(kvc_prefix_destroy(w->px), KVC_OK);
     w->px = NULL;
 }
 
@@ -343,19 +302,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(w, 0, sizeof(*w));
     w->in.p = data;
     w->in.n = size;
-    fp_nlog = fp_step = 0;
-    be = &fp_backends[fp_byte(&w->in) % FP_N_BACKENDS];
+    fuzz_log_reset();
+    be = &fp_backends[fuzz_byte(&w->in) % FP_N_BACKENDS];
     kvc_pool_config_init(&cfg);
     cfg.n_layers = 1; cfg.n_kv_heads = 1; cfg.head_dim_k = cfg.head_dim_v = FP_ROW;
-    cfg.type_k = fp_byte(&w->in) % 2 ? KVC_TYPE_F16 : KVC_TYPE_F32;
+    cfg.type_k = fuzz_byte(&w->in) % 2 ? KVC_TYPE_F16 : KVC_TYPE_F32;
     cfg.type_v = KVC_TYPE_F16;
-    w->pc = cfg.page_cells = fp_int(&w->in, 1, 8);
-    cfg.budget_bytes = (size_t)fp_int(&w->in, 2, 120) * (size_t)w->pc * FP_ROW * (cfg.type_k == KVC_TYPE_F16 ? 4 : 6);
-    FP_RES(kvc_pool_create(&cfg, &w->pool), KVC_OK);
-    w->nc = fp_int(&w->in, 1, FP_CACHES);
+    w->pc = cfg.page_cells = fuzz_int(&w->in, 1, 8);
+    cfg.budget_bytes = (size_t)fuzz_int(&w->in, 2, 120) * (size_t)w->pc * FP_ROW * (cfg.type_k == KVC_TYPE_F16 ? 4 : 6);
+    FUZZ_RES(kvc_pool_create(&cfg, &w->pool), KVC_OK);
+    w->nc = fuzz_int(&w->in, 1, FP_CACHES);
     for (i = 0; i < w->nc; ++i) {
         kvc_cache_config cc;
-        unsigned x = fp_byte(&w->in);
+        unsigned x = fuzz_byte(&w->in);
         kvc_cache_config_init(&cc, x % 3 == 0 ? KVC_KIND_ROTATING : KVC_KIND_FULL);
         if (cc.kind == KVC_KIND_ROTATING) {
             cc.window = 1 + (int32_t)(x / 3) % 24;
@@ -364,17 +323,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         w->c[i].kind = cc.kind;
         w->c[i].W = cc.window;
         w->c[i].S = cc.sinks;
-        FP_RES(kvc_cache_create(w->pool, &cc, &w->c[i].h), KVC_OK);
+        FUZZ_RES(kvc_cache_create(w->pool, &cc, &w->c[i].h), KVC_OK);
     }
-    fp_note("backend %s, %d caches, page_cells %d", be->name, w->nc, w->pc);
+    fuzz_note("backend %s, %d caches, page_cells %d", be->name, w->nc, w->pc);
     if (be->setup(w)) {
-        for (fp_step = 0; fp_step < FP_STEPS && w->in.i < w->in.n; ++fp_step) be->step(w, fp_byte(&w->in) % 10);
+        for (fuzz_step = 0; fuzz_step < FP_STEPS && w->in.i < w->in.n; ++fuzz_step) be->step(w, fuzz_byte(&w->in) % 10);
         be->teardown(w);
     }
-    for (i = 0; i < w->nc; ++i) FP_RES(kvc_cache_destroy(w->c[i].h), KVC_OK);
-    FP_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
-    FP_CHECK(st.pages_used == 0 && st.live_prefixes == 0, "after teardown: %d pages, %d prefixes", st.pages_used,
+    for (i = 0; i < w->nc; ++i) FUZZ_RES(kvc_cache_destroy(w->c[i].h), KVC_OK);
+    FUZZ_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
+    FUZZ_CHECK(st.pages_used == 0 && st.live_prefixes == 0, "after teardown: %d pages, %d prefixes", st.pages_used,
              st.live_prefixes);
-    FP_RES(kvc_pool_destroy(w->pool), KVC_OK);
+    FUZZ_RES(kvc_pool_destroy(w->pool), KVC_OK);
     return 0;
 }

@@ -37,8 +37,9 @@
    A failure prints the last steps and aborts (fuzz/fuzz_replay.c names the input). */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
+#include "fuzz_util.h"
+#include "../tests/ref_model.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,54 +53,9 @@
 #define FR_PINS 8
 #define FR_NS 3
 #define FR_STEPS 256
-#ifndef FR_LOG
-#define FR_LOG 16 /* steps a failure prints (-DFR_LOG=1000 to see more) */
-#endif
 #define FR_LAYERS 2
 #define FR_HK 3
 #define FR_HV 2
-
-/* ---- input, reporting ----------------------------------------------------------------- */
-typedef struct fr_in {
-    const uint8_t *p;
-    size_t n, i;
-} fr_in;
-static unsigned fr_byte(fr_in *in) { return in->i < in->n ? in->p[in->i++] : 0u; }
-static int32_t fr_int(fr_in *in, int32_t lo, int32_t hi) {
-    return lo >= hi ? lo : lo + (int32_t)(fr_byte(in) % (unsigned)(hi - lo + 1));
-}
-
-static char fr_log[FR_LOG][160];
-static int fr_nlog, fr_step;
-static void fr_note(const char *fmt, ...) {
-    va_list ap;
-    char *dst = fr_log[fr_nlog++ % FR_LOG];
-    int n = snprintf(dst, 160, "step %d: ", fr_step);
-    va_start(ap, fmt);
-    if (n > 0 && n < 160) vsnprintf(dst + n, (size_t)(160 - n), fmt, ap);
-    va_end(ap);
-}
-static void fr_fail(int line, const char *fmt, ...) {
-    va_list ap;
-    int i;
-    fprintf(stderr, "fuzz_radix.c:%d: ", line);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\nlast steps:\n");
-    for (i = fr_nlog > FR_LOG ? fr_nlog - FR_LOG : 0; i < fr_nlog; ++i) fprintf(stderr, "  %s\n", fr_log[i % FR_LOG]);
-    abort();
-}
-#define FR_CHECK(cond, ...) do { if (!(cond)) fr_fail(__LINE__, __VA_ARGS__); } while (0)
-#define FR_RES(expr, want)                                                                      \
-    do {                                                                                        \
-        int fr_r_ = (int)(expr), fr_w_ = (int)(want);                                           \
-        FR_CHECK(fr_r_ == fr_w_, "%s returned %d (%s), wanted %d", #expr, fr_r_,                \
-                 kvc_strerror((kvc_result)fr_r_), fr_w_);                                       \
-    } while (0)
-
-static int32_t fr_min(int32_t a, int32_t b) { return a < b ? a : b; }
-static int32_t fr_max(int32_t a, int32_t b) { return a > b ? a : b; }
 
 /* ---- the world ---------------------------------------------------------------------- */
 
@@ -135,7 +91,7 @@ typedef struct fr_seq {
 } fr_seq;
 
 typedef struct fr_world {
-    fr_in in;
+    fuzz_in in;
     long live_blocks, allocs, fail_at; /* the allocator: allocation number fail_at fails */
     kvc_pool *pool;
     kvc_radix *tree;
@@ -191,12 +147,12 @@ static float fr_val(uint32_t h, int kv, int layer, int d) {
 static kvc_radix_stats fr_stats(fr_world *w) {
     kvc_radix_stats s;
     memset(&s, 0, sizeof(s));
-    FR_RES(kvc_radix_stats_get(w->tree, &s), KVC_OK);
+    FUZZ_RES(kvc_radix_stats_get(w->tree, &s), KVC_OK);
     return s;
 }
 static int32_t fr_pages_used(fr_world *w) {
     kvc_pool_stats s;
-    FR_RES(kvc_pool_stats_get(w->pool, &s), KVC_OK);
+    FUZZ_RES(kvc_pool_stats_get(w->pool, &s), KVC_OK);
     return s.pages_used;
 }
 
@@ -221,7 +177,7 @@ static int32_t fr_walk(fr_world *w, int ns, const int32_t *tok, int32_t n, int *
 /* the last token of t's node (a token inside a node has exactly one child) */
 static int fr_node_end(const fr_world *w, int t) {
     while (!w->T[t].end) {
-        FR_CHECK(w->T[t].child >= 0 && w->T[w->T[t].child].next < 0, "model: token %d inside a node branches", t);
+        FUZZ_CHECK(w->T[t].child >= 0 && w->T[w->T[t].child].next < 0, "model: token %d inside a node branches", t);
         t = w->T[t].child;
     }
     return t;
@@ -292,7 +248,7 @@ static int fr_lru(fr_world *w, int trim) {
         if (best >= 0 && x->tick == w->T[best].tick) ties++;
         if (best < 0 || x->tick < w->T[best].tick) { best = t; ties = 0; }
     }
-    FR_CHECK(ties == 0, "model: two evictable leaves with tick %llu", (unsigned long long)w->T[best].tick);
+    FUZZ_CHECK(ties == 0, "model: two evictable leaves with tick %llu", (unsigned long long)w->T[best].tick);
     return best;
 }
 
@@ -301,7 +257,7 @@ static void fr_replay_evictions(fr_world *w, uint64_t n, const char *why) {
     uint64_t i;
     for (i = 0; i < n; ++i) {
         int e = fr_lru(w, 0);
-        FR_CHECK(e >= 0, "%s evicted %llu entries, the reference has only %llu to evict", why,
+        FUZZ_CHECK(e >= 0, "%s evicted %llu entries, the reference has only %llu to evict", why,
                  (unsigned long long)n, (unsigned long long)i);
         fr_evict_node(w, e);
     }
@@ -337,7 +293,7 @@ static int fr_rot(const fr_world *w) { return w->kind == KVC_KIND_ROTATING; }
 /* the first non-sink position the cache shows (FULL: 0) */
 static int32_t fr_window_lo(const fr_world *w, const fr_live *c) {
     if (!fr_rot(w)) return 0;
-    return fr_max(fr_min(w->S, c->off), fr_max(w->S, c->bb - (w->W - w->S) + 1));
+    return fuzz_max(fuzz_min(w->S, c->off), fuzz_max(w->S, c->bb - (w->W - w->S) + 1));
 }
 static int fr_visible(const fr_world *w, const fr_live *c, int32_t p) {
     return p < c->off && (!fr_rot(w) || p < w->S || p >= fr_window_lo(w, c));
@@ -357,30 +313,29 @@ static int fr_wrapped(const fr_world *w, const fr_live *c) { return fr_rot(w) &&
 
 /* does a kvc_begin at offset o release the first window page (so the window wrapped)? */
 static int fr_begin_releases(const fr_world *w, int32_t o) {
-    int32_t nsp = (w->S + w->pc - 1) / w->pc;
-    return fr_rot(w) && o > nsp * w->pc && (nsp + 1) * w->pc <= o - (w->W - w->S) + 1;
+    return ref_begin_releases(w->kind, w->W, w->S, w->pc, o); /* tests/ref_model.h */
 }
 
 /* every position the cache shows, with the K/V of its prefix, in every layer */
 static void fr_check_cache(fr_world *w, int i) {
     fr_live *c = &w->live[i];
     int32_t off = -1, n = -1, l, p, j, d;
-    FR_RES(kvc_cache_offset(c->h, &off), KVC_OK);
-    FR_CHECK(off == c->off, "cache %d: offset %d, reference %d", i, off, c->off);
+    FUZZ_RES(kvc_cache_offset(c->h, &off), KVC_OK);
+    FUZZ_CHECK(off == c->off, "cache %d: offset %d, reference %d", i, off, c->off);
     for (l = 0; l < w->layers; ++l) {
-        FR_RES(kvc_cache_gather(c->h, l, w->gk, w->gv, w->gpos, FR_MAXT, &n), KVC_OK);
+        FUZZ_RES(kvc_cache_gather(c->h, l, w->gk, w->gv, w->gpos, FR_MAXT, &n), KVC_OK);
         for (p = 0, j = 0; p < c->off; ++p) {
             if (!fr_visible(w, c, p)) continue;
-            FR_CHECK(j < n && w->gpos[j] == p, "cache %d layer %d: cell %d is not position %d", i, l, j, p);
+            FUZZ_CHECK(j < n && w->gpos[j] == p, "cache %d layer %d: cell %d is not position %d", i, l, j, p);
             for (d = 0; d < FR_HK; ++d)
-                FR_CHECK(w->gk[j * FR_HK + d] == fr_val(c->hash[p], 0, l, d),
+                FUZZ_CHECK(w->gk[j * FR_HK + d] == fr_val(c->hash[p], 0, l, d),
                          "cache %d layer %d position %d: K is not that of its prefix", i, l, p);
             for (d = 0; d < FR_HV; ++d)
-                FR_CHECK(w->gv[j * FR_HV + d] == fr_val(c->hash[p], 1, l, d),
+                FUZZ_CHECK(w->gv[j * FR_HV + d] == fr_val(c->hash[p], 1, l, d),
                          "cache %d layer %d position %d: V is not that of its prefix", i, l, p);
             j++;
         }
-        FR_CHECK(n == j, "cache %d layer %d: %d cells, reference %d", i, l, n, j);
+        FUZZ_CHECK(n == j, "cache %d layer %d: %d cells, reference %d", i, l, n, j);
     }
 }
 
@@ -396,21 +351,21 @@ static void fr_check_stats(fr_world *w) {
         pinned += (int32_t)w->T[t].pins;
     }
     for (i = 0; i < FR_LIVE; ++i) in_use += w->live[i].h != NULL && w->live[i].lease >= 0;
-    FR_CHECK(s.lookups == r->lookups && s.tokens_queried == r->tokens_queried && s.tokens_hit == r->tokens_hit,
+    FUZZ_CHECK(s.lookups == r->lookups && s.tokens_queried == r->tokens_queried && s.tokens_hit == r->tokens_hit,
              "lookups %llu/%llu/%llu, reference %llu/%llu/%llu", (unsigned long long)s.lookups,
              (unsigned long long)s.tokens_queried, (unsigned long long)s.tokens_hit, (unsigned long long)r->lookups,
              (unsigned long long)r->tokens_queried, (unsigned long long)r->tokens_hit);
-    FR_CHECK(s.commits == r->commits, "commits %llu, reference %llu", (unsigned long long)s.commits,
+    FUZZ_CHECK(s.commits == r->commits, "commits %llu, reference %llu", (unsigned long long)s.commits,
              (unsigned long long)r->commits);
-    FR_CHECK(s.entries_evicted == r->entries_evicted && s.pages_evicted == r->pages_evicted,
+    FUZZ_CHECK(s.entries_evicted == r->entries_evicted && s.pages_evicted == r->pages_evicted,
              "evicted %llu entries / %llu pages, reference %llu / %llu", (unsigned long long)s.entries_evicted,
              (unsigned long long)s.pages_evicted, (unsigned long long)r->entries_evicted,
              (unsigned long long)r->pages_evicted);
-    FR_CHECK(s.n_nodes == nodes && s.n_entries == entries, "%d nodes / %d entries, reference %d / %d", s.n_nodes,
+    FUZZ_CHECK(s.n_nodes == nodes && s.n_entries == entries, "%d nodes / %d entries, reference %d / %d", s.n_nodes,
              s.n_entries, nodes, entries);
-    FR_CHECK(s.n_in_use == in_use && s.n_pinned == pinned, "%d in use / %d pins, reference %d / %d", s.n_in_use,
+    FUZZ_CHECK(s.n_in_use == in_use && s.n_pinned == pinned, "%d in use / %d pins, reference %d / %d", s.n_in_use,
              s.n_pinned, in_use, pinned);
-    FR_CHECK(s.n_pages <= fr_pages_used(w), "the tree references %d pages, the pool has %d in use", s.n_pages,
+    FUZZ_CHECK(s.n_pages <= fr_pages_used(w), "the tree references %d pages, the pool has %d in use", s.n_pages,
              fr_pages_used(w));
 }
 
@@ -418,7 +373,7 @@ static void fr_check_stats(fr_world *w) {
    live cache at least every FR_LIVE steps: reading all of them every step took over a
    third of the time); all of them at the end */
 static void fr_check_step(fr_world *w, int slot) {
-    int other = fr_step % FR_LIVE;
+    int other = fuzz_step % FR_LIVE;
     fr_check_stats(w);
     if (w->live[slot].h != NULL) fr_check_cache(w, slot);
     if (other != slot && w->live[other].h != NULL) fr_check_cache(w, other);
@@ -430,11 +385,11 @@ static kvc_result fr_begin(fr_world *w, kvc_cache *h, int32_t n) {
     kvc_result r = kvc_begin(h, n);
     s = fr_stats(w);
     if (r == KVC_ERR_FULL) {
-        FR_CHECK(s.entries_evicted == w->rs.entries_evicted, "a kvc_begin that said FULL evicted %llu entries",
+        FUZZ_CHECK(s.entries_evicted == w->rs.entries_evicted, "a kvc_begin that said FULL evicted %llu entries",
                  (unsigned long long)(s.entries_evicted - w->rs.entries_evicted));
         return r;
     }
-    FR_RES(r, KVC_OK);
+    FUZZ_RES(r, KVC_OK);
     fr_replay_evictions(w, s.entries_evicted - w->rs.entries_evicted, "kvc_begin");
     return r;
 }
@@ -444,7 +399,7 @@ static int fr_eval(fr_world *w, int i, int32_t k) {
     fr_live *c = &w->live[i];
     int32_t o = c->off, p, l, d;
     if (k < 1 || o + k > FR_MAXT) return 0;
-    while (c->n_plan < o + k) c->tok[c->n_plan++] = fr_int(&w->in, 0, w->alphabet - 1);
+    while (c->n_plan < o + k) c->tok[c->n_plan++] = fuzz_int(&w->in, 0, w->alphabet - 1);
     if (fr_begin(w, c->h, k) != KVC_OK) return 0;
     if (fr_begin_releases(w, o)) c->rel = 1;
     for (p = o; p < o + k; ++p) c->hash[p] = fr_hash_next(p > 0 ? c->hash[p - 1] : fr_hash0(c->ns), c->tok[p]);
@@ -453,7 +408,7 @@ static int fr_eval(fr_world *w, int i, int32_t k) {
             for (d = 0; d < FR_HK; ++d) w->k[(p - o) * FR_HK + d] = fr_val(c->hash[p], 0, l, d);
             for (d = 0; d < FR_HV; ++d) w->v[(p - o) * FR_HV + d] = fr_val(c->hash[p], 1, l, d);
         }
-        FR_RES(kvc_put(c->h, l, w->k, w->v), KVC_OK);
+        FUZZ_RES(kvc_put(c->h, l, w->k, w->v), KVC_OK);
     }
     c->off = o + k;
     c->bb = o;
@@ -462,7 +417,7 @@ static int fr_eval(fr_world *w, int i, int32_t k) {
 
 static void fr_drop(fr_world *w, int i) {
     fr_live *c = &w->live[i];
-    FR_RES(kvc_cache_destroy(c->h), KVC_OK);
+    FUZZ_RES(kvc_cache_destroy(c->h), KVC_OK);
     fr_lease(w, c, -1);
     c->h = NULL;
 }
@@ -482,40 +437,40 @@ static void fr_record(fr_world *w, int ns, const int32_t *tok, int32_t n) {
 /* A prompt: part of something committed or live (sometimes with one token changed), then
    new tokens; returns its length (>= 1). */
 static int32_t fr_prompt(fr_world *w, int *ns, int32_t *tok, int32_t max) {
-    int src = fr_int(&w->in, 0, 3), i;
+    int src = fuzz_int(&w->in, 0, 3), i;
     int32_t n = 0, keep, more;
     *ns = 0;
     if (src <= 1 && w->n_seqs > 0) {
-        const fr_seq *q = &w->seqs[fr_int(&w->in, 0, w->n_seqs - 1)];
+        const fr_seq *q = &w->seqs[fuzz_int(&w->in, 0, w->n_seqs - 1)];
         *ns = q->ns;
-        n = keep = fr_min(fr_int(&w->in, 0, q->n), max);
+        n = keep = fuzz_min(fuzz_int(&w->in, 0, q->n), max);
         memcpy(tok, q->tok, sizeof(int32_t) * (size_t)keep);
     } else if (src == 2) {
-        const fr_live *c = &w->live[fr_int(&w->in, 0, FR_LIVE - 1)];
+        const fr_live *c = &w->live[fuzz_int(&w->in, 0, FR_LIVE - 1)];
         if (c->h != NULL) {
             *ns = c->ns;
-            n = keep = fr_min(fr_int(&w->in, 0, c->n_plan), max);
+            n = keep = fuzz_min(fuzz_int(&w->in, 0, c->n_plan), max);
             memcpy(tok, c->tok, sizeof(int32_t) * (size_t)keep);
         }
     } else {
-        *ns = fr_int(&w->in, 0, FR_NS - 1);
+        *ns = fuzz_int(&w->in, 0, FR_NS - 1);
     }
-    if (n > 0 && fr_int(&w->in, 0, 5) == 0) tok[fr_int(&w->in, 0, n - 1)] ^= 1;
-    for (more = fr_int(&w->in, 0, 10), i = 0; i < more && n < max; ++i) tok[n++] = fr_int(&w->in, 0, w->alphabet - 1);
-    if (n == 0) tok[n++] = fr_int(&w->in, 0, w->alphabet - 1);
+    if (n > 0 && fuzz_int(&w->in, 0, 5) == 0) tok[fuzz_int(&w->in, 0, n - 1)] ^= 1;
+    for (more = fuzz_int(&w->in, 0, 10), i = 0; i < more && n < max; ++i) tok[n++] = fuzz_int(&w->in, 0, w->alphabet - 1);
+    if (n == 0) tok[n++] = fuzz_int(&w->in, 0, w->alphabet - 1);
     return n;
 }
 
 /* The reference's lookup: the longest prefix of tokens[0 .. n) held, ROTATING: shortened
    below the highest page its window needs that the path lacks, until none is missing. */
 static int fr_page_present(const fr_world *w, const int *path, int32_t m, int32_t lp) {
-    return w->T[path[fr_min(m, (lp + 1) * w->pc) - 1]].present;
+    return w->T[path[fuzz_min(m, (lp + 1) * w->pc) - 1]].present;
 }
 static int32_t fr_usable(const fr_world *w, const int *path, int32_t m) {
     int32_t pc = w->pc, nsp = (w->S + pc - 1) / pc;
     while (fr_rot(w) && m > 0) {
-        int32_t last = (m - 1) / pc, lo = fr_max(w->S, m - w->W + w->S), first = fr_max(nsp, lo / pc);
-        int32_t sink_end = fr_min(nsp, last + 1), lp, miss = -1;
+        int32_t last = (m - 1) / pc, lo = fuzz_max(w->S, m - w->W + w->S), first = fuzz_max(nsp, lo / pc);
+        int32_t sink_end = fuzz_min(nsp, last + 1), lp, miss = -1;
         for (lp = last; lp >= first && miss < 0; --lp)
             if (!fr_page_present(w, path, m, lp)) miss = lp;
         for (lp = sink_end - 1; lp >= 0 && miss < 0; --lp)
@@ -536,16 +491,16 @@ static void fr_lookup(fr_world *w, int i, int fail) {
     if (c->h != NULL) fr_drop(w, i);
     n = fr_prompt(w, &ns, tok, FR_PROMPT);
     m = fr_usable(w, path, fr_walk(w, ns, tok, n - 1, path));
-    fr_note("lookup slot %d ns %d n %d%s: want reuse %d", i, ns, n, fail >= 0 ? " (allocation fails)" : "", m);
+    fuzz_note("lookup slot %d ns %d n %d%s: want reuse %d", i, ns, n, fail >= 0 ? " (allocation fails)" : "", m);
     if (fail >= 0) w->fail_at = w->allocs + fail;
     r = kvc_radix_lookup(w->tree, w->ns[ns], tok, n, &h, &reused);
     w->fail_at = -1;
     if (fail == 0) { /* the ready cache could not be made: nothing changed */
-        FR_RES(r, KVC_ERR_NO_MEMORY);
+        FUZZ_RES(r, KVC_ERR_NO_MEMORY);
         return;
     }
-    FR_RES(r, KVC_OK);
-    FR_CHECK(reused == m, "lookup reused %d, reference %d", reused, m);
+    FUZZ_RES(r, KVC_OK);
+    FUZZ_CHECK(reused == m, "lookup reused %d, reference %d", reused, m);
     memset(c, 0, sizeof(*c));
     c->h = h;
     c->ns = ns;
@@ -577,34 +532,34 @@ static void fr_fill_holes(fr_world *w, const fr_live *c, const int *path, int32_
         fr_tok *x = &w->T[ext[i]];
         int32_t lp = i / w->pc;
         if (x->end) node_end = i + 1;
-        if (!x->present && fr_min(node_end, (lp + 1) * w->pc) <= m && fr_held(w, c, lp)) x->present = 1;
+        if (!x->present && fuzz_min(node_end, (lp + 1) * w->pc) <= m && fr_held(w, c, lp)) x->present = 1;
     }
 }
 
 /* commit live cache i: fail >= 0 refuses that allocation of the call */
 static void fr_commit(fr_world *w, int i, int fail) {
     fr_live *c = &w->live[i];
-    int32_t nt, n, m, p, mode = fr_int(&w->in, 0, 3);
+    int32_t nt, n, m, p, mode = fuzz_int(&w->in, 0, 3);
     int path[FR_MAXT], inside, split, leaf, at;
     kvc_result r;
-    nt = mode <= 1 ? c->off : mode == 2 ? fr_min(c->off + fr_int(&w->in, 1, 4), FR_MAXT) : fr_int(&w->in, 0, c->off);
-    while (c->n_plan < nt) c->tok[c->n_plan++] = fr_int(&w->in, 0, w->alphabet - 1); /* not evaluated yet */
-    n = fr_min(nt, c->off);
+    nt = mode <= 1 ? c->off : mode == 2 ? fuzz_min(c->off + fuzz_int(&w->in, 1, 4), FR_MAXT) : fuzz_int(&w->in, 0, c->off);
+    while (c->n_plan < nt) c->tok[c->n_plan++] = fuzz_int(&w->in, 0, w->alphabet - 1); /* not evaluated yet */
+    n = fuzz_min(nt, c->off);
     m = fr_walk(w, c->ns, c->tok, n, path);
     if (fr_free_tokens(w) < n - m) return; /* the reference is full */
     inside = m > 0 && !w->T[path[m - 1]].end;
     split = inside && (m < n || (w->max_entries > 0 && n > 0));
     leaf = m < n;
-    fr_note("commit slot %d: %d tokens (offset %d), %d held, split %d leaf %d%s", i, nt, c->off, m, split, leaf,
+    fuzz_note("commit slot %d: %d tokens (offset %d), %d held, split %d leaf %d%s", i, nt, c->off, m, split, leaf,
             fail >= 0 ? " (an allocation fails)" : "");
     if (fail >= 0) w->fail_at = w->allocs + fail;
     r = kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, nt);
     w->fail_at = -1;
     if (fail >= 0 && fail < split + leaf) { /* a node could not be made: nothing changed */
-        FR_RES(r, KVC_ERR_NO_MEMORY);
+        FUZZ_RES(r, KVC_ERR_NO_MEMORY);
         return;
     }
-    FR_RES(r, KVC_OK);
+    FUZZ_RES(r, KVC_OK);
     if (split) w->T[path[m - 1]].end = 1;
     at = m > 0 ? fr_node_end(w, path[m - 1]) : -1; /* the node holding token m - 1 */
     if (m > 0 && fr_rot(w)) fr_fill_holes(w, c, path, m, at);
@@ -637,16 +592,16 @@ static void fr_pin(fr_world *w, int fail) {
     int path[FR_MAXT], ns, split;
     kvc_result r;
     n = fr_prompt(w, &ns, tok, FR_MAXT);
-    if (fr_int(&w->in, 0, 1)) n = fr_int(&w->in, 1, n); /* often a part of something held */
+    if (fuzz_int(&w->in, 0, 1)) n = fuzz_int(&w->in, 1, n); /* often a part of something held */
     m = fr_walk(w, ns, tok, n, path);
     split = m == n && !w->T[path[n - 1]].end;
-    fr_note("pin ns %d n %d: %d held, split %d%s", ns, n, m, split, fail >= 0 ? " (allocation fails)" : "");
+    fuzz_note("pin ns %d n %d: %d held, split %d%s", ns, n, m, split, fail >= 0 ? " (allocation fails)" : "");
     if (fail >= 0) w->fail_at = w->allocs + fail;
     r = kvc_radix_pin(w->tree, w->ns[ns], tok, n);
     w->fail_at = -1;
-    if (m < n) { FR_RES(r, KVC_ERR_NOT_FOUND); return; }
-    if (fail == 0 && split) { FR_RES(r, KVC_ERR_NO_MEMORY); return; }
-    FR_RES(r, KVC_OK);
+    if (m < n) { FUZZ_RES(r, KVC_ERR_NOT_FOUND); return; }
+    if (fail == 0 && split) { FUZZ_RES(r, KVC_ERR_NO_MEMORY); return; }
+    FUZZ_RES(r, KVC_OK);
     w->T[path[n - 1]].end = 1;
     w->T[path[n - 1]].pins++;
     if (w->n_pins < FR_PINS) {
@@ -660,8 +615,8 @@ static void fr_pin(fr_world *w, int fail) {
 static void fr_unpin(fr_world *w) {
     int32_t tok[FR_MAXT], n, m;
     int path[FR_MAXT], ns, node = -1, j = -1;
-    if (w->n_pins > 0 && fr_int(&w->in, 0, 3)) { /* one of ours */
-        j = fr_int(&w->in, 0, w->n_pins - 1);
+    if (w->n_pins > 0 && fuzz_int(&w->in, 0, 3)) { /* one of ours */
+        j = fuzz_int(&w->in, 0, w->n_pins - 1);
         ns = w->pins[j].ns;
         n = w->pins[j].n;
         memcpy(tok, w->pins[j].tok, sizeof(int32_t) * (size_t)n);
@@ -670,8 +625,8 @@ static void fr_unpin(fr_world *w) {
     }
     m = fr_walk(w, ns, tok, n, path);
     if (m == n && w->T[path[n - 1]].end && w->T[path[n - 1]].pins > 0) node = path[n - 1];
-    fr_note("unpin ns %d n %d: %s", ns, n, node >= 0 ? "pinned" : "not pinned");
-    FR_RES(kvc_radix_unpin(w->tree, w->ns[ns], tok, n), node >= 0 ? KVC_OK : KVC_ERR_NOT_FOUND);
+    fuzz_note("unpin ns %d n %d: %s", ns, n, node >= 0 ? "pinned" : "not pinned");
+    FUZZ_RES(kvc_radix_unpin(w->tree, w->ns[ns], tok, n), node >= 0 ? KVC_OK : KVC_ERR_NOT_FOUND);
     if (node < 0) return;
     w->T[node].pins--;
     if (j < 0) /* the same pin from our list, if it is there */
@@ -682,18 +637,18 @@ static void fr_unpin(fr_world *w) {
 }
 
 static void fr_evict(fr_world *w) {
-    int32_t want = fr_int(&w->in, 0, 6), freed = -1, before = fr_pages_used(w);
+    int32_t want = fuzz_int(&w->in, 0, 6), freed = -1, before = fr_pages_used(w);
     kvc_radix_stats s;
     uint64_t n;
-    FR_RES(kvc_radix_evict(w->tree, want, &freed), KVC_OK);
+    FUZZ_RES(kvc_radix_evict(w->tree, want, &freed), KVC_OK);
     s = fr_stats(w);
     n = s.entries_evicted - w->rs.entries_evicted;
-    fr_note("evict %d pages: %d freed, %llu entries", want, freed, (unsigned long long)n);
+    fuzz_note("evict %d pages: %d freed, %llu entries", want, freed, (unsigned long long)n);
     fr_replay_evictions(w, n, "kvc_radix_evict");
-    FR_CHECK(freed == before - fr_pages_used(w), "evict says %d pages freed, the pool has %d fewer in use", freed,
+    FUZZ_CHECK(freed == before - fr_pages_used(w), "evict says %d pages freed, the pool has %d fewer in use", freed,
              before - fr_pages_used(w));
-    FR_CHECK(want > 0 || n == 0, "evict of 0 pages evicted %llu entries", (unsigned long long)n);
-    FR_CHECK(freed >= want || fr_lru(w, 0) < 0, "evict stopped at %d of %d pages with leaves left to evict", freed,
+    FUZZ_CHECK(want > 0 || n == 0, "evict of 0 pages evicted %llu entries", (unsigned long long)n);
+    FUZZ_CHECK(freed >= want || fr_lru(w, 0) < 0, "evict stopped at %d of %d pages with leaves left to evict", freed,
              want);
 }
 
@@ -701,38 +656,38 @@ static void fr_evict(fr_world *w) {
 static void fr_hog(fr_world *w) {
     kvc_cache_config cc;
     kvc_cache *h = NULL;
-    int32_t n = fr_int(&w->in, 1, 24), l;
-    if (w->n_hogs > 0 && fr_int(&w->in, 0, 1)) {
-        fr_note("hog destroyed");
-        FR_RES(kvc_cache_destroy(w->hogs[--w->n_hogs]), KVC_OK);
+    int32_t n = fuzz_int(&w->in, 1, 24), l;
+    if (w->n_hogs > 0 && fuzz_int(&w->in, 0, 1)) {
+        fuzz_note("hog destroyed");
+        FUZZ_RES(kvc_cache_destroy(w->hogs[--w->n_hogs]), KVC_OK);
         return;
     }
     if (w->n_hogs == FR_HOGS) return;
-    fr_note("hog of %d tokens", n);
+    fuzz_note("hog of %d tokens", n);
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
-    FR_RES(kvc_cache_create(w->pool, &cc, &h), KVC_OK);
+    FUZZ_RES(kvc_cache_create(w->pool, &cc, &h), KVC_OK);
     if (fr_begin(w, h, n) != KVC_OK) {
-        FR_RES(kvc_cache_destroy(h), KVC_OK);
+        FUZZ_RES(kvc_cache_destroy(h), KVC_OK);
         return;
     }
     memset(w->k, 0, sizeof(w->k));
     memset(w->v, 0, sizeof(w->v));
-    for (l = 0; l < w->layers; ++l) FR_RES(kvc_put(h, l, w->k, w->v), KVC_OK);
+    for (l = 0; l < w->layers; ++l) FUZZ_RES(kvc_put(h, l, w->k, w->v), KVC_OK);
     w->hogs[w->n_hogs++] = h;
 }
 
 /* release, destroy or clear: the entry is no longer in use */
 static void fr_let_go(fr_world *w, int i) {
     fr_live *c = &w->live[i];
-    int how = fr_int(&w->in, 0, 2);
-    fr_note("%s slot %d", how == 0 ? "release" : how == 1 ? "destroy" : "clear", i);
+    int how = fuzz_int(&w->in, 0, 2);
+    fuzz_note("%s slot %d", how == 0 ? "release" : how == 1 ? "destroy" : "clear", i);
     if (how == 0) {
-        FR_RES(kvc_radix_release(c->h), KVC_OK);
+        FUZZ_RES(kvc_radix_release(c->h), KVC_OK);
         fr_lease(w, c, -1);
     } else if (how == 1) {
         fr_drop(w, i);
     } else {
-        FR_RES(kvc_cache_clear(c->h), KVC_OK);
+        FUZZ_RES(kvc_cache_clear(c->h), KVC_OK);
         fr_lease(w, c, -1);
         c->off = c->bb = c->rel = c->n_plan = 0;
     }
@@ -741,11 +696,11 @@ static void fr_let_go(fr_world *w, int i) {
 /* a live rewind (the entry stays in use); what comes next is new */
 static void fr_rewind(fr_world *w, int i) {
     fr_live *c = &w->live[i];
-    int32_t target = fr_int(&w->in, 0, c->off);
+    int32_t target = fuzz_int(&w->in, 0, c->off);
     int same = fr_rot(w) && target == c->off;
     kvc_result want = same ? KVC_OK : fr_wrapped(w, c) ? KVC_ERR_UNREACHABLE : KVC_OK;
-    fr_note("rewind slot %d to %d (offset %d)", i, target, c->off);
-    FR_RES(kvc_restore(c->h, NULL, target), want);
+    fuzz_note("rewind slot %d to %d (offset %d)", i, target, c->off);
+    FUZZ_RES(kvc_restore(c->h, NULL, target), want);
     if (want != KVC_OK || same) return;
     c->off = c->n_plan = target;
     c->bb = target > 0 ? target - 1 : 0;
@@ -758,37 +713,37 @@ static void fr_rewind(fr_world *w, int i) {
    holding them, which then goes. */
 static void fr_save_load(fr_world *w) {
     int32_t tok[FR_MAXT], n, got = -1, need = 0, lp, free_pages;
-    int path[FR_MAXT], ns, pin = fr_int(&w->in, 0, 1), whole, at;
+    int path[FR_MAXT], ns, pin = fuzz_int(&w->in, 0, 1), whole, at;
     kvc_mem mem;
     kvc_io io;
     kvc_pool_stats ps;
     kvc_result r;
     fr_live ld; /* the loaded cache: offset n, anchor n - 1, as a lookup would make it */
     n = fr_prompt(w, &ns, tok, FR_MAXT);
-    if (fr_int(&w->in, 0, 1)) n = fr_int(&w->in, 1, n);
+    if (fuzz_int(&w->in, 0, 1)) n = fuzz_int(&w->in, 1, n);
     whole = fr_walk(w, ns, tok, n, path) == n && fr_usable(w, path, n) == n;
     memset(&ld, 0, sizeof(ld));
     ld.off = n;
     ld.bb = n - 1;
     for (lp = 0; lp * w->pc < n; ++lp) need += fr_held(w, &ld, lp);
-    FR_RES(kvc_pool_stats_get(w->pool, &ps), KVC_OK);
+    FUZZ_RES(kvc_pool_stats_get(w->pool, &ps), KVC_OK);
     free_pages = ps.pages_total - ps.pages_used;
-    fr_note("save ns %d n %d (%s), load%s: %d pages, %d free", ns, n, whole ? "held" : "not held",
+    fuzz_note("save ns %d n %d (%s), load%s: %d pages, %d free", ns, n, whole ? "held" : "not held",
             pin ? " pinned" : "", need, free_pages);
     memset(&mem, 0, sizeof(mem));
     mem.data = w->saved;
     mem.capacity = sizeof(w->saved);
-    FR_RES(kvc_io_memory(&mem, &io), KVC_OK);
-    FR_RES(kvc_radix_save(w->tree, w->ns[ns], tok, n, &io), whole ? KVC_OK : KVC_ERR_NOT_FOUND);
+    FUZZ_RES(kvc_io_memory(&mem, &io), KVC_OK);
+    FUZZ_RES(kvc_radix_save(w->tree, w->ns[ns], tok, n, &io), whole ? KVC_OK : KVC_ERR_NOT_FOUND);
     if (!whole) return;
     mem.pos = 0;
     r = kvc_radix_load(w->tree, w->ns[ns], &io, pin, &got);
     if (need > free_pages) {
-        FR_RES(r, KVC_ERR_FULL);
+        FUZZ_RES(r, KVC_ERR_FULL);
         return;
     }
-    FR_RES(r, KVC_OK);
-    FR_CHECK(got == n, "loaded %d tokens, saved %d", got, n);
+    FUZZ_RES(r, KVC_OK);
+    FUZZ_CHECK(got == n, "loaded %d tokens, saved %d", got, n);
     if (w->max_entries > 0 || pin) w->T[path[n - 1]].end = 1; /* the split commit makes */
     at = fr_node_end(w, path[n - 1]);
     if (fr_rot(w)) fr_fill_holes(w, &ld, path, n, at);
@@ -810,51 +765,51 @@ static void fr_save_load(fr_world *w) {
 /* calls that must fail and change nothing (checked by the step's checks) */
 static void fr_bad(fr_world *w) {
     int32_t t[2] = {0, 1}, reused = -1, leases = 0;
-    int k = fr_int(&w->in, 0, 7), i = fr_int(&w->in, 0, FR_LIVE - 1);
+    int k = fuzz_int(&w->in, 0, 7), i = fuzz_int(&w->in, 0, FR_LIVE - 1);
     kvc_cache *h = NULL;
-    fr_note("bad call %d", k);
+    fuzz_note("bad call %d", k);
     for (; i < FR_LIVE && w->live[i].h == NULL; ++i) {}
-    if (k == 0) FR_RES(kvc_radix_lookup(w->tree, w->ns[0], t, 0, &h, &reused), KVC_ERR_INVALID);
-    else if (k == 1) FR_RES(kvc_radix_lookup(w->tree, w->ns[0], NULL, 2, &h, &reused), KVC_ERR_NULL);
-    else if (k == 2) FR_RES(kvc_radix_evict(w->tree, -1, NULL), KVC_ERR_INVALID);
+    if (k == 0) FUZZ_RES(kvc_radix_lookup(w->tree, w->ns[0], t, 0, &h, &reused), KVC_ERR_INVALID);
+    else if (k == 1) FUZZ_RES(kvc_radix_lookup(w->tree, w->ns[0], NULL, 2, &h, &reused), KVC_ERR_NULL);
+    else if (k == 2) FUZZ_RES(kvc_radix_evict(w->tree, -1, NULL), KVC_ERR_INVALID);
     else if (k == 3) {
-        FR_RES(kvc_radix_pin(w->tree, w->ns[0], t, 0), KVC_ERR_INVALID);
-        FR_RES(kvc_radix_unpin(w->tree, w->ns[0], NULL, 1), KVC_ERR_NULL);
+        FUZZ_RES(kvc_radix_pin(w->tree, w->ns[0], t, 0), KVC_ERR_INVALID);
+        FUZZ_RES(kvc_radix_unpin(w->tree, w->ns[0], NULL, 1), KVC_ERR_NULL);
     } else if (k == 4) { /* a cache of another configuration */
         kvc_cache_config cc;
         kvc_cache_config_init(&cc, fr_rot(w) ? KVC_KIND_FULL : KVC_KIND_ROTATING);
         if (!fr_rot(w)) cc.window = 4;
-        FR_RES(kvc_cache_create(w->pool, &cc, &h), KVC_OK);
-        FR_RES(kvc_radix_commit(w->tree, w->ns[0], h, t, 0), KVC_ERR_INVALID);
-        FR_RES(kvc_cache_destroy(h), KVC_OK);
+        FUZZ_RES(kvc_cache_create(w->pool, &cc, &h), KVC_OK);
+        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[0], h, t, 0), KVC_ERR_INVALID);
+        FUZZ_RES(kvc_cache_destroy(h), KVC_OK);
     } else if (i < FR_LIVE && k == 5) { /* a batch open: commit refuses; then it is cancelled */
         fr_live *c = &w->live[i];
         int32_t o = c->off;
         if (o >= FR_MAXT || fr_begin(w, c->h, 1) != KVC_OK) return;
         if (fr_begin_releases(w, o)) c->rel = 1;
-        FR_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, o), KVC_ERR_STATE);
-        FR_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, NULL, 1), KVC_ERR_NULL);
-        FR_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, -1), KVC_ERR_INVALID);
-        FR_RES(kvc_cancel(c->h), KVC_OK);
+        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, o), KVC_ERR_STATE);
+        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, NULL, 1), KVC_ERR_NULL);
+        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, -1), KVC_ERR_INVALID);
+        FUZZ_RES(kvc_cancel(c->h), KVC_OK);
         c->bb = o; /* a cancel anchors the window at the batch start */
     } else if (k == 6) { /* destroy the tree: refused while an entry is in use */
         kvc_radix_config rc;
         for (i = 0; i < FR_LIVE; ++i) leases += w->live[i].h != NULL && w->live[i].lease >= 0;
-        FR_RES(kvc_radix_destroy(w->tree), leases ? KVC_ERR_BUSY : KVC_OK);
+        FUZZ_RES(kvc_radix_destroy(w->tree), leases ? KVC_ERR_BUSY : KVC_OK);
         if (leases) return;
         kvc_radix_config_init(&rc, w->kind);
         rc.cache.window = w->W;
         rc.cache.sinks = w->S;
-        rc.max_entries = w->max_entries = fr_int(&w->in, 0, 3);
-        FR_RES(kvc_radix_create(w->pool, &rc, &w->tree), KVC_OK);
-        fr_note("new tree, max_entries %d", w->max_entries);
+        rc.max_entries = w->max_entries = fuzz_int(&w->in, 0, 3);
+        FUZZ_RES(kvc_radix_create(w->pool, &rc, &w->tree), KVC_OK);
+        fuzz_note("new tree, max_entries %d", w->max_entries);
         w->hw = w->n_free = w->n_pins = w->n_seqs = w->seq_next = 0;
         w->root_child = -1;
         w->clock = 0;
         memset(&w->rs, 0, sizeof(w->rs));
     } else {
-        FR_RES(kvc_radix_stats_get(w->tree, NULL), KVC_ERR_NULL);
-        FR_RES(kvc_radix_release(NULL), KVC_ERR_NULL);
+        FUZZ_RES(kvc_radix_stats_get(w->tree, NULL), KVC_ERR_NULL);
+        FUZZ_RES(kvc_radix_release(NULL), KVC_ERR_NULL);
     }
 }
 
@@ -863,8 +818,8 @@ static void fr_op(fr_world *w, unsigned op, int i) {
     fr_live *c = &w->live[i];
     if (op < 4) fr_lookup(w, i, -1);
     else if (op < 7 && c->h != NULL) {
-        int32_t k = fr_int(&w->in, 1, 12);
-        fr_note("evaluate %d tokens in slot %d (offset %d)", k, i, c->off);
+        int32_t k = fuzz_int(&w->in, 1, 12);
+        fuzz_note("evaluate %d tokens in slot %d (offset %d)", k, i, c->off);
         fr_eval(w, i, k);
     } else if (op < 9 && c->h != NULL) fr_commit(w, i, -1);
     else if (op == 9 && c->h != NULL) fr_let_go(w, i);
@@ -873,12 +828,12 @@ static void fr_op(fr_world *w, unsigned op, int i) {
     else if (op == 12) fr_evict(w);
     else if (op == 13) fr_hog(w);
     else if (op == 14) { /* an allocation refused inside a call that allocates */
-        int what = fr_int(&w->in, 0, 2), fail = fr_int(&w->in, 0, 1);
+        int what = fuzz_int(&w->in, 0, 2), fail = fuzz_int(&w->in, 0, 1);
         if (what == 0 && c->h != NULL) fr_commit(w, i, fail);
         else if (what == 1) fr_lookup(w, i, 0);
         else fr_pin(w, 0);
     } else if (op == 15) {
-        int what = fr_int(&w->in, 0, 2);
+        int what = fuzz_int(&w->in, 0, 2);
         if (what == 0 && c->h != NULL) fr_rewind(w, i);
         else if (what == 1) fr_save_load(w);
         else fr_bad(w);
@@ -901,42 +856,42 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     w->fail_at = -1;
     w->root_child = -1;
     for (i = 0; i < FR_LIVE; ++i) w->live[i].lease = -1;
-    fr_nlog = fr_step = 0;
+    fuzz_log_reset();
     kvc_pool_config_init(&cfg);
-    w->layers = cfg.n_layers = fr_int(&w->in, 1, FR_LAYERS);
+    w->layers = cfg.n_layers = fuzz_int(&w->in, 1, FR_LAYERS);
     cfg.n_kv_heads = 1;
     cfg.head_dim_k = FR_HK;
     cfg.head_dim_v = FR_HV;
-    i = (int)fr_byte(&w->in);
+    i = (int)fuzz_byte(&w->in);
     cfg.type_k = i & 1 ? KVC_TYPE_F16 : KVC_TYPE_F32;
     cfg.type_v = i & 2 ? KVC_TYPE_F16 : KVC_TYPE_F32;
-    w->pc = cfg.page_cells = fr_int(&w->in, 1, 8);
-    pages = i & 4 ? 400 : fr_int(&w->in, 2, 64);
+    w->pc = cfg.page_cells = fuzz_int(&w->in, 1, 8);
+    pages = i & 4 ? 400 : fuzz_int(&w->in, 2, 64);
     row = (size_t)FR_HK * (cfg.type_k == KVC_TYPE_F16 ? 2 : 4) + (size_t)FR_HV * (cfg.type_v == KVC_TYPE_F16 ? 2 : 4);
     cfg.budget_bytes = (size_t)pages * (size_t)w->pc * (size_t)w->layers * row;
     cfg.allocator.alloc = fr_alloc;
     cfg.allocator.free = fr_free;
     cfg.allocator.user = w;
-    FR_RES(kvc_pool_create(&cfg, &w->pool), KVC_OK);
-    FR_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
-    FR_CHECK(st.pages_total == pages, "the budget gives %d pages, wanted %d", st.pages_total, pages);
-    i = (int)fr_byte(&w->in);
+    FUZZ_RES(kvc_pool_create(&cfg, &w->pool), KVC_OK);
+    FUZZ_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
+    FUZZ_CHECK(st.pages_total == pages, "the budget gives %d pages, wanted %d", st.pages_total, pages);
+    i = (int)fuzz_byte(&w->in);
     w->kind = i % 3 == 0 ? KVC_KIND_ROTATING : KVC_KIND_FULL;
     kvc_radix_config_init(&rc, w->kind);
     if (w->kind == KVC_KIND_ROTATING) {
-        w->W = rc.cache.window = fr_int(&w->in, 1, 16);
-        w->S = rc.cache.sinks = i & 0x80 ? fr_int(&w->in, 0, w->W - 1) : 0;
+        w->W = rc.cache.window = fuzz_int(&w->in, 1, 16);
+        w->S = rc.cache.sinks = i & 0x80 ? fuzz_int(&w->in, 0, w->W - 1) : 0;
     }
     w->max_entries = rc.max_entries = (i >> 2) % 8 < 5 ? 0 : (i >> 2) % 8 - 4;
-    w->alphabet = fr_int(&w->in, 2, 6);
+    w->alphabet = fuzz_int(&w->in, 2, 6);
     w->ns[1].salt = 5; /* the same model as 0, another tenant */
     w->ns[2].model = 2;
-    FR_RES(kvc_radix_create(w->pool, &rc, &w->tree), KVC_OK);
-    fr_note("%s tree W %d S %d max_entries %d, page_cells %d, %d pages, %d layers, alphabet %d",
+    FUZZ_RES(kvc_radix_create(w->pool, &rc, &w->tree), KVC_OK);
+    fuzz_note("%s tree W %d S %d max_entries %d, page_cells %d, %d pages, %d layers, alphabet %d",
             fr_rot(w) ? "ROTATING" : "FULL", w->W, w->S, w->max_entries, w->pc, pages, w->layers, w->alphabet);
-    for (fr_step = 0; fr_step < FR_STEPS && w->in.i < w->in.n; ++fr_step) {
-        unsigned op = fr_byte(&w->in) % 16;
-        int slot = fr_int(&w->in, 0, FR_LIVE - 1);
+    for (fuzz_step = 0; fuzz_step < FR_STEPS && w->in.i < w->in.n; ++fuzz_step) {
+        unsigned op = fuzz_byte(&w->in) % 16;
+        int slot = fuzz_int(&w->in, 0, FR_LIVE - 1);
         fr_op(w, op, slot);
 #ifdef FR_DEBUG_HOOK /* a debugging build may #define it to dump the library's tree and the trie */
         FR_DEBUG_HOOK(w);
@@ -948,17 +903,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* teardown: destroy refuses while an entry is in use; afterwards nothing is left */
     for (i = 0; i < FR_LIVE; ++i)
         if (w->live[i].h != NULL && w->live[i].lease >= 0) {
-            FR_RES(kvc_radix_destroy(w->tree), KVC_ERR_BUSY);
+            FUZZ_RES(kvc_radix_destroy(w->tree), KVC_ERR_BUSY);
             break;
         }
     for (i = 0; i < FR_LIVE; ++i)
         if (w->live[i].h != NULL) fr_drop(w, i);
-    while (w->n_hogs > 0) FR_RES(kvc_cache_destroy(w->hogs[--w->n_hogs]), KVC_OK);
-    FR_RES(kvc_radix_destroy(w->tree), KVC_OK);
-    FR_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
-    FR_CHECK(st.pages_used == 0 && st.live_caches == 0 && st.live_prefixes == 0,
+    while (w->n_hogs > 0) FUZZ_RES(kvc_cache_destroy(w->hogs[--w->n_hogs]), KVC_OK);
+    FUZZ_RES(kvc_radix_destroy(w->tree), KVC_OK);
+    FUZZ_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
+    FUZZ_CHECK(st.pages_used == 0 && st.live_caches == 0 && st.live_prefixes == 0,
              "after teardown: %d pages, %d caches, %d prefixes", st.pages_used, st.live_caches, st.live_prefixes);
-    FR_RES(kvc_pool_destroy(w->pool), KVC_OK);
-    FR_CHECK(w->live_blocks == 0, "%ld blocks still allocated", w->live_blocks);
+    FUZZ_RES(kvc_pool_destroy(w->pool), KVC_OK);
+    FUZZ_CHECK(w->live_blocks == 0, "%ld blocks still allocated", w->live_blocks);
     return 0;
 }

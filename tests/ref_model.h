@@ -9,8 +9,9 @@
    [from, to). The functions take the cache's kind, window W and sinks S (0 and 0 for
    FULL) and say what kvcache.h must show and answer; they never call the library.
 
-   Include after kvcache.h. Every definition is static and the header has a guard, so
-   several targets can include it in one translation unit (fuzz/fuzz_all.c). */
+   Include after kvcache.h. The header has a guard and its functions are static inline,
+   so several fuzz targets can include it in one translation unit (the fuzz_all.c that
+   tests/run.sh generates) and a program that uses only some of them builds warning-free. */
 #ifndef KVC_REF_MODEL_H
 #define KVC_REF_MODEL_H
 
@@ -25,12 +26,12 @@ typedef struct ref_state {
     uint32_t uid[REF_MAX_TOKENS]; /* the token at each position [0, off) */
 } ref_state;
 
-static int32_t ref_min(int32_t a, int32_t b) { return a < b ? a : b; }
-static int32_t ref_max(int32_t a, int32_t b) { return a > b ? a : b; }
+static inline int32_t ref_min(int32_t a, int32_t b) { return a < b ? a : b; }
+static inline int32_t ref_max(int32_t a, int32_t b) { return a > b ? a : b; }
 
 /* The cells a cache shows, in kvc_cache_gather order: their positions (indices into
    st->uid). Returns how many. */
-static int ref_view(kvc_kind kind, int32_t W, int32_t S, const ref_state *st, int32_t *pos) {
+static inline int ref_view(kvc_kind kind, int32_t W, int32_t S, const ref_state *st, int32_t *pos) {
     int n = 0;
     int32_t t;
     if (kind == KVC_KIND_FULL) {
@@ -45,7 +46,7 @@ static int ref_view(kvc_kind kind, int32_t W, int32_t S, const ref_state *st, in
 
 /* Whether a query at position p sees the token at t, with the attention call's window
    and non_causal flag (the documented masks; a ROTATING cache adds its own window). */
-static int ref_visible(kvc_kind kind, int32_t W, int32_t S, int non_causal, int32_t window, int32_t t, int32_t p) {
+static inline int ref_visible(kvc_kind kind, int32_t W, int32_t S, int non_causal, int32_t window, int32_t t, int32_t p) {
     if (!non_causal && t > p) return 0;
     if (window > 0 && t <= p - window) return 0;
     if (kind == KVC_KIND_ROTATING && t >= S && t <= p - (W - S)) return 0;
@@ -53,7 +54,7 @@ static int ref_visible(kvc_kind kind, int32_t W, int32_t S, int non_causal, int3
 }
 
 /* trim / live restore to target tokens: what remains reads as a batch of one */
-static void ref_rewind(ref_state *st, int32_t target) {
+static inline void ref_rewind(ref_state *st, int32_t target) {
     st->off = target;
     st->bb = target > 0 ? target - 1 : 0;
     if (target == 0) st->rel = 0;
@@ -62,21 +63,21 @@ static void ref_rewind(ref_state *st, int32_t target) {
 /* ROTATING: the window has wrapped (no trim, no live rewind, no clamped restore) once it
    held more than W tokens or released a page: a kvc_cancel can bring the offset back to
    W or less after kvc_begin released pages. */
-static int ref_wrapped(kvc_kind kind, int32_t W, const ref_state *st) {
+static inline int ref_wrapped(kvc_kind kind, int32_t W, const ref_state *st) {
     return kind == KVC_KIND_ROTATING && (st->off > W || st->rel);
 }
 
 /* Whether kvc_begin at offset o releases a window page: the first window page (logical
    page ceil(S/page_cells), held since nothing was released yet) lies wholly before the
    oldest token the batch's first query may see, o - (W - S) + 1. */
-static int ref_begin_releases(kvc_kind kind, int32_t W, int32_t S, int32_t page_cells, int32_t o) {
+static inline int ref_begin_releases(kvc_kind kind, int32_t W, int32_t S, int32_t page_cells, int32_t o) {
     int32_t nsp = (S + page_cells - 1) / page_cells;
     return kind == KVC_KIND_ROTATING && o > nsp * page_cells && (nsp + 1) * page_cells <= o - (W - S) + 1;
 }
 
 /* kvc_begin(n) succeeded on a cache in state st: the state once the batch of tokens
    uids[0..n) is put in every layer. */
-static void ref_begin(kvc_kind kind, int32_t W, int32_t S, int32_t page_cells, const ref_state *st,
+static inline void ref_begin(kvc_kind kind, int32_t W, int32_t S, int32_t page_cells, const ref_state *st,
                       const uint32_t *uids, int32_t n, ref_state *after) {
     int32_t o = st->off, i;
     *after = *st;
@@ -88,46 +89,46 @@ static void ref_begin(kvc_kind kind, int32_t W, int32_t S, int32_t page_cells, c
 
 /* kvc_cancel of the batch that took st to after: the offset stays, the cancelled batch's
    start anchors the window, and what kvc_begin released stays released. */
-static void ref_cancel(ref_state *st, const ref_state *after) {
+static inline void ref_cancel(ref_state *st, const ref_state *after) {
     st->bb = st->off;
     st->rel = st->off > 0 && after->rel;
 }
 
 /* What kvc_trim(n) answers. */
-static kvc_result ref_trim_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t n) {
+static inline kvc_result ref_trim_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t n) {
     if (n < 0 || n > st->off) return KVC_ERR_RANGE;
     if (ref_wrapped(kind, W, st)) return KVC_ERR_UNSUPPORTED;
     return KVC_OK;
 }
 
 /* What kvc_restore(cache, NULL, target) answers; ref_live_restore applies it. */
-static kvc_result ref_live_restore_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t target) {
+static inline kvc_result ref_live_restore_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t target) {
     if (target < 0 || target > st->off) return KVC_ERR_UNREACHABLE;
     if (kind == KVC_KIND_ROTATING && target == st->off) return KVC_OK; /* nothing to do */
     if (ref_wrapped(kind, W, st)) return KVC_ERR_UNREACHABLE;
     return KVC_OK;
 }
-static void ref_live_restore(kvc_kind kind, ref_state *st, int32_t target) {
+static inline void ref_live_restore(kvc_kind kind, ref_state *st, int32_t target) {
     if (!(kind == KVC_KIND_ROTATING && target == st->off)) ref_rewind(st, target);
 }
 
 /* kvc_snapshot_take(from) on a cache in state st: the snapshot's start, and whether it
    holds anything (the library answers a NULL snapshot when not). */
-static int32_t ref_take_from(kvc_kind kind, int32_t from) { return kind == KVC_KIND_FULL ? ref_max(from, 0) : from; }
-static int ref_take_holds(kvc_kind kind, const ref_state *st, int32_t from) {
+static inline int32_t ref_take_from(kvc_kind kind, int32_t from) { return kind == KVC_KIND_FULL ? ref_max(from, 0) : from; }
+static inline int ref_take_holds(kvc_kind kind, const ref_state *st, int32_t from) {
     return st->off > 0 && st->off > ref_take_from(kind, from);
 }
 
 /* What kvc_restore(cache, snapshot [from, to) with state snap, target) answers when the
    snapshot is the cache's own (a foreign one is KVC_ERR_FOREIGN first). */
-static kvc_result ref_restore_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t from, int32_t to,
+static inline kvc_result ref_restore_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t from, int32_t to,
                                      const ref_state *snap, int32_t target) {
     if (target < 0 || target > to) return KVC_ERR_UNREACHABLE;
     if (kind == KVC_KIND_FULL) return st->off < from ? KVC_ERR_UNREACHABLE : KVC_OK;
     return (target < to && (to > W || snap->rel)) ? KVC_ERR_UNREACHABLE : KVC_OK;
 }
 /* its effect on the cache's state st (a FULL cache keeps its tokens before from) */
-static void ref_restore(kvc_kind kind, int32_t from, int32_t to, const ref_state *snap, int32_t target, ref_state *st) {
+static inline void ref_restore(kvc_kind kind, int32_t from, int32_t to, const ref_state *snap, int32_t target, ref_state *st) {
     if (kind == KVC_KIND_FULL) {
         if (target > from) memcpy(st->uid + from, snap->uid + from, sizeof(uint32_t) * (size_t)(target - from));
         ref_rewind(st, target);
@@ -139,7 +140,7 @@ static void ref_restore(kvc_kind kind, int32_t from, int32_t to, const ref_state
 
 /* FULL: kvc_snapshot_merge of adjacent snapshots parent [pfrom, pto) and child
    [pto, cto): the merged state, [pfrom, cto) (out may be the parent). */
-static void ref_merge_full(const ref_state *parent, int32_t pfrom, int32_t pto, const ref_state *child, int32_t cto,
+static inline void ref_merge_full(const ref_state *parent, int32_t pfrom, int32_t pto, const ref_state *child, int32_t cto,
                            ref_state *out) {
     if (out != parent) {
         memset(out, 0, sizeof(*out));
