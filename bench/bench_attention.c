@@ -30,38 +30,17 @@
 #define KVCACHE_THREADS
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
+#include "bench_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        kvc_result r_ = (call);                                                                  \
-        if (r_ != KVC_OK) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kvc_strerror(r_));      \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
-
 #define MAX_REPS 51
 static int g_reps = 7;
 static kvc_threads *g_threads2;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
-    return t[n / 2];
-}
 static unsigned long long g_rng = 0x243f6a8885a308d3ull;
 static float rnd(void) {
     g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;

@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 199309L
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
+#include "bench_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,21 +18,6 @@
 #define KV_HEADS 8
 #define HEAD_DIM 128
 #define SEQS 64
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static float *g_k, *g_v;
 

@@ -26,6 +26,7 @@
 #define _POSIX_C_SOURCE 199309L
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
+#include "bench_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,33 +41,9 @@
 #define MAX_REPS 101
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-#define CHECK(call)                                                                     \
-    do {                                                                                \
-        kvc_result r_ = (call);                                                         \
-        if (r_ != KVC_OK) {                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kvc_strerror(r_)); \
-            exit(1);                                                                    \
-        }                                                                               \
-    } while (0)
-
 static int g_reps = 7, g_batch = 512, g_page_cells = 256;
 static double g_memcpy_bps; /* bytes per second */
 static float *g_k[N_SETS], *g_v[N_SETS];
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 static void fmt_time(char *buf, double s) {
     if (s < 1e-3) sprintf(buf, "%8.2f us", s * 1e6);

@@ -37,6 +37,7 @@ int main(void) {
 #define VK_NO_PROTOTYPES
 #define KVCACHE_VK_IMPLEMENTATION
 #include "kvcache_vk.h"
+#include "bench_util.h"
 #include <dlfcn.h>
 
 #define HQ 32
@@ -52,32 +53,11 @@ static void die(const char *what, kvc_result r) {
     fprintf(stderr, "bench_vk: %s: %s\n", what, kvc_strerror(r));
     exit(1);
 }
-#define CHECK(x) do { kvc_result r_ = (x); if (r_ != KVC_OK) die(#x, r_); } while (0)
-
-static int parse_list(const char *s, int32_t *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        out[n++] = (int32_t)strtol(s, (char **)&s, 10);
-        if (*s == ',') s++;
-    }
-    return n;
-}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float frand(void) {
     rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
     return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* GPU time of `reps` repetitions of record() in one command buffer, µs per repetition */
@@ -119,19 +99,19 @@ static double time_gpu(record_fn record, void *user, int reps, double *spread) {
     qi.queryCount = 2;
     if (fn->vkCreateQueryPool(info.device, &qi, NULL, &qp) != VK_SUCCESS) die("vkCreateQueryPool", KVC_ERR_UNSUPPORTED);
     last = cur = time_once(qp, record, user, 3);
-    t0 = now_s();
+    t0 = now();
     while (info.device_type != VK_PHYSICAL_DEVICE_TYPE_CPU) {
         double el;
         int n = (int)(20000.0 / (last > 1.0 ? last : 1.0));
         cur = time_once(qp, record, user, n < reps ? reps : n > 20000 ? 20000 : n);
-        el = now_s() - t0;
+        el = now() - t0;
         if (el > 3.0 || (el >= 1.0 && fabs(cur - last) <= 0.02 * last)) break;
         last = cur;
     }
-    if (getenv("BENCH_VK_WALL")) fprintf(stderr, "  warm-up %.3f-%.3f s, last %.1f us\n", t0 - g_wall0, now_s() - g_wall0, cur);
+    if (getenv("BENCH_VK_WALL")) fprintf(stderr, "  warm-up %.3f-%.3f s, last %.1f us\n", t0 - g_wall0, now() - g_wall0, cur);
     for (run = 0; run < 5; ++run) t[run] = time_once(qp, record, user, reps);
     fn->vkDestroyQueryPool(info.device, qp, NULL);
-    if (getenv("BENCH_VK_WALL")) fprintf(stderr, "  runs until %.3f s: %.1f %.1f %.1f %.1f %.1f\n", now_s() - g_wall0, t[0], t[1], t[2], t[3], t[4]);
+    if (getenv("BENCH_VK_WALL")) fprintf(stderr, "  runs until %.3f s: %.1f %.1f %.1f %.1f %.1f\n", now() - g_wall0, t[0], t[1], t[2], t[3], t[4]);
     qsort(t, 5, sizeof(double), cmp_double);
     if (spread) *spread = t[4] / t[0];
     return t[2];
@@ -238,7 +218,7 @@ int main(int argc, char **argv) {
     kvc_pool_config pc;
     kvc_vk_pool *copy_pool;
     double copy_us, copy_gbs;
-    g_wall0 = now_s();
+    g_wall0 = now();
     for (ai = 1; ai < argc; ++ai) {
         if (!strcmp(argv[ai], "--cells") && ai + 1 < argc) n_cells = parse_list(argv[++ai], cells_list, 8);
         else if (!strcmp(argv[ai], "--batch") && ai + 1 < argc) n_batch = parse_list(argv[++ai], batch_list, 8);
