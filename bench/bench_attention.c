@@ -21,10 +21,10 @@
      kvc_seq_remove (dequantise, rotate, requantise): GB/s of stored K+V bytes.
    Times are medians of --reps runs; nothing is asserted.
 
-   Build:  cc -std=c99 -O2 bench/bench_attention.c -o bench_attention -lm -lpthread
-   Usage:  bench_attention [--reps N] [--quick] [--disable MASK]
-           --quick: 4k cells only; --disable: the pools' cpu_disable (0xc: the AVX2 path on
-           an AVX-512 machine, as CPUs without AVX-512 run it) */
+   Build:  cc -std=c99 -O2 -I. bench/bench_attention.c -o bench_attention -lm -lpthread
+   Usage:  bench_attention [options]; with none, the whole table above. `--help` lists
+           the options; they select one shape (or a few) to rerun alone, e.g.
+           bench_attention --parts decode --types q8_0 --cells 16384 --threads 1 --gqa 4 */
 #define _DEFAULT_SOURCE /* madvise: the pool's slab and the read buffer both get huge pages */
 #define _POSIX_C_SOURCE 199309L
 #define KVCACHE_THREADS
@@ -38,8 +38,21 @@
 #include <time.h>
 
 #define MAX_REPS 51
+#define MAX_THREADS 64 /* reader.sum */
+#define MAX_LIST 16
 static int g_reps = 7;
-static kvc_threads *g_threads2;
+static kvc_threads *g_threads[MAX_THREADS + 1]; /* [n]: a pool of n workers, for each n > 1 asked for */
+
+/* what to run: the lists of the options (see usage()); n_... 0 = the default */
+typedef struct options {
+    int32_t cells[MAX_LIST], threads[MAX_LIST], gqa[MAX_LIST];
+    kvc_type types[MAX_LIST];
+    int n_cells, n_threads, n_gqa, n_types;
+    int decode, prefill, append; /* --parts */
+    int32_t queries;             /* prefill queries */
+    int quick, scalar, roofline;
+    int gqa_default;             /* no --gqa: GQA 1 only where the default table has it */
+} options;
 
 static unsigned long long g_rng = 0x243f6a8885a308d3ull;
 static float rnd(void) {
@@ -53,9 +66,10 @@ typedef struct reader {
     size_t n;
     float sum[64];
 } reader;
+static int32_t g_read_tasks; /* the read is cut into this many parts */
 static void read_part(void *ctx, int32_t task, int32_t worker) {
     reader *r = (reader *)ctx;
-    size_t per = r->n / 2, i, end = per * (size_t)(task + 1);
+    size_t per = r->n / (size_t)g_read_tasks / 8 * 8, i, end = task == g_read_tasks - 1 ? r->n : per * (size_t)(task + 1);
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
     for (i = per * (size_t)task; i < end; i += 8) { /* eight chains: the compiler vectorises none, */
         s0 += r->buf[i]; s1 += r->buf[i + 1]; s2 += r->buf[i + 2]; s3 += r->buf[i + 3]; /* but 8 loads */
@@ -79,8 +93,9 @@ static double read_bandwidth(int threads) {
     memset((void *)r.buf, 1, r.n * sizeof(float)); /* real pages (calloc's could all be the zero page) */
     for (i = 0; i < g_reps; ++i) {
         double t0 = now();
+        g_read_tasks = threads == 1 ? 2 : threads;
         if (threads == 1) { read_part(&r, 0, 0); read_part(&r, 1, 0); }
-        else kvc_threads_parallel_for(g_threads2, 2, read_part, &r);
+        else kvc_threads_parallel_for(g_threads[threads], threads, read_part, &r);
         t[i] = now() - t0;
     }
     free((void *)r.buf);
@@ -139,7 +154,7 @@ static void make_cache(bcache *b, kvc_type t, int32_t n_kv, int32_t cells, uint3
     pc.type_k = pc.type_v = t;
     pc.budget_bytes = (size_t)cells * row * 4 * 2 + ((size_t)4 << 20);
     pc.cpu_disable = disable;
-    if (threads == 2) CHECK(kvc_threads_attach(g_threads2, &pc));
+    if (threads > 1) CHECK(kvc_threads_attach(g_threads[threads], &pc));
     CHECK(kvc_pool_create(&pc, &b->pool));
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     CHECK(kvc_cache_create(b->pool, &cc, &b->cache));
@@ -184,69 +199,83 @@ static double time_attention(bcache *b, int32_t nq, int32_t n_heads, int reps) {
     return median(t, reps);
 }
 
-static const double g_llama_ms[2][3] = {{2.4, 12.0, 0}, {3.4, 13.8, 0}}; /* f16, q8_0 at 4k, 16k */
+/* llama.cpp's CPU flash attention on this machine (two threads), for the default shapes */
+static double llama_decode_ms(kvc_type t, int32_t cells) {
+    if (t == KVC_TYPE_F16) return cells == 4096 ? 2.4 : cells == 16384 ? 12.0 : 0;
+    if (t == KVC_TYPE_Q8_0) return cells == 4096 ? 3.4 : cells == 16384 ? 13.8 : 0;
+    return 0;
+}
 
-static void bench_decode(double bw1, double bw2, double fma, int quick) {
-    static const int32_t sizes[3] = {4096, 16384, 32768};
-    static const kvc_type types[5] = {KVC_TYPE_F16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_BF16, KVC_TYPE_F32};
-    int si, ti, th, gqa;
+/* bw[th]: read bandwidth with th threads (0: not measured) */
+static void bench_decode(const options *o, const double *bw, double fma) {
+    int si, ti, thi, gi;
     printf("\ndecode attention, 1 query, head dim 128, FULL cache, medians of %d (scalar: %d)\n", g_reps, 3);
     printf("%-6s %5s %6s %3s %9s %8s %8s %8s %9s %10s\n", "type", "GQA", "cells", "thr", "time", "K+V GB/s", "vs read",
            "vs FMA", "vs scalar", "vs llama");
-    for (gqa = 4; gqa >= 1; gqa -= 3)
-        for (ti = 0; ti < 5; ++ti)
-            for (si = 0; si < (quick ? 1 : 3); ++si) {
-                int32_t n_kv = 32 / gqa;
+    for (gi = 0; gi < o->n_gqa; ++gi)
+        for (ti = 0; ti < o->n_types; ++ti)
+            for (si = 0; si < o->n_cells; ++si) {
+                int32_t gqa = o->gqa[gi], n_kv = 32 / gqa, cells = o->cells[si];
+                kvc_type type = o->types[ti];
                 double scalar_s = 0;
-                if (gqa == 1 && (ti > 1 || si != 1)) continue; /* GQA 1: f16 and q8_0 at 16k */
-                for (th = 1; th <= 2; ++th) {
+                /* the default table: GQA 1 only for f16 and q8_0 at 16k */
+                if (o->gqa_default && gqa == 1 && ((type != KVC_TYPE_F16 && type != KVC_TYPE_Q8_0) || cells != 16384)) continue;
+                for (thi = 0; thi < o->n_threads; ++thi) {
+                    int th = o->threads[thi];
                     bcache b;
-                    double s, gbs;
-                    make_cache(&b, types[ti], n_kv, sizes[si], g_disable, th);
+                    double s, gbs, llama = llama_decode_ms(type, cells);
+                    make_cache(&b, type, n_kv, cells, g_disable, th);
                     s = time_attention(&b, 1, 32, g_reps);
                     gbs = (double)b.kv_bytes / s / 1e9;
                     free_cache(&b);
-                    if (th == 1 && (gqa == 4 || ti == 0)) {
-                        make_cache(&b, types[ti], n_kv, sizes[si], ~0u, 1);
+                    if (o->scalar && th == 1 && (gqa == 4 || type == KVC_TYPE_F16)) {
+                        make_cache(&b, type, n_kv, cells, ~0u, 1);
                         scalar_s = time_attention(&b, 1, 32, 3);
                         free_cache(&b);
                     }
-                    printf("%-6s %5d %6d %3d %7.3fms %8.1f %7.0f%% ", kvc_type_name(types[ti]), gqa, (int)sizes[si], th,
-                           s * 1e3, gbs, 100.0 * gbs * 1e9 / (th == 1 ? bw1 : bw2));
-                    if (fma > 0 && (types[ti] == KVC_TYPE_F16 || types[ti] == KVC_TYPE_BF16 || types[ti] == KVC_TYPE_F32))
-                        printf("%7.0f%% ", 100.0 * (double)sizes[si] * 512.0 / (th * fma) / s); /* float types */
+                    printf("%-6s %5d %6d %3d %7.3fms %8.1f ", kvc_type_name(type), (int)gqa, (int)cells, th, s * 1e3, gbs);
+                    if (bw[th] > 0) printf("%7.0f%% ", 100.0 * gbs * 1e9 / bw[th]); else printf("%8s ", "-");
+                    if (fma > 0 && (type == KVC_TYPE_F16 || type == KVC_TYPE_BF16 || type == KVC_TYPE_F32))
+                        printf("%7.0f%% ", 100.0 * (double)cells * 512.0 / (th * fma) / s); /* float types */
                     else
                         printf("%8s ", "-");
                     if (scalar_s > 0) printf("%8.1fx ", scalar_s / s); else printf("%9s ", "-");
-                    if (gqa == 4 && ti < 2 && si < 2) printf("%9.1fx", g_llama_ms[ti][si] * 1e-3 / s);
+                    if (gqa == 4 && llama > 0) printf("%9.1fx", llama * 1e-3 / s);
                     printf("\n");
                 }
             }
 }
 
-static void bench_prefill(void) {
-    static const kvc_type types[2] = {KVC_TYPE_F16, KVC_TYPE_Q8_0};
-    static const double llama_gflops[2] = {60, 18};
-    int ti, th;
-    printf("\nprefill attention, 512 queries over 4096 cells (causal), 32 q / 8 kv heads, head dim 128\n");
-    printf("%-6s %3s %9s %9s %9s\n", "type", "thr", "time", "GFLOP/s", "vs llama");
-    for (ti = 0; ti < 2; ++ti)
-        for (th = 1; th <= 2; ++th) {
-            bcache b;
-            double s, flops = 0;
-            int32_t qi;
-            make_cache(&b, types[ti], 8, 4096, g_disable, th);
-            s = time_attention(&b, 512, 32, g_reps < 5 ? g_reps : 5);
-            for (qi = 0; qi < 512; ++qi) flops += 4.0 * 32 * 128 * (double)(4096 - 512 + qi + 1);
-            printf("%-6s %3d %7.1fms %9.1f %8.1fx\n", kvc_type_name(types[ti]), th, s * 1e3, flops / s / 1e9,
-                   flops / s / 1e9 / llama_gflops[ti]);
-            free_cache(&b);
-        }
+static void bench_prefill(const options *o) {
+    int ti, thi, si, gi;
+    int32_t nq = o->queries;
+    printf("\nprefill attention, %d queries at the last positions (causal), 32 q heads, head dim 128\n", (int)nq);
+    printf("%-6s %5s %6s %3s %9s %9s %9s\n", "type", "GQA", "cells", "thr", "time", "GFLOP/s", "vs llama");
+    for (gi = 0; gi < o->n_gqa; ++gi)
+        for (ti = 0; ti < o->n_types; ++ti)
+            for (si = 0; si < o->n_cells; ++si)
+                for (thi = 0; thi < o->n_threads; ++thi) {
+                    int32_t gqa = o->gqa[gi], cells = o->cells[si], qi;
+                    kvc_type type = o->types[ti];
+                    int th = o->threads[thi];
+                    double s, flops = 0, llama = 0;
+                    bcache b;
+                    if (nq > cells) continue;
+                    make_cache(&b, type, 32 / gqa, cells, g_disable, th);
+                    s = time_attention(&b, nq, 32, g_reps < 5 ? g_reps : 5);
+                    for (qi = 0; qi < nq; ++qi) flops += 4.0 * 32 * 128 * (double)(cells - nq + qi + 1);
+                    /* llama.cpp's prefill, 512 queries over 4k cells, GQA 4 */
+                    if (nq == 512 && cells == 4096 && gqa == 4) llama = type == KVC_TYPE_F16 ? 60 : type == KVC_TYPE_Q8_0 ? 18 : 0;
+                    printf("%-6s %5d %6d %3d %7.1fms %9.1f ", kvc_type_name(type), (int)gqa, (int)cells, th, s * 1e3,
+                           flops / s / 1e9);
+                    if (llama > 0) printf("%8.1fx", flops / s / 1e9 / llama);
+                    printf("\n");
+                    free_cache(&b);
+                }
 }
 
 /* append: 4096 tokens of 32 layers x 8 x 128 f32 K and V, converted at kvc_put */
-static void bench_append_and_rope(void) {
-    static const kvc_type types[5] = {KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0};
+static void bench_append_and_rope(const kvc_type *types, int n_types) {
     enum { TOK = 4096, BATCH = 512, LAYERS = 8, ROW = 8 * 128 };
     float *k = (float *)malloc(sizeof(float) * BATCH * ROW), *v = (float *)malloc(sizeof(float) * BATCH * ROW);
     int ti, i, r;
@@ -255,7 +284,7 @@ static void bench_append_and_rope(void) {
            "the first 16 positions: every later key of every layer re-rotated), GB/s of f32 K+V in / of keys moved\n",
            TOK, LAYERS, BATCH);
     printf("%-6s %12s %12s %12s\n", "type", "append GB/s", "shift ms", "shift GB/s");
-    for (ti = 0; ti < 5; ++ti) {
+    for (ti = 0; ti < n_types; ++ti) {
         kvc_pool_config pc;
         kvc_cache_config cc;
         kvc_pool *p;
@@ -308,35 +337,135 @@ static void bench_append_and_rope(void) {
     free(v);
 }
 
+static const kvc_type g_all_types[5] = {KVC_TYPE_F16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_BF16, KVC_TYPE_F32};
+
+static void usage(FILE *f, const char *argv0) {
+    fprintf(f,
+            "usage: %s [options]   (no options: the whole table)\n"
+            "  --parts LIST     decode,prefill,append (default all three)\n"
+            "  --types LIST     storage types, K and V the same: f16,q8_0,q4_0,bf16,f32\n"
+            "                   (default: all five for decode and append, f16,q8_0 for prefill)\n"
+            "  --cells LIST     cells of the FULL cache (default 4096,16384,32768 for decode, 4096 for prefill)\n"
+            "  --threads LIST   thread counts, each up to %d (default 1,2)\n"
+            "  --gqa LIST       query heads per kv head, dividing 32 (default 4, and 1 for f16 and q8_0 at 16k\n"
+            "                   in decode; 4 in prefill)\n"
+            "  --queries N      prefill queries (default 512)\n"
+            "  --reps N         repetitions per timing, the median printed (default 7, at most %d)\n"
+            "  --quick          decode at 4096 cells only\n"
+            "  --no-scalar      skip the scalar-path comparison\n"
+            "  --no-roofline    skip measuring read bandwidth and FMA throughput (their columns show -)\n"
+            "  --disable MASK   the pools' cpu_disable (0xc: the AVX2 path on an AVX-512 machine, as CPUs\n"
+            "                   without AVX-512 run it)\n",
+            argv0, MAX_THREADS, MAX_REPS);
+}
+
+static int parse_types(const char *s, kvc_type *out) {
+    int n = 0, i;
+    while (*s && n < MAX_LIST) {
+        size_t len = strcspn(s, ",");
+        for (i = 0; i < 5; ++i)
+            if (strlen(kvc_type_name(g_all_types[i])) == len && strncmp(s, kvc_type_name(g_all_types[i]), len) == 0) break;
+        if (i == 5) return -1;
+        out[n++] = g_all_types[i];
+        s += len;
+        if (*s == ',') s++;
+    }
+    return n;
+}
+
+static int parse_ints(const char *s, int32_t *out, int32_t lo, int32_t hi) {
+    int n = parse_list(s, out, MAX_LIST), i;
+    for (i = 0; i < n; ++i)
+        if (out[i] < lo || out[i] > hi) return -1;
+    return n;
+}
+
 int main(int argc, char **argv) {
-    int i, quick = 0;
-    double bw1, bw2, fma;
+    static const int32_t decode_cells[3] = {4096, 16384, 32768}, one_thread_two[2] = {1, 2}, gqa_default[2] = {4, 1};
+    options o, d;
+    int i, n;
+    double bw[MAX_THREADS + 1], fma = 0;
     const char *kernels;
     uint32_t f = 0;
+    memset(&o, 0, sizeof(o));
+    memset(bw, 0, sizeof(bw));
+    o.decode = o.prefill = o.append = 1;
+    o.queries = 512;
+    o.scalar = o.roofline = 1;
     for (i = 1; i < argc; ++i) {
-        if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) g_reps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--quick") == 0) quick = 1;
-        else if (strcmp(argv[i], "--disable") == 0 && i + 1 < argc) g_disable = (uint32_t)strtoul(argv[++i], NULL, 0);
-        else { fprintf(stderr, "usage: %s [--reps N] [--quick] [--disable MASK]\n", argv[0]); return 2; }
+        const char *a = argv[i], *v = NULL;
+        int bad = 0;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout, argv[0]); return 0; }
+        if (strcmp(a, "--quick") == 0) { o.quick = 1; continue; }
+        if (strcmp(a, "--no-scalar") == 0) { o.scalar = 0; continue; }
+        if (strcmp(a, "--no-roofline") == 0) { o.roofline = 0; continue; }
+        if (i + 1 < argc) v = argv[++i]; /* every other option takes a value */
+        if (v == NULL) bad = 1;
+        else if (strcmp(a, "--reps") == 0) { g_reps = atoi(v); bad = g_reps < 1 || g_reps > MAX_REPS; }
+        else if (strcmp(a, "--disable") == 0) g_disable = (uint32_t)strtoul(v, NULL, 0);
+        else if (strcmp(a, "--queries") == 0) { o.queries = atoi(v); bad = o.queries < 1; }
+        else if (strcmp(a, "--types") == 0) bad = (o.n_types = parse_types(v, o.types)) <= 0;
+        else if (strcmp(a, "--cells") == 0) bad = (o.n_cells = parse_ints(v, o.cells, 1, 1 << 24)) <= 0;
+        else if (strcmp(a, "--threads") == 0) bad = (o.n_threads = parse_ints(v, o.threads, 1, MAX_THREADS)) <= 0;
+        else if (strcmp(a, "--gqa") == 0) {
+            bad = (o.n_gqa = parse_ints(v, o.gqa, 1, 32)) <= 0;
+            for (n = 0; n < o.n_gqa; ++n) bad |= 32 % o.gqa[n] != 0;
+        } else if (strcmp(a, "--parts") == 0) {
+            o.decode = strstr(v, "decode") != NULL;
+            o.prefill = strstr(v, "prefill") != NULL;
+            o.append = strstr(v, "append") != NULL;
+            bad = !(o.decode || o.prefill || o.append);
+        } else bad = 1;
+        if (bad) {
+            fprintf(stderr, "%s: bad option %s%s%s\n", argv[0], a, v ? " " : "", v ? v : "");
+            usage(stderr, argv[0]);
+            return 2;
+        }
     }
-    if (g_reps < 1 || g_reps > MAX_REPS) g_reps = 7;
-    CHECK(kvc_threads_create(2, &g_threads2));
+    if (o.n_threads == 0) { o.n_threads = 2; memcpy(o.threads, one_thread_two, sizeof(one_thread_two)); }
+    for (i = 0; i < o.n_threads; ++i) {
+        n = o.threads[i];
+        if (n > 1 && g_threads[n] == NULL) CHECK(kvc_threads_create(n, &g_threads[n]));
+    }
     CHECK(kvc_cpu_features(&f));
     f &= ~g_disable;
-    bw1 = read_bandwidth(1);
-    bw2 = read_bandwidth(2);
-    fma = f & KVC_CPU_AVX512 ? fma512_rate() : 0;
     kernels = f & KVC_CPU_AVX512_VNNI ? "avx512-vnni" : f & KVC_CPU_AVX512 ? "avx512" : f & KVC_CPU_AVX2 ? "avx2"
               : f & KVC_CPU_SSE2 ? "sse2" : f & KVC_CPU_NEON_DOTPROD ? "neon-dotprod" : f & KVC_CPU_NEON ? "neon" : "scalar";
-    printf("cpu features %#x (kernels: %s); read bandwidth over 1 GiB: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", f,
-           kernels, bw1 / 1e9, bw2 / 1e9);
+    printf("cpu features %#x (kernels: %s)", f, kernels);
+    if (o.roofline) {
+        printf("; read bandwidth over 1 GiB:");
+        for (i = 0; i < o.n_threads; ++i) {
+            n = o.threads[i];
+            if (bw[n] == 0) bw[n] = read_bandwidth(n);
+            printf("%s %.1f GB/s (%d thread%s)", i ? "," : "", bw[n] / 1e9, n, n > 1 ? "s" : "");
+        }
+        fma = f & KVC_CPU_AVX512 ? fma512_rate() : 0;
+    }
+    printf("\n");
     if (fma > 0)
         printf("512-bit FMAs: %.2f G/s on one thread; decode in float needs 512 per cell (32 heads, head dim 128):\n"
                "'vs FMA' is that floor's time over the measured time (%.2f ms at 16k cells on 1 thread)\n",
                fma / 1e9, 16384.0 * 512.0 / fma * 1e3);
-    bench_decode(bw1, bw2, fma, quick);
-    bench_prefill();
-    bench_append_and_rope();
-    CHECK(kvc_threads_destroy(g_threads2));
+    if (o.decode) {
+        d = o;
+        if (d.n_types == 0) { d.n_types = 5; memcpy(d.types, g_all_types, sizeof(g_all_types)); }
+        if (d.n_cells == 0) { d.n_cells = o.quick ? 1 : 3; memcpy(d.cells, decode_cells, sizeof(decode_cells)); }
+        if (d.n_gqa == 0) { d.n_gqa = 2; d.gqa_default = 1; memcpy(d.gqa, gqa_default, sizeof(gqa_default)); }
+        bench_decode(&d, bw, fma);
+    }
+    if (o.prefill) {
+        d = o;
+        if (d.n_types == 0) { d.n_types = 2; memcpy(d.types, g_all_types, 2 * sizeof(kvc_type)); }
+        if (d.n_cells == 0) { d.n_cells = 1; d.cells[0] = 4096; }
+        if (d.n_gqa == 0) { d.n_gqa = 1; d.gqa[0] = 4; }
+        bench_prefill(&d);
+    }
+    if (o.append) {
+        static const kvc_type append_types[5] = {KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0};
+        if (o.n_types > 0) bench_append_and_rope(o.types, o.n_types);
+        else bench_append_and_rope(append_types, 5);
+    }
+    for (i = 0; i <= MAX_THREADS; ++i)
+        if (g_threads[i] != NULL) CHECK(kvc_threads_destroy(g_threads[i]));
     return 0;
 }
