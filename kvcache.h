@@ -231,6 +231,14 @@ KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", "bf16", "q8_0"
 KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + defaults */
 KVCDEF kvc_result kvc_cpu_features(uint32_t *features); /* KVC_CPU_* this CPU and build have */
 KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes);
+/* K+V bytes of one page of this configuration, every layer (kvc_pool_stats.page_bytes);
+   cfg is checked as kvc_pool_create checks it, except that budget_bytes may be 0. */
+KVCDEF kvc_result kvc_pool_page_bytes(const kvc_pool_config *cfg, size_t *page_bytes);
+/* The smallest budget_bytes with which one FULL cache of a pool of this configuration
+   holds n_tokens tokens: ceil(n_tokens / page_cells) whole pages (at least one) of
+   page_bytes each, in the configured storage types (budget_bytes of cfg is ignored).
+   KVC_ERR_RANGE for n_tokens < 0, KVC_ERR_OVERFLOW if it does not fit a size_t. */
+KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t n_tokens, size_t *budget_bytes);
 KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out);
 /* KVC_ERR_BUSY while caches, snapshots or prefix objects of the pool are alive. */
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool);
@@ -1413,9 +1421,11 @@ static kvc_result kvc__check_config(const kvc_pool_config *c) {
     return KVC_OK;
 }
 
-static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
+/* The page geometry alone (rows, page size): everything of the layout that does not
+   depend on the budget. kvc_pool_page_bytes and kvc_pool_budget_for_tokens stop here. */
+static kvc_result kvc__page_layout(const kvc_pool_config *c, kvc__layout *L) {
     int of = 0;
-    size_t cells_total, per_page_layer, pages;
+    size_t per_page_layer;
     kvc_result r = kvc__check_config(c);
     if (r != KVC_OK) return r;
     memset(L, 0, sizeof(*L));
@@ -1430,7 +1440,14 @@ static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
     L->v_row = kvc__row_bytes(c->type_v, c->n_kv_heads, c->head_dim_v);
     per_page_layer = kvc__mul(kvc__add(L->k_row, L->v_row, &of), (size_t)L->page_cells, &of);
     L->page_bytes = kvc__mul(per_page_layer, (size_t)c->n_layers, &of);
-    if (of) return KVC_ERR_OVERFLOW;
+    return of ? KVC_ERR_OVERFLOW : KVC_OK;
+}
+
+static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
+    int of = 0;
+    size_t cells_total, pages;
+    kvc_result r = kvc__page_layout(c, L);
+    if (r != KVC_OK) return r;
     pages = c->budget_bytes / L->page_bytes;
     if (pages < 1) return KVC_ERR_INVALID; /* the budget does not hold a single page */
     /* every cell index must fit an int32 */
@@ -1468,6 +1485,34 @@ KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes
     r = kvc__layout_for(cfg, &L);
     if (r == KVC_OK) *bytes = L.arena_bytes;
     return r;
+}
+
+KVCDEF kvc_result kvc_pool_page_bytes(const kvc_pool_config *cfg, size_t *page_bytes) {
+    kvc__layout L;
+    kvc_result r;
+    if (cfg == NULL || page_bytes == NULL) return KVC_ERR_NULL;
+    r = kvc__page_layout(cfg, &L);
+    if (r == KVC_OK) *page_bytes = L.page_bytes;
+    return r;
+}
+
+KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t n_tokens, size_t *budget_bytes) {
+    kvc__layout L;
+    kvc_result r;
+    int of = 0;
+    size_t pages, bytes;
+    if (cfg == NULL || budget_bytes == NULL) return KVC_ERR_NULL;
+    if (n_tokens < 0) return KVC_ERR_RANGE;
+    r = kvc__page_layout(cfg, &L);
+    if (r != KVC_OK) return r;
+    pages = ((size_t)n_tokens + (size_t)L.page_cells - 1) / (size_t)L.page_cells;
+    if (pages < 1) pages = 1; /* a pool holds at least one page */
+    /* a pool never has more pages than int32 cell indices reach (kvc__layout_for) */
+    if (pages > (size_t)(INT32_MAX / L.page_cells)) return KVC_ERR_OVERFLOW;
+    bytes = kvc__mul(pages, L.page_bytes, &of);
+    if (of) return KVC_ERR_OVERFLOW;
+    *budget_bytes = bytes;
+    return KVC_OK;
 }
 
 static unsigned char *kvc__align_ptr(void *p, size_t a) {
