@@ -43,6 +43,25 @@
        }
      Positions of full and rotating caches are the token indices 0, 1, 2, ...
 
+   CONTENTS
+     Public API (core first):        Implementation:
+       Result codes                    Layer 0   results, sizes, half floats; the storage
+       Storage types                             type table; CPU paths
+       Pool                            Layer 1a  memory: allocator or arena heap
+       Caches                          Layer 1b  the pool of pages
+       A forward pass                  Layer 2   cells and page tables
+       Attention                       Layer 3   cache kinds (FULL, ROTATING)
+       Snapshots                       Layer 3b  the CAUSAL kind
+       Single-entry prefix reuse       Layer 4   snapshots
+       Radix prefix cache              Layer 5   single-entry prefix reuse
+       Persistence                     Layer 5b  the radix prefix tree
+     Advanced parts:                   Layer 6   attention kernels, the attention
+       Views                                     driver, the pthread helper
+       CAUSAL: sequences, masks        Views     runs and gather
+       Threads (pthread helper)        Layer 7   persistence
+       CPU paths
+       Page events
+
    CONVENTIONS
      Every function returns a kvc_result (KVC_OK == 0) and validates all of its
      arguments before it changes anything: after an error the objects are exactly
@@ -108,6 +127,8 @@ typedef enum kvc_result {
     KVC_RESULT_MIN_ = -19
 } kvc_result;
 
+KVCDEF const char *kvc_strerror(kvc_result result);
+
 /* ---- Storage types ----------------------------------------------------------------- */
 typedef enum kvc_type {
     KVC_TYPE_F32 = 0, /* 4 bytes per value */
@@ -122,21 +143,14 @@ typedef enum kvc_type {
     KVC_TYPE_COUNT
 } kvc_type;
 
-/* ---- Memory --------------------------------------------------------------------- */
+KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", "bf16", "q8_0", "q4_0" or "?" */
+
+/* ---- Pool: every K/V byte, in pages, under a byte budget ------------------------ */
 typedef struct kvc_allocator {
     void *(*alloc)(size_t size, void *user); /* NULL: KVCACHE_MALLOC */
     void (*free)(void *ptr, void *user);     /* may be called with NULL */
     void *user;
 } kvc_allocator;
-
-/* CPU paths chosen at run time (cpuid + xgetbv); KVCACHE_NO_SIMD compiles none. */
-#define KVC_CPU_F16C (1u << 0)        /* x86: f32 <-> f16 conversion with F16C */
-#define KVC_CPU_AVX2 (1u << 1)        /* x86: AVX2 + FMA kernels, bf16/q8_0/q4_0 conversion */
-#define KVC_CPU_AVX512 (1u << 2)      /* x86: AVX-512 F/DQ/BW/VL kernels */
-#define KVC_CPU_AVX512_VNNI (1u << 3) /* x86: AVX-512 VNNI integer scores of q8_0/q4_0 keys */
-#define KVC_CPU_NEON (1u << 4)        /* aarch64: NEON kernels and conversions */
-#define KVC_CPU_SSE2 (1u << 5)        /* x86: SSE2 kernels, for CPUs (or VMs) without AVX2 */
-#define KVC_CPU_NEON_DOTPROD (1u << 6) /* aarch64: SDOT integer scores of q8_0/q4_0 keys */
 
 /* Parallel work goes through the caller's threads: parallel_for runs fn(ctx, task,
    worker) for every task in [0, n_tasks), in any order and on any of n_workers
@@ -144,40 +158,15 @@ typedef struct kvc_allocator {
    returns when all are done. Results do not depend on how tasks are spread. */
 typedef void (*kvc_task_fn)(void *ctx, int32_t task, int32_t worker);
 typedef void (*kvc_parallel_for_fn)(void *user, int32_t n_tasks, kvc_task_fn fn, void *ctx);
+/* (kvc_threads_parallel_for, among the advanced parts, is a ready-made one.) */
 
-/* ---- Page events (for backends that keep K/V elsewhere, e.g. kvcache_vk.h) -------
-   The pool does all bookkeeping (pages, refcounts, cells, positions, page tables) on the
-   host. Every time it changes K/V bytes of pages itself -- copy-on-write, defrag and
-   per-sequence snapshot copies, zeroing the pages of a new CAUSAL cache, re-rotating keys
-   in kvc_seq_remove -- it reports the change through `event`, in order, so a backend
-   holding a mirror of the pages can replay it. With `external_data` set the pool holds
-   no K/V bytes at all (only positions and bookkeeping): kvc_put takes k = v = NULL and
-   only marks the layer written (the backend writes it), and kvc_attention,
-   kvc_cache_runs and kvc_cache_gather return KVC_ERR_UNSUPPORTED. Unused (all zero,
-   the default), nothing changes. */
-typedef enum kvc_page_event_kind {
-    KVC_PAGE_COPY = 0, /* cells [src_cell, +n) of src_page -> [cell, +n) of page, every layer, K and V */
-    KVC_PAGE_ZERO = 1, /* cells [cell, +n) of page set to zero bytes, every layer, K and V */
-    KVC_PAGE_ROPE = 2  /* keys of cells [cell, +n) of page, every layer, re-rotated by
-                          new_pos - old_pos with `rope` (a rope->shift callback is refused
-                          with external_data) */
-} kvc_page_event_kind;
-
-typedef struct kvc_rope kvc_rope;
-typedef struct kvc_page_event {
-    kvc_page_event_kind kind;
-    uint32_t page;      /* the page whose cells change */
-    int32_t cell, n_cells;
-    uint32_t src_page;  /* COPY */
-    int32_t src_cell;
-    int32_t old_pos, new_pos; /* ROPE */
-    const kvc_rope *rope;     /* ROPE: the cache's configuration */
-} kvc_page_event;
-
+/* Page events for a device backend (see "Page events" among the advanced parts);
+   all zero, the default, means none. */
+typedef struct kvc_page_event kvc_page_event;
 typedef struct kvc_page_hooks {
     void (*event)(void *user, const kvc_page_event *ev); /* NULL: no events */
     void *user;
-    int external_data;  /* nonzero: no K/V bytes on the host (see above) */
+    int external_data;  /* nonzero: no K/V bytes on the host (see "Page events") */
 } kvc_page_hooks;
 
 typedef struct kvc_pool_config {
@@ -226,10 +215,7 @@ typedef struct kvc_pool_stats {
 
 typedef struct kvc_pool kvc_pool;
 
-KVCDEF const char *kvc_strerror(kvc_result result);
-KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", "bf16", "q8_0", "q4_0" or "?" */
 KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + defaults */
-KVCDEF kvc_result kvc_cpu_features(uint32_t *features); /* KVC_CPU_* this CPU and build have */
 KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes);
 /* K+V bytes of one page of this configuration, every layer (kvc_pool_stats.page_bytes);
    cfg is checked as kvc_pool_create checks it, except that budget_bytes may be 0. */
@@ -264,6 +250,7 @@ typedef enum kvc_rope_style {
 typedef void (*kvc_rope_shift_fn)(void *user, int32_t layer, float *k, int32_t n_kv_heads,
                                   int32_t head_dim, int32_t old_pos, int32_t new_pos);
 
+typedef struct kvc_rope kvc_rope;
 struct kvc_rope {
     kvc_rope_style style;
     float theta;            /* base, e.g. 10000; angle = pos * theta^(-2i/n_dims) */
@@ -304,6 +291,7 @@ KVCDEF kvc_result kvc_cache_cells(const kvc_cache *cache, int32_t *n_cells);
 /* Pages this cache references (shared ones included). */
 KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages);
 
+/* ---- A forward pass: reserve, write, attend; cancel and trim --------------------- */
 /* Start a batch of n_tokens new tokens at positions offset .. offset+n_tokens-1:
    allocates (and copies shared tail pages) for every layer at once, so it is the
    only call of a forward pass that can run out of pages. offset grows by n_tokens.
@@ -314,20 +302,6 @@ KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
    converted to the storage type. Each layer of the batch must be put before its
    attention; a later kvc_begin, snapshot or fork needs every layer put. */
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v);
-/* CAUSAL: start a forward pass over a batch of (position, sequence) pairs (seed
-   StartForward). Cells no sequence of the batch can see any more (sliding window) are
-   released first; the batch takes the first run of free cells, after a defrag if there
-   is none; KVC_ERR_FULL (nothing changed) when fewer cells are free than the batch needs.
-   non_causal (optional) marks tokens that see every cell of their sequence in the
-   attention range, later positions too (ollama's image tokens). kvc_begin(cache, n) on
-   a CAUSAL cache is a batch of sequence 0 continuing after its last position. */
-typedef struct kvc_batch {
-    int32_t n_tokens;
-    const int32_t *pos;              /* [n_tokens], >= 0 */
-    const int32_t *seq;              /* [n_tokens], 0 .. max_seqs-1 */
-    const unsigned char *non_causal; /* [n_tokens] or NULL */
-} kvc_batch;
-KVCDEF kvc_result kvc_begin_batch(kvc_cache *cache, const kvc_batch *batch);
 /* Abandon an unfinished batch: offset goes back to where kvc_begin found it. */
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
 
@@ -367,68 +341,6 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
    it changes as the cache grows. */
 KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc,
                                               size_t *bytes);
-
-/* Optional, for demos and benchmarks: #define KVCACHE_THREADS where the implementation
-   is compiled (link with -lpthread) for a small pthread pool that serves as the
-   parallel_for hook. n_threads counts the calling thread, which works too. A thread
-   that runs out of work polls briefly before it sleeps (KVCACHE_THREADS_SPIN), so
-   back-to-back calls do not wait for the kernel to wake it. */
-#ifdef KVCACHE_THREADS
-typedef struct kvc_threads kvc_threads;
-KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
-KVCDEF kvc_result kvc_threads_destroy(kvc_threads *threads); /* after every pool using it */
-KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_pool_config *cfg); /* sets the hook */
-KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx);
-#endif
-
-/* ---- Views for callers with their own attention ---------------------------------- */
-typedef struct kvc_run {
-    const void *k;        /* n_cells rows of k_row_bytes, storage type type_k */
-    const void *v;        /* n_cells rows of v_row_bytes */
-    const int32_t *pos;   /* n_cells positions */
-    int32_t n_cells;
-} kvc_run;
-/* Zero-copy: the cells of kvc_cache_cells() as contiguous runs, in position order.
-   Pass runs = NULL (and max_runs 0) to learn *n_runs. KVC_ERR_RANGE (with *n_runs set)
-   if max_runs is too small. Pointers stay valid until the next call that changes the
-   cache. */
-KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run *runs,
-                                 int32_t max_runs, int32_t *n_runs);
-/* Copy: the same cells converted to f32, k [n][n_kv_heads][head_dim_k], v likewise,
-   pos [n] (any of the three may be NULL; all three NULL only counts). KVC_ERR_RANGE
-   (with *n_cells set) if max_cells is too small. */
-KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v,
-                                   int32_t *pos, int32_t max_cells, int32_t *n_cells);
-
-/* ---- CAUSAL: sequences, masks, defrag (ollama's kvcache.Causal) ----------------- */
-#define KVC_POS_END INT32_MAX /* kvc_seq_remove(..., begin, KVC_POS_END): to the end */
-
-/* The mask of the current batch for callers with their own attention: rows = batch
-   tokens padded up to a multiple of row_pad (padding rows all -inf), cols = the cells
-   the batch reads, [*first_cell, *first_cell + *n_cols), a multiple of the cache's
-   padding. 0 where the token may see the cell, -INFINITY elsewhere. Pass mask = NULL
-   to learn the sizes; KVC_ERR_RANGE if max_floats is too small. The K/V of those cells
-   are kvc_cache_runs / kvc_cache_gather of the same cache. */
-KVCDEF kvc_result kvc_mask_export(const kvc_cache *cache, int32_t row_pad, float *mask, size_t max_floats,
-                                  int32_t *n_rows, int32_t *n_cols, int32_t *first_cell);
-/* dst shares src's cells with position < len (no K/V copied); dst's old cells are dropped. */
-KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *cache, int32_t src, int32_t dst, int32_t len);
-/* Drop seq from cells with position in [begin, end); its later cells move back by
-   end - begin and their keys are re-rotated (config rope). KVC_ERR_SHARED, with nothing
-   changed, if a cell that would move is shared with another sequence. */
-KVCDEF kvc_result kvc_seq_remove(kvc_cache *cache, int32_t seq, int32_t begin, int32_t end);
-KVCDEF kvc_result kvc_seq_keep(kvc_cache *cache, int32_t seq); /* drop every other sequence */
-/* Smallest and largest position held for seq; both -1 if it holds none. */
-KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *cache, int32_t seq, int32_t *min_pos, int32_t *max_pos);
-/* Whether seq can continue at pos: with a window, the cells that position needs are all held. */
-KVCDEF kvc_result kvc_seq_can_resume(const kvc_cache *cache, int32_t seq, int32_t pos, int *can_resume);
-/* Move live cells to the front in as few block moves as possible. *n_moves may be NULL. */
-KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves);
-/* Per-sequence state, like llama.cpp's: the sequence's cells (positions and K/V of every
-   layer) copied into pages of the pool; restore puts them back into free cells of any
-   CAUSAL cache of the same pool, as sequence dst (dst's old cells are dropped first). */
-KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *cache, int32_t seq, kvc_snapshot **out);
-KVCDEF kvc_result kvc_seq_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t dst);
 
 /* ---- Snapshots (the seed's Snapshot / Restore / Merge / Split) ------------------ */
 typedef struct kvc_snapshot_info {
@@ -624,6 +536,130 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *cache, int32_t dst, kvc_namespace ns, 
 KVCDEF kvc_result kvc_radix_save(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                  const kvc_io *io);
 KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens);
+
+/* ================================================================================= */
+/* Advanced parts: views, CAUSAL multi-sequence calls, the pthread helper, CPU paths,
+   page events. An engine that uses FULL or ROTATING caches with kvc_attention needs
+   none of them. */
+/* ================================================================================= */
+
+/* ---- Views for callers with their own attention ---------------------------------- */
+typedef struct kvc_run {
+    const void *k;        /* n_cells rows of k_row_bytes, storage type type_k */
+    const void *v;        /* n_cells rows of v_row_bytes */
+    const int32_t *pos;   /* n_cells positions */
+    int32_t n_cells;
+} kvc_run;
+/* Zero-copy: the cells of kvc_cache_cells() as contiguous runs, in position order.
+   Pass runs = NULL (and max_runs 0) to learn *n_runs. KVC_ERR_RANGE (with *n_runs set)
+   if max_runs is too small. Pointers stay valid until the next call that changes the
+   cache. */
+KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run *runs,
+                                 int32_t max_runs, int32_t *n_runs);
+/* Copy: the same cells converted to f32, k [n][n_kv_heads][head_dim_k], v likewise,
+   pos [n] (any of the three may be NULL; all three NULL only counts). KVC_ERR_RANGE
+   (with *n_cells set) if max_cells is too small. */
+KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v,
+                                   int32_t *pos, int32_t max_cells, int32_t *n_cells);
+
+/* ---- CAUSAL: sequences, masks, defrag (ollama's kvcache.Causal) ----------------- */
+/* CAUSAL: start a forward pass over a batch of (position, sequence) pairs (seed
+   StartForward). Cells no sequence of the batch can see any more (sliding window) are
+   released first; the batch takes the first run of free cells, after a defrag if there
+   is none; KVC_ERR_FULL (nothing changed) when fewer cells are free than the batch needs.
+   non_causal (optional) marks tokens that see every cell of their sequence in the
+   attention range, later positions too (ollama's image tokens). kvc_begin(cache, n) on
+   a CAUSAL cache is a batch of sequence 0 continuing after its last position. */
+typedef struct kvc_batch {
+    int32_t n_tokens;
+    const int32_t *pos;              /* [n_tokens], >= 0 */
+    const int32_t *seq;              /* [n_tokens], 0 .. max_seqs-1 */
+    const unsigned char *non_causal; /* [n_tokens] or NULL */
+} kvc_batch;
+KVCDEF kvc_result kvc_begin_batch(kvc_cache *cache, const kvc_batch *batch);
+
+#define KVC_POS_END INT32_MAX /* kvc_seq_remove(..., begin, KVC_POS_END): to the end */
+
+/* The mask of the current batch for callers with their own attention: rows = batch
+   tokens padded up to a multiple of row_pad (padding rows all -inf), cols = the cells
+   the batch reads, [*first_cell, *first_cell + *n_cols), a multiple of the cache's
+   padding. 0 where the token may see the cell, -INFINITY elsewhere. Pass mask = NULL
+   to learn the sizes; KVC_ERR_RANGE if max_floats is too small. The K/V of those cells
+   are kvc_cache_runs / kvc_cache_gather of the same cache. */
+KVCDEF kvc_result kvc_mask_export(const kvc_cache *cache, int32_t row_pad, float *mask, size_t max_floats,
+                                  int32_t *n_rows, int32_t *n_cols, int32_t *first_cell);
+/* dst shares src's cells with position < len (no K/V copied); dst's old cells are dropped. */
+KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *cache, int32_t src, int32_t dst, int32_t len);
+/* Drop seq from cells with position in [begin, end); its later cells move back by
+   end - begin and their keys are re-rotated (config rope). KVC_ERR_SHARED, with nothing
+   changed, if a cell that would move is shared with another sequence. */
+KVCDEF kvc_result kvc_seq_remove(kvc_cache *cache, int32_t seq, int32_t begin, int32_t end);
+KVCDEF kvc_result kvc_seq_keep(kvc_cache *cache, int32_t seq); /* drop every other sequence */
+/* Smallest and largest position held for seq; both -1 if it holds none. */
+KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *cache, int32_t seq, int32_t *min_pos, int32_t *max_pos);
+/* Whether seq can continue at pos: with a window, the cells that position needs are all held. */
+KVCDEF kvc_result kvc_seq_can_resume(const kvc_cache *cache, int32_t seq, int32_t pos, int *can_resume);
+/* Move live cells to the front in as few block moves as possible. *n_moves may be NULL. */
+KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves);
+/* Per-sequence state, like llama.cpp's: the sequence's cells (positions and K/V of every
+   layer) copied into pages of the pool; restore puts them back into free cells of any
+   CAUSAL cache of the same pool, as sequence dst (dst's old cells are dropped first). */
+KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *cache, int32_t seq, kvc_snapshot **out);
+KVCDEF kvc_result kvc_seq_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t dst);
+
+/* ---- Threads: a small pthread pool as the parallel_for hook (KVCACHE_THREADS) ----- */
+/* Optional, for demos and benchmarks: #define KVCACHE_THREADS where the implementation
+   is compiled (link with -lpthread) for a small pthread pool that serves as the
+   parallel_for hook. n_threads counts the calling thread, which works too. A thread
+   that runs out of work polls briefly before it sleeps (KVCACHE_THREADS_SPIN), so
+   back-to-back calls do not wait for the kernel to wake it. */
+#ifdef KVCACHE_THREADS
+typedef struct kvc_threads kvc_threads;
+KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
+KVCDEF kvc_result kvc_threads_destroy(kvc_threads *threads); /* after every pool using it */
+KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_pool_config *cfg); /* sets the hook */
+KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx);
+#endif
+
+/* ---- CPU paths ------------------------------------------------------------------- */
+/* CPU paths chosen at run time (cpuid + xgetbv); KVCACHE_NO_SIMD compiles none. */
+#define KVC_CPU_F16C (1u << 0)        /* x86: f32 <-> f16 conversion with F16C */
+#define KVC_CPU_AVX2 (1u << 1)        /* x86: AVX2 + FMA kernels, bf16/q8_0/q4_0 conversion */
+#define KVC_CPU_AVX512 (1u << 2)      /* x86: AVX-512 F/DQ/BW/VL kernels */
+#define KVC_CPU_AVX512_VNNI (1u << 3) /* x86: AVX-512 VNNI integer scores of q8_0/q4_0 keys */
+#define KVC_CPU_NEON (1u << 4)        /* aarch64: NEON kernels and conversions */
+#define KVC_CPU_SSE2 (1u << 5)        /* x86: SSE2 kernels, for CPUs (or VMs) without AVX2 */
+#define KVC_CPU_NEON_DOTPROD (1u << 6) /* aarch64: SDOT integer scores of q8_0/q4_0 keys */
+
+KVCDEF kvc_result kvc_cpu_features(uint32_t *features); /* KVC_CPU_* this CPU and build have */
+
+/* ---- Page events (for backends that keep K/V elsewhere, e.g. kvcache_vk.h) -------
+   The pool does all bookkeeping (pages, refcounts, cells, positions, page tables) on the
+   host. Every time it changes K/V bytes of pages itself -- copy-on-write, defrag and
+   per-sequence snapshot copies, zeroing the pages of a new CAUSAL cache, re-rotating keys
+   in kvc_seq_remove -- it reports the change through `event`, in order, so a backend
+   holding a mirror of the pages can replay it. With `external_data` set the pool holds
+   no K/V bytes at all (only positions and bookkeeping): kvc_put takes k = v = NULL and
+   only marks the layer written (the backend writes it), and kvc_attention,
+   kvc_cache_runs and kvc_cache_gather return KVC_ERR_UNSUPPORTED. Unused (all zero,
+   the default), nothing changes. */
+typedef enum kvc_page_event_kind {
+    KVC_PAGE_COPY = 0, /* cells [src_cell, +n) of src_page -> [cell, +n) of page, every layer, K and V */
+    KVC_PAGE_ZERO = 1, /* cells [cell, +n) of page set to zero bytes, every layer, K and V */
+    KVC_PAGE_ROPE = 2  /* keys of cells [cell, +n) of page, every layer, re-rotated by
+                          new_pos - old_pos with `rope` (a rope->shift callback is refused
+                          with external_data) */
+} kvc_page_event_kind;
+
+struct kvc_page_event {
+    kvc_page_event_kind kind;
+    uint32_t page;      /* the page whose cells change */
+    int32_t cell, n_cells;
+    uint32_t src_page;  /* COPY */
+    int32_t src_cell;
+    int32_t old_pos, new_pos; /* ROPE */
+    const kvc_rope *rope;     /* ROPE: the cache's configuration */
+};
 
 #endif /* KVCACHE_H */
 
