@@ -63,9 +63,10 @@
        Page events
 
    CONVENTIONS
-     Every function returns a kvc_result (KVC_OK == 0) and validates all of its
-     arguments before it changes anything: after an error the objects are exactly
-     as they were. Nothing is thread-safe; use one pool per thread or lock around.
+     Every fallible function returns a kvc_result (KVC_OK == 0) and validates all of
+     its arguments before it changes anything: after an error the objects are exactly
+     as they were. (kvc_strerror, kvc_type_name and kvc_threads_parallel_for cannot
+     fail.) Nothing is thread-safe; use one pool per thread or lock around.
      The sliding window W means W keys including the current token (Hugging Face,
      MLX). ollama's Causal cache admits W+1: pass W+1 for that behaviour.
 
@@ -120,13 +121,18 @@
     X(KVC_ERR_TRUNCATED, -18, "saved data ends early")                                  \
     X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind")
 
+/* The codes are 0, -1, -2, ... in the order of the list (test_core checks that each
+   has its text), so the lowest is 1 - the number of entries: one +1 per entry. */
+#define KVC__RESULT_ONE(name, value, text) +1
 typedef enum kvc_result {
 #define KVC__RESULT_ENUM(name, value, text) name = value,
     KVC_RESULT_LIST(KVC__RESULT_ENUM)
 #undef KVC__RESULT_ENUM
-    KVC_RESULT_MIN_ = -19
+    KVC_RESULT_MIN_ = 1 - (0 KVC_RESULT_LIST(KVC__RESULT_ONE))
 } kvc_result;
+#undef KVC__RESULT_ONE
 
+/* A static English sentence for a result, "unknown kvc_result" for a value not listed. */
 KVCDEF const char *kvc_strerror(kvc_result result);
 
 /* ---- Storage types ----------------------------------------------------------------- */
@@ -216,6 +222,7 @@ typedef struct kvc_pool_stats {
 typedef struct kvc_pool kvc_pool;
 
 KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + defaults */
+/* Arena mode: the arena_bytes this configuration needs (see the arena fields). */
 KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes);
 /* K+V bytes of one page of this configuration, every layer (kvc_pool_stats.page_bytes);
    cfg is checked as kvc_pool_create checks it, except that budget_bytes may be 0. */
@@ -225,9 +232,12 @@ KVCDEF kvc_result kvc_pool_page_bytes(const kvc_pool_config *cfg, size_t *page_b
    page_bytes each, in the configured storage types (budget_bytes of cfg is ignored).
    KVC_ERR_RANGE for n_tokens < 0, KVC_ERR_OVERFLOW if it does not fit a size_t. */
 KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t n_tokens, size_t *budget_bytes);
+/* A pool of floor(budget_bytes / page_bytes) pages, all allocated (or laid out in the
+   arena) now: no later call allocates K/V memory. */
 KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out);
 /* KVC_ERR_BUSY while caches, snapshots or prefix objects of the pool are alive. */
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool);
+/* Sizes, page use (now and peak), live objects and the CPU paths in use. */
 KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *stats);
 
 /* ---- Caches ---------------------------------------------------------------------- */
@@ -279,6 +289,8 @@ typedef struct kvc_snapshot kvc_snapshot;
 KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind); /* zeros + kind */
 /* CAUSAL caches take all their pages at create (KVC_ERR_FULL if the pool lacks them). */
 KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out);
+/* Gives the cache's page references back to the pool (pages shared with snapshots,
+   forks or prefix trees stay with them) and frees the cache. */
 KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache);
 /* A new cache with the same contents, sharing every page (O(pages), no K/V copied). */
 KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out);
@@ -366,6 +378,7 @@ KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc
    (NULL, snap); at or after c: (snap, NULL). ROTATING: (NULL, snap) always. */
 KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32_t at,
                                      kvc_snapshot **parent, kvc_snapshot **child);
+/* The span a snapshot holds and the pages (bytes) it keeps alive. */
 KVCDEF kvc_result kvc_snapshot_info_get(const kvc_snapshot *snap, kvc_snapshot_info *info);
 KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap); /* NULL is fine */
 
@@ -375,6 +388,7 @@ typedef struct kvc_prefix kvc_prefix;
    max_tokens bounds the recorded token list. The caches must outlive the object. */
 KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, int32_t max_tokens,
                                     kvc_prefix **out);
+/* Frees the object; the caches and what they hold stay as they are. */
 KVCDEF kvc_result kvc_prefix_destroy(kvc_prefix *prefix);
 /* New request: longest common prefix with the recorded tokens, always leaving at least
    one token to evaluate; trims every cache to it, or clears them all when one cannot
@@ -385,6 +399,9 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *prefix, const int32_t *tokens, in
 /* After generation: record prompt + generated tokens, clipped to the smallest cache
    offset (what every cache really holds) and to max_tokens. */
 KVCDEF kvc_result kvc_prefix_close(kvc_prefix *prefix, const int32_t *generated, int32_t n_generated);
+/* The recorded tokens (what the caches hold). *tokens points into the object: it stays
+   valid until kvc_prefix_destroy, and what it shows (and *n_tokens) until the next
+   kvc_prefix_begin or kvc_prefix_close. */
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **tokens, int32_t *n_tokens);
 
 /* ---- Radix prefix cache: many conversations share cached prefixes ---------------- */
@@ -431,6 +448,7 @@ typedef struct kvc_radix_stats {
 } kvc_radix_stats;
 
 KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind); /* zeros + kind */
+/* An empty tree on pool; it counts among the pool's live_prefixes until destroyed. */
 KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out);
 /* KVC_ERR_BUSY while a cache still holds an entry in use (destroy or release it first). */
 KVCDEF kvc_result kvc_radix_destroy(kvc_radix *tree);
@@ -455,10 +473,12 @@ KVCDEF kvc_result kvc_radix_release(kvc_cache *cache);
 /* Pin the cached sequence tokens[0 .. n_tokens) (a system prompt) so that eviction never
    takes it; pins nest. KVC_ERR_NOT_FOUND if the tree does not hold all of it. */
 KVCDEF kvc_result kvc_radix_pin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
+/* Undo one kvc_radix_pin of the same tokens (KVC_ERR_NOT_FOUND if they are not pinned). */
 KVCDEF kvc_result kvc_radix_unpin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
 /* Evict least recently used unreferenced leaves until n_pages pages went back to the
    pool or nothing more can be evicted; *n_freed (may be NULL) = pages freed. */
 KVCDEF kvc_result kvc_radix_evict(kvc_radix *tree, int32_t n_pages, int32_t *n_freed);
+/* Counters since create and the tree's size now (walks the tree: O(nodes + pages)). */
 KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *stats);
 
 /* ---- Persistence: save and load caches, sequences, prefix-tree entries ------------ */
@@ -489,6 +509,7 @@ typedef struct kvc_mem {
     unsigned char *data;
     size_t capacity, size, pos;
 } kvc_mem;
+/* An io over mem (which must outlive the saves and loads given this io). */
 KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io);
 
 #ifndef KVCACHE_NO_STDIO
@@ -618,6 +639,7 @@ typedef struct kvc_threads kvc_threads;
 KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
 KVCDEF kvc_result kvc_threads_destroy(kvc_threads *threads); /* after every pool using it */
 KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_pool_config *cfg); /* sets the hook */
+/* The hook itself (user = the kvc_threads): what kvc_threads_attach puts in the config. */
 KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx);
 #endif
 

@@ -156,6 +156,14 @@ static void test_results(void) {
     TK_CHECK(strcmp(kvc_strerror(KVC_OK), "ok") == 0);
     TK_CHECK(strcmp(kvc_strerror(KVC_ERR_FULL), "page budget exhausted") == 0);
     TK_CHECK(strcmp(kvc_strerror((kvc_result)-999), "unknown kvc_result") == 0);
+    {   /* KVC_RESULT_MIN_ comes from the list: every value from it to 0 is a code, the
+           one below is not */
+        int a;
+        for (a = KVC_RESULT_MIN_; a <= 0; ++a)
+            TK_CHECK(strcmp(kvc_strerror((kvc_result)a), "unknown kvc_result") != 0);
+        TK_CHECK(strcmp(kvc_strerror((kvc_result)(KVC_RESULT_MIN_ - 1)), "unknown kvc_result") == 0);
+        TK_EQ(KVC_RESULT_MIN_, KVC_ERR_MISMATCH); /* the last entry of the list */
+    }
     {   /* every code has its own text */
         int a, b;
         for (a = KVC_RESULT_MIN_; a <= 0; ++a)
