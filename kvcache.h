@@ -307,8 +307,8 @@ KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages);
 /* Start a batch of n_tokens new tokens at positions offset .. offset+n_tokens-1:
    allocates (and copies shared tail pages) for every layer at once, so it is the
    only call of a forward pass that can run out of pages. offset grows by n_tokens.
-   ROTATING: releases pages no query of this batch can see (the seed's L>1 concat
-   and L=1 ring update keep the same window: W-1 older keys + the batch). */
+   ROTATING: releases pages no query of this batch can see (the L>1 concat and L=1
+   ring update of ollama's MLX runner keep the same window: W-1 older keys + the batch). */
 KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
 /* Write the batch's keys and values for one layer, f32, [n_tokens][n_kv_heads][head_dim],
    converted to the storage type. Each layer of the batch must be put before its
@@ -317,9 +317,9 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
 /* Abandon an unfinished batch: offset goes back to where kvc_begin found it. */
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
 
-/* Trim n tokens from the end (seed CanTrim/Trim); KVC_ERR_STATE while a batch is open
-   (kvc_cancel it first), as for kvc_restore. ROTATING caches can trim only
-   until the window has wrapped: offset <= window and no page ever released (a
+/* Trim n tokens from the end (CanTrim/Trim of ollama's MLX runner); KVC_ERR_STATE
+   while a batch is open (kvc_cancel it first), as for kvc_restore. ROTATING caches can
+   trim only until the window has wrapped: offset <= window and no page ever released (a
    kvc_cancel after kvc_begin released pages counts as wrapped); otherwise
    KVC_ERR_UNSUPPORTED. */
 KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
@@ -354,7 +354,7 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
 KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc,
                                               size_t *bytes);
 
-/* ---- Snapshots (the seed's Snapshot / Restore / Merge / Split) ------------------ */
+/* ---- Snapshots (Snapshot / Restore / Merge / Split of ollama's MLX runner) -------- */
 typedef struct kvc_snapshot_info {
     int32_t from, to;     /* FULL: the tokens [from, to) it holds; ROTATING: the whole window */
     int32_t n_pages;      /* pages it keeps alive */
@@ -362,16 +362,18 @@ typedef struct kvc_snapshot_info {
 } kvc_snapshot_info;
 
 /* Snapshot of [from, offset). *out = NULL (and KVC_OK) when offset <= from or the cache
-   is empty, as in the seed. FULL: from < 0 counts as 0. ROTATING: the whole window state is kept. */
+   is empty, as in ollama's MLX runner. FULL: from < 0 counts as 0. ROTATING: the whole
+   window state is kept. */
 KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out);
 /* Bring the cache to `target`. snap == NULL rewinds using the live state.
-   KVC_ERR_UNREACHABLE is the seed's `false`: FULL: target < 0, target > offset
+   KVC_ERR_UNREACHABLE is the `false` of the MLX runner's Restore: FULL: target < 0, target > offset
    (live) or > snap->to, or offset < snap->from. ROTATING: target > offset (live) or
    > snap->to, a live rewind once the window has wrapped (see kvc_trim), or a snapshot
    clamped below its end when its window had wrapped. The snapshot is not consumed. */
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target);
 /* Merge [a,b) and [b,c) into [a,c). Consumes both on success; if either is NULL
-   both are freed and *out = NULL (seed). ROTATING: the child supersedes the parent. */
+   both are freed and *out = NULL (as the MLX runner does). ROTATING: the child
+   supersedes the parent. */
 KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
                                      kvc_snapshot **out);
 /* Split [a,c) at b into [a,b) and [b,c). Consumes snap on success. At or before a:
@@ -382,7 +384,7 @@ KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32
 KVCDEF kvc_result kvc_snapshot_info_get(const kvc_snapshot *snap, kvc_snapshot_info *info);
 KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap); /* NULL is fine */
 
-/* ---- Single-entry prefix reuse (seed findRemaining / begin / close) -------------- */
+/* ---- Single-entry prefix reuse (findRemaining / begin / close of ollama's MLX runner) */
 typedef struct kvc_prefix kvc_prefix;
 /* Tracks the tokens held by a set of caches (one per layer group, kinds may mix).
    max_tokens bounds the recorded token list. The caches must outlive the object. */
@@ -415,7 +417,7 @@ KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **to
    allocation that cannot succeed even after eviction fails with nothing evicted.
    Entries in use (a cache looked up from or committed to them, until it is destroyed,
    cleared or released) and pinned entries are never evicted. With max_entries = 1 the
-   tree keeps only the latest conversation: the seeds' single entry (kvc_prefix is the
+   tree keeps only the latest conversation: the MLX runner's single entry (kvc_prefix is the
    same rule applied in place to caches you keep). Trees count as live_prefixes. */
 typedef struct kvc_radix kvc_radix;
 
@@ -430,7 +432,7 @@ typedef struct kvc_radix_config {
                                and commits take */
     int32_t max_entries;    /* 0: keep as much as the pool holds; N: after a commit keep only
                                the N latest committed sequences (and entries in use or
-                               pinned); 1 = the seeds' single entry */
+                               pinned); 1 = the MLX runner's single entry */
 } kvc_radix_config;
 
 typedef struct kvc_radix_stats {
@@ -482,10 +484,12 @@ KVCDEF kvc_result kvc_radix_evict(kvc_radix *tree, int32_t n_pages, int32_t *n_f
 KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *stats);
 
 /* ---- Persistence: save and load caches, sequences, prefix-tree entries ------------ */
-/* The format (README, "Saved format"): a header (magic, version, what) and sections
-   CONF (layers, heads, dims, types, page size, cache config, namespace), META, TOKS
-   (your token ids), CELL (positions; CAUSAL: cell indices and sequence sets) and KV
-   (the storage bytes), each with its length and an XXH64 checksum. A load checks the
+/* The format (docs/format.md): a header (magic, version, what) and the sections, in
+   this order, CONF (layers, heads, dims, types, page size, cache config, namespace),
+   META (counts: tokens, cells, and the window state), TOKS (your token ids), CELL
+   (positions; a whole CAUSAL cache also each cell's index and sequence set) and KVDT
+   (the storage bytes: per layer the cells' K rows, then their V rows), each with its
+   tag, its length and an XXH64 checksum. A load checks the
    configuration and namespace against its target, reads everything into free pool
    pages and verifies every checksum before it changes the target: damaged, truncated
    or mismatched input returns an error and leaves the target as it was. A load needs
@@ -584,10 +588,11 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
                                    int32_t *pos, int32_t max_cells, int32_t *n_cells);
 
 /* ---- CAUSAL: sequences, masks, defrag (ollama's kvcache.Causal) ----------------- */
-/* CAUSAL: start a forward pass over a batch of (position, sequence) pairs (seed
-   StartForward). Cells no sequence of the batch can see any more (sliding window) are
-   released first; the batch takes the first run of free cells, after a defrag if there
-   is none; KVC_ERR_FULL (nothing changed) when fewer cells are free than the batch needs.
+/* CAUSAL: start a forward pass over a batch of (position, sequence) pairs (StartForward
+   of ollama's causal cache, kvcache.Causal). Cells no sequence of the batch can see any
+   more (sliding window) are released first; the batch takes the first run of free
+   cells, after a defrag if there is none; KVC_ERR_FULL (nothing changed) when fewer
+   cells are free than the batch needs.
    non_causal (optional) marks tokens that see every cell of their sequence in the
    attention range, later positions too (ollama's image tokens). kvc_begin(cache, n) on
    a CAUSAL cache is a batch of sequence 0 continuing after its last position. */
@@ -2231,8 +2236,9 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
     return KVC_OK;
 }
 
-/* A ROTATING window has wrapped once it has held more than W tokens (the seed's rule),
-   or released a page (a kvc_cancel can bring the offset back below W after that). */
+/* A ROTATING window has wrapped once it has held more than W tokens (the rule of
+   ollama's MLX runner), or released a page (a kvc_cancel can bring the offset back below
+   W after that). */
 static int kvc__wrapped(const kvc_cache *c) {
     return c->offset > c->cfg.window || c->first_lpage > c->n_sink_pages;
 }
@@ -2986,7 +2992,7 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t d
     return KVC_OK;
 }
 
-/* ---- Layer 5: single-entry prefix reuse (the seeds' findRemaining / close) -------- */
+/* ---- Layer 5: single-entry prefix reuse (findRemaining / close of ollama's MLX runner) */
 
 struct kvc_prefix {
     kvc_pool *pool;          /* where this object's memory comes from */
@@ -3049,7 +3055,7 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
     for (i = 0; i < x->n_caches; ++i)
         if (kvc__batch_open(x->caches[i])) return KVC_ERR_STATE;
     while (prefix < n_tokens && prefix < x->n_tokens && tokens[prefix] == x->tokens[prefix]) prefix++;
-    if (prefix == n_tokens) prefix--; /* always evaluate one token to seed generation */
+    if (prefix == n_tokens) prefix--; /* always evaluate one token to start generation from */
     prefix = KVC__MIN(prefix, kvc__min_offset(x));
     for (i = 0; i < x->n_caches; ++i)
         if (x->caches[i]->offset > prefix && !kvc__can_trim(x->caches[i])) trimmable = 0;
@@ -3549,7 +3555,7 @@ static kvc_result kvc__radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c
     n = KVC__MIN(n_tokens, c->offset); /* only evaluated tokens have K/V */
     at = kvc__radix_walk(t, ns, tokens, n, &m);
     /* a split if m is inside a node: before the new leaf, or, when entries are limited,
-       so that the entry kept is exactly these n tokens (the seeds' single entry) */
+       so that the entry kept is exactly these n tokens (the MLX runner's single entry) */
     if ((m < n || ((t->cfg.max_entries > 0 || pin) && n > 0)) &&
         (r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK)
         return r;
@@ -6053,9 +6059,9 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
 
 /* ---- Layer 7: persistence ------------------------------------------------------------
    A saved object: "KVCACHE\x1a", u32 version, u32 what, then the sections CONF, META,
-   TOKS, CELL and KV, each u32 tag, u32 0, u64 length, the payload and the XXH64 (seed 0)
+   TOKS, CELL and KVDT, each u32 tag, u32 0, u64 length, the payload and the XXH64 (seed 0)
    of everything from the tag to the payload's end. Integers are little-endian. The
-   layout of each section is in the README ("Saved format"). A load reads into fresh
+   layout of each section is in docs/format.md. A load reads into fresh
    pages and scratch memory and changes its target only after the last checksum. */
 
 #define KVC__FORMAT_VERSION 1u
@@ -6312,7 +6318,7 @@ static void kvc__w_cells(kvc__wr *w, const kvc__cellset *s, int with_seqs) {
     kvc__w_end(w);
 }
 
-/* KV: layer by layer, the K rows of the cells then their V rows, runs of one page at a time. */
+/* KVDT: layer by layer, the K rows of the cells then their V rows, runs of one page at a time. */
 static void kvc__w_kv(kvc__wr *w, const kvc__cellset *s) {
     const kvc_pool *p = s->c->pool;
     int32_t l, kv, i, slot, run_slot = 0, run_n = 0;
@@ -6528,7 +6534,7 @@ static void kvc__unstage_pages(kvc_pool *p, uint32_t *pages, int32_t n) {
     kvc__free(p, pages);
 }
 
-/* KV into the staged pages: cell i at page i / pc, slot i % pc. */
+/* KVDT into the staged pages: cell i at page i / pc, slot i % pc. */
 static void kvc__r_kv(kvc__rd *r, kvc_pool *p, const uint32_t *pages, int32_t n_cells) {
     int32_t pc = p->page_cells, l, kv, i;
     kvc__r_section(r, KVC__TAG('K', 'V', 'D', 'T'), (uint64_t)p->cfg.n_layers * (uint64_t)n_cells * (p->k_row + p->v_row));
@@ -6582,7 +6588,7 @@ static void kvc__r_linear_cells(kvc__rd *r, const kvc_cache *c, const kvc__saved
     kvc__r_end(r);
 }
 
-/* Reading CONF..KV of a FULL/ROTATING cache or entry into staged pages. */
+/* Reading CONF..KVDT of a FULL/ROTATING cache or entry into staged pages. */
 typedef struct kvc__staged {
     uint32_t *pages;   /* packed cells */
     int32_t n_pages;
