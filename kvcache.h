@@ -1,4 +1,4 @@
-/* kvcache.h - v0.1.0 - a key/value cache for LLM inference engines, in one C99 header.
+/* kvcache.h - v0.2.0 - a key/value cache for LLM inference engines, in one C99 header.
 
    Storage, bookkeeping, attention over the cache, snapshots and prefix reuse for the
    key/value cache of a transformer, with no dependency beyond libc and libm.
@@ -76,7 +76,7 @@
 #define KVCACHE_H
 
 #define KVCACHE_VERSION_MAJOR 0
-#define KVCACHE_VERSION_MINOR 1
+#define KVCACHE_VERSION_MINOR 2
 #define KVCACHE_VERSION_PATCH 0
 #define KVCACHE_VERSION_NUMBER \
     (KVCACHE_VERSION_MAJOR * 10000 + KVCACHE_VERSION_MINOR * 100 + KVCACHE_VERSION_PATCH)
@@ -6973,5 +6973,18 @@ This is free and unencumbered software released into the public domain.
 Anyone is free to copy, modify, publish, use, compile, sell, or distribute this
 software, either in source code form or as a compiled binary, for any purpose,
 commercial or non-commercial, and by any means.
+In jurisdictions that recognize copyright laws, the author or authors of this
+software dedicate any and all copyright interest in the software to the public
+domain. We make this dedication for the benefit of the public at large and to
+the detriment of our heirs and successors. We intend this dedication to be an
+overt act of relinquishment in perpetuity of all present and future rights to
+this software under copyright law.
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER LIABILITY, WHETHER IN AN
+ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION
+WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+For more information, please refer to <https://unlicense.org>
 ------------------------------------------------------------------------------
 */
