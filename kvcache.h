@@ -41,7 +41,9 @@
            kvc_put(cache, layer, k, v);          // [n_tokens][kv_heads][head_dim] f32
            kvc_attention(cache, layer, &attn);   // q over every cell it may see
        }
-     Positions of full and rotating caches are the token indices 0, 1, 2, ...
+     Positions of full and rotating caches are the token indices 0, 1, 2, ...;
+     kvc_begin_at(cache, pos, n_tokens) is kvc_begin that first checks the engine's
+     own position against the cache's offset.
 
    CONTENTS
      Public API (core first):        Implementation:
