@@ -152,7 +152,7 @@ static void make_cache(bcache *b, kvc_type t, int32_t n_kv, int32_t cells, uint3
     kvc_pool_config_init(&pc);
     pc.n_layers = 1; pc.n_kv_heads = n_kv; pc.head_dim_k = pc.head_dim_v = 128;
     pc.type_k = pc.type_v = t;
-    pc.budget_bytes = (size_t)cells * row * 4 * 2 + ((size_t)4 << 20);
+    CHECK(kvc_pool_budget_for_tokens(&pc, cells, &pc.budget_bytes));
     pc.cpu_disable = disable;
     if (threads > 1) CHECK(kvc_threads_attach(g_threads[threads], &pc));
     CHECK(kvc_pool_create(&pc, &b->pool));
@@ -297,7 +297,7 @@ static void bench_append_and_rope(const kvc_type *types, int n_types) {
             kvc_pool_config_init(&pc);
             pc.n_layers = LAYERS; pc.n_kv_heads = 8; pc.head_dim_k = pc.head_dim_v = 128;
             pc.type_k = pc.type_v = types[ti];
-            pc.budget_bytes = (size_t)TOK * ROW * 4 * 2 * LAYERS + ((size_t)8 << 20);
+            CHECK(kvc_pool_budget_for_tokens(&pc, TOK, &pc.budget_bytes)); /* the causal cache's TOK cells */
             CHECK(kvc_pool_create(&pc, &p));
             kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
             cc.capacity = TOK;

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     pc.n_layers = LAYERS; pc.n_kv_heads = KV_HEADS; pc.head_dim_k = pc.head_dim_v = HEAD_DIM;
     pc.type_k = pc.type_v = KVC_TYPE_F16;
     pc.page_cells = 256;
-    pc.budget_bytes = (size_t)(cells + 256) * LAYERS * KV_HEADS * HEAD_DIM * 2 * 2;
+    CHECK(kvc_pool_budget_for_tokens(&pc, cells + 256, &pc.budget_bytes));
     if (kvc_pool_create(&pc, &pool) != KVC_OK) { fprintf(stderr, "pool create failed\n"); return 1; }
     kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
     cc.capacity = cells; cc.max_seqs = 256;

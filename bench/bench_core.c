@@ -159,8 +159,7 @@ static void append(kvc_cache *c, int32_t n, int32_t batch) {
 static kvc_pool *make_pool(kvc_type type, int32_t *tokens, int32_t extra) {
     kvc_pool_config pc;
     kvc_pool *pool = NULL;
-    size_t es = type == KVC_TYPE_F16 ? 2 : 4;
-    size_t page_bytes = (size_t)N_LAYERS * (size_t)g_page_cells * 2 * ROW * es;
+    size_t page_bytes = 0;
     for (;;) {
         int32_t pages = (*tokens + g_page_cells - 1) / g_page_cells + extra;
         kvc_result r;
@@ -170,6 +169,7 @@ static kvc_pool *make_pool(kvc_type type, int32_t *tokens, int32_t extra) {
         pc.head_dim_k = pc.head_dim_v = HEAD_DIM;
         pc.type_k = pc.type_v = type;
         pc.page_cells = g_page_cells;
+        CHECK(kvc_pool_page_bytes(&pc, &page_bytes));
         pc.budget_bytes = (size_t)pages * page_bytes;
         r = kvc_pool_create(&pc, &pool);
         if (r == KVC_OK) return pool;

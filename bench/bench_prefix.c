@@ -70,7 +70,7 @@ static kvc_pool *make_pool(int32_t pages) {
     pc.head_dim_k = pc.head_dim_v = HEAD_DIM;
     pc.type_k = pc.type_v = KVC_TYPE_F16;
     pc.page_cells = PAGE;
-    pc.budget_bytes = (size_t)pages * PAGE * (size_t)g_layers * ROW * 2 * 2;
+    CHECK(kvc_pool_budget_for_tokens(&pc, pages * PAGE, &pc.budget_bytes)); /* exactly `pages` pages */
     CHECK(kvc_pool_create(&pc, &p));
     return p;
 }

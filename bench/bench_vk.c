@@ -304,7 +304,8 @@ int main(int argc, char **argv) {
                 pc.n_layers = 1; pc.n_kv_heads = HKV; pc.head_dim_k = pc.head_dim_v = HD;
                 pc.type_k = pc.type_v = types[ti];
                 pc.page_cells = 256;
-                pc.budget_bytes = (size_t)batch * (size_t)(cells + 256) * HKV * 2 * kvc__row_bytes(types[ti], 1, HD);
+                CHECK(kvc_pool_budget_for_tokens(&pc, cells + 256, &pc.budget_bytes));
+                pc.budget_bytes *= (size_t)batch; /* one cache per batch entry */
                 memset(&po, 0, sizeof(po));
                 po.max_splits = groups;
                 po.no_cooperative_matrix = getenv("BENCH_VK_NO_CM") != NULL;

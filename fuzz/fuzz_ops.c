@@ -1106,7 +1106,7 @@ static void fz_op_prefix_session(fz_world *w) {
 /* ---- one input ---------------------------------------------------------------------------- */
 static int fz_setup(fz_world *w) {
     kvc_pool_config cfg;
-    size_t szk, szv, page_bytes, bytes = 0;
+    size_t page_bytes, bytes = 0;
     unsigned mem;
     int r;
     w->L = fz_int(&w->in, 1, FZ_L);
@@ -1118,12 +1118,10 @@ static int fz_setup(fz_world *w) {
     w->tv = mem & 2 ? KVC_TYPE_F16 : KVC_TYPE_F32;
     w->pc = fz_int(&w->in, 1, 8);
     w->pages_total = fz_int(&w->in, 1, 48);
-    szk = w->tk == KVC_TYPE_F32 ? 4 : 2;
-    szv = w->tv == KVC_TYPE_F32 ? 4 : 2;
-    page_bytes = (size_t)w->L * (size_t)w->pc * (size_t)w->H * ((size_t)w->hk * szk + (size_t)w->hv * szv);
     kvc_pool_config_init(&cfg);
     cfg.n_layers = w->L; cfg.n_kv_heads = w->H; cfg.head_dim_k = w->hk; cfg.head_dim_v = w->hv;
     cfg.type_k = w->tk; cfg.type_v = w->tv; cfg.page_cells = w->pc;
+    FUZZ_RES(kvc_pool_page_bytes(&cfg, &page_bytes), KVC_OK);
     cfg.budget_bytes = (size_t)w->pages_total * page_bytes + (mem >> 4) % page_bytes; /* rounds down */
     cfg.cpu_disable = mem & 4 ? KVC_CPU_F16C : 0;
     w->rng = 0x9e3779b97f4a7c15ull ^ (unsigned long long)mem;

@@ -298,6 +298,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const fp_backend *be;
     kvc_pool_config cfg;
     kvc_pool_stats st;
+    size_t page_bytes;
     int i;
     memset(w, 0, sizeof(*w));
     w->in.p = data;
@@ -309,7 +310,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cfg.type_k = fuzz_byte(&w->in) % 2 ? KVC_TYPE_F16 : KVC_TYPE_F32;
     cfg.type_v = KVC_TYPE_F16;
     w->pc = cfg.page_cells = fuzz_int(&w->in, 1, 8);
-    cfg.budget_bytes = (size_t)fuzz_int(&w->in, 2, 120) * (size_t)w->pc * FP_ROW * (cfg.type_k == KVC_TYPE_F16 ? 4 : 6);
+    FUZZ_RES(kvc_pool_page_bytes(&cfg, &page_bytes), KVC_OK);
+    cfg.budget_bytes = (size_t)fuzz_int(&w->in, 2, 120) * page_bytes;
     FUZZ_RES(kvc_pool_create(&cfg, &w->pool), KVC_OK);
     w->nc = fuzz_int(&w->in, 1, FP_CACHES);
     for (i = 0; i < w->nc; ++i) {

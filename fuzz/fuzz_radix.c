@@ -848,7 +848,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvc_radix_config rc;
     kvc_pool_stats st;
     int32_t pages;
-    size_t row;
+    size_t page_bytes;
     int i;
     memset(w, 0, offsetof(fr_world, T)); /* the trie is reset by hw / n_free */
     w->in.p = data;
@@ -867,8 +867,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cfg.type_v = i & 2 ? KVC_TYPE_F16 : KVC_TYPE_F32;
     w->pc = cfg.page_cells = fuzz_int(&w->in, 1, 8);
     pages = i & 4 ? 400 : fuzz_int(&w->in, 2, 64);
-    row = (size_t)FR_HK * (cfg.type_k == KVC_TYPE_F16 ? 2 : 4) + (size_t)FR_HV * (cfg.type_v == KVC_TYPE_F16 ? 2 : 4);
-    cfg.budget_bytes = (size_t)pages * (size_t)w->pc * (size_t)w->layers * row;
+    FUZZ_RES(kvc_pool_page_bytes(&cfg, &page_bytes), KVC_OK);
+    cfg.budget_bytes = (size_t)pages * page_bytes;
     cfg.allocator.alloc = fr_alloc;
     cfg.allocator.free = fr_free;
     cfg.allocator.user = w;

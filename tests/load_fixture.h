@@ -81,7 +81,7 @@ static kvc_pool *lf_pool(kvc_type tk, kvc_type tv) {
     pc.type_k = tk;
     pc.type_v = tv;
     pc.page_cells = LF_PAGE;
-    pc.budget_bytes = (size_t)LF_PAGES * LF_PAGE * LF_LAYERS * LF_HEADS * (LF_HK * 4 + LF_HV * 4);
+    if (kvc_pool_budget_for_tokens(&pc, LF_PAGES * LF_PAGE, &pc.budget_bytes) != KVC_OK) return NULL;
     return kvc_pool_create(&pc, &p) == KVC_OK ? p : NULL;
 }
 

@@ -18,7 +18,7 @@ static kvc_pool *make_pool(kvc_type tk, kvc_type tv, int page_cells, int pages) 
     kvc_pool_config_init(&cfg);
     cfg.n_layers = L_; cfg.n_kv_heads = H_; cfg.head_dim_k = D_; cfg.head_dim_v = D_;
     cfg.type_k = tk; cfg.type_v = tv; cfg.page_cells = page_cells;
-    cfg.budget_bytes = (size_t)pages * page_cells * L_ * ROW * 8;
+    TK_OK(kvc_pool_budget_for_tokens(&cfg, pages * page_cells, &cfg.budget_bytes));
     TK_OK(kvc_pool_create(&cfg, &p));
     return p;
 }
@@ -531,7 +531,10 @@ static void compare(kvc_cache *c, const ref_model *m, tk_rng *rng, int step) {
 
 static void random_episode(tk_rng *rng, int steps) {
     static ref_model m, saved;
-    kvc_pool *p = make_pool(KVC_TYPE_F32, KVC_TYPE_F16, tk_int(rng, 1, 7), 64); /* f32 K: shifts re-rotate exactly */
+    int page_cells = tk_int(rng, 1, 7);
+    /* f32 K: shifts re-rotate exactly. Pages for the cache's CAP cells and as many again
+       for the per-sequence snapshot it may hold, so that no call runs out of pages. */
+    kvc_pool *p = make_pool(KVC_TYPE_F32, KVC_TYPE_F16, page_cells, 2 * ((CAP + page_cells - 1) / page_cells));
     kvc_cache_config cc;
     kvc_cache *c = NULL;
     kvc_snapshot *snap = NULL;

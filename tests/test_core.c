@@ -45,16 +45,15 @@ static void fx_config(kvc_pool_config *cfg, int layers, int heads, int hk, int h
     cfg->head_dim_k = hk;
     cfg->head_dim_v = hv;
     cfg->page_cells = page_cells;
-    cfg->budget_bytes = (size_t)pages * (size_t)page_cells * (size_t)layers * (size_t)heads * (size_t)(hk + hv) * 4;
+    /* exactly `pages` pages of f32 K and V (the default types) */
+    TK_OK(kvc_pool_budget_for_tokens(cfg, pages * page_cells, &cfg->budget_bytes));
 }
 
 static void fx_init(fixture *f, kvc_type tk, kvc_type tv, int page_cells, int pages) {
     fx_config(&f->cfg, 2, 2, 4, 3, page_cells, pages);
     f->cfg.type_k = tk;
     f->cfg.type_v = tv;
-    /* budget in storage bytes */
-    f->cfg.budget_bytes = (size_t)pages * (size_t)page_cells * 2 *
-                          (2 * 4 * (tk == KVC_TYPE_F32 ? 4 : 2) + 2 * 3 * (tv == KVC_TYPE_F32 ? 4 : 2));
+    TK_OK(kvc_pool_budget_for_tokens(&f->cfg, pages * page_cells, &f->cfg.budget_bytes)); /* exactly `pages` pages */
     f->pool = NULL;
     f->salt = 0;
     TK_OK(kvc_pool_create(&f->cfg, &f->pool));

@@ -100,7 +100,7 @@ static int check_contents(const kvc_cache *c, const shape *s, const int32_t *tok
 static kvc_pool *make_pool(const shape *s, kvc_type tk, kvc_type tv, int32_t page_cells, int32_t pages) {
     kvc_pool_config pc;
     kvc_pool *pool = NULL;
-    size_t row;
+    size_t page_bytes = 0;
     kvc_pool_config_init(&pc);
     pc.n_layers = s->layers;
     pc.n_kv_heads = s->heads;
@@ -109,8 +109,8 @@ static kvc_pool *make_pool(const shape *s, kvc_type tk, kvc_type tv, int32_t pag
     pc.type_k = tk;
     pc.type_v = tv;
     pc.page_cells = page_cells;
-    row = (size_t)s->heads * ((size_t)s->hk * (tk == KVC_TYPE_F32 ? 4 : 2) + (size_t)s->hv * (tv == KVC_TYPE_F32 ? 4 : 2));
-    pc.budget_bytes = (size_t)pages * (size_t)page_cells * (size_t)s->layers * row;
+    TK_OK(kvc_pool_page_bytes(&pc, &page_bytes));
+    pc.budget_bytes = (size_t)pages * page_bytes;
     TK_OK(kvc_pool_create(&pc, &pool));
     return pool;
 }

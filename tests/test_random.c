@@ -1163,7 +1163,7 @@ static void tr_op_invalid(tr_ep *e, int ci) {
 /* ---- an episode ---------------------------------------------------------------------- */
 static int tr_setup(tr_ep *e) {
     kvc_pool_config cfg;
-    size_t szk, szv, bytes = 0;
+    size_t bytes = 0;
     int32_t pages;
     int r, i, nfull;
     e->L = tr_int(e, 1, TR_MAX_L);
@@ -1174,9 +1174,6 @@ static int tr_setup(tr_ep *e) {
     e->tv = tr_pct(e, 50) ? KVC_TYPE_F32 : KVC_TYPE_F16;
     e->pc = tr_int(e, 1, 7);
     e->tok_floats = e->L * e->H * (e->hk + e->hv);
-    szk = e->tk == KVC_TYPE_F32 ? 4 : 2;
-    szv = e->tv == KVC_TYPE_F32 ? 4 : 2;
-    e->page_bytes = (size_t)e->L * (size_t)e->pc * (size_t)e->H * ((size_t)e->hk * szk + (size_t)e->hv * szv);
     if (tr_pct(e, 75)) pages = 14 * (82 / e->pc + 3); /* enough for everything the episode holds */
     else pages = tr_int(e, 1, 24);
     e->pages_total = pages;
@@ -1188,6 +1185,7 @@ static int tr_setup(tr_ep *e) {
     cfg.type_k = e->tk;
     cfg.type_v = e->tv;
     cfg.page_cells = e->pc;
+    TK_OK(kvc_pool_page_bytes(&cfg, &e->page_bytes));
     cfg.budget_bytes = (size_t)pages * e->page_bytes + (size_t)tr_int(e, 0, (int)e->page_bytes - 1);
     e->mode = tr_int(e, 0, 3);
     if (e->mode == 3) e->mode = 0;

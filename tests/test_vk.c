@@ -242,7 +242,7 @@ static void make_sides(side *s, const shape *sh) {
     pc.type_k = sh->tk;
     pc.type_v = sh->tv;
     pc.page_cells = sh->page_cells;
-    pc.budget_bytes = (size_t)64 * sh->page_cells * sh->layers * sh->kv_heads * (sh->hdk + sh->hdv) * 4;
+    TK_OK(kvc_pool_budget_for_tokens(&pc, 64 * sh->page_cells, &pc.budget_bytes)); /* 64 pages */
     memset(s, 0, 2 * sizeof(side));
     memset(&o, 0, sizeof(o));
     o.no_subgroup = sh->no_subgroup;
