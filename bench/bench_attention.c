@@ -8,8 +8,8 @@
      type (K and V the same), 1 and 2 threads (kvc_threads): median time, GB/s of K+V
      read, the ratio to the read bandwidth of the same thread count, the ratio to the
      scalar path (cpu_disable = all; measured with 1 thread, fewer reps), and for f16
-     and q8_0 the ratio to llama.cpp's CPU flash attention on this machine as the
-     issue quotes it (f16 2.4 ms at 4k, 12 ms at 16k; q8_0 3.4 / 13.8 ms).
+     and q8_0 the ratio to llama.cpp's CPU flash attention on this machine with two
+     threads (f16 2.4 ms at 4k, 12 ms at 16k; q8_0 3.4 / 13.8 ms).
      At 4k cells the f16 K+V (16 MiB) fits in the 32 MiB L3; 16k (64 MiB) does not.
      For the float types, 'vs FMA' is the share of this machine's 512-bit FMA throughput
      (measured here too) that the call reaches: every kernel of this design needs

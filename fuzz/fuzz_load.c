@@ -3,7 +3,7 @@
    Each input is given to every loader: kvc_cache_load into a FULL, a ROTATING and a
    CAUSAL cache, kvc_seq_load into the CAUSAL cache and kvc_radix_load into a prefix
    tree, all holding contents of their own (tests/load_fixture.h, the same world
-   `test_persist --write-corpus` saved the seed corpus fuzz/corpus/load/ from). Then
+   `test_persist --write-corpus` saved the corpus fuzz/corpus/load/ from). Then
    once more with every section's checksum recomputed, so that the checks behind the
    checksums (lengths, window states, cell indices, positions, sequence sets) are
    reached as an attacker who can write checksums would reach them.

@@ -1045,7 +1045,7 @@ static void fz_op_prefix_create(fz_world *w) {
     w->px.max_tokens = maxt;
 }
 
-/* the seeds' request cycle: begin, evaluate the rest of the prompt, generate, close */
+/* ollama's MLX runner's request cycle: begin, evaluate the rest of the prompt, generate, close */
 static void fz_op_prefix_session(fz_world *w) {
     fz_prefix *x = &w->px;
     int32_t tok[FZ_PTOK], n = 0, keep, p = 0, min_off = INT32_MAX, reused = -1, gen[8], g, i, j;

@@ -1,8 +1,8 @@
 /* fuzz/fuzz_prefix.c - libFuzzer target: prefix reuse driven by request sequences
    decoded from the input bytes, checked against a reference.
 
-   The first byte picks a prefix-cache backend from fp_backends[] (the seeds'
-   single-entry kvc_prefix; the radix tree has its own target, fuzz/fuzz_radix.c,
+   The first byte picks a prefix-cache backend from fp_backends[] (the
+   single-entry kvc_prefix of ollama's MLX runner; the radix tree has its own target, fuzz/fuzz_radix.c,
    whose reference is a trie of committed tokens rather than caches kept in place),
    the next bytes a pool and 1-3 caches (FULL or ROTATING, small windows so they
    wrap), then every byte starts a step: a request (prompt = some prefix of what was
@@ -14,7 +14,7 @@
 
    The property checked after every begin: every cache holds, at each position below
    n_reused, K/V computed for the prompt's token at that position (the reference records
-   which token id each cell was evaluated for), n_reused is the seeds' value (longest
+   which token id each cell was evaluated for), n_reused is the MLX runner's value (longest
    common prefix, at least one token left, at most the smallest offset, 0 when a wrapped
    window cannot trim), and the recorded token list is what kvc_prefix_tokens says.
    Failures print the last steps and abort (fuzz/fuzz_replay.c prints the input). */
@@ -39,7 +39,7 @@ typedef struct fp_cache {
     kvc_kind kind;
     int32_t W, S;
     int32_t off, bb;
-    int rel;                       /* a window page was released (the seeds' "wrapped") */
+    int rel;                       /* a window page was released (the window "wrapped") */
     int32_t tok[FP_TOK];           /* token id evaluated at each position */
     uint32_t uid[FP_TOK];          /* which evaluation: K/V are a function of it */
 } fp_cache;
@@ -153,7 +153,7 @@ static void fp_disturb(fp_world *w) {
     }
 }
 
-/* ---- backend: the single-entry kvc_prefix (the seeds' findRemaining / close) ----------- */
+/* ---- backend: the single-entry kvc_prefix (findRemaining / close of ollama's MLX runner) -- */
 static int se_setup(fp_world *w) {
     kvc_cache *hs[FP_CACHES];
     int i, r;
@@ -185,7 +185,7 @@ static void se_request(fp_world *w) {
     if (shape % 5 == 0 && n > 0) tok[fuzz_int(&w->in, 0, n - 1)] ^= 1;
     for (i = fuzz_int(&w->in, 0, 10); i > 0 && n < FP_PTOK; --i) tok[n++] = fuzz_int(&w->in, 0, 5);
     if (n == 0) tok[n++] = 7;
-    /* the seeds' rule */
+    /* the MLX runner's findRemaining rule */
     while (p < n && p < w->n_rec && tok[p] == w->rec[p]) p++;
     if (p == n) p--;
     for (i = 0; i < w->nc; ++i) min_off = fuzz_min(min_off, w->c[i].off);

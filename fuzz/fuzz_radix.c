@@ -78,7 +78,7 @@ typedef struct fr_live {
     kvc_cache *h;            /* NULL: the slot is free */
     int ns;
     int32_t off, bb;         /* offset; the window's anchor (first token of the last batch) */
-    int rel;                 /* ROTATING: a window page was released (the seeds' "wrapped") */
+    int rel;                 /* ROTATING: a window page was released (the window "wrapped") */
     int32_t n_plan;          /* tokens known: tok[0 .. off) evaluated, the rest to come */
     int32_t tok[FR_MAXT];
     uint32_t hash[FR_MAXT];  /* of ns and tok[0..p]: the K/V of position p */

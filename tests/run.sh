@@ -215,7 +215,7 @@ if have valgrind; then
   # what the native runs above put in Mesa's shader cache is compiled again (presumably
   # valgrind's CPU gives other keys): device setup and the error tests took 19 s, an
   # episode 27-112 s, all three 240 s. So one episode per run, its cache kind
-  # (episode % 3) rotating with the seed.
+  # (episode % 3) rotating with the random seed.
   VGVK="--keep-debuginfo=yes --num-callers=40 --suppressions=tests/valgrind-vk.supp"
   for t in $tests; do
     n=$(basename "$t" .c)

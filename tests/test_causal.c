@@ -1,4 +1,5 @@
-/* test_causal.c - the CAUSAL kind: the seed's scenarios with exact masks and values,
+/* test_causal.c - the CAUSAL kind: the scenarios of ollama's causal cache
+   (kvcache.Causal) with exact masks and values,
    bad input, and a randomized model-based test against a map (sequence, position) -> K/V. */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"

@@ -595,7 +595,7 @@ static void test_full_basic(void) {
     fx_done(&f);
 }
 
-/* ---- rotating cache: the seed's scenarios ----------------------------------------- */
+/* ---- rotating cache: the scenarios of ollama's MLX runner (RotatingKVCache) ------- */
 
 static void test_rotating_concat_and_update(void) {
     fixture f;
@@ -618,7 +618,7 @@ static void test_rotating_concat_and_update(void) {
         TK_CHECK(n <= 3); /* 4 tokens span at most 3 pages of 2 */
     }
     TK_CHECK(pages_used(&f) <= 3);
-    /* wrapped: no live rewind, no trim (the seed's rules) */
+    /* wrapped: no live rewind, no trim (ollama's MLX runner's rules) */
     TK_RES(kvc_restore(c, NULL, 20), KVC_ERR_UNREACHABLE);
     TK_OK(kvc_restore(c, NULL, 27)); /* the current offset is reachable */
     TK_RES(kvc_restore(c, NULL, 28), KVC_ERR_UNREACHABLE);
@@ -651,7 +651,7 @@ static void test_rotating_rewind_restore(void) {
     /* snapshot at 6 (window not wrapped), run on until it wraps */
     TK_OK(kvc_snapshot_take(c, 0, &s6));
     TK_OK(kvc_snapshot_take(c, 6, &none));
-    TK_CHECK(none == NULL); /* offset <= from: nothing to keep, as in the seed */
+    TK_CHECK(none == NULL); /* offset <= from: nothing to keep, as in ollama's MLX runner */
     f.salt = 2;
     TK_OK(append(&f, c, 6));
     TK_EQ(offset_of(c), 12);
@@ -752,7 +752,7 @@ static void test_snapshot_full(void) {
     TK_OK(kvc_restore(c, s, 9));
     TK_EQ(offset_of(c), 9);
     TK_CHECK(view_range(&f, c, 0, 0, 9));
-    /* the seed's false cases */
+    /* where ollama's MLX runner's Restore returns false */
     TK_RES(kvc_restore(c, s, -1), KVC_ERR_UNREACHABLE);
     TK_OK(kvc_restore(c, NULL, 5));
     TK_RES(kvc_restore(c, s, 10), KVC_ERR_UNREACHABLE); /* offset 5 < from 6 */

@@ -5,7 +5,7 @@
    leaves the target exactly as it was and leaks no page; prefix-tree entries move
    between trees and pools.
 
-   Usage: test_persist [seed]                 the tests (the seed picks random contents)
+   Usage: test_persist [seed]                 the tests (the random seed picks the contents)
           test_persist --write-corpus DIR     writes the loader fuzz target's seed corpus */
 #include <stdint.h>
 #include <stdlib.h>

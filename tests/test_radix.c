@@ -18,7 +18,7 @@
      - every returned cache reads back exactly the K/V committed for those tokens;
      - a KVC_ERR_FULL leaves the tree exactly as it was (all-or-nothing eviction);
      - after teardown the pool holds no page and no object.
-   Usage: test_radix [seed [episode]]; the seed is printed, and a failure prints the
+   Usage: test_radix [seed [episode]]; the random seed is printed, and a failure prints the
    command that replays its episode. KVC_TEST_SCALE scales the episode count. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -480,7 +480,7 @@ static void test_rotating_long(void) {
     TK_OK(kvc_pool_destroy(pool));
 }
 
-/* max_entries = 1 is the seeds' single entry: a stream of requests reuses exactly what
+/* max_entries = 1 is the single entry of ollama's MLX runner: a stream of requests reuses exactly what
    kvc_prefix (the in-place single entry) reuses. */
 static void test_single_entry(unsigned long long seed) {
     shape s = {1, 1, 2, 2};

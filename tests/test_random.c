@@ -22,7 +22,7 @@
    reference tokens with the documented masks. KVC_ERR_FULL must leave everything as it
    was, and only happen when the free pages could really be too few.
 
-   Usage: test_random [seed [episode]]. The seed (printed first) replays a run; an
+   Usage: test_random [seed [episode]]. The random seed (printed first) replays a run; an
    episode number runs only that episode, in this process (for a debugger).
    On POSIX systems the episodes run in forked children (25 per child), so a crash is
    reported as a failure of the episode it happened in (with its replay command and the
@@ -1092,7 +1092,7 @@ static void tr_prefix_close(tr_ep *e, const int32_t *gen, int32_t g) {
     x->open = 0;
 }
 
-/* the seeds' request cycle: begin, evaluate the rest of the prompt, generate, close */
+/* ollama's MLX runner's request cycle: begin, evaluate the rest of the prompt, generate, close */
 static void tr_op_prefix_session(tr_ep *e) {
     int32_t tok[48], n, reused = 0, gen[8], g, i, j;
     int ci;

@@ -53,7 +53,7 @@ TK_UNUSED static int tk_report(const char *name) {
     return tk_failed ? 1 : 0;
 }
 
-/* deterministic xorshift random numbers; the seed comes from the command line or the clock */
+/* deterministic xorshift random numbers; the random seed comes from the command line or the clock */
 typedef struct tk_rng { unsigned long long s; } tk_rng;
 TK_UNUSED static unsigned long long tk_next(tk_rng *r) {
     unsigned long long x = r->s ? r->s : 0x9e3779b97f4a7c15ull;
