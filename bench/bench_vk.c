@@ -6,7 +6,7 @@
    recorded back to back (each call: split-K pass, barrier, merge pass), medians of 5
    such runs. GB/s counts the K+V bytes the call must read (the stored bytes). The copy
    kernel (kvc_vk_cmd_copy, 1 GiB -> 1 GiB) gives the device's bandwidth, read + write
-   counted, as the yardstick the attention's GB/s are set against. One query head group of sequence 0 is checked
+   counted, as the yardstick. One query head group of sequence 0 is checked
    against a double-precision reference on the host.
 
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
@@ -16,6 +16,7 @@
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
+#include "bench_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +38,6 @@ int main(void) {
 #define VK_NO_PROTOTYPES
 #define KVCACHE_VK_IMPLEMENTATION
 #include "kvcache_vk.h"
-#include "bench_util.h"
 #include <dlfcn.h>
 
 #define HQ 32
