@@ -983,7 +983,6 @@ KVCDEF kvc_result kvc_vk_download(kvc_vk_context *c, VkBuffer src, VkDeviceSize 
 enum { KVC_VK__SPLIT = 0, KVC_VK__MERGE, KVC_VK__WRITE_K, KVC_VK__WRITE_V, KVC_VK__READ_K, KVC_VK__READ_V,
        KVC_VK__COPY, KVC_VK__N_FIXED };
 #define KVC_VK__MAX_VARIANTS 8 /* attention pipelines kept per pool (one per GQA group size) */
-#define KVC_VK__JOB_WORDS 24
 #define KVC_VK__CHUNK_WORDS 1024 /* metadata is compared and uploaded in 4 KiB pieces */
 
 typedef struct kvc_vk__variant { uint32_t key; VkPipeline pipe; } kvc_vk__variant;
@@ -1064,6 +1063,7 @@ static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint3
     VkPipelineRobustnessCreateInfoEXT rob;
 #endif
     uint32_t i;
+    /* spec[i] is the constant of id i: the generated enums number each shader's ids from 0 */
     for (i = 0; i < n_spec; ++i) { map[i].constantID = i; map[i].offset = 4 * i; map[i].size = 4; }
     si.mapEntryCount = n_spec;
     si.pMapEntries = map;
@@ -1233,7 +1233,7 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
     VkDescriptorSetLayoutCreateInfo dci;
     VkPushConstantRange pcr;
     VkPipelineLayoutCreateInfo lci;
-    uint32_t i, spec[4];
+    uint32_t i, write_spec[KVC_VK__ROWS_WRITE_COUNT], read_spec[KVC_VK__ROWS_READ_COUNT];
     size_t kbytes, vbytes;
     if (c == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
     if (cfg->hooks.event != NULL || cfg->hooks.external_data || cfg->arena != NULL) return KVC_ERR_INVALID;
@@ -1313,20 +1313,25 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
         (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_WRITE)) != KVC_OK ||
         (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_READ)) != KVC_OK ||
         (r = kvc_vk__module_create(p, KVC_VK__MODULE_COPY)) != KVC_OK ||
-        (r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_COPY], spec, 0, 0, &p->fixed[KVC_VK__COPY])) != KVC_OK) {
+        (r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_COPY], NULL, 0, 0, &p->fixed[KVC_VK__COPY])) != KVC_OK) {
         kvc_vk__pool_free(p);
         return r;
     }
-    spec[0] = (uint32_t)p->tk;
-    if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_WRITE], spec, 1, 0, &p->fixed[KVC_VK__WRITE_K])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
-    spec[0] = (uint32_t)p->tv;
-    if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_WRITE], spec, 1, 0, &p->fixed[KVC_VK__WRITE_V])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
-    spec[0] = (uint32_t)p->tk;
-    spec[1] = (uint32_t)p->hdk;
-    if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_READ], spec, 2, 0, &p->fixed[KVC_VK__READ_K])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
-    spec[0] = (uint32_t)p->tv;
-    spec[1] = (uint32_t)p->hdv;
-    if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_READ], spec, 2, 0, &p->fixed[KVC_VK__READ_V])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
+    for (i = 0; i < 2; ++i) { /* K, then V */
+        write_spec[KVC_VK__ROWS_WRITE_TYPE] = (uint32_t)(i ? p->tv : p->tk);
+        if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_WRITE], write_spec, KVC_VK__ROWS_WRITE_COUNT, 0,
+                                  &p->fixed[i ? KVC_VK__WRITE_V : KVC_VK__WRITE_K])) != KVC_OK) {
+            kvc_vk__pool_free(p);
+            return r;
+        }
+        read_spec[KVC_VK__ROWS_READ_TYPE] = (uint32_t)(i ? p->tv : p->tk);
+        read_spec[KVC_VK__ROWS_READ_HD] = (uint32_t)(i ? p->hdv : p->hdk);
+        if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_READ], read_spec, KVC_VK__ROWS_READ_COUNT, 0,
+                                  &p->fixed[i ? KVC_VK__READ_V : KVC_VK__READ_K])) != KVC_OK) {
+            kvc_vk__pool_free(p);
+            return r;
+        }
+    }
     /* the tensor-core split pass: f16 K and V, head dims of whole 16 x 16 tiles up to 128 */
     p->use_cm = c->coopmat && !(opts && opts->no_cooperative_matrix) && p->tk == KVC_TYPE_F16 &&
                 p->tv == KVC_TYPE_F16 && p->hdk % 16 == 0 && p->hdv % 16 == 0 && p->hdk <= 128 && p->hdv <= 128;
@@ -1647,7 +1652,7 @@ static int kvc_vk__cm(const kvc_vk_pool *p, uint32_t group) {
 }
 
 static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint32_t key, int merge, VkPipeline *out) {
-    uint32_t spec[11];
+    uint32_t spec[KVC_VK__SPLIT_COUNT], merge_spec[KVC_VK__MERGE_COUNT];
     int32_t i;
     int cm;
     kvc_result r;
@@ -1656,26 +1661,26 @@ static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint
     if (i == KVC_VK__MAX_VARIANTS) return KVC_ERR_UNSUPPORTED; /* that many GQA shapes on one pool */
     if (!merge && key > KVC_VK__WG) return KVC_ERR_UNSUPPORTED;   /* GQA groups up to 128 heads */
     if (merge) {
-        spec[0] = (uint32_t)p->hdv;
-        spec[1] = key;
-        r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ATTN_MERGE], spec, 2, 1, &tab[i].pipe);
+        merge_spec[KVC_VK__MERGE_HDV] = (uint32_t)p->hdv;
+        merge_spec[KVC_VK__MERGE_N_HEADS] = key;
+        r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ATTN_MERGE], merge_spec, KVC_VK__MERGE_COUNT, 1, &tab[i].pipe);
     } else {
-        spec[0] = (uint32_t)p->tk;
-        spec[1] = (uint32_t)p->tv;
-        spec[2] = (uint32_t)p->hdk;
-        spec[3] = (uint32_t)p->hdv;
-        spec[4] = key;
-        spec[5] = kvc_vk__segk(p->hdk);
-        spec[6] = kvc_vk__evt(p->hdv, key);
-        spec[7] = (uint32_t)p->n_kv_heads;
-        spec[8] = KVC_VK__WG;
-        spec[9] = (uint32_t)p->page_cells;
+        spec[KVC_VK__SPLIT_TYPE_K] = (uint32_t)p->tk;
+        spec[KVC_VK__SPLIT_TYPE_V] = (uint32_t)p->tv;
+        spec[KVC_VK__SPLIT_HDK] = (uint32_t)p->hdk;
+        spec[KVC_VK__SPLIT_HDV] = (uint32_t)p->hdv;
+        spec[KVC_VK__SPLIT_G] = key;
+        spec[KVC_VK__SPLIT_SEGK] = kvc_vk__segk(p->hdk);
+        spec[KVC_VK__SPLIT_EVT] = kvc_vk__evt(p->hdv, key);
+        spec[KVC_VK__SPLIT_KV_HEADS] = (uint32_t)p->n_kv_heads;
+        spec[KVC_VK__SPLIT_WG] = KVC_VK__WG;
+        spec[KVC_VK__SPLIT_PAGE_CELLS] = (uint32_t)p->page_cells;
         /* VQ: q8_0 / q4_0 V rows summed 8 values of every head at a time by cell groups (at least
            two groups of whole slices of 8 values in a block) */
-        spec[10] = (p->tv == KVC_TYPE_Q8_0 || p->tv == KVC_TYPE_Q4_0) && p->hdv % 32 == 0 && key <= 8 &&
+        spec[KVC_VK__SPLIT_VQ] = (p->tv == KVC_TYPE_Q8_0 || p->tv == KVC_TYPE_Q4_0) && p->hdv % 32 == 0 && key <= 8 &&
                    KVC_VK__WG % (uint32_t)(p->hdv / 8) == 0 && KVC_VK__WG / (uint32_t)(p->hdv / 8) >= 2;
         cm = kvc_vk__cm(p, key); /* the tensor-core split runs unchecked */
-        r = kvc_vk__pipeline(p, p->modules[cm ? KVC_VK__MODULE_ATTN_SPLIT_CM : p->split_module], spec, 11, cm, &tab[i].pipe);
+        r = kvc_vk__pipeline(p, p->modules[cm ? KVC_VK__MODULE_ATTN_SPLIT_CM : p->split_module], spec, KVC_VK__SPLIT_COUNT, cm, &tab[i].pipe);
     }
     if (r != KVC_OK) { tab[i].pipe = VK_NULL_HANDLE; return r; }
     tab[i].key = key;
@@ -1732,7 +1737,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     }
     pc = p->page_cells;
     /* sizes first (nothing recorded yet): jobs, then each item's page table and cell data */
-    words = (size_t)n_jobs * KVC_VK__JOB_WORDS;
+    words = (size_t)n_jobs * KVC_VK__JOB_STRIDE;
     for (it = 0; it < n_items; ++it) {
         const kvc_cache *c = items[it].cache;
         words += (size_t)c->n_pages;
@@ -1742,7 +1747,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     if ((r = kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads), 0, &split_pipe)) != KVC_OK) return r;
     if ((r = kvc_vk__get_variant(p, p->merge, (uint32_t)n_heads, 1, &merge_pipe)) != KVC_OK) return r;
     if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
-    at = (size_t)n_jobs * KVC_VK__JOB_WORDS;
+    at = (size_t)n_jobs * KVC_VK__JOB_STRIDE;
     job = p->build;
     for (it = 0; it < n_items; ++it) {
         const kvc_cache *c = items[it].cache;
@@ -1777,43 +1782,43 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
             for (lp = 0; lp < (int32_t)nsink; ++lp) p->build[at++] = c->pages[kvc__lpage_index(c, lp)];
             for (lp = (int32_t)lp_base; lp <= last; ++lp) p->build[at++] = c->pages[kvc__lpage_index(c, lp)];
         }
-        for (qi = 0; qi < d->n_queries; ++qi, job += KVC_VK__JOB_WORDS) {
+        for (qi = 0; qi < d->n_queries; ++qi, job += KVC_VK__JOB_STRIDE) {
             kvc__query q = kvc__query_of(c, &cd, qi);
             int32_t n_view;
-            memset(job, 0, KVC_VK__JOB_WORDS * 4);
+            memset(job, 0, KVC_VK__JOB_STRIDE * 4);
             if (c->cfg.kind == KVC_KIND_CAUSAL) {
                 int32_t lo = c->seq_lo[q.seq], hi = c->seq_hi[q.seq];
                 if (lo >= hi) lo = hi = 0;
-                job[0] = 1;
-                job[4] = (uint32_t)lo;
-                job[5] = (uint32_t)hi;
+                job[KVC_VK__JOB_KIND] = 1;
+                job[KVC_VK__JOB_B1] = (uint32_t)lo;
+                job[KVC_VK__JOB_E1] = (uint32_t)hi;
                 n_view = hi - lo;
-                job[15] = (uint32_t)c->cfg.window;
-                job[16] = (uint32_t)c->cfg.chunk;
-                job[17] = (uint32_t)cpos;
-                job[18] = (uint32_t)cseq;
-                job[19] = (uint32_t)c->words;
+                job[KVC_VK__JOB_CWIN] = (uint32_t)c->cfg.window;
+                job[KVC_VK__JOB_CHUNK] = (uint32_t)c->cfg.chunk;
+                job[KVC_VK__JOB_CPOS_OFF] = (uint32_t)cpos;
+                job[KVC_VK__JOB_CSEQ_OFF] = (uint32_t)cseq;
+                job[KVC_VK__JOB_SEQ_WORDS] = (uint32_t)c->words;
             } else {
-                job[2] = (uint32_t)rg.b[0];
-                job[3] = (uint32_t)rg.e[0];
-                job[4] = (uint32_t)b1;
-                job[5] = (uint32_t)rg.e[1];
+                job[KVC_VK__JOB_B0] = (uint32_t)rg.b[0];
+                job[KVC_VK__JOB_E0] = (uint32_t)rg.e[0];
+                job[KVC_VK__JOB_B1] = (uint32_t)b1;
+                job[KVC_VK__JOB_E1] = (uint32_t)rg.e[1];
                 n_view = (rg.e[0] - rg.b[0]) + (rg.e[1] > b1 ? rg.e[1] - b1 : 0);
-                job[7] = nsink;
-                job[8] = lp_base;
+                job[KVC_VK__JOB_NSINK] = nsink;
+                job[KVC_VK__JOB_LP_BASE] = lp_base;
                 if (c->cfg.kind == KVC_KIND_ROTATING) {
-                    job[13] = (uint32_t)c->cfg.sinks;
-                    job[14] = (uint32_t)kvc__recent_window(c);
+                    job[KVC_VK__JOB_SINKS] = (uint32_t)c->cfg.sinks;
+                    job[KVC_VK__JOB_RECENT] = (uint32_t)kvc__recent_window(c);
                 }
             }
-            job[1] = (uint32_t)n_view;
-            job[6] = (uint32_t)pt;
-            job[9] = (uint32_t)q.pos;
-            job[10] = (uint32_t)q.seq;
-            job[11] = (uint32_t)(q.non_causal != 0);
-            job[12] = (uint32_t)q.window;
-            job[20] = (uint32_t)(d->q.offset / 4) + (uint32_t)qi * (uint32_t)n_heads * (uint32_t)p->hdk;
-            job[21] = (uint32_t)(d->out.offset / 4) + (uint32_t)qi * (uint32_t)n_heads * (uint32_t)p->hdv;
+            job[KVC_VK__JOB_N_VIEW] = (uint32_t)n_view;
+            job[KVC_VK__JOB_PT_OFF] = (uint32_t)pt;
+            job[KVC_VK__JOB_QPOS] = (uint32_t)q.pos;
+            job[KVC_VK__JOB_QSEQ] = (uint32_t)q.seq;
+            job[KVC_VK__JOB_NC] = (uint32_t)(q.non_causal != 0);
+            job[KVC_VK__JOB_WIN] = (uint32_t)q.window;
+            job[KVC_VK__JOB_Q_OFF] = (uint32_t)(d->q.offset / 4) + (uint32_t)qi * (uint32_t)n_heads * (uint32_t)p->hdk;
+            job[KVC_VK__JOB_OUT_OFF] = (uint32_t)(d->out.offset / 4) + (uint32_t)qi * (uint32_t)n_heads * (uint32_t)p->hdv;
             if (n_view > max_view) max_view = n_view;
         }
     }
