@@ -40,15 +40,14 @@
      - q, out and the append inputs are f32 (append also f16) in the caller's buffers,
        laid out as kvcache.h's kvc_attention / kvc_put arrays; offsets are in bytes and
        multiples of 4.
-     - Needs Vulkan 1.1 and VK_KHR_push_descriptor on the device; decode attention over f16
-       K/V uses VK_NV_cooperative_matrix where the device has it enabled (see
-       kvc_vk_context_desc.cooperative_matrix), and runs without the driver's buffer bounds
-       checks where VK_EXT_pipeline_robustness is enabled (pipeline_robustness there): q and
-       out must then hold what the call reads and writes, as Vulkan requires anyway; q8_0
-       keys of head dim 64 or 128 are scored by packed 8-bit dot products where
-       VK_KHR_shader_integer_dot_product is enabled (integer_dot_product there). Rows
-       of K and V (one cell, one layer, every kv head) must be multiples of 4 bytes, and
-       f16/bf16 head dims even.
+     - Needs Vulkan 1.1 and VK_KHR_push_descriptor on the device. Three optional device
+       features (KVC_VK_FEATURE_*) are used where the device has them enabled: decode
+       attention over f16 K/V on the tensor cores (VK_NV_cooperative_matrix), without the
+       driver's buffer bounds checks (VK_EXT_pipeline_robustness: q and out must then hold
+       what the call reads and writes, as Vulkan requires anyway), and q8_0 keys of head
+       dim 64 or 128 scored by packed 8-bit dot products (VK_KHR_shader_integer_dot_product).
+       Rows of K and V (one cell, one layer, every kv head) must be multiples of 4 bytes,
+       and f16/bf16 head dims even.
      - No printf, no globals, no threads; every call returns a kvc_result.
 
    LICENSE: as kvcache.h (MIT or public domain), see the end of that file.
@@ -101,6 +100,27 @@ typedef struct kvc_vk_functions {
 typedef struct kvc_vk_context kvc_vk_context;
 typedef struct kvc_vk_pool kvc_vk_pool;
 
+/* Optional device features, as one bit set (like kvcache.h's KVC_CPU_*): the features an
+   engine enabled on its device (kvc_vk_context_desc.enabled_features), those not to use
+   (disable_features of kvc_vk_pool_options and kvc_vk_device_options) and those in use
+   (kvc_vk_info.active_features). What enabling one means: */
+#define KVC_VK_FEATURE_COOPERATIVE_MATRIX (1u << 0)  /* VK_NV_cooperative_matrix (cooperativeMatrix),
+                                                        shaderFloat16 and vulkanMemoryModel: decode
+                                                        attention over f16 K/V on the tensor cores,
+                                                        where the device has their shapes */
+#define KVC_VK_FEATURE_PIPELINE_ROBUSTNESS (1u << 1) /* VK_EXT_pipeline_robustness (pipelineRobustness):
+                                                        the tensor-core attention and the merge pass
+                                                        ask the driver for no buffer bounds checks
+                                                        (every index they use is in range by
+                                                        construction; NVIDIA's driver otherwise
+                                                        checks every load) */
+#define KVC_VK_FEATURE_INTEGER_DOT_PRODUCT (1u << 2) /* VK_KHR_shader_integer_dot_product
+                                                        (shaderIntegerDotProduct): q8_0 keys of head
+                                                        dim 64 or 128 scored by packed 8-bit dot
+                                                        products against the query's q8_0 codes,
+                                                        exactly the CPU's integer sums (needs
+                                                        subgroup arithmetic too) */
+
 /* The caller's own Vulkan objects, borrowed (never destroyed by the backend). The device
    must have VK_KHR_push_descriptor enabled; the queue must support compute. */
 typedef struct kvc_vk_context_desc {
@@ -112,15 +132,8 @@ typedef struct kvc_vk_context_desc {
     uint32_t queue_family;
     const VkAllocationCallbacks *vk_allocator; /* may be NULL */
     kvc_allocator allocator;                   /* host memory of the backend's objects; zero: malloc */
-    int cooperative_matrix; /* the device was created with VK_NV_cooperative_matrix (cooperativeMatrix),
-                               shaderFloat16 and vulkanMemoryModel enabled: decode attention may
-                               use the tensor-core shader where the device has its shapes */
-    int pipeline_robustness; /* the device was created with VK_EXT_pipeline_robustness
-                                (pipelineRobustness) enabled: attention pipelines may turn the
-                                driver's buffer bounds checks off (see kvc_vk_info) */
-    int integer_dot_product; /* the device was created with VK_KHR_shader_integer_dot_product
-                                (shaderIntegerDotProduct) enabled: q8_0 keys are scored by packed
-                                8-bit dot products (see kvc_vk_info) */
+    uint32_t enabled_features; /* the KVC_VK_FEATURE_* the device was created with (their
+                                  extensions and feature flags enabled); 0: none */
 } kvc_vk_context_desc;
 
 /* kvc_vk_device_create: a compute-only instance + device of its own, for tools, tests and
@@ -132,9 +145,7 @@ typedef struct kvc_vk_device_options {
     int pipeline_statistics; /* enable VK_KHR_pipeline_executable_properties where present
                                 (the driver's register and spill counts, for tuning) */
     kvc_allocator allocator;
-    int no_cooperative_matrix; /* do not enable VK_NV_cooperative_matrix even where present */
-    int keep_bounds_checks;    /* do not enable VK_EXT_pipeline_robustness to turn them off */
-    int no_integer_dot;        /* do not enable VK_KHR_shader_integer_dot_product even where present */
+    uint32_t disable_features; /* KVC_VK_FEATURE_* not to enable even where the device has them */
 } kvc_vk_device_options;
 
 typedef struct kvc_vk_info {
@@ -143,15 +154,8 @@ typedef struct kvc_vk_info {
     VkPhysicalDeviceType device_type;
     uint32_t subgroup_size;
     int subgroup_arithmetic;     /* subgroup reductions in compute shaders (the fast attention variant) */
-    int cooperative_matrix;      /* tensor-core attention available (f16 K/V; see kvc_vk_context_desc) */
-    int bounds_checks_off;       /* the tensor-core attention and the merge pass ask the driver for no
-                                    buffer bounds checks (VK_EXT_pipeline_robustness): every index they
-                                    use is in range by construction, and NVIDIA's driver otherwise
-                                    checks every load */
-    int integer_dot_product;     /* q8_0 keys (head dim 64 or 128) are scored by packed 8-bit dot
-                                    products against the query's q8_0 codes, exactly the CPU's
-                                    integer sums (VK_KHR_shader_integer_dot_product, with subgroup
-                                    arithmetic) */
+    uint32_t active_features;    /* the KVC_VK_FEATURE_* the context's pools use (less what a pool's
+                                    options disable): enabled, and usable by this device */
     int validation;              /* validation layer active (kvc_vk_device_create only) */
     uint32_t validation_messages;/* warnings and errors the layer reported so far */
     char last_message[512];
@@ -181,8 +185,8 @@ typedef struct kvc_vk_tensor {
 typedef struct kvc_vk_pool_options {
     int no_subgroup;     /* force the shared-memory attention variant (tests compare the two) */
     int32_t max_splits;  /* split-K chunks per query head at most (<= 256); 0 = 256 */
-    int no_cooperative_matrix; /* never the tensor-core attention shader */
-    int no_integer_dot;  /* never the packed dot products for q8_0 keys (tests compare the two) */
+    uint32_t disable_features; /* KVC_VK_FEATURE_* this pool does not use (tests and benchmarks
+                                  compare the paths) */
 } kvc_vk_pool_options;
 
 /* kvc_attention_desc with q and out in device buffers (pos/seq stay host arrays: they
@@ -343,6 +347,9 @@ enum kvc_vk__spec_rows_write {
 };
 /* END GENERATED SHARED NAMES */
 
+#define KVC_VK__FEATURES_KNOWN \
+    (KVC_VK_FEATURE_COOPERATIVE_MATRIX | KVC_VK_FEATURE_PIPELINE_ROBUSTNESS | KVC_VK_FEATURE_INTEGER_DOT_PRODUCT)
+
 typedef struct kvc_vk__spirv_code { const uint32_t *words; size_t n_words; } kvc_vk__spirv_code;
 /* The SPIR-V of shader module m (its arrays are at the end of the file). */
 static const uint32_t *kvc_vk__spirv(kvc_vk__module m, size_t *n_words);
@@ -368,11 +375,11 @@ struct kvc_vk_context {
     VkPhysicalDeviceMemoryProperties mem;
     uint32_t subgroup_size;
     int subgroup_arith;
-    int coopmat_enabled;       /* the device has the cooperative-matrix features enabled */
-    int robustness_enabled;    /* the device has VK_EXT_pipeline_robustness enabled */
-    int dot_enabled;           /* the device has shaderIntegerDotProduct enabled */
-    int coopmat;               /* ... and the subgroup operations attn_split_cm needs: its shapes
-                                  (kvc_vk__coopmat_shape's bits), else 0 */
+    uint32_t enabled;          /* KVC_VK_FEATURE_* enabled on the device */
+    uint32_t active;           /* ... and usable: kvc_vk_info.active_features */
+    int coopmat;               /* the cooperative-matrix shapes attn_split_cm can take
+                                  (kvc_vk__coopmat_shape's bits) where the device has the
+                                  subgroup operations it needs too, else 0 */
     int validation;
     uint32_t messages;
     char last_message[512];
@@ -462,11 +469,13 @@ static kvc_result kvc_vk__context_finish(kvc_vk_context *c) {
     c->subgroup_arith = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                         (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
                         (sg.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
-    c->coopmat = c->coopmat_enabled && c->subgroup_arith && sg.subgroupSize == 32 &&
+    c->coopmat = (c->enabled & KVC_VK_FEATURE_COOPERATIVE_MATRIX) && c->subgroup_arith && sg.subgroupSize == 32 &&
                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_VOTE_BIT) &&
                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT) &&
                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) &&
                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_CLUSTERED_BIT) ? kvc_vk__coopmat_shape(c) : 0;
+    c->active = (c->coopmat ? KVC_VK_FEATURE_COOPERATIVE_MATRIX : 0u) | (c->enabled & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) |
+                (c->subgroup_arith ? c->enabled & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT : 0u);
     memset(&cpi, 0, sizeof(cpi));
     cpi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
     cpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
@@ -510,6 +519,7 @@ KVCDEF kvc_result kvc_vk_context_create(const kvc_vk_context_desc *d, kvc_vk_con
         d->queue == VK_NULL_HANDLE)
         return KVC_ERR_NULL;
     if (kvc_vk__gipa(d->get_instance_proc_addr) == NULL) return KVC_ERR_NULL;
+    if (d->enabled_features & ~KVC_VK__FEATURES_KNOWN) return KVC_ERR_INVALID;
     c = kvc_vk__context_new(&d->allocator);
     if (c == NULL) return (d->allocator.alloc == NULL) != (d->allocator.free == NULL) ? KVC_ERR_INVALID : KVC_ERR_NO_MEMORY;
     c->fn.vkGetInstanceProcAddr = kvc_vk__gipa(d->get_instance_proc_addr);
@@ -519,9 +529,7 @@ KVCDEF kvc_result kvc_vk_context_create(const kvc_vk_context_desc *d, kvc_vk_con
     c->device = d->device;
     c->queue = d->queue;
     c->family = d->queue_family;
-    c->coopmat_enabled = d->cooperative_matrix != 0;
-    c->robustness_enabled = d->pipeline_robustness != 0;
-    c->dot_enabled = d->integer_dot_product != 0;
+    c->enabled = d->enabled_features;
     if ((r = kvc_vk__load_instance_fns(c)) != KVC_OK || (r = kvc_vk__context_finish(c)) != KVC_OK) {
         kvc_vk__context_release(c);
         return r;
@@ -705,7 +713,7 @@ KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_co
         dev_exts[dci.enabledExtensionCount++] = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
         c->stats = 1;
     }
-    if (!o->no_cooperative_matrix && best_cm) { /* the tensor-core attention: enable what it needs */
+    if (!(o->disable_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) && best_cm) { /* the tensor-core attention: enable what it needs */
         memset(&cmf, 0, sizeof(cmf));
         cmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
         memset(&f16f, 0, sizeof(f16f));
@@ -735,25 +743,27 @@ KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_co
             dev_exts[dci.enabledExtensionCount++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
             dev_exts[dci.enabledExtensionCount++] = VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME;
             dev_exts[dci.enabledExtensionCount++] = VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME;
-            c->coopmat_enabled = 1;
+            c->enabled |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
         }
     }
 #ifdef VK_EXT_pipeline_robustness
-    if (!o->keep_bounds_checks && best_rob) { /* lets the attention pipelines turn bounds checks off */
+    if (!(o->disable_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) && best_rob) { /* bounds checks off */
         memset(&prf, 0, sizeof(prf));
         prf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_ROBUSTNESS_FEATURES_EXT;
-        c->robustness_enabled = kvc_vk__enable_feature(c, &dci, dev_exts, &prf, &prf.pipelineRobustness,
-                                                       VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME);
+        if (kvc_vk__enable_feature(c, &dci, dev_exts, &prf, &prf.pipelineRobustness,
+                                   VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME))
+            c->enabled |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS;
     }
 #else
     (void)best_rob;
 #endif
 #ifdef VK_KHR_shader_integer_dot_product
-    if (!o->no_integer_dot && best_dot) { /* q8_0 key scores as packed 8-bit dot products */
+    if (!(o->disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) && best_dot) { /* q8_0 key scores */
         memset(&idf, 0, sizeof(idf));
         idf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR;
-        c->dot_enabled = kvc_vk__enable_feature(c, &dci, dev_exts, &idf, &idf.shaderIntegerDotProduct,
-                                                VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+        if (kvc_vk__enable_feature(c, &dci, dev_exts, &idf, &idf.shaderIntegerDotProduct,
+                                   VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME))
+            c->enabled |= KVC_VK_FEATURE_INTEGER_DOT_PRODUCT;
     }
 #else
     (void)best_dot;
@@ -790,9 +800,7 @@ KVCDEF kvc_result kvc_vk_context_info(const kvc_vk_context *c, kvc_vk_info *info
     info->device_type = c->props.deviceType;
     info->subgroup_size = c->subgroup_size;
     info->subgroup_arithmetic = c->subgroup_arith;
-    info->cooperative_matrix = c->coopmat != 0;
-    info->bounds_checks_off = c->robustness_enabled;
-    info->integer_dot_product = c->dot_enabled && c->subgroup_arith;
+    info->active_features = c->active;
     info->validation = c->validation;
     info->validation_messages = c->messages;
     memcpy(info->last_message, c->last_message, sizeof(info->last_message));
@@ -1001,6 +1009,7 @@ struct kvc_vk_pool {
     VkPipeline fixed[KVC_VK__N_FIXED];
     kvc_vk__variant split[KVC_VK__MAX_VARIANTS], merge[KVC_VK__MAX_VARIANTS];
     int use_subgroup;
+    uint32_t features;                /* KVC_VK_FEATURE_* the pool uses */
     int use_cm;                       /* attn_split_cm for GQA groups of up to 8 heads */
     int32_t max_splits;
     /* device scratch that grows: the old buffer stays alive (work in flight may use it)
@@ -1047,7 +1056,8 @@ static kvc_result kvc_vk__module_create(kvc_vk_pool *p, kvc_vk__module m) {
 }
 
 /* unchecked: no buffer bounds checks, where the device lets us say so per pipeline
-   (VK_EXT_pipeline_robustness enabled); the other pipelines then ask for robust buffer
+   (VK_EXT_pipeline_robustness enabled) and the pool does not disable the feature; the other
+   pipelines (all of them, where the pool disables it) then ask for robust buffer
    access by name, which is what NVIDIA's driver gives every pipeline without the extension
    (and what it no longer gives a pipeline that does not ask, once the extension is on).
    Unchecked: the tensor-core split pass and the merge, whose every index is in range by
@@ -1079,8 +1089,9 @@ static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint3
     ci.layout = p->layout;
     if (p->ctx->stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
 #ifdef VK_EXT_pipeline_robustness
-    if (p->ctx->robustness_enabled) {
-        VkPipelineRobustnessBufferBehaviorEXT b = unchecked ? VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DISABLED_EXT
+    if (p->ctx->enabled & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) {
+        VkPipelineRobustnessBufferBehaviorEXT b = unchecked && (p->features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS)
+                                                      ? VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DISABLED_EXT
                                                             : VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_ROBUST_BUFFER_ACCESS_EXT;
         memset(&rob, 0, sizeof(rob));
         rob.sType = VK_STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT;
@@ -1300,10 +1311,11 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
     lci.pushConstantRangeCount = 1;
     lci.pPushConstantRanges = &pcr;
     p->use_subgroup = !(opts && opts->no_subgroup) && c->subgroup_arith;
+    p->features = c->active & ~(opts ? opts->disable_features : 0u);
     /* q8_0 keys: the variant with packed dot products where the device has them (the same
        shader otherwise; it declares the capability, so only such devices get it) */
     p->split_module = !p->use_subgroup ? KVC_VK__MODULE_ATTN_SPLIT
-                      : c->dot_enabled && !(opts && opts->no_integer_dot) && p->tk == KVC_TYPE_Q8_0
+                      : (p->features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) && p->tk == KVC_TYPE_Q8_0
                           ? KVC_VK__MODULE_ATTN_SPLIT_SG_DOT
                           : KVC_VK__MODULE_ATTN_SPLIT_SG;
     if ((r = kvc_vk__vr(c->fn.vkCreateDescriptorSetLayout(c->device, &dci, c->vk_alloc, &p->dsl))) != KVC_OK ||
@@ -1333,7 +1345,7 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
         }
     }
     /* the tensor-core split pass: f16 K and V, head dims of whole 16 x 16 tiles up to 128 */
-    p->use_cm = c->coopmat && !(opts && opts->no_cooperative_matrix) && p->tk == KVC_TYPE_F16 &&
+    p->use_cm = (p->features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) && p->tk == KVC_TYPE_F16 &&
                 p->tv == KVC_TYPE_F16 && p->hdk % 16 == 0 && p->hdv % 16 == 0 && p->hdk <= 128 && p->hdv <= 128;
     if (p->use_cm && (r = kvc_vk__module_create(p, KVC_VK__MODULE_ATTN_SPLIT_CM)) != KVC_OK) {
         kvc_vk__pool_free(p);

@@ -6,7 +6,7 @@
    recorded back to back (each call: split-K pass, barrier, merge pass), medians of 5
    such runs. GB/s counts the K+V bytes the call must read (the stored bytes). The copy
    kernel (kvc_vk_cmd_copy, 1 GiB -> 1 GiB) gives the device's bandwidth, read + write
-   counted, as the issue's yardstick. One query head group of sequence 0 is checked
+   counted, as the yardstick. One query head group of sequence 0 is checked
    against a double-precision reference on the host.
 
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
@@ -257,8 +257,8 @@ int main(int argc, char **argv) {
     memset(&o, 0, sizeof(o));
     o.get_instance_proc_addr = gipa;
     o.device_index = getenv("KVC_VK_DEVICE") ? atoi(getenv("KVC_VK_DEVICE")) : -1;
-    o.keep_bounds_checks = getenv("BENCH_VK_BOUNDS_CHECKS") != NULL;
-    o.no_integer_dot = getenv("BENCH_VK_NO_DOT") != NULL;
+    if (getenv("BENCH_VK_BOUNDS_CHECKS")) o.disable_features |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS;
+    if (getenv("BENCH_VK_NO_DOT")) o.disable_features |= KVC_VK_FEATURE_INTEGER_DOT_PRODUCT;
     o.pipeline_statistics = getenv("BENCH_VK_STATS") != NULL;
     if (kvc_vk_device_create(&o, &ctx) != KVC_OK) { printf("bench_vk: skipped (no Vulkan device)\n"); return 0; }
     kvc_vk_context_info(ctx, &info);
@@ -271,7 +271,9 @@ int main(int argc, char **argv) {
     }
     printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d, bounds checks off %d, integer dot %d), %d reps per timing, medians of 5\n",
            info.device_name, VK_API_VERSION_MAJOR(info.api_version), VK_API_VERSION_MINOR(info.api_version),
-           info.subgroup_size, info.cooperative_matrix, info.bounds_checks_off, info.integer_dot_product, reps);
+           info.subgroup_size, (info.active_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) != 0,
+           (info.active_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) != 0,
+           (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0, reps);
 
     /* inputs: one chunk of K and V rows (f32), repeated through every cache */
     kin = (float *)malloc(sizeof(float) * in_elems * 2);
@@ -327,7 +329,7 @@ int main(int argc, char **argv) {
                 pc.budget_bytes = (size_t)batch * (size_t)(cells + 256) * HKV * 2 * kvc__row_bytes(types[ti], 1, HD);
                 memset(&po, 0, sizeof(po));
                 po.max_splits = groups;
-                po.no_cooperative_matrix = getenv("BENCH_VK_NO_CM") != NULL;
+                if (getenv("BENCH_VK_NO_CM")) po.disable_features |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
                 CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
                 hp = kvc_vk_pool_host(vp);
                 kvc_cache_config_init(&cc, KVC_KIND_FULL);

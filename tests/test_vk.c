@@ -37,6 +37,7 @@ int main(void) {
 #include <dlfcn.h>
 
 static kvc_vk_context *ctx;
+static PFN_vkGetInstanceProcAddr gipa;
 
 /* the backend's host memory and its pools' go through this: everything must come back
    (the driver's own allocations are its business; LeakSanitizer is off for this test) */
@@ -72,7 +73,7 @@ typedef struct shape {
     kvc_kind kind;
     int32_t window, sinks;
     int no_subgroup;
-    int no_integer_dot;
+    uint32_t disable_features; /* KVC_VK_FEATURE_* the pool does not use */
 } shape;
 
 static VkCommandBuffer begin_cmd(void) {
@@ -246,7 +247,7 @@ static void make_sides(side *s, const shape *sh) {
     memset(s, 0, 2 * sizeof(side));
     memset(&o, 0, sizeof(o));
     o.no_subgroup = sh->no_subgroup;
-    o.no_integer_dot = sh->no_integer_dot;
+    o.disable_features = sh->disable_features;
     o.max_splits = 4 + (int32_t)(g_seed % 5); /* several splits even on short caches */
     TK_OK(kvc_pool_create(&pc, &s[0].pool));
     pc.allocator.alloc = count_alloc;
@@ -487,6 +488,32 @@ static void test_errors(void) {
     kvc_cache_destroy(other);
     TK_OK(kvc_pool_destroy(cpu));
     TK_OK(kvc_vk_pool_destroy(vp));
+    { /* a context on the engine's own device: it uses the features it is told are enabled
+         (where the device can), and refuses bits it does not know */
+        kvc_vk_context_desc d;
+        kvc_vk_context *borrowed;
+        kvc_vk_info own, got;
+        TK_OK(kvc_vk_context_info(ctx, &own));
+        memset(&d, 0, sizeof(d));
+        d.get_instance_proc_addr = gipa;
+        d.instance = own.instance;
+        d.physical_device = own.physical_device;
+        d.device = own.device;
+        d.queue = own.queue;
+        d.queue_family = own.queue_family;
+        d.enabled_features = 1u << 31;
+        TK_RES(kvc_vk_context_create(&d, &borrowed), KVC_ERR_INVALID);
+        d.enabled_features = own.active_features;
+        TK_OK(kvc_vk_context_create(&d, &borrowed));
+        TK_OK(kvc_vk_context_info(borrowed, &got));
+        TK_EQ(got.active_features, own.active_features);
+        TK_OK(kvc_vk_context_destroy(borrowed));
+        d.enabled_features = 0;
+        TK_OK(kvc_vk_context_create(&d, &borrowed));
+        TK_OK(kvc_vk_context_info(borrowed, &got));
+        TK_EQ(got.active_features, 0u);
+        TK_OK(kvc_vk_context_destroy(borrowed));
+    }
 }
 
 static kvc_type pick_type(tk_rng *rng) {
@@ -500,7 +527,6 @@ static kvc_type pick_type(tk_rng *rng) {
 
 int main(int argc, char **argv) {
     void *lib;
-    PFN_vkGetInstanceProcAddr gipa = NULL;
     kvc_vk_device_options o;
     kvc_vk_info info;
     tk_rng rng;
@@ -517,7 +543,7 @@ int main(int argc, char **argv) {
     o.allocator.alloc = count_alloc;
     o.allocator.free = count_free;
     o.device_index = getenv("KVC_VK_DEVICE") ? atoi(getenv("KVC_VK_DEVICE")) : -1;
-    o.keep_bounds_checks = getenv("KVC_VK_BOUNDS_CHECKS") != NULL; /* the driver's own checks stay on */
+    if (getenv("KVC_VK_BOUNDS_CHECKS")) o.disable_features |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS; /* the driver's checks stay on */
     if (kvc_vk_device_create(&o, &ctx) != KVC_OK) {
         printf("skip: no Vulkan device with compute and VK_KHR_push_descriptor\n");
         dlclose(lib);
@@ -526,8 +552,10 @@ int main(int argc, char **argv) {
     kvc_vk_context_info(ctx, &info);
     types_avail = (int)KVC_TYPE_COUNT;
     printf("device %s, subgroup %u (arithmetic %d), cooperative matrix %d, bounds checks off %d, integer dot %d, validation %s; seed %llu (test_vk %llu replays it)\n",
-           info.device_name, info.subgroup_size, info.subgroup_arithmetic, info.cooperative_matrix, info.bounds_checks_off,
-           info.integer_dot_product,
+           info.device_name, info.subgroup_size, info.subgroup_arithmetic,
+           (info.active_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) != 0,
+           (info.active_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) != 0,
+           (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0,
            info.validation ? "on" : "NOT INSTALLED",
            (unsigned long long)g_seed, (unsigned long long)g_seed);
     test_errors();
@@ -556,7 +584,7 @@ int main(int argc, char **argv) {
             sh.kv_heads = 2;
         sh.page_cells = tk_int(&rng, 1, 3) * 4;
         sh.no_subgroup = (ep / 3) % 2;
-        sh.no_integer_dot = ep % 5 == 4;
+        sh.disable_features = ep % 5 == 4 ? KVC_VK_FEATURE_INTEGER_DOT_PRODUCT : 0u;
         if (sh.kind == KVC_KIND_ROTATING) { sh.window = tk_int(&rng, 2, 20); sh.sinks = tk_int(&rng, 0, sh.window - 1) % 3; }
         g_seed = es;
         {
@@ -567,7 +595,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
                         sh.hdk, sh.hdv, sh.page_cells, sh.no_subgroup ? " no-subgroup" : "",
-                        sh.no_integer_dot ? " no-integer-dot" : "");
+                        sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "");
         }
         g_seed = run_seed;
     }
