@@ -1,4 +1,4 @@
-/* kvcache_vk.h - v0.1.0 - the Vulkan backend of kvcache.h: pages in device memory,
+/* kvcache_vk.h - v0.2.0 - the Vulkan backend of kvcache.h: pages in device memory,
    append, attention, RoPE shift and gather as Vulkan compute.
 
    USAGE
@@ -13,6 +13,19 @@
      called through a table filled from vkGetInstanceProcAddr, so engines that build with
      VK_NO_PROTOTYPES (volk and the like) pass their vkGetInstanceProcAddr and nothing is
      linked; otherwise the loader's own symbol is used (link -lvulkan).
+     Options, #defined before the include:
+       KVCACHE_VK_HELPERS   also the conveniences for tools, tests and benchmarks: the
+                            Vulkan loader opened at run time, a device of the backend's own,
+                            buffers, blocking transfers, one-time command buffers and a copy
+                            kernel (kvc_vk_loader_*, kvc_vk_device_create, kvc_vk_buffer_*,
+                            kvc_vk_upload/download, kvc_vk_begin/submit_wait, kvc_vk_cmd_copy).
+                            Define it in every file that calls them and in the file with
+                            KVCACHE_VK_IMPLEMENTATION.
+
+   CONTENTS
+     the API: the function table, the optional device features (KVC_VK_FEATURE_*), the
+     context, the pool, the kvc_vk_cmd_* calls, then the helpers; the implementation; the
+     shaders' SPIR-V (generated from shaders/ by shaders/embed.sh); the licence.
 
    THE MODEL
      kvcache.h keeps all the bookkeeping -- pool, pages, reference counts, cells, positions,
@@ -28,7 +41,8 @@
          kvc_vk_cmd_attention  instead of kvc_attention (q and out in device buffers)
          kvc_vk_cmd_gather     instead of kvc_cache_gather
      Work is recorded into the caller's VkCommandBuffer (nothing is submitted behind its
-     back); kvc_vk_begin / kvc_vk_submit_wait are a convenience for tools and tests.
+     back); kvc_vk_begin / kvc_vk_submit_wait (KVCACHE_VK_HELPERS) are a convenience for
+     tools and tests.
 
    RULES
      - Command buffers recorded by kvc_vk_cmd_* must be submitted, to one queue, in the
@@ -59,13 +73,13 @@
 #error "include kvcache.h before kvcache_vk.h"
 #endif
 #if KVCACHE_VERSION_MAJOR != 0 || KVCACHE_VERSION_MINOR < 1
-#error "kvcache_vk.h 0.1 needs kvcache.h 0.1 or a later 0.x"
+#error "kvcache_vk.h 0.2 needs kvcache.h 0.1 or a later 0.x"
 #endif
 
 #include <vulkan/vulkan.h>
 
 #define KVCACHE_VK_VERSION_MAJOR 0
-#define KVCACHE_VK_VERSION_MINOR 1
+#define KVCACHE_VK_VERSION_MINOR 2
 #define KVCACHE_VK_VERSION_PATCH 0
 
 /* Every Vulkan function the backend calls; kvc_vk_context_functions() exposes the table. */
@@ -136,18 +150,6 @@ typedef struct kvc_vk_context_desc {
                                   extensions and feature flags enabled); 0: none */
 } kvc_vk_context_desc;
 
-/* kvc_vk_device_create: a compute-only instance + device of its own, for tools, tests and
-   examples. */
-typedef struct kvc_vk_device_options {
-    PFN_vkGetInstanceProcAddr get_instance_proc_addr; /* as above */
-    int validation;     /* enable VK_LAYER_KHRONOS_validation when installed, and count its messages */
-    int device_index;   /* -1: a discrete GPU if any, else the first device with a compute queue */
-    int pipeline_statistics; /* enable VK_KHR_pipeline_executable_properties where present
-                                (the driver's register and spill counts, for tuning) */
-    kvc_allocator allocator;
-    uint32_t disable_features; /* KVC_VK_FEATURE_* not to enable even where the device has them */
-} kvc_vk_device_options;
-
 typedef struct kvc_vk_info {
     char device_name[256];
     uint32_t vendor_id, device_id, api_version;
@@ -166,14 +168,6 @@ typedef struct kvc_vk_info {
     VkQueue queue;
     uint32_t queue_family;
 } kvc_vk_info;
-
-/* A device buffer of the convenience helpers (host_visible: mapped, coherent). */
-typedef struct kvc_vk_buffer {
-    VkBuffer buffer;
-    VkDeviceMemory memory;
-    VkDeviceSize size;
-    void *mapped;
-} kvc_vk_buffer;
 
 /* A tensor in a caller's buffer: byte offset (multiple of 4); f16 only for append inputs. */
 typedef struct kvc_vk_tensor {
@@ -209,20 +203,15 @@ typedef struct kvc_vk_attention_item {
     kvc_vk_attention_desc desc;
 } kvc_vk_attention_item;
 
+/* A context on the caller's device (desc's objects are borrowed); it loads its own
+   function table through desc->get_instance_proc_addr. */
 KVCDEF kvc_result kvc_vk_context_create(const kvc_vk_context_desc *desc, kvc_vk_context **out);
-KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *opts, kvc_vk_context **out);
 /* KVC_ERR_BUSY while pools of the context are alive. */
 KVCDEF kvc_result kvc_vk_context_destroy(kvc_vk_context *ctx);
+/* The device, its subgroups, the features in use and the validation layer's count. */
 KVCDEF kvc_result kvc_vk_context_info(const kvc_vk_context *ctx, kvc_vk_info *info);
+/* The Vulkan functions the context calls (for recording your own work); NULL for NULL. */
 KVCDEF const kvc_vk_functions *kvc_vk_context_functions(const kvc_vk_context *ctx);
-
-/* Convenience: buffers, blocking transfers, one-time command buffers. */
-KVCDEF kvc_result kvc_vk_buffer_create(kvc_vk_context *ctx, VkDeviceSize size, int host_visible, kvc_vk_buffer *out);
-KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *ctx, kvc_vk_buffer *buf);
-KVCDEF kvc_result kvc_vk_upload(kvc_vk_context *ctx, VkBuffer dst, VkDeviceSize offset, const void *src, size_t bytes);
-KVCDEF kvc_result kvc_vk_download(kvc_vk_context *ctx, VkBuffer src, VkDeviceSize offset, void *dst, size_t bytes);
-KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *ctx, VkCommandBuffer *cmd);
-KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *ctx, VkCommandBuffer cmd); /* ends, submits, waits, frees */
 
 /* A pool of pages in device memory with kvcache.h's bookkeeping: cfg as for kvc_pool_create
    (its hooks must be zero: the backend sets them). Create caches, snapshots and prefix
@@ -230,7 +219,9 @@ KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *ctx, VkCommandBuffer cmd); 
    pool only when the device no longer runs work recorded for it. */
 KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *ctx, const kvc_pool_config *cfg,
                                      const kvc_vk_pool_options *opts, kvc_vk_pool **out);
+/* KVC_ERR_BUSY while caches, snapshots or prefix objects of its host pool are alive. */
 KVCDEF kvc_result kvc_vk_pool_destroy(kvc_vk_pool *pool);
+/* The host pool that keeps the bookkeeping (owned by the vk pool: do not destroy it). */
 KVCDEF kvc_pool *kvc_vk_pool_host(const kvc_vk_pool *pool);
 /* The device buffers holding layer `layer`: page p's cell c is at byte (p*page_cells+c)*row. */
 KVCDEF kvc_result kvc_vk_pool_page_buffers(const kvc_vk_pool *pool, int32_t layer, VkBuffer *k, VkBuffer *v);
@@ -248,14 +239,65 @@ KVCDEF kvc_result kvc_vk_cmd_attention(kvc_vk_pool *pool, VkCommandBuffer cmd, c
 /* Several caches of the pool (e.g. a batch of sequences) in one pair of dispatches. */
 KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *pool, VkCommandBuffer cmd, int32_t layer,
                                              const kvc_vk_attention_item *items, int32_t n_items);
-/* A plain compute copy of `bytes` (a multiple of 16) from src to dst: a bandwidth
-   yardstick (bench_vk), and a way to move pages into buffers of your own. */
-KVCDEF kvc_result kvc_vk_cmd_copy(kvc_vk_pool *pool, VkCommandBuffer cmd, VkBuffer src, VkBuffer dst, VkDeviceSize bytes);
 /* kvc_cache_gather on the GPU: the cells kvc_cache_cells() counts, as f32 into k / v (either
    may be NULL), their positions into the host array pos (may be NULL). */
 KVCDEF kvc_result kvc_vk_cmd_gather(kvc_vk_pool *pool, VkCommandBuffer cmd, const kvc_cache *cache, int32_t layer,
                                     const kvc_vk_tensor *k, const kvc_vk_tensor *v, int32_t *pos,
                                     int32_t max_cells, int32_t *n_cells);
+
+/* ---- Helpers for tools, tests and benchmarks (#define KVCACHE_VK_HELPERS) ---------- */
+/* Optional: #define KVCACHE_VK_HELPERS where kvcache_vk.h is included (and where its
+   implementation is compiled) for conveniences an engine with its own device does not
+   need: the Vulkan loader opened at run time, a device of the backend's own, buffers,
+   blocking transfers, one-time command buffers and a copy kernel. */
+#ifdef KVCACHE_VK_HELPERS
+/* The Vulkan loader (libvulkan.so.1; macOS: libvulkan.1.dylib), opened with dlopen: nothing
+   to link (-ldl on glibc before 2.34). */
+typedef struct kvc_vk_loader {
+    void *library;
+    PFN_vkGetInstanceProcAddr get_instance_proc_addr; /* for kvc_vk_device_options */
+} kvc_vk_loader;
+/* KVC_ERR_UNSUPPORTED where there is no loader (or no dlopen). */
+KVCDEF kvc_result kvc_vk_loader_open(kvc_vk_loader *out);
+/* After every context made with it is destroyed. */
+KVCDEF kvc_result kvc_vk_loader_close(kvc_vk_loader *loader);
+
+/* kvc_vk_device_create: a compute-only instance + device of its own. */
+typedef struct kvc_vk_device_options {
+    PFN_vkGetInstanceProcAddr get_instance_proc_addr; /* NULL: the loader's (not with VK_NO_PROTOTYPES) */
+    int validation;     /* enable VK_LAYER_KHRONOS_validation when installed, and count its messages */
+    int device_index;   /* -1: a discrete GPU if any, else the first device with a compute queue */
+    int pipeline_statistics; /* enable VK_KHR_pipeline_executable_properties where present
+                                (the driver's register and spill counts, for tuning) */
+    kvc_allocator allocator;
+    uint32_t disable_features; /* KVC_VK_FEATURE_* not to enable even where the device has them */
+} kvc_vk_device_options;
+/* A context that owns its instance and device: every KVC_VK_FEATURE_* the device has is
+   enabled, less opts->disable_features. KVC_ERR_UNSUPPORTED: no such device. */
+KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *opts, kvc_vk_context **out);
+
+/* A device buffer (host_visible: mapped, coherent). */
+typedef struct kvc_vk_buffer {
+    VkBuffer buffer;
+    VkDeviceMemory memory;
+    VkDeviceSize size;
+    void *mapped;
+} kvc_vk_buffer;
+/* A storage buffer of at least `size` bytes (rounded up to 16), device-local or host-visible. */
+KVCDEF kvc_result kvc_vk_buffer_create(kvc_vk_context *ctx, VkDeviceSize size, int host_visible, kvc_vk_buffer *out);
+/* Frees it and zeroes *buf (a zeroed buffer is fine). */
+KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *ctx, kvc_vk_buffer *buf);
+/* Blocking copies between host memory and a device buffer, through a staging buffer. */
+KVCDEF kvc_result kvc_vk_upload(kvc_vk_context *ctx, VkBuffer dst, VkDeviceSize offset, const void *src, size_t bytes);
+KVCDEF kvc_result kvc_vk_download(kvc_vk_context *ctx, VkBuffer src, VkDeviceSize offset, void *dst, size_t bytes);
+/* A one-time command buffer, begun. */
+KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *ctx, VkCommandBuffer *cmd);
+/* Ends, submits and waits for kvc_vk_begin's command buffer, then frees it. */
+KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *ctx, VkCommandBuffer cmd);
+/* A plain compute copy of `bytes` (a multiple of 16) from src to dst: a bandwidth
+   yardstick (bench_vk), and a way to move pages into buffers of your own. */
+KVCDEF kvc_result kvc_vk_cmd_copy(kvc_vk_pool *pool, VkCommandBuffer cmd, VkBuffer src, VkBuffer dst, VkDeviceSize bytes);
+#endif /* KVCACHE_VK_HELPERS */
 
 #endif /* KVCACHE_VK_H */
 
@@ -365,11 +407,12 @@ struct kvc_vk_context {
     VkDevice device;
     VkQueue queue;
     uint32_t family;
+    /* made by the helpers (KVCACHE_VK_HELPERS); the rest of the backend only frees them */
     int owns;                  /* kvc_vk_device_create made instance + device */
     int stats;                 /* pipelines capture the driver's statistics */
     VkDebugUtilsMessengerEXT messenger;
     PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger;
-    VkCommandPool cmd_pool;    /* for kvc_vk_begin */
+    VkCommandPool cmd_pool;    /* kvc_vk_begin's, made on its first call */
     VkFence fence;
     VkPhysicalDeviceProperties props;
     VkPhysicalDeviceMemoryProperties mem;
@@ -448,12 +491,10 @@ static int kvc_vk__coopmat_shape(const kvc_vk_context *c) {
     return shapes;
 }
 
-/* Device properties, the command pool and fence of the convenience helpers. */
+/* The device functions and properties. */
 static kvc_result kvc_vk__context_finish(kvc_vk_context *c) {
     VkPhysicalDeviceSubgroupProperties sg;
     VkPhysicalDeviceProperties2 p2;
-    VkCommandPoolCreateInfo cpi;
-    VkFenceCreateInfo fi;
     kvc_result r;
     if ((r = kvc_vk__load_device_fns(c)) != KVC_OK) return r;
     memset(&sg, 0, sizeof(sg));
@@ -476,14 +517,7 @@ static kvc_result kvc_vk__context_finish(kvc_vk_context *c) {
                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_CLUSTERED_BIT) ? kvc_vk__coopmat_shape(c) : 0;
     c->active = (c->coopmat ? KVC_VK_FEATURE_COOPERATIVE_MATRIX : 0u) | (c->enabled & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) |
                 (c->subgroup_arith ? c->enabled & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT : 0u);
-    memset(&cpi, 0, sizeof(cpi));
-    cpi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
-    cpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-    cpi.queueFamilyIndex = c->family;
-    if ((r = kvc_vk__vr(c->fn.vkCreateCommandPool(c->device, &cpi, c->vk_alloc, &c->cmd_pool))) != KVC_OK) return r;
-    memset(&fi, 0, sizeof(fi));
-    fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
-    return kvc_vk__vr(c->fn.vkCreateFence(c->device, &fi, c->vk_alloc, &c->fence));
+    return KVC_OK;
 }
 
 static kvc_vk_context *kvc_vk__context_new(const kvc_allocator *given) {
@@ -538,247 +572,6 @@ KVCDEF kvc_result kvc_vk_context_create(const kvc_vk_context_desc *d, kvc_vk_con
     return KVC_OK;
 }
 
-static VKAPI_ATTR VkBool32 VKAPI_CALL kvc_vk__on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
-                                                         VkDebugUtilsMessageTypeFlagsEXT types,
-                                                         const VkDebugUtilsMessengerCallbackDataEXT *data, void *user) {
-    kvc_vk_context *c = (kvc_vk_context *)user;
-    (void)types;
-    if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
-        size_t n = data && data->pMessage ? strlen(data->pMessage) : 0;
-        if (n >= sizeof(c->last_message)) n = sizeof(c->last_message) - 1;
-        if (n) memcpy(c->last_message, data->pMessage, n);
-        c->last_message[n] = 0;
-        c->messages++;
-    }
-    return VK_FALSE;
-}
-
-#if defined(VK_EXT_pipeline_robustness) || defined(VK_KHR_shader_integer_dot_product)
-/* One optional device feature: query `feature` (a features struct, sType set, whose VkBool32
-   `flag` says it); if the device has it, chain the struct into dci with the flag still set and
-   add its extension. Returns whether it did. */
-static int kvc_vk__enable_feature(kvc_vk_context *c, VkDeviceCreateInfo *dci, const char **exts, void *feature,
-                                  const VkBool32 *flag, const char *extension) {
-    VkPhysicalDeviceFeatures2 f2;
-    VkBaseOutStructure *f = (VkBaseOutStructure *)feature;
-    memset(&f2, 0, sizeof(f2));
-    f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-    f2.pNext = f;
-    f->pNext = NULL;
-    c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
-    if (!*flag) return 0;
-    f->pNext = (VkBaseOutStructure *)(uintptr_t)dci->pNext;
-    dci->pNext = f;
-    exts[dci->enabledExtensionCount++] = extension;
-    return 1;
-}
-#endif
-
-KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_context **out) {
-    static const char *const validation_layer = "VK_LAYER_KHRONOS_validation";
-    static const char *const debug_ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
-    static const char *const push_ext = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
-    PFN_vkCreateInstance create_instance;
-    PFN_vkEnumerateInstanceLayerProperties enum_layers;
-    PFN_vkEnumerateInstanceExtensionProperties enum_exts;
-    VkApplicationInfo app;
-    VkInstanceCreateInfo ici;
-    VkDeviceCreateInfo dci;
-    VkDeviceQueueCreateInfo qci;
-    VkDebugUtilsMessengerCreateInfoEXT mci;
-    VkPhysicalDevice devs[16];
-    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pef;
-    VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf;
-    VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16f;
-    VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmmf;
-    VkPhysicalDeviceFeatures2 f2;
-#ifdef VK_EXT_pipeline_robustness /* (Vulkan headers older than 1.3.228 do without) */
-    VkPhysicalDevicePipelineRobustnessFeaturesEXT prf;
-#endif
-#ifdef VK_KHR_shader_integer_dot_product
-    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR idf;
-#endif
-    const char *dev_exts[7];
-    uint32_t n_devs = 16, i, best = UINT32_MAX, best_family = 0, n, j, best_stats = 0, best_cm = 0, best_rob = 0, best_dot = 0;
-    int best_score = -1, want_debug = 0;
-    float prio = 1.0f;
-    kvc_vk_context *c;
-    kvc_result r;
-    if (o == NULL || out == NULL) return KVC_ERR_NULL;
-    if (kvc_vk__gipa(o->get_instance_proc_addr) == NULL) return KVC_ERR_NULL;
-    c = kvc_vk__context_new(&o->allocator);
-    if (c == NULL) return (o->allocator.alloc == NULL) != (o->allocator.free == NULL) ? KVC_ERR_INVALID : KVC_ERR_NO_MEMORY;
-    c->owns = 1;
-    c->fn.vkGetInstanceProcAddr = kvc_vk__gipa(o->get_instance_proc_addr);
-    create_instance = (PFN_vkCreateInstance)c->fn.vkGetInstanceProcAddr(VK_NULL_HANDLE, "vkCreateInstance");
-    enum_layers = (PFN_vkEnumerateInstanceLayerProperties)c->fn.vkGetInstanceProcAddr(
-        VK_NULL_HANDLE, "vkEnumerateInstanceLayerProperties");
-    enum_exts = (PFN_vkEnumerateInstanceExtensionProperties)c->fn.vkGetInstanceProcAddr(
-        VK_NULL_HANDLE, "vkEnumerateInstanceExtensionProperties");
-    if (create_instance == NULL || enum_layers == NULL || enum_exts == NULL) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
-    if (o->validation) { /* only when the layer and debug utils are both there */
-        VkLayerProperties lp[64];
-        VkExtensionProperties ep[128];
-        uint32_t nl = 64, ne = 128;
-        int has_layer = 0, has_ext = 0;
-        if (enum_layers(&nl, lp) >= 0)
-            for (i = 0; i < nl; ++i) has_layer |= strcmp(lp[i].layerName, validation_layer) == 0;
-        if (enum_exts(NULL, &ne, ep) >= 0)
-            for (i = 0; i < ne; ++i) has_ext |= strcmp(ep[i].extensionName, debug_ext) == 0;
-        c->validation = has_layer;
-        want_debug = has_layer && has_ext;
-    }
-    memset(&app, 0, sizeof(app));
-    app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
-    app.pApplicationName = "kvcache_vk";
-    app.apiVersion = VK_API_VERSION_1_1;
-    memset(&mci, 0, sizeof(mci));
-    mci.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT;
-    mci.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
-    mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
-                      VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
-    mci.pfnUserCallback = kvc_vk__on_message;
-    mci.pUserData = c;
-    memset(&ici, 0, sizeof(ici));
-    ici.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
-    ici.pApplicationInfo = &app;
-    if (c->validation) { ici.enabledLayerCount = 1; ici.ppEnabledLayerNames = &validation_layer; }
-    if (want_debug) { ici.enabledExtensionCount = 1; ici.ppEnabledExtensionNames = &debug_ext; ici.pNext = &mci; }
-    if ((r = kvc_vk__vr(create_instance(&ici, NULL, &c->instance))) != KVC_OK) { c->instance = VK_NULL_HANDLE; kvc_vk__context_release(c); return r; }
-    if ((r = kvc_vk__load_instance_fns(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
-    if (want_debug) {
-        PFN_vkCreateDebugUtilsMessengerEXT cm = (PFN_vkCreateDebugUtilsMessengerEXT)c->fn.vkGetInstanceProcAddr(
-            c->instance, "vkCreateDebugUtilsMessengerEXT");
-        c->destroy_messenger = (PFN_vkDestroyDebugUtilsMessengerEXT)c->fn.vkGetInstanceProcAddr(
-            c->instance, "vkDestroyDebugUtilsMessengerEXT");
-        if (cm && c->destroy_messenger) cm(c->instance, &mci, NULL, &c->messenger);
-    }
-    if (c->fn.vkEnumeratePhysicalDevices(c->instance, &n_devs, devs) < 0) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
-    for (i = 0; i < n_devs; ++i) { /* a compute queue and push descriptors, discrete preferred */
-        VkQueueFamilyProperties qf[16];
-        VkExtensionProperties ep[512];
-        VkPhysicalDeviceProperties pp;
-        uint32_t ne = 512, fam = UINT32_MAX;
-        int push = 0, score, stats = 0, cm = 0, rob = 0, dot = 0;
-        if (o->device_index >= 0 && (uint32_t)o->device_index != i) continue;
-        n = 16;
-        c->fn.vkGetPhysicalDeviceQueueFamilyProperties(devs[i], &n, qf);
-        for (j = 0; j < n && fam == UINT32_MAX; ++j)
-            if (qf[j].queueFlags & VK_QUEUE_COMPUTE_BIT) fam = j;
-        if (c->fn.vkEnumerateDeviceExtensionProperties(devs[i], NULL, &ne, ep) >= 0)
-            for (j = 0; j < ne; ++j) {
-                push |= strcmp(ep[j].extensionName, push_ext) == 0;
-                stats |= strcmp(ep[j].extensionName, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME) == 0;
-#ifdef VK_EXT_pipeline_robustness
-                rob |= strcmp(ep[j].extensionName, VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME) == 0;
-#endif
-#ifdef VK_KHR_shader_integer_dot_product
-                dot |= strcmp(ep[j].extensionName, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) == 0;
-#endif
-                cm |= (strcmp(ep[j].extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0) * 1 |
-                      (strcmp(ep[j].extensionName, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME) == 0) * 2 |
-                      (strcmp(ep[j].extensionName, VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME) == 0) * 4;
-            }
-        c->fn.vkGetPhysicalDeviceProperties(devs[i], &pp);
-        if (fam == UINT32_MAX || !push || pp.apiVersion < VK_API_VERSION_1_1) continue;
-        score = pp.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU ? 3
-              : pp.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? 2 : 1;
-        if (score > best_score) {
-            best_score = score; best = i; best_family = fam; best_stats = (uint32_t)stats; best_cm = (uint32_t)(cm == 7);
-            best_rob = (uint32_t)rob;
-            best_dot = (uint32_t)dot;
-        }
-    }
-    if (best == UINT32_MAX) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
-    c->phys = devs[best];
-    c->family = best_family;
-    memset(&qci, 0, sizeof(qci));
-    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
-    qci.queueFamilyIndex = best_family;
-    qci.queueCount = 1;
-    qci.pQueuePriorities = &prio;
-    memset(&dci, 0, sizeof(dci));
-    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
-    dci.queueCreateInfoCount = 1;
-    dci.pQueueCreateInfos = &qci;
-    dev_exts[0] = push_ext;
-    dci.enabledExtensionCount = 1;
-    dci.ppEnabledExtensionNames = dev_exts;
-    if (o->pipeline_statistics && best_stats) {
-        memset(&pef, 0, sizeof(pef));
-        pef.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR;
-        pef.pipelineExecutableInfo = VK_TRUE;
-        pef.pNext = (void *)dci.pNext;
-        dci.pNext = &pef;
-        dev_exts[dci.enabledExtensionCount++] = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
-        c->stats = 1;
-    }
-    if (!(o->disable_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) && best_cm) { /* the tensor-core attention: enable what it needs */
-        memset(&cmf, 0, sizeof(cmf));
-        cmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
-        memset(&f16f, 0, sizeof(f16f));
-        f16f.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR;
-        f16f.pNext = &cmf;
-        memset(&vmmf, 0, sizeof(vmmf));
-        vmmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR;
-        vmmf.pNext = &f16f;
-        memset(&f2, 0, sizeof(f2));
-        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-        f2.pNext = &vmmf;
-        c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
-        if (cmf.cooperativeMatrix && f16f.shaderFloat16 && vmmf.vulkanMemoryModel) {
-            memset(&cmf, 0, sizeof(cmf));
-            cmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
-            cmf.cooperativeMatrix = VK_TRUE;
-            cmf.pNext = (void *)dci.pNext;
-            memset(&f16f, 0, sizeof(f16f));
-            f16f.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR;
-            f16f.shaderFloat16 = VK_TRUE;
-            f16f.pNext = &cmf;
-            memset(&vmmf, 0, sizeof(vmmf));
-            vmmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR;
-            vmmf.vulkanMemoryModel = VK_TRUE;
-            vmmf.pNext = &f16f;
-            dci.pNext = &vmmf;
-            dev_exts[dci.enabledExtensionCount++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
-            dev_exts[dci.enabledExtensionCount++] = VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME;
-            dev_exts[dci.enabledExtensionCount++] = VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME;
-            c->enabled |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
-        }
-    }
-#ifdef VK_EXT_pipeline_robustness
-    if (!(o->disable_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) && best_rob) { /* bounds checks off */
-        memset(&prf, 0, sizeof(prf));
-        prf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_ROBUSTNESS_FEATURES_EXT;
-        if (kvc_vk__enable_feature(c, &dci, dev_exts, &prf, &prf.pipelineRobustness,
-                                   VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME))
-            c->enabled |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS;
-    }
-#else
-    (void)best_rob;
-#endif
-#ifdef VK_KHR_shader_integer_dot_product
-    if (!(o->disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) && best_dot) { /* q8_0 key scores */
-        memset(&idf, 0, sizeof(idf));
-        idf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR;
-        if (kvc_vk__enable_feature(c, &dci, dev_exts, &idf, &idf.shaderIntegerDotProduct,
-                                   VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME))
-            c->enabled |= KVC_VK_FEATURE_INTEGER_DOT_PRODUCT;
-    }
-#else
-    (void)best_dot;
-#endif
-    if ((r = kvc_vk__vr(c->fn.vkCreateDevice(c->phys, &dci, NULL, &c->device))) != KVC_OK) {
-        c->device = VK_NULL_HANDLE;
-        kvc_vk__context_release(c);
-        return r;
-    }
-    if ((r = kvc_vk__load_device_fns(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
-    c->fn.vkGetDeviceQueue(c->device, c->family, 0, &c->queue);
-    if ((r = kvc_vk__context_finish(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
-    *out = c;
-    return KVC_OK;
-}
 
 KVCDEF kvc_result kvc_vk_context_destroy(kvc_vk_context *c) {
     if (c == NULL) return KVC_ERR_NULL;
@@ -815,10 +608,26 @@ KVCDEF kvc_result kvc_vk_context_info(const kvc_vk_context *c, kvc_vk_info *info
 
 KVCDEF const kvc_vk_functions *kvc_vk_context_functions(const kvc_vk_context *c) { return c ? &c->fn : NULL; }
 
-/* ---- Buffers and the convenience transfers ---------------------------------------- */
+/* ---- Buffers ------------------------------------------------------------------------ */
 
-static kvc_result kvc_vk__buffer(kvc_vk_context *c, VkDeviceSize size, VkBufferUsageFlags usage, int host,
-                                 kvc_vk_buffer *b) {
+/* A buffer and its memory (host: mapped, coherent). */
+typedef struct kvc_vk__buf {
+    VkBuffer buffer;
+    VkDeviceMemory memory;
+    VkDeviceSize size;
+    void *mapped;
+} kvc_vk__buf;
+
+/* Frees what b holds (any part may be null) and zeroes it. */
+static void kvc_vk__buf_destroy(const kvc_vk_context *c, kvc_vk__buf *b) {
+    if (b->mapped) c->fn.vkUnmapMemory(c->device, b->memory);
+    if (b->buffer) c->fn.vkDestroyBuffer(c->device, b->buffer, c->vk_alloc);
+    if (b->memory) c->fn.vkFreeMemory(c->device, b->memory, c->vk_alloc);
+    memset(b, 0, sizeof(*b));
+}
+
+static kvc_result kvc_vk__buf_create(kvc_vk_context *c, VkDeviceSize size, VkBufferUsageFlags usage, int host,
+                                     kvc_vk__buf *b) {
     VkBufferCreateInfo bi;
     VkMemoryRequirements req;
     VkMemoryAllocateInfo ai;
@@ -844,19 +653,19 @@ static kvc_result kvc_vk__buffer(kvc_vk_context *c, VkDeviceSize size, VkBufferU
     if (type == UINT32_MAX && !host) /* no device-local type (some software drivers): any */
         for (i = 0; i < c->mem.memoryTypeCount && type == UINT32_MAX; ++i)
             if (req.memoryTypeBits & (1u << i)) type = i;
-    if (type == UINT32_MAX) { kvc_vk_buffer_destroy(c, b); return KVC_ERR_UNSUPPORTED; }
+    if (type == UINT32_MAX) { kvc_vk__buf_destroy(c, b); return KVC_ERR_UNSUPPORTED; }
     memset(&ai, 0, sizeof(ai));
     ai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
     ai.allocationSize = req.size;
     ai.memoryTypeIndex = type;
     if ((r = kvc_vk__vr(c->fn.vkAllocateMemory(c->device, &ai, c->vk_alloc, &b->memory))) != KVC_OK) {
         b->memory = VK_NULL_HANDLE;
-        kvc_vk_buffer_destroy(c, b);
+        kvc_vk__buf_destroy(c, b);
         return r;
     }
     if ((r = kvc_vk__vr(c->fn.vkBindBufferMemory(c->device, b->buffer, b->memory, 0))) != KVC_OK ||
         (host && (r = kvc_vk__vr(c->fn.vkMapMemory(c->device, b->memory, 0, VK_WHOLE_SIZE, 0, &b->mapped))) != KVC_OK)) {
-        kvc_vk_buffer_destroy(c, b);
+        kvc_vk__buf_destroy(c, b);
         return r;
     }
     b->size = size;
@@ -865,67 +674,6 @@ static kvc_result kvc_vk__buffer(kvc_vk_context *c, VkDeviceSize size, VkBufferU
 
 #define KVC_VK__USAGE (VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT)
 
-KVCDEF kvc_result kvc_vk_buffer_create(kvc_vk_context *c, VkDeviceSize size, int host_visible, kvc_vk_buffer *out) {
-    if (c == NULL || out == NULL) return KVC_ERR_NULL;
-    return kvc_vk__buffer(c, size, KVC_VK__USAGE, host_visible, out);
-}
-
-KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *c, kvc_vk_buffer *b) {
-    if (c == NULL || b == NULL) return KVC_ERR_NULL;
-    if (b->mapped) c->fn.vkUnmapMemory(c->device, b->memory);
-    if (b->buffer) c->fn.vkDestroyBuffer(c->device, b->buffer, c->vk_alloc);
-    if (b->memory) c->fn.vkFreeMemory(c->device, b->memory, c->vk_alloc);
-    memset(b, 0, sizeof(*b));
-    return KVC_OK;
-}
-
-KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
-    VkCommandBufferAllocateInfo ai;
-    VkCommandBufferBeginInfo bi;
-    kvc_result r;
-    if (c == NULL || cmd == NULL) return KVC_ERR_NULL;
-    memset(&ai, 0, sizeof(ai));
-    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
-    ai.commandPool = c->cmd_pool;
-    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-    ai.commandBufferCount = 1;
-    if ((r = kvc_vk__vr(c->fn.vkAllocateCommandBuffers(c->device, &ai, cmd))) != KVC_OK) return r;
-    memset(&bi, 0, sizeof(bi));
-    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
-    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-    if ((r = kvc_vk__vr(c->fn.vkBeginCommandBuffer(*cmd, &bi))) != KVC_OK) {
-        c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, cmd);
-        return r;
-    }
-    return KVC_OK;
-}
-
-KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *c, VkCommandBuffer cmd) {
-    VkSubmitInfo si;
-    kvc_result r;
-    if (c == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    { /* everything recorded becomes visible to the host once the fence signals */
-        VkMemoryBarrier mb;
-        memset(&mb, 0, sizeof(mb));
-        mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-        mb.srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT;
-        mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-        c->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
-                                   NULL, 0, NULL);
-    }
-    r = kvc_vk__vr(c->fn.vkEndCommandBuffer(cmd));
-    if (r == KVC_OK) {
-        memset(&si, 0, sizeof(si));
-        si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-        si.commandBufferCount = 1;
-        si.pCommandBuffers = &cmd;
-        r = kvc_vk__vr(c->fn.vkQueueSubmit(c->queue, 1, &si, c->fence));
-        if (r == KVC_OK) r = kvc_vk__vr(c->fn.vkWaitForFences(c->device, 1, &c->fence, VK_TRUE, UINT64_MAX));
-        c->fn.vkResetFences(c->device, 1, &c->fence);
-    }
-    c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
-    return r;
-}
 
 /* Barriers. Their scopes are as narrow as the work they order: on the H200 a barrier whose
    destination was every stage and every read (VK_ACCESS_MEMORY_READ_BIT) cost about 2 us
@@ -955,36 +703,6 @@ static void kvc_vk__barrier_in(const kvc_vk_context *c, VkCommandBuffer cmd) {
     kvc_vk__barrier_scoped(c, cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT);
 }
 
-static kvc_result kvc_vk__transfer(kvc_vk_context *c, VkBuffer dev, VkDeviceSize off, void *host, size_t bytes, int up) {
-    kvc_vk_buffer st;
-    VkCommandBuffer cmd;
-    VkBufferCopy region;
-    kvc_result r;
-    if (c == NULL || host == NULL || dev == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    if (bytes == 0) return KVC_OK;
-    if ((r = kvc_vk__buffer(c, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, 1, &st)) != KVC_OK)
-        return r;
-    if (up) memcpy(st.mapped, host, bytes);
-    if ((r = kvc_vk_begin(c, &cmd)) == KVC_OK) {
-        region.srcOffset = up ? 0 : off;
-        region.dstOffset = up ? off : 0;
-        region.size = bytes;
-        kvc_vk__barrier_in(c, cmd);
-        c->fn.vkCmdCopyBuffer(cmd, up ? st.buffer : dev, up ? dev : st.buffer, 1, &region);
-        kvc_vk__barrier(c, cmd);
-        r = kvc_vk_submit_wait(c, cmd);
-    }
-    if (r == KVC_OK && !up) memcpy(host, st.mapped, bytes);
-    kvc_vk_buffer_destroy(c, &st);
-    return r;
-}
-
-KVCDEF kvc_result kvc_vk_upload(kvc_vk_context *c, VkBuffer dst, VkDeviceSize off, const void *src, size_t bytes) {
-    return kvc_vk__transfer(c, dst, off, (void *)(uintptr_t)src, bytes, 1);
-}
-KVCDEF kvc_result kvc_vk_download(kvc_vk_context *c, VkBuffer src, VkDeviceSize off, void *dst, size_t bytes) {
-    return kvc_vk__transfer(c, src, off, dst, bytes, 0);
-}
 
 /* ---- The device pool: page buffers, pipelines, metadata mirror, page events ------- */
 
@@ -1001,7 +719,7 @@ struct kvc_vk_pool {
     int32_t n_layers, page_cells, max_pages, n_kv_heads, hdk, hdv;
     kvc_type tk, tv;
     uint32_t k_row, v_row;            /* bytes of one cell, one layer */
-    kvc_vk_buffer *kbuf, *vbuf;       /* [n_layers] */
+    kvc_vk__buf *kbuf, *vbuf;       /* [n_layers] */
     VkDescriptorSetLayout dsl;
     VkPipelineLayout layout;
     VkShaderModule modules[KVC_VK__MODULE_COUNT]; /* those the pool uses */
@@ -1014,8 +732,8 @@ struct kvc_vk_pool {
     int32_t max_splits;
     /* device scratch that grows: the old buffer stays alive (work in flight may use it)
        until the pool is destroyed */
-    kvc_vk_buffer meta, part, tmp;
-    kvc_vk_buffer *retired;
+    kvc_vk__buf meta, part, tmp;
+    kvc_vk__buf *retired;
     int32_t n_retired, cap_retired;
     uint32_t *shadow;                 /* what meta holds once the recorded work has run */
     size_t shadow_words;              /* valid words of shadow (0: unknown) */
@@ -1117,14 +835,14 @@ static uint32_t kvc_vk__evt(int32_t hdv, uint32_t group) {
     return (uint32_t)hdv % e || (uint64_t)group * (uint32_t)hdv / e > KVC_VK__WG ? (uint32_t)hdv : e;
 }
 
-static kvc_result kvc_vk__grow(kvc_vk_pool *p, kvc_vk_buffer *b, size_t bytes, int *grown) {
+static kvc_result kvc_vk__grow(kvc_vk_pool *p, kvc_vk__buf *b, size_t bytes, int *grown) {
     kvc_result r;
-    kvc_vk_buffer nb;
+    kvc_vk__buf nb;
     *grown = 0;
     if (b->buffer && b->size >= bytes) return KVC_OK;
     if (p->n_retired == p->cap_retired) {
         int32_t cap = p->cap_retired ? 2 * p->cap_retired : 8;
-        kvc_vk_buffer *nr = (kvc_vk_buffer *)kvc_vk__alloc(&p->ctx->alloc, sizeof(*nr) * (size_t)cap);
+        kvc_vk__buf *nr = (kvc_vk__buf *)kvc_vk__alloc(&p->ctx->alloc, sizeof(*nr) * (size_t)cap);
         if (nr == NULL) return KVC_ERR_NO_MEMORY;
         if (p->n_retired) memcpy(nr, p->retired, sizeof(*nr) * (size_t)p->n_retired);
         kvc_vk__free(&p->ctx->alloc, p->retired);
@@ -1132,7 +850,7 @@ static kvc_result kvc_vk__grow(kvc_vk_pool *p, kvc_vk_buffer *b, size_t bytes, i
         p->cap_retired = cap;
     }
     if (b->buffer && bytes < 2 * b->size) bytes = 2 * b->size;
-    if ((r = kvc_vk__buffer(p->ctx, bytes, KVC_VK__USAGE, 0, &nb)) != KVC_OK) return r;
+    if ((r = kvc_vk__buf_create(p->ctx, bytes, KVC_VK__USAGE, 0, &nb)) != KVC_OK) return r;
     if (b->buffer) p->retired[p->n_retired++] = *b;
     *b = nb;
     *grown = 1;
@@ -1217,13 +935,13 @@ static void kvc_vk__pool_free(kvc_vk_pool *p) {
     if (p->layout) c->fn.vkDestroyPipelineLayout(c->device, p->layout, c->vk_alloc);
     if (p->dsl) c->fn.vkDestroyDescriptorSetLayout(c->device, p->dsl, c->vk_alloc);
     for (i = 0; p->kbuf && i < p->n_layers; ++i) {
-        kvc_vk_buffer_destroy(c, &p->kbuf[i]);
-        kvc_vk_buffer_destroy(c, &p->vbuf[i]);
+        kvc_vk__buf_destroy(c, &p->kbuf[i]);
+        kvc_vk__buf_destroy(c, &p->vbuf[i]);
     }
-    kvc_vk_buffer_destroy(c, &p->meta);
-    kvc_vk_buffer_destroy(c, &p->part);
-    kvc_vk_buffer_destroy(c, &p->tmp);
-    for (i = 0; i < p->n_retired; ++i) kvc_vk_buffer_destroy(c, &p->retired[i]);
+    kvc_vk__buf_destroy(c, &p->meta);
+    kvc_vk__buf_destroy(c, &p->part);
+    kvc_vk__buf_destroy(c, &p->tmp);
+    for (i = 0; i < p->n_retired; ++i) kvc_vk__buf_destroy(c, &p->retired[i]);
     kvc_vk__free(&c->alloc, p->retired);
     kvc_vk__free(&c->alloc, p->kbuf);
     kvc_vk__free(&c->alloc, p->build);
@@ -1277,15 +995,15 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
         kvc_vk__pool_free(p);
         return KVC_ERR_UNSUPPORTED;
     }
-    p->kbuf = (kvc_vk_buffer *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk_buffer) * 2 * (size_t)p->n_layers);
-    if (p->kbuf) memset(p->kbuf, 0, sizeof(kvc_vk_buffer) * 2 * (size_t)p->n_layers);
+    p->kbuf = (kvc_vk__buf *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
+    if (p->kbuf) memset(p->kbuf, 0, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
     p->seen = (uint32_t *)kvc_vk__alloc(&c->alloc, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
     if (p->kbuf == NULL || p->seen == NULL) { kvc_vk__pool_free(p); return KVC_ERR_NO_MEMORY; }
     memset(p->seen, 0, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
     p->vbuf = p->kbuf + p->n_layers;
     for (i = 0; i < (uint32_t)p->n_layers; ++i)
-        if ((r = kvc_vk__buffer(c, kbytes, KVC_VK__USAGE, 0, &p->kbuf[i])) != KVC_OK ||
-            (r = kvc_vk__buffer(c, vbytes, KVC_VK__USAGE, 0, &p->vbuf[i])) != KVC_OK) {
+        if ((r = kvc_vk__buf_create(c, kbytes, KVC_VK__USAGE, 0, &p->kbuf[i])) != KVC_OK ||
+            (r = kvc_vk__buf_create(c, vbytes, KVC_VK__USAGE, 0, &p->vbuf[i])) != KVC_OK) {
             kvc_vk__pool_free(p);
             return r;
         }
@@ -1323,12 +1041,17 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
         (r = kvc_vk__module_create(p, p->split_module)) != KVC_OK ||
         (r = kvc_vk__module_create(p, KVC_VK__MODULE_ATTN_MERGE)) != KVC_OK ||
         (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_WRITE)) != KVC_OK ||
-        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_READ)) != KVC_OK ||
-        (r = kvc_vk__module_create(p, KVC_VK__MODULE_COPY)) != KVC_OK ||
+        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_READ)) != KVC_OK) {
+        kvc_vk__pool_free(p);
+        return r;
+    }
+#ifdef KVCACHE_VK_HELPERS /* kvc_vk_cmd_copy's kernel */
+    if ((r = kvc_vk__module_create(p, KVC_VK__MODULE_COPY)) != KVC_OK ||
         (r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_COPY], NULL, 0, 0, &p->fixed[KVC_VK__COPY])) != KVC_OK) {
         kvc_vk__pool_free(p);
         return r;
     }
+#endif
     for (i = 0; i < 2; ++i) { /* K, then V */
         write_spec[KVC_VK__ROWS_WRITE_TYPE] = (uint32_t)(i ? p->tv : p->tk);
         if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_WRITE], write_spec, KVC_VK__ROWS_WRITE_COUNT, 0,
@@ -1634,22 +1357,6 @@ KVCDEF kvc_result kvc_vk_cmd_gather(kvc_vk_pool *p, VkCommandBuffer cmd, const k
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_vk_cmd_copy(kvc_vk_pool *p, VkCommandBuffer cmd, VkBuffer src, VkBuffer dst, VkDeviceSize bytes) {
-    uint32_t n;
-    VkBuffer b[2];
-    uint64_t groups;
-    if (p == NULL || cmd == VK_NULL_HANDLE || src == VK_NULL_HANDLE || dst == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    if (bytes % 16 || bytes / 16 > UINT32_MAX) return KVC_ERR_INVALID;
-    n = (uint32_t)(bytes / 16);
-    b[0] = src;
-    b[1] = dst;
-    kvc_vk__barrier_in(p->ctx, cmd);
-    kvc_vk__push(p, cmd, p->fixed[KVC_VK__COPY], b, 2, &n, sizeof(n));
-    groups = ((uint64_t)n + 255) / 256;
-    if (groups > 65535) groups = 65535;
-    if (groups) p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)groups, 1, 1);
-    return KVC_OK;
-}
 
 /* ---- Attention ------------------------------------------------------------------------- */
 
@@ -1892,6 +1599,436 @@ KVCDEF kvc_result kvc_vk_cmd_attention(kvc_vk_pool *p, VkCommandBuffer cmd, cons
     item.desc = *desc;
     return kvc_vk_cmd_attention_batch(p, cmd, layer, &item, 1);
 }
+
+/* ---- Helpers for tools, tests and benchmarks (KVCACHE_VK_HELPERS) ------------------ */
+#ifdef KVCACHE_VK_HELPERS
+#if defined(__unix__) || defined(__APPLE__)
+#include <dlfcn.h>
+#define KVC_VK__HAVE_DLOPEN 1
+#endif
+
+KVCDEF kvc_result kvc_vk_loader_open(kvc_vk_loader *out) {
+#ifdef KVC_VK__HAVE_DLOPEN
+#ifdef __APPLE__
+    static const char *const name = "libvulkan.1.dylib";
+#else
+    static const char *const name = "libvulkan.so.1";
+#endif
+    void *lib, *sym;
+    if (out == NULL) return KVC_ERR_NULL;
+    memset(out, 0, sizeof(*out));
+    lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) return KVC_ERR_UNSUPPORTED;
+    sym = dlsym(lib, "vkGetInstanceProcAddr");
+    if (sym == NULL) { dlclose(lib); return KVC_ERR_UNSUPPORTED; }
+    out->library = lib;
+    memcpy(&out->get_instance_proc_addr, &sym, sizeof(sym)); /* (ISO C has no object-to-function cast) */
+    return KVC_OK;
+#else
+    if (out == NULL) return KVC_ERR_NULL;
+    memset(out, 0, sizeof(*out));
+    return KVC_ERR_UNSUPPORTED;
+#endif
+}
+
+KVCDEF kvc_result kvc_vk_loader_close(kvc_vk_loader *loader) {
+    if (loader == NULL) return KVC_ERR_NULL;
+#ifdef KVC_VK__HAVE_DLOPEN
+    if (loader->library) dlclose(loader->library);
+#endif
+    memset(loader, 0, sizeof(*loader));
+    return KVC_OK;
+}
+
+static VKAPI_ATTR VkBool32 VKAPI_CALL kvc_vk__on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                         VkDebugUtilsMessageTypeFlagsEXT types,
+                                                         const VkDebugUtilsMessengerCallbackDataEXT *data, void *user) {
+    kvc_vk_context *c = (kvc_vk_context *)user;
+    (void)types;
+    if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+        size_t n = data && data->pMessage ? strlen(data->pMessage) : 0;
+        if (n >= sizeof(c->last_message)) n = sizeof(c->last_message) - 1;
+        if (n) memcpy(c->last_message, data->pMessage, n);
+        c->last_message[n] = 0;
+        c->messages++;
+    }
+    return VK_FALSE;
+}
+
+#if defined(VK_EXT_pipeline_robustness) || defined(VK_KHR_shader_integer_dot_product)
+/* One optional device feature: query `feature` (a features struct, sType set, whose VkBool32
+   `flag` says it); if the device has it, chain the struct into dci with the flag still set and
+   add its extension. Returns whether it did. */
+static int kvc_vk__enable_feature(kvc_vk_context *c, VkDeviceCreateInfo *dci, const char **exts, void *feature,
+                                  const VkBool32 *flag, const char *extension) {
+    VkPhysicalDeviceFeatures2 f2;
+    VkBaseOutStructure *f = (VkBaseOutStructure *)feature;
+    memset(&f2, 0, sizeof(f2));
+    f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+    f2.pNext = f;
+    f->pNext = NULL;
+    c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
+    if (!*flag) return 0;
+    f->pNext = (VkBaseOutStructure *)(uintptr_t)dci->pNext;
+    dci->pNext = f;
+    exts[dci->enabledExtensionCount++] = extension;
+    return 1;
+}
+#endif
+
+KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_context **out) {
+    static const char *const validation_layer = "VK_LAYER_KHRONOS_validation";
+    static const char *const debug_ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+    static const char *const push_ext = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
+    PFN_vkCreateInstance create_instance;
+    PFN_vkEnumerateInstanceLayerProperties enum_layers;
+    PFN_vkEnumerateInstanceExtensionProperties enum_exts;
+    VkApplicationInfo app;
+    VkInstanceCreateInfo ici;
+    VkDeviceCreateInfo dci;
+    VkDeviceQueueCreateInfo qci;
+    VkDebugUtilsMessengerCreateInfoEXT mci;
+    VkPhysicalDevice devs[16];
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pef;
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf;
+    VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16f;
+    VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmmf;
+    VkPhysicalDeviceFeatures2 f2;
+#ifdef VK_EXT_pipeline_robustness /* (Vulkan headers older than 1.3.228 do without) */
+    VkPhysicalDevicePipelineRobustnessFeaturesEXT prf;
+#endif
+#ifdef VK_KHR_shader_integer_dot_product
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR idf;
+#endif
+    const char *dev_exts[7];
+    uint32_t n_devs = 16, i, best = UINT32_MAX, best_family = 0, n, j, best_stats = 0, best_cm = 0, best_rob = 0, best_dot = 0;
+    int best_score = -1, want_debug = 0;
+    float prio = 1.0f;
+    kvc_vk_context *c;
+    kvc_result r;
+    if (o == NULL || out == NULL) return KVC_ERR_NULL;
+    if (kvc_vk__gipa(o->get_instance_proc_addr) == NULL) return KVC_ERR_NULL;
+    c = kvc_vk__context_new(&o->allocator);
+    if (c == NULL) return (o->allocator.alloc == NULL) != (o->allocator.free == NULL) ? KVC_ERR_INVALID : KVC_ERR_NO_MEMORY;
+    c->owns = 1;
+    c->fn.vkGetInstanceProcAddr = kvc_vk__gipa(o->get_instance_proc_addr);
+    create_instance = (PFN_vkCreateInstance)c->fn.vkGetInstanceProcAddr(VK_NULL_HANDLE, "vkCreateInstance");
+    enum_layers = (PFN_vkEnumerateInstanceLayerProperties)c->fn.vkGetInstanceProcAddr(
+        VK_NULL_HANDLE, "vkEnumerateInstanceLayerProperties");
+    enum_exts = (PFN_vkEnumerateInstanceExtensionProperties)c->fn.vkGetInstanceProcAddr(
+        VK_NULL_HANDLE, "vkEnumerateInstanceExtensionProperties");
+    if (create_instance == NULL || enum_layers == NULL || enum_exts == NULL) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
+    if (o->validation) { /* only when the layer and debug utils are both there */
+        VkLayerProperties lp[64];
+        VkExtensionProperties ep[128];
+        uint32_t nl = 64, ne = 128;
+        int has_layer = 0, has_ext = 0;
+        if (enum_layers(&nl, lp) >= 0)
+            for (i = 0; i < nl; ++i) has_layer |= strcmp(lp[i].layerName, validation_layer) == 0;
+        if (enum_exts(NULL, &ne, ep) >= 0)
+            for (i = 0; i < ne; ++i) has_ext |= strcmp(ep[i].extensionName, debug_ext) == 0;
+        c->validation = has_layer;
+        want_debug = has_layer && has_ext;
+    }
+    memset(&app, 0, sizeof(app));
+    app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
+    app.pApplicationName = "kvcache_vk";
+    app.apiVersion = VK_API_VERSION_1_1;
+    memset(&mci, 0, sizeof(mci));
+    mci.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT;
+    mci.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                      VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    mci.pfnUserCallback = kvc_vk__on_message;
+    mci.pUserData = c;
+    memset(&ici, 0, sizeof(ici));
+    ici.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
+    ici.pApplicationInfo = &app;
+    if (c->validation) { ici.enabledLayerCount = 1; ici.ppEnabledLayerNames = &validation_layer; }
+    if (want_debug) { ici.enabledExtensionCount = 1; ici.ppEnabledExtensionNames = &debug_ext; ici.pNext = &mci; }
+    if ((r = kvc_vk__vr(create_instance(&ici, NULL, &c->instance))) != KVC_OK) { c->instance = VK_NULL_HANDLE; kvc_vk__context_release(c); return r; }
+    if ((r = kvc_vk__load_instance_fns(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
+    if (want_debug) {
+        PFN_vkCreateDebugUtilsMessengerEXT cm = (PFN_vkCreateDebugUtilsMessengerEXT)c->fn.vkGetInstanceProcAddr(
+            c->instance, "vkCreateDebugUtilsMessengerEXT");
+        c->destroy_messenger = (PFN_vkDestroyDebugUtilsMessengerEXT)c->fn.vkGetInstanceProcAddr(
+            c->instance, "vkDestroyDebugUtilsMessengerEXT");
+        if (cm && c->destroy_messenger) cm(c->instance, &mci, NULL, &c->messenger);
+    }
+    if (c->fn.vkEnumeratePhysicalDevices(c->instance, &n_devs, devs) < 0) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
+    for (i = 0; i < n_devs; ++i) { /* a compute queue and push descriptors, discrete preferred */
+        VkQueueFamilyProperties qf[16];
+        VkExtensionProperties ep[512];
+        VkPhysicalDeviceProperties pp;
+        uint32_t ne = 512, fam = UINT32_MAX;
+        int push = 0, score, stats = 0, cm = 0, rob = 0, dot = 0;
+        if (o->device_index >= 0 && (uint32_t)o->device_index != i) continue;
+        n = 16;
+        c->fn.vkGetPhysicalDeviceQueueFamilyProperties(devs[i], &n, qf);
+        for (j = 0; j < n && fam == UINT32_MAX; ++j)
+            if (qf[j].queueFlags & VK_QUEUE_COMPUTE_BIT) fam = j;
+        if (c->fn.vkEnumerateDeviceExtensionProperties(devs[i], NULL, &ne, ep) >= 0)
+            for (j = 0; j < ne; ++j) {
+                push |= strcmp(ep[j].extensionName, push_ext) == 0;
+                stats |= strcmp(ep[j].extensionName, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME) == 0;
+#ifdef VK_EXT_pipeline_robustness
+                rob |= strcmp(ep[j].extensionName, VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME) == 0;
+#endif
+#ifdef VK_KHR_shader_integer_dot_product
+                dot |= strcmp(ep[j].extensionName, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) == 0;
+#endif
+                cm |= (strcmp(ep[j].extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0) * 1 |
+                      (strcmp(ep[j].extensionName, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME) == 0) * 2 |
+                      (strcmp(ep[j].extensionName, VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME) == 0) * 4;
+            }
+        c->fn.vkGetPhysicalDeviceProperties(devs[i], &pp);
+        if (fam == UINT32_MAX || !push || pp.apiVersion < VK_API_VERSION_1_1) continue;
+        score = pp.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU ? 3
+              : pp.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? 2 : 1;
+        if (score > best_score) {
+            best_score = score; best = i; best_family = fam; best_stats = (uint32_t)stats; best_cm = (uint32_t)(cm == 7);
+            best_rob = (uint32_t)rob;
+            best_dot = (uint32_t)dot;
+        }
+    }
+    if (best == UINT32_MAX) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
+    c->phys = devs[best];
+    c->family = best_family;
+    memset(&qci, 0, sizeof(qci));
+    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
+    qci.queueFamilyIndex = best_family;
+    qci.queueCount = 1;
+    qci.pQueuePriorities = &prio;
+    memset(&dci, 0, sizeof(dci));
+    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
+    dci.queueCreateInfoCount = 1;
+    dci.pQueueCreateInfos = &qci;
+    dev_exts[0] = push_ext;
+    dci.enabledExtensionCount = 1;
+    dci.ppEnabledExtensionNames = dev_exts;
+    if (o->pipeline_statistics && best_stats) {
+        memset(&pef, 0, sizeof(pef));
+        pef.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR;
+        pef.pipelineExecutableInfo = VK_TRUE;
+        pef.pNext = (void *)dci.pNext;
+        dci.pNext = &pef;
+        dev_exts[dci.enabledExtensionCount++] = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
+        c->stats = 1;
+    }
+    if (!(o->disable_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) && best_cm) { /* the tensor-core attention: enable what it needs */
+        memset(&cmf, 0, sizeof(cmf));
+        cmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
+        memset(&f16f, 0, sizeof(f16f));
+        f16f.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR;
+        f16f.pNext = &cmf;
+        memset(&vmmf, 0, sizeof(vmmf));
+        vmmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR;
+        vmmf.pNext = &f16f;
+        memset(&f2, 0, sizeof(f2));
+        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+        f2.pNext = &vmmf;
+        c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
+        if (cmf.cooperativeMatrix && f16f.shaderFloat16 && vmmf.vulkanMemoryModel) {
+            memset(&cmf, 0, sizeof(cmf));
+            cmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
+            cmf.cooperativeMatrix = VK_TRUE;
+            cmf.pNext = (void *)dci.pNext;
+            memset(&f16f, 0, sizeof(f16f));
+            f16f.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR;
+            f16f.shaderFloat16 = VK_TRUE;
+            f16f.pNext = &cmf;
+            memset(&vmmf, 0, sizeof(vmmf));
+            vmmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR;
+            vmmf.vulkanMemoryModel = VK_TRUE;
+            vmmf.pNext = &f16f;
+            dci.pNext = &vmmf;
+            dev_exts[dci.enabledExtensionCount++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+            dev_exts[dci.enabledExtensionCount++] = VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME;
+            dev_exts[dci.enabledExtensionCount++] = VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME;
+            c->enabled |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
+        }
+    }
+#ifdef VK_EXT_pipeline_robustness
+    if (!(o->disable_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) && best_rob) { /* bounds checks off */
+        memset(&prf, 0, sizeof(prf));
+        prf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_ROBUSTNESS_FEATURES_EXT;
+        if (kvc_vk__enable_feature(c, &dci, dev_exts, &prf, &prf.pipelineRobustness,
+                                   VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME))
+            c->enabled |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS;
+    }
+#else
+    (void)best_rob;
+#endif
+#ifdef VK_KHR_shader_integer_dot_product
+    if (!(o->disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) && best_dot) { /* q8_0 key scores */
+        memset(&idf, 0, sizeof(idf));
+        idf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR;
+        if (kvc_vk__enable_feature(c, &dci, dev_exts, &idf, &idf.shaderIntegerDotProduct,
+                                   VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME))
+            c->enabled |= KVC_VK_FEATURE_INTEGER_DOT_PRODUCT;
+    }
+#else
+    (void)best_dot;
+#endif
+    if ((r = kvc_vk__vr(c->fn.vkCreateDevice(c->phys, &dci, NULL, &c->device))) != KVC_OK) {
+        c->device = VK_NULL_HANDLE;
+        kvc_vk__context_release(c);
+        return r;
+    }
+    if ((r = kvc_vk__load_device_fns(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
+    c->fn.vkGetDeviceQueue(c->device, c->family, 0, &c->queue);
+    if ((r = kvc_vk__context_finish(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
+    *out = c;
+    return KVC_OK;
+}
+
+/* The command pool and fence of kvc_vk_begin / kvc_vk_submit_wait, made on first use. */
+static kvc_result kvc_vk__helpers_ready(kvc_vk_context *c) {
+    VkCommandPoolCreateInfo cpi;
+    VkFenceCreateInfo fi;
+    kvc_result r;
+    if (c->cmd_pool == VK_NULL_HANDLE) {
+        memset(&cpi, 0, sizeof(cpi));
+        cpi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
+        cpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+        cpi.queueFamilyIndex = c->family;
+        if ((r = kvc_vk__vr(c->fn.vkCreateCommandPool(c->device, &cpi, c->vk_alloc, &c->cmd_pool))) != KVC_OK) {
+            c->cmd_pool = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    if (c->fence == VK_NULL_HANDLE) {
+        memset(&fi, 0, sizeof(fi));
+        fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+        if ((r = kvc_vk__vr(c->fn.vkCreateFence(c->device, &fi, c->vk_alloc, &c->fence))) != KVC_OK) {
+            c->fence = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_buffer_create(kvc_vk_context *c, VkDeviceSize size, int host_visible, kvc_vk_buffer *out) {
+    kvc_vk__buf b;
+    kvc_result r;
+    if (c == NULL || out == NULL) return KVC_ERR_NULL;
+    r = kvc_vk__buf_create(c, size, KVC_VK__USAGE, host_visible, &b);
+    out->buffer = b.buffer;
+    out->memory = b.memory;
+    out->size = b.size;
+    out->mapped = b.mapped;
+    return r;
+}
+
+KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *c, kvc_vk_buffer *buf) {
+    kvc_vk__buf b;
+    if (c == NULL || buf == NULL) return KVC_ERR_NULL;
+    b.buffer = buf->buffer;
+    b.memory = buf->memory;
+    b.size = buf->size;
+    b.mapped = buf->mapped;
+    kvc_vk__buf_destroy(c, &b);
+    memset(buf, 0, sizeof(*buf));
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
+    VkCommandBufferAllocateInfo ai;
+    VkCommandBufferBeginInfo bi;
+    kvc_result r;
+    if (c == NULL || cmd == NULL) return KVC_ERR_NULL;
+    if ((r = kvc_vk__helpers_ready(c)) != KVC_OK) return r;
+    memset(&ai, 0, sizeof(ai));
+    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+    ai.commandPool = c->cmd_pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    if ((r = kvc_vk__vr(c->fn.vkAllocateCommandBuffers(c->device, &ai, cmd))) != KVC_OK) return r;
+    memset(&bi, 0, sizeof(bi));
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    if ((r = kvc_vk__vr(c->fn.vkBeginCommandBuffer(*cmd, &bi))) != KVC_OK) {
+        c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, cmd);
+        return r;
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *c, VkCommandBuffer cmd) {
+    VkSubmitInfo si;
+    kvc_result r;
+    if (c == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    { /* everything recorded becomes visible to the host once the fence signals */
+        VkMemoryBarrier mb;
+        memset(&mb, 0, sizeof(mb));
+        mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+        mb.srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT;
+        mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+        c->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
+                                   NULL, 0, NULL);
+    }
+    r = kvc_vk__vr(c->fn.vkEndCommandBuffer(cmd));
+    if (r == KVC_OK) {
+        memset(&si, 0, sizeof(si));
+        si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+        si.commandBufferCount = 1;
+        si.pCommandBuffers = &cmd;
+        r = kvc_vk__vr(c->fn.vkQueueSubmit(c->queue, 1, &si, c->fence));
+        if (r == KVC_OK) r = kvc_vk__vr(c->fn.vkWaitForFences(c->device, 1, &c->fence, VK_TRUE, UINT64_MAX));
+        c->fn.vkResetFences(c->device, 1, &c->fence);
+    }
+    c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
+    return r;
+}
+
+static kvc_result kvc_vk__transfer(kvc_vk_context *c, VkBuffer dev, VkDeviceSize off, void *host, size_t bytes, int up) {
+    kvc_vk__buf st;
+    VkCommandBuffer cmd;
+    VkBufferCopy region;
+    kvc_result r;
+    if (c == NULL || host == NULL || dev == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    if (bytes == 0) return KVC_OK;
+    if ((r = kvc_vk__buf_create(c, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, 1, &st)) != KVC_OK)
+        return r;
+    if (up) memcpy(st.mapped, host, bytes);
+    if ((r = kvc_vk_begin(c, &cmd)) == KVC_OK) {
+        region.srcOffset = up ? 0 : off;
+        region.dstOffset = up ? off : 0;
+        region.size = bytes;
+        kvc_vk__barrier_in(c, cmd);
+        c->fn.vkCmdCopyBuffer(cmd, up ? st.buffer : dev, up ? dev : st.buffer, 1, &region);
+        kvc_vk__barrier(c, cmd);
+        r = kvc_vk_submit_wait(c, cmd);
+    }
+    if (r == KVC_OK && !up) memcpy(host, st.mapped, bytes);
+    kvc_vk__buf_destroy(c, &st);
+    return r;
+}
+
+KVCDEF kvc_result kvc_vk_upload(kvc_vk_context *c, VkBuffer dst, VkDeviceSize off, const void *src, size_t bytes) {
+    return kvc_vk__transfer(c, dst, off, (void *)(uintptr_t)src, bytes, 1);
+}
+KVCDEF kvc_result kvc_vk_download(kvc_vk_context *c, VkBuffer src, VkDeviceSize off, void *dst, size_t bytes) {
+    return kvc_vk__transfer(c, src, off, dst, bytes, 0);
+}
+
+KVCDEF kvc_result kvc_vk_cmd_copy(kvc_vk_pool *p, VkCommandBuffer cmd, VkBuffer src, VkBuffer dst, VkDeviceSize bytes) {
+    uint32_t n;
+    VkBuffer b[2];
+    uint64_t groups;
+    if (p == NULL || cmd == VK_NULL_HANDLE || src == VK_NULL_HANDLE || dst == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    if (bytes % 16 || bytes / 16 > UINT32_MAX) return KVC_ERR_INVALID;
+    n = (uint32_t)(bytes / 16);
+    b[0] = src;
+    b[1] = dst;
+    kvc_vk__barrier_in(p->ctx, cmd);
+    kvc_vk__push(p, cmd, p->fixed[KVC_VK__COPY], b, 2, &n, sizeof(n));
+    groups = ((uint64_t)n + 255) / 256;
+    if (groups > 65535) groups = 65535;
+    if (groups) p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)groups, 1, 1);
+    return KVC_OK;
+}
+#endif /* KVCACHE_VK_HELPERS */
 
 /* ---- The shaders' SPIR-V (generated by shaders/embed.sh from shaders/; make shaders) --- */
 /* BEGIN GENERATED SPIR-V */

@@ -23,7 +23,7 @@
 #include <time.h>
 
 #if defined(__has_include)
-#if __has_include(<vulkan/vulkan.h>) && __has_include(<dlfcn.h>)
+#if __has_include(<vulkan/vulkan.h>)
 #define HAVE_VK 1
 #endif
 #endif
@@ -36,8 +36,8 @@ int main(void) {
 #else
 #define VK_NO_PROTOTYPES
 #define KVCACHE_VK_IMPLEMENTATION
+#define KVCACHE_VK_HELPERS /* the loader, a device of its own, buffers, transfers, the copy kernel */
 #include "kvcache_vk.h"
-#include <dlfcn.h>
 
 #define HQ 32
 #define HKV 8
@@ -229,8 +229,7 @@ int main(int argc, char **argv) {
     kvc_vk_pool_options po;
     kvc_type types[4];
     const char *type_arg = "f16,q8_0";
-    void *lib, *sym;
-    PFN_vkGetInstanceProcAddr gipa = NULL;
+    kvc_vk_loader loader;
     kvc_vk_device_options o;
     kvc_vk_buffer kin_buf, vin_buf, q_buf, out_buf, copy_a, copy_b;
     float *kin, *vin, *qh;
@@ -250,12 +249,9 @@ int main(int argc, char **argv) {
     }
     for (ti = 0; ti < (int)KVC_TYPE_COUNT; ++ti)
         if (strstr(type_arg, kvc_type_name((kvc_type)ti))) types[n_types++] = (kvc_type)ti;
-    lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL) { printf("bench_vk: skipped (no Vulkan loader)\n"); return 0; }
-    sym = dlsym(lib, "vkGetInstanceProcAddr");
-    memcpy(&gipa, &sym, sizeof(gipa));
+    if (kvc_vk_loader_open(&loader) != KVC_OK) { printf("bench_vk: skipped (no Vulkan loader)\n"); return 0; }
     memset(&o, 0, sizeof(o));
-    o.get_instance_proc_addr = gipa;
+    o.get_instance_proc_addr = loader.get_instance_proc_addr;
     o.device_index = getenv("KVC_VK_DEVICE") ? atoi(getenv("KVC_VK_DEVICE")) : -1;
     if (getenv("BENCH_VK_BOUNDS_CHECKS")) o.disable_features |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS;
     if (getenv("BENCH_VK_NO_DOT")) o.disable_features |= KVC_VK_FEATURE_INTEGER_DOT_PRODUCT;
@@ -390,7 +386,7 @@ int main(int argc, char **argv) {
     CHECK(kvc_vk_context_destroy(ctx));
     free(kin);
     free(qh);
-    dlclose(lib);
+    kvc_vk_loader_close(&loader);
     return 0;
 }
 #endif

@@ -20,7 +20,7 @@
 #include <time.h>
 
 #if defined(__has_include)
-#if __has_include(<vulkan/vulkan.h>) && __has_include(<dlfcn.h>)
+#if __has_include(<vulkan/vulkan.h>)
 #define HAVE_VK 1
 #endif
 #endif
@@ -33,11 +33,11 @@ int main(void) {
 #else
 #define VK_NO_PROTOTYPES
 #define KVCACHE_VK_IMPLEMENTATION
+#define KVCACHE_VK_HELPERS /* the loader, a device of its own, buffers, transfers */
 #include "kvcache_vk.h"
-#include <dlfcn.h>
 
 static kvc_vk_context *ctx;
-static PFN_vkGetInstanceProcAddr gipa;
+static kvc_vk_loader loader;
 
 /* the backend's host memory and its pools' go through this: everything must come back
    (the driver's own allocations are its business; LeakSanitizer is off for this test) */
@@ -495,7 +495,7 @@ static void test_errors(void) {
         kvc_vk_info own, got;
         TK_OK(kvc_vk_context_info(ctx, &own));
         memset(&d, 0, sizeof(d));
-        d.get_instance_proc_addr = gipa;
+        d.get_instance_proc_addr = loader.get_instance_proc_addr;
         d.instance = own.instance;
         d.physical_device = own.physical_device;
         d.device = own.device;
@@ -526,19 +526,14 @@ static kvc_type pick_type(tk_rng *rng) {
 }
 
 int main(int argc, char **argv) {
-    void *lib;
     kvc_vk_device_options o;
     kvc_vk_info info;
     tk_rng rng;
     int ep, n_ep;
-    void *sym;
     g_seed = run_seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
-    lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL) { printf("skip: no Vulkan loader (libvulkan.so.1)\n"); return tk_report("vk"); }
-    sym = dlsym(lib, "vkGetInstanceProcAddr");
-    memcpy(&gipa, &sym, sizeof(gipa));
+    if (kvc_vk_loader_open(&loader) != KVC_OK) { printf("skip: no Vulkan loader (libvulkan)\n"); return tk_report("vk"); }
     memset(&o, 0, sizeof(o));
-    o.get_instance_proc_addr = gipa;
+    o.get_instance_proc_addr = loader.get_instance_proc_addr;
     o.validation = 1;
     o.allocator.alloc = count_alloc;
     o.allocator.free = count_free;
@@ -546,7 +541,7 @@ int main(int argc, char **argv) {
     if (getenv("KVC_VK_BOUNDS_CHECKS")) o.disable_features |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS; /* the driver's checks stay on */
     if (kvc_vk_device_create(&o, &ctx) != KVC_OK) {
         printf("skip: no Vulkan device with compute and VK_KHR_push_descriptor\n");
-        dlclose(lib);
+        kvc_vk_loader_close(&loader);
         return tk_report("vk");
     }
     kvc_vk_context_info(ctx, &info);
@@ -611,7 +606,7 @@ int main(int argc, char **argv) {
     TK_EQ(live_allocs, 0);
     /* the loader goes too: under valgrind nothing of ours is then left reachable at exit
        (the driver's LLVM stays mapped with its state: tests/valgrind-vk.supp) */
-    dlclose(lib);
+    TK_OK(kvc_vk_loader_close(&loader));
     return tk_report("vk");
 }
 #endif
