@@ -62,7 +62,7 @@
        dim 64 or 128 scored by packed 8-bit dot products (VK_KHR_shader_integer_dot_product).
        Rows of K and V (one cell, one layer, every kv head) must be multiples of 4 bytes,
        and f16/bf16 head dims even.
-     - No printf, no globals, no threads; every call returns a kvc_result.
+     - No printf, no globals, no threads; every fallible call returns a kvc_result.
 
    LICENSE: MIT or public domain (Unlicense), at your choice; see the end of this file.
 */
