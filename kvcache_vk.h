@@ -1,4 +1,4 @@
-/* kvcache_vk.h - v0.1.0 - the Vulkan backend of kvcache.h: pages in device memory,
+/* kvcache_vk.h - v0.2.0 - the Vulkan backend of kvcache.h: pages in device memory,
    append, attention, RoPE shift and gather as Vulkan compute.
 
    USAGE
@@ -13,6 +13,19 @@
      called through a table filled from vkGetInstanceProcAddr, so engines that build with
      VK_NO_PROTOTYPES (volk and the like) pass their vkGetInstanceProcAddr and nothing is
      linked; otherwise the loader's own symbol is used (link -lvulkan).
+     Options, #defined before the include:
+       KVCACHE_VK_HELPERS   also the conveniences for tools, tests and benchmarks: the
+                            Vulkan loader opened at run time, a device of the backend's own,
+                            buffers, blocking transfers, one-time command buffers and a copy
+                            kernel (kvc_vk_loader_*, kvc_vk_device_create, kvc_vk_buffer_*,
+                            kvc_vk_upload/download, kvc_vk_begin/submit_wait, kvc_vk_cmd_copy).
+                            Define it in every file that calls them and in the file with
+                            KVCACHE_VK_IMPLEMENTATION.
+
+   CONTENTS
+     the API: the function table, the optional device features (KVC_VK_FEATURE_*), the
+     context, the pool, the kvc_vk_cmd_* calls, then the helpers; the implementation; the
+     shaders' SPIR-V (generated from shaders/ by shaders/embed.sh); the licence.
 
    THE MODEL
      kvcache.h keeps all the bookkeeping -- pool, pages, reference counts, cells, positions,
@@ -28,7 +41,8 @@
          kvc_vk_cmd_attention  instead of kvc_attention (q and out in device buffers)
          kvc_vk_cmd_gather     instead of kvc_cache_gather
      Work is recorded into the caller's VkCommandBuffer (nothing is submitted behind its
-     back); kvc_vk_begin / kvc_vk_submit_wait are a convenience for tools and tests.
+     back); kvc_vk_begin / kvc_vk_submit_wait (KVCACHE_VK_HELPERS) are a convenience for
+     tools and tests.
 
    RULES
      - Command buffers recorded by kvc_vk_cmd_* must be submitted, to one queue, in the
@@ -40,18 +54,17 @@
      - q, out and the append inputs are f32 (append also f16) in the caller's buffers,
        laid out as kvcache.h's kvc_attention / kvc_put arrays; offsets are in bytes and
        multiples of 4.
-     - Needs Vulkan 1.1 and VK_KHR_push_descriptor on the device; decode attention over f16
-       K/V uses VK_NV_cooperative_matrix where the device has it enabled (see
-       kvc_vk_context_desc.cooperative_matrix), and runs without the driver's buffer bounds
-       checks where VK_EXT_pipeline_robustness is enabled (pipeline_robustness there): q and
-       out must then hold what the call reads and writes, as Vulkan requires anyway; q8_0
-       keys of head dim 64 or 128 are scored by packed 8-bit dot products where
-       VK_KHR_shader_integer_dot_product is enabled (integer_dot_product there). Rows
-       of K and V (one cell, one layer, every kv head) must be multiples of 4 bytes, and
-       f16/bf16 head dims even.
-     - No printf, no globals, no threads; every call returns a kvc_result.
+     - Needs Vulkan 1.1 and VK_KHR_push_descriptor on the device. Three optional device
+       features (KVC_VK_FEATURE_*) are used where the device has them enabled: decode
+       attention over f16 K/V on the tensor cores (VK_NV_cooperative_matrix), without the
+       driver's buffer bounds checks (VK_EXT_pipeline_robustness: q and out must then hold
+       what the call reads and writes, as Vulkan requires anyway), and q8_0 keys of head
+       dim 64 or 128 scored by packed 8-bit dot products (VK_KHR_shader_integer_dot_product).
+       Rows of K and V (one cell, one layer, every kv head) must be multiples of 4 bytes,
+       and f16/bf16 head dims even.
+     - No printf, no globals, no threads; every fallible call returns a kvc_result.
 
-   LICENSE: as kvcache.h (MIT or public domain), see the end of that file.
+   LICENSE: MIT or public domain (Unlicense), at your choice; see the end of this file.
 */
 #ifndef KVCACHE_VK_H
 #define KVCACHE_VK_H
@@ -60,13 +73,13 @@
 #error "include kvcache.h before kvcache_vk.h"
 #endif
 #if KVCACHE_VERSION_MAJOR != 0 || KVCACHE_VERSION_MINOR < 1
-#error "kvcache_vk.h 0.1 needs kvcache.h 0.1 or a later 0.x"
+#error "kvcache_vk.h 0.2 needs kvcache.h 0.1 or a later 0.x"
 #endif
 
 #include <vulkan/vulkan.h>
 
 #define KVCACHE_VK_VERSION_MAJOR 0
-#define KVCACHE_VK_VERSION_MINOR 1
+#define KVCACHE_VK_VERSION_MINOR 2
 #define KVCACHE_VK_VERSION_PATCH 0
 
 /* Every Vulkan function the backend calls; kvc_vk_context_functions() exposes the table. */
@@ -101,6 +114,27 @@ typedef struct kvc_vk_functions {
 typedef struct kvc_vk_context kvc_vk_context;
 typedef struct kvc_vk_pool kvc_vk_pool;
 
+/* Optional device features, as one bit set (like kvcache.h's KVC_CPU_*): the features an
+   engine enabled on its device (kvc_vk_context_desc.enabled_features), those not to use
+   (disable_features of kvc_vk_pool_options and kvc_vk_device_options) and those in use
+   (kvc_vk_info.active_features). What enabling one means: */
+#define KVC_VK_FEATURE_COOPERATIVE_MATRIX (1u << 0)  /* VK_NV_cooperative_matrix (cooperativeMatrix),
+                                                        shaderFloat16 and vulkanMemoryModel: decode
+                                                        attention over f16 K/V on the tensor cores,
+                                                        where the device has their shapes */
+#define KVC_VK_FEATURE_PIPELINE_ROBUSTNESS (1u << 1) /* VK_EXT_pipeline_robustness (pipelineRobustness):
+                                                        the tensor-core attention and the merge pass
+                                                        ask the driver for no buffer bounds checks
+                                                        (every index they use is in range by
+                                                        construction; NVIDIA's driver otherwise
+                                                        checks every load) */
+#define KVC_VK_FEATURE_INTEGER_DOT_PRODUCT (1u << 2) /* VK_KHR_shader_integer_dot_product
+                                                        (shaderIntegerDotProduct): q8_0 keys of head
+                                                        dim 64 or 128 scored by packed 8-bit dot
+                                                        products against the query's q8_0 codes,
+                                                        exactly the CPU's integer sums (needs
+                                                        subgroup arithmetic too) */
+
 /* The caller's own Vulkan objects, borrowed (never destroyed by the backend). The device
    must have VK_KHR_push_descriptor enabled; the queue must support compute. */
 typedef struct kvc_vk_context_desc {
@@ -112,30 +146,9 @@ typedef struct kvc_vk_context_desc {
     uint32_t queue_family;
     const VkAllocationCallbacks *vk_allocator; /* may be NULL */
     kvc_allocator allocator;                   /* host memory of the backend's objects; zero: malloc */
-    int cooperative_matrix; /* the device was created with VK_NV_cooperative_matrix (cooperativeMatrix),
-                               shaderFloat16 and vulkanMemoryModel enabled: decode attention may
-                               use the tensor-core shader where the device has its shapes */
-    int pipeline_robustness; /* the device was created with VK_EXT_pipeline_robustness
-                                (pipelineRobustness) enabled: attention pipelines may turn the
-                                driver's buffer bounds checks off (see kvc_vk_info) */
-    int integer_dot_product; /* the device was created with VK_KHR_shader_integer_dot_product
-                                (shaderIntegerDotProduct) enabled: q8_0 keys are scored by packed
-                                8-bit dot products (see kvc_vk_info) */
+    uint32_t enabled_features; /* the KVC_VK_FEATURE_* the device was created with (their
+                                  extensions and feature flags enabled); 0: none */
 } kvc_vk_context_desc;
-
-/* kvc_vk_device_create: a compute-only instance + device of its own, for tools, tests and
-   examples. */
-typedef struct kvc_vk_device_options {
-    PFN_vkGetInstanceProcAddr get_instance_proc_addr; /* as above */
-    int validation;     /* enable VK_LAYER_KHRONOS_validation when installed, and count its messages */
-    int device_index;   /* -1: a discrete GPU if any, else the first device with a compute queue */
-    int pipeline_statistics; /* enable VK_KHR_pipeline_executable_properties where present
-                                (the driver's register and spill counts, for tuning) */
-    kvc_allocator allocator;
-    int no_cooperative_matrix; /* do not enable VK_NV_cooperative_matrix even where present */
-    int keep_bounds_checks;    /* do not enable VK_EXT_pipeline_robustness to turn them off */
-    int no_integer_dot;        /* do not enable VK_KHR_shader_integer_dot_product even where present */
-} kvc_vk_device_options;
 
 typedef struct kvc_vk_info {
     char device_name[256];
@@ -143,15 +156,8 @@ typedef struct kvc_vk_info {
     VkPhysicalDeviceType device_type;
     uint32_t subgroup_size;
     int subgroup_arithmetic;     /* subgroup reductions in compute shaders (the fast attention variant) */
-    int cooperative_matrix;      /* tensor-core attention available (f16 K/V; see kvc_vk_context_desc) */
-    int bounds_checks_off;       /* the tensor-core attention and the merge pass ask the driver for no
-                                    buffer bounds checks (VK_EXT_pipeline_robustness): every index they
-                                    use is in range by construction, and NVIDIA's driver otherwise
-                                    checks every load */
-    int integer_dot_product;     /* q8_0 keys (head dim 64 or 128) are scored by packed 8-bit dot
-                                    products against the query's q8_0 codes, exactly the CPU's
-                                    integer sums (VK_KHR_shader_integer_dot_product, with subgroup
-                                    arithmetic) */
+    uint32_t active_features;    /* the KVC_VK_FEATURE_* the context's pools use (less what a pool's
+                                    options disable): enabled, and usable by this device */
     int validation;              /* validation layer active (kvc_vk_device_create only) */
     uint32_t validation_messages;/* warnings and errors the layer reported so far */
     char last_message[512];
@@ -163,14 +169,6 @@ typedef struct kvc_vk_info {
     uint32_t queue_family;
 } kvc_vk_info;
 
-/* A device buffer of the convenience helpers (host_visible: mapped, coherent). */
-typedef struct kvc_vk_buffer {
-    VkBuffer buffer;
-    VkDeviceMemory memory;
-    VkDeviceSize size;
-    void *mapped;
-} kvc_vk_buffer;
-
 /* A tensor in a caller's buffer: byte offset (multiple of 4); f16 only for append inputs. */
 typedef struct kvc_vk_tensor {
     VkBuffer buffer;
@@ -181,8 +179,8 @@ typedef struct kvc_vk_tensor {
 typedef struct kvc_vk_pool_options {
     int no_subgroup;     /* force the shared-memory attention variant (tests compare the two) */
     int32_t max_splits;  /* split-K chunks per query head at most (<= 256); 0 = 256 */
-    int no_cooperative_matrix; /* never the tensor-core attention shader */
-    int no_integer_dot;  /* never the packed dot products for q8_0 keys (tests compare the two) */
+    uint32_t disable_features; /* KVC_VK_FEATURE_* this pool does not use (tests and benchmarks
+                                  compare the paths) */
 } kvc_vk_pool_options;
 
 /* kvc_attention_desc with q and out in device buffers (pos/seq stay host arrays: they
@@ -205,20 +203,15 @@ typedef struct kvc_vk_attention_item {
     kvc_vk_attention_desc desc;
 } kvc_vk_attention_item;
 
+/* A context on the caller's device (desc's objects are borrowed); it loads its own
+   function table through desc->get_instance_proc_addr. */
 KVCDEF kvc_result kvc_vk_context_create(const kvc_vk_context_desc *desc, kvc_vk_context **out);
-KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *opts, kvc_vk_context **out);
 /* KVC_ERR_BUSY while pools of the context are alive. */
 KVCDEF kvc_result kvc_vk_context_destroy(kvc_vk_context *ctx);
+/* The device, its subgroups, the features in use and the validation layer's count. */
 KVCDEF kvc_result kvc_vk_context_info(const kvc_vk_context *ctx, kvc_vk_info *info);
+/* The Vulkan functions the context calls (for recording your own work); NULL for NULL. */
 KVCDEF const kvc_vk_functions *kvc_vk_context_functions(const kvc_vk_context *ctx);
-
-/* Convenience: buffers, blocking transfers, one-time command buffers. */
-KVCDEF kvc_result kvc_vk_buffer_create(kvc_vk_context *ctx, VkDeviceSize size, int host_visible, kvc_vk_buffer *out);
-KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *ctx, kvc_vk_buffer *buf);
-KVCDEF kvc_result kvc_vk_upload(kvc_vk_context *ctx, VkBuffer dst, VkDeviceSize offset, const void *src, size_t bytes);
-KVCDEF kvc_result kvc_vk_download(kvc_vk_context *ctx, VkBuffer src, VkDeviceSize offset, void *dst, size_t bytes);
-KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *ctx, VkCommandBuffer *cmd);
-KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *ctx, VkCommandBuffer cmd); /* ends, submits, waits, frees */
 
 /* A pool of pages in device memory with kvcache.h's bookkeeping: cfg as for kvc_pool_create
    (its hooks must be zero: the backend sets them). Create caches, snapshots and prefix
@@ -226,7 +219,9 @@ KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *ctx, VkCommandBuffer cmd); 
    pool only when the device no longer runs work recorded for it. */
 KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *ctx, const kvc_pool_config *cfg,
                                      const kvc_vk_pool_options *opts, kvc_vk_pool **out);
+/* KVC_ERR_BUSY while caches, snapshots or prefix objects of its host pool are alive. */
 KVCDEF kvc_result kvc_vk_pool_destroy(kvc_vk_pool *pool);
+/* The host pool that keeps the bookkeeping (owned by the vk pool: do not destroy it). */
 KVCDEF kvc_pool *kvc_vk_pool_host(const kvc_vk_pool *pool);
 /* The device buffers holding layer `layer`: page p's cell c is at byte (p*page_cells+c)*row. */
 KVCDEF kvc_result kvc_vk_pool_page_buffers(const kvc_vk_pool *pool, int32_t layer, VkBuffer *k, VkBuffer *v);
@@ -244,14 +239,65 @@ KVCDEF kvc_result kvc_vk_cmd_attention(kvc_vk_pool *pool, VkCommandBuffer cmd, c
 /* Several caches of the pool (e.g. a batch of sequences) in one pair of dispatches. */
 KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *pool, VkCommandBuffer cmd, int32_t layer,
                                              const kvc_vk_attention_item *items, int32_t n_items);
-/* A plain compute copy of `bytes` (a multiple of 16) from src to dst: a bandwidth
-   yardstick (bench_vk), and a way to move pages into buffers of your own. */
-KVCDEF kvc_result kvc_vk_cmd_copy(kvc_vk_pool *pool, VkCommandBuffer cmd, VkBuffer src, VkBuffer dst, VkDeviceSize bytes);
 /* kvc_cache_gather on the GPU: the cells kvc_cache_cells() counts, as f32 into k / v (either
    may be NULL), their positions into the host array pos (may be NULL). */
 KVCDEF kvc_result kvc_vk_cmd_gather(kvc_vk_pool *pool, VkCommandBuffer cmd, const kvc_cache *cache, int32_t layer,
                                     const kvc_vk_tensor *k, const kvc_vk_tensor *v, int32_t *pos,
                                     int32_t max_cells, int32_t *n_cells);
+
+/* ---- Helpers for tools, tests and benchmarks (#define KVCACHE_VK_HELPERS) ---------- */
+/* Optional: #define KVCACHE_VK_HELPERS where kvcache_vk.h is included (and where its
+   implementation is compiled) for conveniences an engine with its own device does not
+   need: the Vulkan loader opened at run time, a device of the backend's own, buffers,
+   blocking transfers, one-time command buffers and a copy kernel. */
+#ifdef KVCACHE_VK_HELPERS
+/* The Vulkan loader (libvulkan.so.1; macOS: libvulkan.1.dylib), opened with dlopen: nothing
+   to link (-ldl on glibc before 2.34). */
+typedef struct kvc_vk_loader {
+    void *library;
+    PFN_vkGetInstanceProcAddr get_instance_proc_addr; /* for kvc_vk_device_options */
+} kvc_vk_loader;
+/* KVC_ERR_UNSUPPORTED where there is no loader (or no dlopen). */
+KVCDEF kvc_result kvc_vk_loader_open(kvc_vk_loader *out);
+/* After every context made with it is destroyed. */
+KVCDEF kvc_result kvc_vk_loader_close(kvc_vk_loader *loader);
+
+/* kvc_vk_device_create: a compute-only instance + device of its own. */
+typedef struct kvc_vk_device_options {
+    PFN_vkGetInstanceProcAddr get_instance_proc_addr; /* NULL: the loader's (not with VK_NO_PROTOTYPES) */
+    int validation;     /* enable VK_LAYER_KHRONOS_validation when installed, and count its messages */
+    int device_index;   /* -1: a discrete GPU if any, else the first device with a compute queue */
+    int pipeline_statistics; /* enable VK_KHR_pipeline_executable_properties where present
+                                (the driver's register and spill counts, for tuning) */
+    kvc_allocator allocator;
+    uint32_t disable_features; /* KVC_VK_FEATURE_* not to enable even where the device has them */
+} kvc_vk_device_options;
+/* A context that owns its instance and device: every KVC_VK_FEATURE_* the device has is
+   enabled, less opts->disable_features. KVC_ERR_UNSUPPORTED: no such device. */
+KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *opts, kvc_vk_context **out);
+
+/* A device buffer (host_visible: mapped, coherent). */
+typedef struct kvc_vk_buffer {
+    VkBuffer buffer;
+    VkDeviceMemory memory;
+    VkDeviceSize size;
+    void *mapped;
+} kvc_vk_buffer;
+/* A storage buffer of at least `size` bytes (rounded up to 16), device-local or host-visible. */
+KVCDEF kvc_result kvc_vk_buffer_create(kvc_vk_context *ctx, VkDeviceSize size, int host_visible, kvc_vk_buffer *out);
+/* Frees it and zeroes *buf (a zeroed buffer is fine). */
+KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *ctx, kvc_vk_buffer *buf);
+/* Blocking copies between host memory and a device buffer, through a staging buffer. */
+KVCDEF kvc_result kvc_vk_upload(kvc_vk_context *ctx, VkBuffer dst, VkDeviceSize offset, const void *src, size_t bytes);
+KVCDEF kvc_result kvc_vk_download(kvc_vk_context *ctx, VkBuffer src, VkDeviceSize offset, void *dst, size_t bytes);
+/* A one-time command buffer, begun. */
+KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *ctx, VkCommandBuffer *cmd);
+/* Ends, submits and waits for kvc_vk_begin's command buffer, then frees it. */
+KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *ctx, VkCommandBuffer cmd);
+/* A plain compute copy of `bytes` (a multiple of 16) from src to dst: a bandwidth
+   yardstick (bench_vk), and a way to move pages into buffers of your own. */
+KVCDEF kvc_result kvc_vk_cmd_copy(kvc_vk_pool *pool, VkCommandBuffer cmd, VkBuffer src, VkBuffer dst, VkDeviceSize bytes);
+#endif /* KVCACHE_VK_HELPERS */
 
 #endif /* KVCACHE_VK_H */
 
@@ -266,7 +312,1725 @@ KVCDEF kvc_result kvc_vk_cmd_gather(kvc_vk_pool *pool, VkCommandBuffer cmd, cons
 #error "define KVCACHE_VK_IMPLEMENTATION in the file that defines KVCACHE_IMPLEMENTATION"
 #endif
 
-/* ---- Generated SPIR-V (make shaders; do not edit by hand) ------------------------ */
+/* ---- What the code shares with the shaders ---------------------------------------- */
+/* Generated by shaders/embed.sh (make shaders) from its lists, which also give the shaders
+   the same names (shaders/kvc_shared.glsl): do not edit by hand. */
+/* BEGIN GENERATED SHARED NAMES */
+/* shader modules (the SPIR-V at the end of the file) */
+typedef enum kvc_vk__module {
+    KVC_VK__MODULE_ATTN_SPLIT_SG, /* attn_split.comp -DUSE_SUBGROUP=1 */
+    KVC_VK__MODULE_ATTN_SPLIT, /* attn_split.comp -DUSE_SUBGROUP=0 */
+    KVC_VK__MODULE_ATTN_SPLIT_SG_DOT, /* attn_split.comp -DUSE_SUBGROUP=1 -DUSE_DOT=1 */
+    KVC_VK__MODULE_ATTN_MERGE, /* attn_merge.comp */
+    KVC_VK__MODULE_ROWS_WRITE, /* rows_write.comp */
+    KVC_VK__MODULE_ROWS_READ, /* rows_read.comp */
+    KVC_VK__MODULE_COPY, /* copy.comp */
+    KVC_VK__MODULE_ATTN_SPLIT_CM, /* attn_split_cm.comp -O0 */
+    KVC_VK__MODULE_COUNT
+} kvc_vk__module;
+/* the words of the attention job record (attn_common.glsl's Job) */
+enum kvc_vk__job_word {
+    KVC_VK__JOB_KIND = 0, /* 0: FULL/ROTATING (token ranges), 1: CAUSAL (cell range) */
+    KVC_VK__JOB_N_VIEW = 1, /* cells the job may read */
+    KVC_VK__JOB_B0 = 2, /* kind 0: first token of the sinks range [b0, e0) */
+    KVC_VK__JOB_E0 = 3, /* kind 0: end of the sinks range */
+    KVC_VK__JOB_B1 = 4, /* kind 0: first token of the recent range [b1, e1); kind 1: first cell */
+    KVC_VK__JOB_E1 = 5, /* kind 0: end of the recent range; kind 1: end of the cell range */
+    KVC_VK__JOB_PT_OFF = 6, /* meta word of the page table (kind 0: logical pages [0, nsink), then from lp_base) */
+    KVC_VK__JOB_NSINK = 7, /* kind 0: logical pages of the sinks */
+    KVC_VK__JOB_LP_BASE = 8, /* kind 0: first logical page of the recent range */
+    KVC_VK__JOB_QPOS = 9, /* the query's position */
+    KVC_VK__JOB_QSEQ = 10, /* the query's sequence */
+    KVC_VK__JOB_NC = 11, /* nonzero: the query is non-causal (it may see later positions) */
+    KVC_VK__JOB_WIN = 12, /* the query's sliding window (0: none) */
+    KVC_VK__JOB_SINKS = 13, /* ROTATING: sink tokens */
+    KVC_VK__JOB_RECENT = 14, /* ROTATING: the recent window (0: not rotating) */
+    KVC_VK__JOB_CWIN = 15, /* CAUSAL: the cache's sliding window */
+    KVC_VK__JOB_CHUNK = 16, /* CAUSAL: the cache's attention chunk (0: none) */
+    KVC_VK__JOB_CPOS_OFF = 17, /* CAUSAL: meta word of the cells' positions */
+    KVC_VK__JOB_CSEQ_OFF = 18, /* CAUSAL: meta word of the cells' sequence bit sets */
+    KVC_VK__JOB_SEQ_WORDS = 19, /* CAUSAL: words of one cell's sequence bit set */
+    KVC_VK__JOB_Q_OFF = 20, /* first float of the query in the q buffer */
+    KVC_VK__JOB_OUT_OFF = 21, /* first float of the output in the out buffer */
+    KVC_VK__JOB_COUNT = 22
+};
+#define KVC_VK__JOB_STRIDE 24 /* words from one job record to the next (a multiple of 8) */
+/* specialization constant ids: attn_split.comp and attn_split_cm.comp */
+enum kvc_vk__spec_split {
+    KVC_VK__SPLIT_TYPE_K = 0, /* storage type of K (kvc_type) */
+    KVC_VK__SPLIT_TYPE_V = 1, /* storage type of V */
+    KVC_VK__SPLIT_HDK = 2, /* head dim of K */
+    KVC_VK__SPLIT_HDV = 3, /* head dim of V */
+    KVC_VK__SPLIT_G = 4, /* query heads per kv head (the GQA group) */
+    KVC_VK__SPLIT_SEGK = 5, /* key values decoded at a time (divides HDK) */
+    KVC_VK__SPLIT_EVT = 6, /* output values per invocation (divides HDV) */
+    KVC_VK__SPLIT_KV_HEADS = 7, /* kv heads */
+    KVC_VK__SPLIT_WG = 8, /* cells per block: the workgroup size */
+    KVC_VK__SPLIT_PAGE_CELLS = 9, /* cells per page */
+    KVC_VK__SPLIT_VQ = 10, /* nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time */
+    KVC_VK__SPLIT_COUNT = 11
+};
+/* attn_merge.comp */
+enum kvc_vk__spec_merge {
+    KVC_VK__MERGE_HDV = 0, /* head dim of V */
+    KVC_VK__MERGE_N_HEADS = 1, /* query heads */
+    KVC_VK__MERGE_COUNT = 2
+};
+/* rows_read.comp */
+enum kvc_vk__spec_rows_read {
+    KVC_VK__ROWS_READ_TYPE = 0, /* storage type of the tensor */
+    KVC_VK__ROWS_READ_HD = 1, /* head dim of the tensor */
+    KVC_VK__ROWS_READ_COUNT = 2
+};
+/* rows_write.comp */
+enum kvc_vk__spec_rows_write {
+    KVC_VK__ROWS_WRITE_TYPE = 0, /* storage type of the tensor */
+    KVC_VK__ROWS_WRITE_COUNT = 1
+};
+/* END GENERATED SHARED NAMES */
+
+#define KVC_VK__FEATURES_KNOWN \
+    (KVC_VK_FEATURE_COOPERATIVE_MATRIX | KVC_VK_FEATURE_PIPELINE_ROBUSTNESS | KVC_VK_FEATURE_INTEGER_DOT_PRODUCT)
+
+typedef struct kvc_vk__spirv_code { const uint32_t *words; size_t n_words; } kvc_vk__spirv_code;
+/* The SPIR-V of shader module m (its arrays are at the end of the file). */
+static const uint32_t *kvc_vk__spirv(kvc_vk__module m, size_t *n_words);
+
+/* ---- Context: the function table and the borrowed (or helper-made) device --------- */
+
+struct kvc_vk_context {
+    kvc_vk_functions fn;
+    kvc_allocator alloc;
+    const VkAllocationCallbacks *vk_alloc;
+    VkInstance instance;
+    VkPhysicalDevice phys;
+    VkDevice device;
+    VkQueue queue;
+    uint32_t family;
+    /* made by the helpers (KVCACHE_VK_HELPERS); the rest of the backend only frees them */
+    int owns;                  /* kvc_vk_device_create made instance + device */
+    int stats;                 /* pipelines capture the driver's statistics */
+    VkDebugUtilsMessengerEXT messenger;
+    PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger;
+    VkCommandPool cmd_pool;    /* kvc_vk_begin's, made on its first call */
+    VkFence fence;
+    VkPhysicalDeviceProperties props;
+    VkPhysicalDeviceMemoryProperties mem;
+    uint32_t subgroup_size;
+    int subgroup_arith;
+    uint32_t enabled;          /* KVC_VK_FEATURE_* enabled on the device */
+    uint32_t active;           /* ... and usable: kvc_vk_info.active_features */
+    int coopmat;               /* the cooperative-matrix shapes attn_split_cm can take
+                                  (kvc_vk__coopmat_shape's bits) where the device has the
+                                  subgroup operations it needs too, else 0 */
+    int validation;
+    uint32_t messages;
+    char last_message[512];
+    int32_t live_pools;
+};
+
+static void *kvc_vk__alloc(const kvc_allocator *a, size_t n) { return a->alloc(n, a->user); }
+static void kvc_vk__free(const kvc_allocator *a, void *p) { if (p) a->free(p, a->user); }
+
+static kvc_result kvc_vk__vr(VkResult r) {
+    if (r == VK_SUCCESS) return KVC_OK;
+    if (r == VK_ERROR_OUT_OF_HOST_MEMORY || r == VK_ERROR_OUT_OF_DEVICE_MEMORY) return KVC_ERR_NO_MEMORY;
+    return KVC_ERR_UNSUPPORTED;
+}
+
+static kvc_result kvc_vk__load_device_fns(kvc_vk_context *c) {
+#define KVC_VK__LOAD_D(name) c->fn.name = (PFN_##name)c->fn.vkGetDeviceProcAddr(c->device, #name);
+    KVC_VK_DEVICE_FUNCTIONS(KVC_VK__LOAD_D)
+#undef KVC_VK__LOAD_D
+#define KVC_VK__CHECK(name) if (c->fn.name == NULL) return KVC_ERR_UNSUPPORTED;
+    KVC_VK_DEVICE_FUNCTIONS(KVC_VK__CHECK)
+#undef KVC_VK__CHECK
+    return KVC_OK;
+}
+
+static kvc_result kvc_vk__load_instance_fns(kvc_vk_context *c) {
+#define KVC_VK__LOAD_I(name) c->fn.name = (PFN_##name)c->fn.vkGetInstanceProcAddr(c->instance, #name);
+    KVC_VK_INSTANCE_FUNCTIONS(KVC_VK__LOAD_I)
+#undef KVC_VK__LOAD_I
+#define KVC_VK__CHECK(name) if (c->fn.name == NULL) return KVC_ERR_UNSUPPORTED;
+    KVC_VK_INSTANCE_FUNCTIONS(KVC_VK__CHECK)
+#undef KVC_VK__CHECK
+    return KVC_OK;
+}
+
+static PFN_vkGetInstanceProcAddr kvc_vk__gipa(PFN_vkGetInstanceProcAddr given) {
+    if (given) return given;
+#ifndef VK_NO_PROTOTYPES
+    return vkGetInstanceProcAddr;
+#else
+    return NULL;
+#endif
+}
+
+/* The products attn_split_cm takes, f16 x f16 -> f32 in one subgroup: M = K = 16 and
+   N = 8 (bit 0; GQA groups up to 4) or N = 16 (bit 1; groups up to 8). */
+static int kvc_vk__coopmat_shape(const kvc_vk_context *c) {
+    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV get =
+        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)c->fn.vkGetInstanceProcAddr(
+            c->instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV");
+    VkCooperativeMatrixPropertiesNV props[64];
+    uint32_t n = 64, i;
+    int shapes = 0;
+    if (get == NULL) return 0;
+    for (i = 0; i < n; ++i) {
+        memset(&props[i], 0, sizeof(props[i]));
+        props[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
+    }
+    if (get(c->phys, &n, props) < 0) return 0;
+    for (i = 0; i < n; ++i)
+        if (props[i].MSize == 16 && (props[i].NSize == 8 || props[i].NSize == 16) && props[i].KSize == 16 &&
+            props[i].AType == VK_COMPONENT_TYPE_FLOAT16_NV && props[i].BType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+            props[i].CType == VK_COMPONENT_TYPE_FLOAT32_NV && props[i].DType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+            props[i].scope == VK_SCOPE_SUBGROUP_NV)
+            shapes |= props[i].NSize == 8 ? 1 : 2;
+    return shapes;
+}
+
+/* The device functions and properties. */
+static kvc_result kvc_vk__context_finish(kvc_vk_context *c) {
+    VkPhysicalDeviceSubgroupProperties sg;
+    VkPhysicalDeviceProperties2 p2;
+    kvc_result r;
+    if ((r = kvc_vk__load_device_fns(c)) != KVC_OK) return r;
+    memset(&sg, 0, sizeof(sg));
+    sg.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES;
+    memset(&p2, 0, sizeof(p2));
+    p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+    p2.pNext = &sg;
+    c->fn.vkGetPhysicalDeviceProperties2(c->phys, &p2);
+    c->props = p2.properties;
+    if (c->props.apiVersion < VK_API_VERSION_1_1) return KVC_ERR_UNSUPPORTED;
+    c->fn.vkGetPhysicalDeviceMemoryProperties(c->phys, &c->mem);
+    c->subgroup_size = sg.subgroupSize;
+    c->subgroup_arith = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                        (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
+                        (sg.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
+    c->coopmat = (c->enabled & KVC_VK_FEATURE_COOPERATIVE_MATRIX) && c->subgroup_arith && sg.subgroupSize == 32 &&
+                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_VOTE_BIT) &&
+                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT) &&
+                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) &&
+                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_CLUSTERED_BIT) ? kvc_vk__coopmat_shape(c) : 0;
+    c->active = (c->coopmat ? KVC_VK_FEATURE_COOPERATIVE_MATRIX : 0u) | (c->enabled & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) |
+                (c->subgroup_arith ? c->enabled & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT : 0u);
+    return KVC_OK;
+}
+
+static kvc_vk_context *kvc_vk__context_new(const kvc_allocator *given) {
+    kvc_allocator a = *given;
+    kvc_vk_context *c;
+    if ((a.alloc == NULL) != (a.free == NULL)) return NULL;
+    if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
+    c = (kvc_vk_context *)kvc_vk__alloc(&a, sizeof(*c));
+    if (c == NULL) return NULL;
+    memset(c, 0, sizeof(*c));
+    c->alloc = a;
+    return c;
+}
+
+static void kvc_vk__context_release(kvc_vk_context *c) {
+    if (c->device) {
+        if (c->fence && c->fn.vkDestroyFence) c->fn.vkDestroyFence(c->device, c->fence, c->vk_alloc);
+        if (c->cmd_pool && c->fn.vkDestroyCommandPool) c->fn.vkDestroyCommandPool(c->device, c->cmd_pool, c->vk_alloc);
+        if (c->owns && c->fn.vkDestroyDevice) c->fn.vkDestroyDevice(c->device, c->vk_alloc);
+    }
+    if (c->owns && c->instance) {
+        if (c->messenger && c->destroy_messenger) c->destroy_messenger(c->instance, c->messenger, c->vk_alloc);
+        if (c->fn.vkDestroyInstance) c->fn.vkDestroyInstance(c->instance, c->vk_alloc);
+    }
+    kvc_vk__free(&c->alloc, c);
+}
+
+KVCDEF kvc_result kvc_vk_context_create(const kvc_vk_context_desc *d, kvc_vk_context **out) {
+    kvc_vk_context *c;
+    kvc_result r;
+    if (d == NULL || out == NULL) return KVC_ERR_NULL;
+    if (d->instance == VK_NULL_HANDLE || d->physical_device == VK_NULL_HANDLE || d->device == VK_NULL_HANDLE ||
+        d->queue == VK_NULL_HANDLE)
+        return KVC_ERR_NULL;
+    if (kvc_vk__gipa(d->get_instance_proc_addr) == NULL) return KVC_ERR_NULL;
+    if (d->enabled_features & ~KVC_VK__FEATURES_KNOWN) return KVC_ERR_INVALID;
+    c = kvc_vk__context_new(&d->allocator);
+    if (c == NULL) return (d->allocator.alloc == NULL) != (d->allocator.free == NULL) ? KVC_ERR_INVALID : KVC_ERR_NO_MEMORY;
+    c->fn.vkGetInstanceProcAddr = kvc_vk__gipa(d->get_instance_proc_addr);
+    c->vk_alloc = d->vk_allocator;
+    c->instance = d->instance;
+    c->phys = d->physical_device;
+    c->device = d->device;
+    c->queue = d->queue;
+    c->family = d->queue_family;
+    c->enabled = d->enabled_features;
+    if ((r = kvc_vk__load_instance_fns(c)) != KVC_OK || (r = kvc_vk__context_finish(c)) != KVC_OK) {
+        kvc_vk__context_release(c);
+        return r;
+    }
+    *out = c;
+    return KVC_OK;
+}
+
+
+KVCDEF kvc_result kvc_vk_context_destroy(kvc_vk_context *c) {
+    if (c == NULL) return KVC_ERR_NULL;
+    if (c->live_pools) return KVC_ERR_BUSY;
+    kvc_vk__context_release(c);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_context_info(const kvc_vk_context *c, kvc_vk_info *info) {
+    size_t n;
+    if (c == NULL || info == NULL) return KVC_ERR_NULL;
+    memset(info, 0, sizeof(*info));
+    n = strlen(c->props.deviceName);
+    if (n >= sizeof(info->device_name)) n = sizeof(info->device_name) - 1;
+    memcpy(info->device_name, c->props.deviceName, n);
+    info->vendor_id = c->props.vendorID;
+    info->device_id = c->props.deviceID;
+    info->api_version = c->props.apiVersion;
+    info->device_type = c->props.deviceType;
+    info->subgroup_size = c->subgroup_size;
+    info->subgroup_arithmetic = c->subgroup_arith;
+    info->active_features = c->active;
+    info->validation = c->validation;
+    info->validation_messages = c->messages;
+    memcpy(info->last_message, c->last_message, sizeof(info->last_message));
+    info->timestamp_period = c->props.limits.timestampPeriod;
+    info->instance = c->instance;
+    info->physical_device = c->phys;
+    info->device = c->device;
+    info->queue = c->queue;
+    info->queue_family = c->family;
+    return KVC_OK;
+}
+
+KVCDEF const kvc_vk_functions *kvc_vk_context_functions(const kvc_vk_context *c) { return c ? &c->fn : NULL; }
+
+/* ---- Buffers ------------------------------------------------------------------------ */
+
+/* A buffer and its memory (host: mapped, coherent). */
+typedef struct kvc_vk__buf {
+    VkBuffer buffer;
+    VkDeviceMemory memory;
+    VkDeviceSize size;
+    void *mapped;
+} kvc_vk__buf;
+
+/* Frees what b holds (any part may be null) and zeroes it. */
+static void kvc_vk__buf_destroy(const kvc_vk_context *c, kvc_vk__buf *b) {
+    if (b->mapped) c->fn.vkUnmapMemory(c->device, b->memory);
+    if (b->buffer) c->fn.vkDestroyBuffer(c->device, b->buffer, c->vk_alloc);
+    if (b->memory) c->fn.vkFreeMemory(c->device, b->memory, c->vk_alloc);
+    memset(b, 0, sizeof(*b));
+}
+
+static kvc_result kvc_vk__buf_create(kvc_vk_context *c, VkDeviceSize size, VkBufferUsageFlags usage, int host,
+                                     kvc_vk__buf *b) {
+    VkBufferCreateInfo bi;
+    VkMemoryRequirements req;
+    VkMemoryAllocateInfo ai;
+    VkMemoryPropertyFlags want = host ? (VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
+                                      : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+    uint32_t i, type = UINT32_MAX;
+    kvc_result r;
+    memset(b, 0, sizeof(*b));
+    size = (size + 15) & ~(VkDeviceSize)15; /* shaders read 16-byte vectors */
+    if (size == 0) size = 16;
+    memset(&bi, 0, sizeof(bi));
+    bi.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
+    bi.size = size;
+    bi.usage = usage;
+    bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    if ((r = kvc_vk__vr(c->fn.vkCreateBuffer(c->device, &bi, c->vk_alloc, &b->buffer))) != KVC_OK) {
+        b->buffer = VK_NULL_HANDLE;
+        return r;
+    }
+    c->fn.vkGetBufferMemoryRequirements(c->device, b->buffer, &req);
+    for (i = 0; i < c->mem.memoryTypeCount && type == UINT32_MAX; ++i)
+        if ((req.memoryTypeBits & (1u << i)) && (c->mem.memoryTypes[i].propertyFlags & want) == want) type = i;
+    if (type == UINT32_MAX && !host) /* no device-local type (some software drivers): any */
+        for (i = 0; i < c->mem.memoryTypeCount && type == UINT32_MAX; ++i)
+            if (req.memoryTypeBits & (1u << i)) type = i;
+    if (type == UINT32_MAX) { kvc_vk__buf_destroy(c, b); return KVC_ERR_UNSUPPORTED; }
+    memset(&ai, 0, sizeof(ai));
+    ai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
+    ai.allocationSize = req.size;
+    ai.memoryTypeIndex = type;
+    if ((r = kvc_vk__vr(c->fn.vkAllocateMemory(c->device, &ai, c->vk_alloc, &b->memory))) != KVC_OK) {
+        b->memory = VK_NULL_HANDLE;
+        kvc_vk__buf_destroy(c, b);
+        return r;
+    }
+    if ((r = kvc_vk__vr(c->fn.vkBindBufferMemory(c->device, b->buffer, b->memory, 0))) != KVC_OK ||
+        (host && (r = kvc_vk__vr(c->fn.vkMapMemory(c->device, b->memory, 0, VK_WHOLE_SIZE, 0, &b->mapped))) != KVC_OK)) {
+        kvc_vk__buf_destroy(c, b);
+        return r;
+    }
+    b->size = size;
+    return KVC_OK;
+}
+
+#define KVC_VK__USAGE (VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+
+
+/* Barriers. Their scopes are as narrow as the work they order: on the H200 a barrier whose
+   destination was every stage and every read (VK_ACCESS_MEMORY_READ_BIT) cost about 2 us
+   even with nothing to wait for, as much as a small attention call's tiles; these two cost
+   nothing measurable there (bench_vk, a call with its dispatches removed: 4.2 -> 0.0 us). */
+static void kvc_vk__barrier_scoped(const kvc_vk_context *c, VkCommandBuffer cmd, VkPipelineStageFlags src_stages,
+                                   VkAccessFlags src_access) {
+    VkMemoryBarrier mb;
+    memset(&mb, 0, sizeof(mb));
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = src_access;
+    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                       VK_ACCESS_TRANSFER_WRITE_BIT;
+    c->fn.vkCmdPipelineBarrier(cmd, src_stages, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0,
+                               1, &mb, 0, NULL, 0, NULL);
+}
+
+/* Between the library's own steps: its compute shaders and transfers. */
+static void kvc_vk__barrier(const kvc_vk_context *c, VkCommandBuffer cmd) {
+    kvc_vk__barrier_scoped(c, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                           VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+}
+
+/* At the start of a call: every earlier write, by any stage (the caller's kernels that
+   wrote q, k, v included), before the call's shaders and transfers. */
+static void kvc_vk__barrier_in(const kvc_vk_context *c, VkCommandBuffer cmd) {
+    kvc_vk__barrier_scoped(c, cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT);
+}
+
+
+/* ---- The device pool: page buffers, pipelines, metadata mirror, page events ------- */
+
+enum { KVC_VK__SPLIT = 0, KVC_VK__MERGE, KVC_VK__WRITE_K, KVC_VK__WRITE_V, KVC_VK__READ_K, KVC_VK__READ_V,
+       KVC_VK__COPY, KVC_VK__N_FIXED };
+#define KVC_VK__MAX_VARIANTS 8 /* attention pipelines kept per pool (one per GQA group size) */
+#define KVC_VK__CHUNK_WORDS 1024 /* metadata is compared and uploaded in 4 KiB pieces */
+
+typedef struct kvc_vk__variant { uint32_t key; VkPipeline pipe; } kvc_vk__variant;
+
+struct kvc_vk_pool {
+    kvc_vk_context *ctx;
+    kvc_pool *host;
+    int32_t n_layers, page_cells, max_pages, n_kv_heads, hdk, hdv;
+    kvc_type tk, tv;
+    uint32_t k_row, v_row;            /* bytes of one cell, one layer */
+    kvc_vk__buf *kbuf, *vbuf;       /* [n_layers] */
+    VkDescriptorSetLayout dsl;
+    VkPipelineLayout layout;
+    VkShaderModule modules[KVC_VK__MODULE_COUNT]; /* those the pool uses */
+    kvc_vk__module split_module;      /* the CUDA-core split pass: the variant for this device and types */
+    VkPipeline fixed[KVC_VK__N_FIXED];
+    kvc_vk__variant split[KVC_VK__MAX_VARIANTS], merge[KVC_VK__MAX_VARIANTS];
+    int use_subgroup;
+    uint32_t features;                /* KVC_VK_FEATURE_* the pool uses */
+    int use_cm;                       /* attn_split_cm for GQA groups of up to 8 heads */
+    int32_t max_splits;
+    /* device scratch that grows: the old buffer stays alive (work in flight may use it)
+       until the pool is destroyed */
+    kvc_vk__buf meta, part, tmp;
+    kvc_vk__buf *retired;
+    int32_t n_retired, cap_retired;
+    uint32_t *shadow;                 /* what meta holds once the recorded work has run */
+    size_t shadow_words;              /* valid words of shadow (0: unknown) */
+    uint32_t *build;                  /* the next call's metadata */
+    size_t build_cap;
+    /* page events queued by the host pool, replayed by the next command */
+    kvc_page_event *events;
+    int32_t n_events, cap_events;
+    int failed;                       /* an event could not be queued: KVC_ERR_NO_MEMORY from now on */
+    VkBufferCopy *regions;
+    size_t cap_regions;
+    uint32_t *seen;                   /* a bit per cell of the pool: RoPE runs rotate a cell once */
+};
+
+static void kvc_vk__on_event(void *user, const kvc_page_event *ev) {
+    kvc_vk_pool *p = (kvc_vk_pool *)user;
+    if (p->n_events == p->cap_events) {
+        int32_t cap = p->cap_events ? p->cap_events * 2 : 256;
+        kvc_page_event *e = (kvc_page_event *)kvc_vk__alloc(&p->ctx->alloc, sizeof(*e) * (size_t)cap);
+        if (e == NULL) { p->failed = 1; return; }
+        if (p->n_events) memcpy(e, p->events, sizeof(*e) * (size_t)p->n_events);
+        kvc_vk__free(&p->ctx->alloc, p->events);
+        p->events = e;
+        p->cap_events = cap;
+    }
+    p->events[p->n_events++] = *ev;
+}
+
+/* Creates the pool's shader module m. */
+static kvc_result kvc_vk__module_create(kvc_vk_pool *p, kvc_vk__module m) {
+    VkShaderModuleCreateInfo ci;
+    size_t n_words;
+    memset(&ci, 0, sizeof(ci));
+    ci.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO;
+    ci.pCode = kvc_vk__spirv(m, &n_words);
+    ci.codeSize = n_words * 4;
+    return kvc_vk__vr(p->ctx->fn.vkCreateShaderModule(p->ctx->device, &ci, p->ctx->vk_alloc, &p->modules[m]));
+}
+
+/* unchecked: no buffer bounds checks, where the device lets us say so per pipeline
+   (VK_EXT_pipeline_robustness enabled) and the pool does not disable the feature; the other
+   pipelines (all of them, where the pool disables it) then ask for robust buffer
+   access by name, which is what NVIDIA's driver gives every pipeline without the extension
+   (and what it no longer gives a pipeline that does not ask, once the extension is on).
+   Unchecked: the tensor-core split pass and the merge, whose every index is in range by
+   construction; on an H200 the checks (a compare and selects per load) cost f16 decode
+   attention 3-6 %. The CUDA-core split keeps them: without, q4_0 ran 3.5 % slower there
+   (scheduled differently by the driver's compiler) and q8_0 1 % faster. */
+static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint32_t *spec, uint32_t n_spec,
+                                   int unchecked, VkPipeline *out) {
+    VkSpecializationMapEntry map[16];
+    VkSpecializationInfo si;
+    VkComputePipelineCreateInfo ci;
+#ifdef VK_EXT_pipeline_robustness
+    VkPipelineRobustnessCreateInfoEXT rob;
+#endif
+    uint32_t i;
+    /* spec[i] is the constant of id i: the generated enums number each shader's ids from 0 */
+    for (i = 0; i < n_spec; ++i) { map[i].constantID = i; map[i].offset = 4 * i; map[i].size = 4; }
+    si.mapEntryCount = n_spec;
+    si.pMapEntries = map;
+    si.dataSize = 4 * n_spec;
+    si.pData = spec;
+    memset(&ci, 0, sizeof(ci));
+    ci.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO;
+    ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
+    ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+    ci.stage.module = m;
+    ci.stage.pName = "main";
+    ci.stage.pSpecializationInfo = &si;
+    ci.layout = p->layout;
+    if (p->ctx->stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
+#ifdef VK_EXT_pipeline_robustness
+    if (p->ctx->enabled & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) {
+        VkPipelineRobustnessBufferBehaviorEXT b = unchecked && (p->features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS)
+                                                      ? VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DISABLED_EXT
+                                                            : VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_ROBUST_BUFFER_ACCESS_EXT;
+        memset(&rob, 0, sizeof(rob));
+        rob.sType = VK_STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT;
+        rob.storageBuffers = b;
+        rob.uniformBuffers = b;
+        rob.vertexInputs = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DEVICE_DEFAULT_EXT;
+        rob.images = VK_PIPELINE_ROBUSTNESS_IMAGE_BEHAVIOR_DEVICE_DEFAULT_EXT;
+        ci.pNext = &rob;
+    }
+#else
+    (void)unchecked;
+#endif
+    return kvc_vk__vr(p->ctx->fn.vkCreateComputePipelines(p->ctx->device, VK_NULL_HANDLE, 1, &ci, p->ctx->vk_alloc, out));
+}
+
+/* The attention kernel's shape: a block of WG cells per step (one invocation per cell for
+   the scores), SEGK key values decoded at a time, EVT output values per invocation. */
+#define KVC_VK__WG 128u
+static uint32_t kvc_vk__segk(int32_t hdk) { return hdk % 8 == 0 ? 8u : hdk % 2 == 0 ? 2u : 1u; }
+static uint32_t kvc_vk__evt(int32_t hdv, uint32_t group) {
+    uint32_t e = 1;
+    while (e < (uint32_t)hdv && ((uint64_t)group * (uint32_t)hdv / e > KVC_VK__WG || (uint32_t)hdv % e)) e *= 2;
+    return (uint32_t)hdv % e || (uint64_t)group * (uint32_t)hdv / e > KVC_VK__WG ? (uint32_t)hdv : e;
+}
+
+static kvc_result kvc_vk__grow(kvc_vk_pool *p, kvc_vk__buf *b, size_t bytes, int *grown) {
+    kvc_result r;
+    kvc_vk__buf nb;
+    *grown = 0;
+    if (b->buffer && b->size >= bytes) return KVC_OK;
+    if (p->n_retired == p->cap_retired) {
+        int32_t cap = p->cap_retired ? 2 * p->cap_retired : 8;
+        kvc_vk__buf *nr = (kvc_vk__buf *)kvc_vk__alloc(&p->ctx->alloc, sizeof(*nr) * (size_t)cap);
+        if (nr == NULL) return KVC_ERR_NO_MEMORY;
+        if (p->n_retired) memcpy(nr, p->retired, sizeof(*nr) * (size_t)p->n_retired);
+        kvc_vk__free(&p->ctx->alloc, p->retired);
+        p->retired = nr;
+        p->cap_retired = cap;
+    }
+    if (b->buffer && bytes < 2 * b->size) bytes = 2 * b->size;
+    if ((r = kvc_vk__buf_create(p->ctx, bytes, KVC_VK__USAGE, 0, &nb)) != KVC_OK) return r;
+    if (b->buffer) p->retired[p->n_retired++] = *b;
+    *b = nb;
+    *grown = 1;
+    return KVC_OK;
+}
+
+/* Room for `words` words of metadata in the build area. */
+static kvc_result kvc_vk__reserve(kvc_vk_pool *p, size_t words) {
+    uint32_t *nb, *ns;
+    size_t cap;
+    words = (words + KVC_VK__CHUNK_WORDS - 1) / KVC_VK__CHUNK_WORDS * KVC_VK__CHUNK_WORDS;
+    if (words <= p->build_cap) return KVC_OK;
+    cap = words > 2 * p->build_cap ? words : 2 * p->build_cap;
+    nb = (uint32_t *)kvc_vk__alloc(&p->ctx->alloc, cap * 4);
+    ns = (uint32_t *)kvc_vk__alloc(&p->ctx->alloc, cap * 4);
+    if (nb == NULL || ns == NULL) { kvc_vk__free(&p->ctx->alloc, nb); kvc_vk__free(&p->ctx->alloc, ns); return KVC_ERR_NO_MEMORY; }
+    if (p->shadow_words) memcpy(ns, p->shadow, p->shadow_words * 4);
+    kvc_vk__free(&p->ctx->alloc, p->build);
+    kvc_vk__free(&p->ctx->alloc, p->shadow);
+    p->build = nb;
+    p->shadow = ns;
+    p->build_cap = cap;
+    return KVC_OK;
+}
+
+/* Make the device meta buffer hold build[0, words): upload the 4 KiB pieces that differ
+   from what it will hold by then. Returns whether anything was recorded. */
+static kvc_result kvc_vk__upload_meta(kvc_vk_pool *p, VkCommandBuffer cmd, size_t words) {
+    size_t w;
+    int grown, any = 0;
+    kvc_result r = kvc_vk__grow(p, &p->meta, KVC_VK__CHUNK_WORDS * 4 * ((words + KVC_VK__CHUNK_WORDS - 1) / KVC_VK__CHUNK_WORDS) + 16, &grown);
+    if (r != KVC_OK) return r;
+    if (grown) p->shadow_words = 0;
+    for (w = 0; w < words; w += KVC_VK__CHUNK_WORDS) {
+        size_t n = words - w < KVC_VK__CHUNK_WORDS ? words - w : KVC_VK__CHUNK_WORDS;
+        if (w + n <= p->shadow_words && memcmp(p->build + w, p->shadow + w, n * 4) == 0) continue;
+        p->ctx->fn.vkCmdUpdateBuffer(cmd, p->meta.buffer, w * 4, n * 4, p->build + w);
+        memcpy(p->shadow + w, p->build + w, n * 4);
+        any = 1;
+    }
+    if (words > p->shadow_words) p->shadow_words = words;
+    if (any) kvc_vk__barrier(p->ctx, cmd);
+    return KVC_OK;
+}
+
+static void kvc_vk__push(kvc_vk_pool *p, VkCommandBuffer cmd, VkPipeline pipe, const VkBuffer *bufs, uint32_t n,
+                         const void *pc, uint32_t pc_bytes) {
+    VkDescriptorBufferInfo bi[8];
+    VkWriteDescriptorSet w[8];
+    uint32_t i;
+    for (i = 0; i < n; ++i) {
+        bi[i].buffer = bufs[i];
+        bi[i].offset = 0;
+        bi[i].range = VK_WHOLE_SIZE;
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+        w[i].dstBinding = i;
+        w[i].descriptorCount = 1;
+        w[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        w[i].pBufferInfo = &bi[i];
+    }
+    p->ctx->fn.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
+    p->ctx->fn.vkCmdPushDescriptorSetKHR(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, n, w);
+    p->ctx->fn.vkCmdPushConstants(cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, pc_bytes, pc);
+}
+
+/* A 1-D range of n invocations of 64-wide workgroups, folded into y past the x limit. */
+static void kvc_vk__dispatch_1d(kvc_vk_pool *p, VkCommandBuffer cmd, uint64_t n) {
+    uint64_t groups = (n + 63) / 64, x = groups < 65535 ? groups : 65535, y = (groups + x - 1) / x;
+    if (groups) p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)x, (uint32_t)y, 1);
+}
+
+static void kvc_vk__pool_free(kvc_vk_pool *p) {
+    kvc_vk_context *c = p->ctx;
+    int32_t i;
+    for (i = 0; i < KVC_VK__N_FIXED; ++i) if (p->fixed[i]) c->fn.vkDestroyPipeline(c->device, p->fixed[i], c->vk_alloc);
+    for (i = 0; i < KVC_VK__MAX_VARIANTS; ++i) {
+        if (p->split[i].pipe) c->fn.vkDestroyPipeline(c->device, p->split[i].pipe, c->vk_alloc);
+        if (p->merge[i].pipe) c->fn.vkDestroyPipeline(c->device, p->merge[i].pipe, c->vk_alloc);
+    }
+    for (i = 0; i < KVC_VK__MODULE_COUNT; ++i) if (p->modules[i]) c->fn.vkDestroyShaderModule(c->device, p->modules[i], c->vk_alloc);
+    if (p->layout) c->fn.vkDestroyPipelineLayout(c->device, p->layout, c->vk_alloc);
+    if (p->dsl) c->fn.vkDestroyDescriptorSetLayout(c->device, p->dsl, c->vk_alloc);
+    for (i = 0; p->kbuf && i < p->n_layers; ++i) {
+        kvc_vk__buf_destroy(c, &p->kbuf[i]);
+        kvc_vk__buf_destroy(c, &p->vbuf[i]);
+    }
+    kvc_vk__buf_destroy(c, &p->meta);
+    kvc_vk__buf_destroy(c, &p->part);
+    kvc_vk__buf_destroy(c, &p->tmp);
+    for (i = 0; i < p->n_retired; ++i) kvc_vk__buf_destroy(c, &p->retired[i]);
+    kvc_vk__free(&c->alloc, p->retired);
+    kvc_vk__free(&c->alloc, p->kbuf);
+    kvc_vk__free(&c->alloc, p->build);
+    kvc_vk__free(&c->alloc, p->shadow);
+    kvc_vk__free(&c->alloc, p->events);
+    kvc_vk__free(&c->alloc, p->regions);
+    kvc_vk__free(&c->alloc, p->seen);
+    if (p->host) kvc_pool_destroy(p->host);
+    kvc_vk__free(&c->alloc, p);
+}
+
+KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *cfg, const kvc_vk_pool_options *opts,
+                                     kvc_vk_pool **out) {
+    kvc_pool_config hc;
+    kvc_vk_pool *p;
+    kvc_result r;
+    VkDescriptorSetLayoutBinding b[8];
+    VkDescriptorSetLayoutCreateInfo dci;
+    VkPushConstantRange pcr;
+    VkPipelineLayoutCreateInfo lci;
+    uint32_t i, write_spec[KVC_VK__ROWS_WRITE_COUNT], read_spec[KVC_VK__ROWS_READ_COUNT];
+    size_t kbytes, vbytes;
+    if (c == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    if (cfg->hooks.event != NULL || cfg->hooks.external_data || cfg->arena != NULL) return KVC_ERR_INVALID;
+    hc = *cfg;
+    p = (kvc_vk_pool *)kvc_vk__alloc(&c->alloc, sizeof(*p));
+    if (p == NULL) return KVC_ERR_NO_MEMORY;
+    memset(p, 0, sizeof(*p));
+    p->ctx = c;
+    hc.hooks.event = kvc_vk__on_event;
+    hc.hooks.user = p;
+    hc.hooks.external_data = 1;
+    if ((r = kvc_pool_create(&hc, &p->host)) != KVC_OK) { kvc_vk__free(&c->alloc, p); return r; }
+    p->n_layers = cfg->n_layers;
+    p->page_cells = p->host->page_cells;
+    p->max_pages = p->host->max_pages;
+    p->n_kv_heads = cfg->n_kv_heads;
+    p->hdk = cfg->head_dim_k;
+    p->hdv = cfg->head_dim_v;
+    p->tk = cfg->type_k;
+    p->tv = cfg->type_v;
+    p->k_row = (uint32_t)p->host->k_row;
+    p->v_row = (uint32_t)p->host->v_row;
+    p->max_splits = opts && opts->max_splits > 0 ? opts->max_splits : 256;
+    if (p->max_splits > 256) p->max_splits = 256; /* attn_merge.comp's shared weights */
+    /* what the shaders can address: 4-byte rows, even f16/bf16 heads, buffers in range */
+    kbytes = p->host->page_k_bytes * (size_t)p->max_pages;
+    vbytes = p->host->page_v_bytes * (size_t)p->max_pages;
+    if (p->k_row % 4 || p->v_row % 4 || kbytes > c->props.limits.maxStorageBufferRange ||
+        vbytes > c->props.limits.maxStorageBufferRange || (int)p->tk > 4 || (int)p->tv > 4) {
+        kvc_vk__pool_free(p);
+        return KVC_ERR_UNSUPPORTED;
+    }
+    p->kbuf = (kvc_vk__buf *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
+    if (p->kbuf) memset(p->kbuf, 0, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
+    p->seen = (uint32_t *)kvc_vk__alloc(&c->alloc, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
+    if (p->kbuf == NULL || p->seen == NULL) { kvc_vk__pool_free(p); return KVC_ERR_NO_MEMORY; }
+    memset(p->seen, 0, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
+    p->vbuf = p->kbuf + p->n_layers;
+    for (i = 0; i < (uint32_t)p->n_layers; ++i)
+        if ((r = kvc_vk__buf_create(c, kbytes, KVC_VK__USAGE, 0, &p->kbuf[i])) != KVC_OK ||
+            (r = kvc_vk__buf_create(c, vbytes, KVC_VK__USAGE, 0, &p->vbuf[i])) != KVC_OK) {
+            kvc_vk__pool_free(p);
+            return r;
+        }
+    for (i = 0; i < 8; ++i) {
+        memset(&b[i], 0, sizeof(b[i]));
+        b[i].binding = i;
+        b[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        b[i].descriptorCount = 1;
+        b[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    }
+    memset(&dci, 0, sizeof(dci));
+    dci.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
+    dci.flags = VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR;
+    dci.bindingCount = 8;
+    dci.pBindings = b;
+    pcr.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    pcr.offset = 0;
+    pcr.size = 64;
+    memset(&lci, 0, sizeof(lci));
+    lci.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO;
+    lci.setLayoutCount = 1;
+    lci.pSetLayouts = &p->dsl;
+    lci.pushConstantRangeCount = 1;
+    lci.pPushConstantRanges = &pcr;
+    p->use_subgroup = !(opts && opts->no_subgroup) && c->subgroup_arith;
+    p->features = c->active & ~(opts ? opts->disable_features : 0u);
+    /* q8_0 keys: the variant with packed dot products where the device has them (the same
+       shader otherwise; it declares the capability, so only such devices get it) */
+    p->split_module = !p->use_subgroup ? KVC_VK__MODULE_ATTN_SPLIT
+                      : (p->features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) && p->tk == KVC_TYPE_Q8_0
+                          ? KVC_VK__MODULE_ATTN_SPLIT_SG_DOT
+                          : KVC_VK__MODULE_ATTN_SPLIT_SG;
+    if ((r = kvc_vk__vr(c->fn.vkCreateDescriptorSetLayout(c->device, &dci, c->vk_alloc, &p->dsl))) != KVC_OK ||
+        (r = kvc_vk__vr(c->fn.vkCreatePipelineLayout(c->device, &lci, c->vk_alloc, &p->layout))) != KVC_OK ||
+        (r = kvc_vk__module_create(p, p->split_module)) != KVC_OK ||
+        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ATTN_MERGE)) != KVC_OK ||
+        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_WRITE)) != KVC_OK ||
+        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_READ)) != KVC_OK) {
+        kvc_vk__pool_free(p);
+        return r;
+    }
+#ifdef KVCACHE_VK_HELPERS /* kvc_vk_cmd_copy's kernel */
+    if ((r = kvc_vk__module_create(p, KVC_VK__MODULE_COPY)) != KVC_OK ||
+        (r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_COPY], NULL, 0, 0, &p->fixed[KVC_VK__COPY])) != KVC_OK) {
+        kvc_vk__pool_free(p);
+        return r;
+    }
+#endif
+    for (i = 0; i < 2; ++i) { /* K, then V */
+        write_spec[KVC_VK__ROWS_WRITE_TYPE] = (uint32_t)(i ? p->tv : p->tk);
+        if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_WRITE], write_spec, KVC_VK__ROWS_WRITE_COUNT, 0,
+                                  &p->fixed[i ? KVC_VK__WRITE_V : KVC_VK__WRITE_K])) != KVC_OK) {
+            kvc_vk__pool_free(p);
+            return r;
+        }
+        read_spec[KVC_VK__ROWS_READ_TYPE] = (uint32_t)(i ? p->tv : p->tk);
+        read_spec[KVC_VK__ROWS_READ_HD] = (uint32_t)(i ? p->hdv : p->hdk);
+        if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_READ], read_spec, KVC_VK__ROWS_READ_COUNT, 0,
+                                  &p->fixed[i ? KVC_VK__READ_V : KVC_VK__READ_K])) != KVC_OK) {
+            kvc_vk__pool_free(p);
+            return r;
+        }
+    }
+    /* the tensor-core split pass: f16 K and V, head dims of whole 16 x 16 tiles up to 128 */
+    p->use_cm = (p->features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) && p->tk == KVC_TYPE_F16 &&
+                p->tv == KVC_TYPE_F16 && p->hdk % 16 == 0 && p->hdv % 16 == 0 && p->hdk <= 128 && p->hdv <= 128;
+    if (p->use_cm && (r = kvc_vk__module_create(p, KVC_VK__MODULE_ATTN_SPLIT_CM)) != KVC_OK) {
+        kvc_vk__pool_free(p);
+        return r;
+    }
+    c->live_pools++;
+    *out = p;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_pool_destroy(kvc_vk_pool *p) {
+    kvc_vk_context *c;
+    kvc_pool_stats st;
+    if (p == NULL) return KVC_ERR_NULL;
+    memset(&st, 0, sizeof(st));
+    kvc_pool_stats_get(p->host, &st);
+    if (st.live_caches || st.live_snapshots || st.live_prefixes) return KVC_ERR_BUSY;
+    c = p->ctx;
+    kvc_vk__pool_free(p);
+    c->live_pools--;
+    return KVC_OK;
+}
+
+KVCDEF kvc_pool *kvc_vk_pool_host(const kvc_vk_pool *p) { return p ? p->host : NULL; }
+
+KVCDEF kvc_result kvc_vk_pool_page_buffers(const kvc_vk_pool *p, int32_t layer, VkBuffer *k, VkBuffer *v) {
+    if (p == NULL) return KVC_ERR_NULL;
+    if (layer < 0 || layer >= p->n_layers) return KVC_ERR_RANGE;
+    if (k) *k = p->kbuf[layer].buffer;
+    if (v) *v = p->vbuf[layer].buffer;
+    return KVC_OK;
+}
+
+/* ---- Page events on the GPU --------------------------------------------------------- */
+
+static int kvc_vk__same_rope(const kvc_page_event *a, const kvc_page_event *b) {
+    return a->kind == KVC_PAGE_ROPE && b->kind == KVC_PAGE_ROPE && a->new_pos - a->old_pos == b->new_pos - b->old_pos &&
+           a->rope->style == b->rope->style && a->rope->theta == b->rope->theta && a->rope->n_dims == b->rope->n_dims;
+}
+
+/* copies i0..i1-1 as one vkCmdCopyBuffer per buffer: no copy of the run may read cells an
+   earlier one writes, or write cells an earlier one reads or writes */
+static int32_t kvc_vk__copy_run_end(const kvc_vk_pool *p, int32_t i0) {
+    int32_t i, j;
+    for (i = i0 + 1; i < p->n_events && p->events[i].kind == KVC_PAGE_COPY; ++i) {
+        const kvc_page_event *e = &p->events[i];
+        for (j = i0; j < i; ++j) {
+            const kvc_page_event *f = &p->events[j];
+            if (e->src_page == f->page || e->page == f->page || e->page == f->src_page) return i;
+        }
+    }
+    return i;
+}
+
+static kvc_result kvc_vk__ensure_regions(kvc_vk_pool *p, size_t n) {
+    VkBufferCopy *r;
+    if (n <= p->cap_regions) return KVC_OK;
+    r = (VkBufferCopy *)kvc_vk__alloc(&p->ctx->alloc, sizeof(*r) * n * 2);
+    if (r == NULL) return KVC_ERR_NO_MEMORY;
+    kvc_vk__free(&p->ctx->alloc, p->regions);
+    p->regions = r;
+    p->cap_regions = n * 2;
+    return KVC_OK;
+}
+
+typedef struct kvc_vk__rows_pc { uint32_t n_rows, row_words, src_off, src_stride, src_f16, list_off; } kvc_vk__rows_pc;
+typedef struct kvc_vk__read_pc {
+    uint32_t n_rows, row_elems, row_bytes, out_off, list_off, rope, rope_dims, table_off;
+} kvc_vk__read_pc;
+
+/* RoPE shift of events i0..i1-1 (same delta and rope): per layer, decode + rotate the
+   keys into tmp as f32, then encode them back. */
+static kvc_result kvc_vk__replay_rope(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t i0, int32_t i1) {
+    const kvc_page_event *e0 = &p->events[i0];
+    const kvc_rope *rope = e0->rope;
+    int32_t n = 0, i, l, half = rope->n_dims / 2, nk = p->n_kv_heads * p->hdk, delta = e0->new_pos - e0->old_pos;
+    size_t words;
+    int grown;
+    kvc_result r;
+    for (i = i0; i < i1; ++i) n += p->events[i].n_cells;
+    words = (size_t)n + 2 * (size_t)half;
+    if ((r = kvc_vk__reserve(p, words)) != KVC_OK) return r;
+    if ((r = kvc_vk__grow(p, &p->tmp, (size_t)n * (size_t)nk * 4, &grown)) != KVC_OK) return r;
+    n = 0;
+    for (i = i0; i < i1; ++i) {
+        int32_t k;
+        for (k = 0; k < p->events[i].n_cells; ++k)
+            p->build[n++] = p->events[i].page * (uint32_t)p->page_cells + (uint32_t)(p->events[i].cell + k);
+    }
+    for (i = 0; i < half; ++i) { /* the angles in double, as kvcache.h computes them */
+        double angle = (double)delta * pow((double)rope->theta, -2.0 * i / rope->n_dims);
+        float cs = (float)cos(angle), sn = (float)sin(angle);
+        memcpy(&p->build[n + 2 * i], &cs, 4);
+        memcpy(&p->build[n + 2 * i + 1], &sn, 4);
+    }
+    if ((r = kvc_vk__upload_meta(p, cmd, words)) != KVC_OK) return r;
+    for (l = 0; l < p->n_layers; ++l) {
+        kvc_vk__read_pc rp;
+        kvc_vk__rows_pc wp;
+        VkBuffer rb[3], wb[3];
+        rp.n_rows = (uint32_t)n;
+        rp.row_elems = (uint32_t)nk;
+        rp.row_bytes = p->k_row;
+        rp.out_off = 0;
+        rp.list_off = 0;
+        rp.rope = (uint32_t)rope->style;
+        rp.rope_dims = (uint32_t)rope->n_dims;
+        rp.table_off = (uint32_t)n;
+        rb[0] = p->kbuf[l].buffer; rb[1] = p->tmp.buffer; rb[2] = p->meta.buffer;
+        kvc_vk__push(p, cmd, p->fixed[KVC_VK__READ_K], rb, 3, &rp, sizeof(rp));
+        kvc_vk__dispatch_1d(p, cmd, (uint64_t)n * (uint64_t)nk);
+        kvc_vk__barrier(p->ctx, cmd);
+        wp.n_rows = (uint32_t)n;
+        wp.row_words = p->k_row / 4;
+        wp.src_off = 0;
+        wp.src_stride = (uint32_t)nk;
+        wp.src_f16 = 0;
+        wp.list_off = 0;
+        wb[0] = p->kbuf[l].buffer; wb[1] = p->tmp.buffer; wb[2] = p->meta.buffer;
+        kvc_vk__push(p, cmd, p->fixed[KVC_VK__WRITE_K], wb, 3, &wp, sizeof(wp));
+        kvc_vk__dispatch_1d(p, cmd, (uint64_t)n * wp.row_words);
+        kvc_vk__barrier(p->ctx, cmd);
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_cmd_sync(kvc_vk_pool *p, VkCommandBuffer cmd) {
+    int32_t i = 0, j, l;
+    kvc_result r;
+    if (p == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    if (p->failed) return KVC_ERR_NO_MEMORY;
+    kvc_vk__barrier_in(p->ctx, cmd);
+    while (i < p->n_events) {
+        const kvc_page_event *e = &p->events[i];
+        if (e->kind == KVC_PAGE_COPY) {
+            int32_t end = kvc_vk__copy_run_end(p, i);
+            if ((r = kvc_vk__ensure_regions(p, (size_t)(end - i))) != KVC_OK) return r;
+            for (l = 0; l < p->n_layers; ++l) {
+                int t;
+                for (t = 0; t < 2; ++t) {
+                    VkDeviceSize row = t ? p->v_row : p->k_row;
+                    for (j = i; j < end; ++j) {
+                        const kvc_page_event *f = &p->events[j];
+                        VkBufferCopy *rg = &p->regions[j - i];
+                        rg->srcOffset = ((VkDeviceSize)f->src_page * (VkDeviceSize)p->page_cells + (VkDeviceSize)f->src_cell) * row;
+                        rg->dstOffset = ((VkDeviceSize)f->page * (VkDeviceSize)p->page_cells + (VkDeviceSize)f->cell) * row;
+                        rg->size = (VkDeviceSize)f->n_cells * row;
+                    }
+                    p->ctx->fn.vkCmdCopyBuffer(cmd, t ? p->vbuf[l].buffer : p->kbuf[l].buffer,
+                                               t ? p->vbuf[l].buffer : p->kbuf[l].buffer, (uint32_t)(end - i), p->regions);
+                }
+            }
+            i = end;
+        } else if (e->kind == KVC_PAGE_ZERO) {
+            for (l = 0; l < p->n_layers; ++l) {
+                VkDeviceSize cell = (VkDeviceSize)e->page * (VkDeviceSize)p->page_cells + (VkDeviceSize)e->cell;
+                p->ctx->fn.vkCmdFillBuffer(cmd, p->kbuf[l].buffer, cell * p->k_row, (VkDeviceSize)e->n_cells * p->k_row, 0);
+                p->ctx->fn.vkCmdFillBuffer(cmd, p->vbuf[l].buffer, cell * p->v_row, (VkDeviceSize)e->n_cells * p->v_row, 0);
+            }
+            i++;
+        } else {
+            /* one run: the same shift, each cell once (two removals in a row may
+               rotate a cell twice: those go in two runs, in order) */
+            int32_t end = i, k;
+            for (; end < p->n_events && kvc_vk__same_rope(e, &p->events[end]); ++end) {
+                const kvc_page_event *f = &p->events[end];
+                uint32_t g = f->page * (uint32_t)p->page_cells + (uint32_t)f->cell;
+                if (p->seen[g >> 5] >> (g & 31) & 1u) break;
+                p->seen[g >> 5] |= 1u << (g & 31);
+            }
+            for (k = i; k < end; ++k) {
+                uint32_t g = p->events[k].page * (uint32_t)p->page_cells + (uint32_t)p->events[k].cell;
+                p->seen[g >> 5] &= ~(1u << (g & 31));
+            }
+            if ((r = kvc_vk__replay_rope(p, cmd, i, end)) != KVC_OK) return r;
+            i = end;
+        }
+        kvc_vk__barrier(p->ctx, cmd);
+    }
+    p->n_events = 0;
+    return KVC_OK;
+}
+
+/* ---- Append ---------------------------------------------------------------------------- */
+
+static kvc_result kvc_vk__check_cache(const kvc_vk_pool *p, const kvc_cache *c, int32_t layer) {
+    if (p == NULL || c == NULL) return KVC_ERR_NULL;
+    if (c->pool != p->host) return KVC_ERR_FOREIGN;
+    if (layer < 0 || layer >= p->n_layers) return KVC_ERR_RANGE;
+    return p->failed ? KVC_ERR_NO_MEMORY : KVC_OK;
+}
+
+/* the cell id (page * page_cells + slot) of token t (CAUSAL: cell t) */
+static uint32_t kvc_vk__gid(const kvc_cache *c, int32_t t) {
+    int32_t pc = c->pool->page_cells, idx = c->cfg.kind == KVC_KIND_CAUSAL ? t / pc : kvc__lpage_index(c, t / pc);
+    KVCACHE_ASSERT(idx >= 0);
+    return c->pages[idx] * (uint32_t)pc + (uint32_t)(t % pc);
+}
+
+KVCDEF kvc_result kvc_vk_cmd_append(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_cache *c, int32_t layer,
+                                    const kvc_vk_tensor *k, const kvc_vk_tensor *v) {
+    int32_t n, first, i, t;
+    kvc_result r;
+    if ((r = kvc_vk__check_cache(p, c, layer)) != KVC_OK) return r;
+    if (cmd == VK_NULL_HANDLE || k == NULL || v == NULL || k->buffer == VK_NULL_HANDLE || v->buffer == VK_NULL_HANDLE)
+        return KVC_ERR_NULL;
+    if (k->offset % 4 || v->offset % 4 || (k->f16 && k->offset % 4) || (v->f16 && v->offset % 4)) return KVC_ERR_INVALID;
+    if (!kvc__batch_open(c)) return KVC_ERR_STATE;
+    n = c->cfg.kind == KVC_KIND_CAUSAL ? c->batch_n : c->offset - c->batch_begin;
+    first = c->cfg.kind == KVC_KIND_CAUSAL ? c->batch_loc : c->batch_begin;
+    if ((r = kvc_vk__reserve(p, (size_t)n)) != KVC_OK) return r;
+    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
+    for (i = 0, t = first; i < n; ++i, ++t) p->build[i] = kvc_vk__gid(c, t);
+    if ((r = kvc_vk__upload_meta(p, cmd, (size_t)n)) != KVC_OK) return r;
+    for (i = 0; i < 2; ++i) {
+        const kvc_vk_tensor *src = i ? v : k;
+        kvc_vk__rows_pc wp;
+        VkBuffer b[3];
+        uint32_t elems = (uint32_t)p->n_kv_heads * (uint32_t)(i ? p->hdv : p->hdk);
+        wp.n_rows = (uint32_t)n;
+        wp.row_words = (i ? p->v_row : p->k_row) / 4;
+        wp.src_off = (uint32_t)(src->offset / (src->f16 ? 2 : 4));
+        wp.src_stride = elems;
+        wp.src_f16 = src->f16 ? 1u : 0u;
+        wp.list_off = 0;
+        b[0] = i ? p->vbuf[layer].buffer : p->kbuf[layer].buffer;
+        b[1] = src->buffer;
+        b[2] = p->meta.buffer;
+        kvc_vk__push(p, cmd, p->fixed[i ? KVC_VK__WRITE_V : KVC_VK__WRITE_K], b, 3, &wp, sizeof(wp));
+        kvc_vk__dispatch_1d(p, cmd, (uint64_t)n * wp.row_words);
+    }
+    return kvc_put(c, layer, NULL, NULL); /* the host side: the layer is written */
+}
+
+/* ---- Gather ---------------------------------------------------------------------------- */
+
+KVCDEF kvc_result kvc_vk_cmd_gather(kvc_vk_pool *p, VkCommandBuffer cmd, const kvc_cache *c, int32_t layer,
+                                    const kvc_vk_tensor *k, const kvc_vk_tensor *v, int32_t *pos,
+                                    int32_t max_cells, int32_t *n_cells) {
+    kvc__iter it;
+    kvc__run run;
+    int32_t n, cell, i;
+    kvc_result r;
+    if ((r = kvc_vk__check_cache(p, c, layer)) != KVC_OK) return r;
+    if (n_cells == NULL) return KVC_ERR_NULL;
+    if (max_cells < 0) return KVC_ERR_INVALID;
+    kvc_cache_cells(c, &n);
+    *n_cells = n;
+    if (k == NULL && v == NULL && pos == NULL) return KVC_OK;
+    if (n > max_cells) return KVC_ERR_RANGE;
+    if ((k || v) && cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    if ((k && (k->buffer == VK_NULL_HANDLE || k->offset % 4)) || (v && (v->buffer == VK_NULL_HANDLE || v->offset % 4)))
+        return KVC_ERR_INVALID;
+    if ((r = kvc_vk__reserve(p, (size_t)n)) != KVC_OK) return r;
+    n = 0;
+    kvc__iter_init(&it, c);
+    while (kvc__iter_next(&it, &run))
+        for (cell = run.c0; cell < run.c1; ++cell, ++n) {
+            p->build[n] = run.page * (uint32_t)p->page_cells + (uint32_t)cell;
+            if (pos) pos[n] = *kvc__pos_at(p->host, run.page, cell);
+        }
+    if (!k && !v) return KVC_OK;
+    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
+    /* the sync may have used the build area: list the cells again */
+    n = 0;
+    kvc__iter_init(&it, c);
+    while (kvc__iter_next(&it, &run))
+        for (cell = run.c0; cell < run.c1; ++cell) p->build[n++] = run.page * (uint32_t)p->page_cells + (uint32_t)cell;
+    if ((r = kvc_vk__upload_meta(p, cmd, (size_t)n)) != KVC_OK) return r;
+    for (i = 0; i < 2; ++i) {
+        const kvc_vk_tensor *dst = i ? v : k;
+        kvc_vk__read_pc rp;
+        VkBuffer b[3];
+        if (dst == NULL) continue;
+        memset(&rp, 0, sizeof(rp));
+        rp.n_rows = (uint32_t)n;
+        rp.row_elems = (uint32_t)p->n_kv_heads * (uint32_t)(i ? p->hdv : p->hdk);
+        rp.row_bytes = i ? p->v_row : p->k_row;
+        rp.out_off = (uint32_t)(dst->offset / 4);
+        b[0] = i ? p->vbuf[layer].buffer : p->kbuf[layer].buffer;
+        b[1] = dst->buffer;
+        b[2] = p->meta.buffer;
+        kvc_vk__push(p, cmd, p->fixed[i ? KVC_VK__READ_V : KVC_VK__READ_K], b, 3, &rp, sizeof(rp));
+        kvc_vk__dispatch_1d(p, cmd, (uint64_t)n * rp.row_elems);
+    }
+    return KVC_OK;
+}
+
+
+/* ---- Attention ------------------------------------------------------------------------- */
+
+typedef struct kvc_vk__split_pc {
+    uint32_t job_off, chunk, n_splits, k_row_bytes, v_row_bytes, page_cells;
+    float scale_log2;
+} kvc_vk__split_pc;
+
+/* Does a GQA group of `group` query heads per kv head run on attn_split_cm? */
+static int kvc_vk__cm(const kvc_vk_pool *p, uint32_t group) {
+    return p->use_cm && (group <= 4 ? (p->ctx->coopmat & 1) : group <= 8 && (p->ctx->coopmat & 2));
+}
+
+static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint32_t key, int merge, VkPipeline *out) {
+    uint32_t spec[KVC_VK__SPLIT_COUNT], merge_spec[KVC_VK__MERGE_COUNT];
+    int32_t i;
+    int cm;
+    kvc_result r;
+    for (i = 0; i < KVC_VK__MAX_VARIANTS && tab[i].pipe; ++i)
+        if (tab[i].key == key) { *out = tab[i].pipe; return KVC_OK; }
+    if (i == KVC_VK__MAX_VARIANTS) return KVC_ERR_UNSUPPORTED; /* that many GQA shapes on one pool */
+    if (!merge && key > KVC_VK__WG) return KVC_ERR_UNSUPPORTED;   /* GQA groups up to 128 heads */
+    if (merge) {
+        merge_spec[KVC_VK__MERGE_HDV] = (uint32_t)p->hdv;
+        merge_spec[KVC_VK__MERGE_N_HEADS] = key;
+        r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ATTN_MERGE], merge_spec, KVC_VK__MERGE_COUNT, 1, &tab[i].pipe);
+    } else {
+        spec[KVC_VK__SPLIT_TYPE_K] = (uint32_t)p->tk;
+        spec[KVC_VK__SPLIT_TYPE_V] = (uint32_t)p->tv;
+        spec[KVC_VK__SPLIT_HDK] = (uint32_t)p->hdk;
+        spec[KVC_VK__SPLIT_HDV] = (uint32_t)p->hdv;
+        spec[KVC_VK__SPLIT_G] = key;
+        spec[KVC_VK__SPLIT_SEGK] = kvc_vk__segk(p->hdk);
+        spec[KVC_VK__SPLIT_EVT] = kvc_vk__evt(p->hdv, key);
+        spec[KVC_VK__SPLIT_KV_HEADS] = (uint32_t)p->n_kv_heads;
+        spec[KVC_VK__SPLIT_WG] = KVC_VK__WG;
+        spec[KVC_VK__SPLIT_PAGE_CELLS] = (uint32_t)p->page_cells;
+        /* VQ: q8_0 / q4_0 V rows summed 8 values of every head at a time by cell groups (at least
+           two groups of whole slices of 8 values in a block) */
+        spec[KVC_VK__SPLIT_VQ] = (p->tv == KVC_TYPE_Q8_0 || p->tv == KVC_TYPE_Q4_0) && p->hdv % 32 == 0 && key <= 8 &&
+                   KVC_VK__WG % (uint32_t)(p->hdv / 8) == 0 && KVC_VK__WG / (uint32_t)(p->hdv / 8) >= 2;
+        cm = kvc_vk__cm(p, key); /* the tensor-core split runs unchecked */
+        r = kvc_vk__pipeline(p, p->modules[cm ? KVC_VK__MODULE_ATTN_SPLIT_CM : p->split_module], spec, KVC_VK__SPLIT_COUNT, cm, &tab[i].pipe);
+    }
+    if (r != KVC_OK) { tab[i].pipe = VK_NULL_HANDLE; return r; }
+    tab[i].key = key;
+    *out = tab[i].pipe;
+    return KVC_OK;
+}
+
+/* Check one item as kvc_attention would (a stand-in desc: q/out live on the device). */
+static kvc_result kvc_vk__check_item(const kvc_vk_pool *p, const kvc_vk_attention_item *it, int32_t layer) {
+    kvc_attention_desc d;
+    float dummy = 0.0f;
+    kvc_result r;
+    if ((r = kvc_vk__check_cache(p, it->cache, layer)) != KVC_OK) return r;
+    if (it->desc.q.buffer == VK_NULL_HANDLE || it->desc.out.buffer == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    if (it->desc.q.offset % 4 || it->desc.out.offset % 4 || it->desc.q.f16 || it->desc.out.f16) return KVC_ERR_INVALID;
+    memset(&d, 0, sizeof(d));
+    d.n_queries = it->desc.n_queries;
+    d.n_heads = it->desc.n_heads;
+    d.q = &dummy;
+    d.out = &dummy;
+    d.pos = it->desc.pos;
+    d.seq = it->desc.seq;
+    d.scale = it->desc.scale;
+    d.window = it->desc.window;
+    d.non_causal = it->desc.non_causal;
+    return kvc__check_attention(it->cache, layer, &d);
+}
+
+KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t layer,
+                                             const kvc_vk_attention_item *items, int32_t n_items) {
+    int32_t it, qi, n_heads, n_jobs = 0, max_view = 0, splits, chunk, pc, block, cm, groups;
+    size_t words, at, part_bytes;
+    uint32_t *job;
+    float scale;
+    VkPipeline split_pipe, merge_pipe;
+    kvc_vk__split_pc sp;
+    uint32_t mp[2];
+    VkBuffer b[8];
+    int grown;
+    kvc_result r;
+    if (p == NULL || items == NULL) return KVC_ERR_NULL;
+    if (cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    if (n_items < 1) return KVC_ERR_INVALID;
+    n_heads = items[0].desc.n_heads;
+    scale = items[0].desc.scale;
+    for (it = 0; it < n_items; ++it) {
+        if ((r = kvc_vk__check_item(p, &items[it], layer)) != KVC_OK) return r;
+        /* one q buffer, one out buffer, one head count and scale per dispatch */
+        if (items[it].desc.n_heads != n_heads || items[it].desc.scale != scale ||
+            items[it].desc.q.buffer != items[0].desc.q.buffer || items[it].desc.out.buffer != items[0].desc.out.buffer)
+            return KVC_ERR_INVALID;
+        if (n_jobs > 65535 - items[it].desc.n_queries) return KVC_ERR_RANGE;
+        n_jobs += items[it].desc.n_queries;
+    }
+    pc = p->page_cells;
+    /* sizes first (nothing recorded yet): jobs, then each item's page table and cell data */
+    words = (size_t)n_jobs * KVC_VK__JOB_STRIDE;
+    for (it = 0; it < n_items; ++it) {
+        const kvc_cache *c = items[it].cache;
+        words += (size_t)c->n_pages;
+        if (c->cfg.kind == KVC_KIND_CAUSAL) words += (size_t)c->capacity * (1 + (size_t)c->words);
+    }
+    if ((r = kvc_vk__reserve(p, words)) != KVC_OK) return r;
+    if ((r = kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads), 0, &split_pipe)) != KVC_OK) return r;
+    if ((r = kvc_vk__get_variant(p, p->merge, (uint32_t)n_heads, 1, &merge_pipe)) != KVC_OK) return r;
+    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
+    at = (size_t)n_jobs * KVC_VK__JOB_STRIDE;
+    job = p->build;
+    for (it = 0; it < n_items; ++it) {
+        const kvc_cache *c = items[it].cache;
+        const kvc_vk_attention_desc *d = &items[it].desc;
+        kvc_attention_desc cd;
+        size_t pt = at, cpos = 0, cseq = 0;
+        uint32_t nsink = 0, lp_base = 0;
+        kvc__ranges rg = kvc__view(c);
+        int32_t b1 = KVC__MAX(rg.b[1], rg.e[0]);
+        memset(&cd, 0, sizeof(cd));
+        cd.n_queries = d->n_queries;
+        cd.n_heads = d->n_heads;
+        cd.pos = d->pos;
+        cd.seq = d->seq;
+        cd.window = d->window;
+        cd.non_causal = d->non_causal;
+        if (c->cfg.kind == KVC_KIND_CAUSAL) {
+            int32_t i;
+            memcpy(p->build + at, c->pages, sizeof(uint32_t) * (size_t)c->n_pages);
+            at += (size_t)c->n_pages;
+            cpos = at;
+            for (i = 0; i < c->capacity; ++i) p->build[at + (size_t)i] = (uint32_t)*kvc__cell_pos(c, i);
+            at += (size_t)c->capacity;
+            cseq = at;
+            memcpy(p->build + at, c->seqs, sizeof(uint32_t) * (size_t)c->capacity * (size_t)c->words);
+            at += (size_t)c->capacity * (size_t)c->words;
+        } else {
+            /* logical pages [0, nsink) (sinks) then [lp_base, last] */
+            int32_t lp, last = rg.e[1] > b1 ? (rg.e[1] - 1) / pc : -1;
+            nsink = (uint32_t)((rg.e[0] + pc - 1) / pc);
+            lp_base = (uint32_t)KVC__MAX(b1 / pc, (int32_t)nsink);
+            for (lp = 0; lp < (int32_t)nsink; ++lp) p->build[at++] = c->pages[kvc__lpage_index(c, lp)];
+            for (lp = (int32_t)lp_base; lp <= last; ++lp) p->build[at++] = c->pages[kvc__lpage_index(c, lp)];
+        }
+        for (qi = 0; qi < d->n_queries; ++qi, job += KVC_VK__JOB_STRIDE) {
+            kvc__query q = kvc__query_of(c, &cd, qi);
+            int32_t n_view;
+            memset(job, 0, KVC_VK__JOB_STRIDE * 4);
+            if (c->cfg.kind == KVC_KIND_CAUSAL) {
+                int32_t lo = c->seq_lo[q.seq], hi = c->seq_hi[q.seq];
+                if (lo >= hi) lo = hi = 0;
+                job[KVC_VK__JOB_KIND] = 1;
+                job[KVC_VK__JOB_B1] = (uint32_t)lo;
+                job[KVC_VK__JOB_E1] = (uint32_t)hi;
+                n_view = hi - lo;
+                job[KVC_VK__JOB_CWIN] = (uint32_t)c->cfg.window;
+                job[KVC_VK__JOB_CHUNK] = (uint32_t)c->cfg.chunk;
+                job[KVC_VK__JOB_CPOS_OFF] = (uint32_t)cpos;
+                job[KVC_VK__JOB_CSEQ_OFF] = (uint32_t)cseq;
+                job[KVC_VK__JOB_SEQ_WORDS] = (uint32_t)c->words;
+            } else {
+                job[KVC_VK__JOB_B0] = (uint32_t)rg.b[0];
+                job[KVC_VK__JOB_E0] = (uint32_t)rg.e[0];
+                job[KVC_VK__JOB_B1] = (uint32_t)b1;
+                job[KVC_VK__JOB_E1] = (uint32_t)rg.e[1];
+                n_view = (rg.e[0] - rg.b[0]) + (rg.e[1] > b1 ? rg.e[1] - b1 : 0);
+                job[KVC_VK__JOB_NSINK] = nsink;
+                job[KVC_VK__JOB_LP_BASE] = lp_base;
+                if (c->cfg.kind == KVC_KIND_ROTATING) {
+                    job[KVC_VK__JOB_SINKS] = (uint32_t)c->cfg.sinks;
+                    job[KVC_VK__JOB_RECENT] = (uint32_t)kvc__recent_window(c);
+                }
+            }
+            job[KVC_VK__JOB_N_VIEW] = (uint32_t)n_view;
+            job[KVC_VK__JOB_PT_OFF] = (uint32_t)pt;
+            job[KVC_VK__JOB_QPOS] = (uint32_t)q.pos;
+            job[KVC_VK__JOB_QSEQ] = (uint32_t)q.seq;
+            job[KVC_VK__JOB_NC] = (uint32_t)(q.non_causal != 0);
+            job[KVC_VK__JOB_WIN] = (uint32_t)q.window;
+            job[KVC_VK__JOB_Q_OFF] = (uint32_t)(d->q.offset / 4) + (uint32_t)qi * (uint32_t)n_heads * (uint32_t)p->hdk;
+            job[KVC_VK__JOB_OUT_OFF] = (uint32_t)(d->out.offset / 4) + (uint32_t)qi * (uint32_t)n_heads * (uint32_t)p->hdv;
+            if (n_view > max_view) max_view = n_view;
+        }
+    }
+    /* split-K: about 1024 workgroups in all, chunks of whole blocks (attn_split_cm: single-
+       subgroup workgroups, tiles of 16 cells). Measured on an H200 (32 q / 8 kv heads, batch
+       1-8, 4k-128k cells): attn_split_cm at 1024 was 15-19 % faster than at 512 at >= 32k
+       cells (while it staged K and V together in 10 KB of shared memory, 512 had been 1-16 %
+       faster than 1024); attn_split (q8_0) at 1024 was 0-8 % faster than at 2048 but at
+       128k cells, batch 8 (1 % slower), and for calls of at most 128k cells in all (jobs x
+       longest view) 512 workgroups were 6-7 % faster than 1024 for q8_0 and q4_0 (batch 1
+       32k, batch 8 4k; 128k batch 1: q8_0 1.4 % faster, q4_0 0.3-1 % slower), 0.4-2 %
+       slower above. The split depends only on the shapes and the shader, never on the
+       device. */
+    cm = kvc_vk__cm(p, (uint32_t)(n_heads / p->n_kv_heads));
+    block = cm ? 16 : (int32_t)KVC_VK__WG;
+    groups = cm || (int64_t)n_jobs * max_view > 131072 ? 1024 : 512;
+    splits = (int32_t)(groups / ((int64_t)n_jobs * p->n_kv_heads));
+    splits = KVC__MAX(1, KVC__MIN(splits, p->max_splits));
+    chunk = (max_view + splits - 1) / splits;
+    chunk = (KVC__MAX(chunk, cm ? 64 : 1) + block - 1) / block * block; /* cm: 4 tiles at least */
+    splits = KVC__MAX(1, (max_view + chunk - 1) / chunk);
+    part_bytes = (size_t)n_jobs * (size_t)n_heads * (size_t)splits * ((size_t)p->hdv + 2) * 4;
+    if ((r = kvc_vk__grow(p, &p->part, part_bytes, &grown)) != KVC_OK) return r;
+    if ((r = kvc_vk__upload_meta(p, cmd, at)) != KVC_OK) return r;
+    sp.job_off = 0;
+    sp.chunk = (uint32_t)chunk;
+    sp.n_splits = (uint32_t)splits;
+    sp.k_row_bytes = p->k_row;
+    sp.v_row_bytes = p->v_row;
+    sp.page_cells = (uint32_t)pc;
+    sp.scale_log2 = (scale > 0.0f ? scale : 1.0f / sqrtf((float)p->hdk)) * 1.4426950408889634f;
+    b[0] = p->kbuf[layer].buffer;
+    b[1] = p->vbuf[layer].buffer;
+    b[2] = p->meta.buffer;
+    b[3] = items[0].desc.q.buffer;
+    b[4] = p->part.buffer;
+    b[5] = p->kbuf[layer].buffer; /* again, as words */
+    b[6] = p->vbuf[layer].buffer;
+    b[7] = p->kbuf[layer].buffer; /* and as 8-byte pieces */
+    kvc_vk__push(p, cmd, split_pipe, b, 8, &sp, sizeof(sp));
+    p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)p->n_kv_heads, (uint32_t)splits, (uint32_t)n_jobs);
+    kvc_vk__barrier(p->ctx, cmd);
+    mp[0] = 0;
+    mp[1] = (uint32_t)splits;
+    b[0] = p->part.buffer;
+    b[1] = p->meta.buffer;
+    b[2] = items[0].desc.out.buffer;
+    kvc_vk__push(p, cmd, merge_pipe, b, 3, mp, sizeof(mp));
+    /* attn_merge.comp: a workgroup per query head, job and 32 output values */
+    p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)n_heads, (uint32_t)n_jobs, (uint32_t)(p->hdv + 31) / 32);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_cmd_attention(kvc_vk_pool *p, VkCommandBuffer cmd, const kvc_cache *c, int32_t layer,
+                                       const kvc_vk_attention_desc *desc) {
+    kvc_vk_attention_item item;
+    if (desc == NULL) return KVC_ERR_NULL;
+    item.cache = c;
+    item.desc = *desc;
+    return kvc_vk_cmd_attention_batch(p, cmd, layer, &item, 1);
+}
+
+/* ---- Helpers for tools, tests and benchmarks (KVCACHE_VK_HELPERS) ------------------ */
+#ifdef KVCACHE_VK_HELPERS
+#if defined(__unix__) || defined(__APPLE__)
+#include <dlfcn.h>
+#define KVC_VK__HAVE_DLOPEN 1
+#endif
+
+KVCDEF kvc_result kvc_vk_loader_open(kvc_vk_loader *out) {
+#ifdef KVC_VK__HAVE_DLOPEN
+#ifdef __APPLE__
+    static const char *const name = "libvulkan.1.dylib";
+#else
+    static const char *const name = "libvulkan.so.1";
+#endif
+    void *lib, *sym;
+    if (out == NULL) return KVC_ERR_NULL;
+    memset(out, 0, sizeof(*out));
+    lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) return KVC_ERR_UNSUPPORTED;
+    sym = dlsym(lib, "vkGetInstanceProcAddr");
+    if (sym == NULL) { dlclose(lib); return KVC_ERR_UNSUPPORTED; }
+    out->library = lib;
+    memcpy(&out->get_instance_proc_addr, &sym, sizeof(sym)); /* (ISO C has no object-to-function cast) */
+    return KVC_OK;
+#else
+    if (out == NULL) return KVC_ERR_NULL;
+    memset(out, 0, sizeof(*out));
+    return KVC_ERR_UNSUPPORTED;
+#endif
+}
+
+KVCDEF kvc_result kvc_vk_loader_close(kvc_vk_loader *loader) {
+    if (loader == NULL) return KVC_ERR_NULL;
+#ifdef KVC_VK__HAVE_DLOPEN
+    if (loader->library) dlclose(loader->library);
+#endif
+    memset(loader, 0, sizeof(*loader));
+    return KVC_OK;
+}
+
+static VKAPI_ATTR VkBool32 VKAPI_CALL kvc_vk__on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                         VkDebugUtilsMessageTypeFlagsEXT types,
+                                                         const VkDebugUtilsMessengerCallbackDataEXT *data, void *user) {
+    kvc_vk_context *c = (kvc_vk_context *)user;
+    (void)types;
+    if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+        size_t n = data && data->pMessage ? strlen(data->pMessage) : 0;
+        if (n >= sizeof(c->last_message)) n = sizeof(c->last_message) - 1;
+        if (n) memcpy(c->last_message, data->pMessage, n);
+        c->last_message[n] = 0;
+        c->messages++;
+    }
+    return VK_FALSE;
+}
+
+#if defined(VK_EXT_pipeline_robustness) || defined(VK_KHR_shader_integer_dot_product)
+/* One optional device feature: query `feature` (a features struct, sType set, whose VkBool32
+   `flag` says it); if the device has it, chain the struct into dci with the flag still set and
+   add its extension. Returns whether it did. */
+static int kvc_vk__enable_feature(kvc_vk_context *c, VkDeviceCreateInfo *dci, const char **exts, void *feature,
+                                  const VkBool32 *flag, const char *extension) {
+    VkPhysicalDeviceFeatures2 f2;
+    VkBaseOutStructure *f = (VkBaseOutStructure *)feature;
+    memset(&f2, 0, sizeof(f2));
+    f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+    f2.pNext = f;
+    f->pNext = NULL;
+    c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
+    if (!*flag) return 0;
+    f->pNext = (VkBaseOutStructure *)(uintptr_t)dci->pNext;
+    dci->pNext = f;
+    exts[dci->enabledExtensionCount++] = extension;
+    return 1;
+}
+#endif
+
+KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_context **out) {
+    static const char *const validation_layer = "VK_LAYER_KHRONOS_validation";
+    static const char *const debug_ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+    static const char *const push_ext = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
+    PFN_vkCreateInstance create_instance;
+    PFN_vkEnumerateInstanceLayerProperties enum_layers;
+    PFN_vkEnumerateInstanceExtensionProperties enum_exts;
+    VkApplicationInfo app;
+    VkInstanceCreateInfo ici;
+    VkDeviceCreateInfo dci;
+    VkDeviceQueueCreateInfo qci;
+    VkDebugUtilsMessengerCreateInfoEXT mci;
+    VkPhysicalDevice devs[16];
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pef;
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf;
+    VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16f;
+    VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmmf;
+    VkPhysicalDeviceFeatures2 f2;
+#ifdef VK_EXT_pipeline_robustness /* (Vulkan headers older than 1.3.228 do without) */
+    VkPhysicalDevicePipelineRobustnessFeaturesEXT prf;
+#endif
+#ifdef VK_KHR_shader_integer_dot_product
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR idf;
+#endif
+    const char *dev_exts[7];
+    uint32_t n_devs = 16, i, best = UINT32_MAX, best_family = 0, n, j, best_stats = 0, best_cm = 0, best_rob = 0, best_dot = 0;
+    int best_score = -1, want_debug = 0;
+    float prio = 1.0f;
+    kvc_vk_context *c;
+    kvc_result r;
+    if (o == NULL || out == NULL) return KVC_ERR_NULL;
+    if (kvc_vk__gipa(o->get_instance_proc_addr) == NULL) return KVC_ERR_NULL;
+    c = kvc_vk__context_new(&o->allocator);
+    if (c == NULL) return (o->allocator.alloc == NULL) != (o->allocator.free == NULL) ? KVC_ERR_INVALID : KVC_ERR_NO_MEMORY;
+    c->owns = 1;
+    c->fn.vkGetInstanceProcAddr = kvc_vk__gipa(o->get_instance_proc_addr);
+    create_instance = (PFN_vkCreateInstance)c->fn.vkGetInstanceProcAddr(VK_NULL_HANDLE, "vkCreateInstance");
+    enum_layers = (PFN_vkEnumerateInstanceLayerProperties)c->fn.vkGetInstanceProcAddr(
+        VK_NULL_HANDLE, "vkEnumerateInstanceLayerProperties");
+    enum_exts = (PFN_vkEnumerateInstanceExtensionProperties)c->fn.vkGetInstanceProcAddr(
+        VK_NULL_HANDLE, "vkEnumerateInstanceExtensionProperties");
+    if (create_instance == NULL || enum_layers == NULL || enum_exts == NULL) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
+    if (o->validation) { /* only when the layer and debug utils are both there */
+        VkLayerProperties lp[64];
+        VkExtensionProperties ep[128];
+        uint32_t nl = 64, ne = 128;
+        int has_layer = 0, has_ext = 0;
+        if (enum_layers(&nl, lp) >= 0)
+            for (i = 0; i < nl; ++i) has_layer |= strcmp(lp[i].layerName, validation_layer) == 0;
+        if (enum_exts(NULL, &ne, ep) >= 0)
+            for (i = 0; i < ne; ++i) has_ext |= strcmp(ep[i].extensionName, debug_ext) == 0;
+        c->validation = has_layer;
+        want_debug = has_layer && has_ext;
+    }
+    memset(&app, 0, sizeof(app));
+    app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
+    app.pApplicationName = "kvcache_vk";
+    app.apiVersion = VK_API_VERSION_1_1;
+    memset(&mci, 0, sizeof(mci));
+    mci.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT;
+    mci.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                      VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    mci.pfnUserCallback = kvc_vk__on_message;
+    mci.pUserData = c;
+    memset(&ici, 0, sizeof(ici));
+    ici.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
+    ici.pApplicationInfo = &app;
+    if (c->validation) { ici.enabledLayerCount = 1; ici.ppEnabledLayerNames = &validation_layer; }
+    if (want_debug) { ici.enabledExtensionCount = 1; ici.ppEnabledExtensionNames = &debug_ext; ici.pNext = &mci; }
+    if ((r = kvc_vk__vr(create_instance(&ici, NULL, &c->instance))) != KVC_OK) { c->instance = VK_NULL_HANDLE; kvc_vk__context_release(c); return r; }
+    if ((r = kvc_vk__load_instance_fns(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
+    if (want_debug) {
+        PFN_vkCreateDebugUtilsMessengerEXT cm = (PFN_vkCreateDebugUtilsMessengerEXT)c->fn.vkGetInstanceProcAddr(
+            c->instance, "vkCreateDebugUtilsMessengerEXT");
+        c->destroy_messenger = (PFN_vkDestroyDebugUtilsMessengerEXT)c->fn.vkGetInstanceProcAddr(
+            c->instance, "vkDestroyDebugUtilsMessengerEXT");
+        if (cm && c->destroy_messenger) cm(c->instance, &mci, NULL, &c->messenger);
+    }
+    if (c->fn.vkEnumeratePhysicalDevices(c->instance, &n_devs, devs) < 0) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
+    for (i = 0; i < n_devs; ++i) { /* a compute queue and push descriptors, discrete preferred */
+        VkQueueFamilyProperties qf[16];
+        VkExtensionProperties ep[512];
+        VkPhysicalDeviceProperties pp;
+        uint32_t ne = 512, fam = UINT32_MAX;
+        int push = 0, score, stats = 0, cm = 0, rob = 0, dot = 0;
+        if (o->device_index >= 0 && (uint32_t)o->device_index != i) continue;
+        n = 16;
+        c->fn.vkGetPhysicalDeviceQueueFamilyProperties(devs[i], &n, qf);
+        for (j = 0; j < n && fam == UINT32_MAX; ++j)
+            if (qf[j].queueFlags & VK_QUEUE_COMPUTE_BIT) fam = j;
+        if (c->fn.vkEnumerateDeviceExtensionProperties(devs[i], NULL, &ne, ep) >= 0)
+            for (j = 0; j < ne; ++j) {
+                push |= strcmp(ep[j].extensionName, push_ext) == 0;
+                stats |= strcmp(ep[j].extensionName, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME) == 0;
+#ifdef VK_EXT_pipeline_robustness
+                rob |= strcmp(ep[j].extensionName, VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME) == 0;
+#endif
+#ifdef VK_KHR_shader_integer_dot_product
+                dot |= strcmp(ep[j].extensionName, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) == 0;
+#endif
+                cm |= (strcmp(ep[j].extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0) * 1 |
+                      (strcmp(ep[j].extensionName, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME) == 0) * 2 |
+                      (strcmp(ep[j].extensionName, VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME) == 0) * 4;
+            }
+        c->fn.vkGetPhysicalDeviceProperties(devs[i], &pp);
+        if (fam == UINT32_MAX || !push || pp.apiVersion < VK_API_VERSION_1_1) continue;
+        score = pp.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU ? 3
+              : pp.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? 2 : 1;
+        if (score > best_score) {
+            best_score = score; best = i; best_family = fam; best_stats = (uint32_t)stats; best_cm = (uint32_t)(cm == 7);
+            best_rob = (uint32_t)rob;
+            best_dot = (uint32_t)dot;
+        }
+    }
+    if (best == UINT32_MAX) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
+    c->phys = devs[best];
+    c->family = best_family;
+    memset(&qci, 0, sizeof(qci));
+    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
+    qci.queueFamilyIndex = best_family;
+    qci.queueCount = 1;
+    qci.pQueuePriorities = &prio;
+    memset(&dci, 0, sizeof(dci));
+    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
+    dci.queueCreateInfoCount = 1;
+    dci.pQueueCreateInfos = &qci;
+    dev_exts[0] = push_ext;
+    dci.enabledExtensionCount = 1;
+    dci.ppEnabledExtensionNames = dev_exts;
+    if (o->pipeline_statistics && best_stats) {
+        memset(&pef, 0, sizeof(pef));
+        pef.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR;
+        pef.pipelineExecutableInfo = VK_TRUE;
+        pef.pNext = (void *)dci.pNext;
+        dci.pNext = &pef;
+        dev_exts[dci.enabledExtensionCount++] = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
+        c->stats = 1;
+    }
+    if (!(o->disable_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) && best_cm) { /* the tensor-core attention: enable what it needs */
+        memset(&cmf, 0, sizeof(cmf));
+        cmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
+        memset(&f16f, 0, sizeof(f16f));
+        f16f.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR;
+        f16f.pNext = &cmf;
+        memset(&vmmf, 0, sizeof(vmmf));
+        vmmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR;
+        vmmf.pNext = &f16f;
+        memset(&f2, 0, sizeof(f2));
+        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+        f2.pNext = &vmmf;
+        c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
+        if (cmf.cooperativeMatrix && f16f.shaderFloat16 && vmmf.vulkanMemoryModel) {
+            memset(&cmf, 0, sizeof(cmf));
+            cmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
+            cmf.cooperativeMatrix = VK_TRUE;
+            cmf.pNext = (void *)dci.pNext;
+            memset(&f16f, 0, sizeof(f16f));
+            f16f.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR;
+            f16f.shaderFloat16 = VK_TRUE;
+            f16f.pNext = &cmf;
+            memset(&vmmf, 0, sizeof(vmmf));
+            vmmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR;
+            vmmf.vulkanMemoryModel = VK_TRUE;
+            vmmf.pNext = &f16f;
+            dci.pNext = &vmmf;
+            dev_exts[dci.enabledExtensionCount++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+            dev_exts[dci.enabledExtensionCount++] = VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME;
+            dev_exts[dci.enabledExtensionCount++] = VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME;
+            c->enabled |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
+        }
+    }
+#ifdef VK_EXT_pipeline_robustness
+    if (!(o->disable_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) && best_rob) { /* bounds checks off */
+        memset(&prf, 0, sizeof(prf));
+        prf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_ROBUSTNESS_FEATURES_EXT;
+        if (kvc_vk__enable_feature(c, &dci, dev_exts, &prf, &prf.pipelineRobustness,
+                                   VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME))
+            c->enabled |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS;
+    }
+#else
+    (void)best_rob;
+#endif
+#ifdef VK_KHR_shader_integer_dot_product
+    if (!(o->disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) && best_dot) { /* q8_0 key scores */
+        memset(&idf, 0, sizeof(idf));
+        idf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR;
+        if (kvc_vk__enable_feature(c, &dci, dev_exts, &idf, &idf.shaderIntegerDotProduct,
+                                   VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME))
+            c->enabled |= KVC_VK_FEATURE_INTEGER_DOT_PRODUCT;
+    }
+#else
+    (void)best_dot;
+#endif
+    if ((r = kvc_vk__vr(c->fn.vkCreateDevice(c->phys, &dci, NULL, &c->device))) != KVC_OK) {
+        c->device = VK_NULL_HANDLE;
+        kvc_vk__context_release(c);
+        return r;
+    }
+    if ((r = kvc_vk__load_device_fns(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
+    c->fn.vkGetDeviceQueue(c->device, c->family, 0, &c->queue);
+    if ((r = kvc_vk__context_finish(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
+    *out = c;
+    return KVC_OK;
+}
+
+/* The command pool and fence of kvc_vk_begin / kvc_vk_submit_wait, made on first use. */
+static kvc_result kvc_vk__helpers_ready(kvc_vk_context *c) {
+    VkCommandPoolCreateInfo cpi;
+    VkFenceCreateInfo fi;
+    kvc_result r;
+    if (c->cmd_pool == VK_NULL_HANDLE) {
+        memset(&cpi, 0, sizeof(cpi));
+        cpi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
+        cpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+        cpi.queueFamilyIndex = c->family;
+        if ((r = kvc_vk__vr(c->fn.vkCreateCommandPool(c->device, &cpi, c->vk_alloc, &c->cmd_pool))) != KVC_OK) {
+            c->cmd_pool = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    if (c->fence == VK_NULL_HANDLE) {
+        memset(&fi, 0, sizeof(fi));
+        fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+        if ((r = kvc_vk__vr(c->fn.vkCreateFence(c->device, &fi, c->vk_alloc, &c->fence))) != KVC_OK) {
+            c->fence = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_buffer_create(kvc_vk_context *c, VkDeviceSize size, int host_visible, kvc_vk_buffer *out) {
+    kvc_vk__buf b;
+    kvc_result r;
+    if (c == NULL || out == NULL) return KVC_ERR_NULL;
+    r = kvc_vk__buf_create(c, size, KVC_VK__USAGE, host_visible, &b);
+    out->buffer = b.buffer;
+    out->memory = b.memory;
+    out->size = b.size;
+    out->mapped = b.mapped;
+    return r;
+}
+
+KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *c, kvc_vk_buffer *buf) {
+    kvc_vk__buf b;
+    if (c == NULL || buf == NULL) return KVC_ERR_NULL;
+    b.buffer = buf->buffer;
+    b.memory = buf->memory;
+    b.size = buf->size;
+    b.mapped = buf->mapped;
+    kvc_vk__buf_destroy(c, &b);
+    memset(buf, 0, sizeof(*buf));
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
+    VkCommandBufferAllocateInfo ai;
+    VkCommandBufferBeginInfo bi;
+    kvc_result r;
+    if (c == NULL || cmd == NULL) return KVC_ERR_NULL;
+    if ((r = kvc_vk__helpers_ready(c)) != KVC_OK) return r;
+    memset(&ai, 0, sizeof(ai));
+    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+    ai.commandPool = c->cmd_pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    if ((r = kvc_vk__vr(c->fn.vkAllocateCommandBuffers(c->device, &ai, cmd))) != KVC_OK) return r;
+    memset(&bi, 0, sizeof(bi));
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    if ((r = kvc_vk__vr(c->fn.vkBeginCommandBuffer(*cmd, &bi))) != KVC_OK) {
+        c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, cmd);
+        return r;
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *c, VkCommandBuffer cmd) {
+    VkSubmitInfo si;
+    kvc_result r;
+    if (c == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    { /* everything recorded becomes visible to the host once the fence signals */
+        VkMemoryBarrier mb;
+        memset(&mb, 0, sizeof(mb));
+        mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+        mb.srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT;
+        mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+        c->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
+                                   NULL, 0, NULL);
+    }
+    r = kvc_vk__vr(c->fn.vkEndCommandBuffer(cmd));
+    if (r == KVC_OK) {
+        memset(&si, 0, sizeof(si));
+        si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+        si.commandBufferCount = 1;
+        si.pCommandBuffers = &cmd;
+        r = kvc_vk__vr(c->fn.vkQueueSubmit(c->queue, 1, &si, c->fence));
+        if (r == KVC_OK) r = kvc_vk__vr(c->fn.vkWaitForFences(c->device, 1, &c->fence, VK_TRUE, UINT64_MAX));
+        c->fn.vkResetFences(c->device, 1, &c->fence);
+    }
+    c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
+    return r;
+}
+
+static kvc_result kvc_vk__transfer(kvc_vk_context *c, VkBuffer dev, VkDeviceSize off, void *host, size_t bytes, int up) {
+    kvc_vk__buf st;
+    VkCommandBuffer cmd;
+    VkBufferCopy region;
+    kvc_result r;
+    if (c == NULL || host == NULL || dev == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    if (bytes == 0) return KVC_OK;
+    if ((r = kvc_vk__buf_create(c, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, 1, &st)) != KVC_OK)
+        return r;
+    if (up) memcpy(st.mapped, host, bytes);
+    if ((r = kvc_vk_begin(c, &cmd)) == KVC_OK) {
+        region.srcOffset = up ? 0 : off;
+        region.dstOffset = up ? off : 0;
+        region.size = bytes;
+        kvc_vk__barrier_in(c, cmd);
+        c->fn.vkCmdCopyBuffer(cmd, up ? st.buffer : dev, up ? dev : st.buffer, 1, &region);
+        kvc_vk__barrier(c, cmd);
+        r = kvc_vk_submit_wait(c, cmd);
+    }
+    if (r == KVC_OK && !up) memcpy(host, st.mapped, bytes);
+    kvc_vk__buf_destroy(c, &st);
+    return r;
+}
+
+KVCDEF kvc_result kvc_vk_upload(kvc_vk_context *c, VkBuffer dst, VkDeviceSize off, const void *src, size_t bytes) {
+    return kvc_vk__transfer(c, dst, off, (void *)(uintptr_t)src, bytes, 1);
+}
+KVCDEF kvc_result kvc_vk_download(kvc_vk_context *c, VkBuffer src, VkDeviceSize off, void *dst, size_t bytes) {
+    return kvc_vk__transfer(c, src, off, dst, bytes, 0);
+}
+
+KVCDEF kvc_result kvc_vk_cmd_copy(kvc_vk_pool *p, VkCommandBuffer cmd, VkBuffer src, VkBuffer dst, VkDeviceSize bytes) {
+    uint32_t n;
+    VkBuffer b[2];
+    uint64_t groups;
+    if (p == NULL || cmd == VK_NULL_HANDLE || src == VK_NULL_HANDLE || dst == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    if (bytes % 16 || bytes / 16 > UINT32_MAX) return KVC_ERR_INVALID;
+    n = (uint32_t)(bytes / 16);
+    b[0] = src;
+    b[1] = dst;
+    kvc_vk__barrier_in(p->ctx, cmd);
+    kvc_vk__push(p, cmd, p->fixed[KVC_VK__COPY], b, 2, &n, sizeof(n));
+    groups = ((uint64_t)n + 255) / 256;
+    if (groups > 65535) groups = 65535;
+    if (groups) p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)groups, 1, 1);
+    return KVC_OK;
+}
+#endif /* KVCACHE_VK_HELPERS */
+
+/* ---- The shaders' SPIR-V (generated by shaders/embed.sh from shaders/; make shaders) --- */
 /* BEGIN GENERATED SPIR-V */
 /* shaderc 2023.2-1; generated by shaders/embed.sh from the shaders folder */
 static const uint32_t kvc_vk__spv_attn_split_sg[] = {
@@ -10880,1534 +12644,75 @@ static const uint32_t kvc_vk__spv_attn_split_cm[] = {
     0x0000002f,0x0000024b,0x00000249,0x0000024a,0x00050050,0x00000031,0x0000024c,0x00000246,
     0x0000024b,0x000200fe,0x0000024c,0x00010038,
 };
+/* in kvc_vk__module's order */
+static const kvc_vk__spirv_code kvc_vk__spirv_table[KVC_VK__MODULE_COUNT] = {
+    {kvc_vk__spv_attn_split_sg, sizeof(kvc_vk__spv_attn_split_sg) / 4},
+    {kvc_vk__spv_attn_split, sizeof(kvc_vk__spv_attn_split) / 4},
+    {kvc_vk__spv_attn_split_sg_dot, sizeof(kvc_vk__spv_attn_split_sg_dot) / 4},
+    {kvc_vk__spv_attn_merge, sizeof(kvc_vk__spv_attn_merge) / 4},
+    {kvc_vk__spv_rows_write, sizeof(kvc_vk__spv_rows_write) / 4},
+    {kvc_vk__spv_rows_read, sizeof(kvc_vk__spv_rows_read) / 4},
+    {kvc_vk__spv_copy, sizeof(kvc_vk__spv_copy) / 4},
+    {kvc_vk__spv_attn_split_cm, sizeof(kvc_vk__spv_attn_split_cm) / 4},
+};
 /* END GENERATED SPIR-V */
 
-/* ---- Context: the function table and the borrowed (or helper-made) device --------- */
-
-struct kvc_vk_context {
-    kvc_vk_functions fn;
-    kvc_allocator alloc;
-    const VkAllocationCallbacks *vk_alloc;
-    VkInstance instance;
-    VkPhysicalDevice phys;
-    VkDevice device;
-    VkQueue queue;
-    uint32_t family;
-    int owns;                  /* kvc_vk_device_create made instance + device */
-    int stats;                 /* pipelines capture the driver's statistics */
-    VkDebugUtilsMessengerEXT messenger;
-    PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger;
-    VkCommandPool cmd_pool;    /* for kvc_vk_begin */
-    VkFence fence;
-    VkPhysicalDeviceProperties props;
-    VkPhysicalDeviceMemoryProperties mem;
-    uint32_t subgroup_size;
-    int subgroup_arith;
-    int coopmat_enabled;       /* the device has the cooperative-matrix features enabled */
-    int robustness_enabled;    /* the device has VK_EXT_pipeline_robustness enabled */
-    int dot_enabled;           /* the device has shaderIntegerDotProduct enabled */
-    int coopmat;               /* ... and the subgroup operations attn_split_cm needs: its shapes
-                                  (kvc_vk__coopmat_shape's bits), else 0 */
-    int validation;
-    uint32_t messages;
-    char last_message[512];
-    int32_t live_pools;
-};
-
-static void *kvc_vk__alloc(const kvc_allocator *a, size_t n) { return a->alloc(n, a->user); }
-static void kvc_vk__free(const kvc_allocator *a, void *p) { if (p) a->free(p, a->user); }
-
-static kvc_result kvc_vk__vr(VkResult r) {
-    if (r == VK_SUCCESS) return KVC_OK;
-    if (r == VK_ERROR_OUT_OF_HOST_MEMORY || r == VK_ERROR_OUT_OF_DEVICE_MEMORY) return KVC_ERR_NO_MEMORY;
-    return KVC_ERR_UNSUPPORTED;
-}
-
-static kvc_result kvc_vk__load_device_fns(kvc_vk_context *c) {
-#define KVC_VK__LOAD_D(name) c->fn.name = (PFN_##name)c->fn.vkGetDeviceProcAddr(c->device, #name);
-    KVC_VK_DEVICE_FUNCTIONS(KVC_VK__LOAD_D)
-#undef KVC_VK__LOAD_D
-#define KVC_VK__CHECK(name) if (c->fn.name == NULL) return KVC_ERR_UNSUPPORTED;
-    KVC_VK_DEVICE_FUNCTIONS(KVC_VK__CHECK)
-#undef KVC_VK__CHECK
-    return KVC_OK;
-}
-
-static kvc_result kvc_vk__load_instance_fns(kvc_vk_context *c) {
-#define KVC_VK__LOAD_I(name) c->fn.name = (PFN_##name)c->fn.vkGetInstanceProcAddr(c->instance, #name);
-    KVC_VK_INSTANCE_FUNCTIONS(KVC_VK__LOAD_I)
-#undef KVC_VK__LOAD_I
-#define KVC_VK__CHECK(name) if (c->fn.name == NULL) return KVC_ERR_UNSUPPORTED;
-    KVC_VK_INSTANCE_FUNCTIONS(KVC_VK__CHECK)
-#undef KVC_VK__CHECK
-    return KVC_OK;
-}
-
-static PFN_vkGetInstanceProcAddr kvc_vk__gipa(PFN_vkGetInstanceProcAddr given) {
-    if (given) return given;
-#ifndef VK_NO_PROTOTYPES
-    return vkGetInstanceProcAddr;
-#else
-    return NULL;
-#endif
-}
-
-/* The products attn_split_cm takes, f16 x f16 -> f32 in one subgroup: M = K = 16 and
-   N = 8 (bit 0; GQA groups up to 4) or N = 16 (bit 1; groups up to 8). */
-static int kvc_vk__coopmat_shape(const kvc_vk_context *c) {
-    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV get =
-        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)c->fn.vkGetInstanceProcAddr(
-            c->instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV");
-    VkCooperativeMatrixPropertiesNV props[64];
-    uint32_t n = 64, i;
-    int shapes = 0;
-    if (get == NULL) return 0;
-    for (i = 0; i < n; ++i) {
-        memset(&props[i], 0, sizeof(props[i]));
-        props[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
-    }
-    if (get(c->phys, &n, props) < 0) return 0;
-    for (i = 0; i < n; ++i)
-        if (props[i].MSize == 16 && (props[i].NSize == 8 || props[i].NSize == 16) && props[i].KSize == 16 &&
-            props[i].AType == VK_COMPONENT_TYPE_FLOAT16_NV && props[i].BType == VK_COMPONENT_TYPE_FLOAT16_NV &&
-            props[i].CType == VK_COMPONENT_TYPE_FLOAT32_NV && props[i].DType == VK_COMPONENT_TYPE_FLOAT32_NV &&
-            props[i].scope == VK_SCOPE_SUBGROUP_NV)
-            shapes |= props[i].NSize == 8 ? 1 : 2;
-    return shapes;
-}
-
-/* Device properties, the command pool and fence of the convenience helpers. */
-static kvc_result kvc_vk__context_finish(kvc_vk_context *c) {
-    VkPhysicalDeviceSubgroupProperties sg;
-    VkPhysicalDeviceProperties2 p2;
-    VkCommandPoolCreateInfo cpi;
-    VkFenceCreateInfo fi;
-    kvc_result r;
-    if ((r = kvc_vk__load_device_fns(c)) != KVC_OK) return r;
-    memset(&sg, 0, sizeof(sg));
-    sg.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES;
-    memset(&p2, 0, sizeof(p2));
-    p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
-    p2.pNext = &sg;
-    c->fn.vkGetPhysicalDeviceProperties2(c->phys, &p2);
-    c->props = p2.properties;
-    if (c->props.apiVersion < VK_API_VERSION_1_1) return KVC_ERR_UNSUPPORTED;
-    c->fn.vkGetPhysicalDeviceMemoryProperties(c->phys, &c->mem);
-    c->subgroup_size = sg.subgroupSize;
-    c->subgroup_arith = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                        (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
-                        (sg.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
-    c->coopmat = c->coopmat_enabled && c->subgroup_arith && sg.subgroupSize == 32 &&
-                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_VOTE_BIT) &&
-                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT) &&
-                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) &&
-                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_CLUSTERED_BIT) ? kvc_vk__coopmat_shape(c) : 0;
-    memset(&cpi, 0, sizeof(cpi));
-    cpi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
-    cpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-    cpi.queueFamilyIndex = c->family;
-    if ((r = kvc_vk__vr(c->fn.vkCreateCommandPool(c->device, &cpi, c->vk_alloc, &c->cmd_pool))) != KVC_OK) return r;
-    memset(&fi, 0, sizeof(fi));
-    fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
-    return kvc_vk__vr(c->fn.vkCreateFence(c->device, &fi, c->vk_alloc, &c->fence));
-}
-
-static kvc_vk_context *kvc_vk__context_new(const kvc_allocator *given) {
-    kvc_allocator a = *given;
-    kvc_vk_context *c;
-    if ((a.alloc == NULL) != (a.free == NULL)) return NULL;
-    if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
-    c = (kvc_vk_context *)kvc_vk__alloc(&a, sizeof(*c));
-    if (c == NULL) return NULL;
-    memset(c, 0, sizeof(*c));
-    c->alloc = a;
-    return c;
-}
-
-static void kvc_vk__context_release(kvc_vk_context *c) {
-    if (c->device) {
-        if (c->fence && c->fn.vkDestroyFence) c->fn.vkDestroyFence(c->device, c->fence, c->vk_alloc);
-        if (c->cmd_pool && c->fn.vkDestroyCommandPool) c->fn.vkDestroyCommandPool(c->device, c->cmd_pool, c->vk_alloc);
-        if (c->owns && c->fn.vkDestroyDevice) c->fn.vkDestroyDevice(c->device, c->vk_alloc);
-    }
-    if (c->owns && c->instance) {
-        if (c->messenger && c->destroy_messenger) c->destroy_messenger(c->instance, c->messenger, c->vk_alloc);
-        if (c->fn.vkDestroyInstance) c->fn.vkDestroyInstance(c->instance, c->vk_alloc);
-    }
-    kvc_vk__free(&c->alloc, c);
-}
-
-KVCDEF kvc_result kvc_vk_context_create(const kvc_vk_context_desc *d, kvc_vk_context **out) {
-    kvc_vk_context *c;
-    kvc_result r;
-    if (d == NULL || out == NULL) return KVC_ERR_NULL;
-    if (d->instance == VK_NULL_HANDLE || d->physical_device == VK_NULL_HANDLE || d->device == VK_NULL_HANDLE ||
-        d->queue == VK_NULL_HANDLE)
-        return KVC_ERR_NULL;
-    if (kvc_vk__gipa(d->get_instance_proc_addr) == NULL) return KVC_ERR_NULL;
-    c = kvc_vk__context_new(&d->allocator);
-    if (c == NULL) return (d->allocator.alloc == NULL) != (d->allocator.free == NULL) ? KVC_ERR_INVALID : KVC_ERR_NO_MEMORY;
-    c->fn.vkGetInstanceProcAddr = kvc_vk__gipa(d->get_instance_proc_addr);
-    c->vk_alloc = d->vk_allocator;
-    c->instance = d->instance;
-    c->phys = d->physical_device;
-    c->device = d->device;
-    c->queue = d->queue;
-    c->family = d->queue_family;
-    c->coopmat_enabled = d->cooperative_matrix != 0;
-    c->robustness_enabled = d->pipeline_robustness != 0;
-    c->dot_enabled = d->integer_dot_product != 0;
-    if ((r = kvc_vk__load_instance_fns(c)) != KVC_OK || (r = kvc_vk__context_finish(c)) != KVC_OK) {
-        kvc_vk__context_release(c);
-        return r;
-    }
-    *out = c;
-    return KVC_OK;
-}
-
-static VKAPI_ATTR VkBool32 VKAPI_CALL kvc_vk__on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
-                                                         VkDebugUtilsMessageTypeFlagsEXT types,
-                                                         const VkDebugUtilsMessengerCallbackDataEXT *data, void *user) {
-    kvc_vk_context *c = (kvc_vk_context *)user;
-    (void)types;
-    if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
-        size_t n = data && data->pMessage ? strlen(data->pMessage) : 0;
-        if (n >= sizeof(c->last_message)) n = sizeof(c->last_message) - 1;
-        if (n) memcpy(c->last_message, data->pMessage, n);
-        c->last_message[n] = 0;
-        c->messages++;
-    }
-    return VK_FALSE;
-}
-
-#if defined(VK_EXT_pipeline_robustness) || defined(VK_KHR_shader_integer_dot_product)
-/* One optional device feature: query `feature` (a features struct, sType set, whose VkBool32
-   `flag` says it); if the device has it, chain the struct into dci with the flag still set and
-   add its extension. Returns whether it did. */
-static int kvc_vk__enable_feature(kvc_vk_context *c, VkDeviceCreateInfo *dci, const char **exts, void *feature,
-                                  const VkBool32 *flag, const char *extension) {
-    VkPhysicalDeviceFeatures2 f2;
-    VkBaseOutStructure *f = (VkBaseOutStructure *)feature;
-    memset(&f2, 0, sizeof(f2));
-    f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-    f2.pNext = f;
-    f->pNext = NULL;
-    c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
-    if (!*flag) return 0;
-    f->pNext = (VkBaseOutStructure *)(uintptr_t)dci->pNext;
-    dci->pNext = f;
-    exts[dci->enabledExtensionCount++] = extension;
-    return 1;
-}
-#endif
-
-KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_context **out) {
-    static const char *const validation_layer = "VK_LAYER_KHRONOS_validation";
-    static const char *const debug_ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
-    static const char *const push_ext = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
-    PFN_vkCreateInstance create_instance;
-    PFN_vkEnumerateInstanceLayerProperties enum_layers;
-    PFN_vkEnumerateInstanceExtensionProperties enum_exts;
-    VkApplicationInfo app;
-    VkInstanceCreateInfo ici;
-    VkDeviceCreateInfo dci;
-    VkDeviceQueueCreateInfo qci;
-    VkDebugUtilsMessengerCreateInfoEXT mci;
-    VkPhysicalDevice devs[16];
-    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pef;
-    VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf;
-    VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16f;
-    VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmmf;
-    VkPhysicalDeviceFeatures2 f2;
-#ifdef VK_EXT_pipeline_robustness /* (Vulkan headers older than 1.3.228 do without) */
-    VkPhysicalDevicePipelineRobustnessFeaturesEXT prf;
-#endif
-#ifdef VK_KHR_shader_integer_dot_product
-    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR idf;
-#endif
-    const char *dev_exts[7];
-    uint32_t n_devs = 16, i, best = UINT32_MAX, best_family = 0, n, j, best_stats = 0, best_cm = 0, best_rob = 0, best_dot = 0;
-    int best_score = -1, want_debug = 0;
-    float prio = 1.0f;
-    kvc_vk_context *c;
-    kvc_result r;
-    if (o == NULL || out == NULL) return KVC_ERR_NULL;
-    if (kvc_vk__gipa(o->get_instance_proc_addr) == NULL) return KVC_ERR_NULL;
-    c = kvc_vk__context_new(&o->allocator);
-    if (c == NULL) return (o->allocator.alloc == NULL) != (o->allocator.free == NULL) ? KVC_ERR_INVALID : KVC_ERR_NO_MEMORY;
-    c->owns = 1;
-    c->fn.vkGetInstanceProcAddr = kvc_vk__gipa(o->get_instance_proc_addr);
-    create_instance = (PFN_vkCreateInstance)c->fn.vkGetInstanceProcAddr(VK_NULL_HANDLE, "vkCreateInstance");
-    enum_layers = (PFN_vkEnumerateInstanceLayerProperties)c->fn.vkGetInstanceProcAddr(
-        VK_NULL_HANDLE, "vkEnumerateInstanceLayerProperties");
-    enum_exts = (PFN_vkEnumerateInstanceExtensionProperties)c->fn.vkGetInstanceProcAddr(
-        VK_NULL_HANDLE, "vkEnumerateInstanceExtensionProperties");
-    if (create_instance == NULL || enum_layers == NULL || enum_exts == NULL) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
-    if (o->validation) { /* only when the layer and debug utils are both there */
-        VkLayerProperties lp[64];
-        VkExtensionProperties ep[128];
-        uint32_t nl = 64, ne = 128;
-        int has_layer = 0, has_ext = 0;
-        if (enum_layers(&nl, lp) >= 0)
-            for (i = 0; i < nl; ++i) has_layer |= strcmp(lp[i].layerName, validation_layer) == 0;
-        if (enum_exts(NULL, &ne, ep) >= 0)
-            for (i = 0; i < ne; ++i) has_ext |= strcmp(ep[i].extensionName, debug_ext) == 0;
-        c->validation = has_layer;
-        want_debug = has_layer && has_ext;
-    }
-    memset(&app, 0, sizeof(app));
-    app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
-    app.pApplicationName = "kvcache_vk";
-    app.apiVersion = VK_API_VERSION_1_1;
-    memset(&mci, 0, sizeof(mci));
-    mci.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT;
-    mci.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
-    mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
-                      VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
-    mci.pfnUserCallback = kvc_vk__on_message;
-    mci.pUserData = c;
-    memset(&ici, 0, sizeof(ici));
-    ici.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
-    ici.pApplicationInfo = &app;
-    if (c->validation) { ici.enabledLayerCount = 1; ici.ppEnabledLayerNames = &validation_layer; }
-    if (want_debug) { ici.enabledExtensionCount = 1; ici.ppEnabledExtensionNames = &debug_ext; ici.pNext = &mci; }
-    if ((r = kvc_vk__vr(create_instance(&ici, NULL, &c->instance))) != KVC_OK) { c->instance = VK_NULL_HANDLE; kvc_vk__context_release(c); return r; }
-    if ((r = kvc_vk__load_instance_fns(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
-    if (want_debug) {
-        PFN_vkCreateDebugUtilsMessengerEXT cm = (PFN_vkCreateDebugUtilsMessengerEXT)c->fn.vkGetInstanceProcAddr(
-            c->instance, "vkCreateDebugUtilsMessengerEXT");
-        c->destroy_messenger = (PFN_vkDestroyDebugUtilsMessengerEXT)c->fn.vkGetInstanceProcAddr(
-            c->instance, "vkDestroyDebugUtilsMessengerEXT");
-        if (cm && c->destroy_messenger) cm(c->instance, &mci, NULL, &c->messenger);
-    }
-    if (c->fn.vkEnumeratePhysicalDevices(c->instance, &n_devs, devs) < 0) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
-    for (i = 0; i < n_devs; ++i) { /* a compute queue and push descriptors, discrete preferred */
-        VkQueueFamilyProperties qf[16];
-        VkExtensionProperties ep[512];
-        VkPhysicalDeviceProperties pp;
-        uint32_t ne = 512, fam = UINT32_MAX;
-        int push = 0, score, stats = 0, cm = 0, rob = 0, dot = 0;
-        if (o->device_index >= 0 && (uint32_t)o->device_index != i) continue;
-        n = 16;
-        c->fn.vkGetPhysicalDeviceQueueFamilyProperties(devs[i], &n, qf);
-        for (j = 0; j < n && fam == UINT32_MAX; ++j)
-            if (qf[j].queueFlags & VK_QUEUE_COMPUTE_BIT) fam = j;
-        if (c->fn.vkEnumerateDeviceExtensionProperties(devs[i], NULL, &ne, ep) >= 0)
-            for (j = 0; j < ne; ++j) {
-                push |= strcmp(ep[j].extensionName, push_ext) == 0;
-                stats |= strcmp(ep[j].extensionName, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME) == 0;
-#ifdef VK_EXT_pipeline_robustness
-                rob |= strcmp(ep[j].extensionName, VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME) == 0;
-#endif
-#ifdef VK_KHR_shader_integer_dot_product
-                dot |= strcmp(ep[j].extensionName, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) == 0;
-#endif
-                cm |= (strcmp(ep[j].extensionName, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) == 0) * 1 |
-                      (strcmp(ep[j].extensionName, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME) == 0) * 2 |
-                      (strcmp(ep[j].extensionName, VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME) == 0) * 4;
-            }
-        c->fn.vkGetPhysicalDeviceProperties(devs[i], &pp);
-        if (fam == UINT32_MAX || !push || pp.apiVersion < VK_API_VERSION_1_1) continue;
-        score = pp.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU ? 3
-              : pp.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? 2 : 1;
-        if (score > best_score) {
-            best_score = score; best = i; best_family = fam; best_stats = (uint32_t)stats; best_cm = (uint32_t)(cm == 7);
-            best_rob = (uint32_t)rob;
-            best_dot = (uint32_t)dot;
-        }
-    }
-    if (best == UINT32_MAX) { kvc_vk__context_release(c); return KVC_ERR_UNSUPPORTED; }
-    c->phys = devs[best];
-    c->family = best_family;
-    memset(&qci, 0, sizeof(qci));
-    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
-    qci.queueFamilyIndex = best_family;
-    qci.queueCount = 1;
-    qci.pQueuePriorities = &prio;
-    memset(&dci, 0, sizeof(dci));
-    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
-    dci.queueCreateInfoCount = 1;
-    dci.pQueueCreateInfos = &qci;
-    dev_exts[0] = push_ext;
-    dci.enabledExtensionCount = 1;
-    dci.ppEnabledExtensionNames = dev_exts;
-    if (o->pipeline_statistics && best_stats) {
-        memset(&pef, 0, sizeof(pef));
-        pef.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR;
-        pef.pipelineExecutableInfo = VK_TRUE;
-        pef.pNext = (void *)dci.pNext;
-        dci.pNext = &pef;
-        dev_exts[dci.enabledExtensionCount++] = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
-        c->stats = 1;
-    }
-    if (!o->no_cooperative_matrix && best_cm) { /* the tensor-core attention: enable what it needs */
-        memset(&cmf, 0, sizeof(cmf));
-        cmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
-        memset(&f16f, 0, sizeof(f16f));
-        f16f.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR;
-        f16f.pNext = &cmf;
-        memset(&vmmf, 0, sizeof(vmmf));
-        vmmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR;
-        vmmf.pNext = &f16f;
-        memset(&f2, 0, sizeof(f2));
-        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-        f2.pNext = &vmmf;
-        c->fn.vkGetPhysicalDeviceFeatures2(c->phys, &f2);
-        if (cmf.cooperativeMatrix && f16f.shaderFloat16 && vmmf.vulkanMemoryModel) {
-            memset(&cmf, 0, sizeof(cmf));
-            cmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
-            cmf.cooperativeMatrix = VK_TRUE;
-            cmf.pNext = (void *)dci.pNext;
-            memset(&f16f, 0, sizeof(f16f));
-            f16f.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR;
-            f16f.shaderFloat16 = VK_TRUE;
-            f16f.pNext = &cmf;
-            memset(&vmmf, 0, sizeof(vmmf));
-            vmmf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR;
-            vmmf.vulkanMemoryModel = VK_TRUE;
-            vmmf.pNext = &f16f;
-            dci.pNext = &vmmf;
-            dev_exts[dci.enabledExtensionCount++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
-            dev_exts[dci.enabledExtensionCount++] = VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME;
-            dev_exts[dci.enabledExtensionCount++] = VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME;
-            c->coopmat_enabled = 1;
-        }
-    }
-#ifdef VK_EXT_pipeline_robustness
-    if (!o->keep_bounds_checks && best_rob) { /* lets the attention pipelines turn bounds checks off */
-        memset(&prf, 0, sizeof(prf));
-        prf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_ROBUSTNESS_FEATURES_EXT;
-        c->robustness_enabled = kvc_vk__enable_feature(c, &dci, dev_exts, &prf, &prf.pipelineRobustness,
-                                                       VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME);
-    }
-#else
-    (void)best_rob;
-#endif
-#ifdef VK_KHR_shader_integer_dot_product
-    if (!o->no_integer_dot && best_dot) { /* q8_0 key scores as packed 8-bit dot products */
-        memset(&idf, 0, sizeof(idf));
-        idf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR;
-        c->dot_enabled = kvc_vk__enable_feature(c, &dci, dev_exts, &idf, &idf.shaderIntegerDotProduct,
-                                                VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
-    }
-#else
-    (void)best_dot;
-#endif
-    if ((r = kvc_vk__vr(c->fn.vkCreateDevice(c->phys, &dci, NULL, &c->device))) != KVC_OK) {
-        c->device = VK_NULL_HANDLE;
-        kvc_vk__context_release(c);
-        return r;
-    }
-    if ((r = kvc_vk__load_device_fns(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
-    c->fn.vkGetDeviceQueue(c->device, c->family, 0, &c->queue);
-    if ((r = kvc_vk__context_finish(c)) != KVC_OK) { kvc_vk__context_release(c); return r; }
-    *out = c;
-    return KVC_OK;
-}
-
-KVCDEF kvc_result kvc_vk_context_destroy(kvc_vk_context *c) {
-    if (c == NULL) return KVC_ERR_NULL;
-    if (c->live_pools) return KVC_ERR_BUSY;
-    kvc_vk__context_release(c);
-    return KVC_OK;
-}
-
-KVCDEF kvc_result kvc_vk_context_info(const kvc_vk_context *c, kvc_vk_info *info) {
-    size_t n;
-    if (c == NULL || info == NULL) return KVC_ERR_NULL;
-    memset(info, 0, sizeof(*info));
-    n = strlen(c->props.deviceName);
-    if (n >= sizeof(info->device_name)) n = sizeof(info->device_name) - 1;
-    memcpy(info->device_name, c->props.deviceName, n);
-    info->vendor_id = c->props.vendorID;
-    info->device_id = c->props.deviceID;
-    info->api_version = c->props.apiVersion;
-    info->device_type = c->props.deviceType;
-    info->subgroup_size = c->subgroup_size;
-    info->subgroup_arithmetic = c->subgroup_arith;
-    info->cooperative_matrix = c->coopmat != 0;
-    info->bounds_checks_off = c->robustness_enabled;
-    info->integer_dot_product = c->dot_enabled && c->subgroup_arith;
-    info->validation = c->validation;
-    info->validation_messages = c->messages;
-    memcpy(info->last_message, c->last_message, sizeof(info->last_message));
-    info->timestamp_period = c->props.limits.timestampPeriod;
-    info->instance = c->instance;
-    info->physical_device = c->phys;
-    info->device = c->device;
-    info->queue = c->queue;
-    info->queue_family = c->family;
-    return KVC_OK;
-}
-
-KVCDEF const kvc_vk_functions *kvc_vk_context_functions(const kvc_vk_context *c) { return c ? &c->fn : NULL; }
-
-/* ---- Buffers and the convenience transfers ---------------------------------------- */
-
-static kvc_result kvc_vk__buffer(kvc_vk_context *c, VkDeviceSize size, VkBufferUsageFlags usage, int host,
-                                 kvc_vk_buffer *b) {
-    VkBufferCreateInfo bi;
-    VkMemoryRequirements req;
-    VkMemoryAllocateInfo ai;
-    VkMemoryPropertyFlags want = host ? (VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
-                                      : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
-    uint32_t i, type = UINT32_MAX;
-    kvc_result r;
-    memset(b, 0, sizeof(*b));
-    size = (size + 15) & ~(VkDeviceSize)15; /* shaders read 16-byte vectors */
-    if (size == 0) size = 16;
-    memset(&bi, 0, sizeof(bi));
-    bi.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
-    bi.size = size;
-    bi.usage = usage;
-    bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-    if ((r = kvc_vk__vr(c->fn.vkCreateBuffer(c->device, &bi, c->vk_alloc, &b->buffer))) != KVC_OK) {
-        b->buffer = VK_NULL_HANDLE;
-        return r;
-    }
-    c->fn.vkGetBufferMemoryRequirements(c->device, b->buffer, &req);
-    for (i = 0; i < c->mem.memoryTypeCount && type == UINT32_MAX; ++i)
-        if ((req.memoryTypeBits & (1u << i)) && (c->mem.memoryTypes[i].propertyFlags & want) == want) type = i;
-    if (type == UINT32_MAX && !host) /* no device-local type (some software drivers): any */
-        for (i = 0; i < c->mem.memoryTypeCount && type == UINT32_MAX; ++i)
-            if (req.memoryTypeBits & (1u << i)) type = i;
-    if (type == UINT32_MAX) { kvc_vk_buffer_destroy(c, b); return KVC_ERR_UNSUPPORTED; }
-    memset(&ai, 0, sizeof(ai));
-    ai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
-    ai.allocationSize = req.size;
-    ai.memoryTypeIndex = type;
-    if ((r = kvc_vk__vr(c->fn.vkAllocateMemory(c->device, &ai, c->vk_alloc, &b->memory))) != KVC_OK) {
-        b->memory = VK_NULL_HANDLE;
-        kvc_vk_buffer_destroy(c, b);
-        return r;
-    }
-    if ((r = kvc_vk__vr(c->fn.vkBindBufferMemory(c->device, b->buffer, b->memory, 0))) != KVC_OK ||
-        (host && (r = kvc_vk__vr(c->fn.vkMapMemory(c->device, b->memory, 0, VK_WHOLE_SIZE, 0, &b->mapped))) != KVC_OK)) {
-        kvc_vk_buffer_destroy(c, b);
-        return r;
-    }
-    b->size = size;
-    return KVC_OK;
-}
-
-#define KVC_VK__USAGE (VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT)
-
-KVCDEF kvc_result kvc_vk_buffer_create(kvc_vk_context *c, VkDeviceSize size, int host_visible, kvc_vk_buffer *out) {
-    if (c == NULL || out == NULL) return KVC_ERR_NULL;
-    return kvc_vk__buffer(c, size, KVC_VK__USAGE, host_visible, out);
-}
-
-KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *c, kvc_vk_buffer *b) {
-    if (c == NULL || b == NULL) return KVC_ERR_NULL;
-    if (b->mapped) c->fn.vkUnmapMemory(c->device, b->memory);
-    if (b->buffer) c->fn.vkDestroyBuffer(c->device, b->buffer, c->vk_alloc);
-    if (b->memory) c->fn.vkFreeMemory(c->device, b->memory, c->vk_alloc);
-    memset(b, 0, sizeof(*b));
-    return KVC_OK;
-}
-
-KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
-    VkCommandBufferAllocateInfo ai;
-    VkCommandBufferBeginInfo bi;
-    kvc_result r;
-    if (c == NULL || cmd == NULL) return KVC_ERR_NULL;
-    memset(&ai, 0, sizeof(ai));
-    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
-    ai.commandPool = c->cmd_pool;
-    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-    ai.commandBufferCount = 1;
-    if ((r = kvc_vk__vr(c->fn.vkAllocateCommandBuffers(c->device, &ai, cmd))) != KVC_OK) return r;
-    memset(&bi, 0, sizeof(bi));
-    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
-    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-    if ((r = kvc_vk__vr(c->fn.vkBeginCommandBuffer(*cmd, &bi))) != KVC_OK) {
-        c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, cmd);
-        return r;
-    }
-    return KVC_OK;
-}
-
-KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *c, VkCommandBuffer cmd) {
-    VkSubmitInfo si;
-    kvc_result r;
-    if (c == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    { /* everything recorded becomes visible to the host once the fence signals */
-        VkMemoryBarrier mb;
-        memset(&mb, 0, sizeof(mb));
-        mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-        mb.srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT;
-        mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-        c->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
-                                   NULL, 0, NULL);
-    }
-    r = kvc_vk__vr(c->fn.vkEndCommandBuffer(cmd));
-    if (r == KVC_OK) {
-        memset(&si, 0, sizeof(si));
-        si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-        si.commandBufferCount = 1;
-        si.pCommandBuffers = &cmd;
-        r = kvc_vk__vr(c->fn.vkQueueSubmit(c->queue, 1, &si, c->fence));
-        if (r == KVC_OK) r = kvc_vk__vr(c->fn.vkWaitForFences(c->device, 1, &c->fence, VK_TRUE, UINT64_MAX));
-        c->fn.vkResetFences(c->device, 1, &c->fence);
-    }
-    c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
-    return r;
-}
-
-/* Barriers. Their scopes are as narrow as the work they order: on the H200 a barrier whose
-   destination was every stage and every read (VK_ACCESS_MEMORY_READ_BIT) cost about 2 us
-   even with nothing to wait for, as much as a small attention call's tiles; these two cost
-   nothing measurable there (bench_vk, a call with its dispatches removed: 4.2 -> 0.0 us). */
-static void kvc_vk__barrier_scoped(const kvc_vk_context *c, VkCommandBuffer cmd, VkPipelineStageFlags src_stages,
-                                   VkAccessFlags src_access) {
-    VkMemoryBarrier mb;
-    memset(&mb, 0, sizeof(mb));
-    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-    mb.srcAccessMask = src_access;
-    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                       VK_ACCESS_TRANSFER_WRITE_BIT;
-    c->fn.vkCmdPipelineBarrier(cmd, src_stages, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0,
-                               1, &mb, 0, NULL, 0, NULL);
-}
-
-/* Between the library's own steps: its compute shaders and transfers. */
-static void kvc_vk__barrier(const kvc_vk_context *c, VkCommandBuffer cmd) {
-    kvc_vk__barrier_scoped(c, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                           VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
-}
-
-/* At the start of a call: every earlier write, by any stage (the caller's kernels that
-   wrote q, k, v included), before the call's shaders and transfers. */
-static void kvc_vk__barrier_in(const kvc_vk_context *c, VkCommandBuffer cmd) {
-    kvc_vk__barrier_scoped(c, cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT);
-}
-
-static kvc_result kvc_vk__transfer(kvc_vk_context *c, VkBuffer dev, VkDeviceSize off, void *host, size_t bytes, int up) {
-    kvc_vk_buffer st;
-    VkCommandBuffer cmd;
-    VkBufferCopy region;
-    kvc_result r;
-    if (c == NULL || host == NULL || dev == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    if (bytes == 0) return KVC_OK;
-    if ((r = kvc_vk__buffer(c, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, 1, &st)) != KVC_OK)
-        return r;
-    if (up) memcpy(st.mapped, host, bytes);
-    if ((r = kvc_vk_begin(c, &cmd)) == KVC_OK) {
-        region.srcOffset = up ? 0 : off;
-        region.dstOffset = up ? off : 0;
-        region.size = bytes;
-        kvc_vk__barrier_in(c, cmd);
-        c->fn.vkCmdCopyBuffer(cmd, up ? st.buffer : dev, up ? dev : st.buffer, 1, &region);
-        kvc_vk__barrier(c, cmd);
-        r = kvc_vk_submit_wait(c, cmd);
-    }
-    if (r == KVC_OK && !up) memcpy(host, st.mapped, bytes);
-    kvc_vk_buffer_destroy(c, &st);
-    return r;
-}
-
-KVCDEF kvc_result kvc_vk_upload(kvc_vk_context *c, VkBuffer dst, VkDeviceSize off, const void *src, size_t bytes) {
-    return kvc_vk__transfer(c, dst, off, (void *)(uintptr_t)src, bytes, 1);
-}
-KVCDEF kvc_result kvc_vk_download(kvc_vk_context *c, VkBuffer src, VkDeviceSize off, void *dst, size_t bytes) {
-    return kvc_vk__transfer(c, src, off, dst, bytes, 0);
-}
-
-/* ---- The device pool: page buffers, pipelines, metadata mirror, page events ------- */
-
-enum { KVC_VK__SPLIT = 0, KVC_VK__MERGE, KVC_VK__WRITE_K, KVC_VK__WRITE_V, KVC_VK__READ_K, KVC_VK__READ_V,
-       KVC_VK__COPY, KVC_VK__N_FIXED };
-#define KVC_VK__MAX_VARIANTS 8 /* attention pipelines kept per pool (one per GQA group size) */
-#define KVC_VK__JOB_WORDS 24
-#define KVC_VK__CHUNK_WORDS 1024 /* metadata is compared and uploaded in 4 KiB pieces */
-
-typedef struct kvc_vk__variant { uint32_t key; VkPipeline pipe; } kvc_vk__variant;
-
-struct kvc_vk_pool {
-    kvc_vk_context *ctx;
-    kvc_pool *host;
-    int32_t n_layers, page_cells, max_pages, n_kv_heads, hdk, hdv;
-    kvc_type tk, tv;
-    uint32_t k_row, v_row;            /* bytes of one cell, one layer */
-    kvc_vk_buffer *kbuf, *vbuf;       /* [n_layers] */
-    VkDescriptorSetLayout dsl;
-    VkPipelineLayout layout;
-    VkShaderModule modules[6];        /* split (the pool's variant), merge, write, read, copy, split_cm */
-    VkPipeline fixed[KVC_VK__N_FIXED];
-    kvc_vk__variant split[KVC_VK__MAX_VARIANTS], merge[KVC_VK__MAX_VARIANTS];
-    int use_subgroup;
-    int use_dot;                      /* modules[0] is attn_split_sg_dot */
-    int use_cm;                       /* attn_split_cm for GQA groups of up to 8 heads */
-    int32_t max_splits;
-    /* device scratch that grows: the old buffer stays alive (work in flight may use it)
-       until the pool is destroyed */
-    kvc_vk_buffer meta, part, tmp;
-    kvc_vk_buffer *retired;
-    int32_t n_retired, cap_retired;
-    uint32_t *shadow;                 /* what meta holds once the recorded work has run */
-    size_t shadow_words;              /* valid words of shadow (0: unknown) */
-    uint32_t *build;                  /* the next call's metadata */
-    size_t build_cap;
-    /* page events queued by the host pool, replayed by the next command */
-    kvc_page_event *events;
-    int32_t n_events, cap_events;
-    int failed;                       /* an event could not be queued: KVC_ERR_NO_MEMORY from now on */
-    VkBufferCopy *regions;
-    size_t cap_regions;
-    uint32_t *seen;                   /* a bit per cell of the pool: RoPE runs rotate a cell once */
-};
-
-static void kvc_vk__on_event(void *user, const kvc_page_event *ev) {
-    kvc_vk_pool *p = (kvc_vk_pool *)user;
-    if (p->n_events == p->cap_events) {
-        int32_t cap = p->cap_events ? p->cap_events * 2 : 256;
-        kvc_page_event *e = (kvc_page_event *)kvc_vk__alloc(&p->ctx->alloc, sizeof(*e) * (size_t)cap);
-        if (e == NULL) { p->failed = 1; return; }
-        if (p->n_events) memcpy(e, p->events, sizeof(*e) * (size_t)p->n_events);
-        kvc_vk__free(&p->ctx->alloc, p->events);
-        p->events = e;
-        p->cap_events = cap;
-    }
-    p->events[p->n_events++] = *ev;
-}
-
-static kvc_result kvc_vk__module(kvc_vk_context *c, const uint32_t *code, size_t bytes, VkShaderModule *m) {
-    VkShaderModuleCreateInfo ci;
-    memset(&ci, 0, sizeof(ci));
-    ci.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO;
-    ci.codeSize = bytes;
-    ci.pCode = code;
-    return kvc_vk__vr(c->fn.vkCreateShaderModule(c->device, &ci, c->vk_alloc, m));
-}
-
-/* unchecked: no buffer bounds checks, where the device lets us say so per pipeline
-   (VK_EXT_pipeline_robustness enabled); the other pipelines then ask for robust buffer
-   access by name, which is what NVIDIA's driver gives every pipeline without the extension
-   (and what it no longer gives a pipeline that does not ask, once the extension is on).
-   Unchecked: the tensor-core split pass and the merge, whose every index is in range by
-   construction; on an H200 the checks (a compare and selects per load) cost f16 decode
-   attention 3-6 %. The CUDA-core split keeps them: without, q4_0 ran 3.5 % slower there
-   (scheduled differently by the driver's compiler) and q8_0 1 % faster. */
-static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint32_t *spec, uint32_t n_spec,
-                                   int unchecked, VkPipeline *out) {
-    VkSpecializationMapEntry map[16];
-    VkSpecializationInfo si;
-    VkComputePipelineCreateInfo ci;
-#ifdef VK_EXT_pipeline_robustness
-    VkPipelineRobustnessCreateInfoEXT rob;
-#endif
-    uint32_t i;
-    for (i = 0; i < n_spec; ++i) { map[i].constantID = i; map[i].offset = 4 * i; map[i].size = 4; }
-    si.mapEntryCount = n_spec;
-    si.pMapEntries = map;
-    si.dataSize = 4 * n_spec;
-    si.pData = spec;
-    memset(&ci, 0, sizeof(ci));
-    ci.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO;
-    ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
-    ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
-    ci.stage.module = m;
-    ci.stage.pName = "main";
-    ci.stage.pSpecializationInfo = &si;
-    ci.layout = p->layout;
-    if (p->ctx->stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
-#ifdef VK_EXT_pipeline_robustness
-    if (p->ctx->robustness_enabled) {
-        VkPipelineRobustnessBufferBehaviorEXT b = unchecked ? VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DISABLED_EXT
-                                                            : VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_ROBUST_BUFFER_ACCESS_EXT;
-        memset(&rob, 0, sizeof(rob));
-        rob.sType = VK_STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT;
-        rob.storageBuffers = b;
-        rob.uniformBuffers = b;
-        rob.vertexInputs = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DEVICE_DEFAULT_EXT;
-        rob.images = VK_PIPELINE_ROBUSTNESS_IMAGE_BEHAVIOR_DEVICE_DEFAULT_EXT;
-        ci.pNext = &rob;
-    }
-#else
-    (void)unchecked;
-#endif
-    return kvc_vk__vr(p->ctx->fn.vkCreateComputePipelines(p->ctx->device, VK_NULL_HANDLE, 1, &ci, p->ctx->vk_alloc, out));
-}
-
-/* The attention kernel's shape: a block of WG cells per step (one invocation per cell for
-   the scores), SEGK key values decoded at a time, EVT output values per invocation. */
-#define KVC_VK__WG 128u
-static uint32_t kvc_vk__segk(int32_t hdk) { return hdk % 8 == 0 ? 8u : hdk % 2 == 0 ? 2u : 1u; }
-static uint32_t kvc_vk__evt(int32_t hdv, uint32_t group) {
-    uint32_t e = 1;
-    while (e < (uint32_t)hdv && ((uint64_t)group * (uint32_t)hdv / e > KVC_VK__WG || (uint32_t)hdv % e)) e *= 2;
-    return (uint32_t)hdv % e || (uint64_t)group * (uint32_t)hdv / e > KVC_VK__WG ? (uint32_t)hdv : e;
-}
-
-static kvc_result kvc_vk__grow(kvc_vk_pool *p, kvc_vk_buffer *b, size_t bytes, int *grown) {
-    kvc_result r;
-    kvc_vk_buffer nb;
-    *grown = 0;
-    if (b->buffer && b->size >= bytes) return KVC_OK;
-    if (p->n_retired == p->cap_retired) {
-        int32_t cap = p->cap_retired ? 2 * p->cap_retired : 8;
-        kvc_vk_buffer *nr = (kvc_vk_buffer *)kvc_vk__alloc(&p->ctx->alloc, sizeof(*nr) * (size_t)cap);
-        if (nr == NULL) return KVC_ERR_NO_MEMORY;
-        if (p->n_retired) memcpy(nr, p->retired, sizeof(*nr) * (size_t)p->n_retired);
-        kvc_vk__free(&p->ctx->alloc, p->retired);
-        p->retired = nr;
-        p->cap_retired = cap;
-    }
-    if (b->buffer && bytes < 2 * b->size) bytes = 2 * b->size;
-    if ((r = kvc_vk__buffer(p->ctx, bytes, KVC_VK__USAGE, 0, &nb)) != KVC_OK) return r;
-    if (b->buffer) p->retired[p->n_retired++] = *b;
-    *b = nb;
-    *grown = 1;
-    return KVC_OK;
-}
-
-/* Room for `words` words of metadata in the build area. */
-static kvc_result kvc_vk__reserve(kvc_vk_pool *p, size_t words) {
-    uint32_t *nb, *ns;
-    size_t cap;
-    words = (words + KVC_VK__CHUNK_WORDS - 1) / KVC_VK__CHUNK_WORDS * KVC_VK__CHUNK_WORDS;
-    if (words <= p->build_cap) return KVC_OK;
-    cap = words > 2 * p->build_cap ? words : 2 * p->build_cap;
-    nb = (uint32_t *)kvc_vk__alloc(&p->ctx->alloc, cap * 4);
-    ns = (uint32_t *)kvc_vk__alloc(&p->ctx->alloc, cap * 4);
-    if (nb == NULL || ns == NULL) { kvc_vk__free(&p->ctx->alloc, nb); kvc_vk__free(&p->ctx->alloc, ns); return KVC_ERR_NO_MEMORY; }
-    if (p->shadow_words) memcpy(ns, p->shadow, p->shadow_words * 4);
-    kvc_vk__free(&p->ctx->alloc, p->build);
-    kvc_vk__free(&p->ctx->alloc, p->shadow);
-    p->build = nb;
-    p->shadow = ns;
-    p->build_cap = cap;
-    return KVC_OK;
-}
-
-/* Make the device meta buffer hold build[0, words): upload the 4 KiB pieces that differ
-   from what it will hold by then. Returns whether anything was recorded. */
-static kvc_result kvc_vk__upload_meta(kvc_vk_pool *p, VkCommandBuffer cmd, size_t words) {
-    size_t w;
-    int grown, any = 0;
-    kvc_result r = kvc_vk__grow(p, &p->meta, KVC_VK__CHUNK_WORDS * 4 * ((words + KVC_VK__CHUNK_WORDS - 1) / KVC_VK__CHUNK_WORDS) + 16, &grown);
-    if (r != KVC_OK) return r;
-    if (grown) p->shadow_words = 0;
-    for (w = 0; w < words; w += KVC_VK__CHUNK_WORDS) {
-        size_t n = words - w < KVC_VK__CHUNK_WORDS ? words - w : KVC_VK__CHUNK_WORDS;
-        if (w + n <= p->shadow_words && memcmp(p->build + w, p->shadow + w, n * 4) == 0) continue;
-        p->ctx->fn.vkCmdUpdateBuffer(cmd, p->meta.buffer, w * 4, n * 4, p->build + w);
-        memcpy(p->shadow + w, p->build + w, n * 4);
-        any = 1;
-    }
-    if (words > p->shadow_words) p->shadow_words = words;
-    if (any) kvc_vk__barrier(p->ctx, cmd);
-    return KVC_OK;
-}
-
-static void kvc_vk__push(kvc_vk_pool *p, VkCommandBuffer cmd, VkPipeline pipe, const VkBuffer *bufs, uint32_t n,
-                         const void *pc, uint32_t pc_bytes) {
-    VkDescriptorBufferInfo bi[8];
-    VkWriteDescriptorSet w[8];
-    uint32_t i;
-    for (i = 0; i < n; ++i) {
-        bi[i].buffer = bufs[i];
-        bi[i].offset = 0;
-        bi[i].range = VK_WHOLE_SIZE;
-        memset(&w[i], 0, sizeof(w[i]));
-        w[i].sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
-        w[i].dstBinding = i;
-        w[i].descriptorCount = 1;
-        w[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-        w[i].pBufferInfo = &bi[i];
-    }
-    p->ctx->fn.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
-    p->ctx->fn.vkCmdPushDescriptorSetKHR(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, n, w);
-    p->ctx->fn.vkCmdPushConstants(cmd, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, pc_bytes, pc);
-}
-
-/* A 1-D range of n invocations of 64-wide workgroups, folded into y past the x limit. */
-static void kvc_vk__dispatch_1d(kvc_vk_pool *p, VkCommandBuffer cmd, uint64_t n) {
-    uint64_t groups = (n + 63) / 64, x = groups < 65535 ? groups : 65535, y = (groups + x - 1) / x;
-    if (groups) p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)x, (uint32_t)y, 1);
-}
-
-static void kvc_vk__pool_free(kvc_vk_pool *p) {
-    kvc_vk_context *c = p->ctx;
-    int32_t i;
-    for (i = 0; i < KVC_VK__N_FIXED; ++i) if (p->fixed[i]) c->fn.vkDestroyPipeline(c->device, p->fixed[i], c->vk_alloc);
-    for (i = 0; i < KVC_VK__MAX_VARIANTS; ++i) {
-        if (p->split[i].pipe) c->fn.vkDestroyPipeline(c->device, p->split[i].pipe, c->vk_alloc);
-        if (p->merge[i].pipe) c->fn.vkDestroyPipeline(c->device, p->merge[i].pipe, c->vk_alloc);
-    }
-    for (i = 0; i < 6; ++i) if (p->modules[i]) c->fn.vkDestroyShaderModule(c->device, p->modules[i], c->vk_alloc);
-    if (p->layout) c->fn.vkDestroyPipelineLayout(c->device, p->layout, c->vk_alloc);
-    if (p->dsl) c->fn.vkDestroyDescriptorSetLayout(c->device, p->dsl, c->vk_alloc);
-    for (i = 0; p->kbuf && i < p->n_layers; ++i) {
-        kvc_vk_buffer_destroy(c, &p->kbuf[i]);
-        kvc_vk_buffer_destroy(c, &p->vbuf[i]);
-    }
-    kvc_vk_buffer_destroy(c, &p->meta);
-    kvc_vk_buffer_destroy(c, &p->part);
-    kvc_vk_buffer_destroy(c, &p->tmp);
-    for (i = 0; i < p->n_retired; ++i) kvc_vk_buffer_destroy(c, &p->retired[i]);
-    kvc_vk__free(&c->alloc, p->retired);
-    kvc_vk__free(&c->alloc, p->kbuf);
-    kvc_vk__free(&c->alloc, p->build);
-    kvc_vk__free(&c->alloc, p->shadow);
-    kvc_vk__free(&c->alloc, p->events);
-    kvc_vk__free(&c->alloc, p->regions);
-    kvc_vk__free(&c->alloc, p->seen);
-    if (p->host) kvc_pool_destroy(p->host);
-    kvc_vk__free(&c->alloc, p);
-}
-
-KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *cfg, const kvc_vk_pool_options *opts,
-                                     kvc_vk_pool **out) {
-    kvc_pool_config hc;
-    kvc_vk_pool *p;
-    kvc_result r;
-    VkDescriptorSetLayoutBinding b[8];
-    VkDescriptorSetLayoutCreateInfo dci;
-    VkPushConstantRange pcr;
-    VkPipelineLayoutCreateInfo lci;
-    uint32_t i, spec[4];
-    size_t kbytes, vbytes;
-    if (c == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
-    if (cfg->hooks.event != NULL || cfg->hooks.external_data || cfg->arena != NULL) return KVC_ERR_INVALID;
-    hc = *cfg;
-    p = (kvc_vk_pool *)kvc_vk__alloc(&c->alloc, sizeof(*p));
-    if (p == NULL) return KVC_ERR_NO_MEMORY;
-    memset(p, 0, sizeof(*p));
-    p->ctx = c;
-    hc.hooks.event = kvc_vk__on_event;
-    hc.hooks.user = p;
-    hc.hooks.external_data = 1;
-    if ((r = kvc_pool_create(&hc, &p->host)) != KVC_OK) { kvc_vk__free(&c->alloc, p); return r; }
-    p->n_layers = cfg->n_layers;
-    p->page_cells = p->host->page_cells;
-    p->max_pages = p->host->max_pages;
-    p->n_kv_heads = cfg->n_kv_heads;
-    p->hdk = cfg->head_dim_k;
-    p->hdv = cfg->head_dim_v;
-    p->tk = cfg->type_k;
-    p->tv = cfg->type_v;
-    p->k_row = (uint32_t)p->host->k_row;
-    p->v_row = (uint32_t)p->host->v_row;
-    p->max_splits = opts && opts->max_splits > 0 ? opts->max_splits : 256;
-    if (p->max_splits > 256) p->max_splits = 256; /* attn_merge.comp's shared weights */
-    /* what the shaders can address: 4-byte rows, even f16/bf16 heads, buffers in range */
-    kbytes = p->host->page_k_bytes * (size_t)p->max_pages;
-    vbytes = p->host->page_v_bytes * (size_t)p->max_pages;
-    if (p->k_row % 4 || p->v_row % 4 || kbytes > c->props.limits.maxStorageBufferRange ||
-        vbytes > c->props.limits.maxStorageBufferRange || (int)p->tk > 4 || (int)p->tv > 4) {
-        kvc_vk__pool_free(p);
-        return KVC_ERR_UNSUPPORTED;
-    }
-    p->kbuf = (kvc_vk_buffer *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk_buffer) * 2 * (size_t)p->n_layers);
-    if (p->kbuf) memset(p->kbuf, 0, sizeof(kvc_vk_buffer) * 2 * (size_t)p->n_layers);
-    p->seen = (uint32_t *)kvc_vk__alloc(&c->alloc, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
-    if (p->kbuf == NULL || p->seen == NULL) { kvc_vk__pool_free(p); return KVC_ERR_NO_MEMORY; }
-    memset(p->seen, 0, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
-    p->vbuf = p->kbuf + p->n_layers;
-    for (i = 0; i < (uint32_t)p->n_layers; ++i)
-        if ((r = kvc_vk__buffer(c, kbytes, KVC_VK__USAGE, 0, &p->kbuf[i])) != KVC_OK ||
-            (r = kvc_vk__buffer(c, vbytes, KVC_VK__USAGE, 0, &p->vbuf[i])) != KVC_OK) {
-            kvc_vk__pool_free(p);
-            return r;
-        }
-    for (i = 0; i < 8; ++i) {
-        memset(&b[i], 0, sizeof(b[i]));
-        b[i].binding = i;
-        b[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-        b[i].descriptorCount = 1;
-        b[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
-    }
-    memset(&dci, 0, sizeof(dci));
-    dci.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
-    dci.flags = VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR;
-    dci.bindingCount = 8;
-    dci.pBindings = b;
-    pcr.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
-    pcr.offset = 0;
-    pcr.size = 64;
-    memset(&lci, 0, sizeof(lci));
-    lci.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO;
-    lci.setLayoutCount = 1;
-    lci.pSetLayouts = &p->dsl;
-    lci.pushConstantRangeCount = 1;
-    lci.pPushConstantRanges = &pcr;
-    p->use_subgroup = !(opts && opts->no_subgroup) && c->subgroup_arith;
-    /* q8_0 keys: the variant with packed dot products where the device has them (the same
-       shader otherwise; it declares the capability, so only such devices get it) */
-    p->use_dot = p->use_subgroup && c->dot_enabled && !(opts && opts->no_integer_dot) && p->tk == KVC_TYPE_Q8_0;
-    if ((r = kvc_vk__vr(c->fn.vkCreateDescriptorSetLayout(c->device, &dci, c->vk_alloc, &p->dsl))) != KVC_OK ||
-        (r = kvc_vk__vr(c->fn.vkCreatePipelineLayout(c->device, &lci, c->vk_alloc, &p->layout))) != KVC_OK ||
-        (r = p->use_dot ? kvc_vk__module(c, kvc_vk__spv_attn_split_sg_dot, sizeof(kvc_vk__spv_attn_split_sg_dot), &p->modules[0])
-           : p->use_subgroup ? kvc_vk__module(c, kvc_vk__spv_attn_split_sg, sizeof(kvc_vk__spv_attn_split_sg), &p->modules[0])
-                             : kvc_vk__module(c, kvc_vk__spv_attn_split, sizeof(kvc_vk__spv_attn_split), &p->modules[0])) != KVC_OK ||
-        (r = kvc_vk__module(c, kvc_vk__spv_attn_merge, sizeof(kvc_vk__spv_attn_merge), &p->modules[1])) != KVC_OK ||
-        (r = kvc_vk__module(c, kvc_vk__spv_rows_write, sizeof(kvc_vk__spv_rows_write), &p->modules[2])) != KVC_OK ||
-        (r = kvc_vk__module(c, kvc_vk__spv_rows_read, sizeof(kvc_vk__spv_rows_read), &p->modules[3])) != KVC_OK ||
-        (r = kvc_vk__module(c, kvc_vk__spv_copy, sizeof(kvc_vk__spv_copy), &p->modules[4])) != KVC_OK ||
-        (r = kvc_vk__pipeline(p, p->modules[4], spec, 0, 0, &p->fixed[KVC_VK__COPY])) != KVC_OK) {
-        kvc_vk__pool_free(p);
-        return r;
-    }
-    spec[0] = (uint32_t)p->tk;
-    if ((r = kvc_vk__pipeline(p, p->modules[2], spec, 1, 0, &p->fixed[KVC_VK__WRITE_K])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
-    spec[0] = (uint32_t)p->tv;
-    if ((r = kvc_vk__pipeline(p, p->modules[2], spec, 1, 0, &p->fixed[KVC_VK__WRITE_V])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
-    spec[0] = (uint32_t)p->tk;
-    spec[1] = (uint32_t)p->hdk;
-    if ((r = kvc_vk__pipeline(p, p->modules[3], spec, 2, 0, &p->fixed[KVC_VK__READ_K])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
-    spec[0] = (uint32_t)p->tv;
-    spec[1] = (uint32_t)p->hdv;
-    if ((r = kvc_vk__pipeline(p, p->modules[3], spec, 2, 0, &p->fixed[KVC_VK__READ_V])) != KVC_OK) { kvc_vk__pool_free(p); return r; }
-    /* the tensor-core split pass: f16 K and V, head dims of whole 16 x 16 tiles up to 128 */
-    p->use_cm = c->coopmat && !(opts && opts->no_cooperative_matrix) && p->tk == KVC_TYPE_F16 &&
-                p->tv == KVC_TYPE_F16 && p->hdk % 16 == 0 && p->hdv % 16 == 0 && p->hdk <= 128 && p->hdv <= 128;
-    if (p->use_cm &&
-        (r = kvc_vk__module(c, kvc_vk__spv_attn_split_cm, sizeof(kvc_vk__spv_attn_split_cm), &p->modules[5])) != KVC_OK) {
-        kvc_vk__pool_free(p);
-        return r;
-    }
-    c->live_pools++;
-    *out = p;
-    return KVC_OK;
-}
-
-KVCDEF kvc_result kvc_vk_pool_destroy(kvc_vk_pool *p) {
-    kvc_vk_context *c;
-    kvc_pool_stats st;
-    if (p == NULL) return KVC_ERR_NULL;
-    memset(&st, 0, sizeof(st));
-    kvc_pool_stats_get(p->host, &st);
-    if (st.live_caches || st.live_snapshots || st.live_prefixes) return KVC_ERR_BUSY;
-    c = p->ctx;
-    kvc_vk__pool_free(p);
-    c->live_pools--;
-    return KVC_OK;
-}
-
-KVCDEF kvc_pool *kvc_vk_pool_host(const kvc_vk_pool *p) { return p ? p->host : NULL; }
-
-KVCDEF kvc_result kvc_vk_pool_page_buffers(const kvc_vk_pool *p, int32_t layer, VkBuffer *k, VkBuffer *v) {
-    if (p == NULL) return KVC_ERR_NULL;
-    if (layer < 0 || layer >= p->n_layers) return KVC_ERR_RANGE;
-    if (k) *k = p->kbuf[layer].buffer;
-    if (v) *v = p->vbuf[layer].buffer;
-    return KVC_OK;
-}
-
-/* ---- Page events on the GPU --------------------------------------------------------- */
-
-static int kvc_vk__same_rope(const kvc_page_event *a, const kvc_page_event *b) {
-    return a->kind == KVC_PAGE_ROPE && b->kind == KVC_PAGE_ROPE && a->new_pos - a->old_pos == b->new_pos - b->old_pos &&
-           a->rope->style == b->rope->style && a->rope->theta == b->rope->theta && a->rope->n_dims == b->rope->n_dims;
-}
-
-/* copies i0..i1-1 as one vkCmdCopyBuffer per buffer: no copy of the run may read cells an
-   earlier one writes, or write cells an earlier one reads or writes */
-static int32_t kvc_vk__copy_run_end(const kvc_vk_pool *p, int32_t i0) {
-    int32_t i, j;
-    for (i = i0 + 1; i < p->n_events && p->events[i].kind == KVC_PAGE_COPY; ++i) {
-        const kvc_page_event *e = &p->events[i];
-        for (j = i0; j < i; ++j) {
-            const kvc_page_event *f = &p->events[j];
-            if (e->src_page == f->page || e->page == f->page || e->page == f->src_page) return i;
-        }
-    }
-    return i;
-}
-
-static kvc_result kvc_vk__ensure_regions(kvc_vk_pool *p, size_t n) {
-    VkBufferCopy *r;
-    if (n <= p->cap_regions) return KVC_OK;
-    r = (VkBufferCopy *)kvc_vk__alloc(&p->ctx->alloc, sizeof(*r) * n * 2);
-    if (r == NULL) return KVC_ERR_NO_MEMORY;
-    kvc_vk__free(&p->ctx->alloc, p->regions);
-    p->regions = r;
-    p->cap_regions = n * 2;
-    return KVC_OK;
-}
-
-typedef struct kvc_vk__rows_pc { uint32_t n_rows, row_words, src_off, src_stride, src_f16, list_off; } kvc_vk__rows_pc;
-typedef struct kvc_vk__read_pc {
-    uint32_t n_rows, row_elems, row_bytes, out_off, list_off, rope, rope_dims, table_off;
-} kvc_vk__read_pc;
-
-/* RoPE shift of events i0..i1-1 (same delta and rope): per layer, decode + rotate the
-   keys into tmp as f32, then encode them back. */
-static kvc_result kvc_vk__replay_rope(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t i0, int32_t i1) {
-    const kvc_page_event *e0 = &p->events[i0];
-    const kvc_rope *rope = e0->rope;
-    int32_t n = 0, i, l, half = rope->n_dims / 2, nk = p->n_kv_heads * p->hdk, delta = e0->new_pos - e0->old_pos;
-    size_t words;
-    int grown;
-    kvc_result r;
-    for (i = i0; i < i1; ++i) n += p->events[i].n_cells;
-    words = (size_t)n + 2 * (size_t)half;
-    if ((r = kvc_vk__reserve(p, words)) != KVC_OK) return r;
-    if ((r = kvc_vk__grow(p, &p->tmp, (size_t)n * (size_t)nk * 4, &grown)) != KVC_OK) return r;
-    n = 0;
-    for (i = i0; i < i1; ++i) {
-        int32_t k;
-        for (k = 0; k < p->events[i].n_cells; ++k)
-            p->build[n++] = p->events[i].page * (uint32_t)p->page_cells + (uint32_t)(p->events[i].cell + k);
-    }
-    for (i = 0; i < half; ++i) { /* the angles in double, as kvcache.h computes them */
-        double angle = (double)delta * pow((double)rope->theta, -2.0 * i / rope->n_dims);
-        float cs = (float)cos(angle), sn = (float)sin(angle);
-        memcpy(&p->build[n + 2 * i], &cs, 4);
-        memcpy(&p->build[n + 2 * i + 1], &sn, 4);
-    }
-    if ((r = kvc_vk__upload_meta(p, cmd, words)) != KVC_OK) return r;
-    for (l = 0; l < p->n_layers; ++l) {
-        kvc_vk__read_pc rp;
-        kvc_vk__rows_pc wp;
-        VkBuffer rb[3], wb[3];
-        rp.n_rows = (uint32_t)n;
-        rp.row_elems = (uint32_t)nk;
-        rp.row_bytes = p->k_row;
-        rp.out_off = 0;
-        rp.list_off = 0;
-        rp.rope = (uint32_t)rope->style;
-        rp.rope_dims = (uint32_t)rope->n_dims;
-        rp.table_off = (uint32_t)n;
-        rb[0] = p->kbuf[l].buffer; rb[1] = p->tmp.buffer; rb[2] = p->meta.buffer;
-        kvc_vk__push(p, cmd, p->fixed[KVC_VK__READ_K], rb, 3, &rp, sizeof(rp));
-        kvc_vk__dispatch_1d(p, cmd, (uint64_t)n * (uint64_t)nk);
-        kvc_vk__barrier(p->ctx, cmd);
-        wp.n_rows = (uint32_t)n;
-        wp.row_words = p->k_row / 4;
-        wp.src_off = 0;
-        wp.src_stride = (uint32_t)nk;
-        wp.src_f16 = 0;
-        wp.list_off = 0;
-        wb[0] = p->kbuf[l].buffer; wb[1] = p->tmp.buffer; wb[2] = p->meta.buffer;
-        kvc_vk__push(p, cmd, p->fixed[KVC_VK__WRITE_K], wb, 3, &wp, sizeof(wp));
-        kvc_vk__dispatch_1d(p, cmd, (uint64_t)n * wp.row_words);
-        kvc_vk__barrier(p->ctx, cmd);
-    }
-    return KVC_OK;
-}
-
-KVCDEF kvc_result kvc_vk_cmd_sync(kvc_vk_pool *p, VkCommandBuffer cmd) {
-    int32_t i = 0, j, l;
-    kvc_result r;
-    if (p == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    if (p->failed) return KVC_ERR_NO_MEMORY;
-    kvc_vk__barrier_in(p->ctx, cmd);
-    while (i < p->n_events) {
-        const kvc_page_event *e = &p->events[i];
-        if (e->kind == KVC_PAGE_COPY) {
-            int32_t end = kvc_vk__copy_run_end(p, i);
-            if ((r = kvc_vk__ensure_regions(p, (size_t)(end - i))) != KVC_OK) return r;
-            for (l = 0; l < p->n_layers; ++l) {
-                int t;
-                for (t = 0; t < 2; ++t) {
-                    VkDeviceSize row = t ? p->v_row : p->k_row;
-                    for (j = i; j < end; ++j) {
-                        const kvc_page_event *f = &p->events[j];
-                        VkBufferCopy *rg = &p->regions[j - i];
-                        rg->srcOffset = ((VkDeviceSize)f->src_page * (VkDeviceSize)p->page_cells + (VkDeviceSize)f->src_cell) * row;
-                        rg->dstOffset = ((VkDeviceSize)f->page * (VkDeviceSize)p->page_cells + (VkDeviceSize)f->cell) * row;
-                        rg->size = (VkDeviceSize)f->n_cells * row;
-                    }
-                    p->ctx->fn.vkCmdCopyBuffer(cmd, t ? p->vbuf[l].buffer : p->kbuf[l].buffer,
-                                               t ? p->vbuf[l].buffer : p->kbuf[l].buffer, (uint32_t)(end - i), p->regions);
-                }
-            }
-            i = end;
-        } else if (e->kind == KVC_PAGE_ZERO) {
-            for (l = 0; l < p->n_layers; ++l) {
-                VkDeviceSize cell = (VkDeviceSize)e->page * (VkDeviceSize)p->page_cells + (VkDeviceSize)e->cell;
-                p->ctx->fn.vkCmdFillBuffer(cmd, p->kbuf[l].buffer, cell * p->k_row, (VkDeviceSize)e->n_cells * p->k_row, 0);
-                p->ctx->fn.vkCmdFillBuffer(cmd, p->vbuf[l].buffer, cell * p->v_row, (VkDeviceSize)e->n_cells * p->v_row, 0);
-            }
-            i++;
-        } else {
-            /* one run: the same shift, each cell once (two removals in a row may
-               rotate a cell twice: those go in two runs, in order) */
-            int32_t end = i, k;
-            for (; end < p->n_events && kvc_vk__same_rope(e, &p->events[end]); ++end) {
-                const kvc_page_event *f = &p->events[end];
-                uint32_t g = f->page * (uint32_t)p->page_cells + (uint32_t)f->cell;
-                if (p->seen[g >> 5] >> (g & 31) & 1u) break;
-                p->seen[g >> 5] |= 1u << (g & 31);
-            }
-            for (k = i; k < end; ++k) {
-                uint32_t g = p->events[k].page * (uint32_t)p->page_cells + (uint32_t)p->events[k].cell;
-                p->seen[g >> 5] &= ~(1u << (g & 31));
-            }
-            if ((r = kvc_vk__replay_rope(p, cmd, i, end)) != KVC_OK) return r;
-            i = end;
-        }
-        kvc_vk__barrier(p->ctx, cmd);
-    }
-    p->n_events = 0;
-    return KVC_OK;
-}
-
-/* ---- Append ---------------------------------------------------------------------------- */
-
-static kvc_result kvc_vk__check_cache(const kvc_vk_pool *p, const kvc_cache *c, int32_t layer) {
-    if (p == NULL || c == NULL) return KVC_ERR_NULL;
-    if (c->pool != p->host) return KVC_ERR_FOREIGN;
-    if (layer < 0 || layer >= p->n_layers) return KVC_ERR_RANGE;
-    return p->failed ? KVC_ERR_NO_MEMORY : KVC_OK;
-}
-
-/* the cell id (page * page_cells + slot) of token t (CAUSAL: cell t) */
-static uint32_t kvc_vk__gid(const kvc_cache *c, int32_t t) {
-    int32_t pc = c->pool->page_cells, idx = c->cfg.kind == KVC_KIND_CAUSAL ? t / pc : kvc__lpage_index(c, t / pc);
-    KVCACHE_ASSERT(idx >= 0);
-    return c->pages[idx] * (uint32_t)pc + (uint32_t)(t % pc);
-}
-
-KVCDEF kvc_result kvc_vk_cmd_append(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_cache *c, int32_t layer,
-                                    const kvc_vk_tensor *k, const kvc_vk_tensor *v) {
-    int32_t n, first, i, t;
-    kvc_result r;
-    if ((r = kvc_vk__check_cache(p, c, layer)) != KVC_OK) return r;
-    if (cmd == VK_NULL_HANDLE || k == NULL || v == NULL || k->buffer == VK_NULL_HANDLE || v->buffer == VK_NULL_HANDLE)
-        return KVC_ERR_NULL;
-    if (k->offset % 4 || v->offset % 4 || (k->f16 && k->offset % 4) || (v->f16 && v->offset % 4)) return KVC_ERR_INVALID;
-    if (!kvc__batch_open(c)) return KVC_ERR_STATE;
-    n = c->cfg.kind == KVC_KIND_CAUSAL ? c->batch_n : c->offset - c->batch_begin;
-    first = c->cfg.kind == KVC_KIND_CAUSAL ? c->batch_loc : c->batch_begin;
-    if ((r = kvc_vk__reserve(p, (size_t)n)) != KVC_OK) return r;
-    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
-    for (i = 0, t = first; i < n; ++i, ++t) p->build[i] = kvc_vk__gid(c, t);
-    if ((r = kvc_vk__upload_meta(p, cmd, (size_t)n)) != KVC_OK) return r;
-    for (i = 0; i < 2; ++i) {
-        const kvc_vk_tensor *src = i ? v : k;
-        kvc_vk__rows_pc wp;
-        VkBuffer b[3];
-        uint32_t elems = (uint32_t)p->n_kv_heads * (uint32_t)(i ? p->hdv : p->hdk);
-        wp.n_rows = (uint32_t)n;
-        wp.row_words = (i ? p->v_row : p->k_row) / 4;
-        wp.src_off = (uint32_t)(src->offset / (src->f16 ? 2 : 4));
-        wp.src_stride = elems;
-        wp.src_f16 = src->f16 ? 1u : 0u;
-        wp.list_off = 0;
-        b[0] = i ? p->vbuf[layer].buffer : p->kbuf[layer].buffer;
-        b[1] = src->buffer;
-        b[2] = p->meta.buffer;
-        kvc_vk__push(p, cmd, p->fixed[i ? KVC_VK__WRITE_V : KVC_VK__WRITE_K], b, 3, &wp, sizeof(wp));
-        kvc_vk__dispatch_1d(p, cmd, (uint64_t)n * wp.row_words);
-    }
-    return kvc_put(c, layer, NULL, NULL); /* the host side: the layer is written */
-}
-
-/* ---- Gather ---------------------------------------------------------------------------- */
-
-KVCDEF kvc_result kvc_vk_cmd_gather(kvc_vk_pool *p, VkCommandBuffer cmd, const kvc_cache *c, int32_t layer,
-                                    const kvc_vk_tensor *k, const kvc_vk_tensor *v, int32_t *pos,
-                                    int32_t max_cells, int32_t *n_cells) {
-    kvc__iter it;
-    kvc__run run;
-    int32_t n, cell, i;
-    kvc_result r;
-    if ((r = kvc_vk__check_cache(p, c, layer)) != KVC_OK) return r;
-    if (n_cells == NULL) return KVC_ERR_NULL;
-    if (max_cells < 0) return KVC_ERR_INVALID;
-    kvc_cache_cells(c, &n);
-    *n_cells = n;
-    if (k == NULL && v == NULL && pos == NULL) return KVC_OK;
-    if (n > max_cells) return KVC_ERR_RANGE;
-    if ((k || v) && cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    if ((k && (k->buffer == VK_NULL_HANDLE || k->offset % 4)) || (v && (v->buffer == VK_NULL_HANDLE || v->offset % 4)))
-        return KVC_ERR_INVALID;
-    if ((r = kvc_vk__reserve(p, (size_t)n)) != KVC_OK) return r;
-    n = 0;
-    kvc__iter_init(&it, c);
-    while (kvc__iter_next(&it, &run))
-        for (cell = run.c0; cell < run.c1; ++cell, ++n) {
-            p->build[n] = run.page * (uint32_t)p->page_cells + (uint32_t)cell;
-            if (pos) pos[n] = *kvc__pos_at(p->host, run.page, cell);
-        }
-    if (!k && !v) return KVC_OK;
-    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
-    /* the sync may have used the build area: list the cells again */
-    n = 0;
-    kvc__iter_init(&it, c);
-    while (kvc__iter_next(&it, &run))
-        for (cell = run.c0; cell < run.c1; ++cell) p->build[n++] = run.page * (uint32_t)p->page_cells + (uint32_t)cell;
-    if ((r = kvc_vk__upload_meta(p, cmd, (size_t)n)) != KVC_OK) return r;
-    for (i = 0; i < 2; ++i) {
-        const kvc_vk_tensor *dst = i ? v : k;
-        kvc_vk__read_pc rp;
-        VkBuffer b[3];
-        if (dst == NULL) continue;
-        memset(&rp, 0, sizeof(rp));
-        rp.n_rows = (uint32_t)n;
-        rp.row_elems = (uint32_t)p->n_kv_heads * (uint32_t)(i ? p->hdv : p->hdk);
-        rp.row_bytes = i ? p->v_row : p->k_row;
-        rp.out_off = (uint32_t)(dst->offset / 4);
-        b[0] = i ? p->vbuf[layer].buffer : p->kbuf[layer].buffer;
-        b[1] = dst->buffer;
-        b[2] = p->meta.buffer;
-        kvc_vk__push(p, cmd, p->fixed[i ? KVC_VK__READ_V : KVC_VK__READ_K], b, 3, &rp, sizeof(rp));
-        kvc_vk__dispatch_1d(p, cmd, (uint64_t)n * rp.row_elems);
-    }
-    return KVC_OK;
-}
-
-KVCDEF kvc_result kvc_vk_cmd_copy(kvc_vk_pool *p, VkCommandBuffer cmd, VkBuffer src, VkBuffer dst, VkDeviceSize bytes) {
-    uint32_t n;
-    VkBuffer b[2];
-    uint64_t groups;
-    if (p == NULL || cmd == VK_NULL_HANDLE || src == VK_NULL_HANDLE || dst == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    if (bytes % 16 || bytes / 16 > UINT32_MAX) return KVC_ERR_INVALID;
-    n = (uint32_t)(bytes / 16);
-    b[0] = src;
-    b[1] = dst;
-    kvc_vk__barrier_in(p->ctx, cmd);
-    kvc_vk__push(p, cmd, p->fixed[KVC_VK__COPY], b, 2, &n, sizeof(n));
-    groups = ((uint64_t)n + 255) / 256;
-    if (groups > 65535) groups = 65535;
-    if (groups) p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)groups, 1, 1);
-    return KVC_OK;
-}
-
-/* ---- Attention ------------------------------------------------------------------------- */
-
-typedef struct kvc_vk__split_pc {
-    uint32_t job_off, chunk, n_splits, k_row_bytes, v_row_bytes, page_cells;
-    float scale_log2;
-} kvc_vk__split_pc;
-
-/* Does a GQA group of `group` query heads per kv head run on attn_split_cm? */
-static int kvc_vk__cm(const kvc_vk_pool *p, uint32_t group) {
-    return p->use_cm && (group <= 4 ? (p->ctx->coopmat & 1) : group <= 8 && (p->ctx->coopmat & 2));
-}
-
-static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint32_t key, int merge, VkPipeline *out) {
-    uint32_t spec[11];
-    int32_t i;
-    int cm;
-    kvc_result r;
-    for (i = 0; i < KVC_VK__MAX_VARIANTS && tab[i].pipe; ++i)
-        if (tab[i].key == key) { *out = tab[i].pipe; return KVC_OK; }
-    if (i == KVC_VK__MAX_VARIANTS) return KVC_ERR_UNSUPPORTED; /* that many GQA shapes on one pool */
-    if (!merge && key > KVC_VK__WG) return KVC_ERR_UNSUPPORTED;   /* GQA groups up to 128 heads */
-    if (merge) {
-        spec[0] = (uint32_t)p->hdv;
-        spec[1] = key;
-        r = kvc_vk__pipeline(p, p->modules[1], spec, 2, 1, &tab[i].pipe);
-    } else {
-        spec[0] = (uint32_t)p->tk;
-        spec[1] = (uint32_t)p->tv;
-        spec[2] = (uint32_t)p->hdk;
-        spec[3] = (uint32_t)p->hdv;
-        spec[4] = key;
-        spec[5] = kvc_vk__segk(p->hdk);
-        spec[6] = kvc_vk__evt(p->hdv, key);
-        spec[7] = (uint32_t)p->n_kv_heads;
-        spec[8] = KVC_VK__WG;
-        spec[9] = (uint32_t)p->page_cells;
-        /* VQ: q8_0 / q4_0 V rows summed 8 values of every head at a time by cell groups (at least
-           two groups of whole slices of 8 values in a block) */
-        spec[10] = (p->tv == KVC_TYPE_Q8_0 || p->tv == KVC_TYPE_Q4_0) && p->hdv % 32 == 0 && key <= 8 &&
-                   KVC_VK__WG % (uint32_t)(p->hdv / 8) == 0 && KVC_VK__WG / (uint32_t)(p->hdv / 8) >= 2;
-        cm = kvc_vk__cm(p, key); /* the tensor-core split runs unchecked */
-        r = kvc_vk__pipeline(p, p->modules[cm ? 5 : 0], spec, 11, cm, &tab[i].pipe);
-    }
-    if (r != KVC_OK) { tab[i].pipe = VK_NULL_HANDLE; return r; }
-    tab[i].key = key;
-    *out = tab[i].pipe;
-    return KVC_OK;
-}
-
-/* Check one item as kvc_attention would (a stand-in desc: q/out live on the device). */
-static kvc_result kvc_vk__check_item(const kvc_vk_pool *p, const kvc_vk_attention_item *it, int32_t layer) {
-    kvc_attention_desc d;
-    float dummy = 0.0f;
-    kvc_result r;
-    if ((r = kvc_vk__check_cache(p, it->cache, layer)) != KVC_OK) return r;
-    if (it->desc.q.buffer == VK_NULL_HANDLE || it->desc.out.buffer == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    if (it->desc.q.offset % 4 || it->desc.out.offset % 4 || it->desc.q.f16 || it->desc.out.f16) return KVC_ERR_INVALID;
-    memset(&d, 0, sizeof(d));
-    d.n_queries = it->desc.n_queries;
-    d.n_heads = it->desc.n_heads;
-    d.q = &dummy;
-    d.out = &dummy;
-    d.pos = it->desc.pos;
-    d.seq = it->desc.seq;
-    d.scale = it->desc.scale;
-    d.window = it->desc.window;
-    d.non_causal = it->desc.non_causal;
-    return kvc__check_attention(it->cache, layer, &d);
-}
-
-KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t layer,
-                                             const kvc_vk_attention_item *items, int32_t n_items) {
-    int32_t it, qi, n_heads, n_jobs = 0, max_view = 0, splits, chunk, pc, block, cm, groups;
-    size_t words, at, part_bytes;
-    uint32_t *job;
-    float scale;
-    VkPipeline split_pipe, merge_pipe;
-    kvc_vk__split_pc sp;
-    uint32_t mp[2];
-    VkBuffer b[8];
-    int grown;
-    kvc_result r;
-    if (p == NULL || items == NULL) return KVC_ERR_NULL;
-    if (cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    if (n_items < 1) return KVC_ERR_INVALID;
-    n_heads = items[0].desc.n_heads;
-    scale = items[0].desc.scale;
-    for (it = 0; it < n_items; ++it) {
-        if ((r = kvc_vk__check_item(p, &items[it], layer)) != KVC_OK) return r;
-        /* one q buffer, one out buffer, one head count and scale per dispatch */
-        if (items[it].desc.n_heads != n_heads || items[it].desc.scale != scale ||
-            items[it].desc.q.buffer != items[0].desc.q.buffer || items[it].desc.out.buffer != items[0].desc.out.buffer)
-            return KVC_ERR_INVALID;
-        if (n_jobs > 65535 - items[it].desc.n_queries) return KVC_ERR_RANGE;
-        n_jobs += items[it].desc.n_queries;
-    }
-    pc = p->page_cells;
-    /* sizes first (nothing recorded yet): jobs, then each item's page table and cell data */
-    words = (size_t)n_jobs * KVC_VK__JOB_WORDS;
-    for (it = 0; it < n_items; ++it) {
-        const kvc_cache *c = items[it].cache;
-        words += (size_t)c->n_pages;
-        if (c->cfg.kind == KVC_KIND_CAUSAL) words += (size_t)c->capacity * (1 + (size_t)c->words);
-    }
-    if ((r = kvc_vk__reserve(p, words)) != KVC_OK) return r;
-    if ((r = kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads), 0, &split_pipe)) != KVC_OK) return r;
-    if ((r = kvc_vk__get_variant(p, p->merge, (uint32_t)n_heads, 1, &merge_pipe)) != KVC_OK) return r;
-    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
-    at = (size_t)n_jobs * KVC_VK__JOB_WORDS;
-    job = p->build;
-    for (it = 0; it < n_items; ++it) {
-        const kvc_cache *c = items[it].cache;
-        const kvc_vk_attention_desc *d = &items[it].desc;
-        kvc_attention_desc cd;
-        size_t pt = at, cpos = 0, cseq = 0;
-        uint32_t nsink = 0, lp_base = 0;
-        kvc__ranges rg = kvc__view(c);
-        int32_t b1 = KVC__MAX(rg.b[1], rg.e[0]);
-        memset(&cd, 0, sizeof(cd));
-        cd.n_queries = d->n_queries;
-        cd.n_heads = d->n_heads;
-        cd.pos = d->pos;
-        cd.seq = d->seq;
-        cd.window = d->window;
-        cd.non_causal = d->non_causal;
-        if (c->cfg.kind == KVC_KIND_CAUSAL) {
-            int32_t i;
-            memcpy(p->build + at, c->pages, sizeof(uint32_t) * (size_t)c->n_pages);
-            at += (size_t)c->n_pages;
-            cpos = at;
-            for (i = 0; i < c->capacity; ++i) p->build[at + (size_t)i] = (uint32_t)*kvc__cell_pos(c, i);
-            at += (size_t)c->capacity;
-            cseq = at;
-            memcpy(p->build + at, c->seqs, sizeof(uint32_t) * (size_t)c->capacity * (size_t)c->words);
-            at += (size_t)c->capacity * (size_t)c->words;
-        } else {
-            /* logical pages [0, nsink) (sinks) then [lp_base, last] */
-            int32_t lp, last = rg.e[1] > b1 ? (rg.e[1] - 1) / pc : -1;
-            nsink = (uint32_t)((rg.e[0] + pc - 1) / pc);
-            lp_base = (uint32_t)KVC__MAX(b1 / pc, (int32_t)nsink);
-            for (lp = 0; lp < (int32_t)nsink; ++lp) p->build[at++] = c->pages[kvc__lpage_index(c, lp)];
-            for (lp = (int32_t)lp_base; lp <= last; ++lp) p->build[at++] = c->pages[kvc__lpage_index(c, lp)];
-        }
-        for (qi = 0; qi < d->n_queries; ++qi, job += KVC_VK__JOB_WORDS) {
-            kvc__query q = kvc__query_of(c, &cd, qi);
-            int32_t n_view;
-            memset(job, 0, KVC_VK__JOB_WORDS * 4);
-            if (c->cfg.kind == KVC_KIND_CAUSAL) {
-                int32_t lo = c->seq_lo[q.seq], hi = c->seq_hi[q.seq];
-                if (lo >= hi) lo = hi = 0;
-                job[0] = 1;
-                job[4] = (uint32_t)lo;
-                job[5] = (uint32_t)hi;
-                n_view = hi - lo;
-                job[15] = (uint32_t)c->cfg.window;
-                job[16] = (uint32_t)c->cfg.chunk;
-                job[17] = (uint32_t)cpos;
-                job[18] = (uint32_t)cseq;
-                job[19] = (uint32_t)c->words;
-            } else {
-                job[2] = (uint32_t)rg.b[0];
-                job[3] = (uint32_t)rg.e[0];
-                job[4] = (uint32_t)b1;
-                job[5] = (uint32_t)rg.e[1];
-                n_view = (rg.e[0] - rg.b[0]) + (rg.e[1] > b1 ? rg.e[1] - b1 : 0);
-                job[7] = nsink;
-                job[8] = lp_base;
-                if (c->cfg.kind == KVC_KIND_ROTATING) {
-                    job[13] = (uint32_t)c->cfg.sinks;
-                    job[14] = (uint32_t)kvc__recent_window(c);
-                }
-            }
-            job[1] = (uint32_t)n_view;
-            job[6] = (uint32_t)pt;
-            job[9] = (uint32_t)q.pos;
-            job[10] = (uint32_t)q.seq;
-            job[11] = (uint32_t)(q.non_causal != 0);
-            job[12] = (uint32_t)q.window;
-            job[20] = (uint32_t)(d->q.offset / 4) + (uint32_t)qi * (uint32_t)n_heads * (uint32_t)p->hdk;
-            job[21] = (uint32_t)(d->out.offset / 4) + (uint32_t)qi * (uint32_t)n_heads * (uint32_t)p->hdv;
-            if (n_view > max_view) max_view = n_view;
-        }
-    }
-    /* split-K: about 1024 workgroups in all, chunks of whole blocks (attn_split_cm: single-
-       subgroup workgroups, tiles of 16 cells). Measured on an H200 (32 q / 8 kv heads, batch
-       1-8, 4k-128k cells): attn_split_cm at 1024 was 15-19 % faster than at 512 at >= 32k
-       cells (while it staged K and V together in 10 KB of shared memory, 512 had been 1-16 %
-       faster than 1024); attn_split (q8_0) at 1024 was 0-8 % faster than at 2048 but at
-       128k cells, batch 8 (1 % slower), and for calls of at most 128k cells in all (jobs x
-       longest view) 512 workgroups were 6-7 % faster than 1024 for q8_0 and q4_0 (batch 1
-       32k, batch 8 4k; 128k batch 1: q8_0 1.4 % faster, q4_0 0.3-1 % slower), 0.4-2 %
-       slower above. The split depends only on the shapes and the shader, never on the
-       device. */
-    cm = kvc_vk__cm(p, (uint32_t)(n_heads / p->n_kv_heads));
-    block = cm ? 16 : (int32_t)KVC_VK__WG;
-    groups = cm || (int64_t)n_jobs * max_view > 131072 ? 1024 : 512;
-    splits = (int32_t)(groups / ((int64_t)n_jobs * p->n_kv_heads));
-    splits = KVC__MAX(1, KVC__MIN(splits, p->max_splits));
-    chunk = (max_view + splits - 1) / splits;
-    chunk = (KVC__MAX(chunk, cm ? 64 : 1) + block - 1) / block * block; /* cm: 4 tiles at least */
-    splits = KVC__MAX(1, (max_view + chunk - 1) / chunk);
-    part_bytes = (size_t)n_jobs * (size_t)n_heads * (size_t)splits * ((size_t)p->hdv + 2) * 4;
-    if ((r = kvc_vk__grow(p, &p->part, part_bytes, &grown)) != KVC_OK) return r;
-    if ((r = kvc_vk__upload_meta(p, cmd, at)) != KVC_OK) return r;
-    sp.job_off = 0;
-    sp.chunk = (uint32_t)chunk;
-    sp.n_splits = (uint32_t)splits;
-    sp.k_row_bytes = p->k_row;
-    sp.v_row_bytes = p->v_row;
-    sp.page_cells = (uint32_t)pc;
-    sp.scale_log2 = (scale > 0.0f ? scale : 1.0f / sqrtf((float)p->hdk)) * 1.4426950408889634f;
-    b[0] = p->kbuf[layer].buffer;
-    b[1] = p->vbuf[layer].buffer;
-    b[2] = p->meta.buffer;
-    b[3] = items[0].desc.q.buffer;
-    b[4] = p->part.buffer;
-    b[5] = p->kbuf[layer].buffer; /* again, as words */
-    b[6] = p->vbuf[layer].buffer;
-    b[7] = p->kbuf[layer].buffer; /* and as 8-byte pieces */
-    kvc_vk__push(p, cmd, split_pipe, b, 8, &sp, sizeof(sp));
-    p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)p->n_kv_heads, (uint32_t)splits, (uint32_t)n_jobs);
-    kvc_vk__barrier(p->ctx, cmd);
-    mp[0] = 0;
-    mp[1] = (uint32_t)splits;
-    b[0] = p->part.buffer;
-    b[1] = p->meta.buffer;
-    b[2] = items[0].desc.out.buffer;
-    kvc_vk__push(p, cmd, merge_pipe, b, 3, mp, sizeof(mp));
-    /* attn_merge.comp: a workgroup per query head, job and 32 output values */
-    p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)n_heads, (uint32_t)n_jobs, (uint32_t)(p->hdv + 31) / 32);
-    return KVC_OK;
-}
-
-KVCDEF kvc_result kvc_vk_cmd_attention(kvc_vk_pool *p, VkCommandBuffer cmd, const kvc_cache *c, int32_t layer,
-                                       const kvc_vk_attention_desc *desc) {
-    kvc_vk_attention_item item;
-    if (desc == NULL) return KVC_ERR_NULL;
-    item.cache = c;
-    item.desc = *desc;
-    return kvc_vk_cmd_attention_batch(p, cmd, layer, &item, 1);
+static const uint32_t *kvc_vk__spirv(kvc_vk__module m, size_t *n_words) {
+    *n_words = kvc_vk__spirv_table[m].n_words;
+    return kvc_vk__spirv_table[m].words;
 }
 
 #endif /* KVCACHE_VK_IMPLEMENTATION_DONE */
 #endif /* KVCACHE_VK_IMPLEMENTATION */
+
+/*
+------------------------------------------------------------------------------
+This software is available under 2 licenses -- choose whichever you prefer.
+------------------------------------------------------------------------------
+ALTERNATIVE A - MIT License
+
+Copyright (c) 2026 the kvcache.h authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of
+this software and associated documentation files (the "Software"), to deal in
+the Software without restriction, including without limitation the rights to
+use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies
+of the Software, and to permit persons to whom the Software is furnished to do
+so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+SOFTWARE.
+------------------------------------------------------------------------------
+ALTERNATIVE B - Public Domain (www.unlicense.org)
+
+This is free and unencumbered software released into the public domain.
+
+Anyone is free to copy, modify, publish, use, compile, sell, or distribute this
+software, either in source code form or as a compiled binary, for any purpose,
+commercial or non-commercial, and by any means.
+
+In jurisdictions that recognize copyright laws, the author or authors of this
+software dedicate any and all copyright interest in the software to the public
+domain. We make this dedication for the benefit of the public at large and to
+the detriment of our heirs and successors. We intend this dedication to be an
+overt act of relinquishment in perpetuity of all present and future rights to
+this software under copyright law.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER LIABILITY, WHETHER IN AN
+ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION
+WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+
+For more information, please refer to <https://unlicense.org/>
+------------------------------------------------------------------------------
+*/

@@ -24,7 +24,7 @@
 #include <time.h>
 
 #if defined(__has_include)
-#if __has_include(<vulkan/vulkan.h>) && __has_include(<dlfcn.h>)
+#if __has_include(<vulkan/vulkan.h>)
 #define HAVE_VK 1
 #endif
 #endif
@@ -37,8 +37,8 @@ int main(void) {
 #else
 #define VK_NO_PROTOTYPES
 #define KVCACHE_VK_IMPLEMENTATION
+#define KVCACHE_VK_HELPERS /* the loader, a device of its own, buffers, transfers, the copy kernel */
 #include "kvcache_vk.h"
-#include <dlfcn.h>
 
 #define HQ 32
 #define HKV 8
@@ -209,8 +209,7 @@ int main(int argc, char **argv) {
     kvc_vk_pool_options po;
     kvc_type types[4];
     const char *type_arg = "f16,q8_0";
-    void *lib, *sym;
-    PFN_vkGetInstanceProcAddr gipa = NULL;
+    kvc_vk_loader loader;
     kvc_vk_device_options o;
     kvc_vk_buffer kin_buf, vin_buf, q_buf, out_buf, copy_a, copy_b;
     float *kin, *vin, *qh;
@@ -230,15 +229,12 @@ int main(int argc, char **argv) {
     }
     for (ti = 0; ti < (int)KVC_TYPE_COUNT; ++ti)
         if (strstr(type_arg, kvc_type_name((kvc_type)ti))) types[n_types++] = (kvc_type)ti;
-    lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL) { printf("bench_vk: skipped (no Vulkan loader)\n"); return 0; }
-    sym = dlsym(lib, "vkGetInstanceProcAddr");
-    memcpy(&gipa, &sym, sizeof(gipa));
+    if (kvc_vk_loader_open(&loader) != KVC_OK) { printf("bench_vk: skipped (no Vulkan loader)\n"); return 0; }
     memset(&o, 0, sizeof(o));
-    o.get_instance_proc_addr = gipa;
+    o.get_instance_proc_addr = loader.get_instance_proc_addr;
     o.device_index = getenv("KVC_VK_DEVICE") ? atoi(getenv("KVC_VK_DEVICE")) : -1;
-    o.keep_bounds_checks = getenv("BENCH_VK_BOUNDS_CHECKS") != NULL;
-    o.no_integer_dot = getenv("BENCH_VK_NO_DOT") != NULL;
+    if (getenv("BENCH_VK_BOUNDS_CHECKS")) o.disable_features |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS;
+    if (getenv("BENCH_VK_NO_DOT")) o.disable_features |= KVC_VK_FEATURE_INTEGER_DOT_PRODUCT;
     o.pipeline_statistics = getenv("BENCH_VK_STATS") != NULL;
     if (kvc_vk_device_create(&o, &ctx) != KVC_OK) { printf("bench_vk: skipped (no Vulkan device)\n"); return 0; }
     kvc_vk_context_info(ctx, &info);
@@ -251,7 +247,9 @@ int main(int argc, char **argv) {
     }
     printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d, bounds checks off %d, integer dot %d), %d reps per timing, medians of 5\n",
            info.device_name, VK_API_VERSION_MAJOR(info.api_version), VK_API_VERSION_MINOR(info.api_version),
-           info.subgroup_size, info.cooperative_matrix, info.bounds_checks_off, info.integer_dot_product, reps);
+           info.subgroup_size, (info.active_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) != 0,
+           (info.active_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) != 0,
+           (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0, reps);
 
     /* inputs: one chunk of K and V rows (f32), repeated through every cache */
     kin = (float *)malloc(sizeof(float) * in_elems * 2);
@@ -308,7 +306,7 @@ int main(int argc, char **argv) {
                 pc.budget_bytes *= (size_t)batch; /* one cache per batch entry */
                 memset(&po, 0, sizeof(po));
                 po.max_splits = groups;
-                po.no_cooperative_matrix = getenv("BENCH_VK_NO_CM") != NULL;
+                if (getenv("BENCH_VK_NO_CM")) po.disable_features |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
                 CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
                 hp = kvc_vk_pool_host(vp);
                 kvc_cache_config_init(&cc, KVC_KIND_FULL);
@@ -369,7 +367,7 @@ int main(int argc, char **argv) {
     CHECK(kvc_vk_context_destroy(ctx));
     free(kin);
     free(qh);
-    dlclose(lib);
+    kvc_vk_loader_close(&loader);
     return 0;
 }
 #endif

@@ -48,11 +48,11 @@
 */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
-#ifdef TINYLM_VK /* --vk: the Vulkan backend; VK_NO_PROTOTYPES, the loader opened with dlopen */
+#ifdef TINYLM_VK /* --vk: the Vulkan backend; VK_NO_PROTOTYPES, the loader opened at run time */
 #define VK_NO_PROTOTYPES
 #define KVCACHE_VK_IMPLEMENTATION
+#define KVCACHE_VK_HELPERS /* the loader, a device of its own, buffers */
 #include "../kvcache_vk.h"
-#include <dlfcn.h>
 #endif
 
 #include <errno.h>
@@ -156,7 +156,7 @@ static int g_quiet = 0;
    carry one layer's q, k, v and attention output between host and GPU */
 static struct {
     int on;
-    void *lib;
+    kvc_vk_loader loader;
     kvc_vk_context *ctx;
     kvc_vk_pool *pool;
     kvc_vk_buffer q, k, v, out;
@@ -1704,14 +1704,11 @@ int main(int argc, char **argv)
 #ifdef TINYLM_VK
     if (g_vk.on) { /* a compute device of our own, with the validation layer when installed */
         kvc_vk_device_options o;
-        void *sym;
         memset(&o, 0, sizeof o);
         o.validation = 1;
         o.device_index = -1;
-        g_vk.lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
-        sym = g_vk.lib ? dlsym(g_vk.lib, "vkGetInstanceProcAddr") : NULL;
-        memcpy(&o.get_instance_proc_addr, &sym, sizeof sym);
-        if (sym == NULL || kvc_vk_device_create(&o, &g_vk.ctx) != KVC_OK) {
+        if (kvc_vk_loader_open(&g_vk.loader) == KVC_OK) o.get_instance_proc_addr = g_vk.loader.get_instance_proc_addr;
+        if (o.get_instance_proc_addr == NULL || kvc_vk_device_create(&o, &g_vk.ctx) != KVC_OK) {
             errorf("--vk: no Vulkan loader or device with compute and VK_KHR_push_descriptor");
             return 2;
         }
@@ -1785,7 +1782,7 @@ int main(int argc, char **argv)
         kvc_vk_buffer_destroy(g_vk.ctx, &g_vk.v);
         kvc_vk_buffer_destroy(g_vk.ctx, &g_vk.out);
         kvc_vk_context_destroy(g_vk.ctx);
-        dlclose(g_vk.lib);
+        kvc_vk_loader_close(&g_vk.loader);
     }
 #endif
     printf("tinylm: %s: %d of %d checks failed (%d model%s, chunk %d%s%s)\n", failures ? "FAIL" : "PASS",

@@ -1,6 +1,7 @@
 // attn_common.glsl - one attention job (a query over the cells of one cache) as
-// kvcache_vk.h lays it out in the meta buffer, and the mask rules of kvcache.h.
-#define JOB_WORDS 24u
+// kvcache_vk.h lays it out in the meta buffer (the words named in kvc_shared.glsl), and
+// the mask rules of kvcache.h.
+#include "kvc_shared.glsl"
 struct Job {
     uint kind;            // 0: FULL/ROTATING (token ranges), 1: CAUSAL (cell range)
     uint n_view;          // cells the job may read
@@ -8,21 +9,23 @@ struct Job {
     uint pt_off;          // page table: kind 0 logical pages [0,nsink) then [lp_base, ...)
     uint nsink, lp_base;
     int qpos; uint qseq, nc; int win; int sinks; int recent;
-    int cwin; int chunk; uint cpos_off, cseq_off, words;
+    int cwin; int chunk; uint cpos_off, cseq_off, words; // words: JOB_SEQ_WORDS
     uint q_off, out_off;
 };
 
 Job load_job(uint off, uint j) {
-    uint b = off + j * JOB_WORDS;
+    uint b = off + j * JOB_STRIDE;
     Job J;
-    J.kind = meta[b]; J.n_view = meta[b + 1u];
-    J.b0 = meta[b + 2u]; J.e0 = meta[b + 3u]; J.b1 = meta[b + 4u]; J.e1 = meta[b + 5u];
-    J.pt_off = meta[b + 6u]; J.nsink = meta[b + 7u]; J.lp_base = meta[b + 8u];
-    J.qpos = int(meta[b + 9u]); J.qseq = meta[b + 10u]; J.nc = meta[b + 11u]; J.win = int(meta[b + 12u]);
-    J.sinks = int(meta[b + 13u]); J.recent = int(meta[b + 14u]);
-    J.cwin = int(meta[b + 15u]); J.chunk = int(meta[b + 16u]);
-    J.cpos_off = meta[b + 17u]; J.cseq_off = meta[b + 18u]; J.words = meta[b + 19u];
-    J.q_off = meta[b + 20u]; J.out_off = meta[b + 21u];
+    // (JOB_KIND is word 0: meta[b + JOB_KIND] would add an instruction to attn_split_cm's
+    // unoptimised SPIR-V)
+    J.kind = meta[b]; J.n_view = meta[b + JOB_N_VIEW];
+    J.b0 = meta[b + JOB_B0]; J.e0 = meta[b + JOB_E0]; J.b1 = meta[b + JOB_B1]; J.e1 = meta[b + JOB_E1];
+    J.pt_off = meta[b + JOB_PT_OFF]; J.nsink = meta[b + JOB_NSINK]; J.lp_base = meta[b + JOB_LP_BASE];
+    J.qpos = int(meta[b + JOB_QPOS]); J.qseq = meta[b + JOB_QSEQ]; J.nc = meta[b + JOB_NC]; J.win = int(meta[b + JOB_WIN]);
+    J.sinks = int(meta[b + JOB_SINKS]); J.recent = int(meta[b + JOB_RECENT]);
+    J.cwin = int(meta[b + JOB_CWIN]); J.chunk = int(meta[b + JOB_CHUNK]);
+    J.cpos_off = meta[b + JOB_CPOS_OFF]; J.cseq_off = meta[b + JOB_CSEQ_OFF]; J.words = meta[b + JOB_SEQ_WORDS];
+    J.q_off = meta[b + JOB_Q_OFF]; J.out_off = meta[b + JOB_OUT_OFF];
     return J;
 }
 

@@ -11,9 +11,10 @@
 // The merge is latency-bound: a few hundred KB in all, read once. Zeros where no cell
 // was visible (kvcache.h's rule).
 #extension GL_EXT_control_flow_attributes : require
+#include "kvc_shared.glsl"
 layout(local_size_x = 256) in;
-layout(constant_id = 0) const uint HDV = 128u;
-layout(constant_id = 1) const uint N_HEADS = 32u;   // query heads
+layout(constant_id = MERGE_HDV) const uint HDV = 128u;
+layout(constant_id = MERGE_N_HEADS) const uint N_HEADS = 32u; // query heads
 const uint MAX_SPLITS = 256u;                       // kvcache_vk.h never uses more
 const uint DV = 32u, NG = 256u / DV;                // values per workgroup, split groups
 const uint U = 8u;                                  // loads in flight per invocation

@@ -30,16 +30,17 @@
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6018, 6019], id = 4450)
 int sdot4x8(uint a, uint b, spirv_literal int packed_format);
 #endif
-layout(constant_id = 0) const uint TYPE_K = 1u;
-layout(constant_id = 1) const uint TYPE_V = 1u;
-layout(constant_id = 2) const uint HDK = 128u;
-layout(constant_id = 3) const uint HDV = 128u;
-layout(constant_id = 4) const uint G = 4u;        // query heads per kv head
-layout(constant_id = 5) const uint SEGK = 8u;     // key values decoded at a time (divides HDK)
-layout(constant_id = 6) const uint EVT = 4u;      // output values per invocation (divides HDV)
-layout(constant_id = 7) const uint KV_HEADS = 8u;
-layout(local_size_x_id = 8) in;                   // cells per block
-layout(constant_id = 9) const uint PAGE_CELLS = 256u; // a constant: cell -> page is a multiply
+#include "kvc_shared.glsl"
+layout(constant_id = SPLIT_TYPE_K) const uint TYPE_K = 1u;
+layout(constant_id = SPLIT_TYPE_V) const uint TYPE_V = 1u;
+layout(constant_id = SPLIT_HDK) const uint HDK = 128u;
+layout(constant_id = SPLIT_HDV) const uint HDV = 128u;
+layout(constant_id = SPLIT_G) const uint G = 4u;       // query heads per kv head
+layout(constant_id = SPLIT_SEGK) const uint SEGK = 8u; // key values decoded at a time (divides HDK)
+layout(constant_id = SPLIT_EVT) const uint EVT = 4u;   // output values per invocation (divides HDV)
+layout(constant_id = SPLIT_KV_HEADS) const uint KV_HEADS = 8u;
+layout(local_size_x_id = SPLIT_WG) in;                 // cells per block
+layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u; // a constant: cell -> page is a multiply
 const uint WG = gl_WorkGroupSize.x;
 
 layout(set = 0, binding = 0) readonly buffer KB { uvec4 kb[]; };
@@ -129,7 +130,7 @@ const uint KROW_BYTES = KBB * (HDK / 32u), KROW_WORDS = KROW_BYTES / 4u;
 // for every value). The cell groups' sums are added once, at the end of the split.
 // kvcache_vk.h sets VQ for q8_0 and q4_0 V rows when HDV % 32 == 0, G <= 8 and
 // WG / (HDV / 8) >= 2.
-layout(constant_id = 10) const uint VQ = 0u;
+layout(constant_id = SPLIT_VQ) const uint VQ = 0u;
 const uint NS = HDV / 8u;       // slices of 8 values
 const uint NCG = WG / NS;       // cell groups
 const uint VSUM = VQ != 0u ? WG * 8u : 1u;

@@ -34,13 +34,15 @@
 #extension GL_KHR_shader_subgroup_vote : require
 #extension GL_KHR_shader_subgroup_ballot : require
 #extension GL_KHR_memory_scope_semantics : require
-layout(constant_id = 0) const uint TYPE_K = 1u;   // f16 only (kvcache_vk.h picks this shader)
-layout(constant_id = 1) const uint TYPE_V = 1u;
-layout(constant_id = 2) const uint HDK = 128u;    // multiples of 16, at most 128
-layout(constant_id = 3) const uint HDV = 128u;
-layout(constant_id = 4) const uint G = 4u;        // query heads per kv head, at most 8
-layout(constant_id = 7) const uint KV_HEADS = 8u;
-layout(constant_id = 9) const uint PAGE_CELLS = 256u;
+#include "kvc_shared.glsl"
+// attn_split.comp's specialization constants, those this schedule uses
+layout(constant_id = SPLIT_TYPE_K) const uint TYPE_K = 1u; // f16 only (kvcache_vk.h picks this shader)
+layout(constant_id = SPLIT_TYPE_V) const uint TYPE_V = 1u;
+layout(constant_id = SPLIT_HDK) const uint HDK = 128u;     // multiples of 16, at most 128
+layout(constant_id = SPLIT_HDV) const uint HDV = 128u;
+layout(constant_id = SPLIT_G) const uint G = 4u;           // query heads per kv head, at most 8
+layout(constant_id = SPLIT_KV_HEADS) const uint KV_HEADS = 8u;
+layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u;
 layout(local_size_x = 32) in;                     // one subgroup
 
 layout(set = 0, binding = 0) volatile readonly buffer KB { uvec4 kb[]; };

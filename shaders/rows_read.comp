@@ -1,9 +1,10 @@
 #version 450
 // rows_read.comp - decode rows of one tensor to f32, optionally re-rotating them (RoPE
 // shift): kvc_vk_cmd_gather, and the first half of a RoPE shift. One invocation per value.
+#include "kvc_shared.glsl"
 layout(local_size_x = 64) in;
-layout(constant_id = 0) const uint TYPE = 1u;
-layout(constant_id = 1) const uint HD = 128u;   // head dim of this tensor
+layout(constant_id = ROWS_READ_TYPE) const uint TYPE = 1u;
+layout(constant_id = ROWS_READ_HD) const uint HD = 128u; // head dim of this tensor
 
 layout(set = 0, binding = 0) readonly buffer Data { uint data[]; };
 layout(set = 0, binding = 1) writeonly buffer Out { float outv[]; };

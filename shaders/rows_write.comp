@@ -3,8 +3,9 @@
 // of one layer): the append kernel, and the second half of a RoPE shift. One invocation
 // writes one 32-bit word of a destination row, so rows need only be 4-byte multiples
 // (a q8_0 block of 34 bytes may straddle words; each word recomputes the scales it needs).
+#include "kvc_shared.glsl"
 layout(local_size_x = 64) in;
-layout(constant_id = 0) const uint TYPE = 1u;
+layout(constant_id = ROWS_WRITE_TYPE) const uint TYPE = 1u;
 
 layout(set = 0, binding = 0) writeonly buffer Dst { uint dst[]; };
 layout(set = 0, binding = 1) readonly buffer Src { uint src[]; };   // f32 bits or f16 pairs

@@ -128,7 +128,7 @@ else skip clang-c99 "clang not installed"; fi
 have_vk=0
 echo '#include <vulkan/vulkan.h>' | $CC -x c -fsyntax-only - >/dev/null 2>&1 && have_vk=1
 if [ $have_vk = 1 ]; then
-  printf '#define KVCACHE_IMPLEMENTATION\n#define KVCACHE_VK_IMPLEMENTATION\n#define VK_NO_PROTOTYPES\n#include "kvcache.h"\n#include "kvcache_vk.h"\nint main(void){return 0;}\n' > "$B/tu_vk.c"
+  printf '#define KVCACHE_IMPLEMENTATION\n#define KVCACHE_VK_IMPLEMENTATION\n#define KVCACHE_VK_HELPERS\n#define VK_NO_PROTOTYPES\n#include "kvcache.h"\n#include "kvcache_vk.h"\nint main(void){return 0;}\n' > "$B/tu_vk.c"
   printf '#include "kvcache.h"\n#include "kvcache_vk.h"\nint kvc_vk_second_tu(void){return kvc_vk_context_destroy(0) == KVC_ERR_NULL;}\n' > "$B/tu_vk_b.c"
   printf '#define KVCACHE_IMPLEMENTATION\n#define KVCACHE_VK_IMPLEMENTATION\n#include "kvcache.h"\n#include "kvcache_vk.h"\nint main(void){return 0;}\n' > "$B/tu_vk_proto.c"
   step gcc-vk-two-units sh -c "$CC $STRICT -I. -c $B/tu_vk.c -o $B/tu_vk.o && $CC $STRICT -I. -c $B/tu_vk_b.c -o $B/tu_vk_b.o && $CC $B/tu_vk.o $B/tu_vk_b.o -o $B/tu_vk -lm"

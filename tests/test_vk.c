@@ -20,7 +20,7 @@
 #include <time.h>
 
 #if defined(__has_include)
-#if __has_include(<vulkan/vulkan.h>) && __has_include(<dlfcn.h>)
+#if __has_include(<vulkan/vulkan.h>)
 #define HAVE_VK 1
 #endif
 #endif
@@ -33,10 +33,11 @@ int main(void) {
 #else
 #define VK_NO_PROTOTYPES
 #define KVCACHE_VK_IMPLEMENTATION
+#define KVCACHE_VK_HELPERS /* the loader, a device of its own, buffers, transfers */
 #include "kvcache_vk.h"
-#include <dlfcn.h>
 
 static kvc_vk_context *ctx;
+static kvc_vk_loader loader;
 
 /* the backend's host memory and its pools' go through this: everything must come back
    (the driver's own allocations are its business; LeakSanitizer is off for this test) */
@@ -72,7 +73,7 @@ typedef struct shape {
     kvc_kind kind;
     int32_t window, sinks;
     int no_subgroup;
-    int no_integer_dot;
+    uint32_t disable_features; /* KVC_VK_FEATURE_* the pool does not use */
 } shape;
 
 static VkCommandBuffer begin_cmd(void) {
@@ -246,7 +247,7 @@ static void make_sides(side *s, const shape *sh) {
     memset(s, 0, 2 * sizeof(side));
     memset(&o, 0, sizeof(o));
     o.no_subgroup = sh->no_subgroup;
-    o.no_integer_dot = sh->no_integer_dot;
+    o.disable_features = sh->disable_features;
     o.max_splits = 4 + (int32_t)(g_seed % 5); /* several splits even on short caches */
     TK_OK(kvc_pool_create(&pc, &s[0].pool));
     pc.allocator.alloc = count_alloc;
@@ -487,6 +488,32 @@ static void test_errors(void) {
     kvc_cache_destroy(other);
     TK_OK(kvc_pool_destroy(cpu));
     TK_OK(kvc_vk_pool_destroy(vp));
+    { /* a context on the engine's own device: it uses the features it is told are enabled
+         (where the device can), and refuses bits it does not know */
+        kvc_vk_context_desc d;
+        kvc_vk_context *borrowed;
+        kvc_vk_info own, got;
+        TK_OK(kvc_vk_context_info(ctx, &own));
+        memset(&d, 0, sizeof(d));
+        d.get_instance_proc_addr = loader.get_instance_proc_addr;
+        d.instance = own.instance;
+        d.physical_device = own.physical_device;
+        d.device = own.device;
+        d.queue = own.queue;
+        d.queue_family = own.queue_family;
+        d.enabled_features = 1u << 31;
+        TK_RES(kvc_vk_context_create(&d, &borrowed), KVC_ERR_INVALID);
+        d.enabled_features = own.active_features;
+        TK_OK(kvc_vk_context_create(&d, &borrowed));
+        TK_OK(kvc_vk_context_info(borrowed, &got));
+        TK_EQ(got.active_features, own.active_features);
+        TK_OK(kvc_vk_context_destroy(borrowed));
+        d.enabled_features = 0;
+        TK_OK(kvc_vk_context_create(&d, &borrowed));
+        TK_OK(kvc_vk_context_info(borrowed, &got));
+        TK_EQ(got.active_features, 0u);
+        TK_OK(kvc_vk_context_destroy(borrowed));
+    }
 }
 
 static kvc_type pick_type(tk_rng *rng) {
@@ -499,35 +526,31 @@ static kvc_type pick_type(tk_rng *rng) {
 }
 
 int main(int argc, char **argv) {
-    void *lib;
-    PFN_vkGetInstanceProcAddr gipa = NULL;
     kvc_vk_device_options o;
     kvc_vk_info info;
     tk_rng rng;
     int ep, n_ep;
-    void *sym;
     g_seed = run_seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
-    lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL) { printf("skip: no Vulkan loader (libvulkan.so.1)\n"); return tk_report("vk"); }
-    sym = dlsym(lib, "vkGetInstanceProcAddr");
-    memcpy(&gipa, &sym, sizeof(gipa));
+    if (kvc_vk_loader_open(&loader) != KVC_OK) { printf("skip: no Vulkan loader (libvulkan)\n"); return tk_report("vk"); }
     memset(&o, 0, sizeof(o));
-    o.get_instance_proc_addr = gipa;
+    o.get_instance_proc_addr = loader.get_instance_proc_addr;
     o.validation = 1;
     o.allocator.alloc = count_alloc;
     o.allocator.free = count_free;
     o.device_index = getenv("KVC_VK_DEVICE") ? atoi(getenv("KVC_VK_DEVICE")) : -1;
-    o.keep_bounds_checks = getenv("KVC_VK_BOUNDS_CHECKS") != NULL; /* the driver's own checks stay on */
+    if (getenv("KVC_VK_BOUNDS_CHECKS")) o.disable_features |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS; /* the driver's checks stay on */
     if (kvc_vk_device_create(&o, &ctx) != KVC_OK) {
         printf("skip: no Vulkan device with compute and VK_KHR_push_descriptor\n");
-        dlclose(lib);
+        kvc_vk_loader_close(&loader);
         return tk_report("vk");
     }
     kvc_vk_context_info(ctx, &info);
     types_avail = (int)KVC_TYPE_COUNT;
     printf("device %s, subgroup %u (arithmetic %d), cooperative matrix %d, bounds checks off %d, integer dot %d, validation %s; seed %llu (test_vk %llu replays it)\n",
-           info.device_name, info.subgroup_size, info.subgroup_arithmetic, info.cooperative_matrix, info.bounds_checks_off,
-           info.integer_dot_product,
+           info.device_name, info.subgroup_size, info.subgroup_arithmetic,
+           (info.active_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) != 0,
+           (info.active_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) != 0,
+           (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0,
            info.validation ? "on" : "NOT INSTALLED",
            (unsigned long long)g_seed, (unsigned long long)g_seed);
     test_errors();
@@ -556,7 +579,7 @@ int main(int argc, char **argv) {
             sh.kv_heads = 2;
         sh.page_cells = tk_int(&rng, 1, 3) * 4;
         sh.no_subgroup = (ep / 3) % 2;
-        sh.no_integer_dot = ep % 5 == 4;
+        sh.disable_features = ep % 5 == 4 ? KVC_VK_FEATURE_INTEGER_DOT_PRODUCT : 0u;
         if (sh.kind == KVC_KIND_ROTATING) { sh.window = tk_int(&rng, 2, 20); sh.sinks = tk_int(&rng, 0, sh.window - 1) % 3; }
         g_seed = es;
         {
@@ -567,7 +590,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
                         sh.hdk, sh.hdv, sh.page_cells, sh.no_subgroup ? " no-subgroup" : "",
-                        sh.no_integer_dot ? " no-integer-dot" : "");
+                        sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "");
         }
         g_seed = run_seed;
     }
@@ -583,7 +606,7 @@ int main(int argc, char **argv) {
     TK_EQ(live_allocs, 0);
     /* the loader goes too: under valgrind nothing of ours is then left reachable at exit
        (the driver's LLVM stays mapped with its state: tests/valgrind-vk.supp) */
-    dlclose(lib);
+    TK_OK(kvc_vk_loader_close(&loader));
     return tk_report("vk");
 }
 #endif
