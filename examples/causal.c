@@ -1,4 +1,5 @@
-/* causal.c - the CAUSAL kind: several sequences in one fixed set of cells.
+/* causal.c - the CAUSAL kind (ollama's causal cache): several sequences in one fixed
+   set of cells.
 
    Two conversations share a 6-token prompt through kvc_seq_copy_prefix (no K/V is
    copied: the cells just gain a second sequence). Conversation 1 then drops a span

@@ -1,8 +1,8 @@
 /* prefix.c - prompt reuse, two ways.
 
-   Part 1, single entry (ollama's findRemaining / close) with kvc_prefix over a FULL
-   cache: a follow-up request reuses the conversation so far, an edited request reuses
-   up to the edit, an identical request still evaluates one token.
+   Part 1, single entry (ollama's MLX runner's findRemaining / close) with kvc_prefix
+   over a FULL cache: a follow-up request reuses the conversation so far, an edited
+   request reuses up to the edit, an identical request still evaluates one token.
 
    Part 2, the radix prefix cache (kvc_radix): three characters of a game share one long
    system prompt, each with its own conversation, on a small fixed budget. The system

@@ -46,7 +46,8 @@ static int show(kvc_cache *cache, const char *what, float last_out, int sinks) {
     return 0;
 }
 
-/* One forward pass of n tokens (n > 1: the seed's concat, n == 1: its ring update). */
+/* One forward pass of n tokens (n > 1: ollama's MLX runner's concat, n == 1: its ring
+   update; both keep the same window). */
 static int step(kvc_cache *cache, int32_t n, int sinks) {
     float k[16 * DIM], v[16 * DIM], q[16 * DIM], out[16 * DIM];
     char what[32];
