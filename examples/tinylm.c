@@ -32,9 +32,9 @@
    --reference   skip kvcache.h: one cache-free forward over each whole sequence
                  with naive attention (checks the model math on its own)
    --vk          the Vulkan backend (kvcache_vk.h): K/V pages in device memory, append
-                 and attention on the GPU, everything else unchanged. Needs a build with
-                 -DTINYLM_VK (Vulkan headers; the loader is opened at run time).
-                 Hybrid models are skipped there (a note, not a failure)
+                 and attention on the GPU (a device pool per KV layer group; conv states
+                 stay on the host), everything else unchanged. Needs a build with
+                 -DTINYLM_VK (Vulkan headers; the loader is opened at run time)
 
    Output: one table row per case x cache kind x storage type:
      rows      reference logits rows compared / rows in the file (rows at positions
@@ -342,14 +342,14 @@ typedef enum layer_type { LAYER_FULL, LAYER_SLIDING, LAYER_CONV } layer_type;
 static const char *const LAYER_TYPE_NAMES[] = {"full_attention", "sliding_attention", "conv"};
 
 /* Architectures: the weight names and which blocks exist. */
-typedef enum arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_LFM2 } arch;
+typedef enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_LFM2 } model_arch;
 
 struct config {
     int vocab, hidden, layers, heads, kv, hd, inter;
     int window;     /* sliding window in keys (including the current token), 0: none */
     double theta;   /* RoPE base */
     double eps;     /* RMSNorm epsilon (the q/k norms' too) */
-    arch arch;      /* `arch`: absent, llama or mistral = ARCH_LLAMA */
+    model_arch arch; /* `arch`: absent, llama or mistral = ARCH_LLAMA */
     int qk_norm;    /* q and k RMS-normalised per head before RoPE */
     int conv_L;     /* LFM2 short convolution: kernel length */
     layer_type type[MAX_LAYERS]; /* `layer_types`; absent: all full, or all sliding with a window */
@@ -814,6 +814,9 @@ typedef struct layer_group {
     int32_t layers[MAX_LAYERS]; /* the model layers, in order */
     kvc_pool *pool;
     kvc_cache *cache;
+#ifdef TINYLM_VK
+    kvc_vk_pool *vk_pool;  /* --vk: the group's device pool (pool is its host side) */
+#endif
     int32_t capacity;      /* CAUSAL: cells */
     /* conv groups: per layer the last L-1 vectors s = B*u, oldest first, zeros before
        position 0 - all a conv layer needs of the past */
@@ -909,8 +912,8 @@ static int groups_create(layer_groups *G, const config *c, const kind_spec *ks, 
         pcfg.budget_bytes = BUDGET_BYTES;
 #ifdef TINYLM_VK
         if (g_vk.on) { /* the same bookkeeping on the host, the pages on the GPU */
-            KVC_CHECK(kvc_vk_pool_create(g_vk.ctx, &pcfg, NULL, &g_vk.pool));
-            g->pool = kvc_vk_pool_host(g_vk.pool);
+            KVC_CHECK(kvc_vk_pool_create(g_vk.ctx, &pcfg, NULL, &g->vk_pool));
+            g->pool = kvc_vk_pool_host(g->vk_pool);
         } else
 #endif
         KVC_CHECK(kvc_pool_create(&pcfg, &g->pool));
@@ -965,7 +968,8 @@ static int groups_free(layer_groups *G, const char *kind_name, const char *type_
 #ifdef TINYLM_VK
             if (g_vk.on) {
                 kvc_vk_context_info(g_vk.ctx, &g_vk_info);
-                r = kvc_vk_pool_destroy(g_vk.pool);
+                r = kvc_vk_pool_destroy(g->vk_pool);
+                g->vk_pool = NULL;
                 g_vk.pool = NULL;
             } else
 #endif
@@ -1073,6 +1077,7 @@ static int groups_attention(layer_groups *G, int32_t layer, const float *k, cons
     (void)kv_floats, (void)q_floats, (void)out_floats;
 #ifdef TINYLM_VK
     if (g_vk.on) {
+        g_vk.pool = g->vk_pool; /* the device pool vk_put_attention serves: this group's */
         KVC_CHECK(vk_put_attention(g->cache, index, k, v, kv_floats, desc, q_floats, out_floats));
         return 0;
     }
@@ -2463,13 +2468,7 @@ int main(int argc, char **argv)
                 failures += !report(&cases[i], "none", "f32", &ts, &sc, run_ok);
                 runs++;
             }
-        } else
-#ifdef TINYLM_VK
-        if (g_vk.on && model_is_hybrid(&m.c)) { /* a note, not a failure */
-            printf("%s: --vk: hybrid models not yet on the Vulkan backend (skipped)\n", dirs[d]);
-        } else
-#endif
-        {
+        } else {
             for (int k = 0; k < COUNT_OF(KINDS); ++k) {
                 if (KINDS[k].needs_window && m.c.window == 0) continue;
                 if (KINDS[k].hybrid != model_is_hybrid(&m.c)) continue;
