@@ -1658,9 +1658,10 @@ fail:
 }
 
 /* ==================================================================================
-   8. Sessions: one pool, one cache and its token record per (kind, type), through
-      which every case of the model runs in order - so `reuse` finds what `base`
-      left in the cache, and `branch_b` continues `branch_a` from its snapshot.
+   8. Sessions: one set of layer groups (a pool and a cache per KV group) and its
+      token record per (kind, type), through which every case of the model runs in
+      order - so `reuse` finds what `base` left in the cache, and `branch_b`
+      continues `branch_a` from its snapshot.
    ================================================================================== */
 
 /* What a case measured against the reference. */
@@ -1783,8 +1784,8 @@ static int run_tokens(session *s, const test_case *tc, const int32_t *toks, int3
 }
 
 /* --- The cache policy of a session: requests, prefix reuse and branch points ---
-   (the only code that depends on how a kind reuses tokens; everything else is
-   kvc_begin / kvc_put / kvc_attention in forward()). The generic steps come first,
+   (the only code that depends on how a kind reuses tokens; everything else is the
+   layer groups' begin / attention in forward()). The generic steps come first,
    then each kind's hooks. */
 
 /* Ends the request in flight: record prompt + generated tokens for reuse. */
