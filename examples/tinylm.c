@@ -452,12 +452,12 @@ static int load_config(const char *dir, config *c)
     }
     if (!ok) return -1;
     /* Layer types: Llama/Mistral configs have none, the window decides for every layer. */
-    for (int l = 0; l < c->layers; ++l)
-        c->type[l] = n_types < 0 ? (c->window ? LAYER_SLIDING : LAYER_FULL) : types[l < n_types ? l : 0];
     if (n_types >= 0 && n_types != c->layers) {
         errorf("%s: layer_types names %d layers, layers is %d", path, n_types, c->layers);
         return -1;
     }
+    for (int l = 0; l < c->layers; ++l)
+        c->type[l] = n_types < 0 ? (c->window ? LAYER_SLIDING : LAYER_FULL) : types[l];
     for (int l = 0; l < c->layers; ++l) {
         if (c->type[l] == LAYER_SLIDING && c->window == 0) {
             errorf("%s: layer %d is sliding_attention but window is 0", path, l);
