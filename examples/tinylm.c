@@ -158,7 +158,7 @@ typedef struct type_spec {
 static const type_spec TYPES[] = {
     {KVC_TYPE_F32, 1e-3, 1},
     {KVC_TYPE_F16, 2e-2, 0},
-    /* lossy: bounds about twice the largest error seen over both models, every kind,
+    /* lossy: bounds about twice the largest error seen over the four models, every kind,
        chunks 2048 and 7 (bf16 0.054; q8_0 0.195 and q4_0 2.2, whose keys are scored
        against the query rounded to q8_0; these random-weight models have large logits,
        so q4_0's 4 bits move them visibly) */
