@@ -1,17 +1,29 @@
-/* tinylm.c - end-to-end demo and test of kvcache.h on a tiny transformer.
+/* tinylm.c - end-to-end demo and test of kvcache.h on tiny transformers.
 
-   Loads a tiny Llama/Mistral-style model (config.txt + model.safetensors), runs it
-   through the KV cache of kvcache.h - chunked prefill, token-by-token decode,
-   prefix reuse, snapshot/restore branching, a rotating sliding window - and checks
-   every logit against float64 reference logits computed by Hugging Face. Each
-   case runs with every cache kind that applies (full, causal; rotating only with
-   a sliding window) and each storage type.
+   Loads a tiny model (config.txt + model.safetensors), runs it through the KV cache
+   of kvcache.h - chunked prefill, token-by-token decode, prefix reuse,
+   snapshot/restore branching, rotating sliding windows - and checks every logit
+   against float64 reference logits computed by Hugging Face. Models (read from
+   config.txt - `arch`, `layer_types`, `qk_norm`, `conv_L`, ... - never from the
+   folder name):
+     Llama / Mistral  every layer full attention, or every layer sliding (window)
+     Qwen3            q/k RMSNorm per head before RoPE; sliding and full layers mixed
+     LFM2             gated short-convolution layers (a recurrent conv state, no KV)
+                      beside attention layers with q/k RMSNorm
+   The cache side of a model is a set of layer groups (section 5): layers that share
+   one cache policy and shape. A model whose layers are all alike is one group, run
+   with every cache kind that applies (full, causal; rotating only with a sliding
+   window). A hybrid model gets one group per layer type: Qwen3's sliding layers in a
+   rotating cache and its full layer in a full cache; LFM2's attention layers in a full
+   cache and its conv layers' state in plain arrays, restored from checkpoints taken
+   every CHECKPOINT_EVERY tokens (a conv state cannot be rewound). Every kind runs
+   with each storage type.
 
    Build (from the repository root):
        cc -std=c99 -O2 -Wall -Wextra -Wpedantic examples/tinylm.c -o tinylm -lm
    Run:
        ./tinylm [--chunk N] [--quiet] [--reference] [MODEL_DIR ...]
-   With no MODEL_DIR it runs tests/data/llama-tiny and tests/data/mistral-swa-tiny.
+   With no MODEL_DIR it runs every folder of tests/data that holds a config.txt.
    A model folder holds config.txt, model.safetensors, reference.txt and one
    NAME.logits.f32 per case (formats and math: tests/data/README.md).
 
@@ -20,7 +32,8 @@
    --reference   skip kvcache.h: one cache-free forward over each whole sequence
                  with naive attention (checks the model math on its own)
    --vk          the Vulkan backend (kvcache_vk.h): K/V pages in device memory, append
-                 and attention on the GPU, everything else unchanged. Needs a build with
+                 and attention on the GPU (a device pool per KV layer group; conv states
+                 stay on the host), everything else unchanged. Needs a build with
                  -DTINYLM_VK (Vulkan headers; the loader is opened at run time)
 
    Output: one table row per case x cache kind x storage type:
@@ -29,7 +42,8 @@
      max|err|  largest |logit - reference| over those rows; rms err likewise
      greedy    greedy tokens equal to the reference's (greedy cases)
      reused    tokens not recomputed: found by prefix reuse, or restored from a
-               snapshot (branch_b); "a!=b" when it differs from what was expected
+               snapshot (branch_b) or a checkpoint; "a!=b" when it differs from what
+               was expected
      tok/s     tokens through the model per CPU second
      result    "ok" or "FAIL:" and why; causal rows add the cells in use at the end
    then one line per pool with its peak use and a leak check after teardown, and a
@@ -39,12 +53,14 @@
    The program is organised top-down:
      1. test matrix      the cache kinds and storage types to run (one line each)
      2. helpers          files, errors, timing
-     3. config.txt       the model's hyper-parameters
+     3. config.txt       the model's hyper-parameters and layer types
      4. safetensors      a minimal reader with a tiny JSON parser
-     5. the model        math and the forward pass, attention through kvcache.h
-     6. reference.txt    the test cases and their reference logits
-     7. sessions         one pool + cache per (kind, type), the kinds' hooks; the cases
-     8. main             argument parsing, the table, the verdict
+     5. layer groups     the model's memory: one kvc_pool + kvc_cache per KV group, the
+                         conv states; begin / cancel / rewind / snapshot / restore / free
+     6. the model        weights, math and the forward pass through the layer groups
+     7. reference.txt    the test cases and their reference logits
+     8. sessions         layer groups per (kind, type), the kinds' hooks; the cases
+     9. main             argument parsing, the table, the verdict
 */
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
@@ -62,6 +78,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifndef _WIN32
+#include <dirent.h> /* listing tests/data */
+#endif
 
 /* ==================================================================================
    1. The test matrix
@@ -73,23 +92,26 @@
    ROTATING caches get the model's window in kvc_attention (desc.window), so a FULL
    cache applies it as an attention mask while a ROTATING cache also drops what falls
    out of it; a CAUSAL cache has the window in its config and applies it itself.
-   The hooks are the cache policy of a session (section 7): how a request reuses
-   what the cache holds, and how a branch point is saved and restored. */
+   These three run on models whose layers are all alike, as one layer group; the
+   `groups` kind runs on hybrid models only (layers of different types), with one
+   layer group per layer type (section 5).
+   The hooks are the cache policy of a session (section 8): how a request reuses
+   what the cache holds, and how a branch point is restored. */
 typedef struct config config;
 typedef struct session session;
 typedef struct test_case test_case;
 typedef struct score score;
 typedef struct kind_spec {
     const char *name;
-    kvc_kind kind;
+    kvc_kind kind;            /* unused by the groups kind: each group has its own */
     int needs_window;
+    int hybrid;               /* 1: only on hybrid models, 0: only on the others */
     /* max_batch: the most tokens one forward pass takes */
     void (*setup)(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
     /* keep the longest reusable prefix of prompt[0..n): *reused tokens, *want expected */
     int (*begin_request)(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want);
     int (*end_request)(session *s);                  /* record the finished request's tokens */
-    int (*save_branch_point)(session *s);            /* snapshot into s->snap */
-    int (*restore_branch_point)(session *s, int32_t n); /* back to s->snap, n tokens */
+    int (*restore_branch_point)(session *s, int32_t n); /* back to s->branch, n tokens */
     int (*end_case)(session *s, const test_case *tc, score *sc); /* checks after a case */
 } kind_spec;
 
@@ -98,24 +120,30 @@ static void setup_full(kvc_cache_config *cc, const config *c, int32_t max_tokens
 static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
 static int begin_request_prefix(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want);
 static int end_request_prefix(session *s);
-static int save_branch_point_prefix(session *s);
 static int restore_branch_point_prefix(session *s, int32_t n);
 static int end_case_prefix(session *s, const test_case *tc, score *sc);
 /* CAUSAL: sequence 0 of a cell cache; the same reuse rule written out, kvc_seq_snapshot */
 static void setup_causal(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
 static int begin_request_causal(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want);
 static int end_request_causal(session *s);
-static int save_branch_point_causal(session *s);
 static int restore_branch_point_causal(session *s, int32_t n);
 static int end_case_causal(session *s, const test_case *tc, score *sc);
+/* groups (hybrid models): trim every group, or restore a checkpoint taken while prefilling */
+static int begin_request_groups(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want);
+static int end_request_groups(session *s);
+static int restore_branch_point_groups(session *s, int32_t n);
+static int end_case_groups(session *s, const test_case *tc, score *sc);
 
 static const kind_spec KINDS[] = {
-    {"full", KVC_KIND_FULL, 0, setup_full, begin_request_prefix, end_request_prefix,
-     save_branch_point_prefix, restore_branch_point_prefix, end_case_prefix},
-    {"rotating", KVC_KIND_ROTATING, 1, setup_rotating, begin_request_prefix, end_request_prefix,
-     save_branch_point_prefix, restore_branch_point_prefix, end_case_prefix},
-    {"causal", KVC_KIND_CAUSAL, 0, setup_causal, begin_request_causal, end_request_causal,
-     save_branch_point_causal, restore_branch_point_causal, end_case_causal},
+    {"full", KVC_KIND_FULL, 0, 0, setup_full, begin_request_prefix, end_request_prefix,
+     restore_branch_point_prefix, end_case_prefix},
+    {"rotating", KVC_KIND_ROTATING, 1, 0, setup_rotating, begin_request_prefix, end_request_prefix,
+     restore_branch_point_prefix, end_case_prefix},
+    {"causal", KVC_KIND_CAUSAL, 0, 0, setup_causal, begin_request_causal, end_request_causal,
+     restore_branch_point_causal, end_case_causal},
+    /* records its tokens like the causal kind (kvc_prefix would trim each cache alone) */
+    {"groups", KVC_KIND_FULL, 0, 1, NULL, begin_request_groups, end_request_groups,
+     restore_branch_point_groups, end_case_groups},
 };
 
 /* Storage types of K and V, with the accuracy each must reach against the float64
@@ -130,7 +158,7 @@ typedef struct type_spec {
 static const type_spec TYPES[] = {
     {KVC_TYPE_F32, 1e-3, 1},
     {KVC_TYPE_F16, 2e-2, 0},
-    /* lossy: bounds about twice the largest error seen over both models, every kind,
+    /* lossy: bounds about twice the largest error seen over the four models, every kind,
        chunks 2048 and 7 (bf16 0.054; q8_0 0.195 and q4_0 2.2, whose keys are scored
        against the query rounded to q8_0; these random-weight models have large logits,
        so q4_0's 4 bits move them visibly) */
@@ -144,6 +172,10 @@ static const type_spec TYPES[] = {
 #define PAGE_CELLS 16                       /* small pages: many page boundaries */
 #define BUDGET_BYTES ((size_t)64 << 20)     /* generous: the runs need < 2 MiB   */
 #define DEFAULT_CHUNK 2048                  /* ollama's default batch size       */
+#define CHECKPOINT_EVERY 64                 /* groups kind: a checkpoint each 64 tokens */
+#define MAX_CHECKPOINTS 16
+#define MAX_LAYERS 64
+#define MAX_GROUPS 4                        /* one per layer type at most */
 
 /* ==================================================================================
    2. Helpers
@@ -278,6 +310,20 @@ static void join_path(char *out, size_t cap, const char *dir, const char *name)
 
 static double seconds_now(void) { return (double)clock() / CLOCKS_PER_SEC; }
 
+/* Next whitespace-separated word of *s into buf; 0 at the end of the text. */
+static int next_word(const char **s, char *buf, size_t cap)
+{
+    size_t n = 0;
+    while (**s == ' ' || **s == '\t' || **s == '\n' || **s == '\r') ++*s;
+    if (!**s) return 0;
+    while (**s && !(**s == ' ' || **s == '\t' || **s == '\n' || **s == '\r')) {
+        if (n + 1 < cap) buf[n++] = **s;
+        ++*s;
+    }
+    buf[n] = 0;
+    return 1;
+}
+
 /* Decodes a little-endian float32 whatever the host byte order. */
 static float load_f32_le(const unsigned char *p)
 {
@@ -291,24 +337,44 @@ static float load_f32_le(const unsigned char *p)
    3. config.txt: `key value` lines
    ================================================================================== */
 
+/* What a layer does; config.txt `layer_types` words. */
+typedef enum layer_type { LAYER_FULL, LAYER_SLIDING, LAYER_CONV } layer_type;
+static const char *const LAYER_TYPE_NAMES[] = {"full_attention", "sliding_attention", "conv"};
+
+/* Architectures: the weight names and which blocks exist. */
+typedef enum model_arch { ARCH_LLAMA, ARCH_QWEN3, ARCH_LFM2 } model_arch;
+
 struct config {
     int vocab, hidden, layers, heads, kv, hd, inter;
     int window;     /* sliding window in keys (including the current token), 0: none */
     double theta;   /* RoPE base */
-    double eps;     /* RMSNorm epsilon */
+    double eps;     /* RMSNorm epsilon (the q/k norms' too) */
+    model_arch arch; /* `arch`: absent, llama or mistral = ARCH_LLAMA */
+    int qk_norm;    /* q and k RMS-normalised per head before RoPE */
+    int conv_L;     /* LFM2 short convolution: kernel length */
+    layer_type type[MAX_LAYERS]; /* `layer_types`; absent: all full, or all sliding with a window */
 };
+
+/* A hybrid model has layers of more than one type: one layer group per type. */
+static int model_is_hybrid(const config *c)
+{
+    for (int l = 1; l < c->layers; ++l)
+        if (c->type[l] != c->type[0]) return 1;
+    return c->type[0] == LAYER_CONV;
+}
 
 static int load_config(const char *dir, config *c)
 {
-    char path[1024], key[64], value[64], line[256];
+    char path[1024], key[64], value[64], line[4096];
     unsigned char *text;
     const char *next;
     size_t size;
-    int seen = 0, ok = 1;
+    int seen = 0, ok = 1, n_types = -1, conv_bias = 0;
     /* The keys we need, each with a bit in `seen`. */
     static const char *const keys[] = {"vocab", "hidden", "layers", "heads", "kv",  "hd",
                                        "inter", "theta",  "window", "rms_eps", "rope", "act"};
     const int n_keys = COUNT_OF(keys);
+    layer_type types[MAX_LAYERS];
 
     join_path(path, sizeof path, dir, "config.txt");
     if (!(text = read_file(path, &size))) return -1;
@@ -320,6 +386,36 @@ static int load_config(const char *dir, config *c)
         snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), next);
         next += len + (next[len] == '\n');
         if (sscanf(line, "%63s %63s", key, value) != 2) continue; /* blank line */
+        /* the optional keys of the hybrid models */
+        if (!strcmp(key, "arch")) {
+            if (!strcmp(value, "llama") || !strcmp(value, "mistral")) c->arch = ARCH_LLAMA;
+            else if (!strcmp(value, "qwen3")) c->arch = ARCH_QWEN3;
+            else if (!strcmp(value, "lfm2")) c->arch = ARCH_LFM2;
+            else {
+                errorf("%s: arch '%s' not supported (llama, mistral, qwen3, lfm2)", path, value);
+                ok = 0;
+            }
+            continue;
+        }
+        if (!strcmp(key, "layer_types")) {
+            const char *w = line + strlen("layer_types");
+            char word[64];
+            n_types = 0;
+            while (next_word(&w, word, sizeof word)) {
+                int t = 0;
+                while (t < COUNT_OF(LAYER_TYPE_NAMES) && strcmp(word, LAYER_TYPE_NAMES[t]) != 0) ++t;
+                if (t == COUNT_OF(LAYER_TYPE_NAMES) || n_types == MAX_LAYERS) {
+                    errorf("%s: layer type '%s' not supported, or more than %d layers", path, word, MAX_LAYERS);
+                    ok = 0;
+                    break;
+                }
+                types[n_types++] = (layer_type)t;
+            }
+            continue;
+        }
+        if (!strcmp(key, "qk_norm")) { c->qk_norm = atoi(value); continue; }
+        if (!strcmp(key, "conv_L")) { c->conv_L = atoi(value); continue; }
+        if (!strcmp(key, "conv_bias")) { conv_bias = atoi(value); continue; }
         for (k = 0; k < n_keys && strcmp(key, keys[k]) != 0; ++k) {}
         if (k == n_keys) continue; /* unknown keys are ignored */
         seen |= 1 << k;
@@ -347,13 +443,36 @@ static int load_config(const char *dir, config *c)
             errorf("%s: missing key '%s'", path, keys[k]);
             ok = 0;
         }
-    if (ok && (c->vocab <= 0 || c->hidden <= 0 || c->layers <= 0 || c->heads <= 0 || c->kv <= 0 ||
-               c->hd <= 0 || c->hd % 2 != 0 || c->inter <= 0 || c->heads % c->kv != 0 ||
+    if (ok && (c->vocab <= 0 || c->hidden <= 0 || c->layers <= 0 || c->layers > MAX_LAYERS || c->heads <= 0 ||
+               c->kv <= 0 || c->hd <= 0 || c->hd % 2 != 0 || c->inter <= 0 || c->heads % c->kv != 0 ||
                c->window < 0 || !(c->theta > 0) || !(c->eps > 0))) {
-        errorf("%s: inconsistent values (need positive sizes, even hd, heads %% kv == 0)", path);
+        errorf("%s: inconsistent values (need positive sizes, even hd, heads %% kv == 0, at most %d layers)",
+               path, MAX_LAYERS);
         ok = 0;
     }
-    return ok ? 0 : -1;
+    if (!ok) return -1;
+    /* Layer types: Llama/Mistral configs have none, the window decides for every layer. */
+    if (n_types >= 0 && n_types != c->layers) {
+        errorf("%s: layer_types names %d layers, layers is %d", path, n_types, c->layers);
+        return -1;
+    }
+    for (int l = 0; l < c->layers; ++l)
+        c->type[l] = n_types < 0 ? (c->window ? LAYER_SLIDING : LAYER_FULL) : types[l];
+    for (int l = 0; l < c->layers; ++l) {
+        if (c->type[l] == LAYER_SLIDING && c->window == 0) {
+            errorf("%s: layer %d is sliding_attention but window is 0", path, l);
+            return -1;
+        }
+        if (c->type[l] == LAYER_CONV && (c->arch != ARCH_LFM2 || c->conv_L < 1)) {
+            errorf("%s: layer %d is conv: needs arch lfm2 and conv_L >= 1", path, l);
+            return -1;
+        }
+    }
+    if (conv_bias) { /* no reference model has them: the math would go unchecked */
+        errorf("%s: conv_bias 1 not supported", path);
+        return -1;
+    }
+    return 0;
 }
 
 /* ==================================================================================
@@ -670,12 +789,438 @@ static float *st_load(const st_file *f, const char *name, int ndim, const int *d
 }
 
 /* ==================================================================================
-   5. The model
+   5. Layer groups: the model's memory
+      The layers of a model fall into groups that share one cache policy and shape.
+      A KV group owns one kvc_pool and one kvc_cache (a pool has one shape for all
+      its layers, so each group gets its own); a conv group keeps the LFM2 short
+      convolution's recurrent state in plain arrays. The forward pass and the
+      sessions change the groups only through these operations, each all or nothing
+      across the groups (kvcache.h's model memory, kvc_memory_*, is to take this
+      struct's place):
+        groups_create / groups_free       one group per layer type, or one for all
+        groups_begin / groups_cancel      open a forward pass on every group, abandon it
+        groups_rewind                     back to an earlier position: trim every
+                                          group, or restore a checkpoint
+        groups_snapshot_take / groups_restore  every group's state at one position, back to it
+      plus the per-layer access of the forward pass (groups_attention,
+      groups_conv_state) and groups_position, the position every group is at.
+   ================================================================================== */
+
+typedef struct layer_group {
+    layer_type type;       /* of its layers */
+    kvc_kind kind;         /* KV groups: the cache kind */
+    int32_t window;        /* KV groups: the window kvc_attention applies (desc.window), 0: none */
+    int32_t n_layers;
+    int32_t layers[MAX_LAYERS]; /* the model layers, in order */
+    kvc_pool *pool;
+    kvc_cache *cache;
+#ifdef TINYLM_VK
+    kvc_vk_pool *vk_pool;  /* --vk: the group's device pool (pool is its host side) */
+#endif
+    int32_t capacity;      /* CAUSAL: cells */
+    /* conv groups: per layer the last L-1 vectors s = B*u, oldest first, zeros before
+       position 0 - all a conv layer needs of the past */
+    size_t state_floats;   /* per layer: (L-1) * hidden */
+    float *state;          /* [n_layers][L-1][hidden] */
+    float *undo;           /* the states when the open batch began, for groups_cancel */
+    int32_t offset;        /* position of the next token */
+    int32_t open_n;        /* tokens of the open batch */
+} layer_group;
+
+typedef struct layer_groups {
+    int n;
+    layer_group g[MAX_GROUPS];
+    int group_of[MAX_LAYERS];     /* model layer -> its group */
+    int32_t index_of[MAX_LAYERS]; /* model layer -> layer within the group */
+} layer_groups;
+
+/* Every group's state at one position: a branch point or a checkpoint. */
+typedef struct groups_snapshot {
+    int32_t offset;                 /* the position it restores; -1: none held */
+    kvc_snapshot *snap[MAX_GROUPS]; /* KV groups; NULL for an empty cache */
+    float *state[MAX_GROUPS];       /* conv groups: a copy of the states */
+} groups_snapshot;
+
+static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
+
+/* Layers "0,1,3" of a group into buf. */
+static const char *group_layers(const layer_group *g, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < g->n_layers && len + 1 < cap; ++i)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", (int)g->layers[i]);
+    return buf;
+}
+
+static const char *group_kind_name(const layer_group *g)
+{
+    return g->type == LAYER_CONV ? "conv" : g->kind == KVC_KIND_FULL ? "full"
+         : g->kind == KVC_KIND_ROTATING ? "rotating" : "causal";
+}
+
+/* Which layers go in which group, and each group's kind: with uniform == NULL one
+   group per layer type - sliding layers in a ROTATING cache, full layers in a FULL
+   cache, conv layers' states - otherwise one group of uniform->kind for every layer. */
+static void groups_layout(layer_groups *G, const config *c, const kind_spec *uniform)
+{
+    memset(G, 0, sizeof *G);
+    for (int l = 0; l < c->layers; ++l) {
+        int i = 0;
+        layer_group *g;
+        while (!uniform && i < G->n && G->g[i].type != c->type[l]) ++i;
+        if (i == G->n) {
+            G->g[i].type = c->type[l];
+            G->g[i].kind = uniform ? uniform->kind : c->type[l] == LAYER_SLIDING ? KVC_KIND_ROTATING : KVC_KIND_FULL;
+            G->n++;
+        }
+        g = &G->g[i];
+        G->group_of[l] = i;
+        G->index_of[l] = g->n_layers;
+        g->layers[g->n_layers++] = l;
+    }
+}
+
+/* Builds the groups of model config c: with a hybrid kind (ks->hybrid) one group per
+   layer type - sliding layers in a ROTATING cache of the model's window, full layers
+   in a FULL cache, conv layers' states - otherwise one group of ks->kind for every
+   layer. Storage type `type` for K and V. */
+static int groups_create(layer_groups *G, const config *c, const kind_spec *ks, kvc_type type,
+                         int32_t max_tokens, int32_t max_batch)
+{
+    groups_layout(G, c, ks->hybrid ? NULL : ks);
+    for (int i = 0; i < G->n; ++i) {
+        layer_group *g = &G->g[i];
+        kvc_pool_config pcfg;
+        kvc_cache_config ccfg;
+        if (g->type == LAYER_CONV) {
+            g->state_floats = (size_t)(c->conv_L - 1) * c->hidden;
+            g->state = (float *)calloc(g->n_layers * g->state_floats + 1, sizeof *g->state);
+            g->undo = alloc_floats(g->n_layers * g->state_floats);
+            if (!g->state || !g->undo) goto fail;
+            continue;
+        }
+        /* the pool: every K/V byte of the group, in pages of PAGE_CELLS tokens for its layers */
+        KVC_CHECK(kvc_pool_config_init(&pcfg));
+        pcfg.n_layers = g->n_layers;
+        pcfg.n_kv_heads = c->kv;
+        pcfg.head_dim_k = c->hd;
+        pcfg.head_dim_v = c->hd;
+        pcfg.type_k = type;
+        pcfg.type_v = type;
+        pcfg.page_cells = PAGE_CELLS;
+        pcfg.budget_bytes = BUDGET_BYTES;
+#ifdef TINYLM_VK
+        if (g_vk.on) { /* the same bookkeeping on the host, the pages on the GPU */
+            KVC_CHECK(kvc_vk_pool_create(g_vk.ctx, &pcfg, NULL, &g->vk_pool));
+            g->pool = kvc_vk_pool_host(g->vk_pool);
+        } else
+#endif
+        KVC_CHECK(kvc_pool_create(&pcfg, &g->pool));
+
+        /* the cache: one for the group's layers (they all have the same window) */
+        KVC_CHECK(kvc_cache_config_init(&ccfg, g->kind));
+        if (!ks->hybrid) ks->setup(&ccfg, c, max_tokens, max_batch);
+        else if (g->kind == KVC_KIND_ROTATING) setup_rotating(&ccfg, c, max_tokens, max_batch);
+        g->capacity = ccfg.capacity;
+        /* a causal cache applies its own window; the others get the layers' in desc.window */
+        g->window = g->kind != KVC_KIND_CAUSAL && g->type == LAYER_SLIDING ? c->window : 0;
+        KVC_CHECK(kvc_cache_create(g->pool, &ccfg, &g->cache));
+    }
+    return 0;
+fail:
+    errorf("cannot create the layer groups");
+    return -1;
+}
+
+/* Destroys the caches, then checks that each pool got every page back, prints its
+   peak use (one line per pool, labelled `label`) and destroys it. Returns the number
+   of failures (a leak or an error). */
+static int groups_free(layer_groups *G, const char *kind_name, const char *type_name)
+{
+    int failures = 0;
+    for (int i = 0; i < G->n; ++i)
+        if (G->g[i].cache && kvc_cache_destroy(G->g[i].cache) != KVC_OK)
+            failures++, errorf("kvc_cache_destroy failed");
+    for (int i = 0; i < G->n; ++i) {
+        layer_group *g = &G->g[i];
+        free(g->state), free(g->undo);
+        if (g->pool) {
+            char label[80], layers[64];
+            kvc_pool_stats st;
+            kvc_result r = kvc_pool_stats_get(g->pool, &st);
+            if (G->n == 1) snprintf(label, sizeof label, "pool:");
+            else snprintf(label, sizeof label, "%s pool, layers %s:", group_kind_name(g),
+                          group_layers(g, layers, sizeof layers));
+            if (r != KVC_OK) {
+                errorf("kvc_pool_stats_get failed: %s", kvc_strerror(r));
+                failures++;
+            } else {
+                const int leak = st.pages_used != 0 || st.live_caches || st.live_snapshots || st.live_prefixes;
+                if (!g_quiet || leak)
+                    printf("  %-9s %-9s %-4s %s peak %d of %d pages (%.0f KiB), after teardown %d pages, "
+                           "%d caches, %d snapshots, %d prefixes%s\n",
+                           "", kind_name, type_name, label, (int)st.pages_peak, (int)st.pages_total,
+                           st.bytes_peak / 1024.0, (int)st.pages_used, (int)st.live_caches,
+                           (int)st.live_snapshots, (int)st.live_prefixes, leak ? "  FAIL: leak" : "  ok");
+                failures += leak;
+            }
+#ifdef TINYLM_VK
+            if (g_vk.on) {
+                kvc_vk_context_info(g_vk.ctx, &g_vk_info);
+                r = kvc_vk_pool_destroy(g->vk_pool);
+                g->vk_pool = NULL;
+                g_vk.pool = NULL;
+            } else
+#endif
+            r = kvc_pool_destroy(g->pool);
+            if (r != KVC_OK) {
+                errorf("kvc_pool_destroy failed: %s", kvc_strerror(r));
+                failures++;
+            }
+        }
+    }
+    memset(G, 0, sizeof *G);
+    return failures;
+}
+
+/* The position of the next token, the same in every group (or an error). */
+static int groups_position(const layer_groups *G, int32_t *position)
+{
+    for (int i = 0; i < G->n; ++i) {
+        const layer_group *g = &G->g[i];
+        int32_t p = g->offset, lo, hi;
+        if (g->type != LAYER_CONV && g->kind == KVC_KIND_CAUSAL) {
+            KVC_CHECK(kvc_seq_pos_range(g->cache, 0, &lo, &hi));
+            p = hi + 1;
+        } else if (g->type != LAYER_CONV) {
+            KVC_CHECK(kvc_cache_offset(g->cache, &p));
+        }
+        if (i > 0 && p != *position) {
+            errorf("layer groups out of step: group 0 at position %d, group %d at %d", (int)*position, i, (int)p);
+            return -1;
+        }
+        *position = p;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* Undoes groups_begin on group g. */
+static int group_cancel(layer_group *g)
+{
+    if (g->type == LAYER_CONV) {
+        memcpy(g->state, g->undo, g->n_layers * g->state_floats * sizeof *g->state);
+        g->offset -= g->open_n;
+        g->open_n = 0;
+        return 0;
+    }
+    KVC_CHECK(kvc_cancel(g->cache));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Opens a forward pass of n tokens at positions pos[] (sequence seq[], all 0 here) on
+   every group: kvc_begin (a CAUSAL cache: kvc_begin_batch), the only call of the pass
+   that takes pages; a conv group remembers its states for groups_cancel. */
+static int groups_begin(layer_groups *G, int32_t n, const int32_t *pos, const int32_t *seq)
+{
+    int i;
+    for (i = 0; i < G->n; ++i) {
+        layer_group *g = &G->g[i];
+        if (g->type == LAYER_CONV) {
+            if (pos[0] != g->offset) {
+                errorf("the conv states are at position %d, the batch starts at %d", (int)g->offset, (int)pos[0]);
+                break;
+            }
+            memcpy(g->undo, g->state, g->n_layers * g->state_floats * sizeof *g->state);
+            g->open_n = n;
+            g->offset += n;
+        } else if (g->kind == KVC_KIND_CAUSAL) {
+            kvc_batch batch;
+            batch.n_tokens = n;
+            batch.pos = pos;
+            batch.seq = seq;
+            batch.non_causal = NULL;
+            KVC_CHECK(kvc_begin_batch(g->cache, &batch)); /* takes free cells, releases dead ones */
+        } else {
+            KVC_CHECK(kvc_begin(g->cache, n));
+        }
+    }
+    if (i == G->n) return 0;
+fail:
+    while (i-- > 0) /* all or nothing */
+        if (group_cancel(&G->g[i]) != 0) errorf("kvc_cancel failed too");
+    return -1;
+}
+
+/* Abandons the pass groups_begin opened: every group back to where it was. */
+static int groups_cancel(layer_groups *G)
+{
+    int rc = 0;
+    for (int i = 0; i < G->n; ++i) rc |= group_cancel(&G->g[i]);
+    return rc;
+}
+
+/* kvc_put + kvc_attention of model layer `layer` in its group; desc->pos and
+   desc->window are set here from the group (the q, k, v, out sizes in floats are for
+   the Vulkan path's buffers). */
+static int groups_attention(layer_groups *G, int32_t layer, const float *k, const float *v,
+                            kvc_attention_desc *desc, size_t kv_floats, size_t q_floats, size_t out_floats)
+{
+    const layer_group *g = &G->g[G->group_of[layer]];
+    const int32_t index = G->index_of[layer];
+    if (g->kind == KVC_KIND_CAUSAL) desc->pos = NULL; /* NULL = the batch's own queries */
+    desc->window = g->window;
+    (void)kv_floats, (void)q_floats, (void)out_floats;
+#ifdef TINYLM_VK
+    if (g_vk.on) {
+        g_vk.pool = g->vk_pool; /* the device pool vk_put_attention serves: this group's */
+        KVC_CHECK(vk_put_attention(g->cache, index, k, v, kv_floats, desc, q_floats, out_floats));
+        return 0;
+    }
+#endif
+    KVC_CHECK(kvc_put(g->cache, index, k, v));
+    KVC_CHECK(kvc_attention(g->cache, index, desc));
+    return 0;
+fail:
+    return -1;
+}
+
+/* The (L-1) x hidden state of conv layer `layer`, read and advanced by the pass. */
+static float *groups_conv_state(layer_groups *G, int32_t layer)
+{
+    layer_group *g = &G->g[G->group_of[layer]];
+    return g->state + (size_t)G->index_of[layer] * g->state_floats;
+}
+
+/* Back to position `target`, all or nothing. With a checkpoint cp (taken at target)
+   every group is restored from it; without, every group is trimmed. Returns 1 (and
+   changes nothing) when some group cannot be trimmed there - a rotating window that
+   has wrapped, a conv state that is past target - except that target 0 is always
+   reachable (every group cleared); 0 when done, -1 on error. */
+static int groups_restore(layer_groups *G, const groups_snapshot *snap);
+static int groups_rewind(layer_groups *G, int32_t target, const groups_snapshot *cp)
+{
+    int32_t offset;
+    if (cp) {
+        if (cp->offset != target) {
+            errorf("checkpoint at %d, rewind to %d", (int)cp->offset, (int)target);
+            return -1;
+        }
+        return groups_restore(G, cp);
+    }
+    if (groups_position(G, &offset) != 0) return -1;
+    if (target > offset || target < 0) return 1;
+    if (target == offset) return 0;
+    for (int i = 0; target > 0 && i < G->n; ++i) { /* can every group get there? */
+        const layer_group *g = &G->g[i];
+        int ok = 0;
+        if (g->type == LAYER_CONV) ok = 0; /* a recurrent state cannot be rewound */
+        else if (g->kind == KVC_KIND_CAUSAL) KVC_CHECK(kvc_seq_can_resume(g->cache, 0, target, &ok));
+        else KVC_CHECK(kvc_can_trim(g->cache, &ok));
+        if (!ok) return 1;
+    }
+    for (int i = 0; i < G->n; ++i) {
+        layer_group *g = &G->g[i];
+        if (g->type == LAYER_CONV) { /* target 0 */
+            memset(g->state, 0, g->n_layers * g->state_floats * sizeof *g->state);
+            g->offset = 0;
+        } else if (g->kind == KVC_KIND_CAUSAL) {
+            KVC_CHECK(kvc_seq_remove(g->cache, 0, target, KVC_POS_END));
+        } else if (target == 0) {
+            KVC_CHECK(kvc_cache_clear(g->cache));
+        } else {
+            KVC_CHECK(kvc_trim(g->cache, offset - target));
+        }
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* Frees a snapshot's parts; *snap holds none after. */
+static int groups_snapshot_free(groups_snapshot *snap)
+{
+    int rc = 0;
+    for (int i = 0; i < MAX_GROUPS; ++i) {
+        rc |= kvc_snapshot_free(snap->snap[i]) != KVC_OK;
+        free(snap->state[i]);
+    }
+    memset(snap, 0, sizeof *snap);
+    snap->offset = -1;
+    return rc ? -1 : 0;
+}
+
+/* Every group's state at the current position into *out (freed first): FULL and
+   ROTATING caches kvc_snapshot_take (shares pages: O(pages)), a CAUSAL cache
+   kvc_seq_snapshot of sequence 0, conv states copied. */
+static int groups_snapshot_take(layer_groups *G, groups_snapshot *out)
+{
+    int32_t offset;
+    if (groups_snapshot_free(out) != 0 || groups_position(G, &offset) != 0) return -1;
+    for (int i = 0; i < G->n; ++i) {
+        layer_group *g = &G->g[i];
+        if (g->type == LAYER_CONV) {
+            size_t floats = g->n_layers * g->state_floats;
+            if (!(out->state[i] = alloc_floats(floats))) goto fail;
+            memcpy(out->state[i], g->state, floats * sizeof *g->state);
+        } else if (g->kind == KVC_KIND_CAUSAL) {
+            KVC_CHECK(kvc_seq_snapshot(g->cache, 0, &out->snap[i]));
+        } else {
+            KVC_CHECK(kvc_snapshot_take(g->cache, 0, &out->snap[i]));
+        }
+    }
+    out->offset = offset;
+    return 0;
+fail:
+    groups_snapshot_free(out); /* all or nothing */
+    return -1;
+}
+
+/* Every group back to snapshot *snap, at its position. A snapshot is always restored
+   to its own end, which kvc_restore never refuses for the caches it came from
+   (KVC_ERR_UNREACHABLE is for a target past the snapshot's end, or a FULL cache
+   trimmed below the snapshot's start, which is 0 here), so no group can refuse after
+   another one changed. */
+static int groups_restore(layer_groups *G, const groups_snapshot *snap)
+{
+    if (snap->offset < 0) {
+        errorf("no snapshot to restore");
+        return -1;
+    }
+    for (int i = 0; i < G->n; ++i) {
+        layer_group *g = &G->g[i];
+        if (g->type == LAYER_CONV) {
+            memcpy(g->state, snap->state[i], g->n_layers * g->state_floats * sizeof *g->state);
+            g->offset = snap->offset;
+            g->open_n = 0;
+        } else if (g->kind == KVC_KIND_CAUSAL) {
+            if (snap->snap[i]) KVC_CHECK(kvc_seq_restore(g->cache, snap->snap[i], 0)); /* drops what seq 0 had */
+            else KVC_CHECK(kvc_seq_remove(g->cache, 0, 0, KVC_POS_END));
+        } else {
+            if (snap->snap[i]) KVC_CHECK(kvc_restore(g->cache, snap->snap[i], snap->offset));
+            else KVC_CHECK(kvc_cache_clear(g->cache));
+        }
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* ==================================================================================
+   6. The model
    ================================================================================== */
 
 typedef struct layer_weights {
-    float *attn_norm;           /* [hidden] */
+    float *attn_norm;           /* [hidden]: the norm before the attention or conv block */
     float *wq, *wk, *wv, *wo;   /* [heads*hd][hidden], [kv*hd][hidden] x2, [hidden][heads*hd] */
+    float *q_norm, *k_norm;     /* [hd] each, with qk_norm */
+    float *conv_in;             /* conv layers: [3*hidden][hidden], rows B, C, u */
+    float *conv_w;              /* [hidden][1][L] depthwise kernel */
+    float *conv_out;            /* [hidden][hidden] */
     float *mlp_norm;            /* [hidden] */
     float *gate, *up, *down;    /* [inter][hidden] x2, [hidden][inter] */
 } layer_weights;
@@ -688,12 +1233,27 @@ typedef struct model {
     layer_weights *layers;
 } model;
 
+/* Hugging Face tensor names: model.layers.N.<name>.weight, and the final norm. */
+typedef struct weight_names {
+    const char *attn_norm, *q, *k, *v, *o, *q_norm, *k_norm, *mlp_norm, *gate, *up, *down, *final_norm;
+} weight_names;
+
+static const weight_names LLAMA_NAMES = { /* Llama, Mistral, Qwen3 */
+    "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
+    "mlp.down_proj", "model.norm.weight"};
+static const weight_names LFM2_NAMES = { /* w1 gates, w3 is up, w2 down; embedding_norm is the final norm */
+    "operator_norm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
+    "self_attn.q_layernorm", "self_attn.k_layernorm", "ffn_norm", "feed_forward.w1", "feed_forward.w3",
+    "feed_forward.w2", "model.embedding_norm.weight"};
+
 static void model_free(model *m)
 {
     if (m->layers)
         for (int l = 0; l < m->c.layers; ++l) {
             layer_weights *w = &m->layers[l];
             free(w->attn_norm), free(w->wq), free(w->wk), free(w->wv), free(w->wo);
+            free(w->q_norm), free(w->k_norm), free(w->conv_in), free(w->conv_w), free(w->conv_out);
             free(w->mlp_norm), free(w->gate), free(w->up), free(w->down);
         }
     free(m->layers);
@@ -706,21 +1266,25 @@ static int model_load(model *m, const char *dir)
     char path[1024], name[160];
     st_file f;
     const config *c = &m->c;
+    const weight_names *nm;
     int ok;
 
     memset(m, 0, sizeof *m);
     if (load_config(dir, &m->c) != 0) return -1;
+    nm = c->arch == ARCH_LFM2 ? &LFM2_NAMES : &LLAMA_NAMES;
     join_path(path, sizeof path, dir, "model.safetensors");
     if (st_open(&f, path) != 0) return -1;
     m->layers = (layer_weights *)calloc((size_t)c->layers, sizeof *m->layers);
     {
-        const int d_vocab[2] = {c->vocab, c->hidden}, d_hidden[1] = {c->hidden};
+        const int d_vocab[2] = {c->vocab, c->hidden}, d_hidden[1] = {c->hidden}, d_hd[1] = {c->hd};
         const int d_q[2] = {c->heads * c->hd, c->hidden}, d_kv[2] = {c->kv * c->hd, c->hidden};
         const int d_o[2] = {c->hidden, c->heads * c->hd};
         const int d_up[2] = {c->inter, c->hidden}, d_down[2] = {c->hidden, c->inter};
+        const int d_conv_in[2] = {3 * c->hidden, c->hidden}, d_conv_w[3] = {c->hidden, 1, c->conv_L};
+        const int d_conv_out[2] = {c->hidden, c->hidden};
         ok = m->layers != NULL;
         ok = ok && (m->embed = st_load(&f, "model.embed_tokens.weight", 2, d_vocab)) != NULL;
-        ok = ok && (m->norm = st_load(&f, "model.norm.weight", 1, d_hidden)) != NULL;
+        ok = ok && (m->norm = st_load(&f, nm->final_norm, 1, d_hidden)) != NULL;
         ok = ok && (m->lm_head = st_load(&f, "lm_head.weight", 2, d_vocab)) != NULL;
         /* LOAD: tensor model.layers.<l>.<suffix>.weight of shape dims into w->field */
 #define LOAD(field, suffix, dims)                                                    \
@@ -728,11 +1292,14 @@ static int model_load(model *m, const char *dir)
      (w->field = st_load(&f, name, (int)(sizeof dims / sizeof dims[0]), dims)) != NULL)
         for (int l = 0; ok && l < c->layers; ++l) {
             layer_weights *w = &m->layers[l];
-            ok = LOAD(attn_norm, "input_layernorm", d_hidden) && LOAD(wq, "self_attn.q_proj", d_q) &&
-                 LOAD(wk, "self_attn.k_proj", d_kv) && LOAD(wv, "self_attn.v_proj", d_kv) &&
-                 LOAD(wo, "self_attn.o_proj", d_o) && LOAD(mlp_norm, "post_attention_layernorm", d_hidden) &&
-                 LOAD(gate, "mlp.gate_proj", d_up) && LOAD(up, "mlp.up_proj", d_up) &&
-                 LOAD(down, "mlp.down_proj", d_down);
+            ok = LOAD(attn_norm, nm->attn_norm, d_hidden) && LOAD(mlp_norm, nm->mlp_norm, d_hidden) &&
+                 LOAD(gate, nm->gate, d_up) && LOAD(up, nm->up, d_up) && LOAD(down, nm->down, d_down);
+            if (ok && c->type[l] == LAYER_CONV)
+                ok = LOAD(conv_in, "conv.in_proj", d_conv_in) && LOAD(conv_w, "conv.conv", d_conv_w) &&
+                     LOAD(conv_out, "conv.out_proj", d_conv_out);
+            else if (ok)
+                ok = LOAD(wq, nm->q, d_q) && LOAD(wk, nm->k, d_kv) && LOAD(wv, nm->v, d_kv) && LOAD(wo, nm->o, d_o) &&
+                     (!c->qk_norm || (LOAD(q_norm, nm->q_norm, d_hd) && LOAD(k_norm, nm->k_norm, d_hd)));
         }
 #undef LOAD
     }
@@ -807,9 +1374,9 @@ static int argmax(const float *x, int n)
 
 /* Cache-free attention (the --reference mode): the n tokens of the batch attend
    to each other only, causally and within the sliding window. q [n][heads][hd],
-   k, v [n][kv][hd], out [n][heads][hd]. */
+   k, v [n][kv][hd], out [n][heads][hd]; window: the layer's (0: none). */
 static void naive_attention(float *out, const float *q, const float *k, const float *v,
-                            const int32_t *pos, int n, const config *c)
+                            const int32_t *pos, int n, const config *c, int window)
 {
     const int group = c->heads / c->kv;
     const double scale = 1.0 / sqrt((double)c->hd);
@@ -822,7 +1389,7 @@ static void naive_attention(float *out, const float *q, const float *k, const fl
             double max = -INFINITY, sum = 0;
             for (int j = 0; j < n; ++j) {
                 const float *kj = k + ((size_t)j * c->kv + h / group) * c->hd;
-                int visible = pos[j] <= pos[i] && (c->window == 0 || pos[i] - pos[j] < c->window);
+                int visible = pos[j] <= pos[i] && (window == 0 || pos[i] - pos[j] < window);
                 double s = 0;
                 for (int d = 0; visible && d < c->hd; ++d) s += (double)qi[d] * kj[d];
                 w[j] = visible ? s * scale : -INFINITY;
@@ -839,79 +1406,108 @@ static void naive_attention(float *out, const float *q, const float *k, const fl
     free(w);
 }
 
+/* LFM2's gated short convolution of n tokens, h [n][hidden] -> y [n][hidden] (before
+   out_proj): [B | C | u] = in_proj h, s = B * u per channel, a causal depthwise
+   convolution over the last L vectors s of each channel, y = C * conv. `state` holds
+   the L-1 vectors s before this batch (oldest first) and is advanced to the batch's
+   last L-1. bcu [n][3*hidden] and s_all [L-1+n][hidden] are working memory. */
+static void short_conv(float *y, const float *h, const layer_weights *w, float *state, int n,
+                       const config *c, float *bcu, float *s_all)
+{
+    const int H = c->hidden, L = c->conv_L;
+    const size_t past = (size_t)(L - 1) * H;
+    matmul(bcu, h, w->conv_in, n, H, 3 * H);
+    memcpy(s_all, state, past * sizeof *s_all);
+    for (int t = 0; t < n; ++t)
+        for (int ch = 0; ch < H; ++ch)
+            s_all[past + (size_t)t * H + ch] = bcu[(size_t)t * 3 * H + ch] * bcu[(size_t)t * 3 * H + 2 * H + ch];
+    /* token t sees s rows t .. t+L-1 of s_all; w[ch][0][L-1] weighs the current one */
+    for (int t = 0; t < n; ++t)
+        for (int ch = 0; ch < H; ++ch) {
+            float acc = 0;
+            for (int k = 0; k < L; ++k) acc += w->conv_w[(size_t)ch * L + k] * s_all[(size_t)(t + k) * H + ch];
+            y[(size_t)t * H + ch] = bcu[(size_t)t * 3 * H + H + ch] * acc;
+        }
+    memcpy(state, s_all + (size_t)n * H, past * sizeof *state);
+}
+
 /* One forward pass over n tokens at positions pos0 .. pos0+n-1.
 
-   With a cache, attention goes through kvcache.h: kvc_begin reserves the cells
-   (a causal cache: kvc_begin_batch, the tokens' positions in sequence 0), then per
-   layer kvc_put stores this batch's K and V and kvc_attention computes the queries
-   against every cell they may see. With cache == NULL the batch must be the whole
-   sequence (pos0 == 0) and attention is the naive one above.
+   With layer groups, attention goes through kvcache.h: groups_begin opens the pass on
+   every group (kvc_begin; a causal cache: kvc_begin_batch, the tokens' positions in
+   sequence 0), then per attention layer kvc_put stores this batch's K and V and
+   kvc_attention computes the queries against every cell they may see; a conv layer
+   reads and advances its group's state. With G == NULL the batch must be the whole
+   sequence (pos0 == 0): naive attention, conv states from zeros.
 
    Logits are computed for the batch rows first_row .. n-1 only (prefill needs just
    the last one) into logits [n - first_row][vocab]; logits == NULL: none. */
-static int forward(const model *m, kvc_cache *cache, int causal, const int32_t *tokens, int n,
-                   int32_t pos0, int first_row, float *logits)
+static int forward(const model *m, layer_groups *G, const int32_t *tokens, int n, int32_t pos0, int first_row,
+                   float *logits)
 {
     const config *c = &m->c;
     const int H = c->hidden, QD = c->heads * c->hd, KD = c->kv * c->hd;
+    const int has_conv = c->conv_L > 0;
+    const size_t state_floats = has_conv ? (size_t)(c->conv_L - 1) * H : 0;
     float *x = alloc_floats((size_t)n * H), *h = alloc_floats((size_t)n * H);
-    float *q = alloc_floats((size_t)n * QD), *att = alloc_floats((size_t)n * QD);
+    float *q = alloc_floats((size_t)n * QD), *att = alloc_floats((size_t)n * (QD > H ? QD : H));
     float *k = alloc_floats((size_t)n * KD), *v = alloc_floats((size_t)n * KD);
     float *gate = alloc_floats((size_t)n * c->inter), *up = alloc_floats((size_t)n * c->inter);
+    float *bcu = has_conv ? alloc_floats((size_t)n * 3 * H) : NULL;
+    float *s_all = has_conv ? alloc_floats(state_floats + (size_t)n * H) : NULL;
+    /* --reference: each conv layer's state, from zeros */
+    float *ref_state = has_conv && !G ? (float *)calloc((size_t)c->layers * state_floats + 1, sizeof *ref_state) : NULL;
     int32_t *pos = (int32_t *)malloc((size_t)n * sizeof *pos);
     int32_t *seq = (int32_t *)calloc((size_t)n, sizeof *seq); /* causal: all sequence 0 */
     int begun = 0, rc = -1;
 
-    if (!x || !h || !q || !att || !k || !v || !gate || !up || !pos || !seq) goto fail;
+    if (!x || !h || !q || !att || !k || !v || !gate || !up || !pos || !seq ||
+        (has_conv && (!bcu || !s_all || (!G && !ref_state))))
+        goto fail;
     for (int i = 0; i < n; ++i) {
         pos[i] = pos0 + i;
         memcpy(x + (size_t)i * H, m->embed + (size_t)tokens[i] * H, (size_t)H * sizeof *x);
     }
-    if (cache && causal) {
-        kvc_batch batch;
-        batch.n_tokens = n;
-        batch.pos = pos;
-        batch.seq = seq;
-        batch.non_causal = NULL;
-        KVC_CHECK(kvc_begin_batch(cache, &batch)); /* takes free cells, releases dead ones */
-        begun = 1;
-    } else if (cache) {
-        KVC_CHECK(kvc_begin(cache, n)); /* the only call that allocates pages */
+    if (G) {
+        if (groups_begin(G, n, pos, seq) != 0) goto fail; /* the only call that takes pages */
         begun = 1;
     }
     for (int l = 0; l < c->layers; ++l) {
         const layer_weights *w = &m->layers[l];
-        /* attention block */
         rmsnorm(h, x, w->attn_norm, n, H, c->eps);
-        matmul(q, h, w->wq, n, H, QD);
-        matmul(k, h, w->wk, n, H, KD);
-        matmul(v, h, w->wv, n, H, KD);
-        rope(q, n, c->heads, c->hd, pos, c->theta);
-        rope(k, n, c->kv, c->hd, pos, c->theta);
-        if (cache) {
-            kvc_attention_desc desc;
-            memset(&desc, 0, sizeof desc);
-            desc.n_queries = n;
-            desc.n_heads = c->heads;
-            desc.q = q;
-            desc.pos = causal ? NULL : pos; /* causal: NULL = the batch's own queries */
-            desc.scale = 0;                 /* 1/sqrt(head_dim) */
-            /* the model's sliding window (0: none); a causal cache has its own */
-            desc.window = causal ? 0 : c->window;
-            desc.out = att;
-#ifdef TINYLM_VK
-            if (g_vk.on) {
-                KVC_CHECK(vk_put_attention(cache, l, k, v, (size_t)n * KD, &desc, (size_t)n * QD, (size_t)n * QD));
-            } else
-#endif
-            {
-                KVC_CHECK(kvc_put(cache, l, k, v));
-                KVC_CHECK(kvc_attention(cache, l, &desc));
-            }
+        if (c->type[l] == LAYER_CONV) {
+            /* conv block */
+            float *state = G ? groups_conv_state(G, l) : ref_state + (size_t)l * state_floats;
+            short_conv(att, h, w, state, n, c, bcu, s_all);
+            matmul(h, att, w->conv_out, n, H, H);
         } else {
-            naive_attention(att, q, k, v, pos, n, c);
+            /* attention block */
+            const int window = c->type[l] == LAYER_SLIDING ? c->window : 0;
+            matmul(q, h, w->wq, n, H, QD);
+            matmul(k, h, w->wk, n, H, KD);
+            matmul(v, h, w->wv, n, H, KD);
+            if (c->qk_norm) { /* per head, before RoPE: the cache holds normalised keys */
+                rmsnorm(q, q, w->q_norm, n * c->heads, c->hd, c->eps);
+                rmsnorm(k, k, w->k_norm, n * c->kv, c->hd, c->eps);
+            }
+            rope(q, n, c->heads, c->hd, pos, c->theta);
+            rope(k, n, c->kv, c->hd, pos, c->theta);
+            if (G) {
+                kvc_attention_desc desc;
+                memset(&desc, 0, sizeof desc);
+                desc.n_queries = n;
+                desc.n_heads = c->heads;
+                desc.q = q;
+                desc.pos = pos;   /* a causal group: NULL, set by groups_attention */
+                desc.scale = 0;   /* 1/sqrt(head_dim) */
+                desc.out = att;   /* desc.window: the group's, set by groups_attention */
+                if (groups_attention(G, l, k, v, &desc, (size_t)n * KD, (size_t)n * QD, (size_t)n * QD) != 0)
+                    goto fail;
+            } else {
+                naive_attention(att, q, k, v, pos, n, c, window);
+            }
+            matmul(h, att, w->wo, n, QD, H);
         }
-        matmul(h, att, w->wo, n, QD, H);
         for (size_t i = 0; i < (size_t)n * H; ++i) x[i] += h[i];
         /* MLP block: down(silu(gate(h)) * up(h)) */
         rmsnorm(h, x, w->mlp_norm, n, H, c->eps);
@@ -928,14 +1524,15 @@ static int forward(const model *m, kvc_cache *cache, int causal, const int32_t *
     }
     rc = 0;
 fail:
-    if (rc != 0 && begun && kvc_cancel(cache) != KVC_OK) /* leave the cache as it was */
+    if (rc != 0 && begun && groups_cancel(G) != 0) /* leave the groups as they were */
         errorf("kvc_cancel failed too");
     free(x), free(h), free(q), free(att), free(k), free(v), free(gate), free(up), free(pos), free(seq);
+    free(bcu), free(s_all), free(ref_state);
     return rc;
 }
 
 /* ==================================================================================
-   6. reference.txt and NAME.logits.f32
+   7. reference.txt and NAME.logits.f32
       case NAME kind greedy|forced prompt_len N total_len T rows R min_top2_margin M
       tokens t0 t1 ... t(T-1)
    Row r of NAME.logits.f32 holds the logits at position N-1+r (R = T-N+1).
@@ -955,20 +1552,6 @@ static void cases_free(test_case *cases, int n)
 {
     for (int i = 0; i < n; ++i) free(cases[i].tokens), free(cases[i].ref);
     free(cases);
-}
-
-/* Next whitespace-separated word of *s into buf; 0 at the end of the text. */
-static int next_word(const char **s, char *buf, size_t cap)
-{
-    size_t n = 0;
-    while (**s == ' ' || **s == '\t' || **s == '\n' || **s == '\r') ++*s;
-    if (!**s) return 0;
-    while (**s && !(**s == ' ' || **s == '\t' || **s == '\n' || **s == '\r')) {
-        if (n + 1 < cap) buf[n++] = **s;
-        ++*s;
-    }
-    buf[n] = 0;
-    return 1;
 }
 
 static int load_cases(const char *dir, int vocab, test_case **out, int *n_out)
@@ -1075,9 +1658,10 @@ fail:
 }
 
 /* ==================================================================================
-   7. Sessions: one pool, one cache and its token record per (kind, type), through
-      which every case of the model runs in order - so `reuse` finds what `base`
-      left in the cache, and `branch_b` continues `branch_a` from its snapshot.
+   8. Sessions: one set of layer groups (a pool and a cache per KV group) and its
+      token record per (kind, type), through which every case of the model runs in
+      order - so `reuse` finds what `base` left in the cache, and `branch_b`
+      continues `branch_a` from its snapshot.
    ================================================================================== */
 
 /* What a case measured against the reference. */
@@ -1096,12 +1680,13 @@ struct session {
     const model *m;
     const kind_spec *ks;      /* the kind's hooks; NULL in --reference mode */
     int chunk;                /* prefill chunk size */
-    kvc_pool *pool;
-    kvc_cache *cache;         /* NULL in --reference mode */
+    layer_groups groups;      /* the model's memory (unused in --reference mode) */
+    kvc_cache *cache;         /* full, rotating, causal: the one group's cache */
     int32_t capacity;         /* causal: cells of the cache */
     kvc_prefix *prefix;       /* full, rotating: the tokens the cache holds */
-    int32_t *held;            /* causal: the same list kept here, the tokens of */
-    int32_t n_held, max_held; /* sequence 0 by position (kvc_prefix takes no CAUSAL cache) */
+    int32_t *held;            /* causal, groups: the same list kept here, the tokens */
+    int32_t n_held, max_held; /* held by position (kvc_prefix takes no CAUSAL cache, and
+                                 would trim each group's cache on its own) */
     /* The request in flight: its tokens are recorded (kvc_prefix_close) when the
        next one starts (or the session ends), so that a branch can still continue it. */
     int open;
@@ -1110,10 +1695,14 @@ struct session {
     const int32_t *generated;
     int32_t n_generated;
     /* The branch point: a snapshot taken after a prompt, that prompt and its last logits. */
-    kvc_snapshot *snap;
+    groups_snapshot branch;   /* offset -1: none */
     const int32_t *snap_prompt;
     int32_t snap_prompt_len;
     float *snap_logits;       /* [vocab] */
+    /* groups: a checkpoint at every multiple of CHECKPOINT_EVERY of the tokens held,
+       oldest first (a conv state, or a wrapped window, cannot be trimmed back) */
+    groups_snapshot checkpoints[MAX_CHECKPOINTS];
+    int n_checkpoints;
 };
 
 /* Compares one computed logits row with reference row `row` of the case; for
@@ -1134,23 +1723,52 @@ static void score_row(score *sc, const test_case *tc, int vocab, int row, const 
     }
 }
 
+/* Drops the checkpoints past position `pos` (they hold tokens no longer there). */
+static int drop_checkpoints_after(session *s, int32_t pos)
+{
+    int rc = 0;
+    while (s->n_checkpoints > 0 && s->checkpoints[s->n_checkpoints - 1].offset > pos)
+        rc |= groups_snapshot_free(&s->checkpoints[--s->n_checkpoints]);
+    return rc;
+}
+
+/* A checkpoint of every group at the current position (the oldest goes when full). */
+static int take_checkpoint(session *s)
+{
+    groups_snapshot cp;
+    memset(&cp, 0, sizeof cp);
+    if (s->n_checkpoints == MAX_CHECKPOINTS) {
+        groups_snapshot_free(&s->checkpoints[0]);
+        memmove(s->checkpoints, s->checkpoints + 1, (MAX_CHECKPOINTS - 1) * sizeof *s->checkpoints);
+        s->n_checkpoints--;
+    }
+    if (groups_snapshot_take(&s->groups, &cp) != 0) return -1;
+    s->checkpoints[s->n_checkpoints++] = cp;
+    return 0;
+}
+
 /* Runs toks[0..n) at positions pos0.. in chunks of s->chunk tokens, scoring the
    logits of every position >= prompt_len - 1 against the reference. The logits of
-   the last position go to last[vocab]. */
+   the last position go to last[vocab]. The groups kind ends a chunk at every
+   multiple of CHECKPOINT_EVERY and takes a checkpoint there. */
 static int run_tokens(session *s, const test_case *tc, const int32_t *toks, int32_t pos0, int32_t n,
                       score *sc, float *last)
 {
     const int vocab = s->m->c.vocab;
     const int32_t first_scored = tc->prompt_len - 1;
+    const int checkpoints = s->ks && s->ks->hybrid;
     float *logits = alloc_floats((size_t)s->chunk * vocab);
     if (!logits) return -1;
     for (int32_t done = 0; done < n;) {
-        const int32_t len = n - done < s->chunk ? n - done : s->chunk;
         const int32_t p = pos0 + done;                       /* position of toks[done] */
-        int32_t first = first_scored > p ? first_scored - p : 0; /* first row with logits */
+        const int32_t to_checkpoint = CHECKPOINT_EVERY - p % CHECKPOINT_EVERY;
+        int32_t len = n - done < s->chunk ? n - done : s->chunk;
+        int32_t first;
+        if (checkpoints && len > to_checkpoint) len = to_checkpoint;
+        first = first_scored > p ? first_scored - p : 0;     /* first row with logits */
         if (first > len - 1) first = len - 1;                /* always keep the last row */
-        if (forward(s->m, s->cache, s->ks && s->ks->kind == KVC_KIND_CAUSAL, toks + done, len, p, first,
-                    logits) != 0) {
+        if (forward(s->m, s->ks ? &s->groups : NULL, toks + done, len, p, first, logits) != 0 ||
+            (checkpoints && (p + len) % CHECKPOINT_EVERY == 0 && take_checkpoint(s) != 0)) {
             free(logits);
             return -1;
         }
@@ -1166,8 +1784,8 @@ static int run_tokens(session *s, const test_case *tc, const int32_t *toks, int3
 }
 
 /* --- The cache policy of a session: requests, prefix reuse and branch points ---
-   (the only code that depends on how a kind reuses tokens; everything else is
-   kvc_begin / kvc_put / kvc_attention in forward()). The generic steps come first,
+   (the only code that depends on how a kind reuses tokens; everything else is the
+   layer groups' begin / attention in forward()). The generic steps come first,
    then each kind's hooks. */
 
 /* Ends the request in flight: record prompt + generated tokens for reuse. */
@@ -1194,18 +1812,13 @@ static int begin_request(session *s, const int32_t *prompt, int32_t n, int32_t *
 
 static int drop_branch_point(session *s)
 {
-    kvc_snapshot *snap = s->snap;
-    s->snap = NULL;
-    KVC_CHECK(kvc_snapshot_free(snap));
-    return 0;
-fail:
-    return -1;
+    return groups_snapshot_free(&s->branch);
 }
 
-/* Remembers the cache state after prompt[0..n) (and that prompt's last logits). */
+/* Remembers the state of every group after prompt[0..n) (and that prompt's last logits). */
 static int save_branch_point(session *s, const int32_t *prompt, int32_t n, const float *logits)
 {
-    if (drop_branch_point(s) != 0 || s->ks->save_branch_point(s) != 0) return -1;
+    if (groups_snapshot_take(&s->groups, &s->branch) != 0) return -1;
     s->snap_prompt = prompt;
     s->snap_prompt_len = n;
     memcpy(s->snap_logits, logits, (size_t)s->m->c.vocab * sizeof *logits);
@@ -1215,7 +1828,8 @@ static int save_branch_point(session *s, const int32_t *prompt, int32_t n, const
 /* Whether the saved branch point is right after prompt[0..n). */
 static int have_branch_point(const session *s, const int32_t *prompt, int32_t n)
 {
-    return s->snap && s->snap_prompt_len == n && !memcmp(s->snap_prompt, prompt, (size_t)n * sizeof *prompt);
+    return s->branch.offset >= 0 && s->snap_prompt_len == n &&
+           !memcmp(s->snap_prompt, prompt, (size_t)n * sizeof *prompt);
 }
 
 /* The longest common prefix of held[0..n_held) and prompt[0..n), leaving at least
@@ -1270,20 +1884,12 @@ fail:
     return -1;
 }
 
-static int save_branch_point_prefix(session *s)
-{
-    KVC_CHECK(kvc_snapshot_take(s->cache, 0, &s->snap)); /* shares pages: O(pages) */
-    return 0;
-fail:
-    return -1;
-}
-
+/* A snapshot of a FULL or ROTATING cache (kvc_snapshot_take) shares its pages:
+   O(pages); restoring it is kvc_restore to the snapshot's end. */
 static int restore_branch_point_prefix(session *s, int32_t n)
 {
-    KVC_CHECK(kvc_restore(s->cache, s->snap, n));
-    return 0;
-fail:
-    return -1;
+    (void)n; /* the branch point's own position */
+    return groups_restore(&s->groups, &s->branch);
 }
 
 /* After a case of T tokens the cache holds all of them: offset T. */
@@ -1348,19 +1954,12 @@ fail:
     return -1;
 }
 
-/* A sequence snapshot copies the sequence's cells into pages of the pool. */
-static int save_branch_point_causal(session *s)
-{
-    KVC_CHECK(kvc_seq_snapshot(s->cache, 0, &s->snap));
-    return 0;
-fail:
-    return -1;
-}
-
+/* A sequence snapshot (kvc_seq_snapshot) copies the sequence's cells into pages of
+   the pool; kvc_seq_restore puts them back, dropping what sequence 0 had. */
 static int restore_branch_point_causal(session *s, int32_t n)
 {
     int32_t lo, hi;
-    KVC_CHECK(kvc_seq_restore(s->cache, s->snap, 0)); /* drops what sequence 0 had */
+    if (groups_restore(&s->groups, &s->branch) != 0) return -1;
     KVC_CHECK(kvc_seq_pos_range(s->cache, 0, &lo, &hi));
     if (hi != n - 1) {
         errorf("kvc_seq_restore: sequence 0 ends at position %d, expected %d", (int)hi, (int)n - 1);
@@ -1395,6 +1994,80 @@ fail:
     return -1;
 }
 
+/* --- groups (hybrid models): every group trimmed, or restored from a checkpoint --- */
+
+/* Keeps the longest common prefix of the prompt and the tokens held when every group
+   can be trimmed there; otherwise restores the latest checkpoint at or before it
+   (a conv state cannot be rewound, a wrapped window cannot be trimmed), otherwise
+   starts over. Expected: the common prefix when nothing needs trimming, or when the
+   model has no conv layer and no window has wrapped yet (position <= window); else
+   the common prefix rounded down to a multiple of CHECKPOINT_EVERY, where prefill
+   (which ends a chunk there) took a checkpoint. */
+static int begin_request_groups(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want)
+{
+    const config *c = &s->m->c;
+    const groups_snapshot *cp = NULL;
+    int32_t position, lcp, keep;
+    int has_conv = 0, rc;
+    if (groups_position(&s->groups, &position) != 0) return -1;
+    lcp = common_prefix(s->held, s->n_held < position ? s->n_held : position, prompt, n);
+    for (int l = 0; l < c->layers; ++l) has_conv |= c->type[l] == LAYER_CONV;
+    *want = lcp == position || (!has_conv && position <= c->window) ? lcp : lcp / CHECKPOINT_EVERY * CHECKPOINT_EVERY;
+    keep = lcp;
+    if ((rc = groups_rewind(&s->groups, keep, NULL)) == 1) {
+        for (int i = 0; i < s->n_checkpoints; ++i)
+            if (s->checkpoints[i].offset <= lcp) cp = &s->checkpoints[i];
+        keep = cp ? cp->offset : 0;
+        rc = groups_rewind(&s->groups, keep, cp); /* 0 is always reachable */
+    }
+    if (rc != 0 || drop_checkpoints_after(s, keep) != 0 || groups_position(&s->groups, &position) != 0)
+        return -1;
+    if (position != keep) {
+        errorf("kept %d of %d tokens, but the layer groups are at position %d", (int)keep, (int)n, (int)position);
+        return -1;
+    }
+    *reused = keep;
+    return 0;
+}
+
+/* Records prompt + generated tokens, as far as the groups go. */
+static int end_request_groups(session *s)
+{
+    int32_t position, n = 0;
+    if (groups_position(&s->groups, &position) != 0) return -1;
+    for (int32_t i = 0; i < position && i < s->max_held && i < s->n_prompt + s->n_generated; ++i)
+        s->held[n++] = i < s->n_prompt ? s->prompt[i] : s->generated[i - s->n_prompt];
+    s->n_held = n;
+    return 0;
+}
+
+static int restore_branch_point_groups(session *s, int32_t n)
+{
+    int32_t position;
+    if (groups_restore(&s->groups, &s->branch) != 0 || drop_checkpoints_after(s, n) != 0 ||
+        groups_position(&s->groups, &position) != 0)
+        return -1;
+    if (position != n) {
+        errorf("branch point restored at position %d, expected %d", (int)position, (int)n);
+        return -1;
+    }
+    return 0;
+}
+
+/* After a case of T tokens every group is at position T. */
+static int end_case_groups(session *s, const test_case *tc, score *sc)
+{
+    int32_t position;
+    if (groups_position(&s->groups, &position) != 0) return -1;
+    snprintf(sc->note, sizeof sc->note, "  checkpoints %d", s->n_checkpoints);
+    if (position != tc->total_len) {
+        errorf("case %s: layer groups at position %d at the end, expected %d", tc->name, (int)position,
+               (int)tc->total_len);
+        return -1;
+    }
+    return 0;
+}
+
 /* Runs one case through the session's cache.
 
    - A case named branch_* whose prompt matches the branch point left by the
@@ -1420,7 +2093,7 @@ static int run_case_cached(session *s, const test_case *tc, score *sc)
     if (!last) return -1;
     if (is_branch && have_branch_point(s, tc->tokens, N)) {
         /* continue the open request from the branch point after its prompt */
-        if (s->ks->restore_branch_point(s, N) != 0) goto fail;
+        if (s->ks->restore_branch_point(s, N) != 0) goto fail; /* every group */
         sc->reused = sc->reused_want = N;
         score_row(sc, tc, vocab, 0, s->snap_logits); /* row 0: the prompt's last logits */
         memcpy(last, s->snap_logits, (size_t)vocab * sizeof *last);
@@ -1542,16 +2215,14 @@ static void setup_causal(kvc_cache_config *cc, const config *c, int32_t max_toke
     cc->rope.theta = (float)c->theta;
 }
 
-/* Runs every case of a model with one (kind, type): builds the pool, cache and
-   prefix tracker, runs the cases, then destroys everything and checks that the
-   pool got every page back. Returns the number of failed rows. */
+/* Runs every case of a model with one (kind, type): builds the layer groups (a pool
+   and a cache per KV group) and the prefix tracker, runs the cases, then destroys
+   everything and checks that each pool got every page back. Returns the number of
+   failed rows. */
 static int run_session(const model *m, const test_case *cases, int n_cases, const kind_spec *ks,
                        const type_spec *ts, int chunk)
 {
     const config *c = &m->c;
-    kvc_pool_config pcfg;
-    kvc_cache_config ccfg;
-    kvc_pool_stats st;
     session s;
     int32_t max_tokens = 0;
     int failures = 0, setup_ok = 0;
@@ -1560,34 +2231,18 @@ static int run_session(const model *m, const test_case *cases, int n_cases, cons
     s.m = m;
     s.ks = ks;
     s.chunk = chunk;
+    s.branch.offset = -1;
     if (!(s.snap_logits = alloc_floats((size_t)c->vocab))) return n_cases;
     for (int i = 0; i < n_cases; ++i)
         if (cases[i].total_len > max_tokens) max_tokens = cases[i].total_len;
 
-    /* the pool: every K/V byte, in pages of PAGE_CELLS tokens for all layers */
-    KVC_CHECK(kvc_pool_config_init(&pcfg));
-    pcfg.n_layers = c->layers;
-    pcfg.n_kv_heads = c->kv;
-    pcfg.head_dim_k = c->hd;
-    pcfg.head_dim_v = c->hd;
-    pcfg.type_k = ts->type;
-    pcfg.type_v = ts->type;
-    pcfg.page_cells = PAGE_CELLS;
-    pcfg.budget_bytes = BUDGET_BYTES;
-#ifdef TINYLM_VK
-    if (g_vk.on) { /* the same bookkeeping on the host, the pages on the GPU */
-        KVC_CHECK(kvc_vk_pool_create(g_vk.ctx, &pcfg, NULL, &g_vk.pool));
-        s.pool = kvc_vk_pool_host(g_vk.pool);
-    } else
-#endif
-    KVC_CHECK(kvc_pool_create(&pcfg, &s.pool));
-
-    /* the cache: one for all layers (every layer has the same window here) */
-    KVC_CHECK(kvc_cache_config_init(&ccfg, ks->kind));
-    ks->setup(&ccfg, c, max_tokens, chunk < max_tokens ? chunk : max_tokens);
-    s.capacity = ccfg.capacity;
-    KVC_CHECK(kvc_cache_create(s.pool, &ccfg, &s.cache));
-    if (ks->kind != KVC_KIND_CAUSAL) {
+    if (groups_create(&s.groups, c, ks, ts->type, max_tokens, chunk < max_tokens ? chunk : max_tokens) != 0)
+        goto fail;
+    if (!ks->hybrid) {
+        s.cache = s.groups.g[0].cache;
+        s.capacity = s.groups.g[0].capacity;
+    }
+    if (!ks->hybrid && ks->kind != KVC_KIND_CAUSAL) {
         KVC_CHECK(kvc_prefix_create(&s.cache, 1, max_tokens, &s.prefix));
     } else if (!(s.held = (int32_t *)malloc((size_t)max_tokens * sizeof *s.held))) {
         errorf("out of memory");
@@ -1607,62 +2262,100 @@ static int run_session(const model *m, const test_case *cases, int n_cases, cons
         failures += !report(&cases[i], ks->name, kvc_type_name(ts->type), ts, &sc, run_ok);
         if (!run_ok) break; /* the cache state is unknown: stop this session */
     }
-    if (end_request(&s) != 0 || drop_branch_point(&s) != 0) failures++;
+    if (end_request(&s) != 0) failures++;
 
 fail:
     if (!setup_ok) failures++;
     /* tear down in reverse order, then check that no page is left behind */
+    if (drop_branch_point(&s) != 0 || drop_checkpoints_after(&s, -1) != 0)
+        failures++, errorf("kvc_snapshot_free failed");
     if (s.prefix && kvc_prefix_destroy(s.prefix) != KVC_OK) failures++, errorf("kvc_prefix_destroy failed");
-    if (s.cache && kvc_cache_destroy(s.cache) != KVC_OK) failures++, errorf("kvc_cache_destroy failed");
-    if (s.pool) {
-        kvc_result r = kvc_pool_stats_get(s.pool, &st);
-        if (r != KVC_OK) {
-            errorf("kvc_pool_stats_get failed: %s", kvc_strerror(r));
-            failures++;
-        } else {
-            const int leak = st.pages_used != 0 || st.live_caches || st.live_snapshots || st.live_prefixes;
-            if (!g_quiet || leak)
-                printf("  %-9s %-9s %-4s pool: peak %d of %d pages (%.0f KiB), after teardown %d pages, "
-                       "%d caches, %d snapshots, %d prefixes%s\n",
-                       "", ks->name, kvc_type_name(ts->type), (int)st.pages_peak, (int)st.pages_total,
-                       st.bytes_peak / 1024.0, (int)st.pages_used, (int)st.live_caches,
-                       (int)st.live_snapshots, (int)st.live_prefixes, leak ? "  FAIL: leak" : "  ok");
-            failures += leak;
-        }
-#ifdef TINYLM_VK
-        if (g_vk.on) {
-            kvc_vk_context_info(g_vk.ctx, &g_vk_info);
-            r = kvc_vk_pool_destroy(g_vk.pool);
-            g_vk.pool = NULL;
-        } else
-#endif
-        r = kvc_pool_destroy(s.pool);
-        if (r != KVC_OK) {
-            errorf("kvc_pool_destroy failed: %s", kvc_strerror(r));
-            failures++;
-        }
-    }
+    failures += groups_free(&s.groups, ks->name, kvc_type_name(ts->type));
     free(s.snap_logits);
     free(s.held);
     return failures;
 }
 
+/* The layer groups a hybrid model gets, for the header line. */
+static void print_groups(const model *m)
+{
+    layer_groups G;
+    groups_layout(&G, &m->c, NULL);
+    printf("  layer groups:");
+    for (int i = 0; i < G.n; ++i) {
+        char layers[64];
+        printf("%s %s (layers %s", i ? "," : "", group_kind_name(&G.g[i]), group_layers(&G.g[i], layers, sizeof layers));
+        if (G.g[i].type == LAYER_SLIDING) printf(", window %d", m->c.window);
+        if (G.g[i].type == LAYER_CONV) printf(", %d x %d floats of state each", m->c.conv_L - 1, m->c.hidden);
+        printf(")");
+    }
+    printf("; a checkpoint every %d tokens\n", CHECKPOINT_EVERY);
+}
+
 /* ==================================================================================
-   8. main
+   9. main
    ================================================================================== */
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: tinylm [--chunk N] [--quiet] [--reference] [MODEL_DIR ...]\n"
-                    "  runs tests/data/llama-tiny and tests/data/mistral-swa-tiny by default\n");
+    fprintf(stderr, "usage: tinylm [--chunk N] [--quiet] [--reference] [--vk] [MODEL_DIR ...]\n"
+                    "  runs every folder of tests/data with a config.txt by default\n");
+}
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The folders of `root` that hold a config.txt, sorted, as "root/NAME" strings in
+   *out (free each and the array). Returns the count, -1 on error. */
+static int list_model_dirs(const char *root, char ***out)
+{
+    char **dirs = NULL;
+    int n = 0;
+#ifndef _WIN32
+    DIR *d = opendir(root);
+    struct dirent *e;
+    if (!d) {
+        errorf("cannot list %s: %s", root, strerror(errno));
+        return -1;
+    }
+    while ((e = readdir(d)) != NULL) {
+        char dir[1024], path[1100];
+        FILE *f;
+        char **grown;
+        if (e->d_name[0] == '.') continue;
+        snprintf(dir, sizeof dir, "%s/%s", root, e->d_name);
+        join_path(path, sizeof path, dir, "config.txt");
+        if (!(f = fopen(path, "rb"))) continue;
+        fclose(f);
+        if (!(grown = (char **)realloc(dirs, (size_t)(n + 1) * sizeof *dirs)) ||
+            !(grown[n] = (char *)malloc(strlen(dir) + 1))) {
+            if (grown) dirs = grown;
+            errorf("out of memory");
+            for (int i = 0; i < n; ++i) free(dirs[i]);
+            free(dirs);
+            closedir(d);
+            return -1;
+        }
+        dirs = grown;
+        memcpy(dirs[n++], dir, strlen(dir) + 1);
+    }
+    closedir(d);
+    if (n > 1) qsort(dirs, (size_t)n, sizeof *dirs, compare_names);
+#else
+    (void)root;
+#endif
+    *out = dirs;
+    return n;
 }
 
 int main(int argc, char **argv)
 {
-    static const char *const default_dirs[] = {"tests/data/llama-tiny", "tests/data/mistral-swa-tiny"};
-    const char *const *dirs = default_dirs;
+    const char *const *dirs = NULL;
+    char **listed = NULL;
     const char **given = (const char **)malloc((size_t)argc * sizeof *given);
-    int n_dirs = COUNT_OF(default_dirs), n_given = 0, chunk = DEFAULT_CHUNK, reference = 0;
+    int n_dirs = 0, n_given = 0, n_listed = 0, chunk = DEFAULT_CHUNK, reference = 0;
     int runs = 0, failures = 0;
 
     if (!given) return 2;
@@ -1700,7 +2393,16 @@ int main(int argc, char **argv)
             given[n_given++] = argv[i];
         }
     }
-    if (n_given) dirs = given, n_dirs = n_given;
+    if (n_given) {
+        dirs = given, n_dirs = n_given;
+    } else {
+        if ((n_listed = list_model_dirs("tests/data", &listed)) <= 0) {
+            if (n_listed == 0) errorf("no model folder (with a config.txt) in tests/data: name one");
+            free(given);
+            return 2;
+        }
+        dirs = (const char *const *)listed, n_dirs = n_listed;
+    }
 #ifdef TINYLM_VK
     if (g_vk.on) { /* a compute device of our own, with the validation layer when installed */
         kvc_vk_device_options o;
@@ -1735,9 +2437,17 @@ int main(int argc, char **argv)
         if (!g_quiet) {
             printf("%s: %d layers, %d heads / %d kv heads, head_dim %d, hidden %d, vocab %d, ", dirs[d],
                    m.c.layers, m.c.heads, m.c.kv, m.c.hd, m.c.hidden, m.c.vocab);
-            if (m.c.window) printf("sliding window %d", m.c.window);
-            else printf("no sliding window");
+            if (model_is_hybrid(&m.c)) {
+                printf("layers");
+                for (int l = 0; l < m.c.layers; ++l) printf(" %s", LAYER_TYPE_NAMES[m.c.type[l]]);
+            } else if (m.c.window) {
+                printf("sliding window %d", m.c.window);
+            } else {
+                printf("no sliding window");
+            }
+            if (m.c.qk_norm) printf(", q/k norm");
             printf(", %d cases, chunk %d\n", n_cases, chunk);
+            if (model_is_hybrid(&m.c) && !reference) print_groups(&m);
             print_header();
         }
         if (reference) {
@@ -1759,6 +2469,7 @@ int main(int argc, char **argv)
         } else {
             for (int k = 0; k < COUNT_OF(KINDS); ++k) {
                 if (KINDS[k].needs_window && m.c.window == 0) continue;
+                if (KINDS[k].hybrid != model_is_hybrid(&m.c)) continue;
                 for (int t = 0; t < COUNT_OF(TYPES); ++t) {
                     failures += run_session(&m, cases, n_cases, &KINDS[k], &TYPES[t], chunk);
                     runs += n_cases + 1; /* the cases, then the teardown (leak) check */
@@ -1769,6 +2480,8 @@ int main(int argc, char **argv)
         model_free(&m);
     }
     free(given);
+    for (int i = 0; i < n_listed; ++i) free(listed[i]);
+    free(listed);
 #ifdef TINYLM_VK
     if (g_vk.on) { /* the validation layer must have said nothing */
         kvc_vk_context_info(g_vk.ctx, &g_vk_info);
