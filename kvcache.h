@@ -1,4 +1,4 @@
-/* kvcache.h - v0.1.0 - a key/value cache for LLM inference engines, in one C99 header.
+/* kvcache.h - v0.2.0 - a key/value cache for LLM inference engines, in one C99 header.
 
    Storage, bookkeeping, attention over the cache, snapshots and prefix reuse for the
    key/value cache of a transformer, with no dependency beyond libc and libm.
@@ -43,10 +43,30 @@
        }
      Positions of full and rotating caches are the token indices 0, 1, 2, ...
 
+   CONTENTS
+     Public API (core first):        Implementation:
+       Result codes                    Layer 0   results, sizes, half floats; the storage
+       Storage types                             type table; CPU paths
+       Pool                            Layer 1a  memory: allocator or arena heap
+       Caches                          Layer 1b  the pool of pages
+       A forward pass                  Layer 2   cells and page tables
+       Attention                       Layer 3   cache kinds (FULL, ROTATING)
+       Snapshots                       Layer 3b  the CAUSAL kind
+       Single-entry prefix reuse       Layer 4   snapshots
+       Radix prefix cache              Layer 5   single-entry prefix reuse
+       Persistence                     Layer 5b  the radix prefix tree
+     Advanced parts:                   Layer 6   attention kernels, the attention
+       Views                                     driver, the pthread helper
+       CAUSAL: sequences, masks        Views     runs and gather
+       Threads (pthread helper)        Layer 7   persistence
+       CPU paths
+       Page events
+
    CONVENTIONS
-     Every function returns a kvc_result (KVC_OK == 0) and validates all of its
-     arguments before it changes anything: after an error the objects are exactly
-     as they were. Nothing is thread-safe; use one pool per thread or lock around.
+     Every fallible function returns a kvc_result (KVC_OK == 0) and validates all of
+     its arguments before it changes anything: after an error the objects are exactly
+     as they were. (kvc_strerror, kvc_type_name and kvc_threads_parallel_for cannot
+     fail.) Nothing is thread-safe; use one pool per thread or lock around.
      The sliding window W means W keys including the current token (Hugging Face,
      MLX). ollama's Causal cache admits W+1: pass W+1 for that behaviour.
 
@@ -56,7 +76,7 @@
 #define KVCACHE_H
 
 #define KVCACHE_VERSION_MAJOR 0
-#define KVCACHE_VERSION_MINOR 1
+#define KVCACHE_VERSION_MINOR 2
 #define KVCACHE_VERSION_PATCH 0
 #define KVCACHE_VERSION_NUMBER \
     (KVCACHE_VERSION_MAJOR * 10000 + KVCACHE_VERSION_MINOR * 100 + KVCACHE_VERSION_PATCH)
@@ -102,12 +122,19 @@
     X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind") \
     X(KVC_ERR_RECURRENT, -20, "a recurrent state cannot be rewound, shifted or cut there")
 
+/* The codes are 0, -1, -2, ... in the order of the list (test_core checks that each
+   has its text), so the lowest is 1 - the number of entries: one +1 per entry. */
+#define KVC__RESULT_ONE(name, value, text) +1
 typedef enum kvc_result {
 #define KVC__RESULT_ENUM(name, value, text) name = value,
     KVC_RESULT_LIST(KVC__RESULT_ENUM)
 #undef KVC__RESULT_ENUM
-    KVC_RESULT_MIN_ = -20
+    KVC_RESULT_MIN_ = 1 - (0 KVC_RESULT_LIST(KVC__RESULT_ONE))
 } kvc_result;
+#undef KVC__RESULT_ONE
+
+/* A static English sentence for a result, "unknown kvc_result" for a value not listed. */
+KVCDEF const char *kvc_strerror(kvc_result result);
 
 /* ---- Storage types ----------------------------------------------------------------- */
 typedef enum kvc_type {
@@ -123,21 +150,14 @@ typedef enum kvc_type {
     KVC_TYPE_COUNT
 } kvc_type;
 
-/* ---- Memory --------------------------------------------------------------------- */
+KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", "bf16", "q8_0", "q4_0" or "?" */
+
+/* ---- Pool: every K/V byte, in pages, under a byte budget ------------------------ */
 typedef struct kvc_allocator {
     void *(*alloc)(size_t size, void *user); /* NULL: KVCACHE_MALLOC */
     void (*free)(void *ptr, void *user);     /* may be called with NULL */
     void *user;
 } kvc_allocator;
-
-/* CPU paths chosen at run time (cpuid + xgetbv); KVCACHE_NO_SIMD compiles none. */
-#define KVC_CPU_F16C (1u << 0)        /* x86: f32 <-> f16 conversion with F16C */
-#define KVC_CPU_AVX2 (1u << 1)        /* x86: AVX2 + FMA kernels, bf16/q8_0/q4_0 conversion */
-#define KVC_CPU_AVX512 (1u << 2)      /* x86: AVX-512 F/DQ/BW/VL kernels */
-#define KVC_CPU_AVX512_VNNI (1u << 3) /* x86: AVX-512 VNNI integer scores of q8_0/q4_0 keys */
-#define KVC_CPU_NEON (1u << 4)        /* aarch64: NEON kernels and conversions */
-#define KVC_CPU_SSE2 (1u << 5)        /* x86: SSE2 kernels, for CPUs (or VMs) without AVX2 */
-#define KVC_CPU_NEON_DOTPROD (1u << 6) /* aarch64: SDOT integer scores of q8_0/q4_0 keys */
 
 /* Parallel work goes through the caller's threads: parallel_for runs fn(ctx, task,
    worker) for every task in [0, n_tasks), in any order and on any of n_workers
@@ -145,40 +165,15 @@ typedef struct kvc_allocator {
    returns when all are done. Results do not depend on how tasks are spread. */
 typedef void (*kvc_task_fn)(void *ctx, int32_t task, int32_t worker);
 typedef void (*kvc_parallel_for_fn)(void *user, int32_t n_tasks, kvc_task_fn fn, void *ctx);
+/* (kvc_threads_parallel_for, among the advanced parts, is a ready-made one.) */
 
-/* ---- Page events (for backends that keep K/V elsewhere, e.g. kvcache_vk.h) -------
-   The pool does all bookkeeping (pages, refcounts, cells, positions, page tables) on the
-   host. Every time it changes K/V bytes of pages itself -- copy-on-write, defrag and
-   per-sequence snapshot copies, zeroing the pages of a new CAUSAL cache, re-rotating keys
-   in kvc_seq_remove -- it reports the change through `event`, in order, so a backend
-   holding a mirror of the pages can replay it. With `external_data` set the pool holds
-   no K/V bytes at all (only positions and bookkeeping): kvc_put takes k = v = NULL and
-   only marks the layer written (the backend writes it), and kvc_attention,
-   kvc_cache_runs and kvc_cache_gather return KVC_ERR_UNSUPPORTED. Unused (all zero,
-   the default), nothing changes. */
-typedef enum kvc_page_event_kind {
-    KVC_PAGE_COPY = 0, /* cells [src_cell, +n) of src_page -> [cell, +n) of page, every layer, K and V */
-    KVC_PAGE_ZERO = 1, /* cells [cell, +n) of page set to zero bytes, every layer, K and V */
-    KVC_PAGE_ROPE = 2  /* keys of cells [cell, +n) of page, every layer, re-rotated by
-                          new_pos - old_pos with `rope` (a rope->shift callback is refused
-                          with external_data) */
-} kvc_page_event_kind;
-
-typedef struct kvc_rope kvc_rope;
-typedef struct kvc_page_event {
-    kvc_page_event_kind kind;
-    uint32_t page;      /* the page whose cells change */
-    int32_t cell, n_cells;
-    uint32_t src_page;  /* COPY */
-    int32_t src_cell;
-    int32_t old_pos, new_pos; /* ROPE */
-    const kvc_rope *rope;     /* ROPE: the cache's configuration */
-} kvc_page_event;
-
+/* Page events for a device backend (see "Page events" among the advanced parts);
+   all zero, the default, means none. */
+typedef struct kvc_page_event kvc_page_event;
 typedef struct kvc_page_hooks {
     void (*event)(void *user, const kvc_page_event *ev); /* NULL: no events */
     void *user;
-    int external_data;  /* nonzero: no K/V bytes on the host (see above) */
+    int external_data;  /* nonzero: no K/V bytes on the host (see "Page events") */
 } kvc_page_hooks;
 
 typedef struct kvc_pool_config {
@@ -231,14 +226,23 @@ typedef struct kvc_pool_stats {
 
 typedef struct kvc_pool kvc_pool;
 
-KVCDEF const char *kvc_strerror(kvc_result result);
-KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", "bf16", "q8_0", "q4_0" or "?" */
 KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + defaults */
-KVCDEF kvc_result kvc_cpu_features(uint32_t *features); /* KVC_CPU_* this CPU and build have */
+/* Arena mode: the arena_bytes this configuration needs (see the arena fields). */
 KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes);
+/* K+V bytes of one page of this configuration, every layer (kvc_pool_stats.page_bytes);
+   cfg is checked as kvc_pool_create checks it, except that budget_bytes may be 0. */
+KVCDEF kvc_result kvc_pool_page_bytes(const kvc_pool_config *cfg, size_t *page_bytes);
+/* The smallest budget_bytes with which one FULL cache of a pool of this configuration
+   holds n_tokens tokens: ceil(n_tokens / page_cells) whole pages (at least one) of
+   page_bytes each, in the configured storage types (budget_bytes of cfg is ignored).
+   KVC_ERR_RANGE for n_tokens < 0, KVC_ERR_OVERFLOW if it does not fit a size_t. */
+KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t n_tokens, size_t *budget_bytes);
+/* A pool of floor(budget_bytes / page_bytes) pages, all allocated (or laid out in the
+   arena) now: no later call allocates K/V memory. */
 KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out);
 /* KVC_ERR_BUSY while caches, snapshots or prefix objects of the pool are alive. */
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool);
+/* Sizes, page use (now and peak), live objects and the CPU paths in use. */
 KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *stats);
 
 /* ---- Caches ---------------------------------------------------------------------- */
@@ -264,6 +268,7 @@ typedef enum kvc_rope_style {
 typedef void (*kvc_rope_shift_fn)(void *user, int32_t layer, float *k, int32_t n_kv_heads,
                                   int32_t head_dim, int32_t old_pos, int32_t new_pos);
 
+typedef struct kvc_rope kvc_rope;
 struct kvc_rope {
     kvc_rope_style style;
     float theta;            /* base, e.g. 10000; angle = pos * theta^(-2i/n_dims) */
@@ -295,6 +300,8 @@ typedef struct kvc_snapshot kvc_snapshot;
 KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind); /* zeros + kind */
 /* CAUSAL caches take all their pages at create (KVC_ERR_FULL if the pool lacks them). */
 KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out);
+/* Gives the cache's page references back to the pool (pages shared with snapshots,
+   forks or prefix trees stay with them) and frees the cache. */
 KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache);
 /* A new cache with the same contents, sharing every page (O(pages), no K/V copied). */
 KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out);
@@ -308,36 +315,23 @@ KVCDEF kvc_result kvc_cache_cells(const kvc_cache *cache, int32_t *n_cells);
 /* Pages this cache references (shared ones included). */
 KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages);
 
+/* ---- A forward pass: reserve, write, attend; cancel and trim --------------------- */
 /* Start a batch of n_tokens new tokens at positions offset .. offset+n_tokens-1:
    allocates (and copies shared tail pages) for every layer at once, so it is the
    only call of a forward pass that can run out of pages. offset grows by n_tokens.
-   ROTATING: releases pages no query of this batch can see (the seed's L>1 concat
-   and L=1 ring update keep the same window: W-1 older keys + the batch). */
+   ROTATING: releases pages no query of this batch can see (the L>1 concat and L=1
+   ring update of ollama's MLX runner keep the same window: W-1 older keys + the batch). */
 KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
 /* Write the batch's keys and values for one layer, f32, [n_tokens][n_kv_heads][head_dim],
    converted to the storage type. Each layer of the batch must be put before its
    attention; a later kvc_begin, snapshot or fork needs every layer put. */
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v);
-/* CAUSAL: start a forward pass over a batch of (position, sequence) pairs (seed
-   StartForward). Cells no sequence of the batch can see any more (sliding window) are
-   released first; the batch takes the first run of free cells, after a defrag if there
-   is none; KVC_ERR_FULL (nothing changed) when fewer cells are free than the batch needs.
-   non_causal (optional) marks tokens that see every cell of their sequence in the
-   attention range, later positions too (ollama's image tokens). kvc_begin(cache, n) on
-   a CAUSAL cache is a batch of sequence 0 continuing after its last position. */
-typedef struct kvc_batch {
-    int32_t n_tokens;
-    const int32_t *pos;              /* [n_tokens], >= 0 */
-    const int32_t *seq;              /* [n_tokens], 0 .. max_seqs-1 */
-    const unsigned char *non_causal; /* [n_tokens] or NULL */
-} kvc_batch;
-KVCDEF kvc_result kvc_begin_batch(kvc_cache *cache, const kvc_batch *batch);
 /* Abandon an unfinished batch: offset goes back to where kvc_begin found it. */
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
 
-/* Trim n tokens from the end (seed CanTrim/Trim); KVC_ERR_STATE while a batch is open
-   (kvc_cancel it first), as for kvc_restore. ROTATING caches can trim only
-   until the window has wrapped: offset <= window and no page ever released (a
+/* Trim n tokens from the end (CanTrim/Trim of ollama's MLX runner); KVC_ERR_STATE
+   while a batch is open (kvc_cancel it first), as for kvc_restore. ROTATING caches can
+   trim only until the window has wrapped: offset <= window and no page ever released (a
    kvc_cancel after kvc_begin released pages counts as wrapped); otherwise
    KVC_ERR_UNSUPPORTED. */
 KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
@@ -372,69 +366,7 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
 KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc,
                                               size_t *bytes);
 
-/* Optional, for demos and benchmarks: #define KVCACHE_THREADS where the implementation
-   is compiled (link with -lpthread) for a small pthread pool that serves as the
-   parallel_for hook. n_threads counts the calling thread, which works too. A thread
-   that runs out of work polls briefly before it sleeps (KVCACHE_THREADS_SPIN), so
-   back-to-back calls do not wait for the kernel to wake it. */
-#ifdef KVCACHE_THREADS
-typedef struct kvc_threads kvc_threads;
-KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
-KVCDEF kvc_result kvc_threads_destroy(kvc_threads *threads); /* after every pool using it */
-KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_pool_config *cfg); /* sets the hook */
-KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx);
-#endif
-
-/* ---- Views for callers with their own attention ---------------------------------- */
-typedef struct kvc_run {
-    const void *k;        /* n_cells rows of k_row_bytes, storage type type_k */
-    const void *v;        /* n_cells rows of v_row_bytes */
-    const int32_t *pos;   /* n_cells positions */
-    int32_t n_cells;
-} kvc_run;
-/* Zero-copy: the cells of kvc_cache_cells() as contiguous runs, in position order.
-   Pass runs = NULL (and max_runs 0) to learn *n_runs. KVC_ERR_RANGE (with *n_runs set)
-   if max_runs is too small. Pointers stay valid until the next call that changes the
-   cache. */
-KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run *runs,
-                                 int32_t max_runs, int32_t *n_runs);
-/* Copy: the same cells converted to f32, k [n][n_kv_heads][head_dim_k], v likewise,
-   pos [n] (any of the three may be NULL; all three NULL only counts). KVC_ERR_RANGE
-   (with *n_cells set) if max_cells is too small. */
-KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v,
-                                   int32_t *pos, int32_t max_cells, int32_t *n_cells);
-
-/* ---- CAUSAL: sequences, masks, defrag (ollama's kvcache.Causal) ----------------- */
-#define KVC_POS_END INT32_MAX /* kvc_seq_remove(..., begin, KVC_POS_END): to the end */
-
-/* The mask of the current batch for callers with their own attention: rows = batch
-   tokens padded up to a multiple of row_pad (padding rows all -inf), cols = the cells
-   the batch reads, [*first_cell, *first_cell + *n_cols), a multiple of the cache's
-   padding. 0 where the token may see the cell, -INFINITY elsewhere. Pass mask = NULL
-   to learn the sizes; KVC_ERR_RANGE if max_floats is too small. The K/V of those cells
-   are kvc_cache_runs / kvc_cache_gather of the same cache. */
-KVCDEF kvc_result kvc_mask_export(const kvc_cache *cache, int32_t row_pad, float *mask, size_t max_floats,
-                                  int32_t *n_rows, int32_t *n_cols, int32_t *first_cell);
-/* dst shares src's cells with position < len (no K/V copied); dst's old cells are dropped. */
-KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *cache, int32_t src, int32_t dst, int32_t len);
-/* Drop seq from cells with position in [begin, end); its later cells move back by
-   end - begin and their keys are re-rotated (config rope). KVC_ERR_SHARED, with nothing
-   changed, if a cell that would move is shared with another sequence. */
-KVCDEF kvc_result kvc_seq_remove(kvc_cache *cache, int32_t seq, int32_t begin, int32_t end);
-KVCDEF kvc_result kvc_seq_keep(kvc_cache *cache, int32_t seq); /* drop every other sequence */
-/* Smallest and largest position held for seq; both -1 if it holds none. */
-KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *cache, int32_t seq, int32_t *min_pos, int32_t *max_pos);
-/* Whether seq can continue at pos: with a window, the cells that position needs are all held. */
-KVCDEF kvc_result kvc_seq_can_resume(const kvc_cache *cache, int32_t seq, int32_t pos, int *can_resume);
-/* Move live cells to the front in as few block moves as possible. *n_moves may be NULL. */
-KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves);
-/* Per-sequence state, like llama.cpp's: the sequence's cells (positions and K/V of every
-   layer) copied into pages of the pool; restore puts them back into free cells of any
-   CAUSAL cache of the same pool, as sequence dst (dst's old cells are dropped first). */
-KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *cache, int32_t seq, kvc_snapshot **out);
-KVCDEF kvc_result kvc_seq_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t dst);
-
-/* ---- Snapshots (the seed's Snapshot / Restore / Merge / Split) ------------------ */
+/* ---- Snapshots (Snapshot / Restore / Merge / Split of ollama's MLX runner) -------- */
 typedef struct kvc_snapshot_info {
     int32_t from, to;     /* FULL: the tokens [from, to) it holds; ROTATING: the whole window */
     int32_t n_pages;      /* pages it keeps alive */
@@ -442,31 +374,35 @@ typedef struct kvc_snapshot_info {
 } kvc_snapshot_info;
 
 /* Snapshot of [from, offset). *out = NULL (and KVC_OK) when offset <= from or the cache
-   is empty, as in the seed. FULL: from < 0 counts as 0. ROTATING: the whole window state is kept. */
+   is empty, as in ollama's MLX runner. FULL: from < 0 counts as 0. ROTATING: the whole
+   window state is kept. */
 KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out);
 /* Bring the cache to `target`. snap == NULL rewinds using the live state.
-   KVC_ERR_UNREACHABLE is the seed's `false`: FULL: target < 0, target > offset
+   KVC_ERR_UNREACHABLE is the `false` of the MLX runner's Restore: FULL: target < 0, target > offset
    (live) or > snap->to, or offset < snap->from. ROTATING: target > offset (live) or
    > snap->to, a live rewind once the window has wrapped (see kvc_trim), or a snapshot
    clamped below its end when its window had wrapped. The snapshot is not consumed. */
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target);
 /* Merge [a,b) and [b,c) into [a,c). Consumes both on success; if either is NULL
-   both are freed and *out = NULL (seed). ROTATING: the child supersedes the parent. */
+   both are freed and *out = NULL (as the MLX runner does). ROTATING: the child
+   supersedes the parent. */
 KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
                                      kvc_snapshot **out);
 /* Split [a,c) at b into [a,b) and [b,c). Consumes snap on success. At or before a:
    (NULL, snap); at or after c: (snap, NULL). ROTATING: (NULL, snap) always. */
 KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32_t at,
                                      kvc_snapshot **parent, kvc_snapshot **child);
+/* The span a snapshot holds and the pages (bytes) it keeps alive. */
 KVCDEF kvc_result kvc_snapshot_info_get(const kvc_snapshot *snap, kvc_snapshot_info *info);
 KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap); /* NULL is fine */
 
-/* ---- Single-entry prefix reuse (seed findRemaining / begin / close) -------------- */
+/* ---- Single-entry prefix reuse (findRemaining / begin / close of ollama's MLX runner) */
 typedef struct kvc_prefix kvc_prefix;
 /* Tracks the tokens held by a set of caches (one per layer group, kinds may mix).
    max_tokens bounds the recorded token list. The caches must outlive the object. */
 KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, int32_t max_tokens,
                                     kvc_prefix **out);
+/* Frees the object; the caches and what they hold stay as they are. */
 KVCDEF kvc_result kvc_prefix_destroy(kvc_prefix *prefix);
 /* New request: longest common prefix with the recorded tokens, always leaving at least
    one token to evaluate; trims every cache to it, or clears them all when one cannot
@@ -477,6 +413,9 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *prefix, const int32_t *tokens, in
 /* After generation: record prompt + generated tokens, clipped to the smallest cache
    offset (what every cache really holds) and to max_tokens. */
 KVCDEF kvc_result kvc_prefix_close(kvc_prefix *prefix, const int32_t *generated, int32_t n_generated);
+/* The recorded tokens (what the caches hold). *tokens points into the object: it stays
+   valid until kvc_prefix_destroy, and what it shows (and *n_tokens) until the next
+   kvc_prefix_begin or kvc_prefix_close. */
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **tokens, int32_t *n_tokens);
 
 /* ---- Radix prefix cache: many conversations share cached prefixes ---------------- */
@@ -490,7 +429,7 @@ KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **to
    allocation that cannot succeed even after eviction fails with nothing evicted.
    Entries in use (a cache looked up from or committed to them, until it is destroyed,
    cleared or released) and pinned entries are never evicted. With max_entries = 1 the
-   tree keeps only the latest conversation: the seeds' single entry (kvc_prefix is the
+   tree keeps only the latest conversation: the MLX runner's single entry (kvc_prefix is the
    same rule applied in place to caches you keep). Trees count as live_prefixes. */
 typedef struct kvc_radix kvc_radix;
 
@@ -505,7 +444,7 @@ typedef struct kvc_radix_config {
                                and commits take */
     int32_t max_entries;    /* 0: keep as much as the pool holds; N: after a commit keep only
                                the N latest committed sequences (and entries in use or
-                               pinned); 1 = the seeds' single entry */
+                               pinned); 1 = the MLX runner's single entry */
 } kvc_radix_config;
 
 typedef struct kvc_radix_stats {
@@ -523,6 +462,7 @@ typedef struct kvc_radix_stats {
 } kvc_radix_stats;
 
 KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind); /* zeros + kind */
+/* An empty tree on pool; it counts among the pool's live_prefixes until destroyed. */
 KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out);
 /* KVC_ERR_BUSY while a cache still holds an entry in use (destroy or release it first). */
 KVCDEF kvc_result kvc_radix_destroy(kvc_radix *tree);
@@ -547,17 +487,21 @@ KVCDEF kvc_result kvc_radix_release(kvc_cache *cache);
 /* Pin the cached sequence tokens[0 .. n_tokens) (a system prompt) so that eviction never
    takes it; pins nest. KVC_ERR_NOT_FOUND if the tree does not hold all of it. */
 KVCDEF kvc_result kvc_radix_pin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
+/* Undo one kvc_radix_pin of the same tokens (KVC_ERR_NOT_FOUND if they are not pinned). */
 KVCDEF kvc_result kvc_radix_unpin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
 /* Evict least recently used unreferenced leaves until n_pages pages went back to the
    pool or nothing more can be evicted; *n_freed (may be NULL) = pages freed. */
 KVCDEF kvc_result kvc_radix_evict(kvc_radix *tree, int32_t n_pages, int32_t *n_freed);
+/* Counters since create and the tree's size now (walks the tree: O(nodes + pages)). */
 KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *stats);
 
 /* ---- Persistence: save and load caches, sequences, prefix-tree entries ------------ */
-/* The format (README, "Saved format"): a header (magic, version, what) and sections
-   CONF (layers, heads, dims, types, page size, cache config, namespace), META, TOKS
-   (your token ids), CELL (positions; CAUSAL: cell indices and sequence sets) and KV
-   (the storage bytes), each with its length and an XXH64 checksum. A load checks the
+/* The format (docs/format.md): a header (magic, version, what) and the sections, in
+   this order, CONF (layers, heads, dims, types, page size, cache config, namespace),
+   META (counts: tokens, cells, and the window state), TOKS (your token ids), CELL
+   (positions; a whole CAUSAL cache also each cell's index and sequence set) and KVDT
+   (the storage bytes: per layer the cells' K rows, then their V rows), each with its
+   tag, its length and an XXH64 checksum. A load checks the
    configuration and namespace against its target, reads everything into free pool
    pages and verifies every checksum before it changes the target: damaged, truncated
    or mismatched input returns an error and leaves the target as it was. A load needs
@@ -581,6 +525,7 @@ typedef struct kvc_mem {
     unsigned char *data;
     size_t capacity, size, pos;
 } kvc_mem;
+/* An io over mem (which must outlive the saves and loads given this io). */
 KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io);
 
 #ifndef KVCACHE_NO_STDIO
@@ -628,6 +573,132 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *cache, int32_t dst, kvc_namespace ns, 
 KVCDEF kvc_result kvc_radix_save(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                  const kvc_io *io);
 KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens);
+
+/* ================================================================================= */
+/* Advanced parts: views, CAUSAL multi-sequence calls, the pthread helper, CPU paths,
+   page events. An engine that uses FULL or ROTATING caches with kvc_attention needs
+   none of them. */
+/* ================================================================================= */
+
+/* ---- Views for callers with their own attention ---------------------------------- */
+typedef struct kvc_run {
+    const void *k;        /* n_cells rows of k_row_bytes, storage type type_k */
+    const void *v;        /* n_cells rows of v_row_bytes */
+    const int32_t *pos;   /* n_cells positions */
+    int32_t n_cells;
+} kvc_run;
+/* Zero-copy: the cells of kvc_cache_cells() as contiguous runs, in position order.
+   Pass runs = NULL (and max_runs 0) to learn *n_runs. KVC_ERR_RANGE (with *n_runs set)
+   if max_runs is too small. Pointers stay valid until the next call that changes the
+   cache. */
+KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run *runs,
+                                 int32_t max_runs, int32_t *n_runs);
+/* Copy: the same cells converted to f32, k [n][n_kv_heads][head_dim_k], v likewise,
+   pos [n] (any of the three may be NULL; all three NULL only counts). KVC_ERR_RANGE
+   (with *n_cells set) if max_cells is too small. */
+KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v,
+                                   int32_t *pos, int32_t max_cells, int32_t *n_cells);
+
+/* ---- CAUSAL: sequences, masks, defrag (ollama's kvcache.Causal) ----------------- */
+/* CAUSAL: start a forward pass over a batch of (position, sequence) pairs (StartForward
+   of ollama's causal cache, kvcache.Causal). Cells no sequence of the batch can see any
+   more (sliding window) are released first; the batch takes the first run of free
+   cells, after a defrag if there is none; KVC_ERR_FULL (nothing changed) when fewer
+   cells are free than the batch needs.
+   non_causal (optional) marks tokens that see every cell of their sequence in the
+   attention range, later positions too (ollama's image tokens). kvc_begin(cache, n) on
+   a CAUSAL cache is a batch of sequence 0 continuing after its last position. */
+typedef struct kvc_batch {
+    int32_t n_tokens;
+    const int32_t *pos;              /* [n_tokens], >= 0 */
+    const int32_t *seq;              /* [n_tokens], 0 .. max_seqs-1 */
+    const unsigned char *non_causal; /* [n_tokens] or NULL */
+} kvc_batch;
+KVCDEF kvc_result kvc_begin_batch(kvc_cache *cache, const kvc_batch *batch);
+
+#define KVC_POS_END INT32_MAX /* kvc_seq_remove(..., begin, KVC_POS_END): to the end */
+
+/* The mask of the current batch for callers with their own attention: rows = batch
+   tokens padded up to a multiple of row_pad (padding rows all -inf), cols = the cells
+   the batch reads, [*first_cell, *first_cell + *n_cols), a multiple of the cache's
+   padding. 0 where the token may see the cell, -INFINITY elsewhere. Pass mask = NULL
+   to learn the sizes; KVC_ERR_RANGE if max_floats is too small. The K/V of those cells
+   are kvc_cache_runs / kvc_cache_gather of the same cache. */
+KVCDEF kvc_result kvc_mask_export(const kvc_cache *cache, int32_t row_pad, float *mask, size_t max_floats,
+                                  int32_t *n_rows, int32_t *n_cols, int32_t *first_cell);
+/* dst shares src's cells with position < len (no K/V copied); dst's old cells are dropped. */
+KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *cache, int32_t src, int32_t dst, int32_t len);
+/* Drop seq from cells with position in [begin, end); its later cells move back by
+   end - begin and their keys are re-rotated (config rope). KVC_ERR_SHARED, with nothing
+   changed, if a cell that would move is shared with another sequence. */
+KVCDEF kvc_result kvc_seq_remove(kvc_cache *cache, int32_t seq, int32_t begin, int32_t end);
+KVCDEF kvc_result kvc_seq_keep(kvc_cache *cache, int32_t seq); /* drop every other sequence */
+/* Smallest and largest position held for seq; both -1 if it holds none. */
+KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *cache, int32_t seq, int32_t *min_pos, int32_t *max_pos);
+/* Whether seq can continue at pos: with a window, the cells that position needs are all held. */
+KVCDEF kvc_result kvc_seq_can_resume(const kvc_cache *cache, int32_t seq, int32_t pos, int *can_resume);
+/* Move live cells to the front in as few block moves as possible. *n_moves may be NULL. */
+KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves);
+/* Per-sequence state, like llama.cpp's: the sequence's cells (positions and K/V of every
+   layer) copied into pages of the pool; restore puts them back into free cells of any
+   CAUSAL cache of the same pool, as sequence dst (dst's old cells are dropped first). */
+KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *cache, int32_t seq, kvc_snapshot **out);
+KVCDEF kvc_result kvc_seq_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t dst);
+
+/* ---- Threads: a small pthread pool as the parallel_for hook (KVCACHE_THREADS) ----- */
+/* Optional, for demos and benchmarks: #define KVCACHE_THREADS where the implementation
+   is compiled (link with -lpthread) for a small pthread pool that serves as the
+   parallel_for hook. n_threads counts the calling thread, which works too. A thread
+   that runs out of work polls briefly before it sleeps (KVCACHE_THREADS_SPIN), so
+   back-to-back calls do not wait for the kernel to wake it. */
+#ifdef KVCACHE_THREADS
+typedef struct kvc_threads kvc_threads;
+KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
+KVCDEF kvc_result kvc_threads_destroy(kvc_threads *threads); /* after every pool using it */
+KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_pool_config *cfg); /* sets the hook */
+/* The hook itself (user = the kvc_threads): what kvc_threads_attach puts in the config. */
+KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx);
+#endif
+
+/* ---- CPU paths ------------------------------------------------------------------- */
+/* CPU paths chosen at run time (cpuid + xgetbv); KVCACHE_NO_SIMD compiles none. */
+#define KVC_CPU_F16C (1u << 0)        /* x86: f32 <-> f16 conversion with F16C */
+#define KVC_CPU_AVX2 (1u << 1)        /* x86: AVX2 + FMA kernels, bf16/q8_0/q4_0 conversion */
+#define KVC_CPU_AVX512 (1u << 2)      /* x86: AVX-512 F/DQ/BW/VL kernels */
+#define KVC_CPU_AVX512_VNNI (1u << 3) /* x86: AVX-512 VNNI integer scores of q8_0/q4_0 keys */
+#define KVC_CPU_NEON (1u << 4)        /* aarch64: NEON kernels and conversions */
+#define KVC_CPU_SSE2 (1u << 5)        /* x86: SSE2 kernels, for CPUs (or VMs) without AVX2 */
+#define KVC_CPU_NEON_DOTPROD (1u << 6) /* aarch64: SDOT integer scores of q8_0/q4_0 keys */
+
+KVCDEF kvc_result kvc_cpu_features(uint32_t *features); /* KVC_CPU_* this CPU and build have */
+
+/* ---- Page events (for backends that keep K/V elsewhere, e.g. kvcache_vk.h) -------
+   The pool does all bookkeeping (pages, refcounts, cells, positions, page tables) on the
+   host. Every time it changes K/V bytes of pages itself -- copy-on-write, defrag and
+   per-sequence snapshot copies, zeroing the pages of a new CAUSAL cache, re-rotating keys
+   in kvc_seq_remove -- it reports the change through `event`, in order, so a backend
+   holding a mirror of the pages can replay it. With `external_data` set the pool holds
+   no K/V bytes at all (only positions and bookkeeping): kvc_put takes k = v = NULL and
+   only marks the layer written (the backend writes it), and kvc_attention,
+   kvc_cache_runs and kvc_cache_gather return KVC_ERR_UNSUPPORTED. Unused (all zero,
+   the default), nothing changes. */
+typedef enum kvc_page_event_kind {
+    KVC_PAGE_COPY = 0, /* cells [src_cell, +n) of src_page -> [cell, +n) of page, every layer, K and V */
+    KVC_PAGE_ZERO = 1, /* cells [cell, +n) of page set to zero bytes, every layer, K and V */
+    KVC_PAGE_ROPE = 2  /* keys of cells [cell, +n) of page, every layer, re-rotated by
+                          new_pos - old_pos with `rope` (a rope->shift callback is refused
+                          with external_data) */
+} kvc_page_event_kind;
+
+struct kvc_page_event {
+    kvc_page_event_kind kind;
+    uint32_t page;      /* the page whose cells change */
+    int32_t cell, n_cells;
+    uint32_t src_page;  /* COPY */
+    int32_t src_cell;
+    int32_t old_pos, new_pos; /* ROPE */
+    const kvc_rope *rope;     /* ROPE: the cache's configuration */
+};
 
 #endif /* KVCACHE_H */
 
@@ -1449,9 +1520,11 @@ static kvc_result kvc__effective_config(const kvc_pool_config *in, kvc_pool_conf
     return KVC_OK;
 }
 
-static kvc_result kvc__layout_for(const kvc_pool_config *cin, kvc__layout *L) {
+/* The page geometry alone (rows, page size): everything of the layout that does not
+   depend on the budget. kvc_pool_page_bytes and kvc_pool_budget_for_tokens stop here. */
+static kvc_result kvc__page_layout(const kvc_pool_config *cin, kvc__layout *L) {
     int of = 0;
-    size_t cells_total, per_page_layer, pages;
+    size_t per_page_layer;
     kvc_pool_config eff, *c = &eff;
     kvc_result r = kvc__effective_config(cin, &eff);
     if (r != KVC_OK) return r;
@@ -1469,7 +1542,14 @@ static kvc_result kvc__layout_for(const kvc_pool_config *cin, kvc__layout *L) {
     L->v_row = kvc__row_bytes(c->type_v, c->n_kv_heads, c->head_dim_v);
     per_page_layer = kvc__mul(kvc__add(L->k_row, L->v_row, &of), (size_t)L->page_cells, &of);
     L->page_bytes = kvc__mul(per_page_layer, (size_t)c->n_layers, &of);
-    if (of) return KVC_ERR_OVERFLOW;
+    return of ? KVC_ERR_OVERFLOW : KVC_OK;
+}
+
+static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
+    int of = 0;
+    size_t cells_total, pages;
+    kvc_result r = kvc__page_layout(c, L);
+    if (r != KVC_OK) return r;
     pages = c->budget_bytes / L->page_bytes;
     if (pages < 1) return KVC_ERR_INVALID; /* the budget does not hold a single page */
     /* every cell index must fit an int32 */
@@ -1507,6 +1587,34 @@ KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes
     r = kvc__layout_for(cfg, &L);
     if (r == KVC_OK) *bytes = L.arena_bytes;
     return r;
+}
+
+KVCDEF kvc_result kvc_pool_page_bytes(const kvc_pool_config *cfg, size_t *page_bytes) {
+    kvc__layout L;
+    kvc_result r;
+    if (cfg == NULL || page_bytes == NULL) return KVC_ERR_NULL;
+    r = kvc__page_layout(cfg, &L);
+    if (r == KVC_OK) *page_bytes = L.page_bytes;
+    return r;
+}
+
+KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t n_tokens, size_t *budget_bytes) {
+    kvc__layout L;
+    kvc_result r;
+    int of = 0;
+    size_t pages, bytes;
+    if (cfg == NULL || budget_bytes == NULL) return KVC_ERR_NULL;
+    if (n_tokens < 0) return KVC_ERR_RANGE;
+    r = kvc__page_layout(cfg, &L);
+    if (r != KVC_OK) return r;
+    pages = ((size_t)n_tokens + (size_t)L.page_cells - 1) / (size_t)L.page_cells;
+    if (pages < 1) pages = 1; /* a pool holds at least one page */
+    /* a pool never has more pages than int32 cell indices reach (kvc__layout_for) */
+    if (pages > (size_t)(INT32_MAX / L.page_cells)) return KVC_ERR_OVERFLOW;
+    bytes = kvc__mul(pages, L.page_bytes, &of);
+    if (of) return KVC_ERR_OVERFLOW;
+    *budget_bytes = bytes;
+    return KVC_OK;
 }
 
 static unsigned char *kvc__align_ptr(void *p, size_t a) {
@@ -2290,8 +2398,9 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
     return KVC_OK;
 }
 
-/* A ROTATING window has wrapped once it has held more than W tokens (the seed's rule),
-   or released a page (a kvc_cancel can bring the offset back below W after that). */
+/* A ROTATING window has wrapped once it has held more than W tokens (the rule of
+   ollama's MLX runner), or released a page (a kvc_cancel can bring the offset back below
+   W after that). */
 static int kvc__wrapped(const kvc_cache *c) {
     return c->offset > c->cfg.window || c->first_lpage > c->n_sink_pages;
 }
@@ -3494,7 +3603,7 @@ KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t m
     return n > max_at && at != NULL ? KVC_ERR_RANGE : KVC_OK;
 }
 
-/* ---- Layer 5: single-entry prefix reuse (the seeds' findRemaining / close) -------- */
+/* ---- Layer 5: single-entry prefix reuse (findRemaining / close of ollama's MLX runner) */
 
 struct kvc_prefix {
     kvc_pool *pool;          /* where this object's memory comes from */
@@ -3557,7 +3666,7 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
     for (i = 0; i < x->n_caches; ++i)
         if (kvc__batch_open(x->caches[i])) return KVC_ERR_STATE;
     while (prefix < n_tokens && prefix < x->n_tokens && tokens[prefix] == x->tokens[prefix]) prefix++;
-    if (prefix == n_tokens) prefix--; /* always evaluate one token to seed generation */
+    if (prefix == n_tokens) prefix--; /* always evaluate one token to start generation from */
     prefix = KVC__MIN(prefix, kvc__min_offset(x));
     for (i = 0; i < x->n_caches; ++i)
         if (x->caches[i]->offset > prefix && !kvc__can_trim(x->caches[i])) trimmable = 0;
@@ -4057,7 +4166,7 @@ static kvc_result kvc__radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c
     n = KVC__MIN(n_tokens, c->offset); /* only evaluated tokens have K/V */
     at = kvc__radix_walk(t, ns, tokens, n, &m);
     /* a split if m is inside a node: before the new leaf, or, when entries are limited,
-       so that the entry kept is exactly these n tokens (the seeds' single entry) */
+       so that the entry kept is exactly these n tokens (the MLX runner's single entry) */
     if ((m < n || ((t->cfg.max_entries > 0 || pin) && n > 0)) &&
         (r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK)
         return r;
@@ -6561,9 +6670,9 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
 
 /* ---- Layer 7: persistence ------------------------------------------------------------
    A saved object: "KVCACHE\x1a", u32 version, u32 what, then the sections CONF, META,
-   TOKS, CELL and KV, each u32 tag, u32 0, u64 length, the payload and the XXH64 (seed 0)
+   TOKS, CELL and KVDT, each u32 tag, u32 0, u64 length, the payload and the XXH64 (seed 0)
    of everything from the tag to the payload's end. Integers are little-endian. The
-   layout of each section is in the README ("Saved format"). A load reads into fresh
+   layout of each section is in docs/format.md. A load reads into fresh
    pages and scratch memory and changes its target only after the last checksum. */
 
 #define KVC__FORMAT_VERSION 1u
@@ -6820,7 +6929,7 @@ static void kvc__w_cells(kvc__wr *w, const kvc__cellset *s, int with_seqs) {
     kvc__w_end(w);
 }
 
-/* KV: layer by layer, the K rows of the cells then their V rows, runs of one page at a time. */
+/* KVDT: layer by layer, the K rows of the cells then their V rows, runs of one page at a time. */
 static void kvc__w_kv(kvc__wr *w, const kvc__cellset *s) {
     const kvc_pool *p = s->c->pool;
     int32_t l, kv, i, slot, run_slot = 0, run_n = 0;
@@ -7036,7 +7145,7 @@ static void kvc__unstage_pages(kvc_pool *p, uint32_t *pages, int32_t n) {
     kvc__free(p, pages);
 }
 
-/* KV into the staged pages: cell i at page i / pc, slot i % pc. */
+/* KVDT into the staged pages: cell i at page i / pc, slot i % pc. */
 static void kvc__r_kv(kvc__rd *r, kvc_pool *p, const uint32_t *pages, int32_t n_cells) {
     int32_t pc = p->page_cells, l, kv, i;
     kvc__r_section(r, KVC__TAG('K', 'V', 'D', 'T'), (uint64_t)p->cfg.n_layers * (uint64_t)n_cells * (p->k_row + p->v_row));
@@ -7090,7 +7199,7 @@ static void kvc__r_linear_cells(kvc__rd *r, const kvc_cache *c, const kvc__saved
     kvc__r_end(r);
 }
 
-/* Reading CONF..KV of a FULL/ROTATING cache or entry into staged pages. */
+/* Reading CONF..KVDT of a FULL/ROTATING cache or entry into staged pages. */
 typedef struct kvc__staged {
     uint32_t *pages;   /* packed cells */
     int32_t n_pages;
@@ -7475,5 +7584,18 @@ This is free and unencumbered software released into the public domain.
 Anyone is free to copy, modify, publish, use, compile, sell, or distribute this
 software, either in source code form or as a compiled binary, for any purpose,
 commercial or non-commercial, and by any means.
+In jurisdictions that recognize copyright laws, the author or authors of this
+software dedicate any and all copyright interest in the software to the public
+domain. We make this dedication for the benefit of the public at large and to
+the detriment of our heirs and successors. We intend this dedication to be an
+overt act of relinquishment in perpetuity of all present and future rights to
+this software under copyright law.
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER LIABILITY, WHETHER IN AN
+ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION
+WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+For more information, please refer to <https://unlicense.org>
 ------------------------------------------------------------------------------
 */

@@ -156,6 +156,14 @@ static void test_results(void) {
     TK_CHECK(strcmp(kvc_strerror(KVC_OK), "ok") == 0);
     TK_CHECK(strcmp(kvc_strerror(KVC_ERR_FULL), "page budget exhausted") == 0);
     TK_CHECK(strcmp(kvc_strerror((kvc_result)-999), "unknown kvc_result") == 0);
+    {   /* KVC_RESULT_MIN_ comes from the list: every value from it to 0 is a code, the
+           one below is not */
+        int a;
+        for (a = KVC_RESULT_MIN_; a <= 0; ++a)
+            TK_CHECK(strcmp(kvc_strerror((kvc_result)a), "unknown kvc_result") != 0);
+        TK_CHECK(strcmp(kvc_strerror((kvc_result)(KVC_RESULT_MIN_ - 1)), "unknown kvc_result") == 0);
+        TK_EQ(KVC_RESULT_MIN_, KVC_ERR_MISMATCH); /* the last entry of the list */
+    }
     {   /* every code has its own text */
         int a, b;
         for (a = KVC_RESULT_MIN_; a <= 0; ++a)
@@ -209,6 +217,90 @@ static void test_pool_config(void) {
     }
     TK_OK(kvc_pool_destroy(p));
     TK_RES(kvc_pool_destroy(NULL), KVC_ERR_NULL);
+}
+
+/* kvc_pool_page_bytes and kvc_pool_budget_for_tokens: the budget they give holds exactly
+   the tokens asked for in whole pages, in the storage types configured. */
+static void test_budget_for_tokens(void) {
+    static const kvc_type types[3][2] = {{KVC_TYPE_F32, KVC_TYPE_F32}, {KVC_TYPE_F16, KVC_TYPE_Q8_0},
+                                         {KVC_TYPE_Q4_0, KVC_TYPE_BF16}};
+    static const int32_t tokens[4] = {1, 16, 17, 40};
+    kvc_pool_config cfg, bad;
+    size_t pb = 0, b = 0, f32_page = 0;
+    int t, i;
+    fx_config(&cfg, 2, 2, 4, 4, 4, 4);
+    TK_RES(kvc_pool_page_bytes(NULL, &pb), KVC_ERR_NULL);
+    TK_RES(kvc_pool_page_bytes(&cfg, NULL), KVC_ERR_NULL);
+    TK_RES(kvc_pool_budget_for_tokens(NULL, 1, &b), KVC_ERR_NULL);
+    TK_RES(kvc_pool_budget_for_tokens(&cfg, 1, NULL), KVC_ERR_NULL);
+    TK_RES(kvc_pool_budget_for_tokens(&cfg, -1, &b), KVC_ERR_RANGE);
+    TK_OK(kvc_pool_page_bytes(&cfg, &pb));
+    TK_EQ(pb, 4 * 2 * (2 * 4 * 4 + 2 * 4 * 4));
+    cfg.budget_bytes = 0; /* not needed to size a page */
+    pb = 0;
+    TK_OK(kvc_pool_page_bytes(&cfg, &pb));
+    TK_EQ(pb, 512);
+    TK_OK(kvc_pool_budget_for_tokens(&cfg, 0, &b));
+    TK_EQ(b, 512); /* a pool holds at least one page */
+    TK_OK(kvc_pool_budget_for_tokens(&cfg, 4, &b));
+    TK_EQ(b, 512);
+    TK_OK(kvc_pool_budget_for_tokens(&cfg, 5, &b));
+    TK_EQ(b, 1024);
+    bad = cfg; bad.head_dim_v = 0; TK_RES(kvc_pool_page_bytes(&bad, &pb), KVC_ERR_INVALID);
+    bad = cfg; bad.type_k = KVC_TYPE_Q8_0; TK_RES(kvc_pool_budget_for_tokens(&bad, 1, &b), KVC_ERR_INVALID);
+    bad = cfg; bad.n_kv_heads = INT32_MAX; bad.head_dim_k = INT32_MAX; bad.head_dim_v = INT32_MAX;
+    TK_RES(kvc_pool_page_bytes(&bad, &pb), KVC_ERR_OVERFLOW);
+    TK_EQ(pb, 512); /* unchanged on error */
+    /* more pages than int32 cell indices reach, or more bytes than a size_t holds */
+    bad = cfg; bad.page_cells = 256;
+    TK_RES(kvc_pool_budget_for_tokens(&bad, INT32_MAX, &b), KVC_ERR_OVERFLOW);
+    bad.n_layers = INT32_MAX; bad.n_kv_heads = 1024; bad.head_dim_k = 1024; bad.head_dim_v = 1024;
+    TK_RES(kvc_pool_budget_for_tokens(&bad, 1 << 30, &b), KVC_ERR_OVERFLOW);
+    TK_EQ(b, 1024);
+    for (t = 0; t < 3; ++t) {
+        for (i = 0; i < 4; ++i) {
+            fixture f;
+            kvc_pool_stats s;
+            kvc_cache *c;
+            int32_t pages = (tokens[i] + 15) / 16;
+            fx_config(&f.cfg, 2, 2, 32, 32, 16, 1);
+            f.cfg.type_k = types[t][0];
+            f.cfg.type_v = types[t][1];
+            TK_OK(kvc_pool_page_bytes(&f.cfg, &pb));
+            if (t == 0) f32_page = pb;
+            else TK_CHECK(pb < f32_page); /* the saving of the smaller types is kept */
+            TK_OK(kvc_pool_budget_for_tokens(&f.cfg, tokens[i], &f.cfg.budget_bytes));
+            TK_EQ(f.cfg.budget_bytes, (size_t)pages * pb);
+            f.pool = NULL;
+            f.salt = 0;
+            f.k = (float *)malloc(sizeof(float) * 4096);
+            f.v = (float *)malloc(sizeof(float) * 4096);
+            TK_OK(kvc_pool_create(&f.cfg, &f.pool));
+            TK_OK(kvc_pool_stats_get(f.pool, &s));
+            TK_EQ(s.page_bytes, pb);
+            TK_EQ(s.pages_total, pages);
+            c = make_cache(&f, KVC_KIND_FULL, 0, 0);
+            TK_OK(append(&f, c, tokens[i]));
+            TK_EQ(offset_of(c), tokens[i]);
+            /* whole pages: the rest of the last page fits, not one token more */
+            if (pages * 16 > tokens[i]) TK_OK(append(&f, c, pages * 16 - tokens[i]));
+            TK_RES(kvc_begin(c, 1), KVC_ERR_FULL);
+            TK_OK(kvc_cache_destroy(c));
+            fx_done(&f);
+            /* one byte less holds one page less */
+            f.cfg.budget_bytes -= 1;
+            if (pages == 1) {
+                kvc_pool *p = NULL;
+                TK_RES(kvc_pool_create(&f.cfg, &p), KVC_ERR_INVALID);
+            } else {
+                f.pool = NULL;
+                TK_OK(kvc_pool_create(&f.cfg, &f.pool));
+                TK_OK(kvc_pool_stats_get(f.pool, &s));
+                TK_EQ(s.pages_total, pages - 1);
+                TK_OK(kvc_pool_destroy(f.pool));
+            }
+        }
+    }
 }
 
 static kvc_result causal_tokens(fixture *f, kvc_cache *x, int32_t seq, int32_t pos0, int32_t n);
@@ -1280,6 +1372,7 @@ int main(int argc, char **argv) {
     printf("seed %llu\n", rng.s);
     test_results();
     test_pool_config();
+    test_budget_for_tokens();
     test_arena();
     test_full_basic();
     test_rotating_concat_and_update();
