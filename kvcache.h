@@ -574,6 +574,149 @@ KVCDEF kvc_result kvc_radix_save(kvc_radix *tree, kvc_namespace ns, const int32_
                                  const kvc_io *io);
 KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens);
 
+/* ---- Hybrid models: recurrent state, checkpoints, one memory over layer groups ----- */
+/* Models that mix layer kinds (sliding-window beside full attention: Gemma, gpt-oss,
+   Qwen3 variants; recurrent beside attention: LFM2, Qwen3-Next, Granite 4 H) keep each
+   kind of layer in its own cache: a kvc_memory groups them under one budget, and every
+   operation on it is all or nothing across the groups.
+
+   RECURRENT caches live on a state pool (kvc_pool_config.state_floats): per layer and
+   sequence a fixed-size f32 state that the engine updates in place. A state cannot be
+   rewound, so it goes back only to checkpoints (offsets named when a batch begins) and
+   snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_restore) or KVC_ERR_RECURRENT
+   (kvc_trim, kvc_seq_remove), with nothing changed. ROTATING caches keep checkpoints the
+   same way, which lets a wrapped window go back to them. */
+
+/* kvc_begin, naming offsets inside the batch (offset < at[i] <= offset + n_tokens,
+   increasing, at most cfg.checkpoints of them) to which the cache must be able to
+   return afterwards: kvc_trim, kvc_restore(cache, NULL, at), kvc_snapshot_take_at and
+   prefix reuse then reach them. FULL caches reach every offset anyway (accepted, nothing
+   kept); CAUSAL caches refuse checkpoints (KVC_ERR_UNSUPPORTED). RECURRENT: the engine
+   hands each layer's state at an offset inside the batch over with kvc_state_checkpoint
+   while it scans (the batch's end is taken from the live state); a checkpoint missing a
+   layer is not kept. ROTATING: the library keeps the window as it was at `at`. A cache
+   keeps its latest cfg.checkpoints checkpoints and drops those past a rewind. */
+KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at);
+/* RECURRENT, during a batch (kvc_begin or kvc_begin_batch): the live f32 state of
+   (seq, layer), state_floats values, to update in place for the batch's tokens of seq.
+   Asking for a layer counts as its kvc_put; the pointers stay writable until the next
+   call on this cache other than kvc_state and kvc_state_checkpoint. KVC_ERR_STATE when
+   no batch is open or seq is not in it. A new sequence's state is all zeros. */
+KVCDEF kvc_result kvc_state(kvc_cache *cache, int32_t seq, int32_t layer, float **state);
+/* RECURRENT, any time: the state of (seq, layer), read only; *state = NULL while the
+   sequence has consumed no token (all zeros). Valid until the cache changes. */
+KVCDEF kvc_result kvc_state_read(const kvc_cache *cache, int32_t seq, int32_t layer, const float **state);
+/* RECURRENT, during a batch named with kvc_begin_checkpoints: copy layer's state as it
+   is after `at` tokens (the engine's scan at that point) into the checkpoint `at`.
+   KVC_ERR_RANGE if the batch named no such checkpoint. */
+KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t at, const float *state);
+/* kvc_snapshot_take as it was after `at` tokens: FULL any at <= offset; ROTATING at the
+   offset, inside the last batch, or at a checkpoint; RECURRENT at the offset or a
+   checkpoint (else KVC_ERR_RECURRENT; ROTATING: KVC_ERR_UNREACHABLE). A ROTATING or
+   RECURRENT snapshot also carries the cache's checkpoints before `at`, which a restore
+   brings back. */
+KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out);
+/* Whether kvc_restore(cache, NULL, target) would succeed now (no batch open). */
+KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind);
+/* The offsets of the cache's checkpoints, oldest first; at may be NULL with max_at 0 to
+   count them; KVC_ERR_RANGE (with *n_at set) if max_at is too small. */
+KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
+
+/* A model memory: every model layer belongs to one group; a group is a pool of its own
+   shape (kv heads, head dims, storage types, page size; or state_floats) and one cache
+   of its policy (FULL, ROTATING with its window and sinks, CAUSAL, RECURRENT), and all
+   groups draw pages from one budget. Each group's pool reserves address space for the
+   whole budget from the allocator but only pages in use are touched; arena mode is not
+   offered for memories. */
+typedef struct kvc_memory kvc_memory;
+typedef struct kvc_memory_snapshot kvc_memory_snapshot;
+
+typedef struct kvc_group_config {
+    kvc_pool_config pool;   /* n_layers = the model layers in this group; shapes and types,
+                               or state_floats. budget_bytes, allocator, arena, hooks,
+                               parallel_for and cpu_disable stay 0: the memory's apply */
+    kvc_cache_config cache; /* the group's policy */
+} kvc_group_config;
+
+typedef struct kvc_memory_config {
+    int32_t n_layers;               /* the model's layers */
+    const int32_t *layer_group;     /* [n_layers] the group of each layer; a group's layers
+                                       are its layers 0, 1, ... in model order */
+    int32_t n_groups;               /* 1 .. KVC_MAX_GROUPS */
+    const kvc_group_config *groups; /* [n_groups] */
+    size_t budget_bytes;            /* one hard cap for every group's pages */
+    kvc_allocator allocator;
+    uint32_t cpu_disable;
+    kvc_parallel_for_fn parallel_for;
+    void *parallel_user;
+    int32_t n_workers;
+} kvc_memory_config;
+#define KVC_MAX_GROUPS 64
+
+typedef struct kvc_memory_stats {
+    size_t budget_bytes, bytes_used;
+    int32_t n_groups;
+    int32_t offset;                 /* tokens held (kvc_memory_offset) */
+    int32_t n_checkpoints;          /* offsets every group can return to (checkpoints) */
+    size_t checkpoint_bytes;        /* pages held only by checkpoints, all groups */
+} kvc_memory_stats;
+
+KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg); /* zeros */
+/* Validate a configuration without creating anything: KVC_OK, or the result
+   kvc_memory_create would give with *field (may be NULL) naming what is wrong, e.g.
+   "layer_group" (a layer maps to no group, or a group gets no layer), "groups.pool.n_layers"
+   (a group's layer count differs from the layers mapped to it), "groups.pool" (a memory
+   field set in a group, or an invalid shape), "groups.cache" (a policy its pool cannot
+   take), "budget_bytes" (too small for one page of every group and one state per
+   sequence of every RECURRENT group). */
+KVCDEF kvc_result kvc_memory_config_check(const kvc_memory_config *cfg, const char **field);
+KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out);
+/* Destroys the memory's caches; the pools go with the last memory (forks share them)
+   or memory snapshot that uses them. */
+KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem);
+/* The cache holding model layer `layer`, and that layer's index within it. */
+KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer);
+KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache);
+/* A batch of n_tokens in every group, with checkpoints as kvc_begin_checkpoints; all or
+   nothing: KVC_ERR_FULL when the groups' pages together exceed the budget. */
+KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int32_t *at, int32_t n_at);
+/* The per-layer calls by model layer: kvc_put, kvc_attention, kvc_state,
+   kvc_state_checkpoint on the layer's group. */
+KVCDEF kvc_result kvc_memory_put(kvc_memory *mem, int32_t layer, const float *k, const float *v);
+KVCDEF kvc_result kvc_memory_attention(const kvc_memory *mem, int32_t layer, const kvc_attention_desc *desc);
+KVCDEF kvc_result kvc_memory_state(kvc_memory *mem, int32_t layer, int32_t seq, float **state);
+KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, int32_t at, const float *state);
+KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem);
+/* Tokens the memory holds (every group agrees). */
+KVCDEF kvc_result kvc_memory_offset(const kvc_memory *mem, int32_t *offset);
+/* Whether every group can go back to target; the largest such target <= max_target. */
+KVCDEF kvc_result kvc_memory_can_rewind(const kvc_memory *mem, int32_t target, int *can_rewind);
+KVCDEF kvc_result kvc_memory_rewind_point(const kvc_memory *mem, int32_t max_target, int32_t *target);
+/* Drop the last n_tokens in every group; KVC_ERR_UNREACHABLE (nothing changed) unless
+   every group can go back there (RECURRENT and wrapped ROTATING groups: a checkpoint). */
+KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens);
+KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem);
+/* Snapshot of every group as after `at` tokens (kvc_snapshot_take_at per group);
+   *out = NULL when at <= from or at == 0. O(pages), nothing copied. */
+KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out);
+/* Bring every group to target from the snapshot (NULL: from the memory itself), all or
+   nothing. The snapshot restores into any memory sharing its pools (itself or a fork). */
+KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target);
+KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap); /* NULL is fine */
+/* A new memory on the same pools with the same contents, sharing every page. */
+KVCDEF kvc_result kvc_memory_fork(const kvc_memory *mem, kvc_memory **out);
+KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *stats);
+/* Single-entry prompt reuse (kvc_prefix) over the memory's groups: reuses up to the
+   longest offset every group can return to. The memory must outlive it. */
+KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out);
+/* The whole memory (no batch open) with your token ids, and back; a load replaces every
+   group or none (the groups are read into fresh pages first: the budget must hold them
+   beside the memory's current pages). */
+KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                  const kvc_io *io);
+KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                  int32_t max_tokens, int32_t *n_tokens);
+
 /* ================================================================================= */
 /* Advanced parts: views, CAUSAL multi-sequence calls, the pthread helper, CPU paths,
    page events. An engine that uses FULL or ROTATING caches with kvc_attention needs
@@ -1914,9 +2057,9 @@ static kvc__ranges kvc__view(const kvc_cache *c) {
         lo = KVC__MAX(lo, (int64_t)s);
         r.b[1] = (int32_t)KVC__MIN(lo, (int64_t)c->offset);
         r.e[1] = c->offset;
-    } else {
+    } else if (c->cfg.kind == KVC_KIND_FULL) {
         r.e[1] = c->offset;
-    }
+    } /* RECURRENT: no cells */
     return r;
 }
 
@@ -2244,8 +2387,11 @@ KVCDEF kvc_result kvc_cache_cells(const kvc_cache *cache, int32_t *n_cells) {
 }
 
 KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages) {
+    int32_t s;
     if (cache == NULL || n_pages == NULL) return KVC_ERR_NULL;
     *n_pages = cache->n_pages;
+    for (s = 0; cache->cfg.kind == KVC_KIND_RECURRENT && s < cache->cfg.max_seqs; ++s)
+        *n_pages += cache->state_page[s] != KVC__NO_PAGE;
     return KVC_OK;
 }
 
@@ -3603,6 +3749,503 @@ KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t m
     return n > max_at && at != NULL ? KVC_ERR_RANGE : KVC_OK;
 }
 
+/* ---- Layer 4c: model memories ------------------------------------------------------------
+   One pool and one cache per layer group; the pools' budgets point to one shared
+   kvc__budget, so every group's pages count against the memory's budget. Forks and
+   memory snapshots share the pools (and the layer map) through kvc__mpools, which the
+   last of them frees. Every call checks every group before it changes any. */
+
+typedef struct kvc__mpools {
+    kvc__budget budget;
+    kvc_allocator alloc;
+    int32_t refs, n_groups, n_layers;
+    int32_t *layer_group, *group_layer; /* [n_layers] */
+    kvc_pool *pool[KVC_MAX_GROUPS];
+} kvc__mpools;
+
+struct kvc_memory {
+    kvc__mpools *mp;
+    kvc_cache *cache[KVC_MAX_GROUPS];
+};
+
+struct kvc_memory_snapshot {
+    kvc__mpools *mp;
+    int32_t to;
+    kvc_snapshot *snap[KVC_MAX_GROUPS]; /* NULL: the group had nothing to hold */
+};
+
+KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg) {
+    if (cfg == NULL) return KVC_ERR_NULL;
+    memset(cfg, 0, sizeof(*cfg));
+    return KVC_OK;
+}
+
+/* A group's pool config as the memory creates it: the memory's budget and hooks. */
+static kvc_pool_config kvc__group_pool(const kvc_memory_config *m, int32_t g) {
+    kvc_pool_config pc = m->groups[g].pool;
+    pc.budget_bytes = m->budget_bytes;
+    pc.allocator = m->allocator;
+    pc.cpu_disable = m->cpu_disable;
+    pc.parallel_for = m->parallel_for;
+    pc.parallel_user = m->parallel_user;
+    pc.n_workers = m->n_workers;
+    return pc;
+}
+
+/* Pages a group takes at least: a CAUSAL cache all of its cells, a RECURRENT one a
+   state per sequence, the others one page. */
+static int64_t kvc__group_min_pages(const kvc_group_config *g, int32_t page_cells) {
+    const kvc_cache_config *c = &g->cache;
+    if (c->kind == KVC_KIND_RECURRENT) return c->max_seqs > 0 ? c->max_seqs : 1;
+    if (c->kind == KVC_KIND_CAUSAL) {
+        int64_t pad = c->padding > 0 ? c->padding : 1, cap = ((int64_t)c->capacity + pad - 1) / pad * pad;
+        return (cap + page_cells - 1) / page_cells;
+    }
+    return 1;
+}
+
+static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **field) {
+    int32_t l, g, count[KVC_MAX_GROUPS];
+    size_t need = 0;
+    const char *dummy;
+    if (field == NULL) field = &dummy;
+    *field = NULL;
+    if (m->layer_group == NULL) { *field = "layer_group"; return KVC_ERR_NULL; }
+    if (m->groups == NULL) { *field = "groups"; return KVC_ERR_NULL; }
+    if (m->n_layers < 1) { *field = "n_layers"; return KVC_ERR_INVALID; }
+    if (m->n_groups < 1 || m->n_groups > KVC_MAX_GROUPS) { *field = "n_groups"; return KVC_ERR_INVALID; }
+    if ((m->allocator.alloc == NULL) != (m->allocator.free == NULL)) { *field = "allocator"; return KVC_ERR_INVALID; }
+    if (m->parallel_for != NULL && m->n_workers < 1) { *field = "n_workers"; return KVC_ERR_INVALID; }
+    memset(count, 0, sizeof(count));
+    for (l = 0; l < m->n_layers; ++l) {
+        if (m->layer_group[l] < 0 || m->layer_group[l] >= m->n_groups) { *field = "layer_group"; return KVC_ERR_RANGE; }
+        count[m->layer_group[l]]++;
+    }
+    for (g = 0; g < m->n_groups; ++g) {
+        const kvc_pool_config *p = &m->groups[g].pool;
+        const kvc_cache_config *c = &m->groups[g].cache;
+        kvc_pool_config pc = kvc__group_pool(m, g);
+        kvc__layout L;
+        kvc_result r;
+        int recurrent = c->kind == KVC_KIND_RECURRENT;
+        if (count[g] == 0) { *field = "layer_group"; return KVC_ERR_INVALID; } /* a group with no layer */
+        if (p->n_layers != count[g]) { *field = "groups.pool.n_layers"; return KVC_ERR_INVALID; }
+        if (p->budget_bytes != 0 || p->arena != NULL || p->arena_bytes != 0 || p->arena_object_bytes != 0 ||
+            p->allocator.alloc != NULL || p->allocator.free != NULL || p->hooks.event != NULL ||
+            p->hooks.external_data != 0 || p->parallel_for != NULL || p->cpu_disable != 0) {
+            *field = "groups.pool";
+            return KVC_ERR_INVALID;
+        }
+        if ((r = kvc__page_layout(&pc, &L)) != KVC_OK) { *field = "groups.pool"; return r; }
+        if ((int)c->kind < (int)KVC_KIND_FULL || (int)c->kind > (int)KVC_KIND_RECURRENT ||
+            recurrent != (p->state_floats > 0)) {
+            *field = "groups.cache";
+            return KVC_ERR_INVALID;
+        }
+        if (recurrent && (c->max_seqs < 0 || c->max_seqs > (1 << 20))) { *field = "groups.cache"; return KVC_ERR_INVALID; }
+        if (c->kind == KVC_KIND_CAUSAL && (c->capacity < 1 || c->capacity > INT32_MAX / 2 || c->padding < 0)) {
+            *field = "groups.cache";
+            return KVC_ERR_INVALID;
+        }
+        need += (size_t)kvc__group_min_pages(&m->groups[g], L.page_cells) * L.page_bytes;
+        if (need / L.page_bytes < (size_t)kvc__group_min_pages(&m->groups[g], L.page_cells)) {
+            *field = "budget_bytes";
+            return KVC_ERR_OVERFLOW;
+        }
+    }
+    if (need > m->budget_bytes) { *field = "budget_bytes"; return KVC_ERR_INVALID; }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_config_check(const kvc_memory_config *cfg, const char **field) {
+    if (cfg == NULL) return KVC_ERR_NULL;
+    return kvc__memory_check(cfg, field);
+}
+
+static void kvc__mpools_unref(kvc__mpools *mp) {
+    int32_t g;
+    if (--mp->refs > 0) return;
+    for (g = 0; g < mp->n_groups; ++g)
+        if (mp->pool[g] != NULL) (void)kvc_pool_destroy(mp->pool[g]);
+    mp->alloc.free(mp, mp->alloc.user);
+}
+
+static kvc_memory *kvc__memory_alloc(kvc__mpools *mp) {
+    kvc_memory *m = (kvc_memory *)mp->alloc.alloc(sizeof(kvc_memory), mp->alloc.user);
+    if (m == NULL) return NULL;
+    memset(m, 0, sizeof(*m));
+    m->mp = mp;
+    mp->refs++;
+    return m;
+}
+
+KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem) {
+    int32_t g;
+    kvc__mpools *mp;
+    if (mem == NULL) return KVC_ERR_NULL;
+    mp = mem->mp;
+    for (g = 0; g < mp->n_groups; ++g)
+        if (mem->cache[g] != NULL) (void)kvc_cache_destroy(mem->cache[g]);
+    mp->alloc.free(mem, mp->alloc.user);
+    kvc__mpools_unref(mp);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out) {
+    kvc_allocator a;
+    kvc__mpools *mp;
+    kvc_memory *m;
+    int32_t l, g, seen[KVC_MAX_GROUPS];
+    size_t bytes;
+    kvc_result r;
+    if (cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__memory_check(cfg, NULL)) != KVC_OK) return r;
+    a = cfg->allocator;
+    if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
+    bytes = sizeof(kvc__mpools) + 2 * sizeof(int32_t) * (size_t)cfg->n_layers;
+    if ((mp = (kvc__mpools *)a.alloc(bytes, a.user)) == NULL) return KVC_ERR_NO_MEMORY;
+    memset(mp, 0, sizeof(*mp));
+    mp->alloc = a;
+    mp->refs = 1;
+    mp->n_groups = cfg->n_groups;
+    mp->n_layers = cfg->n_layers;
+    mp->budget.cap = cfg->budget_bytes;
+    mp->layer_group = (int32_t *)(mp + 1);
+    mp->group_layer = mp->layer_group + cfg->n_layers;
+    memset(seen, 0, sizeof(seen));
+    for (l = 0; l < cfg->n_layers; ++l) {
+        mp->layer_group[l] = cfg->layer_group[l];
+        mp->group_layer[l] = seen[cfg->layer_group[l]]++;
+    }
+    m = kvc__memory_alloc(mp);
+    mp->refs--; /* the memory holds the only reference */
+    if (m == NULL) { a.free(mp, a.user); return KVC_ERR_NO_MEMORY; }
+    for (g = 0; g < cfg->n_groups && r == KVC_OK; ++g) {
+        kvc_pool_config pc = kvc__group_pool(cfg, g);
+        r = kvc_pool_create(&pc, &mp->pool[g]);
+        if (r != KVC_OK) break;
+        mp->pool[g]->budget = &mp->budget; /* empty, so nothing to carry over */
+        r = kvc_cache_create(mp->pool[g], &cfg->groups[g].cache, &m->cache[g]);
+    }
+    if (r != KVC_OK) { kvc_memory_destroy(m); return r; }
+    *out = m;
+    return KVC_OK;
+}
+
+static kvc_result kvc__memory_map(const kvc_memory *m, int32_t layer, kvc_cache **c, int32_t *gl) {
+    if (m == NULL) return KVC_ERR_NULL;
+    if (layer < 0 || layer >= m->mp->n_layers) return KVC_ERR_RANGE;
+    *c = m->cache[m->mp->layer_group[layer]];
+    *gl = m->mp->group_layer[layer];
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r;
+    if (cache == NULL || group_layer == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__memory_map(mem, layer, &c, &gl)) != KVC_OK) return r;
+    *cache = c;
+    *group_layer = gl;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache) {
+    if (mem == NULL || cache == NULL) return KVC_ERR_NULL;
+    if (group < 0 || group >= mem->mp->n_groups) return KVC_ERR_RANGE;
+    *cache = mem->cache[group];
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_put(kvc_memory *mem, int32_t layer, const float *k, const float *v) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_put(c, gl, k, v);
+}
+KVCDEF kvc_result kvc_memory_attention(const kvc_memory *mem, int32_t layer, const kvc_attention_desc *desc) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_attention(c, gl, desc);
+}
+KVCDEF kvc_result kvc_memory_state(kvc_memory *mem, int32_t layer, int32_t seq, float **state) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_state(c, seq, gl, state);
+}
+KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, int32_t at, const float *state) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_state_checkpoint(c, gl, at, state);
+}
+
+/* The tokens a cache holds, as the memory counts them (CAUSAL: sequence 0's). */
+static int32_t kvc__cache_tokens(const kvc_cache *c) {
+    int32_t lo, hi;
+    if (c->cfg.kind != KVC_KIND_CAUSAL) return c->offset;
+    if (kvc_seq_pos_range(c, 0, &lo, &hi) != KVC_OK) return 0;
+    return hi + 1;
+}
+
+KVCDEF kvc_result kvc_memory_offset(const kvc_memory *mem, int32_t *offset) {
+    if (mem == NULL || offset == NULL) return KVC_ERR_NULL;
+    *offset = kvc__cache_tokens(mem->cache[0]);
+    return KVC_OK;
+}
+
+static int kvc__memory_open(const kvc_memory *m) {
+    int32_t g;
+    for (g = 0; g < m->mp->n_groups; ++g)
+        if (kvc__batch_open(m->cache[g])) return 1;
+    return 0;
+}
+
+/* Pages (net of those it releases first) kvc__begin_kv or kvc__recurrent_begin will
+   take for n tokens with `inside` checkpoints before the batch's end. */
+static int64_t kvc__begin_net_pages(const kvc_cache *c, int32_t n, int32_t inside) {
+    int32_t pc = c->pool->page_cells, o = c->offset, freed;
+    if (c->cfg.kind == KVC_KIND_RECURRENT) return (int64_t)kvc__state_need(c, 0) + inside;
+    if (c->cfg.kind == KVC_KIND_CAUSAL) return 0; /* its pages are all its own already */
+    (void)kvc__dead_pages(c, o, &freed);
+    return ((int64_t)(o + n - 1) / pc - ((int64_t)o + pc - 1) / pc + 1) + kvc__tail_shared(c, o) - freed;
+}
+
+KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int32_t *at, int32_t n_at) {
+    kvc__mpools *mp;
+    int32_t g, i, k, o, order[KVC_MAX_GROUPS], causal_done = 0;
+    int64_t net[KVC_MAX_GROUPS], total = 0;
+    kvc_result r = KVC_OK;
+    if (mem == NULL || (at == NULL && n_at > 0)) return KVC_ERR_NULL;
+    if (n_tokens < 1 || n_at < 0) return KVC_ERR_INVALID;
+    mp = mem->mp;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    o = kvc__cache_tokens(mem->cache[0]);
+    if (n_tokens > INT32_MAX - o) return KVC_ERR_RANGE;
+    for (i = 0; i < n_at; ++i)
+        if (at[i] <= (i > 0 ? at[i - 1] : o) || at[i] > o + n_tokens) return KVC_ERR_RANGE;
+    for (g = 0; g < mp->n_groups; ++g) {
+        kvc_cache *c = mem->cache[g];
+        int32_t inside = 0;
+        if (n_at > 0 && c->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
+        if (kvc__has_ckpts(c) && n_at > c->max_ckpt) return KVC_ERR_RANGE;
+        for (i = 0; i < n_at; ++i) inside += at[i] < o + n_tokens;
+        kvc__settle(c);
+        net[g] = kvc__begin_net_pages(c, n_tokens, c->cfg.kind == KVC_KIND_RECURRENT ? inside : 0);
+        if (net[g] > (int64_t)c->pool->n_free) return KVC_ERR_FULL; /* the group's own pool */
+        total += net[g] * (int64_t)c->pool->page_bytes;
+    }
+    if (total > (int64_t)(mp->budget.cap - mp->budget.used)) return KVC_ERR_FULL;
+    /* the checkpoints' structs, then CAUSAL groups (which may still find no cells) */
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g)
+        if (kvc__has_ckpts(mem->cache[g])) r = kvc__pend_alloc(mem->cache[g], at, n_at, n_tokens);
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g)
+        if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) {
+            r = kvc__begin_seq0(mem->cache[g], n_tokens);
+            causal_done = g + 1;
+        }
+    if (r != KVC_OK) {
+        for (g = 0; g < mp->n_groups; ++g) {
+            kvc__pend_drop(mem->cache[g]);
+            if (g < causal_done - 1 && mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) (void)kvc_cancel(mem->cache[g]);
+        }
+        return r;
+    }
+    /* then the others, those that give pages back first: every prefix of the order then
+       fits the budget, since the whole does */
+    for (g = 0, k = 0; g < mp->n_groups; ++g)
+        if (mem->cache[g]->cfg.kind != KVC_KIND_CAUSAL) order[k++] = g;
+    for (i = 1; i < k; ++i) {
+        int32_t x = order[i], j = i;
+        while (j > 0 && net[order[j - 1]] > net[x]) { order[j] = order[j - 1]; --j; }
+        order[j] = x;
+    }
+    for (i = 0; i < k; ++i) {
+        kvc_cache *c = mem->cache[order[i]];
+        r = kvc__is_recurrent(c) ? kvc__recurrent_begin(c, n_tokens) : kvc__begin_kv(c, n_tokens);
+        KVCACHE_ASSERT(r == KVC_OK); /* the budget was checked for all of them */
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem) {
+    int32_t g;
+    if (mem == NULL) return KVC_ERR_NULL;
+    for (g = 0; g < mem->mp->n_groups; ++g) {
+        const kvc_cache *c = mem->cache[g];
+        if (!kvc__batch_open(c)) return KVC_ERR_STATE;
+        if (kvc__is_recurrent(c) && c->batch_pending < c->pool->cfg.n_layers) return KVC_ERR_RECURRENT;
+    }
+    for (g = 0; g < mem->mp->n_groups; ++g) (void)kvc_cancel(mem->cache[g]);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_can_rewind(const kvc_memory *mem, int32_t target, int *can_rewind) {
+    int32_t g;
+    if (mem == NULL || can_rewind == NULL) return KVC_ERR_NULL;
+    *can_rewind = !kvc__memory_open(mem);
+    for (g = 0; g < mem->mp->n_groups && *can_rewind; ++g)
+        *can_rewind = kvc__reachable(mem->cache[g], target);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_rewind_point(const kvc_memory *mem, int32_t max_target, int32_t *target) {
+    int32_t t;
+    if (mem == NULL || target == NULL) return KVC_ERR_NULL;
+    if (max_target < 0) return KVC_ERR_RANGE;
+    t = KVC__MIN(max_target, kvc__cache_tokens(mem->cache[0]));
+    for (; t > 0; --t) {
+        int ok;
+        (void)kvc_memory_can_rewind(mem, t, &ok);
+        if (ok) break;
+    }
+    *target = t; /* 0: clearing is always possible */
+    return KVC_OK;
+}
+
+static void kvc__memory_rewind(kvc_memory *m, int32_t target) {
+    int32_t g;
+    for (g = 0; g < m->mp->n_groups; ++g) {
+        if (target == 0) (void)kvc_cache_clear(m->cache[g]);
+        else kvc__rewind_any(m->cache[g], target);
+    }
+}
+
+KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens) {
+    int32_t o;
+    int ok;
+    if (mem == NULL) return KVC_ERR_NULL;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    o = kvc__cache_tokens(mem->cache[0]);
+    if (n_tokens < 0 || n_tokens > o) return KVC_ERR_RANGE;
+    (void)kvc_memory_can_rewind(mem, o - n_tokens, &ok);
+    if (!ok && o - n_tokens != 0) return KVC_ERR_UNREACHABLE;
+    kvc__memory_rewind(mem, o - n_tokens);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem) {
+    int32_t g;
+    if (mem == NULL) return KVC_ERR_NULL;
+    for (g = 0; g < mem->mp->n_groups; ++g) (void)kvc_cache_clear(mem->cache[g]);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap) {
+    int32_t g;
+    kvc__mpools *mp;
+    if (snap == NULL) return KVC_OK;
+    mp = snap->mp;
+    for (g = 0; g < mp->n_groups; ++g) kvc__snapshot_release(snap->snap[g]);
+    mp->alloc.free(snap, mp->alloc.user);
+    kvc__mpools_unref(mp);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out) {
+    kvc__mpools *mp;
+    kvc_memory_snapshot *s;
+    int32_t g, o;
+    kvc_result r = KVC_OK;
+    if (mem == NULL || out == NULL) return KVC_ERR_NULL;
+    mp = mem->mp;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    o = kvc__cache_tokens(mem->cache[0]);
+    if (at < 0 || at > o) return KVC_ERR_RANGE;
+    for (g = 0; g < mp->n_groups; ++g)
+        if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED; /* kvc_seq_snapshot */
+    if (at <= from || at == 0) { *out = NULL; return KVC_OK; }
+    if ((s = (kvc_memory_snapshot *)mp->alloc.alloc(sizeof(*s), mp->alloc.user)) == NULL) return KVC_ERR_NO_MEMORY;
+    memset(s, 0, sizeof(*s));
+    s->mp = mp;
+    mp->refs++;
+    s->to = at;
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) r = kvc_snapshot_take_at(mem->cache[g], from, at, &s->snap[g]);
+    if (r != KVC_OK) { kvc_memory_snapshot_free(s); return r; }
+    *out = s;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target) {
+    kvc__mpools *mp;
+    int32_t g;
+    int ok;
+    if (mem == NULL) return KVC_ERR_NULL;
+    mp = mem->mp;
+    if (snap != NULL && snap->mp != mp) return KVC_ERR_FOREIGN;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    if (target < 0) return KVC_ERR_UNREACHABLE;
+    if (snap == NULL) {
+        (void)kvc_memory_can_rewind(mem, target, &ok);
+        if (!ok) return KVC_ERR_UNREACHABLE;
+        kvc__memory_rewind(mem, target);
+        return KVC_OK;
+    }
+    if (target > snap->to) return KVC_ERR_UNREACHABLE;
+    for (g = 0; g < mp->n_groups; ++g) { /* every group must accept it before any changes */
+        const kvc_cache *c = mem->cache[g];
+        const kvc_snapshot *s = snap->snap[g];
+        if (c->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
+        if (s == NULL) return KVC_ERR_UNREACHABLE;
+        if (c->cfg.kind == KVC_KIND_FULL && c->offset < s->from) return KVC_ERR_UNREACHABLE;
+        if (c->cfg.kind != KVC_KIND_FULL && target < s->to &&
+            (kvc__is_recurrent(c) || s->to > c->cfg.window || s->first_lpage > c->n_sink_pages))
+            return KVC_ERR_UNREACHABLE;
+        if (c->cfg.kind == KVC_KIND_FULL && s->from % c->pool->page_cells != 0 && kvc__pages_free(c->pool) < 1)
+            return KVC_ERR_FULL; /* the page at `from` may need a copy */
+    }
+    for (g = 0; g < mp->n_groups; ++g) {
+        kvc_result r = kvc_restore(mem->cache[g], snap->snap[g], target);
+        if (r != KVC_OK) return r; /* only NO_MEMORY for carried checkpoints can land here */
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_fork(const kvc_memory *mem, kvc_memory **out) {
+    kvc_memory *m;
+    int32_t g;
+    kvc_result r = KVC_OK;
+    if (mem == NULL || out == NULL) return KVC_ERR_NULL;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    for (g = 0; g < mem->mp->n_groups; ++g)
+        if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
+    if ((m = kvc__memory_alloc(mem->mp)) == NULL) return KVC_ERR_NO_MEMORY;
+    for (g = 0; g < mem->mp->n_groups && r == KVC_OK; ++g) r = kvc_cache_fork(mem->cache[g], &m->cache[g]);
+    if (r != KVC_OK) { kvc_memory_destroy(m); return r; }
+    *out = m;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *st) {
+    int32_t g;
+    const kvc_cache *with = NULL; /* a group that keeps checkpoints */
+    if (mem == NULL || st == NULL) return KVC_ERR_NULL;
+    memset(st, 0, sizeof(*st));
+    st->budget_bytes = mem->mp->budget.cap;
+    st->bytes_used = mem->mp->budget.used;
+    st->n_groups = mem->mp->n_groups;
+    st->offset = kvc__cache_tokens(mem->cache[0]);
+    for (g = 0; g < mem->mp->n_groups; ++g) {
+        const kvc_cache *c = mem->cache[g];
+        int32_t i, j;
+        if (with == NULL && kvc__has_ckpts(c)) with = c;
+        for (i = 0; i < c->n_ckpt; ++i)
+            for (j = 0; j < c->ckpt[i]->n_pages; ++j) /* pages nothing but checkpoints hold */
+                if (c->pool->refcount[c->ckpt[i]->pages[j]] == 1) st->checkpoint_bytes += c->pool->page_bytes;
+    }
+    /* offsets below the current one every group can go back to */
+    for (g = 0; with != NULL && g < with->n_ckpt + with->n_pend; ++g) {
+        int ok;
+        int32_t at = g < with->n_ckpt ? with->ckpt[g]->to : with->pend[g - with->n_ckpt]->to;
+        (void)kvc_memory_can_rewind(mem, at, &ok);
+        st->n_checkpoints += ok && at < st->offset;
+    }
+    return KVC_OK;
+}
+
 /* ---- Layer 5: single-entry prefix reuse (findRemaining / close of ollama's MLX runner) */
 
 struct kvc_prefix {
@@ -3652,6 +4295,28 @@ KVCDEF kvc_result kvc_prefix_destroy(kvc_prefix *prefix) {
     return KVC_OK;
 }
 
+static int kvc__all_reach(kvc_cache *const *c, int32_t n, int32_t t) {
+    int32_t i;
+    for (i = 0; i < n; ++i)
+        if (!kvc__reachable(c[i], t)) return 0;
+    return 1;
+}
+
+/* The largest offset <= limit every cache can go back to (0: start over). Candidates
+   are limit itself and the caches' offsets and checkpoints below it. */
+static int32_t kvc__common_point(kvc_cache *const *c, int32_t n, int32_t limit) {
+    int32_t i, j, best = 0;
+    if (kvc__all_reach(c, n, limit)) return limit;
+    for (i = 0; i < n; ++i) {
+        if (c[i]->offset < limit && c[i]->offset > best && kvc__all_reach(c, n, c[i]->offset)) best = c[i]->offset;
+        for (j = 0; j < c[i]->n_ckpt + c[i]->n_pend; ++j) {
+            int32_t t = j < c[i]->n_ckpt ? c[i]->ckpt[j]->to : c[i]->pend[j - c[i]->n_ckpt]->to;
+            if (t < limit && t > best && kvc__all_reach(c, n, t)) best = t;
+        }
+    }
+    return best;
+}
+
 static int32_t kvc__min_offset(const kvc_prefix *x) {
     int32_t i, m = x->caches[0]->offset;
     for (i = 1; i < x->n_caches; ++i) m = KVC__MIN(m, x->caches[i]->offset);
@@ -3660,19 +4325,18 @@ static int32_t kvc__min_offset(const kvc_prefix *x) {
 
 KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t n_tokens, int32_t *n_reused) {
     int32_t i, prefix = 0;
-    int trimmable = 1;
     if (x == NULL || tokens == NULL || n_reused == NULL) return KVC_ERR_NULL;
     if (n_tokens < 1) return KVC_ERR_INVALID;
     for (i = 0; i < x->n_caches; ++i)
         if (kvc__batch_open(x->caches[i])) return KVC_ERR_STATE;
     while (prefix < n_tokens && prefix < x->n_tokens && tokens[prefix] == x->tokens[prefix]) prefix++;
     if (prefix == n_tokens) prefix--; /* always evaluate one token to start generation from */
-    prefix = KVC__MIN(prefix, kvc__min_offset(x));
+    /* the longest prefix every cache can go back to: a wrapped window or a recurrent state
+       only to a checkpoint; 0 when none, and then every cache starts over */
+    prefix = kvc__common_point(x->caches, x->n_caches, KVC__MIN(prefix, kvc__min_offset(x)));
     for (i = 0; i < x->n_caches; ++i)
-        if (x->caches[i]->offset > prefix && !kvc__can_trim(x->caches[i])) trimmable = 0;
-    if (!trimmable) prefix = 0; /* a wrapped window cannot go back: start over */
-    for (i = 0; i < x->n_caches; ++i)
-        if (x->caches[i]->offset > prefix) kvc__rewind(x->caches[i], prefix);
+        if (prefix == 0) (void)kvc_cache_clear(x->caches[i]);
+        else kvc__rewind_any(x->caches[i], prefix);
     x->n_tokens = prefix;
     x->n_prompt = KVC__MIN(n_tokens, x->max_tokens);
     memcpy(x->prompt, tokens, sizeof(int32_t) * (size_t)x->n_prompt);
@@ -3695,6 +4359,11 @@ KVCDEF kvc_result kvc_prefix_close(kvc_prefix *x, const int32_t *generated, int3
     x->n_tokens = keep;
     x->open = 0;
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out) {
+    if (mem == NULL || out == NULL) return KVC_ERR_NULL;
+    return kvc_prefix_create(mem->cache, mem->mp->n_groups, max_tokens, out);
 }
 
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens, int32_t *n_tokens) {
@@ -5969,6 +6638,7 @@ static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const 
     const kvc_pool *p;
     int32_t i;
     if (c == NULL || d == NULL) return KVC_ERR_NULL;
+    if (c->cfg.kind == KVC_KIND_RECURRENT) return KVC_ERR_UNSUPPORTED; /* no keys: kvc_state */
     p = c->pool;
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (d->n_queries < 1 || d->n_heads < 1 || d->n_heads % p->cfg.n_kv_heads != 0) return KVC_ERR_INVALID;
