@@ -41,7 +41,9 @@
            kvc_put(cache, layer, k, v);          // [n_tokens][kv_heads][head_dim] f32
            kvc_attention(cache, layer, &attn);   // q over every cell it may see
        }
-     Positions of full and rotating caches are the token indices 0, 1, 2, ...
+     Positions of full and rotating caches are the token indices 0, 1, 2, ...;
+     kvc_begin_at(cache, pos, n_tokens) is kvc_begin that first checks the engine's
+     own position against the cache's offset.
 
    CONTENTS
      Public API (core first):        Implementation:
@@ -120,7 +122,8 @@
     X(KVC_ERR_CORRUPT, -17, "saved data damaged: a checksum, length or value is wrong")  \
     X(KVC_ERR_TRUNCATED, -18, "saved data ends early")                                  \
     X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind") \
-    X(KVC_ERR_RECURRENT, -20, "a recurrent state cannot be rewound, shifted or cut there")
+    X(KVC_ERR_POSITION, -20, "the engine's position is not the cache's offset") \
+    X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there")
 
 /* The codes are 0, -1, -2, ... in the order of the list (test_core checks that each
    has its text), so the lowest is 1 - the number of entries: one +1 per entry. */
@@ -176,6 +179,19 @@ typedef struct kvc_page_hooks {
     int external_data;  /* nonzero: no K/V bytes on the host (see "Page events") */
 } kvc_page_hooks;
 
+/* Sizing: budget_bytes buys floor(budget_bytes / page_bytes) pages, where a page holds
+   page_cells tokens of every layer in the storage types chosen; kvc_pool_page_bytes and
+   kvc_pool_budget_for_tokens compute them (a "tokens x f32 row" budget wastes what f16
+   or q8_0 save). All of it is allocated at create.
+   Resident memory: on Linux, when the slab comes from the library's own malloc (no
+   allocator in the config, no KVCACHE_MALLOC, no arena), it is advised MADV_HUGEPAGE
+   (the 2 MiB-aligned part of it; only where <sys/mman.h> declares it, e.g. gcc's default
+   gnu modes). With transparent huge pages on ("madvise" or "always"), the first write
+   into a 2 MiB granule then makes the whole granule resident: the first token touches
+   each layer's K and V regions, so the resident size jumps by up to 2 x n_layers x
+   2 MiB. KVCACHE_NO_HUGE_PAGES, an allocator of your own or an arena leave the advice
+   out (under "always" the kernel may still use huge pages; an allocator that advises
+   MADV_NOHUGEPAGE avoids that). */
 typedef struct kvc_pool_config {
     int32_t n_layers;     /* layers whose K/V live in each page */
     int32_t n_kv_heads;
@@ -227,6 +243,14 @@ typedef struct kvc_pool_stats {
 typedef struct kvc_pool kvc_pool;
 
 KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + defaults */
+/* Checks cfg as kvc_pool_create does and returns what it would (KVC_ERR_INVALID,
+   KVC_ERR_OVERFLOW, KVC_ERR_ARENA_TOO_SMALL, ...) without allocating. *field (field may
+   be NULL) = the name of the first field refused, in the order kvc_pool_create checks
+   them ("n_layers", "head_dim_k", "type_k", "page_cells", "budget_bytes", "allocator",
+   "arena_bytes", "n_workers", ...), or NULL when cfg is valid. E.g. q8_0 or q4_0 with
+   head dim 48 -> "head_dim_k" (block types need multiples of 32); a budget below one
+   page -> "budget_bytes". */
+KVCDEF kvc_result kvc_pool_config_check(const kvc_pool_config *cfg, const char **field);
 /* Arena mode: the arena_bytes this configuration needs (see the arena fields). */
 KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes);
 /* K+V bytes of one page of this configuration, every layer (kvc_pool_stats.page_bytes);
@@ -238,7 +262,8 @@ KVCDEF kvc_result kvc_pool_page_bytes(const kvc_pool_config *cfg, size_t *page_b
    KVC_ERR_RANGE for n_tokens < 0, KVC_ERR_OVERFLOW if it does not fit a size_t. */
 KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t n_tokens, size_t *budget_bytes);
 /* A pool of floor(budget_bytes / page_bytes) pages, all allocated (or laid out in the
-   arena) now: no later call allocates K/V memory. */
+   arena) now: no later call allocates K/V memory. kvc_pool_config_check names the field
+   of an invalid cfg. */
 KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out);
 /* KVC_ERR_BUSY while caches, snapshots or prefix objects of the pool are alive. */
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool);
@@ -300,6 +325,12 @@ typedef struct kvc_snapshot kvc_snapshot;
 KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind); /* zeros + kind */
 /* CAUSAL caches take all their pages at create (KVC_ERR_FULL if the pool lacks them). */
 KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out);
+/* Checks cfg against pool as kvc_cache_create does and returns what it would, creating
+   nothing. *field (field may be NULL) = the first field refused ("kind", "window",
+   "sinks", "capacity", "padding", "max_seqs", "chunk", "rope.style", "rope.theta",
+   "rope.n_dims"), or NULL when valid. KVC_ERR_FULL ("capacity") says that the pool
+   cannot give a CAUSAL cache of that capacity its pages now. */
+KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field);
 /* Gives the cache's page references back to the pool (pages shared with snapshots,
    forks or prefix trees stay with them) and frees the cache. */
 KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache);
@@ -322,6 +353,11 @@ KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages);
    ROTATING: releases pages no query of this batch can see (the L>1 concat and L=1
    ring update of ollama's MLX runner keep the same window: W-1 older keys + the batch). */
 KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
+/* kvc_begin, after checking that pos -- the position the engine believes its first new
+   token has -- is the cache's offset (CAUSAL: sequence 0's next position, one past the
+   largest it holds); KVC_ERR_POSITION, with nothing changed, when it is not. Catches an
+   engine whose own position count drifted from the cache's. */
+KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens);
 /* Write the batch's keys and values for one layer, f32, [n_tokens][n_kv_heads][head_dim],
    converted to the storage type. Each layer of the batch must be put before its
    attention; a later kvc_begin, snapshot or fork needs every layer put. */
@@ -338,15 +374,19 @@ KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens);
 
 /* ---- Attention -------------------------------------------------------------------- */
+/* Layouts are row-major f32: q [n_queries][n_heads][head_dim_k] and out
+   [n_queries][n_heads][head_dim_v]. Grouped-query attention: query head h reads kv head
+   h / (n_heads / n_kv_heads), so each run of n_heads / n_kv_heads consecutive query heads
+   shares one kv head (n_heads == n_kv_heads: ordinary multi-head attention). */
 typedef struct kvc_attention_desc {
     int32_t n_queries;    /* query tokens */
-    int32_t n_heads;      /* query heads, a multiple of n_kv_heads (GQA) */
+    int32_t n_heads;      /* query heads, a multiple of n_kv_heads (GQA, see above) */
     const float *q;       /* [n_queries][n_heads][head_dim_k], rope applied */
     const int32_t *pos;   /* [n_queries] positions; NULL: the last n_queries positions
                              (CAUSAL: NULL means the queries are the current batch, with its
                              positions, sequences and non-causal marks) */
     const int32_t *seq;   /* CAUSAL with pos != NULL: [n_queries] sequence ids */
-    float scale;          /* 0: 1/sqrt(head_dim_k) */
+    float scale;          /* scores are scale * q.k; 0: the default 1/sqrt(head_dim_k) */
     int32_t window;       /* extra window (W keys incl. current), 0: none; a ROTATING
                              cache always applies its own */
     int non_causal;       /* nonzero: no causal mask (keys after the query are seen) */
@@ -1633,17 +1673,25 @@ static size_t kvc__row_bytes(kvc_type t, int32_t n_heads, int32_t head_dim) {
     return (size_t)n_heads * (size_t)(head_dim / kvc__types[t].block) * kvc__types[t].block_bytes;
 }
 
-static kvc_result kvc__check_config(const kvc_pool_config *c) {
-    if (c->n_layers < 1 || c->n_kv_heads < 1 || c->head_dim_k < 1 || c->head_dim_v < 1 ||
-        c->page_cells < 0)
-        return KVC_ERR_INVALID;
-    if (!kvc__type_valid(c->type_k) || !kvc__type_valid(c->type_v)) return KVC_ERR_INVALID;
-    if (c->head_dim_k % kvc__types[c->type_k].block != 0 ||
-        c->head_dim_v % kvc__types[c->type_v].block != 0)
-        return KVC_ERR_INVALID;
-    if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) return KVC_ERR_INVALID;
-    if (c->arena == NULL && c->arena_bytes != 0) return KVC_ERR_INVALID;
-    if (c->parallel_for != NULL && c->n_workers < 1) return KVC_ERR_INVALID;
+/* The pool configuration's validator: every check of kvc_pool_create, in its order, is
+   here or in the two layout functions below, each naming the field it refuses in *field
+   (for kvc_pool_config_check; never NULL here). */
+#define KVC__REFUSE(result, name) do { *field = (name); return (result); } while (0)
+
+static kvc_result kvc__check_config(const kvc_pool_config *c, const char **field) {
+    if (c->n_layers < 1) KVC__REFUSE(KVC_ERR_INVALID, "n_layers");
+    if (c->n_kv_heads < 1) KVC__REFUSE(KVC_ERR_INVALID, "n_kv_heads");
+    if (c->head_dim_k < 1) KVC__REFUSE(KVC_ERR_INVALID, "head_dim_k");
+    if (c->head_dim_v < 1) KVC__REFUSE(KVC_ERR_INVALID, "head_dim_v");
+    if (c->page_cells < 0) KVC__REFUSE(KVC_ERR_INVALID, "page_cells");
+    if (!kvc__type_valid(c->type_k)) KVC__REFUSE(KVC_ERR_INVALID, "type_k");
+    if (!kvc__type_valid(c->type_v)) KVC__REFUSE(KVC_ERR_INVALID, "type_v");
+    /* block types (q8_0, q4_0) quantise blocks of 32 values along the head */
+    if (c->head_dim_k % kvc__types[c->type_k].block != 0) KVC__REFUSE(KVC_ERR_INVALID, "head_dim_k");
+    if (c->head_dim_v % kvc__types[c->type_v].block != 0) KVC__REFUSE(KVC_ERR_INVALID, "head_dim_v");
+    if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "allocator");
+    if (c->arena == NULL && c->arena_bytes != 0) KVC__REFUSE(KVC_ERR_INVALID, "arena_bytes");
+    if (c->parallel_for != NULL && c->n_workers < 1) KVC__REFUSE(KVC_ERR_INVALID, "n_workers");
     return KVC_OK;
 }
 
@@ -1665,36 +1713,39 @@ static kvc_result kvc__effective_config(const kvc_pool_config *in, kvc_pool_conf
 
 /* The page geometry alone (rows, page size): everything of the layout that does not
    depend on the budget. kvc_pool_page_bytes and kvc_pool_budget_for_tokens stop here. */
-static kvc_result kvc__page_layout(const kvc_pool_config *cin, kvc__layout *L) {
+static kvc_result kvc__page_layout(const kvc_pool_config *cin, kvc__layout *L, const char **field) {
     int of = 0;
     size_t per_page_layer;
     kvc_pool_config eff, *c = &eff;
     kvc_result r = kvc__effective_config(cin, &eff);
-    if (r != KVC_OK) return r;
-    r = kvc__check_config(c);
+    if (r != KVC_OK) { *field = "state_floats"; return r; }
+    r = kvc__check_config(c, field);
     if (r != KVC_OK) return r;
     memset(L, 0, sizeof(*L));
     L->page_cells = c->page_cells ? c->page_cells : KVC__DEFAULT_PAGE_CELLS;
     /* rows are at most 4 bytes a value: bound that before computing them */
     kvc__mul((size_t)c->n_kv_heads, kvc__mul((size_t)c->head_dim_k + (size_t)c->head_dim_v, 4, &of), &of);
-    if (of) return KVC_ERR_OVERFLOW;
+    if (of) KVC__REFUSE(KVC_ERR_OVERFLOW, "n_kv_heads");
     /* kvc_put, the converters and the kernels count a row's values (n_kv_heads * head_dim)
        in int32: 65536 heads of 65536 would wrap there */
-    if ((int64_t)c->n_kv_heads * KVC__MAX(c->head_dim_k, c->head_dim_v) > INT32_MAX) return KVC_ERR_OVERFLOW;
+    if ((int64_t)c->n_kv_heads * KVC__MAX(c->head_dim_k, c->head_dim_v) > INT32_MAX)
+        KVC__REFUSE(KVC_ERR_OVERFLOW, "n_kv_heads");
     L->k_row = kvc__row_bytes(c->type_k, c->n_kv_heads, c->head_dim_k);
     L->v_row = kvc__row_bytes(c->type_v, c->n_kv_heads, c->head_dim_v);
     per_page_layer = kvc__mul(kvc__add(L->k_row, L->v_row, &of), (size_t)L->page_cells, &of);
+    if (of) KVC__REFUSE(KVC_ERR_OVERFLOW, "page_cells");
     L->page_bytes = kvc__mul(per_page_layer, (size_t)c->n_layers, &of);
-    return of ? KVC_ERR_OVERFLOW : KVC_OK;
+    if (of) KVC__REFUSE(KVC_ERR_OVERFLOW, "n_layers");
+    return KVC_OK;
 }
 
-static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
+static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L, const char **field) {
     int of = 0;
     size_t cells_total, pages;
-    kvc_result r = kvc__page_layout(c, L);
+    kvc_result r = kvc__page_layout(c, L, field);
     if (r != KVC_OK) return r;
     pages = c->budget_bytes / L->page_bytes;
-    if (pages < 1) return KVC_ERR_INVALID; /* the budget does not hold a single page */
+    if (pages < 1) KVC__REFUSE(KVC_ERR_INVALID, "budget_bytes"); /* not a single page */
     /* every cell index must fit an int32 */
     if (pages > (size_t)(INT32_MAX / L->page_cells)) pages = (size_t)(INT32_MAX / L->page_cells);
     L->max_pages = (int32_t)pages;
@@ -1703,6 +1754,7 @@ static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
     L->meta_bytes = kvc__add(L->meta_bytes, kvc__mul(pages, 2 * sizeof(uint32_t), &of), &of);
     L->meta_bytes = kvc__add(L->meta_bytes, kvc__mul(cells_total, sizeof(int32_t), &of), &of);
     L->slab_bytes = c->hooks.external_data ? 0 : kvc__mul(pages, L->page_bytes, &of);
+    if (of) KVC__REFUSE(KVC_ERR_OVERFLOW, "budget_bytes");
     L->object_bytes = c->arena_object_bytes;
     if (L->object_bytes == 0) /* room for ~32 caches or snapshots spanning the whole pool */
         L->object_bytes = kvc__add(65536, kvc__mul(32, kvc__add(kvc__mul(pages, 4, &of),
@@ -1711,7 +1763,16 @@ static kvc_result kvc__layout_for(const kvc_pool_config *c, kvc__layout *L) {
     L->arena_bytes = kvc__add(L->arena_bytes, L->slab_bytes, &of);
     L->arena_bytes = kvc__add(L->arena_bytes, kvc__align_up(L->object_bytes, 16, &of), &of);
     L->arena_bytes = kvc__add(L->arena_bytes, KVC__SLAB_ALIGN + 16, &of); /* base alignment */
-    return of ? KVC_ERR_OVERFLOW : KVC_OK;
+    if (of) KVC__REFUSE(KVC_ERR_OVERFLOW, c->arena_object_bytes ? "arena_object_bytes" : "budget_bytes");
+    return KVC_OK;
+}
+
+/* Everything kvc_pool_create checks before it allocates. */
+static kvc_result kvc__check_pool(const kvc_pool_config *c, kvc__layout *L, const char **field) {
+    kvc_result r = kvc__layout_for(c, L, field);
+    if (r != KVC_OK) return r;
+    if (c->arena != NULL && c->arena_bytes < L->arena_bytes) KVC__REFUSE(KVC_ERR_ARENA_TOO_SMALL, "arena_bytes");
+    return KVC_OK;
 }
 
 KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg) {
@@ -1723,32 +1784,46 @@ KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg) {
     return KVC_OK;
 }
 
+KVCDEF kvc_result kvc_pool_config_check(const kvc_pool_config *cfg, const char **field) {
+    kvc__layout L;
+    const char *name = NULL;
+    kvc_result r;
+    if (field != NULL) *field = NULL;
+    if (cfg == NULL) return KVC_ERR_NULL;
+    r = kvc__check_pool(cfg, &L, &name);
+    if (field != NULL && r != KVC_OK) *field = name;
+    return r;
+}
+
 KVCDEF kvc_result kvc_pool_arena_bytes(const kvc_pool_config *cfg, size_t *bytes) {
     kvc__layout L;
+    const char *field;
     kvc_result r;
     if (cfg == NULL || bytes == NULL) return KVC_ERR_NULL;
-    r = kvc__layout_for(cfg, &L);
+    r = kvc__layout_for(cfg, &L, &field);
     if (r == KVC_OK) *bytes = L.arena_bytes;
     return r;
 }
 
 KVCDEF kvc_result kvc_pool_page_bytes(const kvc_pool_config *cfg, size_t *page_bytes) {
     kvc__layout L;
+    const char *field;
     kvc_result r;
     if (cfg == NULL || page_bytes == NULL) return KVC_ERR_NULL;
-    r = kvc__page_layout(cfg, &L);
+    r = kvc__page_layout(cfg, &L, &field);
     if (r == KVC_OK) *page_bytes = L.page_bytes;
     return r;
 }
 
 KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t n_tokens, size_t *budget_bytes) {
     kvc__layout L;
+    const char *field;
     kvc_result r;
     int of = 0;
     size_t pages, bytes;
     if (cfg == NULL || budget_bytes == NULL) return KVC_ERR_NULL;
     if (n_tokens < 0) return KVC_ERR_RANGE;
-    r = kvc__page_layout(cfg, &L);
+    r = kvc__page_layout(cfg, &L, &field);
     if (r != KVC_OK) return r;
     pages = ((size_t)n_tokens + (size_t)L.page_cells - 1) / (size_t)L.page_cells;
     if (pages < 1) pages = 1; /* a pool holds at least one page */
@@ -1814,14 +1889,14 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
 
 KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out) {
     kvc__layout L;
+    const char *field;
     kvc_result r;
     kvc_pool *p;
     if (cfg == NULL || out == NULL) return KVC_ERR_NULL;
-    r = kvc__layout_for(cfg, &L);
+    r = kvc__check_pool(cfg, &L, &field);
     if (r != KVC_OK) return r;
     if (cfg->arena != NULL) {
         unsigned char *meta = kvc__align_ptr(cfg->arena, 16), *slab, *objects;
-        if (cfg->arena_bytes < L.arena_bytes) return KVC_ERR_ARENA_TOO_SMALL;
         slab = kvc__align_ptr(meta + L.meta_bytes, KVC__SLAB_ALIGN);
         objects = kvc__align_ptr(slab + L.slab_bytes, 16);
         p = kvc__pool_init(meta, slab, cfg, &L);
@@ -2156,6 +2231,7 @@ static void kvc__rewind_any(kvc_cache *c, int32_t target);
 static kvc_result kvc__recurrent_begin_batch(kvc_cache *c, const kvc_batch *b);
 /* the CAUSAL kind's parts of the common calls (Layer 3b) */
 static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n);
+static int32_t kvc__seq0_next(const kvc_cache *c);
 static void kvc__causal_cancel(kvc_cache *c);
 static void kvc__causal_clear(kvc_cache *c);
 static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell);
@@ -2171,16 +2247,20 @@ KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind) {
     return KVC_OK;
 }
 
-static kvc_result kvc__check_causal(const kvc_pool *pool, const kvc_cache_config *c) {
+static kvc_result kvc__check_causal(const kvc_pool *pool, const kvc_cache_config *c, const char **field) {
     const kvc_rope *r = &c->rope;
-    if (c->capacity < 1 || c->padding < 0 || c->max_seqs < 0 || c->max_seqs > (1 << 20) || c->chunk < 0 ||
-        c->window < 0)
-        return KVC_ERR_INVALID;
-    if (c->capacity > INT32_MAX - KVC__MAX(c->padding, 1)) return KVC_ERR_RANGE;
-    if ((int)r->style < (int)KVC_ROPE_NONE || (int)r->style > (int)KVC_ROPE_INTERLEAVED) return KVC_ERR_INVALID;
+    if (c->capacity < 1) KVC__REFUSE(KVC_ERR_INVALID, "capacity");
+    if (c->padding < 0) KVC__REFUSE(KVC_ERR_INVALID, "padding");
+    if (c->max_seqs < 0 || c->max_seqs > (1 << 20)) KVC__REFUSE(KVC_ERR_INVALID, "max_seqs");
+    if (c->chunk < 0) KVC__REFUSE(KVC_ERR_INVALID, "chunk");
+    if (c->window < 0) KVC__REFUSE(KVC_ERR_INVALID, "window");
+    if (c->capacity > INT32_MAX - KVC__MAX(c->padding, 1)) KVC__REFUSE(KVC_ERR_RANGE, "capacity");
+    if ((int)r->style < (int)KVC_ROPE_NONE || (int)r->style > (int)KVC_ROPE_INTERLEAVED)
+        KVC__REFUSE(KVC_ERR_INVALID, "rope.style");
     if (r->shift == NULL && r->style != KVC_ROPE_NONE) {
-        if (!(r->theta > 0.0f) || r->n_dims < 0 || r->n_dims % 2 != 0 || r->n_dims > pool->cfg.head_dim_k)
-            return KVC_ERR_INVALID;
+        if (!(r->theta > 0.0f)) KVC__REFUSE(KVC_ERR_INVALID, "rope.theta");
+        if (r->n_dims < 0 || r->n_dims % 2 != 0 || r->n_dims > pool->cfg.head_dim_k)
+            KVC__REFUSE(KVC_ERR_INVALID, "rope.n_dims");
     }
     return KVC_OK;
 }
@@ -2195,39 +2275,53 @@ static size_t kvc__causal_bytes(const kvc_pool *p, int32_t capacity, int32_t max
     return kvc__add(n, 64 + sizeof(double), of);
 }
 
-KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
-    kvc_cache *c;
+/* What kvc_cache_create decides before it allocates: the resolved config (defaults
+   filled in, fields of other kinds zeroed), the pages a CAUSAL cache takes now, its
+   sequence-set words and the block size. The cache config's validator: every check of
+   kvc_cache_create, naming the field it refuses (kvc_cache_config_check). */
+typedef struct kvc__cache_plan {
     kvc_cache_config cc;
+    int32_t pages, words;
     size_t bytes;
-    int32_t pages = 0, i, words = 0;
-    unsigned char *cursor;
-    if (pool == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
-    cc = *cfg;
-    if ((cc.kind == KVC_KIND_RECURRENT) != (pool->cfg.state_floats > 0)) return KVC_ERR_INVALID; /* state pools */
-    if (cc.checkpoints < 0 || cc.checkpoints > 4096) return KVC_ERR_INVALID;
+} kvc__cache_plan;
+
+static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, kvc__cache_plan *plan,
+                                   const char **field) {
+    kvc_cache_config cc = *cfg;
+    int32_t pages = 0, words = 0;
+    int of = 0;
+    size_t bytes;
+    if ((cc.kind == KVC_KIND_RECURRENT) != (pool->cfg.state_floats > 0)) /* state pools */
+        KVC__REFUSE(KVC_ERR_INVALID, "kind");
+    if ((cc.kind == KVC_KIND_ROTATING || cc.kind == KVC_KIND_RECURRENT) &&
+        (cc.checkpoints < 0 || cc.checkpoints > 4096))
+        KVC__REFUSE(KVC_ERR_INVALID, "checkpoints");
     if (cc.kind == KVC_KIND_RECURRENT) {
-        if (cc.window != 0 || cc.sinks != 0 || cc.capacity != 0 || cc.padding != 0 || cc.chunk != 0 ||
-            cc.max_seqs < 0 || cc.max_seqs > (1 << 20))
-            return KVC_ERR_INVALID;
+        if (cc.window != 0) KVC__REFUSE(KVC_ERR_INVALID, "window");
+        if (cc.sinks != 0) KVC__REFUSE(KVC_ERR_INVALID, "sinks");
+        if (cc.capacity != 0 || cc.padding != 0 || cc.chunk != 0) KVC__REFUSE(KVC_ERR_INVALID, "capacity");
+        if (cc.max_seqs < 0 || cc.max_seqs > (1 << 20)) KVC__REFUSE(KVC_ERR_INVALID, "max_seqs");
         if (cc.max_seqs == 0) cc.max_seqs = 1;
-        if (cc.max_seqs > pool->max_pages) return KVC_ERR_FULL; /* not one state per sequence */
+        if (cc.max_seqs > pool->max_pages) KVC__REFUSE(KVC_ERR_FULL, "max_seqs"); /* a state per sequence */
     } else if (cc.kind == KVC_KIND_FULL) {
-        if (cc.window != 0 || cc.sinks != 0) return KVC_ERR_INVALID;
+        if (cc.window != 0) KVC__REFUSE(KVC_ERR_INVALID, "window");
+        if (cc.sinks != 0) KVC__REFUSE(KVC_ERR_INVALID, "sinks");
     } else if (cc.kind == KVC_KIND_ROTATING) {
-        if (cc.window < 1 || cc.sinks < 0 || cc.sinks >= cc.window) return KVC_ERR_INVALID;
+        if (cc.window < 1) KVC__REFUSE(KVC_ERR_INVALID, "window");
+        if (cc.sinks < 0 || cc.sinks >= cc.window) KVC__REFUSE(KVC_ERR_INVALID, "sinks");
     } else if (cc.kind == KVC_KIND_CAUSAL) {
-        kvc_result r = kvc__check_causal(pool, &cc);
+        kvc_result r = kvc__check_causal(pool, &cc, field);
         if (r != KVC_OK) return r;
-        if (cc.sinks != 0) return KVC_ERR_INVALID;
+        if (cc.sinks != 0) KVC__REFUSE(KVC_ERR_INVALID, "sinks");
         if (cc.padding == 0) cc.padding = 1;
         if (cc.max_seqs == 0) cc.max_seqs = 256;
         if (cc.rope.n_dims == 0) cc.rope.n_dims = pool->cfg.head_dim_k;
         cc.capacity = (cc.capacity + cc.padding - 1) / cc.padding * cc.padding;
         pages = (int32_t)(((int64_t)cc.capacity + pool->page_cells - 1) / pool->page_cells);
-        if (!kvc__can_reclaim(pool, pages)) return KVC_ERR_FULL;
+        if (!kvc__can_reclaim(pool, pages)) KVC__REFUSE(KVC_ERR_FULL, "capacity"); /* the pool now */
         words = (cc.max_seqs + 31) / 32;
     } else {
-        return KVC_ERR_INVALID;
+        KVC__REFUSE(KVC_ERR_INVALID, "kind");
     }
     if (cc.kind != KVC_KIND_CAUSAL) { /* the causal-only fields mean nothing here */
         memset(&cc.rope, 0, sizeof(cc.rope));
@@ -2239,19 +2333,52 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
     } else {
         cc.checkpoints = 0;
     }
-    {   /* checked: a wrapped size would be a small block written far past its end */
-        int of = 0;
-        bytes = kvc__add(sizeof(kvc_cache) + 16, sizeof(uint32_t) * (size_t)pool->max_pages, &of);
-        bytes = kvc__add(bytes, (size_t)pool->cfg.n_layers, &of);
-        if (cc.kind == KVC_KIND_CAUSAL)
-            bytes = kvc__add(bytes, kvc__causal_bytes(pool, cc.capacity, cc.max_seqs, words, &of), &of);
-        /* checkpoints and RECURRENT states, pointer-aligned after the rest */
-        bytes = kvc__add(bytes, sizeof(void *) + (size_t)cc.checkpoints * (2 * sizeof(void *) +
-                                 (size_t)pool->cfg.n_layers), &of);
-        if (cc.kind == KVC_KIND_RECURRENT)
-            bytes = kvc__add(bytes, kvc__mul((size_t)cc.max_seqs, 3 * sizeof(int32_t), &of), &of);
-        if (of) return KVC_ERR_OVERFLOW;
-    }
+    /* checked: a wrapped size would be a small block written far past its end */
+    bytes = kvc__add(sizeof(kvc_cache) + 16, sizeof(uint32_t) * (size_t)pool->max_pages, &of);
+    bytes = kvc__add(bytes, (size_t)pool->cfg.n_layers, &of);
+    if (cc.kind == KVC_KIND_CAUSAL)
+        bytes = kvc__add(bytes, kvc__causal_bytes(pool, cc.capacity, cc.max_seqs, words, &of), &of);
+    /* checkpoints and RECURRENT states, pointer-aligned after the rest */
+    bytes = kvc__add(bytes, sizeof(void *) + (size_t)cc.checkpoints * (2 * sizeof(void *) +
+                             (size_t)pool->cfg.n_layers), &of);
+    if (cc.kind == KVC_KIND_RECURRENT)
+        bytes = kvc__add(bytes, kvc__mul((size_t)cc.max_seqs, 3 * sizeof(int32_t), &of), &of);
+    if (of) KVC__REFUSE(KVC_ERR_OVERFLOW, cc.kind == KVC_KIND_CAUSAL ? "capacity" : "kind");
+    plan->cc = cc;
+    plan->pages = pages;
+    plan->words = words;
+    plan->bytes = bytes;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field) {
+    kvc__cache_plan plan;
+    const char *name = NULL;
+    kvc_result r;
+    if (field != NULL) *field = NULL;
+    if (pool == NULL || cfg == NULL) return KVC_ERR_NULL;
+    /* the pool is not changed: counting what its trees could give back uses their
+       scratch and leaves it as it was (as kvc_radix_stats_get does) */
+    r = kvc__check_cache((kvc_pool *)pool, cfg, &plan, &name);
+    if (field != NULL && r != KVC_OK) *field = name;
+    return r;
+}
+
+KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
+    kvc_cache *c;
+    kvc_cache_config cc;
+    kvc__cache_plan plan;
+    const char *field;
+    kvc_result r;
+    size_t bytes;
+    int32_t pages, i, words;
+    unsigned char *cursor;
+    if (pool == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_cache(pool, cfg, &plan, &field)) != KVC_OK) return r;
+    cc = plan.cc;
+    pages = plan.pages;
+    words = plan.words;
+    bytes = plan.bytes;
     c = (kvc_cache *)kvc__alloc(pool, bytes);
     if (c == NULL) return KVC_ERR_NO_MEMORY;
     memset(c, 0, sizeof(*c));
@@ -2490,6 +2617,16 @@ KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, cons
 
 KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
     return kvc_begin_checkpoints(cache, n_tokens, NULL, 0);
+}
+
+KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens) {
+    int32_t expected;
+    if (cache == NULL) return KVC_ERR_NULL;
+    if (n_tokens < 1) return KVC_ERR_INVALID;
+    if (kvc__batch_open(cache)) return KVC_ERR_STATE;
+    expected = cache->cfg.kind == KVC_KIND_CAUSAL ? kvc__seq0_next(cache) : cache->offset;
+    if (pos != expected) return KVC_ERR_POSITION;
+    return kvc_begin(cache, n_tokens);
 }
 
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v) {
@@ -2809,12 +2946,19 @@ KVCDEF kvc_result kvc_begin_batch(kvc_cache *c, const kvc_batch *b) {
 }
 
 /* kvc_begin on a CAUSAL cache: sequence 0, after its last position. */
-static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n) {
-    kvc_batch b;
+/* Sequence 0's next position: one past the largest it holds, 0 when it holds none. */
+static int32_t kvc__seq0_next(const kvc_cache *c) {
     int32_t i, next = 0;
-    if (n > c->capacity) return KVC_ERR_FULL;
     for (i = KVC__MAX(c->seq_lo[0], 0); i < c->seq_hi[0]; ++i)
         if (kvc__cell_has(c, i, 0)) next = KVC__MAX(next, *kvc__cell_pos(c, i) + 1);
+    return next;
+}
+
+static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n) {
+    kvc_batch b;
+    int32_t i, next;
+    if (n > c->capacity) return KVC_ERR_FULL;
+    next = kvc__seq0_next(c);
     if (n > INT32_MAX - 1 - next) return KVC_ERR_RANGE;
     for (i = 0; i < n; ++i) { c->in_pos[i] = next + i; c->in_seq[i] = 0; }
     b.n_tokens = n;
@@ -3836,7 +3980,10 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
             *field = "groups.pool";
             return KVC_ERR_INVALID;
         }
-        if ((r = kvc__page_layout(&pc, &L)) != KVC_OK) { *field = "groups.pool"; return r; }
+        {
+            const char *inner;
+            if ((r = kvc__page_layout(&pc, &L, &inner)) != KVC_OK) { *field = "groups.pool"; return r; }
+        }
         if ((int)c->kind < (int)KVC_KIND_FULL || (int)c->kind > (int)KVC_KIND_RECURRENT ||
             recurrent != (p->state_floats > 0)) {
             *field = "groups.cache";

@@ -135,7 +135,7 @@ static int32_t offset_of(const kvc_cache *c) {
 static kvc_cache *make_cache(fixture *f, kvc_kind kind, int window, int sinks) {
     kvc_cache_config cc;
     kvc_cache *c = NULL;
-    cc.kind = kind;
+    kvc_cache_config_init(&cc, kind);
     cc.window = window;
     cc.sinks = sinks;
     TK_OK(kvc_cache_create(f->pool, &cc, &c));
@@ -162,7 +162,8 @@ static void test_results(void) {
         for (a = KVC_RESULT_MIN_; a <= 0; ++a)
             TK_CHECK(strcmp(kvc_strerror((kvc_result)a), "unknown kvc_result") != 0);
         TK_CHECK(strcmp(kvc_strerror((kvc_result)(KVC_RESULT_MIN_ - 1)), "unknown kvc_result") == 0);
-        TK_EQ(KVC_RESULT_MIN_, KVC_ERR_MISMATCH); /* the last entry of the list */
+        TK_EQ(KVC_RESULT_MIN_, KVC_ERR_RECURRENT); /* the last entry of the list */
+        TK_CHECK(strcmp(kvc_strerror(KVC_ERR_POSITION), "the engine's position is not the cache's offset") == 0);
     }
     {   /* every code has its own text */
         int a, b;
@@ -304,6 +305,183 @@ static void test_budget_for_tokens(void) {
 }
 
 static kvc_result causal_tokens(fixture *f, kvc_cache *x, int32_t seq, int32_t pos0, int32_t n);
+
+static void serial_for(void *user, int32_t n_tasks, kvc_task_fn fn, void *ctx) {
+    int32_t i;
+    (void)user;
+    for (i = 0; i < n_tasks; ++i) fn(ctx, i, 0);
+}
+
+/* kvc_pool_config_check names the field kvc_pool_create refuses, with its result. */
+static void test_pool_config_check(void) {
+    static unsigned char arena[1 << 20];
+    kvc_pool_config cfg, bad;
+    kvc_pool *p = NULL;
+    const char *field = "not touched";
+    int i;
+    fx_config(&cfg, 2, 2, 32, 32, 4, 4);
+    TK_RES(kvc_pool_config_check(NULL, &field), KVC_ERR_NULL);
+    TK_CHECK(field == NULL);
+    field = "not touched";
+    TK_OK(kvc_pool_config_check(&cfg, &field));
+    TK_CHECK(field == NULL);
+    TK_OK(kvc_pool_config_check(&cfg, NULL)); /* field may be NULL */
+    for (i = 0; i < 20; ++i) {
+        const char *want = NULL;
+        kvc_result res = KVC_ERR_INVALID;
+        bad = cfg;
+        switch (i) {
+        case 0: bad.n_layers = 0; want = "n_layers"; break;
+        case 1: bad.n_kv_heads = -1; want = "n_kv_heads"; break;
+        case 2: bad.head_dim_k = 0; want = "head_dim_k"; break;
+        case 3: bad.head_dim_v = -5; want = "head_dim_v"; break;
+        case 4: bad.page_cells = -3; want = "page_cells"; break;
+        case 5: bad.type_k = (kvc_type)42; want = "type_k"; break;
+        case 6: bad.type_v = KVC_TYPE_COUNT; want = "type_v"; break;
+        case 7: bad.type_k = KVC_TYPE_Q8_0; bad.head_dim_k = 48; want = "head_dim_k"; break;
+        case 8: bad.type_v = KVC_TYPE_Q4_0; bad.head_dim_v = 48; want = "head_dim_v"; break;
+        case 9: bad.budget_bytes = 10; want = "budget_bytes"; break;
+        case 10: bad.budget_bytes = 0; want = "budget_bytes"; break;
+        case 11: bad.allocator.free = kvc__default_free; want = "allocator"; break;
+        case 12: bad.arena_bytes = 100; want = "arena_bytes"; break;
+        case 13: bad.parallel_for = serial_for; bad.n_workers = 0; want = "n_workers"; break;
+        case 14:
+            bad.n_kv_heads = INT32_MAX; bad.head_dim_k = INT32_MAX; bad.head_dim_v = INT32_MAX;
+            res = KVC_ERR_OVERFLOW; want = "n_kv_heads"; break;
+        case 15: bad.arena = arena; bad.arena_bytes = 64; res = KVC_ERR_ARENA_TOO_SMALL; want = "arena_bytes"; break;
+        case 16: /* the first refused field in the order of the checks */
+            bad.n_layers = 0; bad.budget_bytes = 0; want = "n_layers"; break;
+        case 17: /* valid ones: the field stays NULL */
+            bad.type_k = KVC_TYPE_Q8_0; bad.type_v = KVC_TYPE_Q4_0;
+            TK_OK(kvc_pool_budget_for_tokens(&bad, 1, &bad.budget_bytes));
+            res = KVC_OK; break;
+        case 18: bad.parallel_for = serial_for; bad.n_workers = 1; res = KVC_OK; break;
+        default: bad.arena = arena; bad.arena_bytes = sizeof(arena); res = KVC_OK; break;
+        }
+        field = "not touched";
+        TK_RES(kvc_pool_config_check(&bad, &field), res);
+        if (want == NULL) TK_CHECK(field == NULL);
+        else TK_CHECK(field != NULL && strcmp(field, want) == 0);
+        if (field != NULL && want != NULL && strcmp(field, want) != 0)
+            fprintf(stderr, "case %d: field %s, wanted %s\n", i, field, want);
+        /* kvc_pool_create returns the same */
+        p = NULL;
+        TK_RES(kvc_pool_create(&bad, &p), res);
+        TK_CHECK((p != NULL) == (res == KVC_OK));
+        if (p) TK_OK(kvc_pool_destroy(p));
+    }
+}
+
+/* kvc_cache_config_check names the field kvc_cache_create refuses, with its result. */
+static void test_cache_config_check(void) {
+    fixture f;
+    kvc_cache_config cc, bad;
+    kvc_cache *c;
+    const char *field = "not touched";
+    int i;
+    fx_init(&f, KVC_TYPE_F32, KVC_TYPE_F32, 4, 8); /* 32 cells, head_dim_k 4 */
+    kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
+    cc.capacity = 16;
+    TK_RES(kvc_cache_config_check(NULL, &cc, &field), KVC_ERR_NULL);
+    TK_CHECK(field == NULL);
+    TK_RES(kvc_cache_config_check(f.pool, NULL, NULL), KVC_ERR_NULL);
+    for (i = 0; i < 22; ++i) {
+        const char *want = NULL;
+        kvc_result res = KVC_ERR_INVALID;
+        bad = cc;
+        switch (i) {
+        case 0: kvc_cache_config_init(&bad, KVC_KIND_FULL); bad.window = 3; want = "window"; break;
+        case 1: kvc_cache_config_init(&bad, KVC_KIND_FULL); bad.sinks = 1; want = "sinks"; break;
+        case 2: kvc_cache_config_init(&bad, KVC_KIND_ROTATING); want = "window"; break;
+        case 3: kvc_cache_config_init(&bad, KVC_KIND_ROTATING); bad.window = 4; bad.sinks = 4; want = "sinks"; break;
+        case 4: kvc_cache_config_init(&bad, KVC_KIND_ROTATING); bad.window = 4; bad.sinks = -1; want = "sinks"; break;
+        case 5: bad.kind = (kvc_kind)7; want = "kind"; break;
+        case 6: bad.capacity = 0; want = "capacity"; break;
+        case 7: bad.padding = -1; want = "padding"; break;
+        case 8: bad.max_seqs = -1; want = "max_seqs"; break;
+        case 9: bad.chunk = -1; want = "chunk"; break;
+        case 10: bad.window = -1; want = "window"; break;
+        case 11: bad.capacity = INT32_MAX; res = KVC_ERR_RANGE; want = "capacity"; break;
+        case 12: bad.rope.style = (kvc_rope_style)9; want = "rope.style"; break;
+        case 13: bad.rope.style = KVC_ROPE_NEOX; want = "rope.theta"; break;
+        case 14: bad.rope.style = KVC_ROPE_NEOX; bad.rope.theta = 10000; bad.rope.n_dims = 3; want = "rope.n_dims"; break;
+        case 15: bad.rope.style = KVC_ROPE_NEOX; bad.rope.theta = 10000; bad.rope.n_dims = 8; want = "rope.n_dims"; break;
+        case 16: bad.sinks = 1; want = "sinks"; break;
+        case 17: bad.capacity = 64; res = KVC_ERR_FULL; want = "capacity"; break; /* 32 cells in the pool */
+        case 18: res = KVC_OK; break;
+        case 19: kvc_cache_config_init(&bad, KVC_KIND_FULL); res = KVC_OK; break;
+        case 20: kvc_cache_config_init(&bad, KVC_KIND_ROTATING); bad.window = 4; bad.sinks = 3; res = KVC_OK; break;
+        default: bad.rope.style = KVC_ROPE_NEOX; bad.rope.theta = 10000; bad.rope.n_dims = 4; res = KVC_OK; break;
+        }
+        field = "not touched";
+        TK_RES(kvc_cache_config_check(f.pool, &bad, &field), res);
+        if (want == NULL) TK_CHECK(field == NULL);
+        else TK_CHECK(field != NULL && strcmp(field, want) == 0);
+        if (field != NULL && want != NULL && strcmp(field, want) != 0)
+            fprintf(stderr, "case %d: field %s, wanted %s\n", i, field, want);
+        c = NULL;
+        TK_RES(kvc_cache_create(f.pool, &bad, &c), res);
+        TK_CHECK((c != NULL) == (res == KVC_OK));
+        if (c) TK_OK(kvc_cache_destroy(c));
+        TK_EQ(pages_used(&f), 0);
+    }
+    fx_done(&f);
+}
+
+/* kvc_begin_at: the engine's position must be the cache's offset (CAUSAL: sequence 0's
+   next position); otherwise KVC_ERR_POSITION and nothing changes. */
+static void test_begin_at(void) {
+    fixture f;
+    kvc_cache *c, *r, *x;
+    kvc_cache_config cc;
+    fx_init(&f, KVC_TYPE_F32, KVC_TYPE_F32, 4, 16);
+    c = make_cache(&f, KVC_KIND_FULL, 0, 0);
+    TK_RES(kvc_begin_at(NULL, 0, 1), KVC_ERR_NULL);
+    TK_RES(kvc_begin_at(c, 0, 0), KVC_ERR_INVALID);
+    TK_RES(kvc_begin_at(c, 1, 1), KVC_ERR_POSITION);
+    TK_RES(kvc_begin_at(c, -1, 1), KVC_ERR_POSITION);
+    TK_EQ(offset_of(c), 0);
+    TK_EQ(pages_used(&f), 0);
+    TK_OK(kvc_begin_at(c, 0, 3));
+    TK_EQ(offset_of(c), 3);
+    TK_RES(kvc_begin_at(c, 3, 1), KVC_ERR_STATE); /* a batch is open */
+    TK_OK(kvc_cancel(c));
+    TK_OK(append(&f, c, 5));
+    TK_RES(kvc_begin_at(c, 4, 1), KVC_ERR_POSITION); /* the engine lost a token */
+    TK_RES(kvc_begin_at(c, 6, 1), KVC_ERR_POSITION); /* or counted one twice */
+    TK_EQ(offset_of(c), 5);
+    TK_EQ(pages_used(&f), 2);
+    TK_CHECK(view_range(&f, c, 0, 0, 5));
+    TK_OK(kvc_begin_at(c, 5, 4));
+    TK_EQ(offset_of(c), 9);
+    TK_OK(kvc_cancel(c));
+    TK_OK(kvc_cache_destroy(c));
+    /* ROTATING: the offset counts every token, evicted ones too */
+    r = make_cache(&f, KVC_KIND_ROTATING, 4, 0);
+    TK_OK(append(&f, r, 10));
+    TK_RES(kvc_begin_at(r, 4, 1), KVC_ERR_POSITION);
+    TK_OK(kvc_begin_at(r, 10, 1));
+    TK_EQ(offset_of(r), 11);
+    TK_OK(kvc_cancel(r));
+    TK_OK(kvc_cache_destroy(r));
+    /* CAUSAL: sequence 0's next position, whatever other sequences hold */
+    kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
+    cc.capacity = 32;
+    x = NULL;
+    TK_OK(kvc_cache_create(f.pool, &cc, &x));
+    TK_RES(kvc_begin_at(x, 1, 1), KVC_ERR_POSITION);
+    TK_OK(causal_tokens(&f, x, 1, 0, 8));
+    TK_OK(causal_tokens(&f, x, 0, 0, 5));
+    TK_RES(kvc_begin_at(x, 8, 1), KVC_ERR_POSITION);
+    TK_RES(kvc_begin_at(x, 4, 1), KVC_ERR_POSITION);
+    TK_EQ(offset_of(x), 13); /* cells in use: unchanged */
+    TK_OK(kvc_begin_at(x, 5, 2));
+    TK_EQ(offset_of(x), 15);
+    TK_OK(kvc_cancel(x));
+    TK_EQ(offset_of(x), 13);
+    TK_OK(kvc_cache_destroy(x));
+    fx_done(&f);
+}
 
 /* Arena mode: create, use and tear down everything without one allocator call. */
 static void test_arena(void) {
@@ -565,7 +743,17 @@ static void test_snapshot_full(void) {
     TK_CHECK(view_salted(&f, c, 8, 0, 12, 1));
     TK_EQ(pages_used(&f), used + 1); /* the shared tail page was copied, once */
     TK_RES(kvc_restore(c, s, 11), KVC_ERR_UNREACHABLE); /* beyond the snapshot */
-    TK_RES(kvc_restore(other, s, 10), KVC_ERR_FOREIGN);
+    /* another cache of the pool takes it too (as the MLX runner's snapshots do), but
+       needs the tokens before `from` itself: empty, it cannot reach 10 */
+    TK_RES(kvc_restore(other, s, 10), KVC_ERR_UNREACHABLE);
+    {
+        kvc_snapshot *whole = NULL;
+        TK_OK(kvc_snapshot_take(c, 0, &whole));
+        TK_OK(kvc_restore(other, whole, 12));
+        TK_CHECK(view_salted(&f, other, 8, 0, 12, 1));
+        TK_OK(kvc_snapshot_free(whole));
+        TK_OK(kvc_cache_clear(other));
+    }
     TK_OK(kvc_restore(c, s, 10));
     TK_CHECK(view_range(&f, c, 0, 0, 10)); /* the snapshot never changed */
     /* ... and the reverse: writing after the restore leaves the snapshot alone */
@@ -927,7 +1115,7 @@ static void test_errors(void) {
     before = fp_of(&f, c);
 
     /* cache creation */
-    cc.kind = KVC_KIND_ROTATING; cc.window = 0; cc.sinks = 0;
+    kvc_cache_config_init(&cc, KVC_KIND_ROTATING);
     TK_RES(kvc_cache_create(f.pool, &cc, &tmp), KVC_ERR_INVALID);
     cc.window = 4; cc.sinks = 4;
     TK_RES(kvc_cache_create(f.pool, &cc, &tmp), KVC_ERR_INVALID);
@@ -1099,7 +1287,7 @@ static int scenario(int *failed_cleanly) {
     } while (0)
     {
         kvc_cache_config cc;
-        cc.kind = KVC_KIND_FULL; cc.window = 0; cc.sinks = 0;
+        kvc_cache_config_init(&cc, KVC_KIND_FULL);
         STEP(kvc_cache_create(f.pool, &cc, &c));
     }
     STEP(append(&f, c, 5));
@@ -1373,6 +1561,9 @@ int main(int argc, char **argv) {
     test_results();
     test_pool_config();
     test_budget_for_tokens();
+    test_pool_config_check();
+    test_cache_config_check();
+    test_begin_at();
     test_arena();
     test_full_basic();
     test_rotating_concat_and_update();

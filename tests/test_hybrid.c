@@ -108,7 +108,7 @@ static void test_recurrent_basics(void) {
     kvc_snapshot *snap = NULL;
     kvc_pool_stats ps;
     float *st, kbuf[8], q[8], out[8];
-    int32_t off, n_pages;
+    int32_t off = -1, n_pages = -1;
     int ok;
     kvc_attention_desc a;
     kvc_cache_config_init(&cc, KVC_KIND_RECURRENT);
@@ -184,7 +184,7 @@ static void test_recurrent_basics(void) {
 }
 
 static void test_recurrent_checkpoints(void) {
-    int32_t tokens[24], i, at[3] = {4, 7, 10}, got[8], n = 0, off;
+    int32_t tokens[24], i, at[3] = {4, 7, 10}, got[8], n = 0, off = -1;
     kvc_pool *p = state_pool(3, 16);
     kvc_cache_config cc;
     kvc_cache *c = NULL, *f = NULL;
@@ -346,7 +346,7 @@ static void test_rotating_checkpoints(void) {
     kvc_cache_config cc;
     kvc_cache *c = NULL, *d = NULL;
     kvc_snapshot *s = NULL;
-    int32_t at[2] = {5, 9}, off, row = 4;
+    int32_t at[2] = {5, 9}, off = -1, row = 4;
     int can;
     kvc_pool_config_init(&pc);
     pc.n_layers = 1; pc.n_kv_heads = 1; pc.head_dim_k = pc.head_dim_v = 4; pc.page_cells = 2;
@@ -506,7 +506,7 @@ static void test_memory_config(void) {
 static void test_memory_ops(void) {
     kvc_memory_config mc;
     kvc_group_config g[2];
-    int32_t map[4], tokens[64], i, at[2] = {6, 10}, off, n_reused = 0;
+    int32_t map[4], tokens[64], i, at[2] = {6, 10}, off = -1, n_reused = 0;
     kvc_memory *m = NULL, *f = NULL;
     kvc_memory_snapshot *s = NULL;
     kvc_memory_stats st;
