@@ -122,7 +122,8 @@
     X(KVC_ERR_CORRUPT, -17, "saved data damaged: a checksum, length or value is wrong")  \
     X(KVC_ERR_TRUNCATED, -18, "saved data ends early")                                  \
     X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind") \
-    X(KVC_ERR_POSITION, -20, "the engine's position is not the cache's offset")
+    X(KVC_ERR_POSITION, -20, "the engine's position is not the cache's offset") \
+    X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there")
 
 /* The codes are 0, -1, -2, ... in the order of the list (test_core checks that each
    has its text), so the lowest is 1 - the number of entries: one +1 per entry. */
@@ -216,6 +217,10 @@ typedef struct kvc_pool_config {
     kvc_parallel_for_fn parallel_for; /* NULL: the library works on the calling thread */
     void *parallel_user;
     int32_t n_workers;                /* with parallel_for: how many worker ids it uses (>= 1) */
+    /* A state pool (for RECURRENT caches) when nonzero: a page holds one sequence's state
+       of every layer, state_floats f32 per layer. n_kv_heads and the head dims must be 0;
+       type_k, type_v and page_cells are not used (a page is one state). */
+    int32_t state_floats;
 } kvc_pool_config;
 
 typedef struct kvc_pool_stats {
@@ -269,8 +274,11 @@ KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *stats
 typedef enum kvc_kind {
     KVC_KIND_FULL = 0,     /* append-only, trim/rewind anywhere */
     KVC_KIND_ROTATING = 1, /* sliding window of `window` keys, `sinks` first tokens kept */
-    KVC_KIND_CAUSAL = 2    /* ollama's multi-sequence cell cache: fixed capacity, cells with
+    KVC_KIND_CAUSAL = 2,   /* ollama's multi-sequence cell cache: fixed capacity, cells with
                               a position and a set of sequences */
+    KVC_KIND_RECURRENT = 3 /* a fixed-size state per layer and sequence (convolution, state-space
+                              or delta-rule layers of hybrid models), on a state pool; it cannot
+                              be rewound, only restored to checkpoints and snapshots */
 } kvc_kind;
 
 /* RoPE used to re-rotate stored keys when kvc_seq_remove shifts positions. */
@@ -306,6 +314,9 @@ typedef struct kvc_cache_config {
     int32_t chunk;    /* chunked attention: a query sees only cells of its own chunk of
                          this many positions; 0 = none */
     kvc_rope rope;    /* how kvc_seq_remove re-rotates shifted keys */
+    /* ROTATING and RECURRENT: how many checkpoints (kvc_begin_checkpoints) the cache keeps,
+       the latest ones; 0 = 8. RECURRENT: max_seqs above is its number of sequences (0 = 1). */
+    int32_t checkpoints;
 } kvc_cache_config;
 
 typedef struct kvc_cache kvc_cache;
@@ -326,7 +337,8 @@ KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache);
 /* A new cache with the same contents, sharing every page (O(pages), no K/V copied). */
 KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out);
 KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache); /* offset 0, all pages released */
-/* FULL/ROTATING: tokens appended so far (the next position). CAUSAL: cells in use. */
+/* FULL/ROTATING: tokens appended so far (the next position). CAUSAL: cells in use.
+   RECURRENT: tokens sequence 0 has consumed. */
 KVCDEF kvc_result kvc_cache_offset(const kvc_cache *cache, int32_t *offset);
 /* Cells a kernel reads now: every cell the earliest query of the last batch may see
    (FULL: offset; ROTATING: at most sinks + window - 1 + last batch size). */
@@ -601,6 +613,149 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *cache, int32_t dst, kvc_namespace ns, 
 KVCDEF kvc_result kvc_radix_save(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                  const kvc_io *io);
 KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens);
+
+/* ---- Hybrid models: recurrent state, checkpoints, one memory over layer groups ----- */
+/* Models that mix layer kinds (sliding-window beside full attention: Gemma, gpt-oss,
+   Qwen3 variants; recurrent beside attention: LFM2, Qwen3-Next, Granite 4 H) keep each
+   kind of layer in its own cache: a kvc_memory groups them under one budget, and every
+   operation on it is all or nothing across the groups.
+
+   RECURRENT caches live on a state pool (kvc_pool_config.state_floats): per layer and
+   sequence a fixed-size f32 state that the engine updates in place. A state cannot be
+   rewound, so it goes back only to checkpoints (offsets named when a batch begins) and
+   snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_restore) or KVC_ERR_RECURRENT
+   (kvc_trim, kvc_seq_remove), with nothing changed. ROTATING caches keep checkpoints the
+   same way, which lets a wrapped window go back to them. */
+
+/* kvc_begin, naming offsets inside the batch (offset < at[i] <= offset + n_tokens,
+   increasing, at most cfg.checkpoints of them) to which the cache must be able to
+   return afterwards: kvc_trim, kvc_restore(cache, NULL, at), kvc_snapshot_take_at and
+   prefix reuse then reach them. FULL caches reach every offset anyway (accepted, nothing
+   kept); CAUSAL caches refuse checkpoints (KVC_ERR_UNSUPPORTED). RECURRENT: the engine
+   hands each layer's state at an offset inside the batch over with kvc_state_checkpoint
+   while it scans (the batch's end is taken from the live state); a checkpoint missing a
+   layer is not kept. ROTATING: the library keeps the window as it was at `at`. A cache
+   keeps its latest cfg.checkpoints checkpoints and drops those past a rewind. */
+KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at);
+/* RECURRENT, during a batch (kvc_begin or kvc_begin_batch): the live f32 state of
+   (seq, layer), state_floats values, to update in place for the batch's tokens of seq.
+   Asking for a layer counts as its kvc_put; the pointers stay writable until the next
+   call on this cache other than kvc_state and kvc_state_checkpoint. KVC_ERR_STATE when
+   no batch is open or seq is not in it. A new sequence's state is all zeros. */
+KVCDEF kvc_result kvc_state(kvc_cache *cache, int32_t seq, int32_t layer, float **state);
+/* RECURRENT, any time: the state of (seq, layer), read only; *state = NULL while the
+   sequence has consumed no token (all zeros). Valid until the cache changes. */
+KVCDEF kvc_result kvc_state_read(const kvc_cache *cache, int32_t seq, int32_t layer, const float **state);
+/* RECURRENT, during a batch named with kvc_begin_checkpoints: copy layer's state as it
+   is after `at` tokens (the engine's scan at that point) into the checkpoint `at`.
+   KVC_ERR_RANGE if the batch named no such checkpoint. */
+KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t at, const float *state);
+/* kvc_snapshot_take as it was after `at` tokens: FULL any at <= offset; ROTATING at the
+   offset, inside the last batch, or at a checkpoint; RECURRENT at the offset or a
+   checkpoint (else KVC_ERR_RECURRENT; ROTATING: KVC_ERR_UNREACHABLE). A ROTATING or
+   RECURRENT snapshot also carries the cache's checkpoints before `at`, which a restore
+   brings back. */
+KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out);
+/* Whether kvc_restore(cache, NULL, target) would succeed now (no batch open). */
+KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind);
+/* The offsets of the cache's checkpoints, oldest first; at may be NULL with max_at 0 to
+   count them; KVC_ERR_RANGE (with *n_at set) if max_at is too small. */
+KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
+
+/* A model memory: every model layer belongs to one group; a group is a pool of its own
+   shape (kv heads, head dims, storage types, page size; or state_floats) and one cache
+   of its policy (FULL, ROTATING with its window and sinks, CAUSAL, RECURRENT), and all
+   groups draw pages from one budget. Each group's pool reserves address space for the
+   whole budget from the allocator but only pages in use are touched; arena mode is not
+   offered for memories. */
+typedef struct kvc_memory kvc_memory;
+typedef struct kvc_memory_snapshot kvc_memory_snapshot;
+
+typedef struct kvc_group_config {
+    kvc_pool_config pool;   /* n_layers = the model layers in this group; shapes and types,
+                               or state_floats. budget_bytes, allocator, arena, hooks,
+                               parallel_for and cpu_disable stay 0: the memory's apply */
+    kvc_cache_config cache; /* the group's policy */
+} kvc_group_config;
+
+typedef struct kvc_memory_config {
+    int32_t n_layers;               /* the model's layers */
+    const int32_t *layer_group;     /* [n_layers] the group of each layer; a group's layers
+                                       are its layers 0, 1, ... in model order */
+    int32_t n_groups;               /* 1 .. KVC_MAX_GROUPS */
+    const kvc_group_config *groups; /* [n_groups] */
+    size_t budget_bytes;            /* one hard cap for every group's pages */
+    kvc_allocator allocator;
+    uint32_t cpu_disable;
+    kvc_parallel_for_fn parallel_for;
+    void *parallel_user;
+    int32_t n_workers;
+} kvc_memory_config;
+#define KVC_MAX_GROUPS 64
+
+typedef struct kvc_memory_stats {
+    size_t budget_bytes, bytes_used;
+    int32_t n_groups;
+    int32_t offset;                 /* tokens held (kvc_memory_offset) */
+    int32_t n_checkpoints;          /* offsets every group can return to (checkpoints) */
+    size_t checkpoint_bytes;        /* pages held only by checkpoints, all groups */
+} kvc_memory_stats;
+
+KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg); /* zeros */
+/* Validate a configuration without creating anything: KVC_OK, or the result
+   kvc_memory_create would give with *field (may be NULL) naming what is wrong, e.g.
+   "layer_group" (a layer maps to no group, or a group gets no layer), "groups.pool.n_layers"
+   (a group's layer count differs from the layers mapped to it), "groups.pool" (a memory
+   field set in a group, or an invalid shape), "groups.cache" (a policy its pool cannot
+   take), "budget_bytes" (too small for one page of every group and one state per
+   sequence of every RECURRENT group). */
+KVCDEF kvc_result kvc_memory_config_check(const kvc_memory_config *cfg, const char **field);
+KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out);
+/* Destroys the memory's caches; the pools go with the last memory (forks share them)
+   or memory snapshot that uses them. */
+KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem);
+/* The cache holding model layer `layer`, and that layer's index within it. */
+KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer);
+KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache);
+/* A batch of n_tokens in every group, with checkpoints as kvc_begin_checkpoints; all or
+   nothing: KVC_ERR_FULL when the groups' pages together exceed the budget. */
+KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int32_t *at, int32_t n_at);
+/* The per-layer calls by model layer: kvc_put, kvc_attention, kvc_state,
+   kvc_state_checkpoint on the layer's group. */
+KVCDEF kvc_result kvc_memory_put(kvc_memory *mem, int32_t layer, const float *k, const float *v);
+KVCDEF kvc_result kvc_memory_attention(const kvc_memory *mem, int32_t layer, const kvc_attention_desc *desc);
+KVCDEF kvc_result kvc_memory_state(kvc_memory *mem, int32_t layer, int32_t seq, float **state);
+KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, int32_t at, const float *state);
+KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem);
+/* Tokens the memory holds (every group agrees). */
+KVCDEF kvc_result kvc_memory_offset(const kvc_memory *mem, int32_t *offset);
+/* Whether every group can go back to target; the largest such target <= max_target. */
+KVCDEF kvc_result kvc_memory_can_rewind(const kvc_memory *mem, int32_t target, int *can_rewind);
+KVCDEF kvc_result kvc_memory_rewind_point(const kvc_memory *mem, int32_t max_target, int32_t *target);
+/* Drop the last n_tokens in every group; KVC_ERR_UNREACHABLE (nothing changed) unless
+   every group can go back there (RECURRENT and wrapped ROTATING groups: a checkpoint). */
+KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens);
+KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem);
+/* Snapshot of every group as after `at` tokens (kvc_snapshot_take_at per group);
+   *out = NULL when at <= from or at == 0. O(pages), nothing copied. */
+KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out);
+/* Bring every group to target from the snapshot (NULL: from the memory itself), all or
+   nothing. The snapshot restores into any memory sharing its pools (itself or a fork). */
+KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target);
+KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap); /* NULL is fine */
+/* A new memory on the same pools with the same contents, sharing every page. */
+KVCDEF kvc_result kvc_memory_fork(const kvc_memory *mem, kvc_memory **out);
+KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *stats);
+/* Single-entry prompt reuse (kvc_prefix) over the memory's groups: reuses up to the
+   longest offset every group can return to. The memory must outlive it. */
+KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out);
+/* The whole memory (no batch open) with your token ids, and back; a load replaces every
+   group or none (the groups are read into fresh pages first: the budget must hold them
+   beside the memory's current pages). */
+KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                  const kvc_io *io);
+KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                  int32_t max_tokens, int32_t *n_tokens);
 
 /* ================================================================================= */
 /* Advanced parts: views, CAUSAL multi-sequence calls, the pthread helper, CPU paths,
@@ -1471,6 +1626,12 @@ static void kvc__advise_huge_pages(void *block, size_t bytes) {
 struct kvc__kernels;
 static const struct kvc__kernels *kvc__pick_kernels(uint32_t features); /* Layer 6 */
 
+/* The bytes a pool's pages may take. A pool has its own; the pools of one model memory
+   (Layer 4b) point to one they share, so that their groups draw on one budget. */
+typedef struct kvc__budget {
+    size_t cap, used;
+} kvc__budget;
+
 struct kvc_pool {
     kvc_pool_config cfg;
     kvc_allocator alloc;     /* resolved: never NULL functions in allocator mode */
@@ -1495,6 +1656,8 @@ struct kvc_pool {
     kvc__rotate_fn rotate;   /* the RoPE shift's rotation */
     int external;            /* hooks.external_data: no K/V bytes here (slab unused) */
     const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
+    kvc__budget own_budget;
+    kvc__budget *budget;     /* &own_budget, or a model memory's shared one */
 };
 
 typedef struct kvc__layout {
@@ -1532,12 +1695,31 @@ static kvc_result kvc__check_config(const kvc_pool_config *c, const char **field
     return KVC_OK;
 }
 
+/* A state pool is a K/V pool in disguise: one cell per page, one "kv head" whose K row
+   is a layer's state (f32) and a V row of one float that nothing reads. So pages,
+   refcounts, copy-on-write, page events and persistence serve states unchanged. */
+static kvc_result kvc__effective_config(const kvc_pool_config *in, kvc_pool_config *out) {
+    *out = *in;
+    if (in->state_floats == 0) return KVC_OK;
+    if (in->state_floats < 0 || in->n_kv_heads != 0 || in->head_dim_k != 0 || in->head_dim_v != 0)
+        return KVC_ERR_INVALID;
+    out->n_kv_heads = 1;
+    out->head_dim_k = in->state_floats;
+    out->head_dim_v = 1;
+    out->type_k = out->type_v = KVC_TYPE_F32;
+    out->page_cells = 1;
+    return KVC_OK;
+}
+
 /* The page geometry alone (rows, page size): everything of the layout that does not
    depend on the budget. kvc_pool_page_bytes and kvc_pool_budget_for_tokens stop here. */
-static kvc_result kvc__page_layout(const kvc_pool_config *c, kvc__layout *L, const char **field) {
+static kvc_result kvc__page_layout(const kvc_pool_config *cin, kvc__layout *L, const char **field) {
     int of = 0;
     size_t per_page_layer;
-    kvc_result r = kvc__check_config(c, field);
+    kvc_pool_config eff, *c = &eff;
+    kvc_result r = kvc__effective_config(cin, &eff);
+    if (r != KVC_OK) { *field = "state_floats"; return r; }
+    r = kvc__check_config(c, field);
     if (r != KVC_OK) return r;
     memset(L, 0, sizeof(*L));
     L->page_cells = c->page_cells ? c->page_cells : KVC__DEFAULT_PAGE_CELLS;
@@ -1659,11 +1841,13 @@ static unsigned char *kvc__align_ptr(void *p, size_t a) {
 }
 
 /* Lay the pool struct and its arrays out in `meta`, the page storage at `slab`. */
-static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const kvc_pool_config *cfg,
+static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const kvc_pool_config *user_cfg,
                                 const kvc__layout *L) {
     kvc_pool *p = (kvc_pool *)meta;
     int32_t i;
     unsigned char *cursor = meta + ((sizeof(kvc_pool) + 15) & ~(size_t)15);
+    kvc_pool_config eff, *cfg = &eff;
+    (void)kvc__effective_config(user_cfg, &eff); /* checked by kvc__layout_for */
     memset(p, 0, sizeof(*p));
     p->cfg = *cfg;
     p->cfg.page_cells = L->page_cells;
@@ -1698,6 +1882,8 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     p->rotate = kvc__pick_rotate(p->cpu);
     p->external = cfg->hooks.external_data != 0;
     p->kern = kvc__pick_kernels(p->cpu);
+    p->own_budget.cap = (size_t)L->max_pages * L->page_bytes;
+    p->budget = &p->own_budget;
     return p;
 }
 
@@ -1776,13 +1962,14 @@ static void kvc__free(kvc_pool *p, void *ptr) {
     else p->alloc.free(ptr, p->alloc.user);
 }
 
-/* Page reference counting. Callers check n_free first, so acquire never fails. */
+/* Page reference counting. Callers check kvc__pages_free first, so acquire never fails. */
 static uint32_t kvc__page_acquire(kvc_pool *p) {
     uint32_t page;
-    KVCACHE_ASSERT(p->n_free > 0);
+    KVCACHE_ASSERT(p->n_free > 0 && p->budget->cap - p->budget->used >= p->page_bytes);
     page = p->free_pages[--p->n_free];
     KVCACHE_ASSERT(p->refcount[page] == 0);
     p->refcount[page] = 1;
+    p->budget->used += p->page_bytes;
     if (p->max_pages - p->n_free > p->pages_peak) p->pages_peak = p->max_pages - p->n_free;
     return page;
 }
@@ -1792,7 +1979,16 @@ static void kvc__page_retain(kvc_pool *p, uint32_t page) {
 }
 static void kvc__page_release(kvc_pool *p, uint32_t page) {
     KVCACHE_ASSERT(p->refcount[page] > 0);
-    if (--p->refcount[page] == 0) p->free_pages[p->n_free++] = page;
+    if (--p->refcount[page] == 0) {
+        p->free_pages[p->n_free++] = page;
+        p->budget->used -= p->page_bytes;
+    }
+}
+
+/* Pages that can be acquired now: free in the pool and within the budget it draws on. */
+static int32_t kvc__pages_free(const kvc_pool *p) {
+    size_t by_budget = (p->budget->cap - p->budget->used) / p->page_bytes;
+    return by_budget < (size_t)p->n_free ? (int32_t)by_budget : p->n_free;
 }
 
 static unsigned char *kvc__k_at(const kvc_pool *p, int32_t layer, uint32_t page, int32_t cell) {
@@ -1868,12 +2064,28 @@ struct kvc_cache {
     float *rope_cos, *rope_sin;          /* [head_dim_k] one shift's, laid out for kvc__rotate_fn */
     struct kvc__rnode *lease;            /* the prefix-tree entry this cache keeps in use */
     kvc_radix *lease_tree;
+    /* RECURRENT (Layer 3c): sequence s's state is page state_page[s] (KVC__NO_PAGE: all
+       zeros) after state_off[s] tokens; batch_has[s]: s is in the current batch */
+    uint32_t *state_page;
+    int32_t *state_off;
+    int32_t *batch_has;      /* [max_seqs] tokens of s in the current batch */
+    /* ROTATING and RECURRENT (Layer 4b): checkpoints, oldest first, and those the
+       current batch named (pend: filled while it runs, kept once it has ended) */
+    int32_t max_ckpt, n_ckpt, n_pend;
+    kvc_snapshot **ckpt;                 /* [max_ckpt] */
+    kvc_snapshot **pend;                 /* [max_ckpt] */
+    unsigned char *pend_done;            /* [max_ckpt][n_layers] RECURRENT: layers handed over */
+    int states_open;                     /* RECURRENT: kvc_state may still give the batch's states */
 };
 
 struct kvc_snapshot {
     kvc_pool *pool;
     uint32_t cache_id;
     kvc_kind kind;
+    int32_t window, sinks;   /* the configuration a cache must have to take it */
+    int counted;             /* in the pool's live_snapshots (not a cache's own checkpoint) */
+    struct kvc_snapshot *carried; /* ROTATING, RECURRENT: the cache's checkpoints before `to`,
+                                     which a restore brings back with it (a chain) */
     int32_t from, to;
     int32_t first_lpage;     /* FULL: logical page of pages[0]; ROTATING: the cache's */
     int32_t batch_begin;     /* ROTATING: the window anchor at snapshot time */
@@ -1920,9 +2132,9 @@ static kvc__ranges kvc__view(const kvc_cache *c) {
         lo = KVC__MAX(lo, (int64_t)s);
         r.b[1] = (int32_t)KVC__MIN(lo, (int64_t)c->offset);
         r.e[1] = c->offset;
-    } else {
+    } else if (c->cfg.kind == KVC_KIND_FULL) {
         r.e[1] = c->offset;
-    }
+    } /* RECURRENT: no cells */
     return r;
 }
 
@@ -2001,6 +2213,22 @@ static void kvc__rewind(kvc_cache *c, int32_t target) {
 
 static int kvc__batch_open(const kvc_cache *c) { return c->batch_pending > 0; }
 
+/* the RECURRENT kind and checkpoints (Layers 3c, 4b) */
+static int kvc__is_recurrent(const kvc_cache *c) { return c->cfg.kind == KVC_KIND_RECURRENT; }
+static int kvc__has_ckpts(const kvc_cache *c) {
+    return c->cfg.kind == KVC_KIND_ROTATING || c->cfg.kind == KVC_KIND_RECURRENT;
+}
+static void kvc__settle(kvc_cache *c);
+static void kvc__ckpt_drop_all(kvc_cache *c);
+static void kvc__ckpt_drop_after(kvc_cache *c, int32_t target);
+static void kvc__pend_drop(kvc_cache *c);
+static kvc_result kvc__ckpt_clone_all(const kvc_cache *src, kvc_cache *dst);
+static void kvc__states_release(kvc_cache *c);
+static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens);
+static kvc_result kvc__pend_alloc(kvc_cache *c, const int32_t *at, int32_t n_at, int32_t n_tokens);
+static int kvc__reachable(const kvc_cache *c, int32_t target);
+static void kvc__rewind_any(kvc_cache *c, int32_t target);
+static kvc_result kvc__recurrent_begin_batch(kvc_cache *c, const kvc_batch *b);
 /* the CAUSAL kind's parts of the common calls (Layer 3b) */
 static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n);
 static int32_t kvc__seq0_next(const kvc_cache *c);
@@ -2063,7 +2291,19 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
     int32_t pages = 0, words = 0;
     int of = 0;
     size_t bytes;
-    if (cc.kind == KVC_KIND_FULL) {
+    if ((cc.kind == KVC_KIND_RECURRENT) != (pool->cfg.state_floats > 0)) /* state pools */
+        KVC__REFUSE(KVC_ERR_INVALID, "kind");
+    if ((cc.kind == KVC_KIND_ROTATING || cc.kind == KVC_KIND_RECURRENT) &&
+        (cc.checkpoints < 0 || cc.checkpoints > 4096))
+        KVC__REFUSE(KVC_ERR_INVALID, "checkpoints");
+    if (cc.kind == KVC_KIND_RECURRENT) {
+        if (cc.window != 0) KVC__REFUSE(KVC_ERR_INVALID, "window");
+        if (cc.sinks != 0) KVC__REFUSE(KVC_ERR_INVALID, "sinks");
+        if (cc.capacity != 0 || cc.padding != 0 || cc.chunk != 0) KVC__REFUSE(KVC_ERR_INVALID, "capacity");
+        if (cc.max_seqs < 0 || cc.max_seqs > (1 << 20)) KVC__REFUSE(KVC_ERR_INVALID, "max_seqs");
+        if (cc.max_seqs == 0) cc.max_seqs = 1;
+        if (cc.max_seqs > pool->max_pages) KVC__REFUSE(KVC_ERR_FULL, "max_seqs"); /* a state per sequence */
+    } else if (cc.kind == KVC_KIND_FULL) {
         if (cc.window != 0) KVC__REFUSE(KVC_ERR_INVALID, "window");
         if (cc.sinks != 0) KVC__REFUSE(KVC_ERR_INVALID, "sinks");
     } else if (cc.kind == KVC_KIND_ROTATING) {
@@ -2085,13 +2325,24 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
     }
     if (cc.kind != KVC_KIND_CAUSAL) { /* the causal-only fields mean nothing here */
         memset(&cc.rope, 0, sizeof(cc.rope));
-        cc.capacity = cc.padding = cc.max_seqs = cc.chunk = 0;
+        cc.capacity = cc.padding = cc.chunk = 0;
+        if (cc.kind != KVC_KIND_RECURRENT) cc.max_seqs = 0;
+    }
+    if (cc.kind == KVC_KIND_ROTATING || cc.kind == KVC_KIND_RECURRENT) {
+        if (cc.checkpoints == 0) cc.checkpoints = 8;
+    } else {
+        cc.checkpoints = 0;
     }
     /* checked: a wrapped size would be a small block written far past its end */
     bytes = kvc__add(sizeof(kvc_cache) + 16, sizeof(uint32_t) * (size_t)pool->max_pages, &of);
     bytes = kvc__add(bytes, (size_t)pool->cfg.n_layers, &of);
     if (cc.kind == KVC_KIND_CAUSAL)
         bytes = kvc__add(bytes, kvc__causal_bytes(pool, cc.capacity, cc.max_seqs, words, &of), &of);
+    /* checkpoints and RECURRENT states, pointer-aligned after the rest */
+    bytes = kvc__add(bytes, sizeof(void *) + (size_t)cc.checkpoints * (2 * sizeof(void *) +
+                             (size_t)pool->cfg.n_layers), &of);
+    if (cc.kind == KVC_KIND_RECURRENT)
+        bytes = kvc__add(bytes, kvc__mul((size_t)cc.max_seqs, 3 * sizeof(int32_t), &of), &of);
     if (of) KVC__REFUSE(KVC_ERR_OVERFLOW, cc.kind == KVC_KIND_CAUSAL ? "capacity" : "kind");
     plan->cc = cc;
     plan->pages = pages;
@@ -2173,6 +2424,19 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         c->n_pages = pages;
     }
     c->batch_put = cursor;
+    cursor = kvc__align_ptr(cursor + pool->cfg.n_layers, sizeof(void *));
+    c->max_ckpt = cc.checkpoints;
+    c->ckpt = (kvc_snapshot **)(void *)cursor;
+    c->pend = c->ckpt + cc.checkpoints;
+    cursor = (unsigned char *)(c->pend + cc.checkpoints);
+    if (cc.kind == KVC_KIND_RECURRENT) {
+        c->state_page = (uint32_t *)(void *)cursor;
+        c->state_off = (int32_t *)(c->state_page + cc.max_seqs);
+        c->batch_has = c->state_off + cc.max_seqs;
+        cursor = (unsigned char *)(c->batch_has + cc.max_seqs);
+        for (i = 0; i < cc.max_seqs; ++i) { c->state_page[i] = KVC__NO_PAGE; c->state_off[i] = c->batch_has[i] = 0; }
+    }
+    c->pend_done = cursor;
     /* in 64 bits: sinks + page_cells - 1 overflows int32 for sinks near INT32_MAX */
     c->n_sink_pages = cc.kind == KVC_KIND_ROTATING
                           ? (int32_t)(((int64_t)cc.sinks + pool->page_cells - 1) / pool->page_cells) : 0;
@@ -2187,6 +2451,9 @@ KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
     p = cache->pool;
     kvc__lease_drop(cache);
+    kvc__pend_drop(cache);
+    kvc__ckpt_drop_all(cache);
+    kvc__states_release(cache);
     kvc__rewind(cache, 0);
     p->live_caches--;
     kvc__free(p, cache);
@@ -2200,8 +2467,15 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE;
+    kvc__settle((kvc_cache *)cache); /* the ended batch's checkpoints: no visible change */
     r = kvc_cache_create(cache->pool, &cache->cfg, &c);
     if (r != KVC_OK) return r;
+    if ((r = kvc__ckpt_clone_all(cache, c)) != KVC_OK) { kvc_cache_destroy(c); return r; }
+    for (i = 0; kvc__is_recurrent(cache) && i < cache->cfg.max_seqs; ++i) {
+        c->state_page[i] = cache->state_page[i];
+        c->state_off[i] = cache->state_off[i];
+        if (c->state_page[i] != KVC__NO_PAGE) kvc__page_retain(cache->pool, c->state_page[i]);
+    }
     for (i = 0; i < cache->n_pages; ++i) {
         kvc__page_retain(cache->pool, cache->pages[i]);
         c->pages[i] = cache->pages[i];
@@ -2217,6 +2491,9 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
 KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
     kvc__lease_drop(cache);
+    kvc__pend_drop(cache);
+    kvc__ckpt_drop_all(cache);
+    kvc__states_release(cache);
     if (cache->cfg.kind == KVC_KIND_CAUSAL) kvc__causal_clear(cache);
     else kvc__rewind(cache, 0);
     return KVC_OK;
@@ -2237,8 +2514,11 @@ KVCDEF kvc_result kvc_cache_cells(const kvc_cache *cache, int32_t *n_cells) {
 }
 
 KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages) {
+    int32_t s;
     if (cache == NULL || n_pages == NULL) return KVC_ERR_NULL;
     *n_pages = cache->n_pages;
+    for (s = 0; cache->cfg.kind == KVC_KIND_RECURRENT && s < cache->cfg.max_seqs; ++s)
+        *n_pages += cache->state_page[s] != KVC__NO_PAGE;
     return KVC_OK;
 }
 
@@ -2288,17 +2568,13 @@ static int kvc__tail_shared(const kvc_cache *c, int32_t o) {
     return idx >= 0 && c->pool->refcount[c->pages[idx]] > 1;
 }
 
-KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
+/* FULL and ROTATING: cells for n_tokens new tokens (checked by the caller). */
+static kvc_result kvc__begin_kv(kvc_cache *cache, int32_t n_tokens) {
     kvc_pool *p;
     int32_t o, e, pc, first_new, last, n_new, n_dead, freed, lp, t;
-    if (cache == NULL) return KVC_ERR_NULL;
-    if (n_tokens < 1) return KVC_ERR_INVALID;
-    if (kvc__batch_open(cache)) return KVC_ERR_STATE;
-    if (cache->cfg.kind == KVC_KIND_CAUSAL) return kvc__begin_seq0(cache, n_tokens);
     p = cache->pool;
     pc = p->page_cells;
     o = cache->offset;
-    if (n_tokens > INT32_MAX - o) return KVC_ERR_RANGE;
     e = o + n_tokens;
     first_new = (int32_t)(((int64_t)o + pc - 1) / pc);
     last = (e - 1) / pc;
@@ -2320,6 +2596,29 @@ KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
     return KVC_OK;
 }
 
+KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
+    int32_t i, o;
+    kvc_result r;
+    if (cache == NULL || (at == NULL && n_at > 0)) return KVC_ERR_NULL;
+    if (n_tokens < 1 || n_at < 0) return KVC_ERR_INVALID;
+    if (kvc__batch_open(cache)) return KVC_ERR_STATE;
+    if (cache->cfg.kind == KVC_KIND_CAUSAL) return n_at > 0 ? KVC_ERR_UNSUPPORTED : kvc__begin_seq0(cache, n_tokens);
+    o = cache->offset;
+    if (n_tokens > INT32_MAX - o) return KVC_ERR_RANGE;
+    if (kvc__has_ckpts(cache) && n_at > cache->max_ckpt) return KVC_ERR_RANGE;
+    for (i = 0; i < n_at; ++i) /* inside the batch, in order */
+        if (at[i] <= (i > 0 ? at[i - 1] : o) || at[i] > o + n_tokens) return KVC_ERR_RANGE;
+    kvc__settle(cache);
+    if (kvc__has_ckpts(cache) && (r = kvc__pend_alloc(cache, at, n_at, n_tokens)) != KVC_OK) return r;
+    r = kvc__is_recurrent(cache) ? kvc__recurrent_begin(cache, n_tokens) : kvc__begin_kv(cache, n_tokens);
+    if (r != KVC_OK) kvc__pend_drop(cache);
+    return r;
+}
+
+KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
+    return kvc_begin_checkpoints(cache, n_tokens, NULL, 0);
+}
+
 KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens) {
     int32_t expected;
     if (cache == NULL) return KVC_ERR_NULL;
@@ -2335,6 +2634,7 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
     const kvc__type_info *tk, *tv;
     int32_t t, pc, nk, nv;
     if (cache == NULL) return KVC_ERR_NULL;
+    if (kvc__is_recurrent(cache)) return KVC_ERR_UNSUPPORTED; /* kvc_state */
     p = cache->pool;
     if (p->external ? (k != NULL || v != NULL) : (k == NULL || v == NULL))
         return p->external ? KVC_ERR_INVALID : KVC_ERR_NULL; /* external: the backend wrote it */
@@ -2364,6 +2664,18 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
     if (!kvc__batch_open(cache)) return KVC_ERR_STATE;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) { kvc__causal_cancel(cache); return KVC_OK; }
+    if (kvc__is_recurrent(cache)) {
+        int32_t s;
+        /* a state handed out may have been updated in place: there is no way back */
+        if (cache->batch_pending < cache->pool->cfg.n_layers) return KVC_ERR_RECURRENT;
+        for (s = 0; s < cache->cfg.max_seqs; ++s) { cache->state_off[s] -= cache->batch_has[s]; cache->batch_has[s] = 0; }
+        cache->offset = cache->state_off[0];
+        cache->batch_pending = 0;
+        cache->states_open = 0;
+        kvc__pend_drop(cache);
+        return KVC_OK;
+    }
+    kvc__pend_drop(cache);
     /* keep batch_begin: the window kvc_begin kept is exactly the one it anchors */
     kvc__rewind_to(cache, cache->batch_begin, cache->batch_begin);
     return KVC_OK;
@@ -2377,7 +2689,7 @@ static int kvc__wrapped(const kvc_cache *c) {
 }
 
 static int kvc__can_trim(const kvc_cache *c) {
-    if (c->cfg.kind == KVC_KIND_CAUSAL) return 0; /* use kvc_seq_remove */
+    if (c->cfg.kind == KVC_KIND_CAUSAL || c->cfg.kind == KVC_KIND_RECURRENT) return 0; /* see kvc_can_rewind */
     return c->cfg.kind != KVC_KIND_ROTATING || !kvc__wrapped(c);
 }
 
@@ -2392,8 +2704,9 @@ KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
-    if (!kvc__can_trim(cache)) return KVC_ERR_UNSUPPORTED;
-    kvc__rewind(cache, cache->offset - n_tokens);
+    if (!kvc__reachable(cache, cache->offset - n_tokens))
+        return kvc__is_recurrent(cache) ? KVC_ERR_RECURRENT : KVC_ERR_UNSUPPORTED;
+    kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;
 }
 
@@ -2594,6 +2907,7 @@ KVCDEF kvc_result kvc_begin_batch(kvc_cache *c, const kvc_batch *b) {
     int32_t i, loc, pad, lo = INT32_MAX, hi = 0;
     kvc_result r;
     if (c == NULL || b == NULL) return KVC_ERR_NULL;
+    if (kvc__is_recurrent(c)) return kvc__batch_open(c) ? KVC_ERR_STATE : kvc__recurrent_begin_batch(c, b);
     if (!kvc__is_causal(c)) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(c)) return KVC_ERR_STATE;
     r = kvc__check_batch(c, b);
@@ -2838,66 +3152,265 @@ KVCDEF kvc_result kvc_seq_can_resume(const kvc_cache *c, int32_t seq, int32_t po
     return KVC_OK;
 }
 
+/* ---- Layer 3c: the RECURRENT kind -----------------------------------------------------
+   A state pool's page is one sequence's state of every layer (Layer 1b: the K row of
+   its only cell). Sequence s's state is page state_page[s] after state_off[s] tokens;
+   KVC__NO_PAGE means all zeros (nothing consumed since create or clear). A batch makes
+   each of its sequences' pages private -- a fresh zeroed page, or a copy of the page a
+   snapshot or checkpoint shares -- so that the engine updates the states in place. A
+   state cannot be rewound: it goes back only to checkpoints and snapshots (Layer 4b). */
+
+static float *kvc__state_at(const kvc_pool *p, uint32_t page, int32_t layer) {
+    return (float *)(void *)kvc__k_at(p, layer, page, 0);
+}
+
+static void kvc__state_zero(kvc_pool *p, uint32_t page) {
+    int32_t l;
+    kvc__page_event(p, KVC_PAGE_ZERO, page, 0, 1, 0, 0);
+    for (l = 0; l < p->cfg.n_layers && !p->external; ++l) {
+        memset(kvc__k_at(p, l, page, 0), 0, p->k_row);
+        memset(kvc__v_at(p, l, page, 0), 0, p->v_row);
+    }
+}
+
+/* 1 if sequence s needs a page before it can be written: it has none, or shares it */
+static int32_t kvc__state_need(const kvc_cache *c, int32_t s) {
+    uint32_t pg = c->state_page[s];
+    return pg == KVC__NO_PAGE || c->pool->refcount[pg] > 1;
+}
+
+static void kvc__state_own(kvc_cache *c, int32_t s) {
+    kvc_pool *p = c->pool;
+    uint32_t pg = c->state_page[s], fresh;
+    if (!kvc__state_need(c, s)) return;
+    fresh = kvc__page_acquire(p);
+    if (pg == KVC__NO_PAGE) {
+        kvc__state_zero(p, fresh);
+    } else {
+        kvc__page_copy_cells(p, fresh, pg, 0, 1);
+        kvc__page_release(p, pg);
+    }
+    c->state_page[s] = fresh;
+}
+
+static void kvc__states_release(kvc_cache *c) {
+    int32_t s;
+    if (!kvc__is_recurrent(c)) return;
+    for (s = 0; s < c->cfg.max_seqs; ++s) {
+        if (c->state_page[s] != KVC__NO_PAGE) kvc__page_release(c->pool, c->state_page[s]);
+        c->state_page[s] = KVC__NO_PAGE;
+        c->state_off[s] = c->batch_has[s] = 0;
+    }
+    c->offset = c->batch_begin = c->batch_pending = 0;
+    c->states_open = 0;
+}
+
+/* The batch is open: the engine's kvc_state calls count as its puts. */
+static void kvc__states_opened(kvc_cache *c) {
+    c->batch_pending = c->pool->cfg.n_layers;
+    memset(c->batch_put, 0, (size_t)c->pool->cfg.n_layers);
+    c->states_open = 1;
+}
+
+/* kvc_begin(_checkpoints) on sequence 0; c->pend holds the checkpoints the batch named. */
+static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens) {
+    kvc_pool *p = c->pool;
+    int32_t i, end = c->state_off[0] + n_tokens, inside = 0;
+    for (i = 0; i < c->n_pend; ++i) inside += c->pend[i]->to < end;
+    if (!kvc__reclaim(p, (int64_t)kvc__state_need(c, 0) + inside)) return KVC_ERR_FULL;
+    kvc__state_own(c, 0);
+    for (i = 0; i < c->n_pend; ++i) /* the engine hands these over while it scans */
+        if (c->pend[i]->to < end) {
+            c->pend[i]->pages[0] = kvc__page_acquire(p);
+            c->pend[i]->n_pages = 1;
+        }
+    memset(c->pend_done, 0, (size_t)c->n_pend * (size_t)p->cfg.n_layers);
+    memset(c->batch_has, 0, sizeof(int32_t) * (size_t)c->cfg.max_seqs);
+    c->batch_has[0] = n_tokens;
+    c->batch_begin = c->state_off[0];
+    c->state_off[0] = c->offset = end;
+    kvc__states_opened(c);
+    return KVC_OK;
+}
+
+/* kvc_begin_batch: each sequence continues at its own offset (pos must say so). */
+static kvc_result kvc__recurrent_begin_batch(kvc_cache *c, const kvc_batch *b) {
+    int32_t i, s, need = 0;
+    if (b->n_tokens < 1) return KVC_ERR_INVALID;
+    if (b->pos == NULL || b->seq == NULL) return KVC_ERR_NULL;
+    kvc__settle(c);
+    for (i = 0; i < b->n_tokens; ++i)
+        if (b->seq[i] < 0 || b->seq[i] >= c->cfg.max_seqs) return KVC_ERR_RANGE;
+    memset(c->batch_has, 0, sizeof(int32_t) * (size_t)c->cfg.max_seqs);
+    for (i = 0; i < b->n_tokens; ++i) { /* consecutive positions from where each sequence is */
+        s = b->seq[i];
+        if ((int64_t)b->pos[i] != (int64_t)c->state_off[s] + c->batch_has[s] || b->pos[i] == INT32_MAX) {
+            memset(c->batch_has, 0, sizeof(int32_t) * (size_t)c->cfg.max_seqs);
+            return KVC_ERR_RANGE;
+        }
+        c->batch_has[s]++;
+    }
+    for (s = 0; s < c->cfg.max_seqs; ++s) need += c->batch_has[s] > 0 && kvc__state_need(c, s);
+    if (!kvc__reclaim(c->pool, need)) {
+        memset(c->batch_has, 0, sizeof(int32_t) * (size_t)c->cfg.max_seqs);
+        return KVC_ERR_FULL;
+    }
+    for (s = 0; s < c->cfg.max_seqs; ++s)
+        if (c->batch_has[s] > 0) {
+            kvc__state_own(c, s);
+            c->state_off[s] += c->batch_has[s];
+        }
+    c->batch_begin = c->state_off[0] - c->batch_has[0];
+    c->offset = c->state_off[0];
+    kvc__states_opened(c);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_state(kvc_cache *cache, int32_t seq, int32_t layer, float **state) {
+    if (cache == NULL || state == NULL) return KVC_ERR_NULL;
+    if (!kvc__is_recurrent(cache)) return KVC_ERR_UNSUPPORTED;
+    if (seq < 0 || seq >= cache->cfg.max_seqs || layer < 0 || layer >= cache->pool->cfg.n_layers)
+        return KVC_ERR_RANGE;
+    if (!cache->states_open || cache->batch_has[seq] == 0) return KVC_ERR_STATE;
+    if (!cache->batch_put[layer]) {
+        cache->batch_put[layer] = 1;
+        cache->batch_pending--;
+    }
+    *state = kvc__state_at(cache->pool, cache->state_page[seq], layer);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_state_read(const kvc_cache *cache, int32_t seq, int32_t layer, const float **state) {
+    if (cache == NULL || state == NULL) return KVC_ERR_NULL;
+    if (!kvc__is_recurrent(cache)) return KVC_ERR_UNSUPPORTED;
+    if (seq < 0 || seq >= cache->cfg.max_seqs || layer < 0 || layer >= cache->pool->cfg.n_layers)
+        return KVC_ERR_RANGE;
+    *state = cache->state_page[seq] == KVC__NO_PAGE ? NULL : kvc__state_at(cache->pool, cache->state_page[seq], layer);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t at, const float *state) {
+    int32_t i;
+    kvc_pool *p;
+    if (cache == NULL || state == NULL) return KVC_ERR_NULL;
+    if (!kvc__is_recurrent(cache)) return KVC_ERR_UNSUPPORTED;
+    p = cache->pool;
+    if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
+    if (!cache->states_open || cache->batch_has[0] == 0) return KVC_ERR_STATE;
+    for (i = 0; i < cache->n_pend && cache->pend[i]->to != at; ++i) {}
+    if (i == cache->n_pend) return KVC_ERR_RANGE; /* not a checkpoint this batch named */
+    if (at == cache->offset) return KVC_OK;     /* the batch's end: taken from the live state */
+    memcpy(kvc__state_at(p, cache->pend[i]->pages[0], layer), state, (size_t)p->cfg.head_dim_k * sizeof(float));
+    cache->pend_done[(size_t)i * (size_t)p->cfg.n_layers + (size_t)layer] = 1;
+    return KVC_OK;
+}
+
 /* ---- Layer 4: snapshots ------------------------------------------------------------- */
 
-static kvc_snapshot *kvc__snapshot_alloc(kvc_pool *p, int32_t n_pages) {
+static kvc_snapshot *kvc__snapshot_alloc(kvc_pool *p, int32_t n_pages, int counted) {
     kvc_snapshot *s = (kvc_snapshot *)kvc__alloc(p, sizeof(kvc_snapshot) + sizeof(uint32_t) * (size_t)KVC__MAX(n_pages, 1));
     if (s == NULL) return NULL;
     memset(s, 0, sizeof(*s));
     s->pool = p;
     s->pages = (uint32_t *)(s + 1);
     s->n_pages = n_pages;
-    p->live_snapshots++;
+    s->counted = counted;
+    p->live_snapshots += counted;
     return s;
 }
 
 /* Free the struct only; the caller has dealt with the page references. */
 static void kvc__snapshot_drop(kvc_snapshot *s) {
-    s->pool->live_snapshots--;
+    s->pool->live_snapshots -= s->counted;
     kvc__free(s->pool, s);
 }
 
-static kvc_result kvc__check_snapshot(const kvc_cache *c, const kvc_snapshot *s) {
-    return (s->pool == c->pool && s->cache_id == c->id && s->kind == c->cfg.kind) ? KVC_OK : KVC_ERR_FOREIGN;
+static void kvc__snapshot_release(kvc_snapshot *s) {
+    while (s != NULL) {
+        kvc_snapshot *next = s->carried;
+        int32_t i;
+        for (i = 0; i < s->n_pages; ++i) kvc__page_release(s->pool, s->pages[i]);
+        kvc__snapshot_drop(s);
+        s = next;
+    }
 }
 
-KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out) {
+/* A snapshot restores into any cache of its pool with the same kind and window (the
+   MLX runner's snapshots are not tied to the cache that took them either). */
+static kvc_result kvc__check_snapshot(const kvc_cache *c, const kvc_snapshot *s) {
+    return (s->pool == c->pool && s->kind == c->cfg.kind && s->window == c->cfg.window &&
+            s->sinks == c->cfg.sinks) ? KVC_OK : KVC_ERR_FOREIGN;
+}
+
+static int32_t kvc__ckpt_find(const kvc_cache *c, int32_t at);
+static kvc_snapshot *kvc__snapshot_clone(const kvc_snapshot *src, int counted);
+static void kvc__rotating_fill(const kvc_cache *c, int32_t at, kvc_snapshot *s);
+static kvc_result kvc__ckpt_chain(const kvc_cache *src, int32_t before, kvc_snapshot **chain);
+static kvc_result kvc__chain_clone(const kvc_snapshot *first, int32_t max_to, kvc_snapshot **chain);
+static void kvc__restore_recurrent(kvc_cache *c, const kvc_snapshot *s);
+static void kvc__ckpt_install(kvc_cache *c, kvc_snapshot *chain);
+
+KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out) {
     kvc_snapshot *s;
-    int32_t i, first, n, pc;
+    int32_t i, first = 0, n, pc, k = -1;
+    kvc_result r;
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED; /* kvc_seq_snapshot */
     if (kvc__batch_open(cache)) return KVC_ERR_STATE;
-    if (cache->offset <= from || cache->offset == 0) { *out = NULL; return KVC_OK; } /* nothing to hold */
+    if (at < 0 || at > cache->offset) return KVC_ERR_RANGE;
+    kvc__settle(cache);
+    if (at <= from || at == 0) { *out = NULL; return KVC_OK; } /* nothing to hold */
     pc = cache->pool->page_cells;
-    if (cache->cfg.kind == KVC_KIND_ROTATING) { /* the whole window: every page held */
-        first = 0;
-        n = cache->n_pages;
-    } else {
+    if (cache->cfg.kind == KVC_KIND_FULL) {
         from = KVC__MAX(from, 0);
         first = from / pc;
-        n = (cache->offset - 1) / pc - first + 1;
+        n = (at - 1) / pc - first + 1;
+    } else if (at == cache->offset) { /* the whole window, or the live state */
+        n = kvc__is_recurrent(cache) ? 1 : cache->n_pages;
+    } else if (cache->cfg.kind == KVC_KIND_ROTATING && at > cache->batch_begin) {
+        n = cache->n_pages; /* inside the last batch: the window is still held */
+    } else if ((k = kvc__ckpt_find(cache, at)) >= 0) {
+        n = cache->ckpt[k]->n_pages;
+    } else {
+        return kvc__is_recurrent(cache) ? KVC_ERR_RECURRENT : KVC_ERR_UNREACHABLE;
     }
-    s = kvc__snapshot_alloc(cache->pool, n);
+    s = k >= 0 ? kvc__snapshot_clone(cache->ckpt[k], 1) : kvc__snapshot_alloc(cache->pool, n, 1);
     if (s == NULL) return KVC_ERR_NO_MEMORY;
+    if (kvc__has_ckpts(cache) && (r = kvc__ckpt_chain(cache, at, &s->carried)) != KVC_OK) {
+        kvc__snapshot_release(s);
+        return r;
+    }
     s->cache_id = cache->id;
     s->kind = cache->cfg.kind;
-    s->from = from;
-    s->to = cache->offset;
-    s->first_lpage = cache->cfg.kind == KVC_KIND_ROTATING ? cache->first_lpage : first;
-    s->batch_begin = cache->batch_begin;
-    for (i = 0; i < n; ++i) {
-        s->pages[i] = cache->pages[first + i];
-        kvc__page_retain(cache->pool, s->pages[i]);
+    s->window = cache->cfg.window;
+    s->sinks = cache->cfg.sinks;
+    s->from = kvc__is_recurrent(cache) ? at : from;
+    if (k >= 0) { *out = s; return KVC_OK; }
+    s->to = at;
+    if (cache->cfg.kind == KVC_KIND_ROTATING) {
+        kvc__rotating_fill(cache, at, s);
+    } else if (kvc__is_recurrent(cache)) {
+        s->pages[0] = cache->state_page[0];
+        kvc__page_retain(cache->pool, s->pages[0]);
+    } else {
+        s->first_lpage = first;
+        s->batch_begin = cache->batch_begin;
+        for (i = 0; i < n; ++i) {
+            s->pages[i] = cache->pages[first + i];
+            kvc__page_retain(cache->pool, s->pages[i]);
+        }
     }
     *out = s;
     return KVC_OK;
 }
 
+KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out) {
+    if (cache == NULL || out == NULL) return KVC_ERR_NULL;
+    return kvc_snapshot_take_at(cache, from, cache->offset, out);
+}
+
 KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap) {
-    int32_t i;
-    if (snap == NULL) return KVC_OK;
-    for (i = 0; i < snap->n_pages; ++i) kvc__page_release(snap->pool, snap->pages[i]);
-    kvc__snapshot_drop(snap);
+    kvc__snapshot_release(snap);
     return KVC_OK;
 }
 
@@ -2958,29 +3471,34 @@ static void kvc__restore_rotating(kvc_cache *c, const kvc_snapshot *s, int32_t t
 }
 
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
-    int rotating;
+    kvc_snapshot *chain = NULL;
+    kvc_result r;
     if (cache == NULL) return KVC_ERR_NULL;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED; /* kvc_seq_restore */
     if (snap != NULL && kvc__check_snapshot(cache, snap) != KVC_OK) return KVC_ERR_FOREIGN;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
-    rotating = cache->cfg.kind == KVC_KIND_ROTATING;
     if (target < 0) return KVC_ERR_UNREACHABLE;
     if (snap == NULL) {
-        if (target > cache->offset) return KVC_ERR_UNREACHABLE;
-        if (rotating && target == cache->offset) return KVC_OK;
-        if (rotating && kvc__wrapped(cache)) return KVC_ERR_UNREACHABLE;
-        kvc__rewind(cache, target);
+        if (!kvc__reachable(cache, target)) return KVC_ERR_UNREACHABLE;
+        kvc__rewind_any(cache, target);
         return KVC_OK;
     }
     if (target > snap->to) return KVC_ERR_UNREACHABLE;
-    if (rotating) {
-        if (target < snap->to && (snap->to > cache->cfg.window || snap->first_lpage > cache->n_sink_pages))
-            return KVC_ERR_UNREACHABLE;
-        kvc__restore_rotating(cache, snap, target);
-        return KVC_OK;
+    if (cache->cfg.kind == KVC_KIND_FULL) {
+        if (cache->offset < snap->from) return KVC_ERR_UNREACHABLE;
+        return kvc__restore_full(cache, snap, target);
     }
-    if (cache->offset < snap->from) return KVC_ERR_UNREACHABLE;
-    return kvc__restore_full(cache, snap, target);
+    if (target < snap->to && (kvc__is_recurrent(cache) || snap->to > cache->cfg.window ||
+                              snap->first_lpage > cache->n_sink_pages))
+        return KVC_ERR_UNREACHABLE; /* a state, or a wrapped window, is only what it is */
+    /* the snapshot's checkpoints come with it: copied first, so a failure changes nothing */
+    if ((r = kvc__chain_clone(snap->carried, target, &chain)) != KVC_OK) return r;
+    kvc__settle(cache);
+    kvc__pend_drop(cache);
+    if (kvc__is_recurrent(cache)) kvc__restore_recurrent(cache, snap);
+    else kvc__restore_rotating(cache, snap, target);
+    kvc__ckpt_install(cache, chain);
+    return KVC_OK;
 }
 
 KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
@@ -2993,7 +3511,7 @@ KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc
     if (parent != NULL && kvc__check_snapshot(cache, parent) != KVC_OK) return KVC_ERR_FOREIGN;
     if (child != NULL && kvc__check_snapshot(cache, child) != KVC_OK) return KVC_ERR_FOREIGN;
     if (parent == child && parent != NULL) return KVC_ERR_INVALID;
-    if (cache->cfg.kind == KVC_KIND_ROTATING) { /* the child holds the whole window */
+    if (cache->cfg.kind != KVC_KIND_FULL) { /* the child holds the whole window or state */
         kvc_snapshot_free(parent);
         *out = child;
         return KVC_OK;
@@ -3010,11 +3528,13 @@ KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc
     cut = parent->to % pc;
     shared = cut != 0; /* parent's last page and child's first page are the same logical page */
     n = parent->n_pages + child->n_pages - shared;
-    if (shared && parent->pages[parent->n_pages - 1] != child->pages[0] && p->n_free < 1) return KVC_ERR_FULL;
-    m = kvc__snapshot_alloc(p, n);
+    if (shared && parent->pages[parent->n_pages - 1] != child->pages[0] && kvc__pages_free(p) < 1) return KVC_ERR_FULL;
+    m = kvc__snapshot_alloc(p, n, 1);
     if (m == NULL) return KVC_ERR_NO_MEMORY;
     m->cache_id = parent->cache_id;
     m->kind = parent->kind;
+    m->window = parent->window;
+    m->sinks = parent->sinks;
     m->from = parent->from;
     m->to = child->to;
     m->first_lpage = parent->first_lpage;
@@ -3047,7 +3567,7 @@ KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (snap != NULL && kvc__check_snapshot(cache, snap) != KVC_OK) return KVC_ERR_FOREIGN;
     if (snap == NULL) { *parent = *child = NULL; return KVC_OK; }
-    if (cache->cfg.kind == KVC_KIND_ROTATING || at <= snap->from) {
+    if (cache->cfg.kind != KVC_KIND_FULL || at <= snap->from) { /* cannot split a state */
         *parent = NULL;
         *child = snap;
         return KVC_OK;
@@ -3061,12 +3581,14 @@ KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32
     pc = p->page_cells;
     na = (at - 1) / pc - snap->first_lpage + 1;  /* pages holding [from, at) */
     first_b = at / pc - snap->first_lpage;       /* index of the page holding `at` */
-    a = kvc__snapshot_alloc(p, na);
+    a = kvc__snapshot_alloc(p, na, 1);
     if (a == NULL) return KVC_ERR_NO_MEMORY;
-    b = kvc__snapshot_alloc(p, snap->n_pages - first_b);
+    b = kvc__snapshot_alloc(p, snap->n_pages - first_b, 1);
     if (b == NULL) { kvc__snapshot_drop(a); return KVC_ERR_NO_MEMORY; }
     a->cache_id = b->cache_id = snap->cache_id;
     a->kind = b->kind = snap->kind;
+    a->window = b->window = snap->window;
+    a->sinks = b->sinks = snap->sinks;
     a->from = snap->from;
     a->to = b->from = at;
     b->to = snap->to;
@@ -3092,8 +3614,8 @@ KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *c, int32_t seq, kvc_snapshot **out
     for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i) n += kvc__cell_has(c, i, seq);
     if (n == 0) return KVC_ERR_NOT_FOUND;
     pages = (int32_t)(((int64_t)n + c->pool->page_cells - 1) / c->pool->page_cells); /* pages of 2^31 cells */
-    if (pages > c->pool->n_free) return KVC_ERR_FULL;
-    s = kvc__snapshot_alloc(c->pool, pages);
+    if (pages > kvc__pages_free(c->pool)) return KVC_ERR_FULL;
+    s = kvc__snapshot_alloc(c->pool, pages, 1);
     if (s == NULL) return KVC_ERR_NO_MEMORY;
     for (i = 0; i < pages; ++i) s->pages[i] = kvc__page_acquire(c->pool);
     s->kind = KVC_KIND_CAUSAL;
@@ -3129,6 +3651,745 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t d
         kvc__cell_add(c, cell, dst);
     }
     kvc__seq_bounds(c, dst);
+    return KVC_OK;
+}
+
+/* ---- Layer 4b: checkpoints --------------------------------------------------------------
+   A state cannot be rewound and a wrapped window has dropped the keys it would need, so
+   ROTATING and RECURRENT caches keep checkpoints: snapshots of their own, at offsets the
+   engine named in kvc_begin_checkpoints (the latest max_ckpt of them). A checkpoint
+   inside a batch is filled while the batch runs (RECURRENT: the engine hands each
+   layer's state over; ROTATING: the window at that offset is still held when the batch
+   ends) and kept once the batch has ended ("settled" at the next call that needs it, so
+   that a state handed out by kvc_state may be written until then). Rewinds, trims and
+   prefix reuse go back to checkpoints; snapshots carry the checkpoints before them. */
+
+static void kvc__snapshot_release(kvc_snapshot *s); /* pages, carried chain and struct */
+
+static kvc_snapshot *kvc__snapshot_clone(const kvc_snapshot *src, int counted) {
+    kvc_snapshot *s = kvc__snapshot_alloc(src->pool, src->n_pages, counted);
+    int32_t i;
+    if (s == NULL) return NULL;
+    s->cache_id = src->cache_id;
+    s->kind = src->kind;
+    s->window = src->window;
+    s->sinks = src->sinks;
+    s->from = src->from;
+    s->to = src->to;
+    s->first_lpage = src->first_lpage;
+    s->batch_begin = src->batch_begin;
+    s->n_cells = src->n_cells;
+    for (i = 0; i < src->n_pages; ++i) {
+        s->pages[i] = src->pages[i];
+        kvc__page_retain(src->pool, s->pages[i]);
+    }
+    return s;
+}
+
+static void kvc__ckpt_push(kvc_cache *c, kvc_snapshot *s) {
+    if (c->n_ckpt == c->max_ckpt) { /* the oldest goes */
+        kvc__snapshot_release(c->ckpt[0]);
+        memmove(c->ckpt, c->ckpt + 1, sizeof(kvc_snapshot *) * (size_t)(c->n_ckpt - 1));
+        c->n_ckpt--;
+    }
+    c->ckpt[c->n_ckpt++] = s;
+}
+
+static int32_t kvc__ckpt_find(const kvc_cache *c, int32_t at) {
+    int32_t i;
+    for (i = 0; i < c->n_ckpt; ++i)
+        if (c->ckpt[i]->to == at) return i;
+    return -1;
+}
+
+/* Checkpoints after target belong to a history the cache is leaving. */
+static void kvc__ckpt_drop_after(kvc_cache *c, int32_t target) {
+    while (c->n_ckpt > 0 && c->ckpt[c->n_ckpt - 1]->to > target) kvc__snapshot_release(c->ckpt[--c->n_ckpt]);
+}
+static void kvc__ckpt_drop_all(kvc_cache *c) { kvc__ckpt_drop_after(c, -1); }
+
+static void kvc__pend_drop(kvc_cache *c) {
+    while (c->n_pend > 0) kvc__snapshot_release(c->pend[--c->n_pend]);
+}
+
+/* Structs for the checkpoints a batch names, allocated before the batch changes anything. */
+static kvc_result kvc__pend_alloc(kvc_cache *c, const int32_t *at, int32_t n_at, int32_t n_tokens) {
+    int32_t i, cap = 1;
+    if (c->cfg.kind == KVC_KIND_ROTATING) /* every page the window can hold after the batch */
+        cap = (int32_t)KVC__MIN((int64_t)c->pool->max_pages,
+                                (int64_t)c->n_pages + n_tokens / c->pool->page_cells + 2);
+    for (i = 0; i < n_at; ++i) {
+        kvc_snapshot *s = kvc__snapshot_alloc(c->pool, cap, 0);
+        if (s == NULL) { kvc__pend_drop(c); return KVC_ERR_NO_MEMORY; }
+        s->n_pages = 0;
+        s->cache_id = c->id;
+        s->kind = c->cfg.kind;
+        s->window = c->cfg.window;
+        s->sinks = c->cfg.sinks;
+        s->to = s->from = at[i];
+        c->pend[c->n_pend++] = s;
+    }
+    return KVC_OK;
+}
+
+/* ROTATING: the window as it was after `at` tokens, from the pages the cache holds now
+   (at lies in the last batch, or is the offset: every page that window needs is held). */
+static void kvc__rotating_fill(const kvc_cache *c, int32_t at, kvc_snapshot *s) {
+    int32_t i, last = at > 0 ? (at - 1) / c->pool->page_cells : -1;
+    s->n_pages = 0;
+    for (i = 0; i < c->n_pages && kvc__entry_lpage(c, i) <= last; ++i) {
+        s->pages[s->n_pages++] = c->pages[i];
+        kvc__page_retain(c->pool, c->pages[i]);
+    }
+    s->to = at;
+    s->first_lpage = c->first_lpage;
+    s->batch_begin = at == c->offset ? c->batch_begin : at - 1;
+}
+
+static void kvc__settle(kvc_cache *c) {
+    int32_t i, l;
+    if (kvc__batch_open(c)) return;
+    c->states_open = 0;
+    for (i = 0; i < c->n_pend; ++i) {
+        kvc_snapshot *s = c->pend[i];
+        int complete = 1;
+        if (c->cfg.kind == KVC_KIND_ROTATING) {
+            kvc__rotating_fill(c, s->to, s);
+        } else if (s->to == c->offset) { /* the batch's end: share the live state */
+            s->pages[0] = c->state_page[0];
+            s->n_pages = 1;
+            kvc__page_retain(c->pool, s->pages[0]);
+        } else {
+            for (l = 0; l < c->pool->cfg.n_layers; ++l)
+                complete &= c->pend_done[(size_t)i * (size_t)c->pool->cfg.n_layers + (size_t)l];
+        }
+        if (complete) kvc__ckpt_push(c, s);
+        else kvc__snapshot_release(s); /* a layer was never handed over */
+    }
+    c->n_pend = 0;
+}
+
+/* Whether a live rewind to target can succeed (a cache with no batch open). */
+static int kvc__reachable(const kvc_cache *c, int32_t target) {
+    int32_t i;
+    if (target < 0 || target > c->offset) return 0;
+    if (target == c->offset || c->cfg.kind == KVC_KIND_FULL) return 1;
+    if (c->cfg.kind == KVC_KIND_CAUSAL) return 0;
+    if (c->cfg.kind == KVC_KIND_ROTATING && !kvc__wrapped(c)) return 1;
+    if (kvc__ckpt_find(c, target) >= 0) return 1;
+    for (i = 0; i < c->n_pend; ++i) /* an ended batch's, not settled yet */
+        if (c->pend[i]->to == target) {
+            int32_t l, done = 1;
+            if (c->cfg.kind == KVC_KIND_ROTATING || target == c->offset) return 1;
+            for (l = 0; l < c->pool->cfg.n_layers; ++l)
+                done &= c->pend_done[(size_t)i * (size_t)c->pool->cfg.n_layers + (size_t)l];
+            return done;
+        }
+    return 0;
+}
+
+static void kvc__restore_rotating(kvc_cache *c, const kvc_snapshot *s, int32_t target);
+
+/* Put sequence 0's state of a RECURRENT cache to the one snapshot s holds. */
+static void kvc__restore_recurrent(kvc_cache *c, const kvc_snapshot *s) {
+    kvc__page_retain(c->pool, s->pages[0]);
+    if (c->state_page[0] != KVC__NO_PAGE) kvc__page_release(c->pool, c->state_page[0]);
+    c->state_page[0] = s->pages[0];
+    c->state_off[0] = c->offset = s->to;
+    c->batch_begin = s->to > 0 ? s->to - 1 : 0;
+    c->batch_pending = 0;
+}
+
+/* A live rewind that kvc__reachable allowed; cannot fail. */
+static void kvc__rewind_any(kvc_cache *c, int32_t target) {
+    int32_t i;
+    kvc__settle(c);
+    if (target == c->offset) return;
+    if (c->cfg.kind == KVC_KIND_FULL || (c->cfg.kind == KVC_KIND_ROTATING && !kvc__wrapped(c))) {
+        kvc__rewind(c, target);
+    } else {
+        i = kvc__ckpt_find(c, target);
+        KVCACHE_ASSERT(i >= 0);
+        if (c->cfg.kind == KVC_KIND_ROTATING) kvc__restore_rotating(c, c->ckpt[i], target);
+        else kvc__restore_recurrent(c, c->ckpt[i]);
+    }
+    kvc__ckpt_drop_after(c, target);
+}
+
+/* Appends a clone of k to the chain ending at *tail; 0 when out of memory. */
+static int kvc__chain_append(kvc_snapshot **head, kvc_snapshot **tail, const kvc_snapshot *k) {
+    kvc_snapshot *c = kvc__snapshot_clone(k, 0);
+    if (c == NULL) {
+        kvc__snapshot_release(*head);
+        *head = *tail = NULL;
+        return 0;
+    }
+    if (*tail != NULL) (*tail)->carried = c;
+    else *head = c;
+    *tail = c;
+    return 1;
+}
+
+/* Clones of src's checkpoints before `before` (all: INT32_MAX), oldest first; all or none. */
+static kvc_result kvc__ckpt_chain(const kvc_cache *src, int32_t before, kvc_snapshot **chain) {
+    kvc_snapshot *tail = NULL;
+    int32_t i;
+    *chain = NULL;
+    for (i = 0; i < src->n_ckpt; ++i)
+        if (src->ckpt[i]->to < before && !kvc__chain_append(chain, &tail, src->ckpt[i])) return KVC_ERR_NO_MEMORY;
+    return KVC_OK;
+}
+
+/* Clones of a carried chain's snapshots at or before max_to; all or none. */
+static kvc_result kvc__chain_clone(const kvc_snapshot *first, int32_t max_to, kvc_snapshot **chain) {
+    kvc_snapshot *tail = NULL;
+    *chain = NULL;
+    for (; first != NULL; first = first->carried)
+        if (first->to <= max_to && !kvc__chain_append(chain, &tail, first)) return KVC_ERR_NO_MEMORY;
+    return KVC_OK;
+}
+
+/* Replace c's checkpoints by a chain (taken over, not copied). */
+static void kvc__ckpt_install(kvc_cache *c, kvc_snapshot *chain) {
+    kvc__ckpt_drop_all(c);
+    while (chain != NULL) {
+        kvc_snapshot *next = chain->carried;
+        chain->carried = NULL;
+        kvc__ckpt_push(c, chain);
+        chain = next;
+    }
+}
+
+static kvc_result kvc__ckpt_clone_all(const kvc_cache *src, kvc_cache *dst) {
+    kvc_snapshot *chain;
+    kvc_result r;
+    if (!kvc__has_ckpts(src)) return KVC_OK;
+    if ((r = kvc__ckpt_chain(src, INT32_MAX, &chain)) != KVC_OK) return r;
+    kvc__ckpt_install(dst, chain);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind) {
+    if (cache == NULL || can_rewind == NULL) return KVC_ERR_NULL;
+    *can_rewind = !kvc__batch_open(cache) && kvc__reachable(cache, target);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at) {
+    int32_t i, n = 0, ended = 0, skip;
+    if (cache == NULL || n_at == NULL || (at == NULL && max_at > 0)) return KVC_ERR_NULL;
+    if (max_at < 0) return KVC_ERR_INVALID;
+    for (i = 0; i < cache->n_pend; ++i) /* an ended batch's, not settled yet */
+        ended += !kvc__batch_open(cache) && kvc__reachable(cache, cache->pend[i]->to);
+    skip = KVC__MAX(0, cache->n_ckpt + ended - cache->max_ckpt); /* settling drops the oldest */
+    for (i = skip; i < cache->n_ckpt; ++i, ++n)
+        if (n < max_at) at[n] = cache->ckpt[i]->to;
+    for (i = 0; i < cache->n_pend; ++i)
+        if (!kvc__batch_open(cache) && kvc__reachable(cache, cache->pend[i]->to)) {
+            if (n < max_at) at[n] = cache->pend[i]->to;
+            n++;
+        }
+    *n_at = n;
+    return n > max_at && at != NULL ? KVC_ERR_RANGE : KVC_OK;
+}
+
+/* ---- Layer 4c: model memories ------------------------------------------------------------
+   One pool and one cache per layer group; the pools' budgets point to one shared
+   kvc__budget, so every group's pages count against the memory's budget. Forks and
+   memory snapshots share the pools (and the layer map) through kvc__mpools, which the
+   last of them frees. Every call checks every group before it changes any. */
+
+typedef struct kvc__mpools {
+    kvc__budget budget;
+    kvc_allocator alloc;
+    int32_t refs, n_groups, n_layers;
+    int32_t *layer_group, *group_layer; /* [n_layers] */
+    kvc_pool *pool[KVC_MAX_GROUPS];
+} kvc__mpools;
+
+struct kvc_memory {
+    kvc__mpools *mp;
+    kvc_cache *cache[KVC_MAX_GROUPS];
+};
+
+struct kvc_memory_snapshot {
+    kvc__mpools *mp;
+    int32_t to;
+    kvc_snapshot *snap[KVC_MAX_GROUPS]; /* NULL: the group had nothing to hold */
+};
+
+KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg) {
+    if (cfg == NULL) return KVC_ERR_NULL;
+    memset(cfg, 0, sizeof(*cfg));
+    return KVC_OK;
+}
+
+/* A group's pool config as the memory creates it: the memory's budget and hooks. */
+static kvc_pool_config kvc__group_pool(const kvc_memory_config *m, int32_t g) {
+    kvc_pool_config pc = m->groups[g].pool;
+    pc.budget_bytes = m->budget_bytes;
+    pc.allocator = m->allocator;
+    pc.cpu_disable = m->cpu_disable;
+    pc.parallel_for = m->parallel_for;
+    pc.parallel_user = m->parallel_user;
+    pc.n_workers = m->n_workers;
+    return pc;
+}
+
+/* Pages a group takes at least: a CAUSAL cache all of its cells, a RECURRENT one a
+   state per sequence, the others one page. */
+static int64_t kvc__group_min_pages(const kvc_group_config *g, int32_t page_cells) {
+    const kvc_cache_config *c = &g->cache;
+    if (c->kind == KVC_KIND_RECURRENT) return c->max_seqs > 0 ? c->max_seqs : 1;
+    if (c->kind == KVC_KIND_CAUSAL) {
+        int64_t pad = c->padding > 0 ? c->padding : 1, cap = ((int64_t)c->capacity + pad - 1) / pad * pad;
+        return (cap + page_cells - 1) / page_cells;
+    }
+    return 1;
+}
+
+static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **field) {
+    int32_t l, g, count[KVC_MAX_GROUPS];
+    size_t need = 0;
+    const char *dummy;
+    if (field == NULL) field = &dummy;
+    *field = NULL;
+    if (m->layer_group == NULL) { *field = "layer_group"; return KVC_ERR_NULL; }
+    if (m->groups == NULL) { *field = "groups"; return KVC_ERR_NULL; }
+    if (m->n_layers < 1) { *field = "n_layers"; return KVC_ERR_INVALID; }
+    if (m->n_groups < 1 || m->n_groups > KVC_MAX_GROUPS) { *field = "n_groups"; return KVC_ERR_INVALID; }
+    if ((m->allocator.alloc == NULL) != (m->allocator.free == NULL)) { *field = "allocator"; return KVC_ERR_INVALID; }
+    if (m->parallel_for != NULL && m->n_workers < 1) { *field = "n_workers"; return KVC_ERR_INVALID; }
+    memset(count, 0, sizeof(count));
+    for (l = 0; l < m->n_layers; ++l) {
+        if (m->layer_group[l] < 0 || m->layer_group[l] >= m->n_groups) { *field = "layer_group"; return KVC_ERR_RANGE; }
+        count[m->layer_group[l]]++;
+    }
+    for (g = 0; g < m->n_groups; ++g) {
+        const kvc_pool_config *p = &m->groups[g].pool;
+        const kvc_cache_config *c = &m->groups[g].cache;
+        kvc_pool_config pc = kvc__group_pool(m, g);
+        kvc__layout L;
+        kvc_result r;
+        int recurrent = c->kind == KVC_KIND_RECURRENT;
+        if (count[g] == 0) { *field = "layer_group"; return KVC_ERR_INVALID; } /* a group with no layer */
+        if (p->n_layers != count[g]) { *field = "groups.pool.n_layers"; return KVC_ERR_INVALID; }
+        if (p->budget_bytes != 0 || p->arena != NULL || p->arena_bytes != 0 || p->arena_object_bytes != 0 ||
+            p->allocator.alloc != NULL || p->allocator.free != NULL || p->hooks.event != NULL ||
+            p->hooks.external_data != 0 || p->parallel_for != NULL || p->cpu_disable != 0) {
+            *field = "groups.pool";
+            return KVC_ERR_INVALID;
+        }
+        {
+            const char *inner;
+            if ((r = kvc__page_layout(&pc, &L, &inner)) != KVC_OK) { *field = "groups.pool"; return r; }
+        }
+        if ((int)c->kind < (int)KVC_KIND_FULL || (int)c->kind > (int)KVC_KIND_RECURRENT ||
+            recurrent != (p->state_floats > 0)) {
+            *field = "groups.cache";
+            return KVC_ERR_INVALID;
+        }
+        if (recurrent && (c->max_seqs < 0 || c->max_seqs > (1 << 20))) { *field = "groups.cache"; return KVC_ERR_INVALID; }
+        if (c->kind == KVC_KIND_CAUSAL && (c->capacity < 1 || c->capacity > INT32_MAX / 2 || c->padding < 0)) {
+            *field = "groups.cache";
+            return KVC_ERR_INVALID;
+        }
+        need += (size_t)kvc__group_min_pages(&m->groups[g], L.page_cells) * L.page_bytes;
+        if (need / L.page_bytes < (size_t)kvc__group_min_pages(&m->groups[g], L.page_cells)) {
+            *field = "budget_bytes";
+            return KVC_ERR_OVERFLOW;
+        }
+    }
+    if (need > m->budget_bytes) { *field = "budget_bytes"; return KVC_ERR_INVALID; }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_config_check(const kvc_memory_config *cfg, const char **field) {
+    if (cfg == NULL) return KVC_ERR_NULL;
+    return kvc__memory_check(cfg, field);
+}
+
+static void kvc__mpools_unref(kvc__mpools *mp) {
+    int32_t g;
+    if (--mp->refs > 0) return;
+    for (g = 0; g < mp->n_groups; ++g)
+        if (mp->pool[g] != NULL) (void)kvc_pool_destroy(mp->pool[g]);
+    mp->alloc.free(mp, mp->alloc.user);
+}
+
+static kvc_memory *kvc__memory_alloc(kvc__mpools *mp) {
+    kvc_memory *m = (kvc_memory *)mp->alloc.alloc(sizeof(kvc_memory), mp->alloc.user);
+    if (m == NULL) return NULL;
+    memset(m, 0, sizeof(*m));
+    m->mp = mp;
+    mp->refs++;
+    return m;
+}
+
+KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem) {
+    int32_t g;
+    kvc__mpools *mp;
+    if (mem == NULL) return KVC_ERR_NULL;
+    mp = mem->mp;
+    for (g = 0; g < mp->n_groups; ++g)
+        if (mem->cache[g] != NULL) (void)kvc_cache_destroy(mem->cache[g]);
+    mp->alloc.free(mem, mp->alloc.user);
+    kvc__mpools_unref(mp);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out) {
+    kvc_allocator a;
+    kvc__mpools *mp;
+    kvc_memory *m;
+    int32_t l, g, seen[KVC_MAX_GROUPS];
+    size_t bytes;
+    kvc_result r;
+    if (cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__memory_check(cfg, NULL)) != KVC_OK) return r;
+    a = cfg->allocator;
+    if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
+    bytes = sizeof(kvc__mpools) + 2 * sizeof(int32_t) * (size_t)cfg->n_layers;
+    if ((mp = (kvc__mpools *)a.alloc(bytes, a.user)) == NULL) return KVC_ERR_NO_MEMORY;
+    memset(mp, 0, sizeof(*mp));
+    mp->alloc = a;
+    mp->refs = 1;
+    mp->n_groups = cfg->n_groups;
+    mp->n_layers = cfg->n_layers;
+    mp->budget.cap = cfg->budget_bytes;
+    mp->layer_group = (int32_t *)(mp + 1);
+    mp->group_layer = mp->layer_group + cfg->n_layers;
+    memset(seen, 0, sizeof(seen));
+    for (l = 0; l < cfg->n_layers; ++l) {
+        mp->layer_group[l] = cfg->layer_group[l];
+        mp->group_layer[l] = seen[cfg->layer_group[l]]++;
+    }
+    m = kvc__memory_alloc(mp);
+    mp->refs--; /* the memory holds the only reference */
+    if (m == NULL) { a.free(mp, a.user); return KVC_ERR_NO_MEMORY; }
+    for (g = 0; g < cfg->n_groups && r == KVC_OK; ++g) {
+        kvc_pool_config pc = kvc__group_pool(cfg, g);
+        r = kvc_pool_create(&pc, &mp->pool[g]);
+        if (r != KVC_OK) break;
+        mp->pool[g]->budget = &mp->budget; /* empty, so nothing to carry over */
+        r = kvc_cache_create(mp->pool[g], &cfg->groups[g].cache, &m->cache[g]);
+    }
+    if (r != KVC_OK) { kvc_memory_destroy(m); return r; }
+    *out = m;
+    return KVC_OK;
+}
+
+static kvc_result kvc__memory_map(const kvc_memory *m, int32_t layer, kvc_cache **c, int32_t *gl) {
+    if (m == NULL) return KVC_ERR_NULL;
+    if (layer < 0 || layer >= m->mp->n_layers) return KVC_ERR_RANGE;
+    *c = m->cache[m->mp->layer_group[layer]];
+    *gl = m->mp->group_layer[layer];
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r;
+    if (cache == NULL || group_layer == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__memory_map(mem, layer, &c, &gl)) != KVC_OK) return r;
+    *cache = c;
+    *group_layer = gl;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache) {
+    if (mem == NULL || cache == NULL) return KVC_ERR_NULL;
+    if (group < 0 || group >= mem->mp->n_groups) return KVC_ERR_RANGE;
+    *cache = mem->cache[group];
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_put(kvc_memory *mem, int32_t layer, const float *k, const float *v) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_put(c, gl, k, v);
+}
+KVCDEF kvc_result kvc_memory_attention(const kvc_memory *mem, int32_t layer, const kvc_attention_desc *desc) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_attention(c, gl, desc);
+}
+KVCDEF kvc_result kvc_memory_state(kvc_memory *mem, int32_t layer, int32_t seq, float **state) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_state(c, seq, gl, state);
+}
+KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, int32_t at, const float *state) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_state_checkpoint(c, gl, at, state);
+}
+
+/* The tokens a cache holds, as the memory counts them (CAUSAL: sequence 0's). */
+static int32_t kvc__cache_tokens(const kvc_cache *c) {
+    int32_t lo, hi;
+    if (c->cfg.kind != KVC_KIND_CAUSAL) return c->offset;
+    if (kvc_seq_pos_range(c, 0, &lo, &hi) != KVC_OK) return 0;
+    return hi + 1;
+}
+
+KVCDEF kvc_result kvc_memory_offset(const kvc_memory *mem, int32_t *offset) {
+    if (mem == NULL || offset == NULL) return KVC_ERR_NULL;
+    *offset = kvc__cache_tokens(mem->cache[0]);
+    return KVC_OK;
+}
+
+static int kvc__memory_open(const kvc_memory *m) {
+    int32_t g;
+    for (g = 0; g < m->mp->n_groups; ++g)
+        if (kvc__batch_open(m->cache[g])) return 1;
+    return 0;
+}
+
+/* Pages (net of those it releases first) kvc__begin_kv or kvc__recurrent_begin will
+   take for n tokens with `inside` checkpoints before the batch's end. */
+static int64_t kvc__begin_net_pages(const kvc_cache *c, int32_t n, int32_t inside) {
+    int32_t pc = c->pool->page_cells, o = c->offset, freed;
+    if (c->cfg.kind == KVC_KIND_RECURRENT) return (int64_t)kvc__state_need(c, 0) + inside;
+    if (c->cfg.kind == KVC_KIND_CAUSAL) return 0; /* its pages are all its own already */
+    (void)kvc__dead_pages(c, o, &freed);
+    return ((int64_t)(o + n - 1) / pc - ((int64_t)o + pc - 1) / pc + 1) + kvc__tail_shared(c, o) - freed;
+}
+
+KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int32_t *at, int32_t n_at) {
+    kvc__mpools *mp;
+    int32_t g, i, k, o, order[KVC_MAX_GROUPS], causal_done = 0;
+    int64_t net[KVC_MAX_GROUPS], total = 0;
+    kvc_result r = KVC_OK;
+    if (mem == NULL || (at == NULL && n_at > 0)) return KVC_ERR_NULL;
+    if (n_tokens < 1 || n_at < 0) return KVC_ERR_INVALID;
+    mp = mem->mp;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    o = kvc__cache_tokens(mem->cache[0]);
+    if (n_tokens > INT32_MAX - o) return KVC_ERR_RANGE;
+    for (i = 0; i < n_at; ++i)
+        if (at[i] <= (i > 0 ? at[i - 1] : o) || at[i] > o + n_tokens) return KVC_ERR_RANGE;
+    for (g = 0; g < mp->n_groups; ++g) {
+        kvc_cache *c = mem->cache[g];
+        int32_t inside = 0;
+        if (n_at > 0 && c->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
+        if (kvc__has_ckpts(c) && n_at > c->max_ckpt) return KVC_ERR_RANGE;
+        for (i = 0; i < n_at; ++i) inside += at[i] < o + n_tokens;
+        kvc__settle(c);
+        net[g] = kvc__begin_net_pages(c, n_tokens, c->cfg.kind == KVC_KIND_RECURRENT ? inside : 0);
+        if (net[g] > (int64_t)c->pool->n_free) return KVC_ERR_FULL; /* the group's own pool */
+        total += net[g] * (int64_t)c->pool->page_bytes;
+    }
+    if (total > (int64_t)(mp->budget.cap - mp->budget.used)) return KVC_ERR_FULL;
+    /* the checkpoints' structs, then CAUSAL groups (which may still find no cells) */
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g)
+        if (kvc__has_ckpts(mem->cache[g])) r = kvc__pend_alloc(mem->cache[g], at, n_at, n_tokens);
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g)
+        if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) {
+            r = kvc__begin_seq0(mem->cache[g], n_tokens);
+            causal_done = g + 1;
+        }
+    if (r != KVC_OK) {
+        for (g = 0; g < mp->n_groups; ++g) {
+            kvc__pend_drop(mem->cache[g]);
+            if (g < causal_done - 1 && mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) (void)kvc_cancel(mem->cache[g]);
+        }
+        return r;
+    }
+    /* then the others, those that give pages back first: every prefix of the order then
+       fits the budget, since the whole does */
+    for (g = 0, k = 0; g < mp->n_groups; ++g)
+        if (mem->cache[g]->cfg.kind != KVC_KIND_CAUSAL) order[k++] = g;
+    for (i = 1; i < k; ++i) {
+        int32_t x = order[i], j = i;
+        while (j > 0 && net[order[j - 1]] > net[x]) { order[j] = order[j - 1]; --j; }
+        order[j] = x;
+    }
+    for (i = 0; i < k; ++i) {
+        kvc_cache *c = mem->cache[order[i]];
+        r = kvc__is_recurrent(c) ? kvc__recurrent_begin(c, n_tokens) : kvc__begin_kv(c, n_tokens);
+        KVCACHE_ASSERT(r == KVC_OK); /* the budget was checked for all of them */
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem) {
+    int32_t g;
+    if (mem == NULL) return KVC_ERR_NULL;
+    for (g = 0; g < mem->mp->n_groups; ++g) {
+        const kvc_cache *c = mem->cache[g];
+        if (!kvc__batch_open(c)) return KVC_ERR_STATE;
+        if (kvc__is_recurrent(c) && c->batch_pending < c->pool->cfg.n_layers) return KVC_ERR_RECURRENT;
+    }
+    for (g = 0; g < mem->mp->n_groups; ++g) (void)kvc_cancel(mem->cache[g]);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_can_rewind(const kvc_memory *mem, int32_t target, int *can_rewind) {
+    int32_t g;
+    if (mem == NULL || can_rewind == NULL) return KVC_ERR_NULL;
+    *can_rewind = !kvc__memory_open(mem);
+    for (g = 0; g < mem->mp->n_groups && *can_rewind; ++g)
+        *can_rewind = kvc__reachable(mem->cache[g], target);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_rewind_point(const kvc_memory *mem, int32_t max_target, int32_t *target) {
+    int32_t t;
+    if (mem == NULL || target == NULL) return KVC_ERR_NULL;
+    if (max_target < 0) return KVC_ERR_RANGE;
+    t = KVC__MIN(max_target, kvc__cache_tokens(mem->cache[0]));
+    for (; t > 0; --t) {
+        int ok;
+        (void)kvc_memory_can_rewind(mem, t, &ok);
+        if (ok) break;
+    }
+    *target = t; /* 0: clearing is always possible */
+    return KVC_OK;
+}
+
+static void kvc__memory_rewind(kvc_memory *m, int32_t target) {
+    int32_t g;
+    for (g = 0; g < m->mp->n_groups; ++g) {
+        if (target == 0) (void)kvc_cache_clear(m->cache[g]);
+        else kvc__rewind_any(m->cache[g], target);
+    }
+}
+
+KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens) {
+    int32_t o;
+    int ok;
+    if (mem == NULL) return KVC_ERR_NULL;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    o = kvc__cache_tokens(mem->cache[0]);
+    if (n_tokens < 0 || n_tokens > o) return KVC_ERR_RANGE;
+    (void)kvc_memory_can_rewind(mem, o - n_tokens, &ok);
+    if (!ok && o - n_tokens != 0) return KVC_ERR_UNREACHABLE;
+    kvc__memory_rewind(mem, o - n_tokens);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem) {
+    int32_t g;
+    if (mem == NULL) return KVC_ERR_NULL;
+    for (g = 0; g < mem->mp->n_groups; ++g) (void)kvc_cache_clear(mem->cache[g]);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap) {
+    int32_t g;
+    kvc__mpools *mp;
+    if (snap == NULL) return KVC_OK;
+    mp = snap->mp;
+    for (g = 0; g < mp->n_groups; ++g) kvc__snapshot_release(snap->snap[g]);
+    mp->alloc.free(snap, mp->alloc.user);
+    kvc__mpools_unref(mp);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out) {
+    kvc__mpools *mp;
+    kvc_memory_snapshot *s;
+    int32_t g, o;
+    kvc_result r = KVC_OK;
+    if (mem == NULL || out == NULL) return KVC_ERR_NULL;
+    mp = mem->mp;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    o = kvc__cache_tokens(mem->cache[0]);
+    if (at < 0 || at > o) return KVC_ERR_RANGE;
+    for (g = 0; g < mp->n_groups; ++g)
+        if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED; /* kvc_seq_snapshot */
+    if (at <= from || at == 0) { *out = NULL; return KVC_OK; }
+    if ((s = (kvc_memory_snapshot *)mp->alloc.alloc(sizeof(*s), mp->alloc.user)) == NULL) return KVC_ERR_NO_MEMORY;
+    memset(s, 0, sizeof(*s));
+    s->mp = mp;
+    mp->refs++;
+    s->to = at;
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) r = kvc_snapshot_take_at(mem->cache[g], from, at, &s->snap[g]);
+    if (r != KVC_OK) { kvc_memory_snapshot_free(s); return r; }
+    *out = s;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target) {
+    kvc__mpools *mp;
+    int32_t g;
+    int ok;
+    if (mem == NULL) return KVC_ERR_NULL;
+    mp = mem->mp;
+    if (snap != NULL && snap->mp != mp) return KVC_ERR_FOREIGN;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    if (target < 0) return KVC_ERR_UNREACHABLE;
+    if (snap == NULL) {
+        (void)kvc_memory_can_rewind(mem, target, &ok);
+        if (!ok) return KVC_ERR_UNREACHABLE;
+        kvc__memory_rewind(mem, target);
+        return KVC_OK;
+    }
+    if (target > snap->to) return KVC_ERR_UNREACHABLE;
+    for (g = 0; g < mp->n_groups; ++g) { /* every group must accept it before any changes */
+        const kvc_cache *c = mem->cache[g];
+        const kvc_snapshot *s = snap->snap[g];
+        if (c->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
+        if (s == NULL) return KVC_ERR_UNREACHABLE;
+        if (c->cfg.kind == KVC_KIND_FULL && c->offset < s->from) return KVC_ERR_UNREACHABLE;
+        if (c->cfg.kind != KVC_KIND_FULL && target < s->to &&
+            (kvc__is_recurrent(c) || s->to > c->cfg.window || s->first_lpage > c->n_sink_pages))
+            return KVC_ERR_UNREACHABLE;
+        if (c->cfg.kind == KVC_KIND_FULL && s->from % c->pool->page_cells != 0 && kvc__pages_free(c->pool) < 1)
+            return KVC_ERR_FULL; /* the page at `from` may need a copy */
+    }
+    for (g = 0; g < mp->n_groups; ++g) {
+        kvc_result r = kvc_restore(mem->cache[g], snap->snap[g], target);
+        if (r != KVC_OK) return r; /* only NO_MEMORY for carried checkpoints can land here */
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_fork(const kvc_memory *mem, kvc_memory **out) {
+    kvc_memory *m;
+    int32_t g;
+    kvc_result r = KVC_OK;
+    if (mem == NULL || out == NULL) return KVC_ERR_NULL;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    for (g = 0; g < mem->mp->n_groups; ++g)
+        if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
+    if ((m = kvc__memory_alloc(mem->mp)) == NULL) return KVC_ERR_NO_MEMORY;
+    for (g = 0; g < mem->mp->n_groups && r == KVC_OK; ++g) r = kvc_cache_fork(mem->cache[g], &m->cache[g]);
+    if (r != KVC_OK) { kvc_memory_destroy(m); return r; }
+    *out = m;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *st) {
+    int32_t g;
+    const kvc_cache *with = NULL; /* a group that keeps checkpoints */
+    if (mem == NULL || st == NULL) return KVC_ERR_NULL;
+    memset(st, 0, sizeof(*st));
+    st->budget_bytes = mem->mp->budget.cap;
+    st->bytes_used = mem->mp->budget.used;
+    st->n_groups = mem->mp->n_groups;
+    st->offset = kvc__cache_tokens(mem->cache[0]);
+    for (g = 0; g < mem->mp->n_groups; ++g) {
+        const kvc_cache *c = mem->cache[g];
+        int32_t i, j;
+        if (with == NULL && kvc__has_ckpts(c)) with = c;
+        for (i = 0; i < c->n_ckpt; ++i)
+            for (j = 0; j < c->ckpt[i]->n_pages; ++j) /* pages nothing but checkpoints hold */
+                if (c->pool->refcount[c->ckpt[i]->pages[j]] == 1) st->checkpoint_bytes += c->pool->page_bytes;
+    }
+    /* offsets below the current one every group can go back to */
+    for (g = 0; with != NULL && g < with->n_ckpt + with->n_pend; ++g) {
+        int ok;
+        int32_t at = g < with->n_ckpt ? with->ckpt[g]->to : with->pend[g - with->n_ckpt]->to;
+        (void)kvc_memory_can_rewind(mem, at, &ok);
+        st->n_checkpoints += ok && at < st->offset;
+    }
     return KVC_OK;
 }
 
@@ -3181,6 +4442,28 @@ KVCDEF kvc_result kvc_prefix_destroy(kvc_prefix *prefix) {
     return KVC_OK;
 }
 
+static int kvc__all_reach(kvc_cache *const *c, int32_t n, int32_t t) {
+    int32_t i;
+    for (i = 0; i < n; ++i)
+        if (!kvc__reachable(c[i], t)) return 0;
+    return 1;
+}
+
+/* The largest offset <= limit every cache can go back to (0: start over). Candidates
+   are limit itself and the caches' offsets and checkpoints below it. */
+static int32_t kvc__common_point(kvc_cache *const *c, int32_t n, int32_t limit) {
+    int32_t i, j, best = 0;
+    if (kvc__all_reach(c, n, limit)) return limit;
+    for (i = 0; i < n; ++i) {
+        if (c[i]->offset < limit && c[i]->offset > best && kvc__all_reach(c, n, c[i]->offset)) best = c[i]->offset;
+        for (j = 0; j < c[i]->n_ckpt + c[i]->n_pend; ++j) {
+            int32_t t = j < c[i]->n_ckpt ? c[i]->ckpt[j]->to : c[i]->pend[j - c[i]->n_ckpt]->to;
+            if (t < limit && t > best && kvc__all_reach(c, n, t)) best = t;
+        }
+    }
+    return best;
+}
+
 static int32_t kvc__min_offset(const kvc_prefix *x) {
     int32_t i, m = x->caches[0]->offset;
     for (i = 1; i < x->n_caches; ++i) m = KVC__MIN(m, x->caches[i]->offset);
@@ -3189,19 +4472,18 @@ static int32_t kvc__min_offset(const kvc_prefix *x) {
 
 KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t n_tokens, int32_t *n_reused) {
     int32_t i, prefix = 0;
-    int trimmable = 1;
     if (x == NULL || tokens == NULL || n_reused == NULL) return KVC_ERR_NULL;
     if (n_tokens < 1) return KVC_ERR_INVALID;
     for (i = 0; i < x->n_caches; ++i)
         if (kvc__batch_open(x->caches[i])) return KVC_ERR_STATE;
     while (prefix < n_tokens && prefix < x->n_tokens && tokens[prefix] == x->tokens[prefix]) prefix++;
     if (prefix == n_tokens) prefix--; /* always evaluate one token to start generation from */
-    prefix = KVC__MIN(prefix, kvc__min_offset(x));
+    /* the longest prefix every cache can go back to: a wrapped window or a recurrent state
+       only to a checkpoint; 0 when none, and then every cache starts over */
+    prefix = kvc__common_point(x->caches, x->n_caches, KVC__MIN(prefix, kvc__min_offset(x)));
     for (i = 0; i < x->n_caches; ++i)
-        if (x->caches[i]->offset > prefix && !kvc__can_trim(x->caches[i])) trimmable = 0;
-    if (!trimmable) prefix = 0; /* a wrapped window cannot go back: start over */
-    for (i = 0; i < x->n_caches; ++i)
-        if (x->caches[i]->offset > prefix) kvc__rewind(x->caches[i], prefix);
+        if (prefix == 0) (void)kvc_cache_clear(x->caches[i]);
+        else kvc__rewind_any(x->caches[i], prefix);
     x->n_tokens = prefix;
     x->n_prompt = KVC__MIN(n_tokens, x->max_tokens);
     memcpy(x->prompt, tokens, sizeof(int32_t) * (size_t)x->n_prompt);
@@ -3224,6 +4506,11 @@ KVCDEF kvc_result kvc_prefix_close(kvc_prefix *x, const int32_t *generated, int3
     x->n_tokens = keep;
     x->open = 0;
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out) {
+    if (mem == NULL || out == NULL) return KVC_ERR_NULL;
+    return kvc_prefix_create(mem->cache, mem->mp->n_groups, max_tokens, out);
 }
 
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens, int32_t *n_tokens) {
@@ -3521,14 +4808,14 @@ static int32_t kvc__radix_evict_node(kvc_radix *t, kvc__rnode *n) {
 }
 
 static int kvc__can_reclaim(kvc_pool *p, int64_t need) {
-    if (need <= p->n_free) return 1;
-    return p->trees != NULL && kvc__reclaimable(p) >= need - p->n_free;
+    if (need <= kvc__pages_free(p)) return 1;
+    return p->trees != NULL && kvc__reclaimable(p) >= need - kvc__pages_free(p);
 }
 
-/* Make n_free >= need by evicting LRU leaves of the pool's trees; all or nothing. */
+/* Make kvc__pages_free >= need by evicting LRU leaves of the pool's trees; all or nothing. */
 static int kvc__reclaim(kvc_pool *p, int64_t need) {
     if (!kvc__can_reclaim(p, need)) return 0;
-    while (p->n_free < need) {
+    while (kvc__pages_free(p) < need) {
         kvc_radix *t, *best_t = NULL;
         kvc__rnode *leaf, *best = NULL;
         for (t = p->trees; t != NULL; t = t->next) {
@@ -5498,6 +6785,7 @@ static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const 
     const kvc_pool *p;
     int32_t i;
     if (c == NULL || d == NULL) return KVC_ERR_NULL;
+    if (c->cfg.kind == KVC_KIND_RECURRENT) return KVC_ERR_UNSUPPORTED; /* no keys: kvc_state */
     p = c->pool;
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (d->n_queries < 1 || d->n_heads < 1 || d->n_heads % p->cfg.n_kv_heads != 0) return KVC_ERR_INVALID;
@@ -6661,7 +7949,7 @@ static kvc_result kvc__stage_pages(kvc_pool *p, int32_t n_cells, uint32_t **page
     int32_t n = (int32_t)(((int64_t)n_cells + p->page_cells - 1) / p->page_cells), i;
     *pages = NULL;
     *n_pages = n;
-    if (n > p->n_free) return KVC_ERR_FULL;
+    if (n > kvc__pages_free(p)) return KVC_ERR_FULL;
     *pages = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)KVC__MAX(n, 1));
     if (*pages == NULL) return KVC_ERR_NO_MEMORY;
     for (i = 0; i < n; ++i) (*pages)[i] = kvc__page_acquire(p);
@@ -6926,8 +8214,8 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, cons
         if (n_tokens != NULL) *n_tokens = s.meta[0];
         r.err = KVC_ERR_RANGE;
     }
-    if (r.err == KVC_OK && (n + pc - 1) / pc > p->n_free) r.err = KVC_ERR_FULL;
-    if (r.err == KVC_OK && (snap = kvc__snapshot_alloc(p, (n + pc - 1) / pc)) == NULL) r.err = KVC_ERR_NO_MEMORY;
+    if (r.err == KVC_OK && (n + pc - 1) / pc > kvc__pages_free(p)) r.err = KVC_ERR_FULL;
+    if (r.err == KVC_OK && (snap = kvc__snapshot_alloc(p, (n + pc - 1) / pc, 1)) == NULL) r.err = KVC_ERR_NO_MEMORY;
     if (r.err == KVC_OK) { /* the cells go into a sequence snapshot's pages, then kvc_seq_restore */
         snap->kind = KVC_KIND_CAUSAL;
         snap->n_cells = n;
