@@ -2704,7 +2704,9 @@ KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
-    if (!kvc__reachable(cache, cache->offset - n_tokens))
+    /* a wrapped window trims only onto a checkpoint (not even by 0, as before them) */
+    if (!kvc__reachable(cache, cache->offset - n_tokens) ||
+        (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0))
         return kvc__is_recurrent(cache) ? KVC_ERR_RECURRENT : KVC_ERR_UNSUPPORTED;
     kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;

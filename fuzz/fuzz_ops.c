@@ -126,6 +126,7 @@ typedef struct fz_snap {
     kvc_snapshot *h;
     uint32_t owner;              /* serial of its cache (CAUSAL: 0, any causal cache) */
     kvc_kind kind;
+    int32_t W, S;                /* its cache's window and sinks */
     int32_t from, to;
     ref_state st;
     fz_entry seq[FZ_POS];        /* CAUSAL */
@@ -610,10 +611,17 @@ static void fz_op_take(fz_world *w, int ci) {
     w->s[w->ns].h = out;
     w->s[w->ns].owner = c->serial;
     w->s[w->ns].kind = c->kind;
+    w->s[w->ns].W = c->W;
+    w->s[w->ns].S = c->S;
     w->s[w->ns].from = f0;
     w->s[w->ns].to = c->st.off;
     w->s[w->ns].st = c->st;
     w->ns++;
+}
+
+/* A snapshot serves any cache of the pool with its kind, window and sinks. */
+static int fz_fits(const fz_cache *c, const fz_snap *s) {
+    return s->kind == c->kind && s->W == c->W && s->S == c->S;
 }
 
 static void fz_op_restore(fz_world *w, int ci) {
@@ -625,7 +633,7 @@ static void fz_op_restore(fz_world *w, int ci) {
     s = &w->s[fz_int(&w->in, 0, w->ns - 1)];
     target = fuzz_byte(&w->in) % 4 ? s->to - fz_int(&w->in, -1, 8) : fz_int(&w->in, -2, s->to + 2);
     if (c->kind == KVC_KIND_CAUSAL) want = KVC_ERR_UNSUPPORTED;
-    else if (s->owner != c->serial) want = KVC_ERR_FOREIGN;
+    else if (!fz_fits(c, s)) want = KVC_ERR_FOREIGN;
     else want = ref_restore_expect(c->kind, c->W, &c->st, s->from, s->to, &s->st, target);
     free0 = fz_free_pages(w);
     fuzz_note("restore cache %d (offset %d) from snapshot [%d, %d) target %d, want %d", ci, c->st.off, s->from, s->to,
@@ -650,7 +658,7 @@ static void fz_op_merge(fz_world *w, int ci) {
             if (i / w->ns != i % w->ns && w->s[i / w->ns].owner == c->serial && w->s[i % w->ns].owner == c->serial &&
                 w->s[i / w->ns].to == w->s[i % w->ns].from) { pi = i / w->ns; chi = i % w->ns; break; }
     if (c->kind == KVC_KIND_CAUSAL) want = KVC_ERR_UNSUPPORTED;
-    else if ((pi >= 0 && w->s[pi].owner != c->serial) || (chi >= 0 && w->s[chi].owner != c->serial)) want = KVC_ERR_FOREIGN;
+    else if ((pi >= 0 && !fz_fits(c, &w->s[pi])) || (chi >= 0 && !fz_fits(c, &w->s[chi]))) want = KVC_ERR_FOREIGN;
     else if (pi >= 0 && pi == chi) want = KVC_ERR_INVALID;
     else if (c->kind == KVC_KIND_FULL && pi >= 0 && chi >= 0 && w->s[pi].to != w->s[chi].from) want = KVC_ERR_INVALID;
     else want = KVC_OK;
@@ -697,7 +705,7 @@ static void fz_op_split(fz_world *w, int ci) {
     si = fz_int(&w->in, 0, w->ns - 1);
     s = &w->s[si];
     at = s->from + fz_int(&w->in, -2, s->to - s->from + 2);
-    want = c->kind == KVC_KIND_CAUSAL ? KVC_ERR_UNSUPPORTED : s->owner != c->serial ? KVC_ERR_FOREIGN : KVC_OK;
+    want = c->kind == KVC_KIND_CAUSAL ? KVC_ERR_UNSUPPORTED : !fz_fits(c, s) ? KVC_ERR_FOREIGN : KVC_OK;
     fuzz_note("split snapshot %d [%d, %d) at %d with cache %d, want %d", si, s->from, s->to, at, ci, want);
     r = kvc_snapshot_split(c->h, s->h, at, &a, &b);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom && want == KVC_OK) return;

@@ -96,6 +96,7 @@ typedef struct tr_snap {
     kvc_kind kind;
     int32_t from, to;            /* as kvc_snapshot_info should report them */
     int32_t page_bound;          /* ROTATING: the most pages it may hold */
+    int32_t W, S;                /* the window and sinks of the cache it came from */
     ref_state st;                 /* FULL: uid[from, to) meaningful; ROTATING: the whole state */
 } tr_snap;
 
@@ -667,6 +668,8 @@ static tr_snap *tr_op_take(tr_ep *e, int ci, int32_t from) {
         s->h = out;
         s->owner = c->serial;
         s->kind = c->kind;
+        s->W = c->W;
+        s->S = c->S;
         s->from = ref_take_from(c->kind, from);
         s->to = off;
         s->st = c->st;
@@ -677,9 +680,15 @@ static tr_snap *tr_op_take(tr_ep *e, int ci, int32_t from) {
     }
 }
 
-/* What kvc_restore(c, s, target) must return (ref_model.h, after the owner check). */
+/* A snapshot serves any cache of the pool with its kind, window and sinks (the
+   MLX runner's snapshots are not tied to the cache that took them either). */
+static int tr_compatible(const tr_cache *c, const tr_snap *s) {
+    return s->kind == c->kind && s->W == c->W && s->S == c->S;
+}
+
+/* What kvc_restore(c, s, target) must return (ref_model.h, after the compatibility check). */
 static int tr_restore_expect(const tr_cache *c, const tr_snap *s, int32_t target) {
-    if (s->owner != c->serial) return KVC_ERR_FOREIGN;
+    if (!tr_compatible(c, s)) return KVC_ERR_FOREIGN;
     return ref_restore_expect(c->kind, c->W, &c->st, s->from, s->to, &s->st, target);
 }
 
@@ -724,11 +733,12 @@ static void tr_op_restore(tr_ep *e) {
     if (e->ns == 0) return;
     si = tr_int(e, 0, e->ns - 1);
     ci = tr_find_cache(e, e->s[si]->owner);
-    if (ci < 0 || tr_pct(e, 8)) { /* a foreign cache: nothing may change */
+    if (ci < 0 || tr_pct(e, 8)) { /* another cache: it takes the snapshot if compatible */
         int32_t target;
         ci = tr_int(e, 0, e->nc - 1);
         if (e->c[ci].serial == e->s[si]->owner) return;
         target = tr_int(e, 0, e->s[si]->to);
+        if (tr_compatible(&e->c[ci], e->s[si])) { tr_do_restore(e, ci, si, target); return; }
         tr_logf(e, "restore cache %d from foreign snap %d target %d", ci, si, target);
         TK_RES(kvc_restore(e->c[ci].h, e->s[si]->h, target), KVC_ERR_FOREIGN);
         return;
@@ -813,7 +823,7 @@ static void tr_do_merge(tr_ep *e, int ci, int pi, int chi) {
     int r, want;
     ph = pi >= 0 ? e->s[pi]->h : NULL;
     chh = chi >= 0 ? e->s[chi]->h : NULL;
-    if ((pi >= 0 && e->s[pi]->owner != c->serial) || (chi >= 0 && e->s[chi]->owner != c->serial)) want = KVC_ERR_FOREIGN;
+    if ((pi >= 0 && !tr_compatible(c, e->s[pi])) || (chi >= 0 && !tr_compatible(c, e->s[chi]))) want = KVC_ERR_FOREIGN;
     else if (pi >= 0 && pi == chi) want = KVC_ERR_INVALID;
     else if (c->kind == KVC_KIND_FULL && pi >= 0 && chi >= 0 && e->s[pi]->to != e->s[chi]->from) want = KVC_ERR_INVALID;
     else want = KVC_OK;
@@ -849,6 +859,8 @@ static void tr_do_merge(tr_ep *e, int ci, int pi, int chi) {
         m->h = out;
         m->owner = c->serial;
         m->kind = KVC_KIND_FULL;
+        m->W = c->W;
+        m->S = c->S;
         m->from = p->from;
         m->to = ch->to;
         ref_merge_full(&p->st, p->from, p->to, &ch->st, ch->to, &m->st);
@@ -899,7 +911,7 @@ static void tr_op_split(tr_ep *e) {
     ci = tr_find_cache(e, s->owner);
     if (ci < 0 || tr_pct(e, 5)) ci = tr_int(e, 0, e->nc - 1);
     at = tr_pct(e, 15) ? tr_int(e, s->from - 3, s->to + 3) : tr_int(e, s->from + 1, s->to - 1);
-    want = e->c[ci].serial == s->owner ? KVC_OK : KVC_ERR_FOREIGN;
+    want = tr_compatible(&e->c[ci], s) ? KVC_OK : KVC_ERR_FOREIGN;
     tr_logf(e, "split snap %d [%d,%d) with cache %d at %d", si, s->from, s->to, ci, at);
     r = kvc_snapshot_split(e->c[ci].h, s->h, at, &a, &b);
     tr_loga(e, " -> %d (want %d)", r, want);
