@@ -673,8 +673,9 @@ typedef struct kvc_memory_snapshot kvc_memory_snapshot;
 
 typedef struct kvc_group_config {
     kvc_pool_config pool;   /* n_layers = the model layers in this group; shapes and types,
-                               or state_floats. budget_bytes, allocator, arena, hooks,
-                               parallel_for and cpu_disable stay 0: the memory's apply */
+                               or state_floats; hooks for a device backend (kvcache_vk.h).
+                               budget_bytes, allocator, arena, parallel_for and cpu_disable
+                               stay 0: the memory's apply */
     kvc_cache_config cache; /* the group's policy */
 } kvc_group_config;
 
@@ -3977,8 +3978,8 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
         if (count[g] == 0) { *field = "layer_group"; return KVC_ERR_INVALID; } /* a group with no layer */
         if (p->n_layers != count[g]) { *field = "groups.pool.n_layers"; return KVC_ERR_INVALID; }
         if (p->budget_bytes != 0 || p->arena != NULL || p->arena_bytes != 0 || p->arena_object_bytes != 0 ||
-            p->allocator.alloc != NULL || p->allocator.free != NULL || p->hooks.event != NULL ||
-            p->hooks.external_data != 0 || p->parallel_for != NULL || p->cpu_disable != 0) {
+            p->allocator.alloc != NULL || p->allocator.free != NULL || p->parallel_for != NULL ||
+            p->cpu_disable != 0) {
             *field = "groups.pool";
             return KVC_ERR_INVALID;
         }
