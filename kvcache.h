@@ -33,6 +33,10 @@
      O(pages). kvc_prefix is the single-entry prompt reuse of ollama's MLX runner;
      kvc_radix is a prefix tree on the pool's pages shared by many conversations.
      kvc_*_save / kvc_*_load persist caches, sequences and tree entries.
+     Hybrid models: a RECURRENT cache keeps a fixed-size state per layer and
+     sequence on a state pool and goes back only to checkpoints; a kvc_memory puts
+     each group of a model's layers (full, sliding, recurrent) in its own pool and
+     cache under one budget, every operation all or nothing across the groups.
 
    A FORWARD PASS
        kvc_begin(cache, n_tokens);               // reserve cells for the new tokens
@@ -54,14 +58,16 @@
        A forward pass                  Layer 2   cells and page tables
        Attention                       Layer 3   cache kinds (FULL, ROTATING)
        Snapshots                       Layer 3b  the CAUSAL kind
-       Single-entry prefix reuse       Layer 4   snapshots
-       Radix prefix cache              Layer 5   single-entry prefix reuse
-       Persistence                     Layer 5b  the radix prefix tree
-     Advanced parts:                   Layer 6   attention kernels, the attention
-       Views                                     driver, the pthread helper
-       CAUSAL: sequences, masks        Views     runs and gather
-       Threads (pthread helper)        Layer 7   persistence
-       CPU paths
+       Single-entry prefix reuse       Layer 3c  the RECURRENT kind
+       Radix prefix cache              Layer 4   snapshots
+       Persistence                     Layer 4b  checkpoints
+       Hybrid models: recurrent        Layer 4c  model memories
+         state, checkpoints, memories  Layer 5   single-entry prefix reuse
+     Advanced parts:                   Layer 5b  the radix prefix tree
+       Views                           Layer 6   attention kernels, the attention
+       CAUSAL: sequences, masks                  driver, the pthread helper
+       Threads (pthread helper)        Views     runs and gather
+       CPU paths                       Layer 7   persistence
        Page events
 
    CONVENTIONS
@@ -7701,6 +7707,16 @@ typedef struct kvc__cellset {
 static int kvc__cell_next(const kvc__cellset *s, int32_t *i, uint32_t *page, int32_t *slot) {
     const kvc_cache *c = s->c;
     int32_t pc = c->pool->page_cells;
+    if (c->cfg.kind == KVC_KIND_RECURRENT) { /* *i = sequence: the states there are */
+        for (; *i < c->cfg.max_seqs; ++*i)
+            if (c->state_page[*i] != KVC__NO_PAGE) {
+                *page = c->state_page[*i];
+                *slot = 0;
+                (*i)++;
+                return 1;
+            }
+        return 0;
+    }
     if (c->cfg.kind != KVC_KIND_CAUSAL) { /* *i = page-table index * pc + slot */
         for (;;) {
             int32_t idx = *i / pc, sl = *i % pc;
@@ -7739,6 +7755,15 @@ static void kvc__w_cells(kvc__wr *w, const kvc__cellset *s, int with_seqs) {
     int32_t i = 0, slot, k;
     uint32_t page;
     uint64_t per = with_seqs ? 8 + 4 * (uint64_t)c->words : 4;
+    if (c->cfg.kind == KVC_KIND_RECURRENT) { /* a state: its sequence and the tokens it consumed */
+        kvc__w_section(w, KVC__TAG('C', 'E', 'L', 'L'), 8 * (uint64_t)s->n_cells);
+        while (kvc__cell_next(s, &i, &page, &slot)) {
+            kvc__w_u32(w, (uint32_t)(i - 1));
+            kvc__w_u32(w, (uint32_t)c->state_off[i - 1]);
+        }
+        kvc__w_end(w);
+        return;
+    }
     kvc__w_section(w, KVC__TAG('C', 'E', 'L', 'L'), per * (uint64_t)s->n_cells);
     while (kvc__cell_next(s, &i, &page, &slot)) {
         if (with_seqs) kvc__w_u32(w, (uint32_t)(i - 1));
@@ -7797,7 +7822,9 @@ static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_
     set.n_cells = kvc__cell_count(&set);
     meta[0] = n_tokens;
     meta[1] = set.n_cells;
-    if (c->cfg.kind != KVC_KIND_CAUSAL) {
+    if (c->cfg.kind == KVC_KIND_RECURRENT) {
+        meta[2] = c->offset;
+    } else if (c->cfg.kind != KVC_KIND_CAUSAL) {
         meta[2] = c->offset;
         meta[3] = c->batch_begin;
         meta[4] = c->first_lpage;
@@ -8080,6 +8107,63 @@ static void kvc__install_linear(kvc_cache *c, kvc__staged *st) {
     st->pages = NULL;
 }
 
+/* RECURRENT: CELL is (sequence, tokens consumed) per state, KVDT the states. The
+   checkpoints are not saved: a loaded cache goes back only to what it holds. */
+static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                      int32_t max_tokens, int32_t *n_tokens) {
+    kvc_pool *p = c->pool;
+    kvc__rd r;
+    kvc__saved s;
+    uint32_t *pages = NULL;
+    int32_t *seq_of = NULL, *off_of, n_pages = 0, i, n, prev = -1;
+    memset(&r, 0, sizeof(r));
+    memset(&s, 0, sizeof(s));
+    r.io = io;
+    kvc__r_head(&r, p, KVC__WHAT_CACHE, ns, &s);
+    if (r.err != KVC_OK) return r.err;
+    if (s.cc.kind != KVC_KIND_RECURRENT) return KVC_ERR_MISMATCH;
+    n = s.meta[1];
+    if (n > c->cfg.max_seqs) return KVC_ERR_MISMATCH; /* more states than sequences here */
+    if (tokens != NULL && s.meta[0] > max_tokens) {
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        return KVC_ERR_RANGE;
+    }
+    seq_of = (int32_t *)kvc__alloc(p, 2 * sizeof(int32_t) * (size_t)KVC__MAX(n, 1));
+    if (seq_of == NULL) return KVC_ERR_NO_MEMORY;
+    off_of = seq_of + KVC__MAX(n, 1);
+    if ((r.err = kvc__stage_pages(p, n, &pages, &n_pages)) == KVC_OK) {
+        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_section(&r, KVC__TAG('C', 'E', 'L', 'L'), 8 * (uint64_t)n);
+        for (i = 0; i < n && r.err == KVC_OK; ++i) {
+            seq_of[i] = (int32_t)kvc__r_u32(&r);
+            off_of[i] = (int32_t)kvc__r_u32(&r);
+            if (r.err == KVC_OK && (seq_of[i] <= prev || off_of[i] < 1)) kvc__r_fail(&r, KVC_ERR_CORRUPT);
+            if (r.err == KVC_OK && seq_of[i] >= c->cfg.max_seqs) kvc__r_fail(&r, KVC_ERR_MISMATCH);
+            prev = seq_of[i];
+        }
+        kvc__r_end(&r);
+        kvc__r_kv(&r, p, pages, n);
+    }
+    if (r.err == KVC_OK && s.meta[2] != (n > 0 && seq_of[0] == 0 ? off_of[0] : 0)) r.err = KVC_ERR_CORRUPT;
+    if (r.err == KVC_OK) { /* the cache takes the staged pages over */
+        kvc__lease_drop(c);
+        kvc__pend_drop(c);
+        kvc__ckpt_drop_all(c);
+        kvc__states_release(c);
+        for (i = 0; i < n; ++i) {
+            c->state_page[seq_of[i]] = pages[i];
+            c->state_off[seq_of[i]] = off_of[i];
+        }
+        c->offset = c->state_off[0];
+        c->batch_begin = c->offset > 0 ? c->offset - 1 : 0;
+        n_pages = 0;
+        if (n_tokens != NULL) *n_tokens = s.meta[0];
+    }
+    kvc__unstage_pages(p, pages, n_pages);
+    kvc__free(p, seq_of);
+    return r.err;
+}
+
 static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
                                    int32_t max_tokens, int32_t *n_tokens);
 
@@ -8102,6 +8186,8 @@ KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *i
     if (max_tokens < 0) return kvc__load_end(io, NULL, &st, KVC_ERR_INVALID);
     if (kvc__batch_open(c)) return kvc__load_end(io, NULL, &st, KVC_ERR_STATE);
     if (kvc__is_causal(c)) return kvc__load_end(io, NULL, &st, kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens));
+    if (kvc__is_recurrent(c))
+        return kvc__load_end(io, NULL, &st, kvc__load_recurrent(c, ns, io, tokens, max_tokens, n_tokens));
     memset(&r, 0, sizeof(r));
     r.io = io;
     kvc__r_linear(&r, c, KVC__WHAT_CACHE, ns, &st, tokens, max_tokens);
@@ -8283,6 +8369,155 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *i
     if (r.err == KVC_OK && n_tokens != NULL) *n_tokens = st.s.meta[0];
     kvc_cache_destroy(c);
     return kvc__load_end(io, t->pool, &st, r.err);
+}
+
+/* ---- model memories ---- */
+/* A memory is saved as a MEMO section (its layer map and each group's kind) followed by
+   one saved cache per group (kvc_cache_save's format; the tokens go with group 0). A load
+   reads every group into a fresh cache of its pool first and moves them into the
+   memory's caches only when all of them were read and checked. */
+
+#define KVC__WHAT_MEMORY 4u
+
+/* The io a group's save or load goes through: the caller's, finished once at the end. */
+static size_t kvc__fwd_write(void *user, const void *data, size_t n) {
+    const kvc_io *io = (const kvc_io *)user;
+    return io->write(io->user, data, n);
+}
+static size_t kvc__fwd_read(void *user, void *data, size_t n) {
+    const kvc_io *io = (const kvc_io *)user;
+    return io->read(io->user, data, n);
+}
+static kvc_io kvc__unfinished(const kvc_io *io) {
+    kvc_io f;
+    f.write = io->write != NULL ? kvc__fwd_write : NULL;
+    f.read = io->read != NULL ? kvc__fwd_read : NULL;
+    f.finish = NULL;
+    f.user = (void *)(uintptr_t)io; /* never written through */
+    return f;
+}
+
+static void kvc__w_memo(kvc__wr *w, const kvc_memory *m) {
+    const kvc__mpools *mp = m->mp;
+    unsigned char b[16];
+    int32_t i;
+    memcpy(b, kvc__magic, 8);
+    kvc__put32(b + 8, KVC__FORMAT_VERSION);
+    kvc__put32(b + 12, KVC__WHAT_MEMORY);
+    if (w->io->write(w->io->user, b, 16) != 16) w->failed = 1;
+    kvc__w_section(w, KVC__TAG('M', 'E', 'M', 'O'), 8 + 4 * ((uint64_t)mp->n_layers + (uint64_t)mp->n_groups));
+    kvc__w_u32(w, (uint32_t)mp->n_groups);
+    kvc__w_u32(w, (uint32_t)mp->n_layers);
+    for (i = 0; i < mp->n_layers; ++i) kvc__w_u32(w, (uint32_t)mp->layer_group[i]);
+    for (i = 0; i < mp->n_groups; ++i) kvc__w_u32(w, (uint32_t)m->cache[i]->cfg.kind);
+    kvc__w_end(w);
+}
+
+static kvc_result kvc__memory_persistable(const kvc_memory *m) {
+    int32_t g;
+    if (kvc__memory_open(m)) return KVC_ERR_STATE;
+    for (g = 0; g < m->mp->n_groups; ++g) {
+        if (m->cache[g]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
+        if (m->cache[g]->pool->external) return KVC_ERR_UNSUPPORTED; /* bytes on a device */
+    }
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                  const kvc_io *io) {
+    kvc__wr w;
+    kvc_io fwd;
+    int32_t g;
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (mem == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK ||
+        (r = kvc__memory_persistable(mem)) != KVC_OK)
+        return kvc__io_end(io, r);
+    for (g = 0; g < mem->mp->n_groups; ++g) kvc__settle(mem->cache[g]); /* no visible change */
+    memset(&w, 0, sizeof(w));
+    w.io = io;
+    kvc__w_memo(&w, mem);
+    if (w.failed) return kvc__io_end(io, KVC_ERR_IO);
+    fwd = kvc__unfinished(io);
+    for (g = 0; g < mem->mp->n_groups && r == KVC_OK; ++g)
+        r = kvc__save(mem->cache[g], KVC__WHAT_CACHE, -1, ns, tokens, g == 0 ? n_tokens : 0, &fwd);
+    return kvc__io_end(io, r);
+}
+
+/* Move src's contents (FULL, ROTATING, RECURRENT; same pool and config) into dst, whose
+   old contents go; src is left empty. Cannot fail. */
+static void kvc__cache_move(kvc_cache *dst, kvc_cache *src) {
+    int32_t s;
+    kvc__lease_drop(dst);
+    kvc__pend_drop(dst);
+    kvc__ckpt_drop_all(dst);
+    kvc__states_release(dst);
+    kvc__rewind(dst, 0);
+    memcpy(dst->pages, src->pages, sizeof(uint32_t) * (size_t)src->n_pages);
+    dst->n_pages = src->n_pages;
+    dst->first_lpage = src->first_lpage;
+    dst->offset = src->offset;
+    dst->batch_begin = src->batch_begin;
+    dst->batch_pending = 0;
+    for (s = 0; kvc__is_recurrent(src) && s < src->cfg.max_seqs; ++s) {
+        dst->state_page[s] = src->state_page[s];
+        dst->state_off[s] = src->state_off[s];
+        src->state_page[s] = KVC__NO_PAGE;
+    }
+    src->n_pages = 0;
+    src->first_lpage = src->n_sink_pages;
+    src->offset = 0;
+}
+
+KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                  int32_t max_tokens, int32_t *n_tokens) {
+    kvc__mpools *mp;
+    kvc__rd rd;
+    kvc_io fwd;
+    kvc_cache *tmp[KVC_MAX_GROUPS];
+    unsigned char b[16];
+    int32_t g, i, n0 = 0;
+    kvc_result r;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (mem == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if ((r = kvc__check_io(io, 0)) != KVC_OK || (r = kvc__memory_persistable(mem)) != KVC_OK)
+        return kvc__io_end(io, r);
+    if (max_tokens < 0) return kvc__io_end(io, KVC_ERR_INVALID);
+    mp = mem->mp;
+    memset(&rd, 0, sizeof(rd));
+    memset(b, 0, sizeof(b));
+    rd.io = io;
+    kvc__r_raw(&rd, b, 16);
+    if (rd.err == KVC_OK && (memcmp(b, kvc__magic, 8) != 0 || kvc__le32(b + 8) != KVC__FORMAT_VERSION))
+        rd.err = KVC_ERR_FORMAT;
+    if (rd.err == KVC_OK && kvc__le32(b + 12) != KVC__WHAT_MEMORY) rd.err = KVC_ERR_MISMATCH;
+    kvc__r_section(&rd, KVC__TAG('M', 'E', 'M', 'O'), 8 + 4 * ((uint64_t)mp->n_layers + (uint64_t)mp->n_groups));
+    if (rd.err == KVC_OK && (kvc__r_u32(&rd) != (uint32_t)mp->n_groups || kvc__r_u32(&rd) != (uint32_t)mp->n_layers))
+        rd.err = KVC_ERR_MISMATCH;
+    for (i = 0; i < mp->n_layers && rd.err == KVC_OK; ++i)
+        if (kvc__r_u32(&rd) != (uint32_t)mp->layer_group[i]) rd.err = KVC_ERR_MISMATCH;
+    for (g = 0; g < mp->n_groups && rd.err == KVC_OK; ++g)
+        if (kvc__r_u32(&rd) != (uint32_t)mem->cache[g]->cfg.kind) rd.err = KVC_ERR_MISMATCH;
+    kvc__r_end(&rd);
+    if (rd.err != KVC_OK) return kvc__io_end(io, rd.err);
+    memset(tmp, 0, sizeof(tmp));
+    fwd = kvc__unfinished(io);
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) {
+        int32_t n = 0;
+        r = kvc_cache_create(mem->cache[g]->pool, &mem->cache[g]->cfg, &tmp[g]);
+        if (r == KVC_OK) r = kvc_cache_load(tmp[g], ns, &fwd, g == 0 ? tokens : NULL, g == 0 ? max_tokens : 0, &n);
+        if (r == KVC_OK && g > 0 && (n != 0 || tmp[g]->offset != tmp[0]->offset)) r = KVC_ERR_CORRUPT;
+        if (g == 0) n0 = n;
+    }
+    if (r == KVC_ERR_RANGE && n_tokens != NULL) *n_tokens = n0;
+    if (r == KVC_OK) {
+        for (g = 0; g < mp->n_groups; ++g) kvc__cache_move(mem->cache[g], tmp[g]);
+        if (n_tokens != NULL) *n_tokens = n0;
+    }
+    for (g = 0; g < mp->n_groups; ++g)
+        if (tmp[g] != NULL) kvc_cache_destroy(tmp[g]);
+    return kvc__io_end(io, r);
 }
 
 /* ---- the ios ---- */

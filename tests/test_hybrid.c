@@ -573,6 +573,129 @@ static void test_memory_ops(void) {
     TK_OK(kvc_memory_destroy(m));
 }
 
+
+/* ---- persistence: a RECURRENT cache and a whole memory, bit-exact, damage changes nothing */
+static kvc_result save_mem(const kvc_memory *m, const int32_t *tokens, int32_t n, unsigned char **buf, size_t *len) {
+    kvc_mem mm;
+    kvc_io io;
+    kvc_namespace ns = {7, 1};
+    kvc_result r;
+    memset(&mm, 0, sizeof(mm));
+    kvc_io_memory(&mm, &io);
+    if ((r = kvc_memory_save(m, ns, tokens, n, &io)) != KVC_OK) return r; /* counts */
+    mm.data = (unsigned char *)malloc(mm.size);
+    mm.capacity = mm.size;
+    mm.size = 0;
+    kvc_io_memory(&mm, &io);
+    r = kvc_memory_save(m, ns, tokens, n, &io);
+    *buf = mm.data;
+    *len = mm.size;
+    return r;
+}
+
+static kvc_result load_mem(kvc_memory *m, unsigned char *buf, size_t len, int32_t *tokens, int32_t max, int32_t *n) {
+    kvc_mem mm;
+    kvc_io io;
+    kvc_namespace ns = {7, 1};
+    memset(&mm, 0, sizeof(mm));
+    mm.data = buf;
+    mm.capacity = mm.size = len;
+    kvc_io_memory(&mm, &io);
+    return kvc_memory_load(m, ns, &io, tokens, max, n);
+}
+
+static void test_persistence(void) {
+    kvc_memory_config mc;
+    kvc_group_config g[2];
+    int32_t map[4], tokens[32], i, got[32], n = -1, at[1] = {5};
+    kvc_memory *m = NULL, *d = NULL;
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    kvc_memory_stats st;
+    for (i = 0; i < 32; ++i) tokens[i] = (i * 3 + 1) % 7;
+    lfm2_config(&mc, g, map, 8 * STATE_PAGE + 12 * KV_PAGE);
+    TK_OK(kvc_memory_create(&mc, &m));
+    TK_OK(kvc_memory_create(&mc, &d));
+    TK_OK(mem_feed(m, tokens, 0, 9, at, 1));
+    TK_OK(save_mem(m, tokens, 9, &buf, &len));
+    TK_OK(mem_feed(d, tokens, 0, 3, NULL, 0)); /* something to replace */
+    TK_OK(load_mem(d, buf, len, got, 32, &n));
+    TK_EQ(n, 9);
+    TK_CHECK(memcmp(got, tokens, sizeof(int32_t) * 9) == 0);
+    TK_CHECK(mem_is(d, tokens, 9));
+    TK_OK(mem_feed(d, tokens, 9, 4, NULL, 0)); /* and it goes on from there */
+    TK_CHECK(mem_is(d, tokens, 13));
+    /* every truncation and a damaged byte in every 7th position: an error, d unchanged */
+    {
+        size_t cut, bad = 0, total = 0;
+        for (cut = 0; cut < len; cut += 1 + len / 97) {
+            total++;
+            bad += load_mem(d, buf, cut, NULL, 0, NULL) != KVC_OK && mem_is(d, tokens, 13);
+        }
+        for (cut = 0; cut < len; cut += 7) {
+            buf[cut] ^= 0x20;
+            total++;
+            bad += load_mem(d, buf, len, NULL, 0, NULL) != KVC_OK && mem_is(d, tokens, 13);
+            buf[cut] ^= 0x20;
+        }
+        TK_EQ(bad, total);
+    }
+    TK_OK(kvc_memory_stats_get(d, &st));
+    TK_RES(load_mem(d, buf, len, got, 3, &n), KVC_ERR_RANGE); /* tokens do not fit */
+    TK_EQ(n, 9);
+    TK_CHECK(mem_is(d, tokens, 13));
+    free(buf);
+    /* another layout refuses it */
+    {
+        kvc_memory *e = NULL;
+        int32_t map2[4] = {1, 0, 1, 0};
+        TK_OK(save_mem(m, tokens, 9, &buf, &len));
+        mc.layer_group = map2;
+        TK_OK(kvc_memory_create(&mc, &e));
+        TK_RES(load_mem(e, buf, len, NULL, 0, NULL), KVC_ERR_MISMATCH);
+        TK_OK(kvc_memory_destroy(e));
+        free(buf);
+    }
+    /* a RECURRENT cache alone, two sequences */
+    {
+        kvc_pool *p = state_pool(2, 8);
+        kvc_cache_config cc;
+        kvc_cache *a = NULL, *b = NULL;
+        kvc_mem mm;
+        kvc_io io;
+        kvc_namespace ns = {1, 2};
+        unsigned char store[4096];
+        int32_t pos[3] = {0, 1, 0}, seq[3] = {0, 0, 1}, l;
+        kvc_batch bt;
+        kvc_cache_config_init(&cc, KVC_KIND_RECURRENT);
+        cc.max_seqs = 2;
+        TK_OK(kvc_cache_create(p, &cc, &a));
+        TK_OK(kvc_cache_create(p, &cc, &b));
+        bt.n_tokens = 3; bt.pos = pos; bt.seq = seq; bt.non_causal = NULL;
+        TK_OK(kvc_begin_batch(a, &bt));
+        for (l = 0; l < 2; ++l) {
+            float *s0, *s1;
+            TK_OK(kvc_state(a, 0, l, &s0));
+            TK_OK(kvc_state(a, 1, l, &s1));
+            step(s0, tokens[0], l); step(s0, tokens[1], l); step(s1, tokens[0], l);
+        }
+        memset(&mm, 0, sizeof(mm));
+        mm.data = store;
+        mm.capacity = sizeof(store);
+        kvc_io_memory(&mm, &io);
+        TK_OK(kvc_cache_save(a, ns, tokens, 2, &io));
+        kvc_io_memory(&mm, &io);
+        TK_OK(kvc_cache_load(b, ns, &io, NULL, 0, NULL));
+        TK_CHECK(state_is(b, 0, tokens, 2, 2));
+        TK_CHECK(state_is(b, 1, tokens, 1, 2));
+        TK_OK(kvc_cache_destroy(a));
+        TK_OK(kvc_cache_destroy(b));
+        TK_OK(kvc_pool_destroy(p));
+    }
+    TK_OK(kvc_memory_destroy(m));
+    TK_OK(kvc_memory_destroy(d));
+}
+
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
     test_state_pool_config();
@@ -582,5 +705,6 @@ int main(int argc, char **argv) {
     test_rotating_checkpoints();
     test_memory_config();
     test_memory_ops();
+    test_persistence();
     return tk_report("test_hybrid");
 }
