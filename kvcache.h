@@ -820,10 +820,13 @@ KVCDEF kvc_result kvc_mask_export(const kvc_cache *cache, int32_t row_pad, float
 KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *cache, int32_t src, int32_t dst, int32_t len);
 /* Drop seq from cells with position in [begin, end); its later cells move back by
    end - begin and their keys are re-rotated (config rope). KVC_ERR_SHARED, with nothing
-   changed, if a cell that would move is shared with another sequence. */
+   changed, if a cell that would move is shared with another sequence. RECURRENT: only the
+   whole sequence, [0, KVC_POS_END), which drops its state; any other range is
+   KVC_ERR_RECURRENT (a state cannot lose some of its tokens). */
 KVCDEF kvc_result kvc_seq_remove(kvc_cache *cache, int32_t seq, int32_t begin, int32_t end);
 KVCDEF kvc_result kvc_seq_keep(kvc_cache *cache, int32_t seq); /* drop every other sequence */
-/* Smallest and largest position held for seq; both -1 if it holds none. */
+/* Smallest and largest position held for seq; both -1 if it holds none (RECURRENT: 0 and
+   the last token its state consumed). */
 KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *cache, int32_t seq, int32_t *min_pos, int32_t *max_pos);
 /* Whether seq can continue at pos: with a window, the cells that position needs are all held. */
 KVCDEF kvc_result kvc_seq_can_resume(const kvc_cache *cache, int32_t seq, int32_t pos, int *can_resume);
@@ -3087,10 +3090,34 @@ static void kvc__rope_table(kvc_cache *c, int32_t delta) {
     }
 }
 
+/* RECURRENT: a sequence's state goes as a whole, or not at all. */
+static kvc_result kvc__state_seq_op(kvc_cache *c, int32_t seq, int keep_only) {
+    int32_t s;
+    if (seq < 0 || seq >= c->cfg.max_seqs) return KVC_ERR_RANGE;
+    if (kvc__batch_open(c)) return KVC_ERR_STATE;
+    kvc__settle(c);
+    for (s = 0; s < c->cfg.max_seqs; ++s) {
+        if (keep_only ? s == seq : s != seq) continue;
+        if (c->state_page[s] != KVC__NO_PAGE) kvc__page_release(c->pool, c->state_page[s]);
+        c->state_page[s] = KVC__NO_PAGE;
+        c->state_off[s] = 0;
+        if (s == 0) { /* sequence 0's checkpoints went with it */
+            kvc__ckpt_drop_all(c);
+            c->offset = c->batch_begin = 0;
+        }
+    }
+    return KVC_OK;
+}
+
 KVCDEF kvc_result kvc_seq_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end) {
     int32_t i, shift = 0;
     kvc_result r;
     if (c == NULL) return KVC_ERR_NULL;
+    if (kvc__is_recurrent(c)) { /* only the whole sequence: a state cannot lose some tokens */
+        if (begin < 0 || end < begin) return KVC_ERR_INVALID;
+        if (begin != 0 || end != KVC_POS_END) return seq < 0 || seq >= c->cfg.max_seqs ? KVC_ERR_RANGE : KVC_ERR_RECURRENT;
+        return kvc__state_seq_op(c, seq, 0);
+    }
     if ((r = kvc__check_seq(c, seq)) != KVC_OK) return r;
     if (begin < 0 || end < begin) return KVC_ERR_INVALID;
     if (kvc__batch_open(c)) return KVC_ERR_STATE;
@@ -3125,6 +3152,7 @@ KVCDEF kvc_result kvc_seq_keep(kvc_cache *c, int32_t seq) {
     int32_t i, s;
     kvc_result r;
     if (c == NULL) return KVC_ERR_NULL;
+    if (kvc__is_recurrent(c)) return kvc__state_seq_op(c, seq, 1);
     if ((r = kvc__check_seq(c, seq)) != KVC_OK) return r;
     if (kvc__batch_open(c)) return KVC_ERR_STATE;
     for (i = 0; i < c->capacity; ++i)
@@ -3138,6 +3166,12 @@ KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *c, int32_t seq, int32_t *mi
     int32_t i, lo = -1, hi = -1;
     kvc_result r;
     if (c == NULL || min_pos == NULL || max_pos == NULL) return KVC_ERR_NULL;
+    if (kvc__is_recurrent(c)) { /* the tokens its state has consumed */
+        if (seq < 0 || seq >= c->cfg.max_seqs) return KVC_ERR_RANGE;
+        *min_pos = c->state_off[seq] > 0 ? 0 : -1;
+        *max_pos = c->state_off[seq] - 1;
+        return KVC_OK;
+    }
     if ((r = kvc__check_seq(c, seq)) != KVC_OK) return r;
     for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i)
         if (kvc__cell_has(c, i, seq)) {
@@ -3479,6 +3513,16 @@ static void kvc__restore_rotating(kvc_cache *c, const kvc_snapshot *s, int32_t t
     if (target < s->to) kvc__rewind(c, target);
 }
 
+/* ROTATING, RECURRENT: a checked restore from a snapshot with its carried checkpoints
+   already copied (chain); cannot fail. */
+static void kvc__restore_apply(kvc_cache *cache, const kvc_snapshot *snap, int32_t target, kvc_snapshot *chain) {
+    kvc__settle(cache);
+    kvc__pend_drop(cache);
+    if (kvc__is_recurrent(cache)) kvc__restore_recurrent(cache, snap);
+    else kvc__restore_rotating(cache, snap, target);
+    kvc__ckpt_install(cache, chain);
+}
+
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
     kvc_snapshot *chain = NULL;
     kvc_result r;
@@ -3502,11 +3546,7 @@ KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_
         return KVC_ERR_UNREACHABLE; /* a state, or a wrapped window, is only what it is */
     /* the snapshot's checkpoints come with it: copied first, so a failure changes nothing */
     if ((r = kvc__chain_clone(snap->carried, target, &chain)) != KVC_OK) return r;
-    kvc__settle(cache);
-    kvc__pend_drop(cache);
-    if (kvc__is_recurrent(cache)) kvc__restore_recurrent(cache, snap);
-    else kvc__restore_rotating(cache, snap, target);
-    kvc__ckpt_install(cache, chain);
+    kvc__restore_apply(cache, snap, target, chain);
     return KVC_OK;
 }
 
@@ -4327,6 +4367,8 @@ KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_
 
 KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target) {
     kvc__mpools *mp;
+    kvc_snapshot *chains[KVC_MAX_GROUPS];
+    int64_t copies = 0;
     int32_t g;
     int ok;
     if (mem == NULL) return KVC_ERR_NULL;
@@ -4350,12 +4392,25 @@ KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot 
         if (c->cfg.kind != KVC_KIND_FULL && target < s->to &&
             (kvc__is_recurrent(c) || s->to > c->cfg.window || s->first_lpage > c->n_sink_pages))
             return KVC_ERR_UNREACHABLE;
-        if (c->cfg.kind == KVC_KIND_FULL && s->from % c->pool->page_cells != 0 && kvc__pages_free(c->pool) < 1)
-            return KVC_ERR_FULL; /* the page at `from` may need a copy */
+        if (c->cfg.kind == KVC_KIND_FULL && s->from % c->pool->page_cells != 0)
+            copies += (int64_t)c->pool->page_bytes; /* the page at `from` may need a copy */
     }
+    if (copies > (int64_t)(mp->budget.cap - mp->budget.used)) return KVC_ERR_FULL;
+    for (g = 0; g < mp->n_groups; ++g) /* the carried checkpoints, copied before anything changes */
+        if (mem->cache[g]->cfg.kind != KVC_KIND_FULL &&
+            kvc__chain_clone(snap->snap[g]->carried, target, &chains[g]) != KVC_OK) {
+            while (g-- > 0) kvc__snapshot_release(chains[g]);
+            return KVC_ERR_NO_MEMORY;
+        }
     for (g = 0; g < mp->n_groups; ++g) {
-        kvc_result r = kvc_restore(mem->cache[g], snap->snap[g], target);
-        if (r != KVC_OK) return r; /* only NO_MEMORY for carried checkpoints can land here */
+        kvc_cache *c = mem->cache[g];
+        if (c->cfg.kind == KVC_KIND_FULL) {
+            kvc_result r = kvc__restore_full(c, snap->snap[g], target);
+            KVCACHE_ASSERT(r == KVC_OK); /* its page was counted above */
+            (void)r;
+        } else {
+            kvc__restore_apply(c, snap->snap[g], target, chains[g]);
+        }
     }
     return KVC_OK;
 }

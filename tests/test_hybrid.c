@@ -299,6 +299,25 @@ static void test_recurrent_sequences(void) {
     TK_CHECK(state_is(c, 0, a, 2, 2));
     TK_CHECK(state_is(c, 1, b, 3, 2));
     TK_CHECK(state_is(c, 2, a, 0, 2));
+    {
+        int32_t lo = -2, hi = -2;
+        TK_OK(kvc_seq_pos_range(c, 1, &lo, &hi));
+        TK_EQ(lo, 0);
+        TK_EQ(hi, 2);
+        /* a state cannot lose some of its tokens, only all of them */
+        TK_RES(kvc_seq_remove(c, 1, 1, 3), KVC_ERR_RECURRENT);
+        TK_RES(kvc_seq_remove(c, 1, 0, 2), KVC_ERR_RECURRENT);
+        TK_RES(kvc_seq_remove(c, 3, 0, KVC_POS_END), KVC_ERR_RANGE);
+        TK_CHECK(state_is(c, 1, b, 3, 2));
+        TK_OK(kvc_seq_remove(c, 1, 0, KVC_POS_END));
+        TK_CHECK(state_is(c, 1, b, 0, 2));
+        TK_CHECK(state_is(c, 0, a, 2, 2));
+        TK_OK(kvc_seq_pos_range(c, 1, &lo, &hi));
+        TK_EQ(lo, -1);
+        TK_EQ(hi, -1);
+        TK_OK(kvc_seq_keep(c, 1)); /* drops sequence 0 */
+        TK_CHECK(state_is(c, 0, a, 0, 2));
+    }
     TK_OK(kvc_cache_destroy(c));
     TK_OK(kvc_pool_destroy(p));
 }
