@@ -4907,6 +4907,7 @@ KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, 
     if (pool == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
     cc = &cfg->cache;
     if (cfg->max_entries < 0) return KVC_ERR_INVALID;
+    if (pool->cfg.state_floats > 0) return KVC_ERR_UNSUPPORTED; /* a state pool: no tokens to share */
     if (cc->kind == KVC_KIND_FULL) {
         if (cc->window != 0 || cc->sinks != 0) return KVC_ERR_INVALID;
     } else if (cc->kind == KVC_KIND_ROTATING) {

@@ -88,6 +88,12 @@ static void test_state_pool_config(void) {
     TK_OK(kvc_pool_create(&pc, &p));
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     TK_RES(kvc_cache_create(p, &cc, &c), KVC_ERR_INVALID); /* K/V kinds need a K/V pool */
+    {
+        kvc_radix_config rc;
+        kvc_radix *t = NULL;
+        kvc_radix_config_init(&rc, KVC_KIND_FULL);
+        TK_RES(kvc_radix_create(p, &rc, &t), KVC_ERR_UNSUPPORTED); /* states share no prefix */
+    }
     kvc_cache_config_init(&cc, KVC_KIND_RECURRENT);
     cc.max_seqs = 3;
     TK_RES(kvc_cache_create(p, &cc, &c), KVC_ERR_FULL); /* no room for a state per sequence */
