@@ -43,6 +43,11 @@
      Work is recorded into the caller's VkCommandBuffer (nothing is submitted behind its
      back); kvc_vk_begin / kvc_vk_submit_wait (KVCACHE_VK_HELPERS) are a convenience for
      tools and tests.
+     Hybrid models: a pool made with kvc_pool_config.state_floats holds RECURRENT caches'
+     states on the device (kvc_vk_cmd_state instead of kvc_state, kvc_vk_cmd_state_checkpoint
+     instead of kvc_state_checkpoint, kvc_vk_state_read instead of kvc_state_read; the
+     engine's own shader updates a state in place), and kvc_vk_memory_create makes a
+     kvcache.h model memory (kvc_memory) whose layer groups all live on device pools.
 
    RULES
      - Command buffers recorded by kvc_vk_cmd_* must be submitted, to one queue, in the
@@ -214,7 +219,7 @@ KVCDEF kvc_result kvc_vk_context_info(const kvc_vk_context *ctx, kvc_vk_info *in
 KVCDEF const kvc_vk_functions *kvc_vk_context_functions(const kvc_vk_context *ctx);
 
 /* A pool of pages in device memory with kvcache.h's bookkeeping: cfg as for kvc_pool_create
-   (its hooks must be zero: the backend sets them). Create caches, snapshots and prefix
+   (its hooks must be zero: the backend sets them; a state pool too, see below). Create caches, snapshots and prefix
    objects on kvc_vk_pool_host()'s pool with the ordinary kvcache.h calls. Destroy the
    pool only when the device no longer runs work recorded for it. */
 KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *ctx, const kvc_pool_config *cfg,
