@@ -873,7 +873,8 @@ KVCDEF kvc_result kvc_cpu_features(uint32_t *features); /* KVC_CPU_* this CPU an
    holding a mirror of the pages can replay it. With `external_data` set the pool holds
    no K/V bytes at all (only positions and bookkeeping): kvc_put takes k = v = NULL and
    only marks the layer written (the backend writes it), and kvc_attention,
-   kvc_cache_runs and kvc_cache_gather return KVC_ERR_UNSUPPORTED. Unused (all zero,
+   kvc_cache_runs, kvc_cache_gather, kvc_state, kvc_state_read and kvc_state_checkpoint
+   return KVC_ERR_UNSUPPORTED (kvcache_vk.h has their device forms). Unused (all zero,
    the default), nothing changes. */
 typedef enum kvc_page_event_kind {
     KVC_PAGE_COPY = 0, /* cells [src_cell, +n) of src_page -> [cell, +n) of page, every layer, K and V */
@@ -3314,6 +3315,7 @@ KVCDEF kvc_result kvc_state(kvc_cache *cache, int32_t seq, int32_t layer, float 
     if (!kvc__is_recurrent(cache)) return KVC_ERR_UNSUPPORTED;
     if (seq < 0 || seq >= cache->cfg.max_seqs || layer < 0 || layer >= cache->pool->cfg.n_layers)
         return KVC_ERR_RANGE;
+    if (cache->pool->external) return KVC_ERR_UNSUPPORTED; /* the states live in a device backend */
     if (!cache->states_open || cache->batch_has[seq] == 0) return KVC_ERR_STATE;
     if (!cache->batch_put[layer]) {
         cache->batch_put[layer] = 1;
@@ -3328,6 +3330,7 @@ KVCDEF kvc_result kvc_state_read(const kvc_cache *cache, int32_t seq, int32_t la
     if (!kvc__is_recurrent(cache)) return KVC_ERR_UNSUPPORTED;
     if (seq < 0 || seq >= cache->cfg.max_seqs || layer < 0 || layer >= cache->pool->cfg.n_layers)
         return KVC_ERR_RANGE;
+    if (cache->pool->external) return KVC_ERR_UNSUPPORTED; /* the states live in a device backend */
     *state = cache->state_page[seq] == KVC__NO_PAGE ? NULL : kvc__state_at(cache->pool, cache->state_page[seq], layer);
     return KVC_OK;
 }
@@ -3339,6 +3342,7 @@ KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t 
     if (!kvc__is_recurrent(cache)) return KVC_ERR_UNSUPPORTED;
     p = cache->pool;
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
+    if (p->external) return KVC_ERR_UNSUPPORTED; /* the states live in a device backend */
     if (!cache->states_open || cache->batch_has[0] == 0) return KVC_ERR_STATE;
     for (i = 0; i < cache->n_pend && cache->pend[i]->to != at; ++i) {}
     if (i == cache->n_pend) return KVC_ERR_RANGE; /* not a checkpoint this batch named */

@@ -43,6 +43,11 @@
      Work is recorded into the caller's VkCommandBuffer (nothing is submitted behind its
      back); kvc_vk_begin / kvc_vk_submit_wait (KVCACHE_VK_HELPERS) are a convenience for
      tools and tests.
+     Hybrid models: a pool made with kvc_pool_config.state_floats holds RECURRENT caches'
+     states on the device (kvc_vk_cmd_state instead of kvc_state, kvc_vk_cmd_state_checkpoint
+     instead of kvc_state_checkpoint, kvc_vk_state_read instead of kvc_state_read; the
+     engine's own shader updates a state in place), and kvc_vk_memory_create makes a
+     kvcache.h model memory (kvc_memory) whose layer groups all live on device pools.
 
    RULES
      - Command buffers recorded by kvc_vk_cmd_* must be submitted, to one queue, in the
@@ -214,7 +219,7 @@ KVCDEF kvc_result kvc_vk_context_info(const kvc_vk_context *ctx, kvc_vk_info *in
 KVCDEF const kvc_vk_functions *kvc_vk_context_functions(const kvc_vk_context *ctx);
 
 /* A pool of pages in device memory with kvcache.h's bookkeeping: cfg as for kvc_pool_create
-   (its hooks must be zero: the backend sets them). Create caches, snapshots and prefix
+   (its hooks must be zero: the backend sets them; a state pool too, see below). Create caches, snapshots and prefix
    objects on kvc_vk_pool_host()'s pool with the ordinary kvcache.h calls. Destroy the
    pool only when the device no longer runs work recorded for it. */
 KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *ctx, const kvc_pool_config *cfg,
@@ -244,6 +249,72 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *pool, VkCommandBuffer 
 KVCDEF kvc_result kvc_vk_cmd_gather(kvc_vk_pool *pool, VkCommandBuffer cmd, const kvc_cache *cache, int32_t layer,
                                     const kvc_vk_tensor *k, const kvc_vk_tensor *v, int32_t *pos,
                                     int32_t max_cells, int32_t *n_cells);
+
+/* ---- Recurrent state on the device (state pools: kvc_pool_config.state_floats) ------
+   A kvc_vk_pool made with state_floats holds RECURRENT caches' states in device memory:
+   kvcache.h keeps which page is a sequence's live state, the checkpoints and snapshots,
+   and reports copy-on-write and zeroing as page events, replayed here like K/V pages
+   (kvc_state, kvc_state_read and kvc_state_checkpoint refuse such pools with
+   KVC_ERR_UNSUPPORTED: no state bytes on the host). A state is state_floats f32 at
+   tensor.offset of tensor.buffer. kvc_vk_cmd_append / _attention / _gather refuse state
+   pools (KVC_ERR_UNSUPPORTED). */
+/* kvc_state on the GPU, during a batch: where the live state of (seq, layer) is, for the
+   engine's own shader to update in place for the batch's tokens of seq. Records the
+   page events the batch queued (the page made private: zeroed or copied) into cmd; record
+   your own barrier after it before your shader touches the state. Counts as the layer's
+   put; the location stays valid until the next call on this cache other than
+   kvc_vk_cmd_state and kvc_vk_cmd_state_checkpoint. KVC_ERR_STATE: no batch open, or seq
+   not in it. */
+KVCDEF kvc_result kvc_vk_cmd_state(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_cache *cache, int32_t seq,
+                                   int32_t layer, kvc_vk_tensor *state);
+/* kvc_state_read: where the state of (seq, layer) is, any time; state->buffer is
+   VK_NULL_HANDLE while the sequence has consumed no token (all zeros). Records nothing:
+   its bytes are current on the device once the work recorded so far and the pool's queued
+   page events (kvc_vk_cmd_sync, or any kvc_vk_cmd_* call on the pool) have run. */
+KVCDEF kvc_result kvc_vk_state_read(const kvc_vk_pool *pool, const kvc_cache *cache, int32_t seq, int32_t layer,
+                                    kvc_vk_tensor *state);
+/* kvc_state_checkpoint on the GPU: records the copy of layer's state as it is after `at`
+   tokens, state_floats f32 at src (the live state from kvc_vk_cmd_state once your
+   shader has scanned to `at`, or a copy of yours), into the checkpoint `at` the batch
+   named. The copy reads src behind a barrier (your writes before it are seen); record a
+   barrier before you write src again. KVC_ERR_RANGE if the batch named no such offset;
+   the batch's end is taken from the live state (nothing recorded). */
+KVCDEF kvc_result kvc_vk_cmd_state_checkpoint(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_cache *cache, int32_t layer,
+                                              int32_t at, const kvc_vk_tensor *src);
+
+/* ---- Model memories on the device ---------------------------------------------------
+   kvc_vk_memory_create makes a kvcache.h model memory (kvc_memory_create, the same
+   config) whose every group's pool is a kvc_vk_pool: K/V groups as kvc_vk_pool_create
+   makes them, RECURRENT groups as state pools. Drive it with the kvc_memory_* calls on
+   kvc_vk_memory_host() for everything but the per-layer data: kvc_memory_begin, trim,
+   restore, snapshots, forks, prefix reuse (kvc_prefix_create_memory), stats. Per model
+   layer, kvc_vk_memory_layer gives the group's device pool, cache and layer index for
+   kvc_vk_cmd_append / _attention (K/V groups) and kvc_vk_cmd_state /
+   _state_checkpoint (RECURRENT groups) instead of kvc_memory_put / _attention / _state
+   / _state_checkpoint (which refuse device pools). Device memory: as the host reserves
+   address space, each group's buffers are sized for the whole budget in its page size
+   (one group may take all of it), so a memory of G groups allocates up to G times
+   budget_bytes of device memory. */
+typedef struct kvc_vk_memory kvc_vk_memory;
+/* cfg as for kvc_memory_create (its groups' hooks must be zero: the backend sets them);
+   opts apply to every group's pool (may be NULL). */
+KVCDEF kvc_result kvc_vk_memory_create(kvc_vk_context *ctx, const kvc_memory_config *cfg,
+                                       const kvc_vk_pool_options *opts, kvc_vk_memory **out);
+/* KVC_ERR_BUSY while forks, memory snapshots, prefix objects, or caches and snapshots
+   made directly on its pools are alive. Destroy it only when the device no longer runs
+   work recorded for it. */
+KVCDEF kvc_result kvc_vk_memory_destroy(kvc_vk_memory *mem);
+/* The memory that keeps the bookkeeping (owned: do not destroy it). */
+KVCDEF kvc_memory *kvc_vk_memory_host(const kvc_vk_memory *mem);
+/* The device pool of group `group`. */
+KVCDEF kvc_result kvc_vk_memory_pool(const kvc_vk_memory *mem, int32_t group, kvc_vk_pool **pool);
+/* Model layer `layer` of host (the memory's own, NULL, or a kvc_memory_fork of it): its
+   group's device pool, the cache and the layer within the group. KVC_ERR_FOREIGN: host
+   shares no pools with mem. */
+KVCDEF kvc_result kvc_vk_memory_layer(const kvc_vk_memory *mem, const kvc_memory *host, int32_t layer,
+                                      kvc_vk_pool **pool, kvc_cache **cache, int32_t *group_layer);
+/* kvc_vk_cmd_sync on every group's pool (e.g. after a restore, before reading states). */
+KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *mem, VkCommandBuffer cmd);
 
 /* ---- Helpers for tools, tests and benchmarks (#define KVCACHE_VK_HELPERS) ---------- */
 /* Optional: #define KVCACHE_VK_HELPERS where kvcache_vk.h is included (and where its
@@ -746,6 +817,8 @@ struct kvc_vk_pool {
     VkBufferCopy *regions;
     size_t cap_regions;
     uint32_t *seen;                   /* a bit per cell of the pool: RoPE runs rotate a cell once */
+    int32_t state_floats;             /* a state pool (RECURRENT caches): f32 per layer state */
+    int owns_host;                    /* host made by kvc_vk_pool_create (else a model memory's) */
 };
 
 static void kvc_vk__on_event(void *user, const kvc_page_event *ev) {
@@ -949,14 +1022,36 @@ static void kvc_vk__pool_free(kvc_vk_pool *p) {
     kvc_vk__free(&c->alloc, p->events);
     kvc_vk__free(&c->alloc, p->regions);
     kvc_vk__free(&c->alloc, p->seen);
-    if (p->host) kvc_pool_destroy(p->host);
+    if (p->host && p->owns_host) kvc_pool_destroy(p->host);
     kvc_vk__free(&c->alloc, p);
 }
 
-KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *cfg, const kvc_vk_pool_options *opts,
-                                     kvc_vk_pool **out) {
-    kvc_pool_config hc;
-    kvc_vk_pool *p;
+/* A pool with neither its host pool nor device objects yet: its page events queue already
+   (a model memory creates the host pools with hooks that point here). */
+static kvc_vk_pool *kvc_vk__pool_new(kvc_vk_context *c) {
+    kvc_vk_pool *p = (kvc_vk_pool *)kvc_vk__alloc(&c->alloc, sizeof(*p));
+    if (p == NULL) return NULL;
+    memset(p, 0, sizeof(*p));
+    p->ctx = c;
+    return p;
+}
+
+/* The hooks a host pool of p reports to. */
+static kvc_page_hooks kvc_vk__hooks(kvc_vk_pool *p) {
+    kvc_page_hooks h;
+    memset(&h, 0, sizeof(h));
+    h.event = kvc_vk__on_event;
+    h.user = p;
+    h.external_data = 1;
+    return h;
+}
+
+/* The device side of p for its host pool p->host: page buffers, pipelines. On failure
+   the caller frees p. A state pool (state_floats) needs no kernels of its own: its pages
+   move by page events (buffer copies and fills) and the engine's shaders. */
+static kvc_result kvc_vk__pool_setup(kvc_vk_pool *p, const kvc_vk_pool_options *opts) {
+    kvc_vk_context *c = p->ctx;
+    const kvc_pool_config *cfg = &p->host->cfg; /* effective: a state pool as its K/V shape */
     kvc_result r;
     VkDescriptorSetLayoutBinding b[8];
     VkDescriptorSetLayoutCreateInfo dci;
@@ -964,17 +1059,6 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
     VkPipelineLayoutCreateInfo lci;
     uint32_t i, write_spec[KVC_VK__ROWS_WRITE_COUNT], read_spec[KVC_VK__ROWS_READ_COUNT];
     size_t kbytes, vbytes;
-    if (c == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
-    if (cfg->hooks.event != NULL || cfg->hooks.external_data || cfg->arena != NULL) return KVC_ERR_INVALID;
-    hc = *cfg;
-    p = (kvc_vk_pool *)kvc_vk__alloc(&c->alloc, sizeof(*p));
-    if (p == NULL) return KVC_ERR_NO_MEMORY;
-    memset(p, 0, sizeof(*p));
-    p->ctx = c;
-    hc.hooks.event = kvc_vk__on_event;
-    hc.hooks.user = p;
-    hc.hooks.external_data = 1;
-    if ((r = kvc_pool_create(&hc, &p->host)) != KVC_OK) { kvc_vk__free(&c->alloc, p); return r; }
     p->n_layers = cfg->n_layers;
     p->page_cells = p->host->page_cells;
     p->max_pages = p->host->max_pages;
@@ -983,6 +1067,7 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
     p->hdv = cfg->head_dim_v;
     p->tk = cfg->type_k;
     p->tv = cfg->type_v;
+    p->state_floats = cfg->state_floats;
     p->k_row = (uint32_t)p->host->k_row;
     p->v_row = (uint32_t)p->host->v_row;
     p->max_splits = opts && opts->max_splits > 0 ? opts->max_splits : 256;
@@ -991,22 +1076,18 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
     kbytes = p->host->page_k_bytes * (size_t)p->max_pages;
     vbytes = p->host->page_v_bytes * (size_t)p->max_pages;
     if (p->k_row % 4 || p->v_row % 4 || kbytes > c->props.limits.maxStorageBufferRange ||
-        vbytes > c->props.limits.maxStorageBufferRange || (int)p->tk > 4 || (int)p->tv > 4) {
-        kvc_vk__pool_free(p);
+        vbytes > c->props.limits.maxStorageBufferRange || (int)p->tk > 4 || (int)p->tv > 4)
         return KVC_ERR_UNSUPPORTED;
-    }
     p->kbuf = (kvc_vk__buf *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
     if (p->kbuf) memset(p->kbuf, 0, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
     p->seen = (uint32_t *)kvc_vk__alloc(&c->alloc, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
-    if (p->kbuf == NULL || p->seen == NULL) { kvc_vk__pool_free(p); return KVC_ERR_NO_MEMORY; }
+    if (p->kbuf == NULL || p->seen == NULL) return KVC_ERR_NO_MEMORY;
     memset(p->seen, 0, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
     p->vbuf = p->kbuf + p->n_layers;
     for (i = 0; i < (uint32_t)p->n_layers; ++i)
         if ((r = kvc_vk__buf_create(c, kbytes, KVC_VK__USAGE, 0, &p->kbuf[i])) != KVC_OK ||
-            (r = kvc_vk__buf_create(c, vbytes, KVC_VK__USAGE, 0, &p->vbuf[i])) != KVC_OK) {
-            kvc_vk__pool_free(p);
+            (r = kvc_vk__buf_create(c, vbytes, KVC_VK__USAGE, 0, &p->vbuf[i])) != KVC_OK)
             return r;
-        }
     for (i = 0; i < 8; ++i) {
         memset(&b[i], 0, sizeof(b[i]));
         b[i].binding = i;
@@ -1037,40 +1118,50 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
                           ? KVC_VK__MODULE_ATTN_SPLIT_SG_DOT
                           : KVC_VK__MODULE_ATTN_SPLIT_SG;
     if ((r = kvc_vk__vr(c->fn.vkCreateDescriptorSetLayout(c->device, &dci, c->vk_alloc, &p->dsl))) != KVC_OK ||
-        (r = kvc_vk__vr(c->fn.vkCreatePipelineLayout(c->device, &lci, c->vk_alloc, &p->layout))) != KVC_OK ||
-        (r = kvc_vk__module_create(p, p->split_module)) != KVC_OK ||
-        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ATTN_MERGE)) != KVC_OK ||
-        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_WRITE)) != KVC_OK ||
-        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_READ)) != KVC_OK) {
-        kvc_vk__pool_free(p);
+        (r = kvc_vk__vr(c->fn.vkCreatePipelineLayout(c->device, &lci, c->vk_alloc, &p->layout))) != KVC_OK)
         return r;
-    }
 #ifdef KVCACHE_VK_HELPERS /* kvc_vk_cmd_copy's kernel */
     if ((r = kvc_vk__module_create(p, KVC_VK__MODULE_COPY)) != KVC_OK ||
-        (r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_COPY], NULL, 0, 0, &p->fixed[KVC_VK__COPY])) != KVC_OK) {
-        kvc_vk__pool_free(p);
+        (r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_COPY], NULL, 0, 0, &p->fixed[KVC_VK__COPY])) != KVC_OK)
         return r;
-    }
 #endif
+    if (p->state_floats) return KVC_OK;
+    if ((r = kvc_vk__module_create(p, p->split_module)) != KVC_OK ||
+        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ATTN_MERGE)) != KVC_OK ||
+        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_WRITE)) != KVC_OK ||
+        (r = kvc_vk__module_create(p, KVC_VK__MODULE_ROWS_READ)) != KVC_OK)
+        return r;
     for (i = 0; i < 2; ++i) { /* K, then V */
         write_spec[KVC_VK__ROWS_WRITE_TYPE] = (uint32_t)(i ? p->tv : p->tk);
         if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_WRITE], write_spec, KVC_VK__ROWS_WRITE_COUNT, 0,
-                                  &p->fixed[i ? KVC_VK__WRITE_V : KVC_VK__WRITE_K])) != KVC_OK) {
-            kvc_vk__pool_free(p);
+                                  &p->fixed[i ? KVC_VK__WRITE_V : KVC_VK__WRITE_K])) != KVC_OK)
             return r;
-        }
         read_spec[KVC_VK__ROWS_READ_TYPE] = (uint32_t)(i ? p->tv : p->tk);
         read_spec[KVC_VK__ROWS_READ_HD] = (uint32_t)(i ? p->hdv : p->hdk);
         if ((r = kvc_vk__pipeline(p, p->modules[KVC_VK__MODULE_ROWS_READ], read_spec, KVC_VK__ROWS_READ_COUNT, 0,
-                                  &p->fixed[i ? KVC_VK__READ_V : KVC_VK__READ_K])) != KVC_OK) {
-            kvc_vk__pool_free(p);
+                                  &p->fixed[i ? KVC_VK__READ_V : KVC_VK__READ_K])) != KVC_OK)
             return r;
-        }
     }
     /* the tensor-core split pass: f16 K and V, head dims of whole 16 x 16 tiles up to 128 */
     p->use_cm = (p->features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) && p->tk == KVC_TYPE_F16 &&
                 p->tv == KVC_TYPE_F16 && p->hdk % 16 == 0 && p->hdv % 16 == 0 && p->hdk <= 128 && p->hdv <= 128;
-    if (p->use_cm && (r = kvc_vk__module_create(p, KVC_VK__MODULE_ATTN_SPLIT_CM)) != KVC_OK) {
+    if (p->use_cm && (r = kvc_vk__module_create(p, KVC_VK__MODULE_ATTN_SPLIT_CM)) != KVC_OK) return r;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *cfg, const kvc_vk_pool_options *opts,
+                                     kvc_vk_pool **out) {
+    kvc_pool_config hc;
+    kvc_vk_pool *p;
+    kvc_result r;
+    if (c == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    if (cfg->hooks.event != NULL || cfg->hooks.external_data || cfg->arena != NULL) return KVC_ERR_INVALID;
+    if ((p = kvc_vk__pool_new(c)) == NULL) return KVC_ERR_NO_MEMORY;
+    hc = *cfg;
+    hc.hooks = kvc_vk__hooks(p);
+    if ((r = kvc_pool_create(&hc, &p->host)) != KVC_OK) { kvc_vk__pool_free(p); return r; }
+    p->owns_host = 1;
+    if ((r = kvc_vk__pool_setup(p, opts)) != KVC_OK) {
         kvc_vk__pool_free(p);
         return r;
     }
@@ -1257,6 +1348,7 @@ KVCDEF kvc_result kvc_vk_cmd_sync(kvc_vk_pool *p, VkCommandBuffer cmd) {
 static kvc_result kvc_vk__check_cache(const kvc_vk_pool *p, const kvc_cache *c, int32_t layer) {
     if (p == NULL || c == NULL) return KVC_ERR_NULL;
     if (c->pool != p->host) return KVC_ERR_FOREIGN;
+    if (p->state_floats) return KVC_ERR_UNSUPPORTED; /* no K/V: kvc_vk_cmd_state */
     if (layer < 0 || layer >= p->n_layers) return KVC_ERR_RANGE;
     return p->failed ? KVC_ERR_NO_MEMORY : KVC_OK;
 }
@@ -1598,6 +1690,195 @@ KVCDEF kvc_result kvc_vk_cmd_attention(kvc_vk_pool *p, VkCommandBuffer cmd, cons
     item.cache = c;
     item.desc = *desc;
     return kvc_vk_cmd_attention_batch(p, cmd, layer, &item, 1);
+}
+
+/* ---- Recurrent states (state pools) ------------------------------------------------ */
+/* A state pool's page is one cell whose K row, per layer, is a sequence's state: on the
+   device, page pg's state of layer l is k_row bytes at pg * k_row of the layer's K
+   buffer. kvcache.h keeps the bookkeeping (which page is live, checkpoints, snapshots,
+   copy-on-write as page events) and never touches the bytes (external data); these
+   calls do what kvc_state / kvc_state_read / kvc_state_checkpoint do on the CPU. */
+
+static kvc_result kvc_vk__check_state(const kvc_vk_pool *p, const kvc_cache *c, int32_t layer) {
+    if (p == NULL || c == NULL) return KVC_ERR_NULL;
+    if (c->pool != p->host) return KVC_ERR_FOREIGN;
+    if (!kvc__is_recurrent(c)) return KVC_ERR_UNSUPPORTED;
+    if (layer < 0 || layer >= p->n_layers) return KVC_ERR_RANGE;
+    return p->failed ? KVC_ERR_NO_MEMORY : KVC_OK;
+}
+
+static void kvc_vk__state_tensor(const kvc_vk_pool *p, uint32_t page, int32_t layer, kvc_vk_tensor *out) {
+    out->buffer = p->kbuf[layer].buffer;
+    out->offset = (VkDeviceSize)page * (VkDeviceSize)p->k_row;
+    out->f16 = 0;
+}
+
+KVCDEF kvc_result kvc_vk_cmd_state(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_cache *c, int32_t seq, int32_t layer,
+                                   kvc_vk_tensor *out) {
+    kvc_result r;
+    if ((r = kvc_vk__check_state(p, c, layer)) != KVC_OK) return r;
+    if (cmd == VK_NULL_HANDLE || out == NULL) return KVC_ERR_NULL;
+    if (seq < 0 || seq >= c->cfg.max_seqs) return KVC_ERR_RANGE;
+    if (!c->states_open || c->batch_has[seq] == 0) return KVC_ERR_STATE;
+    /* the batch made the page private (a zeroed page, or a copy of a shared one): those
+       page events go first */
+    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
+    if (!c->batch_put[layer]) { /* as kvc_state: asking counts as the layer's put */
+        c->batch_put[layer] = 1;
+        c->batch_pending--;
+    }
+    kvc_vk__state_tensor(p, c->state_page[seq], layer, out);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_state_read(const kvc_vk_pool *p, const kvc_cache *c, int32_t seq, int32_t layer,
+                                    kvc_vk_tensor *out) {
+    kvc_result r;
+    if ((r = kvc_vk__check_state(p, c, layer)) != KVC_OK) return r;
+    if (out == NULL) return KVC_ERR_NULL;
+    if (seq < 0 || seq >= c->cfg.max_seqs) return KVC_ERR_RANGE;
+    if (c->state_page[seq] == KVC__NO_PAGE) { memset(out, 0, sizeof(*out)); return KVC_OK; } /* all zeros */
+    kvc_vk__state_tensor(p, c->state_page[seq], layer, out);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_cmd_state_checkpoint(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_cache *c, int32_t layer,
+                                              int32_t at, const kvc_vk_tensor *src) {
+    VkBufferCopy region;
+    int32_t i;
+    kvc_result r;
+    if ((r = kvc_vk__check_state(p, c, layer)) != KVC_OK) return r;
+    if (cmd == VK_NULL_HANDLE || src == NULL || src->buffer == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    if (src->offset % 4 || src->f16) return KVC_ERR_INVALID;
+    if (!c->states_open || c->batch_has[0] == 0) return KVC_ERR_STATE;
+    for (i = 0; i < c->n_pend && c->pend[i]->to != at; ++i) {}
+    if (i == c->n_pend) return KVC_ERR_RANGE; /* not a checkpoint this batch named */
+    if (at == c->offset) return KVC_OK;     /* the batch's end: taken from the live state */
+    /* the page events first (the checkpoint's page may have been another's until now),
+       behind the barrier that makes the engine's writes of src visible */
+    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
+    region.srcOffset = src->offset;
+    region.dstOffset = (VkDeviceSize)c->pend[i]->pages[0] * (VkDeviceSize)p->k_row;
+    region.size = p->k_row;
+    p->ctx->fn.vkCmdCopyBuffer(cmd, src->buffer, p->kbuf[layer].buffer, 1, &region);
+    c->pend_done[(size_t)i * (size_t)p->n_layers + (size_t)layer] = 1;
+    return KVC_OK;
+}
+
+/* ---- Model memories on device pools ------------------------------------------------- */
+
+struct kvc_vk_memory {
+    kvc_vk_context *ctx;
+    kvc_memory *mem;
+    int32_t n_groups;
+    kvc_vk_pool *pool[KVC_MAX_GROUPS];
+};
+
+/* Frees what vm holds: the memory first (its host pools go with it and report nothing
+   after), then the device pools. */
+static void kvc_vk__memory_free(kvc_vk_memory *vm) {
+    int32_t g;
+    if (vm->mem) kvc_memory_destroy(vm->mem);
+    for (g = 0; g < vm->n_groups; ++g)
+        if (vm->pool[g]) {
+            vm->pool[g]->host = NULL;
+            kvc_vk__pool_free(vm->pool[g]);
+        }
+    kvc_vk__free(&vm->ctx->alloc, vm);
+}
+
+KVCDEF kvc_result kvc_vk_memory_create(kvc_vk_context *c, const kvc_memory_config *cfg, const kvc_vk_pool_options *opts,
+                                       kvc_vk_memory **out) {
+    kvc_memory_config mc;
+    kvc_group_config *groups;
+    kvc_vk_memory *vm;
+    int32_t g;
+    kvc_result r;
+    if (c == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    if ((r = kvc_memory_config_check(cfg, NULL)) != KVC_OK) return r;
+    for (g = 0; g < cfg->n_groups; ++g) /* the backend owns the hooks */
+        if (cfg->groups[g].pool.hooks.event != NULL || cfg->groups[g].pool.hooks.external_data) return KVC_ERR_INVALID;
+    vm = (kvc_vk_memory *)kvc_vk__alloc(&c->alloc, sizeof(*vm));
+    groups = (kvc_group_config *)kvc_vk__alloc(&c->alloc, sizeof(*groups) * (size_t)cfg->n_groups);
+    if (vm == NULL || groups == NULL) {
+        kvc_vk__free(&c->alloc, vm);
+        kvc_vk__free(&c->alloc, groups);
+        return KVC_ERR_NO_MEMORY;
+    }
+    memset(vm, 0, sizeof(*vm));
+    vm->ctx = c;
+    vm->n_groups = cfg->n_groups;
+    r = KVC_OK;
+    for (g = 0; g < cfg->n_groups && r == KVC_OK; ++g) {
+        groups[g] = cfg->groups[g];
+        if ((vm->pool[g] = kvc_vk__pool_new(c)) == NULL) r = KVC_ERR_NO_MEMORY;
+        else groups[g].pool.hooks = kvc_vk__hooks(vm->pool[g]);
+    }
+    mc = *cfg;
+    mc.groups = groups;
+    if (r == KVC_OK) r = kvc_memory_create(&mc, &vm->mem);
+    kvc_vk__free(&c->alloc, groups);
+    for (g = 0; g < vm->n_groups && r == KVC_OK; ++g) {
+        vm->pool[g]->host = vm->mem->mp->pool[g];
+        r = kvc_vk__pool_setup(vm->pool[g], opts);
+    }
+    if (r != KVC_OK) { kvc_vk__memory_free(vm); return r; }
+    c->live_pools += vm->n_groups;
+    *out = vm;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_memory_destroy(kvc_vk_memory *vm) {
+    int32_t g, n;
+    kvc_vk_context *c;
+    if (vm == NULL) return KVC_ERR_NULL;
+    /* forks and memory snapshots share the pools; so do caches, snapshots and prefix
+       objects made on them directly */
+    if (vm->mem->mp->refs != 1) return KVC_ERR_BUSY;
+    for (g = 0; g < vm->n_groups; ++g) {
+        const kvc_pool *h = vm->pool[g]->host;
+        if (h->live_caches != 1 || h->live_snapshots || h->live_prefixes) return KVC_ERR_BUSY;
+    }
+    c = vm->ctx;
+    n = vm->n_groups;
+    kvc_vk__memory_free(vm);
+    c->live_pools -= n;
+    return KVC_OK;
+}
+
+KVCDEF kvc_memory *kvc_vk_memory_host(const kvc_vk_memory *vm) { return vm ? vm->mem : NULL; }
+
+KVCDEF kvc_result kvc_vk_memory_pool(const kvc_vk_memory *vm, int32_t group, kvc_vk_pool **pool) {
+    if (vm == NULL || pool == NULL) return KVC_ERR_NULL;
+    if (group < 0 || group >= vm->n_groups) return KVC_ERR_RANGE;
+    *pool = vm->pool[group];
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_memory_layer(const kvc_vk_memory *vm, const kvc_memory *mem, int32_t layer, kvc_vk_pool **pool,
+                                      kvc_cache **cache, int32_t *group_layer) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r;
+    if (vm == NULL || pool == NULL || cache == NULL || group_layer == NULL) return KVC_ERR_NULL;
+    if (mem == NULL) mem = vm->mem;
+    if (mem->mp != vm->mem->mp) return KVC_ERR_FOREIGN; /* not this memory or a fork of it */
+    if ((r = kvc_memory_layer(mem, layer, &c, &gl)) != KVC_OK) return r;
+    *pool = vm->pool[mem->mp->layer_group[layer]];
+    *cache = c;
+    *group_layer = gl;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *vm, VkCommandBuffer cmd) {
+    int32_t g;
+    kvc_result r;
+    if (vm == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    for (g = 0; g < vm->n_groups; ++g)
+        if (vm->pool[g]->failed) return KVC_ERR_NO_MEMORY;
+    for (g = 0; g < vm->n_groups; ++g)
+        if ((r = kvc_vk_cmd_sync(vm->pool[g], cmd)) != KVC_OK) return r;
+    return KVC_OK;
 }
 
 /* ---- Helpers for tools, tests and benchmarks (KVCACHE_VK_HELPERS) ------------------ */

@@ -516,6 +516,481 @@ static void test_errors(void) {
     }
 }
 
+/* ---- Hybrid models: a model memory on device pools against the same memory on the CPU ---
+   Layers 0 and 2 are RECURRENT (group 0, a state pool), 1 and 3 attention (group 1, FULL
+   or ROTATING). A toy recurrence (state = state / 2 + x) runs on the host from the CPU
+   memory's state, after the device's state has been checked equal to it; the engine's
+   "shader" is a transfer of the new values into the live state kvc_vk_cmd_state gives,
+   and checkpoints inside a batch hand the live state over with
+   kvc_vk_cmd_state_checkpoint. Both memories take the same calls (batches with
+   checkpoints, memory snapshots, restores, trims, forks, prefix reuse); after each, the
+   device's states must equal the CPU's bit for bit, its K/V (f32 or f16) likewise, and
+   its attention kvc_memory_attention within 5e-5. */
+#define HY_NS 12 /* floats of state per layer */
+#define HY_HEADS 2
+#define HY_HD 16
+#define HY_GROUP 2 /* query heads per kv head */
+
+typedef struct hybrid {
+    kvc_memory *cpu;
+    kvc_vk_memory *vm;
+    kvc_memory *gpu; /* the device memory's own host memory, or a fork of it */
+    kvc_memory *cpu_own; /* the CPU twin of the device memory's own, while gpu is a fork */
+    kvc_memory_snapshot *snap[2][2]; /* [CPU, device][slot] */
+} hybrid;
+
+static void cmd_barrier(VkCommandBuffer cmd) {
+    const kvc_vk_functions *fn = kvc_vk_context_functions(ctx);
+    VkMemoryBarrier mb;
+    memset(&mb, 0, sizeof(mb));
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT;
+    fn->vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &mb, 0,
+                             NULL, 0, NULL);
+}
+
+/* the engine's write of a state: in_buf's slot-th state into dst */
+static void cmd_put_state(VkCommandBuffer cmd, int32_t slot, const kvc_vk_tensor *dst) {
+    const kvc_vk_functions *fn = kvc_vk_context_functions(ctx);
+    VkBufferCopy rg;
+    rg.srcOffset = (VkDeviceSize)slot * HY_NS * 4;
+    rg.dstOffset = dst->offset;
+    rg.size = HY_NS * 4;
+    cmd_barrier(cmd); /* after what wrote or read dst before */
+    fn->vkCmdCopyBuffer(cmd, in_buf.buffer, dst->buffer, 1, &rg);
+}
+
+static void hy_config(kvc_memory_config *mc, kvc_group_config g[2], int32_t map[4], kvc_kind kind, kvc_type t) {
+    int32_t l;
+    size_t state_page, kv_page = 0;
+    kvc_memory_config_init(mc);
+    for (l = 0; l < 4; ++l) map[l] = l % 2;
+    memset(g, 0, sizeof(kvc_group_config) * 2);
+    g[0].pool.n_layers = 2;
+    g[0].pool.state_floats = HY_NS;
+    kvc_cache_config_init(&g[0].cache, KVC_KIND_RECURRENT);
+    g[0].cache.checkpoints = 3;
+    g[1].pool.n_layers = 2;
+    g[1].pool.n_kv_heads = HY_HEADS;
+    g[1].pool.head_dim_k = g[1].pool.head_dim_v = HY_HD;
+    g[1].pool.type_k = g[1].pool.type_v = t;
+    g[1].pool.page_cells = 4;
+    kvc_cache_config_init(&g[1].cache, kind);
+    if (kind == KVC_KIND_ROTATING) {
+        g[1].cache.window = 7;
+        g[1].cache.sinks = 1;
+        g[1].cache.checkpoints = 3;
+    }
+    state_page = 2 * (HY_NS + 1) * 4;
+    TK_OK(kvc_pool_page_bytes(&g[1].pool, &kv_page));
+    mc->n_layers = 4;
+    mc->layer_group = map;
+    mc->n_groups = 2;
+    mc->groups = g;
+    mc->budget_bytes = 24 * kv_page + 16 * state_page;
+}
+
+/* the same batch through both memories; at[] inside it */
+static void hy_feed(hybrid *h, kvc_memory *cpu, kvc_memory *gpu, int32_t n, const int32_t *at, int32_t n_at,
+                    kvc_type t, tk_rng *rng) {
+    int32_t l, i, k, off = 0, nk = HY_HEADS * HY_HD;
+    kvc_result r0, r1;
+    kvc_memory_offset(cpu, &off);
+    r0 = kvc_memory_begin(cpu, n, at, n_at);
+    r1 = kvc_memory_begin(gpu, n, at, n_at);
+    if (r0 != r1) fprintf(stderr, "kvc_memory_begin(%d, %d checkpoints): cpu %d gpu %d\n", n, n_at, r0, r1);
+    TK_EQ(r0, r1);
+    if (r0 != KVC_OK) return;
+    for (l = 0; l < 4; ++l) {
+        kvc_vk_pool *vp;
+        kvc_cache *gc;
+        int32_t gl;
+        VkCommandBuffer cmd;
+        TK_OK(kvc_vk_memory_layer(h->vm, gpu, l, &vp, &gc, &gl));
+        if (l % 2 == 0) {
+            float *st = NULL, dev[HY_NS];
+            kvc_vk_tensor live;
+            TK_OK(kvc_memory_state(cpu, l, 0, &st));
+            cmd = begin_cmd();
+            TK_OK(kvc_vk_cmd_state(vp, cmd, gc, 0, gl, &live));
+            TK_OK(kvc_vk_submit_wait(ctx, cmd));
+            /* the state the batch starts from: zeroed or copied on the device by page events */
+            TK_OK(kvc_vk_download(ctx, live.buffer, live.offset, dev, sizeof(dev)));
+            TK_CHECK(st != NULL && memcmp(st, dev, sizeof(dev)) == 0);
+            if (st == NULL) return;
+            ensure(&in_buf, sizeof(float) * HY_NS * (size_t)(n_at + 1));
+            cmd = begin_cmd();
+            for (i = 0, k = 0; i < n; ++i) {
+                int32_t j;
+                for (j = 0; j < HY_NS; ++j) st[j] = st[j] * 0.5f + tk_float(rng);
+                if (k < n_at && at[k] == off + i + 1) { /* the scan reached a checkpoint */
+                    memcpy((float *)in_buf.mapped + (size_t)k * HY_NS, st, sizeof(float) * HY_NS);
+                    cmd_put_state(cmd, k, &live);
+                    TK_OK(kvc_memory_state_checkpoint(cpu, l, at[k], st));
+                    TK_OK(kvc_vk_cmd_state_checkpoint(vp, cmd, gc, gl, at[k], &live));
+                    k++;
+                }
+            }
+            memcpy((float *)in_buf.mapped + (size_t)n_at * HY_NS, st, sizeof(float) * HY_NS);
+            cmd_put_state(cmd, n_at, &live);
+            TK_OK(kvc_vk_submit_wait(ctx, cmd));
+        } else {
+            float *kv = (float *)malloc(sizeof(float) * 2 * (size_t)n * (size_t)nk);
+            kvc_vk_tensor tk_, tv_;
+            for (i = 0; i < 2 * n * nk; ++i) kv[i] = tk_float(rng);
+            if (t == KVC_TYPE_F16) /* the CPU gets the values the f16 input holds */
+                for (i = 0; i < 2 * n * nk; ++i) kv[i] = kvc__f16_to_f32(kvc__f32_to_f16(kv[i]));
+            TK_OK(kvc_memory_put(cpu, l, kv, kv + (size_t)n * nk));
+            ensure(&in_buf, sizeof(float) * 2 * (size_t)n * (size_t)nk);
+            memcpy(in_buf.mapped, kv, sizeof(float) * 2 * (size_t)n * (size_t)nk);
+            memset(&tk_, 0, sizeof(tk_));
+            tk_.buffer = tv_.buffer = in_buf.buffer;
+            tv_.offset = sizeof(float) * (size_t)n * (size_t)nk;
+            tv_.f16 = 0;
+            cmd = begin_cmd();
+            TK_OK(kvc_vk_cmd_append(vp, cmd, gc, gl, &tk_, &tv_));
+            TK_OK(kvc_vk_submit_wait(ctx, cmd));
+            free(kv);
+        }
+    }
+}
+
+/* every state and K/V of the device memory against the CPU's, and attention */
+static void hy_compare(hybrid *h, kvc_memory *cpu, kvc_memory *gpu, tk_rng *rng) {
+    int32_t l, off0 = -1, off1 = -2, nk = HY_HEADS * HY_HD;
+    kvc_memory_stats s0, s1;
+    VkCommandBuffer cmd = begin_cmd();
+    TK_OK(kvc_vk_memory_cmd_sync(h->vm, cmd)); /* queued page events are part of the state */
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_memory_offset(cpu, &off0));
+    TK_OK(kvc_memory_offset(gpu, &off1));
+    TK_EQ(off0, off1);
+    TK_OK(kvc_memory_stats_get(cpu, &s0));
+    TK_OK(kvc_memory_stats_get(gpu, &s1));
+    TK_EQ(s0.n_checkpoints, s1.n_checkpoints);
+    TK_EQ(s0.bytes_used, s1.bytes_used);
+    for (l = 0; l < 4; ++l) {
+        kvc_vk_pool *vp;
+        kvc_cache *cc = NULL, *gc = NULL;
+        int32_t gl = 0, cgl = 0;
+        TK_OK(kvc_vk_memory_layer(h->vm, gpu, l, &vp, &gc, &gl));
+        TK_OK(kvc_memory_layer(cpu, l, &cc, &cgl));
+        if (l % 2 == 0) {
+            const float *st = NULL;
+            float dev[HY_NS];
+            kvc_vk_tensor where;
+            TK_OK(kvc_state_read(cc, 0, cgl, &st));
+            TK_OK(kvc_vk_state_read(vp, gc, 0, gl, &where));
+            TK_EQ(st == NULL, where.buffer == VK_NULL_HANDLE);
+            if (st == NULL || where.buffer == VK_NULL_HANDLE) continue;
+            TK_OK(kvc_vk_download(ctx, where.buffer, where.offset, dev, sizeof(dev)));
+            TK_CHECK(memcmp(st, dev, sizeof(dev)) == 0);
+        } else {
+            int32_t n0 = 0, n1 = -1, i, bad = 0, qn = 3, nh = HY_HEADS * HY_GROUP, pos[3];
+            float *k0, *q, *ref;
+            int32_t *p0, *p1;
+            kvc_vk_tensor gk, gv;
+            kvc_attention_desc d;
+            kvc_vk_attention_desc vd;
+            kvc_result r0, r1;
+            TK_OK(kvc_cache_gather(cc, cgl, NULL, NULL, NULL, 0, &n0));
+            TK_OK(kvc_vk_cmd_gather(vp, VK_NULL_HANDLE, gc, gl, NULL, NULL, NULL, 0, &n1));
+            TK_EQ(n0, n1);
+            if (n0 != n1 || n0 == 0) continue;
+            k0 = (float *)malloc(sizeof(float) * 2 * (size_t)n0 * (size_t)nk);
+            p0 = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)n0);
+            p1 = p0 + n0;
+            TK_OK(kvc_cache_gather(cc, cgl, k0, k0 + (size_t)n0 * nk, p0, n0, &n0));
+            ensure(&gk_buf, sizeof(float) * (size_t)n0 * nk);
+            ensure(&gv_buf, sizeof(float) * (size_t)n0 * nk);
+            memset(&gk, 0, sizeof(gk));
+            memset(&gv, 0, sizeof(gv));
+            gk.buffer = gk_buf.buffer;
+            gv.buffer = gv_buf.buffer;
+            cmd = begin_cmd();
+            TK_OK(kvc_vk_cmd_gather(vp, cmd, gc, gl, &gk, &gv, p1, n0, &n1));
+            TK_OK(kvc_vk_submit_wait(ctx, cmd));
+            bad += memcmp(p0, p1, sizeof(int32_t) * (size_t)n0) != 0;
+            bad += memcmp(k0, gk_buf.mapped, sizeof(float) * (size_t)n0 * nk) != 0;
+            bad += memcmp(k0 + (size_t)n0 * nk, gv_buf.mapped, sizeof(float) * (size_t)n0 * nk) != 0;
+            TK_EQ(bad, 0);
+            free(k0);
+            free(p0);
+            /* queries at the offset and before it */
+            q = (float *)malloc(sizeof(float) * (size_t)qn * nh * HY_HD * 2);
+            ref = q + (size_t)qn * nh * HY_HD;
+            for (i = 0; i < qn * nh * HY_HD; ++i) q[i] = tk_float(rng) * 2.0f;
+            for (i = 0; i < qn; ++i) pos[i] = i == 0 ? off0 : tk_int(rng, off0 > 8 ? off0 - 8 : 0, off0);
+            memset(&d, 0, sizeof(d));
+            d.n_queries = qn; d.n_heads = nh; d.q = q; d.out = ref; d.pos = pos;
+            ensure(&q_buf, sizeof(float) * (size_t)qn * nh * HY_HD);
+            ensure(&out_buf, sizeof(float) * (size_t)qn * nh * HY_HD);
+            memcpy(q_buf.mapped, q, sizeof(float) * (size_t)qn * nh * HY_HD);
+            memset(out_buf.mapped, 0x7f, sizeof(float) * (size_t)qn * nh * HY_HD);
+            memset(&vd, 0, sizeof(vd));
+            vd.n_queries = qn; vd.n_heads = nh; vd.q.buffer = q_buf.buffer; vd.out.buffer = out_buf.buffer; vd.pos = pos;
+            r0 = kvc_memory_attention(cpu, l, &d);
+            cmd = begin_cmd();
+            r1 = kvc_vk_cmd_attention(vp, cmd, gc, gl, &vd);
+            TK_OK(kvc_vk_submit_wait(ctx, cmd));
+            TK_EQ(r0, r1);
+            if (r0 == KVC_OK && r1 == KVC_OK) {
+                const float *got = (const float *)out_buf.mapped;
+                double worst = 0;
+                for (i = 0, bad = 0; i < qn * nh * HY_HD; ++i) {
+                    double e = fabs((double)got[i] - ref[i]);
+                    bad += !(e <= 5e-5);
+                    if (e > worst || e != e) worst = e;
+                }
+                if (bad) fprintf(stderr, "hybrid attention layer %d: %d values off, worst %g\n", l, bad, worst);
+                TK_EQ(bad, 0);
+            }
+            free(q);
+        }
+    }
+}
+
+/* n_at checkpoints inside a batch of n at offset off, increasing */
+static int32_t hy_checkpoints(int32_t off, int32_t n, int32_t *at, tk_rng *rng) {
+    int32_t n_at = tk_int(rng, 0, 2), i, k = 0;
+    for (i = 1; i <= n && k < n_at; ++i)
+        if (tk_int(rng, 0, n - 1) < n_at || i == n) at[k++] = off + i;
+    return k;
+}
+
+static void episode_hybrid(kvc_kind kind, kvc_type t, tk_rng *rng, int steps) {
+    kvc_memory_config mc;
+    kvc_group_config g[2];
+    int32_t map[4], step, i;
+    hybrid h;
+    kvc_vk_pool_options o;
+    memset(&h, 0, sizeof(h));
+    hy_config(&mc, g, map, kind, t);
+    memset(&o, 0, sizeof(o));
+    o.max_splits = 4;
+    TK_OK(kvc_memory_create(&mc, &h.cpu));
+    TK_OK(kvc_vk_memory_create(ctx, &mc, &o, &h.vm));
+    if (h.cpu == NULL || h.vm == NULL) return;
+    h.gpu = kvc_vk_memory_host(h.vm);
+    for (step = 0; step < steps; ++step) {
+        int op = tk_int(rng, 0, 11);
+        int32_t off = 0, at[2];
+        kvc_memory_offset(h.cpu, &off);
+        if (op <= 4) {
+            int32_t n = tk_int(rng, 1, 6), n_at = hy_checkpoints(off, n, at, rng);
+            if (off + n > 80) { /* room again */
+                BOTH(kvc_memory_clear(h.cpu), kvc_memory_clear(h.gpu));
+                off = 0;
+                n_at = hy_checkpoints(0, n, at, rng);
+            }
+            hy_feed(&h, h.cpu, h.gpu, n, at, n_at, t, rng);
+        } else if (op == 5) {
+            int k = tk_int(rng, 0, 1);
+            int32_t a = tk_int(rng, 0, off), from = tk_int(rng, -1, 3);
+            for (i = 0; i < 2; ++i) kvc_memory_snapshot_free(h.snap[i][k]), h.snap[i][k] = NULL;
+            BOTH(kvc_memory_snapshot_take(h.cpu, from, a, &h.snap[0][k]),
+                 kvc_memory_snapshot_take(h.gpu, from, a, &h.snap[1][k]));
+            TK_EQ(h.snap[0][k] == NULL, h.snap[1][k] == NULL);
+        } else if (op == 6) {
+            int k = tk_int(rng, 0, 2);
+            int32_t target = tk_int(rng, 0, off + 1);
+            BOTH(kvc_memory_restore(h.cpu, k < 2 ? h.snap[0][k] : NULL, target),
+                 kvc_memory_restore(h.gpu, k < 2 ? h.snap[1][k] : NULL, target));
+        } else if (op == 7) {
+            int32_t n = tk_int(rng, 0, 6);
+            BOTH(kvc_memory_trim(h.cpu, n), kvc_memory_trim(h.gpu, n));
+        } else if (op == 8) { /* a snapshot, a detour, then back to it */
+            kvc_memory_snapshot *s0 = NULL, *s1 = NULL;
+            int32_t a = tk_int(rng, 0, off), n = tk_int(rng, 1, 5), n_at;
+            BOTH(kvc_memory_snapshot_take(h.cpu, 0, a, &s0), kvc_memory_snapshot_take(h.gpu, 0, a, &s1));
+            kvc_memory_offset(h.cpu, &off);
+            n_at = hy_checkpoints(off, n, at, rng);
+            if (off + n <= 80) hy_feed(&h, h.cpu, h.gpu, n, at, n_at, t, rng);
+            hy_compare(&h, h.cpu, h.gpu, rng);
+            BOTH(kvc_memory_restore(h.cpu, s0, a), kvc_memory_restore(h.gpu, s1, a));
+            TK_OK(kvc_memory_snapshot_free(s0));
+            TK_OK(kvc_memory_snapshot_free(s1));
+        } else if (op == 9 || op == 10) { /* a fork goes on; sometimes it becomes the memory */
+            kvc_memory *f0 = NULL, *f1 = NULL;
+            int32_t n = tk_int(rng, 1, 4), n_at = hy_checkpoints(off, n, at, rng);
+            BOTH(kvc_memory_fork(h.cpu, &f0), kvc_memory_fork(h.gpu, &f1));
+            if (f0 == NULL || f1 == NULL) continue;
+            if (off + n <= 80) hy_feed(&h, f0, f1, n, at, n_at, t, rng);
+            hy_compare(&h, f0, f1, rng);
+            hy_compare(&h, h.cpu, h.gpu, rng); /* the original kept its pages */
+            if (op == 10) {
+                kvc_memory *t0 = h.cpu, *t1 = h.gpu;
+                h.cpu = f0; h.gpu = f1; f0 = t0; f1 = t1;
+            }
+            if (f1 == kvc_vk_memory_host(h.vm)) { /* the device memory's own: kept, emptied */
+                BOTH(kvc_memory_clear(f0), kvc_memory_clear(f1));
+                h.cpu_own = f0;
+            } else {
+                if (f0 != h.cpu_own) TK_OK(kvc_memory_destroy(f0));
+                TK_OK(kvc_memory_destroy(f1));
+            }
+        } else { /* prefix reuse: a prompt, then one sharing part of it */
+            kvc_prefix *x0 = NULL, *x1 = NULL;
+            int32_t toks[24], n = tk_int(rng, 4, 12), r0 = -1, r1 = -2, cut, k;
+            for (i = 0; i < 24; ++i) toks[i] = tk_int(rng, 0, 50);
+            TK_OK(kvc_prefix_create_memory(h.cpu, 64, &x0));
+            TK_OK(kvc_prefix_create_memory(h.gpu, 64, &x1));
+            for (k = 0; k < 2 && x0 && x1; ++k) {
+                BOTH(kvc_prefix_begin(x0, toks, n, &r0), kvc_prefix_begin(x1, toks, n, &r1));
+                TK_EQ(r0, r1);
+                if (r0 < n) {
+                    int32_t n_at = hy_checkpoints(r0, n - r0, at, rng);
+                    hy_feed(&h, h.cpu, h.gpu, n - r0, at, n_at, t, rng);
+                }
+                hy_compare(&h, h.cpu, h.gpu, rng);
+                BOTH(kvc_prefix_close(x0, NULL, 0), kvc_prefix_close(x1, NULL, 0));
+                cut = tk_int(rng, 1, n); /* the next request shares toks[0, cut) */
+                for (i = cut; i < 24; ++i) toks[i] = 60 + tk_int(rng, 0, 50);
+                n = tk_int(rng, cut, 16);
+            }
+            TK_OK(kvc_prefix_destroy(x0));
+            TK_OK(kvc_prefix_destroy(x1));
+        }
+        hy_compare(&h, h.cpu, h.gpu, rng);
+    }
+    /* the device memory outlives what shares its pools */
+    {
+        kvc_memory_snapshot *s = NULL;
+        TK_OK(kvc_memory_snapshot_take(h.gpu, 0, 0, &s)); /* nothing to hold: NULL */
+        kvc_memory_offset(h.gpu, &i);
+        if (i > 0) {
+            TK_OK(kvc_memory_snapshot_take(h.gpu, 0, i, &s));
+            TK_RES(kvc_vk_memory_destroy(h.vm), KVC_ERR_BUSY);
+            TK_OK(kvc_memory_snapshot_free(s));
+        }
+    }
+    for (i = 0; i < 4; ++i) kvc_memory_snapshot_free(h.snap[i / 2][i % 2]);
+    if (h.gpu != kvc_vk_memory_host(h.vm)) {
+        TK_RES(kvc_vk_memory_destroy(h.vm), KVC_ERR_BUSY); /* a fork is alive */
+        TK_OK(kvc_memory_destroy(h.gpu));
+        TK_OK(kvc_memory_destroy(h.cpu_own));
+    }
+    TK_OK(kvc_memory_destroy(h.cpu));
+    TK_OK(kvc_vk_memory_destroy(h.vm));
+}
+
+/* a state pool on its own (two sequences in a batch) and what the state calls refuse */
+static void test_state_errors(void) {
+    kvc_pool_config pc;
+    kvc_vk_pool *vp = NULL, *kvp = NULL;
+    kvc_cache_config cc;
+    kvc_cache *c = NULL;
+    kvc_vk_tensor s0, s1, rd;
+    VkCommandBuffer cmd;
+    float a[HY_NS], b[HY_NS], got[HY_NS], *host_st = NULL;
+    const float *ro = NULL;
+    int32_t pos[3] = {0, 0, 1}, seq[3] = {0, 1, 1}, i, at = 1;
+    kvc_batch bt;
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 2;
+    pc.state_floats = HY_NS;
+    pc.budget_bytes = 8 * 2 * (HY_NS + 1) * 4;
+    TK_OK(kvc_vk_pool_create(ctx, &pc, NULL, &vp));
+    if (vp == NULL) return;
+    kvc_cache_config_init(&cc, KVC_KIND_RECURRENT);
+    cc.max_seqs = 2;
+    TK_OK(kvc_cache_create(kvc_vk_pool_host(vp), &cc, &c));
+    cmd = begin_cmd();
+    TK_RES(kvc_vk_cmd_state(vp, cmd, c, 0, 0, &s0), KVC_ERR_STATE); /* no batch open */
+    TK_OK(kvc_vk_state_read(vp, c, 1, 0, &rd));
+    TK_CHECK(rd.buffer == VK_NULL_HANDLE); /* nothing consumed: zeros */
+    bt.n_tokens = 3; bt.pos = pos; bt.seq = seq; bt.non_causal = NULL;
+    TK_OK(kvc_begin_batch(c, &bt));
+    TK_RES(kvc_state(c, 0, 0, &host_st), KVC_ERR_UNSUPPORTED); /* no state bytes on the host */
+    TK_RES(kvc_state_read(c, 0, 0, &ro), KVC_ERR_UNSUPPORTED);
+    TK_RES(kvc_state_checkpoint(c, 0, 1, a), KVC_ERR_UNSUPPORTED);
+    TK_RES(kvc_vk_cmd_state(vp, cmd, c, 2, 0, &s0), KVC_ERR_RANGE);
+    TK_RES(kvc_vk_cmd_state(vp, cmd, c, 0, 2, &s0), KVC_ERR_RANGE);
+    TK_RES(kvc_vk_cmd_state_checkpoint(vp, cmd, c, 0, 1, &rd), KVC_ERR_NULL); /* rd: no buffer */
+    for (i = 0; i < HY_NS; ++i) { a[i] = (float)i + 0.25f; b[i] = -(float)i; }
+    ensure(&in_buf, sizeof(float) * 2 * HY_NS);
+    memcpy(in_buf.mapped, a, sizeof(a));
+    memcpy((float *)in_buf.mapped + HY_NS, b, sizeof(b));
+    for (i = 0; i < 2; ++i) { /* both layers: seq 0 gets a, seq 1 gets b */
+        TK_OK(kvc_vk_cmd_state(vp, cmd, c, 0, i, &s0));
+        TK_OK(kvc_vk_cmd_state(vp, cmd, c, 1, i, &s1));
+        TK_CHECK(s0.buffer != VK_NULL_HANDLE && (s0.buffer != s1.buffer || s0.offset != s1.offset));
+        cmd_put_state(cmd, 0, &s0);
+        cmd_put_state(cmd, 1, &s1);
+    }
+    TK_RES(kvc_vk_cmd_state_checkpoint(vp, cmd, c, 0, 1, &s0), KVC_ERR_RANGE); /* no checkpoint named */
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    for (i = 0; i < 2; ++i) {
+        TK_OK(kvc_vk_state_read(vp, c, 0, i, &rd));
+        TK_OK(kvc_vk_download(ctx, rd.buffer, rd.offset, got, sizeof(got)));
+        TK_CHECK(memcmp(got, a, sizeof(a)) == 0);
+        TK_OK(kvc_vk_state_read(vp, c, 1, i, &rd));
+        TK_OK(kvc_vk_download(ctx, rd.buffer, rd.offset, got, sizeof(got)));
+        TK_CHECK(memcmp(got, b, sizeof(b)) == 0);
+    }
+    /* a checkpoint inside the next batch of sequence 0, handed over from a copy */
+    TK_OK(kvc_begin_checkpoints(c, 2, &at, 0));
+    cmd = begin_cmd();
+    TK_RES(kvc_vk_cmd_state(vp, cmd, c, 1, 0, &s1), KVC_ERR_STATE); /* not in the batch */
+    TK_RES(kvc_vk_cmd_append(vp, cmd, c, 0, &s0, &s0), KVC_ERR_UNSUPPORTED); /* no K/V here */
+    for (i = 0; i < 2; ++i) TK_OK(kvc_vk_cmd_state(vp, cmd, c, 0, i, &s0));
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_cache_destroy(c));
+    /* a K/V pool's cache has no state; a state pool's cache is not the K/V pool's */
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 1; pc.n_kv_heads = 1; pc.head_dim_k = pc.head_dim_v = 8; pc.page_cells = 4; pc.budget_bytes = 1 << 14;
+    TK_OK(kvc_vk_pool_create(ctx, &pc, NULL, &kvp));
+    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    TK_OK(kvc_cache_create(kvc_vk_pool_host(kvp), &cc, &c));
+    TK_OK(kvc_begin(c, 1));
+    cmd = begin_cmd();
+    TK_RES(kvc_vk_cmd_state(kvp, cmd, c, 0, 0, &s0), KVC_ERR_UNSUPPORTED);
+    TK_RES(kvc_vk_cmd_state(vp, cmd, c, 0, 0, &s0), KVC_ERR_FOREIGN);
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_cache_destroy(c));
+    TK_OK(kvc_vk_pool_destroy(kvp));
+    TK_OK(kvc_vk_pool_destroy(vp));
+    { /* memories: the backend owns the hooks; configs are checked as kvc_memory_create does */
+        kvc_memory_config mc;
+        kvc_group_config g[2];
+        int32_t map[4], l, gl;
+        kvc_vk_memory *vm = NULL;
+        kvc_memory *other = NULL, *fork = NULL;
+        kvc_vk_pool *gp = NULL;
+        kvc_cache *gc = NULL;
+        hy_config(&mc, g, map, KVC_KIND_FULL, KVC_TYPE_F32);
+        g[0].pool.hooks.external_data = 1;
+        TK_RES(kvc_vk_memory_create(ctx, &mc, NULL, &vm), KVC_ERR_INVALID);
+        g[0].pool.hooks.external_data = 0;
+        mc.n_groups = 0;
+        TK_RES(kvc_vk_memory_create(ctx, &mc, NULL, &vm), KVC_ERR_INVALID);
+        mc.n_groups = 2;
+        TK_OK(kvc_vk_memory_create(ctx, &mc, NULL, &vm));
+        TK_OK(kvc_memory_create(&mc, &other));
+        if (vm == NULL || other == NULL) return;
+        TK_RES(kvc_vk_memory_layer(vm, other, 0, &gp, &gc, &gl), KVC_ERR_FOREIGN);
+        TK_RES(kvc_vk_memory_layer(vm, NULL, 4, &gp, &gc, &gl), KVC_ERR_RANGE);
+        TK_RES(kvc_vk_memory_pool(vm, 2, &gp), KVC_ERR_RANGE);
+        for (l = 0; l < 4; ++l) {
+            kvc_vk_pool *byg = NULL;
+            TK_OK(kvc_vk_memory_layer(vm, NULL, l, &gp, &gc, &gl));
+            TK_OK(kvc_vk_memory_pool(vm, l % 2, &byg));
+            TK_CHECK(gp == byg && gl == l / 2);
+        }
+        TK_OK(kvc_memory_begin(kvc_vk_memory_host(vm), 2, NULL, 0));
+        TK_RES(kvc_memory_state(kvc_vk_memory_host(vm), 0, 0, &host_st), KVC_ERR_UNSUPPORTED);
+        TK_RES(kvc_memory_put(kvc_vk_memory_host(vm), 1, a, a), KVC_ERR_INVALID); /* the device writes */
+        TK_OK(kvc_memory_cancel(kvc_vk_memory_host(vm)));
+        TK_OK(kvc_memory_fork(kvc_vk_memory_host(vm), &fork));
+        TK_OK(kvc_vk_memory_layer(vm, fork, 2, &gp, &gc, &gl));
+        TK_RES(kvc_vk_memory_destroy(vm), KVC_ERR_BUSY); /* the fork shares its pools */
+        TK_OK(kvc_memory_destroy(fork));
+        TK_OK(kvc_memory_destroy(other));
+        TK_OK(kvc_vk_memory_destroy(vm));
+    }
+}
+
 static kvc_type pick_type(tk_rng *rng) {
     kvc_type t = (kvc_type)tk_int(rng, 0, types_avail - 1);
     const char *force = getenv("KVC_VK_TYPE"); /* e.g. f16: every K and V of that type */
@@ -593,6 +1068,18 @@ int main(int argc, char **argv) {
                         sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "");
         }
         g_seed = run_seed;
+    }
+    /* hybrid models: FULL beside RECURRENT, then ROTATING beside RECURRENT (with
+       KVC_VK_EPISODE=e, the one of index e % 2) */
+    test_state_errors();
+    for (ep = 0; ep < 2; ++ep) {
+        int before = tk_failed, steps = (int)(40 * tk_scale());
+        kvc_type t;
+        if (getenv("KVC_VK_EPISODE") && atoi(getenv("KVC_VK_EPISODE")) % 2 != ep) continue;
+        rng.s = (run_seed * 1000003ull + 7777ull + (uint64_t)ep) ^ 0x9e3779b97f4a7c15ull;
+        t = tk_int(&rng, 0, 1) ? KVC_TYPE_F16 : KVC_TYPE_F32;
+        episode_hybrid(ep ? KVC_KIND_ROTATING : KVC_KIND_FULL, t, &rng, steps < 10 ? 10 : steps);
+        if (tk_failed != before) fprintf(stderr, "hybrid episode %d failed (%s K/V)\n", ep, kvc_type_name(t));
     }
     kvc_vk_buffer_destroy(ctx, &in_buf);
     kvc_vk_buffer_destroy(ctx, &q_buf);
