@@ -4447,9 +4447,11 @@ KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *
         const kvc_cache *c = mem->cache[g];
         int32_t i, j;
         if (with == NULL && kvc__has_ckpts(c)) with = c;
-        for (i = 0; i < c->n_ckpt; ++i)
-            for (j = 0; j < c->ckpt[i]->n_pages; ++j) /* pages nothing but checkpoints hold */
-                if (c->pool->refcount[c->ckpt[i]->pages[j]] == 1) st->checkpoint_bytes += c->pool->page_bytes;
+        for (i = 0; i < c->n_ckpt + c->n_pend; ++i) { /* pages nothing but checkpoints hold */
+            const kvc_snapshot *k = i < c->n_ckpt ? c->ckpt[i] : c->pend[i - c->n_ckpt];
+            for (j = 0; j < k->n_pages; ++j)
+                if (c->pool->refcount[k->pages[j]] == 1) st->checkpoint_bytes += c->pool->page_bytes;
+        }
     }
     /* offsets below the current one every group can go back to */
     for (g = 0; with != NULL && g < with->n_ckpt + with->n_pend; ++g) {
