@@ -59,8 +59,10 @@ static int forward(kvc_memory *m, const int32_t *tokens, int32_t off, int32_t n,
             CHECK(kvc_memory_state(m, layer, 0, &s)); /* the live state, updated in place */
             for (t = off, k = 0; t < off + n; ++t) {
                 for (i = 0; i < STATE; ++i) s[i] = s[i] * 0.5f + x_of(tokens[t], layer, i);
-                while (k < n_at && at[k] < t + 1) k++;
-                if (k < n_at && at[k] == t + 1 && t + 1 < off + n) CHECK(kvc_memory_state_checkpoint(m, layer, t + 1, s));
+                if (k < n_at && at[k] == t + 1) { /* a copy for a checkpoint inside the batch */
+                    if (t + 1 < off + n) CHECK(kvc_memory_state_checkpoint(m, layer, t + 1, s));
+                    k++;
+                }
             }
         } else {
             for (t = 0; t < n; ++t)
