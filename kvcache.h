@@ -733,6 +733,8 @@ KVCDEF kvc_result kvc_memory_put(kvc_memory *mem, int32_t layer, const float *k,
 KVCDEF kvc_result kvc_memory_attention(const kvc_memory *mem, int32_t layer, const kvc_attention_desc *desc);
 KVCDEF kvc_result kvc_memory_state(kvc_memory *mem, int32_t layer, int32_t seq, float **state);
 KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, int32_t at, const float *state);
+/* Abandon the batch in every group, also in groups whose layers were all put already.
+   KVC_ERR_RECURRENT (nothing changed) once a RECURRENT group has handed out a state. */
 KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem);
 /* Tokens the memory holds (every group agrees). */
 KVCDEF kvc_result kvc_memory_offset(const kvc_memory *mem, int32_t *offset);
@@ -4274,12 +4276,25 @@ KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int3
 KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem) {
     int32_t g;
     if (mem == NULL) return KVC_ERR_NULL;
+    /* groups whose layers were all put have ended their part of the batch: they are
+       taken back too, so the memory's batch is open while any group's is */
+    if (!kvc__memory_open(mem)) return KVC_ERR_STATE;
     for (g = 0; g < mem->mp->n_groups; ++g) {
         const kvc_cache *c = mem->cache[g];
-        if (!kvc__batch_open(c)) return KVC_ERR_STATE;
-        if (kvc__is_recurrent(c) && c->batch_pending < c->pool->cfg.n_layers) return KVC_ERR_RECURRENT;
+        if (kvc__is_recurrent(c) && (c->batch_pending < c->pool->cfg.n_layers || !kvc__batch_open(c)))
+            return KVC_ERR_RECURRENT; /* a state was handed out and may have changed */
     }
-    for (g = 0; g < mem->mp->n_groups; ++g) (void)kvc_cancel(mem->cache[g]);
+    for (g = 0; g < mem->mp->n_groups; ++g) {
+        kvc_cache *c = mem->cache[g];
+        if (kvc__batch_open(c)) {
+            (void)kvc_cancel(c);
+        } else if (c->cfg.kind == KVC_KIND_CAUSAL) {
+            kvc__causal_cancel(c); /* takes the ended batch's cells back */
+        } else {
+            kvc__pend_drop(c);
+            kvc__rewind_to(c, c->batch_begin, c->batch_begin);
+        }
+    }
     return KVC_OK;
 }
 

@@ -721,6 +721,33 @@ static void test_persistence(void) {
     TK_OK(kvc_memory_destroy(d));
 }
 
+/* cancel takes back a batch some groups have already finished */
+static void test_memory_cancel(void) {
+    kvc_memory_config mc;
+    kvc_group_config g[2];
+    int32_t map[4], tokens[8] = {1, 2, 3, 4, 5, 6, 7, 8}, off = -1;
+    kvc_memory *m = NULL;
+    float kv[4] = {1, 2, 3, 4}, *st;
+    lfm2_config(&mc, g, map, 4 * STATE_PAGE + 4 * KV_PAGE);
+    TK_OK(kvc_memory_create(&mc, &m));
+    TK_OK(mem_feed(m, tokens, 0, 2, NULL, 0));
+    TK_OK(kvc_memory_begin(m, 1, NULL, 0));
+    TK_OK(kvc_memory_put(m, 1, kv, kv));
+    TK_OK(kvc_memory_put(m, 3, kv, kv)); /* the FULL group has ended its part */
+    TK_OK(kvc_memory_cancel(m));          /* no state handed out yet: all taken back */
+    TK_CHECK(mem_is(m, tokens, 2));
+    TK_OK(kvc_memory_begin(m, 1, NULL, 0));
+    TK_OK(kvc_memory_state(m, 0, 0, &st));
+    TK_OK(kvc_memory_state(m, 2, 0, &st)); /* the RECURRENT group has ended its part */
+    TK_RES(kvc_memory_cancel(m), KVC_ERR_RECURRENT);
+    TK_OK(kvc_memory_put(m, 1, kv, kv));
+    TK_OK(kvc_memory_put(m, 3, kv, kv));
+    TK_RES(kvc_memory_cancel(m), KVC_ERR_STATE); /* nothing open */
+    TK_OK(kvc_memory_offset(m, &off));
+    TK_EQ(off, 3);
+    TK_OK(kvc_memory_destroy(m));
+}
+
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
     test_state_pool_config();
@@ -731,5 +758,6 @@ int main(int argc, char **argv) {
     test_memory_config();
     test_memory_ops();
     test_persistence();
+    test_memory_cancel();
     return tk_report("test_hybrid");
 }
