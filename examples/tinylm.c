@@ -10,14 +10,24 @@
      Qwen3            q/k RMSNorm per head before RoPE; sliding and full layers mixed
      LFM2             gated short-convolution layers (a recurrent conv state, no KV)
                       beside attention layers with q/k RMSNorm
-   The cache side of a model is a set of layer groups (section 5): layers that share
-   one cache policy and shape. A model whose layers are all alike is one group, run
-   with every cache kind that applies (full, causal; rotating only with a sliding
-   window). A hybrid model gets one group per layer type: Qwen3's sliding layers in a
-   rotating cache and its full layer in a full cache; LFM2's attention layers in a full
-   cache and its conv layers' state in plain arrays, restored from checkpoints taken
-   every CHECKPOINT_EVERY tokens (a conv state cannot be rewound). Every kind runs
-   with each storage type.
+   The cache side of a model is one model memory of kvcache.h (kvc_memory, section 5):
+   its layers in groups that share one cache policy and shape. What runs through what:
+     Llama, Mistral   a memory of one group, run with every cache kind that applies:
+                      FULL and CAUSAL, ROTATING (window) only with a sliding window;
+                      prefix reuse through kvc_prefix_create_memory (CAUSAL: its own
+                      rule on sequence 0, kvc_seq_*), branches through memory snapshots
+                      (CAUSAL: kvc_seq_snapshot)
+     Qwen3            the `hybrid` kind: a ROTATING group (the sliding layers, the
+                      model's window) and a FULL group (the full layers)
+     LFM2             the `hybrid` kind: a RECURRENT group (the conv layers; a state of
+                      the last L-1 vectors s = B*u per layer, updated in place through
+                      kvc_memory_state) and a FULL group (the attention layers)
+   The hybrid kind names a checkpoint at every multiple of CHECKPOINT_EVERY (64)
+   tokens with kvc_memory_begin, wherever it falls inside a chunk (conv layers hand
+   their state at it over with kvc_memory_state_checkpoint); prefix reuse goes back
+   to one of them when a state cannot be rewound or a window has wrapped, and branches
+   go through kvc_memory_snapshot_take / kvc_memory_restore. Every kind runs with each
+   storage type.
 
    Build (from the repository root):
        cc -std=c99 -O2 -Wall -Wextra -Wpedantic examples/tinylm.c -o tinylm -lm
@@ -32,9 +42,12 @@
    --reference   skip kvcache.h: one cache-free forward over each whole sequence
                  with naive attention (checks the model math on its own)
    --vk          the Vulkan backend (kvcache_vk.h): K/V pages in device memory, append
-                 and attention on the GPU (a device pool per KV layer group; conv states
-                 stay on the host), everything else unchanged. Needs a build with
-                 -DTINYLM_VK (Vulkan headers; the loader is opened at run time)
+                 and attention on the GPU, everything else unchanged. A kvc_memory cannot
+                 take device pools yet, so with --vk each group is a cache of its own (a
+                 device pool per KV group; the conv states in a RECURRENT cache on a
+                 host state pool) driven by the same calls per cache (section 5). Needs
+                 a build with -DTINYLM_VK (Vulkan headers; the loader is opened at run
+                 time)
 
    Output: one table row per case x cache kind x storage type:
      rows      reference logits rows compared / rows in the file (rows at positions
@@ -45,9 +58,10 @@
                snapshot (branch_b) or a checkpoint; "a!=b" when it differs from what
                was expected
      tok/s     tokens through the model per CPU second
-     result    "ok" or "FAIL:" and why; causal rows add the cells in use at the end
-   then one line per pool with its peak use and a leak check after teardown, and a
-   final verdict line. Exit status: 0 when every check passed (f32 within 1e-3 and
+     result    "ok" or "FAIL:" and why; causal rows add the cells in use at the end,
+               hybrid rows the checkpoints every group can go back to
+   then one line per memory (--vk: per pool) with its peak use and a leak check after
+   teardown, and a final verdict line. Exit status: 0 when every check passed (f32 within 1e-3 and
    every greedy token equal, f16 within 2e-2, no leak), 1 otherwise, 2 on bad usage.
 
    The program is organised top-down:
@@ -55,11 +69,11 @@
      2. helpers          files, errors, timing
      3. config.txt       the model's hyper-parameters and layer types
      4. safetensors      a minimal reader with a tiny JSON parser
-     5. layer groups     the model's memory: one kvc_pool + kvc_cache per KV group, the
-                         conv states; begin / cancel / rewind / snapshot / restore / free
-     6. the model        weights, math and the forward pass through the layer groups
+     5. the memory       the model's kvc_memory (--vk: a cache per group); begin /
+                         cancel / attention / conv state / snapshot / restore / free
+     6. the model        weights, math and the forward pass through the memory
      7. reference.txt    the test cases and their reference logits
-     8. sessions         layer groups per (kind, type), the kinds' hooks; the cases
+     8. sessions         a memory per (kind, type), the kinds' hooks; the cases
      9. main             argument parsing, the table, the verdict
 */
 #define KVCACHE_IMPLEMENTATION
@@ -1501,8 +1515,9 @@ static int forward(const model *m, memory *M, const int32_t *tokens, int n, int3
         rmsnorm(h, x, w->attn_norm, n, H, c->eps);
         if (c->type[l] == LAYER_CONV) {
             /* conv block: the state in place; s_all row t.. holds the state after t tokens */
-            float *state = ref_state + (size_t)l * state_floats;
-            if (M && memory_state(M, l, &state) != 0) goto fail;
+            float *state;
+            if (!M) state = ref_state + (size_t)l * state_floats;
+            else if (memory_state(M, l, &state) != 0) goto fail;
             short_conv(att, h, w, state, n, c, bcu, s_all);
             for (int i = 0; M && i < n_at && at[i] < pos0 + n; ++i)
                 if (memory_state_checkpoint(M, l, at[i], s_all + (size_t)(at[i] - pos0) * H) != 0) goto fail;
