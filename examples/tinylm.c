@@ -1491,7 +1491,7 @@ static int forward(const model *m, memory *M, const int32_t *tokens, int n, int3
     /* --reference: each conv layer's state, from zeros */
     float *ref_state = has_conv && !M ? (float *)calloc((size_t)c->layers * state_floats + 1, sizeof *ref_state) : NULL;
     int32_t *pos = (int32_t *)malloc((size_t)n * sizeof *pos);
-    int32_t held;
+    int32_t offset;
     int begun = 0, rc = -1;
 
     if (!x || !h || !q || !att || !k || !v || !gate || !up || !pos ||
@@ -1502,9 +1502,9 @@ static int forward(const model *m, memory *M, const int32_t *tokens, int n, int3
         memcpy(x + (size_t)i * H, m->embed + (size_t)tokens[i] * H, (size_t)H * sizeof *x);
     }
     if (M) {
-        if (memory_offset(M, &held) != 0) goto fail;
-        if (held != pos0) { /* the engine's position count and the memory's must agree */
-            errorf("the memory holds %d tokens, the batch starts at position %d", (int)held, (int)pos0);
+        if (memory_offset(M, &offset) != 0) goto fail;
+        if (offset != pos0) { /* the engine's position count and the memory's must agree */
+            errorf("the memory holds %d tokens, the batch starts at position %d", (int)offset, (int)pos0);
             goto fail;
         }
         if (memory_begin(M, n, at, n_at) != 0) goto fail; /* the only call that takes pages */
