@@ -10,14 +10,24 @@
      Qwen3            q/k RMSNorm per head before RoPE; sliding and full layers mixed
      LFM2             gated short-convolution layers (a recurrent conv state, no KV)
                       beside attention layers with q/k RMSNorm
-   The cache side of a model is a set of layer groups (section 5): layers that share
-   one cache policy and shape. A model whose layers are all alike is one group, run
-   with every cache kind that applies (full, causal; rotating only with a sliding
-   window). A hybrid model gets one group per layer type: Qwen3's sliding layers in a
-   rotating cache and its full layer in a full cache; LFM2's attention layers in a full
-   cache and its conv layers' state in plain arrays, restored from checkpoints taken
-   every CHECKPOINT_EVERY tokens (a conv state cannot be rewound). Every kind runs
-   with each storage type.
+   The cache side of a model is one model memory of kvcache.h (kvc_memory, section 5):
+   its layers in groups that share one cache policy and shape. What runs through what:
+     Llama, Mistral   a memory of one group, run with every cache kind that applies:
+                      FULL and CAUSAL, ROTATING (window) only with a sliding window;
+                      prefix reuse through kvc_prefix_create_memory (CAUSAL: its own
+                      rule on sequence 0, kvc_seq_*), branches through memory snapshots
+                      (CAUSAL: kvc_seq_snapshot)
+     Qwen3            the `hybrid` kind: a ROTATING group (the sliding layers, the
+                      model's window) and a FULL group (the full layers)
+     LFM2             the `hybrid` kind: a RECURRENT group (the conv layers; a state of
+                      the last L-1 vectors s = B*u per layer, updated in place through
+                      kvc_memory_state) and a FULL group (the attention layers)
+   The hybrid kind names a checkpoint at every multiple of CHECKPOINT_EVERY (64)
+   tokens with kvc_memory_begin, wherever it falls inside a chunk (conv layers hand
+   their state at it over with kvc_memory_state_checkpoint); prefix reuse goes back
+   to one of them when a state cannot be rewound or a window has wrapped, and branches
+   go through kvc_memory_snapshot_take / kvc_memory_restore. Every kind runs with each
+   storage type.
 
    Build (from the repository root):
        cc -std=c99 -O2 -Wall -Wextra -Wpedantic examples/tinylm.c -o tinylm -lm
@@ -32,9 +42,12 @@
    --reference   skip kvcache.h: one cache-free forward over each whole sequence
                  with naive attention (checks the model math on its own)
    --vk          the Vulkan backend (kvcache_vk.h): K/V pages in device memory, append
-                 and attention on the GPU (a device pool per KV layer group; conv states
-                 stay on the host), everything else unchanged. Needs a build with
-                 -DTINYLM_VK (Vulkan headers; the loader is opened at run time)
+                 and attention on the GPU, everything else unchanged. A kvc_memory cannot
+                 take device pools yet, so with --vk each group is a cache of its own (a
+                 device pool per KV group; the conv states in a RECURRENT cache on a
+                 host state pool) driven by the same calls per cache (section 5). Needs
+                 a build with -DTINYLM_VK (Vulkan headers; the loader is opened at run
+                 time)
 
    Output: one table row per case x cache kind x storage type:
      rows      reference logits rows compared / rows in the file (rows at positions
@@ -45,9 +58,10 @@
                snapshot (branch_b) or a checkpoint; "a!=b" when it differs from what
                was expected
      tok/s     tokens through the model per CPU second
-     result    "ok" or "FAIL:" and why; causal rows add the cells in use at the end
-   then one line per pool with its peak use and a leak check after teardown, and a
-   final verdict line. Exit status: 0 when every check passed (f32 within 1e-3 and
+     result    "ok" or "FAIL:" and why; causal rows add the cells in use at the end,
+               hybrid rows the checkpoints every group can go back to
+   then one line per memory (--vk: per pool) with its peak use and a leak check after
+   teardown, and a final verdict line. Exit status: 0 when every check passed (f32 within 1e-3 and
    every greedy token equal, f16 within 2e-2, no leak), 1 otherwise, 2 on bad usage.
 
    The program is organised top-down:
@@ -55,11 +69,11 @@
      2. helpers          files, errors, timing
      3. config.txt       the model's hyper-parameters and layer types
      4. safetensors      a minimal reader with a tiny JSON parser
-     5. layer groups     the model's memory: one kvc_pool + kvc_cache per KV group, the
-                         conv states; begin / cancel / rewind / snapshot / restore / free
-     6. the model        weights, math and the forward pass through the layer groups
+     5. the memory       the model's kvc_memory (--vk: a cache per group); begin /
+                         cancel / attention / conv state / snapshot / restore / free
+     6. the model        weights, math and the forward pass through the memory
      7. reference.txt    the test cases and their reference logits
-     8. sessions         layer groups per (kind, type), the kinds' hooks; the cases
+     8. sessions         a memory per (kind, type), the kinds' hooks; the cases
      9. main             argument parsing, the table, the verdict
 */
 #define KVCACHE_IMPLEMENTATION
@@ -92,18 +106,18 @@
    ROTATING caches get the model's window in kvc_attention (desc.window), so a FULL
    cache applies it as an attention mask while a ROTATING cache also drops what falls
    out of it; a CAUSAL cache has the window in its config and applies it itself.
-   These three run on models whose layers are all alike, as one layer group; the
-   `groups` kind runs on hybrid models only (layers of different types), with one
-   layer group per layer type (section 5).
+   These three run on models whose layers are all alike, as a memory of one group;
+   the `hybrid` kind runs on hybrid models only (layers of different types), with one
+   group per layer type in one memory (section 5).
    The hooks are the cache policy of a session (section 8): how a request reuses
-   what the cache holds, and how a branch point is restored. */
+   what the memory holds, and how a branch point is restored. */
 typedef struct config config;
 typedef struct session session;
 typedef struct test_case test_case;
 typedef struct score score;
 typedef struct kind_spec {
     const char *name;
-    kvc_kind kind;            /* unused by the groups kind: each group has its own */
+    kvc_kind kind;            /* unused by the hybrid kind: each group has its own */
     int needs_window;
     int hybrid;               /* 1: only on hybrid models, 0: only on the others */
     /* max_batch: the most tokens one forward pass takes */
@@ -115,7 +129,8 @@ typedef struct kind_spec {
     int (*end_case)(session *s, const test_case *tc, score *sc); /* checks after a case */
 } kind_spec;
 
-/* FULL and ROTATING: prefix reuse through kvc_prefix, kvc_snapshot_take / kvc_restore */
+/* FULL, ROTATING and hybrid: prefix reuse through kvc_prefix over the memory,
+   memory snapshots (kvc_memory_snapshot_take / kvc_memory_restore) */
 static void setup_full(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
 static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
 static int begin_request_prefix(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want);
@@ -128,11 +143,6 @@ static int begin_request_causal(session *s, const int32_t *prompt, int32_t n, in
 static int end_request_causal(session *s);
 static int restore_branch_point_causal(session *s, int32_t n);
 static int end_case_causal(session *s, const test_case *tc, score *sc);
-/* groups (hybrid models): trim every group, or restore a checkpoint taken while prefilling */
-static int begin_request_groups(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want);
-static int end_request_groups(session *s);
-static int restore_branch_point_groups(session *s, int32_t n);
-static int end_case_groups(session *s, const test_case *tc, score *sc);
 
 static const kind_spec KINDS[] = {
     {"full", KVC_KIND_FULL, 0, 0, setup_full, begin_request_prefix, end_request_prefix,
@@ -141,9 +151,10 @@ static const kind_spec KINDS[] = {
      restore_branch_point_prefix, end_case_prefix},
     {"causal", KVC_KIND_CAUSAL, 0, 0, setup_causal, begin_request_causal, end_request_causal,
      restore_branch_point_causal, end_case_causal},
-    /* records its tokens like the causal kind (kvc_prefix would trim each cache alone) */
-    {"groups", KVC_KIND_FULL, 0, 1, NULL, begin_request_groups, end_request_groups,
-     restore_branch_point_groups, end_case_groups},
+    /* the FULL and ROTATING hooks; prefill names checkpoints (CHECKPOINT_EVERY) to which
+       prefix reuse can take a recurrent state or a wrapped window back */
+    {"hybrid", KVC_KIND_FULL, 0, 1, NULL, begin_request_prefix, end_request_prefix,
+     restore_branch_point_prefix, end_case_prefix},
 };
 
 /* Storage types of K and V, with the accuracy each must reach against the float64
@@ -172,8 +183,8 @@ static const type_spec TYPES[] = {
 #define PAGE_CELLS 16                       /* small pages: many page boundaries */
 #define BUDGET_BYTES ((size_t)64 << 20)     /* generous: the runs need < 2 MiB   */
 #define DEFAULT_CHUNK 2048                  /* ollama's default batch size       */
-#define CHECKPOINT_EVERY 64                 /* groups kind: a checkpoint each 64 tokens */
-#define MAX_CHECKPOINTS 16
+#define CHECKPOINT_EVERY 64                 /* hybrid kind: a checkpoint each 64 tokens */
+#define KEEP_CHECKPOINTS 8                  /* the latest checkpoints a cache keeps   */
 #define MAX_LAYERS 64
 #define MAX_GROUPS 4                        /* one per layer type at most */
 
@@ -789,62 +800,59 @@ static float *st_load(const st_file *f, const char *name, int ndim, const int *d
 }
 
 /* ==================================================================================
-   5. Layer groups: the model's memory
-      The layers of a model fall into groups that share one cache policy and shape.
-      A KV group owns one kvc_pool and one kvc_cache (a pool has one shape for all
-      its layers, so each group gets its own); a conv group keeps the LFM2 short
-      convolution's recurrent state in plain arrays. The forward pass and the
-      sessions change the groups only through these operations, each all or nothing
-      across the groups (kvcache.h's model memory, kvc_memory_*, is to take this
-      struct's place):
-        groups_create / groups_free       one group per layer type, or one for all
-        groups_begin / groups_cancel      open a forward pass on every group, abandon it
-        groups_rewind                     back to an earlier position: trim every
-                                          group, or restore a checkpoint
-        groups_snapshot_take / groups_restore  every group's state at one position, back to it
-      plus the per-layer access of the forward pass (groups_attention,
-      groups_conv_state) and groups_position, the position every group is at.
+   5. The model's memory
+      The layers of a model fall into groups that share one cache policy and shape:
+      a model whose layers are all alike is one group, of the kind under test; a
+      hybrid model gets one group per layer type - sliding layers in a ROTATING cache
+      of the model's window, full layers in a FULL cache, conv layers' states in a
+      RECURRENT cache (per layer the last L-1 vectors s = B*u, all a conv layer needs
+      of the past). On the CPU the groups are one kvc_memory: one budget, each call
+      all or nothing across the groups, checkpoints named inside a batch, prefix reuse
+      over every group (kvc_prefix_create_memory).
+      --vk: a kvc_memory cannot take device pools yet (kvcache_vk.h), so there each
+      group is a cache of its own - a device pool per KV group, the conv states on a
+      host state pool - and the memory calls this program makes are written out below
+      as loops over those caches (the library keeps the checkpoints, snapshots and
+      prefix reuse of each cache the same way). Only the memory_* functions of this
+      section know which of the two a session has.
    ================================================================================== */
 
-typedef struct layer_group {
+typedef struct mem_group {
     layer_type type;       /* of its layers */
-    kvc_kind kind;         /* KV groups: the cache kind */
-    int32_t window;        /* KV groups: the window kvc_attention applies (desc.window), 0: none */
+    kvc_kind kind;         /* its cache's kind */
+    int32_t window;        /* the window kvc_attention applies (desc.window), 0: none */
     int32_t n_layers;
     int32_t layers[MAX_LAYERS]; /* the model layers, in order */
-    kvc_pool *pool;
-    kvc_cache *cache;
-#ifdef TINYLM_VK
-    kvc_vk_pool *vk_pool;  /* --vk: the group's device pool (pool is its host side) */
-#endif
     int32_t capacity;      /* CAUSAL: cells */
-    /* conv groups: per layer the last L-1 vectors s = B*u, oldest first, zeros before
-       position 0 - all a conv layer needs of the past */
-    size_t state_floats;   /* per layer: (L-1) * hidden */
-    float *state;          /* [n_layers][L-1][hidden] */
-    float *undo;           /* the states when the open batch began, for groups_cancel */
-    int32_t offset;        /* position of the next token */
-    int32_t open_n;        /* tokens of the open batch */
-} layer_group;
+    kvc_cache *cache;      /* CPU: the memory's (kvc_memory_group), --vk: its own */
+#ifdef TINYLM_VK
+    kvc_pool *pool;        /* --vk: the group's pool (a KV group: the device pool's host side) */
+    kvc_vk_pool *vk_pool;  /* --vk, KV groups: the device pool */
+#endif
+} mem_group;
 
-typedef struct layer_groups {
+typedef struct memory {
+    kvc_memory *mem;              /* CPU; NULL with --vk */
     int n;
-    layer_group g[MAX_GROUPS];
-    int group_of[MAX_LAYERS];     /* model layer -> its group */
+    mem_group g[MAX_GROUPS];
+    int32_t group_of[MAX_LAYERS]; /* model layer -> its group */
     int32_t index_of[MAX_LAYERS]; /* model layer -> layer within the group */
-} layer_groups;
+    size_t idle_bytes;            /* CPU: bytes in use when empty (a CAUSAL cache's cells) */
+    size_t peak_bytes;            /* CPU: the most bytes in use seen after a begin */
+} memory;
 
-/* Every group's state at one position: a branch point or a checkpoint. */
-typedef struct groups_snapshot {
+/* Every group's state at one position (a branch point). */
+typedef struct memory_snapshot {
     int32_t offset;                 /* the position it restores; -1: none held */
-    kvc_snapshot *snap[MAX_GROUPS]; /* KV groups; NULL for an empty cache */
-    float *state[MAX_GROUPS];       /* conv groups: a copy of the states */
-} groups_snapshot;
+    kvc_memory_snapshot *ms;        /* CPU (not for a CAUSAL group) */
+    kvc_snapshot *snap[MAX_GROUPS]; /* --vk: per group; a CAUSAL group (CPU too): its
+                                       kvc_seq_snapshot of sequence 0 */
+} memory_snapshot;
 
 static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
 
 /* Layers "0,1,3" of a group into buf. */
-static const char *group_layers(const layer_group *g, char *buf, size_t cap)
+static const char *group_layers(const mem_group *g, char *buf, size_t cap)
 {
     size_t len = 0;
     buf[0] = 0;
@@ -853,351 +861,374 @@ static const char *group_layers(const layer_group *g, char *buf, size_t cap)
     return buf;
 }
 
-static const char *group_kind_name(const layer_group *g)
+static const char *group_kind_name(const mem_group *g)
 {
-    return g->type == LAYER_CONV ? "conv" : g->kind == KVC_KIND_FULL ? "full"
-         : g->kind == KVC_KIND_ROTATING ? "rotating" : "causal";
+    return g->kind == KVC_KIND_FULL ? "full" : g->kind == KVC_KIND_ROTATING ? "rotating"
+         : g->kind == KVC_KIND_CAUSAL ? "causal" : "recurrent";
 }
 
 /* Which layers go in which group, and each group's kind: with uniform == NULL one
-   group per layer type - sliding layers in a ROTATING cache, full layers in a FULL
-   cache, conv layers' states - otherwise one group of uniform->kind for every layer. */
-static void groups_layout(layer_groups *G, const config *c, const kind_spec *uniform)
+   group per layer type - sliding layers ROTATING, full layers FULL, conv layers
+   RECURRENT - otherwise one group of uniform->kind for every layer. */
+static void memory_layout(memory *M, const config *c, const kind_spec *uniform)
 {
-    memset(G, 0, sizeof *G);
+    memset(M, 0, sizeof *M);
     for (int l = 0; l < c->layers; ++l) {
         int i = 0;
-        layer_group *g;
-        while (!uniform && i < G->n && G->g[i].type != c->type[l]) ++i;
-        if (i == G->n) {
-            G->g[i].type = c->type[l];
-            G->g[i].kind = uniform ? uniform->kind : c->type[l] == LAYER_SLIDING ? KVC_KIND_ROTATING : KVC_KIND_FULL;
-            G->n++;
+        mem_group *g;
+        while (!uniform && i < M->n && M->g[i].type != c->type[l]) ++i;
+        if (i == M->n) {
+            M->g[i].type = c->type[l];
+            M->g[i].kind = uniform ? uniform->kind
+                         : c->type[l] == LAYER_SLIDING ? KVC_KIND_ROTATING
+                         : c->type[l] == LAYER_CONV ? KVC_KIND_RECURRENT : KVC_KIND_FULL;
+            M->n++;
         }
-        g = &G->g[i];
-        G->group_of[l] = i;
-        G->index_of[l] = g->n_layers;
+        g = &M->g[i];
+        M->group_of[l] = i;
+        M->index_of[l] = g->n_layers;
         g->layers[g->n_layers++] = l;
     }
 }
 
-/* Builds the groups of model config c: with a hybrid kind (ks->hybrid) one group per
-   layer type - sliding layers in a ROTATING cache of the model's window, full layers
-   in a FULL cache, conv layers' states - otherwise one group of ks->kind for every
-   layer. Storage type `type` for K and V. */
-static int groups_create(layer_groups *G, const config *c, const kind_spec *ks, kvc_type type,
-                         int32_t max_tokens, int32_t max_batch)
+/* Builds the memory of model config c for kind ks (a hybrid kind: one group per layer
+   type; otherwise one group of ks->kind), storage type `type` for K and V. */
+static int memory_create(memory *M, const config *c, const kind_spec *ks, kvc_type type, int32_t max_tokens,
+                         int32_t max_batch)
 {
-    groups_layout(G, c, ks->hybrid ? NULL : ks);
-    for (int i = 0; i < G->n; ++i) {
-        layer_group *g = &G->g[i];
-        kvc_pool_config pcfg;
-        kvc_cache_config ccfg;
-        if (g->type == LAYER_CONV) {
-            g->state_floats = (size_t)(c->conv_L - 1) * c->hidden;
-            g->state = (float *)calloc(g->n_layers * g->state_floats + 1, sizeof *g->state);
-            g->undo = alloc_floats(g->n_layers * g->state_floats);
-            if (!g->state || !g->undo) goto fail;
-            continue;
+    kvc_group_config gc[MAX_GROUPS];
+    memory_layout(M, c, ks->hybrid ? NULL : ks);
+    memset(gc, 0, sizeof gc);
+    for (int i = 0; i < M->n; ++i) {
+        mem_group *g = &M->g[i];
+        kvc_pool_config *pc = &gc[i].pool;
+        kvc_cache_config *cc = &gc[i].cache;
+        pc->n_layers = g->n_layers;
+        if (g->kind == KVC_KIND_RECURRENT) {
+            pc->state_floats = (c->conv_L - 1) * c->hidden; /* the last L-1 vectors s */
+        } else { /* K/V in pages of PAGE_CELLS tokens of the group's layers */
+            pc->n_kv_heads = c->kv;
+            pc->head_dim_k = c->hd;
+            pc->head_dim_v = c->hd;
+            pc->type_k = type;
+            pc->type_v = type;
+            pc->page_cells = PAGE_CELLS;
         }
-        /* the pool: every K/V byte of the group, in pages of PAGE_CELLS tokens for its layers */
-        KVC_CHECK(kvc_pool_config_init(&pcfg));
-        pcfg.n_layers = g->n_layers;
-        pcfg.n_kv_heads = c->kv;
-        pcfg.head_dim_k = c->hd;
-        pcfg.head_dim_v = c->hd;
-        pcfg.type_k = type;
-        pcfg.type_v = type;
-        pcfg.page_cells = PAGE_CELLS;
-        pcfg.budget_bytes = BUDGET_BYTES;
-#ifdef TINYLM_VK
-        if (g_vk.on) { /* the same bookkeeping on the host, the pages on the GPU */
-            KVC_CHECK(kvc_vk_pool_create(g_vk.ctx, &pcfg, NULL, &g->vk_pool));
-            g->pool = kvc_vk_pool_host(g->vk_pool);
-        } else
-#endif
-        KVC_CHECK(kvc_pool_create(&pcfg, &g->pool));
-
-        /* the cache: one for the group's layers (they all have the same window) */
-        KVC_CHECK(kvc_cache_config_init(&ccfg, g->kind));
-        if (!ks->hybrid) ks->setup(&ccfg, c, max_tokens, max_batch);
-        else if (g->kind == KVC_KIND_ROTATING) setup_rotating(&ccfg, c, max_tokens, max_batch);
-        g->capacity = ccfg.capacity;
+        KVC_CHECK(kvc_cache_config_init(cc, g->kind));
+        if (!ks->hybrid) ks->setup(cc, c, max_tokens, max_batch);
+        else if (g->kind == KVC_KIND_ROTATING) setup_rotating(cc, c, max_tokens, max_batch);
+        if (g->kind == KVC_KIND_ROTATING || g->kind == KVC_KIND_RECURRENT) cc->checkpoints = KEEP_CHECKPOINTS;
+        g->capacity = cc->capacity;
         /* a causal cache applies its own window; the others get the layers' in desc.window */
         g->window = g->kind != KVC_KIND_CAUSAL && g->type == LAYER_SLIDING ? c->window : 0;
-        KVC_CHECK(kvc_cache_create(g->pool, &ccfg, &g->cache));
+    }
+#ifdef TINYLM_VK
+    if (g_vk.on) { /* a pool and a cache per group: device pools for K/V */
+        for (int i = 0; i < M->n; ++i) {
+            mem_group *g = &M->g[i];
+            gc[i].pool.budget_bytes = BUDGET_BYTES;
+            if (g->kind == KVC_KIND_RECURRENT) {
+                KVC_CHECK(kvc_pool_create(&gc[i].pool, &g->pool));
+            } else { /* the same bookkeeping on the host, the pages on the GPU */
+                KVC_CHECK(kvc_vk_pool_create(g_vk.ctx, &gc[i].pool, NULL, &g->vk_pool));
+                g->pool = kvc_vk_pool_host(g->vk_pool);
+            }
+            KVC_CHECK(kvc_cache_create(g->pool, &gc[i].cache, &g->cache));
+        }
+        return 0;
+    }
+#endif
+    {
+        kvc_memory_config mc;
+        const char *field = NULL;
+        kvc_result r;
+        KVC_CHECK(kvc_memory_config_init(&mc));
+        mc.n_layers = c->layers;
+        mc.layer_group = M->group_of;
+        mc.n_groups = M->n;
+        mc.groups = gc;
+        mc.budget_bytes = BUDGET_BYTES;
+        if ((r = kvc_memory_config_check(&mc, &field)) != KVC_OK) {
+            errorf("kvc_memory_config_check: %s (field %s)", kvc_strerror(r), field ? field : "?");
+            goto fail;
+        }
+        KVC_CHECK(kvc_memory_create(&mc, &M->mem));
+        for (int i = 0; i < M->n; ++i) KVC_CHECK(kvc_memory_group(M->mem, i, &M->g[i].cache));
+        {
+            kvc_memory_stats st; /* a CAUSAL cache has taken all its pages already */
+            KVC_CHECK(kvc_memory_stats_get(M->mem, &st));
+            M->idle_bytes = M->peak_bytes = st.bytes_used;
+        }
     }
     return 0;
 fail:
-    errorf("cannot create the layer groups");
+    errorf("cannot create the model's memory");
     return -1;
 }
 
-/* Destroys the caches, then checks that each pool got every page back, prints its
-   peak use (one line per pool, labelled `label`) and destroys it. Returns the number
-   of failures (a leak or an error). */
-static int groups_free(layer_groups *G, const char *kind_name, const char *type_name)
+/* Destroys the memory (every snapshot and prefix object on it must be gone) after
+   checking that nothing but its caches held pages: the memory cleared, the bytes in
+   use those it had when created.
+   (A snapshot still alive keeps a kvc_memory's pools alive after kvc_memory_destroy:
+   a leak the sanitizer builds report.) Prints one line (--vk: one per pool) labelled
+   with the kind and type. Returns the number of failures (a leak or an error). */
+static int memory_free(memory *M, const char *kind_name, const char *type_name)
 {
     int failures = 0;
-    for (int i = 0; i < G->n; ++i)
-        if (G->g[i].cache && kvc_cache_destroy(G->g[i].cache) != KVC_OK)
-            failures++, errorf("kvc_cache_destroy failed");
-    for (int i = 0; i < G->n; ++i) {
-        layer_group *g = &G->g[i];
-        free(g->state), free(g->undo);
-        if (g->pool) {
-            char label[80], layers[64];
-            kvc_pool_stats st;
-            kvc_result r = kvc_pool_stats_get(g->pool, &st);
-            if (G->n == 1) snprintf(label, sizeof label, "pool:");
-            else snprintf(label, sizeof label, "%s pool, layers %s:", group_kind_name(g),
-                          group_layers(g, layers, sizeof layers));
-            if (r != KVC_OK) {
-                errorf("kvc_pool_stats_get failed: %s", kvc_strerror(r));
-                failures++;
-            } else {
-                const int leak = st.pages_used != 0 || st.live_caches || st.live_snapshots || st.live_prefixes;
-                if (!g_quiet || leak)
-                    printf("  %-9s %-9s %-4s %s peak %d of %d pages (%.0f KiB), after teardown %d pages, "
-                           "%d caches, %d snapshots, %d prefixes%s\n",
-                           "", kind_name, type_name, label, (int)st.pages_peak, (int)st.pages_total,
-                           st.bytes_peak / 1024.0, (int)st.pages_used, (int)st.live_caches,
-                           (int)st.live_snapshots, (int)st.live_prefixes, leak ? "  FAIL: leak" : "  ok");
-                failures += leak;
-            }
+    if (M->mem) {
+        kvc_memory_stats st;
+        char groups[160] = "", layers[64];
+        size_t len = 0;
+        int leak;
+        if (kvc_memory_clear(M->mem) != KVC_OK || kvc_memory_stats_get(M->mem, &st) != KVC_OK) {
+            errorf("kvc_memory_clear or kvc_memory_stats_get failed");
+            failures++;
+        } else {
+            for (int i = 0; i < M->n && len + 1 < sizeof groups; ++i)
+                len += (size_t)snprintf(groups + len, sizeof groups - len, "%s%s %s", i ? ", " : "",
+                                        group_kind_name(&M->g[i]), group_layers(&M->g[i], layers, sizeof layers));
+            leak = st.bytes_used != M->idle_bytes;
+            if (!g_quiet || leak)
+                printf("  %-9s %-9s %-4s memory (%s): peak %.0f KiB of %.0f KiB, after teardown %lu bytes%s\n", "",
+                       kind_name, type_name, groups, M->peak_bytes / 1024.0, st.budget_bytes / 1024.0,
+                       (unsigned long)st.bytes_used, leak ? "  FAIL: leak" : "  ok");
+            failures += leak;
+        }
+        if (kvc_memory_destroy(M->mem) != KVC_OK) failures++, errorf("kvc_memory_destroy failed");
+        memset(M, 0, sizeof *M);
+        return failures;
+    }
 #ifdef TINYLM_VK
-            if (g_vk.on) {
-                kvc_vk_context_info(g_vk.ctx, &g_vk_info);
-                r = kvc_vk_pool_destroy(g->vk_pool);
-                g->vk_pool = NULL;
-                g_vk.pool = NULL;
-            } else
-#endif
+    for (int i = 0; i < M->n; ++i)
+        if (M->g[i].cache && kvc_cache_destroy(M->g[i].cache) != KVC_OK)
+            failures++, errorf("kvc_cache_destroy failed");
+    for (int i = 0; i < M->n; ++i) {
+        mem_group *g = &M->g[i];
+        char layers[64];
+        kvc_pool_stats st;
+        kvc_result r;
+        if (!g->pool) continue;
+        if ((r = kvc_pool_stats_get(g->pool, &st)) != KVC_OK) {
+            errorf("kvc_pool_stats_get failed: %s", kvc_strerror(r));
+            failures++;
+        } else {
+            const int leak = st.pages_used != 0 || st.live_caches || st.live_snapshots || st.live_prefixes;
+            if (!g_quiet || leak)
+                printf("  %-9s %-9s %-4s %s pool, layers %s: peak %d of %d pages (%.0f KiB), after teardown %d pages, "
+                       "%d caches, %d snapshots, %d prefixes%s\n",
+                       "", kind_name, type_name, group_kind_name(g), group_layers(g, layers, sizeof layers),
+                       (int)st.pages_peak, (int)st.pages_total, st.bytes_peak / 1024.0, (int)st.pages_used,
+                       (int)st.live_caches, (int)st.live_snapshots, (int)st.live_prefixes,
+                       leak ? "  FAIL: leak" : "  ok");
+            failures += leak;
+        }
+        if (g->vk_pool) {
+            kvc_vk_context_info(g_vk.ctx, &g_vk_info);
+            r = kvc_vk_pool_destroy(g->vk_pool);
+            g_vk.pool = NULL;
+        } else {
             r = kvc_pool_destroy(g->pool);
-            if (r != KVC_OK) {
-                errorf("kvc_pool_destroy failed: %s", kvc_strerror(r));
-                failures++;
-            }
+        }
+        if (r != KVC_OK) {
+            errorf("kvc_pool_destroy failed: %s", kvc_strerror(r));
+            failures++;
         }
     }
-    memset(G, 0, sizeof *G);
+#endif
+    memset(M, 0, sizeof *M);
     return failures;
 }
 
-/* The position of the next token, the same in every group (or an error). */
-static int groups_position(const layer_groups *G, int32_t *position)
+/* The tokens a group's cache holds (CAUSAL: sequence 0's positions 0..hi). */
+static int group_tokens(const mem_group *g, int32_t *tokens)
 {
-    for (int i = 0; i < G->n; ++i) {
-        const layer_group *g = &G->g[i];
-        int32_t p = g->offset, lo, hi;
-        if (g->type != LAYER_CONV && g->kind == KVC_KIND_CAUSAL) {
-            KVC_CHECK(kvc_seq_pos_range(g->cache, 0, &lo, &hi));
-            p = hi + 1;
-        } else if (g->type != LAYER_CONV) {
-            KVC_CHECK(kvc_cache_offset(g->cache, &p));
-        }
-        if (i > 0 && p != *position) {
-            errorf("layer groups out of step: group 0 at position %d, group %d at %d", (int)*position, i, (int)p);
-            return -1;
-        }
-        *position = p;
-    }
-    return 0;
-fail:
-    return -1;
-}
-
-/* Undoes groups_begin on group g. */
-static int group_cancel(layer_group *g)
-{
-    if (g->type == LAYER_CONV) {
-        memcpy(g->state, g->undo, g->n_layers * g->state_floats * sizeof *g->state);
-        g->offset -= g->open_n;
-        g->open_n = 0;
+    int32_t lo, hi;
+    if (g->kind != KVC_KIND_CAUSAL) {
+        KVC_CHECK(kvc_cache_offset(g->cache, tokens));
         return 0;
     }
-    KVC_CHECK(kvc_cancel(g->cache));
+    KVC_CHECK(kvc_seq_pos_range(g->cache, 0, &lo, &hi));
+    *tokens = hi + 1;
     return 0;
 fail:
     return -1;
 }
 
-/* Opens a forward pass of n tokens at positions pos[] (sequence seq[], all 0 here) on
-   every group: kvc_begin (a CAUSAL cache: kvc_begin_batch), the only call of the pass
-   that takes pages; a conv group remembers its states for groups_cancel. */
-static int groups_begin(layer_groups *G, int32_t n, const int32_t *pos, const int32_t *seq)
+/* The tokens the memory holds: the position of the next token. */
+static int memory_offset(const memory *M, int32_t *offset)
 {
-    int i;
-    for (i = 0; i < G->n; ++i) {
-        layer_group *g = &G->g[i];
-        if (g->type == LAYER_CONV) {
-            if (pos[0] != g->offset) {
-                errorf("the conv states are at position %d, the batch starts at %d", (int)g->offset, (int)pos[0]);
-                break;
-            }
-            memcpy(g->undo, g->state, g->n_layers * g->state_floats * sizeof *g->state);
-            g->open_n = n;
-            g->offset += n;
-        } else if (g->kind == KVC_KIND_CAUSAL) {
-            kvc_batch batch;
-            batch.n_tokens = n;
-            batch.pos = pos;
-            batch.seq = seq;
-            batch.non_causal = NULL;
-            KVC_CHECK(kvc_begin_batch(g->cache, &batch)); /* takes free cells, releases dead ones */
-        } else {
-            KVC_CHECK(kvc_begin(g->cache, n));
-        }
+    if (M->mem) {
+        KVC_CHECK(kvc_memory_offset(M->mem, offset));
+        return 0;
     }
-    if (i == G->n) return 0;
+    for (int i = 0; i < M->n; ++i) { /* --vk: every group must agree */
+        int32_t t;
+        if (group_tokens(&M->g[i], &t) != 0) return -1;
+        if (i > 0 && t != *offset) {
+            errorf("groups out of step: group 0 holds %d tokens, group %d %d", (int)*offset, i, (int)t);
+            return -1;
+        }
+        *offset = t;
+    }
+    return 0;
 fail:
-    while (i-- > 0) /* all or nothing */
-        if (group_cancel(&G->g[i]) != 0) errorf("kvc_cancel failed too");
     return -1;
 }
 
-/* Abandons the pass groups_begin opened: every group back to where it was. */
-static int groups_cancel(layer_groups *G)
+/* Opens a forward pass of n tokens on every group, all or nothing, naming the
+   checkpoints at[0..n_at) inside it: the only call of the pass that takes pages
+   (a CAUSAL cache: sequence 0's next positions). */
+static int memory_begin(memory *M, int32_t n, const int32_t *at, int32_t n_at)
 {
-    int rc = 0;
-    for (int i = 0; i < G->n; ++i) rc |= group_cancel(&G->g[i]);
-    return rc;
+    int i = 0;
+    if (M->mem) {
+        kvc_memory_stats st;
+        KVC_CHECK(kvc_memory_begin(M->mem, n, at, n_at));
+        KVC_CHECK(kvc_memory_stats_get(M->mem, &st));
+        if (st.bytes_used > M->peak_bytes) M->peak_bytes = st.bytes_used;
+        return 0;
+    }
+    for (i = 0; i < M->n; ++i) KVC_CHECK(kvc_begin_checkpoints(M->g[i].cache, n, at, n_at));
+    return 0;
+fail:
+    while (!M->mem && i-- > 0)
+        if (kvc_cancel(M->g[i].cache) != KVC_OK) errorf("kvc_cancel failed too");
+    return -1;
 }
 
-/* kvc_put + kvc_attention of model layer `layer` in its group; desc->pos and
-   desc->window are set here from the group (the q, k, v, out sizes in floats are for
-   the Vulkan path's buffers). */
-static int groups_attention(layer_groups *G, int32_t layer, const float *k, const float *v,
-                            kvc_attention_desc *desc, size_t kv_floats, size_t q_floats, size_t out_floats)
+/* Abandons the pass memory_begin opened. Refused (KVC_ERR_RECURRENT) once a conv
+   layer has updated its state in place: a recurrent state has no way back. */
+static int memory_cancel(memory *M)
 {
-    const layer_group *g = &G->g[G->group_of[layer]];
-    const int32_t index = G->index_of[layer];
+    int rc = 0;
+    if (M->mem) {
+        KVC_CHECK(kvc_memory_cancel(M->mem));
+        return 0;
+    }
+    for (int i = 0; i < M->n; ++i) rc |= kvc_cancel(M->g[i].cache) != KVC_OK;
+    return rc ? -1 : 0;
+fail:
+    return -1;
+}
+
+/* kvc_put + kvc_attention of model layer `layer`; desc->pos and desc->window are set
+   here from its group (the q, k, v, out sizes in floats are for the Vulkan path's
+   buffers). */
+static int memory_attention(memory *M, int32_t layer, const float *k, const float *v, kvc_attention_desc *desc,
+                            size_t kv_floats, size_t q_floats, size_t out_floats)
+{
+    const mem_group *g = &M->g[M->group_of[layer]];
     if (g->kind == KVC_KIND_CAUSAL) desc->pos = NULL; /* NULL = the batch's own queries */
     desc->window = g->window;
     (void)kv_floats, (void)q_floats, (void)out_floats;
 #ifdef TINYLM_VK
     if (g_vk.on) {
         g_vk.pool = g->vk_pool; /* the device pool vk_put_attention serves: this group's */
-        KVC_CHECK(vk_put_attention(g->cache, index, k, v, kv_floats, desc, q_floats, out_floats));
+        KVC_CHECK(vk_put_attention(g->cache, M->index_of[layer], k, v, kv_floats, desc, q_floats, out_floats));
         return 0;
     }
 #endif
-    KVC_CHECK(kvc_put(g->cache, index, k, v));
-    KVC_CHECK(kvc_attention(g->cache, index, desc));
+    KVC_CHECK(kvc_memory_put(M->mem, layer, k, v));
+    KVC_CHECK(kvc_memory_attention(M->mem, layer, desc));
     return 0;
 fail:
     return -1;
 }
 
-/* The (L-1) x hidden state of conv layer `layer`, read and advanced by the pass. */
-static float *groups_conv_state(layer_groups *G, int32_t layer)
+/* The live (L-1) x hidden state of conv layer `layer`, to read and advance in place
+   during the open pass (counts as the layer's put). */
+static int memory_state(memory *M, int32_t layer, float **state)
 {
-    layer_group *g = &G->g[G->group_of[layer]];
-    return g->state + (size_t)G->index_of[layer] * g->state_floats;
-}
-
-/* Back to position `target`, all or nothing. With a checkpoint cp (taken at target)
-   every group is restored from it; without, every group is trimmed. Returns 1 (and
-   changes nothing) when some group cannot be trimmed there - a rotating window that
-   has wrapped, a conv state that is past target - except that target 0 is always
-   reachable (every group cleared); 0 when done, -1 on error. */
-static int groups_restore(layer_groups *G, const groups_snapshot *snap);
-static int groups_rewind(layer_groups *G, int32_t target, const groups_snapshot *cp)
-{
-    int32_t offset;
-    if (cp) {
-        if (cp->offset != target) {
-            errorf("checkpoint at %d, rewind to %d", (int)cp->offset, (int)target);
-            return -1;
-        }
-        return groups_restore(G, cp);
-    }
-    if (groups_position(G, &offset) != 0) return -1;
-    if (target > offset || target < 0) return 1;
-    if (target == offset) return 0;
-    for (int i = 0; target > 0 && i < G->n; ++i) { /* can every group get there? */
-        const layer_group *g = &G->g[i];
-        int ok = 0;
-        if (g->type == LAYER_CONV) ok = 0; /* a recurrent state cannot be rewound */
-        else if (g->kind == KVC_KIND_CAUSAL) KVC_CHECK(kvc_seq_can_resume(g->cache, 0, target, &ok));
-        else KVC_CHECK(kvc_can_trim(g->cache, &ok));
-        if (!ok) return 1;
-    }
-    for (int i = 0; i < G->n; ++i) {
-        layer_group *g = &G->g[i];
-        if (g->type == LAYER_CONV) { /* target 0 */
-            memset(g->state, 0, g->n_layers * g->state_floats * sizeof *g->state);
-            g->offset = 0;
-        } else if (g->kind == KVC_KIND_CAUSAL) {
-            KVC_CHECK(kvc_seq_remove(g->cache, 0, target, KVC_POS_END));
-        } else if (target == 0) {
-            KVC_CHECK(kvc_cache_clear(g->cache));
-        } else {
-            KVC_CHECK(kvc_trim(g->cache, offset - target));
-        }
-    }
+    if (M->mem) KVC_CHECK(kvc_memory_state(M->mem, layer, 0, state));
+    else KVC_CHECK(kvc_state(M->g[M->group_of[layer]].cache, 0, M->index_of[layer], state));
     return 0;
 fail:
     return -1;
+}
+
+/* Hands a copy of conv layer `layer`'s state after `at` tokens (a checkpoint named
+   inside the open pass) to the memory. */
+static int memory_state_checkpoint(memory *M, int32_t layer, int32_t at, const float *state)
+{
+    if (M->mem) KVC_CHECK(kvc_memory_state_checkpoint(M->mem, layer, at, state));
+    else KVC_CHECK(kvc_state_checkpoint(M->g[M->group_of[layer]].cache, M->index_of[layer], at, state));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Prefix reuse over every group (not for CAUSAL: see the causal kind's hooks). */
+static int memory_prefix_create(memory *M, int32_t max_tokens, kvc_prefix **out)
+{
+    kvc_cache *caches[MAX_GROUPS];
+    if (M->mem) {
+        KVC_CHECK(kvc_prefix_create_memory(M->mem, max_tokens, out));
+        return 0;
+    }
+    for (int i = 0; i < M->n; ++i) caches[i] = M->g[i].cache;
+    KVC_CHECK(kvc_prefix_create(caches, M->n, max_tokens, out));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Offsets below the current one that every group can go back to (CPU only; -1 with
+   --vk, where no single call knows them). */
+static int32_t memory_checkpoints(const memory *M)
+{
+    kvc_memory_stats st;
+    if (!M->mem || kvc_memory_stats_get(M->mem, &st) != KVC_OK) return -1;
+    return st.n_checkpoints;
 }
 
 /* Frees a snapshot's parts; *snap holds none after. */
-static int groups_snapshot_free(groups_snapshot *snap)
+static int memory_snapshot_free(memory_snapshot *snap)
 {
-    int rc = 0;
-    for (int i = 0; i < MAX_GROUPS; ++i) {
-        rc |= kvc_snapshot_free(snap->snap[i]) != KVC_OK;
-        free(snap->state[i]);
-    }
+    int rc = kvc_memory_snapshot_free(snap->ms) != KVC_OK;
+    for (int i = 0; i < MAX_GROUPS; ++i) rc |= kvc_snapshot_free(snap->snap[i]) != KVC_OK;
     memset(snap, 0, sizeof *snap);
     snap->offset = -1;
     return rc ? -1 : 0;
 }
 
-/* Every group's state at the current position into *out (freed first): FULL and
-   ROTATING caches kvc_snapshot_take (shares pages: O(pages)), a CAUSAL cache
-   kvc_seq_snapshot of sequence 0, conv states copied. */
-static int groups_snapshot_take(layer_groups *G, groups_snapshot *out)
+/* Every group's state at the current position into *out (freed first): O(pages),
+   pages shared (a CAUSAL cache: kvc_seq_snapshot copies sequence 0's cells). */
+static int memory_snapshot_take(memory *M, memory_snapshot *out)
 {
     int32_t offset;
-    if (groups_snapshot_free(out) != 0 || groups_position(G, &offset) != 0) return -1;
-    for (int i = 0; i < G->n; ++i) {
-        layer_group *g = &G->g[i];
-        if (g->type == LAYER_CONV) {
-            size_t floats = g->n_layers * g->state_floats;
-            if (!(out->state[i] = alloc_floats(floats))) goto fail;
-            memcpy(out->state[i], g->state, floats * sizeof *g->state);
-        } else if (g->kind == KVC_KIND_CAUSAL) {
-            KVC_CHECK(kvc_seq_snapshot(g->cache, 0, &out->snap[i]));
-        } else {
-            KVC_CHECK(kvc_snapshot_take(g->cache, 0, &out->snap[i]));
+    if (memory_snapshot_free(out) != 0 || memory_offset(M, &offset) != 0) return -1;
+    if (M->mem && M->g[0].kind != KVC_KIND_CAUSAL) {
+        KVC_CHECK(kvc_memory_snapshot_take(M->mem, 0, offset, &out->ms));
+    } else {
+        for (int i = 0; i < M->n; ++i) {
+            if (M->g[i].kind == KVC_KIND_CAUSAL) KVC_CHECK(kvc_seq_snapshot(M->g[i].cache, 0, &out->snap[i]));
+            else KVC_CHECK(kvc_snapshot_take(M->g[i].cache, 0, &out->snap[i]));
         }
     }
     out->offset = offset;
     return 0;
 fail:
-    groups_snapshot_free(out); /* all or nothing */
+    memory_snapshot_free(out); /* all or nothing */
     return -1;
 }
 
-/* Every group back to snapshot *snap, at its position. A snapshot is always restored
-   to its own end, which kvc_restore never refuses for the caches it came from
-   (KVC_ERR_UNREACHABLE is for a target past the snapshot's end, or a FULL cache
-   trimmed below the snapshot's start, which is 0 here), so no group can refuse after
-   another one changed. */
-static int groups_restore(layer_groups *G, const groups_snapshot *snap)
+/* Every group back to snapshot *snap, at its position. kvc_memory_restore is all or
+   nothing; per cache (--vk), a snapshot restored to its own end is never refused by
+   the caches it came from, so no group can refuse after another one changed. */
+static int memory_restore(memory *M, const memory_snapshot *snap)
 {
     if (snap->offset < 0) {
         errorf("no snapshot to restore");
         return -1;
     }
-    for (int i = 0; i < G->n; ++i) {
-        layer_group *g = &G->g[i];
-        if (g->type == LAYER_CONV) {
-            memcpy(g->state, snap->state[i], g->n_layers * g->state_floats * sizeof *g->state);
-            g->offset = snap->offset;
-            g->open_n = 0;
-        } else if (g->kind == KVC_KIND_CAUSAL) {
+    if (M->mem && M->g[0].kind != KVC_KIND_CAUSAL) {
+        if (snap->ms) KVC_CHECK(kvc_memory_restore(M->mem, snap->ms, snap->offset));
+        else KVC_CHECK(kvc_memory_clear(M->mem));
+        return 0;
+    }
+    for (int i = 0; i < M->n; ++i) {
+        mem_group *g = &M->g[i];
+        if (g->kind == KVC_KIND_CAUSAL) {
             if (snap->snap[i]) KVC_CHECK(kvc_seq_restore(g->cache, snap->snap[i], 0)); /* drops what seq 0 had */
             else KVC_CHECK(kvc_seq_remove(g->cache, 0, 0, KVC_POS_END));
         } else {
@@ -1433,17 +1464,19 @@ static void short_conv(float *y, const float *h, const layer_weights *w, float *
 
 /* One forward pass over n tokens at positions pos0 .. pos0+n-1.
 
-   With layer groups, attention goes through kvcache.h: groups_begin opens the pass on
-   every group (kvc_begin; a causal cache: kvc_begin_batch, the tokens' positions in
-   sequence 0), then per attention layer kvc_put stores this batch's K and V and
-   kvc_attention computes the queries against every cell they may see; a conv layer
-   reads and advances its group's state. With G == NULL the batch must be the whole
-   sequence (pos0 == 0): naive attention, conv states from zeros.
+   With a memory M, attention goes through kvcache.h: memory_begin opens the pass on
+   every group (kvc_memory_begin), naming the checkpoints at[0..n_at) inside it; then
+   per attention layer the batch's K and V are put and the queries attend to every
+   cell they may see, and a conv layer advances its state in place (kvc_memory_state)
+   and hands over a copy of it at each checkpoint inside the batch
+   (kvc_memory_state_checkpoint; the batch's end is the live state). With M == NULL
+   the batch must be the whole sequence (pos0 == 0): naive attention, conv states
+   from zeros.
 
    Logits are computed for the batch rows first_row .. n-1 only (prefill needs just
    the last one) into logits [n - first_row][vocab]; logits == NULL: none. */
-static int forward(const model *m, layer_groups *G, const int32_t *tokens, int n, int32_t pos0, int first_row,
-                   float *logits)
+static int forward(const model *m, memory *M, const int32_t *tokens, int n, int32_t pos0, const int32_t *at,
+                   int n_at, int first_row, float *logits)
 {
     const config *c = &m->c;
     const int H = c->hidden, QD = c->heads * c->hd, KD = c->kv * c->hd;
@@ -1456,29 +1489,38 @@ static int forward(const model *m, layer_groups *G, const int32_t *tokens, int n
     float *bcu = has_conv ? alloc_floats((size_t)n * 3 * H) : NULL;
     float *s_all = has_conv ? alloc_floats(state_floats + (size_t)n * H) : NULL;
     /* --reference: each conv layer's state, from zeros */
-    float *ref_state = has_conv && !G ? (float *)calloc((size_t)c->layers * state_floats + 1, sizeof *ref_state) : NULL;
+    float *ref_state = has_conv && !M ? (float *)calloc((size_t)c->layers * state_floats + 1, sizeof *ref_state) : NULL;
     int32_t *pos = (int32_t *)malloc((size_t)n * sizeof *pos);
-    int32_t *seq = (int32_t *)calloc((size_t)n, sizeof *seq); /* causal: all sequence 0 */
+    int32_t offset;
     int begun = 0, rc = -1;
 
-    if (!x || !h || !q || !att || !k || !v || !gate || !up || !pos || !seq ||
-        (has_conv && (!bcu || !s_all || (!G && !ref_state))))
+    if (!x || !h || !q || !att || !k || !v || !gate || !up || !pos ||
+        (has_conv && (!bcu || !s_all || (!M && !ref_state))))
         goto fail;
     for (int i = 0; i < n; ++i) {
         pos[i] = pos0 + i;
         memcpy(x + (size_t)i * H, m->embed + (size_t)tokens[i] * H, (size_t)H * sizeof *x);
     }
-    if (G) {
-        if (groups_begin(G, n, pos, seq) != 0) goto fail; /* the only call that takes pages */
+    if (M) {
+        if (memory_offset(M, &offset) != 0) goto fail;
+        if (offset != pos0) { /* the engine's position count and the memory's must agree */
+            errorf("the memory holds %d tokens, the batch starts at position %d", (int)offset, (int)pos0);
+            goto fail;
+        }
+        if (memory_begin(M, n, at, n_at) != 0) goto fail; /* the only call that takes pages */
         begun = 1;
     }
     for (int l = 0; l < c->layers; ++l) {
         const layer_weights *w = &m->layers[l];
         rmsnorm(h, x, w->attn_norm, n, H, c->eps);
         if (c->type[l] == LAYER_CONV) {
-            /* conv block */
-            float *state = G ? groups_conv_state(G, l) : ref_state + (size_t)l * state_floats;
+            /* conv block: the state in place; s_all row t.. holds the state after t tokens */
+            float *state;
+            if (!M) state = ref_state + (size_t)l * state_floats;
+            else if (memory_state(M, l, &state) != 0) goto fail;
             short_conv(att, h, w, state, n, c, bcu, s_all);
+            for (int i = 0; M && i < n_at && at[i] < pos0 + n; ++i)
+                if (memory_state_checkpoint(M, l, at[i], s_all + (size_t)(at[i] - pos0) * H) != 0) goto fail;
             matmul(h, att, w->conv_out, n, H, H);
         } else {
             /* attention block */
@@ -1492,16 +1534,16 @@ static int forward(const model *m, layer_groups *G, const int32_t *tokens, int n
             }
             rope(q, n, c->heads, c->hd, pos, c->theta);
             rope(k, n, c->kv, c->hd, pos, c->theta);
-            if (G) {
+            if (M) {
                 kvc_attention_desc desc;
                 memset(&desc, 0, sizeof desc);
                 desc.n_queries = n;
                 desc.n_heads = c->heads;
                 desc.q = q;
-                desc.pos = pos;   /* a causal group: NULL, set by groups_attention */
+                desc.pos = pos;   /* a causal group: NULL, set by memory_attention */
                 desc.scale = 0;   /* 1/sqrt(head_dim) */
-                desc.out = att;   /* desc.window: the group's, set by groups_attention */
-                if (groups_attention(G, l, k, v, &desc, (size_t)n * KD, (size_t)n * QD, (size_t)n * QD) != 0)
+                desc.out = att;   /* desc.window: the group's, set by memory_attention */
+                if (memory_attention(M, l, k, v, &desc, (size_t)n * KD, (size_t)n * QD, (size_t)n * QD) != 0)
                     goto fail;
             } else {
                 naive_attention(att, q, k, v, pos, n, c, window);
@@ -1524,9 +1566,9 @@ static int forward(const model *m, layer_groups *G, const int32_t *tokens, int n
     }
     rc = 0;
 fail:
-    if (rc != 0 && begun && groups_cancel(G) != 0) /* leave the groups as they were */
-        errorf("kvc_cancel failed too");
-    free(x), free(h), free(q), free(att), free(k), free(v), free(gate), free(up), free(pos), free(seq);
+    if (rc != 0 && begun && memory_cancel(M) != 0) /* leave the memory as it was, if it can be */
+        errorf("the memory cannot take the batch back: its state is lost");
+    free(x), free(h), free(q), free(att), free(k), free(v), free(gate), free(up), free(pos);
     free(bcu), free(s_all), free(ref_state);
     return rc;
 }
@@ -1658,10 +1700,10 @@ fail:
 }
 
 /* ==================================================================================
-   8. Sessions: one set of layer groups (a pool and a cache per KV group) and its
-      token record per (kind, type), through which every case of the model runs in
-      order - so `reuse` finds what `base` left in the cache, and `branch_b`
-      continues `branch_a` from its snapshot.
+   8. Sessions: one memory (its groups' caches) and its token record per (kind,
+      type), through which every case of the model runs in order - so `reuse` finds
+      what `base` left in the memory, and `branch_b` continues `branch_a` from its
+      snapshot.
    ================================================================================== */
 
 /* What a case measured against the reference. */
@@ -1680,13 +1722,12 @@ struct session {
     const model *m;
     const kind_spec *ks;      /* the kind's hooks; NULL in --reference mode */
     int chunk;                /* prefill chunk size */
-    layer_groups groups;      /* the model's memory (unused in --reference mode) */
-    kvc_cache *cache;         /* full, rotating, causal: the one group's cache */
+    memory mem;               /* the model's memory (unused in --reference mode) */
+    kvc_cache *cache;         /* causal: the one group's cache */
     int32_t capacity;         /* causal: cells of the cache */
-    kvc_prefix *prefix;       /* full, rotating: the tokens the cache holds */
-    int32_t *held;            /* causal, groups: the same list kept here, the tokens */
-    int32_t n_held, max_held; /* held by position (kvc_prefix takes no CAUSAL cache, and
-                                 would trim each group's cache on its own) */
+    kvc_prefix *prefix;       /* full, rotating, hybrid: the tokens the memory holds */
+    int32_t *held;            /* causal: the same list kept here (kvc_prefix takes no */
+    int32_t n_held, max_held; /* CAUSAL cache), the tokens held by position */
     /* The request in flight: its tokens are recorded (kvc_prefix_close) when the
        next one starts (or the session ends), so that a branch can still continue it. */
     int open;
@@ -1695,14 +1736,10 @@ struct session {
     const int32_t *generated;
     int32_t n_generated;
     /* The branch point: a snapshot taken after a prompt, that prompt and its last logits. */
-    groups_snapshot branch;   /* offset -1: none */
+    memory_snapshot branch;   /* offset -1: none */
     const int32_t *snap_prompt;
     int32_t snap_prompt_len;
     float *snap_logits;       /* [vocab] */
-    /* groups: a checkpoint at every multiple of CHECKPOINT_EVERY of the tokens held,
-       oldest first (a conv state, or a wrapped window, cannot be trimmed back) */
-    groups_snapshot checkpoints[MAX_CHECKPOINTS];
-    int n_checkpoints;
 };
 
 /* Compares one computed logits row with reference row `row` of the case; for
@@ -1723,34 +1760,25 @@ static void score_row(score *sc, const test_case *tc, int vocab, int row, const 
     }
 }
 
-/* Drops the checkpoints past position `pos` (they hold tokens no longer there). */
-static int drop_checkpoints_after(session *s, int32_t pos)
+/* The checkpoints a batch of len tokens from position p names (hybrid kind): every
+   multiple of CHECKPOINT_EVERY in (p, p+len], at most KEEP_CHECKPOINTS (the latest:
+   the caches keep no more). Returns how many, in at[]. */
+static int checkpoints_in(int32_t p, int32_t len, int32_t at[KEEP_CHECKPOINTS])
 {
-    int rc = 0;
-    while (s->n_checkpoints > 0 && s->checkpoints[s->n_checkpoints - 1].offset > pos)
-        rc |= groups_snapshot_free(&s->checkpoints[--s->n_checkpoints]);
-    return rc;
-}
-
-/* A checkpoint of every group at the current position (the oldest goes when full). */
-static int take_checkpoint(session *s)
-{
-    groups_snapshot cp;
-    memset(&cp, 0, sizeof cp);
-    if (s->n_checkpoints == MAX_CHECKPOINTS) {
-        groups_snapshot_free(&s->checkpoints[0]);
-        memmove(s->checkpoints, s->checkpoints + 1, (MAX_CHECKPOINTS - 1) * sizeof *s->checkpoints);
-        s->n_checkpoints--;
-    }
-    if (groups_snapshot_take(&s->groups, &cp) != 0) return -1;
-    s->checkpoints[s->n_checkpoints++] = cp;
-    return 0;
+    int32_t last = (p + len) / CHECKPOINT_EVERY * CHECKPOINT_EVERY, first;
+    int n = 0;
+    if (last <= p) return 0;
+    first = last - (KEEP_CHECKPOINTS - 1) * CHECKPOINT_EVERY;
+    for (int32_t t = first > p ? first : (p / CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY; t <= last;
+         t += CHECKPOINT_EVERY)
+        at[n++] = t;
+    return n;
 }
 
 /* Runs toks[0..n) at positions pos0.. in chunks of s->chunk tokens, scoring the
    logits of every position >= prompt_len - 1 against the reference. The logits of
-   the last position go to last[vocab]. The groups kind ends a chunk at every
-   multiple of CHECKPOINT_EVERY and takes a checkpoint there. */
+   the last position go to last[vocab]. The hybrid kind names a checkpoint at every
+   multiple of CHECKPOINT_EVERY, wherever it falls inside a chunk. */
 static int run_tokens(session *s, const test_case *tc, const int32_t *toks, int32_t pos0, int32_t n,
                       score *sc, float *last)
 {
@@ -1761,14 +1789,12 @@ static int run_tokens(session *s, const test_case *tc, const int32_t *toks, int3
     if (!logits) return -1;
     for (int32_t done = 0; done < n;) {
         const int32_t p = pos0 + done;                       /* position of toks[done] */
-        const int32_t to_checkpoint = CHECKPOINT_EVERY - p % CHECKPOINT_EVERY;
-        int32_t len = n - done < s->chunk ? n - done : s->chunk;
-        int32_t first;
-        if (checkpoints && len > to_checkpoint) len = to_checkpoint;
+        const int32_t len = n - done < s->chunk ? n - done : s->chunk;
+        int32_t first, at[KEEP_CHECKPOINTS];
+        const int n_at = checkpoints ? checkpoints_in(p, len, at) : 0;
         first = first_scored > p ? first_scored - p : 0;     /* first row with logits */
         if (first > len - 1) first = len - 1;                /* always keep the last row */
-        if (forward(s->m, s->ks ? &s->groups : NULL, toks + done, len, p, first, logits) != 0 ||
-            (checkpoints && (p + len) % CHECKPOINT_EVERY == 0 && take_checkpoint(s) != 0)) {
+        if (forward(s->m, s->ks ? &s->mem : NULL, toks + done, len, p, at, n_at, first, logits) != 0) {
             free(logits);
             return -1;
         }
@@ -1785,7 +1811,7 @@ static int run_tokens(session *s, const test_case *tc, const int32_t *toks, int3
 
 /* --- The cache policy of a session: requests, prefix reuse and branch points ---
    (the only code that depends on how a kind reuses tokens; everything else is the
-   layer groups' begin / attention in forward()). The generic steps come first,
+   memory's begin / attention / state in forward()). The generic steps come first,
    then each kind's hooks. */
 
 /* Ends the request in flight: record prompt + generated tokens for reuse. */
@@ -1812,13 +1838,13 @@ static int begin_request(session *s, const int32_t *prompt, int32_t n, int32_t *
 
 static int drop_branch_point(session *s)
 {
-    return groups_snapshot_free(&s->branch);
+    return memory_snapshot_free(&s->branch);
 }
 
 /* Remembers the state of every group after prompt[0..n) (and that prompt's last logits). */
 static int save_branch_point(session *s, const int32_t *prompt, int32_t n, const float *logits)
 {
-    if (groups_snapshot_take(&s->groups, &s->branch) != 0) return -1;
+    if (memory_snapshot_take(&s->mem, &s->branch) != 0) return -1;
     s->snap_prompt = prompt;
     s->snap_prompt_len = n;
     memcpy(s->snap_logits, logits, (size_t)s->m->c.vocab * sizeof *logits);
@@ -1841,21 +1867,28 @@ static int32_t common_prefix(const int32_t *held, int32_t n_held, const int32_t 
     return lcp < n - 1 ? lcp : n - 1;
 }
 
-/* --- FULL and ROTATING: kvc_prefix, kvc_snapshot_take / kvc_restore --- */
+/* --- FULL, ROTATING and hybrid: kvc_prefix over the memory, memory snapshots --- */
 
-/* Tokens kvc_prefix_begin should find reusable for `prompt`: the common prefix
-   with what the cache holds, or 0 when the cache would have to trim but cannot
-   (a rotating window that has wrapped). */
+/* Tokens kvc_prefix_begin should find reusable for `prompt`, by the rule of each
+   group's kind: the common prefix with what the memory holds when no group has to go
+   back, or when every group can trim there (a FULL cache always, a ROTATING one until
+   its window has wrapped, a RECURRENT state never); otherwise, with the hybrid kind's
+   checkpoints, the latest multiple of CHECKPOINT_EVERY at or before it; otherwise 0
+   (the memory starts over). */
 static int expected_reuse(const session *s, const int32_t *prompt, int32_t n, int32_t *want)
 {
     const int32_t *held;
     int32_t n_held, offset, lcp;
-    int can_trim;
+    int can_trim = 1;
     KVC_CHECK(kvc_prefix_tokens(s->prefix, &held, &n_held));
-    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
-    KVC_CHECK(kvc_can_trim(s->cache, &can_trim));
+    if (memory_offset(&s->mem, &offset) != 0) return -1;
+    for (int i = 0; i < s->mem.n; ++i) {
+        int ok;
+        KVC_CHECK(kvc_can_trim(s->mem.g[i].cache, &ok));
+        can_trim &= ok;
+    }
     lcp = common_prefix(held, n_held, prompt, n);
-    *want = lcp < offset && !can_trim ? 0 : lcp;
+    *want = lcp == offset || can_trim ? lcp : s->ks->hybrid ? lcp / CHECKPOINT_EVERY * CHECKPOINT_EVERY : 0;
     return 0;
 fail:
     return -1;
@@ -1866,9 +1899,9 @@ static int begin_request_prefix(session *s, const int32_t *prompt, int32_t n, in
     int32_t offset;
     if (expected_reuse(s, prompt, n, want) != 0) return -1;
     KVC_CHECK(kvc_prefix_begin(s->prefix, prompt, n, reused));
-    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
+    if (memory_offset(&s->mem, &offset) != 0) return -1;
     if (offset != *reused || *reused < 0 || *reused >= n) {
-        errorf("kvc_prefix_begin reused %d of %d tokens, cache offset %d", (int)*reused, (int)n, (int)offset);
+        errorf("kvc_prefix_begin reused %d of %d tokens, memory offset %d", (int)*reused, (int)n, (int)offset);
         return -1;
     }
     return 0;
@@ -1884,27 +1917,32 @@ fail:
     return -1;
 }
 
-/* A snapshot of a FULL or ROTATING cache (kvc_snapshot_take) shares its pages:
-   O(pages); restoring it is kvc_restore to the snapshot's end. */
+/* A memory snapshot (kvc_memory_snapshot_take) shares its pages: O(pages); restoring
+   it is kvc_memory_restore to the snapshot's end, every group or none. */
 static int restore_branch_point_prefix(session *s, int32_t n)
 {
-    (void)n; /* the branch point's own position */
-    return groups_restore(&s->groups, &s->branch);
-}
-
-/* After a case of T tokens the cache holds all of them: offset T. */
-static int end_case_prefix(session *s, const test_case *tc, score *sc)
-{
     int32_t offset;
-    (void)sc;
-    KVC_CHECK(kvc_cache_offset(s->cache, &offset));
-    if (offset != tc->total_len) {
-        errorf("case %s: cache offset %d at the end, expected %d", tc->name, (int)offset, (int)tc->total_len);
+    if (memory_restore(&s->mem, &s->branch) != 0 || memory_offset(&s->mem, &offset) != 0) return -1;
+    if (offset != n) {
+        errorf("branch point restored at %d tokens, expected %d", (int)offset, (int)n);
         return -1;
     }
     return 0;
-fail:
-    return -1;
+}
+
+/* After a case of T tokens the memory holds all of them: offset T. The hybrid kind
+   notes the offsets below it every group can go back to (its checkpoints). */
+static int end_case_prefix(session *s, const test_case *tc, score *sc)
+{
+    int32_t offset;
+    if (memory_offset(&s->mem, &offset) != 0) return -1;
+    if (s->ks->hybrid && memory_checkpoints(&s->mem) >= 0)
+        snprintf(sc->note, sizeof sc->note, "  checkpoints %d", (int)memory_checkpoints(&s->mem));
+    if (offset != tc->total_len) {
+        errorf("case %s: memory offset %d at the end, expected %d", tc->name, (int)offset, (int)tc->total_len);
+        return -1;
+    }
+    return 0;
 }
 
 /* --- CAUSAL: sequence 0 of a cell cache --- */
@@ -1959,7 +1997,7 @@ fail:
 static int restore_branch_point_causal(session *s, int32_t n)
 {
     int32_t lo, hi;
-    if (groups_restore(&s->groups, &s->branch) != 0) return -1;
+    if (memory_restore(&s->mem, &s->branch) != 0) return -1;
     KVC_CHECK(kvc_seq_pos_range(s->cache, 0, &lo, &hi));
     if (hi != n - 1) {
         errorf("kvc_seq_restore: sequence 0 ends at position %d, expected %d", (int)hi, (int)n - 1);
@@ -1992,80 +2030,6 @@ static int end_case_causal(session *s, const test_case *tc, score *sc)
     return 0;
 fail:
     return -1;
-}
-
-/* --- groups (hybrid models): every group trimmed, or restored from a checkpoint --- */
-
-/* Keeps the longest common prefix of the prompt and the tokens held when every group
-   can be trimmed there; otherwise restores the latest checkpoint at or before it
-   (a conv state cannot be rewound, a wrapped window cannot be trimmed), otherwise
-   starts over. Expected: the common prefix when nothing needs trimming, or when the
-   model has no conv layer and no window has wrapped yet (position <= window); else
-   the common prefix rounded down to a multiple of CHECKPOINT_EVERY, where prefill
-   (which ends a chunk there) took a checkpoint. */
-static int begin_request_groups(session *s, const int32_t *prompt, int32_t n, int32_t *reused, int32_t *want)
-{
-    const config *c = &s->m->c;
-    const groups_snapshot *cp = NULL;
-    int32_t position, lcp, keep;
-    int has_conv = 0, rc;
-    if (groups_position(&s->groups, &position) != 0) return -1;
-    lcp = common_prefix(s->held, s->n_held < position ? s->n_held : position, prompt, n);
-    for (int l = 0; l < c->layers; ++l) has_conv |= c->type[l] == LAYER_CONV;
-    *want = lcp == position || (!has_conv && position <= c->window) ? lcp : lcp / CHECKPOINT_EVERY * CHECKPOINT_EVERY;
-    keep = lcp;
-    if ((rc = groups_rewind(&s->groups, keep, NULL)) == 1) {
-        for (int i = 0; i < s->n_checkpoints; ++i)
-            if (s->checkpoints[i].offset <= lcp) cp = &s->checkpoints[i];
-        keep = cp ? cp->offset : 0;
-        rc = groups_rewind(&s->groups, keep, cp); /* 0 is always reachable */
-    }
-    if (rc != 0 || drop_checkpoints_after(s, keep) != 0 || groups_position(&s->groups, &position) != 0)
-        return -1;
-    if (position != keep) {
-        errorf("kept %d of %d tokens, but the layer groups are at position %d", (int)keep, (int)n, (int)position);
-        return -1;
-    }
-    *reused = keep;
-    return 0;
-}
-
-/* Records prompt + generated tokens, as far as the groups go. */
-static int end_request_groups(session *s)
-{
-    int32_t position, n = 0;
-    if (groups_position(&s->groups, &position) != 0) return -1;
-    for (int32_t i = 0; i < position && i < s->max_held && i < s->n_prompt + s->n_generated; ++i)
-        s->held[n++] = i < s->n_prompt ? s->prompt[i] : s->generated[i - s->n_prompt];
-    s->n_held = n;
-    return 0;
-}
-
-static int restore_branch_point_groups(session *s, int32_t n)
-{
-    int32_t position;
-    if (groups_restore(&s->groups, &s->branch) != 0 || drop_checkpoints_after(s, n) != 0 ||
-        groups_position(&s->groups, &position) != 0)
-        return -1;
-    if (position != n) {
-        errorf("branch point restored at position %d, expected %d", (int)position, (int)n);
-        return -1;
-    }
-    return 0;
-}
-
-/* After a case of T tokens every group is at position T. */
-static int end_case_groups(session *s, const test_case *tc, score *sc)
-{
-    int32_t position;
-    if (groups_position(&s->groups, &position) != 0) return -1;
-    snprintf(sc->note, sizeof sc->note, "  checkpoints %d", s->n_checkpoints);
-    if (position != tc->total_len) {
-        errorf("case %s: layer groups at position %d at the end, expected %d", tc->name, (int)position,
-               (int)tc->total_len);
-        return -1;
-    }
-    return 0;
 }
 
 /* Runs one case through the session's cache.
@@ -2215,10 +2179,9 @@ static void setup_causal(kvc_cache_config *cc, const config *c, int32_t max_toke
     cc->rope.theta = (float)c->theta;
 }
 
-/* Runs every case of a model with one (kind, type): builds the layer groups (a pool
-   and a cache per KV group) and the prefix tracker, runs the cases, then destroys
-   everything and checks that each pool got every page back. Returns the number of
-   failed rows. */
+/* Runs every case of a model with one (kind, type): builds the memory and the prefix
+   tracker, runs the cases, then destroys everything and checks that no page was left
+   behind. Returns the number of failed rows. */
 static int run_session(const model *m, const test_case *cases, int n_cases, const kind_spec *ks,
                        const type_spec *ts, int chunk)
 {
@@ -2236,18 +2199,16 @@ static int run_session(const model *m, const test_case *cases, int n_cases, cons
     for (int i = 0; i < n_cases; ++i)
         if (cases[i].total_len > max_tokens) max_tokens = cases[i].total_len;
 
-    if (groups_create(&s.groups, c, ks, ts->type, max_tokens, chunk < max_tokens ? chunk : max_tokens) != 0)
+    if (memory_create(&s.mem, c, ks, ts->type, max_tokens, chunk < max_tokens ? chunk : max_tokens) != 0)
         goto fail;
-    if (!ks->hybrid) {
-        s.cache = s.groups.g[0].cache;
-        s.capacity = s.groups.g[0].capacity;
-    }
-    if (!ks->hybrid && ks->kind != KVC_KIND_CAUSAL) {
-        KVC_CHECK(kvc_prefix_create(&s.cache, 1, max_tokens, &s.prefix));
+    if (ks->hybrid || ks->kind != KVC_KIND_CAUSAL) {
+        if (memory_prefix_create(&s.mem, max_tokens, &s.prefix) != 0) goto fail;
     } else if (!(s.held = (int32_t *)malloc((size_t)max_tokens * sizeof *s.held))) {
         errorf("out of memory");
         goto fail;
     }
+    s.cache = s.mem.g[0].cache;
+    s.capacity = s.mem.g[0].capacity;
     s.max_held = max_tokens;
     setup_ok = 1;
 
@@ -2260,36 +2221,35 @@ static int run_session(const model *m, const test_case *cases, int n_cases, cons
         run_ok = run_case_cached(&s, &cases[i], &sc) == 0;
         sc.seconds = seconds_now() - t0;
         failures += !report(&cases[i], ks->name, kvc_type_name(ts->type), ts, &sc, run_ok);
-        if (!run_ok) break; /* the cache state is unknown: stop this session */
+        if (!run_ok) break; /* the memory's state is unknown: stop this session */
     }
     if (end_request(&s) != 0) failures++;
 
 fail:
     if (!setup_ok) failures++;
     /* tear down in reverse order, then check that no page is left behind */
-    if (drop_branch_point(&s) != 0 || drop_checkpoints_after(&s, -1) != 0)
-        failures++, errorf("kvc_snapshot_free failed");
+    if (drop_branch_point(&s) != 0) failures++, errorf("kvc_snapshot_free failed");
     if (s.prefix && kvc_prefix_destroy(s.prefix) != KVC_OK) failures++, errorf("kvc_prefix_destroy failed");
-    failures += groups_free(&s.groups, ks->name, kvc_type_name(ts->type));
+    failures += memory_free(&s.mem, ks->name, kvc_type_name(ts->type));
     free(s.snap_logits);
     free(s.held);
     return failures;
 }
 
-/* The layer groups a hybrid model gets, for the header line. */
+/* The groups a hybrid model's memory gets, for the header line. */
 static void print_groups(const model *m)
 {
-    layer_groups G;
-    groups_layout(&G, &m->c, NULL);
-    printf("  layer groups:");
+    memory G;
+    memory_layout(&G, &m->c, NULL);
+    printf("  memory groups:");
     for (int i = 0; i < G.n; ++i) {
         char layers[64];
         printf("%s %s (layers %s", i ? "," : "", group_kind_name(&G.g[i]), group_layers(&G.g[i], layers, sizeof layers));
         if (G.g[i].type == LAYER_SLIDING) printf(", window %d", m->c.window);
-        if (G.g[i].type == LAYER_CONV) printf(", %d x %d floats of state each", m->c.conv_L - 1, m->c.hidden);
+        if (G.g[i].type == LAYER_CONV) printf(", state %d x %d floats", m->c.conv_L - 1, m->c.hidden);
         printf(")");
     }
-    printf("; a checkpoint every %d tokens\n", CHECKPOINT_EVERY);
+    printf("; checkpoints at every multiple of %d tokens\n", CHECKPOINT_EVERY);
 }
 
 /* ==================================================================================
