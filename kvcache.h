@@ -3539,6 +3539,7 @@ KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_
     if (target < 0) return KVC_ERR_UNREACHABLE;
     if (snap == NULL) {
         if (!kvc__reachable(cache, target)) return KVC_ERR_UNREACHABLE;
+        if (cache->cfg.kind == KVC_KIND_ROTATING && target == cache->offset) return KVC_OK; /* as it is */
         kvc__rewind_any(cache, target);
         return KVC_OK;
     }
@@ -3859,10 +3860,9 @@ static void kvc__restore_recurrent(kvc_cache *c, const kvc_snapshot *s) {
 static void kvc__rewind_any(kvc_cache *c, int32_t target) {
     int32_t i;
     kvc__settle(c);
-    if (target == c->offset) return;
     if (c->cfg.kind == KVC_KIND_FULL || (c->cfg.kind == KVC_KIND_ROTATING && !kvc__wrapped(c))) {
-        kvc__rewind(c, target);
-    } else {
+        kvc__rewind(c, target); /* at the offset too: the window's anchor becomes offset - 1 */
+    } else if (target != c->offset) {
         i = kvc__ckpt_find(c, target);
         KVCACHE_ASSERT(i >= 0);
         if (c->cfg.kind == KVC_KIND_ROTATING) kvc__restore_rotating(c, c->ckpt[i], target);

@@ -203,9 +203,10 @@ static int converse(kvc_radix *t, int32_t *hist, int32_t n, int32_t *n_total, kv
 
 /* The same tokens evaluated from scratch in a cache of their own give the same output. */
 static int same_as_fresh(const int32_t *tokens, int32_t n, const float *out) {
-    kvc_cache_config cc = {KVC_KIND_FULL, 0, 0, 0, 0, 0, 0, {KVC_ROPE_NONE, 0.0f, 0, NULL, NULL}};
+    kvc_cache_config cc;
     kvc_cache *fresh;
     int same;
+    CHECK(kvc_cache_config_init(&cc, KVC_KIND_FULL));
     CHECK(kvc_cache_create(pool, &cc, &fresh));
     if (forward_into(fresh, tokens, n)) return 0;
     same = memcmp(out, last_out, sizeof(last_out)) == 0;
@@ -219,7 +220,7 @@ int part2(void) {
     kvc_radix *tree;
     kvc_radix_stats st;
     kvc_cache *conv[N_CHARS], *hog;
-    kvc_cache_config hog_cfg = {KVC_KIND_FULL, 0, 0, 0, 0, 0, 0, {KVC_ROPE_NONE, 0.0f, 0, NULL, NULL}};
+    kvc_cache_config hog_cfg;
     kvc_path_io file;
     kvc_io io;
     int32_t hist[N_CHARS][MAX_TOK], len[N_CHARS], i, j, reused, loaded, alone = 0, shared_pages, total;
@@ -227,6 +228,7 @@ int part2(void) {
 
     printf("\n== part 2: three characters share a %d-token system prompt (kvc_radix)\n", SYS);
     for (i = 0; i < SYS; ++i) system_prompt[i] = 10 + i;
+    CHECK(kvc_cache_config_init(&hog_cfg, KVC_KIND_FULL));
     CHECK(kvc_pool_config_init(&pc));
     pc.n_layers = N_LAYERS;
     pc.n_kv_heads = 1;
