@@ -482,7 +482,7 @@ static int fm_batch(fm_world *w, int mi, const int32_t *tok, int32_t n, const in
     for (g = 0; g < w->G; ++g) {
         uint32_t uids[FM_BATCH];
         for (t = 0; t < n; ++t) uids[t] = (uint32_t)tok[t];
-        ref_begin(w->gr[g].kind, w->gr[g].W, w->gr[g].S, w->gr[g].pc, &m->g[g].st, uids, n, &after[g]);
+        ref_begin(w->gr[g].kind, w->gr[g].W, w->gr[g].S, fuzz_max(w->gr[g].pc, 1), &m->g[g].st, uids, n, &after[g]);
     }
     for (l = 0; l <= w->L; ++l) {
         const fm_group *gr;
@@ -935,7 +935,10 @@ static void fm_op_invalid(fm_world *w, int mi) {
         for (i = 0; i < w->G; ++i)
             if (fm_has_ck(&w->gr[i])) maxck = fuzz_min(maxck, w->gr[i].maxck);
         for (i = 0; i <= maxck; ++i) at[i] = off + 1 + i;
-        FUZZ_RES(kvc_memory_begin(m->h, maxck + 1, at, maxck + 1), KVC_ERR_RANGE);
+        for (i = 0; !fm_has_ck(&w->gr[i]) || w->gr[i].maxck > maxck; ++i) {}
+        t = kvc_memory_begin(m->h, maxck + 1, at, maxck + 1);
+        /* an earlier group's own pool may be out of pages first (as in fm_batch) */
+        if (!(i > 0 && t == KVC_ERR_FULL)) FUZZ_RES(t, KVC_ERR_RANGE);
         break;
     case 7: FUZZ_RES(kvc_memory_put(m->h, l, buf, buf), fm_is_kv(gr) ? KVC_ERR_STATE : KVC_ERR_UNSUPPORTED); break;
     case 8: FUZZ_RES(kvc_memory_put(m->h, x & 0x80 ? -1 : w->L, buf, buf), KVC_ERR_RANGE); break;
