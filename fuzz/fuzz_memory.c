@@ -920,6 +920,7 @@ static void fm_op_invalid(fm_world *w, int mi) {
     kvc_prefix *px = NULL;
     int ok = 0, maxck = 0;
     memset(buf, 0, sizeof(buf));
+    memset(at, 0, sizeof(at));
     for (i = 0; i < w->G; ++i)
         if (fm_has_ck(&w->gr[i])) maxck = fuzz_max(maxck, w->gr[i].maxck);
     fuzz_note("invalid arguments %u on memory %d layer %d", x % 24, mi, l);
