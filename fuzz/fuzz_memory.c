@@ -1002,6 +1002,12 @@ static void fm_op_invalid(fm_world *w, int mi) {
         FUZZ_RES(kvc_memory_create(NULL, (kvc_memory **)&c), KVC_ERR_NULL);
         FUZZ_RES(kvc_memory_create(&w->mc, NULL), KVC_ERR_NULL);
         FUZZ_RES(kvc_memory_config_init(NULL), KVC_ERR_NULL);
+        {   /* attention itself is kvc_attention's (fuzz_ops): only the layer mapping here */
+            kvc_attention_desc d;
+            memset(&d, 0, sizeof(d));
+            FUZZ_RES(kvc_memory_attention(NULL, 0, &d), KVC_ERR_NULL);
+            FUZZ_RES(kvc_memory_attention(m->h, x & 0x80 ? -1 : w->L, &d), KVC_ERR_RANGE);
+        }
         break;
     }
 }
