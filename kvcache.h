@@ -3416,8 +3416,8 @@ KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t a
         n = (at - 1) / pc - first + 1;
     } else if (at == cache->offset) { /* the whole window, or the live state */
         n = kvc__is_recurrent(cache) ? 1 : cache->n_pages;
-    } else if (cache->cfg.kind == KVC_KIND_ROTATING && at > cache->batch_begin) {
-        n = cache->n_pages; /* inside the last batch: the window is still held */
+    } else if (cache->cfg.kind == KVC_KIND_ROTATING && (at > cache->batch_begin || !kvc__wrapped(cache))) {
+        n = cache->n_pages; /* inside the last batch, or nothing released yet: the window is held */
     } else if ((k = kvc__ckpt_find(cache, at)) >= 0) {
         n = cache->ckpt[k]->n_pages;
     } else {
@@ -3825,6 +3825,23 @@ static void kvc__settle(kvc_cache *c) {
     c->n_pend = 0;
 }
 
+/* Whether the ended batch's checkpoint pend[i] will be kept when the batch settles. */
+static int kvc__pend_complete(const kvc_cache *c, int32_t i) {
+    int32_t l, done = 1;
+    if (kvc__batch_open(c)) return 0;
+    if (c->cfg.kind == KVC_KIND_ROTATING || c->pend[i]->to == c->offset) return 1;
+    for (l = 0; l < c->pool->cfg.n_layers; ++l)
+        done &= c->pend_done[(size_t)i * (size_t)c->pool->cfg.n_layers + (size_t)l];
+    return done;
+}
+
+/* How many of the oldest checkpoints settling the ended batch will push out. */
+static int32_t kvc__ckpt_doomed(const kvc_cache *c) {
+    int32_t i, kept = 0;
+    for (i = 0; i < c->n_pend; ++i) kept += kvc__pend_complete(c, i);
+    return KVC__MAX(0, c->n_ckpt + kept - c->max_ckpt);
+}
+
 /* Whether a live rewind to target can succeed (a cache with no batch open). */
 static int kvc__reachable(const kvc_cache *c, int32_t target) {
     int32_t i;
@@ -3832,15 +3849,10 @@ static int kvc__reachable(const kvc_cache *c, int32_t target) {
     if (target == c->offset || c->cfg.kind == KVC_KIND_FULL) return 1;
     if (c->cfg.kind == KVC_KIND_CAUSAL) return 0;
     if (c->cfg.kind == KVC_KIND_ROTATING && !kvc__wrapped(c)) return 1;
-    if (kvc__ckpt_find(c, target) >= 0) return 1;
+    i = kvc__ckpt_find(c, target);
+    if (i >= 0) return i >= kvc__ckpt_doomed(c); /* not one the ended batch pushes out */
     for (i = 0; i < c->n_pend; ++i) /* an ended batch's, not settled yet */
-        if (c->pend[i]->to == target) {
-            int32_t l, done = 1;
-            if (c->cfg.kind == KVC_KIND_ROTATING || target == c->offset) return 1;
-            for (l = 0; l < c->pool->cfg.n_layers; ++l)
-                done &= c->pend_done[(size_t)i * (size_t)c->pool->cfg.n_layers + (size_t)l];
-            return done;
-        }
+        if (c->pend[i]->to == target) return kvc__pend_complete(c, i);
     return 0;
 }
 
@@ -3931,16 +3943,14 @@ KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *ca
 }
 
 KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at) {
-    int32_t i, n = 0, ended = 0, skip;
+    int32_t i, n = 0, skip;
     if (cache == NULL || n_at == NULL || (at == NULL && max_at > 0)) return KVC_ERR_NULL;
     if (max_at < 0) return KVC_ERR_INVALID;
-    for (i = 0; i < cache->n_pend; ++i) /* an ended batch's, not settled yet */
-        ended += !kvc__batch_open(cache) && kvc__reachable(cache, cache->pend[i]->to);
-    skip = KVC__MAX(0, cache->n_ckpt + ended - cache->max_ckpt); /* settling drops the oldest */
+    skip = kvc__ckpt_doomed(cache); /* settling drops the oldest */
     for (i = skip; i < cache->n_ckpt; ++i, ++n)
         if (n < max_at) at[n] = cache->ckpt[i]->to;
     for (i = 0; i < cache->n_pend; ++i)
-        if (!kvc__batch_open(cache) && kvc__reachable(cache, cache->pend[i]->to)) {
+        if (kvc__pend_complete(cache, i)) {
             if (n < max_at) at[n] = cache->pend[i]->to;
             n++;
         }
@@ -4044,7 +4054,17 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
             *field = "groups.cache";
             return KVC_ERR_INVALID;
         }
-        if (recurrent && (c->max_seqs < 0 || c->max_seqs > (1 << 20))) { *field = "groups.cache"; return KVC_ERR_INVALID; }
+        if (recurrent && (c->max_seqs < 0 || c->max_seqs > (1 << 20) || c->window != 0 || c->sinks != 0 ||
+                          c->capacity != 0 || c->padding != 0 || c->chunk != 0)) {
+            *field = "groups.cache";
+            return KVC_ERR_INVALID;
+        }
+        if ((c->kind == KVC_KIND_FULL && (c->window != 0 || c->sinks != 0)) ||
+            (c->kind == KVC_KIND_ROTATING && (c->window < 1 || c->sinks < 0 || c->sinks >= c->window)) ||
+            ((c->kind == KVC_KIND_ROTATING || recurrent) && (c->checkpoints < 0 || c->checkpoints > 4096))) {
+            *field = "groups.cache";
+            return KVC_ERR_INVALID;
+        }
         if (c->kind == KVC_KIND_CAUSAL && (c->capacity < 1 || c->capacity > INT32_MAX / 2 || c->padding < 0)) {
             *field = "groups.cache";
             return KVC_ERR_INVALID;
@@ -4229,11 +4249,14 @@ KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int3
     if (n_tokens > INT32_MAX - o) return KVC_ERR_RANGE;
     for (i = 0; i < n_at; ++i)
         if (at[i] <= (i > 0 ? at[i - 1] : o) || at[i] > o + n_tokens) return KVC_ERR_RANGE;
+    for (g = 0; g < mp->n_groups; ++g) { /* every argument before any resource */
+        const kvc_cache *c = mem->cache[g];
+        if (n_at > 0 && c->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
+        if (kvc__has_ckpts(c) && n_at > c->max_ckpt) return KVC_ERR_RANGE;
+    }
     for (g = 0; g < mp->n_groups; ++g) {
         kvc_cache *c = mem->cache[g];
         int32_t inside = 0;
-        if (n_at > 0 && c->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
-        if (kvc__has_ckpts(c) && n_at > c->max_ckpt) return KVC_ERR_RANGE;
         for (i = 0; i < n_at; ++i) inside += at[i] < o + n_tokens;
         kvc__settle(c);
         net[g] = kvc__begin_net_pages(c, n_tokens, c->cfg.kind == KVC_KIND_RECURRENT ? inside : 0);
@@ -4411,8 +4434,9 @@ KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot 
         if (c->cfg.kind != KVC_KIND_FULL && target < s->to &&
             (kvc__is_recurrent(c) || s->to > c->cfg.window || s->first_lpage > c->n_sink_pages))
             return KVC_ERR_UNREACHABLE;
-        if (c->cfg.kind == KVC_KIND_FULL && s->from % c->pool->page_cells != 0)
-            copies += (int64_t)c->pool->page_bytes; /* the page at `from` may need a copy */
+        if (c->cfg.kind == KVC_KIND_FULL && s->from % c->pool->page_cells != 0 && target > s->from &&
+            c->pages[s->from / c->pool->page_cells] != s->pages[0])
+            copies += (int64_t)c->pool->page_bytes; /* the page at `from` needs a copy (kvc__restore_full) */
     }
     if (copies > (int64_t)(mp->budget.cap - mp->budget.used)) return KVC_ERR_FULL;
     for (g = 0; g < mp->n_groups; ++g) /* the carried checkpoints, copied before anything changes */

@@ -404,10 +404,6 @@ static int fm_cancel_expect(const fm_world *w, const int *done) {
     for (g = 0; g < w->G; ++g) all &= done[g] == w->gr[g].nl;
     if (all) return KVC_ERR_STATE; /* the batch ended */
     for (g = 0; g < w->G; ++g) {
-        /* known: a group whose layers are all put no longer has a batch open, and
-           kvc_memory_cancel answers KVC_ERR_STATE although the memory's batch is not
-           finished (it stays open: the engine can only complete it) */
-        if (FM_TOLERATE_KNOWN && done[g] == w->gr[g].nl) return KVC_ERR_STATE;
         if (w->gr[g].kind == KVC_KIND_RECURRENT && done[g] > 0) return KVC_ERR_RECURRENT;
     }
     return KVC_OK;
@@ -645,7 +641,8 @@ static void fm_op_take(fm_world *w, int mi) {
         const fm_group *gr = &w->gr[g];
         const fm_gref *r = &m->g[g];
         if (gr->kind == KVC_KIND_FULL || at == off || fm_ck_find(r, at) >= 0) continue;
-        if (gr->kind == KVC_KIND_ROTATING && at > r->st.bb) continue; /* inside the last batch */
+        if (gr->kind == KVC_KIND_ROTATING && (at > r->st.bb || !ref_wrapped(gr->kind, gr->W, &r->st)))
+            continue; /* inside the last batch, or nothing released yet */
         want = gr->kind == KVC_KIND_ROTATING ? KVC_ERR_UNREACHABLE : KVC_ERR_RECURRENT;
     }
     fuzz_note("memory %d snapshot_take(%d, %d) at %d, want %d", mi, from, at, off, want);
@@ -670,7 +667,8 @@ static void fm_op_take(fm_world *w, int mi) {
         d->st.off = at;
         if (w->gr[g].kind == KVC_KIND_ROTATING) {
             if (at == r->st.off) {
-            } else if (at > r->st.bb) { /* the window inside the last batch */
+            } else if (at > r->st.bb || !ref_wrapped(KVC_KIND_ROTATING, w->gr[g].W, &r->st)) {
+                /* the window inside the last batch, or with nothing released yet */
                 d->st.bb = at - 1;
             } else {
                 FUZZ_CHECK(k >= 0, "reference: no checkpoint at %d", at);
@@ -701,19 +699,17 @@ static void fm_op_restore(fm_world *w, int mi) {
         else if (gr->kind != KVC_KIND_FULL && target < s->to &&
                  (gr->kind == KVC_KIND_RECURRENT || s->to > gr->W || s->g[g].st.rel))
             want = KVC_ERR_UNREACHABLE;
-        else if (gr->kind == KVC_KIND_FULL && s->from % gr->pc != 0 && freeb / gr->pb < 1)
-            want = KVC_ERR_FULL; /* the page at `from` may need a copy */
         if (gr->kind == KVC_KIND_FULL && s->from % gr->pc != 0 && target > s->from) {
             risky++;
             copy_bytes += gr->pb;
         }
     }
-    /* known: the groups are restored one by one after a check that each alone has a free
-       page for its boundary copy, so when they need more together than is free, a later
-       group fails KVC_ERR_FULL after the earlier ones changed */
-    if (FM_TOLERATE_KNOWN && want == KVC_OK && risky > 1 && copy_bytes > freeb) return;
     fuzz_note("memory %d restore snapshot [%d, %d) to %d at %d, want %d", mi, s->from, s->to, target, fm_off(m), want);
     r = kvc_memory_restore(m->h, s->h, target);
+    /* the FULL groups' pages at `from` may need copies (unless a group still shares that
+       page with the snapshot) that do not fit: then the restore is refused whole, and the
+       checks after this operation see nothing changed */
+    if (r == KVC_ERR_FULL && want == KVC_OK && risky > 0 && copy_bytes > freeb) return;
     FUZZ_RES(r, want);
     if (want != KVC_OK) return;
     m->grace = 0;
@@ -882,9 +878,8 @@ static void fm_op_config(fm_world *w) {
         break;
     case 15: mc.budget_bytes = fm_min_bytes(&mc) - 1 - (size_t)fuzz_int(&w->in, 0, 7); wf = "budget_bytes"; break;
     default: /* a policy kvc_cache_create refuses */
-        /* known: kvc_memory_config_check does not check a group's cache policy as
-           kvc_cache_create does (ROTATING window 0, sinks >= window, checkpoints < 0, a
-           RECURRENT window): it answers KVC_OK and kvc_memory_create KVC_ERR_INVALID */
+        /* kvc_memory_config_check checks a group's policy as kvc_cache_create does
+           (ROTATING window 0, sinks >= window, a RECURRENT window, a FULL window) */
         if (FM_TOLERATE_KNOWN) return;
         if (gc[g].cache.kind == KVC_KIND_ROTATING) {
             if (x & 0x80) gc[g].cache.window = 0;
@@ -892,7 +887,7 @@ static void fm_op_config(fm_world *w) {
         } else if (gc[g].cache.kind == KVC_KIND_RECURRENT) {
             gc[g].cache.window = 3;
         } else {
-            gc[g].cache.checkpoints = -1;
+            gc[g].cache.window = 2; /* FULL keeps no window (nor reads checkpoints) */
         }
         wf = "groups.cache";
         break;
