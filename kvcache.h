@@ -4348,7 +4348,8 @@ static void kvc__memory_rewind(kvc_memory *m, int32_t target) {
     int32_t g;
     for (g = 0; g < m->mp->n_groups; ++g) {
         if (target == 0) (void)kvc_cache_clear(m->cache[g]);
-        else kvc__rewind_any(m->cache[g], target);
+        else if (target != m->cache[g]->offset) kvc__rewind_any(m->cache[g], target);
+        else kvc__settle(m->cache[g]); /* at it: as it is, the ended batch settled */
     }
 }
 
@@ -4592,7 +4593,8 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
     prefix = kvc__common_point(x->caches, x->n_caches, KVC__MIN(prefix, kvc__min_offset(x)));
     for (i = 0; i < x->n_caches; ++i)
         if (prefix == 0) (void)kvc_cache_clear(x->caches[i]);
-        else kvc__rewind_any(x->caches[i], prefix);
+        else if (x->caches[i]->offset > prefix) kvc__rewind_any(x->caches[i], prefix);
+        else kvc__settle(x->caches[i]); /* at it already: as it is */
     x->n_tokens = prefix;
     x->n_prompt = KVC__MIN(n_tokens, x->max_tokens);
     memcpy(x->prompt, tokens, sizeof(int32_t) * (size_t)x->n_prompt);
