@@ -4494,9 +4494,10 @@ KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *
         }
     }
     /* offsets below the current one every group can go back to */
-    for (g = 0; with != NULL && g < with->n_ckpt + with->n_pend; ++g) {
+    for (g = with != NULL ? kvc__ckpt_doomed(with) : 0; with != NULL && g < with->n_ckpt + with->n_pend; ++g) {
         int ok;
         int32_t at = g < with->n_ckpt ? with->ckpt[g]->to : with->pend[g - with->n_ckpt]->to;
+        if (g >= with->n_ckpt && !kvc__pend_complete(with, g - with->n_ckpt)) continue; /* the ones it keeps */
         (void)kvc_memory_can_rewind(mem, at, &ok);
         st->n_checkpoints += ok && at < st->offset;
     }

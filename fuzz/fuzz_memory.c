@@ -52,7 +52,7 @@
 #include <string.h>
 
 #ifndef FM_TOLERATE_KNOWN
-#define FM_TOLERATE_KNOWN 1
+#define FM_TOLERATE_KNOWN 0 /* every bug it was written for is fixed */
 #endif
 
 #define FM_MAXL 6     /* model layers */
