@@ -4614,7 +4614,8 @@ KVCDEF kvc_result kvc_prefix_close(kvc_prefix *x, const int32_t *generated, int3
     keep = (int32_t)KVC__MIN((int64_t)keep, (int64_t)x->n_prompt + n_generated);
     from_prompt = KVC__MIN(keep, x->n_prompt);
     memcpy(x->tokens, x->prompt, sizeof(int32_t) * (size_t)from_prompt);
-    if (keep > from_prompt) memcpy(x->tokens + from_prompt, generated, sizeof(int32_t) * (size_t)(keep - from_prompt));
+    if (keep > from_prompt && generated != NULL) /* (n_generated > 0 there: checked) */
+        memcpy(x->tokens + from_prompt, generated, sizeof(int32_t) * (size_t)(keep - from_prompt));
     x->n_tokens = keep;
     x->open = 0;
     return KVC_OK;
