@@ -453,7 +453,8 @@ KVCDEF kvc_result kvc_prefix_destroy(kvc_prefix *prefix);
 /* New request: longest common prefix with the recorded tokens, always leaving at least
    one token to evaluate; trims every cache to it, or clears them all when one cannot
    trim there (a wrapped rotating window). *n_reused = tokens already in the caches:
-   evaluate tokens[*n_reused ..]. The prompt is remembered for kvc_prefix_close. */
+   evaluate tokens[*n_reused ..]. The prompt is remembered for kvc_prefix_close. An
+   empty prompt (n_tokens 0, tokens may be NULL) reuses nothing: the caches start over. */
 KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *prefix, const int32_t *tokens, int32_t n_tokens,
                                    int32_t *n_reused);
 /* After generation: record prompt + generated tokens, clipped to the smallest cache
@@ -505,6 +506,8 @@ typedef struct kvc_radix_stats {
     int32_t n_pages;          /* distinct pool pages the tree references */
     int32_t n_in_use;         /* caches holding an entry in use */
     int32_t n_pinned;         /* pins over all entries */
+    int32_t n_states;         /* a memory's tree: distinct RECURRENT states it holds (in n_pages) */
+    size_t bytes;             /* the bytes of those pages (a memory's groups' pages differ in size) */
 } kvc_radix_stats;
 
 KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind); /* zeros + kind */
@@ -515,7 +518,7 @@ KVCDEF kvc_result kvc_radix_destroy(kvc_radix *tree);
 /* The longest cached prefix of tokens under ns as a new cache of the tree's kind that
    shares the tree's pages (O(pages), nothing copied; the first write into a shared
    page copies that page). Always leaves at least one token to evaluate: evaluate
-   tokens[*n_reused ..]. ROTATING: the prefix is shortened until the tree holds every
+   tokens[*n_reused ..]; an empty prompt (n_tokens 0, tokens may be NULL) reuses nothing. ROTATING: the prefix is shortened until the tree holds every
    page its window needs (sinks + the last window - 1 keys). On a miss the cache is
    empty. The entry it came from is in use until the cache is destroyed, cleared,
    released or committed elsewhere. */
@@ -528,6 +531,12 @@ KVCDEF kvc_result kvc_radix_lookup(kvc_radix *tree, kvc_namespace ns, const int3
    entry is in use by the cache (as for a lookup). */
 KVCDEF kvc_result kvc_radix_commit(kvc_radix *tree, kvc_namespace ns, kvc_cache *cache, const int32_t *tokens,
                                    int32_t n_tokens);
+/* kvc_radix_commit with a priority (kvc_radix_commit's is 0): eviction takes the entries
+   of the lowest priority first, least recently used first among equals (e.g. system
+   prompt 2 > user turn 1 > assistant turn 0, the order mlx-lm's server keeps). A node
+   keeps the highest priority of the commits through it; pins still win. */
+KVCDEF kvc_result kvc_radix_commit_priority(kvc_radix *tree, kvc_namespace ns, kvc_cache *cache,
+                                            const int32_t *tokens, int32_t n_tokens, int32_t priority);
 /* The cache no longer holds an entry in use (it stays valid; no-op if it held none). */
 KVCDEF kvc_result kvc_radix_release(kvc_cache *cache);
 /* Pin the cached sequence tokens[0 .. n_tokens) (a system prompt) so that eviction never
@@ -535,8 +544,9 @@ KVCDEF kvc_result kvc_radix_release(kvc_cache *cache);
 KVCDEF kvc_result kvc_radix_pin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
 /* Undo one kvc_radix_pin of the same tokens (KVC_ERR_NOT_FOUND if they are not pinned). */
 KVCDEF kvc_result kvc_radix_unpin(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens);
-/* Evict least recently used unreferenced leaves until n_pages pages went back to the
-   pool or nothing more can be evicted; *n_freed (may be NULL) = pages freed. */
+/* Evict unreferenced leaves (lowest priority, then least recently used, first) until
+   n_pages pages went back to the pool or nothing more can be evicted; *n_freed (may be
+   NULL) = pages freed. */
 KVCDEF kvc_result kvc_radix_evict(kvc_radix *tree, int32_t n_pages, int32_t *n_freed);
 /* Counters since create and the tree's size now (walks the tree: O(nodes + pages)). */
 KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *stats);
@@ -765,6 +775,34 @@ KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const
                                   const kvc_io *io);
 KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
                                   int32_t max_tokens, int32_t *n_tokens);
+
+/* A radix prefix tree over a memory's groups (no CAUSAL group): one tree, one lookup,
+   one budget. An entry holds each group's share: FULL groups' pages, ROTATING groups'
+   pages of the positions their window needs, RECURRENT groups' states at node ends. A
+   lookup reuses the longest prefix every group can serve (FULL: any length; ROTATING:
+   its window's pages are held; RECURRENT: a state at exactly that length), leaving one
+   token to evaluate. A commit inserts every group and ends nodes at the checkpoints
+   every RECURRENT group kept (kvc_memory_begin's checkpoints, e.g. the end of the
+   system prompt), so a later request that branches there resumes from them. Eviction
+   (kvc_memory_begin running short, kvc_radix_evict, max_entries) takes whole entries
+   across the groups, states included. Pins, namespaces, priorities, counters and
+   kvc_radix_destroy as for a pool's tree; the memory's pools live until the tree is
+   destroyed. kvc_radix_lookup / _commit on it (and the _memory calls on a pool's tree)
+   are KVC_ERR_UNSUPPORTED. cfg->cache is not used (the groups' policies are). */
+KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix_config *cfg, kvc_radix **out);
+/* A new memory on the tree's pools holding the longest cached prefix of tokens (every
+   group's pages and states shared with the tree, nothing copied): evaluate
+   tokens[*n_reused ..]. Its entry stays in use until the memory is destroyed, cleared,
+   released or committed elsewhere. */
+KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                          kvc_memory **out, int32_t *n_reused);
+/* Insert tokens[0 .. min(n_tokens, offset)) with every group's K/V and states (the
+   memory must be on the tree's pools: one of its lookups, or a fork of the memory the
+   tree was made from; no batch open); priority as kvc_radix_commit_priority. */
+KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *tree, kvc_namespace ns, kvc_memory *mem, const int32_t *tokens,
+                                          int32_t n_tokens, int32_t priority);
+/* The memory no longer holds an entry in use (kvc_radix_release for every group). */
+KVCDEF kvc_result kvc_radix_release_memory(kvc_memory *mem);
 
 /* ================================================================================= */
 /* Advanced parts: views, CAUSAL multi-sequence calls, the pthread helper, CPU paths,
@@ -1643,6 +1681,8 @@ static const struct kvc__kernels *kvc__pick_kernels(uint32_t features); /* Layer
    (Layer 4b) point to one they share, so that their groups draw on one budget. */
 typedef struct kvc__budget {
     size_t cap, used;
+    kvc_radix *trees;        /* prefix trees on these pools: they give pages back under pressure */
+    uint64_t clock;          /* their lookups and commits, in order: LRU ticks */
 } kvc__budget;
 
 struct kvc_pool {
@@ -1663,7 +1703,8 @@ struct kvc_pool {
     int32_t n_free, pages_peak;
     uint32_t next_cache_id;
     int32_t live_caches, live_snapshots, live_prefixes;
-    kvc_radix *trees;        /* prefix trees on this pool: they give pages back under pressure */
+    uint32_t *tree_count;    /* [max_pages] scratch of the prefix trees on this pool, zero between uses */
+    int32_t tree_refs;       /* those trees */
     uint32_t cpu;            /* KVC_CPU_* paths in use */
     kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
     kvc__rotate_fn rotate;   /* the RoPE shift's rotation */
@@ -2252,6 +2293,7 @@ static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell);
 static void kvc__lease_drop(kvc_cache *c);
 static int kvc__can_reclaim(kvc_pool *p, int64_t need);
 static int kvc__reclaim(kvc_pool *p, int64_t need);
+static int kvc__reclaim_for(kvc_pool *p, int64_t need, int64_t need_bytes);
 
 KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind) {
     if (cfg == NULL) return KVC_ERR_NULL;
@@ -4260,10 +4302,13 @@ KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int3
         for (i = 0; i < n_at; ++i) inside += at[i] < o + n_tokens;
         kvc__settle(c);
         net[g] = kvc__begin_net_pages(c, n_tokens, c->cfg.kind == KVC_KIND_RECURRENT ? inside : 0);
-        if (net[g] > (int64_t)c->pool->n_free) return KVC_ERR_FULL; /* the group's own pool */
         total += net[g] * (int64_t)c->pool->page_bytes;
     }
-    if (total > (int64_t)(mp->budget.cap - mp->budget.used)) return KVC_ERR_FULL;
+    /* the budget, after evicting prefix-tree entries if it must (all or nothing); a
+       group's own pool then has the pages too (it reserves the whole budget) */
+    if (!kvc__reclaim_for(mem->cache[0]->pool, 0, KVC__MAX(total, 0))) return KVC_ERR_FULL;
+    for (g = 0; g < mp->n_groups; ++g)
+        if (net[g] > (int64_t)mem->cache[g]->pool->n_free) return KVC_ERR_FULL;
     /* the checkpoints' structs, then CAUSAL groups (which may still find no cells) */
     for (g = 0; g < mp->n_groups && r == KVC_OK; ++g)
         if (kvc__has_ckpts(mem->cache[g])) r = kvc__pend_alloc(mem->cache[g], at, n_at, n_tokens);
@@ -4583,12 +4628,13 @@ static int32_t kvc__min_offset(const kvc_prefix *x) {
 
 KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t n_tokens, int32_t *n_reused) {
     int32_t i, prefix = 0;
-    if (x == NULL || tokens == NULL || n_reused == NULL) return KVC_ERR_NULL;
-    if (n_tokens < 1) return KVC_ERR_INVALID;
+    if (x == NULL || n_reused == NULL) return KVC_ERR_NULL;
+    if (n_tokens < 0) return KVC_ERR_INVALID;
+    if (tokens == NULL && n_tokens > 0) return KVC_ERR_NULL;
     for (i = 0; i < x->n_caches; ++i)
         if (kvc__batch_open(x->caches[i])) return KVC_ERR_STATE;
     while (prefix < n_tokens && prefix < x->n_tokens && tokens[prefix] == x->tokens[prefix]) prefix++;
-    if (prefix == n_tokens) prefix--; /* always evaluate one token to start generation from */
+    if (prefix > 0 && prefix == n_tokens) prefix--; /* always evaluate one token to start generation from */
     /* the longest prefix every cache can go back to: a wrapped window or a recurrent state
        only to a checkpoint; 0 when none, and then every cache starts over */
     prefix = kvc__common_point(x->caches, x->n_caches, KVC__MIN(prefix, kvc__min_offset(x)));
@@ -4598,7 +4644,7 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
         else kvc__settle(x->caches[i]); /* at it already: as it is */
     x->n_tokens = prefix;
     x->n_prompt = KVC__MIN(n_tokens, x->max_tokens);
-    memcpy(x->prompt, tokens, sizeof(int32_t) * (size_t)x->n_prompt);
+    if (x->n_prompt > 0) memcpy(x->prompt, tokens, sizeof(int32_t) * (size_t)x->n_prompt);
     x->open = 1;
     *n_reused = prefix;
     return KVC_OK;
@@ -4634,43 +4680,70 @@ KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens,
 }
 
 /* ---- Layer 5b: the radix prefix tree ---------------------------------------------------
-   A node is a span of tokens [start, start + len) of the path from the root and holds
-   the pages of the logical pages start / page_cells .. (end - 1) / page_cells. Its page
-   of a logical page holds valid K/V for every token of the path in that page up to the
-   node's end, its ancestors' tokens included: the first page is the committing cache's
-   own (it held the same tokens) or, after a split, the page shared with the other half.
-   So the page for logical page lp of a prefix is the deepest node's that covers lp.
-   ROTATING trees hold only the pages the committed caches still had (KVC__NO_PAGE where
-   a window released them). */
+   A node is a span of tokens [start, start + len) of the path from the root. A tree has
+   parts: one for a tree on a pool, one per group for a tree over a model memory (Layer
+   4c). An attention part (FULL, ROTATING) holds, per node, the pages of the logical pages
+   start / page_cells .. (end - 1) / page_cells of its pool. Its page of a logical page
+   holds valid K/V for every token of the path in that page up to the node's end, its
+   ancestors' tokens included: the first page is the committing cache's own (it held the
+   same tokens) or, after a split, the page shared with the other half. So the page for
+   logical page lp of a prefix is the deepest node's that covers lp. ROTATING parts hold
+   only the pages the committed caches (or their checkpoints) still had (KVC__NO_PAGE
+   where a window released them). A RECURRENT part holds, per node, one state page: the
+   state after the node's last token (KVC__NO_PAGE: none), so it serves a prefix only
+   where a node with a state ends; commits end nodes at the offsets where every
+   RECURRENT group kept a checkpoint. */
+
+typedef struct kvc__rpart {
+    kvc_pool *pool;
+    kvc_cache_config cfg; /* the caches lookups give and commits take */
+} kvc__rpart;
 
 typedef struct kvc__rnode {
     struct kvc__rnode *parent, *child, *next; /* first child, next sibling */
     kvc_namespace ns;
     int32_t start, len;   /* the path's tokens [start, start + len) */
-    int32_t n_pages;      /* pages[i] is logical page start / page_cells + i */
     uint32_t users;       /* caches keeping this entry in use */
     uint32_t pins;
+    int32_t priority;     /* the highest priority of the commits through it */
     uint64_t tick;        /* last lookup or commit through it: LRU order */
     uint64_t entry_tick;  /* last commit that ended at its end (0: none) */
     int blocked;          /* scratch: it or a descendant is in use or pinned */
     int kept;             /* scratch: on the path of one of the max_entries latest commits */
     int32_t *tokens;      /* [len] */
-    uint32_t *pages;      /* [n_pages] */
+    uint32_t **pages;     /* [n_parts]: see kvc__rnode_np */
 } kvc__rnode;
 
 struct kvc_radix {
-    kvc_pool *pool;
     kvc_radix_config cfg;
+    int32_t n_parts;
+    kvc__rpart part[KVC_MAX_GROUPS];
+    kvc__mpools *mp;      /* a memory's tree: the pools it keeps alive; NULL on a pool */
+    kvc__budget *budget;  /* the parts' pools' one budget: its trees evict together */
     kvc__rnode root;      /* len 0; its children start the namespaces' sequences */
-    kvc_radix *next;      /* the pool's list of trees */
-    uint64_t clock;
+    kvc_radix *next;      /* the budget's list of trees */
     int32_t n_leases;
     kvc_radix_stats stats;
-    uint32_t *count;      /* [max_pages] scratch, zero between uses: references per page */
 };
 
 static int kvc__ns_equal(kvc_namespace a, kvc_namespace b) { return a.model == b.model && a.salt == b.salt; }
 static int32_t kvc__rnode_end(const kvc__rnode *n) { return n->start + n->len; }
+static int kvc__part_state(const kvc_radix *t, int32_t g) { return t->part[g].cfg.kind == KVC_KIND_RECURRENT; }
+static int kvc__radix_has_states(const kvc_radix *t) {
+    int32_t g;
+    for (g = 0; g < t->n_parts; ++g)
+        if (kvc__part_state(t, g)) return 1;
+    return 0;
+}
+
+/* Entries of part g of a node spanning [start, start + len): its logical pages, or one
+   state. */
+static int32_t kvc__rnode_np(const kvc_radix *t, int32_t g, int32_t start, int32_t len) {
+    int32_t pc;
+    if (kvc__part_state(t, g)) return 1;
+    pc = t->part[g].pool->page_cells;
+    return (start + len - 1) / pc - start / pc + 1;
+}
 
 /* Pre-order successor of n within the tree of `root` (NULL after the last node). */
 static kvc__rnode *kvc__rnode_next(const kvc__rnode *root, const kvc__rnode *n) {
@@ -4682,18 +4755,28 @@ static kvc__rnode *kvc__rnode_next(const kvc__rnode *root, const kvc__rnode *n) 
     return NULL;
 }
 
+/* A fresh node (no pages, no states); its size is checked in 64 bits. */
 static kvc__rnode *kvc__rnode_new(kvc_radix *t, int32_t start, int32_t len) {
-    int32_t pc = t->pool->page_cells, np = (start + len - 1) / pc - start / pc + 1, i;
-    kvc__rnode *n = (kvc__rnode *)kvc__alloc(t->pool, sizeof(kvc__rnode) + sizeof(int32_t) * (size_t)len +
-                                                          sizeof(uint32_t) * (size_t)np);
+    uint64_t bytes = sizeof(kvc__rnode) + sizeof(uint32_t *) * (uint64_t)t->n_parts + 4 * (uint64_t)len;
+    int32_t g, i, np;
+    uint32_t *at;
+    kvc__rnode *n;
+    for (g = 0; g < t->n_parts; ++g) bytes += 4 * (uint64_t)kvc__rnode_np(t, g, start, len);
+    if (bytes > (uint64_t)SIZE_MAX) return NULL;
+    n = (kvc__rnode *)kvc__alloc(t->part[0].pool, (size_t)bytes);
     if (n == NULL) return NULL;
     memset(n, 0, sizeof(*n));
     n->start = start;
     n->len = len;
-    n->n_pages = np;
-    n->tokens = (int32_t *)(n + 1);
-    n->pages = (uint32_t *)(n->tokens + len);
-    for (i = 0; i < np; ++i) n->pages[i] = KVC__NO_PAGE;
+    n->pages = (uint32_t **)(n + 1);
+    at = (uint32_t *)(n->pages + t->n_parts);
+    for (g = 0; g < t->n_parts; ++g) {
+        n->pages[g] = at;
+        np = kvc__rnode_np(t, g, start, len);
+        for (i = 0; i < np; ++i) at[i] = KVC__NO_PAGE;
+        at += np;
+    }
+    n->tokens = (int32_t *)at;
     return n;
 }
 
@@ -4709,13 +4792,20 @@ static void kvc__rnode_unlink(kvc__rnode *n) {
     n->next = NULL;
 }
 
-/* Drop the node's page references; returns how many pages went back to the pool. */
-static int32_t kvc__rnode_release_pages(kvc_pool *p, kvc__rnode *n) {
-    int32_t i, freed = 0;
-    for (i = 0; i < n->n_pages; ++i) {
-        if (n->pages[i] == KVC__NO_PAGE) continue;
-        freed += p->refcount[n->pages[i]] == 1;
-        kvc__page_release(p, n->pages[i]);
+/* Drop the node's page and state references; returns how many pages went back to
+   their pools; *held (may be NULL) = the references it had. */
+static int32_t kvc__rnode_release_pages(kvc_radix *t, kvc__rnode *n, int32_t *held) {
+    int32_t g, i, freed = 0, np;
+    if (held) *held = 0;
+    for (g = 0; g < t->n_parts; ++g) {
+        kvc_pool *p = t->part[g].pool;
+        np = kvc__rnode_np(t, g, n->start, n->len);
+        for (i = 0; i < np; ++i) {
+            if (n->pages[g][i] == KVC__NO_PAGE) continue;
+            if (held) (*held)++;
+            freed += p->refcount[n->pages[g][i]] == 1;
+            kvc__page_release(p, n->pages[g][i]);
+        }
     }
     return freed;
 }
@@ -4747,11 +4837,11 @@ static kvc__rnode *kvc__rnode_holding(kvc__rnode *deep, int32_t m) {
 }
 
 /* Split n at token `at` (start < at < end): `head` (fresh, [start, at)) takes n's place
-   and n keeps the tail, so entries in use or pinned at n stay where they were. A page
-   holding both sides is shared by the two halves; nothing is copied. */
+   and n keeps the tail, so entries in use or pinned at n stay where they were, and so do
+   its states (they are after its end). A page holding both sides is shared by the two
+   halves; nothing is copied. */
 static void kvc__rnode_split(kvc_radix *t, kvc__rnode *n, kvc__rnode *head, int32_t at) {
-    kvc_pool *p = t->pool;
-    int32_t pc = p->page_cells, cut = at - n->start, drop = at / pc - n->start / pc, i;
+    int32_t cut = at - n->start, g, i, np, drop;
     kvc__rnode **link = &n->parent->child;
     while (*link != n) link = &(*link)->next;
     *link = head;
@@ -4760,28 +4850,34 @@ static void kvc__rnode_split(kvc_radix *t, kvc__rnode *n, kvc__rnode *head, int3
     head->child = n;
     head->ns = n->ns;
     head->tick = n->tick;
+    head->priority = n->priority;
     n->parent = head;
     n->next = NULL;
     memcpy(head->tokens, n->tokens, sizeof(int32_t) * (size_t)cut);
-    for (i = 0; i < head->n_pages; ++i) {
-        head->pages[i] = n->pages[i];
-        if (head->pages[i] != KVC__NO_PAGE) kvc__page_retain(p, head->pages[i]);
+    for (g = 0; g < t->n_parts; ++g) {
+        kvc_pool *p = t->part[g].pool;
+        if (kvc__part_state(t, g)) continue; /* the head's end has no state yet */
+        np = kvc__rnode_np(t, g, n->start, n->len);
+        drop = at / p->page_cells - n->start / p->page_cells;
+        for (i = 0; i < kvc__rnode_np(t, g, head->start, head->len); ++i) {
+            head->pages[g][i] = n->pages[g][i];
+            if (head->pages[g][i] != KVC__NO_PAGE) kvc__page_retain(p, head->pages[g][i]);
+        }
+        for (i = 0; i < drop; ++i)
+            if (n->pages[g][i] != KVC__NO_PAGE) kvc__page_release(p, n->pages[g][i]);
+        memmove(n->pages[g], n->pages[g] + drop, sizeof(uint32_t) * (size_t)(np - drop));
     }
-    for (i = 0; i < drop; ++i)
-        if (n->pages[i] != KVC__NO_PAGE) kvc__page_release(p, n->pages[i]);
-    memmove(n->pages, n->pages + drop, sizeof(uint32_t) * (size_t)(n->n_pages - drop));
-    n->n_pages -= drop;
     memmove(n->tokens, n->tokens + cut, sizeof(int32_t) * (size_t)(n->len - cut));
     n->len -= cut;
     n->start = at;
 }
 
-/* Where a cache at offset m needs pages: logical pages [0, *sink_end) and
+/* Where a cache of part g at offset m needs pages: logical pages [0, *sink_end) and
    [*first, last]; FULL: all of them. ROTATING: the sinks and the window of the next
    query (the keys after max(sinks, m - window + sinks) - 1). */
-static void kvc__needed_pages(const kvc_radix *t, int32_t m, int32_t *sink_end, int32_t *first) {
-    int32_t pc = t->pool->page_cells, last = (m - 1) / pc, nsp, lo;
-    const kvc_cache_config *cc = &t->cfg.cache;
+static void kvc__needed_pages(const kvc_radix *t, int32_t g, int32_t m, int32_t *sink_end, int32_t *first) {
+    int32_t pc = t->part[g].pool->page_cells, last = (m - 1) / pc, nsp, lo;
+    const kvc_cache_config *cc = &t->part[g].cfg;
     if (cc->kind != KVC_KIND_ROTATING) { *sink_end = 0; *first = 0; return; }
     nsp = (cc->sinks + pc - 1) / pc;
     lo = (int32_t)KVC__MAX((int64_t)cc->sinks, (int64_t)m - cc->window + cc->sinks);
@@ -4789,64 +4885,85 @@ static void kvc__needed_pages(const kvc_radix *t, int32_t m, int32_t *sink_end, 
     *first = KVC__MAX(nsp, lo / pc);
 }
 
-/* The page of logical page lp on the path of *at: the deepest node covering it. Called
-   with lp descending, *at (holding the prefix's last token at first) moves up the path as
-   lp goes below its nodes: one pass over the path for all of a prefix's pages. No table
-   indexed by logical page: a ROTATING path can span far more logical pages than the pool
-   has pages (its windows released them), so such a table could not be bounded. */
-static uint32_t kvc__path_page(const kvc__rnode **at, int32_t lp, int32_t pc) {
+/* Part g's page of logical page lp on the path of *at: the deepest node covering it.
+   Called with lp descending, *at (holding the prefix's last token at first) moves up the
+   path as lp goes below its nodes: one pass over the path for all of a prefix's pages.
+   No table indexed by logical page: a ROTATING path can span far more logical pages than
+   the pool has pages (its windows released them), so such a table could not be bounded. */
+static uint32_t kvc__path_page(const kvc__rnode **at, int32_t g, int32_t lp, int32_t pc) {
     while ((*at)->start / pc > lp) *at = (*at)->parent;
-    return (*at)->pages[lp - (*at)->start / pc];
+    return (*at)->pages[g][lp - (*at)->start / pc];
 }
 
-/* The highest logical page a cache at offset m needs and the path of `at` (which holds
-   token m - 1) lacks, or -1. */
-static int32_t kvc__radix_missing(const kvc_radix *t, const kvc__rnode *at, int32_t m) {
-    int32_t pc = t->pool->page_cells, lp, sink_end, first;
-    kvc__needed_pages(t, m, &sink_end, &first);
+/* The highest logical page of part g a cache at offset m needs and the path of `at`
+   (which holds token m - 1) lacks, or -1. */
+static int32_t kvc__radix_missing(const kvc_radix *t, int32_t g, const kvc__rnode *at, int32_t m) {
+    int32_t pc = t->part[g].pool->page_cells, lp, sink_end, first;
+    kvc__needed_pages(t, g, m, &sink_end, &first);
     for (lp = (m - 1) / pc; lp >= first; --lp)
-        if (kvc__path_page(&at, lp, pc) == KVC__NO_PAGE) return lp;
+        if (kvc__path_page(&at, g, lp, pc) == KVC__NO_PAGE) return lp;
     for (lp = sink_end - 1; lp >= 0; --lp)
-        if (kvc__path_page(&at, lp, pc) == KVC__NO_PAGE) return lp;
+        if (kvc__path_page(&at, g, lp, pc) == KVC__NO_PAGE) return lp;
     return -1;
 }
 
-/* The longest usable prefix of at most m tokens ending in `*at`'s path: ROTATING
-   prefixes shrink below the highest missing page until their window is whole. Leaves
-   *at holding its last token. */
+/* The longest prefix of at most m tokens ending in `*at`'s path that every part can
+   serve: ROTATING parts shrink it below their highest missing page until their window is
+   whole, RECURRENT parts to the end of a node that holds their states. Leaves *at
+   holding its last token. */
 static int32_t kvc__radix_usable(kvc_radix *t, kvc__rnode **at, int32_t m) {
-    int32_t lp;
+    int32_t g, lp, next;
     while (m > 0) {
         *at = kvc__rnode_holding(*at, m);
-        lp = kvc__radix_missing(t, *at, m);
-        if (lp < 0) break;
-        m = lp * t->pool->page_cells;
+        next = m;
+        for (g = 0; g < t->n_parts; ++g) {
+            if (kvc__part_state(t, g)) {
+                if (kvc__rnode_end(*at) != m || (*at)->pages[g][0] == KVC__NO_PAGE) next = KVC__MIN(next, (*at)->start);
+            } else if ((lp = kvc__radix_missing(t, g, *at, m)) >= 0) {
+                next = KVC__MIN(next, lp * t->part[g].pool->page_cells);
+            }
+        }
+        if (next == m) break;
+        m = next;
     }
     if (m == 0) *at = &t->root;
     return m;
 }
 
-/* Give an empty cache of the tree's config the pages of the path of `at` for offset m
-   (m > 0, a usable prefix: every page it needs is there, distinct pool pages, so at most
-   max_pages of them), as if it had appended m tokens and then rewound to m (anchor m - 1). */
-static void kvc__radix_fill(kvc_radix *t, kvc_cache *c, const kvc__rnode *at, int32_t m) {
-    int32_t pc = t->pool->page_cells, last = (m - 1) / pc, sink_end, first, lp, idx;
-    kvc__needed_pages(t, m, &sink_end, &first);
-    c->n_pages = sink_end + (first <= last ? last - first + 1 : 0);
-    KVCACHE_ASSERT(c->n_pages <= t->pool->max_pages);
-    idx = c->n_pages; /* filled from the back: window pages, then sink pages */
-    for (lp = last; lp >= first; --lp) c->pages[--idx] = kvc__path_page(&at, lp, pc);
-    for (lp = sink_end - 1; lp >= 0; --lp) c->pages[--idx] = kvc__path_page(&at, lp, pc);
-    c->first_lpage = first <= last ? first : c->n_sink_pages;
-    for (lp = 0; lp < c->n_pages; ++lp) kvc__page_retain(t->pool, c->pages[lp]);
+/* Give an empty cache of part g the pages (or the state) of the path of `at` for offset
+   m (m > 0, a usable prefix: every page it needs is there, distinct pool pages, so at
+   most max_pages of them), as if it had appended m tokens and then rewound to m (anchor
+   m - 1). */
+static void kvc__radix_fill(kvc_radix *t, int32_t g, kvc_cache *c, const kvc__rnode *at, int32_t m) {
+    int32_t pc, last, sink_end, first, lp, idx;
+    kvc_pool *p = t->part[g].pool;
     c->offset = m;
     c->batch_begin = m - 1;
+    if (kvc__part_state(t, g)) { /* at ends at m with a state (kvc__radix_usable) */
+        c->state_page[0] = at->pages[g][0];
+        c->state_off[0] = m;
+        kvc__page_retain(p, c->state_page[0]);
+        return;
+    }
+    pc = p->page_cells;
+    last = (m - 1) / pc;
+    kvc__needed_pages(t, g, m, &sink_end, &first);
+    c->n_pages = sink_end + (first <= last ? last - first + 1 : 0);
+    KVCACHE_ASSERT(c->n_pages <= p->max_pages);
+    idx = c->n_pages; /* filled from the back: window pages, then sink pages */
+    for (lp = last; lp >= first; --lp) c->pages[--idx] = kvc__path_page(&at, g, lp, pc);
+    for (lp = sink_end - 1; lp >= 0; --lp) c->pages[--idx] = kvc__path_page(&at, g, lp, pc);
+    c->first_lpage = first <= last ? first : c->n_sink_pages;
+    for (lp = 0; lp < c->n_pages; ++lp) kvc__page_retain(p, c->pages[lp]);
 }
 
-/* Mark the entry at n (and so its path) as used now. */
-static void kvc__radix_touch(kvc_radix *t, kvc__rnode *n) {
-    uint64_t tick = ++t->clock;
-    for (; n->parent != NULL; n = n->parent) n->tick = tick;
+/* Mark the entry at n (and so its path) as used now, by a commit of `priority`. */
+static void kvc__radix_touch(kvc_radix *t, kvc__rnode *n, int32_t priority, int commit) {
+    uint64_t tick = ++t->budget->clock;
+    for (; n->parent != NULL; n = n->parent) {
+        n->tick = tick;
+        if (commit && priority > n->priority) n->priority = priority;
+    }
 }
 
 static void kvc__lease_set(kvc_cache *c, kvc_radix *t, kvc__rnode *n) {
@@ -4877,71 +4994,97 @@ static void kvc__radix_mark_blocked(kvc_radix *t) {
             for (up = n; up->parent != NULL && !up->blocked; up = up->parent) up->blocked = 1;
 }
 
-/* Pages that evicting everything evictable in every tree of the pool would free: those
-   whose every reference comes from unblocked nodes. `count` is the first tree's scratch. */
-static int64_t kvc__reclaimable(kvc_pool *p) {
-    uint32_t *count = p->trees->count;
-    int64_t n_freeable = 0;
+/* What evicting everything evictable in the trees drawing on p's budget would give back:
+   *bytes over all their pools, *pages of p: the pages whose every reference comes from
+   unblocked nodes. Counted in each pool's tree_count scratch, left zeroed. */
+static void kvc__reclaimable(kvc_pool *p, int64_t *bytes, int64_t *pages) {
     kvc_radix *t;
     kvc__rnode *n;
-    int32_t i, pass;
-    for (t = p->trees; t != NULL; t = t->next) kvc__radix_mark_blocked(t);
+    int32_t g, i, np, pass;
+    *bytes = *pages = 0;
+    for (t = p->budget->trees; t != NULL; t = t->next) kvc__radix_mark_blocked(t);
     for (pass = 0; pass < 2; ++pass) /* count references, then compare and reset */
-        for (t = p->trees; t != NULL; t = t->next)
+        for (t = p->budget->trees; t != NULL; t = t->next)
             for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) {
                 if (n->blocked) continue;
-                for (i = 0; i < n->n_pages; ++i) {
-                    uint32_t pg = n->pages[i];
-                    if (pg == KVC__NO_PAGE) continue;
-                    if (pass == 0) { count[pg]++; continue; }
-                    if (count[pg] == 0) continue; /* already compared */
-                    n_freeable += count[pg] == p->refcount[pg];
-                    count[pg] = 0;
+                for (g = 0; g < t->n_parts; ++g) {
+                    kvc_pool *q = t->part[g].pool;
+                    np = kvc__rnode_np(t, g, n->start, n->len);
+                    for (i = 0; i < np; ++i) {
+                        uint32_t pg = n->pages[g][i];
+                        if (pg == KVC__NO_PAGE) continue;
+                        if (pass == 0) { q->tree_count[pg]++; continue; }
+                        if (q->tree_count[pg] == 0) continue; /* already compared */
+                        if (q->tree_count[pg] == q->refcount[pg]) {
+                            *bytes += (int64_t)q->page_bytes;
+                            *pages += q == p;
+                        }
+                        q->tree_count[pg] = 0;
+                    }
                 }
             }
-    return n_freeable;
 }
 
-/* The least recently used leaf of t that is neither in use nor pinned, or NULL. */
+/* Eviction order: the lowest priority first, then the least recently used. */
+static int kvc__evict_before(const kvc__rnode *a, const kvc__rnode *b) {
+    return b == NULL || a->priority < b->priority || (a->priority == b->priority && a->tick < b->tick);
+}
+
+/* The next leaf of t to evict (neither in use nor pinned), or NULL. */
 static kvc__rnode *kvc__radix_lru_leaf(kvc_radix *t) {
     kvc__rnode *n, *best = NULL;
     for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
-        if (n->child == NULL && n->users == 0 && n->pins == 0 && (best == NULL || n->tick < best->tick)) best = n;
+        if (n->child == NULL && n->users == 0 && n->pins == 0 && kvc__evict_before(n, best)) best = n;
     return best;
 }
 
 static int32_t kvc__radix_evict_node(kvc_radix *t, kvc__rnode *n) {
-    int32_t freed, i;
+    int32_t freed, held;
     kvc__rnode_unlink(n);
-    for (i = 0; i < n->n_pages; ++i) t->stats.pages_evicted += n->pages[i] != KVC__NO_PAGE;
-    freed = kvc__rnode_release_pages(t->pool, n);
+    freed = kvc__rnode_release_pages(t, n, &held);
+    t->stats.pages_evicted += (uint64_t)held;
     t->stats.entries_evicted++;
-    kvc__free(t->pool, n);
+    kvc__free(t->part[0].pool, n);
     return freed;
 }
 
-static int kvc__can_reclaim(kvc_pool *p, int64_t need) {
-    if (need <= kvc__pages_free(p)) return 1;
-    return p->trees != NULL && kvc__reclaimable(p) >= need - kvc__pages_free(p);
+/* Whether p could have `need` pages free (need_bytes of its budget, when the caller
+   asks for bytes of several pools at once) after evicting what can be evicted. */
+static int kvc__can_reclaim_for(kvc_pool *p, int64_t need, int64_t need_bytes) {
+    int64_t bytes, pages, by_budget;
+    size_t free_bytes = p->budget->cap - p->budget->used;
+    if (need <= kvc__pages_free(p) && (uint64_t)need_bytes <= free_bytes) return 1;
+    if (p->budget->trees == NULL) return 0;
+    kvc__reclaimable(p, &bytes, &pages);
+    by_budget = (int64_t)(((uint64_t)free_bytes + (uint64_t)bytes) / p->page_bytes);
+    return KVC__MIN(by_budget, (int64_t)p->n_free + pages) >= need &&
+           (uint64_t)need_bytes <= (uint64_t)free_bytes + (uint64_t)bytes;
+}
+static int kvc__can_reclaim(kvc_pool *p, int64_t need) { return kvc__can_reclaim_for(p, need, 0); }
+
+/* Evict the next leaf of the trees on budget b, in eviction order. */
+static void kvc__evict_one(kvc__budget *b) {
+    kvc_radix *t, *best_t = NULL;
+    kvc__rnode *leaf, *best = NULL;
+    for (t = b->trees; t != NULL; t = t->next) {
+        leaf = kvc__radix_lru_leaf(t);
+        if (leaf != NULL && kvc__evict_before(leaf, best)) { best = leaf; best_t = t; }
+    }
+    KVCACHE_ASSERT(best != NULL); /* the callers counted these pages */
+    kvc__radix_evict_node(best_t, best);
 }
 
-/* Make kvc__pages_free >= need by evicting LRU leaves of the pool's trees; all or nothing. */
-static int kvc__reclaim(kvc_pool *p, int64_t need) {
-    if (!kvc__can_reclaim(p, need)) return 0;
-    while (kvc__pages_free(p) < need) {
-        kvc_radix *t, *best_t = NULL;
-        kvc__rnode *leaf, *best = NULL;
-        for (t = p->trees; t != NULL; t = t->next) {
-            leaf = kvc__radix_lru_leaf(t);
-            if (leaf != NULL && (best == NULL || leaf->tick < best->tick)) { best = leaf; best_t = t; }
-        }
-        KVCACHE_ASSERT(best != NULL); /* kvc__can_reclaim counted these pages */
-        kvc__radix_evict_node(best_t, best);
-    }
+/* Make kvc__pages_free(p) >= need and the budget's free bytes >= need_bytes by evicting
+   leaves of the trees on p's budget (every group of a memory); all or nothing. */
+static int kvc__reclaim_for(kvc_pool *p, int64_t need, int64_t need_bytes) {
+    if (!kvc__can_reclaim_for(p, need, need_bytes)) return 0;
+    while (kvc__pages_free(p) < need || (uint64_t)(p->budget->cap - p->budget->used) < (uint64_t)need_bytes)
+        kvc__evict_one(p->budget);
     return 1;
 }
+static int kvc__reclaim(kvc_pool *p, int64_t need) { return kvc__reclaim_for(p, need, 0); }
 
-/* ---- the public calls ---- */
+/* ---- creating and destroying trees ---- */
 
 KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind) {
     if (cfg == NULL) return KVC_ERR_NULL;
@@ -4950,13 +5093,55 @@ KVCDEF kvc_result kvc_radix_config_init(kvc_radix_config *cfg, kvc_kind kind) {
     return KVC_OK;
 }
 
+/* A pool's scratch for counting references per page, shared by the trees on it. */
+static int kvc__tree_scratch_ref(kvc_pool *p) {
+    if (p->tree_refs == 0) {
+        p->tree_count = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)p->max_pages);
+        if (p->tree_count == NULL) return 0;
+        memset(p->tree_count, 0, sizeof(uint32_t) * (size_t)p->max_pages);
+    }
+    p->tree_refs++;
+    return 1;
+}
+static void kvc__tree_scratch_unref(kvc_pool *p) {
+    if (--p->tree_refs > 0) return;
+    kvc__free(p, p->tree_count);
+    p->tree_count = NULL;
+}
+
+/* The tree t (its parts set) on the budget's list, its pools' scratch and counts. */
+static kvc_result kvc__radix_register(kvc_radix *t) {
+    int32_t g;
+    for (g = 0; g < t->n_parts; ++g)
+        if (!kvc__tree_scratch_ref(t->part[g].pool)) {
+            while (g-- > 0) kvc__tree_scratch_unref(t->part[g].pool);
+            return KVC_ERR_NO_MEMORY;
+        }
+    for (g = 0; g < t->n_parts; ++g) t->part[g].pool->live_prefixes++;
+    t->next = t->budget->trees;
+    t->budget->trees = t;
+    return KVC_OK;
+}
+
+static kvc_result kvc__radix_new(kvc_pool *alloc_from, const kvc_radix_config *cfg, kvc_radix **out) {
+    kvc_radix *t;
+    if (cfg->max_entries < 0) return KVC_ERR_INVALID;
+    t = (kvc_radix *)kvc__alloc(alloc_from, sizeof(kvc_radix));
+    if (t == NULL) return KVC_ERR_NO_MEMORY;
+    memset(t, 0, sizeof(*t));
+    t->cfg = *cfg;
+    *out = t;
+    return KVC_OK;
+}
+
 KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out) {
     kvc_radix *t;
     const kvc_cache_config *cc;
+    kvc_result r;
     if (pool == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
     cc = &cfg->cache;
     if (cfg->max_entries < 0) return KVC_ERR_INVALID;
-    if (pool->cfg.state_floats > 0) return KVC_ERR_UNSUPPORTED; /* a state pool: no tokens to share */
+    if (pool->cfg.state_floats > 0) return KVC_ERR_UNSUPPORTED; /* a state pool: a memory's tree serves it */
     if (cc->kind == KVC_KIND_FULL) {
         if (cc->window != 0 || cc->sinks != 0) return KVC_ERR_INVALID;
     } else if (cc->kind == KVC_KIND_ROTATING) {
@@ -4964,45 +5149,85 @@ KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, 
     } else {
         return cc->kind == KVC_KIND_CAUSAL ? KVC_ERR_UNSUPPORTED : KVC_ERR_INVALID;
     }
-    t = (kvc_radix *)kvc__alloc(pool, sizeof(kvc_radix) + sizeof(uint32_t) * (size_t)pool->max_pages);
-    if (t == NULL) return KVC_ERR_NO_MEMORY;
-    memset(t, 0, sizeof(*t));
-    t->pool = pool;
-    t->cfg = *cfg;
-    memset(&t->cfg.cache, 0, sizeof(t->cfg.cache)); /* only what a FULL/ROTATING cache reads */
+    if ((r = kvc__radix_new(pool, cfg, &t)) != KVC_OK) return r;
+    memset(&t->part[0].cfg, 0, sizeof(t->cfg.cache)); /* only what a FULL/ROTATING cache reads */
     t->cfg.cache.kind = cc->kind;
     t->cfg.cache.window = cc->window;
     t->cfg.cache.sinks = cc->sinks;
-    t->count = (uint32_t *)(t + 1);
-    memset(t->count, 0, sizeof(uint32_t) * (size_t)pool->max_pages);
-    t->next = pool->trees;
-    pool->trees = t;
-    pool->live_prefixes++;
+    t->n_parts = 1;
+    t->part[0].pool = pool;
+    t->part[0].cfg = t->cfg.cache;
+    t->budget = pool->budget;
+    if ((r = kvc__radix_register(t)) != KVC_OK) { kvc__free(pool, t); return r; }
+    *out = t;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix_config *cfg, kvc_radix **out) {
+    kvc_radix *t;
+    kvc_result r;
+    int32_t g;
+    if (mem == NULL || cfg == NULL || out == NULL) return KVC_ERR_NULL;
+    for (g = 0; g < mem->mp->n_groups; ++g)
+        if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
+    if ((r = kvc__radix_new(mem->mp->pool[0], cfg, &t)) != KVC_OK) return r;
+    memset(&t->part[0].cfg, 0, sizeof(t->cfg.cache)); /* the groups' configs serve instead */
+    t->n_parts = mem->mp->n_groups;
+    for (g = 0; g < t->n_parts; ++g) {
+        t->part[g].pool = mem->mp->pool[g];
+        t->part[g].cfg = mem->cache[g]->cfg;
+    }
+    t->budget = &mem->mp->budget;
+    t->mp = mem->mp;
+    if ((r = kvc__radix_register(t)) != KVC_OK) { kvc__free(mem->mp->pool[0], t); return r; }
+    mem->mp->refs++; /* the pools stay while the tree holds their pages */
     *out = t;
     return KVC_OK;
 }
 
 KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
     kvc_radix **link;
+    kvc__mpools *mp;
+    int32_t g;
     if (t == NULL) return KVC_ERR_NULL;
     if (t->n_leases > 0) return KVC_ERR_BUSY;
     while (t->root.child != NULL) { /* leaves first */
         kvc__rnode *n = t->root.child;
         while (n->child != NULL) n = n->child;
         kvc__rnode_unlink(n);
-        kvc__rnode_release_pages(t->pool, n);
-        kvc__free(t->pool, n);
+        kvc__rnode_release_pages(t, n, NULL);
+        kvc__free(t->part[0].pool, n);
     }
-    for (link = &t->pool->trees; *link != t; link = &(*link)->next) {}
+    for (link = &t->budget->trees; *link != t; link = &(*link)->next) {}
     *link = t->next;
-    t->pool->live_prefixes--;
-    kvc__free(t->pool, t);
+    for (g = 0; g < t->n_parts; ++g) {
+        t->part[g].pool->live_prefixes--;
+        kvc__tree_scratch_unref(t->part[g].pool);
+    }
+    mp = t->mp;
+    kvc__free(t->part[0].pool, t);
+    if (mp != NULL) kvc__mpools_unref(mp);
     return KVC_OK;
 }
+
+/* ---- lookups ---- */
 
 static kvc_result kvc__check_tokens(const int32_t *tokens, int32_t n_tokens, int32_t min) {
     if (n_tokens < min) return KVC_ERR_INVALID;
     return tokens == NULL && n_tokens > 0 ? KVC_ERR_NULL : KVC_OK;
+}
+
+/* The prefix of tokens a lookup reuses: the longest every part can serve, leaving at
+   least one token to evaluate (none for an empty prompt). */
+static int32_t kvc__radix_find(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                               kvc__rnode **at) {
+    int32_t m;
+    *at = kvc__radix_walk(t, ns, tokens, n_tokens - 1, &m);
+    m = kvc__radix_usable(t, at, m);
+    t->stats.lookups++;
+    t->stats.tokens_queried += (uint64_t)n_tokens;
+    t->stats.tokens_hit += (uint64_t)m;
+    return m;
 }
 
 KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
@@ -5012,25 +5237,48 @@ KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t
     int32_t m;
     kvc_result r;
     if (t == NULL || out == NULL || n_reused == NULL) return KVC_ERR_NULL;
-    if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
-    if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return r;
-    at = kvc__radix_walk(t, ns, tokens, n_tokens - 1, &m); /* always one token to evaluate */
-    m = kvc__radix_usable(t, &at, m);
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (t->mp != NULL) return KVC_ERR_UNSUPPORTED; /* a memory's tree: kvc_radix_lookup_memory */
+    if ((r = kvc_cache_create(t->part[0].pool, &t->part[0].cfg, &c)) != KVC_OK) return r;
+    m = kvc__radix_find(t, ns, tokens, n_tokens, &at);
     if (m > 0) {
-        kvc__radix_fill(t, c, at, m);
-        kvc__radix_touch(t, at);
+        kvc__radix_fill(t, 0, c, at, m);
+        kvc__radix_touch(t, at, 0, 0);
         kvc__lease_set(c, t, at);
     }
-    t->stats.lookups++;
-    t->stats.tokens_queried += (uint64_t)n_tokens;
-    t->stats.tokens_hit += (uint64_t)m;
     *n_reused = m;
     *out = c;
     return KVC_OK;
 }
 
+KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                          kvc_memory **out, int32_t *n_reused) {
+    kvc__rnode *at;
+    kvc_memory *mem;
+    int32_t m, g;
+    kvc_result r = KVC_OK;
+    if (t == NULL || out == NULL || n_reused == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (t->mp == NULL) return KVC_ERR_UNSUPPORTED; /* a pool's tree: kvc_radix_lookup */
+    if ((mem = kvc__memory_alloc(t->mp)) == NULL) return KVC_ERR_NO_MEMORY;
+    for (g = 0; g < t->n_parts && r == KVC_OK; ++g)
+        r = kvc_cache_create(t->part[g].pool, &t->part[g].cfg, &mem->cache[g]);
+    if (r != KVC_OK) { kvc_memory_destroy(mem); return r; }
+    m = kvc__radix_find(t, ns, tokens, n_tokens, &at);
+    if (m > 0) {
+        for (g = 0; g < t->n_parts; ++g) kvc__radix_fill(t, g, mem->cache[g], at, m);
+        kvc__radix_touch(t, at, 0, 0);
+        for (g = 0; g < t->n_parts; ++g) kvc__lease_set(mem->cache[g], t, at);
+    }
+    *n_reused = m;
+    *out = mem;
+    return KVC_OK;
+}
+
+/* ---- commits ---- */
+
 /* max_entries: keep the paths of the max_entries latest commits (and what is in use or
-   pinned); evict every other leaf, oldest first, until none is left. */
+   pinned); evict every other leaf, in eviction order, until none is left. */
 static void kvc__radix_trim_entries(kvc_radix *t) {
     kvc__rnode *n, *best, *up;
     int32_t k;
@@ -5046,89 +5294,178 @@ static void kvc__radix_trim_entries(kvc_radix *t) {
     for (;;) {
         best = NULL;
         for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
-            if (n->child == NULL && !n->kept && n->users == 0 && n->pins == 0 && (best == NULL || n->tick < best->tick))
+            if (n->child == NULL && !n->kept && n->users == 0 && n->pins == 0 && kvc__evict_before(n, best))
                 best = n;
         if (best == NULL) break;
         kvc__radix_evict_node(t, best);
     }
 }
 
-/* The node that will end at `at` on the path of tokens (a split of the node holding
-   it when the path ends inside a node): *head is the fresh node the split needs, or
-   NULL if none is needed. NO_MEMORY before anything changes. */
-static kvc_result kvc__radix_prepare_split(kvc_radix *t, kvc__rnode *holder, int32_t at, kvc__rnode **head) {
-    *head = NULL;
-    if (holder->parent == NULL || at >= kvc__rnode_end(holder)) return KVC_OK;
-    *head = kvc__rnode_new(t, holder->start, at - holder->start);
-    return *head == NULL ? KVC_ERR_NO_MEMORY : KVC_OK;
+/* The offsets a commit ends nodes at, ascending: where every RECURRENT cache kept a
+   checkpoint, below n (the states a later request that branches there resumes from). */
+typedef struct kvc__bounds {
+    int32_t n, at[64];
+} kvc__bounds;
+
+static void kvc__commit_bounds(const kvc_radix *t, kvc_cache *const *c, int32_t n, kvc__bounds *b) {
+    int32_t g, i, first = -1;
+    b->n = 0;
+    for (g = 0; g < t->n_parts && first < 0; ++g)
+        if (kvc__part_state(t, g)) first = g;
+    if (first < 0) return;
+    for (i = 0; i < c[first]->n_ckpt; ++i) {
+        int32_t at = c[first]->ckpt[i]->to;
+        int ok = at > 0 && at < n;
+        for (g = first + 1; g < t->n_parts && ok; ++g)
+            if (kvc__part_state(t, g)) ok = kvc__ckpt_find(c[g], at) >= 0;
+        if (ok && b->n < 64) b->at[b->n++] = at; /* checkpoints are kept oldest first */
+        else if (ok) { memmove(b->at, b->at + 1, sizeof(int32_t) * 63); b->at[63] = at; }
+    }
 }
 
-/* ROTATING: the committing cache still holds pages that the path up to token m lacks
-   (another conversation's window had released them): same tokens, same K/V, so the
-   path takes them. A node's page is taken only if all of its tokens in it are < m. */
-static void kvc__radix_fill_holes(kvc_radix *t, kvc__rnode *at, int32_t m, const kvc_cache *c) {
-    int32_t pc = t->pool->page_cells, i;
-    for (; at->parent != NULL; at = at->parent) {
-        for (i = 0; i < at->n_pages; ++i) {
-            int32_t lp = at->start / pc + i, idx;
-            if (at->pages[i] != KVC__NO_PAGE || KVC__MIN((int64_t)kvc__rnode_end(at), ((int64_t)lp + 1) * pc) > m)
-                continue;
-            if ((idx = kvc__lpage_index(c, lp)) < 0) continue;
-            at->pages[i] = c->pages[idx];
-            kvc__page_retain(t->pool, at->pages[i]);
+/* Part g's state after `at` tokens of cache c: live at its offset, else a checkpoint's. */
+static uint32_t kvc__commit_state(const kvc_cache *c, int32_t at) {
+    int32_t k;
+    if (at == c->offset) return c->state_page[0];
+    k = kvc__ckpt_find(c, at);
+    return k >= 0 ? c->ckpt[k]->pages[0] : KVC__NO_PAGE;
+}
+
+/* A page of cache c for logical page lp whose tokens below `limit` are valid: the
+   cache's own, or one of its checkpoints' at `limit` or later (ROTATING: the window
+   may have released the page since). */
+static uint32_t kvc__commit_page(const kvc_cache *c, int32_t lp, int32_t limit) {
+    int32_t idx = kvc__lpage_index(c, lp), k;
+    if (idx >= 0) return c->pages[idx];
+    for (k = c->n_ckpt - 1; k >= 0; --k) {
+        const kvc_snapshot *s = c->ckpt[k];
+        int32_t j;
+        if (s->to < limit) break;
+        if (lp < c->n_sink_pages) j = lp < s->n_pages ? lp : -1;
+        else j = lp >= s->first_lpage ? c->n_sink_pages + (lp - s->first_lpage) : -1;
+        if (j >= 0 && j < s->n_pages) return s->pages[j];
+    }
+    return KVC__NO_PAGE;
+}
+
+/* Fill node n's missing pages and state from the committing caches: what the tree lacks
+   (a window released it, or an earlier commit kept no state there) and they hold for the
+   same tokens, all below `valid` (the tokens the caches and the path share). */
+static void kvc__commit_fill_node(kvc_radix *t, kvc__rnode *n, kvc_cache *const *c, int32_t valid) {
+    int32_t g, i, np, end = kvc__rnode_end(n);
+    for (g = 0; g < t->n_parts; ++g) {
+        kvc_pool *p = t->part[g].pool;
+        uint32_t pg;
+        if (kvc__part_state(t, g)) {
+            if (n->pages[g][0] != KVC__NO_PAGE || end > valid) continue;
+            if ((pg = kvc__commit_state(c[g], end)) == KVC__NO_PAGE) continue;
+            n->pages[g][0] = pg;
+            kvc__page_retain(p, pg);
+            continue;
+        }
+        np = kvc__rnode_np(t, g, n->start, n->len);
+        for (i = 0; i < np; ++i) {
+            int32_t lp = n->start / p->page_cells + i;
+            int32_t limit = (int32_t)KVC__MIN((int64_t)end, ((int64_t)lp + 1) * p->page_cells);
+            if (n->pages[g][i] != KVC__NO_PAGE || limit > valid) continue;
+            if ((pg = kvc__commit_page(c[g], lp, limit)) == KVC__NO_PAGE) continue;
+            n->pages[g][i] = pg;
+            kvc__page_retain(p, pg);
         }
     }
 }
 
-/* kvc_radix_commit; pin: also pin the committed sequence (kvc_radix_load). */
-static kvc_result kvc__radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
-                                    int32_t n_tokens, int pin) {
-    kvc__rnode *at, *head = NULL, *leaf = NULL;
-    int32_t n, m, lp, pc;
+/* Where a commit of tokens[0 .. n) ends nodes: the bounds at or below the match m that
+   fall inside a node, and the end of the shared part m (n > m, or when the entry must end
+   exactly at n). *heads gets one fresh node per split, *chain the new nodes for [m, n)
+   (cut at the bounds above m), all allocated before anything changes. */
+typedef struct kvc__commit_plan {
+    int32_t n_split, split_at[66];
+    kvc__rnode *head[66];
+    int32_t n_chain;
+    kvc__rnode *chain[66];
+} kvc__commit_plan;
+
+static void kvc__plan_free(kvc_radix *t, kvc__commit_plan *pl) {
+    int32_t i;
+    for (i = 0; i < pl->n_split; ++i) kvc__free(t->part[0].pool, pl->head[i]);
+    for (i = 0; i < pl->n_chain; ++i) kvc__free(t->part[0].pool, pl->chain[i]);
+}
+
+static kvc_result kvc__commit_prepare(kvc_radix *t, kvc__rnode *deep, int32_t m, int32_t n, const kvc__bounds *b,
+                                      int end_exact, kvc__commit_plan *pl) {
+    int32_t cut[66], n_cut = 0, i, s, e, prev = -1, lo;
+    pl->n_split = pl->n_chain = 0;
+    for (i = 0; i < b->n && b->at[i] <= m; ++i) cut[n_cut++] = b->at[i];
+    if (m > 0 && (m < n || end_exact) && (n_cut == 0 || cut[n_cut - 1] != m)) cut[n_cut++] = m;
+    for (i = 0; i < n_cut; ++i) { /* the node holding cut[i] after the splits before it */
+        kvc__rnode *h = kvc__rnode_holding(deep, cut[i]);
+        if (h->parent == NULL || cut[i] >= kvc__rnode_end(h)) continue; /* a node ends there */
+        lo = KVC__MAX(h->start, prev);
+        pl->split_at[pl->n_split] = cut[i];
+        if ((pl->head[pl->n_split++] = kvc__rnode_new(t, lo, cut[i] - lo)) == NULL) goto no_memory;
+        prev = cut[i];
+    }
+    for (s = m, i = 0; s < n; s = e) { /* the new nodes [m, n), cut at the bounds */
+        while (i < b->n && b->at[i] <= s) ++i;
+        e = i < b->n && b->at[i] < n ? b->at[i] : n;
+        if ((pl->chain[pl->n_chain++] = kvc__rnode_new(t, s, e - s)) == NULL) goto no_memory;
+    }
+    return KVC_OK;
+no_memory:
+    if (pl->n_split > 0 && pl->head[pl->n_split - 1] == NULL) pl->n_split--;
+    if (pl->n_chain > 0 && pl->chain[pl->n_chain - 1] == NULL) pl->n_chain--;
+    kvc__plan_free(t, pl);
+    return KVC_ERR_NO_MEMORY;
+}
+
+/* kvc_radix_commit and kvc_radix_commit_memory: c[g] is part g's cache; pin: also pin
+   the committed sequence (loads). */
+static kvc_result kvc__radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *const *c, const int32_t *tokens,
+                                    int32_t n_tokens, int32_t priority, int pin) {
+    kvc__rnode *at, *deep;
+    kvc__commit_plan plan;
+    kvc__bounds bounds;
+    int32_t n, m, g, i, lp, pc;
+    int end_exact;
     kvc_result r;
-    if (t == NULL || c == NULL) return KVC_ERR_NULL;
-    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
-    if (c->pool != t->pool) return KVC_ERR_FOREIGN;
-    if (c->cfg.kind != t->cfg.cache.kind || c->cfg.window != t->cfg.cache.window ||
-        c->cfg.sinks != t->cfg.cache.sinks)
-        return KVC_ERR_INVALID;
-    if (kvc__batch_open(c)) return KVC_ERR_STATE;
-    n = KVC__MIN(n_tokens, c->offset); /* only evaluated tokens have K/V */
-    at = kvc__radix_walk(t, ns, tokens, n, &m);
-    /* a split if m is inside a node: before the new leaf, or, when entries are limited,
-       so that the entry kept is exactly these n tokens (the MLX runner's single entry) */
-    if ((m < n || ((t->cfg.max_entries > 0 || pin) && n > 0)) &&
-        (r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK)
-        return r;
-    if (m < n) { /* a new leaf for tokens [m, n) */
-        if ((leaf = kvc__rnode_new(t, m, n - m)) == NULL) {
-            if (head) kvc__free(t->pool, head);
-            return KVC_ERR_NO_MEMORY;
-        }
-    }
+    for (g = 0; g < t->n_parts; ++g) kvc__settle(c[g]); /* no visible change */
+    n = KVC__MIN(n_tokens, kvc__cache_tokens(c[0])); /* only evaluated tokens have K/V */
+    kvc__commit_bounds(t, c, n, &bounds);
+    deep = kvc__radix_walk(t, ns, tokens, n, &m);
+    /* the entry ends exactly at n when entries are limited (the MLX runner's single entry),
+       pinned, or when the caches' states at n are to be kept there */
+    end_exact = t->cfg.max_entries > 0 || pin || kvc__radix_has_states(t);
+    if ((r = kvc__commit_prepare(t, deep, m, n, &bounds, end_exact, &plan)) != KVC_OK) return r;
     /* from here on it succeeds */
-    if (head != NULL) {
-        kvc__rnode_split(t, at, head, m);
-        at = head;
+    for (i = 0; i < plan.n_split; ++i) {
+        kvc__rnode *h = kvc__rnode_holding(deep, plan.split_at[i]);
+        kvc__rnode_split(t, h, plan.head[i], plan.split_at[i]);
     }
-    if (m > 0) kvc__radix_fill_holes(t, at, m, c);
-    if (leaf != NULL) {
-        pc = t->pool->page_cells;
+    at = m > 0 ? kvc__rnode_holding(deep, m) : &t->root; /* ends at m now, if anything does */
+    for (i = 0; i < plan.n_chain; ++i) { /* the new part: the caches' pages and states */
+        kvc__rnode *leaf = plan.chain[i];
+        int32_t s = leaf->start, e = kvc__rnode_end(leaf);
         leaf->ns = ns;
-        memcpy(leaf->tokens, tokens + m, sizeof(int32_t) * (size_t)(n - m));
-        for (lp = m / pc; lp <= (n - 1) / pc; ++lp) {
-            int32_t idx = kvc__lpage_index(c, lp);
-            if (idx < 0) continue; /* released by a rotating window */
-            leaf->pages[lp - m / pc] = c->pages[idx];
-            kvc__page_retain(t->pool, c->pages[idx]);
+        memcpy(leaf->tokens, tokens + s, sizeof(int32_t) * (size_t)(e - s));
+        for (g = 0; g < t->n_parts; ++g) {
+            if (kvc__part_state(t, g)) continue;
+            pc = t->part[g].pool->page_cells;
+            for (lp = s / pc; lp <= (e - 1) / pc; ++lp) {
+                int32_t idx = kvc__lpage_index(c[g], lp);
+                if (idx < 0) continue; /* released by a rotating window: kvc__commit_fill_node */
+                leaf->pages[g][lp - s / pc] = c[g]->pages[idx];
+                kvc__page_retain(t->part[g].pool, c[g]->pages[idx]);
+            }
         }
         kvc__rnode_link(at, leaf);
         at = leaf;
-    } /* else the tree holds all n tokens already: nothing to add */
-    if (n > 0) kvc__radix_touch(t, at);
-    if (n > 0 && kvc__rnode_end(at) == n) at->entry_tick = t->clock;
+    }
+    for (deep = at; deep->parent != NULL; deep = deep->parent) kvc__commit_fill_node(t, deep, c, n);
+    if (n > 0) kvc__radix_touch(t, at, priority, 1);
+    if (n > 0 && kvc__rnode_end(at) == n) at->entry_tick = t->budget->clock;
     if (n > 0 && pin) at->pins++;
-    kvc__lease_set(c, t, n > 0 ? at : &t->root);
+    for (g = 0; g < t->n_parts; ++g) kvc__lease_set(c[g], t, n > 0 ? at : &t->root);
     t->stats.commits++;
     kvc__radix_trim_entries(t);
     return KVC_OK;
@@ -5136,7 +5473,38 @@ static kvc_result kvc__radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c
 
 KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
                                    int32_t n_tokens) {
-    return kvc__radix_commit(t, ns, c, tokens, n_tokens, 0);
+    return kvc_radix_commit_priority(t, ns, c, tokens, n_tokens, 0);
+}
+
+/* The checks of a commit of cache c into t, before anything changes. */
+static kvc_result kvc__radix_commit_check(const kvc_radix *t, const kvc_cache *c, const int32_t *tokens,
+                                          int32_t n_tokens) {
+    kvc_result r;
+    if (t == NULL || c == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (t->mp != NULL) return KVC_ERR_UNSUPPORTED; /* a memory's tree: kvc_radix_commit_memory */
+    if (c->pool != t->part[0].pool) return KVC_ERR_FOREIGN;
+    if (c->cfg.kind != t->part[0].cfg.kind || c->cfg.window != t->part[0].cfg.window ||
+        c->cfg.sinks != t->part[0].cfg.sinks)
+        return KVC_ERR_INVALID;
+    return kvc__batch_open(c) ? KVC_ERR_STATE : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_commit_priority(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                            int32_t n_tokens, int32_t priority) {
+    kvc_result r = kvc__radix_commit_check(t, c, tokens, n_tokens);
+    return r != KVC_OK ? r : kvc__radix_commit(t, ns, &c, tokens, n_tokens, priority, 0);
+}
+
+KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *t, kvc_namespace ns, kvc_memory *mem, const int32_t *tokens,
+                                          int32_t n_tokens, int32_t priority) {
+    kvc_result r;
+    if (t == NULL || mem == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (t->mp == NULL) return KVC_ERR_UNSUPPORTED; /* a pool's tree: kvc_radix_commit */
+    if (mem->mp != t->mp) return KVC_ERR_FOREIGN;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    return kvc__radix_commit(t, ns, mem->cache, tokens, n_tokens, priority, 0);
 }
 
 KVCDEF kvc_result kvc_radix_release(kvc_cache *cache) {
@@ -5144,6 +5512,15 @@ KVCDEF kvc_result kvc_radix_release(kvc_cache *cache) {
     kvc__lease_drop(cache);
     return KVC_OK;
 }
+
+KVCDEF kvc_result kvc_radix_release_memory(kvc_memory *mem) {
+    int32_t g;
+    if (mem == NULL) return KVC_ERR_NULL;
+    for (g = 0; g < mem->mp->n_groups; ++g) kvc__lease_drop(mem->cache[g]);
+    return KVC_OK;
+}
+
+/* ---- pins, eviction, statistics ---- */
 
 /* The node ending exactly at n_tokens on the path of tokens, or NULL. */
 static kvc__rnode *kvc__radix_find_end(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
@@ -5153,14 +5530,15 @@ static kvc__rnode *kvc__radix_find_end(kvc_radix *t, kvc_namespace ns, const int
 }
 
 KVCDEF kvc_result kvc_radix_pin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
-    kvc__rnode *at, *head;
+    kvc__rnode *at, *head = NULL;
     int32_t m;
     kvc_result r;
     if (t == NULL) return KVC_ERR_NULL;
     if ((r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK) return r;
     at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
     if (m < n_tokens) return KVC_ERR_NOT_FOUND;
-    if ((r = kvc__radix_prepare_split(t, at, m, &head)) != KVC_OK) return r;
+    if (m < kvc__rnode_end(at) && (head = kvc__rnode_new(t, at->start, m - at->start)) == NULL)
+        return KVC_ERR_NO_MEMORY;
     if (head != NULL) { /* pin exactly these tokens: what follows stays evictable */
         kvc__rnode_split(t, at, head, m);
         at = head;
@@ -5191,22 +5569,29 @@ KVCDEF kvc_result kvc_radix_evict(kvc_radix *t, int32_t n_pages, int32_t *n_free
 }
 
 KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s) {
-    kvc_radix *t = (kvc_radix *)tree; /* the count scratch is used and left zeroed */
-    kvc__rnode *n;
-    int32_t i, pass;
-    if (t == NULL || s == NULL) return KVC_ERR_NULL;
-    *s = t->stats;
-    s->n_nodes = s->n_entries = s->n_pages = s->n_pinned = 0;
-    s->n_in_use = t->n_leases;
-    for (pass = 0; pass < 2; ++pass) /* count distinct pages, then reset the scratch */
-        for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n))
-            for (i = 0; i < n->n_pages; ++i) {
-                uint32_t pg = n->pages[i];
-                if (pg == KVC__NO_PAGE) continue;
-                if (pass == 0) s->n_pages += t->count[pg]++ == 0;
-                else t->count[pg] = 0;
+    const kvc__rnode *n;
+    int32_t g, i, np, pass;
+    if (tree == NULL || s == NULL) return KVC_ERR_NULL;
+    *s = tree->stats;
+    s->n_nodes = s->n_entries = s->n_pages = s->n_pinned = s->n_states = 0;
+    s->bytes = 0;
+    s->n_in_use = tree->n_leases;
+    for (pass = 0; pass < 2; ++pass) /* count distinct pages, then reset the pools' scratch */
+        for (n = tree->root.child; n != NULL; n = kvc__rnode_next(&tree->root, n))
+            for (g = 0; g < tree->n_parts; ++g) {
+                kvc_pool *q = tree->part[g].pool;
+                np = kvc__rnode_np(tree, g, n->start, n->len);
+                for (i = 0; i < np; ++i) {
+                    uint32_t pg = n->pages[g][i];
+                    if (pg == KVC__NO_PAGE) continue;
+                    if (pass == 1) { q->tree_count[pg] = 0; continue; }
+                    if (q->tree_count[pg]++ != 0) continue;
+                    s->n_pages++;
+                    s->bytes += q->page_bytes;
+                    s->n_states += kvc__part_state(tree, g);
+                }
             }
-    for (n = t->root.child; n != NULL; n = kvc__rnode_next(&t->root, n)) {
+    for (n = tree->root.child; n != NULL; n = kvc__rnode_next(&tree->root, n)) {
         s->n_nodes++;
         s->n_entries += n->child == NULL;
         s->n_pinned += (int32_t)n->pins;
@@ -8442,12 +8827,13 @@ KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *
     kvc_result r;
     if (io == NULL) return KVC_ERR_NULL;
     if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if (t->mp != NULL) return kvc__io_end(io, KVC_ERR_UNSUPPORTED);
     if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK)
         return kvc__io_end(io, r);
     at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
     if (m < n_tokens || kvc__radix_usable(t, &at, m) < n_tokens) return kvc__io_end(io, KVC_ERR_NOT_FOUND);
-    if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, r);
-    kvc__radix_fill(t, c, at, n_tokens); /* the ready cache a lookup would give, all n tokens */
+    if ((r = kvc_cache_create(t->part[0].pool, &t->part[0].cfg, &c)) != KVC_OK) return kvc__io_end(io, r);
+    kvc__radix_fill(t, 0, c, at, n_tokens); /* the ready cache a lookup would give, all n tokens */
     r = kvc__save(c, KVC__WHAT_ENTRY, -1, ns, tokens, n_tokens, io);
     kvc_cache_destroy(c);
     return kvc__io_end(io, r);
@@ -8461,19 +8847,20 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *i
     memset(&st, 0, sizeof(st));
     if (io == NULL) return KVC_ERR_NULL;
     if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
-    if (t->pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
+    if (t->mp != NULL) return kvc__io_end(io, KVC_ERR_UNSUPPORTED);
+    if (t->part[0].pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
     if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__io_end(io, e);
-    if ((e = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, e);
+    if ((e = kvc_cache_create(t->part[0].pool, &t->part[0].cfg, &c)) != KVC_OK) return kvc__io_end(io, e);
     memset(&r, 0, sizeof(r));
     r.io = io;
     kvc__r_linear(&r, c, KVC__WHAT_ENTRY, ns, &st, NULL, 0);
     if (r.err == KVC_OK) {
         kvc__install_linear(c, &st);
-        r.err = kvc__radix_commit(t, ns, c, st.tokens, st.s.meta[0], pin); /* NO_MEMORY: tree unchanged */
+        r.err = kvc__radix_commit(t, ns, &c, st.tokens, st.s.meta[0], 0, pin); /* NO_MEMORY: tree unchanged */
     }
     if (r.err == KVC_OK && n_tokens != NULL) *n_tokens = st.s.meta[0];
     kvc_cache_destroy(c);
-    return kvc__load_end(io, t->pool, &st, r.err);
+    return kvc__load_end(io, t->part[0].pool, &st, r.err);
 }
 
 /* ---- model memories ---- */

@@ -985,7 +985,7 @@ static void fm_op_invalid(fm_world *w, int mi) {
         break;
     case 22:
         if (w->px == NULL) break;
-        FUZZ_RES(kvc_prefix_begin(w->px, at, 0, &t), KVC_ERR_INVALID);
+        FUZZ_RES(kvc_prefix_begin(w->px, at, -1, &t), KVC_ERR_INVALID);
         if (!w->px_open) FUZZ_RES(kvc_prefix_close(w->px, NULL, 0), KVC_ERR_STATE);
         FUZZ_RES(kvc_prefix_close(w->px, NULL, -1), KVC_ERR_INVALID);
         break;

@@ -245,7 +245,7 @@ static void se_bad(fp_world *w) {
     int32_t t = 1, r = -1;
     int k = fuzz_int(&w->in, 0, 3);
     fuzz_note("bad call %d", k);
-    if (k == 0) FUZZ_RES(kvc_prefix_begin(w->px, &t, 0, &r), KVC_ERR_INVALID);
+    if (k == 0) FUZZ_RES(kvc_prefix_begin(w->px, &t, -1, &r), KVC_ERR_INVALID);
     else if (k == 1) FUZZ_RES(kvc_prefix_close(w->px, NULL, 2), KVC_ERR_NULL);
     else if (k == 2) FUZZ_RES(kvc_prefix_close(w->px, &t, -1), KVC_ERR_INVALID);
     else if (!w->open) FUZZ_RES(kvc_prefix_close(w->px, &t, 1), KVC_ERR_STATE);

@@ -769,7 +769,7 @@ static void fr_bad(fr_world *w) {
     kvc_cache *h = NULL;
     fuzz_note("bad call %d", k);
     for (; i < FR_LIVE && w->live[i].h == NULL; ++i) {}
-    if (k == 0) FUZZ_RES(kvc_radix_lookup(w->tree, w->ns[0], t, 0, &h, &reused), KVC_ERR_INVALID);
+    if (k == 0) FUZZ_RES(kvc_radix_lookup(w->tree, w->ns[0], t, -1, &h, &reused), KVC_ERR_INVALID);
     else if (k == 1) FUZZ_RES(kvc_radix_lookup(w->tree, w->ns[0], NULL, 2, &h, &reused), KVC_ERR_NULL);
     else if (k == 2) FUZZ_RES(kvc_radix_evict(w->tree, -1, NULL), KVC_ERR_INVALID);
     else if (k == 3) {

@@ -1094,6 +1094,7 @@ static void test_errors(void) {
     kvc_cache_config cc;
     kvc_snapshot *s = NULL, *s_r = NULL, *foreign = NULL, *x = NULL, *y = NULL;
     kvc_prefix *px = NULL;
+    const int32_t *rec_empty = NULL;
     kvc_attention_desc d;
     kvc_run runs[4];
     static float q[256], out[256];
@@ -1236,7 +1237,7 @@ static void test_errors(void) {
         TK_RES(kvc_prefix_create(dup, 2, 8, &px), KVC_ERR_NULL);
     }
     TK_OK(kvc_prefix_create(&c, 1, 8, &px));
-    TK_RES(kvc_prefix_begin(px, toks, 0, &reused), KVC_ERR_INVALID);
+    TK_RES(kvc_prefix_begin(px, toks, -1, &reused), KVC_ERR_INVALID);
     TK_RES(kvc_prefix_begin(px, NULL, 2, &reused), KVC_ERR_NULL);
     TK_RES(kvc_prefix_begin(NULL, toks, 2, &reused), KVC_ERR_NULL);
     TK_RES(kvc_prefix_close(px, NULL, 2), KVC_ERR_NULL);
@@ -1246,6 +1247,17 @@ static void test_errors(void) {
     TK_RES(kvc_prefix_begin(px, toks, 4, &reused), KVC_ERR_STATE); /* a batch is open */
     TK_OK(kvc_cancel(c));
     TK_SAME(&f, c, before);
+    {   /* an empty prompt is a valid request: nothing reused, the caches start over */
+        int32_t off = -1;
+        reused = -1;
+        TK_OK(kvc_prefix_begin(px, NULL, 0, &reused));
+        TK_EQ(reused, 0);
+        TK_OK(kvc_cache_offset(c, &off));
+        TK_EQ(off, 0);
+        TK_OK(kvc_prefix_close(px, NULL, 0));
+        TK_OK(kvc_prefix_tokens(px, &rec_empty, &n));
+        TK_EQ(n, 0);
+    }
     TK_OK(kvc_prefix_destroy(px));
     TK_RES(kvc_prefix_destroy(NULL), KVC_ERR_NULL);
 

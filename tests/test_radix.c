@@ -595,9 +595,20 @@ static void test_errors(void) {
     TK_RES(kvc_radix_lookup(t, NS, NULL, 3, &foreign, &reused), KVC_ERR_NULL);
     TK_RES(kvc_radix_lookup(t, NS, tok, 3, NULL, &reused), KVC_ERR_NULL);
     TK_RES(kvc_radix_lookup(t, NS, tok, 3, &foreign, NULL), KVC_ERR_NULL);
-    TK_RES(kvc_radix_lookup(t, NS, tok, 0, &foreign, &reused), KVC_ERR_INVALID);
     TK_RES(kvc_radix_lookup(t, NS, tok, -1, &foreign, &reused), KVC_ERR_INVALID);
     TK_EQ(foreign == NULL, 1);
+    {   /* an empty prompt is a request that reuses nothing (tokens may be NULL) */
+        kvc_cache *empty = NULL;
+        int32_t off = -1;
+        reused = -1;
+        TK_OK(kvc_radix_lookup(t, NS, NULL, 0, &empty, &reused));
+        TK_EQ(reused, 0);
+        TK_OK(kvc_cache_offset(empty, &off));
+        TK_EQ(off, 0);
+        TK_EQ(tree_stats(t).n_in_use, before.n_in_use);
+        TK_OK(kvc_cache_destroy(empty));
+        before = tree_stats(t);
+    }
     /* commit */
     TK_RES(kvc_radix_commit(NULL, NS, c, tok, 6), KVC_ERR_NULL);
     TK_RES(kvc_radix_commit(t, NS, NULL, tok, 6), KVC_ERR_NULL);

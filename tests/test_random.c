@@ -1160,7 +1160,7 @@ static void tr_op_invalid(tr_ep *e, int ci) {
     case 7: TK_RES(kvc_restore(c->h, NULL, -1), KVC_ERR_UNREACHABLE);
             TK_RES(kvc_restore(c->h, NULL, c->st.off + 1), KVC_ERR_UNREACHABLE); break;
     case 8: if (e->px.h != NULL && !e->px.open) TK_RES(kvc_prefix_close(e->px.h, NULL, 0), KVC_ERR_STATE);
-            if (e->px.h != NULL) { int32_t t = 0, r2 = 0; TK_RES(kvc_prefix_begin(e->px.h, &t, 0, &r2), KVC_ERR_INVALID); }
+            if (e->px.h != NULL) { int32_t t = 0, r2 = 0; TK_RES(kvc_prefix_begin(e->px.h, &t, -1, &r2), KVC_ERR_INVALID); }
             break;
     default: {
         kvc_snapshot *o = NULL;
