@@ -622,10 +622,11 @@ KVCDEF kvc_result kvc_seq_save(const kvc_cache *cache, int32_t seq, kvc_namespac
 KVCDEF kvc_result kvc_seq_load(kvc_cache *cache, int32_t dst, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
                                int32_t max_tokens, int32_t *n_tokens);
 /* A prefix-tree entry: the cached sequence tokens[0 .. n_tokens) under ns with its K/V
-   (ROTATING: the sinks and window a lookup would use). KVC_ERR_NOT_FOUND if the tree
-   does not hold it whole. Loading commits it to a tree of the same configuration
-   (pinned if pin != 0: a system prompt loaded at start-up); *n_tokens (may be NULL) =
-   its length. */
+   (ROTATING: the sinks and window a lookup would use; a memory's tree: every group's
+   share, RECURRENT states included). KVC_ERR_NOT_FOUND if the tree does not hold it
+   whole (a memory's tree: unless a lookup could reuse exactly n_tokens, states
+   included). Loading commits it to a tree of the same configuration (pinned if pin !=
+   0: a system prompt loaded at start-up); *n_tokens (may be NULL) = its length. */
 KVCDEF kvc_result kvc_radix_save(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                  const kvc_io *io);
 KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens);
@@ -7995,6 +7996,8 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
 #define KVC__WHAT_CACHE 1u
 #define KVC__WHAT_SEQ 2u
 #define KVC__WHAT_ENTRY 3u
+#define KVC__WHAT_MEMORY 4u        /* a model memory (its MEMO section, then each group) */
+#define KVC__WHAT_MEMORY_ENTRY 5u  /* an entry of a memory's prefix tree */
 #define KVC__TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
 #define KVC__CONF_BYTES 80u
 #define KVC__META_BYTES 24u
@@ -8424,7 +8427,8 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
     if (r->err != KVC_OK) return;
     if (memcmp(b, kvc__magic, 8) != 0 || kvc__le32(b + 8) != KVC__FORMAT_VERSION) { kvc__r_fail(r, KVC_ERR_FORMAT); return; }
     s->what = kvc__le32(b + 12);
-    if (s->what < KVC__WHAT_CACHE || s->what > KVC__WHAT_ENTRY) { kvc__r_fail(r, KVC_ERR_FORMAT); return; }
+    if (s->what < KVC__WHAT_CACHE || s->what > KVC__WHAT_MEMORY_ENTRY) { kvc__r_fail(r, KVC_ERR_FORMAT); return; }
+    if (s->what > KVC__WHAT_ENTRY) { kvc__r_fail(r, KVC_ERR_MISMATCH); return; } /* a memory's */
     kvc__r_section(r, KVC__TAG('C', 'O', 'N', 'F'), KVC__CONF_BYTES);
     for (i = 0; i < 16; ++i) f[i] = kvc__r_u32(r);
     kvc__r_bytes(r, b, 16);
@@ -8819,6 +8823,11 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, cons
 
 /* ---- prefix-tree entries ---- */
 
+static kvc_result kvc__radix_save_memory(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n,
+                                         const kvc_io *io);
+static kvc_result kvc__radix_load_memory(kvc_radix *t, kvc_namespace ns, const kvc_io *io, int pin,
+                                         int32_t *n_tokens);
+
 KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                  const kvc_io *io) {
     kvc__rnode *at;
@@ -8827,9 +8836,9 @@ KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *
     kvc_result r;
     if (io == NULL) return KVC_ERR_NULL;
     if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
-    if (t->mp != NULL) return kvc__io_end(io, KVC_ERR_UNSUPPORTED);
     if ((r = kvc__check_io(io, 1)) != KVC_OK || (r = kvc__check_tokens(tokens, n_tokens, 1)) != KVC_OK)
         return kvc__io_end(io, r);
+    if (t->mp != NULL) return kvc__io_end(io, kvc__radix_save_memory(t, ns, tokens, n_tokens, io));
     at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
     if (m < n_tokens || kvc__radix_usable(t, &at, m) < n_tokens) return kvc__io_end(io, KVC_ERR_NOT_FOUND);
     if ((r = kvc_cache_create(t->part[0].pool, &t->part[0].cfg, &c)) != KVC_OK) return kvc__io_end(io, r);
@@ -8847,9 +8856,9 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *i
     memset(&st, 0, sizeof(st));
     if (io == NULL) return KVC_ERR_NULL;
     if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
-    if (t->mp != NULL) return kvc__io_end(io, KVC_ERR_UNSUPPORTED);
     if (t->part[0].pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
     if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__io_end(io, e);
+    if (t->mp != NULL) return kvc__io_end(io, kvc__radix_load_memory(t, ns, io, pin, n_tokens));
     if ((e = kvc_cache_create(t->part[0].pool, &t->part[0].cfg, &c)) != KVC_OK) return kvc__io_end(io, e);
     memset(&r, 0, sizeof(r));
     r.io = io;
@@ -8869,7 +8878,6 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *i
    reads every group into a fresh cache of its pool first and moves them into the
    memory's caches only when all of them were read and checked. */
 
-#define KVC__WHAT_MEMORY 4u
 
 /* The io a group's save or load goes through: the caller's, finished once at the end. */
 static size_t kvc__fwd_write(void *user, const void *data, size_t n) {
@@ -8970,6 +8978,7 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
     kvc_cache *tmp[KVC_MAX_GROUPS];
     unsigned char b[16];
     int32_t g, i, n0 = 0;
+    int other;
     kvc_result r;
     if (io == NULL) return KVC_ERR_NULL;
     if (mem == NULL) return kvc__io_end(io, KVC_ERR_NULL);
@@ -8984,14 +8993,15 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
     if (rd.err == KVC_OK && (memcmp(b, kvc__magic, 8) != 0 || kvc__le32(b + 8) != KVC__FORMAT_VERSION))
         rd.err = KVC_ERR_FORMAT;
     if (rd.err == KVC_OK && kvc__le32(b + 12) != KVC__WHAT_MEMORY) rd.err = KVC_ERR_MISMATCH;
+    /* the whole section is read and its checksum verified before its values are judged:
+       damage is CORRUPT, a truncation TRUNCATED, only a sound other memory MISMATCH */
     kvc__r_section(&rd, KVC__TAG('M', 'E', 'M', 'O'), 8 + 4 * ((uint64_t)mp->n_layers + (uint64_t)mp->n_groups));
-    if (rd.err == KVC_OK && (kvc__r_u32(&rd) != (uint32_t)mp->n_groups || kvc__r_u32(&rd) != (uint32_t)mp->n_layers))
-        rd.err = KVC_ERR_MISMATCH;
-    for (i = 0; i < mp->n_layers && rd.err == KVC_OK; ++i)
-        if (kvc__r_u32(&rd) != (uint32_t)mp->layer_group[i]) rd.err = KVC_ERR_MISMATCH;
-    for (g = 0; g < mp->n_groups && rd.err == KVC_OK; ++g)
-        if (kvc__r_u32(&rd) != (uint32_t)mem->cache[g]->cfg.kind) rd.err = KVC_ERR_MISMATCH;
+    other = kvc__r_u32(&rd) != (uint32_t)mp->n_groups;
+    other |= kvc__r_u32(&rd) != (uint32_t)mp->n_layers;
+    for (i = 0; i < mp->n_layers && rd.err == KVC_OK; ++i) other |= kvc__r_u32(&rd) != (uint32_t)mp->layer_group[i];
+    for (g = 0; g < mp->n_groups && rd.err == KVC_OK; ++g) other |= kvc__r_u32(&rd) != (uint32_t)mem->cache[g]->cfg.kind;
     kvc__r_end(&rd);
+    if (rd.err == KVC_OK && other) rd.err = KVC_ERR_MISMATCH;
     if (rd.err != KVC_OK) return kvc__io_end(io, rd.err);
     memset(tmp, 0, sizeof(tmp));
     fwd = kvc__unfinished(io);
@@ -9010,6 +9020,115 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
     for (g = 0; g < mp->n_groups; ++g)
         if (tmp[g] != NULL) kvc_cache_destroy(tmp[g]);
     return kvc__io_end(io, r);
+}
+
+/* ---- a memory tree's entries ---- */
+/* An entry of a memory's tree is saved as a header (what: KVC__WHAT_MEMORY_ENTRY), an
+   ENTN section (its token count), an ETOK section (its tokens) and the memory a lookup
+   of exactly those tokens would give (kvc_memory_save's format, without tokens). A load
+   reads the tokens into a buffer that grows only as they arrive (a declared count alone
+   allocates nothing), reads the memory into fresh caches on the tree's pools, and
+   commits it. */
+
+
+/* A new memory on the tree's pools, empty. */
+static kvc_result kvc__radix_memory(kvc_radix *t, kvc_memory **out) {
+    kvc_memory *m;
+    kvc_result r = KVC_OK;
+    int32_t g;
+    if ((m = kvc__memory_alloc(t->mp)) == NULL) return KVC_ERR_NO_MEMORY;
+    for (g = 0; g < t->n_parts && r == KVC_OK; ++g) r = kvc_cache_create(t->part[g].pool, &t->part[g].cfg, &m->cache[g]);
+    if (r != KVC_OK) { kvc_memory_destroy(m); return r; }
+    *out = m;
+    return KVC_OK;
+}
+
+static kvc_result kvc__radix_save_memory(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n,
+                                         const kvc_io *io) {
+    kvc__rnode *at;
+    kvc_memory *m = NULL;
+    kvc__wr w;
+    kvc_io fwd;
+    unsigned char b[16];
+    int32_t g, i, matched;
+    kvc_result r;
+    at = kvc__radix_walk(t, ns, tokens, n, &matched);
+    if (matched < n || kvc__radix_usable(t, &at, matched) < n) return KVC_ERR_NOT_FOUND;
+    if ((r = kvc__radix_memory(t, &m)) != KVC_OK) return r;
+    for (g = 0; g < t->n_parts; ++g) kvc__radix_fill(t, g, m->cache[g], at, n);
+    memset(&w, 0, sizeof(w));
+    w.io = io;
+    memcpy(b, kvc__magic, 8);
+    kvc__put32(b + 8, KVC__FORMAT_VERSION);
+    kvc__put32(b + 12, KVC__WHAT_MEMORY_ENTRY);
+    if (io->write(io->user, b, 16) != 16) w.failed = 1;
+    kvc__w_section(&w, KVC__TAG('E', 'N', 'T', 'N'), 4);
+    kvc__w_u32(&w, (uint32_t)n);
+    kvc__w_end(&w);
+    kvc__w_section(&w, KVC__TAG('E', 'T', 'O', 'K'), 4 * (uint64_t)n);
+    for (i = 0; i < n; ++i) kvc__w_u32(&w, (uint32_t)tokens[i]);
+    kvc__w_end(&w);
+    fwd = kvc__unfinished(io);
+    r = w.failed ? KVC_ERR_IO : kvc_memory_save(m, ns, NULL, 0, &fwd);
+    kvc_memory_destroy(m);
+    return r;
+}
+
+/* The ETOK section's n tokens into *tokens (allocated from pool p, at most twice the
+   bytes read so far). */
+static void kvc__r_grow_tokens(kvc__rd *r, kvc_pool *p, int32_t n, int32_t **tokens) {
+    int32_t cap = 0, i;
+    kvc__r_section(r, KVC__TAG('E', 'T', 'O', 'K'), 4 * (uint64_t)n);
+    for (i = 0; i < n && r->err == KVC_OK; ++i) {
+        uint32_t tok = kvc__r_u32(r);
+        if (r->err != KVC_OK) break;
+        if (i == cap) {
+            int32_t next = cap == 0 ? KVC__MIN(n, 1024) : (int32_t)KVC__MIN((int64_t)n, 2 * (int64_t)cap);
+            int32_t *grown = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)next);
+            if (grown == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); break; }
+            if (cap > 0) memcpy(grown, *tokens, sizeof(int32_t) * (size_t)cap);
+            kvc__free(p, *tokens);
+            *tokens = grown;
+            cap = next;
+        }
+        (*tokens)[i] = (int32_t)tok;
+    }
+    kvc__r_end(r);
+}
+
+static kvc_result kvc__radix_load_memory(kvc_radix *t, kvc_namespace ns, const kvc_io *io, int pin,
+                                         int32_t *n_tokens) {
+    kvc_pool *p = t->part[0].pool;
+    kvc_memory *m = NULL;
+    kvc__rd rd;
+    kvc_io fwd;
+    unsigned char b[16];
+    int32_t *tokens = NULL, n = 0, off = -1;
+    kvc_result r;
+    memset(&rd, 0, sizeof(rd));
+    memset(b, 0, sizeof(b));
+    rd.io = io;
+    kvc__r_raw(&rd, b, 16);
+    if (rd.err == KVC_OK && (memcmp(b, kvc__magic, 8) != 0 || kvc__le32(b + 8) != KVC__FORMAT_VERSION))
+        rd.err = KVC_ERR_FORMAT;
+    if (rd.err == KVC_OK && kvc__le32(b + 12) != KVC__WHAT_MEMORY_ENTRY) rd.err = KVC_ERR_MISMATCH;
+    kvc__r_section(&rd, KVC__TAG('E', 'N', 'T', 'N'), 4);
+    n = (int32_t)kvc__r_u32(&rd);
+    kvc__r_end(&rd);
+    if (rd.err == KVC_OK && n < 1) rd.err = KVC_ERR_CORRUPT;
+    kvc__r_grow_tokens(&rd, p, n, &tokens);
+    r = rd.err;
+    if (r == KVC_OK) r = kvc__radix_memory(t, &m);
+    if (r == KVC_OK) {
+        fwd = kvc__unfinished(io);
+        r = kvc_memory_load(m, ns, &fwd, NULL, 0, NULL);
+    }
+    if (r == KVC_OK && (kvc_memory_offset(m, &off) != KVC_OK || off != n)) r = KVC_ERR_CORRUPT;
+    if (r == KVC_OK) r = kvc__radix_commit(t, ns, m->cache, tokens, n, 0, pin); /* NO_MEMORY: tree unchanged */
+    if (r == KVC_OK && n_tokens != NULL) *n_tokens = n;
+    if (m != NULL) kvc_memory_destroy(m);
+    kvc__free(p, tokens);
+    return r;
 }
 
 /* ---- the ios ---- */

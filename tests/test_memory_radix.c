@@ -371,6 +371,105 @@ static void test_errors(void) {
     TK_OK(kvc_memory_destroy(other));
 }
 
+/* ---- save and load of a memory tree's entries --------------------------------------- */
+static kvc_result save_entry(kvc_radix *t, kvc_namespace ns, const int32_t *tok, int32_t n, unsigned char **buf,
+                             size_t *len) {
+    kvc_mem mm;
+    kvc_io io;
+    kvc_result r;
+    memset(&mm, 0, sizeof(mm));
+    kvc_io_memory(&mm, &io);
+    *buf = NULL;
+    if ((r = kvc_radix_save(t, ns, tok, n, &io)) != KVC_OK) return r; /* counts the bytes */
+    mm.data = (unsigned char *)malloc(mm.size);
+    mm.capacity = mm.size;
+    mm.size = 0;
+    kvc_io_memory(&mm, &io);
+    r = kvc_radix_save(t, ns, tok, n, &io);
+    *buf = mm.data;
+    *len = mm.size;
+    return r;
+}
+
+static kvc_result load_entry(kvc_radix *t, kvc_namespace ns, const unsigned char *buf, size_t len, int pin,
+                             int32_t *n) {
+    kvc_mem mm;
+    kvc_io io;
+    memset(&mm, 0, sizeof(mm));
+    mm.data = (unsigned char *)(uintptr_t)buf;
+    mm.capacity = mm.size = len;
+    kvc_io_memory(&mm, &io);
+    return kvc_radix_load(t, ns, &io, pin, n);
+}
+
+static void test_persistence(unsigned long long seed) {
+    int32_t a[40], turn2[48], i, n = -1, at[1] = {16};
+    kvc_memory *m0 = new_memory(1 << 20), *m1 = new_memory(1 << 20), *m = NULL;
+    kvc_memory_stats ms0, ms1;
+    kvc_radix_config rc;
+    kvc_radix *t = NULL, *t2 = NULL;
+    kvc_radix_stats before;
+    unsigned char *buf = NULL, *bad;
+    size_t len = 0, cut;
+    int32_t r = -1;
+    for (i = 0; i < 48; ++i) turn2[i] = i < 40 ? (a[i] = 30 + (i * 7) % 11) : 99;
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TK_OK(kvc_radix_create_memory(m0, &rc, &t));
+    TK_OK(kvc_radix_create_memory(m1, &rc, &t2));
+    TK_EQ(request(t, a, 40, at, 1, 0, NULL), 0);
+    TK_RES(save_entry(t, NSP, a, 30, &buf, &len), KVC_ERR_NOT_FOUND); /* no state at 30 */
+    TK_OK(save_entry(t, NSP, a, 40, &buf, &len));
+    /* into another memory's tree: turn 2 then reuses all 40 tokens */
+    TK_RES(load_entry(t2, (kvc_namespace){8, 0}, buf, len, 0, &n), KVC_ERR_MISMATCH);
+    TK_EQ(stats_of(t2).n_nodes, 0);
+    TK_OK(load_entry(t2, NSP, buf, len, 1, &n));
+    TK_EQ(n, 40);
+    TK_EQ(stats_of(t2).n_pinned, 1);
+    TK_OK(kvc_radix_lookup_memory(t2, NSP, turn2, 48, &m, &r));
+    TK_EQ(r, 40);
+    TK_CHECK(holds(m, turn2, 40));
+    TK_OK(kvc_memory_destroy(m));
+    TK_OK(kvc_radix_unpin(t2, NSP, a, 40));
+    TK_OK(kvc_radix_evict(t2, 1 << 20, NULL));
+    /* every truncation, and damaged bytes: an error, the tree and the budget unchanged */
+    before = stats_of(t2);
+    TK_OK(kvc_memory_stats_get(m1, &ms0));
+    bad = (unsigned char *)malloc(len);
+    for (cut = 0; cut < len; cut += 1 + (cut > 64 ? (size_t)(seed % 7) : 0)) {
+        kvc_result e = load_entry(t2, NSP, buf, cut, 0, &n);
+        TK_CHECK(e == KVC_ERR_TRUNCATED || e == KVC_ERR_CORRUPT || e == KVC_ERR_FORMAT);
+    }
+    for (i = 0; i < 64; ++i) {
+        size_t at_byte = (size_t)((seed + (unsigned long long)i * 2654435761u) % len);
+        memcpy(bad, buf, len);
+        bad[at_byte] ^= (unsigned char)(1u << (i % 8));
+        TK_CHECK(load_entry(t2, NSP, bad, len, 0, &n) != KVC_OK);
+    }
+    TK_EQ(stats_of(t2).n_nodes, before.n_nodes);
+    TK_OK(kvc_memory_stats_get(m1, &ms1));
+    TK_EQ(ms1.bytes_used, ms0.bytes_used);
+    free(bad);
+    /* a pool tree's entry is no memory tree's, and the other way round */
+    {
+        kvc_pool_config pc;
+        kvc_pool *pool = NULL;
+        kvc_radix *pt = NULL;
+        kvc_pool_config_init(&pc);
+        pc.n_layers = 1; pc.n_kv_heads = 1; pc.head_dim_k = pc.head_dim_v = DIM;
+        pc.budget_bytes = 1 << 16;
+        TK_OK(kvc_pool_create(&pc, &pool));
+        TK_OK(kvc_radix_create(pool, &rc, &pt));
+        TK_RES(load_entry(pt, NSP, buf, len, 0, &n), KVC_ERR_MISMATCH);
+        TK_OK(kvc_radix_destroy(pt));
+        TK_OK(kvc_pool_destroy(pool));
+    }
+    free(buf);
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_radix_destroy(t2));
+    TK_OK(kvc_memory_destroy(m0));
+    TK_OK(kvc_memory_destroy(m1));
+}
+
 /* ---- random conversations against a reference list of what was committed ---------- */
 typedef struct {
     int32_t tok[MAXT];
@@ -453,6 +552,7 @@ int main(int argc, char **argv) {
     test_eviction();
     test_priority();
     test_errors();
+    test_persistence(seed);
     test_random(seed, rounds, 1 << 20);
     test_random(seed ^ 0x9e3779b97f4a7c15ULL, rounds, 8 * 1024);
     return tk_report("memory_radix");
