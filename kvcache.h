@@ -4896,32 +4896,36 @@ static uint32_t kvc__path_page(const kvc__rnode **at, int32_t g, int32_t lp, int
     return (*at)->pages[g][lp - (*at)->start / pc];
 }
 
-/* The highest logical page of part g a cache at offset m needs and the path of `at`
-   (which holds token m - 1) lacks, or -1. */
+/* The longest prefix below m that part g might serve, given what the path of `at` (which
+   holds token m - 1) lacks; m when it lacks nothing. A page lp missing from node X (the
+   deepest covering lp) is missing for every prefix that still needs lp and still ends
+   past X's start: the next candidate is the larger of lp's first token and X's start,
+   where an ancestor's page for lp may serve. */
 static int32_t kvc__radix_missing(const kvc_radix *t, int32_t g, const kvc__rnode *at, int32_t m) {
     int32_t pc = t->part[g].pool->page_cells, lp, sink_end, first;
     kvc__needed_pages(t, g, m, &sink_end, &first);
     for (lp = (m - 1) / pc; lp >= first; --lp)
-        if (kvc__path_page(&at, g, lp, pc) == KVC__NO_PAGE) return lp;
+        if (kvc__path_page(&at, g, lp, pc) == KVC__NO_PAGE) return KVC__MAX(lp * pc, at->start);
     for (lp = sink_end - 1; lp >= 0; --lp)
-        if (kvc__path_page(&at, g, lp, pc) == KVC__NO_PAGE) return lp;
-    return -1;
+        if (kvc__path_page(&at, g, lp, pc) == KVC__NO_PAGE) return KVC__MAX(lp * pc, at->start);
+    return m;
 }
 
 /* The longest prefix of at most m tokens ending in `*at`'s path that every part can
-   serve: ROTATING parts shrink it below their highest missing page until their window is
-   whole, RECURRENT parts to the end of a node that holds their states. Leaves *at
+   serve: ROTATING parts shrink it below their highest missing page (kvc__radix_missing)
+   until their window is whole, RECURRENT parts to the end of a node that holds their
+   states. Leaves *at
    holding its last token. */
 static int32_t kvc__radix_usable(kvc_radix *t, kvc__rnode **at, int32_t m) {
-    int32_t g, lp, next;
+    int32_t g, next;
     while (m > 0) {
         *at = kvc__rnode_holding(*at, m);
         next = m;
         for (g = 0; g < t->n_parts; ++g) {
             if (kvc__part_state(t, g)) {
                 if (kvc__rnode_end(*at) != m || (*at)->pages[g][0] == KVC__NO_PAGE) next = KVC__MIN(next, (*at)->start);
-            } else if ((lp = kvc__radix_missing(t, g, *at, m)) >= 0) {
-                next = KVC__MIN(next, lp * t->part[g].pool->page_cells);
+            } else {
+                next = KVC__MIN(next, kvc__radix_missing(t, g, *at, m));
             }
         }
         if (next == m) break;

@@ -462,9 +462,16 @@ static int32_t fr_prompt(fr_world *w, int *ns, int32_t *tok, int32_t max) {
 }
 
 /* The reference's lookup: the longest prefix of tokens[0 .. n) held, ROTATING: shortened
-   below the highest page its window needs that the path lacks, until none is missing. */
+   below the highest page its window needs that the path lacks (to that page's first
+   token, or to the start of the node that lacks it if that is later: an ancestor may hold
+   the page for the shorter prefix), until none is missing. */
 static int fr_page_present(const fr_world *w, const int *path, int32_t m, int32_t lp) {
     return w->T[path[fuzz_min(m, (lp + 1) * w->pc) - 1]].present;
+}
+static int32_t fr_below_missing(const fr_world *w, const int *path, int32_t m, int32_t lp) {
+    int32_t j = fuzz_min(m, (lp + 1) * w->pc) - 1;
+    while (j > 0 && !w->T[path[j - 1]].end) --j; /* the first token of the node lacking lp */
+    return fuzz_max(lp * w->pc, j);
 }
 static int32_t fr_usable(const fr_world *w, const int *path, int32_t m) {
     int32_t pc = w->pc, nsp = (w->S + pc - 1) / pc;
@@ -476,7 +483,7 @@ static int32_t fr_usable(const fr_world *w, const int *path, int32_t m) {
         for (lp = sink_end - 1; lp >= 0 && miss < 0; --lp)
             if (!fr_page_present(w, path, m, lp)) miss = lp;
         if (miss < 0) break;
-        m = miss * pc;
+        m = fr_below_missing(w, path, m, miss);
     }
     return m;
 }
