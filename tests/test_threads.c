@@ -204,7 +204,7 @@ static uint64_t run_server(request *rq, int32_t n, int32_t n_threads, uint64_t *
     worker w[N_THREADS];
     shared s;
     int32_t i, *bad = (int32_t *)calloc((size_t)n, sizeof(int32_t)), sum = 0;
-    size_t page_bytes;
+    size_t page_bytes = 0;
     TK_OK(kvc_pool_config_init(&pc));
     pc.n_layers = NL;
     pc.n_kv_heads = NKV;
@@ -398,11 +398,11 @@ static void *mem_main(void *arg) {
     for (j = 0; j < NH * HD; ++j) q[j] = tk_float(&m->rng);
     for (i = 0; i < m->rounds; ++i) {
         kvc_memory_stats st;
-        int32_t off;
+        int32_t off = 0;
         n = tk_int(&m->rng, 1, 8);
         if (kvc_memory_offset(m->mem, &off) != KVC_OK) m->errors++;
         if (off + n > 100) { /* keep within the budget: back to where every group can go */
-            int32_t to;
+            int32_t to = 0;
             if (kvc_memory_rewind_point(m->mem, tk_int(&m->rng, 0, off), &to) != KVC_OK ||
                 kvc_memory_trim(m->mem, off - to) != KVC_OK)
                 m->errors++;
@@ -423,12 +423,12 @@ static void test_memory_forks(tk_rng *rng) {
     kvc_group_config g[2];
     kvc_memory_stats st;
     int32_t layer_group[2] = {0, 1}, i;
-    kvc_memory *m0, *m1;
+    kvc_memory *m0 = NULL, *m1 = NULL;
     kvc_mutex *mx;
     mem_side ms[2];
     pthread_t tid[2];
     const char *field;
-    size_t pb0, pb1;
+    size_t pb0 = 0, pb1 = 0;
     TK_OK(kvc_mutex_create(&mx));
     TK_OK(kvc_memory_config_init(&mc));
     memset(g, 0, sizeof(g));
