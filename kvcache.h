@@ -74,7 +74,16 @@
      Every fallible function returns a kvc_result (KVC_OK == 0) and validates all of
      its arguments before it changes anything: after an error the objects are exactly
      as they were. (kvc_strerror, kvc_type_name and kvc_threads_parallel_for cannot
-     fail.) Nothing is thread-safe; use one pool per thread or lock around.
+     fail.)
+
+   THREADS (details: "Threads" among the advanced parts; docs/design.md)
+     The library starts no threads. Without a lock a pool and everything made from it
+     (caches, snapshots, prefix trees, memories) belong to one thread at a time. Give
+     the pool a lock (kvc_pool_config.lock/unlock, or kvc_mutex_attach) and distinct
+     caches on it may be used from different threads at once: the lock guards what
+     they share (free pages, refcounts, prefix trees, budget, statistics), and
+     kvc_put and kvc_attention, the per-layer calls, never take it. One cache (or
+     snapshot, kvc_prefix) is still used by one thread at a time.
      The sliding window W means W keys including the current token (Hugging Face,
      MLX). ollama's Causal cache admits W+1: pass W+1 for that behaviour.
 
@@ -176,6 +185,9 @@ typedef void (*kvc_task_fn)(void *ctx, int32_t task, int32_t worker);
 typedef void (*kvc_parallel_for_fn)(void *user, int32_t n_tasks, kvc_task_fn fn, void *ctx);
 /* (kvc_threads_parallel_for, among the advanced parts, is a ready-made one.) */
 
+/* A lock (or unlock) callback of the caller's, given the config's lock_user. */
+typedef void (*kvc_lock_fn)(void *user);
+
 /* Page events for a device backend (see "Page events" among the advanced parts);
    all zero, the default, means none. */
 typedef struct kvc_page_event kvc_page_event;
@@ -227,6 +239,15 @@ typedef struct kvc_pool_config {
        of every layer, state_floats f32 per layer. n_kv_heads and the head dims must be 0;
        type_k, type_v and page_cells are not used (a page is one state). */
     int32_t state_floats;
+    /* Sharing the pool between threads (see "Threads" among the advanced parts): lock and
+       unlock (both or neither; NULL: no lock, one thread at a time) guard everything the
+       pool's caches share -- free pages, refcounts, prefix trees, budget, statistics.
+       The lock must be recursive: a call may take it again on the same thread before
+       it lets it go (a recursive mutex; kvc_mutex_attach sets one up with pthreads).
+       kvc_put and kvc_attention never take it; the allocator is called under it. */
+    kvc_lock_fn lock;
+    kvc_lock_fn unlock;
+    void *lock_user;
 } kvc_pool_config;
 
 typedef struct kvc_pool_stats {
@@ -691,7 +712,7 @@ typedef struct kvc_memory_snapshot kvc_memory_snapshot;
 typedef struct kvc_group_config {
     kvc_pool_config pool;   /* n_layers = the model layers in this group; shapes and types,
                                or state_floats; hooks for a device backend (kvcache_vk.h).
-                               budget_bytes, allocator, arena, parallel_for and cpu_disable
+                               budget_bytes, allocator, arena, parallel_for, cpu_disable and lock
                                stay 0: the memory's apply */
     kvc_cache_config cache; /* the group's policy */
 } kvc_group_config;
@@ -708,6 +729,12 @@ typedef struct kvc_memory_config {
     kvc_parallel_for_fn parallel_for;
     void *parallel_user;
     int32_t n_workers;
+    /* One lock for every group's pool (kvc_pool_config.lock: recursive, both or neither):
+       they share the budget, so a memory and its forks may then be used from different
+       threads at once (each memory by one thread at a time). NULL: one thread at a time. */
+    kvc_lock_fn lock;
+    kvc_lock_fn unlock;
+    void *lock_user;
 } kvc_memory_config;
 #define KVC_MAX_GROUPS 64
 
@@ -879,12 +906,35 @@ KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves);
 KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *cache, int32_t seq, kvc_snapshot **out);
 KVCDEF kvc_result kvc_seq_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t dst);
 
-/* ---- Threads: a small pthread pool as the parallel_for hook (KVCACHE_THREADS) ----- */
-/* Optional, for demos and benchmarks: #define KVCACHE_THREADS where the implementation
-   is compiled (link with -lpthread) for a small pthread pool that serves as the
-   parallel_for hook. n_threads counts the calling thread, which works too. A thread
-   that runs out of work polls briefly before it sleeps (KVCACHE_THREADS_SPIN), so
-   back-to-back calls do not wait for the kernel to wake it. */
+/* ---- Threads: what may run at once; a pool lock; a pthread pool (KVCACHE_THREADS) --
+   The contract. Without a lock (the default) a pool and everything made from it belong
+   to one thread at a time. With a pool lock (kvc_pool_config.lock/unlock, recursive;
+   kvc_memory_config's for a memory's pools):
+   - distinct caches of the pool may be used from different threads at once: every
+     call, prefix-tree calls (lookup, commit, release, pin, evict, stats, save, load)
+     and eviction under page pressure included;
+   - one cache (snapshot, kvc_prefix, kvc_memory) is used by one thread at a time, the
+     const getters included while another thread changes it: the lock guards what caches
+     share, not a cache's own state;
+   - kvc_put, kvc_attention, kvc_state and kvc_state_checkpoint take no lock (the pages
+     a batch writes are the cache's own since kvc_begin, which does the copy-on-write);
+     every other call that touches pages, refcounts, trees or counters takes it, once per
+     call (kvc_begin: once per batch). Pool and tree getters (kvc_pool_stats_get,
+     kvc_radix_stats_get) take it too;
+   - the allocator, parallel_for and page-event hooks are called as before; the allocator
+     and page events under the lock, parallel_for never;
+   - kvc_pool_destroy, kvc_radix_destroy: when no other thread uses the object any more.
+   The Vulkan backend (kvcache_vk.h) takes no lock: one thread at a time per device pool.
+   Reading pages that other caches share (a prefix-tree hit, a fork) is safe: nothing
+   writes a page that more than one holder references.
+
+   Optional, #define KVCACHE_THREADS where the implementation is compiled (link with
+   -lpthread): kvc_threads, a small pthread pool that serves as the parallel_for hook,
+   and kvc_mutex, a recursive mutex that serves as the pool lock. n_threads counts the
+   calling thread, which works too. A thread that runs out of work polls briefly before
+   it sleeps (KVCACHE_THREADS_SPIN), so back-to-back calls do not wait for the kernel to
+   wake it. One kvc_threads may serve several pools and threads: jobs given to it at
+   once run one after the other (a task must not give it a job of its own). */
 #ifdef KVCACHE_THREADS
 typedef struct kvc_threads kvc_threads;
 KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
@@ -892,6 +942,17 @@ KVCDEF kvc_result kvc_threads_destroy(kvc_threads *threads); /* after every pool
 KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_pool_config *cfg); /* sets the hook */
 /* The hook itself (user = the kvc_threads): what kvc_threads_attach puts in the config. */
 KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx);
+
+typedef struct kvc_mutex kvc_mutex;
+/* A recursive mutex (a thread may take it again while it holds it) for pool locks. */
+KVCDEF kvc_result kvc_mutex_create(kvc_mutex **out);
+KVCDEF kvc_result kvc_mutex_destroy(kvc_mutex *mutex); /* after every pool using it */
+/* Sets cfg->lock, unlock and lock_user to this mutex (for a kvc_memory_config, set the
+   three fields to kvc_mutex_lock, kvc_mutex_unlock and the mutex). */
+KVCDEF kvc_result kvc_mutex_attach(kvc_mutex *mutex, kvc_pool_config *cfg);
+/* The callbacks themselves (user = the kvc_mutex). */
+KVCDEF void kvc_mutex_lock(void *mutex);
+KVCDEF void kvc_mutex_unlock(void *mutex);
 #endif
 
 /* ---- CPU paths ------------------------------------------------------------------- */
@@ -1747,6 +1808,7 @@ static kvc_result kvc__check_config(const kvc_pool_config *c, const char **field
     if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "allocator");
     if (c->arena == NULL && c->arena_bytes != 0) KVC__REFUSE(KVC_ERR_INVALID, "arena_bytes");
     if (c->parallel_for != NULL && c->n_workers < 1) KVC__REFUSE(KVC_ERR_INVALID, "n_workers");
+    if ((c->lock == NULL) != (c->unlock == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "lock");
     return KVC_OK;
 }
 
@@ -1975,10 +2037,23 @@ KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out) {
     return KVC_OK;
 }
 
+/* The pool lock (kvc_pool_config.lock): around everything the pool's caches share.
+   Recursive, so a locked call may make others. No lock configured: nothing. */
+static void kvc__pool_lock(const kvc_pool *p) {
+    if (p->cfg.lock != NULL) p->cfg.lock(p->cfg.lock_user);
+}
+static void kvc__pool_unlock(const kvc_pool *p) {
+    if (p->cfg.unlock != NULL) p->cfg.unlock(p->cfg.lock_user);
+}
+
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool) {
     kvc_allocator a;
+    int busy;
     if (pool == NULL) return KVC_ERR_NULL;
-    if (pool->live_caches || pool->live_snapshots || pool->live_prefixes) return KVC_ERR_BUSY;
+    kvc__pool_lock(pool);
+    busy = pool->live_caches || pool->live_snapshots || pool->live_prefixes;
+    kvc__pool_unlock(pool);
+    if (busy) return KVC_ERR_BUSY;
     KVCACHE_ASSERT(pool->n_free == pool->max_pages);
     if (pool->arena_mode) return KVC_OK; /* the caller owns the arena */
     a = pool->alloc;
@@ -1989,6 +2064,7 @@ KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool) {
 
 KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *s) {
     if (pool == NULL || s == NULL) return KVC_ERR_NULL;
+    kvc__pool_lock(pool);
     memset(s, 0, sizeof(*s));
     s->page_bytes = pool->page_bytes;
     s->k_row_bytes = pool->k_row;
@@ -2004,17 +2080,25 @@ KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *s) {
     s->live_snapshots = pool->live_snapshots;
     s->live_prefixes = pool->live_prefixes;
     s->cpu_features = pool->cpu;
+    kvc__pool_unlock(pool);
     return KVC_OK;
 }
 
+/* Objects: from the arena's heap or the allocator, under the pool lock (the heap is the
+   pool's; the caller's allocator need not be thread-safe). */
 static void *kvc__alloc(kvc_pool *p, size_t n) {
-    if (p->arena_mode) return kvc__heap_alloc(&p->heap, n);
-    return p->alloc.alloc(n, p->alloc.user);
+    void *ptr;
+    kvc__pool_lock(p);
+    ptr = p->arena_mode ? kvc__heap_alloc(&p->heap, n) : p->alloc.alloc(n, p->alloc.user);
+    kvc__pool_unlock(p);
+    return ptr;
 }
 static void kvc__free(kvc_pool *p, void *ptr) {
     if (ptr == NULL) return;
+    kvc__pool_lock(p);
     if (p->arena_mode) kvc__heap_free(&p->heap, ptr);
     else p->alloc.free(ptr, p->alloc.user);
+    kvc__pool_unlock(p);
 }
 
 /* Page reference counting. Callers check kvc__pages_free first, so acquire never fails. */
@@ -2407,7 +2491,7 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field) {
+static kvc_result kvc__cache_config_check_held(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field) {
     kvc__cache_plan plan;
     const char *name = NULL;
     kvc_result r;
@@ -2420,7 +2504,18 @@ KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_c
     return r;
 }
 
-KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
+KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (pool == NULL) return kvc__cache_config_check_held(pool, cfg, field);
+    lp = pool;
+    kvc__pool_lock(lp);
+    r = kvc__cache_config_check_held(pool, cfg, field);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__cache_create_held(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
     kvc_cache *c;
     kvc_cache_config cc;
     kvc__cache_plan plan;
@@ -2502,7 +2597,18 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
+KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (pool == NULL) return kvc__cache_create_held(pool, cfg, out);
+    lp = pool;
+    kvc__pool_lock(lp);
+    r = kvc__cache_create_held(pool, cfg, out);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__cache_destroy_held(kvc_cache *cache) {
     kvc_pool *p;
     if (cache == NULL) return KVC_ERR_NULL;
     p = cache->pool;
@@ -2516,7 +2622,18 @@ KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
+KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__cache_destroy_held(cache);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__cache_destroy_held(cache);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__cache_fork_held(const kvc_cache *cache, kvc_cache **out) {
     kvc_cache *c;
     int32_t i;
     kvc_result r;
@@ -2544,7 +2661,18 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
+KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__cache_fork_held(cache, out);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__cache_fork_held(cache, out);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__cache_clear_held(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
     kvc__lease_drop(cache);
     kvc__pend_drop(cache);
@@ -2553,6 +2681,17 @@ KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
     if (cache->cfg.kind == KVC_KIND_CAUSAL) kvc__causal_clear(cache);
     else kvc__rewind(cache, 0);
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__cache_clear_held(cache);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__cache_clear_held(cache);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 KVCDEF kvc_result kvc_cache_offset(const kvc_cache *cache, int32_t *offset) {
@@ -2652,7 +2791,7 @@ static kvc_result kvc__begin_kv(kvc_cache *cache, int32_t n_tokens) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
+static kvc_result kvc__begin_checkpoints_held(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
     int32_t i, o;
     kvc_result r;
     if (cache == NULL || (at == NULL && n_at > 0)) return KVC_ERR_NULL;
@@ -2668,6 +2807,17 @@ KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, cons
     if (kvc__has_ckpts(cache) && (r = kvc__pend_alloc(cache, at, n_at, n_tokens)) != KVC_OK) return r;
     r = kvc__is_recurrent(cache) ? kvc__recurrent_begin(cache, n_tokens) : kvc__begin_kv(cache, n_tokens);
     if (r != KVC_OK) kvc__pend_drop(cache);
+    return r;
+}
+
+KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__begin_checkpoints_held(cache, n_tokens, at, n_at);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__begin_checkpoints_held(cache, n_tokens, at, n_at);
+    kvc__pool_unlock(lp);
     return r;
 }
 
@@ -2716,7 +2866,7 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
+static kvc_result kvc__cancel_held(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
     if (!kvc__batch_open(cache)) return KVC_ERR_STATE;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) { kvc__causal_cancel(cache); return KVC_OK; }
@@ -2737,6 +2887,17 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
     return KVC_OK;
 }
 
+KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__cancel_held(cache);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__cancel_held(cache);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
 /* A ROTATING window has wrapped once it has held more than W tokens (the rule of
    ollama's MLX runner), or released a page (a kvc_cancel can bring the offset back below
    W after that). */
@@ -2755,7 +2916,7 @@ KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
+static kvc_result kvc__trim_held(kvc_cache *cache, int32_t n_tokens) {
     if (cache == NULL) return KVC_ERR_NULL;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
@@ -2766,6 +2927,17 @@ KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
         return kvc__is_recurrent(cache) ? KVC_ERR_RECURRENT : KVC_ERR_UNSUPPORTED;
     kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__trim_held(cache, n_tokens);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__trim_held(cache, n_tokens);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 /* ---- Layer 3b: the CAUSAL kind (ollama's kvcache.Causal) ---------------------------
@@ -2898,7 +3070,7 @@ static int32_t kvc__defrag(kvc_cache *c) {
     return moves;
 }
 
-KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves) {
+static kvc_result kvc__defrag_held(kvc_cache *cache, int32_t *n_moves) {
     int32_t moves;
     if (cache == NULL) return KVC_ERR_NULL;
     if (!kvc__is_causal(cache)) return KVC_ERR_UNSUPPORTED;
@@ -2907,6 +3079,17 @@ KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves) {
     cache->range_lo = cache->range_hi = cache->batch_n = 0; /* cell indices changed */
     if (n_moves) *n_moves = moves;
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__defrag_held(cache, n_moves);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__defrag_held(cache, n_moves);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 /* Sliding-window memory: the lowest batch position of each sequence (scratch, INT32_MAX
@@ -2961,7 +3144,7 @@ static kvc_result kvc__check_batch(const kvc_cache *c, const kvc_batch *b) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_begin_batch(kvc_cache *c, const kvc_batch *b) {
+static kvc_result kvc__begin_batch_held(kvc_cache *c, const kvc_batch *b) {
     int32_t i, loc, pad, lo = INT32_MAX, hi = 0;
     kvc_result r;
     if (c == NULL || b == NULL) return KVC_ERR_NULL;
@@ -3001,6 +3184,17 @@ KVCDEF kvc_result kvc_begin_batch(kvc_cache *c, const kvc_batch *b) {
     c->batch_pending = c->pool->cfg.n_layers;
     memset(c->batch_put, 0, (size_t)c->pool->cfg.n_layers);
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_begin_batch(kvc_cache *c, const kvc_batch *b) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (c == NULL) return kvc__begin_batch_held(c, b);
+    lp = c->pool;
+    kvc__pool_lock(lp);
+    r = kvc__begin_batch_held(c, b);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 /* kvc_begin on a CAUSAL cache: sequence 0, after its last position. */
@@ -3072,7 +3266,7 @@ KVCDEF kvc_result kvc_mask_export(const kvc_cache *c, int32_t row_pad, float *ma
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, int32_t len) {
+static kvc_result kvc__seq_copy_prefix_held(kvc_cache *c, int32_t src, int32_t dst, int32_t len) {
     int32_t i;
     kvc_result r;
     if (c == NULL) return KVC_ERR_NULL;
@@ -3085,6 +3279,17 @@ KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, in
     }
     kvc__seq_bounds(c, dst);
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, int32_t len) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (c == NULL) return kvc__seq_copy_prefix_held(c, src, dst, len);
+    lp = c->pool;
+    kvc__pool_lock(lp);
+    r = kvc__seq_copy_prefix_held(c, src, dst, len);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 /* Re-rotate one cell's keys of every layer from old_pos to new_pos, with the cos/sin
@@ -3155,7 +3360,7 @@ static kvc_result kvc__state_seq_op(kvc_cache *c, int32_t seq, int keep_only) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_seq_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end) {
+static kvc_result kvc__seq_remove_held(kvc_cache *c, int32_t seq, int32_t begin, int32_t end) {
     int32_t i, shift = 0;
     kvc_result r;
     if (c == NULL) return KVC_ERR_NULL;
@@ -3194,7 +3399,18 @@ KVCDEF kvc_result kvc_seq_remove(kvc_cache *c, int32_t seq, int32_t begin, int32
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_seq_keep(kvc_cache *c, int32_t seq) {
+KVCDEF kvc_result kvc_seq_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (c == NULL) return kvc__seq_remove_held(c, seq, begin, end);
+    lp = c->pool;
+    kvc__pool_lock(lp);
+    r = kvc__seq_remove_held(c, seq, begin, end);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__seq_keep_held(kvc_cache *c, int32_t seq) {
     int32_t i, s;
     kvc_result r;
     if (c == NULL) return KVC_ERR_NULL;
@@ -3206,6 +3422,17 @@ KVCDEF kvc_result kvc_seq_keep(kvc_cache *c, int32_t seq) {
             if (s != seq) kvc__cell_del(c, i, s);
     kvc__all_bounds(c);
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_seq_keep(kvc_cache *c, int32_t seq) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (c == NULL) return kvc__seq_keep_held(c, seq);
+    lp = c->pool;
+    kvc__pool_lock(lp);
+    r = kvc__seq_keep_held(c, seq);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *c, int32_t seq, int32_t *min_pos, int32_t *max_pos) {
@@ -3442,7 +3669,7 @@ static kvc_result kvc__chain_clone(const kvc_snapshot *first, int32_t max_to, kv
 static void kvc__restore_recurrent(kvc_cache *c, const kvc_snapshot *s);
 static void kvc__ckpt_install(kvc_cache *c, kvc_snapshot *chain);
 
-KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out) {
+static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out) {
     kvc_snapshot *s;
     int32_t i, first = 0, n, pc, k = -1;
     kvc_result r;
@@ -3496,14 +3723,36 @@ KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t a
     return KVC_OK;
 }
 
+KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__snapshot_take_at_held(cache, from, at, out);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__snapshot_take_at_held(cache, from, at, out);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
 KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out) {
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
     return kvc_snapshot_take_at(cache, from, cache->offset, out);
 }
 
-KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap) {
+static kvc_result kvc__snapshot_free_held(kvc_snapshot *snap) {
     kvc__snapshot_release(snap);
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (snap == NULL) return kvc__snapshot_free_held(snap);
+    lp = snap->pool;
+    kvc__pool_lock(lp);
+    r = kvc__snapshot_free_held(snap);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 KVCDEF kvc_result kvc_snapshot_info_get(const kvc_snapshot *snap, kvc_snapshot_info *info) {
@@ -3572,7 +3821,7 @@ static void kvc__restore_apply(kvc_cache *cache, const kvc_snapshot *snap, int32
     kvc__ckpt_install(cache, chain);
 }
 
-KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
+static kvc_result kvc__restore_held(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
     kvc_snapshot *chain = NULL;
     kvc_result r;
     if (cache == NULL) return KVC_ERR_NULL;
@@ -3600,7 +3849,18 @@ KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
+KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__restore_held(cache, snap, target);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__restore_held(cache, snap, target);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__snapshot_merge_held(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
                                      kvc_snapshot **out) {
     kvc_pool *p;
     kvc_snapshot *m;
@@ -3657,7 +3917,19 @@ KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32_t at,
+KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
+                                     kvc_snapshot **out) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__snapshot_merge_held(cache, parent, child, out);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__snapshot_merge_held(cache, parent, child, out);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__snapshot_split_held(kvc_cache *cache, kvc_snapshot *snap, int32_t at,
                                      kvc_snapshot **parent, kvc_snapshot **child) {
     kvc_pool *p;
     kvc_snapshot *a, *b;
@@ -3702,8 +3974,20 @@ KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32
     return KVC_OK;
 }
 
+KVCDEF kvc_result kvc_snapshot_split(kvc_cache *cache, kvc_snapshot *snap, int32_t at,
+                                     kvc_snapshot **parent, kvc_snapshot **child) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__snapshot_split_held(cache, snap, at, parent, child);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__snapshot_split_held(cache, snap, at, parent, child);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
 /* CAUSAL: one sequence's cells, packed into pages of its own. */
-KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *c, int32_t seq, kvc_snapshot **out) {
+static kvc_result kvc__seq_snapshot_held(kvc_cache *c, int32_t seq, kvc_snapshot **out) {
     kvc_snapshot *s;
     int32_t i, n = 0, pages, lo = -1, hi = -1;
     kvc_result r;
@@ -3734,7 +4018,18 @@ KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *c, int32_t seq, kvc_snapshot **out
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t dst) {
+KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *c, int32_t seq, kvc_snapshot **out) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (c == NULL) return kvc__seq_snapshot_held(c, seq, out);
+    lp = c->pool;
+    kvc__pool_lock(lp);
+    r = kvc__seq_snapshot_held(c, seq, out);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__seq_restore_held(kvc_cache *c, const kvc_snapshot *s, int32_t dst) {
     int32_t i, cell = 0, freed = 0;
     kvc_result r;
     if (c == NULL || s == NULL) return KVC_ERR_NULL;
@@ -3751,6 +4046,17 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t d
     }
     kvc__seq_bounds(c, dst);
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t dst) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (c == NULL) return kvc__seq_restore_held(c, s, dst);
+    lp = c->pool;
+    kvc__pool_lock(lp);
+    r = kvc__seq_restore_held(c, s, dst);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 /* ---- Layer 4b: checkpoints --------------------------------------------------------------
@@ -4010,6 +4316,8 @@ KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t m
 typedef struct kvc__mpools {
     kvc__budget budget;
     kvc_allocator alloc;
+    kvc_lock_fn lock, unlock; /* the memory config's: every group's pool has the same */
+    void *lock_user;
     int32_t refs, n_groups, n_layers;
     int32_t *layer_group, *group_layer; /* [n_layers] */
     kvc_pool *pool[KVC_MAX_GROUPS];
@@ -4026,6 +4334,23 @@ struct kvc_memory_snapshot {
     kvc_snapshot *snap[KVC_MAX_GROUPS]; /* NULL: the group had nothing to hold */
 };
 
+/* The memory's lock (its pools' lock) around a call; `unlock` is kept aside, since a
+   call may free the kvc__mpools. */
+typedef struct kvc__mlock {
+    kvc_lock_fn unlock;
+    void *user;
+} kvc__mlock;
+static kvc__mlock kvc__memory_lock(const kvc__mpools *mp) {
+    kvc__mlock k;
+    k.unlock = mp->unlock;
+    k.user = mp->lock_user;
+    if (mp->lock != NULL) mp->lock(mp->lock_user);
+    return k;
+}
+static void kvc__memory_unlock(kvc__mlock k) {
+    if (k.unlock != NULL) k.unlock(k.user);
+}
+
 KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg) {
     if (cfg == NULL) return KVC_ERR_NULL;
     memset(cfg, 0, sizeof(*cfg));
@@ -4041,6 +4366,9 @@ static kvc_pool_config kvc__group_pool(const kvc_memory_config *m, int32_t g) {
     pc.parallel_for = m->parallel_for;
     pc.parallel_user = m->parallel_user;
     pc.n_workers = m->n_workers;
+    pc.lock = m->lock;
+    pc.unlock = m->unlock;
+    pc.lock_user = m->lock_user;
     return pc;
 }
 
@@ -4068,6 +4396,7 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
     if (m->n_groups < 1 || m->n_groups > KVC_MAX_GROUPS) { *field = "n_groups"; return KVC_ERR_INVALID; }
     if ((m->allocator.alloc == NULL) != (m->allocator.free == NULL)) { *field = "allocator"; return KVC_ERR_INVALID; }
     if (m->parallel_for != NULL && m->n_workers < 1) { *field = "n_workers"; return KVC_ERR_INVALID; }
+    if ((m->lock == NULL) != (m->unlock == NULL)) { *field = "lock"; return KVC_ERR_INVALID; }
     memset(count, 0, sizeof(count));
     for (l = 0; l < m->n_layers; ++l) {
         if (m->layer_group[l] < 0 || m->layer_group[l] >= m->n_groups) { *field = "layer_group"; return KVC_ERR_RANGE; }
@@ -4084,7 +4413,7 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
         if (p->n_layers != count[g]) { *field = "groups.pool.n_layers"; return KVC_ERR_INVALID; }
         if (p->budget_bytes != 0 || p->arena != NULL || p->arena_bytes != 0 || p->arena_object_bytes != 0 ||
             p->allocator.alloc != NULL || p->allocator.free != NULL || p->parallel_for != NULL ||
-            p->cpu_disable != 0) {
+            p->cpu_disable != 0 || p->lock != NULL || p->unlock != NULL || p->lock_user != NULL) {
             *field = "groups.pool";
             return KVC_ERR_INVALID;
         }
@@ -4144,7 +4473,7 @@ static kvc_memory *kvc__memory_alloc(kvc__mpools *mp) {
     return m;
 }
 
-KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem) {
+static kvc_result kvc__memory_destroy_held(kvc_memory *mem) {
     int32_t g;
     kvc__mpools *mp;
     if (mem == NULL) return KVC_ERR_NULL;
@@ -4154,6 +4483,16 @@ KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem) {
     mp->alloc.free(mem, mp->alloc.user);
     kvc__mpools_unref(mp);
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_destroy_held(mem);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_destroy_held(mem);
+    kvc__memory_unlock(lk);
+    return r;
 }
 
 KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out) {
@@ -4171,6 +4510,9 @@ KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **o
     if ((mp = (kvc__mpools *)a.alloc(bytes, a.user)) == NULL) return KVC_ERR_NO_MEMORY;
     memset(mp, 0, sizeof(*mp));
     mp->alloc = a;
+    mp->lock = cfg->lock;
+    mp->unlock = cfg->unlock;
+    mp->lock_user = cfg->lock_user;
     mp->refs = 1;
     mp->n_groups = cfg->n_groups;
     mp->n_layers = cfg->n_layers;
@@ -4279,7 +4621,7 @@ static int64_t kvc__begin_net_pages(const kvc_cache *c, int32_t n, int32_t insid
     return ((int64_t)(o + n - 1) / pc - ((int64_t)o + pc - 1) / pc + 1) + kvc__tail_shared(c, o) - freed;
 }
 
-KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int32_t *at, int32_t n_at) {
+static kvc_result kvc__memory_begin_held(kvc_memory *mem, int32_t n_tokens, const int32_t *at, int32_t n_at) {
     kvc__mpools *mp;
     int32_t g, i, k, o, order[KVC_MAX_GROUPS], causal_done = 0;
     int64_t net[KVC_MAX_GROUPS], total = 0;
@@ -4342,7 +4684,17 @@ KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int3
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem) {
+KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int32_t *at, int32_t n_at) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_begin_held(mem, n_tokens, at, n_at);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_begin_held(mem, n_tokens, at, n_at);
+    kvc__memory_unlock(lk);
+    return r;
+}
+
+static kvc_result kvc__memory_cancel_held(kvc_memory *mem) {
     int32_t g;
     if (mem == NULL) return KVC_ERR_NULL;
     /* groups whose layers were all put have ended their part of the batch: they are
@@ -4365,6 +4717,16 @@ KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem) {
         }
     }
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_cancel_held(mem);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_cancel_held(mem);
+    kvc__memory_unlock(lk);
+    return r;
 }
 
 KVCDEF kvc_result kvc_memory_can_rewind(const kvc_memory *mem, int32_t target, int *can_rewind) {
@@ -4399,7 +4761,7 @@ static void kvc__memory_rewind(kvc_memory *m, int32_t target) {
     }
 }
 
-KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens) {
+static kvc_result kvc__memory_trim_held(kvc_memory *mem, int32_t n_tokens) {
     int32_t o;
     int ok;
     if (mem == NULL) return KVC_ERR_NULL;
@@ -4412,14 +4774,34 @@ KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem) {
+KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_trim_held(mem, n_tokens);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_trim_held(mem, n_tokens);
+    kvc__memory_unlock(lk);
+    return r;
+}
+
+static kvc_result kvc__memory_clear_held(kvc_memory *mem) {
     int32_t g;
     if (mem == NULL) return KVC_ERR_NULL;
     for (g = 0; g < mem->mp->n_groups; ++g) (void)kvc_cache_clear(mem->cache[g]);
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap) {
+KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_clear_held(mem);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_clear_held(mem);
+    kvc__memory_unlock(lk);
+    return r;
+}
+
+static kvc_result kvc__memory_snapshot_free_held(kvc_memory_snapshot *snap) {
     int32_t g;
     kvc__mpools *mp;
     if (snap == NULL) return KVC_OK;
@@ -4430,7 +4812,17 @@ KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out) {
+KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (snap == NULL) return kvc__memory_snapshot_free_held(snap);
+    lk = kvc__memory_lock(snap->mp);
+    r = kvc__memory_snapshot_free_held(snap);
+    kvc__memory_unlock(lk);
+    return r;
+}
+
+static kvc_result kvc__memory_snapshot_take_held(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out) {
     kvc__mpools *mp;
     kvc_memory_snapshot *s;
     int32_t g, o;
@@ -4454,7 +4846,17 @@ KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target) {
+KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_snapshot_take_held(mem, from, at, out);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_snapshot_take_held(mem, from, at, out);
+    kvc__memory_unlock(lk);
+    return r;
+}
+
+static kvc_result kvc__memory_restore_held(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target) {
     kvc__mpools *mp;
     kvc_snapshot *chains[KVC_MAX_GROUPS];
     int64_t copies = 0;
@@ -4505,7 +4907,17 @@ KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot 
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_memory_fork(const kvc_memory *mem, kvc_memory **out) {
+KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_restore_held(mem, snap, target);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_restore_held(mem, snap, target);
+    kvc__memory_unlock(lk);
+    return r;
+}
+
+static kvc_result kvc__memory_fork_held(const kvc_memory *mem, kvc_memory **out) {
     kvc_memory *m;
     int32_t g;
     kvc_result r = KVC_OK;
@@ -4520,7 +4932,17 @@ KVCDEF kvc_result kvc_memory_fork(const kvc_memory *mem, kvc_memory **out) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *st) {
+KVCDEF kvc_result kvc_memory_fork(const kvc_memory *mem, kvc_memory **out) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_fork_held(mem, out);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_fork_held(mem, out);
+    kvc__memory_unlock(lk);
+    return r;
+}
+
+static kvc_result kvc__memory_stats_get_held(const kvc_memory *mem, kvc_memory_stats *st) {
     int32_t g;
     const kvc_cache *with = NULL; /* a group that keeps checkpoints */
     if (mem == NULL || st == NULL) return KVC_ERR_NULL;
@@ -4548,6 +4970,16 @@ KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *
         st->n_checkpoints += ok && at < st->offset;
     }
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *st) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_stats_get_held(mem, st);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_stats_get_held(mem, st);
+    kvc__memory_unlock(lk);
+    return r;
 }
 
 /* ---- Layer 5: single-entry prefix reuse (findRemaining / close of ollama's MLX runner) */
@@ -4639,10 +5071,13 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
     /* the longest prefix every cache can go back to: a wrapped window or a recurrent state
        only to a checkpoint; 0 when none, and then every cache starts over */
     prefix = kvc__common_point(x->caches, x->n_caches, KVC__MIN(prefix, kvc__min_offset(x)));
-    for (i = 0; i < x->n_caches; ++i)
+    for (i = 0; i < x->n_caches; ++i) {
+        kvc__pool_lock(x->caches[i]->pool);
         if (prefix == 0) (void)kvc_cache_clear(x->caches[i]);
         else if (x->caches[i]->offset > prefix) kvc__rewind_any(x->caches[i], prefix);
         else kvc__settle(x->caches[i]); /* at it already: as it is */
+        kvc__pool_unlock(x->caches[i]->pool);
+    }
     x->n_tokens = prefix;
     x->n_prompt = KVC__MIN(n_tokens, x->max_tokens);
     if (x->n_prompt > 0) memcpy(x->prompt, tokens, sizeof(int32_t) * (size_t)x->n_prompt);
@@ -5139,7 +5574,7 @@ static kvc_result kvc__radix_new(kvc_pool *alloc_from, const kvc_radix_config *c
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out) {
+static kvc_result kvc__radix_create_held(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out) {
     kvc_radix *t;
     const kvc_cache_config *cc;
     kvc_result r;
@@ -5155,7 +5590,7 @@ KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, 
         return cc->kind == KVC_KIND_CAUSAL ? KVC_ERR_UNSUPPORTED : KVC_ERR_INVALID;
     }
     if ((r = kvc__radix_new(pool, cfg, &t)) != KVC_OK) return r;
-    memset(&t->part[0].cfg, 0, sizeof(t->cfg.cache)); /* only what a FULL/ROTATING cache reads */
+    memset(&t->cfg.cache, 0, sizeof(t->cfg.cache)); /* only what a FULL/ROTATING cache reads */
     t->cfg.cache.kind = cc->kind;
     t->cfg.cache.window = cc->window;
     t->cfg.cache.sinks = cc->sinks;
@@ -5168,7 +5603,8 @@ KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, 
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix_config *cfg, kvc_radix **out) {
+static kvc_result kvc__radix_create_memory_held(const kvc_memory *mem, const kvc_radix_config *cfg,
+                                                kvc_radix **out) {
     kvc_radix *t;
     kvc_result r;
     int32_t g;
@@ -5176,7 +5612,7 @@ KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix
     for (g = 0; g < mem->mp->n_groups; ++g)
         if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if ((r = kvc__radix_new(mem->mp->pool[0], cfg, &t)) != KVC_OK) return r;
-    memset(&t->part[0].cfg, 0, sizeof(t->cfg.cache)); /* the groups' configs serve instead */
+    memset(&t->cfg.cache, 0, sizeof(t->cfg.cache)); /* the groups' configs serve instead */
     t->n_parts = mem->mp->n_groups;
     for (g = 0; g < t->n_parts; ++g) {
         t->part[g].pool = mem->mp->pool[g];
@@ -5190,7 +5626,29 @@ KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
+KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix_config *cfg, kvc_radix **out) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (mem == NULL) return kvc__radix_create_memory_held(mem, cfg, out);
+    lp = mem->mp->pool[0]; /* the groups share one lock */
+    kvc__pool_lock(lp);
+    r = kvc__radix_create_memory_held(mem, cfg, out);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (pool == NULL) return kvc__radix_create_held(pool, cfg, out);
+    lp = pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_create_held(pool, cfg, out);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__radix_destroy_held(kvc_radix *t) {
     kvc_radix **link;
     kvc__mpools *mp;
     int32_t g;
@@ -5215,6 +5673,20 @@ KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
     return KVC_OK;
 }
 
+KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
+    kvc_result r;
+    kvc__mlock lk;
+    const kvc_pool_config *pc;
+    if (t == NULL) return kvc__radix_destroy_held(t);
+    pc = &t->part[0].pool->cfg; /* a memory's tree may take the pools with it: keep the unlock */
+    lk.unlock = pc->unlock;
+    lk.user = pc->lock_user;
+    if (pc->lock != NULL) pc->lock(pc->lock_user);
+    r = kvc__radix_destroy_held(t);
+    kvc__memory_unlock(lk);
+    return r;
+}
+
 /* ---- lookups ---- */
 
 static kvc_result kvc__check_tokens(const int32_t *tokens, int32_t n_tokens, int32_t min) {
@@ -5235,7 +5707,7 @@ static int32_t kvc__radix_find(kvc_radix *t, kvc_namespace ns, const int32_t *to
     return m;
 }
 
-KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+static kvc_result kvc__radix_lookup_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                    kvc_cache **out, int32_t *n_reused) {
     kvc__rnode *at;
     kvc_cache *c;
@@ -5256,8 +5728,20 @@ KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
-                                          kvc_memory **out, int32_t *n_reused) {
+KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                   kvc_cache **out, int32_t *n_reused) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_lookup_held(t, ns, tokens, n_tokens, out, n_reused);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_lookup_held(t, ns, tokens, n_tokens, out, n_reused);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__radix_lookup_memory_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens,
+                                                int32_t n_tokens, kvc_memory **out, int32_t *n_reused) {
     kvc__rnode *at;
     kvc_memory *mem;
     int32_t m, g;
@@ -5278,6 +5762,18 @@ KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *t, kvc_namespace ns, const 
     *n_reused = m;
     *out = mem;
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                          kvc_memory **out, int32_t *n_reused) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_lookup_memory_held(t, ns, tokens, n_tokens, out, n_reused);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_lookup_memory_held(t, ns, tokens, n_tokens, out, n_reused);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 /* ---- commits ---- */
@@ -5476,11 +5972,6 @@ static kvc_result kvc__radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
-                                   int32_t n_tokens) {
-    return kvc_radix_commit_priority(t, ns, c, tokens, n_tokens, 0);
-}
-
 /* The checks of a commit of cache c into t, before anything changes. */
 static kvc_result kvc__radix_commit_check(const kvc_radix *t, const kvc_cache *c, const int32_t *tokens,
                                           int32_t n_tokens) {
@@ -5495,14 +5986,31 @@ static kvc_result kvc__radix_commit_check(const kvc_radix *t, const kvc_cache *c
     return kvc__batch_open(c) ? KVC_ERR_STATE : KVC_OK;
 }
 
-KVCDEF kvc_result kvc_radix_commit_priority(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
-                                            int32_t n_tokens, int32_t priority) {
+static kvc_result kvc__radix_commit_priority_held(kvc_radix *t, kvc_namespace ns, kvc_cache *c,
+                                                 const int32_t *tokens, int32_t n_tokens, int32_t priority) {
     kvc_result r = kvc__radix_commit_check(t, c, tokens, n_tokens);
     return r != KVC_OK ? r : kvc__radix_commit(t, ns, &c, tokens, n_tokens, priority, 0);
 }
 
-KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *t, kvc_namespace ns, kvc_memory *mem, const int32_t *tokens,
-                                          int32_t n_tokens, int32_t priority) {
+KVCDEF kvc_result kvc_radix_commit_priority(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                            int32_t n_tokens, int32_t priority) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_commit_priority_held(t, ns, c, tokens, n_tokens, priority);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_commit_priority_held(t, ns, c, tokens, n_tokens, priority);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                   int32_t n_tokens) {
+    return kvc_radix_commit_priority(t, ns, c, tokens, n_tokens, 0);
+}
+
+static kvc_result kvc__radix_commit_memory_held(kvc_radix *t, kvc_namespace ns, kvc_memory *mem,
+                                               const int32_t *tokens, int32_t n_tokens, int32_t priority) {
     kvc_result r;
     if (t == NULL || mem == NULL) return KVC_ERR_NULL;
     if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
@@ -5512,16 +6020,43 @@ KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *t, kvc_namespace ns, kvc_me
     return kvc__radix_commit(t, ns, mem->cache, tokens, n_tokens, priority, 0);
 }
 
-KVCDEF kvc_result kvc_radix_release(kvc_cache *cache) {
+KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *t, kvc_namespace ns, kvc_memory *mem, const int32_t *tokens,
+                                          int32_t n_tokens, int32_t priority) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_commit_memory_held(t, ns, mem, tokens, n_tokens, priority);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_commit_memory_held(t, ns, mem, tokens, n_tokens, priority);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__radix_release_held(kvc_cache *cache) {
     if (cache == NULL) return KVC_ERR_NULL;
     kvc__lease_drop(cache);
     return KVC_OK;
 }
 
+KVCDEF kvc_result kvc_radix_release(kvc_cache *cache) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (cache == NULL) return kvc__radix_release_held(cache);
+    lp = cache->pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_release_held(cache);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
 KVCDEF kvc_result kvc_radix_release_memory(kvc_memory *mem) {
+    const kvc_pool *lp;
     int32_t g;
     if (mem == NULL) return KVC_ERR_NULL;
+    lp = mem->mp->pool[0]; /* the groups share one lock */
+    kvc__pool_lock(lp);
     for (g = 0; g < mem->mp->n_groups; ++g) kvc__lease_drop(mem->cache[g]);
+    kvc__pool_unlock(lp);
     return KVC_OK;
 }
 
@@ -5534,7 +6069,7 @@ static kvc__rnode *kvc__radix_find_end(kvc_radix *t, kvc_namespace ns, const int
     return m == n_tokens && at->parent != NULL && kvc__rnode_end(at) == n_tokens ? at : NULL;
 }
 
-KVCDEF kvc_result kvc_radix_pin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+static kvc_result kvc__radix_pin_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
     kvc__rnode *at, *head = NULL;
     int32_t m;
     kvc_result r;
@@ -5552,7 +6087,18 @@ KVCDEF kvc_result kvc_radix_pin(kvc_radix *t, kvc_namespace ns, const int32_t *t
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_radix_unpin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+KVCDEF kvc_result kvc_radix_pin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_pin_held(t, ns, tokens, n_tokens);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_pin_held(t, ns, tokens, n_tokens);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__radix_unpin_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
     kvc__rnode *at;
     kvc_result r;
     if (t == NULL) return KVC_ERR_NULL;
@@ -5563,7 +6109,18 @@ KVCDEF kvc_result kvc_radix_unpin(kvc_radix *t, kvc_namespace ns, const int32_t 
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_radix_evict(kvc_radix *t, int32_t n_pages, int32_t *n_freed) {
+KVCDEF kvc_result kvc_radix_unpin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_unpin_held(t, ns, tokens, n_tokens);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_unpin_held(t, ns, tokens, n_tokens);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__radix_evict_held(kvc_radix *t, int32_t n_pages, int32_t *n_freed) {
     int32_t freed = 0;
     kvc__rnode *leaf;
     if (t == NULL) return KVC_ERR_NULL;
@@ -5573,7 +6130,18 @@ KVCDEF kvc_result kvc_radix_evict(kvc_radix *t, int32_t n_pages, int32_t *n_free
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s) {
+KVCDEF kvc_result kvc_radix_evict(kvc_radix *t, int32_t n_pages, int32_t *n_freed) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_evict_held(t, n_pages, n_freed);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_evict_held(t, n_pages, n_freed);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__radix_stats_get_held(const kvc_radix *tree, kvc_radix_stats *s) {
     const kvc__rnode *n;
     int32_t g, i, np, pass;
     if (tree == NULL || s == NULL) return KVC_ERR_NULL;
@@ -5602,6 +6170,17 @@ KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s)
         s->n_pinned += (int32_t)n->pins;
     }
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (tree == NULL) return kvc__radix_stats_get_held(tree, s);
+    lp = tree->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_stats_get_held(tree, s);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 /* ---- Layer 6: attention kernels ----------------------------------------------------
@@ -7794,6 +8373,7 @@ static void kvc__cpu_relax(void) {
 }
 
 struct kvc_threads {
+    pthread_mutex_t submit;     /* held by the caller whose job runs: jobs given at once queue */
     pthread_mutex_t lock;
     pthread_cond_t wake, done;
     pthread_t *threads;
@@ -7843,8 +8423,11 @@ static void *kvc__thread_main(void *arg) {
     }
 }
 
+/* Jobs from several callers (pools or threads sharing the helper) run one after the
+   other: fn, ctx and the task counter are the one job's. */
 KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx) {
     kvc_threads *t = (kvc_threads *)threads;
+    pthread_mutex_lock(&t->submit);
     pthread_mutex_lock(&t->lock);
     t->fn = fn;
     t->ctx = ctx;
@@ -7862,6 +8445,7 @@ KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn
     pthread_mutex_lock(&t->lock);
     while (t->busy > 0) pthread_cond_wait(&t->done, &t->lock);
     pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->submit);
 }
 
 KVCDEF kvc_result kvc_threads_destroy(kvc_threads *t) {
@@ -7875,6 +8459,7 @@ KVCDEF kvc_result kvc_threads_destroy(kvc_threads *t) {
     pthread_cond_destroy(&t->done);
     pthread_cond_destroy(&t->wake);
     pthread_mutex_destroy(&t->lock);
+    pthread_mutex_destroy(&t->submit);
     KVCACHE_FREE(t->threads, NULL);
     KVCACHE_FREE(t, NULL);
     return KVC_OK;
@@ -7890,6 +8475,12 @@ KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out) {
     memset(t, 0, sizeof(*t));
     t->threads = (pthread_t *)KVCACHE_MALLOC(sizeof(pthread_t) * (size_t)n_threads, NULL);
     if (t->threads == NULL || pthread_mutex_init(&t->lock, NULL) != 0) {
+        KVCACHE_FREE(t->threads, NULL);
+        KVCACHE_FREE(t, NULL);
+        return KVC_ERR_NO_MEMORY;
+    }
+    if (pthread_mutex_init(&t->submit, NULL) != 0) {
+        pthread_mutex_destroy(&t->lock);
         KVCACHE_FREE(t->threads, NULL);
         KVCACHE_FREE(t, NULL);
         return KVC_ERR_NO_MEMORY;
@@ -7921,6 +8512,74 @@ KVCDEF kvc_result kvc_threads_attach(kvc_threads *t, kvc_pool_config *cfg) {
     cfg->parallel_for = kvc_threads_parallel_for;
     cfg->parallel_user = t;
     cfg->n_workers = t->n_threads;
+    return KVC_OK;
+}
+
+/* A recursive mutex out of a plain one (PTHREAD_MUTEX_RECURSIVE needs _XOPEN_SOURCE,
+   which strict C99 builds do not define): the owner and a depth, and a condition
+   variable for the threads waiting for it. */
+struct kvc_mutex {
+    pthread_mutex_t m;
+    pthread_cond_t free;
+    pthread_t owner;
+    int32_t depth; /* 0: free */
+};
+
+KVCDEF void kvc_mutex_lock(void *mutex) {
+    kvc_mutex *x = (kvc_mutex *)mutex;
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&x->m);
+    if (x->depth > 0 && pthread_equal(x->owner, self)) {
+        x->depth++;
+    } else {
+        while (x->depth > 0) pthread_cond_wait(&x->free, &x->m);
+        x->owner = self;
+        x->depth = 1;
+    }
+    pthread_mutex_unlock(&x->m);
+}
+
+KVCDEF void kvc_mutex_unlock(void *mutex) {
+    kvc_mutex *x = (kvc_mutex *)mutex;
+    pthread_mutex_lock(&x->m);
+    KVCACHE_ASSERT(x->depth > 0 && pthread_equal(x->owner, pthread_self()));
+    if (--x->depth == 0) pthread_cond_signal(&x->free);
+    pthread_mutex_unlock(&x->m);
+}
+
+KVCDEF kvc_result kvc_mutex_create(kvc_mutex **out) {
+    kvc_mutex *x;
+    if (out == NULL) return KVC_ERR_NULL;
+    x = (kvc_mutex *)KVCACHE_MALLOC(sizeof(*x), NULL);
+    if (x == NULL) return KVC_ERR_NO_MEMORY;
+    memset(x, 0, sizeof(*x));
+    if (pthread_mutex_init(&x->m, NULL) != 0) {
+        KVCACHE_FREE(x, NULL);
+        return KVC_ERR_NO_MEMORY;
+    }
+    if (pthread_cond_init(&x->free, NULL) != 0) {
+        pthread_mutex_destroy(&x->m);
+        KVCACHE_FREE(x, NULL);
+        return KVC_ERR_NO_MEMORY;
+    }
+    *out = x;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_mutex_destroy(kvc_mutex *x) {
+    if (x == NULL) return KVC_ERR_NULL;
+    if (x->depth > 0) return KVC_ERR_BUSY; /* held */
+    pthread_cond_destroy(&x->free);
+    pthread_mutex_destroy(&x->m);
+    KVCACHE_FREE(x, NULL);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_mutex_attach(kvc_mutex *x, kvc_pool_config *cfg) {
+    if (x == NULL || cfg == NULL) return KVC_ERR_NULL;
+    cfg->lock = kvc_mutex_lock;
+    cfg->unlock = kvc_mutex_unlock;
+    cfg->lock_user = x;
     return KVC_OK;
 }
 #endif /* KVCACHE_THREADS */
@@ -8671,7 +9330,7 @@ static kvc_result kvc__load_end(const kvc_io *io, kvc_pool *p, kvc__staged *st, 
     return kvc__io_end(io, r);
 }
 
-KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
+static kvc_result kvc__cache_load_held(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
                                  int32_t *n_tokens) {
     kvc__rd r;
     kvc__staged st;
@@ -8694,6 +9353,18 @@ KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *i
     kvc__install_linear(c, &st);
     if (n_tokens != NULL) *n_tokens = st.s.meta[0];
     return kvc__load_end(io, c->pool, &st, KVC_OK);
+}
+
+KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
+                                 int32_t *n_tokens) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (c == NULL) return kvc__cache_load_held(c, ns, io, tokens, max_tokens, n_tokens);
+    lp = c->pool;
+    kvc__pool_lock(lp);
+    r = kvc__cache_load_held(c, ns, io, tokens, max_tokens, n_tokens);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 /* ---- CAUSAL: a whole cache, or one sequence ---- */
@@ -8774,7 +9445,7 @@ static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io 
     return r.err;
 }
 
-KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+static kvc_result kvc__seq_load_held(kvc_cache *c, int32_t dst, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
                                int32_t max_tokens, int32_t *n_tokens) {
     kvc__rd r;
     kvc__saved s;
@@ -8825,6 +9496,18 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, cons
     return kvc__io_end(io, r.err);
 }
 
+KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                               int32_t max_tokens, int32_t *n_tokens) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (c == NULL) return kvc__seq_load_held(c, dst, ns, io, tokens, max_tokens, n_tokens);
+    lp = c->pool;
+    kvc__pool_lock(lp);
+    r = kvc__seq_load_held(c, dst, ns, io, tokens, max_tokens, n_tokens);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
 /* ---- prefix-tree entries ---- */
 
 static kvc_result kvc__radix_save_memory(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n,
@@ -8832,7 +9515,7 @@ static kvc_result kvc__radix_save_memory(kvc_radix *t, kvc_namespace ns, const i
 static kvc_result kvc__radix_load_memory(kvc_radix *t, kvc_namespace ns, const kvc_io *io, int pin,
                                          int32_t *n_tokens);
 
-KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+static kvc_result kvc__radix_save_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                  const kvc_io *io) {
     kvc__rnode *at;
     kvc_cache *c = NULL;
@@ -8852,7 +9535,19 @@ KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *
     return kvc__io_end(io, r);
 }
 
-KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens) {
+KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 const kvc_io *io) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_save_held(t, ns, tokens, n_tokens, io);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_save_held(t, ns, tokens, n_tokens, io);
+    kvc__pool_unlock(lp);
+    return r;
+}
+
+static kvc_result kvc__radix_load_held(kvc_radix *t, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens) {
     kvc__rd r;
     kvc__staged st;
     kvc_cache *c = NULL;
@@ -8874,6 +9569,17 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *i
     if (r.err == KVC_OK && n_tokens != NULL) *n_tokens = st.s.meta[0];
     kvc_cache_destroy(c);
     return kvc__load_end(io, t->part[0].pool, &st, r.err);
+}
+
+KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_load_held(t, ns, io, pin, n_tokens);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_load_held(t, ns, io, pin, n_tokens);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 /* ---- model memories ---- */
@@ -8927,7 +9633,7 @@ static kvc_result kvc__memory_persistable(const kvc_memory *m) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+static kvc_result kvc__memory_save_held(const kvc_memory *mem, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                   const kvc_io *io) {
     kvc__wr w;
     kvc_io fwd;
@@ -8947,6 +9653,17 @@ KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const
     for (g = 0; g < mem->mp->n_groups && r == KVC_OK; ++g)
         r = kvc__save(mem->cache[g], KVC__WHAT_CACHE, -1, ns, tokens, g == 0 ? n_tokens : 0, &fwd);
     return kvc__io_end(io, r);
+}
+
+KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                  const kvc_io *io) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_save_held(mem, ns, tokens, n_tokens, io);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_save_held(mem, ns, tokens, n_tokens, io);
+    kvc__memory_unlock(lk);
+    return r;
 }
 
 /* Move src's contents (FULL, ROTATING, RECURRENT; same pool and config) into dst, whose
@@ -8974,7 +9691,7 @@ static void kvc__cache_move(kvc_cache *dst, kvc_cache *src) {
     src->offset = 0;
 }
 
-KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+static kvc_result kvc__memory_load_held(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
                                   int32_t max_tokens, int32_t *n_tokens) {
     kvc__mpools *mp;
     kvc__rd rd;
@@ -9026,6 +9743,17 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
     return kvc__io_end(io, r);
 }
 
+KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+                                  int32_t max_tokens, int32_t *n_tokens) {
+    kvc_result r;
+    kvc__mlock lk;
+    if (mem == NULL) return kvc__memory_load_held(mem, ns, io, tokens, max_tokens, n_tokens);
+    lk = kvc__memory_lock(mem->mp);
+    r = kvc__memory_load_held(mem, ns, io, tokens, max_tokens, n_tokens);
+    kvc__memory_unlock(lk);
+    return r;
+}
+
 /* ---- a memory tree's entries ---- */
 /* An entry of a memory's tree is saved as a header (what: KVC__WHAT_MEMORY_ENTRY), an
    ENTN section (its token count), an ETOK section (its tokens) and the memory a lookup
@@ -9033,7 +9761,6 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
    reads the tokens into a buffer that grows only as they arrive (a declared count alone
    allocates nothing), reads the memory into fresh caches on the tree's pools, and
    commits it. */
-
 
 /* A new memory on the tree's pools, empty. */
 static kvc_result kvc__radix_memory(kvc_radix *t, kvc_memory **out) {

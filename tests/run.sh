@@ -179,7 +179,7 @@ lane tests test_programs
 lane examples examples_and_tinylm
 lanes_join
 
-stage asan "sanitizers (ASan + UBSan), and beside them valgrind memcheck"
+stage asan "sanitizers (ASan + UBSan, TSan), and beside them valgrind memcheck"
 sanitizers() {
 SAN="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 SANCC=$CC; have clang && SANCC=clang
@@ -202,6 +202,18 @@ if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev
       step asan-tinylm "$B/tinylm.asan" --quiet --chunk 5 tests/data/mistral-swa-tiny
   fi
 else skip sanitizers "the compiler cannot build with -fsanitize=address,undefined"; fi
+# ThreadSanitizer: the programs with threads -- test_threads (a pool, its prefix tree and a
+# kvc_threads shared by 4 threads; a memory's forks on two) in full, test_kernels (the
+# kvc_threads attention) at reduced scale. About 11 + 15 s alone on this 2-core machine.
+TSAN="-O1 -g -fsanitize=thread"
+if echo 'int main(void){return 0;}' | $SANCC $TSAN -x c - -o "$B/tsan_probe" >/dev/null 2>&1 && "$B/tsan_probe"; then
+  for n in test_threads test_kernels; do
+    [ -f "tests/$n.c" ] || continue
+    scale=1; [ "$n" = test_kernels ] && scale=0.1
+    step "tsan-build-$n" $SANCC $STRICT $TSAN -I. "tests/$n.c" -o "$B/$n.tsan" -lm -lpthread &&
+      KVC_TEST_SCALE=$scale checks "tsan-$n" "$B/$n.tsan" "$seed"
+  done
+else skip tsan "the compiler cannot build and run with -fsanitize=thread"; fi
 }
 memcheck() {
 echo "-- valgrind memcheck"
