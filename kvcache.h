@@ -129,7 +129,8 @@
     X(KVC_ERR_TRUNCATED, -18, "saved data ends early")                                  \
     X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind") \
     X(KVC_ERR_POSITION, -20, "the engine's position is not the cache's offset") \
-    X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there")
+    X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there") \
+    X(KVC_ERR_ROTATION, -22, "saved data was stored with another rotation (kvc_pool_config.rotate)")
 
 /* The codes are 0, -1, -2, ... in the order of the list (test_core checks that each
    has its text), so the lowest is 1 - the number of entries: one +1 per entry. */
@@ -227,7 +228,20 @@ typedef struct kvc_pool_config {
        of every layer, state_floats f32 per layer. n_kv_heads and the head dims must be 0;
        type_k, type_v and page_cells are not used (a page is one state). */
     int32_t state_floats;
+    /* KVC_ROTATE_K | KVC_ROTATE_V (0: none): store K (V) rotated along the head by the
+       fixed orthonormal rotation of kvc_rotate_rows before converting it to its type, so
+       that outlier channels no longer set the block scales of q8_0 / q4_0. Callers see
+       the same math: kvc_put takes plain K/V, kvc_attention plain q and gives plain out
+       (it rotates q and un-rotates out), kvc_cache_gather returns plain rows, a RoPE
+       shift un-rotates, shifts and re-rotates; only kvc_cache_runs exposes the stored
+       (rotated) rows. Head dims whose rotation block would be < 16 are refused
+       ("rotate"), and so are state pools. Saved with a cache; a load into a pool with
+       another rotate is KVC_ERR_ROTATION. */
+    uint32_t rotate;
 } kvc_pool_config;
+
+#define KVC_ROTATE_K 1u /* kvc_pool_config.rotate: K stored rotated */
+#define KVC_ROTATE_V 2u /* kvc_pool_config.rotate: V stored rotated */
 
 typedef struct kvc_pool_stats {
     size_t page_bytes;      /* K+V bytes of one page, all layers */
@@ -253,7 +267,7 @@ KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + default
    KVC_ERR_OVERFLOW, KVC_ERR_ARENA_TOO_SMALL, ...) without allocating. *field (field may
    be NULL) = the name of the first field refused, in the order kvc_pool_create checks
    them ("n_layers", "head_dim_k", "type_k", "page_cells", "budget_bytes", "allocator",
-   "arena_bytes", "n_workers", ...), or NULL when cfg is valid. E.g. q8_0 or q4_0 with
+   "arena_bytes", "n_workers", "rotate", ...), or NULL when cfg is valid. E.g. q8_0 or q4_0 with
    head dim 48 -> "head_dim_k" (block types need multiples of 32); a budget below one
    page -> "budget_bytes". */
 KVCDEF kvc_result kvc_pool_config_check(const kvc_pool_config *cfg, const char **field);
@@ -275,6 +289,31 @@ KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out);
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool);
 /* Sizes, page use (now and peak), live objects and the CPU paths in use. */
 KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *stats);
+
+/* The storage rotation (KVC_ROTATE_K / KVC_ROTATE_V), exactly; every backend applies
+   this map (up to the order of its additions). For a head vector x[0..d) (d = head_dim_k
+   for K, head_dim_v for V; the same for every layer, kv head and cell):
+     n = the largest power of two dividing d, capped at 256 (refused when n < 16);
+     s(i) = -1 if bit (i mod 256) of KVC_ROTATION_SIGNS_INIT is set (bit j = bit j % 32 of
+            word j / 32), else +1, for i the index within the head;
+     for each block x[b*n .. b*n+n): y[i] = s(i) x[i]; then the unnormalised fast
+            Walsh-Hadamard transform of the block in Sylvester (natural) order,
+            z[j] = sum_i (-1)^popcount(i & j) y[b*n+i]; then z[j] *= (float)(1/sqrt(n)).
+   R = (1/sqrt n) H S per block is orthonormal; the inverse (inverse != 0) is
+   R^T = S H (1/sqrt n): the transform and scaling first, then the signs. Stored K = R k,
+   stored V = R v; scores use (R q).(R k) = q.k, outputs out = R^T sum p_i (R v_i). */
+#define KVC_ROTATION_MAX_BLOCK 256 /* n of the rule above is at most this */
+#define KVC_ROTATION_MIN_BLOCK 16  /* head dims whose n would be smaller are refused */
+/* The 256 signs of the rule, bit j of the table = sign of values i with i % 256 == j. */
+#define KVC_ROTATION_SIGNS_INIT {0x16E6060Eu, 0x778C5721u, 0x8BF5716Au, 0x3A28247Bu, \
+                                 0xF53ADB1Fu, 0x0B1599BEu, 0x88F886E3u, 0xD1251A7Fu}
+/* *block = n of the rule for this head dim; KVC_ERR_INVALID (and *block = 0) when the
+   rule refuses it (n < 16, or head_dim < 1). */
+KVCDEF kvc_result kvc_rotation_block(int32_t head_dim, int32_t *block);
+/* The scalar reference of the rotation: rows n_rows x head_dim, in place, forward
+   (inverse == 0: x = R x) or back (x = R^T x). KVC_ERR_INVALID for a head dim the rule
+   refuses or n_rows < 0. */
+KVCDEF kvc_result kvc_rotate_rows(float *x, int32_t head_dim, int32_t n_rows, int inverse);
 
 /* ---- Caches ---------------------------------------------------------------------- */
 typedef enum kvc_kind {
@@ -1481,6 +1520,70 @@ KVCDEF const char *kvc_type_name(kvc_type type) {
     return kvc__type_valid(type) ? kvc__types[type].name : "?";
 }
 
+/* The storage rotation (KVC_ROTATE_K / KVC_ROTATE_V; the rule is at kvc_rotation_block):
+   signs, then an in-place fast Walsh-Hadamard transform per block (n log2 n additions),
+   then 1/sqrt(n); the inverse in the other order. */
+static const uint32_t kvc__rot_signs[8] = KVC_ROTATION_SIGNS_INIT;
+
+static int32_t kvc__rot_block(int32_t d) {
+    int32_t n = 1;
+    if (d < 1) return 0;
+    while (n < KVC_ROTATION_MAX_BLOCK && d % (2 * n) == 0) n *= 2;
+    return n < KVC_ROTATION_MIN_BLOCK ? 0 : n;
+}
+
+static void kvc__rot_signs_apply(float *x, int32_t i0, int32_t n) {
+    int32_t i;
+    for (i = 0; i < n; ++i) {
+        int32_t j = (i0 + i) & 255;
+        if ((kvc__rot_signs[j >> 5] >> (j & 31)) & 1u) x[i] = -x[i];
+    }
+}
+
+/* one block of n values: the unnormalised transform, butterflies of growing span */
+static void kvc__wht(float *x, int32_t n) {
+    int32_t len, i, j;
+    for (len = 1; len < n; len *= 2)
+        for (i = 0; i < n; i += 2 * len)
+            for (j = i; j < i + len; ++j) {
+                float a = x[j], b = x[j + len];
+                x[j] = a + b;
+                x[j + len] = a - b;
+            }
+}
+
+/* x = R x (inverse: R^T x) for one block x[0..n) at index i0 of the head */
+static void kvc__rot_one(float *x, int32_t i0, int32_t n, int inverse) {
+    float r = (float)(1.0 / sqrt((double)n));
+    int32_t i;
+    if (!inverse) kvc__rot_signs_apply(x, i0, n);
+    kvc__wht(x, n);
+    for (i = 0; i < n; ++i) x[i] *= r;
+    if (inverse) kvc__rot_signs_apply(x, i0, n);
+}
+
+/* rows of d values, n the rule's block for d (never 0 here) */
+static void kvc__rot_rows(float *x, int32_t d, int32_t n, size_t rows, int inverse) {
+    size_t r;
+    int32_t b;
+    for (r = 0; r < rows; ++r)
+        for (b = 0; b < d; b += n) kvc__rot_one(x + r * (size_t)d + b, b, n, inverse);
+}
+
+KVCDEF kvc_result kvc_rotation_block(int32_t head_dim, int32_t *block) {
+    if (block == NULL) return KVC_ERR_NULL;
+    *block = kvc__rot_block(head_dim);
+    return *block ? KVC_OK : KVC_ERR_INVALID;
+}
+
+KVCDEF kvc_result kvc_rotate_rows(float *x, int32_t head_dim, int32_t n_rows, int inverse) {
+    int32_t n = kvc__rot_block(head_dim);
+    if (n == 0 || n_rows < 0) return KVC_ERR_INVALID;
+    if (x == NULL && n_rows > 0) return KVC_ERR_NULL;
+    kvc__rot_rows(x, head_dim, n, (size_t)n_rows, inverse);
+    return KVC_OK;
+}
+
 /* RoPE re-rotation of one key row by a fixed angle per pair (the RoPE shift of
    kvc_seq_remove): cs/sn hold, per pair, cos/sin of the shift's angles. NeoX pairs
    (i, i + n/2) take cs[i], sn[i] for i < n/2; interleaved pairs (2i, 2i + 1) take
@@ -1702,6 +1805,10 @@ static kvc_result kvc__check_config(const kvc_pool_config *c, const char **field
     /* block types (q8_0, q4_0) quantise blocks of 32 values along the head */
     if (c->head_dim_k % kvc__types[c->type_k].block != 0) KVC__REFUSE(KVC_ERR_INVALID, "head_dim_k");
     if (c->head_dim_v % kvc__types[c->type_v].block != 0) KVC__REFUSE(KVC_ERR_INVALID, "head_dim_v");
+    if ((c->rotate & ~(KVC_ROTATE_K | KVC_ROTATE_V)) != 0 ||
+        ((c->rotate & KVC_ROTATE_K) && kvc__rot_block(c->head_dim_k) == 0) ||
+        ((c->rotate & KVC_ROTATE_V) && kvc__rot_block(c->head_dim_v) == 0))
+        KVC__REFUSE(KVC_ERR_INVALID, "rotate");
     if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "allocator");
     if (c->arena == NULL && c->arena_bytes != 0) KVC__REFUSE(KVC_ERR_INVALID, "arena_bytes");
     if (c->parallel_for != NULL && c->n_workers < 1) KVC__REFUSE(KVC_ERR_INVALID, "n_workers");
@@ -1732,6 +1839,7 @@ static kvc_result kvc__page_layout(const kvc_pool_config *cin, kvc__layout *L, c
     kvc_pool_config eff, *c = &eff;
     kvc_result r = kvc__effective_config(cin, &eff);
     if (r != KVC_OK) { *field = "state_floats"; return r; }
+    if (cin->state_floats != 0 && cin->rotate != 0) KVC__REFUSE(KVC_ERR_INVALID, "rotate"); /* states: f32, no heads */
     r = kvc__check_config(c, field);
     if (r != KVC_OK) return r;
     memset(L, 0, sizeof(*L));
