@@ -1576,6 +1576,20 @@ KVCDEF kvc_result kvc_rotation_block(int32_t head_dim, int32_t *block) {
     return *block ? KVC_OK : KVC_ERR_INVALID;
 }
 
+/* One cell's row of n values (whole heads of d) into storage: rotated block by block
+   through a stack buffer when n_rot (the rule's block for d) is nonzero. */
+static void kvc__store_row(const kvc__type_info *t, const float *x, unsigned char *dst, int32_t n, int32_t d,
+                           int32_t n_rot) {
+    float buf[KVC_ROTATION_MAX_BLOCK];
+    int32_t i;
+    if (n_rot == 0) { t->from_f32(x, dst, n); return; }
+    for (i = 0; i < n; i += n_rot) { /* n_rot is a multiple of the type's block */
+        memcpy(buf, x + i, sizeof(float) * (size_t)n_rot);
+        kvc__rot_one(buf, i % d, n_rot, 0);
+        t->from_f32(buf, dst + (size_t)(i / t->block) * t->block_bytes, n_rot);
+    }
+}
+
 KVCDEF kvc_result kvc_rotate_rows(float *x, int32_t head_dim, int32_t n_rows, int inverse) {
     int32_t n = kvc__rot_block(head_dim);
     if (n == 0 || n_rows < 0) return KVC_ERR_INVALID;
@@ -1770,6 +1784,7 @@ struct kvc_pool {
     uint32_t cpu;            /* KVC_CPU_* paths in use */
     kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
     kvc__rotate_fn rotate;   /* the RoPE shift's rotation */
+    int32_t rot_k, rot_v;    /* cfg.rotate: the storage rotation's block for K / V, 0: none */
     int external;            /* hooks.external_data: no K/V bytes here (slab unused) */
     const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
     kvc__budget own_budget;
@@ -2001,6 +2016,8 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     p->tk = kvc__pick_type(cfg->type_k, p->cpu);
     p->tv = kvc__pick_type(cfg->type_v, p->cpu);
     p->rotate = kvc__pick_rotate(p->cpu);
+    p->rot_k = (cfg->rotate & KVC_ROTATE_K) ? kvc__rot_block(cfg->head_dim_k) : 0;
+    p->rot_v = (cfg->rotate & KVC_ROTATE_V) ? kvc__rot_block(cfg->head_dim_v) : 0;
     p->external = cfg->hooks.external_data != 0;
     p->kern = kvc__pick_kernels(p->cpu);
     p->own_budget.cap = (size_t)L->max_pages * L->page_bytes;
@@ -2771,8 +2788,10 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
         int32_t cell = cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_loc + t : cache->batch_begin + t;
         uint32_t page = cache->pages[kvc__lpage_index(cache, cell / pc)];
         KVCACHE_ASSERT(p->refcount[page] == 1);
-        tk->from_f32(k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk);
-        tv->from_f32(v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv);
+        kvc__store_row(tk, k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk, p->cfg.head_dim_k,
+                       p->rot_k);
+        kvc__store_row(tv, v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv, p->cfg.head_dim_v,
+                       p->rot_v);
     }
     if (!cache->batch_put[layer]) {
         cache->batch_put[layer] = 1;
@@ -3175,6 +3194,7 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
     for (l = 0; l < p->cfg.n_layers && !p->external; ++l) {
         unsigned char *k = kvc__k_at(p, l, page, cell % pc);
         tk->to_f32(k, c->row, nk);
+        if (p->rot_k) kvc__rot_rows(c->row, hk, p->rot_k, (size_t)p->cfg.n_kv_heads, 1); /* plain keys */
         if (rope->shift) {
             rope->shift(rope->user, l, c->row, p->cfg.n_kv_heads, hk, old_pos, new_pos);
         } else {
@@ -3182,6 +3202,7 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
                 p->rotate(c->row + (size_t)h * hk, c->rope_cos, c->rope_sin, rope->n_dims,
                           rope->style == KVC_ROPE_INTERLEAVED);
         }
+        if (p->rot_k) kvc__rot_rows(c->row, hk, p->rot_k, (size_t)p->cfg.n_kv_heads, 0);
         tk->from_f32(c->row, k, nk);
     }
 }
@@ -7433,10 +7454,19 @@ static void kvc__attn_init(kvc__attn *A, const kvc_cache *c, int32_t layer, cons
     A->strip = KVC__MAX(8, KVC__MIN(KVC__STRIP, A->strip)) & ~3;
 }
 
+/* Rotated keys (kvc_pool_config.rotate): the bytes of the call's rotated queries, which
+   come first in the scratch (a multiple of 64). */
+static size_t kvc__rot_q_bytes(const kvc_cache *c, const kvc_attention_desc *d, int *of) {
+    if (c->pool->rot_k == 0) return 0;
+    return kvc__mul(kvc__floats_aligned(kvc__mul(kvc__mul((size_t)d->n_queries, (size_t)d->n_heads, of),
+                                                 (size_t)c->pool->cfg.head_dim_k, of)), sizeof(float), of);
+}
+
 KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc, size_t *bytes) {
     kvc__attn A;
     kvc_attention_desc d;
     kvc_result r;
+    int of = 0;
     if (bytes == NULL) return KVC_ERR_NULL;
     if (desc == NULL) return KVC_ERR_NULL;
     d = *desc;
@@ -7446,21 +7476,28 @@ KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_
     if (r != KVC_OK) return r;
     kvc__attn_init(&A, cache, 0, &d);
     kvc__attn_plan(&A, NULL, bytes);
-    return KVC_OK;
+    *bytes = kvc__add(*bytes, kvc__rot_q_bytes(cache, &d, &of), &of);
+    return of ? KVC_ERR_OVERFLOW : KVC_OK;
 }
 
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc) {
     kvc__attn A;
-    size_t bytes;
+    kvc_attention_desc rd; /* desc with the rotated queries (kvc_pool_config.rotate) */
+    size_t bytes, qr_bytes;
     unsigned char *mem, *base;
     double small[KVC__STACK_SCRATCH / sizeof(double)]; /* small calls need no allocation */
     int32_t n_tasks, t;
+    int of = 0;
     kvc_result r = kvc__check_attention(cache, layer, desc);
     if (r != KVC_OK) return r;
     if (desc->q == NULL || desc->out == NULL) return KVC_ERR_NULL;
     if (cache->pool->external) return KVC_ERR_UNSUPPORTED; /* the K/V live in a device backend */
-    kvc__attn_init(&A, cache, layer, desc);
+    rd = *desc;
+    qr_bytes = kvc__rot_q_bytes(cache, desc, &of);
+    kvc__attn_init(&A, cache, layer, &rd);
     kvc__attn_plan(&A, NULL, &bytes);
+    bytes = kvc__add(bytes, qr_bytes, &of);
+    if (of) return KVC_ERR_OVERFLOW;
     if (desc->scratch != NULL) {
         if (desc->scratch_bytes < bytes) return KVC_ERR_RANGE;
         mem = (unsigned char *)desc->scratch;
@@ -7471,6 +7508,13 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
         if (mem == NULL) return KVC_ERR_NO_MEMORY;
     }
     base = mem + ((64 - ((uintptr_t)mem & 63)) & 63);
+    if (qr_bytes) { /* rotated keys: scores against R q (the kernels never know) */
+        size_t n = (size_t)desc->n_queries * (size_t)desc->n_heads * (size_t)A.hk;
+        memcpy(base, desc->q, n * sizeof(float));
+        kvc__rot_rows((float *)(void *)base, A.hk, cache->pool->rot_k, n / (size_t)A.hk, 0);
+        rd.q = (const float *)(void *)base;
+        base += qr_bytes;
+    }
     kvc__attn_plan(&A, base, &bytes);
     n_tasks = A.n_qtasks * A.n_chunks;
     if (cache->pool->cfg.parallel_for != NULL && n_tasks > 1)
@@ -7478,6 +7522,8 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
     else
         for (t = 0; t < n_tasks; ++t) kvc__attn_task(&A, t, 0);
     if (A.part != NULL) kvc__attn_merge(&A);
+    if (cache->pool->rot_v) /* rotated values: out = R^T (sum p_i R v_i) */
+        kvc__rot_rows(desc->out, A.hv, cache->pool->rot_v, (size_t)desc->n_queries * (size_t)desc->n_heads, 1);
     if (mem != (unsigned char *)desc->scratch && mem != (unsigned char *)small) kvc__free(cache->pool, mem);
     return KVC_OK;
 }
@@ -7701,6 +7747,8 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
         for (cell = run.c0; cell < run.c1; ++cell, ++n) {
             if (k) p->tk.to_f32(kvc__k_at(p, layer, run.page, cell), k + (size_t)n * nk, nk);
             if (v) p->tv.to_f32(kvc__v_at(p, layer, run.page, cell), v + (size_t)n * nv, nv);
+            if (k && p->rot_k) kvc__rot_rows(k + (size_t)n * nk, p->cfg.head_dim_k, p->rot_k, (size_t)p->cfg.n_kv_heads, 1);
+            if (v && p->rot_v) kvc__rot_rows(v + (size_t)n * nv, p->cfg.head_dim_v, p->rot_v, (size_t)p->cfg.n_kv_heads, 1);
             if (pos) pos[n] = *kvc__pos_at(p, run.page, cell);
         }
     }
@@ -7886,7 +7934,7 @@ static void kvc__w_head(kvc__wr *w, const kvc_cache *c, uint32_t what, kvc_names
     kvc__w_u32(w, (uint32_t)cc->max_seqs);
     kvc__w_u32(w, (uint32_t)cc->chunk);
     kvc__w_u32(w, (uint32_t)cc->padding);
-    kvc__w_u32(w, 0);
+    kvc__w_u32(w, pc->rotate); /* 0 in files from before the option */
     kvc__w_u32(w, 0);
     kvc__put64(b, ns.model);
     kvc__put64(b + 8, ns.salt);
@@ -8170,6 +8218,7 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
         kvc__r_fail(r, KVC_ERR_MISMATCH);
         return;
     }
+    if (f[14] != p->cfg.rotate) { kvc__r_fail(r, KVC_ERR_ROTATION); return; } /* stored rows differ */
     kvc__r_section(r, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
     for (i = 0; i < 6; ++i) s->meta[i] = (int32_t)kvc__r_u32(r);
     kvc__r_end(r);
