@@ -589,7 +589,8 @@ KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *st
    tag, its length and an XXH64 checksum. A load checks the
    configuration and namespace against its target, reads everything into free pool
    pages and verifies every checksum before it changes the target: damaged, truncated
-   or mismatched input returns an error and leaves the target as it was. A load needs
+   or mismatched input returns an error and leaves the target as it was (a pool whose
+   kvc_pool_config.rotate differs from the saved one: KVC_ERR_ROTATION). A load needs
    the pages it reads into free in the pool (it never evicts prefix-tree entries). On
    a big-endian host saving and loading return KVC_ERR_UNSUPPORTED. */
 
@@ -821,10 +822,12 @@ typedef struct kvc_run {
 /* Zero-copy: the cells of kvc_cache_cells() as contiguous runs, in position order.
    Pass runs = NULL (and max_runs 0) to learn *n_runs. KVC_ERR_RANGE (with *n_runs set)
    if max_runs is too small. Pointers stay valid until the next call that changes the
-   cache. */
+   cache. The rows are the stored ones: with kvc_pool_config.rotate, R k / R v (rotate
+   q the same way for scores, and the output back, with kvc_rotate_rows). */
 KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run *runs,
                                  int32_t max_runs, int32_t *n_runs);
-/* Copy: the same cells converted to f32, k [n][n_kv_heads][head_dim_k], v likewise,
+/* Copy: the same cells converted to f32 (and rotated back: plain k and v whatever
+   kvc_pool_config.rotate), k [n][n_kv_heads][head_dim_k], v likewise,
    pos [n] (any of the three may be NULL; all three NULL only counts). KVC_ERR_RANGE
    (with *n_cells set) if max_cells is too small. */
 KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v,
@@ -922,7 +925,8 @@ typedef enum kvc_page_event_kind {
     KVC_PAGE_ZERO = 1, /* cells [cell, +n) of page set to zero bytes, every layer, K and V */
     KVC_PAGE_ROPE = 2  /* keys of cells [cell, +n) of page, every layer, re-rotated by
                           new_pos - old_pos with `rope` (a rope->shift callback is refused
-                          with external_data) */
+                          with external_data); with KVC_ROTATE_K the stored keys are R k:
+                          rotate back, shift, rotate again (kvc_rotate_rows) */
 } kvc_page_event_kind;
 
 struct kvc_page_event {
@@ -1534,22 +1538,36 @@ static int32_t kvc__rot_block(int32_t d) {
 
 static void kvc__rot_signs_apply(float *x, int32_t i0, int32_t n) {
     int32_t i;
-    for (i = 0; i < n; ++i) {
+    for (i = 0; i < n; ++i) { /* the sign bit flipped where the table's bit is set */
         int32_t j = (i0 + i) & 255;
-        if ((kvc__rot_signs[j >> 5] >> (j & 31)) & 1u) x[i] = -x[i];
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u ^= ((kvc__rot_signs[j >> 5] >> (j & 31)) & 1u) << 31;
+        memcpy(&x[i], &u, 4);
     }
 }
 
-/* one block of n values: the unnormalised transform, butterflies of growing span */
+/* one block of n values (16 <= n <= 256): the unnormalised transform, butterflies of
+   growing span; spans 1 and 2 together on groups of four, the longer spans as loops of
+   independent pairs over two halves (which compilers vectorise) */
 static void kvc__wht(float *x, int32_t n) {
     int32_t len, i, j;
-    for (len = 1; len < n; len *= 2)
-        for (i = 0; i < n; i += 2 * len)
-            for (j = i; j < i + len; ++j) {
-                float a = x[j], b = x[j + len];
-                x[j] = a + b;
-                x[j + len] = a - b;
+    for (i = 0; i < n; i += 4) {
+        float a = x[i] + x[i + 1], b = x[i] - x[i + 1], c = x[i + 2] + x[i + 3], d = x[i + 2] - x[i + 3];
+        x[i] = a + c;
+        x[i + 1] = b + d;
+        x[i + 2] = a - c;
+        x[i + 3] = b - d;
+    }
+    for (len = 4; len < n; len *= 2)
+        for (i = 0; i < n; i += 2 * len) {
+            float *lo = x + i, *hi = x + i + len;
+            for (j = 0; j < len; ++j) {
+                float a = lo[j], b = hi[j];
+                lo[j] = a + b;
+                hi[j] = a - b;
             }
+        }
 }
 
 /* x = R x (inverse: R^T x) for one block x[0..n) at index i0 of the head */
