@@ -1527,8 +1527,6 @@ KVCDEF const char *kvc_type_name(kvc_type type) {
 /* The storage rotation (KVC_ROTATE_K / KVC_ROTATE_V; the rule is at kvc_rotation_block):
    signs, then an in-place fast Walsh-Hadamard transform per block (n log2 n additions),
    then 1/sqrt(n); the inverse in the other order. */
-static const uint32_t kvc__rot_signs[8] = KVC_ROTATION_SIGNS_INIT;
-
 static int32_t kvc__rot_block(int32_t d) {
     int32_t n = 1;
     if (d < 1) return 0;
@@ -1536,16 +1534,18 @@ static int32_t kvc__rot_block(int32_t d) {
     return n < KVC_ROTATION_MIN_BLOCK ? 0 : n;
 }
 
-static void kvc__rot_signs_apply(float *x, int32_t i0, int32_t n) {
-    int32_t i;
-    for (i = 0; i < n; ++i) { /* the sign bit flipped where the table's bit is set */
-        int32_t j = (i0 + i) & 255;
-        uint32_t u;
-        memcpy(&u, &x[i], 4);
-        u ^= ((kvc__rot_signs[j >> 5] >> (j & 31)) & 1u) << 31;
-        memcpy(&x[i], &u, 4);
-    }
-}
+/* the signs as floats, +-1 ([j] for values i with i % 256 == j): the words of
+   KVC_ROTATION_SIGNS_INIT again (test_rotate checks them against it) */
+#define KVC__SG(w, b) (((w) >> (b)) & 1u ? -1.0f : 1.0f)
+#define KVC__SG4(w, b) KVC__SG(w, b), KVC__SG(w, b + 1), KVC__SG(w, b + 2), KVC__SG(w, b + 3)
+#define KVC__SG32(w) KVC__SG4(w, 0), KVC__SG4(w, 4), KVC__SG4(w, 8), KVC__SG4(w, 12), KVC__SG4(w, 16), \
+                     KVC__SG4(w, 20), KVC__SG4(w, 24), KVC__SG4(w, 28)
+static const float kvc__rot_sign_f[256] = {KVC__SG32(0x16E6060Eu), KVC__SG32(0x778C5721u), KVC__SG32(0x8BF5716Au),
+                                           KVC__SG32(0x3A28247Bu), KVC__SG32(0xF53ADB1Fu), KVC__SG32(0x0B1599BEu),
+                                           KVC__SG32(0x88F886E3u), KVC__SG32(0xD1251A7Fu)};
+#undef KVC__SG32
+#undef KVC__SG4
+#undef KVC__SG
 
 /* one block of n values (16 <= n <= 256): the unnormalised transform, butterflies of
    growing span; spans 1 and 2 together on groups of four, the longer spans as loops of
@@ -1562,22 +1562,30 @@ static void kvc__wht(float *x, int32_t n) {
     for (len = 4; len < n; len *= 2)
         for (i = 0; i < n; i += 2 * len) {
             float *lo = x + i, *hi = x + i + len;
-            for (j = 0; j < len; ++j) {
-                float a = lo[j], b = hi[j];
-                lo[j] = a + b;
-                hi[j] = a - b;
+            for (j = 0; j < len; j += 4) { /* loads before stores: one vector step */
+                float a0 = lo[j], a1 = lo[j + 1], a2 = lo[j + 2], a3 = lo[j + 3];
+                float b0 = hi[j], b1 = hi[j + 1], b2 = hi[j + 2], b3 = hi[j + 3];
+                lo[j] = a0 + b0; lo[j + 1] = a1 + b1; lo[j + 2] = a2 + b2; lo[j + 3] = a3 + b3;
+                hi[j] = a0 - b0; hi[j + 1] = a1 - b1; hi[j + 2] = a2 - b2; hi[j + 3] = a3 - b3;
             }
         }
 }
 
-/* x = R x (inverse: R^T x) for one block x[0..n) at index i0 of the head */
+/* x = R x (inverse: R^T x) for one block x[0..n) at index i0 of the head (a multiple
+   of n, so its signs are sg[0..n)); multiplies in steps of four, which vectorise */
 static void kvc__rot_one(float *x, int32_t i0, int32_t n, int inverse) {
+    const float *sg = kvc__rot_sign_f + (i0 & 255);
     float r = (float)(1.0 / sqrt((double)n));
     int32_t i;
-    if (!inverse) kvc__rot_signs_apply(x, i0, n);
+    if (!inverse)
+        for (i = 0; i < n; i += 4) { x[i] *= sg[i]; x[i + 1] *= sg[i + 1]; x[i + 2] *= sg[i + 2]; x[i + 3] *= sg[i + 3]; }
     kvc__wht(x, n);
-    for (i = 0; i < n; ++i) x[i] *= r;
-    if (inverse) kvc__rot_signs_apply(x, i0, n);
+    if (!inverse) /* the scale after the transform */
+        for (i = 0; i < n; i += 4) { x[i] *= r; x[i + 1] *= r; x[i + 2] *= r; x[i + 3] *= r; }
+    else /* scale, then sign: one exact product r * s(i) */
+        for (i = 0; i < n; i += 4) {
+            x[i] *= r * sg[i]; x[i + 1] *= r * sg[i + 1]; x[i + 2] *= r * sg[i + 2]; x[i + 3] *= r * sg[i + 3];
+        }
 }
 
 /* rows of d values, n the rule's block for d (never 0 here) */

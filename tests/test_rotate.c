@@ -80,6 +80,12 @@ static void test_rule(tk_rng *rng) {
         TK_EQ(n, 0);
         if (refused[k] > 0) TK_RES(kvc_rotate_rows(x, refused[k], 1, 0), KVC_ERR_INVALID);
     }
+    {   /* the library's float signs are the table's bits */
+        static const uint32_t signs[8] = KVC_ROTATION_SIGNS_INIT;
+        int32_t bad = 0;
+        for (i = 0; i < 256; ++i) bad += kvc__rot_sign_f[i] != (((signs[i >> 5] >> (i & 31)) & 1u) ? -1.0f : 1.0f);
+        TK_EQ(bad, 0);
+    }
     TK_RES(kvc_rotation_block(128, NULL), KVC_ERR_NULL);
     TK_RES(kvc_rotate_rows(NULL, 128, 1, 0), KVC_ERR_NULL);
     TK_OK(kvc_rotate_rows(NULL, 128, 0, 0));
