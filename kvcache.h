@@ -1526,7 +1526,8 @@ KVCDEF const char *kvc_type_name(kvc_type type) {
 
 /* The storage rotation (KVC_ROTATE_K / KVC_ROTATE_V; the rule is at kvc_rotation_block):
    signs, then an in-place fast Walsh-Hadamard transform per block (n log2 n additions),
-   then 1/sqrt(n); the inverse in the other order. */
+   then 1/sqrt(n); the inverse in the other order. kvc__rot_one is the scalar reference
+   (kvc_rotate_rows); the AVX2 path gives the same bits. */
 static int32_t kvc__rot_block(int32_t d) {
     int32_t n = 1;
     if (d < 1) return 0;
@@ -1588,12 +1589,55 @@ static void kvc__rot_one(float *x, int32_t i0, int32_t n, int inverse) {
         }
 }
 
+typedef void (*kvc__rot_fn)(float *x, int32_t i0, int32_t n, int inverse); /* kvc__rot_one or a CPU path */
+
+#ifdef KVC__X86
+/* kvc__rot_one on 8 lanes, bit for bit: the same additions and products per value
+   (spans 1, 2 and 4 inside a vector: the value and its partner swapped in, the sum kept
+   in the lower and the difference in the upper positions) */
+KVC__AVX2 static void kvc__rot_one_avx2(float *x, int32_t i0, int32_t n, int inverse) {
+    const float *sg = kvc__rot_sign_f + (i0 & 255);
+    const __m256 r = _mm256_set1_ps((float)(1.0 / sqrt((double)n)));
+    int32_t i, j, len;
+    for (i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), t;
+        if (!inverse) v = _mm256_mul_ps(v, _mm256_loadu_ps(sg + i));
+        t = _mm256_permute_ps(v, 0xB1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xAA);
+        t = _mm256_permute_ps(v, 0x4E);
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xCC);
+        t = _mm256_permute2f128_ps(v, v, 1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xF0);
+        _mm256_storeu_ps(x + i, v);
+    }
+    for (len = 8; len < n; len *= 2)
+        for (i = 0; i < n; i += 2 * len)
+            for (j = i; j < i + len; j += 8) {
+                __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + len);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                _mm256_storeu_ps(x + j + len, _mm256_sub_ps(a, b));
+            }
+    for (i = 0; i < n; i += 8) {
+        __m256 f = inverse ? _mm256_mul_ps(r, _mm256_loadu_ps(sg + i)) : r;
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), f));
+    }
+}
+#endif
+
+static kvc__rot_fn kvc__pick_rot(uint32_t features) {
+#ifdef KVC__X86
+    if (features & KVC_CPU_AVX2) return kvc__rot_one_avx2;
+#endif
+    (void)features;
+    return kvc__rot_one;
+}
+
 /* rows of d values, n the rule's block for d (never 0 here) */
-static void kvc__rot_rows(float *x, int32_t d, int32_t n, size_t rows, int inverse) {
+static void kvc__rot_rows(kvc__rot_fn fn, float *x, int32_t d, int32_t n, size_t rows, int inverse) {
     size_t r;
     int32_t b;
     for (r = 0; r < rows; ++r)
-        for (b = 0; b < d; b += n) kvc__rot_one(x + r * (size_t)d + b, b, n, inverse);
+        for (b = 0; b < d; b += n) fn(x + r * (size_t)d + b, b, n, inverse);
 }
 
 KVCDEF kvc_result kvc_rotation_block(int32_t head_dim, int32_t *block) {
@@ -1604,14 +1648,14 @@ KVCDEF kvc_result kvc_rotation_block(int32_t head_dim, int32_t *block) {
 
 /* One cell's row of n values (whole heads of d) into storage: rotated block by block
    through a stack buffer when n_rot (the rule's block for d) is nonzero. */
-static void kvc__store_row(const kvc__type_info *t, const float *x, unsigned char *dst, int32_t n, int32_t d,
-                           int32_t n_rot) {
+static void kvc__store_row(const kvc__type_info *t, kvc__rot_fn fn, const float *x, unsigned char *dst, int32_t n,
+                           int32_t d, int32_t n_rot) {
     float buf[KVC_ROTATION_MAX_BLOCK];
     int32_t i;
     if (n_rot == 0) { t->from_f32(x, dst, n); return; }
     for (i = 0; i < n; i += n_rot) { /* n_rot is a multiple of the type's block */
         memcpy(buf, x + i, sizeof(float) * (size_t)n_rot);
-        kvc__rot_one(buf, i % d, n_rot, 0);
+        fn(buf, i % d, n_rot, 0);
         t->from_f32(buf, dst + (size_t)(i / t->block) * t->block_bytes, n_rot);
     }
 }
@@ -1620,7 +1664,7 @@ KVCDEF kvc_result kvc_rotate_rows(float *x, int32_t head_dim, int32_t n_rows, in
     int32_t n = kvc__rot_block(head_dim);
     if (n == 0 || n_rows < 0) return KVC_ERR_INVALID;
     if (x == NULL && n_rows > 0) return KVC_ERR_NULL;
-    kvc__rot_rows(x, head_dim, n, (size_t)n_rows, inverse);
+    kvc__rot_rows(kvc__rot_one, x, head_dim, n, (size_t)n_rows, inverse); /* the scalar reference */
     return KVC_OK;
 }
 
@@ -1811,6 +1855,7 @@ struct kvc_pool {
     kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
     kvc__rotate_fn rotate;   /* the RoPE shift's rotation */
     int32_t rot_k, rot_v;    /* cfg.rotate: the storage rotation's block for K / V, 0: none */
+    kvc__rot_fn rot_fn;      /* the storage rotation of one block (bit-identical on every path) */
     int external;            /* hooks.external_data: no K/V bytes here (slab unused) */
     const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
     kvc__budget own_budget;
@@ -2044,6 +2089,7 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     p->rotate = kvc__pick_rotate(p->cpu);
     p->rot_k = (cfg->rotate & KVC_ROTATE_K) ? kvc__rot_block(cfg->head_dim_k) : 0;
     p->rot_v = (cfg->rotate & KVC_ROTATE_V) ? kvc__rot_block(cfg->head_dim_v) : 0;
+    p->rot_fn = kvc__pick_rot(p->cpu);
     p->external = cfg->hooks.external_data != 0;
     p->kern = kvc__pick_kernels(p->cpu);
     p->own_budget.cap = (size_t)L->max_pages * L->page_bytes;
@@ -2814,10 +2860,10 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
         int32_t cell = cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_loc + t : cache->batch_begin + t;
         uint32_t page = cache->pages[kvc__lpage_index(cache, cell / pc)];
         KVCACHE_ASSERT(p->refcount[page] == 1);
-        kvc__store_row(tk, k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk, p->cfg.head_dim_k,
-                       p->rot_k);
-        kvc__store_row(tv, v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv, p->cfg.head_dim_v,
-                       p->rot_v);
+        kvc__store_row(tk, p->rot_fn, k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk,
+                       p->cfg.head_dim_k, p->rot_k);
+        kvc__store_row(tv, p->rot_fn, v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv,
+                       p->cfg.head_dim_v, p->rot_v);
     }
     if (!cache->batch_put[layer]) {
         cache->batch_put[layer] = 1;
@@ -3220,7 +3266,7 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
     for (l = 0; l < p->cfg.n_layers && !p->external; ++l) {
         unsigned char *k = kvc__k_at(p, l, page, cell % pc);
         tk->to_f32(k, c->row, nk);
-        if (p->rot_k) kvc__rot_rows(c->row, hk, p->rot_k, (size_t)p->cfg.n_kv_heads, 1); /* plain keys */
+        if (p->rot_k) kvc__rot_rows(p->rot_fn, c->row, hk, p->rot_k, (size_t)p->cfg.n_kv_heads, 1); /* plain keys */
         if (rope->shift) {
             rope->shift(rope->user, l, c->row, p->cfg.n_kv_heads, hk, old_pos, new_pos);
         } else {
@@ -3228,7 +3274,7 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
                 p->rotate(c->row + (size_t)h * hk, c->rope_cos, c->rope_sin, rope->n_dims,
                           rope->style == KVC_ROPE_INTERLEAVED);
         }
-        if (p->rot_k) kvc__rot_rows(c->row, hk, p->rot_k, (size_t)p->cfg.n_kv_heads, 0);
+        if (p->rot_k) kvc__rot_rows(p->rot_fn, c->row, hk, p->rot_k, (size_t)p->cfg.n_kv_heads, 0);
         tk->from_f32(c->row, k, nk);
     }
 }
@@ -7537,7 +7583,7 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
     if (qr_bytes) { /* rotated keys: scores against R q (the kernels never know) */
         size_t n = (size_t)desc->n_queries * (size_t)desc->n_heads * (size_t)A.hk;
         memcpy(base, desc->q, n * sizeof(float));
-        kvc__rot_rows((float *)(void *)base, A.hk, cache->pool->rot_k, n / (size_t)A.hk, 0);
+        kvc__rot_rows(cache->pool->rot_fn, (float *)(void *)base, A.hk, cache->pool->rot_k, n / (size_t)A.hk, 0);
         rd.q = (const float *)(void *)base;
         base += qr_bytes;
     }
@@ -7549,7 +7595,8 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
         for (t = 0; t < n_tasks; ++t) kvc__attn_task(&A, t, 0);
     if (A.part != NULL) kvc__attn_merge(&A);
     if (cache->pool->rot_v) /* rotated values: out = R^T (sum p_i R v_i) */
-        kvc__rot_rows(desc->out, A.hv, cache->pool->rot_v, (size_t)desc->n_queries * (size_t)desc->n_heads, 1);
+        kvc__rot_rows(cache->pool->rot_fn, desc->out, A.hv, cache->pool->rot_v,
+                      (size_t)desc->n_queries * (size_t)desc->n_heads, 1);
     if (mem != (unsigned char *)desc->scratch && mem != (unsigned char *)small) kvc__free(cache->pool, mem);
     return KVC_OK;
 }
@@ -7773,8 +7820,10 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
         for (cell = run.c0; cell < run.c1; ++cell, ++n) {
             if (k) p->tk.to_f32(kvc__k_at(p, layer, run.page, cell), k + (size_t)n * nk, nk);
             if (v) p->tv.to_f32(kvc__v_at(p, layer, run.page, cell), v + (size_t)n * nv, nv);
-            if (k && p->rot_k) kvc__rot_rows(k + (size_t)n * nk, p->cfg.head_dim_k, p->rot_k, (size_t)p->cfg.n_kv_heads, 1);
-            if (v && p->rot_v) kvc__rot_rows(v + (size_t)n * nv, p->cfg.head_dim_v, p->rot_v, (size_t)p->cfg.n_kv_heads, 1);
+            if (k && p->rot_k) /* plain rows */
+                kvc__rot_rows(p->rot_fn, k + (size_t)n * nk, p->cfg.head_dim_k, p->rot_k, (size_t)p->cfg.n_kv_heads, 1);
+            if (v && p->rot_v)
+                kvc__rot_rows(p->rot_fn, v + (size_t)n * nv, p->cfg.head_dim_v, p->rot_v, (size_t)p->cfg.n_kv_heads, 1);
             if (pos) pos[n] = *kvc__pos_at(p, run.page, cell);
         }
     }

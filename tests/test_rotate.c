@@ -95,6 +95,57 @@ static void test_rule(tk_rng *rng) {
     }
 }
 
+/* ---- CPU paths: the same bits as the scalar reference ------------------------------ */
+
+static void test_paths(tk_rng *rng) {
+    uint32_t f = 0;
+    kvc__rot_fn fn;
+    int32_t n, i, inv, bad = 0;
+    float x[256], y[256];
+    TK_OK(kvc_cpu_features(&f));
+    fn = kvc__pick_rot(f);
+    printf("rotation path: %s\n", fn == kvc__rot_one ? "scalar" : "simd");
+    for (n = 16; n <= 256; n *= 2)
+        for (inv = 0; inv < 2; ++inv)
+            for (i = 0; i < 20; ++i) {
+                int32_t i0 = n * tk_int(rng, 0, 512 / n - 1), j;
+                fill(rng, x, (size_t)n, tk_pct(rng, 20) ? 1e30f : 3.0f);
+                memcpy(y, x, sizeof(float) * (size_t)n);
+                kvc__rot_one(x, i0, n, inv);
+                fn(y, i0, n, inv);
+                for (j = 0; j < n; ++j) bad += memcmp(&x[j], &y[j], 4) != 0;
+            }
+    TK_EQ(bad, 0);
+    {   /* pools of the scalar path and of the best one store the same bytes */
+        kvc_pool *pp[2];
+        kvc_cache *cp[2];
+        kvc_run ra, rb;
+        int32_t nr = 0, k;
+        float kv[3 * 2 * 96];
+        fill(rng, kv, sizeof(kv) / sizeof(kv[0]), 2.0f);
+        for (k = 0; k < 2; ++k) {
+            kvc_pool_config pc;
+            kvc_cache_config cc;
+            kvc_pool_config_init(&pc);
+            pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = 96;
+            pc.budget_bytes = (size_t)1 << 20; pc.rotate = KVC_ROTATE_K | KVC_ROTATE_V;
+            pc.cpu_disable = k ? 0 : ~0u;
+            kvc_cache_config_init(&cc, KVC_KIND_FULL);
+            TK_OK(kvc_pool_create(&pc, &pp[k]));
+            TK_OK(kvc_cache_create(pp[k], &cc, &cp[k]));
+            TK_OK(kvc_begin(cp[k], 3));
+            TK_OK(kvc_put(cp[k], 0, kv, kv));
+        }
+        TK_OK(kvc_cache_runs(cp[0], 0, &ra, 1, &nr));
+        TK_OK(kvc_cache_runs(cp[1], 0, &rb, 1, &nr));
+        TK_CHECK(memcmp(ra.k, rb.k, sizeof(kv)) == 0 && memcmp(ra.v, rb.v, sizeof(kv)) == 0);
+        for (k = 0; k < 2; ++k) {
+            TK_OK(kvc_cache_destroy(cp[k]));
+            TK_OK(kvc_pool_destroy(pp[k]));
+        }
+    }
+}
+
 /* ---- rotated against plain: the same data in two pools ----------------------------- */
 
 typedef struct spec {
@@ -667,6 +718,7 @@ int main(int argc, char **argv) {
     printf("seed %llu (test_rotate %llu replays it)\n", rng.s, rng.s);
     test_rule(&rng);
     test_bad_configs();
+    test_paths(&rng);
     test_runs(&rng);
     test_equivalence(&rng);
     test_rope_shift(&rng);
