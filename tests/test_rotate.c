@@ -712,6 +712,92 @@ static void test_persist(tk_rng *rng) {
     }
 }
 
+/* a model memory (a ROTATING group beside a FULL one, one rotated): saved, loaded into a
+   memory of the same rotation bit-exactly, refused by one whose FULL group is not rotated */
+static kvc_memory *memory_of(uint32_t rotate) {
+    kvc_memory_config mc;
+    kvc_group_config g[2];
+    static const int32_t lg[3] = {0, 1, 0};
+    kvc_memory *m = NULL;
+    int32_t i;
+    kvc_memory_config_init(&mc);
+    memset(g, 0, sizeof(g));
+    for (i = 0; i < 2; ++i) {
+        kvc_pool_config_init(&g[i].pool);
+        g[i].pool.n_layers = i == 0 ? 2 : 1;
+        g[i].pool.n_kv_heads = 2; g[i].pool.head_dim_k = g[i].pool.head_dim_v = 64;
+        g[i].pool.type_k = g[i].pool.type_v = KVC_TYPE_Q4_0; g[i].pool.page_cells = 16;
+        kvc_cache_config_init(&g[i].cache, i == 0 ? KVC_KIND_FULL : KVC_KIND_ROTATING);
+    }
+    g[0].pool.rotate = rotate;
+    g[1].pool.rotate = KVC_ROTATE_K | KVC_ROTATE_V;
+    g[1].cache.window = 20;
+    mc.n_layers = 3; mc.layer_group = lg; mc.n_groups = 2; mc.groups = g; mc.budget_bytes = (size_t)4 << 20;
+    TK_OK(kvc_memory_create(&mc, &m));
+    return m;
+}
+
+static kvc_result save_memory(void *m, const kvc_io *io) {
+    kvc_namespace ns = {7, 9};
+    int32_t tok[1] = {1};
+    return kvc_memory_save((const kvc_memory *)m, ns, tok, 1, io);
+}
+
+static void memory_attend(kvc_memory *m, const float *q, float *out) {
+    kvc_attention_desc d;
+    int32_t l;
+    memset(&d, 0, sizeof(d));
+    d.n_queries = 1; d.n_heads = 4; d.q = q;
+    for (l = 0; l < 3; ++l) {
+        d.out = out + (size_t)l * 4 * 64;
+        TK_OK(kvc_memory_attention(m, l, &d));
+    }
+}
+
+static void test_memory_persist(tk_rng *rng) {
+    kvc_memory *a = memory_of(KVC_ROTATE_K), *b = memory_of(KVC_ROTATE_K), *c = memory_of(0);
+    float k[40 * 2 * 64], v[40 * 2 * 64], q[4 * 64], o1[3 * 4 * 64], o2[3 * 4 * 64];
+    int32_t l, off = -1, tok[4], n = 0;
+    kvc_mem mm;
+    kvc_io io;
+    kvc_namespace ns = {7, 9};
+    blob bl = {NULL, 0};
+    if (a == NULL || b == NULL || c == NULL) { TK_CHECK(0); return; }
+    fill(rng, q, sizeof(q) / sizeof(q[0]), 1.0f);
+    TK_OK(kvc_memory_begin(a, 40, NULL, 0));
+    for (l = 0; l < 3; ++l) {
+        fill(rng, k, sizeof(k) / sizeof(k[0]), 2.0f);
+        fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
+        TK_OK(kvc_memory_put(a, l, k, v));
+    }
+    memory_attend(a, q, o1);
+    {   /* counted, then written */
+        memset(&mm, 0, sizeof(mm));
+        TK_OK(kvc_io_memory(&mm, &io));
+        TK_OK(save_memory(a, &io));
+        bl.data = (unsigned char *)malloc(mm.size);
+        mm.data = bl.data; mm.capacity = mm.size; mm.size = 0;
+        TK_OK(save_memory(a, &io));
+        bl.size = mm.size;
+    }
+    memset(&mm, 0, sizeof(mm));
+    mm.data = bl.data; mm.size = mm.capacity = bl.size;
+    kvc_io_memory(&mm, &io);
+    TK_OK(kvc_memory_load(b, ns, &io, tok, 4, &n));
+    memory_attend(b, q, o2);
+    TK_CHECK(memcmp(o1, o2, sizeof(o1)) == 0);
+    memset(&mm, 0, sizeof(mm));
+    mm.data = bl.data; mm.size = mm.capacity = bl.size;
+    kvc_io_memory(&mm, &io);
+    TK_RES(kvc_memory_load(c, ns, &io, tok, 4, &n), KVC_ERR_ROTATION);
+    TK_OK(kvc_memory_offset(c, &off));
+    TK_EQ(off, 0);
+    free(bl.data);
+    TK_OK(kvc_memory_destroy(a));
+    TK_OK(kvc_memory_destroy(b));
+    TK_OK(kvc_memory_destroy(c));
+}
+
 int main(int argc, char **argv) {
     tk_rng rng;
     rng.s = argc > 1 ? strtoull(argv[1], NULL, 10) : (unsigned long long)time(NULL) * 2654435761ull;
@@ -724,5 +810,6 @@ int main(int argc, char **argv) {
     test_rope_shift(&rng);
     test_outliers(&rng);
     test_persist(&rng);
+    test_memory_persist(&rng);
     return tk_report("rotate");
 }
