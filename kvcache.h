@@ -138,7 +138,8 @@
     X(KVC_ERR_TRUNCATED, -18, "saved data ends early")                                  \
     X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind") \
     X(KVC_ERR_POSITION, -20, "the engine's position is not the cache's offset") \
-    X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there")
+    X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there") \
+    X(KVC_ERR_ROTATION, -22, "saved data was stored with another rotation (kvc_pool_config.rotate)")
 
 /* The codes are 0, -1, -2, ... in the order of the list (test_core checks that each
    has its text), so the lowest is 1 - the number of entries: one +1 per entry. */
@@ -248,7 +249,20 @@ typedef struct kvc_pool_config {
     kvc_lock_fn lock;
     kvc_lock_fn unlock;
     void *lock_user;
+    /* KVC_ROTATE_K | KVC_ROTATE_V (0: none): store K (V) rotated along the head by the
+       fixed orthonormal rotation of kvc_rotate_rows before converting it to its type, so
+       that outlier channels no longer set the block scales of q8_0 / q4_0. Callers see
+       the same math: kvc_put takes plain K/V, kvc_attention plain q and gives plain out
+       (it rotates q and un-rotates out), kvc_cache_gather returns plain rows, a RoPE
+       shift un-rotates, shifts and re-rotates; only kvc_cache_runs exposes the stored
+       (rotated) rows. Head dims whose rotation block would be < 16 are refused
+       ("rotate"), and so are state pools. Saved with a cache; a load into a pool with
+       another rotate is KVC_ERR_ROTATION. */
+    uint32_t rotate;
 } kvc_pool_config;
+
+#define KVC_ROTATE_K 1u /* kvc_pool_config.rotate: K stored rotated */
+#define KVC_ROTATE_V 2u /* kvc_pool_config.rotate: V stored rotated */
 
 typedef struct kvc_pool_stats {
     size_t page_bytes;      /* K+V bytes of one page, all layers */
@@ -274,7 +288,7 @@ KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + default
    KVC_ERR_OVERFLOW, KVC_ERR_ARENA_TOO_SMALL, ...) without allocating. *field (field may
    be NULL) = the name of the first field refused, in the order kvc_pool_create checks
    them ("n_layers", "head_dim_k", "type_k", "page_cells", "budget_bytes", "allocator",
-   "arena_bytes", "n_workers", ...), or NULL when cfg is valid. E.g. q8_0 or q4_0 with
+   "arena_bytes", "n_workers", "rotate", ...), or NULL when cfg is valid. E.g. q8_0 or q4_0 with
    head dim 48 -> "head_dim_k" (block types need multiples of 32); a budget below one
    page -> "budget_bytes". */
 KVCDEF kvc_result kvc_pool_config_check(const kvc_pool_config *cfg, const char **field);
@@ -296,6 +310,31 @@ KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out);
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool);
 /* Sizes, page use (now and peak), live objects and the CPU paths in use. */
 KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *stats);
+
+/* The storage rotation (KVC_ROTATE_K / KVC_ROTATE_V), exactly; every backend applies
+   this map (up to the order of its additions). For a head vector x[0..d) (d = head_dim_k
+   for K, head_dim_v for V; the same for every layer, kv head and cell):
+     n = the largest power of two dividing d, capped at 256 (refused when n < 16);
+     s(i) = -1 if bit (i mod 256) of KVC_ROTATION_SIGNS_INIT is set (bit j = bit j % 32 of
+            word j / 32), else +1, for i the index within the head;
+     for each block x[b*n .. b*n+n): y[i] = s(i) x[i]; then the unnormalised fast
+            Walsh-Hadamard transform of the block in Sylvester (natural) order,
+            z[j] = sum_i (-1)^popcount(i & j) y[b*n+i]; then z[j] *= (float)(1/sqrt(n)).
+   R = (1/sqrt n) H S per block is orthonormal; the inverse (inverse != 0) is
+   R^T = S H (1/sqrt n): the transform and scaling first, then the signs. Stored K = R k,
+   stored V = R v; scores use (R q).(R k) = q.k, outputs out = R^T sum p_i (R v_i). */
+#define KVC_ROTATION_MAX_BLOCK 256 /* n of the rule above is at most this */
+#define KVC_ROTATION_MIN_BLOCK 16  /* head dims whose n would be smaller are refused */
+/* The 256 signs of the rule, bit j of the table = sign of values i with i % 256 == j. */
+#define KVC_ROTATION_SIGNS_INIT {0x16E6060Eu, 0x778C5721u, 0x8BF5716Au, 0x3A28247Bu, \
+                                 0xF53ADB1Fu, 0x0B1599BEu, 0x88F886E3u, 0xD1251A7Fu}
+/* *block = n of the rule for this head dim; KVC_ERR_INVALID (and *block = 0) when the
+   rule refuses it (n < 16, or head_dim < 1). */
+KVCDEF kvc_result kvc_rotation_block(int32_t head_dim, int32_t *block);
+/* The scalar reference of the rotation: rows n_rows x head_dim, in place, forward
+   (inverse == 0: x = R x) or back (x = R^T x). KVC_ERR_INVALID for a head dim the rule
+   refuses or n_rows < 0. */
+KVCDEF kvc_result kvc_rotate_rows(float *x, int32_t head_dim, int32_t n_rows, int inverse);
 
 /* ---- Caches ---------------------------------------------------------------------- */
 typedef enum kvc_kind {
@@ -581,7 +620,8 @@ KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *st
    tag, its length and an XXH64 checksum. A load checks the
    configuration and namespace against its target, reads everything into free pool
    pages and verifies every checksum before it changes the target: damaged, truncated
-   or mismatched input returns an error and leaves the target as it was. A load needs
+   or mismatched input returns an error and leaves the target as it was (a pool whose
+   kvc_pool_config.rotate differs from the saved one: KVC_ERR_ROTATION). A load needs
    the pages it reads into free in the pool (it never evicts prefix-tree entries). On
    a big-endian host saving and loading return KVC_ERR_UNSUPPORTED. */
 
@@ -848,10 +888,12 @@ typedef struct kvc_run {
 /* Zero-copy: the cells of kvc_cache_cells() as contiguous runs, in position order.
    Pass runs = NULL (and max_runs 0) to learn *n_runs. KVC_ERR_RANGE (with *n_runs set)
    if max_runs is too small. Pointers stay valid until the next call that changes the
-   cache. */
+   cache. The rows are the stored ones: with kvc_pool_config.rotate, R k / R v (rotate
+   q the same way for scores, and the output back, with kvc_rotate_rows). */
 KVCDEF kvc_result kvc_cache_runs(const kvc_cache *cache, int32_t layer, kvc_run *runs,
                                  int32_t max_runs, int32_t *n_runs);
-/* Copy: the same cells converted to f32, k [n][n_kv_heads][head_dim_k], v likewise,
+/* Copy: the same cells converted to f32 (and rotated back: plain k and v whatever
+   kvc_pool_config.rotate), k [n][n_kv_heads][head_dim_k], v likewise,
    pos [n] (any of the three may be NULL; all three NULL only counts). KVC_ERR_RANGE
    (with *n_cells set) if max_cells is too small. */
 KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float *k, float *v,
@@ -983,7 +1025,8 @@ typedef enum kvc_page_event_kind {
     KVC_PAGE_ZERO = 1, /* cells [cell, +n) of page set to zero bytes, every layer, K and V */
     KVC_PAGE_ROPE = 2  /* keys of cells [cell, +n) of page, every layer, re-rotated by
                           new_pos - old_pos with `rope` (a rope->shift callback is refused
-                          with external_data) */
+                          with external_data); with KVC_ROTATE_K the stored keys are R k:
+                          rotate back, shift, rotate again (kvc_rotate_rows) */
 } kvc_page_event_kind;
 
 struct kvc_page_event {
@@ -1581,6 +1624,150 @@ KVCDEF const char *kvc_type_name(kvc_type type) {
     return kvc__type_valid(type) ? kvc__types[type].name : "?";
 }
 
+/* The storage rotation (KVC_ROTATE_K / KVC_ROTATE_V; the rule is at kvc_rotation_block):
+   signs, then an in-place fast Walsh-Hadamard transform per block (n log2 n additions),
+   then 1/sqrt(n); the inverse in the other order. kvc__rot_one is the scalar reference
+   (kvc_rotate_rows); the AVX2 path gives the same bits. */
+static int32_t kvc__rot_block(int32_t d) {
+    int32_t n = 1;
+    if (d < 1) return 0;
+    while (n < KVC_ROTATION_MAX_BLOCK && d % (2 * n) == 0) n *= 2;
+    return n < KVC_ROTATION_MIN_BLOCK ? 0 : n;
+}
+
+/* the signs as floats, +-1 ([j] for values i with i % 256 == j): the words of
+   KVC_ROTATION_SIGNS_INIT again (test_rotate checks them against it) */
+#define KVC__SG(w, b) (((w) >> (b)) & 1u ? -1.0f : 1.0f)
+#define KVC__SG4(w, b) KVC__SG(w, b), KVC__SG(w, b + 1), KVC__SG(w, b + 2), KVC__SG(w, b + 3)
+#define KVC__SG32(w) KVC__SG4(w, 0), KVC__SG4(w, 4), KVC__SG4(w, 8), KVC__SG4(w, 12), KVC__SG4(w, 16), \
+                     KVC__SG4(w, 20), KVC__SG4(w, 24), KVC__SG4(w, 28)
+static const float kvc__rot_sign_f[256] = {KVC__SG32(0x16E6060Eu), KVC__SG32(0x778C5721u), KVC__SG32(0x8BF5716Au),
+                                           KVC__SG32(0x3A28247Bu), KVC__SG32(0xF53ADB1Fu), KVC__SG32(0x0B1599BEu),
+                                           KVC__SG32(0x88F886E3u), KVC__SG32(0xD1251A7Fu)};
+#undef KVC__SG32
+#undef KVC__SG4
+#undef KVC__SG
+
+/* one block of n values (16 <= n <= 256): the unnormalised transform, butterflies of
+   growing span; spans 1 and 2 together on groups of four, the longer spans as loops of
+   independent pairs over two halves (which compilers vectorise) */
+static void kvc__wht(float *x, int32_t n) {
+    int32_t len, i, j;
+    for (i = 0; i < n; i += 4) {
+        float a = x[i] + x[i + 1], b = x[i] - x[i + 1], c = x[i + 2] + x[i + 3], d = x[i + 2] - x[i + 3];
+        x[i] = a + c;
+        x[i + 1] = b + d;
+        x[i + 2] = a - c;
+        x[i + 3] = b - d;
+    }
+    for (len = 4; len < n; len *= 2)
+        for (i = 0; i < n; i += 2 * len) {
+            float *lo = x + i, *hi = x + i + len;
+            for (j = 0; j < len; j += 4) { /* loads before stores: one vector step */
+                float a0 = lo[j], a1 = lo[j + 1], a2 = lo[j + 2], a3 = lo[j + 3];
+                float b0 = hi[j], b1 = hi[j + 1], b2 = hi[j + 2], b3 = hi[j + 3];
+                lo[j] = a0 + b0; lo[j + 1] = a1 + b1; lo[j + 2] = a2 + b2; lo[j + 3] = a3 + b3;
+                hi[j] = a0 - b0; hi[j + 1] = a1 - b1; hi[j + 2] = a2 - b2; hi[j + 3] = a3 - b3;
+            }
+        }
+}
+
+/* x = R x (inverse: R^T x) for one block x[0..n) at index i0 of the head (a multiple
+   of n, so its signs are sg[0..n)); multiplies in steps of four, which vectorise */
+static void kvc__rot_one(float *x, int32_t i0, int32_t n, int inverse) {
+    const float *sg = kvc__rot_sign_f + (i0 & 255);
+    float r = (float)(1.0 / sqrt((double)n));
+    int32_t i;
+    if (!inverse)
+        for (i = 0; i < n; i += 4) { x[i] *= sg[i]; x[i + 1] *= sg[i + 1]; x[i + 2] *= sg[i + 2]; x[i + 3] *= sg[i + 3]; }
+    kvc__wht(x, n);
+    if (!inverse) /* the scale after the transform */
+        for (i = 0; i < n; i += 4) { x[i] *= r; x[i + 1] *= r; x[i + 2] *= r; x[i + 3] *= r; }
+    else /* scale, then sign: one exact product r * s(i) */
+        for (i = 0; i < n; i += 4) {
+            x[i] *= r * sg[i]; x[i + 1] *= r * sg[i + 1]; x[i + 2] *= r * sg[i + 2]; x[i + 3] *= r * sg[i + 3];
+        }
+}
+
+typedef void (*kvc__rot_fn)(float *x, int32_t i0, int32_t n, int inverse); /* kvc__rot_one or a CPU path */
+
+#ifdef KVC__X86
+/* kvc__rot_one on 8 lanes, bit for bit: the same additions and products per value
+   (spans 1, 2 and 4 inside a vector: the value and its partner swapped in, the sum kept
+   in the lower and the difference in the upper positions) */
+KVC__AVX2 static void kvc__rot_one_avx2(float *x, int32_t i0, int32_t n, int inverse) {
+    const float *sg = kvc__rot_sign_f + (i0 & 255);
+    const __m256 r = _mm256_set1_ps((float)(1.0 / sqrt((double)n)));
+    int32_t i, j, len;
+    for (i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), t;
+        if (!inverse) v = _mm256_mul_ps(v, _mm256_loadu_ps(sg + i));
+        t = _mm256_permute_ps(v, 0xB1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xAA);
+        t = _mm256_permute_ps(v, 0x4E);
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xCC);
+        t = _mm256_permute2f128_ps(v, v, 1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xF0);
+        _mm256_storeu_ps(x + i, v);
+    }
+    for (len = 8; len < n; len *= 2)
+        for (i = 0; i < n; i += 2 * len)
+            for (j = i; j < i + len; j += 8) {
+                __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + len);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                _mm256_storeu_ps(x + j + len, _mm256_sub_ps(a, b));
+            }
+    for (i = 0; i < n; i += 8) {
+        __m256 f = inverse ? _mm256_mul_ps(r, _mm256_loadu_ps(sg + i)) : r;
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), f));
+    }
+}
+#endif
+
+static kvc__rot_fn kvc__pick_rot(uint32_t features) {
+#ifdef KVC__X86
+    if (features & KVC_CPU_AVX2) return kvc__rot_one_avx2;
+#endif
+    (void)features;
+    return kvc__rot_one;
+}
+
+/* rows of d values, n the rule's block for d (never 0 here) */
+static void kvc__rot_rows(kvc__rot_fn fn, float *x, int32_t d, int32_t n, size_t rows, int inverse) {
+    size_t r;
+    int32_t b;
+    for (r = 0; r < rows; ++r)
+        for (b = 0; b < d; b += n) fn(x + r * (size_t)d + b, b, n, inverse);
+}
+
+KVCDEF kvc_result kvc_rotation_block(int32_t head_dim, int32_t *block) {
+    if (block == NULL) return KVC_ERR_NULL;
+    *block = kvc__rot_block(head_dim);
+    return *block ? KVC_OK : KVC_ERR_INVALID;
+}
+
+/* One cell's row of n values (whole heads of d) into storage: rotated block by block
+   through a stack buffer when n_rot (the rule's block for d) is nonzero. */
+static void kvc__store_row(const kvc__type_info *t, kvc__rot_fn fn, const float *x, unsigned char *dst, int32_t n,
+                           int32_t d, int32_t n_rot) {
+    float buf[KVC_ROTATION_MAX_BLOCK];
+    int32_t i;
+    if (n_rot == 0) { t->from_f32(x, dst, n); return; }
+    for (i = 0; i < n; i += n_rot) { /* n_rot is a multiple of the type's block */
+        memcpy(buf, x + i, sizeof(float) * (size_t)n_rot);
+        fn(buf, i % d, n_rot, 0);
+        t->from_f32(buf, dst + (size_t)(i / t->block) * t->block_bytes, n_rot);
+    }
+}
+
+KVCDEF kvc_result kvc_rotate_rows(float *x, int32_t head_dim, int32_t n_rows, int inverse) {
+    int32_t n = kvc__rot_block(head_dim);
+    if (n == 0 || n_rows < 0) return KVC_ERR_INVALID;
+    if (x == NULL && n_rows > 0) return KVC_ERR_NULL;
+    kvc__rot_rows(kvc__rot_one, x, head_dim, n, (size_t)n_rows, inverse); /* the scalar reference */
+    return KVC_OK;
+}
+
 /* RoPE re-rotation of one key row by a fixed angle per pair (the RoPE shift of
    kvc_seq_remove): cs/sn hold, per pair, cos/sin of the shift's angles. NeoX pairs
    (i, i + n/2) take cs[i], sn[i] for i < n/2; interleaved pairs (2i, 2i + 1) take
@@ -1770,6 +1957,8 @@ struct kvc_pool {
     uint32_t cpu;            /* KVC_CPU_* paths in use */
     kvc__type_info tk, tv;   /* converters of K and V: the type table's or a CPU path */
     kvc__rotate_fn rotate;   /* the RoPE shift's rotation */
+    int32_t rot_k, rot_v;    /* cfg.rotate: the storage rotation's block for K / V, 0: none */
+    kvc__rot_fn rot_fn;      /* the storage rotation of one block (bit-identical on every path) */
     int external;            /* hooks.external_data: no K/V bytes here (slab unused) */
     const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
     kvc__budget own_budget;
@@ -1805,6 +1994,10 @@ static kvc_result kvc__check_config(const kvc_pool_config *c, const char **field
     /* block types (q8_0, q4_0) quantise blocks of 32 values along the head */
     if (c->head_dim_k % kvc__types[c->type_k].block != 0) KVC__REFUSE(KVC_ERR_INVALID, "head_dim_k");
     if (c->head_dim_v % kvc__types[c->type_v].block != 0) KVC__REFUSE(KVC_ERR_INVALID, "head_dim_v");
+    if ((c->rotate & ~(KVC_ROTATE_K | KVC_ROTATE_V)) != 0 ||
+        ((c->rotate & KVC_ROTATE_K) && kvc__rot_block(c->head_dim_k) == 0) ||
+        ((c->rotate & KVC_ROTATE_V) && kvc__rot_block(c->head_dim_v) == 0))
+        KVC__REFUSE(KVC_ERR_INVALID, "rotate");
     if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "allocator");
     if (c->arena == NULL && c->arena_bytes != 0) KVC__REFUSE(KVC_ERR_INVALID, "arena_bytes");
     if (c->parallel_for != NULL && c->n_workers < 1) KVC__REFUSE(KVC_ERR_INVALID, "n_workers");
@@ -1836,6 +2029,7 @@ static kvc_result kvc__page_layout(const kvc_pool_config *cin, kvc__layout *L, c
     kvc_pool_config eff, *c = &eff;
     kvc_result r = kvc__effective_config(cin, &eff);
     if (r != KVC_OK) { *field = "state_floats"; return r; }
+    if (cin->state_floats != 0 && cin->rotate != 0) KVC__REFUSE(KVC_ERR_INVALID, "rotate"); /* states: f32, no heads */
     r = kvc__check_config(c, field);
     if (r != KVC_OK) return r;
     memset(L, 0, sizeof(*L));
@@ -1997,6 +2191,9 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     p->tk = kvc__pick_type(cfg->type_k, p->cpu);
     p->tv = kvc__pick_type(cfg->type_v, p->cpu);
     p->rotate = kvc__pick_rotate(p->cpu);
+    p->rot_k = (cfg->rotate & KVC_ROTATE_K) ? kvc__rot_block(cfg->head_dim_k) : 0;
+    p->rot_v = (cfg->rotate & KVC_ROTATE_V) ? kvc__rot_block(cfg->head_dim_v) : 0;
+    p->rot_fn = kvc__pick_rot(p->cpu);
     p->external = cfg->hooks.external_data != 0;
     p->kern = kvc__pick_kernels(p->cpu);
     p->own_budget.cap = (size_t)L->max_pages * L->page_bytes;
@@ -2856,8 +3053,10 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
         int32_t cell = cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_loc + t : cache->batch_begin + t;
         uint32_t page = cache->pages[kvc__lpage_index(cache, cell / pc)];
         KVCACHE_ASSERT(p->refcount[page] == 1);
-        tk->from_f32(k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk);
-        tv->from_f32(v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv);
+        kvc__store_row(tk, p->rot_fn, k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk,
+                       p->cfg.head_dim_k, p->rot_k);
+        kvc__store_row(tv, p->rot_fn, v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv,
+                       p->cfg.head_dim_v, p->rot_v);
     }
     if (!cache->batch_put[layer]) {
         cache->batch_put[layer] = 1;
@@ -3315,6 +3514,7 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
     for (l = 0; l < p->cfg.n_layers && !p->external; ++l) {
         unsigned char *k = kvc__k_at(p, l, page, cell % pc);
         tk->to_f32(k, c->row, nk);
+        if (p->rot_k) kvc__rot_rows(p->rot_fn, c->row, hk, p->rot_k, (size_t)p->cfg.n_kv_heads, 1); /* plain keys */
         if (rope->shift) {
             rope->shift(rope->user, l, c->row, p->cfg.n_kv_heads, hk, old_pos, new_pos);
         } else {
@@ -3322,6 +3522,7 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
                 p->rotate(c->row + (size_t)h * hk, c->rope_cos, c->rope_sin, rope->n_dims,
                           rope->style == KVC_ROPE_INTERLEAVED);
         }
+        if (p->rot_k) kvc__rot_rows(p->rot_fn, c->row, hk, p->rot_k, (size_t)p->cfg.n_kv_heads, 0);
         tk->from_f32(c->row, k, nk);
     }
 }
@@ -8294,10 +8495,19 @@ static void kvc__attn_init(kvc__attn *A, const kvc_cache *c, int32_t layer, cons
     A->strip = KVC__MAX(8, KVC__MIN(KVC__STRIP, A->strip)) & ~3;
 }
 
+/* Rotated keys (kvc_pool_config.rotate): the bytes of the call's rotated queries, which
+   come first in the scratch (a multiple of 64). */
+static size_t kvc__rot_q_bytes(const kvc_cache *c, const kvc_attention_desc *d, int *of) {
+    if (c->pool->rot_k == 0) return 0;
+    return kvc__mul(kvc__floats_aligned(kvc__mul(kvc__mul((size_t)d->n_queries, (size_t)d->n_heads, of),
+                                                 (size_t)c->pool->cfg.head_dim_k, of)), sizeof(float), of);
+}
+
 KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc, size_t *bytes) {
     kvc__attn A;
     kvc_attention_desc d;
     kvc_result r;
+    int of = 0;
     if (bytes == NULL) return KVC_ERR_NULL;
     if (desc == NULL) return KVC_ERR_NULL;
     d = *desc;
@@ -8307,21 +8517,28 @@ KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_
     if (r != KVC_OK) return r;
     kvc__attn_init(&A, cache, 0, &d);
     kvc__attn_plan(&A, NULL, bytes);
-    return KVC_OK;
+    *bytes = kvc__add(*bytes, kvc__rot_q_bytes(cache, &d, &of), &of);
+    return of ? KVC_ERR_OVERFLOW : KVC_OK;
 }
 
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc) {
     kvc__attn A;
-    size_t bytes;
+    kvc_attention_desc rd; /* desc with the rotated queries (kvc_pool_config.rotate) */
+    size_t bytes, qr_bytes;
     unsigned char *mem, *base;
     double small[KVC__STACK_SCRATCH / sizeof(double)]; /* small calls need no allocation */
     int32_t n_tasks, t;
+    int of = 0;
     kvc_result r = kvc__check_attention(cache, layer, desc);
     if (r != KVC_OK) return r;
     if (desc->q == NULL || desc->out == NULL) return KVC_ERR_NULL;
     if (cache->pool->external) return KVC_ERR_UNSUPPORTED; /* the K/V live in a device backend */
-    kvc__attn_init(&A, cache, layer, desc);
+    rd = *desc;
+    qr_bytes = kvc__rot_q_bytes(cache, desc, &of);
+    kvc__attn_init(&A, cache, layer, &rd);
     kvc__attn_plan(&A, NULL, &bytes);
+    bytes = kvc__add(bytes, qr_bytes, &of);
+    if (of) return KVC_ERR_OVERFLOW;
     if (desc->scratch != NULL) {
         if (desc->scratch_bytes < bytes) return KVC_ERR_RANGE;
         mem = (unsigned char *)desc->scratch;
@@ -8332,6 +8549,13 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
         if (mem == NULL) return KVC_ERR_NO_MEMORY;
     }
     base = mem + ((64 - ((uintptr_t)mem & 63)) & 63);
+    if (qr_bytes) { /* rotated keys: scores against R q (the kernels never know) */
+        size_t n = (size_t)desc->n_queries * (size_t)desc->n_heads * (size_t)A.hk;
+        memcpy(base, desc->q, n * sizeof(float));
+        kvc__rot_rows(cache->pool->rot_fn, (float *)(void *)base, A.hk, cache->pool->rot_k, n / (size_t)A.hk, 0);
+        rd.q = (const float *)(void *)base;
+        base += qr_bytes;
+    }
     kvc__attn_plan(&A, base, &bytes);
     n_tasks = A.n_qtasks * A.n_chunks;
     if (cache->pool->cfg.parallel_for != NULL && n_tasks > 1)
@@ -8339,6 +8563,9 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
     else
         for (t = 0; t < n_tasks; ++t) kvc__attn_task(&A, t, 0);
     if (A.part != NULL) kvc__attn_merge(&A);
+    if (cache->pool->rot_v) /* rotated values: out = R^T (sum p_i R v_i) */
+        kvc__rot_rows(cache->pool->rot_fn, desc->out, A.hv, cache->pool->rot_v,
+                      (size_t)desc->n_queries * (size_t)desc->n_heads, 1);
     if (mem != (unsigned char *)desc->scratch && mem != (unsigned char *)small) kvc__free(cache->pool, mem);
     return KVC_OK;
 }
@@ -8642,6 +8869,10 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
         for (cell = run.c0; cell < run.c1; ++cell, ++n) {
             if (k) p->tk.to_f32(kvc__k_at(p, layer, run.page, cell), k + (size_t)n * nk, nk);
             if (v) p->tv.to_f32(kvc__v_at(p, layer, run.page, cell), v + (size_t)n * nv, nv);
+            if (k && p->rot_k) /* plain rows */
+                kvc__rot_rows(p->rot_fn, k + (size_t)n * nk, p->cfg.head_dim_k, p->rot_k, (size_t)p->cfg.n_kv_heads, 1);
+            if (v && p->rot_v)
+                kvc__rot_rows(p->rot_fn, v + (size_t)n * nv, p->cfg.head_dim_v, p->rot_v, (size_t)p->cfg.n_kv_heads, 1);
             if (pos) pos[n] = *kvc__pos_at(p, run.page, cell);
         }
     }
@@ -8829,7 +9060,7 @@ static void kvc__w_head(kvc__wr *w, const kvc_cache *c, uint32_t what, kvc_names
     kvc__w_u32(w, (uint32_t)cc->max_seqs);
     kvc__w_u32(w, (uint32_t)cc->chunk);
     kvc__w_u32(w, (uint32_t)cc->padding);
-    kvc__w_u32(w, 0);
+    kvc__w_u32(w, pc->rotate); /* 0 in files from before the option */
     kvc__w_u32(w, 0);
     kvc__put64(b, ns.model);
     kvc__put64(b + 8, ns.salt);
@@ -9114,6 +9345,7 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
         kvc__r_fail(r, KVC_ERR_MISMATCH);
         return;
     }
+    if (f[14] != p->cfg.rotate) { kvc__r_fail(r, KVC_ERR_ROTATION); return; } /* stored rows differ */
     kvc__r_section(r, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
     for (i = 0; i < 6; ++i) s->meta[i] = (int32_t)kvc__r_u32(r);
     kvc__r_end(r);

@@ -17,6 +17,9 @@
    - Prefill attention: 512 queries at the last positions of 4k cells, causal,
      f16 and q8_0: GFLOP/s counting 4 flops per (query head, visible cell, dim)
      (llama.cpp: 60 and 18 GFLOP/s).
+   - Rotated storage (kvc_pool_config.rotate, K and V: "+rot" types): q8_0+rot and
+     q4_0+rot in the decode and append tables, and the time of the rotation a decode
+     call adds (q forward, out back: 32 heads x 128).
    - Append (f32 in, converted / quantised at kvc_put) and the RoPE shift of
      kvc_seq_remove (dequantise, rotate, requantise): GB/s of stored K+V bytes.
    Times are medians of --reps runs; nothing is asserted.
@@ -43,10 +46,21 @@
 static int g_reps = 7;
 static kvc_threads *g_threads[MAX_THREADS + 1]; /* [n]: a pool of n workers, for each n > 1 asked for */
 
+/* a storage type of the tables (K and V the same), stored rotated (kvc_pool_config.rotate,
+   K and V: "+rot") or not */
+typedef struct btype {
+    kvc_type t;
+    uint32_t rot;
+} btype;
+static const char *btype_name(btype b) {
+    static const char *const rot[KVC_TYPE_COUNT] = {"f32+rot", "f16+rot", "bf16+rot", "q8_0+rot", "q4_0+rot"};
+    return b.rot ? rot[b.t] : kvc_type_name(b.t);
+}
+
 /* what to run: the lists of the options (see usage()); n_... 0 = the default */
 typedef struct options {
     int32_t cells[MAX_LIST], threads[MAX_LIST], gqa[MAX_LIST];
-    kvc_type types[MAX_LIST];
+    btype types[MAX_LIST];
     int n_cells, n_threads, n_gqa, n_types;
     int decode, prefill, append; /* --parts */
     int32_t queries;             /* prefill queries */
@@ -141,7 +155,7 @@ typedef struct bcache {
 
 static uint32_t g_disable; /* --disable: cpu_disable of every pool but the scalar one's */
 
-static void make_cache(bcache *b, kvc_type t, int32_t n_kv, int32_t cells, uint32_t disable, int threads) {
+static void make_cache(bcache *b, btype t, int32_t n_kv, int32_t cells, uint32_t disable, int threads) {
     kvc_pool_config pc;
     kvc_cache_config cc;
     kvc_pool_stats st;
@@ -151,7 +165,8 @@ static void make_cache(bcache *b, kvc_type t, int32_t n_kv, int32_t cells, uint3
     for (i = 0; i < (int32_t)(row * (size_t)chunk); ++i) { k[i] = rnd(); v[i] = rnd(); }
     kvc_pool_config_init(&pc);
     pc.n_layers = 1; pc.n_kv_heads = n_kv; pc.head_dim_k = pc.head_dim_v = 128;
-    pc.type_k = pc.type_v = t;
+    pc.type_k = pc.type_v = t.t;
+    pc.rotate = t.rot ? KVC_ROTATE_K | KVC_ROTATE_V : 0;
     CHECK(kvc_pool_budget_for_tokens(&pc, cells, &pc.budget_bytes));
     pc.cpu_disable = disable;
     if (threads > 1) CHECK(kvc_threads_attach(g_threads[threads], &pc));
@@ -210,63 +225,85 @@ static double llama_decode_ms(kvc_type t, int32_t cells) {
 static void bench_decode(const options *o, const double *bw, double fma) {
     int si, ti, thi, gi;
     printf("\ndecode attention, 1 query, head dim 128, FULL cache, medians of %d (scalar: %d)\n", g_reps, 3);
-    printf("%-6s %5s %6s %3s %9s %8s %8s %8s %9s %10s\n", "type", "GQA", "cells", "thr", "time", "K+V GB/s", "vs read",
+    printf("%-8s %5s %6s %3s %9s %8s %8s %8s %9s %10s\n", "type", "GQA", "cells", "thr", "time", "K+V GB/s", "vs read",
            "vs FMA", "vs scalar", "vs llama");
     for (gi = 0; gi < o->n_gqa; ++gi)
         for (ti = 0; ti < o->n_types; ++ti)
             for (si = 0; si < o->n_cells; ++si) {
                 int32_t gqa = o->gqa[gi], n_kv = 32 / gqa, cells = o->cells[si];
-                kvc_type type = o->types[ti];
+                btype bt = o->types[ti];
+                kvc_type type = bt.t;
                 double scalar_s = 0;
                 /* the default table: GQA 1 only for f16 and q8_0 at 16k */
-                if (o->gqa_default && gqa == 1 && ((type != KVC_TYPE_F16 && type != KVC_TYPE_Q8_0) || cells != 16384)) continue;
+                if (o->gqa_default && gqa == 1 && ((type != KVC_TYPE_F16 && type != KVC_TYPE_Q8_0) || cells != 16384 || bt.rot)) continue;
                 for (thi = 0; thi < o->n_threads; ++thi) {
                     int th = o->threads[thi];
                     bcache b;
                     double s, gbs, llama = llama_decode_ms(type, cells);
-                    make_cache(&b, type, n_kv, cells, g_disable, th);
+                    make_cache(&b, bt, n_kv, cells, g_disable, th);
                     s = time_attention(&b, 1, 32, g_reps);
                     gbs = (double)b.kv_bytes / s / 1e9;
                     free_cache(&b);
                     if (o->scalar && th == 1 && (gqa == 4 || type == KVC_TYPE_F16)) {
-                        make_cache(&b, type, n_kv, cells, ~0u, 1);
+                        make_cache(&b, bt, n_kv, cells, ~0u, 1);
                         scalar_s = time_attention(&b, 1, 32, 3);
                         free_cache(&b);
                     }
-                    printf("%-6s %5d %6d %3d %7.3fms %8.1f ", kvc_type_name(type), (int)gqa, (int)cells, th, s * 1e3, gbs);
+                    printf("%-8s %5d %6d %3d %7.3fms %8.1f ", btype_name(bt), (int)gqa, (int)cells, th, s * 1e3, gbs);
                     if (bw[th] > 0) printf("%7.0f%% ", 100.0 * gbs * 1e9 / bw[th]); else printf("%8s ", "-");
                     if (fma > 0 && (type == KVC_TYPE_F16 || type == KVC_TYPE_BF16 || type == KVC_TYPE_F32))
                         printf("%7.0f%% ", 100.0 * (double)cells * 512.0 / (th * fma) / s); /* float types */
                     else
                         printf("%8s ", "-");
                     if (scalar_s > 0) printf("%8.1fx ", scalar_s / s); else printf("%9s ", "-");
-                    if (gqa == 4 && llama > 0) printf("%9.1fx", llama * 1e-3 / s);
+                    if (gqa == 4 && llama > 0 && !bt.rot) printf("%9.1fx", llama * 1e-3 / s);
                     printf("\n");
                 }
             }
+}
+
+/* the work rotated storage adds to a decode call (q rotated, out rotated back: 32 heads x
+   128): kvc_attention over 16 cells of q8_0, rotated against plain, medians of many */
+static void bench_rotation(void) {
+    btype plain = {KVC_TYPE_Q8_0, 0}, rot = {KVC_TYPE_Q8_0, 1};
+    double tp[5], tr[5];
+    int r;
+    for (r = 0; r < 5; ++r) { /* alternating */
+        bcache b;
+        make_cache(&b, plain, 8, 16, g_disable, 1);
+        tp[r] = time_attention(&b, 1, 32, MAX_REPS);
+        free_cache(&b);
+        make_cache(&b, rot, 8, 16, g_disable, 1);
+        tr[r] = time_attention(&b, 1, 32, MAX_REPS);
+        free_cache(&b);
+    }
+    printf("rotation's cost in a decode call (32 heads x 128, one thread): %.2f us (attention over 16 cells of\n"
+           "q8_0: %.2f us plain, %.2f us rotated; medians of 5 alternating medians of %d)\n",
+           (median(tr, 5) - median(tp, 5)) * 1e6, median(tp, 5) * 1e6, median(tr, 5) * 1e6, MAX_REPS);
 }
 
 static void bench_prefill(const options *o) {
     int ti, thi, si, gi;
     int32_t nq = o->queries;
     printf("\nprefill attention, %d queries at the last positions (causal), 32 q heads, head dim 128\n", (int)nq);
-    printf("%-6s %5s %6s %3s %9s %9s %9s\n", "type", "GQA", "cells", "thr", "time", "GFLOP/s", "vs llama");
+    printf("%-8s %5s %6s %3s %9s %9s %9s\n", "type", "GQA", "cells", "thr", "time", "GFLOP/s", "vs llama");
     for (gi = 0; gi < o->n_gqa; ++gi)
         for (ti = 0; ti < o->n_types; ++ti)
             for (si = 0; si < o->n_cells; ++si)
                 for (thi = 0; thi < o->n_threads; ++thi) {
                     int32_t gqa = o->gqa[gi], cells = o->cells[si], qi;
-                    kvc_type type = o->types[ti];
+                    btype bt = o->types[ti];
+                    kvc_type type = bt.t;
                     int th = o->threads[thi];
                     double s, flops = 0, llama = 0;
                     bcache b;
                     if (nq > cells) continue;
-                    make_cache(&b, type, 32 / gqa, cells, g_disable, th);
+                    make_cache(&b, bt, 32 / gqa, cells, g_disable, th);
                     s = time_attention(&b, nq, 32, g_reps < 5 ? g_reps : 5);
                     for (qi = 0; qi < nq; ++qi) flops += 4.0 * 32 * 128 * (double)(cells - nq + qi + 1);
                     /* llama.cpp's prefill, 512 queries over 4k cells, GQA 4 */
-                    if (nq == 512 && cells == 4096 && gqa == 4) llama = type == KVC_TYPE_F16 ? 60 : type == KVC_TYPE_Q8_0 ? 18 : 0;
-                    printf("%-6s %5d %6d %3d %7.1fms %9.1f ", kvc_type_name(type), (int)gqa, (int)cells, th, s * 1e3,
+                    if (nq == 512 && cells == 4096 && gqa == 4 && !bt.rot) llama = type == KVC_TYPE_F16 ? 60 : type == KVC_TYPE_Q8_0 ? 18 : 0;
+                    printf("%-8s %5d %6d %3d %7.1fms %9.1f ", btype_name(bt), (int)gqa, (int)cells, th, s * 1e3,
                            flops / s / 1e9);
                     if (llama > 0) printf("%8.1fx", flops / s / 1e9 / llama);
                     printf("\n");
@@ -275,7 +312,7 @@ static void bench_prefill(const options *o) {
 }
 
 /* append: 4096 tokens of 32 layers x 8 x 128 f32 K and V, converted at kvc_put */
-static void bench_append_and_rope(const kvc_type *types, int n_types) {
+static void bench_append_and_rope(const btype *types, int n_types) {
     enum { TOK = 4096, BATCH = 512, LAYERS = 8, ROW = 8 * 128 };
     float *k = (float *)malloc(sizeof(float) * BATCH * ROW), *v = (float *)malloc(sizeof(float) * BATCH * ROW);
     int ti, i, r;
@@ -283,7 +320,7 @@ static void bench_append_and_rope(const kvc_type *types, int n_types) {
     printf("\nappend (f32 in, %d tokens x %d layers x 8 x 128, batches of %d) and RoPE shift (kvc_seq_remove of\n"
            "the first 16 positions: every later key of every layer re-rotated), GB/s of f32 K+V in / of keys moved\n",
            TOK, LAYERS, BATCH);
-    printf("%-6s %12s %12s %12s\n", "type", "append GB/s", "shift ms", "shift GB/s");
+    printf("%-8s %12s %12s %12s\n", "type", "append GB/s", "shift ms", "shift GB/s");
     for (ti = 0; ti < n_types; ++ti) {
         kvc_pool_config pc;
         kvc_cache_config cc;
@@ -296,7 +333,8 @@ static void bench_append_and_rope(const kvc_type *types, int n_types) {
             double t0;
             kvc_pool_config_init(&pc);
             pc.n_layers = LAYERS; pc.n_kv_heads = 8; pc.head_dim_k = pc.head_dim_v = 128;
-            pc.type_k = pc.type_v = types[ti];
+            pc.type_k = pc.type_v = types[ti].t;
+            pc.rotate = types[ti].rot ? KVC_ROTATE_K | KVC_ROTATE_V : 0;
             CHECK(kvc_pool_budget_for_tokens(&pc, TOK, &pc.budget_bytes)); /* the causal cache's TOK cells */
             CHECK(kvc_pool_create(&pc, &p));
             kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
@@ -329,7 +367,7 @@ static void bench_append_and_rope(const kvc_type *types, int n_types) {
             CHECK(kvc_pool_stats_get(p, &st));
             kbytes = (size_t)(TOK - 16) * st.k_row_bytes * LAYERS;
             CHECK(kvc_pool_destroy(p));
-            printf("%-6s %12.2f %12.2f %12.2f\n", kvc_type_name(types[ti]), (double)TOK * ROW * 8 * LAYERS / a / 1e9, s * 1e3,
+            printf("%-8s %12.2f %12.2f %12.2f\n", btype_name(types[ti]), (double)TOK * ROW * 8 * LAYERS / a / 1e9, s * 1e3,
                    (double)kbytes / s / 1e9);
         }
     }
@@ -337,14 +375,18 @@ static void bench_append_and_rope(const kvc_type *types, int n_types) {
     free(v);
 }
 
-static const kvc_type g_all_types[5] = {KVC_TYPE_F16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_BF16, KVC_TYPE_F32};
+/* the default decode table's types; --types also takes any type with "+rot" */
+static const btype g_all_types[7] = {{KVC_TYPE_F16, 0},  {KVC_TYPE_Q8_0, 0}, {KVC_TYPE_Q8_0, 1}, {KVC_TYPE_Q4_0, 0},
+                                     {KVC_TYPE_Q4_0, 1}, {KVC_TYPE_BF16, 0}, {KVC_TYPE_F32, 0}};
 
 static void usage(FILE *f, const char *argv0) {
     fprintf(f,
             "usage: %s [options]   (no options: the whole table)\n"
             "  --parts LIST     decode,prefill,append (default all three)\n"
-            "  --types LIST     storage types, K and V the same: f16,q8_0,q4_0,bf16,f32\n"
-            "                   (default: all five for decode and append, f16,q8_0 for prefill)\n"
+            "  --types LIST     storage types, K and V the same: f16,q8_0,q4_0,bf16,f32, each also with\n"
+            "                   +rot (K and V stored rotated, kvc_pool_config.rotate), e.g. q4_0+rot\n"
+            "                   (default: f16,q8_0,q8_0+rot,q4_0,q4_0+rot,bf16,f32 for decode and append,\n"
+            "                   f16,q8_0 for prefill)\n"
             "  --cells LIST     cells of the FULL cache (default 4096,16384,32768 for decode, 4096 for prefill)\n"
             "  --threads LIST   thread counts, each up to %d (default 1,2)\n"
             "  --gqa LIST       query heads per kv head, dividing 32 (default 4, and 1 for f16 and q8_0 at 16k\n"
@@ -359,14 +401,20 @@ static void usage(FILE *f, const char *argv0) {
             argv0, MAX_THREADS, MAX_REPS);
 }
 
-static int parse_types(const char *s, kvc_type *out) {
+static int parse_types(const char *s, btype *out) {
     int n = 0, i;
     while (*s && n < MAX_LIST) {
         size_t len = strcspn(s, ",");
-        for (i = 0; i < 5; ++i)
-            if (strlen(kvc_type_name(g_all_types[i])) == len && strncmp(s, kvc_type_name(g_all_types[i]), len) == 0) break;
-        if (i == 5) return -1;
-        out[n++] = g_all_types[i];
+        for (i = 0; i < 2 * KVC_TYPE_COUNT; ++i) {
+            btype b;
+            b.t = (kvc_type)(i / 2);
+            b.rot = (uint32_t)(i & 1);
+            if (strlen(btype_name(b)) == len && strncmp(s, btype_name(b), len) == 0) {
+                out[n++] = b;
+                break;
+            }
+        }
+        if (i == 2 * KVC_TYPE_COUNT) return -1;
         s += len;
         if (*s == ',') s++;
     }
@@ -448,22 +496,25 @@ int main(int argc, char **argv) {
                fma / 1e9, 16384.0 * 512.0 / fma * 1e3);
     if (o.decode) {
         d = o;
-        if (d.n_types == 0) { d.n_types = 5; memcpy(d.types, g_all_types, sizeof(g_all_types)); }
+        if (d.n_types == 0) { d.n_types = 7; memcpy(d.types, g_all_types, sizeof(g_all_types)); }
         if (d.n_cells == 0) { d.n_cells = o.quick ? 1 : 3; memcpy(d.cells, decode_cells, sizeof(decode_cells)); }
         if (d.n_gqa == 0) { d.n_gqa = 2; d.gqa_default = 1; memcpy(d.gqa, gqa_default, sizeof(gqa_default)); }
         bench_decode(&d, bw, fma);
+        for (i = 0; i < d.n_types; ++i)
+            if (d.types[i].rot) { bench_rotation(); break; }
     }
     if (o.prefill) {
         d = o;
-        if (d.n_types == 0) { d.n_types = 2; memcpy(d.types, g_all_types, 2 * sizeof(kvc_type)); }
+        if (d.n_types == 0) { d.n_types = 2; memcpy(d.types, g_all_types, 2 * sizeof(btype)); }
         if (d.n_cells == 0) { d.n_cells = 1; d.cells[0] = 4096; }
         if (d.n_gqa == 0) { d.n_gqa = 1; d.gqa[0] = 4; }
         bench_prefill(&d);
     }
     if (o.append) {
-        static const kvc_type append_types[5] = {KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0};
+        static const btype append_types[7] = {{KVC_TYPE_F32, 0},  {KVC_TYPE_F16, 0},  {KVC_TYPE_BF16, 0}, {KVC_TYPE_Q8_0, 0},
+                                              {KVC_TYPE_Q8_0, 1}, {KVC_TYPE_Q4_0, 0}, {KVC_TYPE_Q4_0, 1}};
         if (o.n_types > 0) bench_append_and_rope(o.types, o.n_types);
-        else bench_append_and_rope(append_types, 5);
+        else bench_append_and_rope(append_types, 7);
     }
     for (i = 0; i <= MAX_THREADS; ++i)
         if (g_threads[i] != NULL) CHECK(kvc_threads_destroy(g_threads[i]));
