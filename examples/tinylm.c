@@ -28,6 +28,8 @@
    to one of them when a state cannot be rewound or a window has wrapped, and branches
    go through kvc_memory_snapshot_take / kvc_memory_restore. Every kind runs with each
    storage type, and with q8_0 and q4_0 rotated too (kvc_pool_config.rotate: "+rot").
+   Every model also holds a conversation (two turns, then branches) in a radix tree
+   over its memory (kvc_radix_create_memory; `radix` rows, section 8).
 
    Build (from the repository root):
        cc -std=c99 -O2 -Wall -Wextra -Wpedantic examples/tinylm.c -o tinylm -lm
@@ -2295,6 +2297,167 @@ static int rotation_summary(const score *total, int *runs)
     return failures;
 }
 
+/* --- Conversations through a radix tree over the memory (kvc_radix_create_memory) ---
+   One tree shared by every request of a model, each request a memory of its own from
+   kvc_radix_lookup_memory, committed back with kvc_radix_commit_memory (prompt and
+   generated tokens). Every model runs it with one group per layer type (f32): the
+   hybrid kind's layout, one FULL or ROTATING group on Llama and Mistral.
+     turn1     base's prompt, then TURN1_GENERATED greedy tokens; committed
+     turn2     turn 1's tokens + the next reference tokens as one prompt: reuses all of
+               turn 1 (its RECURRENT states at turn 1's end, its window's pages)
+     branch_a  base's prompt + other tokens: resumes at the end of turn 1's prompt,
+     branch_b  where turn 1 named a checkpoint (and its commit ended a tree node)
+     reuse     base's first 64 tokens + other tokens: resumes at the checkpoint at 64
+   Every request names checkpoints at the multiples of CHECKPOINT_EVERY and at the end
+   of its prompt. The logits of every evaluated position are checked against the
+   reference (rows the tree served are not recomputed, so not compared), and each
+   lookup must reuse exactly the expected length. */
+#define TURN1_GENERATED 20
+
+/* Evaluates toks[pos0 .. pos0 + n) (one request's tokens at positions pos0..) through
+   M in chunks of `chunk`, naming checkpoints at the multiples of CHECKPOINT_EVERY and
+   at `mark` (-1: none); scores rows as run_tokens does; the last logits go to last. */
+static int radix_tokens(const model *m, memory *M, const test_case *tc, const int32_t *toks, int32_t pos0,
+                        int32_t n, int32_t mark, int chunk, score *sc, float *last)
+{
+    const int vocab = m->c.vocab;
+    const int32_t first_scored = tc->prompt_len - 1;
+    float *logits = alloc_floats((size_t)chunk * vocab);
+    if (!logits) return -1;
+    for (int32_t done = 0; done < n;) {
+        const int32_t p = pos0 + done, len = n - done < chunk ? n - done : chunk;
+        int32_t at[KEEP_CHECKPOINTS + 1], first = first_scored > p ? first_scored - p : 0;
+        int n_at = checkpoints_in(p, len, at);
+        if (mark > p && mark <= p + len && (n_at == 0 || at[n_at - 1] != mark)) at[n_at++] = mark;
+        if (first > len - 1) first = len - 1;
+        if (forward(m, M, toks + p, len, p, at, n_at, first, logits) != 0) {
+            free(logits);
+            return -1;
+        }
+        for (int32_t r = first; r < len; ++r)
+            if (p + r >= first_scored)
+                score_row(sc, tc, vocab, p + r - first_scored, logits + (size_t)(r - first) * vocab);
+        memcpy(last, logits + (size_t)(len - 1 - first) * vocab, (size_t)vocab * sizeof *last);
+        sc->tokens_run += len;
+        done += len;
+    }
+    free(logits);
+    return 0;
+}
+
+/* One request through the tree: lookup_memory of toks[0..n_prompt) (reuse must be
+   `want`), the rest of the prompt evaluated (a checkpoint at its end), then
+   toks[n_prompt..n_total) decoded one at a time (greedy cases: the argmax, checked,
+   then the reference token), and commit_memory of all n_total tokens. */
+static int radix_request(const model *m, kvc_radix *tree, memory *tmpl, const test_case *tc, const int32_t *toks,
+                         int32_t n_prompt, int32_t n_total, int32_t want, int chunk, score *sc)
+{
+    const kvc_namespace ns = {1, 0};
+    const config *c = &m->c;
+    float *last = alloc_floats((size_t)c->vocab);
+    kvc_memory *km = NULL;
+    memory M;
+    int32_t reused = -1, offset = -1;
+    int rc = -1;
+    if (!last) return -1;
+    KVC_CHECK(kvc_radix_lookup_memory(tree, ns, toks, n_prompt, &km, &reused));
+    memory_layout(&M, c, NULL); /* the template's groups, on the tree's pools */
+    M.mem = km;
+    for (int i = 0; i < M.n; ++i) {
+        KVC_CHECK(kvc_memory_group(km, i, &M.g[i].cache));
+        M.g[i].window = M.g[i].type == LAYER_SLIDING ? c->window : 0;
+    }
+    sc->reused = reused;
+    sc->reused_want = want;
+    if (memory_offset(&M, &offset) != 0 || offset != reused) {
+        errorf("%s: the looked-up memory holds %d tokens, the lookup reused %d", tc->name, (int)offset, (int)reused);
+        goto fail;
+    }
+    if (radix_tokens(m, &M, tc, toks, reused, n_prompt - reused, n_prompt, chunk, sc, last) != 0) goto fail;
+    /* decode: score_row has checked a greedy case's argmax; the reference token follows */
+    for (int32_t pos = n_prompt; pos < n_total; ++pos)
+        if (radix_tokens(m, &M, tc, toks, pos, 1, -1, chunk, sc, last) != 0) goto fail;
+    KVC_CHECK(kvc_radix_commit_memory(tree, ns, km, toks, n_total, 0));
+    if (M.peak_bytes > tmpl->peak_bytes) tmpl->peak_bytes = M.peak_bytes; /* the one budget's */
+    rc = 0;
+fail:
+    if (km && kvc_memory_destroy(km) != KVC_OK) rc = -1, errorf("kvc_memory_destroy failed");
+    free(last);
+    return rc;
+}
+
+/* The requests above on a fresh tree; one table row each, then the memory's line.
+   Returns the number of failures; *runs counts the checks. */
+static int run_radix_turns(const model *m, const test_case *cases, int n_cases, int chunk, int *runs)
+{
+    static const struct {
+        const char *row, *from; /* the table row, the reference case it follows */
+    } REQS[] = {{"turn1", "base"}, {"turn2", "base"}, {"branch_a", "branch_a"}, {"branch_b", "branch_b"},
+                {"reuse", "reuse"}};
+    const kind_spec *hybrid = NULL;
+    const test_case *base = NULL;
+    memory tmpl;
+    kvc_radix_config rc;
+    kvc_radix *tree = NULL;
+    int32_t max_tokens = 0, turn1;
+    int failures = 0;
+
+    for (int k = 0; k < COUNT_OF(KINDS); ++k)
+        if (KINDS[k].hybrid) hybrid = &KINDS[k];
+    for (int i = 0; i < n_cases; ++i) {
+        if (!strcmp(cases[i].name, "base")) base = &cases[i];
+        if (cases[i].total_len > max_tokens) max_tokens = cases[i].total_len;
+    }
+    if (!base || base->prompt_len + TURN1_GENERATED >= base->total_len) {
+        if (!g_quiet) printf("  (radix turns skipped: no base case of more than %d tokens)\n", TURN1_GENERATED);
+        return 0;
+    }
+    turn1 = base->prompt_len + TURN1_GENERATED;
+    if (memory_create(&tmpl, &m->c, hybrid, KVC_TYPE_F32, 0, max_tokens, chunk < max_tokens ? chunk : max_tokens) != 0) {
+        ++*runs;
+        return 1;
+    }
+    kvc_radix_config_init(&rc, KVC_KIND_FULL); /* cache: unused by a memory's tree */
+    if (kvc_radix_create_memory(tmpl.mem, &rc, &tree) != KVC_OK) {
+        errorf("kvc_radix_create_memory failed");
+        failures++;
+    }
+    for (int r = 0; tree && r < COUNT_OF(REQS); ++r) {
+        const test_case *tc = NULL;
+        test_case row;
+        score sc;
+        double t0;
+        int32_t n_prompt, n_total, want;
+        int ok;
+        for (int i = 0; i < n_cases; ++i)
+            if (!strcmp(cases[i].name, REQS[r].from)) tc = &cases[i];
+        if (!tc) continue;
+        row = *tc;
+        snprintf(row.name, sizeof row.name, "%s", REQS[r].row);
+        /* turn 1: base's prompt + generated tokens; turn 2: all of base as its prompt;
+           the others: their whole sequence as the prompt, resuming where they leave base */
+        n_prompt = r == 0 ? base->prompt_len : tc->total_len;
+        n_total = r == 0 ? turn1 : tc->total_len;
+        want = r == 0 ? 0 : r == 1 ? turn1 : tc->prompt_len;
+        memset(&sc, 0, sizeof sc);
+        t0 = seconds_now();
+        ok = radix_request(m, tree, &tmpl, &row, tc->tokens, n_prompt, n_total, want, chunk, &sc) == 0;
+        sc.seconds = seconds_now() - t0;
+        if (ok && r == COUNT_OF(REQS) - 1) {
+            kvc_radix_stats st;
+            if (kvc_radix_stats_get(tree, &st) == KVC_OK)
+                snprintf(sc.note, sizeof sc.note, "  tree: %d nodes, %d states", (int)st.n_nodes, (int)st.n_states);
+        }
+        failures += !report(&row, "radix", "f32", &TYPES[0], &sc, ok);
+        ++*runs;
+        if (!ok) break;
+    }
+    if (tree && kvc_radix_destroy(tree) != KVC_OK) failures++, errorf("kvc_radix_destroy failed");
+    failures += memory_free(&tmpl, "radix", "f32"); /* every page back once the tree is gone */
+    ++*runs;
+    return failures;
+}
+
 /* The groups a hybrid model's memory gets, for the header line. */
 static void print_groups(const model *m)
 {
@@ -2497,6 +2660,12 @@ int main(int argc, char **argv)
                 }
             }
             failures += rotation_summary(total, &runs);
+#ifdef TINYLM_VK
+            if (g_vk.on) {
+                if (!g_quiet) printf("  (radix turns skipped with --vk: per-group caches, no kvc_memory)\n");
+            } else
+#endif
+                failures += run_radix_turns(&m, cases, n_cases, chunk, &runs);
         }
         cases_free(cases, n_cases);
         model_free(&m);
