@@ -323,6 +323,11 @@ typedef struct kvc_cache_config {
     /* ROTATING and RECURRENT: how many checkpoints (kvc_begin_checkpoints) the cache keeps,
        the latest ones; 0 = 8. RECURRENT: max_seqs above is its number of sequences (0 = 1). */
     int32_t checkpoints;
+    /* FULL, ROTATING and CAUSAL caches on a pool whose K or V type is q8_0 or q4_0: the
+       newest f16_tail tokens of the cache are kept in f16 and quantized only when they leave
+       the tail (mlx-lm's quantized_kv_start, KIVI's residual); 0: off. Negative, or > 0 on a
+       pool with no quantized type: KVC_ERR_INVALID ("f16_tail"). */
+    int32_t f16_tail;
 } kvc_cache_config;
 
 typedef struct kvc_cache kvc_cache;
@@ -402,6 +407,21 @@ typedef struct kvc_attention_desc {
                              pool's allocator (arena mode: the arena's object heap, which
                              may be too small, and is not safe to share across threads) */
     size_t scratch_bytes;
+    /* Attention variants (zero = off). Order of operations: s = scale * q.k; if softcap,
+       s = softcap * tanh(s / softcap); softmax over the visible keys, with the sink's e^sink
+       added to the denominator. */
+    const float *sinks;   /* [n_heads] or NULL: a learned logit per query head that joins each
+                             query's softmax denominator (gpt-oss): out = sum(e^s_i v_i) /
+                             (e^sink + sum e^s_i), computed with the usual max subtraction;
+                             -INFINITY: no sink for that head; NaN or +INFINITY:
+                             KVC_ERR_INVALID */
+    float softcap;        /* 0: off; > 0 and finite: scores = softcap * tanh(scores / softcap)
+                             before the softmax (Gemma 2), applied after `scale`; < 0, NaN or
+                             infinite: KVC_ERR_INVALID */
+    float *lse;           /* [n_queries][n_heads] or NULL: the natural-log log-sum-exp of each
+                             query's final scores (the sink included when given), for merging
+                             attention over several caches (cascade decoding); -INFINITY where
+                             nothing is visible (and no sink) */
 } kvc_attention_desc;
 
 /* Scaled dot-product attention of the queries over the cache's cells for `layer`,
