@@ -5307,6 +5307,9 @@ typedef struct kvc__kernels {
                                       int32_t d, int32_t n, float *const *s, kvc__pf *pf);
     size_t (*i8_row_bytes)(kvc_type t, int32_t d);
     void (*i8_prepare)(kvc_type t, int32_t d, const kvc__block_q8_0 *blocks, void *row);
+    /* Logit soft-capping of rows r < nr (s[r][c], c < n): s = cap * tanh(s * scale / cap),
+       each cell computed alike wherever it sits in the block */
+    void (*softcap)(float *const *s, int32_t nr, int32_t n, float scale, float cap);
 } kvc__kernels;
 
 /* -- scalar: the reference -- */
@@ -5354,6 +5357,12 @@ static void kvc__axpy_scalar(float *acc, const float *p, const float *v, int32_t
 static void kvc__scale_scalar(float *x, int32_t n, float a) {
     int32_t i;
     for (i = 0; i < n; ++i) x[i] *= a;
+}
+static void kvc__softcap_scalar(float *const *s, int32_t nr, int32_t n, float scale, float cap) {
+    float k = scale / cap;
+    int32_t r, c;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; ++c) s[r][c] = cap * tanhf(s[r][c] * k);
 }
 /* Keys stored as q8_0 or q4_0 are scored in integers, as llama.cpp does: the query
    row is quantised to q8_0 with the storage quantiser, each 32-value block's dot
@@ -5414,7 +5423,7 @@ static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc_
                                                  {NULL, NULL, NULL, NULL, NULL},
                                                  {NULL, NULL, NULL, kvc__scores_i8_scalar_q8_0,
                                                   kvc__scores_i8_scalar_q4_0},
-                                                 NULL, NULL};
+                                                 NULL, NULL, kvc__softcap_scalar};
 
 /* exp(x) for x <= 0 in SIMD lanes: Cephes' expf (range reduction by ln 2, a degree-6
    polynomial), within 2 ulp of expf; lanes below -87 (where expf underflows) give 0. */
@@ -5517,6 +5526,25 @@ KVC__SSE2 static void kvc__scale_sse2(float *x, int32_t n, float a) {
     for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_mul_ps(_mm_loadu_ps(x + i), _mm_set1_ps(a)));
     for (; i < n; ++i) x[i] *= a;
 }
+/* cap * tanh(x * k) in lanes: tanh|y| = (1 - e^-2|y|) / (1 + e^-2|y|), the sign put back
+   (absolute error about 1e-7 * cap against tanhf) */
+KVC__SSE2 static __m128 kvc__tanh_cap_sse2(__m128 x, __m128 k, __m128 cap) {
+    __m128 sign = _mm_set1_ps(-0.0f), one = _mm_set1_ps(1.0f), y = _mm_mul_ps(x, k);
+    __m128 e = kvc__exp_sse2(_mm_mul_ps(_mm_andnot_ps(sign, y), _mm_set1_ps(-2.0f)));
+    __m128 t = _mm_div_ps(_mm_sub_ps(one, e), _mm_add_ps(one, e));
+    return _mm_mul_ps(_mm_or_ps(t, _mm_and_ps(sign, y)), cap);
+}
+KVC__SSE2 static void kvc__softcap_sse2(float *const *s, int32_t nr, int32_t n, float scale, float cap) {
+    __m128 k = _mm_set1_ps(scale / cap), vc = _mm_set1_ps(cap);
+    float t[4];
+    int32_t r, c, j;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; c += 4) {
+            for (j = 0; j < 4; ++j) t[j] = c + j < n ? s[r][c + j] : 0.0f;
+            _mm_storeu_ps(t, kvc__tanh_cap_sse2(_mm_loadu_ps(t), k, vc));
+            for (j = 0; j < 4 && c + j < n; ++j) s[r][c + j] = t[j];
+        }
+}
 /* a block's integer dot product: codes widened to 16 bits, pmaddwd into 32 */
 KVC__SSE2 static __m128i kvc__widen_lo_sse2(__m128i x) { return _mm_unpacklo_epi8(x, _mm_cmpgt_epi8(_mm_setzero_si128(), x)); }
 KVC__SSE2 static __m128i kvc__widen_hi_sse2(__m128i x) { return _mm_unpackhi_epi8(x, _mm_cmpgt_epi8(_mm_setzero_si128(), x)); }
@@ -5547,7 +5575,7 @@ static const kvc__kernels kvc__kernels_sse2 = {"sse2", kvc__dot_sse2, kvc__maske
                                                kvc__axpy_sse2, kvc__scale_sse2, 4, {NULL, NULL, NULL, NULL, NULL},
                                                {NULL, NULL, NULL, NULL, NULL},
                                                {NULL, NULL, NULL, kvc__scores_i8_sse2_q8_0, kvc__scores_i8_sse2_q4_0},
-                                               NULL, NULL};
+                                               NULL, NULL, kvc__softcap_sse2};
 
 /* -- AVX2 + FMA: 8 lanes -- */
 KVC__AVX2 static __m256 kvc__exp_avx2(__m256 x) {
@@ -5680,6 +5708,19 @@ KVC__AVX2 static void kvc__exp_sum4_avx2(float *const *s, const uint32_t *vis, i
 }
 #undef KVC__EXP_ROW_AVX2
 #undef KVC__REDUCE4_AVX2
+KVC__AVX2 static void kvc__softcap_avx2(float *const *s, int32_t nr, int32_t n, float scale, float cap) {
+    __m256 k = _mm256_set1_ps(scale / cap), vc = _mm256_set1_ps(cap), sign = _mm256_set1_ps(-0.0f);
+    __m256 one = _mm256_set1_ps(1.0f);
+    int32_t r, c;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; c += 8) { /* as kvc__tanh_cap_sse2 */
+            __m256i m = kvc__tail_mask_avx2(n - c);
+            __m256 y = _mm256_mul_ps(_mm256_maskload_ps(s[r] + c, m), k);
+            __m256 e = kvc__exp_avx2(_mm256_mul_ps(_mm256_andnot_ps(sign, y), _mm256_set1_ps(-2.0f)));
+            __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+            _mm256_maskstore_ps(s[r] + c, m, _mm256_mul_ps(_mm256_or_ps(t, _mm256_and_ps(sign, y)), vc));
+        }
+}
 KVC__AVX2 static void kvc__axpy_avx2(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
     int32_t i = 0, c;
     for (; i + 32 <= d; i += 32) { /* four accumulators stay in registers across the cells */
@@ -6017,7 +6058,7 @@ static const kvc__kernels kvc__kernels_avx2 = {
     {kvc__scores_avx2_f32, kvc__scores_avx2_f16, kvc__scores_avx2_bf16, kvc__scores_avx2_q8_0, kvc__scores_avx2_q4_0},
     {kvc__values_avx2_f32, kvc__values_avx2_f16, kvc__values_avx2_bf16, kvc__values_avx2_q8_0, kvc__values_avx2_q4_0},
     {NULL, NULL, NULL, kvc__scores_i8_avx2_q8_0, kvc__scores_i8_avx2_q4_0},
-    NULL, NULL};
+    NULL, NULL, kvc__softcap_avx2};
 
 /* -- AVX-512: 16 lanes, masked tails -- */
 #if defined(__GNUC__) && !defined(__clang__) /* g++ 12 flags _mm512_undefined_* inside the intrinsics */
@@ -6181,6 +6222,20 @@ KVC__AVX512 static void kvc__exp_sum4_avx512(float *const *s, const uint32_t *vi
 }
 #undef KVC__EXP_ROW_AVX512
 #undef KVC__REDUCE4_AVX512
+KVC__AVX512 static void kvc__softcap_avx512(float *const *s, int32_t nr, int32_t n, float scale, float cap) {
+    __m512 k = _mm512_set1_ps(scale / cap), vc = _mm512_set1_ps(cap), one = _mm512_set1_ps(1.0f);
+    int32_t r, c;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; c += 16) { /* as kvc__tanh_cap_sse2 */
+            __mmask16 m = kvc__tail_mask_avx512(n - c);
+            __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s[r] + c), k);
+            __m512 e = kvc__exp_avx512(_mm512_mul_ps(_mm512_abs_ps(y), _mm512_set1_ps(-2.0f)));
+            __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+            __m512i sy = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32((int)0x80000000u));
+            t = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sy));
+            _mm512_mask_storeu_ps(s[r] + c, m, _mm512_mul_ps(t, vc));
+        }
+}
 KVC__AVX512 static void kvc__axpy_avx512(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
     int32_t i = 0, c;
     for (; i + 64 <= d; i += 64) { /* four accumulators stay in registers across the cells */
@@ -6565,7 +6620,7 @@ KVC__VNNI static void kvc__scores_i8_vnni_q4_0(const void *const *q, int32_t nr,
       kvc__scores_avx512_q4_0},                                                                                     \
      {kvc__values_avx512_f32, kvc__values_avx512_f16, kvc__values_avx512_bf16, kvc__values_avx512_q8_0,              \
       kvc__values_avx512_q4_0},                                                                                     \
-     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, i8_row_bytes, i8_prepare}
+     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, i8_row_bytes, i8_prepare, kvc__softcap_avx512}
 static const kvc__kernels kvc__kernels_avx512 =
     KVC__KERNELS_AVX512("avx512", kvc__scores_i8_avx2_q8_0, kvc__scores_i8_avx2_q4_0, NULL, NULL);
 static const kvc__kernels kvc__kernels_avx512_vnni =
@@ -6653,6 +6708,23 @@ static void kvc__scale_neon(float *x, int32_t n, float a) {
     int32_t i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), a));
     for (; i < n; ++i) x[i] *= a;
+}
+static void kvc__softcap_neon(float *const *s, int32_t nr, int32_t n, float scale, float cap) {
+    float32x4_t one = vdupq_n_f32(1.0f);
+    float t[4];
+    int32_t r, c, j;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; c += 4) { /* as kvc__tanh_cap_sse2, the tail in a padded vector */
+            float32x4_t y, e, th;
+            for (j = 0; j < 4; ++j) t[j] = c + j < n ? s[r][c + j] : 0.0f;
+            y = vmulq_n_f32(vld1q_f32(t), scale / cap);
+            e = kvc__exp_neon(vmulq_n_f32(vabsq_f32(y), -2.0f));
+            th = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
+            th = vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(th),
+                                                 vandq_u32(vreinterpretq_u32_f32(y), vdupq_n_u32(0x80000000u))));
+            vst1q_f32(t, vmulq_n_f32(th, cap));
+            for (j = 0; j < 4 && c + j < n; ++j) s[r][c + j] = t[j];
+        }
 }
 
 /* Fused NEON kernels: rows read in their storage type 16 values at a time (a q4_0
@@ -6813,7 +6885,7 @@ KVC__SOFTMAX_ROWS(KVC__NO_ATTR, neon, kvc__masked_max_scalar, kvc__exp_sum_neon)
     {name, kvc__dot_neon, kvc__masked_max_rows_neon, kvc__exp_sum_rows_neon, kvc__axpy_neon, kvc__scale_neon, 16,    \
      {kvc__scores_neon_f32, kvc__scores_neon_f16, kvc__scores_neon_bf16, kvc__scores_neon_q8_0, kvc__scores_neon_q4_0}, \
      {kvc__values_neon_f32, kvc__values_neon_f16, kvc__values_neon_bf16, kvc__values_neon_q8_0, kvc__values_neon_q4_0}, \
-     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, NULL, NULL}
+     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, NULL, NULL, kvc__softcap_neon}
 static const kvc__kernels kvc__kernels_neon =
     KVC__KERNELS_NEON("neon", kvc__scores_i8_neon_q8_0, kvc__scores_i8_neon_q4_0);
 #ifdef KVC__NEON_DOT
@@ -6869,6 +6941,7 @@ typedef struct kvc__attn {
     const kvc__kernels *kern;
     int32_t layer, group, n_heads, n_kv, hk, hv;
     float scale;
+    float softcap;         /* 0: off; else the scores are capped in place, scale applied */
     kvc__run *runs;        /* the cells the call reads, in order */
     int32_t *run_start;    /* run r holds cells [run_start[r], run_start[r + 1]) of that order */
     int32_t n_runs, n_cells;
@@ -6925,6 +6998,10 @@ static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const 
     if (d->n_queries < 1 || d->n_heads < 1 || d->n_heads % p->cfg.n_kv_heads != 0) return KVC_ERR_INVALID;
     if (d->window < 0 || !(d->scale >= 0.0f) || d->scale == INFINITY) return KVC_ERR_INVALID;
     if (d->scratch == NULL && d->scratch_bytes != 0) return KVC_ERR_INVALID;
+    if (!(d->softcap >= 0.0f) || d->softcap == INFINITY) return KVC_ERR_INVALID;
+    if (d->sinks != NULL)
+        for (i = 0; i < d->n_heads; ++i)
+            if (d->sinks[i] != d->sinks[i] || d->sinks[i] == INFINITY) return KVC_ERR_INVALID;
     if (kvc__batch_open(c) && !c->batch_put[layer]) return KVC_ERR_STATE;
     if (c->cfg.kind != KVC_KIND_CAUSAL) return d->pos == NULL && d->n_queries > c->offset ? KVC_ERR_RANGE : KVC_OK;
     if (d->pos == NULL) return d->n_queries == c->batch_n ? KVC_OK : KVC_ERR_RANGE;
@@ -7081,10 +7158,14 @@ static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t
    their online softmax; the scores become the weights of the V accumulation. */
 static void kvc__attn_softmax(const kvc__attn *A, const kvc__rows *R, int32_t r0, int32_t n) {
     int32_t nr = KVC__MIN(4, R->n - r0), r;
-    float bm[4], m[4], sum[4];
+    float bm[4], m[4], sum[4], scale = A->scale;
+    if (A->softcap > 0.0f) { /* s = cap * tanh(scale * s / cap), already scaled */
+        A->kern->softcap(R->s + r0, nr, n, scale, A->softcap);
+        scale = 1.0f;
+    }
     A->kern->masked_max(R->s + r0, R->vis + r0, nr, n, bm);
     for (r = 0; r < nr; ++r) {
-        float *ml = R->ml[r0 + r], b = bm[r] * A->scale;
+        float *ml = R->ml[r0 + r], b = bm[r] * scale;
         if (b > ml[0]) { /* a new maximum: rescale what the row has */
             if (ml[0] != -INFINITY) {
                 float f = expf(ml[0] - b);
@@ -7095,7 +7176,7 @@ static void kvc__attn_softmax(const kvc__attn *A, const kvc__rows *R, int32_t r0
         }
         m[r] = ml[0];
     }
-    A->kern->exp_sum(R->s + r0, R->vis + r0, nr, n, A->scale, m, sum);
+    A->kern->exp_sum(R->s + r0, R->vis + r0, nr, n, scale, m, sum);
     for (r = 0; r < nr; ++r) R->ml[r0 + r][1] += sum[r];
 }
 
@@ -7240,6 +7321,23 @@ static void kvc__ahead_of(const kvc__attn *A, int32_t lo, int32_t cell, int32_t 
     next->v = kvc__v_at(A->p, A->layer, run->page, run->c0 + cell - A->run_start[lo]);
 }
 
+/* Row `row` (query row / n_heads, head row % n_heads) done: out holds sum_i e^(s_i - m) v_i
+   and l = sum_i e^(s_i - m) (m = -inf, l = 0: nothing visible). Divides out by the
+   denominator, the head's sink joining it, and writes the row's log-sum-exp if asked. */
+static void kvc__attn_finish(const kvc__attn *A, size_t row, float m, float l, float *out) {
+    const kvc_attention_desc *d = A->d;
+    float sink = d->sinks ? d->sinks[row % (size_t)A->n_heads] : -INFINITY;
+    if (sink != -INFINITY) { /* M = max(m, sink); L = l e^(m - M) + e^(sink - M) */
+        float M = KVC__MAX(m, sink), w = m == -INFINITY ? 0.0f : expf(m - M), L = l * w + expf(sink - M);
+        if (l > 0.0f) A->kern->scale(out, A->hv, w / L);
+        m = M;
+        l = L;
+    } else if (l > 0.0f) {
+        A->kern->scale(out, A->hv, 1.0f / l);
+    }
+    if (d->lse) d->lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
 /* Task t: the queries of block t / n_chunks over the cells of chunk t % n_chunks. */
 static void kvc__attn_task(void *ctx, int32_t task, int32_t worker) {
     const kvc__attn *A = (const kvc__attn *)ctx;
@@ -7284,7 +7382,8 @@ static void kvc__attn_task(void *ctx, int32_t task, int32_t worker) {
     }
     if (A->part == NULL) /* the only chunk: normalise in place */
         for (i = 0; i < rows; ++i)
-            if (ml[2 * i + 1] > 0.0f) A->kern->scale(acc + (size_t)i * A->hv, A->hv, 1.0f / ml[2 * i + 1]);
+            kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)i, ml[2 * i], ml[2 * i + 1],
+                             acc + (size_t)i * A->hv);
 }
 
 /* Split-K: out = sum_k exp(m_k - M) acc_k / sum_k exp(m_k - M) l_k, chunks in order. */
@@ -7298,7 +7397,10 @@ static void kvc__attn_merge(const kvc__attn *A) {
             memset(out, 0, sizeof(float) * (size_t)A->hv);
             for (ch = 0; ch < A->n_chunks; ++ch)
                 M = KVC__MAX(M, A->ml[((size_t)qt * A->n_chunks + ch) * (size_t)A->rows_max * 2 + 2 * (size_t)row]);
-            if (M == -INFINITY) continue; /* nothing visible */
+            if (M == -INFINITY) { /* nothing visible */
+                kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)row, M, 0.0f, out);
+                continue;
+            }
             for (ch = 0; ch < A->n_chunks; ++ch) {
                 size_t t = (size_t)qt * A->n_chunks + ch;
                 const float *ml = A->ml + t * (size_t)A->rows_max * 2 + 2 * (size_t)row;
@@ -7308,7 +7410,7 @@ static void kvc__attn_merge(const kvc__attn *A) {
                 L += w * ml[1];
                 A->kern->axpy(out, &w, A->part + (t * (size_t)A->rows_max + (size_t)row) * (size_t)A->hv, A->hv, 0, 1);
             }
-            A->kern->scale(out, A->hv, 1.0f / L);
+            kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)row, M, L, out);
         }
     }
 }
@@ -7326,6 +7428,7 @@ static void kvc__attn_init(kvc__attn *A, const kvc_cache *c, int32_t layer, cons
     A->hk = c->pool->cfg.head_dim_k;
     A->hv = c->pool->cfg.head_dim_v;
     A->scale = d->scale > 0.0f ? d->scale : 1.0f / sqrtf((float)A->hk);
+    A->softcap = d->softcap;
     A->fused_k = A->kern->scores[c->pool->cfg.type_k] != NULL && A->hk % A->kern->lanes == 0 && A->hk <= 1024;
     if (A->kern->scores_i8[c->pool->cfg.type_k] != NULL) { /* every path has them for block types */
         const kvc__kernels *ik = A->hk <= KVC__SCALES * KVC__QBLOCK ? A->kern : &kvc__kernels_scalar;
