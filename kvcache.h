@@ -2109,6 +2109,13 @@ struct kvc_cache {
     kvc_snapshot **pend;                 /* [max_ckpt] */
     unsigned char *pend_done;            /* [max_ckpt][n_layers] RECURRENT: layers handed over */
     int states_open;                     /* RECURRENT: kvc_state may still give the batch's states */
+    /* f16_tail (FULL, ROTATING): the K and V rows of tokens [tail_lo, min(tail_hi, offset))
+       kept beside the pages (which hold every token quantized, as without a tail), token t
+       in ring slot t % f16_tail; a quantized side in f16, the other in its own type */
+    unsigned char *tail;                 /* [n_layers][f16_tail K rows, then f16_tail V rows] */
+    size_t tail_krow, tail_vrow;         /* bytes of a K / V row of the ring */
+    kvc_type tail_tk, tail_tv;
+    int32_t tail_lo, tail_hi;
 };
 
 struct kvc_snapshot {
@@ -2234,6 +2241,7 @@ static void kvc__release_from(kvc_cache *c, int32_t n_tokens) {
    view: target - 1 (a batch of one token) unless the caller knows better. */
 static void kvc__rewind_to(kvc_cache *c, int32_t target, int32_t anchor) {
     kvc__release_from(c, target);
+    c->tail_hi = KVC__MIN(c->tail_hi, target); /* the tail keeps the rows it still has */
     c->offset = target;
     c->batch_begin = anchor;
     c->batch_pending = 0;
@@ -2296,6 +2304,21 @@ static kvc_result kvc__check_causal(const kvc_pool *pool, const kvc_cache_config
             KVC__REFUSE(KVC_ERR_INVALID, "rope.n_dims");
     }
     return KVC_OK;
+}
+
+/* f16_tail: whether t is a block type, and the bytes of a ring row of K (is_k) or V */
+static int kvc__type_quantized(kvc_type t) { return t == KVC_TYPE_Q8_0 || t == KVC_TYPE_Q4_0; }
+static size_t kvc__tail_row(const kvc_pool *p, int is_k) {
+    kvc_type t = is_k ? p->cfg.type_k : p->cfg.type_v;
+    return kvc__row_bytes(kvc__type_quantized(t) ? KVC_TYPE_F16 : t, p->cfg.n_kv_heads,
+                          is_k ? p->cfg.head_dim_k : p->cfg.head_dim_v);
+}
+/* layer's ring: K rows, then V rows */
+static unsigned char *kvc__tail_k(const kvc_cache *c, int32_t layer) {
+    return c->tail + (size_t)layer * (size_t)c->cfg.f16_tail * (c->tail_krow + c->tail_vrow);
+}
+static unsigned char *kvc__tail_v(const kvc_cache *c, int32_t layer) {
+    return kvc__tail_k(c, layer) + (size_t)c->cfg.f16_tail * c->tail_krow;
 }
 
 /* The causal cache's own arrays, after the common part of the struct. *of is set when
@@ -2361,6 +2384,12 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
         cc.capacity = cc.padding = cc.chunk = 0;
         if (cc.kind != KVC_KIND_RECURRENT) cc.max_seqs = 0;
     }
+    if (cc.f16_tail != 0) { /* quantized FULL / ROTATING caches with host K/V only */
+        if (cc.f16_tail < 0 || (!kvc__type_quantized(pool->cfg.type_k) && !kvc__type_quantized(pool->cfg.type_v)))
+            KVC__REFUSE(KVC_ERR_INVALID, "f16_tail");
+        if ((cc.kind != KVC_KIND_FULL && cc.kind != KVC_KIND_ROTATING) || pool->external)
+            KVC__REFUSE(KVC_ERR_UNSUPPORTED, "f16_tail");
+    }
     if (cc.kind == KVC_KIND_ROTATING || cc.kind == KVC_KIND_RECURRENT) {
         if (cc.checkpoints == 0) cc.checkpoints = 8;
     } else {
@@ -2376,6 +2405,10 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
                              (size_t)pool->cfg.n_layers), &of);
     if (cc.kind == KVC_KIND_RECURRENT)
         bytes = kvc__add(bytes, kvc__mul((size_t)cc.max_seqs, 3 * sizeof(int32_t), &of), &of);
+    if (cc.f16_tail > 0) /* the ring, 64-aligned */
+        bytes = kvc__add(bytes, kvc__add(64, kvc__mul(kvc__mul((size_t)cc.f16_tail, (size_t)pool->cfg.n_layers, &of),
+                                                      kvc__tail_row(pool, 1) + kvc__tail_row(pool, 0), &of), &of), &of);
+    if (of && cc.f16_tail > 0) KVC__REFUSE(KVC_ERR_OVERFLOW, "f16_tail");
     if (of) KVC__REFUSE(KVC_ERR_OVERFLOW, cc.kind == KVC_KIND_CAUSAL ? "capacity" : "kind");
     plan->cc = cc;
     plan->pages = pages;
@@ -2470,6 +2503,14 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         for (i = 0; i < cc.max_seqs; ++i) { c->state_page[i] = KVC__NO_PAGE; c->state_off[i] = c->batch_has[i] = 0; }
     }
     c->pend_done = cursor;
+    if (cc.f16_tail > 0) {
+        cursor += (size_t)cc.checkpoints * (size_t)pool->cfg.n_layers;
+        c->tail = kvc__align_ptr(cursor, 64);
+        c->tail_krow = kvc__tail_row(pool, 1);
+        c->tail_vrow = kvc__tail_row(pool, 0);
+        c->tail_tk = kvc__type_quantized(pool->cfg.type_k) ? KVC_TYPE_F16 : pool->cfg.type_k;
+        c->tail_tv = kvc__type_quantized(pool->cfg.type_v) ? KVC_TYPE_F16 : pool->cfg.type_v;
+    }
     /* in 64 bits: sinks + page_cells - 1 overflows int32 for sinks near INT32_MAX */
     c->n_sink_pages = cc.kind == KVC_KIND_ROTATING
                           ? (int32_t)(((int64_t)cc.sinks + pool->page_cells - 1) / pool->page_cells) : 0;
@@ -2517,6 +2558,12 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
     c->first_lpage = cache->first_lpage;
     c->offset = cache->offset;
     c->batch_begin = cache->batch_begin;
+    if (cache->tail != NULL) { /* O(f16_tail) bytes: the fork reads what the cache reads */
+        memcpy(c->tail, cache->tail, (size_t)cache->cfg.f16_tail * (size_t)cache->pool->cfg.n_layers *
+                                         (cache->tail_krow + cache->tail_vrow));
+        c->tail_lo = cache->tail_lo;
+        c->tail_hi = cache->tail_hi;
+    }
     *out = c;
     return KVC_OK;
 }
@@ -2622,6 +2669,11 @@ static kvc_result kvc__begin_kv(kvc_cache *cache, int32_t n_tokens) {
         cache->pages[cache->n_pages++] = kvc__page_acquire(p);
     }
     for (t = o; t < e; ++t) *kvc__pos_at(p, cache->pages[kvc__lpage_index(cache, t / pc)], t % pc) = t;
+    if (cache->cfg.f16_tail > 0) { /* the batch joins the tail (contiguous with what it has) */
+        int32_t lo = cache->tail_hi >= o && cache->tail_lo <= o ? cache->tail_lo : o;
+        cache->tail_lo = KVC__MAX(lo, e - cache->cfg.f16_tail);
+        cache->tail_hi = e;
+    }
     cache->offset = e;
     cache->batch_begin = o;
     cache->batch_pending = p->cfg.n_layers;
@@ -2685,6 +2737,13 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
         KVCACHE_ASSERT(p->refcount[page] == 1);
         tk->from_f32(k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk);
         tv->from_f32(v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv);
+        if (cache->tail != NULL && cell >= cache->tail_lo) { /* the tail's copy, from the same f32 */
+            size_t slot = (size_t)(cell % cache->cfg.f16_tail);
+            kvc__pick_type(cache->tail_tk, p->cpu).from_f32(k + (size_t)t * (size_t)nk,
+                                                             kvc__tail_k(cache, layer) + slot * cache->tail_krow, nk);
+            kvc__pick_type(cache->tail_tv, p->cpu).from_f32(v + (size_t)t * (size_t)nv,
+                                                             kvc__tail_v(cache, layer) + slot * cache->tail_vrow, nv);
+        }
     }
     if (!cache->batch_put[layer]) {
         cache->batch_put[layer] = 1;
@@ -3500,6 +3559,7 @@ static kvc_result kvc__restore_full(kvc_cache *c, const kvc_snapshot *s, int32_t
     int need_copy;
     uint32_t boundary = KVC__NO_PAGE;
     if (target <= s->from) { kvc__rewind(c, target); return KVC_OK; }
+    c->tail_hi = KVC__MIN(c->tail_hi, s->from); /* the snapshot's tokens: as stored */
     need_copy = cut != 0 && c->pages[keep] != s->pages[0];
     for (idx = keep + 1; idx < c->n_pages; ++idx) freed += p->refcount[c->pages[idx]] == 1;
     if (!cut && keep < c->n_pages) freed += p->refcount[c->pages[keep]] == 1;
@@ -3533,6 +3593,7 @@ static void kvc__restore_rotating(kvc_cache *c, const kvc_snapshot *s, int32_t t
     memcpy(c->pages, s->pages, sizeof(uint32_t) * (size_t)s->n_pages);
     c->n_pages = s->n_pages;
     c->first_lpage = s->first_lpage;
+    c->tail_lo = c->tail_hi = 0; /* the snapshot's tokens: as stored */
     c->offset = s->to;
     c->batch_begin = s->batch_begin;
     c->batch_pending = 0;
@@ -4859,6 +4920,7 @@ static void kvc__radix_fill(kvc_radix *t, kvc_cache *c, const kvc__rnode *at, in
     for (lp = sink_end - 1; lp >= 0; --lp) c->pages[--idx] = kvc__path_page(&at, lp, pc);
     c->first_lpage = first <= last ? first : c->n_sink_pages;
     for (lp = 0; lp < c->n_pages; ++lp) kvc__page_retain(t->pool, c->pages[lp]);
+    c->tail_lo = c->tail_hi = 0; /* the tree's tokens: as stored */
     c->offset = m;
     c->batch_begin = m - 1;
 }
@@ -6942,6 +7004,11 @@ typedef struct kvc__attn {
     int32_t layer, group, n_heads, n_kv, hk, hv;
     float scale;
     float softcap;         /* 0: off; else the scores are capped in place, scale applied */
+    /* f16_tail: tokens [tail_lo, tail_hi) are read from the cache's ring (in a block after
+       the pages' cells, which skip them); tail_lo = tail_hi = 0 without one */
+    int64_t tail_lo, tail_hi;
+    const unsigned char *tail_k, *tail_v;
+    kvc__to_f32_fn tail_k_f32, tail_v_f32;
     kvc__run *runs;        /* the cells the call reads, in order */
     int32_t *run_start;    /* run r holds cells [run_start[r], run_start[r + 1]) of that order */
     int32_t n_runs, n_cells;
@@ -7045,7 +7112,8 @@ static uint32_t kvc__visible_mask(const kvc__attn *A, const kvc__query *q, uint3
         const int32_t *key = kvc__pos_at(A->p, page, slot);
         for (i = 0; i < n; ++i) {
             int64_t k = key[i];
-            m |= (uint32_t)(k >= 0 && k <= q->hi && k >= q->lo && (k < q->sink_end || k >= q->wlo)) << i;
+            m |= (uint32_t)(k >= 0 && k <= q->hi && k >= q->lo && (k < q->sink_end || k >= q->wlo) &&
+                            (k < A->tail_lo || k >= A->tail_hi)) << i;
         }
     }
     return m;
@@ -7097,7 +7165,7 @@ static void kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
     A->rows_max = A->per_task * A->n_heads;
     n_tasks = (size_t)A->n_qtasks * (size_t)A->n_chunks;
     n_workers = A->p->cfg.parallel_for ? (size_t)A->p->cfg.n_workers : 1;
-    A->tile_floats = A->fused_k && A->fused_v ? 0 : (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv);
+    A->tile_floats = A->fused_k && A->fused_v && A->tail_hi == 0 ? 0 : (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv);
     A->rows_floats = kvc__floats_aligned((size_t)A->rows_max * KVC__BLOCK + A->tile_floats + /* scores, tile */
                                          KVC__BLOCK + (size_t)A->hv);                        /* padding rows */
     A->rows_cap = A->per_task * A->group + 4;
@@ -7338,6 +7406,48 @@ static void kvc__attn_finish(const kvc__attn *A, size_t row, float m, float l, f
     if (d->lse) d->lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
+/* f16_tail: the tokens of the cache's ring after the pages' cells, in blocks through the
+   f32 tile (a ring row is the f16 of the f32 put, or for an unquantized side the stored
+   row), folded into the same online softmax. */
+static void kvc__attn_tail(const kvc__attn *A, int32_t q0, int32_t nq, const kvc__query *qs, float *ml, float *acc,
+                           float *work, kvc__rows *R) {
+    const kvc_cache *c = A->c;
+    float *s = work, *tile = s + (size_t)A->rows_max * KVC__BLOCK;
+    float *pad_s = tile + A->tile_floats, *pad_acc = pad_s + KVC__BLOCK;
+    const unsigned char *qb = (const unsigned char *)(work + A->qb_floats);
+    int64_t t;
+    int32_t n, h, r, i, q, T = c->cfg.f16_tail;
+    uint32_t vis[KVC__PREFILL_QUERIES];
+    for (t = A->tail_lo; t < A->tail_hi; t += n) {
+        int32_t slot = (int32_t)(t % T);
+        uint32_t any = 0;
+        n = (int32_t)KVC__MIN((int64_t)KVC__MIN(KVC__BLOCK, T - slot), A->tail_hi - t);
+        for (q = 0; q < nq; ++q) {
+            const kvc__query *qq = &qs[q];
+            uint32_t m = 0;
+            for (i = 0; i < n; ++i) {
+                int64_t k = t + i;
+                m |= (uint32_t)(k <= qq->hi && k >= qq->lo && (k < qq->sink_end || k >= qq->wlo)) << i;
+            }
+            any |= vis[q] = m;
+        }
+        if (!any) continue;
+        for (h = 0; h < A->n_kv; ++h) kvc__rows_of_head(A, h, q0, nq, vis, ml, acc, s, pad_s, pad_acc, qb, &R[h]);
+        for (h = 0; h < A->n_kv; ++h) {
+            size_t off = kvc__row_bytes(c->tail_tk, h, A->hk);
+            for (i = 0; i < n; ++i) A->tail_k_f32(A->tail_k + (size_t)(slot + i) * c->tail_krow + off, tile + (size_t)i * A->hk, A->hk);
+            for (r = 0; r < R[h].n; ++r) A->kern->dot(R[h].q[r], tile, A->hk, (size_t)A->hk, n, R[h].s[r]);
+        }
+        for (h = 0; h < A->n_kv; ++h)
+            for (r = 0; r < R[h].n; r += 4) kvc__attn_softmax(A, &R[h], r, n);
+        for (h = 0; h < A->n_kv; ++h) {
+            size_t off = kvc__row_bytes(c->tail_tv, h, A->hv);
+            for (i = 0; i < n; ++i) A->tail_v_f32(A->tail_v + (size_t)(slot + i) * c->tail_vrow + off, tile + (size_t)i * A->hv, A->hv);
+            for (r = 0; r < R[h].n; ++r) A->kern->axpy(R[h].acc[r], R[h].s[r], tile, A->hv, (size_t)A->hv, n);
+        }
+    }
+}
+
 /* Task t: the queries of block t / n_chunks over the cells of chunk t % n_chunks. */
 static void kvc__attn_task(void *ctx, int32_t task, int32_t worker) {
     const kvc__attn *A = (const kvc__attn *)ctx;
@@ -7380,6 +7490,7 @@ static void kvc__attn_task(void *ctx, int32_t task, int32_t worker) {
         cell += n;
         if (cell == A->run_start[lo + 1]) ++lo;
     }
+    if (A->tail_hi > A->tail_lo && ch == A->n_chunks - 1) kvc__attn_tail(A, q0, nq, qs, ml, acc, work, lists);
     if (A->part == NULL) /* the only chunk: normalise in place */
         for (i = 0; i < rows; ++i)
             kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)i, ml[2 * i], ml[2 * i + 1],
@@ -7429,6 +7540,14 @@ static void kvc__attn_init(kvc__attn *A, const kvc_cache *c, int32_t layer, cons
     A->hv = c->pool->cfg.head_dim_v;
     A->scale = d->scale > 0.0f ? d->scale : 1.0f / sqrtf((float)A->hk);
     A->softcap = d->softcap;
+    if (c->tail != NULL && KVC__MIN(c->tail_hi, c->offset) > c->tail_lo) {
+        A->tail_lo = c->tail_lo;
+        A->tail_hi = KVC__MIN(c->tail_hi, c->offset);
+        A->tail_k = kvc__tail_k(c, layer);
+        A->tail_v = kvc__tail_v(c, layer);
+        A->tail_k_f32 = kvc__pick_type(c->tail_tk, c->pool->cpu).to_f32;
+        A->tail_v_f32 = kvc__pick_type(c->tail_tv, c->pool->cpu).to_f32;
+    }
     A->fused_k = A->kern->scores[c->pool->cfg.type_k] != NULL && A->hk % A->kern->lanes == 0 && A->hk <= 1024;
     if (A->kern->scores_i8[c->pool->cfg.type_k] != NULL) { /* every path has them for block types */
         const kvc__kernels *ik = A->hk <= KVC__SCALES * KVC__QBLOCK ? A->kern : &kvc__kernels_scalar;

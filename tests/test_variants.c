@@ -8,6 +8,8 @@
    - cascade: two calls over the two halves of a cache (a trimmed fork, and the whole
      cache with a window), merged through their LSE, equal one call over the whole.
    - threads: 1..3 workers give the serial bits with the variants on.
+   Caches of quantized types also run with an f16 tail (kvc_cache_config.f16_tail, its
+   own reference checks are in test_tail.c).
    - edges and bad input: nothing visible (with and without a sink), a -INFINITY sink
      (no sink), softcap / sinks that are refused.
    `test_variants SEED` replays a run. */
@@ -23,6 +25,7 @@ typedef struct shape {
     kvc_type tk, tv;
     int32_t hk, hv, n_kv, group, page_cells, tokens, n_queries, window, sinks, seqs;
     int32_t open_batch; /* CAUSAL: the queries are an open batch of this many tokens (pos NULL) */
+    int32_t f16_tail;   /* FULL, ROTATING with a quantized type: kvc_cache_config.f16_tail */
 } shape;
 
 typedef struct variant {
@@ -71,6 +74,7 @@ static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn pf, void 
     pc.parallel_for = pf; pc.parallel_user = pu; pc.n_workers = workers;
     kvc_cache_config_init(&cc, s->kind);
     if (s->kind == KVC_KIND_ROTATING) { cc.window = s->window; cc.sinks = s->sinks; }
+    cc.f16_tail = s->f16_tail;
     if (s->kind == KVC_KIND_CAUSAL) {
         cc.capacity = s->tokens * s->seqs + 64 + s->open_batch;
         cc.max_seqs = s->seqs;
@@ -184,6 +188,8 @@ static shape random_shape(tk_rng *rng, int32_t hk, int32_t hv, kvc_type tk, kvc_
     if (s.kind == KVC_KIND_CAUSAL) s.tokens = KVC__MAX(s.tokens, s.seqs);
     if (s.kind == KVC_KIND_CAUSAL && tk_pct(rng, 40)) s.n_queries = s.open_batch = tk_int(rng, 1, 40);
     if (s.kind != KVC_KIND_CAUSAL) s.n_queries = KVC__MIN(s.n_queries, s.tokens);
+    s.f16_tail = s.kind != KVC_KIND_CAUSAL && (tk >= KVC_TYPE_Q8_0 || tv >= KVC_TYPE_Q8_0) && tk_pct(rng, 50)
+                     ? tk_int(rng, 1, 300) : 0;
     return s;
 }
 
@@ -220,9 +226,9 @@ static void check_paths(tk_rng *rng, const shape *s) {
             for (i = 0; i < nl; ++i) lerr = fmax(lerr, lse_err(lref[i], lse[i]));
         if (!(err <= 2e-5 * scale) || !(lerr <= 2e-5)) {
             printf("%s vs scalar: kind %d %s/%s hk %d hv %d kv %d group %d pc %d tokens %d queries %d window %d open %d "
-                   "softcap %g sinks %d scale %g: max err %.3g (scale %.3g), lse err %.3g\n",
+                   "tail %d softcap %g sinks %d scale %g: max err %.3g (scale %.3g), lse err %.3g\n",
                    names[p], (int)s->kind, kvc_type_name(s->tk), kvc_type_name(s->tv), s->hk, s->hv, s->n_kv, s->group,
-                   s->page_cells, s->tokens, s->n_queries, s->window, s->open_batch, v.softcap, v.use_sinks, v.scale,
+                   s->page_cells, s->tokens, s->n_queries, s->window, s->open_batch, s->f16_tail, v.softcap, v.use_sinks, v.scale,
                    err, scale, lerr);
             TK_CHECK(0);
         } else {
