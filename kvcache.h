@@ -323,10 +323,16 @@ typedef struct kvc_cache_config {
     /* ROTATING and RECURRENT: how many checkpoints (kvc_begin_checkpoints) the cache keeps,
        the latest ones; 0 = 8. RECURRENT: max_seqs above is its number of sequences (0 = 1). */
     int32_t checkpoints;
-    /* FULL, ROTATING and CAUSAL caches on a pool whose K or V type is q8_0 or q4_0: the
-       newest f16_tail tokens of the cache are kept in f16 and quantized only when they leave
-       the tail (mlx-lm's quantized_kv_start, KIVI's residual); 0: off. Negative, or > 0 on a
-       pool with no quantized type: KVC_ERR_INVALID ("f16_tail"). */
+    /* FULL and ROTATING caches on a pool whose K or V type is q8_0 or q4_0: the newest
+       f16_tail tokens are also kept in f16 and attention reads them in place of their
+       quantized rows (mlx-lm's quantized_kv_start, KIVI's residual); the pages hold every
+       token exactly as without a tail, so a token leaving the tail is quantized as it would
+       be anyway. The f16 rows (f16_tail x n_layers rows of K and V) are part of the cache
+       object, from the pool's allocator, outside budget_bytes. Tokens a restore, load or
+       prefix lookup brings are read as stored until new tokens refill the tail; a fork
+       copies it. 0: off. Negative, or > 0 on a pool with no quantized type:
+       KVC_ERR_INVALID; CAUSAL, RECURRENT or device-backed pools: KVC_ERR_UNSUPPORTED
+       (field "f16_tail"). */
     int32_t f16_tail;
 } kvc_cache_config;
 
@@ -339,7 +345,7 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
 /* Checks cfg against pool as kvc_cache_create does and returns what it would, creating
    nothing. *field (field may be NULL) = the first field refused ("kind", "window",
    "sinks", "capacity", "padding", "max_seqs", "chunk", "rope.style", "rope.theta",
-   "rope.n_dims"), or NULL when valid. KVC_ERR_FULL ("capacity") says that the pool
+   "rope.n_dims", "f16_tail"), or NULL when valid. KVC_ERR_FULL ("capacity") says that the pool
    cannot give a CAUSAL cache of that capacity its pages now. */
 KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field);
 /* Gives the cache's page references back to the pool (pages shared with snapshots,
@@ -2385,10 +2391,11 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
         if (cc.kind != KVC_KIND_RECURRENT) cc.max_seqs = 0;
     }
     if (cc.f16_tail != 0) { /* quantized FULL / ROTATING caches with host K/V only */
-        if (cc.f16_tail < 0 || (!kvc__type_quantized(pool->cfg.type_k) && !kvc__type_quantized(pool->cfg.type_v)))
-            KVC__REFUSE(KVC_ERR_INVALID, "f16_tail");
+        if (cc.f16_tail < 0) KVC__REFUSE(KVC_ERR_INVALID, "f16_tail");
         if ((cc.kind != KVC_KIND_FULL && cc.kind != KVC_KIND_ROTATING) || pool->external)
             KVC__REFUSE(KVC_ERR_UNSUPPORTED, "f16_tail");
+        if (!kvc__type_quantized(pool->cfg.type_k) && !kvc__type_quantized(pool->cfg.type_v))
+            KVC__REFUSE(KVC_ERR_INVALID, "f16_tail");
     }
     if (cc.kind == KVC_KIND_ROTATING || cc.kind == KVC_KIND_RECURRENT) {
         if (cc.checkpoints == 0) cc.checkpoints = 8;
