@@ -77,7 +77,7 @@ static void feed(world *w, tk_rng *rng, int32_t n, int32_t put_layers) {
 static void part(kvc_cache *c, int32_t layer, const kvc_attention_desc *d0, int32_t W, int32_t b, int32_t e,
                  const float *sinks, float *out, float *lse) {
     kvc_attention_desc d = *d0;
-    kvc_cache *f;
+    kvc_cache *f = NULL;
     int32_t off = offset_of(c), h;
     memset(out, 0, sizeof(float) * NH * D);
     for (h = 0; h < NH; ++h) lse[h] = -INFINITY;
@@ -245,7 +245,7 @@ static void test_random(tk_rng *rng) {
                 w.hi = w.window ? 0 : KVC__MIN(w.hi, from); /* the snapshot's tokens: as stored */
                 TK_OK(kvc_snapshot_free(s));
             } else if (op == 7) { /* a fork reads what the cache reads, and goes on alike */
-                kvc_cache *f;
+                kvc_cache *f = NULL;
                 float q[2 * NH * D], a[2 * NH * D], b[2 * NH * D];
                 kvc_attention_desc d;
                 int32_t nq = KVC__MIN(2, off);
@@ -292,8 +292,8 @@ static void test_tree(tk_rng *rng) {
     for (round = 0; round < tk_scaled(4); ++round) {
         world w;
         kvc_radix_config rc;
-        kvc_radix *tree;
-        kvc_cache *hit, *ref;
+        kvc_radix *tree = NULL;
+        kvc_cache *hit = NULL, *ref = NULL;
         int32_t *tok, n, reused = 0, i, l, off;
         float q[NH * D], a[NH * D], b[NH * D];
         kvc_attention_desc d;
@@ -301,7 +301,7 @@ static void test_tree(tk_rng *rng) {
         if (w.window) { world_free(&w); continue; }
         feed(&w, rng, tk_int(rng, 2, 700), NL);
         off = offset_of(w.tail);
-        tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)off);
+        tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)(off > 0 ? off : 1));
         for (i = 0; i < off; ++i) tok[i] = i;
         TK_OK(kvc_radix_config_init(&rc, KVC_KIND_FULL));
         rc.cache.f16_tail = w.T;
@@ -339,8 +339,8 @@ static void test_tree(tk_rng *rng) {
 static void test_config(void) {
     kvc_pool_config pc;
     kvc_cache_config cc;
-    kvc_pool *p;
-    kvc_cache *c;
+    kvc_pool *p = NULL;
+    kvc_cache *c = NULL;
     const char *field = NULL;
     int32_t t;
     kvc_pool_config_init(&pc);

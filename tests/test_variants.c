@@ -294,8 +294,8 @@ static void test_naive(tk_rng *rng) {
         fill(rng, q, (size_t)nq * nh * d, 2.0f);
         for (qi = 0; qi < nq; ++qi) pos[qi] = tk_int(rng, 0, n - 1);
         for (path = 0; path < 2; ++path) { /* scalar, then this CPU's own path */
-            kvc_pool *pool;
-            kvc_cache *cache;
+            kvc_pool *pool = NULL;
+            kvc_cache *cache = NULL;
             kvc_attention_desc desc;
             double err = 0, lerr = 0, mo = 1e-3;
             TK_OK(make_cache(KVC_TYPE_F32, KVC_TYPE_F32, n_kv, d, tk_int(rng, 1, 300), path ? 0u : ~0u, &pool, &cache));
@@ -374,8 +374,8 @@ static void test_cascade(tk_rng *rng) {
         float *o1 = (float *)malloc(sizeof(float) * no), *o2 = (float *)malloc(sizeof(float) * no);
         float lw[20 * 8], l1[20 * 8], l2[20 * 8];
         int32_t pos[20];
-        kvc_pool *pool;
-        kvc_cache *cache, *first;
+        kvc_pool *pool = NULL;
+        kvc_cache *cache = NULL, *first = NULL;
         kvc_attention_desc desc;
         variant var;
         double err = 0, lerr = 0, mo = 1e-3;
@@ -449,7 +449,7 @@ static void test_threads(tk_rng *rng) {
         attend(&s, &v, &r, q, pos, seq, ref, lref);
         destroy(&r);
         for (w = 1; w <= 3; ++w) {
-            kvc_threads *th;
+            kvc_threads *th = NULL;
             TK_OK(kvc_threads_create(w, &th));
             if (build(&s, 0, kvc_threads_parallel_for, th, w, seed, &r)) {
                 attend(&s, &v, &r, q, pos, seq, out, lse);
@@ -466,8 +466,8 @@ static void test_threads(tk_rng *rng) {
 /* ---- edges and bad input ---- */
 
 static void test_edges(tk_rng *rng) {
-    kvc_pool *pool;
-    kvc_cache *cache;
+    kvc_pool *pool = NULL;
+    kvc_cache *cache = NULL;
     kvc_attention_desc d;
     float k[40 * 64], v[40 * 64], q[2 * 64], out[2 * 64], out2[2 * 64], lse[2], lse2[2], sinks[2];
     int32_t pos[2] = {39, 39}, i;
