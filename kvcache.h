@@ -7172,7 +7172,9 @@ static void kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
     A->rows_max = A->per_task * A->n_heads;
     n_tasks = (size_t)A->n_qtasks * (size_t)A->n_chunks;
     n_workers = A->p->cfg.parallel_for ? (size_t)A->p->cfg.n_workers : 1;
-    A->tile_floats = A->fused_k && A->fused_v && A->tail_hi == 0 ? 0 : (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv);
+    /* an f16 tail is read through the tile: room for it whenever the cache has one (empty
+       or not), so a scratch size asked for once does not fall short when the tail fills */
+    A->tile_floats = A->fused_k && A->fused_v && A->c->tail == NULL ? 0 : (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv);
     A->rows_floats = kvc__floats_aligned((size_t)A->rows_max * KVC__BLOCK + A->tile_floats + /* scores, tile */
                                          KVC__BLOCK + (size_t)A->hv);                        /* padding rows */
     A->rows_cap = A->per_task * A->group + 4;
