@@ -494,6 +494,62 @@ static void test_prefix_limits(void) {
     world_done(&w);
 }
 
+/* ---- attention plans ------------------------------------------------------------------ */
+/* Query and head counts near 2^31 in the attention plan's size sums: a clean
+   KVC_ERR_OVERFLOW (never a wrapped size, no signed overflow under UBSan), and an honest
+   huge size where it fits. The positions and queries are never read by the size query. */
+static void test_attention_limits(void) {
+    world w;
+    kvc_cache *c;
+    kvc_attention_desc d;
+    int32_t pos[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    size_t bytes;
+    world_init(&w, 4, 16);
+    c = make(&w, KVC_KIND_FULL, 0, 0);
+    TK_OK(append(&w, c, 8));
+    memset(&d, 0, sizeof(d));
+    d.pos = pos;
+    d.n_queries = INT32_MAX; /* explicit positions: any count is a valid call shape */
+    d.n_heads = 2;           /* but the rows of q and out (queries x heads) must fit an int32 */
+    bytes = 12345;
+    TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    TK_EQ(bytes, 12345);
+    d.n_queries = INT32_MAX - 15;
+    TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    d.n_heads = 1; /* INT32_MAX rows: an honest size (16 GiB of softmax state alone), or OVERFLOW on 32 bits */
+    d.n_queries = INT32_MAX;
+    if (is32) {
+        TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    } else {
+        TK_OK(kvc_attention_scratch_bytes(c, &d, &bytes));
+        TK_CHECK(u64(bytes) >= ((uint64_t)INT32_MAX + 1) * 8);
+    }
+    d.n_queries = 1;
+    d.n_heads = INT32_MAX;
+    TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    d.n_queries = 8;
+    d.n_heads = 1 << 28;
+    TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    d.n_queries = 17;
+    d.n_heads = 1 << 27;
+    TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    /* kvc_attention refuses the same shapes before it reads q or out */
+    d.q = w.k;
+    d.out = w.v;
+    TK_RES(kvc_attention(c, 0, &d), KVC_ERR_OVERFLOW);
+    d.n_queries = 1;
+    d.n_heads = 1 << 24; /* large but representable: a real size, more than 2^24 rows of floats */
+    if (is32) { /* 2^24 rows of 32 scores alone are 2 GiB: more than a 32-bit size may hold with the rest */
+        kvc_result r = kvc_attention_scratch_bytes(c, &d, &bytes);
+        TK_CHECK(r == KVC_OK || r == KVC_ERR_OVERFLOW);
+    } else {
+        TK_OK(kvc_attention_scratch_bytes(c, &d, &bytes));
+        TK_CHECK(u64(bytes) >= ((uint64_t)1 << 24) * 32 * 4);
+    }
+    TK_OK(kvc_cache_destroy(c));
+    world_done(&w);
+}
+
 int main(void) {
     printf("size_t: %d bits\n", (int)(8 * sizeof(size_t)));
     test_pool_limits();
@@ -502,6 +558,7 @@ int main(void) {
     test_causal_limits();
     test_causal_bytes();
     test_prefix_limits();
+    test_attention_limits();
     TK_EQ(g_live, 0); /* every block given back */
     return tk_report("limits");
 }
