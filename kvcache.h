@@ -3565,7 +3565,7 @@ KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc
                                      kvc_snapshot **out) {
     kvc_pool *p;
     kvc_snapshot *m;
-    int32_t pc, cut, shared, n;
+    int32_t pc, cut, shared, n, fresh_pages;
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (parent != NULL && kvc__check_snapshot(cache, parent) != KVC_OK) return KVC_ERR_FOREIGN;
@@ -3588,9 +3588,11 @@ KVCDEF kvc_result kvc_snapshot_merge(kvc_cache *cache, kvc_snapshot *parent, kvc
     cut = parent->to % pc;
     shared = cut != 0; /* parent's last page and child's first page are the same logical page */
     n = parent->n_pages + child->n_pages - shared;
-    if (shared && parent->pages[parent->n_pages - 1] != child->pages[0] && kvc__pages_free(p) < 1) return KVC_ERR_FULL;
+    fresh_pages = shared && parent->pages[parent->n_pages - 1] != child->pages[0];
+    if (!kvc__can_reclaim(p, fresh_pages)) return KVC_ERR_FULL; /* evicting prefix-tree entries if need be */
     m = kvc__snapshot_alloc(p, n, 1);
     if (m == NULL) return KVC_ERR_NO_MEMORY;
+    kvc__reclaim(p, fresh_pages); /* checked above: frees enough pages */
     m->cache_id = parent->cache_id;
     m->kind = parent->kind;
     m->window = parent->window;
@@ -3674,9 +3676,10 @@ KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *c, int32_t seq, kvc_snapshot **out
     for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i) n += kvc__cell_has(c, i, seq);
     if (n == 0) return KVC_ERR_NOT_FOUND;
     pages = (int32_t)(((int64_t)n + c->pool->page_cells - 1) / c->pool->page_cells); /* pages of 2^31 cells */
-    if (pages > kvc__pages_free(c->pool)) return KVC_ERR_FULL;
+    if (!kvc__can_reclaim(c->pool, pages)) return KVC_ERR_FULL; /* evicting prefix-tree entries if need be */
     s = kvc__snapshot_alloc(c->pool, pages, 1);
     if (s == NULL) return KVC_ERR_NO_MEMORY;
+    kvc__reclaim(c->pool, pages); /* checked above: frees enough pages */
     for (i = 0; i < pages; ++i) s->pages[i] = kvc__page_acquire(c->pool);
     s->kind = KVC_KIND_CAUSAL;
     s->n_cells = n;
@@ -8118,15 +8121,30 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
     if (r->err == KVC_OK && (s->meta[0] < 0 || s->meta[1] < 0)) kvc__r_fail(r, KVC_ERR_CORRUPT);
 }
 
-/* TOKS into dst (NULL: read and check only). */
-static void kvc__r_tokens(kvc__rd *r, int32_t *dst, int32_t n) {
-    int32_t i;
+/* TOKS: n tokens into a block of the pool's (*dst, which the caller frees; dst == NULL:
+   read and check only). The block grows by doubling as tokens arrive, so what a load
+   asks for is bounded by what the input holds, never by the count it declares. The
+   caller's own array is written only once the whole load has succeeded. */
+static void kvc__r_tokens(kvc__rd *r, kvc_pool *p, int32_t **dst, int32_t n) {
+    int32_t i, cap = 0;
+    if (dst != NULL) *dst = NULL;
     kvc__r_section(r, KVC__TAG('T', 'O', 'K', 'S'), 4 * (uint64_t)n);
     for (i = 0; i < n && r->err == KVC_OK; ++i) {
         uint32_t t = kvc__r_u32(r);
-        if (dst != NULL) dst[i] = (int32_t)t;
+        if (dst == NULL || r->err != KVC_OK) continue;
+        if (i == cap) {
+            int32_t grown = cap == 0 ? KVC__MIN(n, 1024) : (int32_t)KVC__MIN((int64_t)n, 2 * (int64_t)cap);
+            int32_t *b = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)grown);
+            if (b == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); break; }
+            if (i > 0) memcpy(b, *dst, sizeof(int32_t) * (size_t)i);
+            kvc__free(p, *dst);
+            *dst = b;
+            cap = grown;
+        }
+        (*dst)[i] = (int32_t)t;
     }
     kvc__r_end(r);
+    if (r->err != KVC_OK && dst != NULL) { kvc__free(p, *dst); *dst = NULL; }
 }
 
 /* Fresh pages for n cells, packed from slot 0 (the load's staging area). */
@@ -8217,7 +8235,7 @@ static void kvc__staged_free(kvc_pool *p, kvc__staged *st) {
 }
 
 static void kvc__r_linear(kvc__rd *r, const kvc_cache *c, uint32_t what, kvc_namespace ns, kvc__staged *st,
-                          int32_t *tokens, int32_t max_tokens) {
+                          int want_tokens, int32_t max_tokens) {
     kvc_pool *p = c->pool;
     kvc_result e;
     kvc__r_head(r, p, what, ns, &st->s);
@@ -8230,16 +8248,13 @@ static void kvc__r_linear(kvc__rd *r, const kvc_cache *c, uint32_t what, kvc_nam
         kvc__r_fail(r, KVC_ERR_CORRUPT);
         return;
     }
-    if (what == KVC__WHAT_ENTRY) { /* the tokens of an entry are needed to commit it */
-        st->tokens = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)KVC__MAX(st->s.meta[0], 1));
-        if (st->tokens == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); return; }
-        tokens = st->tokens;
-    } else if (tokens != NULL && st->s.meta[0] > max_tokens) {
+    if (what != KVC__WHAT_ENTRY && want_tokens && st->s.meta[0] > max_tokens) {
         kvc__r_fail(r, KVC_ERR_RANGE);
         return;
     }
     if ((e = kvc__stage_pages(p, st->s.meta[1], &st->pages, &st->n_pages)) != KVC_OK) { kvc__r_fail(r, e); return; }
-    kvc__r_tokens(r, tokens, st->s.meta[0]);
+    /* an entry's tokens are needed to commit it */
+    kvc__r_tokens(r, p, what == KVC__WHAT_ENTRY || want_tokens ? &st->tokens : NULL, st->s.meta[0]);
     kvc__r_linear_cells(r, c, &st->s, st->pages);
     kvc__r_kv(r, p, st->pages, st->s.meta[1]);
 }
@@ -8264,7 +8279,7 @@ static void kvc__install_linear(kvc_cache *c, kvc__staged *st) {
 
 /* RECURRENT: CELL is (sequence, tokens consumed) per state, KVDT the states. The
    checkpoints are not saved: a loaded cache goes back only to what it holds. */
-static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
                                       int32_t max_tokens, int32_t *n_tokens) {
     kvc_pool *p = c->pool;
     kvc__rd r;
@@ -8280,14 +8295,14 @@ static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_
     n = s.meta[1];
     if (n > c->cfg.max_seqs) return KVC_ERR_MISMATCH; /* more states than sequences here */
     if (tokens != NULL && s.meta[0] > max_tokens) {
-        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        *n_tokens = s.meta[0];
         return KVC_ERR_RANGE;
     }
     seq_of = (int32_t *)kvc__alloc(p, 2 * sizeof(int32_t) * (size_t)KVC__MAX(n, 1));
     if (seq_of == NULL) return KVC_ERR_NO_MEMORY;
     off_of = seq_of + KVC__MAX(n, 1);
     if ((r.err = kvc__stage_pages(p, n, &pages, &n_pages)) == KVC_OK) {
-        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_tokens(&r, p, tokens, s.meta[0]);
         kvc__r_section(&r, KVC__TAG('C', 'E', 'L', 'L'), 8 * (uint64_t)n);
         for (i = 0; i < n && r.err == KVC_OK; ++i) {
             seq_of[i] = (int32_t)kvc__r_u32(&r);
@@ -8312,14 +8327,17 @@ static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_
         c->offset = c->state_off[0];
         c->batch_begin = c->offset > 0 ? c->offset - 1 : 0;
         n_pages = 0;
-        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        *n_tokens = s.meta[0];
+    } else if (tokens != NULL) {
+        kvc__free(p, *tokens);
+        *tokens = NULL;
     }
     kvc__unstage_pages(p, pages, n_pages);
     kvc__free(p, seq_of);
     return r.err;
 }
 
-static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
                                    int32_t max_tokens, int32_t *n_tokens);
 
 /* Load entry points end here: release what is staged, finish the io. */
@@ -8328,29 +8346,45 @@ static kvc_result kvc__load_end(const kvc_io *io, kvc_pool *p, kvc__staged *st, 
     return kvc__io_end(io, r);
 }
 
-KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
-                                 int32_t *n_tokens) {
+/* kvc_cache_load after its checks, without finishing the io: with tokens != NULL the
+   saved tokens come back in a block of the pool's (*tokens, which the caller frees)
+   and *n_tokens is their count (also with KVC_ERR_RANGE). */
+static kvc_result kvc__cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
+                                  int32_t max_tokens, int32_t *n_tokens) {
     kvc__rd r;
     kvc__staged st;
-    kvc_result e;
+    if (tokens != NULL) *tokens = NULL;
+    if (kvc__is_causal(c)) return kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens);
+    if (kvc__is_recurrent(c)) return kvc__load_recurrent(c, ns, io, tokens, max_tokens, n_tokens);
     memset(&st, 0, sizeof(st));
-    if (io == NULL) return KVC_ERR_NULL;
-    if (c == NULL) return kvc__load_end(io, NULL, &st, KVC_ERR_NULL);
-    if (c->pool->external) return kvc__load_end(io, NULL, &st, KVC_ERR_UNSUPPORTED); /* device backend */
-    if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__load_end(io, NULL, &st, e);
-    if (max_tokens < 0) return kvc__load_end(io, NULL, &st, KVC_ERR_INVALID);
-    if (kvc__batch_open(c)) return kvc__load_end(io, NULL, &st, KVC_ERR_STATE);
-    if (kvc__is_causal(c)) return kvc__load_end(io, NULL, &st, kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens));
-    if (kvc__is_recurrent(c))
-        return kvc__load_end(io, NULL, &st, kvc__load_recurrent(c, ns, io, tokens, max_tokens, n_tokens));
     memset(&r, 0, sizeof(r));
     r.io = io;
-    kvc__r_linear(&r, c, KVC__WHAT_CACHE, ns, &st, tokens, max_tokens);
-    if (r.err == KVC_ERR_RANGE && n_tokens != NULL) *n_tokens = st.s.meta[0];
-    if (r.err != KVC_OK) return kvc__load_end(io, c->pool, &st, r.err);
-    kvc__install_linear(c, &st);
-    if (n_tokens != NULL) *n_tokens = st.s.meta[0];
-    return kvc__load_end(io, c->pool, &st, KVC_OK);
+    kvc__r_linear(&r, c, KVC__WHAT_CACHE, ns, &st, tokens != NULL, max_tokens);
+    if (r.err == KVC_ERR_RANGE) *n_tokens = st.s.meta[0];
+    if (r.err == KVC_OK) {
+        kvc__install_linear(c, &st);
+        *n_tokens = st.s.meta[0];
+        if (tokens != NULL) { *tokens = st.tokens; st.tokens = NULL; }
+    }
+    kvc__staged_free(c->pool, &st);
+    return r.err;
+}
+
+KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
+                                 int32_t *n_tokens) {
+    kvc_result e;
+    int32_t *got = NULL, n = 0;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if (c->pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
+    if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__io_end(io, e);
+    if (max_tokens < 0) return kvc__io_end(io, KVC_ERR_INVALID);
+    if (kvc__batch_open(c)) return kvc__io_end(io, KVC_ERR_STATE);
+    e = kvc__cache_load(c, ns, io, tokens != NULL ? &got : NULL, max_tokens, &n);
+    if (e == KVC_OK && tokens != NULL && n > 0) memcpy(tokens, got, sizeof(int32_t) * (size_t)n);
+    if ((e == KVC_OK || e == KVC_ERR_RANGE) && n_tokens != NULL) *n_tokens = n;
+    kvc__free(c->pool, got);
+    return kvc__io_end(io, e);
 }
 
 /* ---- CAUSAL: a whole cache, or one sequence ---- */
@@ -8389,7 +8423,7 @@ static int kvc__causal_conf_ok(const kvc_cache *c, const kvc__saved *s) {
     return s->cc.kind == KVC_KIND_CAUSAL && s->cc.window == c->cfg.window && s->cc.chunk == c->cfg.chunk;
 }
 
-static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
                                    int32_t max_tokens, int32_t *n_tokens) {
     kvc_pool *p = c->pool;
     kvc__rd r;
@@ -8405,14 +8439,14 @@ static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io 
     n = s.meta[1];
     if (s.meta[2] < 1 || s.meta[2] > (1 << 15) || n > c->capacity) return n > c->capacity ? KVC_ERR_MISMATCH : KVC_ERR_CORRUPT;
     if (tokens != NULL && s.meta[0] > max_tokens) {
-        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        *n_tokens = s.meta[0];
         return KVC_ERR_RANGE;
     }
     cell_of = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)KVC__MAX(n, 1) * (size_t)(1 + c->words));
     if (cell_of == NULL) return KVC_ERR_NO_MEMORY;
     seqs = (uint32_t *)(cell_of + KVC__MAX(n, 1));
     if ((r.err = kvc__stage_pages(p, n, &pages, &n_pages)) == KVC_OK) {
-        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_tokens(&r, p, tokens, s.meta[0]);
         kvc__r_causal_cells(&r, c, &s, pages, cell_of, seqs);
         kvc__r_kv(&r, p, pages, n);
     }
@@ -8424,7 +8458,10 @@ static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io 
         }
         c->n_used = n;
         kvc__all_bounds(c);
-        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        *n_tokens = s.meta[0];
+    } else if (tokens != NULL) {
+        kvc__free(p, *tokens);
+        *tokens = NULL;
     }
     kvc__unstage_pages(p, pages, n_pages);
     kvc__free(p, cell_of);
@@ -8437,7 +8474,7 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, cons
     kvc__saved s;
     kvc_snapshot *snap = NULL;
     kvc_pool *p;
-    int32_t i, n, freed = 0, pc;
+    int32_t i, n, freed = 0, pc, *got = NULL;
     if (io == NULL) return KVC_ERR_NULL;
     if (c == NULL) return kvc__io_end(io, KVC_ERR_NULL);
     if (c->pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
@@ -8458,13 +8495,14 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, cons
         if (n_tokens != NULL) *n_tokens = s.meta[0];
         r.err = KVC_ERR_RANGE;
     }
-    if (r.err == KVC_OK && (n + pc - 1) / pc > kvc__pages_free(p)) r.err = KVC_ERR_FULL;
+    if (r.err == KVC_OK && !kvc__can_reclaim(p, (n + pc - 1) / pc)) r.err = KVC_ERR_FULL;
     if (r.err == KVC_OK && (snap = kvc__snapshot_alloc(p, (n + pc - 1) / pc, 1)) == NULL) r.err = KVC_ERR_NO_MEMORY;
     if (r.err == KVC_OK) { /* the cells go into a sequence snapshot's pages, then kvc_seq_restore */
         snap->kind = KVC_KIND_CAUSAL;
         snap->n_cells = n;
+        kvc__reclaim(p, snap->n_pages); /* checked above: frees enough pages */
         for (i = 0; i < snap->n_pages; ++i) snap->pages[i] = kvc__page_acquire(p);
-        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_tokens(&r, p, tokens != NULL ? &got : NULL, s.meta[0]);
         kvc__r_section(&r, KVC__TAG('C', 'E', 'L', 'L'), 4 * (uint64_t)n);
         for (i = 0; i < n && r.err == KVC_OK; ++i) {
             int32_t pos = (int32_t)kvc__r_u32(&r);
@@ -8476,8 +8514,10 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, cons
     }
     if (r.err == KVC_OK) {
         r.err = kvc_seq_restore(c, snap, dst); /* checked above: cannot fail */
+        if (tokens != NULL && s.meta[0] > 0) memcpy(tokens, got, sizeof(int32_t) * (size_t)s.meta[0]);
         if (n_tokens != NULL) *n_tokens = s.meta[0];
     }
+    kvc__free(p, got);
     kvc_snapshot_free(snap);
     return kvc__io_end(io, r.err);
 }
@@ -8516,7 +8556,7 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *i
     if ((e = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, e);
     memset(&r, 0, sizeof(r));
     r.io = io;
-    kvc__r_linear(&r, c, KVC__WHAT_ENTRY, ns, &st, NULL, 0);
+    kvc__r_linear(&r, c, KVC__WHAT_ENTRY, ns, &st, 0, 0);
     if (r.err == KVC_OK) {
         kvc__install_linear(c, &st);
         r.err = kvc__radix_commit(t, ns, c, st.tokens, st.s.meta[0], pin); /* NO_MEMORY: tree unchanged */
@@ -8632,7 +8672,7 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
     kvc_io fwd;
     kvc_cache *tmp[KVC_MAX_GROUPS];
     unsigned char b[16];
-    int32_t g, i, n0 = 0;
+    int32_t g, i, n0 = 0, *got = NULL;
     kvc_result r;
     if (io == NULL) return KVC_ERR_NULL;
     if (mem == NULL) return kvc__io_end(io, KVC_ERR_NULL);
@@ -8661,15 +8701,18 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
     for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) {
         int32_t n = 0;
         r = kvc_cache_create(mem->cache[g]->pool, &mem->cache[g]->cfg, &tmp[g]);
-        if (r == KVC_OK) r = kvc_cache_load(tmp[g], ns, &fwd, g == 0 ? tokens : NULL, g == 0 ? max_tokens : 0, &n);
+        /* group 0's tokens into a block of its pool: the caller's array only on success */
+        if (r == KVC_OK) r = kvc__cache_load(tmp[g], ns, &fwd, g == 0 && tokens != NULL ? &got : NULL, g == 0 ? max_tokens : 0, &n);
         if (r == KVC_OK && g > 0 && (n != 0 || tmp[g]->offset != tmp[0]->offset)) r = KVC_ERR_CORRUPT;
         if (g == 0) n0 = n;
     }
     if (r == KVC_ERR_RANGE && n_tokens != NULL) *n_tokens = n0;
     if (r == KVC_OK) {
         for (g = 0; g < mp->n_groups; ++g) kvc__cache_move(mem->cache[g], tmp[g]);
+        if (tokens != NULL && n0 > 0) memcpy(tokens, got, sizeof(int32_t) * (size_t)n0);
         if (n_tokens != NULL) *n_tokens = n0;
     }
+    if (got != NULL) kvc__free(tmp[0]->pool, got);
     for (g = 0; g < mp->n_groups; ++g)
         if (tmp[g] != NULL) kvc_cache_destroy(tmp[g]);
     return kvc__io_end(io, r);

@@ -452,7 +452,21 @@ static int load_error(kvc_result r) {
     return r == KVC_ERR_FORMAT || r == KVC_ERR_CORRUPT || r == KVC_ERR_TRUNCATED || r == KVC_ERR_MISMATCH;
 }
 
-/* kind: 0 cache into full, 1 into rot, 2 into causal, 3 seq into causal, 4 entry into tree */
+/* kind: 0 cache into full, 1 into rot, 2 into causal, 3 seq into causal, 4 entry into tree.
+   The caller's token array and count are g_out_tokens / g_out_n: a load that fails must
+   leave them as they were (tokens_kept() checks the sentinel). */
+static int32_t g_out_tokens[64], g_out_n;
+static void tokens_sentinel(void) {
+    int32_t i;
+    for (i = 0; i < 64; ++i) g_out_tokens[i] = -7 - i;
+    g_out_n = -99;
+}
+static int tokens_kept(void) {
+    int32_t i;
+    for (i = 0; i < 64; ++i)
+        if (g_out_tokens[i] != -7 - i) return 0;
+    return g_out_n == -99;
+}
 static kvc_result load_into(lf_world *w, int kind, const unsigned char *data, size_t size) {
     kvc_mem m;
     kvc_io io;
@@ -460,12 +474,13 @@ static kvc_result load_into(lf_world *w, int kind, const unsigned char *data, si
     b.data = (unsigned char *)data;
     b.size = size;
     io = mem_reader(&m, &b);
+    tokens_sentinel();
     switch (kind) {
-    case 0: return kvc_cache_load(w->full, LF_NS, &io, NULL, 0, NULL);
-    case 1: return kvc_cache_load(w->rot, LF_NS, &io, NULL, 0, NULL);
-    case 2: return kvc_cache_load(w->causal, LF_NS, &io, NULL, 0, NULL);
-    case 3: return kvc_seq_load(w->causal, 2, LF_NS, &io, NULL, 0, NULL);
-    default: return kvc_radix_load(w->tree, LF_NS, &io, 0, NULL);
+    case 0: return kvc_cache_load(w->full, LF_NS, &io, g_out_tokens, 64, &g_out_n);
+    case 1: return kvc_cache_load(w->rot, LF_NS, &io, g_out_tokens, 64, &g_out_n);
+    case 2: return kvc_cache_load(w->causal, LF_NS, &io, g_out_tokens, 64, &g_out_n);
+    case 3: return kvc_seq_load(w->causal, 2, LF_NS, &io, g_out_tokens, 64, &g_out_n);
+    default: return kvc_radix_load(w->tree, LF_NS, &io, 0, &g_out_n);
     }
 }
 static kvc_cache *target_of(lf_world *w, int kind) {
@@ -475,7 +490,7 @@ static kvc_cache *target_of(lf_world *w, int kind) {
 static void test_damage(void) {
     lf_world a, w;
     blob objs[5];
-    int kind, bad_err = 0, changed = 0, accepted = 0, truncated_ok = 0;
+    int kind, bad_err = 0, changed = 0, accepted = 0, truncated_ok = 0, tokens_changed = 0;
     size_t i, len;
     TK_EQ(lf_make(&a, KVC_TYPE_F16, KVC_TYPE_F32, 1), 1);
     TK_EQ(lf_make(&w, KVC_TYPE_F16, KVC_TYPE_F32, 1), 1); /* targets with contents of their own */
@@ -502,6 +517,7 @@ static void test_damage(void) {
                 after = snap_state(&w, target_of(&w, kind));
                 if (!load_error(r)) { bad_err++; fprintf(stderr, "kind %d byte %zu flip %d: %s\n", kind, i, flip, kvc_strerror(r)); }
                 changed += !same_state(&before, &after);
+                tokens_changed += r != KVC_OK && !tokens_kept();
             }
         }
         for (len = 0; len < objs[kind].size; ++len) { /* every truncation */
@@ -509,6 +525,7 @@ static void test_damage(void) {
             after = snap_state(&w, target_of(&w, kind));
             truncated_ok += r == KVC_ERR_TRUNCATED;
             changed += !same_state(&before, &after);
+            tokens_changed += r != KVC_OK && !tokens_kept();
         }
         TK_EQ(truncated_ok, (int)objs[kind].size);
         truncated_ok = 0;
@@ -519,6 +536,7 @@ static void test_damage(void) {
     }
     TK_EQ(bad_err, 0);
     TK_EQ(changed, 0);
+    TK_EQ(tokens_changed, 0); /* nothing the caller owns changes unless the load succeeds */
     TK_EQ(accepted, 5);
     /* mismatches: another object kind, namespace, window, pool shape, capacity */
     {
