@@ -8152,9 +8152,10 @@ static kvc_result kvc__stage_pages(kvc_pool *p, int32_t n_cells, uint32_t **page
     int32_t n = (int32_t)(((int64_t)n_cells + p->page_cells - 1) / p->page_cells), i;
     *pages = NULL;
     *n_pages = n;
-    if (n > kvc__pages_free(p)) return KVC_ERR_FULL;
+    if (!kvc__can_reclaim(p, n)) return KVC_ERR_FULL;
     *pages = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)KVC__MAX(n, 1));
     if (*pages == NULL) return KVC_ERR_NO_MEMORY;
+    kvc__reclaim(p, n); /* unused prefix-tree entries go first, as for any pages */
     for (i = 0; i < n; ++i) (*pages)[i] = kvc__page_acquire(p);
     return KVC_OK;
 }
