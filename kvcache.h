@@ -271,7 +271,8 @@ KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t
    arena) now: no later call allocates K/V memory. kvc_pool_config_check names the field
    of an invalid cfg. */
 KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out);
-/* KVC_ERR_BUSY while caches, snapshots or prefix objects of the pool are alive. */
+/* KVC_ERR_BUSY while caches, snapshots or prefix objects of the pool are alive, and for
+   a pool another object made and owns (a model memory's, kvc_vk_pool_host()'s). */
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool);
 /* Sizes, page use (now and peak), live objects and the CPU paths in use. */
 KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *stats);
@@ -1675,6 +1676,9 @@ struct kvc_pool {
     const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
     kvc__budget own_budget;
     kvc__budget *budget;     /* &own_budget, or a model memory's shared one */
+    int owned;               /* made for another object (a model memory, kvcache_vk.h's
+                                device pool): kvc_pool_destroy refuses it (KVC_ERR_BUSY),
+                                its owner clears this and destroys it */
 };
 
 typedef struct kvc__layout {
@@ -1940,7 +1944,7 @@ KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out) {
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool) {
     kvc_allocator a;
     if (pool == NULL) return KVC_ERR_NULL;
-    if (pool->live_caches || pool->live_snapshots || pool->live_prefixes) return KVC_ERR_BUSY;
+    if (pool->owned || pool->live_caches || pool->live_snapshots || pool->live_prefixes) return KVC_ERR_BUSY;
     KVCACHE_ASSERT(pool->n_free == pool->max_pages);
     if (pool->arena_mode) return KVC_OK; /* the caller owns the arena */
     a = pool->alloc;
@@ -4095,7 +4099,7 @@ static void kvc__mpools_unref(kvc__mpools *mp) {
     int32_t g;
     if (--mp->refs > 0) return;
     for (g = 0; g < mp->n_groups; ++g)
-        if (mp->pool[g] != NULL) (void)kvc_pool_destroy(mp->pool[g]);
+        if (mp->pool[g] != NULL) { mp->pool[g]->owned = 0; (void)kvc_pool_destroy(mp->pool[g]); }
     mp->alloc.free(mp, mp->alloc.user);
 }
 
@@ -4154,6 +4158,7 @@ KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **o
         r = kvc_pool_create(&pc, &mp->pool[g]);
         if (r != KVC_OK) break;
         mp->pool[g]->budget = &mp->budget; /* empty, so nothing to carry over */
+        mp->pool[g]->owned = 1;            /* destroyed with the memory only */
         r = kvc_cache_create(mp->pool[g], &cfg->groups[g].cache, &m->cache[g]);
     }
     if (r != KVC_OK) { kvc_memory_destroy(m); return r; }
