@@ -129,7 +129,8 @@
     X(KVC_ERR_TRUNCATED, -18, "saved data ends early")                                  \
     X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind") \
     X(KVC_ERR_POSITION, -20, "the engine's position is not the cache's offset") \
-    X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there")
+    X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there") \
+    X(KVC_ERR_ALIGNMENT, -22, "the allocator returned a block aligned less than kvc_allocator needs")
 
 /* The codes are 0, -1, -2, ... in the order of the list (test_core checks that each
    has its text), so the lowest is 1 - the number of entries: one +1 per entry. */
@@ -162,6 +163,13 @@ typedef enum kvc_type {
 KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", "bf16", "q8_0", "q4_0" or "?" */
 
 /* ---- Pool: every K/V byte, in pages, under a byte budget ------------------------ */
+/* The alignment kvc_allocator's blocks need: the strictest of double, uint64_t, pointers. */
+typedef struct kvc__align_probe { char c; union { double d; uint64_t u; void *p; } x; } kvc__align_probe;
+#define KVC_ALLOC_ALIGN (offsetof(kvc__align_probe, x))
+/* Blocks must be aligned as malloc's are: at least the alignment of double, uint64_t and
+   pointers (8 bytes on 64-bit hosts; KVC_ALLOC_ALIGN). kvc_pool_create refuses an
+   allocator whose first block is less aligned (KVC_ERR_ALIGNMENT); a later such block is
+   given back and counts as a failed allocation (KVC_ERR_NO_MEMORY). */
 typedef struct kvc_allocator {
     void *(*alloc)(size_t size, void *user); /* NULL: KVCACHE_MALLOC */
     void (*free)(void *ptr, void *user);     /* may be called with NULL */
@@ -1618,6 +1626,8 @@ static void kvc__heap_free(kvc__heap *h, void *p) {
 }
 
 static void *kvc__default_alloc(size_t size, void *user) { return KVCACHE_MALLOC(size, user); }
+/* a block of the allocator's aligned less than kvc_allocator's comment asks */
+static int kvc__misaligned(const void *ptr) { return ((uintptr_t)ptr & (KVC_ALLOC_ALIGN - 1)) != 0; }
 static void kvc__default_free(void *ptr, void *user) { KVCACHE_FREE(ptr, user); }
 
 /* Ask Linux for transparent huge pages under a slab from libc's malloc: attention
@@ -1930,6 +1940,7 @@ KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out) {
         if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
         meta = a.alloc(L.meta_bytes, a.user);
         if (meta == NULL) return KVC_ERR_NO_MEMORY;
+        if (kvc__misaligned(meta)) { a.free(meta, a.user); return KVC_ERR_ALIGNMENT; }
         slab_block = a.alloc(L.slab_bytes + KVC__SLAB_ALIGN, a.user);
         if (slab_block == NULL) { a.free(meta, a.user); return KVC_ERR_NO_MEMORY; }
         if (a.alloc == kvc__default_alloc) kvc__advise_huge_pages(slab_block, L.slab_bytes + KVC__SLAB_ALIGN);
@@ -1974,8 +1985,11 @@ KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *s) {
 }
 
 static void *kvc__alloc(kvc_pool *p, size_t n) {
+    void *ptr;
     if (p->arena_mode) return kvc__heap_alloc(&p->heap, n);
-    return p->alloc.alloc(n, p->alloc.user);
+    ptr = p->alloc.alloc(n, p->alloc.user);
+    if (ptr != NULL && kvc__misaligned(ptr)) { p->alloc.free(ptr, p->alloc.user); return NULL; }
+    return ptr;
 }
 static void kvc__free(kvc_pool *p, void *ptr) {
     if (ptr == NULL) return;

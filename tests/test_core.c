@@ -161,7 +161,7 @@ static void test_results(void) {
         for (a = KVC_RESULT_MIN_; a <= 0; ++a)
             TK_CHECK(strcmp(kvc_strerror((kvc_result)a), "unknown kvc_result") != 0);
         TK_CHECK(strcmp(kvc_strerror((kvc_result)(KVC_RESULT_MIN_ - 1)), "unknown kvc_result") == 0);
-        TK_EQ(KVC_RESULT_MIN_, KVC_ERR_RECURRENT); /* the last entry of the list */
+        TK_EQ(KVC_RESULT_MIN_, KVC_ERR_ALIGNMENT); /* the last entry of the list */
         TK_CHECK(strcmp(kvc_strerror(KVC_ERR_POSITION), "the engine's position is not the cache's offset") == 0);
     }
     {   /* every code has its own text */
@@ -1553,6 +1553,53 @@ static void test_alloc_failures(void) {
     TK_CHECK(n > 5);
 }
 
+/* An allocator whose blocks are 4-byte aligned (issue 23): refused at pool creation
+   (KVC_ERR_ALIGNMENT, nothing kept); one that turns misaligned later fails that
+   allocation cleanly (KVC_ERR_NO_MEMORY) instead of handing out a misaligned object. */
+static long g_skew_after, g_skew_live;
+static void *skew_alloc(size_t n, void *user) {
+    unsigned char *b;
+    (void)user;
+    b = (unsigned char *)malloc(n + 16);
+    if (b == NULL) return NULL;
+    g_skew_live++;
+    if (g_skew_after == 0) return b + 2;
+    if (g_skew_after > 0) g_skew_after--;
+    return b + 16; /* malloc's blocks are 16-aligned: 2 mod 16 is misaligned */
+}
+static void skew_free(void *p, void *user) {
+    unsigned char *q = (unsigned char *)p;
+    (void)user;
+    if (p == NULL) return;
+    q -= ((uintptr_t)q & 15) == 2 ? 2 : 16;
+    g_skew_live--;
+    free(q);
+}
+static void test_alignment(void) {
+    kvc_pool_config cfg;
+    kvc_pool *p = NULL;
+    kvc_cache_config cc;
+    kvc_cache *c = NULL;
+    fx_config(&cfg, 1, 1, 4, 4, 4, 8);
+    cfg.allocator.alloc = skew_alloc;
+    cfg.allocator.free = skew_free;
+    g_skew_after = 0; /* the first block already */
+    TK_RES(kvc_pool_create(&cfg, &p), KVC_ERR_ALIGNMENT);
+    TK_CHECK(p == NULL);
+    TK_EQ(g_skew_live, 0);
+    TK_CHECK(KVC_ALLOC_ALIGN >= sizeof(void *) && KVC_ALLOC_ALIGN <= 16);
+    g_skew_after = 2; /* the pool's two blocks, then misaligned */
+    TK_OK(kvc_pool_create(&cfg, &p));
+    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    TK_RES(kvc_cache_create(p, &cc, &c), KVC_ERR_NO_MEMORY);
+    TK_CHECK(c == NULL);
+    g_skew_after = -1; /* aligned again */
+    TK_OK(kvc_cache_create(p, &cc, &c));
+    TK_OK(kvc_cache_destroy(c));
+    TK_OK(kvc_pool_destroy(p));
+    TK_EQ(g_skew_live, 0);
+}
+
 int main(int argc, char **argv) {
     tk_rng rng;
     rng.s = argc > 1 ? strtoull(argv[1], NULL, 10) : (unsigned long long)time(NULL) * 2654435761ull;
@@ -1575,6 +1622,7 @@ int main(int argc, char **argv) {
     test_errors();
     test_alloc_failures();
     test_alloc_failures_all_kinds();
+    test_alignment();
     TK_EQ(g_allocs, g_frees);
     return tk_report("core");
 }
