@@ -418,7 +418,9 @@ typedef struct kvc_attention_desc {
 
 /* Scaled dot-product attention of the queries over the cache's cells for `layer`,
    masks computed from the cells' positions (no mask tensor). Online softmax. out must
-   not overlap q (KVC_ERR_INVALID); queries x heads must fit an int32 (KVC_ERR_OVERFLOW). */
+   not overlap q (KVC_ERR_INVALID); queries x heads must fit an int32 (KVC_ERR_OVERFLOW).
+   A query row (one query, one head) holding a NaN or an infinity gives a row of NaN
+   in out, whatever the storage types (other rows are unaffected). */
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc);
 /* The scratch a call with this desc needs now (q, out and scratch are not looked at);
    it changes as the cache grows. KVC_ERR_OVERFLOW where it does not fit a size_t. */
@@ -7387,6 +7389,26 @@ KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_
     return kvc__attn_plan(&A, NULL, bytes);
 }
 
+/* The rule for non-finite queries, the same for every storage type and path: a query
+   row (one query, one head) holding a NaN or an infinity gives a row of NaN. (Left to
+   the kernels, float keys gave zeros and block keys NaN or numbers: the row's scores
+   are NaN or infinite, and quantising the row drops or clamps the value.) One pass over
+   q; the other rows never depend on such a row. */
+static void kvc__attn_nonfinite(const kvc__attn *A) {
+    const kvc_attention_desc *d = A->d;
+    size_t rows = (size_t)d->n_queries * (size_t)A->n_heads, r, i;
+    for (r = 0; r < rows; ++r) {
+        const float *q = d->q + r * (size_t)A->hk;
+        uint32_t bad = 0, u;
+        for (i = 0; i < (size_t)A->hk; ++i) { /* exponent all ones: NaN or infinite */
+            memcpy(&u, q + i, 4);
+            bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        }
+        if (!bad) continue;
+        for (i = 0; i < (size_t)A->hv; ++i) d->out[r * (size_t)A->hv + i] = NAN;
+    }
+}
+
 /* Lay the plan out in mem (aligned here) and run its tasks. */
 static kvc_result kvc__attn_exec(kvc__attn *A, unsigned char *mem) {
     const kvc_pool *p = A->p;
@@ -7400,6 +7422,7 @@ static kvc_result kvc__attn_exec(kvc__attn *A, unsigned char *mem) {
     else
         for (t = 0; t < n_tasks; ++t) kvc__attn_task(A, t, 0);
     if (A->part != NULL) kvc__attn_merge(A);
+    kvc__attn_nonfinite(A);
     return KVC_OK;
 }
 

@@ -731,6 +731,60 @@ static void test_overlap(tk_rng *rng) {
     free(buf);
 }
 
+/* Non-finite queries (issue 23): one rule for every storage type and CPU path. A query
+   row (one query, one head) holding a NaN or an infinity gives a row of NaN; the other
+   rows are what they are without it. */
+static void test_nonfinite(tk_rng *rng) {
+    uint32_t disable[8];
+    const char *names[8];
+    int32_t np = paths(disable, names), p, t, bad_rows = 0, bad_other = 0, i, row;
+    for (p = 0; p < np; ++p)
+        for (t = 0; t < KVC_TYPE_COUNT; ++t) {
+            kvc_pool_config pc;
+            kvc_cache_config cc;
+            kvc_pool *pool = NULL;
+            kvc_cache *c = NULL;
+            kvc_attention_desc d;
+            float k[40 * 2 * 64], v[40 * 2 * 64], q[2 * 4 * 64], ref[2 * 4 * 64], out[2 * 4 * 64];
+            int kind;
+            kvc_pool_config_init(&pc);
+            pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = 64;
+            pc.type_k = pc.type_v = (kvc_type)t; pc.budget_bytes = 1 << 20; pc.cpu_disable = disable[p];
+            kvc_cache_config_init(&cc, KVC_KIND_FULL);
+            fill(rng, k, sizeof(k) / sizeof(float), 1.0f);
+            fill(rng, v, sizeof(v) / sizeof(float), 1.0f);
+            fill(rng, q, sizeof(q) / sizeof(float), 1.0f);
+            if (kvc_pool_create(&pc, &pool) != KVC_OK || kvc_cache_create(pool, &cc, &c) != KVC_OK ||
+                kvc_begin(c, 40) != KVC_OK || kvc_put(c, 0, k, v) != KVC_OK) { TK_CHECK(0); continue; }
+            memset(&d, 0, sizeof(d));
+            d.n_queries = 2; d.n_heads = 4; d.q = q; d.out = ref;
+            TK_OK(kvc_attention(c, 0, &d));
+            for (kind = 0; kind < 3; ++kind) { /* NaN, +Inf, -Inf in row 1 (query 0, head 1) and row 6 */
+                float bad = kind == 0 ? NAN : kind == 1 ? INFINITY : -INFINITY, keep1 = q[1 * 64 + 5], keep6 = q[6 * 64];
+                q[1 * 64 + 5] = bad;
+                q[6 * 64] = bad;
+                d.out = out;
+                TK_OK(kvc_attention(c, 0, &d));
+                for (row = 0; row < 8; ++row)
+                    for (i = 0; i < 64; ++i) {
+                        float o = out[row * 64 + i];
+                        if (row == 1 || row == 6) bad_rows += !is_nan(o);
+                        else bad_other += bits_of(o) != bits_of(ref[row * 64 + i]);
+                    }
+                q[1 * 64 + 5] = keep1;
+                q[6 * 64] = keep6;
+            }
+            if (bad_rows || bad_other)
+                printf("non-finite queries, %s %s: %d rows not NaN, %d other values changed\n", names[p],
+                       kvc_type_name((kvc_type)t), bad_rows, bad_other);
+            TK_EQ(bad_rows, 0);
+            TK_EQ(bad_other, 0);
+            bad_rows = bad_other = 0;
+            kvc_cache_destroy(c);
+            kvc_pool_destroy(pool);
+        }
+}
+
 static void test_bad_hook(void) {
     kvc_pool_config pc;
     kvc_pool *p = NULL;
@@ -775,6 +829,7 @@ int main(int argc, char **argv) {
     test_scratch(&rng);
     test_stack_use(&rng);
     test_overlap(&rng);
+    test_nonfinite(&rng);
     test_bad_hook();
     return tk_report("kernels");
 }
