@@ -594,16 +594,17 @@ KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io);
 #define KVC_PATH_MAX 4096
 /* An open FILE (the caller closes it; finish flushes after a save). */
 KVCDEF kvc_result kvc_io_stdio(FILE *file, kvc_io *io);
-/* A file by name: a save writes "<path>.kvctmp" and renames it onto path when it
-   succeeded (removes it when not), so readers never see a half-written file; a load
-   opens path and closes it at the end. `state` is yours: keep it until that save or
-   load returns. KVC_ERR_IO if the file cannot be opened, KVC_ERR_RANGE for a path of
-   KVC_PATH_MAX bytes or more. */
+/* A file by name: a save writes a temporary file "<path>.kvctmp-<16 hex digits>" (a
+   name of its own: saves to one path at once do not collide; tmp holds it) and renames
+   it onto path when it succeeded (removes it when not), so readers never see a
+   half-written file and the last save to finish wins; a load opens path and closes it
+   at the end. `state` is yours: keep it until that save or load returns. KVC_ERR_IO if
+   the file cannot be opened, KVC_ERR_RANGE for a path of KVC_PATH_MAX bytes or more. */
 typedef struct kvc_path_io {
     FILE *file;
     int writing;
     char path[KVC_PATH_MAX];
-    char tmp[KVC_PATH_MAX + 8];
+    char tmp[KVC_PATH_MAX + 32];
 } kvc_path_io;
 KVCDEF kvc_result kvc_io_path(kvc_path_io *state, const char *path, int writing, kvc_io *io);
 #endif
@@ -8791,6 +8792,7 @@ KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io) {
 }
 
 #ifndef KVCACHE_NO_STDIO
+#include <time.h> /* time, clock: the names of temporary files */
 static size_t kvc__file_write(void *user, const void *data, size_t n) { return fwrite(data, 1, n, (FILE *)user); }
 static size_t kvc__file_read(void *user, void *data, size_t n) { return fread(data, 1, n, (FILE *)user); }
 static int kvc__file_finish(void *user, int ok) { (void)ok; return ferror((FILE *)user) != 0; }
@@ -8828,6 +8830,42 @@ static size_t kvc__path_read(void *user, void *data, size_t n) {
     return f != NULL ? fread(data, 1, n, f) : 0;
 }
 
+/* A save's temporary file, of a name of its own: path + ".kvctmp-" + 16 hex digits mixed
+   from the state's address (distinct for saves at once in one process), the time and
+   the processor clock (other processes), and the attempt. Created exclusively where
+   fopen has the "x" mode (C11, glibc, musl, MSVC): a name that exists is never opened,
+   the next attempt takes another. Elsewhere (C99 has no exclusive create) a name that
+   exists is skipped, but a file made between that check and fopen could still be
+   truncated: there the names' 64 mixed bits are what keep saves apart. */
+#if (defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L) || defined(__GLIBC__) || defined(_MSC_VER) || \
+    defined(__APPLE__) || defined(__FreeBSD__)
+#define KVC__FOPEN_EXCL "wbx"
+#endif
+static FILE *kvc__tmp_open(kvc_path_io *s, size_t len) {
+    static const char hex[] = "0123456789abcdef";
+    uint64_t x;
+    int attempt, i;
+    for (attempt = 0; attempt < 16; ++attempt) {
+        FILE *f;
+        x = (uint64_t)(uintptr_t)s ^ (uint64_t)time(NULL) << 32 ^ (uint64_t)clock() * KVC__P1 ^ (uint64_t)attempt * KVC__P2;
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finaliser */
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+        x ^= x >> 31;
+        memcpy(s->tmp, s->path, len);
+        memcpy(s->tmp + len, ".kvctmp-", 8);
+        for (i = 0; i < 16; ++i) s->tmp[len + 8 + (size_t)i] = hex[(x >> (60 - 4 * i)) & 15];
+        s->tmp[len + 24] = 0;
+#ifdef KVC__FOPEN_EXCL
+        if ((f = fopen(s->tmp, KVC__FOPEN_EXCL)) != NULL) return f;
+#else
+        if ((f = fopen(s->tmp, "rb")) != NULL) { fclose(f); continue; } /* taken */
+        if ((f = fopen(s->tmp, "wb")) != NULL) return f;
+#endif
+    }
+    s->tmp[0] = 0;
+    return NULL;
+}
+
 KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc_io *io) {
     size_t len;
     if (s == NULL || path == NULL || io == NULL) return KVC_ERR_NULL;
@@ -8836,10 +8874,9 @@ KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc
     if (len >= KVC_PATH_MAX) return KVC_ERR_RANGE;
     memset(s, 0, sizeof(*s));
     memcpy(s->path, path, len + 1);
-    memcpy(s->tmp, path, len);
-    memcpy(s->tmp + len, ".kvctmp", 8);
     s->writing = writing != 0;
-    s->file = fopen(s->writing ? s->tmp : s->path, s->writing ? "wb" : "rb");
+    if (s->writing) s->file = kvc__tmp_open(s, len);
+    else s->file = fopen(s->path, "rb");
     if (s->file == NULL) return KVC_ERR_IO;
     memset(io, 0, sizeof(*io));
     io->write = kvc__path_write;

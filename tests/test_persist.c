@@ -18,7 +18,7 @@
 
 /* The file the path tests write: the program's own path + ".tmp" (set in main), so that
    builds of this test run side by side (tests/run.sh runs configurations at once) do
-   not share it; the library's temporary file is that + ".kvctmp". */
+   not share it; the library's temporary files are that + ".kvctmp-" + 16 hex digits. */
 static char g_tmp_path[1024] = "build/test_persist.tmp", g_tmp_side[1040];
 #define TMP_PATH g_tmp_path
 
@@ -433,12 +433,13 @@ static void test_ios(void) {
     /* a path: written to a temporary file and renamed; a failed save keeps the old file */
     remove(TMP_PATH);
     TK_OK(kvc_io_path(&path_state, TMP_PATH, 1, &io));
+    TK_CHECK(strncmp(path_state.tmp, g_tmp_side, strlen(g_tmp_side)) == 0 && strlen(path_state.tmp) == strlen(g_tmp_side) + 16);
     TK_OK(kvc_radix_save(a.tree, LF_NS, (const int32_t[]){100, 101, 102, 103, 104, 105, 106, 107, 108}, 9, &io));
-    TK_EQ((f = fopen(g_tmp_side, "rb")) == NULL, 1);
+    TK_EQ((f = fopen(path_state.tmp, "rb")) == NULL, 1);
     if (f) fclose(f);
     TK_OK(kvc_io_path(&path_state, TMP_PATH, 1, &io));
     TK_RES(kvc_radix_save(a.tree, LF_NS, (const int32_t[]){1, 2}, 2, &io), KVC_ERR_NOT_FOUND);
-    TK_EQ((f = fopen(g_tmp_side, "rb")) == NULL, 1);
+    TK_EQ((f = fopen(path_state.tmp, "rb")) == NULL, 1);
     if (f) fclose(f);
     TK_OK(kvc_io_path(&path_state, TMP_PATH, 0, &io));
     TK_OK(kvc_radix_load(b.tree, LF_NS, &io, 0, NULL));
@@ -447,6 +448,21 @@ static void test_ios(void) {
         kvc_radix_stats s;
         kvc_radix_stats_get(b.tree, &s);
         TK_EQ(s.n_entries, 1);
+    }
+    { /* two saves to one path at once (issue 23: they shared one temporary name, and the
+         second failed with KVC_ERR_IO after writing over the first's file): each has its
+         own, both succeed, the last to finish wins */
+        kvc_path_io s1, s2;
+        kvc_io io1, io2;
+        TK_OK(kvc_io_path(&s1, TMP_PATH, 1, &io1));
+        TK_OK(kvc_io_path(&s2, TMP_PATH, 1, &io2));
+        TK_CHECK(strcmp(s1.tmp, s2.tmp) != 0);
+        TK_OK(kvc_cache_save(a.full, LF_NS, g_tokens, 7, &io1));
+        TK_OK(kvc_cache_save(a.rot, LF_NS, g_tokens, 3, &io2));
+        TK_OK(kvc_io_path(&s1, TMP_PATH, 0, &io1));
+        TK_OK(kvc_cache_load(b.rot, LF_NS, &io1, NULL, 0, NULL));
+        TK_EQ(lf_fingerprint(b.rot), lf_fingerprint(a.rot));
+        TK_OK(kvc_cache_clear(b.rot));
     }
     remove(TMP_PATH);
     TK_RES(kvc_io_path(&path_state, TMP_PATH, 0, &io), KVC_ERR_IO);      /* no such file */
@@ -797,7 +813,7 @@ int main(int argc, char **argv) {
     int32_t i;
     if (argc > 2 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
     if (argc > 0 && strlen(argv[0]) + 5 < sizeof(g_tmp_path)) sprintf(g_tmp_path, "%s.tmp", argv[0]);
-    sprintf(g_tmp_side, "%s.kvctmp", g_tmp_path);
+    sprintf(g_tmp_side, "%s.kvctmp-", g_tmp_path);
     for (i = 0; i < 64; ++i) g_tokens[i] = 1000 + 3 * i;
     roundtrip_linear(KVC_TYPE_F32, KVC_TYPE_F32);
     roundtrip_linear(KVC_TYPE_F16, KVC_TYPE_F32);
