@@ -460,7 +460,11 @@ KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap); /* NULL is fine */
 /* ---- Single-entry prefix reuse (findRemaining / begin / close of ollama's MLX runner) */
 typedef struct kvc_prefix kvc_prefix;
 /* Tracks the tokens held by a set of caches (one per layer group, kinds may mix).
-   max_tokens bounds the recorded token list. The caches must outlive the object. */
+   max_tokens bounds the recorded token list. The caches must outlive the object. Other
+   calls on the caches between kvc_prefix_close and the next begin: cutting tokens off
+   the end (trim, cancel, clear, restore to an earlier offset) only clips what is reused;
+   adding or replacing contents (a batch, a load, a restore from a snapshot) makes that
+   begin reuse nothing (it clears every cache). */
 KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, int32_t max_tokens,
                                     kvc_prefix **out);
 /* Frees the object; the caches and what they hold stay as they are. */
@@ -2100,6 +2104,11 @@ struct kvc_cache {
     int32_t *scratch;                    /* [max_seqs] */
     float *row;                          /* one K row as f32, for re-rotation */
     float *rope_cos, *rope_sin;          /* [head_dim_k] one shift's, laid out for kvc__rotate_fn */
+    uint64_t gen;                        /* bumped by every call that adds or replaces
+                                            contents (not by one that only cuts tokens off
+                                            the end); the cache's id in the high half from
+                                            creation: kvc_prefix notices changes behind
+                                            its back */
     struct kvc__rnode *lease;            /* the prefix-tree entry this cache keeps in use */
     kvc_radix *lease_tree;
     /* RECURRENT (Layer 3c): sequence s's state is page state_page[s] (KVC__NO_PAGE: all
@@ -2422,6 +2431,7 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
     memset(c, 0, sizeof(*c));
     c->pool = pool;
     c->id = ++pool->next_cache_id;
+    c->gen = (uint64_t)c->id << 32;
     c->cfg = cc;
     c->pages = (uint32_t *)(c + 1);
     cursor = (unsigned char *)(c->pages + pool->max_pages);
@@ -2628,6 +2638,7 @@ static kvc_result kvc__begin_kv(kvc_cache *cache, int32_t n_tokens) {
     }
     for (t = o; t < e; ++t) *kvc__pos_at(p, cache->pages[kvc__lpage_index(cache, t / pc)], t % pc) = t;
     cache->offset = e;
+    cache->gen++; /* contents added or replaced (kvc_prefix checks) */
     cache->batch_begin = o;
     cache->batch_pending = p->cfg.n_layers;
     memset(cache->batch_put, 0, (size_t)p->cfg.n_layers);
@@ -2695,6 +2706,7 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
         cache->batch_put[layer] = 1;
         cache->batch_pending--;
     }
+    cache->gen++;
     return KVC_OK;
 }
 
@@ -3300,6 +3312,7 @@ static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens) {
     c->batch_has[0] = n_tokens;
     c->batch_begin = c->state_off[0];
     c->state_off[0] = c->offset = end;
+    c->gen++; /* contents added or replaced (kvc_prefix checks) */
     kvc__states_opened(c);
     return KVC_OK;
 }
@@ -3333,6 +3346,7 @@ static kvc_result kvc__recurrent_begin_batch(kvc_cache *c, const kvc_batch *b) {
         }
     c->batch_begin = c->state_off[0] - c->batch_has[0];
     c->offset = c->state_off[0];
+    c->gen++; /* contents added or replaced (kvc_prefix checks) */
     kvc__states_opened(c);
     return KVC_OK;
 }
@@ -3504,7 +3518,7 @@ static kvc_result kvc__restore_full(kvc_cache *c, const kvc_snapshot *s, int32_t
     int32_t pc = p->page_cells, keep = s->from / pc, cut = s->from % pc, idx, freed = 0, lp, last;
     int need_copy;
     uint32_t boundary = KVC__NO_PAGE;
-    if (target <= s->from) { kvc__rewind(c, target); return KVC_OK; }
+    if (target <= s->from) { kvc__rewind(c, target); c->gen++; return KVC_OK; } /* a restore: a change */
     need_copy = cut != 0 && c->pages[keep] != s->pages[0];
     for (idx = keep + 1; idx < c->n_pages; ++idx) freed += p->refcount[c->pages[idx]] == 1;
     if (!cut && keep < c->n_pages) freed += p->refcount[c->pages[keep]] == 1;
@@ -3525,6 +3539,7 @@ static kvc_result kvc__restore_full(kvc_cache *c, const kvc_snapshot *s, int32_t
         c->pages[c->n_pages++] = page;
     }
     c->offset = target;
+    c->gen++; /* contents added or replaced (kvc_prefix checks) */
     c->batch_begin = target - 1;
     c->batch_pending = 0;
     return KVC_OK;
@@ -3552,6 +3567,7 @@ static void kvc__restore_apply(kvc_cache *cache, const kvc_snapshot *snap, int32
     if (kvc__is_recurrent(cache)) kvc__restore_recurrent(cache, snap);
     else kvc__restore_rotating(cache, snap, target);
     kvc__ckpt_install(cache, chain);
+    cache->gen++; /* a snapshot's contents (a checkpoint of the cache's own: a rewind, no change) */
 }
 
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
@@ -4538,6 +4554,7 @@ KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *
 struct kvc_prefix {
     kvc_pool *pool;          /* where this object's memory comes from */
     kvc_cache **caches;
+    uint64_t *gen;           /* [n_caches] the caches' generations when tokens was recorded */
     int32_t n_caches, max_tokens;
     int32_t *tokens, n_tokens;   /* what the caches hold */
     int32_t *prompt, n_prompt;   /* the request between begin and close */
@@ -4559,17 +4576,19 @@ KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, 
         for (j = 0; j < i; ++j) if (caches[j] == caches[i]) return KVC_ERR_INVALID;
     }
     p = caches[0]->pool;
-    bytes = sizeof(kvc_prefix) + sizeof(kvc_cache *) * (size_t)n_caches + 2 * sizeof(int32_t) * (size_t)max_tokens;
+    bytes = sizeof(kvc_prefix) + (sizeof(kvc_cache *) + sizeof(uint64_t)) * (size_t)n_caches +
+            2 * sizeof(int32_t) * (size_t)max_tokens;
     x = (kvc_prefix *)kvc__alloc(p, bytes);
     if (x == NULL) return KVC_ERR_NO_MEMORY;
     memset(x, 0, sizeof(*x));
     x->pool = p;
-    x->caches = (kvc_cache **)(x + 1);
+    x->gen = (uint64_t *)(void *)(x + 1); /* 8-byte entries first: aligned after the struct */
+    x->caches = (kvc_cache **)(void *)(x->gen + n_caches);
     x->tokens = (int32_t *)(x->caches + n_caches);
     x->prompt = x->tokens + max_tokens;
     x->n_caches = n_caches;
     x->max_tokens = max_tokens;
-    for (i = 0; i < n_caches; ++i) x->caches[i] = caches[i];
+    for (i = 0; i < n_caches; ++i) { x->caches[i] = caches[i]; x->gen[i] = caches[i]->gen; }
     p->live_prefixes++;
     *out = x;
     return KVC_OK;
@@ -4616,6 +4635,8 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
     if (n_tokens < 1) return KVC_ERR_INVALID;
     for (i = 0; i < x->n_caches; ++i)
         if (kvc__batch_open(x->caches[i])) return KVC_ERR_STATE;
+    for (i = 0; i < x->n_caches && !x->open; ++i) /* changed since close: its tokens say nothing */
+        if (x->caches[i]->gen != x->gen[i]) x->n_tokens = 0;
     while (prefix < n_tokens && prefix < x->n_tokens && tokens[prefix] == x->tokens[prefix]) prefix++;
     if (prefix == n_tokens) prefix--; /* always evaluate one token to start generation from */
     /* the longest prefix every cache can go back to: a wrapped window or a recurrent state
@@ -4626,6 +4647,7 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
         else if (x->caches[i]->offset > prefix) kvc__rewind_any(x->caches[i], prefix);
         else kvc__settle(x->caches[i]); /* at it already: as it is */
     x->n_tokens = prefix;
+    for (i = 0; i < x->n_caches; ++i) x->gen[i] = x->caches[i]->gen;
     x->n_prompt = KVC__MIN(n_tokens, x->max_tokens);
     memcpy(x->prompt, tokens, sizeof(int32_t) * (size_t)x->n_prompt);
     x->open = 1;
@@ -4646,6 +4668,7 @@ KVCDEF kvc_result kvc_prefix_close(kvc_prefix *x, const int32_t *generated, int3
     if (keep > from_prompt && generated != NULL) /* (n_generated > 0 there: checked) */
         memcpy(x->tokens + from_prompt, generated, sizeof(int32_t) * (size_t)(keep - from_prompt));
     x->n_tokens = keep;
+    for (keep = 0; keep < x->n_caches; ++keep) x->gen[keep] = x->caches[keep]->gen;
     x->open = 0;
     return KVC_OK;
 }
@@ -8315,6 +8338,7 @@ static void kvc__install_linear(kvc_cache *c, kvc__staged *st) {
     c->n_pages = m[5];
     c->first_lpage = m[4];
     c->offset = m[2];
+    c->gen++; /* contents added or replaced (kvc_prefix checks) */
     c->batch_begin = m[3];
     c->batch_pending = 0;
     kvc__free(c->pool, st->pages);
@@ -8369,6 +8393,7 @@ static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_
             c->state_off[seq_of[i]] = off_of[i];
         }
         c->offset = c->state_off[0];
+        c->gen++; /* contents added or replaced (kvc_prefix checks) */
         c->batch_begin = c->offset > 0 ? c->offset - 1 : 0;
         n_pages = 0;
         *n_tokens = s.meta[0];
@@ -8697,6 +8722,7 @@ static void kvc__cache_move(kvc_cache *dst, kvc_cache *src) {
     dst->n_pages = src->n_pages;
     dst->first_lpage = src->first_lpage;
     dst->offset = src->offset;
+    dst->gen++; /* contents added or replaced (kvc_prefix checks) */
     dst->batch_begin = src->batch_begin;
     dst->batch_pending = 0;
     for (s = 0; kvc__is_recurrent(src) && s < src->cfg.max_seqs; ++s) {

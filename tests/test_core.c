@@ -1600,6 +1600,43 @@ static void test_alignment(void) {
     TK_EQ(g_skew_live, 0);
 }
 
+/* kvc_prefix and changes behind its back (issue 23): a clear and other K/V, a trim, a
+   load between close and the next begin must not be taken for the recorded tokens. */
+static void test_prefix_stale(void) {
+    fixture f;
+    kvc_cache *c;
+    kvc_prefix *px = NULL;
+    int32_t toks[32], reused = -1, i, kept;
+    for (i = 0; i < 32; ++i) toks[i] = 500 + i;
+    fx_init(&f, KVC_TYPE_F32, KVC_TYPE_F32, 4, 32);
+    c = make_cache(&f, KVC_KIND_FULL, 0, 0);
+    TK_OK(kvc_prefix_create(&c, 1, 32, &px));
+    for (kept = 0; kept < 3; ++kept) {
+        TK_OK(kvc_prefix_begin(px, toks, 8, &reused));
+        TK_OK(append(&f, c, 8));
+        TK_OK(kvc_prefix_close(px, NULL, 0));
+        if (kept == 0) { /* behind its back: cleared and refilled with other K/V */
+            TK_OK(kvc_cache_clear(c));
+            f.salt += 7;
+            TK_OK(append(&f, c, 8));
+        } else if (kept == 1) { /* trimmed and refilled */
+            TK_OK(kvc_trim(c, 3));
+            TK_OK(append(&f, c, 3));
+        } else { /* trimmed only: what is left is a prefix of the recorded tokens */
+            TK_OK(kvc_trim(c, 2));
+        }
+        TK_OK(kvc_prefix_begin(px, toks, 12, &reused));
+        TK_EQ(reused, kept == 2 ? 6 : 0); /* before: 8 (then 8, 6), the tokens were stale */
+        TK_EQ(offset_of(c), kept == 2 ? 6 : 0);
+        TK_OK(append(&f, c, kept == 2 ? 6 : 12));
+        TK_OK(kvc_prefix_close(px, NULL, 0));
+        TK_OK(kvc_cache_clear(c));
+    }
+    TK_OK(kvc_prefix_destroy(px));
+    TK_OK(kvc_cache_destroy(c));
+    fx_done(&f);
+}
+
 int main(int argc, char **argv) {
     tk_rng rng;
     rng.s = argc > 1 ? strtoull(argv[1], NULL, 10) : (unsigned long long)time(NULL) * 2654435761ull;
@@ -1623,6 +1660,7 @@ int main(int argc, char **argv) {
     test_alloc_failures();
     test_alloc_failures_all_kinds();
     test_alignment();
+    test_prefix_stale();
     TK_EQ(g_allocs, g_frees);
     return tk_report("core");
 }
