@@ -2090,7 +2090,11 @@ struct kvc_cache {
     int32_t n_sink_pages;
     int32_t first_lpage;
     int32_t n_pages;
-    uint32_t *pages;         /* [pool->max_pages] */
+    uint32_t *pages;         /* [pages_cap]: after the struct (CAUSAL: its fixed pages; FULL,
+                                ROTATING: KVC__PAGE_TABLE_INLINE), then for FULL and
+                                ROTATING a block that grows with the cache (doubling) */
+    int32_t pages_cap;
+    int pages_heap;          /* pages is a block of its own */
     /* CAUSAL: cell i is slot i % page_cells of pages[i / page_cells] */
     int32_t capacity, words; /* cells; 32-bit words per cell's set of sequences */
     int32_t n_used;          /* cells holding at least one sequence */
@@ -2140,6 +2144,32 @@ struct kvc_snapshot {
     int32_t n_pages;
     uint32_t *pages;
 };
+
+#define KVC__PAGE_TABLE_INLINE 8 /* page-table entries in a cache's own block */
+
+/* Room for n entries in the page table (FULL, ROTATING): it grows by doubling, up to the
+   pool's page count (a cache never holds more distinct pages; a larger n is clamped and
+   the page count then refuses the call). KVC_ERR_NO_MEMORY leaves the cache as it was.
+   Every caller that adds entries reserves first; the table also keeps room for every
+   checkpoint the cache holds (kvc__pages_wanted), so that going back to one cannot fail. */
+static kvc_result kvc__page_table_reserve(kvc_cache *c, int64_t n) {
+    kvc_pool *p = c->pool;
+    int64_t cap;
+    uint32_t *b;
+    if (n <= c->pages_cap) return KVC_OK;
+    if (n > p->max_pages) n = p->max_pages;
+    cap = KVC__MAX(KVC__MAX(n, 2 * (int64_t)c->pages_cap), 8);
+    if (cap > p->max_pages) cap = p->max_pages;
+    if (cap <= c->pages_cap) return KVC_OK;
+    b = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)cap); /* cap <= max_pages: the pool's arrays fit */
+    if (b == NULL) return KVC_ERR_NO_MEMORY;
+    if (c->n_pages > 0) memcpy(b, c->pages, sizeof(uint32_t) * (size_t)c->n_pages);
+    if (c->pages_heap) kvc__free(p, c->pages);
+    c->pages = b;
+    c->pages_cap = (int32_t)cap;
+    c->pages_heap = 1;
+    return KVC_OK;
+}
 
 /* Where logical page lp sits in pages[], or -1. */
 static int32_t kvc__lpage_index(const kvc_cache *c, int32_t lp) {
@@ -2266,6 +2296,8 @@ static int kvc__has_ckpts(const kvc_cache *c) {
     return c->cfg.kind == KVC_KIND_ROTATING || c->cfg.kind == KVC_KIND_RECURRENT;
 }
 static void kvc__settle(kvc_cache *c);
+static int32_t kvc__pages_wanted(const kvc_cache *c);
+static int32_t kvc__chain_pages(const kvc_snapshot *s);
 static void kvc__ckpt_drop_all(kvc_cache *c);
 static void kvc__ckpt_drop_after(kvc_cache *c, int32_t target);
 static void kvc__pend_drop(kvc_cache *c);
@@ -2381,7 +2413,8 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
         cc.checkpoints = 0;
     }
     /* checked: a wrapped size would be a small block written far past its end */
-    bytes = kvc__add(sizeof(kvc_cache) + 16, sizeof(uint32_t) * (size_t)pool->max_pages, &of);
+    /* the page table: CAUSAL's pages, or the first entries of one that grows */
+    bytes = kvc__add(sizeof(kvc_cache) + 16, sizeof(uint32_t) * (size_t)KVC__MAX(pages, KVC__PAGE_TABLE_INLINE), &of);
     bytes = kvc__add(bytes, (size_t)pool->cfg.n_layers, &of);
     if (cc.kind == KVC_KIND_CAUSAL)
         bytes = kvc__add(bytes, kvc__causal_bytes(pool, cc.capacity, cc.max_seqs, words, &of), &of);
@@ -2434,7 +2467,8 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
     c->gen = (uint64_t)c->id << 32;
     c->cfg = cc;
     c->pages = (uint32_t *)(c + 1);
-    cursor = (unsigned char *)(c->pages + pool->max_pages);
+    c->pages_cap = cc.kind == KVC_KIND_CAUSAL ? pages : KVC__MIN(KVC__PAGE_TABLE_INLINE, pool->max_pages);
+    cursor = (unsigned char *)(c->pages + KVC__MAX(pages, KVC__PAGE_TABLE_INLINE));
     if (cc.kind == KVC_KIND_CAUSAL) { /* 4-byte arrays first, then bytes */
         c->capacity = cc.capacity;
         c->words = words;
@@ -2504,6 +2538,7 @@ KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
     kvc__states_release(cache);
     kvc__rewind(cache, 0);
     p->live_caches--;
+    if (cache->pages_heap) kvc__free(p, cache->pages);
     kvc__free(p, cache);
     return KVC_OK;
 }
@@ -2518,7 +2553,8 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
     kvc__settle((kvc_cache *)cache); /* the ended batch's checkpoints: no visible change */
     r = kvc_cache_create(cache->pool, &cache->cfg, &c);
     if (r != KVC_OK) return r;
-    if ((r = kvc__ckpt_clone_all(cache, c)) != KVC_OK) { kvc_cache_destroy(c); return r; }
+    if ((r = kvc__page_table_reserve(c, kvc__pages_wanted(cache))) != KVC_OK ||
+        (r = kvc__ckpt_clone_all(cache, c)) != KVC_OK) { kvc_cache_destroy(c); return r; }
     for (i = 0; kvc__is_recurrent(cache) && i < cache->cfg.max_seqs; ++i) {
         c->state_page[i] = cache->state_page[i];
         c->state_off[i] = cache->state_off[i];
@@ -2628,6 +2664,7 @@ static kvc_result kvc__begin_kv(kvc_cache *cache, int32_t n_tokens) {
     last = (e - 1) / pc;
     n_new = last - first_new + 1;
     n_dead = kvc__dead_pages(cache, o, &freed);
+    if (kvc__page_table_reserve(cache, (int64_t)cache->n_pages - n_dead + n_new) != KVC_OK) return KVC_ERR_NO_MEMORY;
     if (!kvc__reclaim(p, (int64_t)n_new + kvc__tail_shared(cache, o) - freed)) return KVC_ERR_FULL;
     /* from here on nothing can fail */
     kvc__drop_front(cache, n_dead);
@@ -3587,11 +3624,15 @@ KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_
     if (target > snap->to) return KVC_ERR_UNREACHABLE;
     if (cache->cfg.kind == KVC_KIND_FULL) {
         if (cache->offset < snap->from) return KVC_ERR_UNREACHABLE;
+        if (target > 0 && kvc__page_table_reserve(cache, (target - 1) / cache->pool->page_cells + 1) != KVC_OK)
+            return KVC_ERR_NO_MEMORY;
         return kvc__restore_full(cache, snap, target);
     }
     if (target < snap->to && (kvc__is_recurrent(cache) || snap->to > cache->cfg.window ||
                               snap->first_lpage > cache->n_sink_pages))
         return KVC_ERR_UNREACHABLE; /* a state, or a wrapped window, is only what it is */
+    if (!kvc__is_recurrent(cache) && kvc__page_table_reserve(cache, kvc__chain_pages(snap)) != KVC_OK)
+        return KVC_ERR_NO_MEMORY;
     /* the snapshot's checkpoints come with it: copied first, so a failure changes nothing */
     if ((r = kvc__chain_clone(snap->carried, target, &chain)) != KVC_OK) return r;
     kvc__restore_apply(cache, snap, target, chain);
@@ -3958,6 +3999,23 @@ static kvc_result kvc__chain_clone(const kvc_snapshot *first, int32_t max_to, kv
     for (; first != NULL; first = first->carried)
         if (first->to <= max_to && !kvc__chain_append(chain, &tail, first)) return KVC_ERR_NO_MEMORY;
     return KVC_OK;
+}
+
+/* The page-table entries a snapshot and the checkpoints it carries may bring back. */
+static int32_t kvc__chain_pages(const kvc_snapshot *s) {
+    int32_t n = 0;
+    for (; s != NULL; s = s->carried) n = KVC__MAX(n, s->n_pages);
+    return n;
+}
+
+/* The page-table room a cache keeps: its pages and those of every checkpoint it holds
+   (FULL and ROTATING; a RECURRENT cache's states are not in the table). */
+static int32_t kvc__pages_wanted(const kvc_cache *c) {
+    int32_t n = c->n_pages, i;
+    if (c->cfg.kind != KVC_KIND_ROTATING) return n;
+    for (i = 0; i < c->n_ckpt; ++i) n = KVC__MAX(n, kvc__chain_pages(c->ckpt[i]));
+    for (i = 0; i < c->n_pend; ++i) n = KVC__MAX(n, kvc__chain_pages(c->pend[i]));
+    return n;
 }
 
 /* Replace c's checkpoints by a chain (taken over, not copied). */
@@ -4485,6 +4543,12 @@ KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot 
             copies += (int64_t)c->pool->page_bytes; /* the page at `from` needs a copy (kvc__restore_full) */
     }
     if (copies > (int64_t)(mp->budget.cap - mp->budget.used)) return KVC_ERR_FULL;
+    for (g = 0; g < mp->n_groups; ++g) { /* page-table room: reserving changes nothing visible */
+        kvc_cache *c = mem->cache[g];
+        int64_t want = c->cfg.kind == KVC_KIND_FULL ? (target > 0 ? (target - 1) / c->pool->page_cells + 1 : 0)
+                     : c->cfg.kind == KVC_KIND_ROTATING ? kvc__chain_pages(snap->snap[g]) : 0;
+        if (kvc__page_table_reserve(c, want) != KVC_OK) return KVC_ERR_NO_MEMORY;
+    }
     for (g = 0; g < mp->n_groups; ++g) /* the carried checkpoints, copied before anything changes */
         if (mem->cache[g]->cfg.kind != KVC_KIND_FULL &&
             kvc__chain_clone(snap->snap[g]->carried, target, &chains[g]) != KVC_OK) {
@@ -4885,7 +4949,7 @@ static void kvc__radix_fill(kvc_radix *t, kvc_cache *c, const kvc__rnode *at, in
     int32_t pc = t->pool->page_cells, last = (m - 1) / pc, sink_end, first, lp, idx;
     kvc__needed_pages(t, m, &sink_end, &first);
     c->n_pages = sink_end + (first <= last ? last - first + 1 : 0);
-    KVCACHE_ASSERT(c->n_pages <= t->pool->max_pages);
+    KVCACHE_ASSERT(c->n_pages <= c->pages_cap); /* reserved by the caller: (m - 1) / pc + 1 */
     idx = c->n_pages; /* filled from the back: window pages, then sink pages */
     for (lp = last; lp >= first; --lp) c->pages[--idx] = kvc__path_page(&at, lp, pc);
     for (lp = sink_end - 1; lp >= 0; --lp) c->pages[--idx] = kvc__path_page(&at, lp, pc);
@@ -5068,6 +5132,10 @@ KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t
     if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return r;
     at = kvc__radix_walk(t, ns, tokens, n_tokens - 1, &m); /* always one token to evaluate */
     m = kvc__radix_usable(t, &at, m);
+    if (m > 0 && (r = kvc__page_table_reserve(c, (m - 1) / t->pool->page_cells + 1)) != KVC_OK) {
+        kvc_cache_destroy(c);
+        return r;
+    }
     if (m > 0) {
         kvc__radix_fill(t, c, at, m);
         kvc__radix_touch(t, at);
@@ -8430,6 +8498,7 @@ static kvc_result kvc__cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *
     r.io = io;
     kvc__r_linear(&r, c, KVC__WHAT_CACHE, ns, &st, tokens != NULL, max_tokens);
     if (r.err == KVC_ERR_RANGE) *n_tokens = st.s.meta[0];
+    if (r.err == KVC_OK) r.err = kvc__page_table_reserve(c, st.s.meta[5]);
     if (r.err == KVC_OK) {
         kvc__install_linear(c, &st);
         *n_tokens = st.s.meta[0];
@@ -8606,6 +8675,10 @@ KVCDEF kvc_result kvc_radix_save(kvc_radix *t, kvc_namespace ns, const int32_t *
     at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
     if (m < n_tokens || kvc__radix_usable(t, &at, m) < n_tokens) return kvc__io_end(io, KVC_ERR_NOT_FOUND);
     if ((r = kvc_cache_create(t->pool, &t->cfg.cache, &c)) != KVC_OK) return kvc__io_end(io, r);
+    if ((r = kvc__page_table_reserve(c, (n_tokens - 1) / t->pool->page_cells + 1)) != KVC_OK) {
+        kvc_cache_destroy(c);
+        return kvc__io_end(io, r);
+    }
     kvc__radix_fill(t, c, at, n_tokens); /* the ready cache a lookup would give, all n tokens */
     r = kvc__save(c, KVC__WHAT_ENTRY, -1, ns, tokens, n_tokens, io);
     kvc_cache_destroy(c);
@@ -8626,6 +8699,7 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *i
     memset(&r, 0, sizeof(r));
     r.io = io;
     kvc__r_linear(&r, c, KVC__WHAT_ENTRY, ns, &st, 0, 0);
+    if (r.err == KVC_OK) r.err = kvc__page_table_reserve(c, st.s.meta[5]);
     if (r.err == KVC_OK) {
         kvc__install_linear(c, &st);
         r.err = kvc__radix_commit(t, ns, c, st.tokens, st.s.meta[0], pin); /* NO_MEMORY: tree unchanged */
@@ -8777,6 +8851,8 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
         if (g == 0) n0 = n;
     }
     if (r == KVC_ERR_RANGE && n_tokens != NULL) *n_tokens = n0;
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) /* room first: the moves cannot fail */
+        r = kvc__page_table_reserve(mem->cache[g], tmp[g]->n_pages);
     if (r == KVC_OK) {
         for (g = 0; g < mp->n_groups; ++g) kvc__cache_move(mem->cache[g], tmp[g]);
         if (tokens != NULL && n0 > 0) memcpy(tokens, got, sizeof(int32_t) * (size_t)n0);
