@@ -364,7 +364,9 @@ KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages);
 /* ---- A forward pass: reserve, write, attend; cancel and trim --------------------- */
 /* Start a batch of n_tokens new tokens at positions offset .. offset+n_tokens-1:
    allocates (and copies shared tail pages) for every layer at once, so it is the
-   only call of a forward pass that can run out of pages. offset grows by n_tokens.
+   only call of a forward pass that can run out of pages (KVC_ERR_FULL, after evicting
+   unused prefix-tree entries) or memory (KVC_ERR_NO_MEMORY: the page table grows past
+   its first 8 entries by doubling). offset grows by n_tokens.
    ROTATING: releases pages no query of this batch can see (the L>1 concat and L=1
    ring update of ollama's MLX runner keep the same window: W-1 older keys + the batch). */
 KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
