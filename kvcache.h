@@ -139,7 +139,8 @@
     X(KVC_ERR_MISMATCH, -19, "saved data is for another configuration, namespace or kind") \
     X(KVC_ERR_POSITION, -20, "the engine's position is not the cache's offset") \
     X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there") \
-    X(KVC_ERR_ROTATION, -22, "saved data was stored with another rotation (kvc_pool_config.rotate)")
+    X(KVC_ERR_ROTATION, -22, "saved data was stored with another rotation (kvc_pool_config.rotate)") \
+    X(KVC_ERR_ALIGNMENT, -23, "the allocator returned a block aligned less than kvc_allocator needs")
 
 /* The codes are 0, -1, -2, ... in the order of the list (test_core checks that each
    has its text), so the lowest is 1 - the number of entries: one +1 per entry. */
@@ -172,6 +173,13 @@ typedef enum kvc_type {
 KVCDEF const char *kvc_type_name(kvc_type type); /* "f32", "f16", "bf16", "q8_0", "q4_0" or "?" */
 
 /* ---- Pool: every K/V byte, in pages, under a byte budget ------------------------ */
+/* The alignment kvc_allocator's blocks need: the strictest of double, uint64_t, pointers. */
+typedef struct kvc__align_probe { char c; union { double d; uint64_t u; void *p; } x; } kvc__align_probe;
+#define KVC_ALLOC_ALIGN (offsetof(kvc__align_probe, x))
+/* Blocks must be aligned as malloc's are: at least the alignment of double, uint64_t and
+   pointers (8 bytes on 64-bit hosts; KVC_ALLOC_ALIGN). kvc_pool_create refuses an
+   allocator whose first block is less aligned (KVC_ERR_ALIGNMENT); a later such block is
+   given back and counts as a failed allocation (KVC_ERR_NO_MEMORY). */
 typedef struct kvc_allocator {
     void *(*alloc)(size_t size, void *user); /* NULL: KVCACHE_MALLOC */
     void (*free)(void *ptr, void *user);     /* may be called with NULL */
@@ -306,7 +314,8 @@ KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t
    arena) now: no later call allocates K/V memory. kvc_pool_config_check names the field
    of an invalid cfg. */
 KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out);
-/* KVC_ERR_BUSY while caches, snapshots or prefix objects of the pool are alive. */
+/* KVC_ERR_BUSY while caches, snapshots or prefix objects of the pool are alive, and for
+   a pool another object made and owns (a model memory's, kvc_vk_pool_host()'s). */
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool);
 /* Sizes, page use (now and peak), live objects and the CPU paths in use. */
 KVCDEF kvc_result kvc_pool_stats_get(const kvc_pool *pool, kvc_pool_stats *stats);
@@ -426,7 +435,9 @@ KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages);
 /* ---- A forward pass: reserve, write, attend; cancel and trim --------------------- */
 /* Start a batch of n_tokens new tokens at positions offset .. offset+n_tokens-1:
    allocates (and copies shared tail pages) for every layer at once, so it is the
-   only call of a forward pass that can run out of pages. offset grows by n_tokens.
+   only call of a forward pass that can run out of pages (KVC_ERR_FULL, after evicting
+   unused prefix-tree entries) or memory (KVC_ERR_NO_MEMORY: the page table grows past
+   its first 8 entries by doubling). offset grows by n_tokens.
    ROTATING: releases pages no query of this batch can see (the L>1 concat and L=1
    ring update of ollama's MLX runner keep the same window: W-1 older keys + the batch). */
 KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
@@ -471,7 +482,10 @@ typedef struct kvc_attention_desc {
     void *scratch;        /* optional working memory of kvc_attention_scratch_bytes(); NULL:
                              calls needing up to 16 KiB use the stack, larger ones ask the
                              pool's allocator (arena mode: the arena's object heap, which
-                             may be too small, and is not safe to share across threads) */
+                             may be too small, and is not safe to share across threads).
+                             With scratch a call takes about 4 KiB of stack (3.9 KiB
+                             measured with gcc -O2 on x86-64, test_kernels), without it
+                             16 KiB more */
     size_t scratch_bytes;
     /* Attention variants (zero = off). Order of operations: s = scale * q.k; if softcap,
        s = softcap * tanh(s / softcap); softmax over the visible keys, with the sink's e^sink
@@ -491,10 +505,13 @@ typedef struct kvc_attention_desc {
 } kvc_attention_desc;
 
 /* Scaled dot-product attention of the queries over the cache's cells for `layer`,
-   masks computed from the cells' positions (no mask tensor). Online softmax. */
+   masks computed from the cells' positions (no mask tensor). Online softmax. out must
+   not overlap q (KVC_ERR_INVALID); queries x heads must fit an int32 (KVC_ERR_OVERFLOW).
+   A query row (one query, one head) holding a NaN or an infinity gives a row of NaN
+   in out, whatever the storage types (other rows are unaffected). */
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc);
 /* The scratch a call with this desc needs now (q, out and scratch are not looked at);
-   it changes as the cache grows. */
+   it changes as the cache grows. KVC_ERR_OVERFLOW where it does not fit a size_t. */
 KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_attention_desc *desc,
                                               size_t *bytes);
 
@@ -531,7 +548,11 @@ KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap); /* NULL is fine */
 /* ---- Single-entry prefix reuse (findRemaining / begin / close of ollama's MLX runner) */
 typedef struct kvc_prefix kvc_prefix;
 /* Tracks the tokens held by a set of caches (one per layer group, kinds may mix).
-   max_tokens bounds the recorded token list. The caches must outlive the object. */
+   max_tokens bounds the recorded token list. The caches must outlive the object. Other
+   calls on the caches between kvc_prefix_close and the next begin: cutting tokens off
+   the end (trim, cancel, clear, restore to an earlier offset) only clips what is reused;
+   adding or replacing contents (a batch, a load, a restore from a snapshot) makes that
+   begin reuse nothing (it clears every cache). */
 KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, int32_t max_tokens,
                                     kvc_prefix **out);
 /* Frees the object; the caches and what they hold stay as they are. */
@@ -676,16 +697,17 @@ KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io);
 #define KVC_PATH_MAX 4096
 /* An open FILE (the caller closes it; finish flushes after a save). */
 KVCDEF kvc_result kvc_io_stdio(FILE *file, kvc_io *io);
-/* A file by name: a save writes "<path>.kvctmp" and renames it onto path when it
-   succeeded (removes it when not), so readers never see a half-written file; a load
-   opens path and closes it at the end. `state` is yours: keep it until that save or
-   load returns. KVC_ERR_IO if the file cannot be opened, KVC_ERR_RANGE for a path of
-   KVC_PATH_MAX bytes or more. */
+/* A file by name: a save writes a temporary file "<path>.kvctmp-<16 hex digits>" (a
+   name of its own: saves to one path at once do not collide; tmp holds it) and renames
+   it onto path when it succeeded (removes it when not), so readers never see a
+   half-written file and the last save to finish wins; a load opens path and closes it
+   at the end. `state` is yours: keep it until that save or load returns. KVC_ERR_IO if
+   the file cannot be opened, KVC_ERR_RANGE for a path of KVC_PATH_MAX bytes or more. */
 typedef struct kvc_path_io {
     FILE *file;
     int writing;
     char path[KVC_PATH_MAX];
-    char tmp[KVC_PATH_MAX + 8];
+    char tmp[KVC_PATH_MAX + 32];
 } kvc_path_io;
 KVCDEF kvc_result kvc_io_path(kvc_path_io *state, const char *path, int writing, kvc_io *io);
 #endif
@@ -1926,6 +1948,8 @@ static void kvc__heap_free(kvc__heap *h, void *p) {
 }
 
 static void *kvc__default_alloc(size_t size, void *user) { return KVCACHE_MALLOC(size, user); }
+/* a block of the allocator's aligned less than kvc_allocator's comment asks */
+static int kvc__misaligned(const void *ptr) { return ((uintptr_t)ptr & (KVC_ALLOC_ALIGN - 1)) != 0; }
 static void kvc__default_free(void *ptr, void *user) { KVCACHE_FREE(ptr, user); }
 
 /* Ask Linux for transparent huge pages under a slab from libc's malloc: attention
@@ -1989,6 +2013,9 @@ struct kvc_pool {
     const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
     kvc__budget own_budget;
     kvc__budget *budget;     /* &own_budget, or a model memory's shared one */
+    int owned;               /* made for another object (a model memory, kvcache_vk.h's
+                                device pool): kvc_pool_destroy refuses it (KVC_ERR_BUSY),
+                                its owner clears this and destroys it */
 };
 
 typedef struct kvc__layout {
@@ -2249,6 +2276,7 @@ KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out) {
         if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
         meta = a.alloc(L.meta_bytes, a.user);
         if (meta == NULL) return KVC_ERR_NO_MEMORY;
+        if (kvc__misaligned(meta)) { a.free(meta, a.user); return KVC_ERR_ALIGNMENT; }
         slab_block = a.alloc(L.slab_bytes + KVC__SLAB_ALIGN, a.user);
         if (slab_block == NULL) { a.free(meta, a.user); return KVC_ERR_NO_MEMORY; }
         if (a.alloc == kvc__default_alloc) kvc__advise_huge_pages(slab_block, L.slab_bytes + KVC__SLAB_ALIGN);
@@ -2274,7 +2302,7 @@ KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool) {
     int busy;
     if (pool == NULL) return KVC_ERR_NULL;
     kvc__pool_lock(pool);
-    busy = pool->live_caches || pool->live_snapshots || pool->live_prefixes;
+    busy = pool->owned || pool->live_caches || pool->live_snapshots || pool->live_prefixes;
     kvc__pool_unlock(pool);
     if (busy) return KVC_ERR_BUSY;
     KVCACHE_ASSERT(pool->n_free == pool->max_pages);
@@ -2313,6 +2341,10 @@ static void *kvc__alloc(kvc_pool *p, size_t n) {
     void *ptr;
     kvc__pool_lock(p);
     ptr = p->arena_mode ? kvc__heap_alloc(&p->heap, n) : p->alloc.alloc(n, p->alloc.user);
+    if (ptr != NULL && !p->arena_mode && kvc__misaligned(ptr)) {
+        p->alloc.free(ptr, p->alloc.user);
+        ptr = NULL;
+    }
     kvc__pool_unlock(p);
     return ptr;
 }
@@ -2410,7 +2442,11 @@ struct kvc_cache {
     int32_t n_sink_pages;
     int32_t first_lpage;
     int32_t n_pages;
-    uint32_t *pages;         /* [pool->max_pages] */
+    uint32_t *pages;         /* [pages_cap]: after the struct (CAUSAL: its fixed pages; FULL,
+                                ROTATING: KVC__PAGE_TABLE_INLINE), then for FULL and
+                                ROTATING a block that grows with the cache (doubling) */
+    int32_t pages_cap;
+    int pages_heap;          /* pages is a block of its own */
     /* CAUSAL: cell i is slot i % page_cells of pages[i / page_cells] */
     int32_t capacity, words; /* cells; 32-bit words per cell's set of sequences */
     int32_t n_used;          /* cells holding at least one sequence */
@@ -2424,6 +2460,11 @@ struct kvc_cache {
     int32_t *scratch;                    /* [max_seqs] */
     float *row;                          /* one K row as f32, for re-rotation */
     float *rope_cos, *rope_sin;          /* [head_dim_k] one shift's, laid out for kvc__rotate_fn */
+    uint64_t gen;                        /* bumped by every call that adds or replaces
+                                            contents (not by one that only cuts tokens off
+                                            the end); the cache's id in the high half from
+                                            creation: kvc_prefix notices changes behind
+                                            its back */
     struct kvc__rnode *lease;            /* the prefix-tree entry this cache keeps in use */
     kvc_radix *lease_tree;
     /* RECURRENT (Layer 3c): sequence s's state is page state_page[s] (KVC__NO_PAGE: all
@@ -2462,6 +2503,32 @@ struct kvc_snapshot {
     int32_t n_pages;
     uint32_t *pages;
 };
+
+#define KVC__PAGE_TABLE_INLINE 8 /* page-table entries in a cache's own block */
+
+/* Room for n entries in the page table (FULL, ROTATING): it grows by doubling, up to the
+   pool's page count (a cache never holds more distinct pages; a larger n is clamped and
+   the page count then refuses the call). KVC_ERR_NO_MEMORY leaves the cache as it was.
+   Every caller that adds entries reserves first; the table also keeps room for every
+   checkpoint the cache holds (kvc__pages_wanted), so that going back to one cannot fail. */
+static kvc_result kvc__page_table_reserve(kvc_cache *c, int64_t n) {
+    kvc_pool *p = c->pool;
+    int64_t cap;
+    uint32_t *b;
+    if (n <= c->pages_cap) return KVC_OK;
+    if (n > p->max_pages) n = p->max_pages;
+    cap = KVC__MAX(KVC__MAX(n, 2 * (int64_t)c->pages_cap), 8);
+    if (cap > p->max_pages) cap = p->max_pages;
+    if (cap <= c->pages_cap) return KVC_OK;
+    b = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)cap); /* cap <= max_pages: the pool's arrays fit */
+    if (b == NULL) return KVC_ERR_NO_MEMORY;
+    if (c->n_pages > 0) memcpy(b, c->pages, sizeof(uint32_t) * (size_t)c->n_pages);
+    if (c->pages_heap) kvc__free(p, c->pages);
+    c->pages = b;
+    c->pages_cap = (int32_t)cap;
+    c->pages_heap = 1;
+    return KVC_OK;
+}
 
 /* Where logical page lp sits in pages[], or -1. */
 static int32_t kvc__lpage_index(const kvc_cache *c, int32_t lp) {
@@ -2589,6 +2656,8 @@ static int kvc__has_ckpts(const kvc_cache *c) {
     return c->cfg.kind == KVC_KIND_ROTATING || c->cfg.kind == KVC_KIND_RECURRENT;
 }
 static void kvc__settle(kvc_cache *c);
+static int32_t kvc__pages_wanted(const kvc_cache *c);
+static int32_t kvc__chain_pages(const kvc_snapshot *s);
 static void kvc__ckpt_drop_all(kvc_cache *c);
 static void kvc__ckpt_drop_after(kvc_cache *c, int32_t target);
 static void kvc__pend_drop(kvc_cache *c);
@@ -2727,7 +2796,8 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
         cc.checkpoints = 0;
     }
     /* checked: a wrapped size would be a small block written far past its end */
-    bytes = kvc__add(sizeof(kvc_cache) + 16, sizeof(uint32_t) * (size_t)pool->max_pages, &of);
+    /* the page table: CAUSAL's pages, or the first entries of one that grows */
+    bytes = kvc__add(sizeof(kvc_cache) + 16, sizeof(uint32_t) * (size_t)KVC__MAX(pages, KVC__PAGE_TABLE_INLINE), &of);
     bytes = kvc__add(bytes, (size_t)pool->cfg.n_layers, &of);
     if (cc.kind == KVC_KIND_CAUSAL)
         bytes = kvc__add(bytes, kvc__causal_bytes(pool, cc.capacity, cc.max_seqs, words, &of), &of);
@@ -2792,9 +2862,11 @@ static kvc_result kvc__cache_create_held(kvc_pool *pool, const kvc_cache_config 
     memset(c, 0, sizeof(*c));
     c->pool = pool;
     c->id = ++pool->next_cache_id;
+    c->gen = (uint64_t)c->id << 32;
     c->cfg = cc;
     c->pages = (uint32_t *)(c + 1);
-    cursor = (unsigned char *)(c->pages + pool->max_pages);
+    c->pages_cap = cc.kind == KVC_KIND_CAUSAL ? pages : KVC__MIN(KVC__PAGE_TABLE_INLINE, pool->max_pages);
+    cursor = (unsigned char *)(c->pages + KVC__MAX(pages, KVC__PAGE_TABLE_INLINE));
     if (cc.kind == KVC_KIND_CAUSAL) { /* 4-byte arrays first, then bytes */
         c->capacity = cc.capacity;
         c->words = words;
@@ -2883,6 +2955,7 @@ static kvc_result kvc__cache_destroy_held(kvc_cache *cache) {
     kvc__states_release(cache);
     kvc__rewind(cache, 0);
     p->live_caches--;
+    if (cache->pages_heap) kvc__free(p, cache->pages);
     kvc__free(p, cache);
     return KVC_OK;
 }
@@ -2908,7 +2981,8 @@ static kvc_result kvc__cache_fork_held(const kvc_cache *cache, kvc_cache **out) 
     kvc__settle((kvc_cache *)cache); /* the ended batch's checkpoints: no visible change */
     r = kvc_cache_create(cache->pool, &cache->cfg, &c);
     if (r != KVC_OK) return r;
-    if ((r = kvc__ckpt_clone_all(cache, c)) != KVC_OK) { kvc_cache_destroy(c); return r; }
+    if ((r = kvc__page_table_reserve(c, kvc__pages_wanted(cache))) != KVC_OK ||
+        (r = kvc__ckpt_clone_all(cache, c)) != KVC_OK) { kvc_cache_destroy(c); return r; }
     for (i = 0; kvc__is_recurrent(cache) && i < cache->cfg.max_seqs; ++i) {
         c->state_page[i] = cache->state_page[i];
         c->state_off[i] = cache->state_off[i];
@@ -3046,6 +3120,7 @@ static kvc_result kvc__begin_kv(kvc_cache *cache, int32_t n_tokens) {
     last = (e - 1) / pc;
     n_new = last - first_new + 1;
     n_dead = kvc__dead_pages(cache, o, &freed);
+    if (kvc__page_table_reserve(cache, (int64_t)cache->n_pages - n_dead + n_new) != KVC_OK) return KVC_ERR_NO_MEMORY;
     if (!kvc__reclaim(p, (int64_t)n_new + kvc__tail_shared(cache, o) - freed)) return KVC_ERR_FULL;
     /* from here on nothing can fail */
     kvc__drop_front(cache, n_dead);
@@ -3061,6 +3136,7 @@ static kvc_result kvc__begin_kv(kvc_cache *cache, int32_t n_tokens) {
         cache->tail_hi = e;
     }
     cache->offset = e;
+    cache->gen++; /* contents added or replaced (kvc_prefix checks) */
     cache->batch_begin = o;
     cache->batch_pending = p->cfg.n_layers;
     memset(cache->batch_put, 0, (size_t)p->cfg.n_layers);
@@ -3151,6 +3227,7 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
         cache->batch_put[layer] = 1;
         cache->batch_pending--;
     }
+    cache->gen++;
     return KVC_OK;
 }
 
@@ -3835,6 +3912,7 @@ static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens) {
     c->batch_has[0] = n_tokens;
     c->batch_begin = c->state_off[0];
     c->state_off[0] = c->offset = end;
+    c->gen++; /* contents added or replaced (kvc_prefix checks) */
     kvc__states_opened(c);
     return KVC_OK;
 }
@@ -3868,6 +3946,7 @@ static kvc_result kvc__recurrent_begin_batch(kvc_cache *c, const kvc_batch *b) {
         }
     c->batch_begin = c->state_off[0] - c->batch_has[0];
     c->offset = c->state_off[0];
+    c->gen++; /* contents added or replaced (kvc_prefix checks) */
     kvc__states_opened(c);
     return KVC_OK;
 }
@@ -4061,7 +4140,7 @@ static kvc_result kvc__restore_full(kvc_cache *c, const kvc_snapshot *s, int32_t
     int32_t pc = p->page_cells, keep = s->from / pc, cut = s->from % pc, idx, freed = 0, lp, last;
     int need_copy;
     uint32_t boundary = KVC__NO_PAGE;
-    if (target <= s->from) { kvc__rewind(c, target); return KVC_OK; }
+    if (target <= s->from) { kvc__rewind(c, target); c->gen++; return KVC_OK; } /* a restore: a change */
     c->tail_hi = KVC__MIN(c->tail_hi, s->from); /* the snapshot's tokens: as stored */
     need_copy = cut != 0 && c->pages[keep] != s->pages[0];
     for (idx = keep + 1; idx < c->n_pages; ++idx) freed += p->refcount[c->pages[idx]] == 1;
@@ -4083,6 +4162,7 @@ static kvc_result kvc__restore_full(kvc_cache *c, const kvc_snapshot *s, int32_t
         c->pages[c->n_pages++] = page;
     }
     c->offset = target;
+    c->gen++; /* contents added or replaced (kvc_prefix checks) */
     c->batch_begin = target - 1;
     c->batch_pending = 0;
     return KVC_OK;
@@ -4111,6 +4191,7 @@ static void kvc__restore_apply(kvc_cache *cache, const kvc_snapshot *snap, int32
     if (kvc__is_recurrent(cache)) kvc__restore_recurrent(cache, snap);
     else kvc__restore_rotating(cache, snap, target);
     kvc__ckpt_install(cache, chain);
+    cache->gen++; /* a snapshot's contents (a checkpoint of the cache's own: a rewind, no change) */
 }
 
 static kvc_result kvc__restore_held(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
@@ -4130,11 +4211,15 @@ static kvc_result kvc__restore_held(kvc_cache *cache, const kvc_snapshot *snap, 
     if (target > snap->to) return KVC_ERR_UNREACHABLE;
     if (cache->cfg.kind == KVC_KIND_FULL) {
         if (cache->offset < snap->from) return KVC_ERR_UNREACHABLE;
+        if (target > 0 && kvc__page_table_reserve(cache, (target - 1) / cache->pool->page_cells + 1) != KVC_OK)
+            return KVC_ERR_NO_MEMORY;
         return kvc__restore_full(cache, snap, target);
     }
     if (target < snap->to && (kvc__is_recurrent(cache) || snap->to > cache->cfg.window ||
                               snap->first_lpage > cache->n_sink_pages))
         return KVC_ERR_UNREACHABLE; /* a state, or a wrapped window, is only what it is */
+    if (!kvc__is_recurrent(cache) && kvc__page_table_reserve(cache, kvc__chain_pages(snap)) != KVC_OK)
+        return KVC_ERR_NO_MEMORY;
     /* the snapshot's checkpoints come with it: copied first, so a failure changes nothing */
     if ((r = kvc__chain_clone(snap->carried, target, &chain)) != KVC_OK) return r;
     kvc__restore_apply(cache, snap, target, chain);
@@ -4156,7 +4241,7 @@ static kvc_result kvc__snapshot_merge_held(kvc_cache *cache, kvc_snapshot *paren
                                      kvc_snapshot **out) {
     kvc_pool *p;
     kvc_snapshot *m;
-    int32_t pc, cut, shared, n;
+    int32_t pc, cut, shared, n, fresh_pages;
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (parent != NULL && kvc__check_snapshot(cache, parent) != KVC_OK) return KVC_ERR_FOREIGN;
@@ -4179,9 +4264,11 @@ static kvc_result kvc__snapshot_merge_held(kvc_cache *cache, kvc_snapshot *paren
     cut = parent->to % pc;
     shared = cut != 0; /* parent's last page and child's first page are the same logical page */
     n = parent->n_pages + child->n_pages - shared;
-    if (shared && parent->pages[parent->n_pages - 1] != child->pages[0] && kvc__pages_free(p) < 1) return KVC_ERR_FULL;
+    fresh_pages = shared && parent->pages[parent->n_pages - 1] != child->pages[0];
+    if (!kvc__can_reclaim(p, fresh_pages)) return KVC_ERR_FULL; /* evicting prefix-tree entries if need be */
     m = kvc__snapshot_alloc(p, n, 1);
     if (m == NULL) return KVC_ERR_NO_MEMORY;
+    kvc__reclaim(p, fresh_pages); /* checked above: frees enough pages */
     m->cache_id = parent->cache_id;
     m->kind = parent->kind;
     m->window = parent->window;
@@ -4289,9 +4376,10 @@ static kvc_result kvc__seq_snapshot_held(kvc_cache *c, int32_t seq, kvc_snapshot
     for (i = c->seq_lo[seq]; i < c->seq_hi[seq]; ++i) n += kvc__cell_has(c, i, seq);
     if (n == 0) return KVC_ERR_NOT_FOUND;
     pages = (int32_t)(((int64_t)n + c->pool->page_cells - 1) / c->pool->page_cells); /* pages of 2^31 cells */
-    if (pages > kvc__pages_free(c->pool)) return KVC_ERR_FULL;
+    if (!kvc__can_reclaim(c->pool, pages)) return KVC_ERR_FULL; /* evicting prefix-tree entries if need be */
     s = kvc__snapshot_alloc(c->pool, pages, 1);
     if (s == NULL) return KVC_ERR_NO_MEMORY;
+    kvc__reclaim(c->pool, pages); /* checked above: frees enough pages */
     for (i = 0; i < pages; ++i) s->pages[i] = kvc__page_acquire(c->pool);
     s->kind = KVC_KIND_CAUSAL;
     s->n_cells = n;
@@ -4557,6 +4645,23 @@ static kvc_result kvc__chain_clone(const kvc_snapshot *first, int32_t max_to, kv
     return KVC_OK;
 }
 
+/* The page-table entries a snapshot and the checkpoints it carries may bring back. */
+static int32_t kvc__chain_pages(const kvc_snapshot *s) {
+    int32_t n = 0;
+    for (; s != NULL; s = s->carried) n = KVC__MAX(n, s->n_pages);
+    return n;
+}
+
+/* The page-table room a cache keeps: its pages and those of every checkpoint it holds
+   (FULL and ROTATING; a RECURRENT cache's states are not in the table). */
+static int32_t kvc__pages_wanted(const kvc_cache *c) {
+    int32_t n = c->n_pages, i;
+    if (c->cfg.kind != KVC_KIND_ROTATING) return n;
+    for (i = 0; i < c->n_ckpt; ++i) n = KVC__MAX(n, kvc__chain_pages(c->ckpt[i]));
+    for (i = 0; i < c->n_pend; ++i) n = KVC__MAX(n, kvc__chain_pages(c->pend[i]));
+    return n;
+}
+
 /* Replace c's checkpoints by a chain (taken over, not copied). */
 static void kvc__ckpt_install(kvc_cache *c, kvc_snapshot *chain) {
     kvc__ckpt_drop_all(c);
@@ -4752,7 +4857,7 @@ static void kvc__mpools_unref(kvc__mpools *mp) {
     int32_t g;
     if (--mp->refs > 0) return;
     for (g = 0; g < mp->n_groups; ++g)
-        if (mp->pool[g] != NULL) (void)kvc_pool_destroy(mp->pool[g]);
+        if (mp->pool[g] != NULL) { mp->pool[g]->owned = 0; (void)kvc_pool_destroy(mp->pool[g]); }
     mp->alloc.free(mp, mp->alloc.user);
 }
 
@@ -4824,6 +4929,7 @@ KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **o
         r = kvc_pool_create(&pc, &mp->pool[g]);
         if (r != KVC_OK) break;
         mp->pool[g]->budget = &mp->budget; /* empty, so nothing to carry over */
+        mp->pool[g]->owned = 1;            /* destroyed with the memory only */
         r = kvc_cache_create(mp->pool[g], &cfg->groups[g].cache, &m->cache[g]);
     }
     if (r != KVC_OK) { kvc_memory_destroy(m); return r; }
@@ -5180,6 +5286,12 @@ static kvc_result kvc__memory_restore_held(kvc_memory *mem, const kvc_memory_sna
             copies += (int64_t)c->pool->page_bytes; /* the page at `from` needs a copy (kvc__restore_full) */
     }
     if (copies > (int64_t)(mp->budget.cap - mp->budget.used)) return KVC_ERR_FULL;
+    for (g = 0; g < mp->n_groups; ++g) { /* page-table room: reserving changes nothing visible */
+        kvc_cache *c = mem->cache[g];
+        int64_t want = c->cfg.kind == KVC_KIND_FULL ? (target > 0 ? (target - 1) / c->pool->page_cells + 1 : 0)
+                     : c->cfg.kind == KVC_KIND_ROTATING ? kvc__chain_pages(snap->snap[g]) : 0;
+        if (kvc__page_table_reserve(c, want) != KVC_OK) return KVC_ERR_NO_MEMORY;
+    }
     for (g = 0; g < mp->n_groups; ++g) /* the carried checkpoints, copied before anything changes */
         if (mem->cache[g]->cfg.kind != KVC_KIND_FULL &&
             kvc__chain_clone(snap->snap[g]->carried, target, &chains[g]) != KVC_OK) {
@@ -5279,6 +5391,7 @@ KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *
 struct kvc_prefix {
     kvc_pool *pool;          /* where this object's memory comes from */
     kvc_cache **caches;
+    uint64_t *gen;           /* [n_caches] the caches' generations when tokens was recorded */
     int32_t n_caches, max_tokens;
     int32_t *tokens, n_tokens;   /* what the caches hold */
     int32_t *prompt, n_prompt;   /* the request between begin and close */
@@ -5300,17 +5413,19 @@ KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, 
         for (j = 0; j < i; ++j) if (caches[j] == caches[i]) return KVC_ERR_INVALID;
     }
     p = caches[0]->pool;
-    bytes = sizeof(kvc_prefix) + sizeof(kvc_cache *) * (size_t)n_caches + 2 * sizeof(int32_t) * (size_t)max_tokens;
+    bytes = sizeof(kvc_prefix) + (sizeof(kvc_cache *) + sizeof(uint64_t)) * (size_t)n_caches +
+            2 * sizeof(int32_t) * (size_t)max_tokens;
     x = (kvc_prefix *)kvc__alloc(p, bytes);
     if (x == NULL) return KVC_ERR_NO_MEMORY;
     memset(x, 0, sizeof(*x));
     x->pool = p;
-    x->caches = (kvc_cache **)(x + 1);
+    x->gen = (uint64_t *)(void *)(x + 1); /* 8-byte entries first: aligned after the struct */
+    x->caches = (kvc_cache **)(void *)(x->gen + n_caches);
     x->tokens = (int32_t *)(x->caches + n_caches);
     x->prompt = x->tokens + max_tokens;
     x->n_caches = n_caches;
     x->max_tokens = max_tokens;
-    for (i = 0; i < n_caches; ++i) x->caches[i] = caches[i];
+    for (i = 0; i < n_caches; ++i) { x->caches[i] = caches[i]; x->gen[i] = caches[i]->gen; }
     p->live_prefixes++;
     *out = x;
     return KVC_OK;
@@ -5358,6 +5473,8 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
     if (tokens == NULL && n_tokens > 0) return KVC_ERR_NULL;
     for (i = 0; i < x->n_caches; ++i)
         if (kvc__batch_open(x->caches[i])) return KVC_ERR_STATE;
+    for (i = 0; i < x->n_caches && !x->open; ++i) /* changed since close: its tokens say nothing */
+        if (x->caches[i]->gen != x->gen[i]) x->n_tokens = 0;
     while (prefix < n_tokens && prefix < x->n_tokens && tokens[prefix] == x->tokens[prefix]) prefix++;
     if (prefix > 0 && prefix == n_tokens) prefix--; /* always evaluate one token to start generation from */
     /* the longest prefix every cache can go back to: a wrapped window or a recurrent state
@@ -5371,6 +5488,7 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
         kvc__pool_unlock(x->caches[i]->pool);
     }
     x->n_tokens = prefix;
+    for (i = 0; i < x->n_caches; ++i) x->gen[i] = x->caches[i]->gen;
     x->n_prompt = KVC__MIN(n_tokens, x->max_tokens);
     if (x->n_prompt > 0) memcpy(x->prompt, tokens, sizeof(int32_t) * (size_t)x->n_prompt);
     x->open = 1;
@@ -5391,6 +5509,7 @@ KVCDEF kvc_result kvc_prefix_close(kvc_prefix *x, const int32_t *generated, int3
     if (keep > from_prompt && generated != NULL) /* (n_generated > 0 there: checked) */
         memcpy(x->tokens + from_prompt, generated, sizeof(int32_t) * (size_t)(keep - from_prompt));
     x->n_tokens = keep;
+    for (keep = 0; keep < x->n_caches; ++keep) x->gen[keep] = x->caches[keep]->gen;
     x->open = 0;
     return KVC_OK;
 }
@@ -5681,7 +5800,7 @@ static void kvc__radix_fill(kvc_radix *t, int32_t g, kvc_cache *c, const kvc__rn
     last = (m - 1) / pc;
     kvc__needed_pages(t, g, m, &sink_end, &first);
     c->n_pages = sink_end + (first <= last ? last - first + 1 : 0);
-    KVCACHE_ASSERT(c->n_pages <= p->max_pages);
+    KVCACHE_ASSERT(c->n_pages <= c->pages_cap); /* reserved by the caller: (m - 1) / pc + 1 */
     idx = c->n_pages; /* filled from the back: window pages, then sink pages */
     for (lp = last; lp >= first; --lp) c->pages[--idx] = kvc__path_page(&at, g, lp, pc);
     for (lp = sink_end - 1; lp >= 0; --lp) c->pages[--idx] = kvc__path_page(&at, g, lp, pc);
@@ -5993,11 +6112,14 @@ static int32_t kvc__radix_find(kvc_radix *t, kvc_namespace ns, const int32_t *to
                                kvc__rnode **at) {
     int32_t m;
     *at = kvc__radix_walk(t, ns, tokens, n_tokens - 1, &m);
-    m = kvc__radix_usable(t, at, m);
+    return kvc__radix_usable(t, at, m);
+}
+
+/* A lookup that succeeded, in the counters. */
+static void kvc__radix_count(kvc_radix *t, int32_t n_tokens, int32_t m) {
     t->stats.lookups++;
     t->stats.tokens_queried += (uint64_t)n_tokens;
     t->stats.tokens_hit += (uint64_t)m;
-    return m;
 }
 
 static kvc_result kvc__radix_lookup_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
@@ -6011,6 +6133,11 @@ static kvc_result kvc__radix_lookup_held(kvc_radix *t, kvc_namespace ns, const i
     if (t->mp != NULL) return KVC_ERR_UNSUPPORTED; /* a memory's tree: kvc_radix_lookup_memory */
     if ((r = kvc_cache_create(t->part[0].pool, &t->part[0].cfg, &c)) != KVC_OK) return r;
     m = kvc__radix_find(t, ns, tokens, n_tokens, &at);
+    if (m > 0 && (r = kvc__page_table_reserve(c, (m - 1) / t->part[0].pool->page_cells + 1)) != KVC_OK) {
+        kvc_cache_destroy(c);
+        return r;
+    }
+    kvc__radix_count(t, n_tokens, m);
     if (m > 0) {
         kvc__radix_fill(t, 0, c, at, m);
         kvc__radix_touch(t, at, 0, 0);
@@ -6033,6 +6160,17 @@ KVCDEF kvc_result kvc_radix_lookup(kvc_radix *t, kvc_namespace ns, const int32_t
     return r;
 }
 
+/* Room in the page tables of a memory's attention groups for a prefix of m tokens. */
+static kvc_result kvc__radix_reserve_tables(const kvc_radix *t, kvc_memory *mem, int32_t m) {
+    int32_t g;
+    kvc_result r;
+    for (g = 0; g < t->n_parts && m > 0; ++g)
+        if (!kvc__part_state(t, g) &&
+            (r = kvc__page_table_reserve(mem->cache[g], (m - 1) / t->part[g].pool->page_cells + 1)) != KVC_OK)
+            return r;
+    return KVC_OK;
+}
+
 static kvc_result kvc__radix_lookup_memory_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens,
                                                 int32_t n_tokens, kvc_memory **out, int32_t *n_reused) {
     kvc__rnode *at;
@@ -6047,6 +6185,8 @@ static kvc_result kvc__radix_lookup_memory_held(kvc_radix *t, kvc_namespace ns, 
         r = kvc_cache_create(t->part[g].pool, &t->part[g].cfg, &mem->cache[g]);
     if (r != KVC_OK) { kvc_memory_destroy(mem); return r; }
     m = kvc__radix_find(t, ns, tokens, n_tokens, &at);
+    if ((r = kvc__radix_reserve_tables(t, mem, m)) != KVC_OK) { kvc_memory_destroy(mem); return r; }
+    kvc__radix_count(t, n_tokens, m);
     if (m > 0) {
         for (g = 0; g < t->n_parts; ++g) kvc__radix_fill(t, g, mem->cache[g], at, m);
         kvc__radix_touch(t, at, 0, 0);
@@ -8212,10 +8352,8 @@ typedef struct kvc__attn {
     int32_t rows_cap;      /* entries of a row list */
 } kvc__attn;
 
-/* a worker's row lists: one per kv head */
-static size_t kvc__rows_bytes(const kvc__attn *A) {
-    return (size_t)A->n_kv * (sizeof(kvc__rows) + (size_t)A->rows_cap * (5 * sizeof(void *) + sizeof(uint32_t)));
-}
+/* a worker's row lists: one per kv head, n_kv * (sizeof(kvc__rows) + rows_cap * (5
+   pointers + a uint32_t)) bytes (kvc__attn_plan) */
 static kvc__rows *kvc__rows_carve(const kvc__attn *A, void *mem) {
     kvc__rows *R = (kvc__rows *)mem;
     unsigned char *p = (unsigned char *)(R + A->n_kv);
@@ -8320,10 +8458,15 @@ static void kvc__attn_iter(const kvc_cache *c, const kvc_attention_desc *d, kvc_
 
 static size_t kvc__floats_aligned(size_t n) { return (n + 15) & ~(size_t)15; } /* 64-byte pieces */
 
-/* Task shapes and scratch layout; with base == NULL only *bytes is computed. */
-static void kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
+/* Task shapes and scratch layout; with base == NULL only *bytes is computed. Every size
+   in 64 bits or checked size_t sums: KVC_ERR_OVERFLOW when the rows of a task, the task
+   count (ints in the kernels and the parallel_for hook) or the bytes do not fit; the
+   call with base != NULL repeats one that succeeded and cannot fail. */
+static kvc_result kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
     const kvc_attention_desc *d = A->d;
-    size_t off = 0, n_tasks, n_workers;
+    size_t off = 0, n_tasks, n_workers, sz;
+    int64_t rows_max, n_qtasks, tasks;
+    int of = 0;
     kvc__iter it;
     kvc__run run;
     int32_t r = 0;
@@ -8340,40 +8483,58 @@ static void kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
         A->per_task = KVC__PREFILL_QUERIES;
         A->chunk = KVC__MAX(A->n_cells, 1);
     }
-    A->n_chunks = KVC__MAX(1, (A->n_cells + A->chunk - 1) / A->chunk);
-    A->n_qtasks = (d->n_queries + A->per_task - 1) / A->per_task;
-    A->rows_max = A->per_task * A->n_heads;
-    n_tasks = (size_t)A->n_qtasks * (size_t)A->n_chunks;
+    A->n_chunks = (int32_t)KVC__MAX(1, ((int64_t)A->n_cells + A->chunk - 1) / A->chunk);
+    n_qtasks = ((int64_t)d->n_queries + A->per_task - 1) / A->per_task;
+    rows_max = (int64_t)A->per_task * A->n_heads;
+    tasks = n_qtasks * A->n_chunks;
+    /* the call's rows (query x head: rows of q and out) and a task's rows with their
+       padding (rows_max + 1, rows_cap + 4, row * 2) and the task count stay ints */
+    if ((int64_t)d->n_queries * A->n_heads > INT32_MAX || rows_max > INT32_MAX / 2 - 8 || tasks > INT32_MAX)
+        return KVC_ERR_OVERFLOW;
+    A->n_qtasks = (int32_t)n_qtasks;
+    A->rows_max = (int32_t)rows_max;
+    n_tasks = (size_t)tasks;
     n_workers = A->p->cfg.parallel_for ? (size_t)A->p->cfg.n_workers : 1;
     /* an f16 tail is read through the tile: room for it whenever the cache has one (empty
        or not), so a scratch size asked for once does not fall short when the tail fills */
     A->tile_floats = A->fused_k && A->fused_v && A->c->tail == NULL ? 0 : (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv);
-    A->rows_floats = kvc__floats_aligned((size_t)A->rows_max * KVC__BLOCK + A->tile_floats + /* scores, tile */
-                                         KVC__BLOCK + (size_t)A->hv);                        /* padding rows */
-    A->rows_cap = A->per_task * A->group + 4;
-    A->qb_floats = A->rows_floats + kvc__floats_aligned(kvc__rows_bytes(A) / sizeof(float) + 1);
-    A->work_floats = A->qb_floats + kvc__floats_aligned((size_t)(A->rows_max + 1) * A->qb_row / sizeof(float));
+    A->rows_cap = A->per_task * A->group + 4; /* <= rows_max + 4 */
+    sz = kvc__add(kvc__mul((size_t)A->rows_max, KVC__BLOCK, &of), A->tile_floats, &of); /* scores, tile */
+    sz = kvc__add(sz, KVC__BLOCK + (size_t)A->hv + 15, &of);                             /* padding rows */
+    A->rows_floats = sz & ~(size_t)15;
+    sz = kvc__mul((size_t)A->n_kv, kvc__add(sizeof(kvc__rows), kvc__mul((size_t)A->rows_cap,
+                                                    5 * sizeof(void *) + sizeof(uint32_t), &of), &of), &of);
+    sz = kvc__add(sz / sizeof(float) + 1, 15, &of) & ~(size_t)15; /* the row lists, in floats */
+    A->qb_floats = kvc__add(A->rows_floats, sz, &of);
+    sz = kvc__mul((size_t)A->rows_max + 1, A->qb_row, &of) / sizeof(float);
+    A->work_floats = kvc__add(A->qb_floats, kvc__add(sz, 15, &of) & ~(size_t)15, &of);
+    if (of) return KVC_ERR_OVERFLOW;
     A->runs = (kvc__run *)(void *)(base ? base + off : NULL);
     off += kvc__floats_aligned(sizeof(kvc__run) * (size_t)A->n_runs) * sizeof(float);
     A->run_start = (int32_t *)(void *)(base ? base + off : NULL);
     off += kvc__floats_aligned((size_t)A->n_runs + 1) * sizeof(float);
     A->ml = (float *)(void *)(base ? base + off : NULL);
-    off += kvc__floats_aligned(n_tasks * (size_t)A->rows_max * 2) * sizeof(float);
+    sz = kvc__mul(kvc__mul(n_tasks, (size_t)A->rows_max * 2, &of), sizeof(float), &of);
+    off = kvc__add(off, kvc__align_up(sz, 64, &of), &of);
     A->part = NULL;
     if (A->n_chunks > 1) {
         A->part = (float *)(void *)(base ? base + off : NULL);
-        off += kvc__floats_aligned(n_tasks * (size_t)A->rows_max * (size_t)A->hv) * sizeof(float);
+        sz = kvc__mul(kvc__mul(kvc__mul(n_tasks, (size_t)A->rows_max, &of), (size_t)A->hv, &of), sizeof(float), &of);
+        off = kvc__add(off, kvc__align_up(sz, 64, &of), &of);
     }
     A->work = (float *)(void *)(base ? base + off : NULL);
-    off += n_workers * A->work_floats * sizeof(float);
-    *bytes = off + 64; /* room to align the base */
-    if (base == NULL) return;
+    off = kvc__add(off, kvc__mul(kvc__mul(n_workers, A->work_floats, &of), sizeof(float), &of), &of);
+    off = kvc__add(off, 64, &of);
+    if (of) return KVC_ERR_OVERFLOW;
+    *bytes = off; /* 64 of it: room to align the base */
+    if (base == NULL) return KVC_OK;
     kvc__attn_iter(A->c, d, &it);
     A->run_start[0] = 0;
     while (kvc__iter_next(&it, &A->runs[r])) {
         A->run_start[r + 1] = A->run_start[r] + A->runs[r].c1 - A->runs[r].c0;
         ++r;
     }
+    return KVC_OK;
 }
 
 
@@ -8770,18 +8931,83 @@ KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_
     r = kvc__check_attention(cache, 0, &d);
     if (r != KVC_OK) return r;
     kvc__attn_init(&A, cache, 0, &d);
-    kvc__attn_plan(&A, NULL, bytes);
+    if ((r = kvc__attn_plan(&A, NULL, bytes)) != KVC_OK) return r;
     *bytes = kvc__add(*bytes, kvc__rot_q_bytes(cache, &d, &of), &of);
     return of ? KVC_ERR_OVERFLOW : KVC_OK;
+}
+
+/* The rule for non-finite queries, the same for every storage type and path: a query
+   row (one query, one head) holding a NaN or an infinity gives a row of NaN. (Left to
+   the kernels, float keys gave zeros and block keys NaN or numbers: the row's scores
+   are NaN or infinite, and quantising the row drops or clamps the value.) One pass over
+   q; the other rows never depend on such a row. */
+static void kvc__attn_nonfinite(const kvc__attn *A) {
+    const kvc_attention_desc *d = A->d;
+    size_t rows = (size_t)d->n_queries * (size_t)A->n_heads, r, i;
+    for (r = 0; r < rows; ++r) {
+        const float *q = d->q + r * (size_t)A->hk;
+        uint32_t bad = 0, u;
+        for (i = 0; i < (size_t)A->hk; ++i) { /* exponent all ones: NaN or infinite */
+            memcpy(&u, q + i, 4);
+            bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        }
+        if (!bad) continue;
+        for (i = 0; i < (size_t)A->hv; ++i) d->out[r * (size_t)A->hv + i] = NAN;
+    }
+}
+
+/* Lay the plan out in mem (aligned here) and run its tasks. Rotated keys
+   (kvc_pool_config.rotate): the scratch begins with the queries rotated the same way,
+   qr_bytes of them, which rd (A's desc) then points to; rotated values: the output is
+   rotated back at the end, out = R^T (sum p_i R v_i). The kernels never know. */
+static kvc_result kvc__attn_exec(kvc__attn *A, kvc_attention_desc *rd, unsigned char *mem, size_t qr_bytes) {
+    const kvc_pool *p = A->p;
+    size_t bytes, rows = (size_t)rd->n_queries * (size_t)rd->n_heads;
+    int32_t n_tasks, t;
+    unsigned char *base = mem + ((64 - ((uintptr_t)mem & 63)) & 63);
+    if (qr_bytes) {
+        memcpy(base, rd->q, rows * (size_t)A->hk * sizeof(float));
+        kvc__rot_rows(p->rot_fn, (float *)(void *)base, A->hk, p->rot_k, rows, 0);
+        rd->q = (const float *)(void *)base;
+        base += qr_bytes;
+    }
+    (void)kvc__attn_plan(A, base, &bytes); /* the size query of the same plan succeeded */
+    n_tasks = A->n_qtasks * A->n_chunks;
+    if (p->cfg.parallel_for != NULL && n_tasks > 1)
+        p->cfg.parallel_for(p->cfg.parallel_user, n_tasks, kvc__attn_task, A);
+    else
+        for (t = 0; t < n_tasks; ++t) kvc__attn_task(A, t, 0);
+    if (A->part != NULL) kvc__attn_merge(A);
+    if (p->rot_v) kvc__rot_rows(p->rot_fn, rd->out, A->hv, p->rot_v, rows, 1);
+    kvc__attn_nonfinite(A); /* a NaN or infinite query (the rotation keeps it one) */
+    return KVC_OK;
+}
+
+/* Small calls without caller scratch need no allocation: their scratch is this frame's,
+   never inlined, so that a call with caller scratch keeps no large buffer on its stack. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((noinline))
+#elif defined(_MSC_VER)
+__declspec(noinline)
+#endif
+static kvc_result kvc__attn_on_stack(kvc__attn *A, kvc_attention_desc *rd, size_t qr_bytes) {
+    double small[KVC__STACK_SCRATCH / sizeof(double)];
+    return kvc__attn_exec(A, rd, (unsigned char *)small, qr_bytes);
+}
+
+/* q and out overlap: the kernels write out while later rows of q are still to be read */
+static int kvc__attn_overlap(const kvc__attn *A, const kvc_attention_desc *d) {
+    uint64_t rows = (uint64_t)d->n_queries * (uint64_t)d->n_heads; /* < 2^31 (kvc__attn_plan) */
+    uint64_t qa = (uint64_t)(uintptr_t)d->q, qe = qa + rows * (uint64_t)A->hk * sizeof(float);
+    uint64_t oa = (uint64_t)(uintptr_t)d->out, oe = oa + rows * (uint64_t)A->hv * sizeof(float);
+    return qa < oe && oa < qe;
 }
 
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc) {
     kvc__attn A;
     kvc_attention_desc rd; /* desc with the rotated queries (kvc_pool_config.rotate) */
     size_t bytes, qr_bytes;
-    unsigned char *mem, *base;
-    double small[KVC__STACK_SCRATCH / sizeof(double)]; /* small calls need no allocation */
-    int32_t n_tasks, t;
+    unsigned char *mem;
     int of = 0;
     kvc_result r = kvc__check_attention(cache, layer, desc);
     if (r != KVC_OK) return r;
@@ -8790,38 +9016,20 @@ KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc
     rd = *desc;
     qr_bytes = kvc__rot_q_bytes(cache, desc, &of);
     kvc__attn_init(&A, cache, layer, &rd);
-    kvc__attn_plan(&A, NULL, &bytes);
+    if ((r = kvc__attn_plan(&A, NULL, &bytes)) != KVC_OK) return r;
     bytes = kvc__add(bytes, qr_bytes, &of);
     if (of) return KVC_ERR_OVERFLOW;
+    if (kvc__attn_overlap(&A, desc)) return KVC_ERR_INVALID;
     if (desc->scratch != NULL) {
         if (desc->scratch_bytes < bytes) return KVC_ERR_RANGE;
-        mem = (unsigned char *)desc->scratch;
-    } else if (bytes <= sizeof(small)) {
-        mem = (unsigned char *)small;
-    } else {
-        mem = (unsigned char *)kvc__alloc(cache->pool, bytes);
-        if (mem == NULL) return KVC_ERR_NO_MEMORY;
+        return kvc__attn_exec(&A, &rd, (unsigned char *)desc->scratch, qr_bytes);
     }
-    base = mem + ((64 - ((uintptr_t)mem & 63)) & 63);
-    if (qr_bytes) { /* rotated keys: scores against R q (the kernels never know) */
-        size_t n = (size_t)desc->n_queries * (size_t)desc->n_heads * (size_t)A.hk;
-        memcpy(base, desc->q, n * sizeof(float));
-        kvc__rot_rows(cache->pool->rot_fn, (float *)(void *)base, A.hk, cache->pool->rot_k, n / (size_t)A.hk, 0);
-        rd.q = (const float *)(void *)base;
-        base += qr_bytes;
-    }
-    kvc__attn_plan(&A, base, &bytes);
-    n_tasks = A.n_qtasks * A.n_chunks;
-    if (cache->pool->cfg.parallel_for != NULL && n_tasks > 1)
-        cache->pool->cfg.parallel_for(cache->pool->cfg.parallel_user, n_tasks, kvc__attn_task, &A);
-    else
-        for (t = 0; t < n_tasks; ++t) kvc__attn_task(&A, t, 0);
-    if (A.part != NULL) kvc__attn_merge(&A);
-    if (cache->pool->rot_v) /* rotated values: out = R^T (sum p_i R v_i) */
-        kvc__rot_rows(cache->pool->rot_fn, desc->out, A.hv, cache->pool->rot_v,
-                      (size_t)desc->n_queries * (size_t)desc->n_heads, 1);
-    if (mem != (unsigned char *)desc->scratch && mem != (unsigned char *)small) kvc__free(cache->pool, mem);
-    return KVC_OK;
+    if (bytes <= KVC__STACK_SCRATCH) return kvc__attn_on_stack(&A, &rd, qr_bytes);
+    mem = (unsigned char *)kvc__alloc(cache->pool, bytes);
+    if (mem == NULL) return KVC_ERR_NO_MEMORY;
+    r = kvc__attn_exec(&A, &rd, mem, qr_bytes);
+    kvc__free(cache->pool, mem);
+    return r;
 }
 
 /* ---- Layer 6: the optional pthread helper (KVCACHE_THREADS) ------------------------ */
@@ -9606,15 +9814,30 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
     if (r->err == KVC_OK && (s->meta[0] < 0 || s->meta[1] < 0)) kvc__r_fail(r, KVC_ERR_CORRUPT);
 }
 
-/* TOKS into dst (NULL: read and check only). */
-static void kvc__r_tokens(kvc__rd *r, int32_t *dst, int32_t n) {
-    int32_t i;
+/* TOKS: n tokens into a block of the pool's (*dst, which the caller frees; dst == NULL:
+   read and check only). The block grows by doubling as tokens arrive, so what a load
+   asks for is bounded by what the input holds, never by the count it declares. The
+   caller's own array is written only once the whole load has succeeded. */
+static void kvc__r_tokens(kvc__rd *r, kvc_pool *p, int32_t **dst, int32_t n) {
+    int32_t i, cap = 0;
+    if (dst != NULL) *dst = NULL;
     kvc__r_section(r, KVC__TAG('T', 'O', 'K', 'S'), 4 * (uint64_t)n);
     for (i = 0; i < n && r->err == KVC_OK; ++i) {
         uint32_t t = kvc__r_u32(r);
-        if (dst != NULL) dst[i] = (int32_t)t;
+        if (dst == NULL || r->err != KVC_OK) continue;
+        if (i == cap) {
+            int32_t grown = cap == 0 ? KVC__MIN(n, 1024) : (int32_t)KVC__MIN((int64_t)n, 2 * (int64_t)cap);
+            int32_t *b = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)grown);
+            if (b == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); break; }
+            if (i > 0) memcpy(b, *dst, sizeof(int32_t) * (size_t)i);
+            kvc__free(p, *dst);
+            *dst = b;
+            cap = grown;
+        }
+        (*dst)[i] = (int32_t)t;
     }
     kvc__r_end(r);
+    if (r->err != KVC_OK && dst != NULL) { kvc__free(p, *dst); *dst = NULL; }
 }
 
 /* Fresh pages for n cells, packed from slot 0 (the load's staging area). */
@@ -9622,9 +9845,10 @@ static kvc_result kvc__stage_pages(kvc_pool *p, int32_t n_cells, uint32_t **page
     int32_t n = (int32_t)(((int64_t)n_cells + p->page_cells - 1) / p->page_cells), i;
     *pages = NULL;
     *n_pages = n;
-    if (n > kvc__pages_free(p)) return KVC_ERR_FULL;
+    if (!kvc__can_reclaim(p, n)) return KVC_ERR_FULL;
     *pages = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)KVC__MAX(n, 1));
     if (*pages == NULL) return KVC_ERR_NO_MEMORY;
+    kvc__reclaim(p, n); /* unused prefix-tree entries go first, as for any pages */
     for (i = 0; i < n; ++i) (*pages)[i] = kvc__page_acquire(p);
     return KVC_OK;
 }
@@ -9705,7 +9929,7 @@ static void kvc__staged_free(kvc_pool *p, kvc__staged *st) {
 }
 
 static void kvc__r_linear(kvc__rd *r, const kvc_cache *c, uint32_t what, kvc_namespace ns, kvc__staged *st,
-                          int32_t *tokens, int32_t max_tokens) {
+                          int want_tokens, int32_t max_tokens) {
     kvc_pool *p = c->pool;
     kvc_result e;
     kvc__r_head(r, p, what, ns, &st->s);
@@ -9718,16 +9942,13 @@ static void kvc__r_linear(kvc__rd *r, const kvc_cache *c, uint32_t what, kvc_nam
         kvc__r_fail(r, KVC_ERR_CORRUPT);
         return;
     }
-    if (what == KVC__WHAT_ENTRY) { /* the tokens of an entry are needed to commit it */
-        st->tokens = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)KVC__MAX(st->s.meta[0], 1));
-        if (st->tokens == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); return; }
-        tokens = st->tokens;
-    } else if (tokens != NULL && st->s.meta[0] > max_tokens) {
+    if (what != KVC__WHAT_ENTRY && want_tokens && st->s.meta[0] > max_tokens) {
         kvc__r_fail(r, KVC_ERR_RANGE);
         return;
     }
     if ((e = kvc__stage_pages(p, st->s.meta[1], &st->pages, &st->n_pages)) != KVC_OK) { kvc__r_fail(r, e); return; }
-    kvc__r_tokens(r, tokens, st->s.meta[0]);
+    /* an entry's tokens are needed to commit it */
+    kvc__r_tokens(r, p, what == KVC__WHAT_ENTRY || want_tokens ? &st->tokens : NULL, st->s.meta[0]);
     kvc__r_linear_cells(r, c, &st->s, st->pages);
     kvc__r_kv(r, p, st->pages, st->s.meta[1]);
 }
@@ -9744,6 +9965,7 @@ static void kvc__install_linear(kvc_cache *c, kvc__staged *st) {
     c->n_pages = m[5];
     c->first_lpage = m[4];
     c->offset = m[2];
+    c->gen++; /* contents added or replaced (kvc_prefix checks) */
     c->batch_begin = m[3];
     c->batch_pending = 0;
     kvc__free(c->pool, st->pages);
@@ -9752,7 +9974,7 @@ static void kvc__install_linear(kvc_cache *c, kvc__staged *st) {
 
 /* RECURRENT: CELL is (sequence, tokens consumed) per state, KVDT the states. The
    checkpoints are not saved: a loaded cache goes back only to what it holds. */
-static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
                                       int32_t max_tokens, int32_t *n_tokens) {
     kvc_pool *p = c->pool;
     kvc__rd r;
@@ -9768,14 +9990,14 @@ static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_
     n = s.meta[1];
     if (n > c->cfg.max_seqs) return KVC_ERR_MISMATCH; /* more states than sequences here */
     if (tokens != NULL && s.meta[0] > max_tokens) {
-        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        *n_tokens = s.meta[0];
         return KVC_ERR_RANGE;
     }
     seq_of = (int32_t *)kvc__alloc(p, 2 * sizeof(int32_t) * (size_t)KVC__MAX(n, 1));
     if (seq_of == NULL) return KVC_ERR_NO_MEMORY;
     off_of = seq_of + KVC__MAX(n, 1);
     if ((r.err = kvc__stage_pages(p, n, &pages, &n_pages)) == KVC_OK) {
-        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_tokens(&r, p, tokens, s.meta[0]);
         kvc__r_section(&r, KVC__TAG('C', 'E', 'L', 'L'), 8 * (uint64_t)n);
         for (i = 0; i < n && r.err == KVC_OK; ++i) {
             seq_of[i] = (int32_t)kvc__r_u32(&r);
@@ -9798,16 +10020,20 @@ static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_
             c->state_off[seq_of[i]] = off_of[i];
         }
         c->offset = c->state_off[0];
+        c->gen++; /* contents added or replaced (kvc_prefix checks) */
         c->batch_begin = c->offset > 0 ? c->offset - 1 : 0;
         n_pages = 0;
-        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        *n_tokens = s.meta[0];
+    } else if (tokens != NULL) {
+        kvc__free(p, *tokens);
+        *tokens = NULL;
     }
     kvc__unstage_pages(p, pages, n_pages);
     kvc__free(p, seq_of);
     return r.err;
 }
 
-static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
                                    int32_t max_tokens, int32_t *n_tokens);
 
 /* Load entry points end here: release what is staged, finish the io. */
@@ -9816,29 +10042,46 @@ static kvc_result kvc__load_end(const kvc_io *io, kvc_pool *p, kvc__staged *st, 
     return kvc__io_end(io, r);
 }
 
-static kvc_result kvc__cache_load_held(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
-                                 int32_t *n_tokens) {
+/* kvc_cache_load after its checks, without finishing the io: with tokens != NULL the
+   saved tokens come back in a block of the pool's (*tokens, which the caller frees)
+   and *n_tokens is their count (also with KVC_ERR_RANGE). */
+static kvc_result kvc__cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
+                                  int32_t max_tokens, int32_t *n_tokens) {
     kvc__rd r;
     kvc__staged st;
-    kvc_result e;
+    if (tokens != NULL) *tokens = NULL;
+    if (kvc__is_causal(c)) return kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens);
+    if (kvc__is_recurrent(c)) return kvc__load_recurrent(c, ns, io, tokens, max_tokens, n_tokens);
     memset(&st, 0, sizeof(st));
-    if (io == NULL) return KVC_ERR_NULL;
-    if (c == NULL) return kvc__load_end(io, NULL, &st, KVC_ERR_NULL);
-    if (c->pool->external) return kvc__load_end(io, NULL, &st, KVC_ERR_UNSUPPORTED); /* device backend */
-    if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__load_end(io, NULL, &st, e);
-    if (max_tokens < 0) return kvc__load_end(io, NULL, &st, KVC_ERR_INVALID);
-    if (kvc__batch_open(c)) return kvc__load_end(io, NULL, &st, KVC_ERR_STATE);
-    if (kvc__is_causal(c)) return kvc__load_end(io, NULL, &st, kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens));
-    if (kvc__is_recurrent(c))
-        return kvc__load_end(io, NULL, &st, kvc__load_recurrent(c, ns, io, tokens, max_tokens, n_tokens));
     memset(&r, 0, sizeof(r));
     r.io = io;
-    kvc__r_linear(&r, c, KVC__WHAT_CACHE, ns, &st, tokens, max_tokens);
-    if (r.err == KVC_ERR_RANGE && n_tokens != NULL) *n_tokens = st.s.meta[0];
-    if (r.err != KVC_OK) return kvc__load_end(io, c->pool, &st, r.err);
-    kvc__install_linear(c, &st);
-    if (n_tokens != NULL) *n_tokens = st.s.meta[0];
-    return kvc__load_end(io, c->pool, &st, KVC_OK);
+    kvc__r_linear(&r, c, KVC__WHAT_CACHE, ns, &st, tokens != NULL, max_tokens);
+    if (r.err == KVC_ERR_RANGE) *n_tokens = st.s.meta[0];
+    if (r.err == KVC_OK) r.err = kvc__page_table_reserve(c, st.s.meta[5]);
+    if (r.err == KVC_OK) {
+        kvc__install_linear(c, &st);
+        *n_tokens = st.s.meta[0];
+        if (tokens != NULL) { *tokens = st.tokens; st.tokens = NULL; }
+    }
+    kvc__staged_free(c->pool, &st);
+    return r.err;
+}
+
+static kvc_result kvc__cache_load_held(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
+                                 int32_t *n_tokens) {
+    kvc_result e;
+    int32_t *got = NULL, n = 0;
+    if (io == NULL) return KVC_ERR_NULL;
+    if (c == NULL) return kvc__io_end(io, KVC_ERR_NULL);
+    if (c->pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
+    if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__io_end(io, e);
+    if (max_tokens < 0) return kvc__io_end(io, KVC_ERR_INVALID);
+    if (kvc__batch_open(c)) return kvc__io_end(io, KVC_ERR_STATE);
+    e = kvc__cache_load(c, ns, io, tokens != NULL ? &got : NULL, max_tokens, &n);
+    if (e == KVC_OK && tokens != NULL && n > 0) memcpy(tokens, got, sizeof(int32_t) * (size_t)n);
+    if ((e == KVC_OK || e == KVC_ERR_RANGE) && n_tokens != NULL) *n_tokens = n;
+    kvc__free(c->pool, got);
+    return kvc__io_end(io, e);
 }
 
 KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens, int32_t max_tokens,
@@ -9889,7 +10132,7 @@ static int kvc__causal_conf_ok(const kvc_cache *c, const kvc__saved *s) {
     return s->cc.kind == KVC_KIND_CAUSAL && s->cc.window == c->cfg.window && s->cc.chunk == c->cfg.chunk;
 }
 
-static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
+static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
                                    int32_t max_tokens, int32_t *n_tokens) {
     kvc_pool *p = c->pool;
     kvc__rd r;
@@ -9905,14 +10148,14 @@ static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io 
     n = s.meta[1];
     if (s.meta[2] < 1 || s.meta[2] > (1 << 15) || n > c->capacity) return n > c->capacity ? KVC_ERR_MISMATCH : KVC_ERR_CORRUPT;
     if (tokens != NULL && s.meta[0] > max_tokens) {
-        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        *n_tokens = s.meta[0];
         return KVC_ERR_RANGE;
     }
     cell_of = (int32_t *)kvc__alloc(p, sizeof(int32_t) * (size_t)KVC__MAX(n, 1) * (size_t)(1 + c->words));
     if (cell_of == NULL) return KVC_ERR_NO_MEMORY;
     seqs = (uint32_t *)(cell_of + KVC__MAX(n, 1));
     if ((r.err = kvc__stage_pages(p, n, &pages, &n_pages)) == KVC_OK) {
-        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_tokens(&r, p, tokens, s.meta[0]);
         kvc__r_causal_cells(&r, c, &s, pages, cell_of, seqs);
         kvc__r_kv(&r, p, pages, n);
     }
@@ -9924,7 +10167,10 @@ static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io 
         }
         c->n_used = n;
         kvc__all_bounds(c);
-        if (n_tokens != NULL) *n_tokens = s.meta[0];
+        *n_tokens = s.meta[0];
+    } else if (tokens != NULL) {
+        kvc__free(p, *tokens);
+        *tokens = NULL;
     }
     kvc__unstage_pages(p, pages, n_pages);
     kvc__free(p, cell_of);
@@ -9937,7 +10183,7 @@ static kvc_result kvc__seq_load_held(kvc_cache *c, int32_t dst, kvc_namespace ns
     kvc__saved s;
     kvc_snapshot *snap = NULL;
     kvc_pool *p;
-    int32_t i, n, freed = 0, pc;
+    int32_t i, n, freed = 0, pc, *got = NULL;
     if (io == NULL) return KVC_ERR_NULL;
     if (c == NULL) return kvc__io_end(io, KVC_ERR_NULL);
     if (c->pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
@@ -9958,13 +10204,14 @@ static kvc_result kvc__seq_load_held(kvc_cache *c, int32_t dst, kvc_namespace ns
         if (n_tokens != NULL) *n_tokens = s.meta[0];
         r.err = KVC_ERR_RANGE;
     }
-    if (r.err == KVC_OK && (n + pc - 1) / pc > kvc__pages_free(p)) r.err = KVC_ERR_FULL;
+    if (r.err == KVC_OK && !kvc__can_reclaim(p, (n + pc - 1) / pc)) r.err = KVC_ERR_FULL;
     if (r.err == KVC_OK && (snap = kvc__snapshot_alloc(p, (n + pc - 1) / pc, 1)) == NULL) r.err = KVC_ERR_NO_MEMORY;
     if (r.err == KVC_OK) { /* the cells go into a sequence snapshot's pages, then kvc_seq_restore */
         snap->kind = KVC_KIND_CAUSAL;
         snap->n_cells = n;
+        kvc__reclaim(p, snap->n_pages); /* checked above: frees enough pages */
         for (i = 0; i < snap->n_pages; ++i) snap->pages[i] = kvc__page_acquire(p);
-        kvc__r_tokens(&r, tokens, s.meta[0]);
+        kvc__r_tokens(&r, p, tokens != NULL ? &got : NULL, s.meta[0]);
         kvc__r_section(&r, KVC__TAG('C', 'E', 'L', 'L'), 4 * (uint64_t)n);
         for (i = 0; i < n && r.err == KVC_OK; ++i) {
             int32_t pos = (int32_t)kvc__r_u32(&r);
@@ -9976,8 +10223,10 @@ static kvc_result kvc__seq_load_held(kvc_cache *c, int32_t dst, kvc_namespace ns
     }
     if (r.err == KVC_OK) {
         r.err = kvc_seq_restore(c, snap, dst); /* checked above: cannot fail */
+        if (tokens != NULL && s.meta[0] > 0) memcpy(tokens, got, sizeof(int32_t) * (size_t)s.meta[0]);
         if (n_tokens != NULL) *n_tokens = s.meta[0];
     }
+    kvc__free(p, got);
     kvc_snapshot_free(snap);
     return kvc__io_end(io, r.err);
 }
@@ -10015,6 +10264,10 @@ static kvc_result kvc__radix_save_held(kvc_radix *t, kvc_namespace ns, const int
     at = kvc__radix_walk(t, ns, tokens, n_tokens, &m);
     if (m < n_tokens || kvc__radix_usable(t, &at, m) < n_tokens) return kvc__io_end(io, KVC_ERR_NOT_FOUND);
     if ((r = kvc_cache_create(t->part[0].pool, &t->part[0].cfg, &c)) != KVC_OK) return kvc__io_end(io, r);
+    if ((r = kvc__page_table_reserve(c, (n_tokens - 1) / t->part[0].pool->page_cells + 1)) != KVC_OK) {
+        kvc_cache_destroy(c);
+        return kvc__io_end(io, r);
+    }
     kvc__radix_fill(t, 0, c, at, n_tokens); /* the ready cache a lookup would give, all n tokens */
     r = kvc__save(c, KVC__WHAT_ENTRY, -1, ns, tokens, n_tokens, io);
     kvc_cache_destroy(c);
@@ -10047,7 +10300,8 @@ static kvc_result kvc__radix_load_held(kvc_radix *t, kvc_namespace ns, const kvc
     if ((e = kvc_cache_create(t->part[0].pool, &t->part[0].cfg, &c)) != KVC_OK) return kvc__io_end(io, e);
     memset(&r, 0, sizeof(r));
     r.io = io;
-    kvc__r_linear(&r, c, KVC__WHAT_ENTRY, ns, &st, NULL, 0);
+    kvc__r_linear(&r, c, KVC__WHAT_ENTRY, ns, &st, 0, 0);
+    if (r.err == KVC_OK) r.err = kvc__page_table_reserve(c, st.s.meta[5]);
     if (r.err == KVC_OK) {
         kvc__install_linear(c, &st);
         r.err = kvc__radix_commit(t, ns, &c, st.tokens, st.s.meta[0], 0, pin); /* NO_MEMORY: tree unchanged */
@@ -10165,6 +10419,7 @@ static void kvc__cache_move(kvc_cache *dst, kvc_cache *src) {
     dst->n_pages = src->n_pages;
     dst->first_lpage = src->first_lpage;
     dst->offset = src->offset;
+    dst->gen++; /* contents added or replaced (kvc_prefix checks) */
     dst->batch_begin = src->batch_begin;
     dst->batch_pending = 0;
     for (s = 0; kvc__is_recurrent(src) && s < src->cfg.max_seqs; ++s) {
@@ -10184,7 +10439,7 @@ static kvc_result kvc__memory_load_held(kvc_memory *mem, kvc_namespace ns, const
     kvc_io fwd;
     kvc_cache *tmp[KVC_MAX_GROUPS];
     unsigned char b[16];
-    int32_t g, i, n0 = 0;
+    int32_t g, i, n0 = 0, *got = NULL;
     int other;
     kvc_result r;
     if (io == NULL) return KVC_ERR_NULL;
@@ -10215,15 +10470,20 @@ static kvc_result kvc__memory_load_held(kvc_memory *mem, kvc_namespace ns, const
     for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) {
         int32_t n = 0;
         r = kvc_cache_create(mem->cache[g]->pool, &mem->cache[g]->cfg, &tmp[g]);
-        if (r == KVC_OK) r = kvc_cache_load(tmp[g], ns, &fwd, g == 0 ? tokens : NULL, g == 0 ? max_tokens : 0, &n);
+        /* group 0's tokens into a block of its pool: the caller's array only on success */
+        if (r == KVC_OK) r = kvc__cache_load(tmp[g], ns, &fwd, g == 0 && tokens != NULL ? &got : NULL, g == 0 ? max_tokens : 0, &n);
         if (r == KVC_OK && g > 0 && (n != 0 || tmp[g]->offset != tmp[0]->offset)) r = KVC_ERR_CORRUPT;
         if (g == 0) n0 = n;
     }
     if (r == KVC_ERR_RANGE && n_tokens != NULL) *n_tokens = n0;
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) /* room first: the moves cannot fail */
+        r = kvc__page_table_reserve(mem->cache[g], tmp[g]->n_pages);
     if (r == KVC_OK) {
         for (g = 0; g < mp->n_groups; ++g) kvc__cache_move(mem->cache[g], tmp[g]);
+        if (tokens != NULL && n0 > 0) memcpy(tokens, got, sizeof(int32_t) * (size_t)n0);
         if (n_tokens != NULL) *n_tokens = n0;
     }
+    if (got != NULL) kvc__free(tmp[0]->pool, got);
     for (g = 0; g < mp->n_groups; ++g)
         if (tmp[g] != NULL) kvc_cache_destroy(tmp[g]);
     return kvc__io_end(io, r);
@@ -10272,6 +10532,7 @@ static kvc_result kvc__radix_save_memory(kvc_radix *t, kvc_namespace ns, const i
     at = kvc__radix_walk(t, ns, tokens, n, &matched);
     if (matched < n || kvc__radix_usable(t, &at, matched) < n) return KVC_ERR_NOT_FOUND;
     if ((r = kvc__radix_memory(t, &m)) != KVC_OK) return r;
+    if ((r = kvc__radix_reserve_tables(t, m, n)) != KVC_OK) { kvc_memory_destroy(m); return r; }
     for (g = 0; g < t->n_parts; ++g) kvc__radix_fill(t, g, m->cache[g], at, n);
     memset(&w, 0, sizeof(w));
     w.io = io;
@@ -10378,6 +10639,7 @@ KVCDEF kvc_result kvc_io_memory(kvc_mem *mem, kvc_io *io) {
 }
 
 #ifndef KVCACHE_NO_STDIO
+#include <time.h> /* time, clock: the names of temporary files */
 static size_t kvc__file_write(void *user, const void *data, size_t n) { return fwrite(data, 1, n, (FILE *)user); }
 static size_t kvc__file_read(void *user, void *data, size_t n) { return fread(data, 1, n, (FILE *)user); }
 static int kvc__file_finish(void *user, int ok) { (void)ok; return ferror((FILE *)user) != 0; }
@@ -10415,6 +10677,42 @@ static size_t kvc__path_read(void *user, void *data, size_t n) {
     return f != NULL ? fread(data, 1, n, f) : 0;
 }
 
+/* A save's temporary file, of a name of its own: path + ".kvctmp-" + 16 hex digits mixed
+   from the state's address (distinct for saves at once in one process), the time and
+   the processor clock (other processes), and the attempt. Created exclusively where
+   fopen has the "x" mode (C11, glibc, musl, MSVC): a name that exists is never opened,
+   the next attempt takes another. Elsewhere (C99 has no exclusive create) a name that
+   exists is skipped, but a file made between that check and fopen could still be
+   truncated: there the names' 64 mixed bits are what keep saves apart. */
+#if (defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L) || defined(__GLIBC__) || defined(_MSC_VER) || \
+    defined(__APPLE__) || defined(__FreeBSD__)
+#define KVC__FOPEN_EXCL "wbx"
+#endif
+static FILE *kvc__tmp_open(kvc_path_io *s, size_t len) {
+    static const char hex[] = "0123456789abcdef";
+    uint64_t x;
+    int attempt, i;
+    for (attempt = 0; attempt < 16; ++attempt) {
+        FILE *f;
+        x = (uint64_t)(uintptr_t)s ^ (uint64_t)time(NULL) << 32 ^ (uint64_t)clock() * KVC__P1 ^ (uint64_t)attempt * KVC__P2;
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finaliser */
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+        x ^= x >> 31;
+        memcpy(s->tmp, s->path, len);
+        memcpy(s->tmp + len, ".kvctmp-", 8);
+        for (i = 0; i < 16; ++i) s->tmp[len + 8 + (size_t)i] = hex[(x >> (60 - 4 * i)) & 15];
+        s->tmp[len + 24] = 0;
+#ifdef KVC__FOPEN_EXCL
+        if ((f = fopen(s->tmp, KVC__FOPEN_EXCL)) != NULL) return f;
+#else
+        if ((f = fopen(s->tmp, "rb")) != NULL) { fclose(f); continue; } /* taken */
+        if ((f = fopen(s->tmp, "wb")) != NULL) return f;
+#endif
+    }
+    s->tmp[0] = 0;
+    return NULL;
+}
+
 KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc_io *io) {
     size_t len;
     if (s == NULL || path == NULL || io == NULL) return KVC_ERR_NULL;
@@ -10423,10 +10721,9 @@ KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc
     if (len >= KVC_PATH_MAX) return KVC_ERR_RANGE;
     memset(s, 0, sizeof(*s));
     memcpy(s->path, path, len + 1);
-    memcpy(s->tmp, path, len);
-    memcpy(s->tmp + len, ".kvctmp", 8);
     s->writing = writing != 0;
-    s->file = fopen(s->writing ? s->tmp : s->path, s->writing ? "wb" : "rb");
+    if (s->writing) s->file = kvc__tmp_open(s, len);
+    else s->file = fopen(s->path, "rb");
     if (s->file == NULL) return KVC_ERR_IO;
     memset(io, 0, sizeof(*io));
     io->write = kvc__path_write;

@@ -1022,7 +1022,10 @@ static void kvc_vk__pool_free(kvc_vk_pool *p) {
     kvc_vk__free(&c->alloc, p->events);
     kvc_vk__free(&c->alloc, p->regions);
     kvc_vk__free(&c->alloc, p->seen);
-    if (p->host && p->owns_host) kvc_pool_destroy(p->host);
+    if (p->host && p->owns_host) {
+        p->host->owned = 0;
+        kvc_pool_destroy(p->host);
+    }
     kvc_vk__free(&c->alloc, p);
 }
 
@@ -1161,6 +1164,7 @@ KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *c, const kvc_pool_config *c
     hc.hooks = kvc_vk__hooks(p);
     if ((r = kvc_pool_create(&hc, &p->host)) != KVC_OK) { kvc_vk__pool_free(p); return r; }
     p->owns_host = 1;
+    p->host->owned = 1; /* kvc_pool_destroy on kvc_vk_pool_host(p) is refused */
     if ((r = kvc_vk__pool_setup(p, opts)) != KVC_OK) {
         kvc_vk__pool_free(p);
         return r;

@@ -122,6 +122,8 @@ typedef struct fm_mem {
     kvc_memory *h;
     int family;     /* memories sharing pools (forks) have the same */
     int pend;       /* a batch named checkpoints: the next call that settles them may free pages */
+    uint32_t changes; /* calls that added or replaced tokens: batches, restores from a
+                         snapshot (kvc_prefix's generation rule) */
     int grace;      /* a batch ended and no call settled it yet: RECURRENT groups still take
                        kvc_state and kvc_state_checkpoint (the pointers stay writable until a
                        call other than those two), so their refusals are not checked */
@@ -157,6 +159,7 @@ typedef struct fm_world {
     kvc_memory *px_mem;
     int32_t px_max, px_tok[FM_PT], px_n;
     int px_open;
+    uint32_t px_changes; /* the memory's changes when px_tok was recorded */
     float k[FM_BATCH * FM_ROW], v[FM_BATCH * FM_ROW];
     float gk[FM_MAXT * FM_ROW], gv[FM_MAXT * FM_ROW];
     int32_t gpos[FM_MAXT];
@@ -474,6 +477,7 @@ static int fm_batch(fm_world *w, int mi, const int32_t *tok, int32_t n, const in
         return 0;
     }
     m->pend = 0;
+    m->changes++;
     for (g = 0; g < w->G; ++g) {
         uint32_t uids[FM_BATCH];
         for (t = 0; t < n; ++t) uids[t] = (uint32_t)tok[t];
@@ -712,6 +716,7 @@ static void fm_op_restore(fm_world *w, int mi) {
     FUZZ_RES(r, want);
     if (want != KVC_OK) return;
     m->grace = 0;
+    m->changes++;
     for (g = 0; g < w->G; ++g) {
         const fm_group *gr = &w->gr[g];
         fm_gref *d = &m->g[g];
@@ -751,6 +756,7 @@ static void fm_op_prefix_create(fm_world *w, int mi) {
     w->px_max = maxt;
     w->px_n = 0;
     w->px_open = 0;
+    w->px_changes = w->m[mi].changes;
 }
 
 /* ollama's MLX runner's request cycle: begin, evaluate the rest of the prompt, generate, close */
@@ -760,6 +766,7 @@ static void fm_op_prefix_session(fm_world *w) {
     int32_t tok[FM_PT], n = 0, keep, p = 0, reused = -1, gen[8], g, i, j, prompt[FM_PT], n_prompt;
     if (mi < 0) return;
     m = &w->m[mi];
+    if (!w->px_open && m->changes != w->px_changes) w->px_n = 0; /* changed behind its back */
     keep = fuzz_int(&w->in, 0, w->px_n);
     for (i = 0; i < keep && n < FM_PT; ++i) tok[n++] = w->px_tok[i];
     for (i = fuzz_int(&w->in, 0, 12); i > 0 && n < FM_PT; --i) tok[n++] = fuzz_int(&w->in, 0, 7);
@@ -772,6 +779,7 @@ static void fm_op_prefix_session(fm_world *w) {
     FUZZ_CHECK(reused == p, "prefix reused %d, reference %d", reused, p);
     fm_rewind(w, m, p);
     w->px_n = p;
+    w->px_changes = m->changes;
     n_prompt = fuzz_min(n, w->px_max);
     memcpy(prompt, tok, sizeof(int32_t) * (size_t)n_prompt);
     w->px_open = 1;
@@ -796,6 +804,7 @@ static void fm_op_prefix_session(fm_world *w) {
     memcpy(w->px_tok, prompt, sizeof(int32_t) * (size_t)j);
     if (keep > j) memcpy(w->px_tok + j, gen, sizeof(int32_t) * (size_t)(keep - j));
     w->px_n = keep;
+    w->px_changes = m->changes;
     w->px_open = 0;
     {   /* the recorded tokens as the object shows them */
         const int32_t *rt = NULL;

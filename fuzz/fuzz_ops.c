@@ -138,6 +138,7 @@ typedef struct fz_prefix {
     uint32_t serial[FZ_CACHES];
     int32_t max_tokens, tok[FZ_PTOK], n, prompt[FZ_PTOK], n_prompt;
     int open;
+    uint32_t changes[FZ_CACHES]; /* the caches' ref changes when tok was recorded */
 } fz_prefix;
 
 typedef struct fz_world {
@@ -1028,6 +1029,13 @@ static void fz_op_clear(fz_world *w, int ci) {
     memset(&c->m, 0, sizeof(c->m));
 }
 
+/* kvc_prefix remembers its caches' generations with its tokens: a cache that took new or
+   replaced tokens since (not one only cut back) makes the next begin reuse nothing */
+static void fz_prefix_record(fz_world *w) {
+    int i;
+    for (i = 0; i < w->px.n_c; ++i) w->px.changes[i] = w->c[fz_find_cache(w, w->px.serial[i])].st.changes;
+}
+
 static void fz_op_prefix_create(fz_world *w) {
     kvc_cache *hs[FZ_CACHES];
     int i, n = 0, r, want = KVC_OK;
@@ -1051,6 +1059,7 @@ static void fz_op_prefix_create(fz_world *w) {
     w->px.h = x;
     w->px.n_c = n;
     w->px.max_tokens = maxt;
+    fz_prefix_record(w);
 }
 
 /* ollama's MLX runner's request cycle: begin, evaluate the rest of the prompt, generate, close */
@@ -1061,6 +1070,8 @@ static void fz_op_prefix_session(fz_world *w) {
     if (x->h == NULL) return;
     keep = fz_int(&w->in, 0, x->n);
     for (i = 0; i < keep && n < FZ_PTOK; ++i) tok[n++] = x->tok[i];
+    for (i = 0; i < x->n_c && !x->open; ++i) /* changed behind its back: the recorded tokens say nothing */
+        if (w->c[fz_find_cache(w, x->serial[i])].st.changes != x->changes[i]) x->n = 0;
     for (i = fz_int(&w->in, 0, 12); i > 0 && n < FZ_PTOK; --i) tok[n++] = fz_int(&w->in, 0, 3);
     if (n == 0) tok[n++] = 1;
     while (p < n && p < x->n && tok[p] == x->tok[p]) p++;
@@ -1081,6 +1092,7 @@ static void fz_op_prefix_session(fz_world *w) {
         if (c->st.off > p) ref_rewind(&c->st, p);
     }
     x->n = p;
+    fz_prefix_record(w);
     x->n_prompt = fuzz_min(n, x->max_tokens);
     memcpy(x->prompt, tok, sizeof(int32_t) * (size_t)x->n_prompt);
     x->open = 1;
@@ -1108,6 +1120,7 @@ static void fz_op_prefix_session(fz_world *w) {
     memcpy(x->tok, x->prompt, sizeof(int32_t) * (size_t)j);
     if (keep > j) memcpy(x->tok + j, gen, sizeof(int32_t) * (size_t)(keep - j));
     x->n = keep;
+    fz_prefix_record(w);
     x->open = 0;
 }
 

@@ -23,6 +23,8 @@ typedef struct ref_state {
     int32_t off;                  /* tokens held = next position */
     int32_t bb;                   /* first token of the last batch (ROTATING window anchor) */
     int rel;                      /* ROTATING: a window page was released (until emptied) */
+    uint32_t changes;             /* calls that added or replaced tokens (a batch, a restore
+                                     from a snapshot): kvc_prefix's generation rule */
     uint32_t uid[REF_MAX_TOKENS]; /* the token at each position [0, off) */
 } ref_state;
 
@@ -84,12 +86,14 @@ static inline void ref_begin(kvc_kind kind, int32_t W, int32_t S, int32_t page_c
     for (i = 0; i < n; ++i) after->uid[o + i] = uids[i];
     after->off = o + n;
     after->bb = o;
+    after->changes = st->changes + 1;
     if (ref_begin_releases(kind, W, S, page_cells, o)) after->rel = 1;
 }
 
 /* kvc_cancel of the batch that took st to after: the offset stays, the cancelled batch's
    start anchors the window, and what kvc_begin released stays released. */
 static inline void ref_cancel(ref_state *st, const ref_state *after) {
+    st->changes = after->changes; /* kvc_begin counted as a change */
     st->bb = st->off;
     st->rel = st->off > 0 && after->rel;
 }
@@ -129,11 +133,14 @@ static inline kvc_result ref_restore_expect(kvc_kind kind, int32_t W, const ref_
 }
 /* its effect on the cache's state st (a FULL cache keeps its tokens before from) */
 static inline void ref_restore(kvc_kind kind, int32_t from, int32_t to, const ref_state *snap, int32_t target, ref_state *st) {
+    uint32_t changes = st->changes;
     if (kind == KVC_KIND_FULL) {
         if (target > from) memcpy(st->uid + from, snap->uid + from, sizeof(uint32_t) * (size_t)(target - from));
+        st->changes++; /* a restore from a snapshot counts as a change, even to an earlier offset */
         ref_rewind(st, target);
     } else {
         *st = *snap;
+        st->changes = changes + 1;
         if (target < to) ref_rewind(st, target);
     }
 }

@@ -161,7 +161,7 @@ static void test_results(void) {
         for (a = KVC_RESULT_MIN_; a <= 0; ++a)
             TK_CHECK(strcmp(kvc_strerror((kvc_result)a), "unknown kvc_result") != 0);
         TK_CHECK(strcmp(kvc_strerror((kvc_result)(KVC_RESULT_MIN_ - 1)), "unknown kvc_result") == 0);
-        TK_EQ(KVC_RESULT_MIN_, KVC_ERR_ROTATION); /* the last entry of the list */
+        TK_EQ(KVC_RESULT_MIN_, KVC_ERR_ALIGNMENT); /* the last entry of the list */
         TK_CHECK(strcmp(kvc_strerror(KVC_ERR_POSITION), "the engine's position is not the cache's offset") == 0);
     }
     {   /* every code has its own text */
@@ -1565,6 +1565,90 @@ static void test_alloc_failures(void) {
     TK_CHECK(n > 5);
 }
 
+/* An allocator whose blocks are 4-byte aligned (issue 23): refused at pool creation
+   (KVC_ERR_ALIGNMENT, nothing kept); one that turns misaligned later fails that
+   allocation cleanly (KVC_ERR_NO_MEMORY) instead of handing out a misaligned object. */
+static long g_skew_after, g_skew_live;
+static void *skew_alloc(size_t n, void *user) {
+    unsigned char *b;
+    (void)user;
+    b = (unsigned char *)malloc(n + 16);
+    if (b == NULL) return NULL;
+    g_skew_live++;
+    if (g_skew_after == 0) return b + 2;
+    if (g_skew_after > 0) g_skew_after--;
+    return b + 16; /* malloc's blocks are 16-aligned: 2 mod 16 is misaligned */
+}
+static void skew_free(void *p, void *user) {
+    unsigned char *q = (unsigned char *)p;
+    (void)user;
+    if (p == NULL) return;
+    q -= ((uintptr_t)q & 15) == 2 ? 2 : 16;
+    g_skew_live--;
+    free(q);
+}
+static void test_alignment(void) {
+    kvc_pool_config cfg;
+    kvc_pool *p = NULL;
+    kvc_cache_config cc;
+    kvc_cache *c = NULL;
+    fx_config(&cfg, 1, 1, 4, 4, 4, 8);
+    cfg.allocator.alloc = skew_alloc;
+    cfg.allocator.free = skew_free;
+    g_skew_after = 0; /* the first block already */
+    TK_RES(kvc_pool_create(&cfg, &p), KVC_ERR_ALIGNMENT);
+    TK_CHECK(p == NULL);
+    TK_EQ(g_skew_live, 0);
+    TK_CHECK(KVC_ALLOC_ALIGN >= sizeof(void *) && KVC_ALLOC_ALIGN <= 16);
+    g_skew_after = 2; /* the pool's two blocks, then misaligned */
+    TK_OK(kvc_pool_create(&cfg, &p));
+    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    TK_RES(kvc_cache_create(p, &cc, &c), KVC_ERR_NO_MEMORY);
+    TK_CHECK(c == NULL);
+    g_skew_after = -1; /* aligned again */
+    TK_OK(kvc_cache_create(p, &cc, &c));
+    TK_OK(kvc_cache_destroy(c));
+    TK_OK(kvc_pool_destroy(p));
+    TK_EQ(g_skew_live, 0);
+}
+
+/* kvc_prefix and changes behind its back (issue 23): a clear and other K/V, a trim, a
+   load between close and the next begin must not be taken for the recorded tokens. */
+static void test_prefix_stale(void) {
+    fixture f;
+    kvc_cache *c;
+    kvc_prefix *px = NULL;
+    int32_t toks[32], reused = -1, i, kept;
+    for (i = 0; i < 32; ++i) toks[i] = 500 + i;
+    fx_init(&f, KVC_TYPE_F32, KVC_TYPE_F32, 4, 32);
+    c = make_cache(&f, KVC_KIND_FULL, 0, 0);
+    TK_OK(kvc_prefix_create(&c, 1, 32, &px));
+    for (kept = 0; kept < 3; ++kept) {
+        TK_OK(kvc_prefix_begin(px, toks, 8, &reused));
+        TK_OK(append(&f, c, 8));
+        TK_OK(kvc_prefix_close(px, NULL, 0));
+        if (kept == 0) { /* behind its back: cleared and refilled with other K/V */
+            TK_OK(kvc_cache_clear(c));
+            f.salt += 7;
+            TK_OK(append(&f, c, 8));
+        } else if (kept == 1) { /* trimmed and refilled */
+            TK_OK(kvc_trim(c, 3));
+            TK_OK(append(&f, c, 3));
+        } else { /* trimmed only: what is left is a prefix of the recorded tokens */
+            TK_OK(kvc_trim(c, 2));
+        }
+        TK_OK(kvc_prefix_begin(px, toks, 12, &reused));
+        TK_EQ(reused, kept == 2 ? 6 : 0); /* before: 8 (then 8, 6), the tokens were stale */
+        TK_EQ(offset_of(c), kept == 2 ? 6 : 0);
+        TK_OK(append(&f, c, kept == 2 ? 6 : 12));
+        TK_OK(kvc_prefix_close(px, NULL, 0));
+        TK_OK(kvc_cache_clear(c));
+    }
+    TK_OK(kvc_prefix_destroy(px));
+    TK_OK(kvc_cache_destroy(c));
+    fx_done(&f);
+}
+
 int main(int argc, char **argv) {
     tk_rng rng;
     rng.s = argc > 1 ? strtoull(argv[1], NULL, 10) : (unsigned long long)time(NULL) * 2654435761ull;
@@ -1587,6 +1671,8 @@ int main(int argc, char **argv) {
     test_errors();
     test_alloc_failures();
     test_alloc_failures_all_kinds();
+    test_alignment();
+    test_prefix_stale();
     TK_EQ(g_allocs, g_frees);
     return tk_report("core");
 }

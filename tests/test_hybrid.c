@@ -652,18 +652,29 @@ static void test_persistence(void) {
     TK_CHECK(mem_is(d, tokens, 13));
     /* every truncation and a damaged byte in every 7th position: an error, d unchanged */
     {
-        size_t cut, bad = 0, total = 0;
-        for (cut = 0; cut < len; cut += 1 + len / 97) {
+        /* and the caller's tokens and count untouched (group 0's tokens were written
+           before a later group's checksum failed) */
+        size_t cut, bad = 0, total = 0, touched = 0;
+        int32_t sentinel[32], n_out;
+        for (i = 0; i < 32; ++i) sentinel[i] = -1 - i;
+        for (cut = 0; cut < len; cut += 1) {
             total++;
-            bad += load_mem(d, buf, cut, NULL, 0, NULL) != KVC_OK && mem_is(d, tokens, 13);
+            memcpy(got, sentinel, sizeof(got));
+            n_out = -5;
+            bad += load_mem(d, buf, cut, got, 32, &n_out) != KVC_OK && mem_is(d, tokens, 13);
+            touched += memcmp(got, sentinel, sizeof(got)) != 0 || n_out != -5;
         }
-        for (cut = 0; cut < len; cut += 7) {
+        for (cut = 0; cut < len; cut += 3) {
             buf[cut] ^= 0x20;
             total++;
-            bad += load_mem(d, buf, len, NULL, 0, NULL) != KVC_OK && mem_is(d, tokens, 13);
+            memcpy(got, sentinel, sizeof(got));
+            n_out = -5;
+            bad += load_mem(d, buf, len, got, 32, &n_out) != KVC_OK && mem_is(d, tokens, 13);
+            touched += memcmp(got, sentinel, sizeof(got)) != 0 || n_out != -5;
             buf[cut] ^= 0x20;
         }
         TK_EQ(bad, total);
+        TK_EQ(touched, 0);
     }
     TK_OK(kvc_memory_stats_get(d, &st));
     TK_RES(load_mem(d, buf, len, got, 3, &n), KVC_ERR_RANGE); /* tokens do not fit */

@@ -12,6 +12,7 @@
      on random worker ids all give the serial result bit for bit; a decode query
      (calls of up to 8 queries) gives the same bits alone as with others.
    `test_kernels SEED` replays a run. */
+#define _POSIX_C_SOURCE 200112L /* pthread_attr_setstack */
 #define KVCACHE_THREADS
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
@@ -618,6 +619,172 @@ static void test_scratch(tk_rng *rng) {
     free(mem); free(q); free(a); free(b);
 }
 
+/* ---- the stack a call needs, and overlapping buffers ---- */
+
+/* One small FULL pool (2 kv heads, head dims 64, f16 K, q8_0 V) holding n tokens. */
+typedef struct small_run {
+    kvc_pool *pool;
+    kvc_cache *cache;
+    float q[4 * 4 * 64], out[4 * 4 * 64];
+} small_run;
+
+static int small_build(tk_rng *rng, small_run *s, int32_t n) {
+    kvc_pool_config pc;
+    kvc_cache_config cc;
+    float *k = (float *)malloc(sizeof(float) * (size_t)n * 128), *v = (float *)malloc(sizeof(float) * (size_t)n * 128);
+    int ok;
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = 64;
+    pc.type_k = KVC_TYPE_F16; pc.type_v = KVC_TYPE_Q8_0; pc.budget_bytes = 4 << 20;
+    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    fill(rng, k, (size_t)n * 128, 1.0f);
+    fill(rng, v, (size_t)n * 128, 1.0f);
+    fill(rng, s->q, sizeof(s->q) / sizeof(float), 1.0f);
+    ok = kvc_pool_create(&pc, &s->pool) == KVC_OK && kvc_cache_create(s->pool, &cc, &s->cache) == KVC_OK &&
+         kvc_begin(s->cache, n) == KVC_OK && kvc_put(s->cache, 0, k, v) == KVC_OK;
+    free(k); free(v);
+    return ok;
+}
+
+typedef struct stack_job {
+    small_run *s;
+    kvc_attention_desc d;
+    kvc_result r;
+} stack_job;
+
+static void *stack_job_run(void *arg) {
+    stack_job *j = (stack_job *)arg;
+    j->r = j->s != NULL ? kvc_attention(j->s->cache, 0, &j->d) : KVC_OK;
+    return NULL;
+}
+
+/* With caller scratch a call keeps no large buffer on its stack: run it on a thread
+   whose stack (ours, painted) shows afterwards how deep it was used. */
+static void test_stack_use(tk_rng *rng) {
+    small_run s;
+    stack_job j;
+    size_t stack_bytes = 256 << 10, used[2] = {0, 0}, i, need = 0;
+    int round;
+    unsigned char *stack = (unsigned char *)malloc(stack_bytes);
+    float ref[4 * 4 * 64];
+    pthread_attr_t attr;
+    pthread_t th;
+    if (!small_build(rng, &s, 100)) { TK_CHECK(0); return; }
+    memset(&j, 0, sizeof(j));
+    j.s = &s;
+    j.d.n_queries = 4; j.d.n_heads = 4; j.d.q = s.q; j.d.out = ref;
+    TK_OK(kvc_attention(s.cache, 0, &j.d)); /* the stack scratch: the reference */
+    TK_OK(kvc_attention_scratch_bytes(s.cache, &j.d, &need));
+    j.d.scratch = malloc(need);
+    j.d.scratch_bytes = need;
+    j.d.out = s.out;
+    TK_EQ(pthread_attr_init(&attr), 0);
+    TK_EQ(pthread_attr_setstack(&attr, stack, stack_bytes), 0);
+    for (round = 0; round < 2; ++round) { /* a thread doing nothing (its start, TLS), then the call */
+        j.s = round ? &s : NULL;
+        memset(stack, 0xa5, stack_bytes);
+        if (pthread_create(&th, &attr, stack_job_run, &j) != 0) { TK_CHECK(0); break; }
+        pthread_join(th, NULL);
+        for (i = 0; i < stack_bytes && stack[i] == 0xa5; ++i) {}
+        used[round] = stack_bytes - i; /* stacks grow down on every target we test */
+    }
+    if (round == 2) {
+        TK_OK(j.r);
+        TK_CHECK(memcmp(s.out, ref, sizeof(ref)) == 0);
+        printf("stack of kvc_attention with caller scratch: %lu bytes (a thread doing nothing: %lu)\n",
+               (unsigned long)(used[1] - used[0]), (unsigned long)used[0]);
+        /* sanitizers' redzones take more; a 16 KiB buffer alone would pass the bound */
+        TK_CHECK(used[1] - used[0] < 12 * 1024);
+    }
+    pthread_attr_destroy(&attr);
+    free(j.d.scratch);
+    free(stack);
+    TK_OK(kvc_cache_destroy(s.cache));
+    TK_OK(kvc_pool_destroy(s.pool));
+}
+
+/* out overlapping q is refused (the kernels would read rows they have overwritten);
+   adjacent buffers are fine */
+static void test_overlap(tk_rng *rng) {
+    small_run s;
+    kvc_attention_desc d;
+    float *buf = (float *)malloc(sizeof(float) * 2 * 4 * 4 * 64), ref[4 * 4 * 64];
+    size_t n = 4 * 4 * 64;
+    if (!small_build(rng, &s, 50)) { TK_CHECK(0); free(buf); return; }
+    memset(&d, 0, sizeof(d));
+    d.n_queries = 4; d.n_heads = 4; d.q = s.q; d.out = ref;
+    TK_OK(kvc_attention(s.cache, 0, &d));
+    memcpy(buf, s.q, sizeof(float) * n);
+    memset(buf + n, 0x7f, sizeof(float) * n);
+    d.q = buf; d.out = buf; /* in place */
+    TK_RES(kvc_attention(s.cache, 0, &d), KVC_ERR_INVALID);
+    d.out = buf + n - 1; /* one float shared */
+    TK_RES(kvc_attention(s.cache, 0, &d), KVC_ERR_INVALID);
+    d.q = buf + 1; d.out = buf; /* out before q */
+    TK_RES(kvc_attention(s.cache, 0, &d), KVC_ERR_INVALID);
+    TK_CHECK(memcmp(buf, s.q, sizeof(float) * n) == 0); /* nothing written */
+    d.q = buf; d.out = buf + n; /* adjacent */
+    TK_OK(kvc_attention(s.cache, 0, &d));
+    TK_CHECK(memcmp(buf + n, ref, sizeof(ref)) == 0);
+    TK_OK(kvc_cache_destroy(s.cache));
+    TK_OK(kvc_pool_destroy(s.pool));
+    free(buf);
+}
+
+/* Non-finite queries (issue 23): one rule for every storage type and CPU path. A query
+   row (one query, one head) holding a NaN or an infinity gives a row of NaN; the other
+   rows are what they are without it. */
+static void test_nonfinite(tk_rng *rng) {
+    uint32_t disable[8];
+    const char *names[8];
+    int32_t np = paths(disable, names), p, t, bad_rows = 0, bad_other = 0, i, row;
+    for (p = 0; p < np; ++p)
+        for (t = 0; t < KVC_TYPE_COUNT; ++t) {
+            kvc_pool_config pc;
+            kvc_cache_config cc;
+            kvc_pool *pool = NULL;
+            kvc_cache *c = NULL;
+            kvc_attention_desc d;
+            float k[40 * 2 * 64], v[40 * 2 * 64], q[2 * 4 * 64], ref[2 * 4 * 64], out[2 * 4 * 64];
+            int kind;
+            kvc_pool_config_init(&pc);
+            pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = 64;
+            pc.type_k = pc.type_v = (kvc_type)t; pc.budget_bytes = 1 << 20; pc.cpu_disable = disable[p];
+            kvc_cache_config_init(&cc, KVC_KIND_FULL);
+            fill(rng, k, sizeof(k) / sizeof(float), 1.0f);
+            fill(rng, v, sizeof(v) / sizeof(float), 1.0f);
+            fill(rng, q, sizeof(q) / sizeof(float), 1.0f);
+            if (kvc_pool_create(&pc, &pool) != KVC_OK || kvc_cache_create(pool, &cc, &c) != KVC_OK ||
+                kvc_begin(c, 40) != KVC_OK || kvc_put(c, 0, k, v) != KVC_OK) { TK_CHECK(0); continue; }
+            memset(&d, 0, sizeof(d));
+            d.n_queries = 2; d.n_heads = 4; d.q = q; d.out = ref;
+            TK_OK(kvc_attention(c, 0, &d));
+            for (kind = 0; kind < 3; ++kind) { /* NaN, +Inf, -Inf in row 1 (query 0, head 1) and row 6 */
+                float bad = kind == 0 ? NAN : kind == 1 ? INFINITY : -INFINITY, keep1 = q[1 * 64 + 5], keep6 = q[6 * 64];
+                q[1 * 64 + 5] = bad;
+                q[6 * 64] = bad;
+                d.out = out;
+                TK_OK(kvc_attention(c, 0, &d));
+                for (row = 0; row < 8; ++row)
+                    for (i = 0; i < 64; ++i) {
+                        float o = out[row * 64 + i];
+                        if (row == 1 || row == 6) bad_rows += !is_nan(o);
+                        else bad_other += bits_of(o) != bits_of(ref[row * 64 + i]);
+                    }
+                q[1 * 64 + 5] = keep1;
+                q[6 * 64] = keep6;
+            }
+            if (bad_rows || bad_other)
+                printf("non-finite queries, %s %s: %d rows not NaN, %d other values changed\n", names[p],
+                       kvc_type_name((kvc_type)t), bad_rows, bad_other);
+            TK_EQ(bad_rows, 0);
+            TK_EQ(bad_other, 0);
+            bad_rows = bad_other = 0;
+            kvc_cache_destroy(c);
+            kvc_pool_destroy(pool);
+        }
+}
+
 static void test_bad_hook(void) {
     kvc_pool_config pc;
     kvc_pool *p = NULL;
@@ -660,6 +827,9 @@ int main(int argc, char **argv) {
     test_threads(&rng);
     test_batch_invariance(&rng);
     test_scratch(&rng);
+    test_stack_use(&rng);
+    test_overlap(&rng);
+    test_nonfinite(&rng);
     test_bad_hook();
     return tk_report("kernels");
 }

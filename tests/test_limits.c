@@ -18,13 +18,13 @@
 #define LIMIT ((size_t)64 << 20)
 
 static long g_calls, g_live;
-static size_t g_max_request;
+static size_t g_max_request, g_limit = LIMIT;
 static void *lim_alloc(size_t n, void *user) {
     void *p;
     (void)user;
     g_calls++;
     if (n > g_max_request) g_max_request = n;
-    if (n > LIMIT) return NULL;
+    if (n > g_limit) return NULL;
     p = malloc(n);
     if (p) g_live++;
     return p;
@@ -494,6 +494,111 @@ static void test_prefix_limits(void) {
     world_done(&w);
 }
 
+/* ---- page tables -------------------------------------------------------------------- */
+/* A cache's page table grows with it (issue 23): an empty cache on a pool of 2^21 pages
+   (page_cells 1) asked for one slot per pool page, 8 MiB; now a few hundred bytes, the
+   table doubling as tokens come, and a growth the allocator refuses is KVC_ERR_NO_MEMORY
+   with the cache as it was. */
+static void test_page_tables(void) {
+    world w;
+    kvc_cache *c = NULL, *r = NULL;
+    int32_t off = -1, n, i;
+    kvc_pool_stats st;
+    world_init(&w, 1, 1 << 21);
+    if (w.pool == NULL) return;
+    lim_reset();
+    c = make(&w, KVC_KIND_FULL, 0, 0);
+    r = make(&w, KVC_KIND_ROTATING, 40, 2);
+    printf("empty cache on a pool of %d pages: largest block %lu bytes\n", 1 << 21, (unsigned long)g_max_request);
+    TK_CHECK(g_max_request < 4096); /* before: 8 MiB + the struct */
+    lim_reset();
+    TK_OK(append(&w, c, 8)); /* the first 8 entries live in the cache's own block */
+    TK_EQ(g_calls, 0);
+    g_limit = 16; /* the growth to 16 entries (64 bytes) is refused */
+    TK_RES(kvc_begin(c, 1), KVC_ERR_NO_MEMORY);
+    TK_OK(kvc_cache_offset(c, &off));
+    TK_EQ(off, 8);
+    TK_OK(kvc_pool_stats_get(w.pool, &st));
+    TK_EQ(st.pages_used, 8);
+    g_limit = LIMIT;
+    lim_reset();
+    for (n = 8; n < 1000; n += 64) TK_OK(append(&w, c, n + 64 <= 1000 ? 64 : 1000 - n));
+    for (i = 0; i < 300; ++i) TK_OK(append(&w, r, 1)); /* a window of 40: its table stays small */
+    TK_OK(kvc_cache_offset(c, &off));
+    TK_EQ(off, 1000);
+    TK_CHECK(g_max_request <= 2 * 1000 * 4 + 64); /* doubling: at most twice the entries held */
+    {   /* the contents survived every move of the table */
+        static float k[64 * 4], v[64 * 4];
+        static int32_t pos[1000];
+        float *kk = (float *)malloc(sizeof(float) * 2 * 1000), *vv = (float *)malloc(sizeof(float) * 2 * 1000);
+        TK_OK(kvc_cache_gather(c, 0, kk, vv, pos, 1000, &n));
+        TK_EQ(n, 1000);
+        for (i = 0; i < n; ++i) TK_EQ(pos[i], i);
+        (void)k; (void)v;
+        free(kk);
+        free(vv);
+    }
+    TK_OK(kvc_cache_destroy(c));
+    TK_OK(kvc_cache_destroy(r));
+    world_done(&w);
+}
+
+/* ---- attention plans ------------------------------------------------------------------ */
+/* Query and head counts near 2^31 in the attention plan's size sums: a clean
+   KVC_ERR_OVERFLOW (never a wrapped size, no signed overflow under UBSan), and an honest
+   huge size where it fits. The positions and queries are never read by the size query. */
+static void test_attention_limits(void) {
+    world w;
+    kvc_cache *c;
+    kvc_attention_desc d;
+    int32_t pos[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    size_t bytes;
+    world_init(&w, 4, 16);
+    c = make(&w, KVC_KIND_FULL, 0, 0);
+    TK_OK(append(&w, c, 8));
+    memset(&d, 0, sizeof(d));
+    d.pos = pos;
+    d.n_queries = INT32_MAX; /* explicit positions: any count is a valid call shape */
+    d.n_heads = 2;           /* but the rows of q and out (queries x heads) must fit an int32 */
+    bytes = 12345;
+    TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    TK_EQ(bytes, 12345);
+    d.n_queries = INT32_MAX - 15;
+    TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    d.n_heads = 1; /* INT32_MAX rows: an honest size (16 GiB of softmax state alone), or OVERFLOW on 32 bits */
+    d.n_queries = INT32_MAX;
+    if (is32) {
+        TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    } else {
+        TK_OK(kvc_attention_scratch_bytes(c, &d, &bytes));
+        TK_CHECK(u64(bytes) >= ((uint64_t)INT32_MAX + 1) * 8);
+    }
+    d.n_queries = 1;
+    d.n_heads = INT32_MAX;
+    TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    d.n_queries = 8;
+    d.n_heads = 1 << 28;
+    TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    d.n_queries = 17;
+    d.n_heads = 1 << 27;
+    TK_RES(kvc_attention_scratch_bytes(c, &d, &bytes), KVC_ERR_OVERFLOW);
+    /* kvc_attention refuses the same shapes before it reads q or out */
+    d.q = w.k;
+    d.out = w.v;
+    TK_RES(kvc_attention(c, 0, &d), KVC_ERR_OVERFLOW);
+    d.n_queries = 1;
+    d.n_heads = 1 << 24; /* large but representable: a real size, more than 2^24 rows of floats */
+    if (is32) { /* 2^24 rows of 32 scores alone are 2 GiB: more than a 32-bit size may hold with the rest */
+        kvc_result r = kvc_attention_scratch_bytes(c, &d, &bytes);
+        TK_CHECK(r == KVC_OK || r == KVC_ERR_OVERFLOW);
+    } else {
+        TK_OK(kvc_attention_scratch_bytes(c, &d, &bytes));
+        TK_CHECK(u64(bytes) >= ((uint64_t)1 << 24) * 32 * 4);
+    }
+    TK_OK(kvc_cache_destroy(c));
+    world_done(&w);
+}
+
 int main(void) {
     printf("size_t: %d bits\n", (int)(8 * sizeof(size_t)));
     test_pool_limits();
@@ -502,6 +607,8 @@ int main(void) {
     test_causal_limits();
     test_causal_bytes();
     test_prefix_limits();
+    test_attention_limits();
+    test_page_tables();
     TK_EQ(g_live, 0); /* every block given back */
     return tk_report("limits");
 }

@@ -18,7 +18,7 @@
 
 /* The file the path tests write: the program's own path + ".tmp" (set in main), so that
    builds of this test run side by side (tests/run.sh runs configurations at once) do
-   not share it; the library's temporary file is that + ".kvctmp". */
+   not share it; the library's temporary files are that + ".kvctmp-" + 16 hex digits. */
 static char g_tmp_path[1024] = "build/test_persist.tmp", g_tmp_side[1040];
 #define TMP_PATH g_tmp_path
 
@@ -52,6 +52,37 @@ static kvc_result save_entry(void *t, const kvc_io *io) {
     int32_t tok[9], i;
     for (i = 0; i < 9; ++i) tok[i] = 100 + i;
     return kvc_radix_save((kvc_radix *)t, LF_NS, tok, 9, io);
+}
+static kvc_result save_rentry(void *t, const kvc_io *io) { /* the ROTATING tree's entry */
+    int32_t tok[20], i;
+    for (i = 0; i < 20; ++i) tok[i] = 200 + i;
+    return kvc_radix_save((kvc_radix *)t, LF_NS, tok, 20, io);
+}
+
+/* A crafted ROTATING entry (issue 23): a valid header, CONF and META (checksums right)
+   declaring an offset near 2^31 with 9 cells in 3 pages, then a TOKS section declaring
+   those 2^31 tokens of which 16 follow. `entry` is a saved entry of w->rtree (its
+   header and CONF are kept). Writes LF_CRAFTED_BYTES bytes. */
+#define LF_CRAFTED_BYTES 248
+static void lf_craft_rotating_entry(const unsigned char *entry, unsigned char *out) {
+    /* offset 2^31 - 3: logical pages 0 (sink), 536870910 and 536870911 (window);
+       9 cells (4 + 4 + 1); the batch began at offset - 1, so the window is held */
+    const uint32_t off = 2147483645u, meta[6] = {2147483645u, 9, 2147483645u, 2147483644u, 536870910u, 3};
+    unsigned char *m = out + 120, *t = out + 168;
+    kvc__xxh h;
+    int i;
+    memcpy(out, entry, 120); /* header 16, CONF 16 + 80 + 8 */
+    kvc__put32(m, KVC__TAG('M', 'E', 'T', 'A'));
+    kvc__put32(m + 4, 0);
+    kvc__put64(m + 8, 24);
+    for (i = 0; i < 6; ++i) kvc__put32(m + 16 + 4 * i, meta[i]);
+    kvc__xxh_init(&h);
+    kvc__xxh_update(&h, m, 40);
+    kvc__put64(m + 40, kvc__xxh_digest(&h));
+    kvc__put32(t, KVC__TAG('T', 'O', 'K', 'S'));
+    kvc__put32(t + 4, 0);
+    kvc__put64(t + 8, 4 * (uint64_t)off);
+    for (i = 0; i < 16; ++i) kvc__put32(t + 16 + 4 * i, (uint32_t)(200 + i));
 }
 
 static kvc_io mem_reader(kvc_mem *m, const blob *b) {
@@ -402,12 +433,13 @@ static void test_ios(void) {
     /* a path: written to a temporary file and renamed; a failed save keeps the old file */
     remove(TMP_PATH);
     TK_OK(kvc_io_path(&path_state, TMP_PATH, 1, &io));
+    TK_CHECK(strncmp(path_state.tmp, g_tmp_side, strlen(g_tmp_side)) == 0 && strlen(path_state.tmp) == strlen(g_tmp_side) + 16);
     TK_OK(kvc_radix_save(a.tree, LF_NS, (const int32_t[]){100, 101, 102, 103, 104, 105, 106, 107, 108}, 9, &io));
-    TK_EQ((f = fopen(g_tmp_side, "rb")) == NULL, 1);
+    TK_EQ((f = fopen(path_state.tmp, "rb")) == NULL, 1);
     if (f) fclose(f);
     TK_OK(kvc_io_path(&path_state, TMP_PATH, 1, &io));
     TK_RES(kvc_radix_save(a.tree, LF_NS, (const int32_t[]){1, 2}, 2, &io), KVC_ERR_NOT_FOUND);
-    TK_EQ((f = fopen(g_tmp_side, "rb")) == NULL, 1);
+    TK_EQ((f = fopen(path_state.tmp, "rb")) == NULL, 1);
     if (f) fclose(f);
     TK_OK(kvc_io_path(&path_state, TMP_PATH, 0, &io));
     TK_OK(kvc_radix_load(b.tree, LF_NS, &io, 0, NULL));
@@ -416,6 +448,21 @@ static void test_ios(void) {
         kvc_radix_stats s;
         kvc_radix_stats_get(b.tree, &s);
         TK_EQ(s.n_entries, 1);
+    }
+    { /* two saves to one path at once (issue 23: they shared one temporary name, and the
+         second failed with KVC_ERR_IO after writing over the first's file): each has its
+         own, both succeed, the last to finish wins */
+        kvc_path_io s1, s2;
+        kvc_io io1, io2;
+        TK_OK(kvc_io_path(&s1, TMP_PATH, 1, &io1));
+        TK_OK(kvc_io_path(&s2, TMP_PATH, 1, &io2));
+        TK_CHECK(strcmp(s1.tmp, s2.tmp) != 0);
+        TK_OK(kvc_cache_save(a.full, LF_NS, g_tokens, 7, &io1));
+        TK_OK(kvc_cache_save(a.rot, LF_NS, g_tokens, 3, &io2));
+        TK_OK(kvc_io_path(&s1, TMP_PATH, 0, &io1));
+        TK_OK(kvc_cache_load(b.rot, LF_NS, &io1, NULL, 0, NULL));
+        TK_EQ(lf_fingerprint(b.rot), lf_fingerprint(a.rot));
+        TK_OK(kvc_cache_clear(b.rot));
     }
     remove(TMP_PATH);
     TK_RES(kvc_io_path(&path_state, TMP_PATH, 0, &io), KVC_ERR_IO);      /* no such file */
@@ -434,25 +481,43 @@ static void test_ios(void) {
 
 /* ---- damage, truncation, mismatch: an error and the target untouched ------------------- */
 
-typedef struct target_state { uint64_t fp; int32_t pages; kvc_radix_stats ts; } target_state;
+typedef struct target_state { uint64_t fp; int32_t pages; kvc_radix_stats ts, rs; } target_state;
 
 static target_state snap_state(const lf_world *w, const kvc_cache *c) {
     target_state s;
     s.fp = c ? lf_fingerprint(c) : 0;
-    s.pages = pool_pages(w->pool);
+    s.pages = pool_pages(w->pool) + pool_pages(w->spool);
     kvc_radix_stats_get(w->tree, &s.ts);
+    kvc_radix_stats_get(w->rtree, &s.rs);
     return s;
 }
+static int same_tree(const kvc_radix_stats *a, const kvc_radix_stats *b) {
+    return a->n_nodes == b->n_nodes && a->n_pages == b->n_pages && a->commits == b->commits && a->n_pinned == b->n_pinned;
+}
 static int same_state(const target_state *a, const target_state *b) {
-    return a->fp == b->fp && a->pages == b->pages && a->ts.n_nodes == b->ts.n_nodes && a->ts.n_pages == b->ts.n_pages &&
-           a->ts.commits == b->ts.commits && a->ts.n_pinned == b->ts.n_pinned;
+    return a->fp == b->fp && a->pages == b->pages && same_tree(&a->ts, &b->ts) && same_tree(&a->rs, &b->rs);
 }
 
 static int load_error(kvc_result r) {
     return r == KVC_ERR_FORMAT || r == KVC_ERR_CORRUPT || r == KVC_ERR_TRUNCATED || r == KVC_ERR_MISMATCH;
 }
 
-/* kind: 0 cache into full, 1 into rot, 2 into causal, 3 seq into causal, 4 entry into tree */
+/* kind: 0 cache into full, 1 into rot, 2 into causal, 3 seq into causal, 4 entry into tree,
+   5 ROTATING entry into rtree, 6 RECURRENT cache into rec.
+   The caller's token array and count are g_out_tokens / g_out_n: a load that fails must
+   leave them as they were (tokens_kept() checks the sentinel). */
+static int32_t g_out_tokens[64], g_out_n;
+static void tokens_sentinel(void) {
+    int32_t i;
+    for (i = 0; i < 64; ++i) g_out_tokens[i] = -7 - i;
+    g_out_n = -99;
+}
+static int tokens_kept(void) {
+    int32_t i;
+    for (i = 0; i < 64; ++i)
+        if (g_out_tokens[i] != -7 - i) return 0;
+    return g_out_n == -99;
+}
 static kvc_result load_into(lf_world *w, int kind, const unsigned char *data, size_t size) {
     kvc_mem m;
     kvc_io io;
@@ -460,22 +525,25 @@ static kvc_result load_into(lf_world *w, int kind, const unsigned char *data, si
     b.data = (unsigned char *)data;
     b.size = size;
     io = mem_reader(&m, &b);
+    tokens_sentinel();
     switch (kind) {
-    case 0: return kvc_cache_load(w->full, LF_NS, &io, NULL, 0, NULL);
-    case 1: return kvc_cache_load(w->rot, LF_NS, &io, NULL, 0, NULL);
-    case 2: return kvc_cache_load(w->causal, LF_NS, &io, NULL, 0, NULL);
-    case 3: return kvc_seq_load(w->causal, 2, LF_NS, &io, NULL, 0, NULL);
-    default: return kvc_radix_load(w->tree, LF_NS, &io, 0, NULL);
+    case 0: return kvc_cache_load(w->full, LF_NS, &io, g_out_tokens, 64, &g_out_n);
+    case 1: return kvc_cache_load(w->rot, LF_NS, &io, g_out_tokens, 64, &g_out_n);
+    case 2: return kvc_cache_load(w->causal, LF_NS, &io, g_out_tokens, 64, &g_out_n);
+    case 3: return kvc_seq_load(w->causal, 2, LF_NS, &io, g_out_tokens, 64, &g_out_n);
+    case 4: return kvc_radix_load(w->tree, LF_NS, &io, 0, &g_out_n);
+    case 5: return kvc_radix_load(w->rtree, LF_NS, &io, 0, &g_out_n);
+    default: return kvc_cache_load(w->rec, LF_NS, &io, g_out_tokens, 64, &g_out_n);
     }
 }
 static kvc_cache *target_of(lf_world *w, int kind) {
-    return kind == 0 ? w->full : kind == 1 ? w->rot : kind == 4 ? NULL : w->causal;
+    return kind == 0 ? w->full : kind == 1 ? w->rot : kind == 4 || kind == 5 ? NULL : kind == 6 ? w->rec : w->causal;
 }
 
 static void test_damage(void) {
     lf_world a, w;
-    blob objs[5];
-    int kind, bad_err = 0, changed = 0, accepted = 0, truncated_ok = 0;
+    blob objs[7];
+    int kind, bad_err = 0, changed = 0, accepted = 0, truncated_ok = 0, tokens_changed = 0;
     size_t i, len;
     TK_EQ(lf_make(&a, KVC_TYPE_F16, KVC_TYPE_F32, 1), 1);
     TK_EQ(lf_make(&w, KVC_TYPE_F16, KVC_TYPE_F32, 1), 1); /* targets with contents of their own */
@@ -485,11 +553,14 @@ static void test_damage(void) {
     objs[2] = save_blob(save_cache, a.causal);
     objs[3] = save_blob(save_seq1, a.causal);
     objs[4] = save_blob(save_entry, a.tree);
-    { /* the entry goes into a tree that lacks it */
+    objs[5] = save_blob(save_rentry, a.rtree);
+    objs[6] = save_blob(save_cache, a.rec);
+    { /* the entries go into trees that lack them */
         int32_t freed;
         TK_OK(kvc_radix_evict(w.tree, 1000, &freed));
+        TK_OK(kvc_radix_evict(w.rtree, 1000, &freed));
     }
-    for (kind = 0; kind < 5; ++kind) {
+    for (kind = 0; kind < 7; ++kind) {
         unsigned char *copy = (unsigned char *)malloc(objs[kind].size);
         target_state before = snap_state(&w, target_of(&w, kind)), after;
         for (i = 0; i < objs[kind].size; ++i) { /* every byte, two different damages */
@@ -502,6 +573,7 @@ static void test_damage(void) {
                 after = snap_state(&w, target_of(&w, kind));
                 if (!load_error(r)) { bad_err++; fprintf(stderr, "kind %d byte %zu flip %d: %s\n", kind, i, flip, kvc_strerror(r)); }
                 changed += !same_state(&before, &after);
+                tokens_changed += r != KVC_OK && !tokens_kept();
             }
         }
         for (len = 0; len < objs[kind].size; ++len) { /* every truncation */
@@ -509,17 +581,20 @@ static void test_damage(void) {
             after = snap_state(&w, target_of(&w, kind));
             truncated_ok += r == KVC_ERR_TRUNCATED;
             changed += !same_state(&before, &after);
+            tokens_changed += r != KVC_OK && !tokens_kept();
         }
         TK_EQ(truncated_ok, (int)objs[kind].size);
         truncated_ok = 0;
         /* the intact object loads */
         accepted += load_into(&w, kind, objs[kind].data, objs[kind].size) == KVC_OK;
         if (kind == 4) TK_OK(kvc_radix_evict(w.tree, 1000, NULL));
+        if (kind == 5) TK_OK(kvc_radix_evict(w.rtree, 1000, NULL));
         free(copy);
     }
     TK_EQ(bad_err, 0);
     TK_EQ(changed, 0);
-    TK_EQ(accepted, 5);
+    TK_EQ(tokens_changed, 0); /* nothing the caller owns changes unless the load succeeds */
+    TK_EQ(accepted, 7);
     /* mismatches: another object kind, namespace, window, pool shape, capacity */
     {
         kvc_namespace other = LF_NS;
@@ -556,9 +631,63 @@ static void test_damage(void) {
         kvc_cache_destroy(small);
         lf_free(&x);
     }
-    for (kind = 0; kind < 5; ++kind) free(objs[kind].data);
+    for (kind = 0; kind < 7; ++kind) free(objs[kind].data);
     lf_free(&a);
     lf_free(&w);
+}
+
+/* A 248-byte ROTATING entry with valid checksums declaring 2^31 tokens (issue 23): the
+   loader must not ask for memory by the declared count before the tokens are there. A
+   counting allocator records the largest block the load asked for. */
+static size_t g_max_ask;
+static void *ask_alloc(size_t n, void *user) { (void)user; if (n > g_max_ask) g_max_ask = n; return n > ((size_t)1 << 30) ? NULL : malloc(n); }
+static void ask_free(void *p, void *user) { (void)user; free(p); }
+static void test_crafted_entry(void) {
+    lf_world a;
+    blob entry, crafted;
+    kvc_pool_config pc;
+    kvc_pool *p = NULL;
+    kvc_radix_config rc;
+    kvc_radix *t = NULL;
+    kvc_cache_config f, r, c;
+    kvc_radix_stats before, after;
+    unsigned char buf[LF_CRAFTED_BYTES];
+    int32_t n = -3;
+    TK_EQ(lf_make(&a, KVC_TYPE_F16, KVC_TYPE_F32, 1), 1);
+    entry = save_blob(save_rentry, a.rtree);
+    TK_CHECK(entry.size > 120);
+    lf_craft_rotating_entry(entry.data, buf);
+    crafted.data = buf;
+    crafted.size = sizeof(buf);
+    kvc_pool_config_init(&pc); /* the fixture's pool with a counting allocator */
+    pc.n_layers = LF_LAYERS; pc.n_kv_heads = LF_HEADS; pc.head_dim_k = LF_HK; pc.head_dim_v = LF_HV;
+    pc.type_k = KVC_TYPE_F16; pc.type_v = KVC_TYPE_F32; pc.page_cells = LF_PAGE;
+    TK_OK(kvc_pool_budget_for_tokens(&pc, LF_PAGES * LF_PAGE, &pc.budget_bytes));
+    pc.allocator.alloc = ask_alloc;
+    pc.allocator.free = ask_free;
+    TK_OK(kvc_pool_create(&pc, &p));
+    lf_cache_configs(&f, &r, &c);
+    kvc_radix_config_init(&rc, KVC_KIND_ROTATING);
+    rc.cache.window = r.window;
+    rc.cache.sinks = r.sinks;
+    TK_OK(kvc_radix_create(p, &rc, &t));
+    if (t != NULL) {
+        kvc_mem m;
+        kvc_io io = mem_reader(&m, &crafted);
+        TK_OK(kvc_radix_stats_get(t, &before));
+        g_max_ask = 0;
+        TK_RES(kvc_radix_load(t, LF_NS, &io, 0, &n), KVC_ERR_TRUNCATED);
+        printf("crafted 248-byte rotating entry: largest block asked for %lu bytes\n", (unsigned long)g_max_ask);
+        TK_CHECK(g_max_ask <= 64 * 1024); /* before: 8589934528 */
+        TK_EQ(n, -3);
+        TK_OK(kvc_radix_stats_get(t, &after));
+        TK_EQ(same_tree(&before, &after), 1);
+        TK_EQ(pool_pages(p), 0);
+        TK_OK(kvc_radix_destroy(t));
+    }
+    TK_OK(kvc_pool_destroy(p));
+    free(entry.data);
+    lf_free(&a);
 }
 
 /* Bad arguments and states: an error, nothing changed. */
@@ -647,8 +776,10 @@ static int write_file(const char *dir, const char *name, const unsigned char *d,
 
 static int write_corpus(const char *dir) {
     lf_world a;
-    blob objs[5];
-    const char *names[5] = {"full.kvc", "rotating.kvc", "causal.kvc", "sequence.kvc", "entry.kvc"};
+    blob objs[7];
+    const char *names[7] = {"full.kvc", "rotating.kvc", "causal.kvc", "sequence.kvc", "entry.kvc",
+                            "rotating-entry.kvc", "recurrent.kvc"};
+    unsigned char crafted[LF_CRAFTED_BYTES];
     int k, bad = 0;
     unsigned char *copy;
     char name[64];
@@ -658,7 +789,11 @@ static int write_corpus(const char *dir) {
     objs[2] = save_blob(save_cache, a.causal);
     objs[3] = save_blob(save_seq1, a.causal);
     objs[4] = save_blob(save_entry, a.tree);
-    for (k = 0; k < 5; ++k) {
+    objs[5] = save_blob(save_rentry, a.rtree);
+    objs[6] = save_blob(save_cache, a.rec);
+    lf_craft_rotating_entry(objs[5].data, crafted); /* issue 23: 2^31 tokens declared, 16 there */
+    bad |= write_file(dir, "crafted-rotating-entry.kvc", crafted, sizeof(crafted));
+    for (k = 0; k < 7; ++k) {
         bad |= write_file(dir, names[k], objs[k].data, objs[k].size);
         copy = (unsigned char *)malloc(objs[k].size);
         memcpy(copy, objs[k].data, objs[k].size);
@@ -678,7 +813,7 @@ int main(int argc, char **argv) {
     int32_t i;
     if (argc > 2 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
     if (argc > 0 && strlen(argv[0]) + 5 < sizeof(g_tmp_path)) sprintf(g_tmp_path, "%s.tmp", argv[0]);
-    sprintf(g_tmp_side, "%s.kvctmp", g_tmp_path);
+    sprintf(g_tmp_side, "%s.kvctmp-", g_tmp_path);
     for (i = 0; i < 64; ++i) g_tokens[i] = 1000 + 3 * i;
     roundtrip_linear(KVC_TYPE_F32, KVC_TYPE_F32);
     roundtrip_linear(KVC_TYPE_F16, KVC_TYPE_F32);
@@ -690,6 +825,7 @@ int main(int argc, char **argv) {
     roundtrip_rotating_entry();
     test_ios();
     test_damage();
+    test_crafted_entry();
     test_errors();
     return tk_report("persist");
 }

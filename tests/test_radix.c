@@ -558,6 +558,79 @@ static void test_cow_reclaim(void) {
     TK_OK(kvc_pool_destroy(pool));
 }
 
+/* Every allocation of pages evicts unused entries first (issue 23): a sequence snapshot
+   and a merge that need a fresh page while the tree holds the rest of the pool. */
+static void fill_tree(kvc_radix *t, const shape *s, int32_t first, int32_t n) {
+    int32_t tok[MAXT], i, reused;
+    kvc_cache *c;
+    for (i = 0; i < n; ++i) tok[i] = first + i;
+    c = turn(t, s, tok, n, 1, &reused);
+    if (c != NULL) TK_OK(kvc_cache_destroy(c));
+}
+
+static void test_evicting_allocations(void) {
+    shape s = {1, 1, 2, 2};
+    kvc_radix_config rc;
+    kvc_radix *t = NULL;
+    kvc_pool *pool = make_pool(&s, KVC_TYPE_F32, KVC_TYPE_F32, 4, 4);
+    kvc_cache_config cc;
+    kvc_cache *causal = NULL, *x = NULL;
+    kvc_snapshot *snap = NULL, *parent = NULL, *child = NULL, *merged = NULL;
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    /* kvc_seq_snapshot: a CAUSAL cache of one page, the tree the other three */
+    kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
+    cc.capacity = 4;
+    cc.max_seqs = 2;
+    TK_OK(kvc_cache_create(pool, &cc, &causal));
+    TK_OK(kvc_radix_create(pool, &rc, &t));
+    fill_tree(t, &s, 100, 8);
+    fill_tree(t, &s, 200, 4);
+    TK_EQ(pages_used(pool), 4);
+    {
+        int32_t pos[2] = {0, 1}, seq[2] = {0, 0};
+        kvc_batch b;
+        float k[4] = {1, 2, 3, 4}, v[4] = {5, 6, 7, 8};
+        b.n_tokens = 2; b.pos = pos; b.seq = seq; b.non_causal = NULL;
+        TK_OK(kvc_begin_batch(causal, &b));
+        TK_OK(kvc_put(causal, 0, k, v));
+    }
+    TK_OK(kvc_seq_snapshot(causal, 0, &snap)); /* before: KVC_ERR_FULL */
+    TK_EQ(tree_stats(t).entries_evicted, 1);
+    if (snap != NULL) TK_OK(kvc_snapshot_free(snap));
+    TK_OK(kvc_cache_destroy(causal));
+    TK_OK(kvc_radix_destroy(t));
+    TK_EQ(pages_used(pool), 0);
+    TK_OK(kvc_pool_destroy(pool));
+
+    /* kvc_snapshot_merge: parent [0,2) and child [2,4) on two copies of page 0 */
+    pool = make_pool(&s, KVC_TYPE_F32, KVC_TYPE_F32, 4, 8);
+    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    TK_OK(kvc_cache_create(pool, &cc, &x));
+    TK_OK(extend(x, &s, tok, 0, 2));
+    TK_OK(kvc_snapshot_take(x, 0, &parent));
+    TK_OK(extend(x, &s, tok, 2, 4)); /* copy-on-write of page 0 */
+    TK_OK(kvc_snapshot_take(x, 2, &child));
+    TK_OK(kvc_radix_create(pool, &rc, &t));
+    fill_tree(t, &s, 100, 12);
+    fill_tree(t, &s, 200, 12);
+    TK_EQ(pages_used(pool), 8);
+    TK_OK(kvc_snapshot_merge(x, parent, child, &merged)); /* before: KVC_ERR_FULL */
+    TK_EQ(tree_stats(t).entries_evicted, 1);
+    if (merged != NULL) {
+        TK_OK(kvc_restore(x, merged, 4));
+        check_contents(x, &s, tok);
+        TK_OK(kvc_snapshot_free(merged));
+    } else {
+        kvc_snapshot_free(parent);
+        kvc_snapshot_free(child);
+    }
+    TK_OK(kvc_cache_destroy(x));
+    TK_OK(kvc_radix_destroy(t));
+    TK_EQ(pages_used(pool), 0);
+    TK_OK(kvc_pool_destroy(pool));
+}
+
 /* Every bad argument: an error and nothing changed. */
 static void test_errors(void) {
     shape s = {1, 1, 2, 2};
@@ -1043,6 +1116,7 @@ int main(int argc, char **argv) {
     test_rotating_long();
     test_single_entry(seed);
     test_cow_reclaim();
+    test_evicting_allocations();
     test_errors();
     test_alloc_failures();
     test_arena();

@@ -108,6 +108,7 @@ typedef struct tr_prefix {
     int32_t tok[TR_MAX_PTOK], n;
     int32_t prompt[TR_MAX_PTOK], n_prompt;
     int open;
+    uint32_t changes[TR_MAX_CACHES]; /* the caches' ref changes when tok was recorded */
 } tr_prefix;
 
 typedef struct tr_ep {
@@ -772,7 +773,11 @@ static void tr_op_probe(tr_ep *e) {
             r = kvc_restore(c->h, tmp, saved.off);
             tr_loga(e, " -> %d", r);
             TK_OK(r);
-            if (r == KVC_OK) c->st = saved;
+            if (r == KVC_OK) { /* a restore from a snapshot counts as a change (kvc_prefix) */
+                uint32_t changes = c->st.changes;
+                c->st = saved;
+                c->st.changes = changes + 1;
+            }
         } else {
             TK_OK(kvc_cache_clear(c->h));
             c->st.off = c->st.bb = c->st.rel = 0;
@@ -1016,6 +1021,13 @@ static void tr_op_fork(tr_ep *e, int ci) {
 }
 
 /* ---- prefix ---------------------------------------------------------------------------- */
+
+/* kvc_prefix's generation rule: the caches' ref changes when its tokens were recorded */
+static void tr_prefix_record(tr_ep *e) {
+    int i;
+    for (i = 0; i < e->px.n_c; ++i) e->px.changes[i] = e->c[tr_find_cache(e, e->px.serial[i])].st.changes;
+}
+
 static void tr_op_prefix_create(tr_ep *e) {
     kvc_cache *hs[TR_MAX_CACHES + 1];
     int i, n, r, perm[TR_MAX_CACHES], j, t;
@@ -1041,6 +1053,7 @@ static void tr_op_prefix_create(tr_ep *e) {
     e->px.n_c = n;
     for (i = 0; i < n; ++i) e->px.serial[i] = e->c[perm[i]].serial;
     e->px.max_tokens = maxt;
+    tr_prefix_record(e);
 }
 
 /* A prompt sharing a random prefix with what the prefix object recorded. */
@@ -1060,6 +1073,8 @@ static void tr_prefix_begin(tr_ep *e, const int32_t *tok, int32_t n, int32_t *re
     tr_prefix *x = &e->px;
     int32_t p = 0, min_off = INT32_MAX, reused = -7, i;
     int trimmable = 1, r, ci;
+    for (i = 0; i < x->n_c && !x->open; ++i) /* a cache changed behind its back: nothing recorded holds */
+        if (e->c[tr_find_cache(e, x->serial[i])].st.changes != x->changes[i]) x->n = 0;
     while (p < n && p < x->n && tok[p] == x->tok[p]) p++;
     if (p == n) p--;
     for (i = 0; i < x->n_c; ++i) min_off = tr_min(min_off, e->c[tr_find_cache(e, x->serial[i])].st.off);
@@ -1081,6 +1096,7 @@ static void tr_prefix_begin(tr_ep *e, const int32_t *tok, int32_t n, int32_t *re
         if (e->c[ci].st.off > p) ref_rewind(&e->c[ci].st, p);
     }
     x->n = p;
+    tr_prefix_record(e);
     x->n_prompt = tr_min(n, x->max_tokens);
     memcpy(x->prompt, tok, sizeof(int32_t) * (size_t)x->n_prompt);
     x->open = 1;
@@ -1101,6 +1117,7 @@ static void tr_prefix_close(tr_ep *e, const int32_t *gen, int32_t g) {
     memcpy(x->tok, x->prompt, sizeof(int32_t) * (size_t)from_prompt);
     if (keep > from_prompt) memcpy(x->tok + from_prompt, gen, sizeof(int32_t) * (size_t)(keep - from_prompt));
     x->n = keep;
+    tr_prefix_record(e);
     x->open = 0;
 }
 

@@ -487,6 +487,9 @@ static void test_errors(void) {
     kvc_cache_destroy(c);
     kvc_cache_destroy(other);
     TK_OK(kvc_pool_destroy(cpu));
+    /* the device pool owns its host pool: destroying it under the device pool is refused
+       (before: KVC_OK, then kvc_vk_pool_destroy a use-after-free) */
+    TK_RES(kvc_pool_destroy(hp), KVC_ERR_BUSY);
     TK_OK(kvc_vk_pool_destroy(vp));
     { /* a context on the engine's own device: it uses the features it is told are enabled
          (where the device can), and refuses bits it does not know */
@@ -977,6 +980,7 @@ static void test_state_errors(void) {
             TK_OK(kvc_vk_memory_layer(vm, NULL, l, &gp, &gc, &gl));
             TK_OK(kvc_vk_memory_pool(vm, l % 2, &byg));
             TK_CHECK(gp == byg && gl == l / 2);
+            TK_RES(kvc_pool_destroy(kvc_vk_pool_host(byg)), KVC_ERR_BUSY); /* the memory's */
         }
         TK_OK(kvc_memory_begin(kvc_vk_memory_host(vm), 2, NULL, 0));
         TK_RES(kvc_memory_state(kvc_vk_memory_host(vm), 0, 0, &host_st), KVC_ERR_UNSUPPORTED);
