@@ -323,6 +323,19 @@ typedef struct kvc_cache_config {
     /* ROTATING and RECURRENT: how many checkpoints (kvc_begin_checkpoints) the cache keeps,
        the latest ones; 0 = 8. RECURRENT: max_seqs above is its number of sequences (0 = 1). */
     int32_t checkpoints;
+    /* Rollback for speculative decoding: R >= 0 tokens that kvc_trim, kvc_restore(cache,
+       NULL, t), kvc_can_rewind and kvc_snapshot_take_at can always go back by; 0 = none
+       (FULL and CAUSAL must leave it 0). ROTATING: kvc_begin releases only pages whose
+       tokens are all older than R before the batch's window, so a target t is reachable
+       whenever every page of its window (the sinks and the W - sinks tokens before t) is
+       still held -- at least every t >= offset - R, across batches and after the window has
+       wrapped; the extra pages count in the budget, attention still sees only the window.
+       RECURRENT: every kvc_begin keeps the state at the batch's start as a checkpoint, and
+       the offsets among the batch's last R (offset < t < end) are checkpoints the engine
+       fills with kvc_state_checkpoint as if named; these are kept while within R of the
+       offset, beside the latest `checkpoints` named ones. 0 <= R <= 4096 (RECURRENT),
+       1 << 24 (ROTATING). */
+    int32_t reserve;
 } kvc_cache_config;
 
 typedef struct kvc_cache kvc_cache;
@@ -334,7 +347,7 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
 /* Checks cfg against pool as kvc_cache_create does and returns what it would, creating
    nothing. *field (field may be NULL) = the first field refused ("kind", "window",
    "sinks", "capacity", "padding", "max_seqs", "chunk", "rope.style", "rope.theta",
-   "rope.n_dims"), or NULL when valid. KVC_ERR_FULL ("capacity") says that the pool
+   "rope.n_dims", "checkpoints", "reserve"), or NULL when valid. KVC_ERR_FULL ("capacity") says that the pool
    cannot give a CAUSAL cache of that capacity its pages now. */
 KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field);
 /* Gives the cache's page references back to the pool (pages shared with snapshots,
@@ -2084,10 +2097,13 @@ struct kvc_cache {
     int32_t *batch_has;      /* [max_seqs] tokens of s in the current batch */
     /* ROTATING and RECURRENT (Layer 4b): checkpoints, oldest first, and those the
        current batch named (pend: filled while it runs, kept once it has ended) */
-    int32_t max_ckpt, n_ckpt, n_pend;
-    kvc_snapshot **ckpt;                 /* [max_ckpt] */
-    kvc_snapshot **pend;                 /* [max_ckpt] */
-    unsigned char *pend_done;            /* [max_ckpt][n_layers] RECURRENT: layers handed over */
+    int32_t max_ckpt, n_ckpt, n_pend;    /* max_ckpt: named ones kept (cfg.checkpoints) */
+    int32_t cap_ckpt;                    /* slots of ckpt and pend (kvc__ckpt_slots) */
+    kvc_snapshot **ckpt;                 /* [cap_ckpt] */
+    kvc_snapshot **pend;                 /* [cap_ckpt] */
+    unsigned char *pend_done;            /* [cap_ckpt][n_layers] RECURRENT: layers handed over */
+    kvc_snapshot *start;                 /* RECURRENT with a reserve: the batch start's checkpoint,
+                                            allocated before the batch begins */
     int states_open;                     /* RECURRENT: kvc_state may still give the batch's states */
 };
 
@@ -2099,6 +2115,7 @@ struct kvc_snapshot {
     int counted;             /* in the pool's live_snapshots (not a cache's own checkpoint) */
     struct kvc_snapshot *carried; /* ROTATING, RECURRENT: the cache's checkpoints before `to`,
                                      which a restore brings back with it (a chain) */
+    int ckflags;             /* as a checkpoint: KVC__CK_NAMED and/or KVC__CK_RESERVE */
     int32_t from, to;
     int32_t first_lpage;     /* FULL: logical page of pages[0]; ROTATING: the cache's */
     int32_t batch_begin;     /* ROTATING: the window anchor at snapshot time */
@@ -2125,6 +2142,19 @@ static int32_t kvc__recent_window(const kvc_cache *c) { return c->cfg.window - c
 
 /* The oldest non-sink token a query at position p of a ROTATING cache may see. */
 static int64_t kvc__window_lo(const kvc_cache *c, int64_t p) { return p - kvc__recent_window(c) + 1; }
+
+/* ROTATING with a reserve (cfg.reserve > 0): whether pages held -- the sink pages, then
+   logical pages first_lpage .. up to the one holding token target - 1 -- include every
+   token the window at `target` reads (the view after a rewind there: the sinks and the
+   tokens target - (W - sinks) .. target - 1). The tokens never held are those of logical
+   pages n_sink_pages .. first_lpage - 1. Without a reserve: 0 (a wrapped window goes back
+   only to checkpoints, as before). */
+static int kvc__reserve_holds(const kvc_cache *c, int32_t first_lpage, int32_t target) {
+    int64_t pc = c->pool->page_cells, gap_lo = (int64_t)c->n_sink_pages * pc, gap_hi = (int64_t)first_lpage * pc;
+    int64_t lo = KVC__MAX((int64_t)c->cfg.sinks, (int64_t)target - kvc__recent_window(c));
+    if (c->cfg.kind != KVC_KIND_ROTATING || c->cfg.reserve <= 0) return 0;
+    return lo >= target || gap_hi <= gap_lo || lo >= gap_hi || target <= gap_lo;
+}
 
 /* The tokens a kernel reads: at most two ranges, [b0,e0) then [b1,e1). */
 typedef struct kvc__ranges {
@@ -2206,8 +2236,9 @@ static void kvc__release_from(kvc_cache *c, int32_t n_tokens) {
     while (c->n_pages > 0 && (int64_t)kvc__entry_lpage(c, c->n_pages - 1) * pc >= n_tokens) {
         kvc__page_release(c->pool, c->pages[--c->n_pages]);
     }
-    /* first_lpage > n_sink_pages remembers that window pages were released (kvc__wrapped) */
-    if (n_tokens == 0) c->first_lpage = c->n_sink_pages;
+    /* first_lpage > n_sink_pages remembers that window pages were released (kvc__wrapped);
+       with a reserve, a rewind into the sink pages holds every token below it again */
+    if (n_tokens == 0 || (c->cfg.reserve > 0 && c->n_pages <= c->n_sink_pages)) c->first_lpage = c->n_sink_pages;
 }
 
 /* Go back to `target` tokens. `anchor` becomes batch_begin, which sets the ROTATING
@@ -2231,6 +2262,16 @@ static int kvc__is_recurrent(const kvc_cache *c) { return c->cfg.kind == KVC_KIN
 static int kvc__has_ckpts(const kvc_cache *c) {
     return c->cfg.kind == KVC_KIND_ROTATING || c->cfg.kind == KVC_KIND_RECURRENT;
 }
+/* A checkpoint was named by kvc_begin_checkpoints, and/or is one of a RECURRENT reserve's. */
+#define KVC__CK_NAMED 1
+#define KVC__CK_RESERVE 2
+/* Slots for checkpoints and for a batch's pending ones: the named ones; with a RECURRENT
+   reserve R, also up to R + 1 reserve ones kept (offsets offset - R .. offset), twice,
+   as a batch's pending ones are pushed before the list is pruned (kvc__ckpt_prune). */
+static int32_t kvc__ckpt_slots(const kvc_cache_config *cc) {
+    if (cc->kind != KVC_KIND_RECURRENT || cc->reserve == 0) return cc->checkpoints;
+    return 2 * (cc->checkpoints + cc->reserve + 1); /* named + reserve kept, and a batch's */
+}
 static void kvc__settle(kvc_cache *c);
 static void kvc__ckpt_drop_all(kvc_cache *c);
 static void kvc__ckpt_drop_after(kvc_cache *c, int32_t target);
@@ -2239,6 +2280,10 @@ static kvc_result kvc__ckpt_clone_all(const kvc_cache *src, kvc_cache *dst);
 static void kvc__states_release(kvc_cache *c);
 static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens);
 static kvc_result kvc__pend_alloc(kvc_cache *c, const int32_t *at, int32_t n_at, int32_t n_tokens);
+static void kvc__ckpt_push(kvc_cache *c, kvc_snapshot *s);
+static void kvc__ckpt_prune(kvc_cache *c);
+static void kvc__snapshot_drop(kvc_snapshot *s);
+static int32_t kvc__ckpt_find(const kvc_cache *c, int32_t at);
 static int kvc__reachable(const kvc_cache *c, int32_t target);
 static void kvc__rewind_any(kvc_cache *c, int32_t target);
 static kvc_result kvc__recurrent_begin_batch(kvc_cache *c, const kvc_batch *b);
@@ -2258,6 +2303,13 @@ KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind) {
     memset(cfg, 0, sizeof(*cfg));
     cfg->kind = kind;
     return KVC_OK;
+}
+
+/* The reserve (speculative rollback) of a config: ROTATING and RECURRENT only, bounded. */
+static int kvc__reserve_ok(const kvc_cache_config *c) {
+    if (c->kind == KVC_KIND_ROTATING) return c->reserve >= 0 && c->reserve <= (1 << 24);
+    if (c->kind == KVC_KIND_RECURRENT) return c->reserve >= 0 && c->reserve <= 4096;
+    return c->reserve == 0;
 }
 
 static kvc_result kvc__check_causal(const kvc_pool *pool, const kvc_cache_config *c, const char **field) {
@@ -2309,6 +2361,7 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
     if ((cc.kind == KVC_KIND_ROTATING || cc.kind == KVC_KIND_RECURRENT) &&
         (cc.checkpoints < 0 || cc.checkpoints > 4096))
         KVC__REFUSE(KVC_ERR_INVALID, "checkpoints");
+    if (!kvc__reserve_ok(&cc)) KVC__REFUSE(KVC_ERR_INVALID, "reserve");
     if (cc.kind == KVC_KIND_RECURRENT) {
         if (cc.window != 0) KVC__REFUSE(KVC_ERR_INVALID, "window");
         if (cc.sinks != 0) KVC__REFUSE(KVC_ERR_INVALID, "sinks");
@@ -2352,7 +2405,7 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
     if (cc.kind == KVC_KIND_CAUSAL)
         bytes = kvc__add(bytes, kvc__causal_bytes(pool, cc.capacity, cc.max_seqs, words, &of), &of);
     /* checkpoints and RECURRENT states, pointer-aligned after the rest */
-    bytes = kvc__add(bytes, sizeof(void *) + (size_t)cc.checkpoints * (2 * sizeof(void *) +
+    bytes = kvc__add(bytes, sizeof(void *) + (size_t)kvc__ckpt_slots(&cc) * (2 * sizeof(void *) +
                              (size_t)pool->cfg.n_layers), &of);
     if (cc.kind == KVC_KIND_RECURRENT)
         bytes = kvc__add(bytes, kvc__mul((size_t)cc.max_seqs, 3 * sizeof(int32_t), &of), &of);
@@ -2439,9 +2492,10 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
     c->batch_put = cursor;
     cursor = kvc__align_ptr(cursor + pool->cfg.n_layers, sizeof(void *));
     c->max_ckpt = cc.checkpoints;
+    c->cap_ckpt = kvc__ckpt_slots(&cc);
     c->ckpt = (kvc_snapshot **)(void *)cursor;
-    c->pend = c->ckpt + cc.checkpoints;
-    cursor = (unsigned char *)(c->pend + cc.checkpoints);
+    c->pend = c->ckpt + c->cap_ckpt;
+    cursor = (unsigned char *)(c->pend + c->cap_ckpt);
     if (cc.kind == KVC_KIND_RECURRENT) {
         c->state_page = (uint32_t *)(void *)cursor;
         c->state_off = (int32_t *)(c->state_page + cc.max_seqs);
@@ -2536,10 +2590,11 @@ KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages) {
 }
 
 /* Pages a ROTATING batch starting at o frees: leading window pages whose every
-   token is older than the oldest token the batch's first query may see. */
+   token is older than the oldest token the batch's first query may see, less the
+   reserve (cfg.reserve tokens before that stay held). */
 static int32_t kvc__dead_pages(const kvc_cache *c, int32_t o, int32_t *freed) {
     int32_t idx, n = 0, pc = c->pool->page_cells;
-    int64_t lo = kvc__window_lo(c, o);
+    int64_t lo = kvc__window_lo(c, o) - c->cfg.reserve;
     *freed = 0;
     if (c->cfg.kind != KVC_KIND_ROTATING) return 0;
     for (idx = c->n_sink_pages; idx < c->n_pages; ++idx) {
@@ -2703,7 +2758,9 @@ static int kvc__wrapped(const kvc_cache *c) {
 
 static int kvc__can_trim(const kvc_cache *c) {
     if (c->cfg.kind == KVC_KIND_CAUSAL || c->cfg.kind == KVC_KIND_RECURRENT) return 0; /* see kvc_can_rewind */
-    return c->cfg.kind != KVC_KIND_ROTATING || !kvc__wrapped(c);
+    /* with a reserve: a trim by one token at least (kvc_can_rewind says how far) */
+    return c->cfg.kind != KVC_KIND_ROTATING || !kvc__wrapped(c) ||
+           (c->offset > 0 && kvc__reserve_holds(c, c->first_lpage, c->offset - 1));
 }
 
 KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim) {
@@ -2719,7 +2776,7 @@ KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
     /* a wrapped window trims only onto a checkpoint (not even by 0, as before them) */
     if (!kvc__reachable(cache, cache->offset - n_tokens) ||
-        (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0))
+        (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0 && cache->cfg.reserve == 0))
         return kvc__is_recurrent(cache) ? KVC_ERR_RECURRENT : KVC_ERR_UNSUPPORTED;
     kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;
@@ -3263,7 +3320,21 @@ static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens) {
     kvc_pool *p = c->pool;
     int32_t i, end = c->state_off[0] + n_tokens, inside = 0;
     for (i = 0; i < c->n_pend; ++i) inside += c->pend[i]->to < end;
-    if (!kvc__reclaim(p, (int64_t)kvc__state_need(c, 0) + inside)) return KVC_ERR_FULL;
+    /* a reserve's start checkpoint shares the live state, which the batch then copies */
+    if (!kvc__reclaim(p, (int64_t)(c->start != NULL || kvc__state_need(c, 0)) + inside)) return KVC_ERR_FULL;
+    if (c->start != NULL) { /* the state at the batch's start, as a reserve checkpoint */
+        int32_t k = kvc__ckpt_find(c, c->state_off[0]);
+        if (k >= 0) {
+            c->ckpt[k]->ckflags |= KVC__CK_RESERVE;
+            kvc__snapshot_drop(c->start);
+        } else {
+            c->start->pages[0] = c->state_page[0];
+            c->start->n_pages = 1;
+            kvc__page_retain(p, c->start->pages[0]);
+            kvc__ckpt_push(c, c->start);
+        }
+        c->start = NULL;
+    }
     kvc__state_own(c, 0);
     for (i = 0; i < c->n_pend; ++i) /* the engine hands these over while it scans */
         if (c->pend[i]->to < end) {
@@ -3275,6 +3346,7 @@ static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens) {
     c->batch_has[0] = n_tokens;
     c->batch_begin = c->state_off[0];
     c->state_off[0] = c->offset = end;
+    kvc__ckpt_prune(c); /* reserve checkpoints older than R before the new offset go */
     kvc__states_opened(c);
     return KVC_OK;
 }
@@ -3416,8 +3488,9 @@ KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t a
         n = (at - 1) / pc - first + 1;
     } else if (at == cache->offset) { /* the whole window, or the live state */
         n = kvc__is_recurrent(cache) ? 1 : cache->n_pages;
-    } else if (cache->cfg.kind == KVC_KIND_ROTATING && (at > cache->batch_begin || !kvc__wrapped(cache))) {
-        n = cache->n_pages; /* inside the last batch, or nothing released yet: the window is held */
+    } else if (cache->cfg.kind == KVC_KIND_ROTATING && (at > cache->batch_begin || !kvc__wrapped(cache) ||
+                                                        kvc__reserve_holds(cache, cache->first_lpage, at))) {
+        n = cache->n_pages; /* inside the last batch, nothing released yet, or in the reserve: held */
     } else if ((k = kvc__ckpt_find(cache, at)) >= 0) {
         n = cache->ckpt[k]->n_pages;
     } else {
@@ -3549,7 +3622,8 @@ KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_
         return kvc__restore_full(cache, snap, target);
     }
     if (target < snap->to && (kvc__is_recurrent(cache) || snap->to > cache->cfg.window ||
-                              snap->first_lpage > cache->n_sink_pages))
+                              snap->first_lpage > cache->n_sink_pages) &&
+        !kvc__reserve_holds(cache, snap->first_lpage, target))
         return KVC_ERR_UNREACHABLE; /* a state, or a wrapped window, is only what it is */
     /* the snapshot's checkpoints come with it: copied first, so a failure changes nothing */
     if ((r = kvc__chain_clone(snap->carried, target, &chain)) != KVC_OK) return r;
@@ -3735,6 +3809,7 @@ static kvc_snapshot *kvc__snapshot_clone(const kvc_snapshot *src, int counted) {
     s->first_lpage = src->first_lpage;
     s->batch_begin = src->batch_begin;
     s->n_cells = src->n_cells;
+    s->ckflags = src->ckflags;
     for (i = 0; i < src->n_pages; ++i) {
         s->pages[i] = src->pages[i];
         kvc__page_retain(src->pool, s->pages[i]);
@@ -3742,13 +3817,34 @@ static kvc_snapshot *kvc__snapshot_clone(const kvc_snapshot *src, int counted) {
     return s;
 }
 
+/* Appends a checkpoint (the newest); kvc__ckpt_prune then applies the rule of what is kept. */
 static void kvc__ckpt_push(kvc_cache *c, kvc_snapshot *s) {
-    if (c->n_ckpt == c->max_ckpt) { /* the oldest goes */
+    if (c->n_ckpt == c->cap_ckpt) { /* the oldest goes (without a reserve: the latest max_ckpt stay) */
         kvc__snapshot_release(c->ckpt[0]);
         memmove(c->ckpt, c->ckpt + 1, sizeof(kvc_snapshot *) * (size_t)(c->n_ckpt - 1));
         c->n_ckpt--;
     }
     c->ckpt[c->n_ckpt++] = s;
+}
+
+/* What a cache keeps: the latest max_ckpt named checkpoints, and the reserve's at most
+   cfg.reserve tokens before the offset (RECURRENT). */
+static int kvc__ckpt_kept(const kvc_cache *c, const kvc_snapshot *k, int32_t later_named) {
+    return ((k->ckflags & KVC__CK_NAMED) && later_named < c->max_ckpt) ||
+           ((k->ckflags & KVC__CK_RESERVE) && (int64_t)k->to >= (int64_t)c->offset - c->cfg.reserve);
+}
+
+static void kvc__ckpt_prune(kvc_cache *c) {
+    int32_t i, n = 0, later = 0;
+    for (i = c->n_ckpt - 1; i >= 0; --i) { /* newest first */
+        kvc_snapshot *k = c->ckpt[i];
+        int keep = kvc__ckpt_kept(c, k, later);
+        later += (k->ckflags & KVC__CK_NAMED) != 0;
+        if (!keep) { kvc__snapshot_release(k); c->ckpt[i] = NULL; }
+    }
+    for (i = 0; i < c->n_ckpt; ++i)
+        if (c->ckpt[i] != NULL) c->ckpt[n++] = c->ckpt[i];
+    c->n_ckpt = n;
 }
 
 static int32_t kvc__ckpt_find(const kvc_cache *c, int32_t at) {
@@ -3766,23 +3862,69 @@ static void kvc__ckpt_drop_all(kvc_cache *c) { kvc__ckpt_drop_after(c, -1); }
 
 static void kvc__pend_drop(kvc_cache *c) {
     while (c->n_pend > 0) kvc__snapshot_release(c->pend[--c->n_pend]);
+    if (c->start != NULL) kvc__snapshot_drop(c->start); /* no page yet */
+    c->start = NULL;
 }
 
-/* Structs for the checkpoints a batch names, allocated before the batch changes anything. */
+/* RECURRENT with a reserve R: a batch of n tokens keeps the state at its start as a
+   checkpoint when that start lies within R of the batch's end (and there is a state). */
+static int kvc__reserve_start(const kvc_cache *c, int32_t n) {
+    return kvc__is_recurrent(c) && c->cfg.reserve > 0 && n <= c->cfg.reserve && c->state_page[0] != KVC__NO_PAGE;
+}
+
+/* RECURRENT with a reserve R: the first offset of a batch of n tokens that is a reserve
+   checkpoint (they run to the batch's end, exclusive); the end when there is none. */
+static int32_t kvc__reserve_first(const kvc_cache *c, int32_t n) {
+    int32_t e = c->offset + n;
+    if (!kvc__is_recurrent(c) || c->cfg.reserve <= 0) return e;
+    return (int32_t)KVC__MAX((int64_t)c->offset + 1, (int64_t)e - c->cfg.reserve);
+}
+
+/* The reserve checkpoints of a batch of n tokens that at[] (increasing) does not name. */
+static int32_t kvc__reserve_extra(const kvc_cache *c, int32_t n, const int32_t *at, int32_t n_at) {
+    int32_t t, i = 0, extra = 0, e = c->offset + n;
+    for (t = kvc__reserve_first(c, n); t < e; ++t) {
+        while (i < n_at && at[i] < t) ++i;
+        extra += !(i < n_at && at[i] == t);
+    }
+    return extra;
+}
+
+static kvc_snapshot *kvc__pend_new(kvc_cache *c, int32_t cap, int32_t at, int flags) {
+    kvc_snapshot *s = kvc__snapshot_alloc(c->pool, cap, 0);
+    if (s == NULL) return NULL;
+    s->n_pages = 0;
+    s->cache_id = c->id;
+    s->kind = c->cfg.kind;
+    s->window = c->cfg.window;
+    s->sinks = c->cfg.sinks;
+    s->to = s->from = at;
+    s->ckflags = flags;
+    return s;
+}
+
+/* Structs for the checkpoints a batch names (RECURRENT with a reserve: and its reserve
+   ones, merged in order), allocated before the batch changes anything. */
 static kvc_result kvc__pend_alloc(kvc_cache *c, const int32_t *at, int32_t n_at, int32_t n_tokens) {
-    int32_t i, cap = 1;
+    int32_t i = 0, cap = 1, a = kvc__reserve_first(c, n_tokens), e = c->offset + n_tokens;
     if (c->cfg.kind == KVC_KIND_ROTATING) /* every page the window can hold after the batch */
         cap = (int32_t)KVC__MIN((int64_t)c->pool->max_pages,
                                 (int64_t)c->n_pages + n_tokens / c->pool->page_cells + 2);
-    for (i = 0; i < n_at; ++i) {
-        kvc_snapshot *s = kvc__snapshot_alloc(c->pool, cap, 0);
-        if (s == NULL) { kvc__pend_drop(c); return KVC_ERR_NO_MEMORY; }
-        s->n_pages = 0;
-        s->cache_id = c->id;
-        s->kind = c->cfg.kind;
-        s->window = c->cfg.window;
-        s->sinks = c->cfg.sinks;
-        s->to = s->from = at[i];
+    if (kvc__reserve_start(c, n_tokens) &&
+        (c->start = kvc__pend_new(c, 1, c->offset, KVC__CK_RESERVE)) == NULL)
+        return KVC_ERR_NO_MEMORY;
+    while (i < n_at || a < e) {
+        kvc_snapshot *s;
+        int32_t t;
+        int flags = KVC__CK_NAMED;
+        if (i < n_at && (a >= e || at[i] <= a)) {
+            t = at[i++];
+            if (a < e && t == a) { flags |= KVC__CK_RESERVE; a++; }
+        } else {
+            t = a++;
+            flags = KVC__CK_RESERVE;
+        }
+        if ((s = kvc__pend_new(c, cap, t, flags)) == NULL) { kvc__pend_drop(c); return KVC_ERR_NO_MEMORY; }
         c->pend[c->n_pend++] = s;
     }
     return KVC_OK;
@@ -3822,6 +3964,7 @@ static void kvc__settle(kvc_cache *c) {
         if (complete) kvc__ckpt_push(c, s);
         else kvc__snapshot_release(s); /* a layer was never handed over */
     }
+    if (c->n_pend > 0) kvc__ckpt_prune(c);
     c->n_pend = 0;
 }
 
@@ -3835,11 +3978,14 @@ static int kvc__pend_complete(const kvc_cache *c, int32_t i) {
     return done;
 }
 
-/* How many of the oldest checkpoints settling the ended batch will push out. */
-static int32_t kvc__ckpt_doomed(const kvc_cache *c) {
-    int32_t i, kept = 0;
-    for (i = 0; i < c->n_pend; ++i) kept += kvc__pend_complete(c, i);
-    return KVC__MAX(0, c->n_ckpt + kept - c->max_ckpt);
+/* Whether checkpoint k (of c->ckpt, or an ended batch's kept one) is still kept once
+   the ended batch has settled (kvc__ckpt_prune's rule over both lists). */
+static int kvc__ckpt_stays(const kvc_cache *c, const kvc_snapshot *k) {
+    int32_t i, later = 0;
+    for (i = 0; i < c->n_ckpt; ++i) later += (c->ckpt[i]->ckflags & KVC__CK_NAMED) && c->ckpt[i]->to > k->to;
+    for (i = 0; i < c->n_pend; ++i)
+        later += (c->pend[i]->ckflags & KVC__CK_NAMED) && c->pend[i]->to > k->to && kvc__pend_complete(c, i);
+    return kvc__ckpt_kept(c, k, later);
 }
 
 /* Whether a live rewind to target can succeed (a cache with no batch open). */
@@ -3848,11 +3994,12 @@ static int kvc__reachable(const kvc_cache *c, int32_t target) {
     if (target < 0 || target > c->offset) return 0;
     if (target == c->offset || c->cfg.kind == KVC_KIND_FULL) return 1;
     if (c->cfg.kind == KVC_KIND_CAUSAL) return 0;
-    if (c->cfg.kind == KVC_KIND_ROTATING && !kvc__wrapped(c)) return 1;
+    if (c->cfg.kind == KVC_KIND_ROTATING && (!kvc__wrapped(c) || kvc__reserve_holds(c, c->first_lpage, target)))
+        return 1;
     i = kvc__ckpt_find(c, target);
-    if (i >= 0) return i >= kvc__ckpt_doomed(c); /* not one the ended batch pushes out */
+    if (i >= 0) return kvc__ckpt_stays(c, c->ckpt[i]); /* not one the ended batch pushes out */
     for (i = 0; i < c->n_pend; ++i) /* an ended batch's, not settled yet */
-        if (c->pend[i]->to == target) return kvc__pend_complete(c, i);
+        if (c->pend[i]->to == target) return kvc__pend_complete(c, i) && kvc__ckpt_stays(c, c->pend[i]);
     return 0;
 }
 
@@ -3872,7 +4019,8 @@ static void kvc__restore_recurrent(kvc_cache *c, const kvc_snapshot *s) {
 static void kvc__rewind_any(kvc_cache *c, int32_t target) {
     int32_t i;
     kvc__settle(c);
-    if (c->cfg.kind == KVC_KIND_FULL || (c->cfg.kind == KVC_KIND_ROTATING && !kvc__wrapped(c))) {
+    if (c->cfg.kind == KVC_KIND_FULL || (c->cfg.kind == KVC_KIND_ROTATING &&
+                                         (!kvc__wrapped(c) || kvc__reserve_holds(c, c->first_lpage, target)))) {
         kvc__rewind(c, target); /* at the offset too: the window's anchor becomes offset - 1 */
     } else if (target != c->offset) {
         i = kvc__ckpt_find(c, target);
@@ -3925,6 +4073,7 @@ static void kvc__ckpt_install(kvc_cache *c, kvc_snapshot *chain) {
         kvc__ckpt_push(c, chain);
         chain = next;
     }
+    kvc__ckpt_prune(c);
 }
 
 static kvc_result kvc__ckpt_clone_all(const kvc_cache *src, kvc_cache *dst) {
@@ -3943,14 +4092,16 @@ KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *ca
 }
 
 KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at) {
-    int32_t i, n = 0, skip;
+    int32_t i, n = 0;
     if (cache == NULL || n_at == NULL || (at == NULL && max_at > 0)) return KVC_ERR_NULL;
     if (max_at < 0) return KVC_ERR_INVALID;
-    skip = kvc__ckpt_doomed(cache); /* settling drops the oldest */
-    for (i = skip; i < cache->n_ckpt; ++i, ++n)
-        if (n < max_at) at[n] = cache->ckpt[i]->to;
+    for (i = 0; i < cache->n_ckpt; ++i) /* settling drops some (the oldest named ones) */
+        if (kvc__ckpt_stays(cache, cache->ckpt[i])) {
+            if (n < max_at) at[n] = cache->ckpt[i]->to;
+            n++;
+        }
     for (i = 0; i < cache->n_pend; ++i)
-        if (kvc__pend_complete(cache, i)) {
+        if (kvc__pend_complete(cache, i) && kvc__ckpt_stays(cache, cache->pend[i])) {
             if (n < max_at) at[n] = cache->pend[i]->to;
             n++;
         }
@@ -4054,6 +4205,7 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
             *field = "groups.cache";
             return KVC_ERR_INVALID;
         }
+        if (!kvc__reserve_ok(c)) { *field = "groups.cache.reserve"; return KVC_ERR_INVALID; }
         if (recurrent && (c->max_seqs < 0 || c->max_seqs > (1 << 20) || c->window != 0 || c->sinks != 0 ||
                           c->capacity != 0 || c->padding != 0 || c->chunk != 0)) {
             *field = "groups.cache";
@@ -4230,7 +4382,7 @@ static int kvc__memory_open(const kvc_memory *m) {
    take for n tokens with `inside` checkpoints before the batch's end. */
 static int64_t kvc__begin_net_pages(const kvc_cache *c, int32_t n, int32_t inside) {
     int32_t pc = c->pool->page_cells, o = c->offset, freed;
-    if (c->cfg.kind == KVC_KIND_RECURRENT) return (int64_t)kvc__state_need(c, 0) + inside;
+    if (c->cfg.kind == KVC_KIND_RECURRENT) return (int64_t)(kvc__state_need(c, 0) || kvc__reserve_start(c, n)) + inside;
     if (c->cfg.kind == KVC_KIND_CAUSAL) return 0; /* its pages are all its own already */
     (void)kvc__dead_pages(c, o, &freed);
     return ((int64_t)(o + n - 1) / pc - ((int64_t)o + pc - 1) / pc + 1) + kvc__tail_shared(c, o) - freed;
@@ -4259,7 +4411,8 @@ KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int3
         int32_t inside = 0;
         for (i = 0; i < n_at; ++i) inside += at[i] < o + n_tokens;
         kvc__settle(c);
-        net[g] = kvc__begin_net_pages(c, n_tokens, c->cfg.kind == KVC_KIND_RECURRENT ? inside : 0);
+        net[g] = kvc__begin_net_pages(c, n_tokens, c->cfg.kind == KVC_KIND_RECURRENT
+                                                       ? inside + kvc__reserve_extra(c, n_tokens, at, n_at) : 0);
         if (net[g] > (int64_t)c->pool->n_free) return KVC_ERR_FULL; /* the group's own pool */
         total += net[g] * (int64_t)c->pool->page_bytes;
     }
@@ -4494,10 +4647,12 @@ KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *
         }
     }
     /* offsets below the current one every group can go back to */
-    for (g = with != NULL ? kvc__ckpt_doomed(with) : 0; with != NULL && g < with->n_ckpt + with->n_pend; ++g) {
+    for (g = 0; with != NULL && g < with->n_ckpt + with->n_pend; ++g) {
         int ok;
-        int32_t at = g < with->n_ckpt ? with->ckpt[g]->to : with->pend[g - with->n_ckpt]->to;
+        const kvc_snapshot *k = g < with->n_ckpt ? with->ckpt[g] : with->pend[g - with->n_ckpt];
+        int32_t at = k->to;
         if (g >= with->n_ckpt && !kvc__pend_complete(with, g - with->n_ckpt)) continue; /* the ones it keeps */
+        if (!kvc__ckpt_stays(with, k)) continue; /* settling drops it */
         (void)kvc_memory_can_rewind(mem, at, &ok);
         st->n_checkpoints += ok && at < st->offset;
     }
