@@ -323,18 +323,23 @@ typedef struct kvc_cache_config {
     /* ROTATING and RECURRENT: how many checkpoints (kvc_begin_checkpoints) the cache keeps,
        the latest ones; 0 = 8. RECURRENT: max_seqs above is its number of sequences (0 = 1). */
     int32_t checkpoints;
-    /* Rollback for speculative decoding: R >= 0 tokens that kvc_trim, kvc_restore(cache,
-       NULL, t), kvc_can_rewind and kvc_snapshot_take_at can always go back by; 0 = none
-       (FULL and CAUSAL must leave it 0). ROTATING: kvc_begin releases only pages whose
-       tokens are all older than R before the batch's window, so a target t is reachable
-       whenever every page of its window (the sinks and the W - sinks tokens before t) is
-       still held -- at least every t >= offset - R, across batches and after the window has
-       wrapped; the extra pages count in the budget, attention still sees only the window.
-       RECURRENT: every kvc_begin keeps the state at the batch's start as a checkpoint, and
-       the offsets among the batch's last R (offset < t < end) are checkpoints the engine
-       fills with kvc_state_checkpoint as if named; these are kept while within R of the
-       offset, beside the latest `checkpoints` named ones. 0 <= R <= 4096 (RECURRENT),
-       1 << 24 (ROTATING). */
+    /* Rollback for speculative decoding: a reserve of R tokens (0 = none, the default;
+       FULL and CAUSAL must leave it 0; ROTATING up to 1 << 24, RECURRENT up to 4096).
+       kvc_trim, kvc_restore(cache, NULL, t), kvc_can_rewind, kvc_snapshot_take_at and the
+       memory calls then reach every t >= m - R, m being the furthest offset the cache has
+       reached (while drafts only go forward: the offset), across batches and after a
+       ROTATING window has wrapped: reject drafted tokens without a snapshot per token.
+       ROTATING: kvc_begin releases only pages whose tokens are all more than R older
+       than the oldest its first query sees, so it holds up to R tokens beyond the window
+       (in the budget; attention still reads exactly the window). A target t is reachable
+       exactly when every page of its window -- the sinks and the W - sinks tokens before
+       t -- is still held. RECURRENT: a batch of n <= R tokens keeps the state at its start
+       as a checkpoint (sharing the live state's page until the batch writes it), and the
+       offsets among the batch's last R (start < t < end) are checkpoints as if named in
+       kvc_begin_checkpoints: the engine hands each layer's state there over with
+       kvc_state_checkpoint (a call for an offset not asked for is KVC_ERR_RANGE, harmless).
+       These reserve checkpoints are kept while within R of the offset, beside the latest
+       `checkpoints` named ones: at most R + cfg.checkpoints, each one state page. */
     int32_t reserve;
 } kvc_cache_config;
 
@@ -388,7 +393,9 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
    while a batch is open (kvc_cancel it first), as for kvc_restore. ROTATING caches can
    trim only until the window has wrapped: offset <= window and no page ever released (a
    kvc_cancel after kvc_begin released pages counts as wrapped); otherwise
-   KVC_ERR_UNSUPPORTED. */
+   KVC_ERR_UNSUPPORTED -- unless they have a reserve (cfg.reserve), which keeps trims of
+   up to R tokens possible, or a checkpoint is there. With a reserve, kvc_can_trim says
+   whether a trim by one token succeeds (kvc_can_rewind says it for any target). */
 KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens);
 
@@ -440,7 +447,9 @@ KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot
    KVC_ERR_UNREACHABLE is the `false` of the MLX runner's Restore: FULL: target < 0, target > offset
    (live) or > snap->to, or offset < snap->from. ROTATING: target > offset (live) or
    > snap->to, a live rewind once the window has wrapped (see kvc_trim), or a snapshot
-   clamped below its end when its window had wrapped. The snapshot is not consumed. */
+   clamped below its end when its window had wrapped -- unless the cache has a reserve and
+   the cache (live) or the snapshot holds every page of the window at target (a snapshot
+   holds the pages the cache held, the reserve's too). The snapshot is not consumed. */
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target);
 /* Merge [a,b) and [b,c) into [a,c). Consumes both on success; if either is NULL
    both are freed and *out = NULL (as the MLX runner does). ROTATING: the child
@@ -607,7 +616,10 @@ KVCDEF kvc_result kvc_io_path(kvc_path_io *state, const char *path, int writing,
 #endif
 
 /* A FULL, ROTATING or CAUSAL cache (no batch open), with your token ids (any n_tokens
-   >= 0; e.g. the tokens at positions 0 .. offset-1), under namespace ns. */
+   >= 0; e.g. the tokens at positions 0 .. offset-1), under namespace ns. ROTATING: every
+   page held is saved, the reserve's too; the reserve itself is not part of the saved
+   configuration, so a cache of any reserve loads it (one without a reserve drops the
+   extra pages at its next kvc_begin). */
 KVCDEF kvc_result kvc_cache_save(const kvc_cache *cache, kvc_namespace ns, const int32_t *tokens,
                                  int32_t n_tokens, const kvc_io *io);
 /* Replace the cache's contents with a saved cache of the same pool configuration, kind
@@ -644,7 +656,9 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    rewound, so it goes back only to checkpoints (offsets named when a batch begins) and
    snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_restore) or KVC_ERR_RECURRENT
    (kvc_trim, kvc_seq_remove), with nothing changed. ROTATING caches keep checkpoints the
-   same way, which lets a wrapped window go back to them. */
+   same way, which lets a wrapped window go back to them. For speculative decoding, a
+   reserve of R tokens (kvc_cache_config.reserve) lets both kinds go back by up to R
+   tokens without naming checkpoints. */
 
 /* kvc_begin, naming offsets inside the batch (offset < at[i] <= offset + n_tokens,
    increasing, at most cfg.checkpoints of them) to which the cache must be able to
@@ -654,7 +668,9 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    hands each layer's state at an offset inside the batch over with kvc_state_checkpoint
    while it scans (the batch's end is taken from the live state); a checkpoint missing a
    layer is not kept. ROTATING: the library keeps the window as it was at `at`. A cache
-   keeps its latest cfg.checkpoints checkpoints and drops those past a rewind. */
+   keeps its latest cfg.checkpoints checkpoints and drops those past a rewind; a RECURRENT
+   reserve (kvc_cache_config.reserve) adds its own on sequence 0 (kvc_begin_batch adds
+   none), and an offset both named and the reserve's is one checkpoint. */
 KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at);
 /* RECURRENT, during a batch (kvc_begin or kvc_begin_batch): the live f32 state of
    (seq, layer), state_floats values, to update in place for the batch's tokens of seq.
@@ -3792,7 +3808,12 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t d
    layer's state over; ROTATING: the window at that offset is still held when the batch
    ends) and kept once the batch has ended ("settled" at the next call that needs it, so
    that a state handed out by kvc_state may be written until then). Rewinds, trims and
-   prefix reuse go back to checkpoints; snapshots carry the checkpoints before them. */
+   prefix reuse go back to checkpoints; snapshots carry the checkpoints before them.
+   A RECURRENT reserve (cfg.reserve = R) adds checkpoints of its own: the state at a
+   short batch's start (c->start, shared with the live state) and the batch's last R
+   offsets (pending ones the engine fills). kvc__ckpt_prune keeps the latest max_ckpt
+   named checkpoints and the reserve's within R of the offset. (A ROTATING reserve needs
+   no checkpoints: kvc__dead_pages keeps R more tokens' pages.) */
 
 static void kvc__snapshot_release(kvc_snapshot *s); /* pages, carried chain and struct */
 
