@@ -743,8 +743,9 @@ KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg); /* zeros */
    "layer_group" (a layer maps to no group, or a group gets no layer), "groups.pool.n_layers"
    (a group's layer count differs from the layers mapped to it), "groups.pool" (a memory
    field set in a group, or an invalid shape), "groups.cache" (a policy its pool cannot
-   take), "budget_bytes" (too small for one page of every group and one state per
-   sequence of every RECURRENT group). */
+   take; "groups.cache.reserve": a reserve the group's kind refuses), "budget_bytes"
+   (too small for one page of every group and one state per sequence of every RECURRENT
+   group). */
 KVCDEF kvc_result kvc_memory_config_check(const kvc_memory_config *cfg, const char **field);
 KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out);
 /* Destroys the memory's caches; the pools go with the last memory (forks share them)
@@ -2298,6 +2299,9 @@ static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens);
 static kvc_result kvc__pend_alloc(kvc_cache *c, const int32_t *at, int32_t n_at, int32_t n_tokens);
 static void kvc__ckpt_push(kvc_cache *c, kvc_snapshot *s);
 static void kvc__ckpt_prune(kvc_cache *c);
+static void kvc__ckpt_prune_at(kvc_cache *c, int64_t offset);
+static int64_t kvc__recurrent_net(const kvc_cache *c, int32_t n, int32_t inside);
+static int kvc__reserve_start(const kvc_cache *c, int32_t n);
 static void kvc__snapshot_drop(kvc_snapshot *s);
 static int32_t kvc__ckpt_find(const kvc_cache *c, int32_t at);
 static int kvc__reachable(const kvc_cache *c, int32_t target);
@@ -3336,8 +3340,10 @@ static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens) {
     kvc_pool *p = c->pool;
     int32_t i, end = c->state_off[0] + n_tokens, inside = 0;
     for (i = 0; i < c->n_pend; ++i) inside += c->pend[i]->to < end;
-    /* a reserve's start checkpoint shares the live state, which the batch then copies */
-    if (!kvc__reclaim(p, (int64_t)(c->start != NULL || kvc__state_need(c, 0)) + inside)) return KVC_ERR_FULL;
+    /* a reserve's start checkpoint shares the live state, which the batch then copies;
+       its checkpoints more than R before the batch's end go first */
+    if (!kvc__reclaim(p, kvc__recurrent_net(c, n_tokens, inside))) return KVC_ERR_FULL;
+    kvc__ckpt_prune_at(c, end);
     if (c->start != NULL) { /* the state at the batch's start, as a reserve checkpoint */
         int32_t k = kvc__ckpt_find(c, c->state_off[0]);
         if (k >= 0) {
@@ -3848,18 +3854,43 @@ static void kvc__ckpt_push(kvc_cache *c, kvc_snapshot *s) {
     c->ckpt[c->n_ckpt++] = s;
 }
 
-/* What a cache keeps: the latest max_ckpt named checkpoints, and the reserve's at most
-   cfg.reserve tokens before the offset (RECURRENT). */
-static int kvc__ckpt_kept(const kvc_cache *c, const kvc_snapshot *k, int32_t later_named) {
+/* What a cache at `offset` keeps: the latest max_ckpt named checkpoints, and the
+   reserve's at most cfg.reserve tokens before the offset (RECURRENT). */
+static int kvc__ckpt_kept_at(const kvc_cache *c, const kvc_snapshot *k, int32_t later_named, int64_t offset) {
     return ((k->ckflags & KVC__CK_NAMED) && later_named < c->max_ckpt) ||
-           ((k->ckflags & KVC__CK_RESERVE) && (int64_t)k->to >= (int64_t)c->offset - c->cfg.reserve);
+           ((k->ckflags & KVC__CK_RESERVE) && (int64_t)k->to >= offset - c->cfg.reserve);
+}
+static int kvc__ckpt_kept(const kvc_cache *c, const kvc_snapshot *k, int32_t later_named) {
+    return kvc__ckpt_kept_at(c, k, later_named, c->offset);
 }
 
-static void kvc__ckpt_prune(kvc_cache *c) {
+/* The state pages kvc__recurrent_begin takes for n tokens with `inside` checkpoints
+   inside the batch (sequence 0): a private live state (a copy when it is shared, also
+   with the reserve's start checkpoint) and one per checkpoint, net of the pages that
+   the reserve checkpoints it drops first (more than R before the batch's end) held. */
+static int64_t kvc__recurrent_net(const kvc_cache *c, int32_t n, int32_t inside) {
+    int32_t i, later = 0, freed = 0, live_refs = 0;
+    uint32_t live = c->state_page[0];
+    int own;
+    for (i = c->n_ckpt - 1; i >= 0 && c->cfg.reserve > 0; --i) {
+        const kvc_snapshot *k = c->ckpt[i];
+        if (!kvc__ckpt_kept_at(c, k, later, (int64_t)c->offset + n) && k->n_pages == 1) {
+            if (k->pages[0] == live) live_refs++; /* the live state is then less shared */
+            else freed += c->pool->refcount[k->pages[0]] == 1;
+        }
+        later += (k->ckflags & KVC__CK_NAMED) != 0;
+    }
+    own = live == KVC__NO_PAGE || kvc__reserve_start(c, n) || c->pool->refcount[live] - live_refs > 1;
+    return (int64_t)own + inside - freed;
+}
+
+static void kvc__ckpt_prune(kvc_cache *c) { kvc__ckpt_prune_at(c, c->offset); }
+
+static void kvc__ckpt_prune_at(kvc_cache *c, int64_t offset) {
     int32_t i, n = 0, later = 0;
     for (i = c->n_ckpt - 1; i >= 0; --i) { /* newest first */
         kvc_snapshot *k = c->ckpt[i];
-        int keep = kvc__ckpt_kept(c, k, later);
+        int keep = kvc__ckpt_kept_at(c, k, later, offset);
         later += (k->ckflags & KVC__CK_NAMED) != 0;
         if (!keep) { kvc__snapshot_release(k); c->ckpt[i] = NULL; }
     }
@@ -4403,7 +4434,7 @@ static int kvc__memory_open(const kvc_memory *m) {
    take for n tokens with `inside` checkpoints before the batch's end. */
 static int64_t kvc__begin_net_pages(const kvc_cache *c, int32_t n, int32_t inside) {
     int32_t pc = c->pool->page_cells, o = c->offset, freed;
-    if (c->cfg.kind == KVC_KIND_RECURRENT) return (int64_t)(kvc__state_need(c, 0) || kvc__reserve_start(c, n)) + inside;
+    if (c->cfg.kind == KVC_KIND_RECURRENT) return kvc__recurrent_net(c, n, inside);
     if (c->cfg.kind == KVC_KIND_CAUSAL) return 0; /* its pages are all its own already */
     (void)kvc__dead_pages(c, o, &freed);
     return ((int64_t)(o + n - 1) / pc - ((int64_t)o + pc - 1) / pc + 1) + kvc__tail_shared(c, o) - freed;

@@ -669,6 +669,53 @@ static void test_memory_draft(tk_rng *rng) {
     }
 }
 
+/* The memory's joint budget with reserves is exact: decoding one token a batch, the bytes
+   in use after every step are the ROTATING group's pages (expect_pages) plus the RECURRENT
+   group's live state and min(o, R) reserve checkpoints; a step fails with KVC_ERR_FULL,
+   changing nothing, exactly when that count would exceed the budget. */
+static void test_memory_budget(void) {
+    int32_t tok[64], map[4], t, pc = 2;
+    kvc_memory_config mc;
+    kvc_group_config g[2];
+    static float a0[NQH * HD], a1[NQH * HD];
+    size_t sp = 0, kp = 0, cut;
+    for (t = 0; t < 64; ++t) tok[t] = t * 5 + 2;
+    mem_config(&mc, g, map, pc);
+    g[0].pool.budget_bytes = g[1].pool.budget_bytes = 0;
+    TK_OK(kvc_pool_page_bytes(&g[0].pool, &sp));
+    TK_OK(kvc_pool_page_bytes(&g[1].pool, &kp));
+    for (cut = 0; cut < 3; ++cut) {
+        kvc_memory *m = NULL;
+        kvc_memory_stats st;
+        kvc_result r = KVC_OK;
+        size_t want = 0, prev = 0;
+        int32_t off = -1;
+        /* budgets: roomy; the steady state's peak less one byte; one page less again */
+        mc.budget_bytes = cut == 0 ? ((size_t)1 << 20) : (1 + MR) * sp + 6 * kp - (cut == 1 ? 1 : kp);
+        TK_OK(kvc_memory_create(&mc, &m));
+        for (t = 0; t < 40; ++t) {
+            want = sp * (size_t)(1 + KVC__MIN(t, MR)) + kp * (size_t)expect_pages(&g[1].cache, pc, t, t + 1);
+            r = mem_feed(m, tok, t, 1, a0, a1);
+            TK_OK(kvc_memory_stats_get(m, &st));
+            if (r != KVC_OK) break;
+            TK_EQ(st.bytes_used, want);
+            prev = want;
+        }
+        if (cut == 0) {
+            TK_OK(r);
+        } else { /* refused exactly when the step needs more than the budget */
+            TK_RES(r, KVC_ERR_FULL);
+            TK_CHECK(want > mc.budget_bytes);
+            TK_CHECK(prev <= mc.budget_bytes);
+            TK_EQ(st.bytes_used, prev);
+            TK_OK(kvc_memory_offset(m, &off));
+            TK_EQ(off, t);
+            TK_CHECK(mem_states_are(m, tok, t));
+        }
+        TK_OK(kvc_memory_destroy(m));
+    }
+}
+
 int main(int argc, char **argv) {
     tk_rng rng;
     int i;
@@ -681,5 +728,6 @@ int main(int argc, char **argv) {
     test_rotating_budget();
     for (i = 0; i < tk_scaled(20); ++i) test_recurrent(&rng);
     test_memory_draft(&rng);
+    test_memory_budget();
     return tk_report("test_reserve");
 }
