@@ -352,8 +352,9 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
 /* Checks cfg against pool as kvc_cache_create does and returns what it would, creating
    nothing. *field (field may be NULL) = the first field refused ("kind", "window",
    "sinks", "capacity", "padding", "max_seqs", "chunk", "rope.style", "rope.theta",
-   "rope.n_dims", "checkpoints", "reserve"), or NULL when valid. KVC_ERR_FULL ("capacity") says that the pool
-   cannot give a CAUSAL cache of that capacity its pages now. */
+   "rope.n_dims", "checkpoints", "reserve"), or NULL when valid. KVC_ERR_FULL
+   ("capacity") says that the pool cannot give a CAUSAL cache of that capacity its pages
+   now. */
 KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field);
 /* Gives the cache's page references back to the pool (pages shared with snapshots,
    forks or prefix trees stay with them) and frees the cache. */
@@ -3846,6 +3847,7 @@ static kvc_snapshot *kvc__snapshot_clone(const kvc_snapshot *src, int counted) {
 
 /* Appends a checkpoint (the newest); kvc__ckpt_prune then applies the rule of what is kept. */
 static void kvc__ckpt_push(kvc_cache *c, kvc_snapshot *s) {
+    if (c->n_ckpt == c->cap_ckpt) kvc__ckpt_prune(c); /* (a chain from a cache of a larger reserve) */
     if (c->n_ckpt == c->cap_ckpt) { /* the oldest goes (without a reserve: the latest max_ckpt stay) */
         kvc__snapshot_release(c->ckpt[0]);
         memmove(c->ckpt, c->ckpt + 1, sizeof(kvc_snapshot *) * (size_t)(c->n_ckpt - 1));

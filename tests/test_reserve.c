@@ -512,6 +512,33 @@ static void test_recurrent(tk_rng *rng) {
         TK_OK(kvc_can_rewind(c, at[0], &can)); /* the named prompt end: still there */
         TK_EQ(can, 1);
     }
+    /* a fork shares the reserve checkpoints; a snapshot carries them into a cache without a
+       reserve, which keeps only its named ones */
+    {
+        kvc_cache *f = NULL, *z = NULL;
+        kvc_snapshot *s = NULL;
+        kvc_cache_config zc = cc;
+        int32_t before = pages_used(p), n_z = -1;
+        TK_OK(rfeed(c, tok, off, 1, NULL, 0, -1));
+        off += 1;
+        before = pages_used(p);
+        TK_OK(kvc_cache_fork(c, &f));
+        TK_EQ(pages_used(p), before);
+        TK_OK(kvc_trim(f, 1));
+        TK_CHECK(rstate_is(f, tok, off - 1));
+        TK_CHECK(rstate_is(c, tok, off));
+        TK_OK(kvc_cache_destroy(f));
+        TK_OK(kvc_snapshot_take(c, 0, &s));
+        zc.reserve = 0;
+        TK_OK(kvc_cache_create(p, &zc, &z));
+        TK_OK(kvc_restore(z, s, off));
+        TK_CHECK(rstate_is(z, tok, off));
+        TK_OK(kvc_checkpoints(z, NULL, 0, &n_z));
+        TK_EQ(n_z, 1); /* the named one at 10 */
+        TK_RES(kvc_trim(z, 1), KVC_ERR_RECURRENT);
+        TK_OK(kvc_cache_destroy(z));
+        TK_OK(kvc_snapshot_free(s));
+    }
     /* the named checkpoint outlives the reserve's: back to the prompt */
     TK_OK(kvc_restore(c, NULL, 10));
     TK_CHECK(rstate_is(c, tok, 10));
