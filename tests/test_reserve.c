@@ -86,6 +86,7 @@ static kvc_pool *kv_pool(int32_t layers, int32_t page_cells, kvc_type type, int3
 
 static int32_t pages_used(const kvc_pool *p) {
     kvc_pool_stats st;
+    memset(&st, 0, sizeof(st));
     if (kvc_pool_stats_get(p, &st) != KVC_OK) return -1;
     return st.pages_used;
 }
@@ -145,6 +146,7 @@ static void test_config(void) {
     TK_CHECK(field == NULL);
     {
         kvc_pool_stats st;
+        memset(&st, 0, sizeof(st));
         TK_OK(kvc_pool_stats_get(p, &st));
         TK_EQ(st.live_caches, 0); /* nothing was created by the refusals */
         TK_EQ(st.pages_used, 0);
@@ -715,6 +717,7 @@ static void test_memory_budget(void) {
         kvc_memory *m = NULL;
         kvc_memory_stats st;
         kvc_result r = KVC_OK;
+        memset(&st, 0, sizeof(st));
         size_t want = 0, prev = 0;
         int32_t off = -1;
         /* budgets: roomy; the steady state's peak less one byte; one page less again */
