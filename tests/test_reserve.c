@@ -278,6 +278,30 @@ static void test_rotating_random(tk_rng *rng) {
                the offset itself leaves the cache as it was */
             if (trim || j > 0) last = 1;
             if (off > 0) TK_CHECK(same_as_fresh(c, p, &cc, tok, last, layers, step));
+        } else if (op == 9 && off > 0) { /* save and load: the same view, the same targets reachable */
+            kvc_mem mem;
+            kvc_io io;
+            kvc_namespace ns = {3, 4};
+            kvc_cache *d = NULL;
+            int32_t tt;
+            memset(&mem, 0, sizeof(mem));
+            TK_OK(kvc_io_memory(&mem, &io));
+            TK_OK(kvc_cache_save(c, ns, NULL, 0, &io)); /* counts the bytes */
+            mem.data = (unsigned char *)malloc(mem.size);
+            mem.capacity = mem.size;
+            mem.size = 0;
+            TK_OK(kvc_cache_save(c, ns, NULL, 0, &io));
+            TK_OK(kvc_cache_create(p, &cc, &d));
+            TK_OK(kvc_cache_load(d, ns, &io, NULL, 0, NULL));
+            TK_CHECK(same_as_fresh(d, p, &cc, tok, last, layers, step + 2000));
+            for (tt = 0; tt <= off; ++tt) {
+                int a = -1, b = -2;
+                TK_OK(kvc_can_rewind(c, tt, &a));
+                TK_OK(kvc_can_rewind(d, tt, &b));
+                TK_EQ(a, b);
+            }
+            TK_OK(kvc_cache_destroy(d));
+            free(mem.data);
         } else if (off > 0) { /* a snapshot of a target in the reserve, restored elsewhere */
             int32_t j = tk_int(rng, 0, KVC__MIN(off, off - (m - R))), target = off - j;
             kvc_snapshot *s = NULL;
