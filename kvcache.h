@@ -403,6 +403,24 @@ typedef struct kvc_cache_config {
        KVC_ERR_INVALID; CAUSAL, RECURRENT or device-backed pools: KVC_ERR_UNSUPPORTED
        (field "f16_tail"). */
     int32_t f16_tail;
+    /* Rollback for speculative decoding: a reserve of R tokens (0 = none, the default;
+       FULL and CAUSAL must leave it 0; ROTATING up to 1 << 24, RECURRENT up to 4096).
+       kvc_trim, kvc_restore(cache, NULL, t), kvc_can_rewind, kvc_snapshot_take_at and the
+       memory calls then reach every t >= m - R, m being the furthest offset the cache has
+       reached (while drafts only go forward: the offset), across batches and after a
+       ROTATING window has wrapped: reject drafted tokens without a snapshot per token.
+       ROTATING: kvc_begin releases only pages whose tokens are all more than R older
+       than the oldest its first query sees, so it holds up to R tokens beyond the window
+       (in the budget; attention still reads exactly the window). A target t is reachable
+       exactly when every page of its window -- the sinks and the W - sinks tokens before
+       t -- is still held. RECURRENT: a batch of n <= R tokens keeps the state at its start
+       as a checkpoint (sharing the live state's page until the batch writes it), and the
+       offsets among the batch's last R (start < t < end) are checkpoints as if named in
+       kvc_begin_checkpoints: the engine hands each layer's state there over with
+       kvc_state_checkpoint (a call for an offset not asked for is KVC_ERR_RANGE, harmless).
+       These reserve checkpoints are kept while within R of the offset, beside the latest
+       `checkpoints` named ones: at most R + cfg.checkpoints, each one state page. */
+    int32_t reserve;
 } kvc_cache_config;
 
 typedef struct kvc_cache kvc_cache;
@@ -414,8 +432,9 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
 /* Checks cfg against pool as kvc_cache_create does and returns what it would, creating
    nothing. *field (field may be NULL) = the first field refused ("kind", "window",
    "sinks", "capacity", "padding", "max_seqs", "chunk", "rope.style", "rope.theta",
-   "rope.n_dims", "f16_tail"), or NULL when valid. KVC_ERR_FULL ("capacity") says that the pool
-   cannot give a CAUSAL cache of that capacity its pages now. */
+   "rope.n_dims", "checkpoints", "reserve", "f16_tail"), or NULL when valid. KVC_ERR_FULL
+   ("capacity") says that the pool cannot give a CAUSAL cache of that capacity its pages
+   now. */
 KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field);
 /* Gives the cache's page references back to the pool (pages shared with snapshots,
    forks or prefix trees stay with them) and frees the cache. */
@@ -457,7 +476,9 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
    while a batch is open (kvc_cancel it first), as for kvc_restore. ROTATING caches can
    trim only until the window has wrapped: offset <= window and no page ever released (a
    kvc_cancel after kvc_begin released pages counts as wrapped); otherwise
-   KVC_ERR_UNSUPPORTED. */
+   KVC_ERR_UNSUPPORTED -- unless they have a reserve (cfg.reserve), which keeps trims of
+   up to R tokens possible, or a checkpoint is there. With a reserve, kvc_can_trim says
+   whether a trim by one token succeeds (kvc_can_rewind says it for any target). */
 KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens);
 
@@ -530,7 +551,9 @@ KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot
    KVC_ERR_UNREACHABLE is the `false` of the MLX runner's Restore: FULL: target < 0, target > offset
    (live) or > snap->to, or offset < snap->from. ROTATING: target > offset (live) or
    > snap->to, a live rewind once the window has wrapped (see kvc_trim), or a snapshot
-   clamped below its end when its window had wrapped. The snapshot is not consumed. */
+   clamped below its end when its window had wrapped -- unless the cache has a reserve and
+   the cache (live) or the snapshot holds every page of the window at target (a snapshot
+   holds the pages the cache held, the reserve's too). The snapshot is not consumed. */
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target);
 /* Merge [a,b) and [b,c) into [a,c). Consumes both on success; if either is NULL
    both are freed and *out = NULL (as the MLX runner does). ROTATING: the child
@@ -713,7 +736,10 @@ KVCDEF kvc_result kvc_io_path(kvc_path_io *state, const char *path, int writing,
 #endif
 
 /* A FULL, ROTATING or CAUSAL cache (no batch open), with your token ids (any n_tokens
-   >= 0; e.g. the tokens at positions 0 .. offset-1), under namespace ns. */
+   >= 0; e.g. the tokens at positions 0 .. offset-1), under namespace ns. ROTATING: every
+   page held is saved, the reserve's too; the reserve itself is not part of the saved
+   configuration, so a cache of any reserve loads it (one without a reserve drops the
+   extra pages at its next kvc_begin). */
 KVCDEF kvc_result kvc_cache_save(const kvc_cache *cache, kvc_namespace ns, const int32_t *tokens,
                                  int32_t n_tokens, const kvc_io *io);
 /* Replace the cache's contents with a saved cache of the same pool configuration, kind
@@ -751,7 +777,9 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    rewound, so it goes back only to checkpoints (offsets named when a batch begins) and
    snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_restore) or KVC_ERR_RECURRENT
    (kvc_trim, kvc_seq_remove), with nothing changed. ROTATING caches keep checkpoints the
-   same way, which lets a wrapped window go back to them. */
+   same way, which lets a wrapped window go back to them. For speculative decoding, a
+   reserve of R tokens (kvc_cache_config.reserve) lets both kinds go back by up to R
+   tokens without naming checkpoints. */
 
 /* kvc_begin, naming offsets inside the batch (offset < at[i] <= offset + n_tokens,
    increasing, at most cfg.checkpoints of them) to which the cache must be able to
@@ -761,7 +789,9 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    hands each layer's state at an offset inside the batch over with kvc_state_checkpoint
    while it scans (the batch's end is taken from the live state); a checkpoint missing a
    layer is not kept. ROTATING: the library keeps the window as it was at `at`. A cache
-   keeps its latest cfg.checkpoints checkpoints and drops those past a rewind. */
+   keeps its latest cfg.checkpoints checkpoints and drops those past a rewind; a RECURRENT
+   reserve (kvc_cache_config.reserve) adds its own on sequence 0 (kvc_begin_batch adds
+   none), and an offset both named and the reserve's is one checkpoint. */
 KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at);
 /* RECURRENT, during a batch (kvc_begin or kvc_begin_batch): the live f32 state of
    (seq, layer), state_floats values, to update in place for the batch's tokens of seq.
@@ -840,8 +870,9 @@ KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg); /* zeros */
    "layer_group" (a layer maps to no group, or a group gets no layer), "groups.pool.n_layers"
    (a group's layer count differs from the layers mapped to it), "groups.pool" (a memory
    field set in a group, or an invalid shape), "groups.cache" (a policy its pool cannot
-   take), "budget_bytes" (too small for one page of every group and one state per
-   sequence of every RECURRENT group). */
+   take; "groups.cache.reserve": a reserve the group's kind refuses), "budget_bytes"
+   (too small for one page of every group and one state per sequence of every RECURRENT
+   group). */
 KVCDEF kvc_result kvc_memory_config_check(const kvc_memory_config *cfg, const char **field);
 KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out);
 /* Destroys the memory's caches; the pools go with the last memory (forks share them)
@@ -2474,10 +2505,13 @@ struct kvc_cache {
     int32_t *batch_has;      /* [max_seqs] tokens of s in the current batch */
     /* ROTATING and RECURRENT (Layer 4b): checkpoints, oldest first, and those the
        current batch named (pend: filled while it runs, kept once it has ended) */
-    int32_t max_ckpt, n_ckpt, n_pend;
-    kvc_snapshot **ckpt;                 /* [max_ckpt] */
-    kvc_snapshot **pend;                 /* [max_ckpt] */
-    unsigned char *pend_done;            /* [max_ckpt][n_layers] RECURRENT: layers handed over */
+    int32_t max_ckpt, n_ckpt, n_pend;    /* max_ckpt: named ones kept (cfg.checkpoints) */
+    int32_t cap_ckpt;                    /* slots of ckpt and pend (kvc__ckpt_slots) */
+    kvc_snapshot **ckpt;                 /* [cap_ckpt] */
+    kvc_snapshot **pend;                 /* [cap_ckpt] */
+    unsigned char *pend_done;            /* [cap_ckpt][n_layers] RECURRENT: layers handed over */
+    kvc_snapshot *start;                 /* RECURRENT with a reserve: the batch start's checkpoint,
+                                            allocated before the batch begins */
     int states_open;                     /* RECURRENT: kvc_state may still give the batch's states */
     /* f16_tail (FULL, ROTATING): the K and V rows of tokens [tail_lo, min(tail_hi, offset))
        kept beside the pages (which hold every token quantized, as without a tail), token t
@@ -2496,6 +2530,7 @@ struct kvc_snapshot {
     int counted;             /* in the pool's live_snapshots (not a cache's own checkpoint) */
     struct kvc_snapshot *carried; /* ROTATING, RECURRENT: the cache's checkpoints before `to`,
                                      which a restore brings back with it (a chain) */
+    int ckflags;             /* as a checkpoint: KVC__CK_NAMED and/or KVC__CK_RESERVE */
     int32_t from, to;
     int32_t first_lpage;     /* FULL: logical page of pages[0]; ROTATING: the cache's */
     int32_t batch_begin;     /* ROTATING: the window anchor at snapshot time */
@@ -2548,6 +2583,19 @@ static int32_t kvc__recent_window(const kvc_cache *c) { return c->cfg.window - c
 
 /* The oldest non-sink token a query at position p of a ROTATING cache may see. */
 static int64_t kvc__window_lo(const kvc_cache *c, int64_t p) { return p - kvc__recent_window(c) + 1; }
+
+/* ROTATING with a reserve (cfg.reserve > 0): whether pages held -- the sink pages, then
+   logical pages first_lpage .. up to the one holding token target - 1 -- include every
+   token the window at `target` reads (the view after a rewind there: the sinks and the
+   tokens target - (W - sinks) .. target - 1). The tokens never held are those of logical
+   pages n_sink_pages .. first_lpage - 1. Without a reserve: 0 (a wrapped window goes back
+   only to checkpoints, as before). */
+static int kvc__reserve_holds(const kvc_cache *c, int32_t first_lpage, int32_t target) {
+    int64_t pc = c->pool->page_cells, gap_lo = (int64_t)c->n_sink_pages * pc, gap_hi = (int64_t)first_lpage * pc;
+    int64_t lo = KVC__MAX((int64_t)c->cfg.sinks, (int64_t)target - kvc__recent_window(c));
+    if (c->cfg.kind != KVC_KIND_ROTATING || c->cfg.reserve <= 0) return 0;
+    return lo >= target || gap_hi <= gap_lo || lo >= gap_hi || target <= gap_lo;
+}
 
 /* The tokens a kernel reads: at most two ranges, [b0,e0) then [b1,e1). */
 typedef struct kvc__ranges {
@@ -2629,8 +2677,9 @@ static void kvc__release_from(kvc_cache *c, int32_t n_tokens) {
     while (c->n_pages > 0 && (int64_t)kvc__entry_lpage(c, c->n_pages - 1) * pc >= n_tokens) {
         kvc__page_release(c->pool, c->pages[--c->n_pages]);
     }
-    /* first_lpage > n_sink_pages remembers that window pages were released (kvc__wrapped) */
-    if (n_tokens == 0) c->first_lpage = c->n_sink_pages;
+    /* first_lpage > n_sink_pages remembers that window pages were released (kvc__wrapped);
+       with a reserve, a rewind into the sink pages holds every token below it again */
+    if (n_tokens == 0 || (c->cfg.reserve > 0 && c->n_pages <= c->n_sink_pages)) c->first_lpage = c->n_sink_pages;
 }
 
 /* Go back to `target` tokens. `anchor` becomes batch_begin, which sets the ROTATING
@@ -2655,6 +2704,16 @@ static int kvc__is_recurrent(const kvc_cache *c) { return c->cfg.kind == KVC_KIN
 static int kvc__has_ckpts(const kvc_cache *c) {
     return c->cfg.kind == KVC_KIND_ROTATING || c->cfg.kind == KVC_KIND_RECURRENT;
 }
+/* A checkpoint was named by kvc_begin_checkpoints, and/or is one of a RECURRENT reserve's. */
+#define KVC__CK_NAMED 1
+#define KVC__CK_RESERVE 2
+/* Slots for checkpoints and for a batch's pending ones: the named ones; with a RECURRENT
+   reserve R, also up to R + 1 reserve ones kept (offsets offset - R .. offset), twice,
+   as a batch's pending ones are pushed before the list is pruned (kvc__ckpt_prune). */
+static int32_t kvc__ckpt_slots(const kvc_cache_config *cc) {
+    if (cc->kind != KVC_KIND_RECURRENT || cc->reserve == 0) return cc->checkpoints;
+    return 2 * (cc->checkpoints + cc->reserve + 1); /* named + reserve kept, and a batch's */
+}
 static void kvc__settle(kvc_cache *c);
 static int32_t kvc__pages_wanted(const kvc_cache *c);
 static int32_t kvc__chain_pages(const kvc_snapshot *s);
@@ -2665,6 +2724,13 @@ static kvc_result kvc__ckpt_clone_all(const kvc_cache *src, kvc_cache *dst);
 static void kvc__states_release(kvc_cache *c);
 static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens);
 static kvc_result kvc__pend_alloc(kvc_cache *c, const int32_t *at, int32_t n_at, int32_t n_tokens);
+static void kvc__ckpt_push(kvc_cache *c, kvc_snapshot *s);
+static void kvc__ckpt_prune(kvc_cache *c);
+static void kvc__ckpt_prune_at(kvc_cache *c, int64_t offset);
+static int64_t kvc__recurrent_net(const kvc_cache *c, int32_t n, int32_t inside);
+static int kvc__reserve_start(const kvc_cache *c, int32_t n);
+static void kvc__snapshot_drop(kvc_snapshot *s);
+static int32_t kvc__ckpt_find(const kvc_cache *c, int32_t at);
 static int kvc__reachable(const kvc_cache *c, int32_t target);
 static void kvc__rewind_any(kvc_cache *c, int32_t target);
 static kvc_result kvc__recurrent_begin_batch(kvc_cache *c, const kvc_batch *b);
@@ -2685,6 +2751,13 @@ KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind) {
     memset(cfg, 0, sizeof(*cfg));
     cfg->kind = kind;
     return KVC_OK;
+}
+
+/* The reserve (speculative rollback) of a config: ROTATING and RECURRENT only, bounded. */
+static int kvc__reserve_ok(const kvc_cache_config *c) {
+    if (c->kind == KVC_KIND_ROTATING) return c->reserve >= 0 && c->reserve <= (1 << 24);
+    if (c->kind == KVC_KIND_RECURRENT) return c->reserve >= 0 && c->reserve <= 4096;
+    return c->reserve == 0;
 }
 
 static kvc_result kvc__check_causal(const kvc_pool *pool, const kvc_cache_config *c, const char **field) {
@@ -2751,6 +2824,7 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
     if ((cc.kind == KVC_KIND_ROTATING || cc.kind == KVC_KIND_RECURRENT) &&
         (cc.checkpoints < 0 || cc.checkpoints > 4096))
         KVC__REFUSE(KVC_ERR_INVALID, "checkpoints");
+    if (!kvc__reserve_ok(&cc)) KVC__REFUSE(KVC_ERR_INVALID, "reserve");
     if (cc.kind == KVC_KIND_RECURRENT) {
         if (cc.window != 0) KVC__REFUSE(KVC_ERR_INVALID, "window");
         if (cc.sinks != 0) KVC__REFUSE(KVC_ERR_INVALID, "sinks");
@@ -2802,7 +2876,7 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
     if (cc.kind == KVC_KIND_CAUSAL)
         bytes = kvc__add(bytes, kvc__causal_bytes(pool, cc.capacity, cc.max_seqs, words, &of), &of);
     /* checkpoints and RECURRENT states, pointer-aligned after the rest */
-    bytes = kvc__add(bytes, sizeof(void *) + (size_t)cc.checkpoints * (2 * sizeof(void *) +
+    bytes = kvc__add(bytes, sizeof(void *) + (size_t)kvc__ckpt_slots(&cc) * (2 * sizeof(void *) +
                              (size_t)pool->cfg.n_layers), &of);
     if (cc.kind == KVC_KIND_RECURRENT)
         bytes = kvc__add(bytes, kvc__mul((size_t)cc.max_seqs, 3 * sizeof(int32_t), &of), &of);
@@ -2906,9 +2980,10 @@ static kvc_result kvc__cache_create_held(kvc_pool *pool, const kvc_cache_config 
     c->batch_put = cursor;
     cursor = kvc__align_ptr(cursor + pool->cfg.n_layers, sizeof(void *));
     c->max_ckpt = cc.checkpoints;
+    c->cap_ckpt = kvc__ckpt_slots(&cc);
     c->ckpt = (kvc_snapshot **)(void *)cursor;
-    c->pend = c->ckpt + cc.checkpoints;
-    cursor = (unsigned char *)(c->pend + cc.checkpoints);
+    c->pend = c->ckpt + c->cap_ckpt;
+    cursor = (unsigned char *)(c->pend + c->cap_ckpt);
     if (cc.kind == KVC_KIND_RECURRENT) {
         c->state_page = (uint32_t *)(void *)cursor;
         c->state_off = (int32_t *)(c->state_page + cc.max_seqs);
@@ -3063,10 +3138,11 @@ KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages) {
 }
 
 /* Pages a ROTATING batch starting at o frees: leading window pages whose every
-   token is older than the oldest token the batch's first query may see. */
+   token is older than the oldest token the batch's first query may see, less the
+   reserve (cfg.reserve tokens before that stay held). */
 static int32_t kvc__dead_pages(const kvc_cache *c, int32_t o, int32_t *freed) {
     int32_t idx, n = 0, pc = c->pool->page_cells;
-    int64_t lo = kvc__window_lo(c, o);
+    int64_t lo = kvc__window_lo(c, o) - c->cfg.reserve;
     *freed = 0;
     if (c->cfg.kind != KVC_KIND_ROTATING) return 0;
     for (idx = c->n_sink_pages; idx < c->n_pages; ++idx) {
@@ -3272,7 +3348,9 @@ static int kvc__wrapped(const kvc_cache *c) {
 
 static int kvc__can_trim(const kvc_cache *c) {
     if (c->cfg.kind == KVC_KIND_CAUSAL || c->cfg.kind == KVC_KIND_RECURRENT) return 0; /* see kvc_can_rewind */
-    return c->cfg.kind != KVC_KIND_ROTATING || !kvc__wrapped(c);
+    /* with a reserve: a trim by one token at least (kvc_can_rewind says how far) */
+    return c->cfg.kind != KVC_KIND_ROTATING || !kvc__wrapped(c) ||
+           (c->offset > 0 && kvc__reserve_holds(c, c->first_lpage, c->offset - 1));
 }
 
 KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim) {
@@ -3288,7 +3366,7 @@ static kvc_result kvc__trim_held(kvc_cache *cache, int32_t n_tokens) {
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
     /* a wrapped window trims only onto a checkpoint (not even by 0, as before them) */
     if (!kvc__reachable(cache, cache->offset - n_tokens) ||
-        (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0))
+        (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0 && cache->cfg.reserve == 0))
         return kvc__is_recurrent(cache) ? KVC_ERR_RECURRENT : KVC_ERR_UNSUPPORTED;
     kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;
@@ -3900,7 +3978,23 @@ static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens) {
     kvc_pool *p = c->pool;
     int32_t i, end = c->state_off[0] + n_tokens, inside = 0;
     for (i = 0; i < c->n_pend; ++i) inside += c->pend[i]->to < end;
-    if (!kvc__reclaim(p, (int64_t)kvc__state_need(c, 0) + inside)) return KVC_ERR_FULL;
+    /* a reserve's start checkpoint shares the live state, which the batch then copies;
+       its checkpoints more than R before the batch's end go first */
+    if (!kvc__reclaim(p, kvc__recurrent_net(c, n_tokens, inside))) return KVC_ERR_FULL;
+    kvc__ckpt_prune_at(c, end);
+    if (c->start != NULL) { /* the state at the batch's start, as a reserve checkpoint */
+        int32_t k = kvc__ckpt_find(c, c->state_off[0]);
+        if (k >= 0) {
+            c->ckpt[k]->ckflags |= KVC__CK_RESERVE;
+            kvc__snapshot_drop(c->start);
+        } else {
+            c->start->pages[0] = c->state_page[0];
+            c->start->n_pages = 1;
+            kvc__page_retain(p, c->start->pages[0]);
+            kvc__ckpt_push(c, c->start);
+        }
+        c->start = NULL;
+    }
     kvc__state_own(c, 0);
     for (i = 0; i < c->n_pend; ++i) /* the engine hands these over while it scans */
         if (c->pend[i]->to < end) {
@@ -3913,6 +4007,7 @@ static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens) {
     c->batch_begin = c->state_off[0];
     c->state_off[0] = c->offset = end;
     c->gen++; /* contents added or replaced (kvc_prefix checks) */
+    kvc__ckpt_prune(c); /* reserve checkpoints older than R before the new offset go */
     kvc__states_opened(c);
     return KVC_OK;
 }
@@ -4055,8 +4150,9 @@ static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int
         n = (at - 1) / pc - first + 1;
     } else if (at == cache->offset) { /* the whole window, or the live state */
         n = kvc__is_recurrent(cache) ? 1 : cache->n_pages;
-    } else if (cache->cfg.kind == KVC_KIND_ROTATING && (at > cache->batch_begin || !kvc__wrapped(cache))) {
-        n = cache->n_pages; /* inside the last batch, or nothing released yet: the window is held */
+    } else if (cache->cfg.kind == KVC_KIND_ROTATING && (at > cache->batch_begin || !kvc__wrapped(cache) ||
+                                                        kvc__reserve_holds(cache, cache->first_lpage, at))) {
+        n = cache->n_pages; /* inside the last batch, nothing released yet, or in the reserve: held */
     } else if ((k = kvc__ckpt_find(cache, at)) >= 0) {
         n = cache->ckpt[k]->n_pages;
     } else {
@@ -4216,7 +4312,8 @@ static kvc_result kvc__restore_held(kvc_cache *cache, const kvc_snapshot *snap, 
         return kvc__restore_full(cache, snap, target);
     }
     if (target < snap->to && (kvc__is_recurrent(cache) || snap->to > cache->cfg.window ||
-                              snap->first_lpage > cache->n_sink_pages))
+                              snap->first_lpage > cache->n_sink_pages) &&
+        !kvc__reserve_holds(cache, snap->first_lpage, target))
         return KVC_ERR_UNREACHABLE; /* a state, or a wrapped window, is only what it is */
     if (!kvc__is_recurrent(cache) && kvc__page_table_reserve(cache, kvc__chain_pages(snap)) != KVC_OK)
         return KVC_ERR_NO_MEMORY;
@@ -4447,7 +4544,12 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t d
    layer's state over; ROTATING: the window at that offset is still held when the batch
    ends) and kept once the batch has ended ("settled" at the next call that needs it, so
    that a state handed out by kvc_state may be written until then). Rewinds, trims and
-   prefix reuse go back to checkpoints; snapshots carry the checkpoints before them. */
+   prefix reuse go back to checkpoints; snapshots carry the checkpoints before them.
+   A RECURRENT reserve (cfg.reserve = R) adds checkpoints of its own: the state at a
+   short batch's start (c->start, shared with the live state) and the batch's last R
+   offsets (pending ones the engine fills). kvc__ckpt_prune keeps the latest max_ckpt
+   named checkpoints and the reserve's within R of the offset. (A ROTATING reserve needs
+   no checkpoints: kvc__dead_pages keeps R more tokens' pages.) */
 
 static void kvc__snapshot_release(kvc_snapshot *s); /* pages, carried chain and struct */
 
@@ -4464,6 +4566,7 @@ static kvc_snapshot *kvc__snapshot_clone(const kvc_snapshot *src, int counted) {
     s->first_lpage = src->first_lpage;
     s->batch_begin = src->batch_begin;
     s->n_cells = src->n_cells;
+    s->ckflags = src->ckflags;
     for (i = 0; i < src->n_pages; ++i) {
         s->pages[i] = src->pages[i];
         kvc__page_retain(src->pool, s->pages[i]);
@@ -4471,13 +4574,60 @@ static kvc_snapshot *kvc__snapshot_clone(const kvc_snapshot *src, int counted) {
     return s;
 }
 
+/* Appends a checkpoint (the newest); kvc__ckpt_prune then applies the rule of what is kept. */
 static void kvc__ckpt_push(kvc_cache *c, kvc_snapshot *s) {
-    if (c->n_ckpt == c->max_ckpt) { /* the oldest goes */
+    if (c->n_ckpt == c->cap_ckpt) kvc__ckpt_prune(c); /* (a chain from a cache of a larger reserve) */
+    if (c->n_ckpt == c->cap_ckpt) { /* the oldest goes (without a reserve: the latest max_ckpt stay) */
         kvc__snapshot_release(c->ckpt[0]);
         memmove(c->ckpt, c->ckpt + 1, sizeof(kvc_snapshot *) * (size_t)(c->n_ckpt - 1));
         c->n_ckpt--;
     }
     c->ckpt[c->n_ckpt++] = s;
+}
+
+/* What a cache at `offset` keeps: the latest max_ckpt named checkpoints, and the
+   reserve's at most cfg.reserve tokens before the offset (RECURRENT). */
+static int kvc__ckpt_kept_at(const kvc_cache *c, const kvc_snapshot *k, int32_t later_named, int64_t offset) {
+    return ((k->ckflags & KVC__CK_NAMED) && later_named < c->max_ckpt) ||
+           ((k->ckflags & KVC__CK_RESERVE) && (int64_t)k->to >= offset - c->cfg.reserve);
+}
+static int kvc__ckpt_kept(const kvc_cache *c, const kvc_snapshot *k, int32_t later_named) {
+    return kvc__ckpt_kept_at(c, k, later_named, c->offset);
+}
+
+/* The state pages kvc__recurrent_begin takes for n tokens with `inside` checkpoints
+   inside the batch (sequence 0): a private live state (a copy when it is shared, also
+   with the reserve's start checkpoint) and one per checkpoint, net of the pages that
+   the reserve checkpoints it drops first (more than R before the batch's end) held. */
+static int64_t kvc__recurrent_net(const kvc_cache *c, int32_t n, int32_t inside) {
+    int32_t i, later = 0, freed = 0, live_refs = 0;
+    uint32_t live = c->state_page[0];
+    int own;
+    for (i = c->n_ckpt - 1; i >= 0 && c->cfg.reserve > 0; --i) {
+        const kvc_snapshot *k = c->ckpt[i];
+        if (!kvc__ckpt_kept_at(c, k, later, (int64_t)c->offset + n) && k->n_pages == 1) {
+            if (k->pages[0] == live) live_refs++; /* the live state is then less shared */
+            else freed += c->pool->refcount[k->pages[0]] == 1;
+        }
+        later += (k->ckflags & KVC__CK_NAMED) != 0;
+    }
+    own = live == KVC__NO_PAGE || kvc__reserve_start(c, n) || c->pool->refcount[live] - live_refs > 1;
+    return (int64_t)own + inside - freed;
+}
+
+static void kvc__ckpt_prune(kvc_cache *c) { kvc__ckpt_prune_at(c, c->offset); }
+
+static void kvc__ckpt_prune_at(kvc_cache *c, int64_t offset) {
+    int32_t i, n = 0, later = 0;
+    for (i = c->n_ckpt - 1; i >= 0; --i) { /* newest first */
+        kvc_snapshot *k = c->ckpt[i];
+        int keep = kvc__ckpt_kept_at(c, k, later, offset);
+        later += (k->ckflags & KVC__CK_NAMED) != 0;
+        if (!keep) { kvc__snapshot_release(k); c->ckpt[i] = NULL; }
+    }
+    for (i = 0; i < c->n_ckpt; ++i)
+        if (c->ckpt[i] != NULL) c->ckpt[n++] = c->ckpt[i];
+    c->n_ckpt = n;
 }
 
 static int32_t kvc__ckpt_find(const kvc_cache *c, int32_t at) {
@@ -4495,23 +4645,69 @@ static void kvc__ckpt_drop_all(kvc_cache *c) { kvc__ckpt_drop_after(c, -1); }
 
 static void kvc__pend_drop(kvc_cache *c) {
     while (c->n_pend > 0) kvc__snapshot_release(c->pend[--c->n_pend]);
+    if (c->start != NULL) kvc__snapshot_drop(c->start); /* no page yet */
+    c->start = NULL;
 }
 
-/* Structs for the checkpoints a batch names, allocated before the batch changes anything. */
+/* RECURRENT with a reserve R: a batch of n tokens keeps the state at its start as a
+   checkpoint when that start lies within R of the batch's end (and there is a state). */
+static int kvc__reserve_start(const kvc_cache *c, int32_t n) {
+    return kvc__is_recurrent(c) && c->cfg.reserve > 0 && n <= c->cfg.reserve && c->state_page[0] != KVC__NO_PAGE;
+}
+
+/* RECURRENT with a reserve R: the first offset of a batch of n tokens that is a reserve
+   checkpoint (they run to the batch's end, exclusive); the end when there is none. */
+static int32_t kvc__reserve_first(const kvc_cache *c, int32_t n) {
+    int32_t e = c->offset + n;
+    if (!kvc__is_recurrent(c) || c->cfg.reserve <= 0) return e;
+    return (int32_t)KVC__MAX((int64_t)c->offset + 1, (int64_t)e - c->cfg.reserve);
+}
+
+/* The reserve checkpoints of a batch of n tokens that at[] (increasing) does not name. */
+static int32_t kvc__reserve_extra(const kvc_cache *c, int32_t n, const int32_t *at, int32_t n_at) {
+    int32_t t, i = 0, extra = 0, e = c->offset + n;
+    for (t = kvc__reserve_first(c, n); t < e; ++t) {
+        while (i < n_at && at[i] < t) ++i;
+        extra += !(i < n_at && at[i] == t);
+    }
+    return extra;
+}
+
+static kvc_snapshot *kvc__pend_new(kvc_cache *c, int32_t cap, int32_t at, int flags) {
+    kvc_snapshot *s = kvc__snapshot_alloc(c->pool, cap, 0);
+    if (s == NULL) return NULL;
+    s->n_pages = 0;
+    s->cache_id = c->id;
+    s->kind = c->cfg.kind;
+    s->window = c->cfg.window;
+    s->sinks = c->cfg.sinks;
+    s->to = s->from = at;
+    s->ckflags = flags;
+    return s;
+}
+
+/* Structs for the checkpoints a batch names (RECURRENT with a reserve: and its reserve
+   ones, merged in order), allocated before the batch changes anything. */
 static kvc_result kvc__pend_alloc(kvc_cache *c, const int32_t *at, int32_t n_at, int32_t n_tokens) {
-    int32_t i, cap = 1;
+    int32_t i = 0, cap = 1, a = kvc__reserve_first(c, n_tokens), e = c->offset + n_tokens;
     if (c->cfg.kind == KVC_KIND_ROTATING) /* every page the window can hold after the batch */
         cap = (int32_t)KVC__MIN((int64_t)c->pool->max_pages,
                                 (int64_t)c->n_pages + n_tokens / c->pool->page_cells + 2);
-    for (i = 0; i < n_at; ++i) {
-        kvc_snapshot *s = kvc__snapshot_alloc(c->pool, cap, 0);
-        if (s == NULL) { kvc__pend_drop(c); return KVC_ERR_NO_MEMORY; }
-        s->n_pages = 0;
-        s->cache_id = c->id;
-        s->kind = c->cfg.kind;
-        s->window = c->cfg.window;
-        s->sinks = c->cfg.sinks;
-        s->to = s->from = at[i];
+    if (kvc__reserve_start(c, n_tokens) &&
+        (c->start = kvc__pend_new(c, 1, c->offset, KVC__CK_RESERVE)) == NULL)
+        return KVC_ERR_NO_MEMORY;
+    while (i < n_at || a < e) {
+        kvc_snapshot *s;
+        int32_t t;
+        int flags = KVC__CK_NAMED;
+        if (i < n_at && (a >= e || at[i] <= a)) {
+            t = at[i++];
+            if (a < e && t == a) { flags |= KVC__CK_RESERVE; a++; }
+        } else {
+            t = a++;
+            flags = KVC__CK_RESERVE;
+        }
+        if ((s = kvc__pend_new(c, cap, t, flags)) == NULL) { kvc__pend_drop(c); return KVC_ERR_NO_MEMORY; }
         c->pend[c->n_pend++] = s;
     }
     return KVC_OK;
@@ -4551,6 +4747,7 @@ static void kvc__settle(kvc_cache *c) {
         if (complete) kvc__ckpt_push(c, s);
         else kvc__snapshot_release(s); /* a layer was never handed over */
     }
+    if (c->n_pend > 0) kvc__ckpt_prune(c);
     c->n_pend = 0;
 }
 
@@ -4564,11 +4761,14 @@ static int kvc__pend_complete(const kvc_cache *c, int32_t i) {
     return done;
 }
 
-/* How many of the oldest checkpoints settling the ended batch will push out. */
-static int32_t kvc__ckpt_doomed(const kvc_cache *c) {
-    int32_t i, kept = 0;
-    for (i = 0; i < c->n_pend; ++i) kept += kvc__pend_complete(c, i);
-    return KVC__MAX(0, c->n_ckpt + kept - c->max_ckpt);
+/* Whether checkpoint k (of c->ckpt, or an ended batch's kept one) is still kept once
+   the ended batch has settled (kvc__ckpt_prune's rule over both lists). */
+static int kvc__ckpt_stays(const kvc_cache *c, const kvc_snapshot *k) {
+    int32_t i, later = 0;
+    for (i = 0; i < c->n_ckpt; ++i) later += (c->ckpt[i]->ckflags & KVC__CK_NAMED) && c->ckpt[i]->to > k->to;
+    for (i = 0; i < c->n_pend; ++i)
+        later += (c->pend[i]->ckflags & KVC__CK_NAMED) && c->pend[i]->to > k->to && kvc__pend_complete(c, i);
+    return kvc__ckpt_kept(c, k, later);
 }
 
 /* Whether a live rewind to target can succeed (a cache with no batch open). */
@@ -4577,11 +4777,12 @@ static int kvc__reachable(const kvc_cache *c, int32_t target) {
     if (target < 0 || target > c->offset) return 0;
     if (target == c->offset || c->cfg.kind == KVC_KIND_FULL) return 1;
     if (c->cfg.kind == KVC_KIND_CAUSAL) return 0;
-    if (c->cfg.kind == KVC_KIND_ROTATING && !kvc__wrapped(c)) return 1;
+    if (c->cfg.kind == KVC_KIND_ROTATING && (!kvc__wrapped(c) || kvc__reserve_holds(c, c->first_lpage, target)))
+        return 1;
     i = kvc__ckpt_find(c, target);
-    if (i >= 0) return i >= kvc__ckpt_doomed(c); /* not one the ended batch pushes out */
+    if (i >= 0) return kvc__ckpt_stays(c, c->ckpt[i]); /* not one the ended batch pushes out */
     for (i = 0; i < c->n_pend; ++i) /* an ended batch's, not settled yet */
-        if (c->pend[i]->to == target) return kvc__pend_complete(c, i);
+        if (c->pend[i]->to == target) return kvc__pend_complete(c, i) && kvc__ckpt_stays(c, c->pend[i]);
     return 0;
 }
 
@@ -4601,7 +4802,8 @@ static void kvc__restore_recurrent(kvc_cache *c, const kvc_snapshot *s) {
 static void kvc__rewind_any(kvc_cache *c, int32_t target) {
     int32_t i;
     kvc__settle(c);
-    if (c->cfg.kind == KVC_KIND_FULL || (c->cfg.kind == KVC_KIND_ROTATING && !kvc__wrapped(c))) {
+    if (c->cfg.kind == KVC_KIND_FULL || (c->cfg.kind == KVC_KIND_ROTATING &&
+                                         (!kvc__wrapped(c) || kvc__reserve_holds(c, c->first_lpage, target)))) {
         kvc__rewind(c, target); /* at the offset too: the window's anchor becomes offset - 1 */
     } else if (target != c->offset) {
         i = kvc__ckpt_find(c, target);
@@ -4671,6 +4873,7 @@ static void kvc__ckpt_install(kvc_cache *c, kvc_snapshot *chain) {
         kvc__ckpt_push(c, chain);
         chain = next;
     }
+    kvc__ckpt_prune(c);
 }
 
 static kvc_result kvc__ckpt_clone_all(const kvc_cache *src, kvc_cache *dst) {
@@ -4689,14 +4892,16 @@ KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *ca
 }
 
 KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at) {
-    int32_t i, n = 0, skip;
+    int32_t i, n = 0;
     if (cache == NULL || n_at == NULL || (at == NULL && max_at > 0)) return KVC_ERR_NULL;
     if (max_at < 0) return KVC_ERR_INVALID;
-    skip = kvc__ckpt_doomed(cache); /* settling drops the oldest */
-    for (i = skip; i < cache->n_ckpt; ++i, ++n)
-        if (n < max_at) at[n] = cache->ckpt[i]->to;
+    for (i = 0; i < cache->n_ckpt; ++i) /* settling drops some (the oldest named ones) */
+        if (kvc__ckpt_stays(cache, cache->ckpt[i])) {
+            if (n < max_at) at[n] = cache->ckpt[i]->to;
+            n++;
+        }
     for (i = 0; i < cache->n_pend; ++i)
-        if (kvc__pend_complete(cache, i)) {
+        if (kvc__pend_complete(cache, i) && kvc__ckpt_stays(cache, cache->pend[i])) {
             if (n < max_at) at[n] = cache->pend[i]->to;
             n++;
         }
@@ -4823,6 +5028,7 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
             *field = "groups.cache";
             return KVC_ERR_INVALID;
         }
+        if (!kvc__reserve_ok(c)) { *field = "groups.cache.reserve"; return KVC_ERR_INVALID; }
         if (recurrent && (c->max_seqs < 0 || c->max_seqs > (1 << 20) || c->window != 0 || c->sinks != 0 ||
                           c->capacity != 0 || c->padding != 0 || c->chunk != 0)) {
             *field = "groups.cache";
@@ -5013,7 +5219,7 @@ static int kvc__memory_open(const kvc_memory *m) {
    take for n tokens with `inside` checkpoints before the batch's end. */
 static int64_t kvc__begin_net_pages(const kvc_cache *c, int32_t n, int32_t inside) {
     int32_t pc = c->pool->page_cells, o = c->offset, freed;
-    if (c->cfg.kind == KVC_KIND_RECURRENT) return (int64_t)kvc__state_need(c, 0) + inside;
+    if (c->cfg.kind == KVC_KIND_RECURRENT) return kvc__recurrent_net(c, n, inside);
     if (c->cfg.kind == KVC_KIND_CAUSAL) return 0; /* its pages are all its own already */
     (void)kvc__dead_pages(c, o, &freed);
     return ((int64_t)(o + n - 1) / pc - ((int64_t)o + pc - 1) / pc + 1) + kvc__tail_shared(c, o) - freed;
@@ -5042,7 +5248,8 @@ static kvc_result kvc__memory_begin_held(kvc_memory *mem, int32_t n_tokens, cons
         int32_t inside = 0;
         for (i = 0; i < n_at; ++i) inside += at[i] < o + n_tokens;
         kvc__settle(c);
-        net[g] = kvc__begin_net_pages(c, n_tokens, c->cfg.kind == KVC_KIND_RECURRENT ? inside : 0);
+        net[g] = kvc__begin_net_pages(c, n_tokens, c->cfg.kind == KVC_KIND_RECURRENT
+                                                       ? inside + kvc__reserve_extra(c, n_tokens, at, n_at) : 0);
         total += net[g] * (int64_t)c->pool->page_bytes;
     }
     /* the budget, after evicting prefix-tree entries if it must (all or nothing); a
@@ -5366,10 +5573,12 @@ static kvc_result kvc__memory_stats_get_held(const kvc_memory *mem, kvc_memory_s
         }
     }
     /* offsets below the current one every group can go back to */
-    for (g = with != NULL ? kvc__ckpt_doomed(with) : 0; with != NULL && g < with->n_ckpt + with->n_pend; ++g) {
+    for (g = 0; with != NULL && g < with->n_ckpt + with->n_pend; ++g) {
         int ok;
-        int32_t at = g < with->n_ckpt ? with->ckpt[g]->to : with->pend[g - with->n_ckpt]->to;
+        const kvc_snapshot *k = g < with->n_ckpt ? with->ckpt[g] : with->pend[g - with->n_ckpt];
+        int32_t at = k->to;
         if (g >= with->n_ckpt && !kvc__pend_complete(with, g - with->n_ckpt)) continue; /* the ones it keeps */
+        if (!kvc__ckpt_stays(with, k)) continue; /* settling drops it */
         (void)kvc_memory_can_rewind(mem, at, &ok);
         st->n_checkpoints += ok && at < st->offset;
     }
@@ -6236,7 +6445,8 @@ static void kvc__radix_trim_entries(kvc_radix *t) {
 }
 
 /* The offsets a commit ends nodes at, ascending: where every RECURRENT cache kept a
-   checkpoint, below n (the states a later request that branches there resumes from). */
+   checkpoint the engine named, below n (the states a later request that branches there
+   resumes from). */
 typedef struct kvc__bounds {
     int32_t n, at[64];
 } kvc__bounds;
@@ -6249,7 +6459,8 @@ static void kvc__commit_bounds(const kvc_radix *t, kvc_cache *const *c, int32_t 
     if (first < 0) return;
     for (i = 0; i < c[first]->n_ckpt; ++i) {
         int32_t at = c[first]->ckpt[i]->to;
-        int ok = at > 0 && at < n;
+        /* named ones only: a reserve's per-token checkpoints are for rollback, not reuse */
+        int ok = at > 0 && at < n && (c[first]->ckpt[i]->ckflags & KVC__CK_NAMED);
         for (g = first + 1; g < t->n_parts && ok; ++g)
             if (kvc__part_state(t, g)) ok = kvc__ckpt_find(c[g], at) >= 0;
         if (ok && b->n < 64) b->at[b->n++] = at; /* checkpoints are kept oldest first */

@@ -34,12 +34,14 @@
    Build (from the repository root):
        cc -std=c99 -O2 -Wall -Wextra -Wpedantic examples/tinylm.c -o tinylm -lm
    Run:
-       ./tinylm [--chunk N] [--quiet] [--reference] [MODEL_DIR ...]
+       ./tinylm [--chunk N] [--draft K] [--quiet] [--reference] [MODEL_DIR ...]
    With no MODEL_DIR it runs every folder of tests/data that holds a config.txt.
    A model folder holds config.txt, model.safetensors, reference.txt and one
    NAME.logits.f32 per case (formats and math: tests/data/README.md).
 
    --chunk N     prefill at most N tokens per forward pass (default 2048)
+   --draft K     speculative decoding through a reserve of K tokens: draft K, reject
+                 some, trim, continue (see run_speculative; default 4, 0: off)
    --quiet       print only failures, errors and the final verdict
    --reference   skip kvcache.h: one cache-free forward over each whole sequence
                  with naive attention (checks the model math on its own)
@@ -2482,13 +2484,148 @@ static void print_groups(const model *m)
     printf("; checkpoints at every multiple of %d tokens\n", CHECKPOINT_EVERY);
 }
 
+/* Speculative decoding (--draft K, default 4; 0: off): rollback through the memory's
+   reserve (kvc_cache_config.reserve = K in its ROTATING and RECURRENT groups), on
+   models whose memory has such a group. Teacher-forced on the first case with more
+   than 2K reference rows: prefill its prompt, then in rounds draft the reference's
+   next k <= K tokens of which the last j (0, 1, .., k in turn) are replaced by wrong
+   ids, feed them (in one batch, or one token a batch), compare the logits of the
+   positions whose prefix is right with the reference, reject the j wrong tokens with
+   kvc_memory_trim (after the window has wrapped: only the reserve makes that
+   possible) and continue from the first of them with the right one. Every reference
+   row must be compared and within the type's bound (f32 and f16). A draft of a
+   recurrent group in one batch needs each drafted token's state handed over
+   (kvc_state_checkpoint), which forward() does only for named checkpoints, so
+   recurrent models draft one token a batch (tests/test_reserve.c covers the rest).
+   Prints one line per run; returns the failures and adds the runs to *runs. */
+static int run_speculative(const model *m, const test_case *cases, int n_cases, int draft, int chunk, int *runs)
+{
+    const config *c = &m->c;
+    const int vocab = c->vocab;
+    const test_case *tc = NULL;
+    memory L;
+    int failures = 0, rolls = 0, recurrent = 0;
+    memory_layout(&L, c, NULL);
+    for (int i = 0; i < L.n; ++i) {
+        rolls |= L.g[i].kind == KVC_KIND_ROTATING || L.g[i].kind == KVC_KIND_RECURRENT;
+        recurrent |= L.g[i].kind == KVC_KIND_RECURRENT;
+    }
+    for (int i = 0; i < n_cases && !tc; ++i)
+        if (cases[i].rows > 2 * draft) tc = &cases[i];
+    if (draft < 1 || !rolls || !tc) return 0;
+    for (int t = 0; t < 2; ++t) {
+        for (int one_batch = recurrent ? 0 : 1; one_batch >= 0; --one_batch) {
+            const type_spec *ts = &TYPES[t];
+            const int32_t N = tc->prompt_len, T = tc->total_len;
+            const int32_t max_batch = chunk > draft ? chunk : draft;
+            kvc_group_config gc[MAX_GROUPS];
+            kvc_memory_config mc;
+            memory M;
+            float *logits = alloc_floats((size_t)max_batch * vocab);
+            unsigned char *seen = (unsigned char *)calloc((size_t)tc->rows, 1);
+            double max_err = 0;
+            int32_t pos, drafted = 0, rejected = 0, rounds = 0, compared = 0, len;
+            int ok = 0;
+            memory_layout(&M, c, NULL);
+            memset(gc, 0, sizeof gc);
+            if (!logits || !seen) goto fail;
+            for (int i = 0; i < M.n; ++i) { /* the hybrid layout of memory_create, with a reserve */
+                mem_group *g = &M.g[i];
+                kvc_pool_config *pc = &gc[i].pool;
+                pc->n_layers = g->n_layers;
+                if (g->kind == KVC_KIND_RECURRENT) {
+                    pc->state_floats = (c->conv_L - 1) * c->hidden;
+                } else {
+                    pc->n_kv_heads = c->kv;
+                    pc->head_dim_k = pc->head_dim_v = c->hd;
+                    pc->type_k = pc->type_v = ts->type;
+                    pc->page_cells = PAGE_CELLS;
+                }
+                KVC_CHECK(kvc_cache_config_init(&gc[i].cache, g->kind));
+                if (g->kind == KVC_KIND_ROTATING) setup_rotating(&gc[i].cache, c, T, max_batch);
+                if (g->kind == KVC_KIND_ROTATING || g->kind == KVC_KIND_RECURRENT) gc[i].cache.reserve = draft;
+                g->window = g->type == LAYER_SLIDING ? c->window : 0;
+            }
+            KVC_CHECK(kvc_memory_config_init(&mc));
+            mc.n_layers = c->layers;
+            mc.layer_group = M.group_of;
+            mc.n_groups = M.n;
+            mc.groups = gc;
+            mc.budget_bytes = BUDGET_BYTES;
+            KVC_CHECK(kvc_memory_create(&mc, &M.mem));
+            for (int i = 0; i < M.n; ++i) KVC_CHECK(kvc_memory_group(M.mem, i, &M.g[i].cache));
+            for (pos = 0; pos < N; pos += len) { /* the prompt, in chunks; row 0: its last logits */
+                len = N - pos < chunk ? N - pos : chunk;
+                if (forward(m, &M, tc->tokens + pos, len, pos, NULL, 0, len - 1, logits) != 0) goto fail;
+            }
+            { /* row 0 */
+                for (int v = 0; v < vocab; ++v) {
+                    double d = fabs((double)logits[v] - tc->ref[v]);
+                    if (!(d <= max_err)) max_err = d;
+                }
+                seen[0] = 1;
+                compared++;
+            }
+            for (pos = N; pos < T; ++rounds) { /* tokens [0, pos) are right and in the memory */
+                const int32_t k = T - pos < draft ? T - pos : draft, j = rounds % (k + 1);
+                int32_t toks[64];
+                for (int32_t i = 0; i < k; ++i) /* the reference's next k, the last j wrong */
+                    toks[i] = i < k - j ? tc->tokens[pos + i] : (tc->tokens[pos + i] + 1 + i) % vocab;
+                if (one_batch) {
+                    if (forward(m, &M, toks, k, pos, NULL, 0, 0, logits) != 0) goto fail;
+                } else {
+                    for (int32_t i = 0; i < k; ++i)
+                        if (forward(m, &M, toks + i, 1, pos + i, NULL, 0, 0, logits + (size_t)i * vocab) != 0)
+                            goto fail;
+                }
+                for (int32_t i = 0; i < k - j; ++i) { /* logits after a right prefix: reference row */
+                    const int32_t row = pos + i - (N - 1);
+                    const float *ref = tc->ref + (size_t)row * vocab, *got = logits + (size_t)i * vocab;
+                    for (int v = 0; v < vocab; ++v) {
+                        double d = fabs((double)got[v] - ref[v]);
+                        if (!(d <= max_err)) max_err = d;
+                    }
+                    seen[row] = 1;
+                    compared++;
+                }
+                if (j > 0) KVC_CHECK(kvc_memory_trim(M.mem, j)); /* reject the wrong ones */
+                drafted += k;
+                rejected += j;
+                pos += k - j;
+            }
+            ok = 1;
+            for (int32_t r = 0; r < tc->rows; ++r) ok &= seen[r];
+            ok &= max_err <= ts->max_err;
+        fail:
+            if (M.mem) {
+                kvc_memory_stats st;
+                if (kvc_memory_clear(M.mem) != KVC_OK || kvc_memory_stats_get(M.mem, &st) != KVC_OK ||
+                    st.bytes_used != 0)
+                    ok = 0, errorf("speculative: the cleared memory still holds pages");
+                if (kvc_memory_destroy(M.mem) != KVC_OK) ok = 0;
+            }
+            if (!g_quiet || !ok)
+                printf("  speculative %s: draft %d %s, %s, reserve %d: %d rows compared (all %d), max|err| %.2e, "
+                       "%d of %d drafted tokens rejected and trimmed  %s\n",
+                       tc->name, draft, one_batch ? "in one batch" : "one token a batch", kvc_type_name(ts->type),
+                       draft, (int)compared, (int)tc->rows, max_err, (int)rejected, (int)drafted,
+                       ok ? "ok" : "FAIL");
+            failures += !ok;
+            ++*runs;
+            free(logits);
+            free(seen);
+        }
+    }
+    return failures;
+}
+
 /* ==================================================================================
    9. main
    ================================================================================== */
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: tinylm [--chunk N] [--quiet] [--reference] [--vk] [--f16-tail N] [MODEL_DIR ...]\n"
+    fprintf(stderr, "usage: tinylm [--chunk N] [--draft K] [--quiet] [--reference] [--vk] [--f16-tail N] [MODEL_DIR ...]\n"
                     "  runs every folder of tests/data with a config.txt by default\n");
 }
 
@@ -2545,7 +2682,7 @@ int main(int argc, char **argv)
     const char *const *dirs = NULL;
     char **listed = NULL;
     const char **given = (const char **)malloc((size_t)argc * sizeof *given);
-    int n_dirs = 0, n_given = 0, n_listed = 0, chunk = DEFAULT_CHUNK, reference = 0;
+    int n_dirs = 0, n_given = 0, n_listed = 0, chunk = DEFAULT_CHUNK, reference = 0, draft = 4;
     int runs = 0, failures = 0;
 
     if (!given) return 2;
@@ -2568,6 +2705,15 @@ int main(int argc, char **argv)
                 return 2;
             }
             g_f16_tail = (int32_t)v;
+        } else if (!strcmp(argv[i], "--draft")) {
+            char *end = NULL;
+            long v = i + 1 < argc ? strtol(argv[++i], &end, 10) : -1;
+            if (!end || *end || v < 0 || v > 32) {
+                errorf("--draft needs a number between 0 and 32");
+                free(given);
+                return 2;
+            }
+            draft = (int)v;
         } else if (!strcmp(argv[i], "--quiet")) {
             g_quiet = 1;
         } else if (!strcmp(argv[i], "--vk")) {
@@ -2683,6 +2829,10 @@ int main(int argc, char **argv)
             } else
 #endif
                 failures += run_radix_turns(&m, cases, n_cases, chunk, &runs);
+#ifdef TINYLM_VK
+            if (!g_vk.on) /* the speculative runs build a host memory of their own */
+#endif
+                failures += run_speculative(&m, cases, n_cases, draft, chunk, &runs);
         }
         cases_free(cases, n_cases);
         model_free(&m);
