@@ -6468,12 +6468,13 @@ static void kvc__commit_bounds(const kvc_radix *t, kvc_cache *const *c, int32_t 
     }
 }
 
-/* Part g's state after `at` tokens of cache c: live at its offset, else a checkpoint's. */
+/* Part g's state after `at` tokens of cache c: live at its offset, else a named
+   checkpoint's (as kvc__commit_bounds: the tree keeps the states the engine chose). */
 static uint32_t kvc__commit_state(const kvc_cache *c, int32_t at) {
     int32_t k;
     if (at == c->offset) return c->state_page[0];
     k = kvc__ckpt_find(c, at);
-    return k >= 0 ? c->ckpt[k]->pages[0] : KVC__NO_PAGE;
+    return k >= 0 && (c->ckpt[k]->ckflags & KVC__CK_NAMED) ? c->ckpt[k]->pages[0] : KVC__NO_PAGE;
 }
 
 /* A page of cache c for logical page lp whose tokens below `limit` are valid: the

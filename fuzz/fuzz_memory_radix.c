@@ -58,7 +58,7 @@ typedef struct fmr_world {
     kvc_memory *m0;     /* the template: empty; its stats show the budget */
     kvc_radix *t;
     int rec, rot, full; /* group index, or -1 */
-    int32_t n_groups, layers[3], W, S, alphabet;
+    int32_t n_groups, layers[3], W, S, alphabet, R; /* R: the RECURRENT / ROTATING groups' reserve */
     int approx;         /* something was evicted, or the reference is full: bounds only */
     fmr_ref ref[FMR_REFS];
     int32_t n_ref;
@@ -168,6 +168,9 @@ static kvc_result fmr_feed(fmr_world *w, kvc_memory *m, int ns, const int32_t *t
                 if (k < n_at && at[k] == t + 1) {
                     FUZZ_RES(kvc_memory_state_checkpoint(m, l, t + 1, st), KVC_OK);
                     k++;
+                } else if (w->R > 0 && t + 1 < off + n) { /* the reserve's: KVC_ERR_RANGE if not asked */
+                    r = kvc_memory_state_checkpoint(m, l, t + 1, st);
+                    FUZZ_CHECK(r == KVC_OK || r == KVC_ERR_RANGE, "reserve checkpoint %d: %d", t + 1, (int)r);
                 }
             }
         } else {
@@ -237,7 +240,7 @@ static void fmr_commit(fmr_world *w, int i, int32_t n, int32_t priority) {
 
 static void fmr_request(fmr_world *w, int i) {
     fmr_slot *s = &w->s[i];
-    int32_t tok[FMR_MAXT], n, keep = 0, k, reused = -1, want, at[3], n_at = 0, mid, o;
+    int32_t tok[FMR_MAXT], n, keep = 0, k, reused = -1, want, at[3], n_at = 0, mid, o, o_last = 0;
     int ns = fuzz_int(&w->in, 0, 1);
     kvc_memory *m = NULL;
     kvc_result r;
@@ -266,6 +269,7 @@ static void fmr_request(fmr_world *w, int i) {
     o = reused;
     mid = n > o + 1 && fuzz_int(&w->in, 0, 1) ? fuzz_int(&w->in, o + 1, n - 1) : n;
     while (o < n) {
+        o_last = o;
         int32_t end = o < mid ? mid : n, a;
         n_at = 0;
         for (k = 0; k < 3; ++k) {
@@ -286,12 +290,17 @@ static void fmr_request(fmr_world *w, int i) {
         fmr_note_evictions(w);
     }
     fmr_check_holds(w, m, ns, tok, n);
-    /* a rollback to one of the checkpoints (speculative decoding's rejected tokens) */
-    if (s->n_ck > 0 && fuzz_int(&w->in, 0, 3) == 0) {
-        int32_t target = s->ck[fuzz_int(&w->in, 0, s->n_ck - 1)];
+    /* a rollback to one of the checkpoints, or by up to R tokens (speculative decoding's
+       rejected drafts, through the reserve) */
+    if ((s->n_ck > 0 || w->R > 0) && fuzz_int(&w->in, 0, 3) == 0) {
+        int32_t target = s->n_ck > 0 && fuzz_int(&w->in, 0, 1) ? s->ck[fuzz_int(&w->in, 0, s->n_ck - 1)]
+                                                             : s->n - fuzz_int(&w->in, 0, w->R);
+        target = fuzz_max(target, reused);
         int can = 0;
         FUZZ_RES(kvc_memory_can_rewind(m, target, &can), KVC_OK);
         fuzz_note("rollback slot %d to %d (can %d)", i, target, can);
+        /* within the reserve of the last batch's end, every group must reach it */
+        if (w->R > 0 && target >= s->n - w->R && target > o_last) FUZZ_CHECK(can, "reserve rollback refused");
         if (can) {
             FUZZ_RES(kvc_memory_trim(m, s->n - target), KVC_OK);
             s->n = target;
@@ -473,6 +482,9 @@ static void fmr_setup(fmr_world *w) {
                 map[b - 1] = x;
             }
     }
+    w->R = fuzz_int(&w->in, 0, 2) == 0 ? fuzz_int(&w->in, 1, 4) : 0;
+    for (k = 0; k < w->n_groups; ++k)
+        if (k == w->rec || k == w->rot) g[k].cache.reserve = w->R;
     kvc_memory_config_init(&mc);
     mc.n_layers = l;
     mc.layer_group = map;
@@ -488,8 +500,8 @@ static void fmr_setup(fmr_world *w) {
     rc.max_entries = fuzz_int(&w->in, 0, 4) == 0 ? fuzz_int(&w->in, 1, 2) : 0;
     FUZZ_RES(kvc_radix_create_memory(w->m0, &rc, &w->t), KVC_OK);
     if (rc.max_entries > 0) w->approx = 1; /* max_entries evicts by rules this reference skips */
-    fuzz_note("groups: recurrent %d rotating %d (W %d S %d) full %d, %d layers, budget %zu, max_entries %d",
-              w->rec, w->rot, w->W, w->S, w->full, l, mc.budget_bytes, rc.max_entries);
+    fuzz_note("groups: recurrent %d rotating %d (W %d S %d) full %d, %d layers, reserve %d, budget %zu, max_entries %d",
+              w->rec, w->rot, w->W, w->S, w->full, l, w->R, mc.budget_bytes, rc.max_entries);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
