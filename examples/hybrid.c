@@ -6,7 +6,8 @@
    (A) store K/V rows that encode token and position. Shows the configuration (and a
    bad one named by kvc_memory_config_check), a prefill with checkpoints, a branch
    (snapshot, generate, restore, generate another), prompt reuse across requests with
-   kvc_prefix_create_memory, and what the budget holds. Every result is compared with
+   kvc_prefix_create_memory, what the budget holds, and many conversations through one
+   radix prefix tree over the memory. Every result is compared with
    the same tokens computed from scratch: the program exits 1 on a mismatch.
 
    Build (from the repository root):
@@ -244,6 +245,47 @@ int main(void) {
     EXPECT(st.offset == n3 && st.bytes_used <= st.budget_bytes);
 
     CHECK(kvc_prefix_destroy(prefix));
+
+    /* 6. Many conversations: one radix prefix tree over the memory. Its entries hold the
+       attention group's pages and the recurrent group's states at the checkpoints a
+       request named, so a conversation that shares only the system prompt resumes from
+       the state at its end, and a second turn resumes from the first turn's end. */
+    {
+        kvc_radix_config rc;
+        kvc_radix *tree;
+        kvc_radix_stats ts;
+        kvc_memory *conv;
+        kvc_namespace ns = {42, 0};
+        int32_t a[MAX_TOK], b[MAX_TOK], at[2] = {12, 20};
+        CHECK(kvc_radix_config_init(&rc, KVC_KIND_FULL)); /* a memory's tree: the groups' kinds */
+        CHECK(kvc_radix_create_memory(mem, &rc, &tree));
+        for (i = 0; i < 24; ++i) a[i] = tokens[i];                    /* system prompt + user A */
+        for (i = 0; i < 20; ++i) b[i] = i < 12 ? tokens[i] : 300 + i; /* same system prompt + user B */
+        CHECK(kvc_radix_lookup_memory(tree, ns, a, 20, &conv, &reused));
+        if (forward(conv, a, reused, 20 - reused, at, 2)) return 1;
+        if (generate(conv, a, 4, 950, 1)) return 1;                  /* the reply, a checkpoint at 24 */
+        CHECK(kvc_radix_commit_memory(tree, ns, conv, a, 24, 0));
+        CHECK(kvc_memory_destroy(conv));
+        printf("tree: conversation A committed (24 tokens, states at 12, 20, 24)\n");
+        CHECK(kvc_radix_lookup_memory(tree, ns, b, 20, &conv, &reused));
+        printf("tree: conversation B (same system prompt) reuses %d tokens\n", (int)reused);
+        EXPECT(reused == 12);
+        if (forward(conv, b, reused, 20 - reused, &at[1], 1)) return 1;
+        EXPECT(same_as_recompute(conv, b, 20));
+        CHECK(kvc_radix_commit_memory(tree, ns, conv, b, 20, 0));
+        CHECK(kvc_memory_destroy(conv));
+        for (i = 24; i < 30; ++i) a[i] = 960 + i;                     /* A's second turn */
+        CHECK(kvc_radix_lookup_memory(tree, ns, a, 30, &conv, &reused));
+        printf("tree: A's second turn (30 tokens) reuses %d\n", (int)reused);
+        EXPECT(reused == 24);
+        if (forward(conv, a, reused, 30 - reused, NULL, 0)) return 1;
+        EXPECT(same_as_recompute(conv, a, 30));
+        CHECK(kvc_memory_destroy(conv));
+        CHECK(kvc_radix_stats_get(tree, &ts));
+        printf("tree: %d nodes, %d entries, %d states, %zu bytes of pages and states\n", (int)ts.n_nodes,
+               (int)ts.n_entries, (int)ts.n_states, ts.bytes);
+        CHECK(kvc_radix_destroy(tree));
+    }
     CHECK(kvc_memory_destroy(mem));
     return 0;
 }
