@@ -1,20 +1,21 @@
 #version 450
 // attn_split_q.comp - decode attention, split-K pass, over q8_0 / q4_0 K and V held in the
 // planar page layout (kvc_types.glsl: per page, the codes of each kv head's cells side by
-// side, then their scales), head dims 64, 128, 256 or 512 for both. A workgroup is one
-// subgroup-sized team of 32 invocations that takes one job, one kv head, GH query heads of
-// its GQA group and one chunk of the job's cells. Every load is a wide, coalesced one:
-// invocation t reads 16 values of a head row (q8_0: 16 bytes, q4_0: 8 bytes) of K and of
-// V, segment s = t % NSEG of cell t / NSEG of each load row (CPR cells a row), and a tile
-// is TR such rows (TILE cells), its loads all issued before any is used. So the cell of
-// an invocation's K segment is the cell of its V segment: its softmax weight is where its
-// values are, and nothing moves between invocations but the sums:
-//   scores   the segment's packed 8-bit dot products with the query's q8_0 codes (as the
-//            CPU scores block-typed keys; q4_0: nibbles, less 8 times the codes' sum),
-//            times the block scales, summed over the NSEG invocations of the cell;
-//   softmax  one maximum per head per tile, running maxima (base 2); rescaling skipped
-//            where no maximum moved;
-//   values   each invocation sums weight x scale x code for its 16 values over its cells;
+// side, then their scales), head dims 64, 128 or 256 for both. A workgroup is one team of
+// 32 invocations (a subgroup on NVIDIA) that takes one job, one kv head, GH query heads of
+// its GQA group and one chunk of the job's cells. Every code load is a wide, coalesced
+// one: invocation t reads 16 values of a head row (q8_0: 16 bytes, q4_0: 8 bytes) of K and
+// of V, segment s = t % NSEG of cell t / NSEG of each load row (CPR cells a row); a tile
+// is TR such rows (TILE cells), its loads all issued before any is used. Per tile:
+//   scores   each invocation's packed 8-bit dot products of its K segments with the
+//            query's q8_0 codes (as the CPU scores block-typed keys; q4_0: nibbles, less 8
+//            times the codes' sum), exact integers, into shared memory; then the owner of
+//            a cell (invocation c % 32) adds its segments block by block, times the block
+//            scales (one 8-byte load of the cell's scales);
+//   softmax  one maximum per head per tile (running maxima, base 2; rescaling skipped
+//            where no maximum moved); the owner's weights times its cell's V scales, per
+//            block and head, into shared memory;
+//   values   each invocation sums those x the codes of its V segments, for its 16 values;
 //            the CPR sums of a segment are added once, at the end of the split.
 // Written out as (max, sum, unnormalised output) per query head for attn_merge.comp, as
 // attn_split.comp writes them. Built four times: USE_SUBGROUP (subgroups of 32: sums by
@@ -52,20 +53,32 @@ layout(local_size_x = 32) in;
 
 const uint NSEG = HD / 16u;      // invocations per cell
 const uint CPR = 32u / NSEG;     // cells per load row
-const uint TR = 8u;              // load rows per tile
+#ifndef Q_TR
+#define Q_TR 8u
+#endif
+const uint TR = Q_TR;            // load rows per tile
 const uint TILE = CPR * TR;      // cells per tile (kvcache_vk.h: 4096 / HD)
+const uint OWN = (TILE + 31u) / 32u; // cells an invocation owns
 const uint NHG = (G + GH - 1u) / GH;
 const uint NB = HD / 32u;        // blocks of a head row
 
-layout(set = 0, binding = 0) readonly buffer KB { uvec4 kb[]; };
-layout(set = 0, binding = 1) readonly buffer VB { uvec4 vb[]; };
+// (volatile, with the subgroup's release after a tile's loads: the driver's compiler then
+// issues them where they stand, a tile ahead, instead of sinking them to their use, as
+// attn_split_cm.comp found)
+#if USE_SUBGROUP
+#define VOLATILE volatile
+#else
+#define VOLATILE
+#endif
+layout(set = 0, binding = 0) VOLATILE readonly buffer KB { uvec4 kb[]; };
+layout(set = 0, binding = 1) VOLATILE readonly buffer VB { uvec4 vb[]; };
 layout(set = 0, binding = 2) readonly buffer MB { uint meta[]; };
 layout(set = 0, binding = 3) readonly buffer QB { float qb[]; };
 layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
 layout(set = 0, binding = 5) readonly buffer KW { uint kw[]; };
 layout(set = 0, binding = 6) readonly buffer VW { uint vw[]; };
-layout(set = 0, binding = 7) readonly buffer KD { uvec2 kd[]; };
-layout(set = 0, binding = 8) readonly buffer VD { uvec2 vd[]; };
+layout(set = 0, binding = 7) VOLATILE readonly buffer KD { uvec2 kd[]; };
+layout(set = 0, binding = 8) VOLATILE readonly buffer VD { uvec2 vd[]; };
 
 layout(push_constant) uniform PC {
     uint job_off;
@@ -84,48 +97,47 @@ uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 shared float qs[GH * HD];
 shared uint qc[GH * HD / 4u];
 shared float qsc[GH * NB];
-shared uint gids[TILE];
-shared bool viss[TILE];
+shared uvec4 caddr[2u * TILE];     // this tile's and the next one's cells: byte offsets of
+shared bool viss[2u * TILE];       // their K and V codes and scales; visible?
+shared ivec4 psum[TILE * NSEG];    // [cell][segment ^ (cell % NSEG)]: integer sums of GH heads
+shared vec4 wdv[TILE * NB];        // [cell][block]: weight x V scale of GH heads
 #if !USE_SUBGROUP
 shared float red[32u * GH];
 #endif
 const float NEG_INF = -1.0 / 0.0;
 
-// sums over the NSEG invocations of a cell (every one gets the sum), and maxima and sums
-// over the CPR cells of a load row (the invocations of one segment)
-void seg_sum(inout float v[GH]) {
+// maxima (or sums) over all 32 invocations, and sums over the CPR cells of a load row
+// (the invocations of one segment)
+void all_reduce(inout float v[GH], bool is_max) {
 #if USE_SUBGROUP
-    [[unroll]] for (uint o = 1u; o < NSEG; o <<= 1)
-        [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] += subgroupShuffleXor(v[g], o);
+    [[unroll]] for (uint o = 1u; o < 32u; o <<= 1)
+        [[unroll]] for (uint g = 0u; g < GH; ++g) {
+            float x = subgroupShuffleXor(v[g], o);
+            v[g] = is_max ? max(v[g], x) : v[g] + x;
+        }
 #else
-    uint t = gl_LocalInvocationID.x, c0 = t - t % NSEG;
+    uint t = gl_LocalInvocationID.x;
     [[unroll]] for (uint g = 0u; g < GH; ++g) red[g * 32u + t] = v[g];
     barrier();
     [[unroll]] for (uint g = 0u; g < GH; ++g) {
-        float a = 0.0;
-        for (uint k = 0u; k < NSEG; ++k) a += red[g * 32u + c0 + k];
+        float a = red[g * 32u];
+        for (uint k = 1u; k < 32u; ++k) a = is_max ? max(a, red[g * 32u + k]) : a + red[g * 32u + k];
         v[g] = a;
     }
     barrier();
 #endif
 }
-void row_reduce(inout float v[GH], bool is_max) {
+void row_sum(inout float v[GH]) {
 #if USE_SUBGROUP
     [[unroll]] for (uint o = NSEG; o < 32u; o <<= 1)
-        [[unroll]] for (uint g = 0u; g < GH; ++g) {
-            float x = subgroupShuffleXor(v[g], o);
-            v[g] = is_max ? max(v[g], x) : v[g] + x;
-        }
+        [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] += subgroupShuffleXor(v[g], o);
 #else
     uint t = gl_LocalInvocationID.x, s = t % NSEG;
     [[unroll]] for (uint g = 0u; g < GH; ++g) red[g * 32u + t] = v[g];
     barrier();
     [[unroll]] for (uint g = 0u; g < GH; ++g) {
         float a = red[g * 32u + s];
-        for (uint k = 1u; k < CPR; ++k) {
-            float x = red[g * 32u + k * NSEG + s];
-            a = is_max ? max(a, x) : a + x;
-        }
+        for (uint k = 1u; k < CPR; ++k) a += red[g * 32u + k * NSEG + s];
         v[g] = a;
     }
     barrier();
@@ -135,6 +147,57 @@ void row_reduce(inout float v[GH], bool is_max) {
 // codes to floats without int-to-float conversions: 2^23 + biased code as float bits
 float q8f(uint wb, uint k) { return uintBitsToFloat(0x4b000000u | bitfieldExtract(wb, int(8u * k), 8)) - 8388736.0; }
 float q4f(uint w, uint k) { return uintBitsToFloat(0x4b000000u | bitfieldExtract(w, int(4u * k), 4)) - 8388616.0; }
+
+// The cells [base, base + TILE) of the view into caddr / viss from `at`: where their codes
+// and scales are (a cell the query may not see: cell 0 of page 0, its weights zeros).
+void cells_at(Job J, uint base, uint c1, uint at, uint kcb, uint vcb, uint kpage, uint vpage, uint kcode0, uint vcode0,
+              uint kscl0, uint vscl0) {
+    [[unroll]] for (uint o = 0u; o < OWN; ++o) {
+        uint c = gl_LocalInvocationID.x + 32u * o;
+        if (c < TILE) {
+            uint vi = base + c, gid = 0u;
+            bool vis = vi < c1 && cell_visible(J, vi, PAGE_CELLS, gid);
+            gid = vis ? gid : 0u;
+            uint page = gid / PAGE_CELLS, slot = gid % PAGE_CELLS;
+            caddr[at + c] = uvec4(page * kpage + kcode0 + slot * kcb, page * vpage + vcode0 + slot * vcb,
+                                  page * kpage + kscl0 + slot * (HD / 16u), page * vpage + vscl0 + slot * (HD / 16u));
+            viss[at + c] = vis;
+        }
+    }
+}
+// A tile's K (V) codes of this invocation's segments, and its owned cells' K (V) scales.
+uvec4 kx[TR], vx[TR];                 // a tile's codes of this invocation's segments
+uint kh[OWN][NB / 2u], vh[OWN][NB / 2u]; // its owned cells' scales
+void fetch_k(uint at) {
+    uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
+    [[unroll]] for (uint j = 0u; j < TR; ++j) {
+        uint a = caddr[at + j * CPR + r].x;
+        if (TYPE_K == T_Q8_0) kx[j] = kb[(a >> 4) + s];
+        else { uvec2 x = kd[(a >> 3) + s]; kx[j] = uvec4(x, 0u, 0u); }
+    }
+    [[unroll]] for (uint o = 0u; o < OWN; ++o) {
+        uint a = caddr[at + min(t + 32u * o, TILE - 1u)].z;
+        [[unroll]] for (uint b = 0u; b < NB / 2u; ++b) kh[o][b] = kw[(a >> 2) + b];
+    }
+#if USE_SUBGROUP
+    subgroupMemoryBarrierBuffer();
+#endif
+}
+void fetch_v(uint at) {
+    uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
+    [[unroll]] for (uint j = 0u; j < TR; ++j) {
+        uint a = caddr[at + j * CPR + r].y;
+        if (TYPE_V == T_Q8_0) vx[j] = vb[(a >> 4) + s];
+        else { uvec2 x = vd[(a >> 3) + s]; vx[j] = uvec4(x, 0u, 0u); }
+    }
+    [[unroll]] for (uint o = 0u; o < OWN; ++o) {
+        uint a = caddr[at + min(t + 32u * o, TILE - 1u)].w;
+        [[unroll]] for (uint b = 0u; b < NB / 2u; ++b) vh[o][b] = vw[(a >> 2) + b];
+    }
+#if USE_SUBGROUP
+    subgroupMemoryBarrierBuffer();
+#endif
+}
 
 void main() {
     uint kvh = gl_WorkGroupID.x / NHG, hg = gl_WorkGroupID.x % NHG, split = gl_WorkGroupID.y, jb = gl_WorkGroupID.z;
@@ -164,10 +227,9 @@ void main() {
     // this invocation's query words: q8_0, the 16 codes of segment s; q4_0, the 8 codes of
     // the low nibbles (values 8 (s % 2) .. of block s / 2) and the 8 of the high ones (16 on)
     uint qw[GH][4];
-    float qf[GH], qbias[GH];
-    const uint kblk = TYPE_K == T_Q8_0 ? s / 2u : s / 2u;
+    int qbias[GH];
     [[unroll]] for (uint g = 0u; g < GH; ++g) {
-        uint w0 = g * HD / 4u + 8u * kblk;
+        uint w0 = g * HD / 4u + 8u * (s / 2u);
         if (TYPE_K == T_Q8_0) {
             [[unroll]] for (uint k = 0u; k < 4u; ++k) qw[g][k] = qc[w0 + 4u * (s & 1u) + k];
         } else {
@@ -176,16 +238,18 @@ void main() {
         }
         int qsum = 0;
         [[unroll]] for (uint k = 0u; k < 4u; ++k) qsum += sdot(qw[g][k], 0x01010101u);
-        qbias[g] = float(8 * qsum);
-        qf[g] = qsc[g * NB + kblk];
+        qbias[g] = TYPE_K == T_Q8_0 ? 0 : 8 * qsum;
     }
+    // the owner's query scales (d_q x scale_log2), [head][block]
+    float qf[GH][NB];
+    [[unroll]] for (uint g = 0u; g < GH; ++g) [[unroll]] for (uint b = 0u; b < NB; ++b) qf[g][b] = qsc[g * NB + b];
 
     const uint kcb = TYPE_K == T_Q8_0 ? HD : HD / 2u, vcb = TYPE_V == T_Q8_0 ? HD : HD / 2u;
-    // page p's K planes: codes at p * P * row, scales after the P * KV_HEADS code rows
+    // page p's planes: codes at p * P * row, scales after the P * KV_HEADS code rows
     uint kpage = PAGE_CELLS * pc.k_row_bytes, vpage = PAGE_CELLS * pc.v_row_bytes;
     uint kcode0 = (kvh * PAGE_CELLS) * kcb, vcode0 = (kvh * PAGE_CELLS) * vcb;
-    uint kscl0 = PAGE_CELLS * KV_HEADS * kcb + (kvh * PAGE_CELLS) * (HD / 16u);
-    uint vscl0 = PAGE_CELLS * KV_HEADS * vcb + (kvh * PAGE_CELLS) * (HD / 16u);
+    uint kscl0 = PAGE_CELLS * KV_HEADS * kcb + kvh * PAGE_CELLS * (HD / 16u);
+    uint vscl0 = PAGE_CELLS * KV_HEADS * vcb + kvh * PAGE_CELLS * (HD / 16u);
 
     float acc[GH][16];
     [[unroll]] for (uint g = 0u; g < GH; ++g) [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] = 0.0;
@@ -193,55 +257,51 @@ void main() {
     [[unroll]] for (uint g = 0u; g < GH; ++g) { m[g] = NEG_INF; l[g] = 0.0; }
 
     uint c0 = split * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
+    // Software-pipelined: the next tile's cells are looked up before this tile's scores,
+    // its K codes and scales loaded once this tile's K scales are used, its V codes and
+    // scales once this tile's values are summed, so a tile's loads wait behind a tile's work.
+    cells_at(J, c0, c1, 0u, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
+    barrier();
+    fetch_k(0u);
+    fetch_v(0u);
+    uint buf = 0u;
     [[dont_unroll]] for (uint base = c0; base < c1; base += TILE) { // uniform trip count
-        for (uint c = t; c < TILE; c += 32u) {
-            uint vi = base + c, gid = 0u;
-            bool vis = vi < c1 && cell_visible(J, vi, PAGE_CELLS, gid);
-            gids[c] = vis ? gid : 0u;
-            viss[c] = vis;
-        }
-        barrier();
-        // every load of the tile first
-        uvec4 kx[TR], vx[TR];
-        uint kh[TR], vh[TR];
-        bool vis[TR];
+        bool more = base + TILE < c1;
+        if (more) cells_at(J, base + TILE, c1, (buf ^ 1u) * TILE, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
+        // the segments' integer sums
         [[unroll]] for (uint j = 0u; j < TR; ++j) {
-            uint c = j * CPR + r, gid = gids[c], page = gid / PAGE_CELLS, slot = gid % PAGE_CELLS;
-            vis[j] = viss[c];
-            uint kc = page * kpage + kcode0 + slot * kcb, vc = page * vpage + vcode0 + slot * vcb;
-            if (TYPE_K == T_Q8_0) kx[j] = kb[(kc >> 4) + s];
-            else { uvec2 x = kd[(kc >> 3) + s]; kx[j] = uvec4(x, 0u, 0u); }
-            if (TYPE_V == T_Q8_0) vx[j] = vb[(vc >> 4) + s];
-            else { uvec2 x = vd[(vc >> 3) + s]; vx[j] = uvec4(x, 0u, 0u); }
-            uint ks = page * kpage + kscl0 + slot * (HD / 16u) + 2u * (s / 2u);
-            uint vs = page * vpage + vscl0 + slot * (HD / 16u) + 2u * (s / 2u);
-            kh[j] = kw[ks >> 2] >> ((ks & 2u) << 3);
-            vh[j] = vw[vs >> 2] >> ((vs & 2u) << 3);
-        }
-        // scores
-        float sc[TR][GH];
-        float mx[GH];
-        [[unroll]] for (uint g = 0u; g < GH; ++g) mx[g] = NEG_INF;
-        [[unroll]] for (uint j = 0u; j < TR; ++j) {
-            float dk = h2f(kh[j] & 0xffffu);
-            float v[GH];
+            int is[4] = int[4](0, 0, 0, 0);
             [[unroll]] for (uint g = 0u; g < GH; ++g) {
-                int is;
                 if (TYPE_K == T_Q8_0)
-                    is = sdot(kx[j].x, qw[g][0]) + sdot(kx[j].y, qw[g][1]) + sdot(kx[j].z, qw[g][2]) + sdot(kx[j].w, qw[g][3]);
+                    is[g] = sdot(kx[j].x, qw[g][0]) + sdot(kx[j].y, qw[g][1]) + sdot(kx[j].z, qw[g][2]) + sdot(kx[j].w, qw[g][3]);
                 else
-                    is = sdot(kx[j].x & 0x0f0f0f0fu, qw[g][0]) + sdot(kx[j].y & 0x0f0f0f0fu, qw[g][1]) +
-                         sdot((kx[j].x >> 4) & 0x0f0f0f0fu, qw[g][2]) + sdot((kx[j].y >> 4) & 0x0f0f0f0fu, qw[g][3]);
-                float fi = TYPE_K == T_Q8_0 ? float(is) : float(is) - qbias[g];
-                v[g] = vis[j] ? fi * (dk * qf[g]) : 0.0;
+                    is[g] = sdot(kx[j].x & 0x0f0f0f0fu, qw[g][0]) + sdot(kx[j].y & 0x0f0f0f0fu, qw[g][1]) +
+                            sdot((kx[j].x >> 4) & 0x0f0f0f0fu, qw[g][2]) + sdot((kx[j].y >> 4) & 0x0f0f0f0fu, qw[g][3]) - qbias[g];
             }
-            seg_sum(v);
+            uint c = j * CPR + r;
+            psum[c * NSEG + (s ^ (c % NSEG))] = ivec4(is[0], is[1], is[2], is[3]);
+        }
+        barrier(); // psum, and the next tile's cells
+        // the owners' scores
+        float sc[OWN][GH], mx[GH];
+        [[unroll]] for (uint g = 0u; g < GH; ++g) mx[g] = NEG_INF;
+        [[unroll]] for (uint o = 0u; o < OWN; ++o) {
+            uint c = min(t + 32u * o, TILE - 1u);
+            bool vis = t + 32u * o < TILE && viss[buf * TILE + c];
+            float v[GH];
+            [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = 0.0;
+            [[unroll]] for (uint b = 0u; b < NB; ++b) {
+                ivec4 a = psum[c * NSEG + ((2u * b) ^ (c % NSEG))], e = psum[c * NSEG + ((2u * b + 1u) ^ (c % NSEG))];
+                float dk = h2f((kh[o][b / 2u] >> (16u * (b & 1u))) & 0xffffu);
+                [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] += float(a[g] + e[g]) * (dk * qf[g][b]);
+            }
             [[unroll]] for (uint g = 0u; g < GH; ++g) {
-                sc[j][g] = vis[j] ? v[g] : NEG_INF;
-                mx[g] = max(mx[g], sc[j][g]);
+                sc[o][g] = vis ? v[g] : NEG_INF;
+                mx[g] = max(mx[g], sc[o][g]);
             }
         }
-        row_reduce(mx, true);
+        if (more) fetch_k((buf ^ 1u) * TILE);
+        all_reduce(mx, true);
         bool moved = false;
         [[unroll]] for (uint g = 0u; g < GH; ++g) moved = moved || mx[g] > m[g];
         if (moved) { // uniform: every invocation holds the same maxima
@@ -253,9 +313,26 @@ void main() {
                 [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] *= a;
             }
         }
+        // the owners' weights, times their V scales
+        [[unroll]] for (uint o = 0u; o < OWN; ++o) {
+            uint c = t + 32u * o;
+            if (c >= TILE) continue;
+            bool vis = viss[buf * TILE + c];
+            float p[4] = float[4](0.0, 0.0, 0.0, 0.0);
+            [[unroll]] for (uint g = 0u; g < GH; ++g) {
+                p[g] = vis ? exp2(sc[o][g] - m[g]) : 0.0;
+                l[g] += p[g];
+            }
+            [[unroll]] for (uint b = 0u; b < NB; ++b) {
+                float dv = h2f((vh[o][b / 2u] >> (16u * (b & 1u))) & 0xffffu);
+                // a masked cell's row may hold anything: its weights are zeros, not products
+                wdv[c * NB + b] = vis ? vec4(p[0], p[1], p[2], p[3]) * dv : vec4(0.0);
+            }
+        }
+        barrier();
         // the weighted values
         [[unroll]] for (uint j = 0u; j < TR; ++j) {
-            float dv = h2f(vh[j] & 0xffffu);
+            vec4 wd = wdv[(j * CPR + r) * NB + s / 2u];
             float x[16];
             if (TYPE_V == T_Q8_0) {
                 uvec4 wb = vx[j] ^ uvec4(0x80808080u);
@@ -268,23 +345,19 @@ void main() {
                     x[8u + k] = q4f(vx[j].x, 2u * k + 1u); x[12u + k] = q4f(vx[j].y, 2u * k + 1u);
                 }
             }
-            [[unroll]] for (uint g = 0u; g < GH; ++g) {
-                float p = vis[j] ? exp2(sc[j][g] - m[g]) : 0.0;
-                l[g] += p;
-                float wd = vis[j] ? p * dv : 0.0; // a masked cell's row may hold anything
-                [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] += wd * x[k];
-            }
+            [[unroll]] for (uint g = 0u; g < GH; ++g)
+                [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] += wd[g] * x[k];
         }
-        barrier(); // gids and viss are rewritten by the next tile
+        if (more) fetch_v((buf ^ 1u) * TILE);
+        buf ^= 1u;
+        barrier(); // psum and wdv are rewritten by the next tile, caddr by the one after
     }
 
-    // the CPR cells of a row: their sums (each cell's weights were added by all NSEG
-    // invocations of the cell, the same values)
-    row_reduce(l, false);
+    all_reduce(l, false); // each owner's share
     [[unroll]] for (uint k = 0u; k < 16u; ++k) {
         float v[GH];
         [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = acc[g][k];
-        row_reduce(v, false);
+        row_sum(v);
         [[unroll]] for (uint g = 0u; g < GH; ++g) acc[g][k] = v[g];
     }
     if (r == 0u) {

@@ -109,7 +109,7 @@ float ld_elem(uint which, uint type, uint base, uint i) {
 }
 
 // The planar page layout: where kvcache_vk.h chooses it (q8_0 / q4_0 K and V of one head
-// dim, 64, 128, 256 or 512), page p of a tensor (K or V of one layer; P cells, H kv heads,
+// dim, 64, 128 or 256), page p of a tensor (K or V of one layer; P cells, H kv heads,
 // rows of `row` bytes) takes the same P * row bytes at p * P * row as llama.cpp's layout,
 // in two planes:
 //   codes   [head][cell][CB bytes]   CB = hd (q8_0: the codes in order) or hd / 2 (q4_0:

@@ -1131,7 +1131,7 @@ int main(int argc, char **argv) {
         if (ep % 4 == 1 && !getenv("KVC_VK_TYPE")) { /* a shape of the planar layout (attn_split_q) */
             sh.tk = (kvc_type)tk_int(&rng, 3, 4);
             sh.tv = (kvc_type)tk_int(&rng, 3, 4);
-            sh.hdk = sh.hdv = tk_int(&rng, 0, 1) ? 64 : 128;
+            sh.hdk = sh.hdv = 64 << tk_int(&rng, 0, 2);
             sh.group = tk_int(&rng, 1, 6); /* more than 4: two workgroups a kv head */
         }
         sh.host_layout = tk_pct(&rng, 25);
