@@ -323,6 +323,17 @@ typedef struct kvc_cache_config {
     /* ROTATING and RECURRENT: how many checkpoints (kvc_begin_checkpoints) the cache keeps,
        the latest ones; 0 = 8. RECURRENT: max_seqs above is its number of sequences (0 = 1). */
     int32_t checkpoints;
+    /* FULL and ROTATING caches on a pool whose K or V type is q8_0 or q4_0: the newest
+       f16_tail tokens are also kept in f16 and attention reads them in place of their
+       quantized rows (mlx-lm's quantized_kv_start, KIVI's residual); the pages hold every
+       token exactly as without a tail, so a token leaving the tail is quantized as it would
+       be anyway. The f16 rows (f16_tail x n_layers rows of K and V) are part of the cache
+       object, from the pool's allocator, outside budget_bytes. Tokens a restore, load or
+       prefix lookup brings are read as stored until new tokens refill the tail; a fork
+       copies it. 0: off. Negative, or > 0 on a pool with no quantized type:
+       KVC_ERR_INVALID; CAUSAL, RECURRENT or device-backed pools: KVC_ERR_UNSUPPORTED
+       (field "f16_tail"). */
+    int32_t f16_tail;
 } kvc_cache_config;
 
 typedef struct kvc_cache kvc_cache;
@@ -334,7 +345,7 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
 /* Checks cfg against pool as kvc_cache_create does and returns what it would, creating
    nothing. *field (field may be NULL) = the first field refused ("kind", "window",
    "sinks", "capacity", "padding", "max_seqs", "chunk", "rope.style", "rope.theta",
-   "rope.n_dims"), or NULL when valid. KVC_ERR_FULL ("capacity") says that the pool
+   "rope.n_dims", "f16_tail"), or NULL when valid. KVC_ERR_FULL ("capacity") says that the pool
    cannot give a CAUSAL cache of that capacity its pages now. */
 KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field);
 /* Gives the cache's page references back to the pool (pages shared with snapshots,
@@ -402,6 +413,21 @@ typedef struct kvc_attention_desc {
                              pool's allocator (arena mode: the arena's object heap, which
                              may be too small, and is not safe to share across threads) */
     size_t scratch_bytes;
+    /* Attention variants (zero = off). Order of operations: s = scale * q.k; if softcap,
+       s = softcap * tanh(s / softcap); softmax over the visible keys, with the sink's e^sink
+       added to the denominator. */
+    const float *sinks;   /* [n_heads] or NULL: a learned logit per query head that joins each
+                             query's softmax denominator (gpt-oss): out = sum(e^s_i v_i) /
+                             (e^sink + sum e^s_i), computed with the usual max subtraction;
+                             -INFINITY: no sink for that head; NaN or +INFINITY:
+                             KVC_ERR_INVALID */
+    float softcap;        /* 0: off; > 0 and finite: scores = softcap * tanh(scores / softcap)
+                             before the softmax (Gemma 2), applied after `scale`; < 0, NaN or
+                             infinite: KVC_ERR_INVALID */
+    float *lse;           /* [n_queries][n_heads] or NULL: the natural-log log-sum-exp of each
+                             query's final scores (the sink included when given), for merging
+                             attention over several caches (cascade decoding); -INFINITY where
+                             nothing is visible (and no sink) */
 } kvc_attention_desc;
 
 /* Scaled dot-product attention of the queries over the cache's cells for `layer`,
@@ -2089,6 +2115,13 @@ struct kvc_cache {
     kvc_snapshot **pend;                 /* [max_ckpt] */
     unsigned char *pend_done;            /* [max_ckpt][n_layers] RECURRENT: layers handed over */
     int states_open;                     /* RECURRENT: kvc_state may still give the batch's states */
+    /* f16_tail (FULL, ROTATING): the K and V rows of tokens [tail_lo, min(tail_hi, offset))
+       kept beside the pages (which hold every token quantized, as without a tail), token t
+       in ring slot t % f16_tail; a quantized side in f16, the other in its own type */
+    unsigned char *tail;                 /* [n_layers][f16_tail K rows, then f16_tail V rows] */
+    size_t tail_krow, tail_vrow;         /* bytes of a K / V row of the ring */
+    kvc_type tail_tk, tail_tv;
+    int32_t tail_lo, tail_hi;
 };
 
 struct kvc_snapshot {
@@ -2214,6 +2247,7 @@ static void kvc__release_from(kvc_cache *c, int32_t n_tokens) {
    view: target - 1 (a batch of one token) unless the caller knows better. */
 static void kvc__rewind_to(kvc_cache *c, int32_t target, int32_t anchor) {
     kvc__release_from(c, target);
+    c->tail_hi = KVC__MIN(c->tail_hi, target); /* the tail keeps the rows it still has */
     c->offset = target;
     c->batch_begin = anchor;
     c->batch_pending = 0;
@@ -2276,6 +2310,21 @@ static kvc_result kvc__check_causal(const kvc_pool *pool, const kvc_cache_config
             KVC__REFUSE(KVC_ERR_INVALID, "rope.n_dims");
     }
     return KVC_OK;
+}
+
+/* f16_tail: whether t is a block type, and the bytes of a ring row of K (is_k) or V */
+static int kvc__type_quantized(kvc_type t) { return t == KVC_TYPE_Q8_0 || t == KVC_TYPE_Q4_0; }
+static size_t kvc__tail_row(const kvc_pool *p, int is_k) {
+    kvc_type t = is_k ? p->cfg.type_k : p->cfg.type_v;
+    return kvc__row_bytes(kvc__type_quantized(t) ? KVC_TYPE_F16 : t, p->cfg.n_kv_heads,
+                          is_k ? p->cfg.head_dim_k : p->cfg.head_dim_v);
+}
+/* layer's ring: K rows, then V rows */
+static unsigned char *kvc__tail_k(const kvc_cache *c, int32_t layer) {
+    return c->tail + (size_t)layer * (size_t)c->cfg.f16_tail * (c->tail_krow + c->tail_vrow);
+}
+static unsigned char *kvc__tail_v(const kvc_cache *c, int32_t layer) {
+    return kvc__tail_k(c, layer) + (size_t)c->cfg.f16_tail * c->tail_krow;
 }
 
 /* The causal cache's own arrays, after the common part of the struct. *of is set when
@@ -2341,6 +2390,13 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
         cc.capacity = cc.padding = cc.chunk = 0;
         if (cc.kind != KVC_KIND_RECURRENT) cc.max_seqs = 0;
     }
+    if (cc.f16_tail != 0) { /* quantized FULL / ROTATING caches with host K/V only */
+        if (cc.f16_tail < 0) KVC__REFUSE(KVC_ERR_INVALID, "f16_tail");
+        if ((cc.kind != KVC_KIND_FULL && cc.kind != KVC_KIND_ROTATING) || pool->external)
+            KVC__REFUSE(KVC_ERR_UNSUPPORTED, "f16_tail");
+        if (!kvc__type_quantized(pool->cfg.type_k) && !kvc__type_quantized(pool->cfg.type_v))
+            KVC__REFUSE(KVC_ERR_INVALID, "f16_tail");
+    }
     if (cc.kind == KVC_KIND_ROTATING || cc.kind == KVC_KIND_RECURRENT) {
         if (cc.checkpoints == 0) cc.checkpoints = 8;
     } else {
@@ -2356,6 +2412,10 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
                              (size_t)pool->cfg.n_layers), &of);
     if (cc.kind == KVC_KIND_RECURRENT)
         bytes = kvc__add(bytes, kvc__mul((size_t)cc.max_seqs, 3 * sizeof(int32_t), &of), &of);
+    if (cc.f16_tail > 0) /* the ring, 64-aligned */
+        bytes = kvc__add(bytes, kvc__add(64, kvc__mul(kvc__mul((size_t)cc.f16_tail, (size_t)pool->cfg.n_layers, &of),
+                                                      kvc__tail_row(pool, 1) + kvc__tail_row(pool, 0), &of), &of), &of);
+    if (of && cc.f16_tail > 0) KVC__REFUSE(KVC_ERR_OVERFLOW, "f16_tail");
     if (of) KVC__REFUSE(KVC_ERR_OVERFLOW, cc.kind == KVC_KIND_CAUSAL ? "capacity" : "kind");
     plan->cc = cc;
     plan->pages = pages;
@@ -2450,6 +2510,14 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
         for (i = 0; i < cc.max_seqs; ++i) { c->state_page[i] = KVC__NO_PAGE; c->state_off[i] = c->batch_has[i] = 0; }
     }
     c->pend_done = cursor;
+    if (cc.f16_tail > 0) {
+        cursor += (size_t)cc.checkpoints * (size_t)pool->cfg.n_layers;
+        c->tail = kvc__align_ptr(cursor, 64);
+        c->tail_krow = kvc__tail_row(pool, 1);
+        c->tail_vrow = kvc__tail_row(pool, 0);
+        c->tail_tk = kvc__type_quantized(pool->cfg.type_k) ? KVC_TYPE_F16 : pool->cfg.type_k;
+        c->tail_tv = kvc__type_quantized(pool->cfg.type_v) ? KVC_TYPE_F16 : pool->cfg.type_v;
+    }
     /* in 64 bits: sinks + page_cells - 1 overflows int32 for sinks near INT32_MAX */
     c->n_sink_pages = cc.kind == KVC_KIND_ROTATING
                           ? (int32_t)(((int64_t)cc.sinks + pool->page_cells - 1) / pool->page_cells) : 0;
@@ -2497,6 +2565,12 @@ KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
     c->first_lpage = cache->first_lpage;
     c->offset = cache->offset;
     c->batch_begin = cache->batch_begin;
+    if (cache->tail != NULL) { /* O(f16_tail) bytes: the fork reads what the cache reads */
+        memcpy(c->tail, cache->tail, (size_t)cache->cfg.f16_tail * (size_t)cache->pool->cfg.n_layers *
+                                         (cache->tail_krow + cache->tail_vrow));
+        c->tail_lo = cache->tail_lo;
+        c->tail_hi = cache->tail_hi;
+    }
     *out = c;
     return KVC_OK;
 }
@@ -2602,6 +2676,11 @@ static kvc_result kvc__begin_kv(kvc_cache *cache, int32_t n_tokens) {
         cache->pages[cache->n_pages++] = kvc__page_acquire(p);
     }
     for (t = o; t < e; ++t) *kvc__pos_at(p, cache->pages[kvc__lpage_index(cache, t / pc)], t % pc) = t;
+    if (cache->cfg.f16_tail > 0) { /* the batch joins the tail (contiguous with what it has) */
+        int32_t lo = cache->tail_hi >= o && cache->tail_lo <= o ? cache->tail_lo : o;
+        cache->tail_lo = KVC__MAX(lo, e - cache->cfg.f16_tail);
+        cache->tail_hi = e;
+    }
     cache->offset = e;
     cache->batch_begin = o;
     cache->batch_pending = p->cfg.n_layers;
@@ -2665,6 +2744,13 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
         KVCACHE_ASSERT(p->refcount[page] == 1);
         tk->from_f32(k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk);
         tv->from_f32(v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv);
+        if (cache->tail != NULL && cell >= cache->tail_lo) { /* the tail's copy, from the same f32 */
+            size_t slot = (size_t)(cell % cache->cfg.f16_tail);
+            kvc__pick_type(cache->tail_tk, p->cpu).from_f32(k + (size_t)t * (size_t)nk,
+                                                             kvc__tail_k(cache, layer) + slot * cache->tail_krow, nk);
+            kvc__pick_type(cache->tail_tv, p->cpu).from_f32(v + (size_t)t * (size_t)nv,
+                                                             kvc__tail_v(cache, layer) + slot * cache->tail_vrow, nv);
+        }
     }
     if (!cache->batch_put[layer]) {
         cache->batch_put[layer] = 1;
@@ -3480,6 +3566,7 @@ static kvc_result kvc__restore_full(kvc_cache *c, const kvc_snapshot *s, int32_t
     int need_copy;
     uint32_t boundary = KVC__NO_PAGE;
     if (target <= s->from) { kvc__rewind(c, target); return KVC_OK; }
+    c->tail_hi = KVC__MIN(c->tail_hi, s->from); /* the snapshot's tokens: as stored */
     need_copy = cut != 0 && c->pages[keep] != s->pages[0];
     for (idx = keep + 1; idx < c->n_pages; ++idx) freed += p->refcount[c->pages[idx]] == 1;
     if (!cut && keep < c->n_pages) freed += p->refcount[c->pages[keep]] == 1;
@@ -3513,6 +3600,7 @@ static void kvc__restore_rotating(kvc_cache *c, const kvc_snapshot *s, int32_t t
     memcpy(c->pages, s->pages, sizeof(uint32_t) * (size_t)s->n_pages);
     c->n_pages = s->n_pages;
     c->first_lpage = s->first_lpage;
+    c->tail_lo = c->tail_hi = 0; /* the snapshot's tokens: as stored */
     c->offset = s->to;
     c->batch_begin = s->batch_begin;
     c->batch_pending = 0;
@@ -4839,6 +4927,7 @@ static void kvc__radix_fill(kvc_radix *t, kvc_cache *c, const kvc__rnode *at, in
     for (lp = sink_end - 1; lp >= 0; --lp) c->pages[--idx] = kvc__path_page(&at, lp, pc);
     c->first_lpage = first <= last ? first : c->n_sink_pages;
     for (lp = 0; lp < c->n_pages; ++lp) kvc__page_retain(t->pool, c->pages[lp]);
+    c->tail_lo = c->tail_hi = 0; /* the tree's tokens: as stored */
     c->offset = m;
     c->batch_begin = m - 1;
 }
@@ -5287,6 +5376,9 @@ typedef struct kvc__kernels {
                                       int32_t d, int32_t n, float *const *s, kvc__pf *pf);
     size_t (*i8_row_bytes)(kvc_type t, int32_t d);
     void (*i8_prepare)(kvc_type t, int32_t d, const kvc__block_q8_0 *blocks, void *row);
+    /* Logit soft-capping of rows r < nr (s[r][c], c < n): s = cap * tanh(s * scale / cap),
+       each cell computed alike wherever it sits in the block */
+    void (*softcap)(float *const *s, int32_t nr, int32_t n, float scale, float cap);
 } kvc__kernels;
 
 /* -- scalar: the reference -- */
@@ -5334,6 +5426,12 @@ static void kvc__axpy_scalar(float *acc, const float *p, const float *v, int32_t
 static void kvc__scale_scalar(float *x, int32_t n, float a) {
     int32_t i;
     for (i = 0; i < n; ++i) x[i] *= a;
+}
+static void kvc__softcap_scalar(float *const *s, int32_t nr, int32_t n, float scale, float cap) {
+    float k = scale / cap;
+    int32_t r, c;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; ++c) s[r][c] = cap * tanhf(s[r][c] * k);
 }
 /* Keys stored as q8_0 or q4_0 are scored in integers, as llama.cpp does: the query
    row is quantised to q8_0 with the storage quantiser, each 32-value block's dot
@@ -5394,7 +5492,7 @@ static const kvc__kernels kvc__kernels_scalar = {"scalar", kvc__dot_scalar, kvc_
                                                  {NULL, NULL, NULL, NULL, NULL},
                                                  {NULL, NULL, NULL, kvc__scores_i8_scalar_q8_0,
                                                   kvc__scores_i8_scalar_q4_0},
-                                                 NULL, NULL};
+                                                 NULL, NULL, kvc__softcap_scalar};
 
 /* exp(x) for x <= 0 in SIMD lanes: Cephes' expf (range reduction by ln 2, a degree-6
    polynomial), within 2 ulp of expf; lanes below -87 (where expf underflows) give 0. */
@@ -5497,6 +5595,25 @@ KVC__SSE2 static void kvc__scale_sse2(float *x, int32_t n, float a) {
     for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_mul_ps(_mm_loadu_ps(x + i), _mm_set1_ps(a)));
     for (; i < n; ++i) x[i] *= a;
 }
+/* cap * tanh(x * k) in lanes: tanh|y| = (1 - e^-2|y|) / (1 + e^-2|y|), the sign put back
+   (absolute error about 1e-7 * cap against tanhf) */
+KVC__SSE2 static __m128 kvc__tanh_cap_sse2(__m128 x, __m128 k, __m128 cap) {
+    __m128 sign = _mm_set1_ps(-0.0f), one = _mm_set1_ps(1.0f), y = _mm_mul_ps(x, k);
+    __m128 e = kvc__exp_sse2(_mm_mul_ps(_mm_andnot_ps(sign, y), _mm_set1_ps(-2.0f)));
+    __m128 t = _mm_div_ps(_mm_sub_ps(one, e), _mm_add_ps(one, e));
+    return _mm_mul_ps(_mm_or_ps(t, _mm_and_ps(sign, y)), cap);
+}
+KVC__SSE2 static void kvc__softcap_sse2(float *const *s, int32_t nr, int32_t n, float scale, float cap) {
+    __m128 k = _mm_set1_ps(scale / cap), vc = _mm_set1_ps(cap);
+    float t[4];
+    int32_t r, c, j;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; c += 4) {
+            for (j = 0; j < 4; ++j) t[j] = c + j < n ? s[r][c + j] : 0.0f;
+            _mm_storeu_ps(t, kvc__tanh_cap_sse2(_mm_loadu_ps(t), k, vc));
+            for (j = 0; j < 4 && c + j < n; ++j) s[r][c + j] = t[j];
+        }
+}
 /* a block's integer dot product: codes widened to 16 bits, pmaddwd into 32 */
 KVC__SSE2 static __m128i kvc__widen_lo_sse2(__m128i x) { return _mm_unpacklo_epi8(x, _mm_cmpgt_epi8(_mm_setzero_si128(), x)); }
 KVC__SSE2 static __m128i kvc__widen_hi_sse2(__m128i x) { return _mm_unpackhi_epi8(x, _mm_cmpgt_epi8(_mm_setzero_si128(), x)); }
@@ -5527,7 +5644,7 @@ static const kvc__kernels kvc__kernels_sse2 = {"sse2", kvc__dot_sse2, kvc__maske
                                                kvc__axpy_sse2, kvc__scale_sse2, 4, {NULL, NULL, NULL, NULL, NULL},
                                                {NULL, NULL, NULL, NULL, NULL},
                                                {NULL, NULL, NULL, kvc__scores_i8_sse2_q8_0, kvc__scores_i8_sse2_q4_0},
-                                               NULL, NULL};
+                                               NULL, NULL, kvc__softcap_sse2};
 
 /* -- AVX2 + FMA: 8 lanes -- */
 KVC__AVX2 static __m256 kvc__exp_avx2(__m256 x) {
@@ -5660,6 +5777,19 @@ KVC__AVX2 static void kvc__exp_sum4_avx2(float *const *s, const uint32_t *vis, i
 }
 #undef KVC__EXP_ROW_AVX2
 #undef KVC__REDUCE4_AVX2
+KVC__AVX2 static void kvc__softcap_avx2(float *const *s, int32_t nr, int32_t n, float scale, float cap) {
+    __m256 k = _mm256_set1_ps(scale / cap), vc = _mm256_set1_ps(cap), sign = _mm256_set1_ps(-0.0f);
+    __m256 one = _mm256_set1_ps(1.0f);
+    int32_t r, c;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; c += 8) { /* as kvc__tanh_cap_sse2 */
+            __m256i m = kvc__tail_mask_avx2(n - c);
+            __m256 y = _mm256_mul_ps(_mm256_maskload_ps(s[r] + c, m), k);
+            __m256 e = kvc__exp_avx2(_mm256_mul_ps(_mm256_andnot_ps(sign, y), _mm256_set1_ps(-2.0f)));
+            __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+            _mm256_maskstore_ps(s[r] + c, m, _mm256_mul_ps(_mm256_or_ps(t, _mm256_and_ps(sign, y)), vc));
+        }
+}
 KVC__AVX2 static void kvc__axpy_avx2(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
     int32_t i = 0, c;
     for (; i + 32 <= d; i += 32) { /* four accumulators stay in registers across the cells */
@@ -5997,7 +6127,7 @@ static const kvc__kernels kvc__kernels_avx2 = {
     {kvc__scores_avx2_f32, kvc__scores_avx2_f16, kvc__scores_avx2_bf16, kvc__scores_avx2_q8_0, kvc__scores_avx2_q4_0},
     {kvc__values_avx2_f32, kvc__values_avx2_f16, kvc__values_avx2_bf16, kvc__values_avx2_q8_0, kvc__values_avx2_q4_0},
     {NULL, NULL, NULL, kvc__scores_i8_avx2_q8_0, kvc__scores_i8_avx2_q4_0},
-    NULL, NULL};
+    NULL, NULL, kvc__softcap_avx2};
 
 /* -- AVX-512: 16 lanes, masked tails -- */
 #if defined(__GNUC__) && !defined(__clang__) /* g++ 12 flags _mm512_undefined_* inside the intrinsics */
@@ -6161,6 +6291,20 @@ KVC__AVX512 static void kvc__exp_sum4_avx512(float *const *s, const uint32_t *vi
 }
 #undef KVC__EXP_ROW_AVX512
 #undef KVC__REDUCE4_AVX512
+KVC__AVX512 static void kvc__softcap_avx512(float *const *s, int32_t nr, int32_t n, float scale, float cap) {
+    __m512 k = _mm512_set1_ps(scale / cap), vc = _mm512_set1_ps(cap), one = _mm512_set1_ps(1.0f);
+    int32_t r, c;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; c += 16) { /* as kvc__tanh_cap_sse2 */
+            __mmask16 m = kvc__tail_mask_avx512(n - c);
+            __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s[r] + c), k);
+            __m512 e = kvc__exp_avx512(_mm512_mul_ps(_mm512_abs_ps(y), _mm512_set1_ps(-2.0f)));
+            __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+            __m512i sy = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32((int)0x80000000u));
+            t = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sy));
+            _mm512_mask_storeu_ps(s[r] + c, m, _mm512_mul_ps(t, vc));
+        }
+}
 KVC__AVX512 static void kvc__axpy_avx512(float *acc, const float *p, const float *v, int32_t d, size_t stride, int32_t n) {
     int32_t i = 0, c;
     for (; i + 64 <= d; i += 64) { /* four accumulators stay in registers across the cells */
@@ -6545,7 +6689,7 @@ KVC__VNNI static void kvc__scores_i8_vnni_q4_0(const void *const *q, int32_t nr,
       kvc__scores_avx512_q4_0},                                                                                     \
      {kvc__values_avx512_f32, kvc__values_avx512_f16, kvc__values_avx512_bf16, kvc__values_avx512_q8_0,              \
       kvc__values_avx512_q4_0},                                                                                     \
-     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, i8_row_bytes, i8_prepare}
+     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, i8_row_bytes, i8_prepare, kvc__softcap_avx512}
 static const kvc__kernels kvc__kernels_avx512 =
     KVC__KERNELS_AVX512("avx512", kvc__scores_i8_avx2_q8_0, kvc__scores_i8_avx2_q4_0, NULL, NULL);
 static const kvc__kernels kvc__kernels_avx512_vnni =
@@ -6633,6 +6777,23 @@ static void kvc__scale_neon(float *x, int32_t n, float a) {
     int32_t i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), a));
     for (; i < n; ++i) x[i] *= a;
+}
+static void kvc__softcap_neon(float *const *s, int32_t nr, int32_t n, float scale, float cap) {
+    float32x4_t one = vdupq_n_f32(1.0f);
+    float t[4];
+    int32_t r, c, j;
+    for (r = 0; r < nr; ++r)
+        for (c = 0; c < n; c += 4) { /* as kvc__tanh_cap_sse2, the tail in a padded vector */
+            float32x4_t y, e, th;
+            for (j = 0; j < 4; ++j) t[j] = c + j < n ? s[r][c + j] : 0.0f;
+            y = vmulq_n_f32(vld1q_f32(t), scale / cap);
+            e = kvc__exp_neon(vmulq_n_f32(vabsq_f32(y), -2.0f));
+            th = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
+            th = vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(th),
+                                                 vandq_u32(vreinterpretq_u32_f32(y), vdupq_n_u32(0x80000000u))));
+            vst1q_f32(t, vmulq_n_f32(th, cap));
+            for (j = 0; j < 4 && c + j < n; ++j) s[r][c + j] = t[j];
+        }
 }
 
 /* Fused NEON kernels: rows read in their storage type 16 values at a time (a q4_0
@@ -6793,7 +6954,7 @@ KVC__SOFTMAX_ROWS(KVC__NO_ATTR, neon, kvc__masked_max_scalar, kvc__exp_sum_neon)
     {name, kvc__dot_neon, kvc__masked_max_rows_neon, kvc__exp_sum_rows_neon, kvc__axpy_neon, kvc__scale_neon, 16,    \
      {kvc__scores_neon_f32, kvc__scores_neon_f16, kvc__scores_neon_bf16, kvc__scores_neon_q8_0, kvc__scores_neon_q4_0}, \
      {kvc__values_neon_f32, kvc__values_neon_f16, kvc__values_neon_bf16, kvc__values_neon_q8_0, kvc__values_neon_q4_0}, \
-     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, NULL, NULL}
+     {NULL, NULL, NULL, i8_q8_0, i8_q4_0}, NULL, NULL, kvc__softcap_neon}
 static const kvc__kernels kvc__kernels_neon =
     KVC__KERNELS_NEON("neon", kvc__scores_i8_neon_q8_0, kvc__scores_i8_neon_q4_0);
 #ifdef KVC__NEON_DOT
@@ -6849,6 +7010,12 @@ typedef struct kvc__attn {
     const kvc__kernels *kern;
     int32_t layer, group, n_heads, n_kv, hk, hv;
     float scale;
+    float softcap;         /* 0: off; else the scores are capped in place, scale applied */
+    /* f16_tail: tokens [tail_lo, tail_hi) are read from the cache's ring (in a block after
+       the pages' cells, which skip them); tail_lo = tail_hi = 0 without one */
+    int64_t tail_lo, tail_hi;
+    const unsigned char *tail_k, *tail_v;
+    kvc__to_f32_fn tail_k_f32, tail_v_f32;
     kvc__run *runs;        /* the cells the call reads, in order */
     int32_t *run_start;    /* run r holds cells [run_start[r], run_start[r + 1]) of that order */
     int32_t n_runs, n_cells;
@@ -6905,6 +7072,10 @@ static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const 
     if (d->n_queries < 1 || d->n_heads < 1 || d->n_heads % p->cfg.n_kv_heads != 0) return KVC_ERR_INVALID;
     if (d->window < 0 || !(d->scale >= 0.0f) || d->scale == INFINITY) return KVC_ERR_INVALID;
     if (d->scratch == NULL && d->scratch_bytes != 0) return KVC_ERR_INVALID;
+    if (!(d->softcap >= 0.0f) || d->softcap == INFINITY) return KVC_ERR_INVALID;
+    if (d->sinks != NULL)
+        for (i = 0; i < d->n_heads; ++i)
+            if (d->sinks[i] != d->sinks[i] || d->sinks[i] == INFINITY) return KVC_ERR_INVALID;
     if (kvc__batch_open(c) && !c->batch_put[layer]) return KVC_ERR_STATE;
     if (c->cfg.kind != KVC_KIND_CAUSAL) return d->pos == NULL && d->n_queries > c->offset ? KVC_ERR_RANGE : KVC_OK;
     if (d->pos == NULL) return d->n_queries == c->batch_n ? KVC_OK : KVC_ERR_RANGE;
@@ -6948,7 +7119,8 @@ static uint32_t kvc__visible_mask(const kvc__attn *A, const kvc__query *q, uint3
         const int32_t *key = kvc__pos_at(A->p, page, slot);
         for (i = 0; i < n; ++i) {
             int64_t k = key[i];
-            m |= (uint32_t)(k >= 0 && k <= q->hi && k >= q->lo && (k < q->sink_end || k >= q->wlo)) << i;
+            m |= (uint32_t)(k >= 0 && k <= q->hi && k >= q->lo && (k < q->sink_end || k >= q->wlo) &&
+                            (k < A->tail_lo || k >= A->tail_hi)) << i;
         }
     }
     return m;
@@ -7000,7 +7172,9 @@ static void kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *bytes) {
     A->rows_max = A->per_task * A->n_heads;
     n_tasks = (size_t)A->n_qtasks * (size_t)A->n_chunks;
     n_workers = A->p->cfg.parallel_for ? (size_t)A->p->cfg.n_workers : 1;
-    A->tile_floats = A->fused_k && A->fused_v ? 0 : (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv);
+    /* an f16 tail is read through the tile: room for it whenever the cache has one (empty
+       or not), so a scratch size asked for once does not fall short when the tail fills */
+    A->tile_floats = A->fused_k && A->fused_v && A->c->tail == NULL ? 0 : (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv);
     A->rows_floats = kvc__floats_aligned((size_t)A->rows_max * KVC__BLOCK + A->tile_floats + /* scores, tile */
                                          KVC__BLOCK + (size_t)A->hv);                        /* padding rows */
     A->rows_cap = A->per_task * A->group + 4;
@@ -7061,10 +7235,14 @@ static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t
    their online softmax; the scores become the weights of the V accumulation. */
 static void kvc__attn_softmax(const kvc__attn *A, const kvc__rows *R, int32_t r0, int32_t n) {
     int32_t nr = KVC__MIN(4, R->n - r0), r;
-    float bm[4], m[4], sum[4];
+    float bm[4], m[4], sum[4], scale = A->scale;
+    if (A->softcap > 0.0f) { /* s = cap * tanh(scale * s / cap), already scaled */
+        A->kern->softcap(R->s + r0, nr, n, scale, A->softcap);
+        scale = 1.0f;
+    }
     A->kern->masked_max(R->s + r0, R->vis + r0, nr, n, bm);
     for (r = 0; r < nr; ++r) {
-        float *ml = R->ml[r0 + r], b = bm[r] * A->scale;
+        float *ml = R->ml[r0 + r], b = bm[r] * scale;
         if (b > ml[0]) { /* a new maximum: rescale what the row has */
             if (ml[0] != -INFINITY) {
                 float f = expf(ml[0] - b);
@@ -7075,7 +7253,7 @@ static void kvc__attn_softmax(const kvc__attn *A, const kvc__rows *R, int32_t r0
         }
         m[r] = ml[0];
     }
-    A->kern->exp_sum(R->s + r0, R->vis + r0, nr, n, A->scale, m, sum);
+    A->kern->exp_sum(R->s + r0, R->vis + r0, nr, n, scale, m, sum);
     for (r = 0; r < nr; ++r) R->ml[r0 + r][1] += sum[r];
 }
 
@@ -7220,6 +7398,65 @@ static void kvc__ahead_of(const kvc__attn *A, int32_t lo, int32_t cell, int32_t 
     next->v = kvc__v_at(A->p, A->layer, run->page, run->c0 + cell - A->run_start[lo]);
 }
 
+/* Row `row` (query row / n_heads, head row % n_heads) done: out holds sum_i e^(s_i - m) v_i
+   and l = sum_i e^(s_i - m) (m = -inf, l = 0: nothing visible). Divides out by the
+   denominator, the head's sink joining it, and writes the row's log-sum-exp if asked. */
+static void kvc__attn_finish(const kvc__attn *A, size_t row, float m, float l, float *out) {
+    const kvc_attention_desc *d = A->d;
+    float sink = d->sinks ? d->sinks[row % (size_t)A->n_heads] : -INFINITY;
+    if (sink != -INFINITY) { /* M = max(m, sink); L = l e^(m - M) + e^(sink - M) */
+        float M = KVC__MAX(m, sink), w = m == -INFINITY ? 0.0f : expf(m - M), L = l * w + expf(sink - M);
+        if (l > 0.0f) A->kern->scale(out, A->hv, w / L);
+        m = M;
+        l = L;
+    } else if (l > 0.0f) {
+        A->kern->scale(out, A->hv, 1.0f / l);
+    }
+    if (d->lse) d->lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+/* f16_tail: the tokens of the cache's ring after the pages' cells, in blocks through the
+   f32 tile (a ring row is the f16 of the f32 put, or for an unquantized side the stored
+   row), folded into the same online softmax. */
+static void kvc__attn_tail(const kvc__attn *A, int32_t q0, int32_t nq, const kvc__query *qs, float *ml, float *acc,
+                           float *work, kvc__rows *R) {
+    const kvc_cache *c = A->c;
+    float *s = work, *tile = s + (size_t)A->rows_max * KVC__BLOCK;
+    float *pad_s = tile + A->tile_floats, *pad_acc = pad_s + KVC__BLOCK;
+    const unsigned char *qb = (const unsigned char *)(work + A->qb_floats);
+    int64_t t;
+    int32_t n, h, r, i, q, T = c->cfg.f16_tail;
+    uint32_t vis[KVC__PREFILL_QUERIES];
+    for (t = A->tail_lo; t < A->tail_hi; t += n) {
+        int32_t slot = (int32_t)(t % T);
+        uint32_t any = 0;
+        n = (int32_t)KVC__MIN((int64_t)KVC__MIN(KVC__BLOCK, T - slot), A->tail_hi - t);
+        for (q = 0; q < nq; ++q) {
+            const kvc__query *qq = &qs[q];
+            uint32_t m = 0;
+            for (i = 0; i < n; ++i) {
+                int64_t k = t + i;
+                m |= (uint32_t)(k <= qq->hi && k >= qq->lo && (k < qq->sink_end || k >= qq->wlo)) << i;
+            }
+            any |= vis[q] = m;
+        }
+        if (!any) continue;
+        for (h = 0; h < A->n_kv; ++h) kvc__rows_of_head(A, h, q0, nq, vis, ml, acc, s, pad_s, pad_acc, qb, &R[h]);
+        for (h = 0; h < A->n_kv; ++h) {
+            size_t off = kvc__row_bytes(c->tail_tk, h, A->hk);
+            for (i = 0; i < n; ++i) A->tail_k_f32(A->tail_k + (size_t)(slot + i) * c->tail_krow + off, tile + (size_t)i * A->hk, A->hk);
+            for (r = 0; r < R[h].n; ++r) A->kern->dot(R[h].q[r], tile, A->hk, (size_t)A->hk, n, R[h].s[r]);
+        }
+        for (h = 0; h < A->n_kv; ++h)
+            for (r = 0; r < R[h].n; r += 4) kvc__attn_softmax(A, &R[h], r, n);
+        for (h = 0; h < A->n_kv; ++h) {
+            size_t off = kvc__row_bytes(c->tail_tv, h, A->hv);
+            for (i = 0; i < n; ++i) A->tail_v_f32(A->tail_v + (size_t)(slot + i) * c->tail_vrow + off, tile + (size_t)i * A->hv, A->hv);
+            for (r = 0; r < R[h].n; ++r) A->kern->axpy(R[h].acc[r], R[h].s[r], tile, A->hv, (size_t)A->hv, n);
+        }
+    }
+}
+
 /* Task t: the queries of block t / n_chunks over the cells of chunk t % n_chunks. */
 static void kvc__attn_task(void *ctx, int32_t task, int32_t worker) {
     const kvc__attn *A = (const kvc__attn *)ctx;
@@ -7262,9 +7499,11 @@ static void kvc__attn_task(void *ctx, int32_t task, int32_t worker) {
         cell += n;
         if (cell == A->run_start[lo + 1]) ++lo;
     }
+    if (A->tail_hi > A->tail_lo && ch == A->n_chunks - 1) kvc__attn_tail(A, q0, nq, qs, ml, acc, work, lists);
     if (A->part == NULL) /* the only chunk: normalise in place */
         for (i = 0; i < rows; ++i)
-            if (ml[2 * i + 1] > 0.0f) A->kern->scale(acc + (size_t)i * A->hv, A->hv, 1.0f / ml[2 * i + 1]);
+            kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)i, ml[2 * i], ml[2 * i + 1],
+                             acc + (size_t)i * A->hv);
 }
 
 /* Split-K: out = sum_k exp(m_k - M) acc_k / sum_k exp(m_k - M) l_k, chunks in order. */
@@ -7278,7 +7517,10 @@ static void kvc__attn_merge(const kvc__attn *A) {
             memset(out, 0, sizeof(float) * (size_t)A->hv);
             for (ch = 0; ch < A->n_chunks; ++ch)
                 M = KVC__MAX(M, A->ml[((size_t)qt * A->n_chunks + ch) * (size_t)A->rows_max * 2 + 2 * (size_t)row]);
-            if (M == -INFINITY) continue; /* nothing visible */
+            if (M == -INFINITY) { /* nothing visible */
+                kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)row, M, 0.0f, out);
+                continue;
+            }
             for (ch = 0; ch < A->n_chunks; ++ch) {
                 size_t t = (size_t)qt * A->n_chunks + ch;
                 const float *ml = A->ml + t * (size_t)A->rows_max * 2 + 2 * (size_t)row;
@@ -7288,7 +7530,7 @@ static void kvc__attn_merge(const kvc__attn *A) {
                 L += w * ml[1];
                 A->kern->axpy(out, &w, A->part + (t * (size_t)A->rows_max + (size_t)row) * (size_t)A->hv, A->hv, 0, 1);
             }
-            A->kern->scale(out, A->hv, 1.0f / L);
+            kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)row, M, L, out);
         }
     }
 }
@@ -7306,6 +7548,15 @@ static void kvc__attn_init(kvc__attn *A, const kvc_cache *c, int32_t layer, cons
     A->hk = c->pool->cfg.head_dim_k;
     A->hv = c->pool->cfg.head_dim_v;
     A->scale = d->scale > 0.0f ? d->scale : 1.0f / sqrtf((float)A->hk);
+    A->softcap = d->softcap;
+    if (c->tail != NULL && KVC__MIN(c->tail_hi, c->offset) > c->tail_lo) {
+        A->tail_lo = c->tail_lo;
+        A->tail_hi = KVC__MIN(c->tail_hi, c->offset);
+        A->tail_k = kvc__tail_k(c, layer);
+        A->tail_v = kvc__tail_v(c, layer);
+        A->tail_k_f32 = kvc__pick_type(c->tail_tk, c->pool->cpu).to_f32;
+        A->tail_v_f32 = kvc__pick_type(c->tail_tv, c->pool->cpu).to_f32;
+    }
     A->fused_k = A->kern->scores[c->pool->cfg.type_k] != NULL && A->hk % A->kern->lanes == 0 && A->hk <= 1024;
     if (A->kern->scores_i8[c->pool->cfg.type_k] != NULL) { /* every path has them for block types */
         const kvc__kernels *ik = A->hk <= KVC__SCALES * KVC__QBLOCK ? A->kern : &kvc__kernels_scalar;

@@ -19,6 +19,12 @@
      (llama.cpp: 60 and 18 GFLOP/s).
    - Append (f32 in, converted / quantised at kvc_put) and the RoPE shift of
      kvc_seq_remove (dequantise, rotate, requantise): GB/s of stored K+V bytes.
+   - Attention variants (--parts variants, not in the default table): decode at 16k
+     cells, 1 thread, GQA 4, f16 / q8_0 / q4_0: plain, with per-head sinks, softcap 50,
+     the LSE output, all three, and (quantized types) an f16 tail of --f16-tail tokens
+     (default 128), the configurations alternated within each repetition; medians and
+     the ratio to plain. --sinks, --softcap X, --lse and --f16-tail N also apply to the
+     other parts.
    Times are medians of --reps runs; nothing is asserted.
 
    Build:  cc -std=c99 -O2 -I. bench/bench_attention.c -o bench_attention -lm -lpthread
@@ -48,7 +54,7 @@ typedef struct options {
     int32_t cells[MAX_LIST], threads[MAX_LIST], gqa[MAX_LIST];
     kvc_type types[MAX_LIST];
     int n_cells, n_threads, n_gqa, n_types;
-    int decode, prefill, append; /* --parts */
+    int decode, prefill, append, variants; /* --parts */
     int32_t queries;             /* prefill queries */
     int quick, scalar, roofline;
     int gqa_default;             /* no --gqa: GQA 1 only where the default table has it */
@@ -140,8 +146,24 @@ typedef struct bcache {
 } bcache;
 
 static uint32_t g_disable; /* --disable: cpu_disable of every pool but the scalar one's */
+/* --sinks, --softcap, --lse, --f16-tail: the attention variants every timed call uses */
+static int g_sinks, g_lse;
+static float g_softcap;
+static int32_t g_f16_tail;
+static float g_sink_values[32];
+static float g_lse_out[512 * 32];
 
-static void make_cache(bcache *b, kvc_type t, int32_t n_kv, int32_t cells, uint32_t disable, int threads) {
+/* the variants of the options on a desc of nq queries of 32 heads */
+static void apply_variants(kvc_attention_desc *d, int sinks, float softcap, int lse) {
+    int i;
+    for (i = 0; i < 32; ++i) g_sink_values[i] = 0.5f * (float)(i % 5) - 1.0f;
+    d->sinks = sinks ? g_sink_values : NULL;
+    d->softcap = softcap;
+    d->lse = lse && d->n_queries <= 512 ? g_lse_out : NULL;
+}
+
+static void make_cache_tail(bcache *b, kvc_type t, int32_t n_kv, int32_t cells, uint32_t disable, int threads,
+                            int32_t tail) {
     kvc_pool_config pc;
     kvc_cache_config cc;
     kvc_pool_stats st;
@@ -157,6 +179,7 @@ static void make_cache(bcache *b, kvc_type t, int32_t n_kv, int32_t cells, uint3
     if (threads > 1) CHECK(kvc_threads_attach(g_threads[threads], &pc));
     CHECK(kvc_pool_create(&pc, &b->pool));
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    if (t == KVC_TYPE_Q8_0 || t == KVC_TYPE_Q4_0) cc.f16_tail = tail;
     CHECK(kvc_cache_create(b->pool, &cc, &b->cache));
     while (done < cells) {
         int32_t n = cells - done < chunk ? cells - done : chunk;
@@ -168,6 +191,9 @@ static void make_cache(bcache *b, kvc_type t, int32_t n_kv, int32_t cells, uint3
     b->kv_bytes = (size_t)cells * (st.k_row_bytes + st.v_row_bytes);
     free(k);
     free(v);
+}
+static void make_cache(bcache *b, kvc_type t, int32_t n_kv, int32_t cells, uint32_t disable, int threads) {
+    make_cache_tail(b, t, n_kv, cells, disable, threads, g_f16_tail);
 }
 static void free_cache(bcache *b) {
     CHECK(kvc_cache_destroy(b->cache));
@@ -186,6 +212,7 @@ static double time_attention(bcache *b, int32_t nq, int32_t n_heads, int reps) {
     for (i = 0; i < nqf; ++i) q[i] = rnd();
     memset(&d, 0, sizeof(d));
     d.n_queries = nq; d.n_heads = n_heads; d.q = q; d.out = out;
+    apply_variants(&d, g_sinks, g_softcap, g_lse);
     CHECK(kvc_attention_scratch_bytes(b->cache, &d, &scratch_bytes));
     scratch = malloc(scratch_bytes); /* the caller's scratch: no allocation in the loop */
     d.scratch = scratch; d.scratch_bytes = scratch_bytes;
@@ -337,12 +364,64 @@ static void bench_append_and_rope(const kvc_type *types, int n_types) {
     free(v);
 }
 
+/* decode with each variant, the configurations alternated within every repetition */
+static void bench_variants(const options *o) {
+    enum { NV = 6 };
+    static const char *names[NV] = {"plain", "+sinks", "+softcap", "+lse", "+all3", "+f16_tail"};
+    int ti, si, v, r;
+    int32_t tail = g_f16_tail > 0 ? g_f16_tail : 128;
+    printf("\nattention variants: decode, 1 query, 32 q heads / 8 kv heads, head dim 128, 1 thread, medians of %d\n"
+           "alternated runs (softcap 50; f16_tail %d tokens, quantized types)\n", g_reps, (int)tail);
+    printf("%-6s %6s %-10s %9s %9s\n", "type", "cells", "variant", "time", "vs plain");
+    for (ti = 0; ti < o->n_types; ++ti)
+        for (si = 0; si < o->n_cells; ++si) {
+            kvc_type type = o->types[ti];
+            int32_t cells = o->cells[si], quant = type == KVC_TYPE_Q8_0 || type == KVC_TYPE_Q4_0;
+            bcache b, bt;
+            kvc_attention_desc d[NV];
+            float *q = (float *)malloc(sizeof(float) * 32 * 128), *out = (float *)malloc(sizeof(float) * 32 * 128);
+            double t[NV][MAX_REPS], med[NV];
+            size_t bytes, most = 0;
+            void *scratch;
+            for (v = 0; v < 32 * 128; ++v) q[v] = rnd();
+            make_cache_tail(&b, type, 8, cells, g_disable, 1, 0);
+            if (quant) make_cache_tail(&bt, type, 8, cells, g_disable, 1, tail);
+            for (v = 0; v < NV; ++v) {
+                memset(&d[v], 0, sizeof(d[v]));
+                d[v].n_queries = 1; d[v].n_heads = 32; d[v].q = q; d[v].out = out;
+                apply_variants(&d[v], v == 1 || v == 4, v == 2 || v == 4 ? 50.0f : 0.0f, v == 3 || v == 4);
+                if (v == 5 && !quant) continue;
+                CHECK(kvc_attention_scratch_bytes(v == 5 ? bt.cache : b.cache, &d[v], &bytes));
+                most = bytes > most ? bytes : most;
+            }
+            scratch = malloc(most);
+            for (v = 0; v < NV; ++v) { d[v].scratch = scratch; d[v].scratch_bytes = most; }
+            for (r = -1; r < g_reps; ++r) /* r = -1 warms every configuration */
+                for (v = 0; v < NV; ++v) {
+                    double t0;
+                    if (v == 5 && !quant) continue;
+                    t0 = now();
+                    CHECK(kvc_attention(v == 5 ? bt.cache : b.cache, 0, &d[v]));
+                    if (r >= 0) t[v][r] = now() - t0;
+                }
+            for (v = 0; v < NV; ++v) {
+                if (v == 5 && !quant) continue;
+                med[v] = median(t[v], g_reps);
+                printf("%-6s %6d %-10s %7.3fms %8.3fx\n", kvc_type_name(type), (int)cells, names[v], med[v] * 1e3,
+                       med[v] / med[0]);
+            }
+            free(scratch); free(q); free(out);
+            free_cache(&b);
+            if (quant) free_cache(&bt);
+        }
+}
+
 static const kvc_type g_all_types[5] = {KVC_TYPE_F16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0, KVC_TYPE_BF16, KVC_TYPE_F32};
 
 static void usage(FILE *f, const char *argv0) {
     fprintf(f,
             "usage: %s [options]   (no options: the whole table)\n"
-            "  --parts LIST     decode,prefill,append (default all three)\n"
+            "  --parts LIST     decode,prefill,append,variants (default the first three)\n"
             "  --types LIST     storage types, K and V the same: f16,q8_0,q4_0,bf16,f32\n"
             "                   (default: all five for decode and append, f16,q8_0 for prefill)\n"
             "  --cells LIST     cells of the FULL cache (default 4096,16384,32768 for decode, 4096 for prefill)\n"
@@ -355,7 +434,12 @@ static void usage(FILE *f, const char *argv0) {
             "  --no-scalar      skip the scalar-path comparison\n"
             "  --no-roofline    skip measuring read bandwidth and FMA throughput (their columns show -)\n"
             "  --disable MASK   the pools' cpu_disable (0xc: the AVX2 path on an AVX-512 machine, as CPUs\n"
-            "                   without AVX-512 run it)\n",
+            "                   without AVX-512 run it)\n"
+            "  --sinks          every timed call with per-head sinks (kvc_attention_desc.sinks)\n"
+            "  --softcap X      every timed call with logit soft-capping X\n"
+            "  --lse            every timed call writes the log-sum-exp output\n"
+            "  --f16-tail N     q8_0 / q4_0 caches keep their newest N tokens in f16 (variants: the\n"
+            "                   tail's size, default 128)\n",
             argv0, MAX_THREADS, MAX_REPS);
 }
 
@@ -399,11 +483,15 @@ int main(int argc, char **argv) {
         if (strcmp(a, "--quick") == 0) { o.quick = 1; continue; }
         if (strcmp(a, "--no-scalar") == 0) { o.scalar = 0; continue; }
         if (strcmp(a, "--no-roofline") == 0) { o.roofline = 0; continue; }
+        if (strcmp(a, "--sinks") == 0) { g_sinks = 1; continue; }
+        if (strcmp(a, "--lse") == 0) { g_lse = 1; continue; }
         if (i + 1 < argc) v = argv[++i]; /* every other option takes a value */
         if (v == NULL) bad = 1;
         else if (strcmp(a, "--reps") == 0) { g_reps = atoi(v); bad = g_reps < 1 || g_reps > MAX_REPS; }
         else if (strcmp(a, "--disable") == 0) g_disable = (uint32_t)strtoul(v, NULL, 0);
         else if (strcmp(a, "--queries") == 0) { o.queries = atoi(v); bad = o.queries < 1; }
+        else if (strcmp(a, "--softcap") == 0) { g_softcap = (float)atof(v); bad = !(g_softcap >= 0); }
+        else if (strcmp(a, "--f16-tail") == 0) { g_f16_tail = atoi(v); bad = g_f16_tail < 0; }
         else if (strcmp(a, "--types") == 0) bad = (o.n_types = parse_types(v, o.types)) <= 0;
         else if (strcmp(a, "--cells") == 0) bad = (o.n_cells = parse_ints(v, o.cells, 1, 1 << 24)) <= 0;
         else if (strcmp(a, "--threads") == 0) bad = (o.n_threads = parse_ints(v, o.threads, 1, MAX_THREADS)) <= 0;
@@ -414,7 +502,8 @@ int main(int argc, char **argv) {
             o.decode = strstr(v, "decode") != NULL;
             o.prefill = strstr(v, "prefill") != NULL;
             o.append = strstr(v, "append") != NULL;
-            bad = !(o.decode || o.prefill || o.append);
+            o.variants = strstr(v, "variants") != NULL;
+            bad = !(o.decode || o.prefill || o.append || o.variants);
         } else bad = 1;
         if (bad) {
             fprintf(stderr, "%s: bad option %s%s%s\n", argv[0], a, v ? " " : "", v ? v : "");
@@ -459,6 +548,13 @@ int main(int argc, char **argv) {
         if (d.n_cells == 0) { d.n_cells = 1; d.cells[0] = 4096; }
         if (d.n_gqa == 0) { d.n_gqa = 1; d.gqa[0] = 4; }
         bench_prefill(&d);
+    }
+    if (o.variants) {
+        static const kvc_type variant_types[3] = {KVC_TYPE_F16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0};
+        d = o;
+        if (d.n_types == 0) { d.n_types = 3; memcpy(d.types, variant_types, sizeof(variant_types)); }
+        if (d.n_cells == 0) { d.n_cells = 1; d.cells[0] = 16384; }
+        bench_variants(&d);
     }
     if (o.append) {
         static const kvc_type append_types[5] = {KVC_TYPE_F32, KVC_TYPE_F16, KVC_TYPE_BF16, KVC_TYPE_Q8_0, KVC_TYPE_Q4_0};

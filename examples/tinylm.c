@@ -41,6 +41,8 @@
    --quiet       print only failures, errors and the final verdict
    --reference   skip kvcache.h: one cache-free forward over each whole sequence
                  with naive attention (checks the model math on its own)
+   --f16-tail N  the q8_0 / q4_0 rows keep the newest N tokens of their FULL and
+                 ROTATING groups in f16 (kvc_cache_config.f16_tail; not with --vk)
    --vk          the Vulkan backend (kvcache_vk.h): K/V pages in device memory, append
                  and attention on the GPU, everything else unchanged. A kvc_memory cannot
                  take device pools yet, so with --vk each group is a cache of its own (a
@@ -193,6 +195,7 @@ static const type_spec TYPES[] = {
    ================================================================================== */
 
 static int g_quiet = 0;
+static int32_t g_f16_tail = 0; /* --f16-tail */
 
 #ifdef TINYLM_VK
 /* --vk: one device for the run, the session's device pool, host-visible buffers that
@@ -918,6 +921,11 @@ static int memory_create(memory *M, const config *c, const kind_spec *ks, kvc_ty
         if (!ks->hybrid) ks->setup(cc, c, max_tokens, max_batch);
         else if (g->kind == KVC_KIND_ROTATING) setup_rotating(cc, c, max_tokens, max_batch);
         if (g->kind == KVC_KIND_ROTATING || g->kind == KVC_KIND_RECURRENT) cc->checkpoints = KEEP_CHECKPOINTS;
+        if ((g->kind == KVC_KIND_FULL || g->kind == KVC_KIND_ROTATING) && (type == KVC_TYPE_Q8_0 || type == KVC_TYPE_Q4_0))
+            cc->f16_tail = g_f16_tail;
+#ifdef TINYLM_VK
+        if (g_vk.on) cc->f16_tail = 0; /* device pools keep no tail */
+#endif
         g->capacity = cc->capacity;
         /* a causal cache applies its own window; the others get the layers' in desc.window */
         g->window = g->kind != KVC_KIND_CAUSAL && g->type == LAYER_SLIDING ? c->window : 0;
@@ -2258,7 +2266,7 @@ static void print_groups(const model *m)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: tinylm [--chunk N] [--quiet] [--reference] [--vk] [MODEL_DIR ...]\n"
+    fprintf(stderr, "usage: tinylm [--chunk N] [--quiet] [--reference] [--vk] [--f16-tail N] [MODEL_DIR ...]\n"
                     "  runs every folder of tests/data with a config.txt by default\n");
 }
 
@@ -2329,6 +2337,15 @@ int main(int argc, char **argv)
                 return 2;
             }
             chunk = (int)v;
+        } else if (!strcmp(argv[i], "--f16-tail")) {
+            char *end = NULL;
+            long v = i + 1 < argc ? strtol(argv[++i], &end, 10) : -1;
+            if (!end || *end || v < 0 || v > 1 << 20) {
+                errorf("--f16-tail needs a number between 0 and %d", 1 << 20);
+                free(given);
+                return 2;
+            }
+            g_f16_tail = (int32_t)v;
         } else if (!strcmp(argv[i], "--quiet")) {
             g_quiet = 1;
         } else if (!strcmp(argv[i], "--vk")) {

@@ -298,7 +298,7 @@ matrix_clang() {
   mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- $all_tests $all_fuzz
   mx gcc-O0 "$CC $STRICT -O0" "" -- $all_tests $all_fuzz
   if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
-    mx aarch64 "aarch64-linux-gnu-gcc $XW" qemu-aarch64 -- core kernels limits $all_fuzz
+    mx aarch64 "aarch64-linux-gnu-gcc $XW" qemu-aarch64 -- core kernels variants limits $all_fuzz
   else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
 }
 lane matrix-gcc matrix_gcc
