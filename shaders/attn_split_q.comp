@@ -81,6 +81,7 @@ layout(push_constant) uniform PC {
     uint v_row_bytes;
     uint page_cells;  // (unused: PAGE_CELLS)
     float scale_log2;
+    float softcap2;   // logit soft-capping in base 2 (softcap * log2(e)); 0: off
 } pc;
 
 uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
@@ -282,6 +283,8 @@ void main() {
                 float dk = h2f((kh[o][b / 2u] >> (16u * (b & 1u))) & 0xffffu);
                 [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] += float(a[g] + e[g]) * (dk * qf[g][b]);
             }
+            if (pc.softcap2 > 0.0) // s = cap tanh(s / cap), in base 2 as the scores are
+                [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = pc.softcap2 * tanh(v[g] / pc.softcap2);
             [[unroll]] for (uint g = 0u; g < GH; ++g) {
                 sc[o][g] = vis ? v[g] : NEG_INF;
                 mx[g] = max(mx[g], sc[o][g]);

@@ -57,7 +57,9 @@ cpos_off CAUSAL: meta word of the cells' positions
 cseq_off CAUSAL: meta word of the cells' sequence bit sets
 seq_words CAUSAL: words of one cell's sequence bit set
 q_off first float of the query in the q buffer
-out_off first float of the output in the out buffer"
+out_off first float of the output in the out buffer
+sink_off meta word of the query heads' sinks (f32 bits; ~0u: none)
+lse_off first float of the query's log-sum-exps in the lse buffer (~0u: none)"
 
 # Specialization constant ids, per shader (attn_split_cm.comp takes attn_split's ids).
 spec_split="TYPE_K storage type of K (kvc_type)

@@ -26,6 +26,8 @@
 #define JOB_SEQ_WORDS 19u // CAUSAL: words of one cell's sequence bit set
 #define JOB_Q_OFF 20u // first float of the query in the q buffer
 #define JOB_OUT_OFF 21u // first float of the output in the out buffer
+#define JOB_SINK_OFF 22u // meta word of the query heads' sinks (f32 bits; ~0u: none)
+#define JOB_LSE_OFF 23u // first float of the query's log-sum-exps in the lse buffer (~0u: none)
 #define JOB_STRIDE 24u // words from one job record to the next (a multiple of 8)
 
 // specialization constant ids of attn_split.comp, attn_split_cm.comp and attn_split_q.comp

@@ -199,9 +199,17 @@ static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t n
     kvc_vk_attention_desc vd;
     VkCommandBuffer cmd;
     double worst = 0, tol = 5e-5;
+    /* the attention variants now and then: sinks (some heads without), softcap, log-sum-exps */
+    float sinks[128], *lse_ref = NULL, softcap = tk_pct(rng, 30) ? 0.5f + 4.0f * (float)(tk_float(rng) + 1.0) : 0.0f;
+    int use_sinks = tk_pct(rng, 30), use_lse = tk_pct(rng, 40);
+    for (i = 0; i < nh && i < 128; ++i) sinks[i] = tk_pct(rng, 20) ? -INFINITY : 3.0f * tk_float(rng);
+    if (use_lse) lse_ref = (float *)malloc(sizeof(float) * 2 * (size_t)nq * (size_t)nh);
     for (i = 0; i < (int32_t)nqv; ++i) q[i] = tk_float(rng) * 2.0f;
     memset(&d, 0, sizeof(d));
     d.n_queries = nq; d.n_heads = nh; d.q = q; d.out = ref; d.pos = pos; d.seq = seq; d.window = window; d.non_causal = nc;
+    d.sinks = use_sinks && nh <= 128 ? sinks : NULL;
+    d.softcap = softcap;
+    d.lse = lse_ref;
     TK_OK(kvc_attention(s[0].cache, layer, &d));
     ensure(&q_buf, sizeof(float) * nqv);
     ensure(&out_buf, sizeof(float) * nov);
@@ -210,6 +218,14 @@ static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t n
     memset(&vd, 0, sizeof(vd));
     vd.n_queries = nq; vd.n_heads = nh; vd.q.buffer = q_buf.buffer; vd.out.buffer = out_buf.buffer;
     vd.pos = pos; vd.seq = seq; vd.window = window; vd.non_causal = nc;
+    vd.sinks = d.sinks;
+    vd.softcap = softcap;
+    if (use_lse) {
+        ensure(&gk_buf, sizeof(float) * (size_t)nq * (size_t)nh + 64);
+        memset(gk_buf.mapped, 0x7f, sizeof(float) * (size_t)nq * (size_t)nh + 64);
+        vd.lse.buffer = gk_buf.buffer;
+        vd.lse.offset = 64;
+    }
     cmd = begin_cmd();
     TK_OK(kvc_vk_cmd_attention(s[1].vk, cmd, s[1].cache, layer, &vd));
     TK_OK(kvc_vk_submit_wait(ctx, cmd));
@@ -219,8 +235,18 @@ static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t n
         if (!(e <= tol)) bad++;
         if (e > worst || e != e) worst = e;
     }
-    if (bad) fprintf(stderr, "attention: %d of %zu values off, worst %g (layer %d, nq %d)\n", bad, nov, worst, layer, nq);
+    if (bad) fprintf(stderr, "attention: %d of %zu values off, worst %g (layer %d, nq %d, sinks %d, softcap %g)\n", bad, nov,
+                     worst, layer, nq, d.sinks != NULL, softcap);
     TK_EQ(bad, 0);
+    if (use_lse) { /* -INFINITY where the CPU has it, within 1e-4 elsewhere */
+        const float *gl = (const float *)((const char *)gk_buf.mapped + 64);
+        int lbad = 0;
+        for (i = 0; i < nq * nh; ++i)
+            lbad += isinf(lse_ref[i]) ? !(isinf(gl[i]) && gl[i] < 0) : !(fabs((double)gl[i] - lse_ref[i]) <= 1e-4 * (1 + fabs(lse_ref[i])));
+        if (lbad) fprintf(stderr, "lse: %d of %d values off (first %g against %g)\n", lbad, nq * nh, gl[0], lse_ref[0]);
+        TK_EQ(lbad, 0);
+        free(lse_ref);
+    }
     free(q);
 }
 
