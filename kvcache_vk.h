@@ -1122,6 +1122,9 @@ static kvc_result kvc_vk__pool_setup(kvc_vk_pool *p, const kvc_vk_pool_options *
     VkPipelineLayoutCreateInfo lci;
     uint32_t i, write_spec[KVC_VK__ROWS_WRITE_COUNT], read_spec[KVC_VK__ROWS_READ_COUNT];
     size_t kbytes, vbytes;
+#ifdef KVC_ROTATE_K
+    if (cfg->rotate) return KVC_ERR_UNSUPPORTED; /* rotated storage (kvcache.h's rotate): not on the GPU yet */
+#endif
     p->n_layers = cfg->n_layers;
     p->page_cells = p->host->page_cells;
     p->max_pages = p->host->max_pages;

@@ -531,6 +531,18 @@ static void test_page_roundtrip(tk_rng *rng) {
 }
 
 static void test_errors(void) {
+#ifdef KVC_ROTATE_K
+    { /* rotated storage is not on the GPU yet: refused, nothing made */
+        kvc_pool_config rc;
+        kvc_vk_pool *rp = NULL;
+        kvc_pool_config_init(&rc);
+        rc.n_layers = 1; rc.n_kv_heads = 1; rc.head_dim_k = rc.head_dim_v = 64; rc.page_cells = 4;
+        rc.rotate = KVC_ROTATE_K;
+        TK_OK(kvc_pool_budget_for_tokens(&rc, 16, &rc.budget_bytes));
+        TK_EQ(kvc_vk_pool_create(ctx, &rc, NULL, &rp), KVC_ERR_UNSUPPORTED);
+        TK_EQ(rp == NULL, 1);
+    }
+#endif
     kvc_pool_config pc;
     kvc_vk_pool *vp;
     kvc_pool *hp;
