@@ -307,6 +307,7 @@ int main(int argc, char **argv) {
                 memset(&po, 0, sizeof(po));
                 po.max_splits = groups;
                 if (getenv("BENCH_VK_NO_CM")) po.disable_features |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
+                if (getenv("BENCH_VK_HOST_LAYOUT")) po.host_layout = 1; /* q8_0/q4_0 in llama.cpp's blocks on the device */
                 CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
                 hp = kvc_vk_pool_host(vp);
                 kvc_cache_config_init(&cc, KVC_KIND_FULL);

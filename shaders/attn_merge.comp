@@ -22,6 +22,7 @@ const uint U = 8u;                                  // loads in flight per invoc
 layout(set = 0, binding = 0) readonly buffer PB { float part[]; };
 layout(set = 0, binding = 1) readonly buffer MB { uint meta[]; };
 layout(set = 0, binding = 2) writeonly buffer OB { float outv[]; };
+layout(set = 0, binding = 3) writeonly buffer LB { float lsev[]; }; // log-sum-exps, where asked
 
 layout(push_constant) uniform PC {
     uint job_off;
@@ -77,9 +78,17 @@ void main() {
         }
     sums[tid] = acc;
     barrier();
+    // the head's sink (a natural-log logit) joins the denominator; the maxima are base 2
+    uint jw = pc.job_off + jb * JOB_STRIDE, so = meta[jw + JOB_SINK_OFF], lo = meta[jw + JOB_LSE_OFF];
+    float sk = so != 0xffffffffu ? uintBitsToFloat(meta[so + qh]) * 1.4426950408889634 : NEG_INF;
+    float Ms = max(M, sk);
+    float fM = Ms == NEG_INF ? 0.0 : exp2(M - Ms), fS = Ms == NEG_INF ? 0.0 : exp2(sk - Ms);
+    float Lt = L * fM + fS;
     if (tid < DV && d < HDV) {
         float t = 0.0;
         [[unroll]] for (uint k = 0u; k < NG; ++k) t += sums[k * DV + tid];
-        outv[J.out_off + qh * HDV + d] = L > 0.0 ? t / L : 0.0;
+        outv[J.out_off + qh * HDV + d] = Lt > 0.0 ? t * fM / Lt : 0.0;
     }
+    if (tid == 0u && gl_WorkGroupID.z == 0u && lo != 0xffffffffu)
+        lsev[lo + qh] = Lt > 0.0 ? (Ms + log2(Lt)) * 0.6931471805599453 : NEG_INF;
 }

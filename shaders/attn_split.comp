@@ -62,6 +62,7 @@ layout(push_constant) uniform PC {
     uint v_row_bytes;
     uint page_cells;  // (unused: PAGE_CELLS)
     float scale_log2; // softmax scale * log2(e): scores live in base 2
+    float softcap2;   // logit soft-capping in base 2 (softcap * log2(e)); 0: off
 } pc;
 
 uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
@@ -294,6 +295,8 @@ void main() {
             }
         }
         gids[tid] = gid;
+        if (pc.softcap2 > 0.0) // s = cap tanh(s / cap), in base 2 as the scores are
+            [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = pc.softcap2 * tanh(s[g] / pc.softcap2);
         // one max per head for the block, then the weights
         float mb[G];
         [[unroll]] for (uint g = 0u; g < G; ++g) mb[g] = vis ? s[g] : NEG_INF;

@@ -59,6 +59,7 @@ layout(push_constant) uniform PC {
     uint v_row_bytes;
     uint page_cells;  // (unused: PAGE_CELLS)
     float scale_log2;
+    float softcap2;   // logit soft-capping in base 2 (softcap * log2(e)); 0: off
 } pc;
 
 #include "attn_common.glsl"
@@ -220,6 +221,7 @@ void main() {
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
             uint g = hb + 2u * t, a = lc * NQ + g;
             x[t] = vis && g < G ? (ss[a] + ss[a + G] * INV_LO) * escale : NEG_INF;
+            if (pc.softcap2 > 0.0 && x[t] != NEG_INF) x[t] = pc.softcap2 * tanh(x[t] / pc.softcap2); // base 2
             above = above || x[t] > m[t];
         }
         // A tile with no score above its head's running maximum (after the first tiles, most

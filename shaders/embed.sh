@@ -27,7 +27,11 @@ attn_merge attn_merge.comp
 rows_write rows_write.comp
 rows_read rows_read.comp
 copy copy.comp
-attn_split_cm attn_split_cm.comp -O0"
+attn_split_cm attn_split_cm.comp -O0
+attn_split_q attn_split_q.comp -DUSE_SUBGROUP=0
+attn_split_q_dot attn_split_q.comp -DUSE_SUBGROUP=0 -DUSE_DOT=1
+attn_split_q_sg attn_split_q.comp -DUSE_SUBGROUP=1
+attn_split_q_sg_dot attn_split_q.comp -DUSE_SUBGROUP=1 -DUSE_DOT=1"
 
 # The attention job record: one query of one cache, as kvcache_vk.h writes it into the
 # meta buffer and attn_common.glsl's load_job reads it, one 32-bit word per field.
@@ -53,7 +57,9 @@ cpos_off CAUSAL: meta word of the cells' positions
 cseq_off CAUSAL: meta word of the cells' sequence bit sets
 seq_words CAUSAL: words of one cell's sequence bit set
 q_off first float of the query in the q buffer
-out_off first float of the output in the out buffer"
+out_off first float of the output in the out buffer
+sink_off meta word of the query heads' sinks (f32 bits; ~0u: none)
+lse_off first float of the query's log-sum-exps in the lse buffer (~0u: none)"
 
 # Specialization constant ids, per shader (attn_split_cm.comp takes attn_split's ids).
 spec_split="TYPE_K storage type of K (kvc_type)
@@ -66,12 +72,20 @@ EVT output values per invocation (divides HDV)
 KV_HEADS kv heads
 WG cells per block: the workgroup size
 PAGE_CELLS cells per page
-VQ nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time"
+VQ nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time
+GH attn_split_q.comp: query heads per workgroup"
 spec_merge="HDV head dim of V
 N_HEADS query heads"
 spec_rows_read="TYPE storage type of the tensor
-HD head dim of the tensor"
-spec_rows_write="TYPE storage type of the tensor"
+HD head dim of the tensor
+PLANAR nonzero: q8_0 / q4_0 pages in the planar layout
+KV_HEADS kv heads (planar)
+PAGE_CELLS cells per page (planar)"
+spec_rows_write="TYPE storage type of the tensor
+PLANAR nonzero: q8_0 / q4_0 pages in the planar layout
+HD head dim of the tensor (planar)
+KV_HEADS kv heads (planar)
+PAGE_CELLS cells per page (planar)"
 
 upper() { tr 'a-z' 'A-Z'; }
 # glsl_defines PREFIX SUFFIX LIST: "#define PREFIX_NAME iSUFFIX // comment" for each line, in
@@ -99,7 +113,7 @@ job_stride=$(( (n_job_words + 7) / 8 * 8 ))
   glsl_defines JOB u "$job_words"
   echo "#define JOB_STRIDE ${job_stride}u // words from one job record to the next (a multiple of 8)"
   echo ""
-  echo "// specialization constant ids of attn_split.comp and attn_split_cm.comp"
+  echo "// specialization constant ids of attn_split.comp, attn_split_cm.comp and attn_split_q.comp"
   glsl_defines SPLIT "" "$spec_split"
   echo "// of attn_merge.comp"
   glsl_defines MERGE "" "$spec_merge"
@@ -123,7 +137,7 @@ cmp -s "$tmp/kvc_shared.glsl" shaders/kvc_shared.glsl || cp "$tmp/kvc_shared.gls
   echo "/* the words of the attention job record (attn_common.glsl's Job) */"
   c_enum kvc_vk__job_word JOB "$job_words"
   echo "#define KVC_VK__JOB_STRIDE ${job_stride} /* words from one job record to the next (a multiple of 8) */"
-  echo "/* specialization constant ids: attn_split.comp and attn_split_cm.comp */"
+  echo "/* specialization constant ids: attn_split.comp, attn_split_cm.comp and attn_split_q.comp */"
   c_enum kvc_vk__spec_split SPLIT "$spec_split"
   echo "/* attn_merge.comp */"
   c_enum kvc_vk__spec_merge MERGE "$spec_merge"

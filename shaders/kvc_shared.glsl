@@ -26,9 +26,11 @@
 #define JOB_SEQ_WORDS 19u // CAUSAL: words of one cell's sequence bit set
 #define JOB_Q_OFF 20u // first float of the query in the q buffer
 #define JOB_OUT_OFF 21u // first float of the output in the out buffer
+#define JOB_SINK_OFF 22u // meta word of the query heads' sinks (f32 bits; ~0u: none)
+#define JOB_LSE_OFF 23u // first float of the query's log-sum-exps in the lse buffer (~0u: none)
 #define JOB_STRIDE 24u // words from one job record to the next (a multiple of 8)
 
-// specialization constant ids of attn_split.comp and attn_split_cm.comp
+// specialization constant ids of attn_split.comp, attn_split_cm.comp and attn_split_q.comp
 #define SPLIT_TYPE_K 0 // storage type of K (kvc_type)
 #define SPLIT_TYPE_V 1 // storage type of V
 #define SPLIT_HDK 2 // head dim of K
@@ -40,12 +42,20 @@
 #define SPLIT_WG 8 // cells per block: the workgroup size
 #define SPLIT_PAGE_CELLS 9 // cells per page
 #define SPLIT_VQ 10 // nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time
+#define SPLIT_GH 11 // attn_split_q.comp: query heads per workgroup
 // of attn_merge.comp
 #define MERGE_HDV 0 // head dim of V
 #define MERGE_N_HEADS 1 // query heads
 // of rows_read.comp
 #define ROWS_READ_TYPE 0 // storage type of the tensor
 #define ROWS_READ_HD 1 // head dim of the tensor
+#define ROWS_READ_PLANAR 2 // nonzero: q8_0 / q4_0 pages in the planar layout
+#define ROWS_READ_KV_HEADS 3 // kv heads (planar)
+#define ROWS_READ_PAGE_CELLS 4 // cells per page (planar)
 // of rows_write.comp
 #define ROWS_WRITE_TYPE 0 // storage type of the tensor
+#define ROWS_WRITE_PLANAR 1 // nonzero: q8_0 / q4_0 pages in the planar layout
+#define ROWS_WRITE_HD 2 // head dim of the tensor (planar)
+#define ROWS_WRITE_KV_HEADS 3 // kv heads (planar)
+#define ROWS_WRITE_PAGE_CELLS 4 // cells per page (planar)
 #endif

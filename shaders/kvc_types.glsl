@@ -6,6 +6,7 @@
 //   f32, f16, bf16: plain arrays; q8_0: blocks of 32 = {f16 d; int8 qs[32]} (34 bytes),
 //   value qs[i]*d; q4_0: {f16 d; uint8 qs[16]} (18 bytes), qs[j] low nibble = element j,
 //   high nibble = element j+16, value (nibble-8)*d.
+// kvcache_vk.h may hold q8_0 / q4_0 pages in the planar layout instead (pl_* below).
 #define T_F32 0u
 #define T_F16 1u
 #define T_BF16 2u
@@ -105,4 +106,49 @@ float ld_elem(uint which, uint type, uint base, uint i) {
     }
     uint b = base + 18u * (i >> 5);
     return q4_code(ld_u8(which, b + 2u + (j & 15u)), j < 16u ? 0u : 1u) * h2f(ld_u16(which, b));
+}
+
+// The planar page layout: where kvcache_vk.h chooses it (q8_0 / q4_0 K and V of one head
+// dim, 64, 128 or 256), page p of a tensor (K or V of one layer; P cells, H kv heads,
+// rows of `row` bytes) takes the same P * row bytes at p * P * row as llama.cpp's layout,
+// in two planes:
+//   codes   [head][cell][CB bytes]   CB = hd (q8_0: the codes in order) or hd / 2 (q4_0:
+//                                    each block's 16 bytes as llama.cpp packs them)
+//   scales  [head][cell][hd / 32 f16], after all the codes (at P * H * CB)
+// so one kv head's codes of consecutive cells are one run of memory, every head row
+// 16-byte aligned (P a multiple of 4).
+uint pl_cb(uint type, uint hd) { return type == T_Q8_0 ? hd : hd / 2u; }
+uint pl_codes(uint type, uint hd, uint H, uint P, uint gid, uint h) {
+    uint page = gid / P, slot = gid % P;
+    return page * P * H * head_bytes(type, hd) + (h * P + slot) * pl_cb(type, hd);
+}
+uint pl_scale(uint type, uint hd, uint H, uint P, uint gid, uint h, uint b) {
+    uint page = gid / P, slot = gid % P;
+    return page * P * H * head_bytes(type, hd) + P * H * pl_cb(type, hd) + (h * P + slot) * (hd / 16u) + 2u * b;
+}
+// element i of head h of cell gid, planar, exactly as the CPU decodes it
+float ld_elem_pl(uint which, uint type, uint hd, uint H, uint P, uint gid, uint h, uint i) {
+    float d = h2f(ld_u16(which, pl_scale(type, hd, H, P, gid, h, i >> 5)));
+    uint c = pl_codes(type, hd, H, P, gid, h), j = i & 31u;
+    if (type == T_Q8_0) return q8_code(ld_u8(which, c + i), 0u) * d;
+    return q4_code(ld_u8(which, c + 16u * (i >> 5) + (j & 15u)), j < 16u ? 0u : 1u) * d;
+}
+// A cell's row of H heads read in planar order (all codes, then all scales): byte B of it
+// is byte pl_block_byte(B) of the row in llama.cpp's layout, and lies at device byte
+// pl_dev_byte(B) (codes and scales come in whole words: hd a multiple of 64).
+uint pl_block_byte(uint type, uint hd, uint H, uint B) {
+    uint cb = pl_cb(type, hd), hb = head_bytes(type, hd), bb = type == T_Q8_0 ? 34u : 18u, sb = hd / 16u;
+    if (B < H * cb) {
+        uint h = B / cb, o = B % cb, per = type == T_Q8_0 ? 32u : 16u;
+        return h * hb + bb * (o / per) + 2u + o % per;
+    }
+    B -= H * cb;
+    uint h = B / sb, o = B % sb;
+    return h * hb + bb * (o / 2u) + (o & 1u);
+}
+uint pl_dev_byte(uint type, uint hd, uint H, uint P, uint gid, uint B) {
+    uint cb = pl_cb(type, hd), sb = hd / 16u;
+    if (B < H * cb) return pl_codes(type, hd, H, P, gid, B / cb) + B % cb;
+    B -= H * cb;
+    return pl_scale(type, hd, H, P, gid, B / sb, 0u) + B % sb;
 }

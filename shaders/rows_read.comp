@@ -5,6 +5,9 @@
 layout(local_size_x = 64) in;
 layout(constant_id = ROWS_READ_TYPE) const uint TYPE = 1u;
 layout(constant_id = ROWS_READ_HD) const uint HD = 128u; // head dim of this tensor
+layout(constant_id = ROWS_READ_PLANAR) const uint PLANAR = 0u; // nonzero: the planar page layout
+layout(constant_id = ROWS_READ_KV_HEADS) const uint KV_HEADS = 1u;
+layout(constant_id = ROWS_READ_PAGE_CELLS) const uint PAGE_CELLS = 256u;
 
 layout(set = 0, binding = 0) readonly buffer Data { uint data[]; };
 layout(set = 0, binding = 1) writeonly buffer Out { float outv[]; };
@@ -28,15 +31,16 @@ void main() {
     uint gid = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 64u;
     if (gid >= pc.n_rows * pc.row_elems) return;
     uint row = gid / pc.row_elems, e = gid % pc.row_elems, h = e / HD, i = e % HD;
-    uint base = meta[pc.list_off + row] * pc.row_bytes + h * head_bytes(TYPE, HD);
-    float x = ld_elem(0u, TYPE, base, i);
+    uint cell = meta[pc.list_off + row], base = cell * pc.row_bytes + h * head_bytes(TYPE, HD);
+    float x = PLANAR != 0u ? ld_elem_pl(0u, TYPE, HD, KV_HEADS, PAGE_CELLS, cell, h, i) : ld_elem(0u, TYPE, base, i);
     if (pc.rope != 0u && i < pc.rope_dims) {
         uint half_n = pc.rope_dims / 2u, k, partner;
         bool first;
         if (pc.rope == 1u) { first = i < half_n; k = first ? i : i - half_n; partner = first ? i + half_n : k; }
         else { first = (i & 1u) == 0u; k = i >> 1; partner = first ? i + 1u : i - 1u; }
         float c = uintBitsToFloat(meta[pc.table_off + 2u * k]), s = uintBitsToFloat(meta[pc.table_off + 2u * k + 1u]);
-        float y = ld_elem(0u, TYPE, base, partner);
+        float y = PLANAR != 0u ? ld_elem_pl(0u, TYPE, HD, KV_HEADS, PAGE_CELLS, cell, h, partner)
+                               : ld_elem(0u, TYPE, base, partner);
         x = first ? x * c - y * s : x * c + y * s;
     }
     outv[pc.out_off + gid] = x;

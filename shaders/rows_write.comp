@@ -6,6 +6,10 @@
 #include "kvc_shared.glsl"
 layout(local_size_x = 64) in;
 layout(constant_id = ROWS_WRITE_TYPE) const uint TYPE = 1u;
+layout(constant_id = ROWS_WRITE_PLANAR) const uint PLANAR = 0u; // nonzero: the planar page layout
+layout(constant_id = ROWS_WRITE_HD) const uint HD = 128u;       // (planar) head dim
+layout(constant_id = ROWS_WRITE_KV_HEADS) const uint KV_HEADS = 1u;
+layout(constant_id = ROWS_WRITE_PAGE_CELLS) const uint PAGE_CELLS = 256u;
 
 layout(set = 0, binding = 0) writeonly buffer Dst { uint dst[]; };
 layout(set = 0, binding = 1) readonly buffer Src { uint src[]; };   // f32 bits or f16 pairs
@@ -77,6 +81,13 @@ void main() {
         word = f2h(sv(row, 2u * w)) | (f2h(sv(row, 2u * w + 1u)) << 16);
     } else if (TYPE == T_BF16) {
         word = f2bf(sv(row, 2u * w)) | (f2bf(sv(row, 2u * w + 1u)) << 16);
+    } else if (PLANAR != 0u) { // word w of the row in planar order: 4 bytes of one plane
+        for (uint k = 0u; k < 4u; ++k) {
+            uint B = pl_block_byte(TYPE, HD, KV_HEADS, 4u * w + k);
+            word |= (TYPE == T_Q8_0 ? q8_byte(row, B) : q4_byte(row, B)) << (8u * k);
+        }
+        dst[pl_dev_byte(TYPE, HD, KV_HEADS, PAGE_CELLS, meta[pc.list_off + row], 4u * w) >> 2] = word;
+        return;
     } else {
         for (uint k = 0u; k < 4u; ++k)
             word |= (TYPE == T_Q8_0 ? q8_byte(row, 4u * w + k) : q4_byte(row, 4u * w + k)) << (8u * k);

@@ -74,6 +74,7 @@ typedef struct shape {
     int32_t window, sinks;
     int no_subgroup;
     uint32_t disable_features; /* KVC_VK_FEATURE_* the pool does not use */
+    int host_layout;           /* kvc_vk_pool_options.host_layout: no planar q8_0/q4_0 pages */
 } shape;
 
 static VkCommandBuffer begin_cmd(void) {
@@ -147,11 +148,12 @@ static void sync_cpu_from_gpu(side *s, const shape *sh) {
     VkCommandBuffer cmd = begin_cmd();
     TK_OK(kvc_vk_cmd_sync(s[1].vk, cmd)); /* page events still queued are part of the state */
     TK_OK(kvc_vk_submit_wait(ctx, cmd));
-    for (l = 0; l < sh->layers; ++l) {
-        VkBuffer k = VK_NULL_HANDLE, v = VK_NULL_HANDLE;
-        TK_OK(kvc_vk_pool_page_buffers(s[1].vk, l, &k, &v));
-        TK_OK(kvc_vk_download(ctx, k, 0, kvc__k_at(cp, l, 0, 0), kb));
-        TK_OK(kvc_vk_download(ctx, v, 0, kvc__v_at(cp, l, 0, 0), vb));
+    (void)kb; (void)vb;
+    for (l = 0; l < sh->layers; ++l) { /* in kvcache.h's layout, whatever the device's */
+        TK_OK(kvc_vk_pool_download(s[1].vk, l, 0, cp->max_pages, kvc__k_at(cp, l, 0, 0), kvc__v_at(cp, l, 0, 0)));
+        /* and back now and then: the later comparisons see what the upload converted */
+        if (g_seed % 3 == (uint64_t)l)
+            TK_OK(kvc_vk_pool_upload(s[1].vk, l, 0, cp->max_pages, kvc__k_at(cp, l, 0, 0), kvc__v_at(cp, l, 0, 0)));
     }
     s[0].rotated = 0;
 }
@@ -197,9 +199,17 @@ static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t n
     kvc_vk_attention_desc vd;
     VkCommandBuffer cmd;
     double worst = 0, tol = 5e-5;
+    /* the attention variants now and then: sinks (some heads without), softcap, log-sum-exps */
+    float sinks[128], *lse_ref = NULL, softcap = tk_pct(rng, 30) ? 0.5f + 4.0f * (float)(tk_float(rng) + 1.0) : 0.0f;
+    int use_sinks = tk_pct(rng, 30), use_lse = tk_pct(rng, 40);
+    for (i = 0; i < nh && i < 128; ++i) sinks[i] = tk_pct(rng, 20) ? -INFINITY : 3.0f * tk_float(rng);
+    if (use_lse) lse_ref = (float *)malloc(sizeof(float) * 2 * (size_t)nq * (size_t)nh);
     for (i = 0; i < (int32_t)nqv; ++i) q[i] = tk_float(rng) * 2.0f;
     memset(&d, 0, sizeof(d));
     d.n_queries = nq; d.n_heads = nh; d.q = q; d.out = ref; d.pos = pos; d.seq = seq; d.window = window; d.non_causal = nc;
+    d.sinks = use_sinks && nh <= 128 ? sinks : NULL;
+    d.softcap = softcap;
+    d.lse = lse_ref;
     TK_OK(kvc_attention(s[0].cache, layer, &d));
     ensure(&q_buf, sizeof(float) * nqv);
     ensure(&out_buf, sizeof(float) * nov);
@@ -208,6 +218,14 @@ static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t n
     memset(&vd, 0, sizeof(vd));
     vd.n_queries = nq; vd.n_heads = nh; vd.q.buffer = q_buf.buffer; vd.out.buffer = out_buf.buffer;
     vd.pos = pos; vd.seq = seq; vd.window = window; vd.non_causal = nc;
+    vd.sinks = d.sinks;
+    vd.softcap = softcap;
+    if (use_lse) {
+        ensure(&gk_buf, sizeof(float) * (size_t)nq * (size_t)nh + 64);
+        memset(gk_buf.mapped, 0x7f, sizeof(float) * (size_t)nq * (size_t)nh + 64);
+        vd.lse.buffer = gk_buf.buffer;
+        vd.lse.offset = 64;
+    }
     cmd = begin_cmd();
     TK_OK(kvc_vk_cmd_attention(s[1].vk, cmd, s[1].cache, layer, &vd));
     TK_OK(kvc_vk_submit_wait(ctx, cmd));
@@ -217,8 +235,18 @@ static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t n
         if (!(e <= tol)) bad++;
         if (e > worst || e != e) worst = e;
     }
-    if (bad) fprintf(stderr, "attention: %d of %zu values off, worst %g (layer %d, nq %d)\n", bad, nov, worst, layer, nq);
+    if (bad) fprintf(stderr, "attention: %d of %zu values off, worst %g (layer %d, nq %d, sinks %d, softcap %g)\n", bad, nov,
+                     worst, layer, nq, d.sinks != NULL, softcap);
     TK_EQ(bad, 0);
+    if (use_lse) { /* -INFINITY where the CPU has it, within 1e-4 elsewhere */
+        const float *gl = (const float *)((const char *)gk_buf.mapped + 64);
+        int lbad = 0;
+        for (i = 0; i < nq * nh; ++i)
+            lbad += isinf(lse_ref[i]) ? !(isinf(gl[i]) && gl[i] < 0) : !(fabs((double)gl[i] - lse_ref[i]) <= 1e-4 * (1 + fabs(lse_ref[i])));
+        if (lbad) fprintf(stderr, "lse: %d of %d values off (first %g against %g)\n", lbad, nq * nh, gl[0], lse_ref[0]);
+        TK_EQ(lbad, 0);
+        free(lse_ref);
+    }
     free(q);
 }
 
@@ -248,6 +276,7 @@ static void make_sides(side *s, const shape *sh) {
     memset(&o, 0, sizeof(o));
     o.no_subgroup = sh->no_subgroup;
     o.disable_features = sh->disable_features;
+    o.host_layout = sh->host_layout;
     o.max_splits = 4 + (int32_t)(g_seed % 5); /* several splits even on short caches */
     TK_OK(kvc_pool_create(&pc, &s[0].pool));
     pc.allocator.alloc = count_alloc;
@@ -425,7 +454,95 @@ static void dummy_shift(void *user, int32_t layer, float *k, int32_t n, int32_t 
 }
 
 /* calls the backend must refuse, with nothing changed */
+/* Pages in and out of the device in kvcache.h's layout: upload then download gives the
+   bytes back, every type, planar or not; the planar layout puts codes and scales where
+   kvc_vk_pool_page_buffers says; bad arguments change nothing. */
+static void test_page_roundtrip(tk_rng *rng) {
+    int ti, hl, hi;
+    for (ti = 0; ti < types_avail; ++ti)
+        for (hl = 0; hl < 2; ++hl)
+            for (hi = 0; hi < 2; ++hi) {
+                kvc_pool_config pc;
+                kvc_vk_pool_options o;
+                kvc_vk_pool *vp;
+                kvc_pool *hp;
+                size_t kb, vb, i;
+                int32_t l, hd = hi ? 128 : 64, np;
+                unsigned char *a, *b, *c;
+                kvc_pool_config_init(&pc);
+                pc.n_layers = 2; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = hd;
+                pc.type_k = pc.type_v = (kvc_type)ti;
+                pc.page_cells = 8;
+                TK_OK(kvc_pool_budget_for_tokens(&pc, 5 * 8, &pc.budget_bytes));
+                memset(&o, 0, sizeof(o));
+                o.host_layout = hl;
+                TK_OK(kvc_vk_pool_create(ctx, &pc, &o, &vp));
+                hp = kvc_vk_pool_host(vp);
+                np = hp->max_pages;
+                TK_EQ(kvc_vk_pool_planar(vp), !hl && ti >= 3);
+                kb = hp->page_k_bytes * (size_t)np;
+                vb = hp->page_v_bytes * (size_t)np;
+                a = (unsigned char *)malloc(2 * (kb + vb) + kb);
+                b = a + kb + vb;
+                c = b + kb + vb;
+                for (l = 0; l < 2; ++l) {
+                    for (i = 0; i < kb + vb; ++i) a[i] = (unsigned char)tk_int(rng, 0, 255);
+                    TK_OK(kvc_vk_pool_upload(vp, l, 0, np, a, a + kb));
+                    memset(b, 0, kb + vb);
+                    TK_OK(kvc_vk_pool_download(vp, l, 0, np, b, b + kb));
+                    TK_EQ(memcmp(a, b, kb + vb), 0);
+                    /* a part: pages [1, 3) of V alone */
+                    memset(b, 0, kb + vb);
+                    TK_OK(kvc_vk_pool_download(vp, l, 1, 2, NULL, b));
+                    TK_EQ(memcmp(a + kb + hp->page_v_bytes, b, 2 * hp->page_v_bytes), 0);
+                    /* the device's bytes as kvc_vk_pool_page_buffers describes them */
+                    {
+                        VkBuffer k = VK_NULL_HANDLE;
+                        TK_OK(kvc_vk_pool_page_buffers(vp, l, &k, NULL));
+                        TK_OK(kvc_vk_download(ctx, k, 0, c, kb));
+                        if (kvc_vk_pool_planar(vp)) {
+                            /* page 1, cell 3, kv head 1, block 1: its scale and its first code byte */
+                            size_t row = hp->k_row, P = 8, cb = ti == 3 ? (size_t)hd : (size_t)hd / 2, bb = ti == 3 ? 34 : 18;
+                            size_t host = P * row + 3 * row + (size_t)(hd / 32) * bb + bb;
+                            size_t dev_s = P * row + P * 2 * cb + (1 * P + 3) * (size_t)(hd / 16) + 2;
+                            size_t dev_c = P * row + (1 * P + 3) * cb + (bb - 2);
+                            TK_EQ(memcmp(c + dev_s, a + host, 2), 0);
+                            TK_EQ(c[dev_c], a[host + 2]);
+                        } else {
+                            TK_EQ(memcmp(c, a, kb), 0);
+                        }
+                        /* and the conversion on the host, both ways */
+                        TK_OK(kvc_vk_pool_convert_pages(vp, 0, 0, c, b, np));
+                        TK_EQ(memcmp(a, b, kb), 0);
+                        TK_OK(kvc_vk_pool_convert_pages(vp, 0, 1, a, b, np));
+                        TK_EQ(memcmp(c, b, kb), 0);
+                    }
+                }
+                TK_EQ(kvc_vk_pool_download(vp, 2, 0, 1, b, NULL), KVC_ERR_RANGE);
+                TK_EQ(kvc_vk_pool_download(vp, 0, np - 1, 2, b, NULL), KVC_ERR_RANGE);
+                TK_EQ(kvc_vk_pool_upload(vp, 0, -1, 1, a, NULL), KVC_ERR_RANGE);
+                TK_EQ(kvc_vk_pool_download(NULL, 0, 0, 1, b, NULL), KVC_ERR_NULL);
+                TK_EQ(kvc_vk_pool_convert_pages(vp, 0, 0, NULL, b, 1), KVC_ERR_NULL);
+                TK_EQ(kvc_vk_pool_convert_pages(vp, 0, 0, a, b, np + 1), KVC_ERR_RANGE);
+                TK_EQ(kvc_vk_pool_planar(NULL), 0);
+                free(a);
+                TK_OK(kvc_vk_pool_destroy(vp));
+            }
+}
+
 static void test_errors(void) {
+#ifdef KVC_ROTATE_K
+    { /* rotated storage is not on the GPU yet: refused, nothing made */
+        kvc_pool_config rc;
+        kvc_vk_pool *rp = NULL;
+        kvc_pool_config_init(&rc);
+        rc.n_layers = 1; rc.n_kv_heads = 1; rc.head_dim_k = rc.head_dim_v = 64; rc.page_cells = 4;
+        rc.rotate = KVC_ROTATE_K;
+        TK_OK(kvc_pool_budget_for_tokens(&rc, 16, &rc.budget_bytes));
+        TK_EQ(kvc_vk_pool_create(ctx, &rc, NULL, &rp), KVC_ERR_UNSUPPORTED);
+        TK_EQ(rp == NULL, 1);
+    }
+#endif
     kvc_pool_config pc;
     kvc_vk_pool *vp;
     kvc_pool *hp;
@@ -1033,6 +1150,8 @@ int main(int argc, char **argv) {
            info.validation ? "on" : "NOT INSTALLED",
            (unsigned long long)g_seed, (unsigned long long)g_seed);
     test_errors();
+    rng.s = run_seed ^ 0x5bd1e995ull;
+    test_page_roundtrip(&rng);
     n_ep = (int)(24 * tk_scale());
     if (n_ep < 3) n_ep = 3;
     for (ep = 0; ep < n_ep; ++ep) {
@@ -1051,6 +1170,13 @@ int main(int argc, char **argv) {
         sh.group = tk_int(&rng, 1, 4);
         sh.hdk = dims[tk_int(&rng, 0, 4)];
         sh.hdv = tk_int(&rng, 0, 1) ? sh.hdk : dims[tk_int(&rng, 0, 4)];
+        if (ep % 4 == 1 && !getenv("KVC_VK_TYPE")) { /* a shape of the planar layout (attn_split_q) */
+            sh.tk = (kvc_type)tk_int(&rng, 3, 4);
+            sh.tv = (kvc_type)tk_int(&rng, 3, 4);
+            sh.hdk = sh.hdv = 64 << tk_int(&rng, 0, 2);
+            sh.group = tk_int(&rng, 1, 6); /* more than 4: two workgroups a kv head */
+        }
+        sh.host_layout = tk_pct(&rng, 25);
         if ((int)sh.tk >= 3 && sh.hdk < 32) sh.hdk = 32 * tk_int(&rng, 1, 4);
         if ((int)sh.tv >= 3 && sh.hdv < 32) sh.hdv = 32 * tk_int(&rng, 1, 4);
         /* the backend needs rows of 4-byte multiples: an even number of q8_0/q4_0 blocks */
@@ -1066,10 +1192,11 @@ int main(int argc, char **argv) {
             if (sh.kind == KVC_KIND_CAUSAL) episode_causal(&sh, &rng, 30);
             else episode_linear(&sh, &rng, 30);
             if (tk_failed != before)
-                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d%s%s\n",
+                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d%s%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
                         sh.hdk, sh.hdv, sh.page_cells, sh.no_subgroup ? " no-subgroup" : "",
-                        sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "");
+                        sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "",
+                        sh.host_layout ? " host-layout" : "");
         }
         g_seed = run_seed;
     }

@@ -1,0 +1,370 @@
+#version 450
+// attn_split_q.comp - decode attention, split-K pass, over q8_0 / q4_0 K and V held in the
+// planar page layout (kvc_types.glsl: per page, the codes of each kv head's cells side by
+// side, then their scales), head dims 64, 128 or 256 for both. A workgroup is one team of
+// 32 invocations (a subgroup on NVIDIA) that takes one job, one kv head, GH query heads of
+// its GQA group and one chunk of the job's cells. Every code load is a wide, coalesced
+// one: invocation t reads 16 values of a head row (q8_0: 16 bytes, q4_0: 8 bytes) of K and
+// of V, segment s = t % NSEG of cell t / NSEG of each load row (CPR cells a row); a tile
+// is TR such rows (TILE cells), its loads all issued before any is used. Per tile:
+//   scores   each invocation's packed 8-bit dot products of its K segments with the
+//            query's q8_0 codes (as the CPU scores block-typed keys; q4_0: nibbles, less 8
+//            times the codes' sum), exact integers, into shared memory; then the owner of
+//            a cell (invocation c % 32) adds its segments block by block, times the block
+//            scales (one 8-byte load of the cell's scales);
+//   softmax  one maximum per head per tile (running maxima, base 2; rescaling skipped
+//            where no maximum moved); the owner's weights times its cell's V scales, per
+//            block and head, into shared memory;
+//   values   each invocation sums those x the codes of its V segments, for its 16 values;
+//            the CPR sums of a segment are added once, at the end of the split.
+// Written out as (max, sum, unnormalised output) per query head for attn_merge.comp, as
+// attn_split.comp writes them. Built four times: USE_SUBGROUP (subgroups of 32: sums by
+// shuffles; otherwise shared memory) by USE_DOT (VK_KHR_shader_integer_dot_product; else
+// the same integer sums by shifts and multiplies).
+#extension GL_EXT_control_flow_attributes : require
+#ifndef USE_DOT
+#define USE_DOT 0
+#endif
+#if USE_SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
+#if USE_DOT
+#extension GL_EXT_spirv_intrinsics : require
+// OpSDot (4450) of two words of four signed bytes (PackedVectorFormat4x8Bit = 0)
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6018, 6019], id = 4450)
+int sdot4x8(uint a, uint b, spirv_literal int packed_format);
+int sdot(uint a, uint b) { return sdot4x8(a, b, 0); }
+#else
+int sdot(uint a, uint b) {
+    return (int(a << 24) >> 24) * (int(b << 24) >> 24) + (int(a << 16) >> 24) * (int(b << 16) >> 24) +
+           (int(a << 8) >> 24) * (int(b << 8) >> 24) + (int(a) >> 24) * (int(b) >> 24);
+}
+#endif
+#include "kvc_shared.glsl"
+layout(constant_id = SPLIT_TYPE_K) const uint TYPE_K = 3u;
+layout(constant_id = SPLIT_TYPE_V) const uint TYPE_V = 3u;
+layout(constant_id = SPLIT_HDK) const uint HD = 128u;   // head dim of K and of V
+layout(constant_id = SPLIT_G) const uint G = 4u;        // query heads per kv head
+layout(constant_id = SPLIT_KV_HEADS) const uint KV_HEADS = 8u;
+layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u;
+layout(constant_id = SPLIT_GH) const uint GH = 4u;      // query heads per workgroup (<= G)
+layout(local_size_x = 32) in;
+
+const uint NSEG = HD / 16u;      // invocations per cell
+const uint CPR = 32u / NSEG;     // cells per load row
+const uint TR = 8u;              // load rows per tile (4: 1.2x slower on an H100)
+const uint TILE = CPR * TR;      // cells per tile (kvcache_vk.h: 4096 / HD)
+const uint OWN = (TILE + 31u) / 32u; // cells an invocation owns
+const uint NHG = (G + GH - 1u) / GH;
+const uint NB = HD / 32u;        // blocks of a head row
+
+// (no volatile loads and no release after them here, unlike attn_split_cm.comp: with
+// subgroupMemoryBarrierBuffer() after a tile's loads, or volatile loads and a subgroup-scope
+// release of the Vulkan memory model, q8_0 at 128k cells batch 8 took 1479-1486 us on an
+// H100 against 1208 without; with the K and V arithmetic removed, 1143-1147 against 957)
+layout(set = 0, binding = 0) readonly buffer KB { uvec4 kb[]; };
+layout(set = 0, binding = 1) readonly buffer VB { uvec4 vb[]; };
+layout(set = 0, binding = 2) readonly buffer MB { uint meta[]; };
+layout(set = 0, binding = 3) readonly buffer QB { float qb[]; };
+layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
+layout(set = 0, binding = 5) readonly buffer KW { uint kw[]; };
+layout(set = 0, binding = 6) readonly buffer VW { uint vw[]; };
+layout(set = 0, binding = 7) readonly buffer KD { uvec2 kd[]; };
+layout(set = 0, binding = 8) readonly buffer VD { uvec2 vd[]; };
+
+layout(push_constant) uniform PC {
+    uint job_off;
+    uint chunk;       // cells per split (a multiple of TILE)
+    uint n_splits;
+    uint k_row_bytes;
+    uint v_row_bytes;
+    uint page_cells;  // (unused: PAGE_CELLS)
+    float scale_log2;
+    float softcap2;   // logit soft-capping in base 2 (softcap * log2(e)); 0: off
+} pc;
+
+uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
+#include "kvc_types.glsl"
+#include "attn_common.glsl"
+
+shared float qs[GH * HD];
+shared uint qc[GH * HD / 4u];
+shared float qsc[GH * NB];
+shared uvec4 caddr[2u * TILE];     // this tile's and the next one's cells: byte offsets of
+shared bool viss[2u * TILE];       // their K and V codes and scales; visible?
+shared ivec4 psum[TILE * NSEG];    // [cell][segment ^ (cell % NSEG)]: integer sums of GH heads
+shared vec4 wdv[TILE * NB];        // [cell][block]: weight x V scale of GH heads
+#if !USE_SUBGROUP
+shared float red[32u * GH];
+#endif
+const float NEG_INF = -1.0 / 0.0;
+
+// maxima (or sums) over all 32 invocations, and sums over the CPR cells of a load row
+// (the invocations of one segment)
+void all_reduce(inout float v[GH], bool is_max) {
+#if USE_SUBGROUP
+    [[unroll]] for (uint o = 1u; o < 32u; o <<= 1)
+        [[unroll]] for (uint g = 0u; g < GH; ++g) {
+            float x = subgroupShuffleXor(v[g], o);
+            v[g] = is_max ? max(v[g], x) : v[g] + x;
+        }
+#else
+    uint t = gl_LocalInvocationID.x;
+    [[unroll]] for (uint g = 0u; g < GH; ++g) red[g * 32u + t] = v[g];
+    barrier();
+    [[unroll]] for (uint g = 0u; g < GH; ++g) {
+        float a = red[g * 32u];
+        for (uint k = 1u; k < 32u; ++k) a = is_max ? max(a, red[g * 32u + k]) : a + red[g * 32u + k];
+        v[g] = a;
+    }
+    barrier();
+#endif
+}
+void row_sum(inout float v[GH]) {
+#if USE_SUBGROUP
+    [[unroll]] for (uint o = NSEG; o < 32u; o <<= 1)
+        [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] += subgroupShuffleXor(v[g], o);
+#else
+    uint t = gl_LocalInvocationID.x, s = t % NSEG;
+    [[unroll]] for (uint g = 0u; g < GH; ++g) red[g * 32u + t] = v[g];
+    barrier();
+    [[unroll]] for (uint g = 0u; g < GH; ++g) {
+        float a = red[g * 32u + s];
+        for (uint k = 1u; k < CPR; ++k) a += red[g * 32u + k * NSEG + s];
+        v[g] = a;
+    }
+    barrier();
+#endif
+}
+
+// codes to floats without int-to-float conversions: 2^23 + biased code as float bits
+float q8f(uint wb, uint k) { return uintBitsToFloat(0x4b000000u | bitfieldExtract(wb, int(8u * k), 8)) - 8388736.0; }
+float q4f(uint w, uint k) { return uintBitsToFloat(0x4b000000u | bitfieldExtract(w, int(4u * k), 4)) - 8388616.0; }
+
+// The cells [base, base + TILE) of the view into caddr / viss from `at`: where their codes
+// and scales are (a cell the query may not see: cell 0 of page 0, its weights zeros).
+void cells_at(Job J, uint base, uint c1, uint at, uint kcb, uint vcb, uint kpage, uint vpage, uint kcode0, uint vcode0,
+              uint kscl0, uint vscl0) {
+    [[unroll]] for (uint o = 0u; o < OWN; ++o) {
+        uint c = gl_LocalInvocationID.x + 32u * o;
+        if (c < TILE) {
+            uint vi = base + c, gid = 0u;
+            bool vis = vi < c1 && cell_visible(J, vi, PAGE_CELLS, gid);
+            gid = vis ? gid : 0u;
+            uint page = gid / PAGE_CELLS, slot = gid % PAGE_CELLS;
+            caddr[at + c] = uvec4(page * kpage + kcode0 + slot * kcb, page * vpage + vcode0 + slot * vcb,
+                                  page * kpage + kscl0 + slot * (HD / 16u), page * vpage + vscl0 + slot * (HD / 16u));
+            viss[at + c] = vis;
+        }
+    }
+}
+// A tile's K (V) codes of this invocation's segments, and its owned cells' K (V) scales.
+uvec4 kx[TR], vx[TR];                 // a tile's codes of this invocation's segments
+uint kh[OWN][NB / 2u], vh[OWN][NB / 2u]; // its owned cells' scales
+void fetch_k(uint at) {
+    uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
+    [[unroll]] for (uint j = 0u; j < TR; ++j) {
+        uint a = caddr[at + j * CPR + r].x;
+        if (TYPE_K == T_Q8_0) kx[j] = kb[(a >> 4) + s];
+        else { uvec2 x = kd[(a >> 3) + s]; kx[j] = uvec4(x, 0u, 0u); }
+    }
+    [[unroll]] for (uint o = 0u; o < OWN; ++o) {
+        uint a = caddr[at + min(t + 32u * o, TILE - 1u)].z;
+        [[unroll]] for (uint b = 0u; b < NB / 2u; ++b) kh[o][b] = kw[(a >> 2) + b];
+    }
+}
+void fetch_v(uint at) {
+    uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
+    [[unroll]] for (uint j = 0u; j < TR; ++j) {
+        uint a = caddr[at + j * CPR + r].y;
+        if (TYPE_V == T_Q8_0) vx[j] = vb[(a >> 4) + s];
+        else { uvec2 x = vd[(a >> 3) + s]; vx[j] = uvec4(x, 0u, 0u); }
+    }
+    [[unroll]] for (uint o = 0u; o < OWN; ++o) {
+        uint a = caddr[at + min(t + 32u * o, TILE - 1u)].w;
+        [[unroll]] for (uint b = 0u; b < NB / 2u; ++b) vh[o][b] = vw[(a >> 2) + b];
+    }
+}
+
+void main() {
+    uint kvh = gl_WorkGroupID.x / NHG, hg = gl_WorkGroupID.x % NHG, split = gl_WorkGroupID.y, jb = gl_WorkGroupID.z;
+    uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
+    Job J = load_job(pc.job_off, jb);
+    uint h0 = hg * GH; // first query head of the group
+    // the query rounded to q8_0 as on the CPU (as attn_split.comp does it): per block of 32,
+    // d = amax / 127 stored as f16, codes rint(x / d) in +-127, four to a word
+    for (uint i = t; i < GH * HD; i += 32u)
+        qs[i] = h0 + i / HD < G ? qb[J.q_off + (kvh * G + h0) * HD + i] : 0.0;
+    barrier();
+    for (uint b = t; b < GH * NB; b += 32u) {
+        float amax = 0.0;
+        for (uint j = 0u; j < 32u; ++j) amax = max(amax, abs(qs[32u * b + j]));
+        float d = div_rn(amax, 127.0), id = d != 0.0 ? div_rn(1.0, d) : 0.0;
+        for (uint w = 0u; w < 8u; ++w) {
+            uint packed = 0u;
+            for (uint c = 0u; c < 4u; ++c) {
+                int code = clamp(int(roundEven(qs[32u * b + 4u * w + c] * id)), -127, 127);
+                packed |= (uint(code) & 0xffu) << (8u * c);
+            }
+            qc[8u * b + w] = packed;
+        }
+        qsc[b] = h2f(f2h(d)) * pc.scale_log2;
+    }
+    barrier();
+    // this invocation's query words: q8_0, the 16 codes of segment s; q4_0, the 8 codes of
+    // the low nibbles (values 8 (s % 2) .. of block s / 2) and the 8 of the high ones (16 on)
+    uint qw[GH][4];
+    int qbias[GH];
+    [[unroll]] for (uint g = 0u; g < GH; ++g) {
+        uint w0 = g * HD / 4u + 8u * (s / 2u);
+        if (TYPE_K == T_Q8_0) {
+            [[unroll]] for (uint k = 0u; k < 4u; ++k) qw[g][k] = qc[w0 + 4u * (s & 1u) + k];
+        } else {
+            uint lo = w0 + 2u * (s & 1u);
+            qw[g][0] = qc[lo]; qw[g][1] = qc[lo + 1u]; qw[g][2] = qc[lo + 4u]; qw[g][3] = qc[lo + 5u];
+        }
+        int qsum = 0;
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) qsum += sdot(qw[g][k], 0x01010101u);
+        qbias[g] = TYPE_K == T_Q8_0 ? 0 : 8 * qsum;
+    }
+    // the owner's query scales (d_q x scale_log2), [head][block]
+    float qf[GH][NB];
+    [[unroll]] for (uint g = 0u; g < GH; ++g) [[unroll]] for (uint b = 0u; b < NB; ++b) qf[g][b] = qsc[g * NB + b];
+
+    const uint kcb = TYPE_K == T_Q8_0 ? HD : HD / 2u, vcb = TYPE_V == T_Q8_0 ? HD : HD / 2u;
+    // page p's planes: codes at p * P * row, scales after the P * KV_HEADS code rows
+    uint kpage = PAGE_CELLS * pc.k_row_bytes, vpage = PAGE_CELLS * pc.v_row_bytes;
+    uint kcode0 = (kvh * PAGE_CELLS) * kcb, vcode0 = (kvh * PAGE_CELLS) * vcb;
+    uint kscl0 = PAGE_CELLS * KV_HEADS * kcb + kvh * PAGE_CELLS * (HD / 16u);
+    uint vscl0 = PAGE_CELLS * KV_HEADS * vcb + kvh * PAGE_CELLS * (HD / 16u);
+
+    float acc[GH][16];
+    [[unroll]] for (uint g = 0u; g < GH; ++g) [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] = 0.0;
+    float m[GH], l[GH];
+    [[unroll]] for (uint g = 0u; g < GH; ++g) { m[g] = NEG_INF; l[g] = 0.0; }
+
+    uint c0 = split * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
+    // Software-pipelined: the next tile's cells are looked up before this tile's scores,
+    // its K codes and scales loaded once this tile's K scales are used, its V codes and
+    // scales once this tile's values are summed, so a tile's loads wait behind a tile's work.
+    cells_at(J, c0, c1, 0u, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
+    barrier();
+    fetch_k(0u);
+    fetch_v(0u);
+    uint buf = 0u;
+    [[dont_unroll]] for (uint base = c0; base < c1; base += TILE) { // uniform trip count
+        bool more = base + TILE < c1;
+        if (more) cells_at(J, base + TILE, c1, (buf ^ 1u) * TILE, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
+        // the segments' integer sums
+        [[unroll]] for (uint j = 0u; j < TR; ++j) {
+            int is[4] = int[4](0, 0, 0, 0);
+            [[unroll]] for (uint g = 0u; g < GH; ++g) {
+                if (TYPE_K == T_Q8_0)
+                    is[g] = sdot(kx[j].x, qw[g][0]) + sdot(kx[j].y, qw[g][1]) + sdot(kx[j].z, qw[g][2]) + sdot(kx[j].w, qw[g][3]);
+                else
+                    is[g] = sdot(kx[j].x & 0x0f0f0f0fu, qw[g][0]) + sdot(kx[j].y & 0x0f0f0f0fu, qw[g][1]) +
+                            sdot((kx[j].x >> 4) & 0x0f0f0f0fu, qw[g][2]) + sdot((kx[j].y >> 4) & 0x0f0f0f0fu, qw[g][3]) - qbias[g];
+            }
+            uint c = j * CPR + r;
+            psum[c * NSEG + (s ^ (c % NSEG))] = ivec4(is[0], is[1], is[2], is[3]);
+        }
+        barrier(); // psum, and the next tile's cells
+        // the owners' scores
+        float sc[OWN][GH], mx[GH];
+        [[unroll]] for (uint g = 0u; g < GH; ++g) mx[g] = NEG_INF;
+        [[unroll]] for (uint o = 0u; o < OWN; ++o) {
+            uint c = min(t + 32u * o, TILE - 1u);
+            bool vis = t + 32u * o < TILE && viss[buf * TILE + c];
+            float v[GH];
+            [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = 0.0;
+            [[unroll]] for (uint b = 0u; b < NB; ++b) {
+                ivec4 a = psum[c * NSEG + ((2u * b) ^ (c % NSEG))], e = psum[c * NSEG + ((2u * b + 1u) ^ (c % NSEG))];
+                float dk = h2f((kh[o][b / 2u] >> (16u * (b & 1u))) & 0xffffu);
+                [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] += float(a[g] + e[g]) * (dk * qf[g][b]);
+            }
+            if (pc.softcap2 > 0.0) // s = cap tanh(s / cap), in base 2 as the scores are
+                [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = pc.softcap2 * tanh(v[g] / pc.softcap2);
+            [[unroll]] for (uint g = 0u; g < GH; ++g) {
+                sc[o][g] = vis ? v[g] : NEG_INF;
+                mx[g] = max(mx[g], sc[o][g]);
+            }
+        }
+        if (more) fetch_k((buf ^ 1u) * TILE);
+        all_reduce(mx, true);
+        bool moved = false;
+        [[unroll]] for (uint g = 0u; g < GH; ++g) moved = moved || mx[g] > m[g];
+        if (moved) { // uniform: every invocation holds the same maxima
+            [[unroll]] for (uint g = 0u; g < GH; ++g) {
+                float mn = max(m[g], mx[g]);
+                float a = mn == NEG_INF ? 1.0 : exp2(m[g] - mn);
+                m[g] = mn;
+                l[g] *= a;
+                [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] *= a;
+            }
+        }
+        // the owners' weights, times their V scales
+        [[unroll]] for (uint o = 0u; o < OWN; ++o) {
+            uint c = t + 32u * o;
+            if (c >= TILE) continue;
+            bool vis = viss[buf * TILE + c];
+            float p[4] = float[4](0.0, 0.0, 0.0, 0.0);
+            [[unroll]] for (uint g = 0u; g < GH; ++g) {
+                p[g] = vis ? exp2(sc[o][g] - m[g]) : 0.0;
+                l[g] += p[g];
+            }
+            [[unroll]] for (uint b = 0u; b < NB; ++b) {
+                float dv = h2f((vh[o][b / 2u] >> (16u * (b & 1u))) & 0xffffu);
+                // a masked cell's row may hold anything: its weights are zeros, not products
+                wdv[c * NB + b] = vis ? vec4(p[0], p[1], p[2], p[3]) * dv : vec4(0.0);
+            }
+        }
+        barrier();
+        // the weighted values
+        [[unroll]] for (uint j = 0u; j < TR; ++j) {
+            vec4 wd = wdv[(j * CPR + r) * NB + s / 2u];
+            float x[16];
+            if (TYPE_V == T_Q8_0) {
+                uvec4 wb = vx[j] ^ uvec4(0x80808080u);
+                [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+                    x[k] = q8f(wb.x, k); x[4u + k] = q8f(wb.y, k); x[8u + k] = q8f(wb.z, k); x[12u + k] = q8f(wb.w, k);
+                }
+            } else { // low nibbles: values 0-7 of the half block, high: 16-23
+                [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+                    x[k] = q4f(vx[j].x, 2u * k); x[4u + k] = q4f(vx[j].y, 2u * k);
+                    x[8u + k] = q4f(vx[j].x, 2u * k + 1u); x[12u + k] = q4f(vx[j].y, 2u * k + 1u);
+                }
+            }
+            [[unroll]] for (uint g = 0u; g < GH; ++g)
+                [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] += wd[g] * x[k];
+        }
+        if (more) fetch_v((buf ^ 1u) * TILE);
+        buf ^= 1u;
+        barrier(); // psum and wdv are rewritten by the next tile, caddr by the one after
+    }
+
+    all_reduce(l, false); // each owner's share
+    [[unroll]] for (uint k = 0u; k < 16u; ++k) {
+        float v[GH];
+        [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = acc[g][k];
+        row_sum(v);
+        [[unroll]] for (uint g = 0u; g < GH; ++g) acc[g][k] = v[g];
+    }
+    if (r == 0u) {
+        uint stride = HD + 2u;
+        [[unroll]] for (uint g = 0u; g < GH; ++g) {
+            if (h0 + g >= G) continue;
+            uint at = ((jb * KV_HEADS * G + kvh * G + h0 + g) * pc.n_splits + split) * stride;
+            [[unroll]] for (uint k = 0u; k < 16u; ++k) {
+                // q8_0: values 16 s + k; q4_0: block s / 2, half s % 2: 8 values from 8 (s % 2),
+                // then 8 from 16 + 8 (s % 2)
+                uint e = TYPE_V == T_Q8_0 ? 16u * s + k : 32u * (s / 2u) + 8u * (s & 1u) + (k < 8u ? k : 8u + k);
+                part[at + 2u + e] = acc[g][k];
+            }
+            if (s == 0u) {
+                part[at] = m[g];
+                part[at + 1u] = l[g];
+            }
+        }
+    }
+}
