@@ -2388,6 +2388,13 @@ static void kvc__free(kvc_pool *p, void *ptr) {
 }
 
 /* Page reference counting. Callers check kvc__pages_free first, so acquire never fails. */
+/* A state pool's page is a K/V page of one cell whose V row (one float per layer) no
+   state uses: zeroed when the page is taken, so that saves write no stale bytes. */
+static unsigned char *kvc__v_at(const kvc_pool *p, int32_t layer, uint32_t page, int32_t cell);
+static void kvc__zero_state_pad(kvc_pool *p, uint32_t page) {
+    int32_t l;
+    for (l = 0; l < p->cfg.n_layers; ++l) memset(kvc__v_at(p, l, page, 0), 0, p->v_row);
+}
 static uint32_t kvc__page_acquire(kvc_pool *p) {
     uint32_t page;
     KVCACHE_ASSERT(p->n_free > 0 && p->budget->cap - p->budget->used >= p->page_bytes);
@@ -2396,6 +2403,7 @@ static uint32_t kvc__page_acquire(kvc_pool *p) {
     p->refcount[page] = 1;
     p->budget->used += p->page_bytes;
     if (p->max_pages - p->n_free > p->pages_peak) p->pages_peak = p->max_pages - p->n_free;
+    if (p->cfg.state_floats > 0 && !p->external) kvc__zero_state_pad(p, page);
     return page;
 }
 static void kvc__page_retain(kvc_pool *p, uint32_t page) {

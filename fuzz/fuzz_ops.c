@@ -522,6 +522,10 @@ static int fz_append(fz_world *w, int ci, int n) {
     need_hi = need_lo + (o % w->pc != 0);
     fuzz_note("append cache %d n %d (offset %d, free %d)", ci, n, o, free0);
     r = kvc_begin(c->h, n);
+    if (r == KVC_ERR_NO_MEMORY && fz_may_oom) { /* its page table could not grow */
+        FUZZ_CHECK(fz_free_pages(w) == free0, "a refused kvc_begin changed the free pages");
+        return 0;
+    }
     if (r == KVC_ERR_FULL) {
         FUZZ_CHECK(free0 < need_hi, "kvc_begin(%d) said FULL with %d free pages (needs at most %d)", n, free0, need_hi);
         FUZZ_CHECK(fz_free_pages(w) == free0, "a refused kvc_begin changed the free pages");

@@ -190,10 +190,12 @@ if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev
     # the backend's with its own allocator), and lavapipe under ASan is slow
     if [ "$n" = test_vk ]; then
       step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm -lpthread &&
-        ASAN_OPTIONS=detect_leaks=0 KVC_TEST_SCALE=0.3 checks "asan-$n" "$B/$n.asan" "$seed"
+        ASAN_OPTIONS=detect_leaks=0 KVC_TEST_SCALE=0.15 checks "asan-$n" "$B/$n.asan" "$seed"
       continue
     fi
-    step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm -lpthread && checks "asan-$n" "$B/$n.asan" "$seed"
+    # half the native scale: the native run above has the full one (CI time)
+    step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm -lpthread &&
+      KVC_TEST_SCALE=0.5 checks "asan-$n" "$B/$n.asan" "$seed"
   done
   step asan-build-fuzz $SANCC $STRICT $SAN -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz.asan" -lm &&
     for n in $fuzz_names; do replay "asan-fuzz-replay-$n" "$B/fuzz.asan" "$n"; done
@@ -235,7 +237,7 @@ if have valgrind; then
     if [ "$n" = test_vk ]; then
       KVC_VK_EPISODE=$((seed % 3)) KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG $VGVK "$B/$n.vg" "$seed"
     else
-      KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG "$B/$n.vg" "$seed"
+      KVC_NO_STACK_TEST=1 KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG "$B/$n.vg" "$seed"
     fi
   done
   step vg-build-fuzz $CC $STRICT -O1 -g -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz.vg" -lm &&
@@ -278,16 +280,12 @@ step gcc-O3-static-library $CC $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_sta
 NOMU="-Wno-maybe-uninitialized"
 CXXW="-Wall -Wextra -Werror"
 XW="$STRICT -O2 -static"
-# Two lanes of about equal length (alone on this machine: gcc -O3 60 s, g++ 57, clang++ 51,
+# Two lanes (alone on this machine, before some became subsets: gcc -O3 60 s, g++ 57, clang++ 51,
 # clang -O3 50, gcc static 42, gcc -O0 29, no-SIMD 27, aarch64 23, clang -O0 16, arm32 14,
 # tcc 2).
 matrix_gcc() {
   mx gcc-O3 "$CC $STRICT $NOMU -O3" "" -- $all_tests $all_fuzz
   mx gcc-nosimd "$CC $STRICT -O2 -DKVCACHE_NO_SIMD" "" -- $all_tests $all_fuzz
-  if have g++; then
-    # C++11: every test compiles as C++11 in the first stage; here C++17 builds and runs them
-    mx g++-c++17 "g++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
-  else skip g++-matrix "g++ not installed"; fi
   # tcc has no SIMD intrinsics: the scalar path, a different front end, its own codegen;
   # every warning tcc has (-Wall is only implicit declarations), as errors
   if have tcc; then mx tcc "tcc -Wall -Wunsupported -Wwrite-strings -Werror" "" -- $all_tests $all_fuzz
@@ -297,20 +295,24 @@ matrix_gcc() {
   if have arm-linux-gnueabihf-gcc && have qemu-arm; then
     mx arm32 "arm-linux-gnueabihf-gcc $XW" qemu-arm -- core causal limits $all_fuzz
   else skip arm32 "gcc-arm-linux-gnueabihf or qemu-user not installed"; fi
-  if have clang; then mx clang-O0 "clang $STRICT -O0" "" -- $all_tests $all_fuzz; fi # clang-O3: the other lane
+  # -O0 (no inlining, other UB exposure): the core programs and the fuzz replays
+  if have clang; then mx clang-O0 "clang $STRICT -O0" "" -- core causal radix memory_radix hybrid limits $all_fuzz; fi
 }
 matrix_clang() {
   if have clang; then
     step clang-O3-static-library clang $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_clang.o"
     mx clang-O3 "clang $STRICT -O3" "" -- $all_tests $all_fuzz # -O2: ASan's -O1 and gcc -O2 above
   else skip clang-matrix "clang not installed"; fi
-  if have clang++; then
-    mx clang++-c++17 "clang++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
-  else skip clang++-matrix "clang++ not installed"; fi
-  mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- $all_tests $all_fuzz
-  mx gcc-O0 "$CC $STRICT -O0" "" -- $all_tests $all_fuzz
+  # C++: every program compiles as C++11 in the first stage; here g++ runs them as C++17
+  if have g++; then
+    mx g++-c++17 "g++ -x c++ -std=c++17 $CXXW -O2" "" -- $all_tests $all_fuzz
+  else skip g++-matrix "g++ not installed"; fi
+  # KVCACHE_STATIC changes linkage, not behaviour: a few programs and the fuzz replays
+  mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- core radix persist memory_radix $all_fuzz
+  # gcc 12's aarch64 vectoriser stops with an internal error on test_variants' cascade
+  # loop: no auto-vectorisation there (the NEON intrinsics are what this build is for)
   if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
-    mx aarch64 "aarch64-linux-gnu-gcc $XW" qemu-aarch64 -- core kernels variants limits $all_fuzz
+    mx aarch64 "aarch64-linux-gnu-gcc $XW -fno-tree-vectorize" qemu-aarch64 -- core kernels variants limits $all_fuzz
   else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
 }
 lane matrix-gcc matrix_gcc
@@ -319,7 +321,7 @@ lanes_join
 
 # Each target is one single-threaded process: up to KVC_JOBS (default: the CPU count) fuzz
 # side by side, each for the full KVC_FUZZ_SECONDS, and the next target builds meanwhile.
-stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 30), $JOBS at a time"
+stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 20), $JOBS at a time"
 FUZZ_S=${KVC_FUZZ_SECONDS:-0}
 LF="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 if [ "$FUZZ_S" = 0 ]; then
