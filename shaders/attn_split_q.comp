@@ -6,7 +6,9 @@
 // its GQA group and one chunk of the job's cells. Every code load is a wide, coalesced
 // one: invocation t reads 16 values of a head row (q8_0: 16 bytes, q4_0: 8 bytes) of K and
 // of V, segment s = t % NSEG of cell t / NSEG of each load row (CPR cells a row); a tile
-// is TR such rows (TILE cells), its loads all issued before any is used. Per tile:
+// is TR such rows (TILE cells), its loads issued a tile before they are used (its V codes
+// copied into the invocation's own shared memory as the weighted values start, so the next
+// tile's V loads go out before, not after, them). Per tile:
 //   scores   each invocation's packed 8-bit dot products of its K segments with the
 //            query's q8_0 codes (as the CPU scores block-typed keys; q4_0: nibbles, less 8
 //            times the codes' sum), exact integers, into shared memory; then the owner of
@@ -88,13 +90,15 @@ uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 #include "kvc_types.glsl"
 #include "attn_common.glsl"
 
-shared float qs[GH * HD];
 shared uint qc[GH * HD / 4u];
 shared float qsc[GH * NB];
 shared uvec4 caddr[2u * TILE];     // this tile's and the next one's cells: byte offsets of
 shared bool viss[2u * TILE];       // their K and V codes and scales; visible?
 shared ivec4 psum[TILE * NSEG];    // [cell][segment ^ (cell % NSEG)]: integer sums of GH heads
 shared vec4 wdv[TILE * NB];        // [cell][block]: weight x V scale of GH heads
+// [row][invocation]: each invocation's own copy of a tile's V codes; before the loop, the
+// query's floats (GH * HD <= 4 * 32 TR)
+shared uvec4 vst[TR * 32u];
 #if !USE_SUBGROUP
 shared float red[32u * GH];
 #endif
@@ -187,6 +191,8 @@ void fetch_v(uint at) {
     }
 }
 
+float qsf(uint i) { return uintBitsToFloat(vst[i >> 2][i & 3u]); } // the query, before the loop
+
 void main() {
     uint kvh = gl_WorkGroupID.x / NHG, hg = gl_WorkGroupID.x % NHG, split = gl_WorkGroupID.y, jb = gl_WorkGroupID.z;
     uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
@@ -195,16 +201,16 @@ void main() {
     // the query rounded to q8_0 as on the CPU (as attn_split.comp does it): per block of 32,
     // d = amax / 127 stored as f16, codes rint(x / d) in +-127, four to a word
     for (uint i = t; i < GH * HD; i += 32u)
-        qs[i] = h0 + i / HD < G ? qb[J.q_off + (kvh * G + h0) * HD + i] : 0.0;
+        vst[i >> 2][i & 3u] = floatBitsToUint(h0 + i / HD < G ? qb[J.q_off + (kvh * G + h0) * HD + i] : 0.0);
     barrier();
     for (uint b = t; b < GH * NB; b += 32u) {
         float amax = 0.0;
-        for (uint j = 0u; j < 32u; ++j) amax = max(amax, abs(qs[32u * b + j]));
+        for (uint j = 0u; j < 32u; ++j) amax = max(amax, abs(qsf(32u * b + j)));
         float d = div_rn(amax, 127.0), id = d != 0.0 ? div_rn(1.0, d) : 0.0;
         for (uint w = 0u; w < 8u; ++w) {
             uint packed = 0u;
             for (uint c = 0u; c < 4u; ++c) {
-                int code = clamp(int(roundEven(qs[32u * b + 4u * w + c] * id)), -127, 127);
+                int code = clamp(int(roundEven(qsf(32u * b + 4u * w + c) * id)), -127, 127);
                 packed |= (uint(code) & 0xffu) << (8u * c);
             }
             qc[8u * b + w] = packed;
@@ -247,7 +253,10 @@ void main() {
     uint c0 = split * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
     // Software-pipelined: the next tile's cells are looked up before this tile's scores,
     // its K codes and scales loaded once this tile's K scales are used, its V codes and
-    // scales once this tile's values are summed, so a tile's loads wait behind a tile's work.
+    // scales once this tile's V codes are copied out (vst), so a tile's loads wait behind a
+    // tile's work. (H100, q8_0 at 128k cells batch 8: 1036 us against 1203 with the V loads
+    // after the values; K staged the same way as well, with the cells looked up two tiles
+    // ahead: 2211 us. q4_0 tiles of 16 rows, two rows' codes to a uvec4 in vst: 2.3x slower)
     cells_at(J, c0, c1, 0u, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
     barrier();
     fetch_k(0u);
@@ -320,25 +329,28 @@ void main() {
             }
         }
         barrier();
-        // the weighted values
+        // the weighted values, of this tile's V codes copied out of the registers the next
+        // tile's are loaded into (no barrier: each invocation reads only its own)
+        [[unroll]] for (uint j = 0u; j < TR; ++j) vst[j * 32u + t] = vx[j];
+        if (more) fetch_v((buf ^ 1u) * TILE);
         [[unroll]] for (uint j = 0u; j < TR; ++j) {
             vec4 wd = wdv[(j * CPR + r) * NB + s / 2u];
+            uvec4 vxj = vst[j * 32u + t];
             float x[16];
             if (TYPE_V == T_Q8_0) {
-                uvec4 wb = vx[j] ^ uvec4(0x80808080u);
+                uvec4 wb = vxj ^ uvec4(0x80808080u);
                 [[unroll]] for (uint k = 0u; k < 4u; ++k) {
                     x[k] = q8f(wb.x, k); x[4u + k] = q8f(wb.y, k); x[8u + k] = q8f(wb.z, k); x[12u + k] = q8f(wb.w, k);
                 }
             } else { // low nibbles: values 0-7 of the half block, high: 16-23
                 [[unroll]] for (uint k = 0u; k < 4u; ++k) {
-                    x[k] = q4f(vx[j].x, 2u * k); x[4u + k] = q4f(vx[j].y, 2u * k);
-                    x[8u + k] = q4f(vx[j].x, 2u * k + 1u); x[12u + k] = q4f(vx[j].y, 2u * k + 1u);
+                    x[k] = q4f(vxj.x, 2u * k); x[4u + k] = q4f(vxj.y, 2u * k);
+                    x[8u + k] = q4f(vxj.x, 2u * k + 1u); x[12u + k] = q4f(vxj.y, 2u * k + 1u);
                 }
             }
             [[unroll]] for (uint g = 0u; g < GH; ++g)
                 [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] += wd[g] * x[k];
         }
-        if (more) fetch_v((buf ^ 1u) * TILE);
         buf ^= 1u;
         barrier(); // psum and wdv are rewritten by the next tile, caddr by the one after
     }
