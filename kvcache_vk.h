@@ -1433,7 +1433,8 @@ static void kvc_vk__rotate(kvc_vk_pool *p, VkCommandBuffer cmd, int v, VkBuffer 
     rp.r = (float)(1.0 / sqrt((double)n)); /* as kvcache.h's kvc__rot_one rounds it */
     b[0] = src;
     b[1] = dst;
-    b[2] = p->meta.buffer;
+    b[2] = p->meta.buffer ? p->meta.buffer : dst; /* (read by mode 2 only; an attention call's q pass may come
+                                                    before the pool's first metadata) */
     kvc_vk__push(p, cmd, p->fixed[v ? KVC_VK__ROT_V : KVC_VK__ROT_K], b, 3, &rp, sizeof(rp));
     /* a workgroup per vector, looping past 4096 of them */
     if (n_vec) p->ctx->fn.vkCmdDispatch(cmd, n_vec < 4096 ? n_vec : 4096, 1, 1);
@@ -1942,8 +1943,9 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     if ((r = kvc_vk__grow(p, &p->part, part_bytes, &grown)) != KVC_OK) return r;
     if (p->rot_k && (r = kvc_vk__grow(p, &p->rot, (size_t)n_jobs * (size_t)n_heads * (size_t)p->hdk * 4, &grown)) != KVC_OK)
         return r;
-    if ((r = kvc_vk__upload_meta(p, cmd, at)) != KVC_OK) return r;
-    if (p->rot_k) { /* rotated keys: the split pass reads R q, the jobs' queries in order in rot */
+    if (p->rot_k) { /* rotated keys: the split pass reads R q, the jobs' queries in order in rot
+                       (recorded before the metadata upload, which it does not touch: the two
+                       overlap, and share the barrier) */
         uint32_t j0 = 0;
         for (it = 0; it < n_items; ++it) {
             const kvc_vk_attention_desc *d = &items[it].desc;
@@ -1951,8 +1953,9 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
                            j0 * (uint32_t)n_heads * (uint32_t)p->hdk, (uint32_t)d->n_queries * (uint32_t)n_heads, 0, NULL);
             j0 += (uint32_t)d->n_queries;
         }
-        kvc_vk__barrier(p->ctx, cmd);
     }
+    if ((r = kvc_vk__upload_meta(p, cmd, at)) != KVC_OK) return r;
+    if (p->rot_k) kvc_vk__barrier(p->ctx, cmd);
     sp.job_off = 0;
     sp.chunk = (uint32_t)chunk;
     sp.n_splits = (uint32_t)splits;
