@@ -232,7 +232,9 @@ KVCDEF const kvc_vk_functions *kvc_vk_context_functions(const kvc_vk_context *ct
 
 /* A pool of pages in device memory with kvcache.h's bookkeeping: cfg as for kvc_pool_create
    (its hooks must be zero: the backend sets them; a state pool too, see below). Create caches, snapshots and prefix
-   objects on kvc_vk_pool_host()'s pool with the ordinary kvcache.h calls. Destroy the
+   objects on kvc_vk_pool_host()'s pool with the ordinary kvcache.h calls. cfg->rotate (rotated
+   storage) works as on the CPU: append stores R k / R v, attention, gather and RoPE shifts see
+   the plain values, and the page buffers hold the stored (rotated) rows. Destroy the
    pool only when the device no longer runs work recorded for it. */
 KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *ctx, const kvc_pool_config *cfg,
                                      const kvc_vk_pool_options *opts, kvc_vk_pool **out);

@@ -1197,7 +1197,7 @@ int main(int argc, char **argv) {
         shape sh;
         if (getenv("KVC_VK_EPISODE") && atoi(getenv("KVC_VK_EPISODE")) != ep) continue;
         if (getenv("KVC_VK_FROM") && ep < atoi(getenv("KVC_VK_FROM"))) continue;
-        static const int32_t dims[] = {8, 16, 32, 64, 128};
+        static const int32_t dims[] = {8, 16, 32, 64, 128, 96}; /* 96: a block-diagonal rotation (3 x 32) */
         uint64_t es = run_seed * 1000003ull + (uint64_t)ep;
         rng.s = es ^ 0x9e3779b97f4a7c15ull;
         memset(&sh, 0, sizeof(sh));
@@ -1207,8 +1207,8 @@ int main(int argc, char **argv) {
         sh.layers = tk_int(&rng, 1, 2);
         sh.kv_heads = tk_int(&rng, 1, 3);
         sh.group = tk_int(&rng, 1, 4);
-        sh.hdk = dims[tk_int(&rng, 0, 4)];
-        sh.hdv = tk_int(&rng, 0, 1) ? sh.hdk : dims[tk_int(&rng, 0, 4)];
+        sh.hdk = dims[tk_int(&rng, 0, 5)];
+        sh.hdv = tk_int(&rng, 0, 1) ? sh.hdk : dims[tk_int(&rng, 0, 5)];
         if (ep % 4 == 1 && !getenv("KVC_VK_TYPE")) { /* a shape of the planar layout (attn_split_q) */
             sh.tk = (kvc_type)tk_int(&rng, 3, 4);
             sh.tv = (kvc_type)tk_int(&rng, 3, 4);
