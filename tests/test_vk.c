@@ -1224,9 +1224,10 @@ int main(int argc, char **argv) {
         sh.page_cells = tk_int(&rng, 1, 3) * 4;
         sh.no_subgroup = (ep / 3) % 2;
         sh.disable_features = ep % 5 == 4 ? KVC_VK_FEATURE_INTEGER_DOT_PRODUCT : 0u;
-        /* rotated storage: none, K, V, both, by turns (each with every cache kind), where the
-           head dims take it (kvc_rotation_block) */
-        sh.rotate = (uint32_t)((ep / 3) % 4);
+        /* rotated storage: none, K, V, both, by turns from a seeded start (every 12 episodes
+           each with every cache kind; a short run still gets some), where the head dims take
+           it (kvc_rotation_block) */
+        sh.rotate = (uint32_t)((ep + run_seed) % 4);
         {
             int32_t nb;
             if (kvc_rotation_block(sh.hdk, &nb) != KVC_OK) sh.rotate &= ~KVC_ROTATE_K;
