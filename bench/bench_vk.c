@@ -8,9 +8,13 @@
    kernel (kvc_vk_cmd_copy, 1 GiB -> 1 GiB) gives the device's bandwidth, read + write
    counted, as the yardstick. One query head group of sequence 0 is checked
    against a double-precision reference on the host.
+   A type written NAME+rot (q8_0+rot, q4_0+rot) stores K and V rotated (kvc_pool_config.rotate =
+   KVC_ROTATE_K | KVC_ROTATE_V): the call then also rotates q before the split pass and the
+   output back after the merge (rotate.comp); its row gives those two passes' own time (timed
+   alone, back to back with the barrier between them) and their share of the call's.
 
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
-   usage: bench_vk [--cells 4096,32768,131072] [--batch 1,8] [--types f16,q8_0] [--reps 50]
+   usage: bench_vk [--cells 4096,32768,131072] [--batch 1,8] [--types f16,q8_0,q8_0+rot] [--reps 50]
                    [--splits n (max split-K chunks)] [--no-copy]
    bench/bench_vk.sh runs it with PyTorch's scaled_dot_product_attention beside it. */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
@@ -164,11 +168,38 @@ static void record_attn(VkCommandBuffer cmd, void *user) {
     CHECK(kvc_vk_cmd_attention_batch(j->pool, cmd, 0, j->items, j->n));
 }
 
+/* the two passes rotated storage adds to a call: q rotated, then (after a barrier) the
+   output rotated back in place */
+static void record_rot(VkCommandBuffer cmd, void *user) {
+    attn_job *j = (attn_job *)user;
+    kvc_vk_pool *p = j->pool;
+    int32_t i;
+    kvc_vk__barrier_in(p->ctx, cmd);
+    for (i = 0; i < j->n; ++i)
+        kvc_vk__rotate(p, cmd, 0, j->items[i].desc.q.buffer, (uint32_t)(j->items[i].desc.q.offset / 4), 0, p->rot.buffer,
+                       (uint32_t)i * HQ * HD, HQ, 0, NULL);
+    kvc_vk__barrier(p->ctx, cmd);
+    for (i = 0; i < j->n; ++i)
+        kvc_vk__rotate(p, cmd, 1, j->items[i].desc.out.buffer, (uint32_t)(j->items[i].desc.out.offset / 4), 0,
+                       j->items[i].desc.out.buffer, (uint32_t)(j->items[i].desc.out.offset / 4), HQ, 1, NULL);
+}
+
+/* one stored row of HD values as attention sees it: quantised (rotated first, and back after,
+   where the storage is rotated) */
+static void stored(const kvc__type_info *ti, int rot, const float *x, float *y) {
+    unsigned char row[HD * 4];
+    float t[HD];
+    memcpy(t, x, sizeof(t));
+    if (rot) kvc_rotate_rows(t, HD, 1, 0);
+    ti->from_f32(t, row, HD);
+    ti->to_f32(row, y, HD);
+    if (rot) kvc_rotate_rows(y, HD, 1, 1);
+}
+
 /* attention of query head group 0 of sequence 0 over the stored values, in double */
-static double check_one(kvc_type type, const float *kin, const float *vin, int32_t cells, const float *q,
+static double check_one(kvc_type type, int rot, const float *kin, const float *vin, int32_t cells, const float *q,
                         const float *out) {
     const kvc__type_info *ti = &kvc__types[type];
-    unsigned char row[HD * 4];
     float kf[HD], vf[HD];
     double worst = 0;
     int g;
@@ -178,15 +209,13 @@ static double check_one(kvc_type type, const float *kin, const float *vin, int32
         for (i = 0; i < HD; ++i) acc[i] = 0;
         for (t = 0; t < cells; ++t) { /* token t holds input row t % CHUNK, kv head 0 */
             double s = 0, w;
-            ti->from_f32(kin + (size_t)(t % CHUNK) * HKV * HD, row, HD);
-            ti->to_f32(row, kf, HD);
+            stored(ti, rot, kin + (size_t)(t % CHUNK) * HKV * HD, kf);
             for (i = 0; i < HD; ++i) s += (double)q[g * HD + i] * kf[i];
             s *= scale;
             if (s > m) { double r = exp(m - s); sum *= r; for (i = 0; i < HD; ++i) acc[i] *= r; m = s; }
             w = exp(s - m);
             sum += w;
-            ti->from_f32(vin + (size_t)(t % CHUNK) * HKV * HD, row, HD);
-            ti->to_f32(row, vf, HD);
+            stored(ti, rot, vin + (size_t)(t % CHUNK) * HKV * HD, vf);
             for (i = 0; i < HD; ++i) acc[i] += w * vf[i];
         }
         for (i = 0; i < HD; ++i) {
@@ -207,7 +236,8 @@ int main(int argc, char **argv) {
     static kvc_cache *kept_cache[256][8];
     static int32_t kept_n[256];
     kvc_vk_pool_options po;
-    kvc_type types[4];
+    kvc_type types[16];
+    int rots[16];
     const char *type_arg = "f16,q8_0";
     kvc_vk_loader loader;
     kvc_vk_device_options o;
@@ -227,8 +257,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--no-copy")) no_copy = 1;
         else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--no-copy]\n"); return 2; }
     }
-    for (ti = 0; ti < (int)KVC_TYPE_COUNT; ++ti)
-        if (strstr(type_arg, kvc_type_name((kvc_type)ti))) types[n_types++] = (kvc_type)ti;
+    { /* the types in the order given; NAME+rot: rotated storage */
+        const char *a = type_arg;
+        while (*a && n_types < 16) {
+            size_t len = strcspn(a, ","), nl = len;
+            int rot = len > 4 && !strncmp(a + len - 4, "+rot", 4);
+            if (rot) nl -= 4;
+            for (ti = 0; ti < (int)KVC_TYPE_COUNT; ++ti)
+                if (strlen(kvc_type_name((kvc_type)ti)) == nl && !strncmp(a, kvc_type_name((kvc_type)ti), nl)) {
+                    types[n_types] = (kvc_type)ti;
+                    rots[n_types++] = rot;
+                }
+            a += len + (a[len] == ',');
+        }
+    }
     if (kvc_vk_loader_open(&loader) != KVC_OK) { printf("bench_vk: skipped (no Vulkan loader)\n"); return 0; }
     memset(&o, 0, sizeof(o));
     o.get_instance_proc_addr = loader.get_instance_proc_addr;
@@ -282,8 +324,8 @@ int main(int argc, char **argv) {
     }
     CHECK(kvc_vk_pool_destroy(copy_pool));
 
-    printf("\n| storage | batch | cells | time (us) | K+V read | GB/s | vs copy kernel | max err vs f64 | slowest / fastest run |\n");
-    printf("|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| storage | batch | cells | time (us) | K+V read | GB/s | vs copy kernel | max err vs f64 | slowest / fastest run | rotation passes (us, share) |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (ti = 0; ti < n_types; ++ti)
         for (bi = 0; bi < n_batch; ++bi)
             for (ci = 0; ci < n_cells; ++ci) {
@@ -295,12 +337,13 @@ int main(int argc, char **argv) {
                 kvc_vk_attention_item items[8];
                 kvc_pool_stats st;
                 attn_job aj;
-                double us, bytes, err, spread = 1;
+                double us, bytes, err, spread = 1, rot_us = 0;
                 VkCommandBuffer cmd;
                 if (batch > 8) batch = 8;
                 kvc_pool_config_init(&pc);
                 pc.n_layers = 1; pc.n_kv_heads = HKV; pc.head_dim_k = pc.head_dim_v = HD;
                 pc.type_k = pc.type_v = types[ti];
+                pc.rotate = rots[ti] ? KVC_ROTATE_K | KVC_ROTATE_V : 0u;
                 pc.page_cells = 256;
                 CHECK(kvc_pool_budget_for_tokens(&pc, cells + 256, &pc.budget_bytes));
                 pc.budget_bytes *= (size_t)batch; /* one cache per batch entry */
@@ -337,11 +380,15 @@ int main(int argc, char **argv) {
                 aj.pool = vp; aj.items = items; aj.n = batch;
                 us = time_gpu(record_attn, &aj, reps, &spread);
                 if (getenv("BENCH_VK_STATS") && ci == 0 && bi == 0) print_stats(vp);
-                err = check_one(types[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
+                err = check_one(types[ti], rots[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
+                if (rots[ti]) rot_us = time_gpu(record_rot, &aj, reps, NULL); /* (after the check: it rotates out in place) */
                 kvc_pool_stats_get(hp, &st);
                 bytes = (double)batch * cells * (double)(st.k_row_bytes + st.v_row_bytes);
-                printf("| %s | %d | %d | %.1f | %.1f MB | %.0f | %.0f %% | %.1e | %.2f |\n", kvc_type_name(types[ti]), batch, cells,
-                       us, bytes / 1e6, bytes / (us * 1e-6) / 1e9, 100.0 * (bytes / (us * 1e-6) / 1e9) / copy_gbs, err, spread);
+                printf("| %s%s | %d | %d | %.1f | %.1f MB | %.0f | %.0f %% | %.1e | %.2f |", kvc_type_name(types[ti]),
+                       rots[ti] ? "+rot" : "", batch, cells, us, bytes / 1e6, bytes / (us * 1e-6) / 1e9,
+                       100.0 * (bytes / (us * 1e-6) / 1e9) / copy_gbs, err, spread);
+                if (rots[ti]) printf(" %.1f, %.1f %% |\n", rot_us, 100.0 * rot_us / us);
+                else printf(" - |\n");
                 fflush(stdout);
                 if (n_kept < 256) {
                     kept_pool[n_kept] = vp;

@@ -2,6 +2,8 @@
 # bench/bench_vk.sh - the GPU benchmark: bench_vk (Vulkan decode attention over the cache
 # and a Vulkan copy kernel) and PyTorch's SDPA on the same shapes, in one run.
 #   bash bench/bench_vk.sh [bench_vk options]
+#   e.g. --types f16,q8_0,q8_0+rot,q4_0,q4_0+rot --cells 32768 (TYPE+rot: rotated storage, with
+#   the rotation passes' time and share of the call)
 # BENCH_VK_BIN=path runs a prebuilt bench_vk instead of compiling bench/bench_vk.c.
 set -eu
 cd "$(dirname "$0")/.."

@@ -31,7 +31,8 @@ attn_split_cm attn_split_cm.comp -O0
 attn_split_q attn_split_q.comp -DUSE_SUBGROUP=0
 attn_split_q_dot attn_split_q.comp -DUSE_SUBGROUP=0 -DUSE_DOT=1
 attn_split_q_sg attn_split_q.comp -DUSE_SUBGROUP=1
-attn_split_q_sg_dot attn_split_q.comp -DUSE_SUBGROUP=1 -DUSE_DOT=1"
+attn_split_q_sg_dot attn_split_q.comp -DUSE_SUBGROUP=1 -DUSE_DOT=1
+rotate rotate.comp"
 
 # The attention job record: one query of one cache, as kvcache_vk.h writes it into the
 # meta buffer and attn_common.glsl's load_job reads it, one 32-bit word per field.
@@ -86,6 +87,8 @@ PLANAR nonzero: q8_0 / q4_0 pages in the planar layout
 HD head dim of the tensor (planar)
 KV_HEADS kv heads (planar)
 PAGE_CELLS cells per page (planar)"
+spec_rotate="HD head dim of the vectors
+N the storage rotation's block (kvc_rotation_block)"
 
 upper() { tr 'a-z' 'A-Z'; }
 # glsl_defines PREFIX SUFFIX LIST: "#define PREFIX_NAME iSUFFIX // comment" for each line, in
@@ -121,6 +124,8 @@ job_stride=$(( (n_job_words + 7) / 8 * 8 ))
   glsl_defines ROWS_READ "" "$spec_rows_read"
   echo "// of rows_write.comp"
   glsl_defines ROWS_WRITE "" "$spec_rows_write"
+  echo "// of rotate.comp"
+  glsl_defines ROTATE "" "$spec_rotate"
   echo "#endif"
 } > "$tmp/kvc_shared.glsl"
 cmp -s "$tmp/kvc_shared.glsl" shaders/kvc_shared.glsl || cp "$tmp/kvc_shared.glsl" shaders/kvc_shared.glsl
@@ -145,6 +150,8 @@ cmp -s "$tmp/kvc_shared.glsl" shaders/kvc_shared.glsl || cp "$tmp/kvc_shared.gls
   c_enum kvc_vk__spec_rows_read ROWS_READ "$spec_rows_read"
   echo "/* rows_write.comp */"
   c_enum kvc_vk__spec_rows_write ROWS_WRITE "$spec_rows_write"
+  echo "/* rotate.comp */"
+  c_enum kvc_vk__spec_rotate ROTATE "$spec_rotate"
   echo "/* END GENERATED SHARED NAMES */"
 } > "$tmp/names"
 

@@ -58,4 +58,7 @@
 #define ROWS_WRITE_HD 2 // head dim of the tensor (planar)
 #define ROWS_WRITE_KV_HEADS 3 // kv heads (planar)
 #define ROWS_WRITE_PAGE_CELLS 4 // cells per page (planar)
+// of rotate.comp
+#define ROTATE_HD 0 // head dim of the vectors
+#define ROTATE_N 1 // the storage rotation's block (kvc_rotation_block)
 #endif

@@ -75,6 +75,7 @@ typedef struct shape {
     int no_subgroup;
     uint32_t disable_features; /* KVC_VK_FEATURE_* the pool does not use */
     int host_layout;           /* kvc_vk_pool_options.host_layout: no planar q8_0/q4_0 pages */
+    uint32_t rotate;           /* kvc_pool_config.rotate (rotated storage) of both pools */
 } shape;
 
 static VkCommandBuffer begin_cmd(void) {
@@ -110,6 +111,11 @@ static void compare_data(side *s, const shape *sh) {
         VkCommandBuffer cmd;
         const float *k1, *v1;
         double tk = store_tol(sh->tk), tv = store_tol(sh->tv);
+        /* rotated storage, quantised: a step of the rotated block (its amax below 4 here)
+           comes back spread over the head by R^T; float types stay bit-exact (the same f32
+           sums and products on both sides) */
+        if (sh->rotate & KVC_ROTATE_K) tk *= 4;
+        if (sh->rotate & KVC_ROTATE_V) tv *= 4;
         /* the GPU rotates in float, kvcache.h in double: a rounding step of the type apart */
         if (s[0].rotated) tk = tk > rot_tol(sh->tk) ? tk : rot_tol(sh->tk);
         TK_OK(kvc_cache_gather(s[0].cache, l, k0, v0, p0, n0, &n0));
@@ -161,6 +167,12 @@ static void sync_cpu_from_gpu(side *s, const shape *sh) {
 static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
     int32_t nk = sh->kv_heads * sh->hdk, nv = sh->kv_heads * sh->hdv, l, i;
     float *k = (float *)malloc(sizeof(float) * (size_t)n * (size_t)(nk + nv)), *v = k + (size_t)n * nk;
+    uint32_t *cells = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)n); /* the batch's cells (page * page_cells + slot) */
+    {
+        const kvc_cache *c = s[1].cache;
+        int32_t first = c->cfg.kind == KVC_KIND_CAUSAL ? c->batch_loc : c->batch_begin;
+        for (i = 0; i < n; ++i) cells[i] = kvc_vk__gid(c, first + i);
+    }
     for (l = 0; l < sh->layers; ++l) {
         VkCommandBuffer cmd;
         kvc_vk_tensor tk_, tv_;
@@ -185,6 +197,26 @@ static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
         TK_OK(kvc_vk_submit_wait(ctx, cmd));
     }
     free(k);
+    if ((int)sh->tk <= 2 && (int)sh->tv <= 2) { /* float types: the rows appended are kvc_put's bytes, R k and R v too */
+        kvc_pool *cp = s[0].pool;
+        size_t kb = cp->page_k_bytes * (size_t)cp->max_pages, vb = cp->page_v_bytes * (size_t)cp->max_pages;
+        unsigned char *buf = (unsigned char *)malloc(kb + vb);
+        VkCommandBuffer cmd = begin_cmd();
+        int32_t bad = 0;
+        TK_OK(kvc_vk_cmd_sync(s[1].vk, cmd));
+        TK_OK(kvc_vk_submit_wait(ctx, cmd));
+        for (l = 0; l < sh->layers; ++l) {
+            TK_OK(kvc_vk_pool_download(s[1].vk, l, 0, cp->max_pages, buf, buf + kb));
+            for (i = 0; i < n; ++i) {
+                size_t g = cells[i];
+                bad += memcmp(buf + g * cp->k_row, kvc__k_at(cp, l, 0, 0) + g * cp->k_row, cp->k_row) != 0;
+                bad += memcmp(buf + kb + g * cp->v_row, kvc__v_at(cp, l, 0, 0) + g * cp->v_row, cp->v_row) != 0;
+            }
+        }
+        TK_EQ(bad, 0);
+        free(buf);
+    }
+    free(cells);
     compare_data(s, sh); /* the conversion: bit-exact, or within a quantisation step */
     sync_cpu_from_gpu(s, sh);
 }
@@ -271,6 +303,7 @@ static void make_sides(side *s, const shape *sh) {
     pc.type_k = sh->tk;
     pc.type_v = sh->tv;
     pc.page_cells = sh->page_cells;
+    pc.rotate = sh->rotate;
     TK_OK(kvc_pool_budget_for_tokens(&pc, 64 * sh->page_cells, &pc.budget_bytes)); /* 64 pages */
     memset(s, 0, 2 * sizeof(side));
     memset(&o, 0, sizeof(o));
@@ -473,6 +506,7 @@ static void test_page_roundtrip(tk_rng *rng) {
                 pc.n_layers = 2; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = hd;
                 pc.type_k = pc.type_v = (kvc_type)ti;
                 pc.page_cells = 8;
+                pc.rotate = (uint32_t)(ti + hl) % 4; /* rotated storage: the stored bytes move as they are */
                 TK_OK(kvc_pool_budget_for_tokens(&pc, 5 * 8, &pc.budget_bytes));
                 memset(&o, 0, sizeof(o));
                 o.host_layout = hl;
@@ -531,18 +565,23 @@ static void test_page_roundtrip(tk_rng *rng) {
 }
 
 static void test_errors(void) {
-#ifdef KVC_ROTATE_K
-    { /* rotated storage is not on the GPU yet: refused, nothing made */
+    { /* rotated storage: a head dim the rule refuses (n < 16) is refused as on the CPU, nothing made */
         kvc_pool_config rc;
         kvc_vk_pool *rp = NULL;
+        long allocs = live_allocs;
         kvc_pool_config_init(&rc);
-        rc.n_layers = 1; rc.n_kv_heads = 1; rc.head_dim_k = rc.head_dim_v = 64; rc.page_cells = 4;
-        rc.rotate = KVC_ROTATE_K;
+        rc.n_layers = 1; rc.n_kv_heads = 1; rc.head_dim_k = 64; rc.head_dim_v = 8; rc.page_cells = 4;
         TK_OK(kvc_pool_budget_for_tokens(&rc, 16, &rc.budget_bytes));
-        TK_EQ(kvc_vk_pool_create(ctx, &rc, NULL, &rp), KVC_ERR_UNSUPPORTED);
+        rc.allocator.alloc = count_alloc;
+        rc.allocator.free = count_free;
+        rc.rotate = KVC_ROTATE_K | KVC_ROTATE_V;
+        TK_EQ(kvc_vk_pool_create(ctx, &rc, NULL, &rp), KVC_ERR_INVALID);
         TK_EQ(rp == NULL, 1);
+        TK_EQ(live_allocs, allocs);
+        rc.rotate = KVC_ROTATE_K; /* K alone: made */
+        TK_OK(kvc_vk_pool_create(ctx, &rc, NULL, &rp));
+        TK_OK(kvc_vk_pool_destroy(rp));
     }
-#endif
     kvc_pool_config pc;
     kvc_vk_pool *vp;
     kvc_pool *hp;
@@ -1158,7 +1197,7 @@ int main(int argc, char **argv) {
         shape sh;
         if (getenv("KVC_VK_EPISODE") && atoi(getenv("KVC_VK_EPISODE")) != ep) continue;
         if (getenv("KVC_VK_FROM") && ep < atoi(getenv("KVC_VK_FROM"))) continue;
-        static const int32_t dims[] = {8, 16, 32, 64, 128};
+        static const int32_t dims[] = {8, 16, 32, 64, 128, 96}; /* 96: a block-diagonal rotation (3 x 32) */
         uint64_t es = run_seed * 1000003ull + (uint64_t)ep;
         rng.s = es ^ 0x9e3779b97f4a7c15ull;
         memset(&sh, 0, sizeof(sh));
@@ -1168,8 +1207,8 @@ int main(int argc, char **argv) {
         sh.layers = tk_int(&rng, 1, 2);
         sh.kv_heads = tk_int(&rng, 1, 3);
         sh.group = tk_int(&rng, 1, 4);
-        sh.hdk = dims[tk_int(&rng, 0, 4)];
-        sh.hdv = tk_int(&rng, 0, 1) ? sh.hdk : dims[tk_int(&rng, 0, 4)];
+        sh.hdk = dims[tk_int(&rng, 0, 5)];
+        sh.hdv = tk_int(&rng, 0, 1) ? sh.hdk : dims[tk_int(&rng, 0, 5)];
         if (ep % 4 == 1 && !getenv("KVC_VK_TYPE")) { /* a shape of the planar layout (attn_split_q) */
             sh.tk = (kvc_type)tk_int(&rng, 3, 4);
             sh.tv = (kvc_type)tk_int(&rng, 3, 4);
@@ -1185,6 +1224,15 @@ int main(int argc, char **argv) {
         sh.page_cells = tk_int(&rng, 1, 3) * 4;
         sh.no_subgroup = (ep / 3) % 2;
         sh.disable_features = ep % 5 == 4 ? KVC_VK_FEATURE_INTEGER_DOT_PRODUCT : 0u;
+        /* rotated storage: none, K, V, both, by turns from a seeded start (every 12 episodes
+           each with every cache kind; a short run still gets some), where the head dims take
+           it (kvc_rotation_block) */
+        sh.rotate = (uint32_t)((ep + run_seed) % 4);
+        {
+            int32_t nb;
+            if (kvc_rotation_block(sh.hdk, &nb) != KVC_OK) sh.rotate &= ~KVC_ROTATE_K;
+            if (kvc_rotation_block(sh.hdv, &nb) != KVC_OK) sh.rotate &= ~KVC_ROTATE_V;
+        }
         if (sh.kind == KVC_KIND_ROTATING) { sh.window = tk_int(&rng, 2, 20); sh.sinks = tk_int(&rng, 0, sh.window - 1) % 3; }
         g_seed = es;
         {
@@ -1192,9 +1240,9 @@ int main(int argc, char **argv) {
             if (sh.kind == KVC_KIND_CAUSAL) episode_causal(&sh, &rng, 30);
             else episode_linear(&sh, &rng, 30);
             if (tk_failed != before)
-                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d%s%s%s\n",
+                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
-                        sh.hdk, sh.hdv, sh.page_cells, sh.no_subgroup ? " no-subgroup" : "",
+                        sh.hdk, sh.hdv, sh.page_cells, sh.rotate, sh.no_subgroup ? " no-subgroup" : "",
                         sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "",
                         sh.host_layout ? " host-layout" : "");
         }
