@@ -1569,23 +1569,29 @@ static void test_alloc_failures(void) {
    (KVC_ERR_ALIGNMENT, nothing kept); one that turns misaligned later fails that
    allocation cleanly (KVC_ERR_NO_MEMORY) instead of handing out a misaligned object. */
 static long g_skew_after, g_skew_live;
+/* The block sits at 16k + 2 (misaligned) or 16k + 16 (aligned) inside a malloc'd one, whose
+   start is kept in the byte before it: malloc aligns to 8 only on some 32-bit hosts. */
 static void *skew_alloc(size_t n, void *user) {
-    unsigned char *b;
+    unsigned char *b, *q;
     (void)user;
-    b = (unsigned char *)malloc(n + 16);
+    b = (unsigned char *)malloc(n + 32);
     if (b == NULL) return NULL;
     g_skew_live++;
-    if (g_skew_after == 0) return b + 2;
-    if (g_skew_after > 0) g_skew_after--;
-    return b + 16; /* malloc's blocks are 16-aligned: 2 mod 16 is misaligned */
+    q = b + (16 - ((uintptr_t)b & 15)); /* 16-aligned, 1..16 bytes in */
+    if (g_skew_after == 0) q += 2;
+    else {
+        if (g_skew_after > 0) g_skew_after--;
+        q += 16;
+    }
+    q[-1] = (unsigned char)(q - b);
+    return q;
 }
 static void skew_free(void *p, void *user) {
     unsigned char *q = (unsigned char *)p;
     (void)user;
     if (p == NULL) return;
-    q -= ((uintptr_t)q & 15) == 2 ? 2 : 16;
     g_skew_live--;
-    free(q);
+    free(q - q[-1]);
 }
 static void test_alignment(void) {
     kvc_pool_config cfg;
