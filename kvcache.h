@@ -2327,6 +2327,21 @@ static void kvc__pool_lock(const kvc_pool *p) {
 static void kvc__pool_unlock(const kvc_pool *p) {
     if (p->cfg.unlock != NULL) p->cfg.unlock(p->cfg.lock_user);
 }
+/* A public call that changes what a pool holds is its _held body under the pool's lock: the
+   call's whole body is KVC__POOL_LOCKED(obj, pool, body_call), which returns the body's
+   result. A NULL obj goes to the body unlocked (it reports KVC_ERR_NULL); the pool is read
+   before the body runs, since the body may free obj. */
+#define KVC__POOL_LOCKED(obj, pool_of_obj, held_call) \
+    do {                                              \
+        const kvc_pool *lp_;                          \
+        kvc_result r_;                                \
+        if ((obj) == NULL) return held_call;          \
+        lp_ = (pool_of_obj);                          \
+        kvc__pool_lock(lp_);                          \
+        r_ = held_call;                               \
+        kvc__pool_unlock(lp_);                        \
+        return r_;                                    \
+    } while (0)
 
 KVCDEF kvc_result kvc_pool_destroy(kvc_pool *pool) {
     kvc_allocator a;
@@ -2914,14 +2929,7 @@ static kvc_result kvc__cache_config_check_held(const kvc_pool *pool, const kvc_c
 }
 
 KVCDEF kvc_result kvc_cache_config_check(const kvc_pool *pool, const kvc_cache_config *cfg, const char **field) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (pool == NULL) return kvc__cache_config_check_held(pool, cfg, field);
-    lp = pool;
-    kvc__pool_lock(lp);
-    r = kvc__cache_config_check_held(pool, cfg, field);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(pool, pool, kvc__cache_config_check_held(pool, cfg, field));
 }
 
 static kvc_result kvc__cache_create_held(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
@@ -3018,14 +3026,7 @@ static kvc_result kvc__cache_create_held(kvc_pool *pool, const kvc_cache_config 
 }
 
 KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, kvc_cache **out) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (pool == NULL) return kvc__cache_create_held(pool, cfg, out);
-    lp = pool;
-    kvc__pool_lock(lp);
-    r = kvc__cache_create_held(pool, cfg, out);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(pool, pool, kvc__cache_create_held(pool, cfg, out));
 }
 
 static kvc_result kvc__cache_destroy_held(kvc_cache *cache) {
@@ -3044,14 +3045,7 @@ static kvc_result kvc__cache_destroy_held(kvc_cache *cache) {
 }
 
 KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (cache == NULL) return kvc__cache_destroy_held(cache);
-    lp = cache->pool;
-    kvc__pool_lock(lp);
-    r = kvc__cache_destroy_held(cache);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__cache_destroy_held(cache));
 }
 
 static kvc_result kvc__cache_fork_held(const kvc_cache *cache, kvc_cache **out) {
@@ -3090,14 +3084,7 @@ static kvc_result kvc__cache_fork_held(const kvc_cache *cache, kvc_cache **out) 
 }
 
 KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (cache == NULL) return kvc__cache_fork_held(cache, out);
-    lp = cache->pool;
-    kvc__pool_lock(lp);
-    r = kvc__cache_fork_held(cache, out);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__cache_fork_held(cache, out));
 }
 
 static kvc_result kvc__cache_clear_held(kvc_cache *cache) {
@@ -3112,14 +3099,7 @@ static kvc_result kvc__cache_clear_held(kvc_cache *cache) {
 }
 
 KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (cache == NULL) return kvc__cache_clear_held(cache);
-    lp = cache->pool;
-    kvc__pool_lock(lp);
-    r = kvc__cache_clear_held(cache);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__cache_clear_held(cache));
 }
 
 KVCDEF kvc_result kvc_cache_offset(const kvc_cache *cache, int32_t *offset) {
@@ -3247,14 +3227,7 @@ static kvc_result kvc__begin_checkpoints_held(kvc_cache *cache, int32_t n_tokens
 }
 
 KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (cache == NULL) return kvc__begin_checkpoints_held(cache, n_tokens, at, n_at);
-    lp = cache->pool;
-    kvc__pool_lock(lp);
-    r = kvc__begin_checkpoints_held(cache, n_tokens, at, n_at);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__begin_checkpoints_held(cache, n_tokens, at, n_at));
 }
 
 KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
@@ -3337,14 +3310,7 @@ static kvc_result kvc__cancel_held(kvc_cache *cache) {
 }
 
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (cache == NULL) return kvc__cancel_held(cache);
-    lp = cache->pool;
-    kvc__pool_lock(lp);
-    r = kvc__cancel_held(cache);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__cancel_held(cache));
 }
 
 /* A ROTATING window has wrapped once it has held more than W tokens (the rule of
@@ -3381,14 +3347,7 @@ static kvc_result kvc__trim_held(kvc_cache *cache, int32_t n_tokens) {
 }
 
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (cache == NULL) return kvc__trim_held(cache, n_tokens);
-    lp = cache->pool;
-    kvc__pool_lock(lp);
-    r = kvc__trim_held(cache, n_tokens);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__trim_held(cache, n_tokens));
 }
 
 /* ---- Layer 3b: the CAUSAL kind (ollama's kvcache.Causal) ---------------------------
@@ -3533,14 +3492,7 @@ static kvc_result kvc__defrag_held(kvc_cache *cache, int32_t *n_moves) {
 }
 
 KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (cache == NULL) return kvc__defrag_held(cache, n_moves);
-    lp = cache->pool;
-    kvc__pool_lock(lp);
-    r = kvc__defrag_held(cache, n_moves);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__defrag_held(cache, n_moves));
 }
 
 /* Sliding-window memory: the lowest batch position of each sequence (scratch, INT32_MAX
@@ -3638,14 +3590,7 @@ static kvc_result kvc__begin_batch_held(kvc_cache *c, const kvc_batch *b) {
 }
 
 KVCDEF kvc_result kvc_begin_batch(kvc_cache *c, const kvc_batch *b) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (c == NULL) return kvc__begin_batch_held(c, b);
-    lp = c->pool;
-    kvc__pool_lock(lp);
-    r = kvc__begin_batch_held(c, b);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(c, c->pool, kvc__begin_batch_held(c, b));
 }
 
 /* kvc_begin on a CAUSAL cache: sequence 0, after its last position. */
@@ -3733,14 +3678,7 @@ static kvc_result kvc__seq_copy_prefix_held(kvc_cache *c, int32_t src, int32_t d
 }
 
 KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, int32_t len) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (c == NULL) return kvc__seq_copy_prefix_held(c, src, dst, len);
-    lp = c->pool;
-    kvc__pool_lock(lp);
-    r = kvc__seq_copy_prefix_held(c, src, dst, len);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(c, c->pool, kvc__seq_copy_prefix_held(c, src, dst, len));
 }
 
 /* Re-rotate one cell's keys of every layer from old_pos to new_pos, with the cos/sin
@@ -3853,14 +3791,7 @@ static kvc_result kvc__seq_remove_held(kvc_cache *c, int32_t seq, int32_t begin,
 }
 
 KVCDEF kvc_result kvc_seq_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (c == NULL) return kvc__seq_remove_held(c, seq, begin, end);
-    lp = c->pool;
-    kvc__pool_lock(lp);
-    r = kvc__seq_remove_held(c, seq, begin, end);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(c, c->pool, kvc__seq_remove_held(c, seq, begin, end));
 }
 
 static kvc_result kvc__seq_keep_held(kvc_cache *c, int32_t seq) {
@@ -3878,14 +3809,7 @@ static kvc_result kvc__seq_keep_held(kvc_cache *c, int32_t seq) {
 }
 
 KVCDEF kvc_result kvc_seq_keep(kvc_cache *c, int32_t seq) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (c == NULL) return kvc__seq_keep_held(c, seq);
-    lp = c->pool;
-    kvc__pool_lock(lp);
-    r = kvc__seq_keep_held(c, seq);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(c, c->pool, kvc__seq_keep_held(c, seq));
 }
 
 KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *c, int32_t seq, int32_t *min_pos, int32_t *max_pos) {
@@ -4197,14 +4121,7 @@ static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int
 }
 
 KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (cache == NULL) return kvc__snapshot_take_at_held(cache, from, at, out);
-    lp = cache->pool;
-    kvc__pool_lock(lp);
-    r = kvc__snapshot_take_at_held(cache, from, at, out);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__snapshot_take_at_held(cache, from, at, out));
 }
 
 KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out) {
@@ -4218,14 +4135,7 @@ static kvc_result kvc__snapshot_free_held(kvc_snapshot *snap) {
 }
 
 KVCDEF kvc_result kvc_snapshot_free(kvc_snapshot *snap) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (snap == NULL) return kvc__snapshot_free_held(snap);
-    lp = snap->pool;
-    kvc__pool_lock(lp);
-    r = kvc__snapshot_free_held(snap);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(snap, snap->pool, kvc__snapshot_free_held(snap));
 }
 
 KVCDEF kvc_result kvc_snapshot_info_get(const kvc_snapshot *snap, kvc_snapshot_info *info) {
@@ -4332,14 +4242,7 @@ static kvc_result kvc__restore_held(kvc_cache *cache, const kvc_snapshot *snap, 
 }
 
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (cache == NULL) return kvc__restore_held(cache, snap, target);
-    lp = cache->pool;
-    kvc__pool_lock(lp);
-    r = kvc__restore_held(cache, snap, target);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__restore_held(cache, snap, target));
 }
 
 static kvc_result kvc__snapshot_merge_held(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
@@ -4504,14 +4407,7 @@ static kvc_result kvc__seq_snapshot_held(kvc_cache *c, int32_t seq, kvc_snapshot
 }
 
 KVCDEF kvc_result kvc_seq_snapshot(kvc_cache *c, int32_t seq, kvc_snapshot **out) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (c == NULL) return kvc__seq_snapshot_held(c, seq, out);
-    lp = c->pool;
-    kvc__pool_lock(lp);
-    r = kvc__seq_snapshot_held(c, seq, out);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(c, c->pool, kvc__seq_snapshot_held(c, seq, out));
 }
 
 static kvc_result kvc__seq_restore_held(kvc_cache *c, const kvc_snapshot *s, int32_t dst) {
@@ -4534,14 +4430,7 @@ static kvc_result kvc__seq_restore_held(kvc_cache *c, const kvc_snapshot *s, int
 }
 
 KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t dst) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (c == NULL) return kvc__seq_restore_held(c, s, dst);
-    lp = c->pool;
-    kvc__pool_lock(lp);
-    r = kvc__seq_restore_held(c, s, dst);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(c, c->pool, kvc__seq_restore_held(c, s, dst));
 }
 
 /* ---- Layer 4b: checkpoints --------------------------------------------------------------
@@ -4960,6 +4849,17 @@ static kvc__mlock kvc__memory_lock(const kvc__mpools *mp) {
 static void kvc__memory_unlock(kvc__mlock k) {
     if (k.unlock != NULL) k.unlock(k.user);
 }
+/* KVC__POOL_LOCKED for the calls on a memory: under its pools' lock */
+#define KVC__MEMORY_LOCKED(obj, mpools_of_obj, held_call)      \
+    do {                                                       \
+        kvc__mlock lk_;                                        \
+        kvc_result r_;                                         \
+        if ((obj) == NULL) return held_call;                   \
+        lk_ = kvc__memory_lock(mpools_of_obj);                 \
+        r_ = held_call;                                        \
+        kvc__memory_unlock(lk_);                               \
+        return r_;                                             \
+    } while (0)
 
 KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg) {
     if (cfg == NULL) return KVC_ERR_NULL;
@@ -5097,13 +4997,7 @@ static kvc_result kvc__memory_destroy_held(kvc_memory *mem) {
 }
 
 KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem) {
-    kvc_result r;
-    kvc__mlock lk;
-    if (mem == NULL) return kvc__memory_destroy_held(mem);
-    lk = kvc__memory_lock(mem->mp);
-    r = kvc__memory_destroy_held(mem);
-    kvc__memory_unlock(lk);
-    return r;
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc__memory_destroy_held(mem));
 }
 
 KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out) {
@@ -5298,13 +5192,7 @@ static kvc_result kvc__memory_begin_held(kvc_memory *mem, int32_t n_tokens, cons
 }
 
 KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int32_t *at, int32_t n_at) {
-    kvc_result r;
-    kvc__mlock lk;
-    if (mem == NULL) return kvc__memory_begin_held(mem, n_tokens, at, n_at);
-    lk = kvc__memory_lock(mem->mp);
-    r = kvc__memory_begin_held(mem, n_tokens, at, n_at);
-    kvc__memory_unlock(lk);
-    return r;
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc__memory_begin_held(mem, n_tokens, at, n_at));
 }
 
 static kvc_result kvc__memory_cancel_held(kvc_memory *mem) {
@@ -5333,13 +5221,7 @@ static kvc_result kvc__memory_cancel_held(kvc_memory *mem) {
 }
 
 KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem) {
-    kvc_result r;
-    kvc__mlock lk;
-    if (mem == NULL) return kvc__memory_cancel_held(mem);
-    lk = kvc__memory_lock(mem->mp);
-    r = kvc__memory_cancel_held(mem);
-    kvc__memory_unlock(lk);
-    return r;
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc__memory_cancel_held(mem));
 }
 
 KVCDEF kvc_result kvc_memory_can_rewind(const kvc_memory *mem, int32_t target, int *can_rewind) {
@@ -5388,13 +5270,7 @@ static kvc_result kvc__memory_trim_held(kvc_memory *mem, int32_t n_tokens) {
 }
 
 KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens) {
-    kvc_result r;
-    kvc__mlock lk;
-    if (mem == NULL) return kvc__memory_trim_held(mem, n_tokens);
-    lk = kvc__memory_lock(mem->mp);
-    r = kvc__memory_trim_held(mem, n_tokens);
-    kvc__memory_unlock(lk);
-    return r;
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc__memory_trim_held(mem, n_tokens));
 }
 
 static kvc_result kvc__memory_clear_held(kvc_memory *mem) {
@@ -5405,13 +5281,7 @@ static kvc_result kvc__memory_clear_held(kvc_memory *mem) {
 }
 
 KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem) {
-    kvc_result r;
-    kvc__mlock lk;
-    if (mem == NULL) return kvc__memory_clear_held(mem);
-    lk = kvc__memory_lock(mem->mp);
-    r = kvc__memory_clear_held(mem);
-    kvc__memory_unlock(lk);
-    return r;
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc__memory_clear_held(mem));
 }
 
 static kvc_result kvc__memory_snapshot_free_held(kvc_memory_snapshot *snap) {
@@ -5426,13 +5296,7 @@ static kvc_result kvc__memory_snapshot_free_held(kvc_memory_snapshot *snap) {
 }
 
 KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap) {
-    kvc_result r;
-    kvc__mlock lk;
-    if (snap == NULL) return kvc__memory_snapshot_free_held(snap);
-    lk = kvc__memory_lock(snap->mp);
-    r = kvc__memory_snapshot_free_held(snap);
-    kvc__memory_unlock(lk);
-    return r;
+    KVC__MEMORY_LOCKED(snap, snap->mp, kvc__memory_snapshot_free_held(snap));
 }
 
 static kvc_result kvc__memory_snapshot_take_held(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out) {
@@ -5460,13 +5324,7 @@ static kvc_result kvc__memory_snapshot_take_held(kvc_memory *mem, int32_t from, 
 }
 
 KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out) {
-    kvc_result r;
-    kvc__mlock lk;
-    if (mem == NULL) return kvc__memory_snapshot_take_held(mem, from, at, out);
-    lk = kvc__memory_lock(mem->mp);
-    r = kvc__memory_snapshot_take_held(mem, from, at, out);
-    kvc__memory_unlock(lk);
-    return r;
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc__memory_snapshot_take_held(mem, from, at, out));
 }
 
 static kvc_result kvc__memory_restore_held(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target) {
@@ -5527,13 +5385,7 @@ static kvc_result kvc__memory_restore_held(kvc_memory *mem, const kvc_memory_sna
 }
 
 KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target) {
-    kvc_result r;
-    kvc__mlock lk;
-    if (mem == NULL) return kvc__memory_restore_held(mem, snap, target);
-    lk = kvc__memory_lock(mem->mp);
-    r = kvc__memory_restore_held(mem, snap, target);
-    kvc__memory_unlock(lk);
-    return r;
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc__memory_restore_held(mem, snap, target));
 }
 
 static kvc_result kvc__memory_fork_held(const kvc_memory *mem, kvc_memory **out) {
@@ -5552,13 +5404,7 @@ static kvc_result kvc__memory_fork_held(const kvc_memory *mem, kvc_memory **out)
 }
 
 KVCDEF kvc_result kvc_memory_fork(const kvc_memory *mem, kvc_memory **out) {
-    kvc_result r;
-    kvc__mlock lk;
-    if (mem == NULL) return kvc__memory_fork_held(mem, out);
-    lk = kvc__memory_lock(mem->mp);
-    r = kvc__memory_fork_held(mem, out);
-    kvc__memory_unlock(lk);
-    return r;
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc__memory_fork_held(mem, out));
 }
 
 static kvc_result kvc__memory_stats_get_held(const kvc_memory *mem, kvc_memory_stats *st) {
@@ -5594,13 +5440,7 @@ static kvc_result kvc__memory_stats_get_held(const kvc_memory *mem, kvc_memory_s
 }
 
 KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *st) {
-    kvc_result r;
-    kvc__mlock lk;
-    if (mem == NULL) return kvc__memory_stats_get_held(mem, st);
-    lk = kvc__memory_lock(mem->mp);
-    r = kvc__memory_stats_get_held(mem, st);
-    kvc__memory_unlock(lk);
-    return r;
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc__memory_stats_get_held(mem, st));
 }
 
 /* ---- Layer 5: single-entry prefix reuse (findRemaining / close of ollama's MLX runner) */
@@ -6256,25 +6096,12 @@ static kvc_result kvc__radix_create_memory_held(const kvc_memory *mem, const kvc
 }
 
 KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix_config *cfg, kvc_radix **out) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (mem == NULL) return kvc__radix_create_memory_held(mem, cfg, out);
-    lp = mem->mp->pool[0]; /* the groups share one lock */
-    kvc__pool_lock(lp);
-    r = kvc__radix_create_memory_held(mem, cfg, out);
-    kvc__pool_unlock(lp);
-    return r;
+    /* the groups share one lock */
+    KVC__POOL_LOCKED(mem, mem->mp->pool[0], kvc__radix_create_memory_held(mem, cfg, out));
 }
 
 KVCDEF kvc_result kvc_radix_create(kvc_pool *pool, const kvc_radix_config *cfg, kvc_radix **out) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (pool == NULL) return kvc__radix_create_held(pool, cfg, out);
-    lp = pool;
-    kvc__pool_lock(lp);
-    r = kvc__radix_create_held(pool, cfg, out);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(pool, pool, kvc__radix_create_held(pool, cfg, out));
 }
 
 static kvc_result kvc__radix_destroy_held(kvc_radix *t) {
@@ -6692,14 +6519,7 @@ static kvc_result kvc__radix_release_held(kvc_cache *cache) {
 }
 
 KVCDEF kvc_result kvc_radix_release(kvc_cache *cache) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (cache == NULL) return kvc__radix_release_held(cache);
-    lp = cache->pool;
-    kvc__pool_lock(lp);
-    r = kvc__radix_release_held(cache);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__radix_release_held(cache));
 }
 
 KVCDEF kvc_result kvc_radix_release_memory(kvc_memory *mem) {
@@ -6741,14 +6561,7 @@ static kvc_result kvc__radix_pin_held(kvc_radix *t, kvc_namespace ns, const int3
 }
 
 KVCDEF kvc_result kvc_radix_pin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (t == NULL) return kvc__radix_pin_held(t, ns, tokens, n_tokens);
-    lp = t->part[0].pool;
-    kvc__pool_lock(lp);
-    r = kvc__radix_pin_held(t, ns, tokens, n_tokens);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(t, t->part[0].pool, kvc__radix_pin_held(t, ns, tokens, n_tokens));
 }
 
 static kvc_result kvc__radix_unpin_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
@@ -6763,14 +6576,7 @@ static kvc_result kvc__radix_unpin_held(kvc_radix *t, kvc_namespace ns, const in
 }
 
 KVCDEF kvc_result kvc_radix_unpin(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (t == NULL) return kvc__radix_unpin_held(t, ns, tokens, n_tokens);
-    lp = t->part[0].pool;
-    kvc__pool_lock(lp);
-    r = kvc__radix_unpin_held(t, ns, tokens, n_tokens);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(t, t->part[0].pool, kvc__radix_unpin_held(t, ns, tokens, n_tokens));
 }
 
 static kvc_result kvc__radix_evict_held(kvc_radix *t, int32_t n_pages, int32_t *n_freed) {
@@ -6784,14 +6590,7 @@ static kvc_result kvc__radix_evict_held(kvc_radix *t, int32_t n_pages, int32_t *
 }
 
 KVCDEF kvc_result kvc_radix_evict(kvc_radix *t, int32_t n_pages, int32_t *n_freed) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (t == NULL) return kvc__radix_evict_held(t, n_pages, n_freed);
-    lp = t->part[0].pool;
-    kvc__pool_lock(lp);
-    r = kvc__radix_evict_held(t, n_pages, n_freed);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(t, t->part[0].pool, kvc__radix_evict_held(t, n_pages, n_freed));
 }
 
 static kvc_result kvc__radix_stats_get_held(const kvc_radix *tree, kvc_radix_stats *s) {
@@ -6826,14 +6625,7 @@ static kvc_result kvc__radix_stats_get_held(const kvc_radix *tree, kvc_radix_sta
 }
 
 KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *s) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (tree == NULL) return kvc__radix_stats_get_held(tree, s);
-    lp = tree->part[0].pool;
-    kvc__pool_lock(lp);
-    r = kvc__radix_stats_get_held(tree, s);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(tree, tree->part[0].pool, kvc__radix_stats_get_held(tree, s));
 }
 
 /* ---- Layer 6: attention kernels ----------------------------------------------------
@@ -10532,14 +10324,7 @@ static kvc_result kvc__radix_load_held(kvc_radix *t, kvc_namespace ns, const kvc
 }
 
 KVCDEF kvc_result kvc_radix_load(kvc_radix *t, kvc_namespace ns, const kvc_io *io, int pin, int32_t *n_tokens) {
-    kvc_result r;
-    const kvc_pool *lp;
-    if (t == NULL) return kvc__radix_load_held(t, ns, io, pin, n_tokens);
-    lp = t->part[0].pool;
-    kvc__pool_lock(lp);
-    r = kvc__radix_load_held(t, ns, io, pin, n_tokens);
-    kvc__pool_unlock(lp);
-    return r;
+    KVC__POOL_LOCKED(t, t->part[0].pool, kvc__radix_load_held(t, ns, io, pin, n_tokens));
 }
 
 /* ---- model memories ---- */
