@@ -131,30 +131,10 @@ typedef struct shape {
     int32_t hk, hv, n_kv, group, page_cells, tokens, n_queries, window, sinks, seqs;
 } shape;
 
-/* The paths this CPU and build have, as cpu_disable masks; [0] is scalar. */
-static int32_t paths(uint32_t *disable, const char **names) {
-    uint32_t f = 0;
-    int32_t n = 0;
-    kvc_cpu_features(&f);
-    disable[n] = ~0u; names[n++] = "scalar";
-    if (f & KVC_CPU_SSE2) { disable[n] = ~(uint32_t)KVC_CPU_SSE2; names[n++] = "sse2"; }
-    if (f & KVC_CPU_AVX2) { disable[n] = KVC_CPU_AVX512; names[n++] = "avx2"; }
-    if (f & KVC_CPU_AVX512) { disable[n] = KVC_CPU_AVX512_VNNI; names[n++] = "avx512"; }
-    if (f & KVC_CPU_AVX512_VNNI) { disable[n] = 0; names[n++] = "avx512-vnni"; }
-    if (f & KVC_CPU_NEON) { disable[n] = KVC_CPU_NEON_DOTPROD; names[n++] = "neon"; }
-    if (f & KVC_CPU_NEON_DOTPROD) { disable[n] = 0; names[n++] = "neon-dotprod"; }
-    return n;
-}
-
 typedef struct run {
     kvc_pool *pool;
     kvc_cache *cache;
 } run;
-
-static void fill(tk_rng *rng, float *x, size_t n, float amp) {
-    size_t i;
-    for (i = 0; i < n; ++i) x[i] = tk_float(rng) * amp;
-}
 
 /* build the same cache contents in a pool with the given cpu_disable */
 static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn pf, void *pu, int32_t workers, uint64_t seed,
@@ -196,8 +176,8 @@ static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn pf, void 
             TK_OK(kvc_begin(r->cache, n));
         }
         for (l = 0; l < 2; ++l) {
-            fill(&rng, k, (size_t)n * nk, 2.0f);
-            fill(&rng, v, (size_t)n * nv, 1.0f);
+            tk_fill(&rng, k, (size_t)n * nk, 2.0f);
+            tk_fill(&rng, v, (size_t)n * nv, 1.0f);
             TK_OK(kvc_put(r->cache, l, k, v));
         }
         done += n;
@@ -240,14 +220,14 @@ static double max_abs(const float *x, size_t n) {
 static void check_paths(tk_rng *rng, const shape *s) {
     uint32_t disable[8];
     const char *names[8];
-    int32_t np = paths(disable, names), p, nh = s->n_kv * s->group;
+    int32_t np = (int32_t)tk_cpu_paths(disable, names), p, nh = s->n_kv * s->group;
     size_t nq = (size_t)s->n_queries * nh * s->hk, no = (size_t)s->n_queries * nh * s->hv, i;
     float *q = (float *)malloc(sizeof(float) * nq), *ref = (float *)malloc(sizeof(float) * no);
     float *out = (float *)malloc(sizeof(float) * no);
     int32_t pos[64], seq[64];
     uint64_t seed = tk_next(rng);
     run r;
-    fill(rng, q, nq, 1.0f);
+    tk_fill(rng, q, nq, 1.0f);
     queries_of(s, rng, pos, seq);
     if (!build(s, disable[0], NULL, NULL, 0, seed, &r)) { TK_CHECK(0); return; }
     attend(s, &r, q, pos, seq, ref);
@@ -321,9 +301,9 @@ static void test_accuracy(tk_rng *rng) {
     static float k[N * KV * D], v[N * KV * D], q[Q * KV * G * D], out[Q * KV * G * D];
     static double ref[Q * KV * G * D];
     int32_t t, qi, h, c, i;
-    fill(rng, k, sizeof(k) / sizeof(k[0]), 1.0f);
-    fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
-    fill(rng, q, sizeof(q) / sizeof(q[0]), 1.0f);
+    tk_fill(rng, k, sizeof(k) / sizeof(k[0]), 1.0f);
+    tk_fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
+    tk_fill(rng, q, sizeof(q) / sizeof(q[0]), 1.0f);
     for (qi = 0; qi < Q; ++qi) /* queries at positions N-3, N-2, N-1, causal */
         for (h = 0; h < KV * G; ++h) {
             int32_t pos = N - Q + qi;
@@ -407,7 +387,7 @@ static void test_integer_scores(tk_rng *rng) {
     static const int32_t dims[] = {32, 64, 96, 128, 160, 256, 320, 1056};
     uint32_t disable[8];
     const char *names[8];
-    int32_t np = paths(disable, names), di, ti, p, g;
+    int32_t np = (int32_t)tk_cpu_paths(disable, names), di, ti, p, g;
     for (di = 0; di < (int32_t)(sizeof(dims) / sizeof(dims[0])); ++di)
         for (ti = 0; ti < 2; ++ti)
             for (g = 1; g <= 4; g += 3) { /* GQA 1: one-row kernels; 4: four-row kernels */
@@ -421,9 +401,9 @@ static void test_integer_scores(tk_rng *rng) {
                 double *ref = (double *)malloc(sizeof(double) * (size_t)nh * d);
                 double *raw = (double *)malloc(sizeof(double) * (size_t)nh * d), *qd = (double *)malloc(sizeof(double) * d);
                 double mo = 0;
-                fill(rng, k, nk, 2.0f);
-                fill(rng, v, nk, 1.0f);
-                fill(rng, q, (size_t)nh * d, 1.0f);
+                tk_fill(rng, k, nk, 2.0f);
+                tk_fill(rng, v, nk, 1.0f);
+                tk_fill(rng, q, (size_t)nh * d, 1.0f);
                 for (p = 0; p < np; ++p) {
                     kvc_pool_config pc;
                     kvc_cache_config cc;
@@ -513,7 +493,7 @@ static void test_threads(tk_rng *rng) {
         backwards bw;
         run r;
         s.tokens = tk_int(rng, 600, 2500); /* several split-K chunks */
-        fill(rng, q, nq, 1.0f);
+        tk_fill(rng, q, nq, 1.0f);
         queries_of(&s, rng, pos, seq);
         if (!build(&s, 0, NULL, NULL, 0, seed, &r)) { TK_CHECK(0); break; }
         attend(&s, &r, q, pos, seq, ref);
@@ -544,7 +524,7 @@ static void test_threads(tk_rng *rng) {
 static void test_batch_invariance(tk_rng *rng) {
     uint32_t disable[8];
     const char *names[8];
-    int32_t np = paths(disable, names), p, round;
+    int32_t np = (int32_t)tk_cpu_paths(disable, names), p, round;
     for (round = 0; round < tk_scaled(8); ++round)
         for (p = 0; p < np; ++p) {
             shape s = random_shape(rng, 64 * tk_int(rng, 1, 2), 64, (kvc_type)tk_int(rng, 0, 4), (kvc_type)tk_int(rng, 0, 4));
@@ -562,7 +542,7 @@ static void test_batch_invariance(tk_rng *rng) {
             q = (float *)malloc(sizeof(float) * row_q * 8);
             all = (float *)malloc(sizeof(float) * row_o * 8);
             one = (float *)malloc(sizeof(float) * row_o);
-            fill(rng, q, row_q * (size_t)n_queries, 1.0f);
+            tk_fill(rng, q, row_q * (size_t)n_queries, 1.0f);
             queries_of(&s, rng, pos, seq);
             if (build(&s, disable[p], NULL, NULL, 0, tk_next(rng), &r)) {
                 attend(&s, &r, q, pos, seq, all);
@@ -597,7 +577,7 @@ static void test_scratch(tk_rng *rng) {
     nh = s.n_kv * s.group;
     nq = (size_t)2 * nh * 64; no = nq;
     q = (float *)malloc(sizeof(float) * nq); a = (float *)malloc(sizeof(float) * no); b = (float *)malloc(sizeof(float) * no);
-    fill(rng, q, nq, 1.0f);
+    tk_fill(rng, q, nq, 1.0f);
     queries_of(&s, rng, pos, seq);
     if (!build(&s, 0, NULL, NULL, 0, tk_next(rng), &r)) { TK_CHECK(0); return; }
     memset(&d, 0, sizeof(d));
@@ -637,9 +617,9 @@ static int small_build(tk_rng *rng, small_run *s, int32_t n) {
     pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = 64;
     pc.type_k = KVC_TYPE_F16; pc.type_v = KVC_TYPE_Q8_0; pc.budget_bytes = 4 << 20;
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
-    fill(rng, k, (size_t)n * 128, 1.0f);
-    fill(rng, v, (size_t)n * 128, 1.0f);
-    fill(rng, s->q, sizeof(s->q) / sizeof(float), 1.0f);
+    tk_fill(rng, k, (size_t)n * 128, 1.0f);
+    tk_fill(rng, v, (size_t)n * 128, 1.0f);
+    tk_fill(rng, s->q, sizeof(s->q) / sizeof(float), 1.0f);
     ok = kvc_pool_create(&pc, &s->pool) == KVC_OK && kvc_cache_create(s->pool, &cc, &s->cache) == KVC_OK &&
          kvc_begin(s->cache, n) == KVC_OK && kvc_put(s->cache, 0, k, v) == KVC_OK;
     free(k); free(v);
@@ -742,7 +722,7 @@ static void test_overlap(tk_rng *rng) {
 static void test_nonfinite(tk_rng *rng) {
     uint32_t disable[8];
     const char *names[8];
-    int32_t np = paths(disable, names), p, t, bad_rows = 0, bad_other = 0, i, row;
+    int32_t np = (int32_t)tk_cpu_paths(disable, names), p, t, bad_rows = 0, bad_other = 0, i, row;
     for (p = 0; p < np; ++p)
         for (t = 0; t < KVC_TYPE_COUNT; ++t) {
             kvc_pool_config pc;
@@ -756,9 +736,9 @@ static void test_nonfinite(tk_rng *rng) {
             pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = 64;
             pc.type_k = pc.type_v = (kvc_type)t; pc.budget_bytes = 1 << 20; pc.cpu_disable = disable[p];
             kvc_cache_config_init(&cc, KVC_KIND_FULL);
-            fill(rng, k, sizeof(k) / sizeof(float), 1.0f);
-            fill(rng, v, sizeof(v) / sizeof(float), 1.0f);
-            fill(rng, q, sizeof(q) / sizeof(float), 1.0f);
+            tk_fill(rng, k, sizeof(k) / sizeof(float), 1.0f);
+            tk_fill(rng, v, sizeof(v) / sizeof(float), 1.0f);
+            tk_fill(rng, q, sizeof(q) / sizeof(float), 1.0f);
             if (kvc_pool_create(&pc, &pool) != KVC_OK || kvc_cache_create(pool, &cc, &c) != KVC_OK ||
                 kvc_begin(c, 40) != KVC_OK || kvc_put(c, 0, k, v) != KVC_OK) { TK_CHECK(0); continue; }
             memset(&d, 0, sizeof(d));
@@ -813,7 +793,7 @@ int main(int argc, char **argv) {
     printf("seed %llu (test_kernels %llu replays it)\n", rng.s, rng.s);
     TK_OK(kvc_cpu_features(&f));
     TK_RES(kvc_cpu_features(NULL), KVC_ERR_NULL);
-    np = paths(disable, names);
+    np = (int32_t)tk_cpu_paths(disable, names);
     printf("cpu features %#x, paths:", f);
     for (i = 0; i < np; ++i) printf(" %s", names[i]);
     printf("\n");

@@ -7,11 +7,6 @@
 #include "tk.h"
 #include <time.h>
 
-static void fill(tk_rng *rng, float *x, size_t n, float amp) {
-    size_t i;
-    for (i = 0; i < n; ++i) x[i] = tk_float(rng) * amp;
-}
-
 /* ---- the rule: kvc_rotate_rows against R as a dense matrix, in double ------------- */
 
 static int32_t block_of(int32_t d) { /* the rule, written again */
@@ -41,7 +36,7 @@ static void test_rule(tk_rng *rng) {
         double err = 0, back = 0, norm_in = 0, norm_out = 0;
         TK_OK(kvc_rotation_block(d, &n));
         TK_EQ(n, block_of(d));
-        fill(rng, x, (size_t)d * rows, 3.0f);
+        tk_fill(rng, x, (size_t)d * rows, 3.0f);
         memcpy(y, x, sizeof(float) * (size_t)d * rows);
         TK_OK(kvc_rotate_rows(y, d, rows, 0));
         for (r = 0; r < rows; ++r)
@@ -109,7 +104,7 @@ static void test_paths(tk_rng *rng) {
         for (inv = 0; inv < 2; ++inv)
             for (i = 0; i < 20; ++i) {
                 int32_t i0 = n * tk_int(rng, 0, 512 / n - 1), j;
-                fill(rng, x, (size_t)n, tk_pct(rng, 20) ? 1e30f : 3.0f);
+                tk_fill(rng, x, (size_t)n, tk_pct(rng, 20) ? 1e30f : 3.0f);
                 memcpy(y, x, sizeof(float) * (size_t)n);
                 kvc__rot_one(x, i0, n, inv);
                 fn(y, i0, n, inv);
@@ -122,7 +117,7 @@ static void test_paths(tk_rng *rng) {
         kvc_run ra, rb;
         int32_t nr = 0, k;
         float kv[3 * 2 * 96];
-        fill(rng, kv, sizeof(kv) / sizeof(kv[0]), 2.0f);
+        tk_fill(rng, kv, sizeof(kv) / sizeof(kv[0]), 2.0f);
         for (k = 0; k < 2; ++k) {
             kvc_pool_config pc;
             kvc_cache_config cc;
@@ -163,7 +158,7 @@ typedef struct built {
 
 static void fill_kv(tk_rng *rng, const spec *s, float *x, int32_t n, int32_t d, float amp) {
     int32_t i;
-    fill(rng, x, (size_t)n * s->n_kv * d, amp);
+    tk_fill(rng, x, (size_t)n * s->n_kv * d, amp);
     if (s->outlier > 0)
         for (i = 0; i < n * s->n_kv; ++i) {
             x[(size_t)i * d + 3] *= s->outlier;
@@ -299,7 +294,7 @@ static void compare(tk_rng *rng, const spec *s, uint32_t rotate) {
     uint64_t seed = tk_next(rng);
     double err = 0, scale;
     built a, b;
-    fill(rng, q, nq, 1.0f);
+    tk_fill(rng, q, nq, 1.0f);
     queries_of(s, rng, pos, seq);
     if (!build(s, 0, seed, &a)) goto done;
     if (!build(s, rotate, seed, &b)) { destroy(&a); goto done; }
@@ -415,8 +410,8 @@ static void test_runs(tk_rng *rng) {
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     TK_OK(kvc_pool_create(&pc, &p));
     TK_OK(kvc_cache_create(p, &cc, &c));
-    fill(rng, k, sizeof(k) / sizeof(k[0]), 1.0f);
-    fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
+    tk_fill(rng, k, sizeof(k) / sizeof(k[0]), 1.0f);
+    tk_fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
     TK_OK(kvc_begin(c, N));
     TK_OK(kvc_put(c, 0, k, v));
     memcpy(kr, k, sizeof(k));
@@ -459,7 +454,7 @@ static void test_rope_shift(tk_rng *rng) {
         if (!build(&s, KVC_ROTATE_K | KVC_ROTATE_V, seed, &b)) { destroy(&a); continue; }
         TK_OK(kvc_seq_remove(a.cache, 0, 5, 17)); /* the later cells of sequence 0 shift by 12 */
         TK_OK(kvc_seq_remove(b.cache, 0, 5, 17));
-        fill(rng, q, (size_t)s.n_queries * nh * s.hk, 1.0f);
+        tk_fill(rng, q, (size_t)s.n_queries * nh * s.hk, 1.0f);
         for (i = 0; i < 4; ++i) { seq[i] = 0; pos[i] = 40 - i; }
         attend(&s, &a, q, pos, seq, ra, 0);
         attend(&s, &b, q, pos, seq, rb, 0);
@@ -537,9 +532,9 @@ static void test_outliers(tk_rng *rng) {
     static float k[N * KV * D], v[N * KV * D], q[Q * KV * G * D];
     static double ref[Q * KV * G * D];
     int32_t i, t;
-    fill(rng, k, sizeof(k) / sizeof(k[0]), 1.0f);
-    fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
-    fill(rng, q, sizeof(q) / sizeof(q[0]), 1.0f);
+    tk_fill(rng, k, sizeof(k) / sizeof(k[0]), 1.0f);
+    tk_fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
+    tk_fill(rng, q, sizeof(q) / sizeof(q[0]), 1.0f);
     for (i = 0; i < N * KV; ++i) { /* two outlier channels per head, as in real keys and values */
         k[(size_t)i * D + 5] = 12.0f + 3.0f * tk_float(rng);
         k[(size_t)i * D + 70] *= 15.0f;
@@ -667,7 +662,7 @@ static void test_persist(tk_rng *rng) {
         built src, same, plain, diff;
         blob b;
         if (s.kind == KVC_KIND_CAUSAL) s.seqs = 1;
-        fill(rng, q, nq, 1.0f);
+        tk_fill(rng, q, nq, 1.0f);
         queries_of(&s, rng, pos, seq);
         if (!build(&s, rot, seed, &src)) { free(q); free(o1); free(o2); continue; }
         b = save(src.cache, seqv);
@@ -769,11 +764,11 @@ static void test_memory_persist(tk_rng *rng) {
     kvc_namespace ns = {7, 9};
     blob bl = {NULL, 0};
     if (a == NULL || b == NULL || c == NULL) { TK_CHECK(0); return; }
-    fill(rng, q, sizeof(q) / sizeof(q[0]), 1.0f);
+    tk_fill(rng, q, sizeof(q) / sizeof(q[0]), 1.0f);
     TK_OK(kvc_memory_begin(a, 40, NULL, 0));
     for (l = 0; l < 3; ++l) {
-        fill(rng, k, sizeof(k) / sizeof(k[0]), 2.0f);
-        fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
+        tk_fill(rng, k, sizeof(k) / sizeof(k[0]), 2.0f);
+        tk_fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
         TK_OK(kvc_memory_put(a, l, k, v));
     }
     memory_attend(a, q, o1);

@@ -29,11 +29,6 @@ typedef struct world {
     int32_t lo, hi;                /* the tail's range by its rule */
 } world;
 
-static void fill(tk_rng *rng, float *x, size_t n, float amp) {
-    size_t i;
-    for (i = 0; i < n; ++i) x[i] = tk_float(rng) * amp;
-}
-
 static int32_t offset_of(kvc_cache *c) {
     int32_t o = -1;
     TK_OK(kvc_cache_offset(c, &o));
@@ -57,8 +52,8 @@ static void feed(world *w, tk_rng *rng, int32_t n, int32_t put_layers) {
     TK_OK(kvc_begin(w->f16, n));
     rule_begin(w, o, n);
     for (l = 0; l < put_layers; ++l) {
-        fill(rng, k, (size_t)n * NKV * D, 2.0f);
-        fill(rng, v, (size_t)n * NKV * D, 1.0f);
+        tk_fill(rng, k, (size_t)n * NKV * D, 2.0f);
+        tk_fill(rng, v, (size_t)n * NKV * D, 1.0f);
         TK_OK(kvc_put(w->tail, l, k, v));
         TK_OK(kvc_put(w->plain, l, k, v));
         TK_OK(kvc_put(w->f16, l, k, v));
@@ -112,7 +107,7 @@ static void check_decode(world *w, tk_rng *rng) {
     d.softcap = tk_pct(rng, 30) ? 4.0f : 0.0f;
     d.sinks = tk_pct(rng, 50) ? sinks : NULL;
     for (l = 0; l < NL; ++l) {
-        fill(rng, q, NH * D, 2.0f);
+        tk_fill(rng, q, NH * D, 2.0f);
         d.out = out; d.lse = lse;
         TK_OK(kvc_attention(w->tail, l, &d));
         part(w->plain, l, &d, w->window, 0, lo, d.sinks, o[0], ls[0]); /* the sink joins one part */
@@ -250,7 +245,7 @@ static void test_random(tk_rng *rng) {
                 kvc_attention_desc d;
                 int32_t nq = KVC__MIN(2, off);
                 TK_OK(kvc_cache_fork(w.tail, &f));
-                fill(rng, q, 2 * NH * D, 2.0f);
+                tk_fill(rng, q, 2 * NH * D, 2.0f);
                 memset(&d, 0, sizeof(d));
                 d.n_queries = nq; d.n_heads = NH; d.q = q; d.out = a;
                 TK_OK(kvc_attention(w.tail, 1, &d));
@@ -319,7 +314,7 @@ static void test_tree(tk_rng *rng) {
             memset(&d, 0, sizeof(d));
             d.n_queries = 1; d.n_heads = NH; d.q = q;
             for (l = 0; l < NL; ++l) {
-                fill(rng, q, NH * D, 2.0f);
+                tk_fill(rng, q, NH * D, 2.0f);
                 d.out = a;
                 TK_OK(kvc_attention(hit, l, &d));
                 d.out = b;

@@ -33,30 +33,10 @@ typedef struct variant {
     int use_sinks, use_lse, non_causal;
 } variant;
 
-/* The paths this CPU and build have, as cpu_disable masks; [0] is scalar. */
-static int32_t paths(uint32_t *disable, const char **names) {
-    uint32_t f = 0;
-    int32_t n = 0;
-    kvc_cpu_features(&f);
-    disable[n] = ~0u; names[n++] = "scalar";
-    if (f & KVC_CPU_SSE2) { disable[n] = ~(uint32_t)KVC_CPU_SSE2; names[n++] = "sse2"; }
-    if (f & KVC_CPU_AVX2) { disable[n] = KVC_CPU_AVX512; names[n++] = "avx2"; }
-    if (f & KVC_CPU_AVX512) { disable[n] = KVC_CPU_AVX512_VNNI; names[n++] = "avx512"; }
-    if (f & KVC_CPU_AVX512_VNNI) { disable[n] = 0; names[n++] = "avx512-vnni"; }
-    if (f & KVC_CPU_NEON) { disable[n] = KVC_CPU_NEON_DOTPROD; names[n++] = "neon"; }
-    if (f & KVC_CPU_NEON_DOTPROD) { disable[n] = 0; names[n++] = "neon-dotprod"; }
-    return n;
-}
-
 typedef struct run {
     kvc_pool *pool;
     kvc_cache *cache;
 } run;
-
-static void fill(tk_rng *rng, float *x, size_t n, float amp) {
-    size_t i;
-    for (i = 0; i < n; ++i) x[i] = tk_float(rng) * amp;
-}
 
 /* the same cache contents in a pool with the given cpu_disable (and workers) */
 static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn pf, void *pu, int32_t workers, uint64_t seed,
@@ -106,8 +86,8 @@ static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn pf, void 
             TK_OK(kvc_begin(r->cache, n));
         }
         for (l = 0; l < 2; ++l) {
-            fill(&rng, k, (size_t)n * nk, 2.0f);
-            fill(&rng, v, (size_t)n * nv, 1.0f);
+            tk_fill(&rng, k, (size_t)n * nk, 2.0f);
+            tk_fill(&rng, v, (size_t)n * nv, 1.0f);
             TK_OK(kvc_put(r->cache, l, k, v));
         }
         done += n;
@@ -198,7 +178,7 @@ static shape random_shape(tk_rng *rng, int32_t hk, int32_t hv, kvc_type tk, kvc_
 static void check_paths(tk_rng *rng, const shape *s) {
     uint32_t disable[8];
     const char *names[8];
-    int32_t np = paths(disable, names), p, nh = s->n_kv * s->group;
+    int32_t np = (int32_t)tk_cpu_paths(disable, names), p, nh = s->n_kv * s->group;
     size_t nq = (size_t)s->n_queries * nh * s->hk, no = (size_t)s->n_queries * nh * s->hv, nl = (size_t)s->n_queries * nh, i;
     float *q = (float *)malloc(sizeof(float) * nq), *ref = (float *)malloc(sizeof(float) * no);
     float *out = (float *)malloc(sizeof(float) * no), *lref = (float *)malloc(sizeof(float) * nl);
@@ -208,7 +188,7 @@ static void check_paths(tk_rng *rng, const shape *s) {
     variant v;
     run r;
     random_variant(rng, nh, &v);
-    fill(rng, q, nq, 2.0f);
+    tk_fill(rng, q, nq, 2.0f);
     queries_of(s, rng, pos, seq);
     for (i = 0; i < nl; ++i) lref[i] = lse[i] = 12345.0f;
     if (!build(s, disable[0], NULL, NULL, 0, seed, &r)) { TK_CHECK(0); return; }
@@ -289,9 +269,9 @@ static void test_naive(tk_rng *rng) {
         float lse[12 * 8];
         variant var;
         random_variant(rng, nh, &var);
-        fill(rng, k, (size_t)n * n_kv * d, 2.0f);
-        fill(rng, v, (size_t)n * n_kv * d, 1.0f);
-        fill(rng, q, (size_t)nq * nh * d, 2.0f);
+        tk_fill(rng, k, (size_t)n * n_kv * d, 2.0f);
+        tk_fill(rng, v, (size_t)n * n_kv * d, 1.0f);
+        tk_fill(rng, q, (size_t)nq * nh * d, 2.0f);
         for (qi = 0; qi < nq; ++qi) pos[qi] = tk_int(rng, 0, n - 1);
         for (path = 0; path < 2; ++path) { /* scalar, then this CPU's own path */
             kvc_pool *pool = NULL;
@@ -380,9 +360,9 @@ static void test_cascade(tk_rng *rng) {
         variant var;
         double err = 0, lerr = 0, mo = 1e-3;
         random_variant(rng, nh, &var);
-        fill(rng, k, (size_t)n * n_kv * d, 2.0f);
-        fill(rng, v, (size_t)n * n_kv * d, 1.0f);
-        fill(rng, q, (size_t)nq * nh * d, 2.0f);
+        tk_fill(rng, k, (size_t)n * n_kv * d, 2.0f);
+        tk_fill(rng, v, (size_t)n * n_kv * d, 1.0f);
+        tk_fill(rng, q, (size_t)nq * nh * d, 2.0f);
         for (qi = 0; qi < nq; ++qi) pos[qi] = n - 1; /* every query sees every key */
         TK_OK(make_cache(tk, tv, n_kv, d, tk_int(rng, 1, 300), 0, &pool, &cache));
         TK_OK(kvc_begin(cache, n));
@@ -443,7 +423,7 @@ static void test_threads(tk_rng *rng) {
         lse = (float *)malloc(sizeof(float) * nl);
         random_variant(rng, nh, &v);
         v.use_lse = 1;
-        fill(rng, q, nq, 2.0f);
+        tk_fill(rng, q, nq, 2.0f);
         queries_of(&s, rng, pos, seq);
         if (!build(&s, 0, NULL, NULL, 0, seed, &r)) { TK_CHECK(0); break; }
         attend(&s, &v, &r, q, pos, seq, ref, lref);
@@ -471,9 +451,9 @@ static void test_edges(tk_rng *rng) {
     kvc_attention_desc d;
     float k[40 * 64], v[40 * 64], q[2 * 64], out[2 * 64], out2[2 * 64], lse[2], lse2[2], sinks[2];
     int32_t pos[2] = {39, 39}, i;
-    fill(rng, k, 40 * 64, 1.0f);
-    fill(rng, v, 40 * 64, 1.0f);
-    fill(rng, q, 2 * 64, 1.0f);
+    tk_fill(rng, k, 40 * 64, 1.0f);
+    tk_fill(rng, v, 40 * 64, 1.0f);
+    tk_fill(rng, q, 2 * 64, 1.0f);
     TK_OK(make_cache(KVC_TYPE_F16, KVC_TYPE_F16, 1, 64, 16, 0, &pool, &cache));
     TK_OK(kvc_begin(cache, 40));
     TK_OK(kvc_put(cache, 0, k, v));

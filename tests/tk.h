@@ -1,4 +1,4 @@
-/* tk.h - the tiny test kit shared by the test programs.
+/* tk.h - the tiny test kit shared by the test programs (include it after kvcache.h).
    Each program counts its checks and ends by printing one line
        RESULT <name> <passed> <failed>
    which tests/run.sh sums into the suite's final "N passed, N failed" line. */
@@ -68,6 +68,27 @@ TK_UNUSED static float tk_float(tk_rng *r) { /* [-1, 1) */
 }
 
 TK_UNUSED static int tk_pct(tk_rng *r, int percent) { return tk_int(r, 0, 99) < percent; }
+/* n values uniform in [-amp, amp) */
+TK_UNUSED static void tk_fill(tk_rng *r, float *x, size_t n, float amp) {
+    size_t i;
+    for (i = 0; i < n; ++i) x[i] = tk_float(r) * amp;
+}
+
+/* The attention paths this CPU and build have, as kvc_pool_config.cpu_disable masks, and
+   their names; [0] is scalar. Returns how many. */
+TK_UNUSED static int tk_cpu_paths(uint32_t *disable, const char **names) {
+    uint32_t f = 0;
+    int n = 0;
+    kvc_cpu_features(&f);
+    disable[n] = ~0u; names[n++] = "scalar";
+    if (f & KVC_CPU_SSE2) { disable[n] = ~(uint32_t)KVC_CPU_SSE2; names[n++] = "sse2"; }
+    if (f & KVC_CPU_AVX2) { disable[n] = KVC_CPU_AVX512; names[n++] = "avx2"; }
+    if (f & KVC_CPU_AVX512) { disable[n] = KVC_CPU_AVX512_VNNI; names[n++] = "avx512"; }
+    if (f & KVC_CPU_AVX512_VNNI) { disable[n] = 0; names[n++] = "avx512-vnni"; }
+    if (f & KVC_CPU_NEON) { disable[n] = KVC_CPU_NEON_DOTPROD; names[n++] = "neon"; }
+    if (f & KVC_CPU_NEON_DOTPROD) { disable[n] = 0; names[n++] = "neon-dotprod"; }
+    return n;
+}
 
 /* Test scale: KVC_TEST_SCALE=0.1 under valgrind, 1 by default. */
 TK_UNUSED static double tk_scale(void) {
