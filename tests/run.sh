@@ -10,7 +10,7 @@
 set -u
 cd "$(dirname "$0")/.."
 B=build/test
-mkdir -p "$B"
+rm -rf "$B"; mkdir -p "$B" # no binary of an earlier run stands in for a failed build
 passed=0 failed=0 skipped=0
 CC=${CC:-gcc}
 STRICT="-std=c99 -Wall -Wextra -Wpedantic -Werror"
@@ -59,20 +59,22 @@ stage() {
   [ -n "$2" ] && echo "== $2"
 }
 
-# Lanes: the long stages come in pairs that run side by side (this 2-core machine's CI took
-# 21 min one after the other). lane NAME FUNCTION runs FUNCTION in the background with its
-# own counts, its output kept in a file; lanes_join waits for them, prints each lane's
-# output whole, in the order they started, and adds the counts. Lanes build and write
-# distinct files under $B (test_persist writes next to its own binary). KVC_JOBS=1 (or a
-# 1-CPU machine) runs each lane in turn.
+# Lanes: the long stages are cut into jobs ("lanes") that run up to KVC_JOBS (default: the
+# CPU count) at a time, each next one starting as soon as one ends, longest first (this
+# 2-core machine's CI took 21 min one after the other, 19 in two fixed halves). lane NAME
+# FUNCTION ARGS... runs FUNCTION ARGS in the background with its own counts, its output
+# kept in a file; lanes_join waits for them, prints each lane's output whole, in the order
+# they started, and adds the counts. Lanes build and write distinct files under $B
+# (test_persist writes next to its own binary). KVC_JOBS=1 runs each lane in turn.
 JOBS=${KVC_JOBS:-$(nproc 2>/dev/null || echo 1)}
 lanes=""
 lane() {
   local name=$1; shift
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
   rm -f "$B/lane-$name.count"
-  ( passed=0 failed=0 skipped=0 t0=$SECONDS; "$@"; echo "        (lane $name: $((SECONDS - t0)) s)"
+  ( passed=0 failed=0 skipped=0 t0=$SECONDS; "$@"
+    [ $((SECONDS - t0)) -lt 10 ] || echo "        ($name: $((SECONDS - t0)) s)"
     echo "$passed $failed $skipped" >"$B/lane-$name.count" ) >"$B/lane-$name.out" 2>&1 &
-  [ "$JOBS" -ge 2 ] || wait
   lanes="$lanes $name"
 }
 lanes_join() {
@@ -140,123 +142,140 @@ if have glslc; then
   step shaders-committed sh -c "cp kvcache_vk.h $B/kvcache_vk.h && bash shaders/embed.sh $B/kvcache_vk.h && cmp kvcache_vk.h $B/kvcache_vk.h"
 else skip shaders-committed "glslc not installed"; fi
 
-stage tests "tests (gcc -O2), and beside them the examples and the tiny-model end-to-end check"
-test_programs() {
-for t in $tests; do
-  n=$(basename "$t" .c)
-  step "build-$n" $CC $STRICT -O2 -I. "$t" -o "$B/$n" -lm -lpthread && checks "$n" "$B/$n" "$seed"
-done
-# a target that configures kvcache.h with macros could not share the replay program
-step fuzz-targets-share-a-build sh -c '! grep -n "^[[:space:]]*#[[:space:]]*define[[:space:]]*KVCACHE_" "$@" | grep -v KVCACHE_IMPLEMENTATION' sh $fuzzers
-step build-fuzz $CC $STRICT -O2 -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz" -lm &&
-  for n in $fuzz_names; do replay "fuzz-replay-$n" "$B/fuzz" "$n"; done
+stage tests "tests (gcc -O2 -g), the fuzz corpora, the examples and the tiny-model end-to-end check"
+# test_one tests/test_NAME.c: build it (valgrind runs this binary later) and run it
+test_one() {
+  local n; n=$(basename "$1" .c)
+  step "build-$n" $CC $STRICT -O2 -g -I. "$1" -o "$B/$n" -lm -lpthread && checks "$n" "$B/$n" "$seed"
 }
-examples_and_tinylm() {
-echo "-- examples"
-for e in $examples; do
-  n=$(basename "$e" .c)
-  step "example-$n" sh -c "$CC $STRICT -O2 -I. $e -o $B/$n -lm && $B/$n"
-done
-if [ -f examples/tinylm.c ]; then
+fuzz_replays() {
+  # a target that configures kvcache.h with macros could not share the replay program
+  step fuzz-targets-share-a-build sh -c '! grep -n "^[[:space:]]*#[[:space:]]*define[[:space:]]*KVCACHE_" "$@" | grep -v KVCACHE_IMPLEMENTATION' sh $fuzzers
+  step build-fuzz $CC $STRICT -O2 -g -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz" -lm &&
+    for n in $fuzz_names; do replay "fuzz-replay-$n" "$B/fuzz" "$n"; done
+}
+run_examples() {
+  for e in $examples; do
+    n=$(basename "$e" .c)
+    step "example-$n" sh -c "$CC $STRICT -O2 -g -I. $e -o $B/$n -lm && $B/$n"
+  done
+}
+tinylm() {
   echo "-- end-to-end: tiny models against Hugging Face reference logits"
-  step build-tinylm $CC $STRICT -O2 -I. examples/tinylm.c -o "$B/tinylm" -lm
+  step build-tinylm $CC $STRICT -O2 -g -I. examples/tinylm.c -o "$B/tinylm" -lm
   for m in tests/data/*/; do
     step "tinylm-$(basename "$m")" "$B/tinylm" --quiet "$m"
     step "tinylm-$(basename "$m")-chunk7" "$B/tinylm" --quiet --chunk 7 "$m"
   done
-  if [ $have_vk = 1 ]; then # the same demo with the pages and attention on a Vulkan device
-    step build-tinylm-vk $CC $STRICT -O2 -DTINYLM_VK -I. examples/tinylm.c -o "$B/tinylm_vk" -lm
-    if "$B/tinylm_vk" --vk --quiet --reference tests/data/llama-tiny >/dev/null 2>&1; then
-      for m in tests/data/*/; do
-        step "tinylm-vk-$(basename "$m")" "$B/tinylm_vk" --vk --quiet "$m"
-      done
-    else skip tinylm-vk "no Vulkan loader or device (apt-get install mesa-vulkan-drivers)"; fi
-  fi
-fi
 }
-lane tests test_programs
-lane examples examples_and_tinylm
+tinylm_vk() { # the same demo with the pages and attention on a Vulkan device
+  step build-tinylm-vk $CC $STRICT -O2 -DTINYLM_VK -I. examples/tinylm.c -o "$B/tinylm_vk" -lm
+  if "$B/tinylm_vk" --vk --quiet --reference tests/data/llama-tiny >/dev/null 2>&1; then
+    for m in tests/data/*/; do
+      step "tinylm-vk-$(basename "$m")" "$B/tinylm_vk" --vk --quiet "$m"
+    done
+  else skip tinylm-vk "no Vulkan loader or device (apt-get install mesa-vulkan-drivers)"; fi
+}
+# longest first: test_vk and tinylm on lavapipe (2-3 min), the examples, tinylm, the rest
+[ -f tests/test_vk.c ] && lane test_vk test_one tests/test_vk.c
+[ -f examples/tinylm.c ] && [ $have_vk = 1 ] && lane tinylm-vk tinylm_vk
+lane examples run_examples
+[ -f examples/tinylm.c ] && lane tinylm tinylm
+lane fuzz-replays fuzz_replays
+for t in $tests; do [ "$t" = tests/test_vk.c ] || lane "$(basename "$t" .c)" test_one "$t"; done
 lanes_join
 
-stage asan "sanitizers (ASan + UBSan, TSan), and beside them valgrind memcheck"
-sanitizers() {
+stage asan "sanitizers (ASan + UBSan, TSan) and valgrind memcheck, a lane per program"
 SAN="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 SANCC=$CC; have clang && SANCC=clang
-if echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev/null 2>&1; then
-  for t in $tests; do
-    n=$(basename "$t" .c)
-    # test_vk: the Vulkan driver's own allocations are not ours to free (the test counts
-    # the backend's with its own allocator), and lavapipe under ASan is slow
-    if [ "$n" = test_vk ]; then
-      step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm -lpthread &&
-        ASAN_OPTIONS=detect_leaks=0 KVC_TEST_SCALE=0.15 checks "asan-$n" "$B/$n.asan" "$seed"
-      continue
-    fi
-    # a third of the native scale: the native run above has the full one (CI time)
-    step "asan-build-$n" $SANCC $STRICT $SAN -I. "$t" -o "$B/$n.asan" -lm -lpthread &&
-      KVC_TEST_SCALE=0.3 checks "asan-$n" "$B/$n.asan" "$seed"
-  done
+TSAN="-O1 -g -fsanitize=thread"
+VG="valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=all"
+# test_vk on lavapipe under valgrind: LLVM's and the dynamic linker's process-lifetime state
+# is still reachable at exit; tests/valgrind-vk.supp suppresses exactly those blocks
+# (reachable ones the driver stack allocated by itself; its patterns reach the loader's
+# dlopen frames, hence the deeper stacks, and name its frames after the test's dlclose,
+# hence keep-debuginfo). LLVM compiling each new pipeline under valgrind is what costs, and
+# what the native runs above put in Mesa's shader cache is compiled again (presumably
+# valgrind's CPU gives other keys): device setup and the error tests took 19 s, an episode
+# 27-112 s, all three 240 s. So one episode per run, its cache kind (episode % 3) rotating
+# with the random seed.
+VGVK="--keep-debuginfo=yes --num-callers=40 --suppressions=tests/valgrind-vk.supp"
+# asan_one tests/test_NAME.c: a third of the native scale (the native run has the full one;
+# CI time). test_vk: the Vulkan driver's own allocations are not ours to free (the test
+# counts the backend's with its own allocator), and lavapipe under ASan is slow.
+asan_one() {
+  local n scale=0.3 opts=""; n=$(basename "$1" .c)
+  [ "$n" = test_vk ] && scale=0.15 opts=detect_leaks=0
+  step "asan-build-$n" $SANCC $STRICT $SAN -I. "$1" -o "$B/$n.asan" -lm -lpthread &&
+    ASAN_OPTIONS=$opts KVC_TEST_SCALE=$scale checks "asan-$n" "$B/$n.asan" "$seed"
+}
+asan_fuzz() {
   step asan-build-fuzz $SANCC $STRICT $SAN -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz.asan" -lm &&
     for n in $fuzz_names; do replay "asan-fuzz-replay-$n" "$B/fuzz.asan" "$n"; done
-  if [ -f examples/tinylm.c ]; then
-    step asan-build-tinylm $SANCC $STRICT $SAN -I. examples/tinylm.c -o "$B/tinylm.asan" -lm &&
-      step asan-tinylm "$B/tinylm.asan" --quiet --chunk 5 tests/data/mistral-swa-tiny
-  fi
-else skip sanitizers "the compiler cannot build with -fsanitize=address,undefined"; fi
+}
+asan_tinylm() {
+  step asan-build-tinylm $SANCC $STRICT $SAN -I. examples/tinylm.c -o "$B/tinylm.asan" -lm &&
+    step asan-tinylm "$B/tinylm.asan" --quiet --chunk 5 tests/data/mistral-swa-tiny
+}
 # ThreadSanitizer: the programs with threads -- test_threads (a pool, its prefix tree and a
-# kvc_threads shared by 4 threads; a memory's forks on two) in full, test_kernels (the
-# kvc_threads attention) at reduced scale. About 11 + 15 s alone on this 2-core machine.
-TSAN="-O1 -g -fsanitize=thread"
-if echo 'int main(void){return 0;}' | $SANCC $TSAN -x c - -o "$B/tsan_probe" >/dev/null 2>&1 && "$B/tsan_probe"; then
-  for n in test_threads test_kernels; do
-    [ -f "tests/$n.c" ] || continue
-    scale=0.5; [ "$n" = test_kernels ] && scale=0.1
-    step "tsan-build-$n" $SANCC $STRICT $TSAN -I. "tests/$n.c" -o "$B/$n.tsan" -lm -lpthread &&
-      KVC_TEST_SCALE=$scale checks "tsan-$n" "$B/$n.tsan" "$seed"
-  done
-else skip tsan "the compiler cannot build and run with -fsanitize=thread"; fi
+# kvc_threads shared by 4 threads; a memory's forks on two) at half scale, test_kernels (the
+# kvc_threads attention) at a tenth.
+tsan_one() {
+  local n=$1 scale=$2
+  step "tsan-build-$n" $SANCC $STRICT $TSAN -I. "tests/$n.c" -o "$B/$n.tsan" -lm -lpthread &&
+    KVC_TEST_SCALE=$scale checks "tsan-$n" "$B/$n.tsan" "$seed"
 }
-memcheck() {
-echo "-- valgrind memcheck"
+# valgrind memcheck runs the native -O2 -g binaries of the first stage
+vg_one() {
+  local n=$1
+  [ -x "$B/$n" ] || { skip "valgrind-$n" "its native build failed"; return; }
+  if [ "$n" = test_vk ]; then
+    KVC_VK_EPISODE=$((seed % 3)) KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG $VGVK "$B/$n" "$seed"
+  else
+    KVC_NO_STACK_TEST=1 KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG "$B/$n" "$seed"
+  fi
+}
+vg_fuzz() {
+  [ -x "$B/fuzz" ] && for n in $fuzz_names; do replay "valgrind-fuzz-replay-$n" "$B/fuzz" "$n" $VG; done
+}
+vg_examples() {
+  for e in $examples; do n=$(basename "$e" .c); [ -x "$B/$n" ] && step "valgrind-example-$n" $VG "$B/$n"; done
+  [ -x "$B/tinylm" ] && step valgrind-tinylm $VG "$B/tinylm" --quiet tests/data/llama-tiny
+}
+# longest first (alone on this machine): valgrind's test_vk episode (about 3 min), the fuzz
+# replays and the examples under either tool (1-2 min), ASan per program (20-60 s), TSan,
+# valgrind per program (under 20 s)
+have_san=0 have_tsan=0
+echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev/null 2>&1 && have_san=1
+echo 'int main(void){return 0;}' | $SANCC $TSAN -x c - -o "$B/tsan_probe" >/dev/null 2>&1 && "$B/tsan_probe" && have_tsan=1
 if have valgrind; then
-  VG="valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=all"
-  # test_vk on lavapipe: LLVM's and the dynamic linker's process-lifetime state is still
-  # reachable at exit; tests/valgrind-vk.supp suppresses exactly those blocks (reachable
-  # ones the driver stack allocated by itself; its patterns reach the loader's dlopen
-  # frames, hence the deeper stacks, and name its frames after the test's dlclose, hence
-  # keep-debuginfo). LLVM compiling each new pipeline under valgrind is what costs, and
-  # what the native runs above put in Mesa's shader cache is compiled again (presumably
-  # valgrind's CPU gives other keys): device setup and the error tests took 19 s, an
-  # episode 27-112 s, all three 240 s. So one episode per run, its cache kind
-  # (episode % 3) rotating with the random seed.
-  VGVK="--keep-debuginfo=yes --num-callers=40 --suppressions=tests/valgrind-vk.supp"
-  for t in $tests; do
-    n=$(basename "$t" .c)
-    step "vg-build-$n" $CC $STRICT -O1 -g -I. "$t" -o "$B/$n.vg" -lm -lpthread || continue
-    if [ "$n" = test_vk ]; then
-      KVC_VK_EPISODE=$((seed % 3)) KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG $VGVK "$B/$n.vg" "$seed"
-    else
-      KVC_NO_STACK_TEST=1 KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG "$B/$n.vg" "$seed"
-    fi
-  done
-  step vg-build-fuzz $CC $STRICT -O1 -g -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz.vg" -lm &&
-    for n in $fuzz_names; do replay "valgrind-fuzz-replay-$n" "$B/fuzz.vg" "$n" $VG; done
-  for e in $examples; do n=$(basename "$e" .c); step "valgrind-example-$n" $VG "$B/$n"; done
-  [ -f examples/tinylm.c ] && step valgrind-tinylm $VG "$B/tinylm" --quiet tests/data/llama-tiny
+  [ -f tests/test_vk.c ] && lane valgrind-test_vk vg_one test_vk
+  lane valgrind-fuzz vg_fuzz
+  lane valgrind-examples vg_examples
+fi
+if [ $have_san = 1 ]; then
+  lane asan-fuzz asan_fuzz
+  [ -f examples/tinylm.c ] && lane asan-tinylm asan_tinylm
+  [ -f tests/test_vk.c ] && lane asan-test_vk asan_one tests/test_vk.c
+  for t in $tests; do [ "$t" = tests/test_vk.c ] || lane "asan-$(basename "$t" .c)" asan_one "$t"; done
+else skip sanitizers "the compiler cannot build with -fsanitize=address,undefined"; fi
+if [ $have_tsan = 1 ]; then
+  [ -f tests/test_kernels.c ] && lane tsan-test_kernels tsan_one test_kernels 0.1
+  [ -f tests/test_threads.c ] && lane tsan-test_threads tsan_one test_threads 0.5
+else skip tsan "the compiler cannot build and run with -fsanitize=thread"; fi
+if have valgrind; then
+  for t in $tests; do n=$(basename "$t" .c); [ "$n" = test_vk ] || lane "valgrind-$n" vg_one "$n"; done
 else skip valgrind "valgrind not installed"; fi
-}
-lane asan sanitizers
-lane valgrind memcheck
 lanes_join
 
-stage matrix "compiler and target matrix (KVC_TEST_SCALE=0.05; every fuzz corpus replayed too), two lanes"
+stage matrix "compiler and target matrix (KVC_TEST_SCALE=0.05; every fuzz corpus replayed too), a lane per configuration"
 # mx LABEL "COMPILER FLAGS" [RUNNER] -- PROGRAMS: build each test program (tests/test_NAME.c,
 # or fuzz: every fuzz target in one replay program) and run it at reduced scale.
 MXS=0.05
 MXLIBS="-lm -lpthread"
 mx() {
   local label=$1 cc=$2 runner=$3; shift 4
-  local p n src t0=$SECONDS
+  local p n src
   for p in "$@"; do
     case $p in
       fuzz) step "$label-build-fuzz" $cc -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/mx-$label-fuzz" $MXLIBS &&
@@ -267,7 +286,6 @@ mx() {
           KVC_TEST_SCALE=$MXS checks "$label-$p" $runner "$B/mx-$label-$p" "$seed" ;;
     esac
   done
-  echo "        ($label: $((SECONDS - t0)) s)"
 }
 all_tests=""; for t in $tests; do all_tests="$all_tests $(basename "$t" .c | sed 's/^test_//')"; done
 all_fuzz=""; [ -n "$fuzzers" ] && all_fuzz=fuzz
@@ -279,83 +297,79 @@ step gcc-O3-static-library $CC $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_sta
 NOMU="-Wno-maybe-uninitialized"
 CXXW="-Wall -Wextra -Werror"
 XW="$STRICT -O2 -static"
-# Two lanes (alone on this machine, before some became subsets: gcc -O3 60 s, g++ 57, clang++ 51,
-# clang -O3 50, gcc static 42, gcc -O0 29, no-SIMD 27, aarch64 23, clang -O0 16, arm32 14,
-# tcc 2).
-matrix_gcc() {
-  mx gcc-O3 "$CC $STRICT $NOMU -O3" "" -- $all_tests $all_fuzz
-  mx gcc-nosimd "$CC $STRICT -O2 -DKVCACHE_NO_SIMD" "" -- $all_tests $all_fuzz
-  # tcc has no SIMD intrinsics: the scalar path, a different front end, its own codegen;
-  # every warning tcc has (-Wall is only implicit declarations), as errors
-  if have tcc; then mx tcc "tcc -Wall -Wunsupported -Wwrite-strings -Werror" "" -- $all_tests $all_fuzz
-  else skip tcc "tcc not installed"; fi
-  # 32-bit ARM: size_t of 32 bits (test_limits' 32-bit cases); aarch64 (the other lane):
-  # the NEON paths. Static binaries under qemu-user, as strict as the native builds.
-  if have arm-linux-gnueabihf-gcc && have qemu-arm; then
-    mx arm32 "arm-linux-gnueabihf-gcc $XW" qemu-arm -- core causal limits $all_fuzz
-  else skip arm32 "gcc-arm-linux-gnueabihf or qemu-user not installed"; fi
-  # -O0 (no inlining, other UB exposure): the core programs and the fuzz replays
-  if have clang; then mx clang-O0 "clang $STRICT -O0" "" -- core causal radix memory_radix hybrid limits $all_fuzz; fi
-}
-matrix_clang() {
-  if have clang; then
-    step clang-O3-static-library clang $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_clang.o"
-    mx clang-O3 "clang $STRICT -O3" "" -- $all_tests $all_fuzz # -O2: ASan's -O1 and gcc -O2 above
-  else skip clang-matrix "clang not installed"; fi
-  # C++: every program compiles as C++11 in the first stage; here g++ runs a set as C++17
-  if have g++; then
-    mx g++-c++17 "g++ -x c++ -std=c++17 $CXXW -O2" "" -- core causal radix memory_radix hybrid reserve rotate variants threads $all_fuzz
-  else skip g++-matrix "g++ not installed"; fi
-  # KVCACHE_STATIC changes linkage, not behaviour: a few programs and the fuzz replays
-  mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- core radix persist memory_radix $all_fuzz
-  # gcc 12's aarch64 vectoriser stops with an internal error on test_variants' cascade
-  # loop: no auto-vectorisation there (the NEON intrinsics are what this build is for)
-  if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
-    mx aarch64 "aarch64-linux-gnu-gcc $XW -fno-tree-vectorize" qemu-aarch64 -- core kernels variants limits $all_fuzz
-  else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
-}
-lane matrix-gcc matrix_gcc
-lane matrix-clang matrix_clang
+# A lane per configuration, longest first (alone on this machine, before some became subsets:
+# gcc -O3 60 s, g++ 57, clang++ 51, clang -O3 50, gcc static 42, gcc -O0 29, no-SIMD 27,
+# aarch64 23, clang -O0 16, arm32 14, tcc 2).
+have clang && step clang-O3-static-library clang $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_clang.o"
+lane mx-gcc-O3 mx gcc-O3 "$CC $STRICT $NOMU -O3" "" -- $all_tests $all_fuzz
+if have clang; then
+  lane mx-clang-O3 mx clang-O3 "clang $STRICT -O3" "" -- $all_tests $all_fuzz # -O2: ASan's -O1 and gcc -O2 above
+else skip clang-matrix "clang not installed"; fi
+# C++: every program compiles as C++11 in the first stage; here g++ runs a set as C++17
+if have g++; then
+  lane mx-g++-c++17 mx g++-c++17 "g++ -x c++ -std=c++17 $CXXW -O2" "" -- core causal radix memory_radix hybrid reserve rotate variants threads $all_fuzz
+else skip g++-matrix "g++ not installed"; fi
+# KVCACHE_STATIC changes linkage, not behaviour: a few programs and the fuzz replays
+lane mx-gcc-static mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- core radix persist memory_radix $all_fuzz
+lane mx-gcc-nosimd mx gcc-nosimd "$CC $STRICT -O2 -DKVCACHE_NO_SIMD" "" -- $all_tests $all_fuzz
+# 32-bit ARM: size_t of 32 bits (test_limits' 32-bit cases), malloc aligned to 8; aarch64:
+# the NEON paths. Static binaries under qemu-user, as strict as the native builds. gcc 12's
+# aarch64 vectoriser stops with an internal error on test_variants' cascade loop: no
+# auto-vectorisation there (the NEON intrinsics are what this build is for).
+if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
+  lane mx-aarch64 mx aarch64 "aarch64-linux-gnu-gcc $XW -fno-tree-vectorize" qemu-aarch64 -- core kernels variants limits $all_fuzz
+else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
+# -O0 (no inlining, other UB exposure): the core programs and the fuzz replays
+if have clang; then lane mx-clang-O0 mx clang-O0 "clang $STRICT -O0" "" -- core causal radix memory_radix hybrid limits $all_fuzz; fi
+if have arm-linux-gnueabihf-gcc && have qemu-arm; then
+  lane mx-arm32 mx arm32 "arm-linux-gnueabihf-gcc $XW" qemu-arm -- core causal limits $all_fuzz
+else skip arm32 "gcc-arm-linux-gnueabihf or qemu-user not installed"; fi
+# tcc has no SIMD intrinsics: the scalar path, a different front end, its own codegen;
+# every warning tcc has (-Wall is only implicit declarations), as errors
+if have tcc; then lane mx-tcc mx tcc "tcc -Wall -Wunsupported -Wwrite-strings -Werror" "" -- $all_tests $all_fuzz
+else skip tcc "tcc not installed"; fi
 lanes_join
 
-# Each target is one single-threaded process: up to KVC_JOBS (default: the CPU count) fuzz
-# side by side, each for the full KVC_FUZZ_SECONDS, and the next target builds meanwhile.
+# One libFuzzer program for every target (fuzz_all.c; KVC_FUZZ_TARGET names the one to
+# fuzz): a build instead of one per target. Each target is one single-threaded process, up
+# to KVC_JOBS side by side, each for the full KVC_FUZZ_SECONDS.
 stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 20), $JOBS at a time"
 FUZZ_S=${KVC_FUZZ_SECONDS:-0}
 LF="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
+lf_one() {
+  local n=$1 log="$B/libfuzzer-$1-${FUZZ_S}s.log" a
+  # fuzz a copy: the committed corpus stays as it is; crashes land in $B/fuzz-$n-artifacts/
+  rm -rf "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
+  mkdir -p "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
+  cp fuzz/corpus/"$n"/* "$B/fuzz-$n-corpus/" 2>/dev/null
+  if KVC_FUZZ_TARGET=$n "$B/fuzz_all.lf" -max_total_time="$FUZZ_S" -timeout=30 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$B/fuzz-$n-artifacts/" "$B/fuzz-$n-corpus" >"$log" 2>&1; then
+    passed=$((passed + 1)); echo "  ok    libfuzzer-$n-${FUZZ_S}s"
+    grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' "$log" | sed 's/^/        /'
+  else
+    failed=$((failed + 1)); echo "  FAIL  libfuzzer-$n-${FUZZ_S}s"; tail -n 30 "$log"
+    for a in "$B/fuzz-$n-artifacts"/*; do
+      [ -f "$a" ] && echo "  replay: KVC_FUZZ_TARGET=$n $B/fuzz_all.lf $a   (or: $B/fuzz --name $n $a)"
+    done
+  fi
+}
 if [ "$FUZZ_S" = 0 ]; then
   skip libfuzzer "KVC_FUZZ_SECONDS not set"
 elif ! have clang || ! echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n){(void)d;(void)n;return 0;}' |
     clang $LF -x c - -o "$B/lf_probe" >/dev/null 2>&1; then
   skip libfuzzer "clang cannot link -fsanitize=fuzzer (libclang-rt-dev)"
 else
-  started=""
-  for fz in $fuzzers; do
-    n=$(fuzz_name "$fz")
-    # fuzz a copy: the committed corpus stays as it is; crashes land in $B/fuzz-$n-artifacts/
-    rm -rf "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts" "$B/libfuzzer-$n.rc"
-    mkdir -p "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
-    cp fuzz/corpus/"$n"/* "$B/fuzz-$n-corpus/" 2>/dev/null
-    step "libfuzzer-build-$n" clang $STRICT $LF -I. "$fz" -o "$B/fuzz_$n.lf" -lm || continue
-    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-    ( "$B/fuzz_$n.lf" -max_total_time="$FUZZ_S" -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
-        -artifact_prefix="$B/fuzz-$n-artifacts/" "$B/fuzz-$n-corpus" >"$B/libfuzzer-$n-${FUZZ_S}s.log" 2>&1
-      echo $? >"$B/libfuzzer-$n.rc" ) &
-    started="$started $n"
-  done
-  wait
-  for n in $started; do # the results in order, as steps
-    log="$B/libfuzzer-$n-${FUZZ_S}s.log"
-    if [ "$(cat "$B/libfuzzer-$n.rc" 2>/dev/null)" = 0 ]; then
-      passed=$((passed + 1)); echo "  ok    libfuzzer-$n-${FUZZ_S}s"
-      grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' "$log" | sed 's/^/        /'
-    else
-      failed=$((failed + 1)); echo "  FAIL  libfuzzer-$n-${FUZZ_S}s"; tail -n 30 "$log"
-      for a in "$B/fuzz-$n-artifacts"/*; do
-        [ -f "$a" ] && echo "  replay: $B/fuzz_$n.lf $a   (or: $B/fuzz --name $n $a)"
-      done
-    fi
-  done
+  { cat "$B/fuzz_all.c"
+    printf 'const char *kvc_fuzz_replay_name = "";\n'
+    printf 'int LLVMFuzzerInitialize(int *argc, char ***argv);\n'
+    printf 'int LLVMFuzzerInitialize(int *argc, char ***argv) {\n'
+    printf '    (void)argc; (void)argv;\n'
+    printf '    if (getenv("KVC_FUZZ_TARGET") != NULL) kvc_fuzz_replay_name = getenv("KVC_FUZZ_TARGET");\n'
+    printf '    return 0;\n}\n'; } >"$B/fuzz_all_lf.c"
+  if step libfuzzer-build clang $STRICT $LF -I. "$B/fuzz_all_lf.c" -o "$B/fuzz_all.lf" -lm; then
+    for n in $fuzz_names; do lane "libfuzzer-$n" lf_one "$n"; done
+    lanes_join
+  fi
 fi
 
 stage end ""
