@@ -9,12 +9,14 @@
 //            independent, so a 128-split merge waits for memory twice, not eight times);
 //            then the groups' sums are added.
 // The merge is latency-bound: a few hundred KB in all, read once. Zeros where no cell
-// was visible (kvcache.h's rule).
+// was visible, and a row of NaN (log-sum-exp NaN too) where the head's query row holds a
+// NaN or an infinity (kvcache.h's rules; the split passes leave such a row to chance).
 #extension GL_EXT_control_flow_attributes : require
 #include "kvc_shared.glsl"
 layout(local_size_x = 256) in;
 layout(constant_id = MERGE_HDV) const uint HDV = 128u;
 layout(constant_id = MERGE_N_HEADS) const uint N_HEADS = 32u; // query heads
+layout(constant_id = MERGE_HDK) const uint HDK = 128u; // head dim of K: the query rows
 const uint MAX_SPLITS = 256u;                       // kvcache_vk.h never uses more
 const uint DV = 32u, NG = 256u / DV;                // values per workgroup, split groups
 const uint U = 8u;                                  // loads in flight per invocation
@@ -23,6 +25,7 @@ layout(set = 0, binding = 0) readonly buffer PB { float part[]; };
 layout(set = 0, binding = 1) readonly buffer MB { uint meta[]; };
 layout(set = 0, binding = 2) writeonly buffer OB { float outv[]; };
 layout(set = 0, binding = 3) writeonly buffer LB { float lsev[]; }; // log-sum-exps, where asked
+layout(set = 0, binding = 4) readonly buffer QB { uint qw[]; };     // the queries, as f32 bits
 
 layout(push_constant) uniform PC {
     uint job_off;
@@ -34,6 +37,7 @@ layout(push_constant) uniform PC {
 shared float w[MAX_SPLITS];
 shared float red[256];
 shared float sums[256];
+shared uint qbad; // nonzero: the query row holds a NaN or an infinity
 
 // the workgroup's sum (op 1) or maximum (op 0) of one value per invocation
 float reduce(float v, uint op) {
@@ -57,10 +61,13 @@ void main() {
     Job J = load_job(pc.job_off, jb);
     float mx = NEG_INF, lx = 0.0;
     if (tid < n) { mx = part[at + tid * stride]; lx = part[at + tid * stride + 1u]; }
-    float M = reduce(mx, 0u);
+    if (tid == 0u) qbad = 0u;
+    float M = reduce(mx, 0u); // (its barriers publish qbad's zero)
+    for (uint i = tid; i < HDK; i += 256u) // exponent all ones: NaN or infinite
+        if ((qw[J.q_off + qh * HDK + i] & 0x7f800000u) == 0x7f800000u) atomicOr(qbad, 1u);
     float f = mx == NEG_INF ? 0.0 : exp2(mx - M);
     if (tid < n) w[tid] = f;
-    float L = reduce(lx * f, 1u); // also the barrier that publishes w
+    float L = reduce(lx * f, 1u); // also the barrier that publishes w and qbad
     // a zero weight adds nothing, whatever its partial holds
     float acc = 0.0;
     if (d < HDV)
@@ -84,11 +91,12 @@ void main() {
     float Ms = max(M, sk);
     float fM = Ms == NEG_INF ? 0.0 : exp2(M - Ms), fS = Ms == NEG_INF ? 0.0 : exp2(sk - Ms);
     float Lt = L * fM + fS;
+    float nan_ = uintBitsToFloat(0x7fc00000u);
     if (tid < DV && d < HDV) {
         float t = 0.0;
         [[unroll]] for (uint k = 0u; k < NG; ++k) t += sums[k * DV + tid];
-        outv[J.out_off + qh * HDV + d] = Lt > 0.0 ? t * fM / Lt : 0.0;
+        outv[J.out_off + qh * HDV + d] = qbad != 0u ? nan_ : Lt > 0.0 ? t * fM / Lt : 0.0;
     }
     if (tid == 0u && gl_WorkGroupID.z == 0u && lo != 0xffffffffu)
-        lsev[lo + qh] = Lt > 0.0 ? (Ms + log2(Lt)) * 0.6931471805599453 : NEG_INF;
+        lsev[lo + qh] = qbad != 0u ? nan_ : Lt > 0.0 ? (Ms + log2(Lt)) * 0.6931471805599453 : NEG_INF;
 }

@@ -76,7 +76,8 @@ PAGE_CELLS cells per page
 VQ nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time
 GH attn_split_q.comp: query heads per workgroup"
 spec_merge="HDV head dim of V
-N_HEADS query heads"
+N_HEADS query heads
+HDK head dim of K (the query rows checked for a NaN or an infinity)"
 spec_rows_read="TYPE storage type of the tensor
 HD head dim of the tensor
 PLANAR nonzero: q8_0 / q4_0 pages in the planar layout

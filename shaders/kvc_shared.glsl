@@ -46,6 +46,7 @@
 // of attn_merge.comp
 #define MERGE_HDV 0 // head dim of V
 #define MERGE_N_HEADS 1 // query heads
+#define MERGE_HDK 2 // head dim of K (the query rows checked for a NaN or an infinity)
 // of rows_read.comp
 #define ROWS_READ_TYPE 0 // storage type of the tensor
 #define ROWS_READ_HD 1 // head dim of the tensor

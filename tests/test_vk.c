@@ -221,15 +221,29 @@ static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
     sync_cpu_from_gpu(s, sh);
 }
 
-/* GPU attention vs kvc_attention for the given queries */
+/* the GPU's attention with q_buf's queries into got (and the lse buffer, where vd has it) */
+static void gpu_attention(side *s, int32_t layer, const kvc_vk_attention_desc *vd, float *got, size_t nov) {
+    VkCommandBuffer cmd;
+    memset(out_buf.mapped, 0x7f, sizeof(float) * nov);
+    if (vd->lse.buffer) memset(gk_buf.mapped, 0x7f, sizeof(float) * (size_t)vd->n_queries * (size_t)vd->n_heads + 64);
+    cmd = begin_cmd();
+    TK_OK(kvc_vk_cmd_attention(s[1].vk, cmd, s[1].cache, layer, vd));
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    memcpy(got, out_buf.mapped, sizeof(float) * nov);
+}
+
+/* GPU attention vs kvc_attention for the given queries. Now and then a few query rows (one
+   query, one head) get a NaN, +inf or -inf: those rows must be all NaN on both sides (and
+   their log-sum-exps NaN), the other rows the GPU's bits without the bad values. */
 static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t nq, const int32_t *pos,
                               const int32_t *seq, int32_t window, int nc, tk_rng *rng) {
-    int32_t nh = sh->kv_heads * sh->group, i, bad = 0;
+    int32_t nh = sh->kv_heads * sh->group, i, bad = 0, n_poison, nan_bad = 0, moved = 0;
     size_t nqv = (size_t)nq * nh * sh->hdk, nov = (size_t)nq * nh * sh->hdv;
-    float *q = (float *)malloc(sizeof(float) * (nqv + 2 * nov)), *ref = q + nqv, *got = ref + nov;
+    float *q = (float *)malloc(sizeof(float) * (nqv + 3 * nov)), *ref = q + nqv, *got = ref + nov, *clean = got + nov;
+    float clean_lse[4 * 128];
+    unsigned char *poison = (unsigned char *)calloc((size_t)nq * nh, 1); /* rows with a NaN or an infinity */
     kvc_attention_desc d;
     kvc_vk_attention_desc vd;
-    VkCommandBuffer cmd;
     double worst = 0, tol = 5e-5;
     /* the attention variants now and then: sinks (some heads without), softcap, log-sum-exps */
     float sinks[128], *lse_ref = NULL, softcap = tk_pct(rng, 30) ? 0.5f + 4.0f * (float)(tk_float(rng) + 1.0) : 0.0f;
@@ -237,48 +251,70 @@ static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t n
     for (i = 0; i < nh && i < 128; ++i) sinks[i] = tk_pct(rng, 20) ? -INFINITY : 3.0f * tk_float(rng);
     if (use_lse) lse_ref = (float *)malloc(sizeof(float) * 2 * (size_t)nq * (size_t)nh);
     for (i = 0; i < (int32_t)nqv; ++i) q[i] = tk_float(rng) * 2.0f;
-    memset(&d, 0, sizeof(d));
-    d.n_queries = nq; d.n_heads = nh; d.q = q; d.out = ref; d.pos = pos; d.seq = seq; d.window = window; d.non_causal = nc;
-    d.sinks = use_sinks && nh <= 128 ? sinks : NULL;
-    d.softcap = softcap;
-    d.lse = lse_ref;
-    TK_OK(kvc_attention(s[0].cache, layer, &d));
+    n_poison = tk_pct(rng, 30) ? tk_int(rng, 1, 3) : 0;
     ensure(&q_buf, sizeof(float) * nqv);
     ensure(&out_buf, sizeof(float) * nov);
     memcpy(q_buf.mapped, q, sizeof(float) * nqv);
-    memset(out_buf.mapped, 0x7f, sizeof(float) * nov);
     memset(&vd, 0, sizeof(vd));
     vd.n_queries = nq; vd.n_heads = nh; vd.q.buffer = q_buf.buffer; vd.out.buffer = out_buf.buffer;
     vd.pos = pos; vd.seq = seq; vd.window = window; vd.non_causal = nc;
-    vd.sinks = d.sinks;
+    vd.sinks = use_sinks && nh <= 128 ? sinks : NULL;
     vd.softcap = softcap;
     if (use_lse) {
         ensure(&gk_buf, sizeof(float) * (size_t)nq * (size_t)nh + 64);
-        memset(gk_buf.mapped, 0x7f, sizeof(float) * (size_t)nq * (size_t)nh + 64);
         vd.lse.buffer = gk_buf.buffer;
         vd.lse.offset = 64;
     }
-    cmd = begin_cmd();
-    TK_OK(kvc_vk_cmd_attention(s[1].vk, cmd, s[1].cache, layer, &vd));
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
-    memcpy(got, out_buf.mapped, sizeof(float) * nov);
+    if (n_poison) { /* the GPU without the bad values first, then a few rows poisoned */
+        static const float vals[3] = {NAN, INFINITY, -INFINITY};
+        gpu_attention(s, layer, &vd, clean, nov);
+        if (use_lse && nq * nh <= 4 * 128) memcpy(clean_lse, (const char *)gk_buf.mapped + 64, sizeof(float) * (size_t)nq * nh);
+        for (i = 0; i < n_poison; ++i) {
+            int32_t row = tk_int(rng, 0, nq * nh - 1);
+            poison[row] = 1;
+            q[(size_t)row * sh->hdk + (size_t)tk_int(rng, 0, sh->hdk - 1)] = vals[tk_int(rng, 0, 2)];
+        }
+        memcpy(q_buf.mapped, q, sizeof(float) * nqv);
+    }
+    memset(&d, 0, sizeof(d));
+    d.n_queries = nq; d.n_heads = nh; d.q = q; d.out = ref; d.pos = pos; d.seq = seq; d.window = window; d.non_causal = nc;
+    d.sinks = vd.sinks;
+    d.softcap = softcap;
+    d.lse = lse_ref;
+    TK_OK(kvc_attention(s[0].cache, layer, &d));
+    gpu_attention(s, layer, &vd, got, nov);
     for (i = 0; i < (int32_t)nov; ++i) {
         double e = fabs((double)got[i] - ref[i]);
+        if (poison[(size_t)i / sh->hdv]) { /* a NaN row, on both sides */
+            nan_bad += !(got[i] != got[i]) + !(ref[i] != ref[i]);
+            continue;
+        }
+        if (n_poison) moved += memcmp(&got[i], &clean[i], 4) != 0;
         if (!(e <= tol)) bad++;
         if (e > worst || e != e) worst = e;
     }
     if (bad) fprintf(stderr, "attention: %d of %zu values off, worst %g (layer %d, nq %d, sinks %d, softcap %g)\n", bad, nov,
                      worst, layer, nq, d.sinks != NULL, softcap);
+    if (nan_bad || moved)
+        fprintf(stderr, "non-finite queries (%d rows): %d values of theirs not NaN, %d of the other rows changed\n", n_poison,
+                nan_bad, moved);
     TK_EQ(bad, 0);
-    if (use_lse) { /* -INFINITY where the CPU has it, within 1e-4 elsewhere */
+    TK_EQ(nan_bad, 0);
+    TK_EQ(moved, 0);
+    if (use_lse) { /* -INFINITY where the CPU has it, NaN for poisoned rows, within 1e-4 elsewhere */
         const float *gl = (const float *)((const char *)gk_buf.mapped + 64);
         int lbad = 0;
         for (i = 0; i < nq * nh; ++i)
-            lbad += isinf(lse_ref[i]) ? !(isinf(gl[i]) && gl[i] < 0) : !(fabs((double)gl[i] - lse_ref[i]) <= 1e-4 * (1 + fabs(lse_ref[i])));
+            lbad += poison[i] ? !(gl[i] != gl[i]) + !(lse_ref[i] != lse_ref[i])
+                    : isinf(lse_ref[i]) ? !(isinf(gl[i]) && gl[i] < 0)
+                                        : !(fabs((double)gl[i] - lse_ref[i]) <= 1e-4 * (1 + fabs(lse_ref[i])));
+        if (n_poison && nq * nh <= 4 * 128)
+            for (i = 0; i < nq * nh; ++i) lbad += !poison[i] && memcmp(&gl[i], &clean_lse[i], 4) != 0;
         if (lbad) fprintf(stderr, "lse: %d of %d values off (first %g against %g)\n", lbad, nq * nh, gl[0], lse_ref[0]);
         TK_EQ(lbad, 0);
         free(lse_ref);
     }
+    free(poison);
     free(q);
 }
 
