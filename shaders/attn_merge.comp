@@ -8,6 +8,9 @@
 //            value, U splits' loads in flight at a time (every load of an invocation is
 //            independent, so a 128-split merge waits for memory twice, not eight times);
 //            then the groups' sums are added.
+// Rotated values (ROT_V, kvc_pool_config.rotate): the workgroup takes the head's whole row,
+// its DV-value slices one after the other into shared memory, and writes out = R^T out'
+// (kvc_rotation.glsl); the dispatch's z is then 1.
 // The merge is latency-bound: a few hundred KB in all, read once. Zeros where no cell
 // was visible, and a row of NaN (log-sum-exp NaN too) where the head's query row holds a
 // NaN or an infinity (kvcache.h's rules; the split passes leave such a row to chance).
@@ -17,6 +20,7 @@ layout(local_size_x = 256) in;
 layout(constant_id = MERGE_HDV) const uint HDV = 128u;
 layout(constant_id = MERGE_N_HEADS) const uint N_HEADS = 32u; // query heads
 layout(constant_id = MERGE_HDK) const uint HDK = 128u; // head dim of K: the query rows
+layout(constant_id = MERGE_ROT_V) const uint ROT_V = 0u; // rotated values: R's block; 0: none
 const uint MAX_SPLITS = 256u;                       // kvcache_vk.h never uses more
 const uint DV = 32u, NG = 256u / DV;                // values per workgroup, split groups
 const uint U = 8u;                                  // loads in flight per invocation
@@ -33,11 +37,13 @@ layout(push_constant) uniform PC {
 } pc;
 
 #include "attn_common.glsl"
+#include "kvc_rotation.glsl"
 
 shared float w[MAX_SPLITS];
 shared float red[256];
 shared float sums[256];
 shared uint qbad; // nonzero: the query row holds a NaN or an infinity
+shared float row[ROT_V != 0u ? HDV : 1u]; // rotated values: the head's output row before R^T
 
 // the workgroup's sum (op 1) or maximum (op 0) of one value per invocation
 float reduce(float v, uint op) {
@@ -56,7 +62,7 @@ float reduce(float v, uint op) {
 void main() {
     uint qh = gl_WorkGroupID.x, jb = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
     uint stride = HDV + 2u, at = (jb * N_HEADS + qh) * pc.n_splits * stride, n = pc.n_splits;
-    uint g = tid / DV, d = gl_WorkGroupID.z * DV + tid % DV;
+    uint g = tid / DV;
     const float NEG_INF = -1.0 / 0.0;
     Job J = load_job(pc.job_off, jb);
     float mx = NEG_INF, lx = 0.0;
@@ -68,23 +74,6 @@ void main() {
     float f = mx == NEG_INF ? 0.0 : exp2(mx - M);
     if (tid < n) w[tid] = f;
     float L = reduce(lx * f, 1u); // also the barrier that publishes w and qbad
-    // a zero weight adds nothing, whatever its partial holds
-    float acc = 0.0;
-    if (d < HDV)
-        for (uint s0 = g; s0 < n; s0 += NG * U) {
-            float x[U];
-            [[unroll]] for (uint u = 0u; u < U; ++u) {
-                uint s = min(s0 + u * NG, n - 1u);
-                x[u] = part[at + s * stride + 2u + d];
-            }
-            [[unroll]] for (uint u = 0u; u < U; ++u) {
-                uint s = s0 + u * NG;
-                float ws = s < n ? w[s] : 0.0;
-                acc += ws != 0.0 ? x[u] * ws : 0.0;
-            }
-        }
-    sums[tid] = acc;
-    barrier();
     // the head's sink (a natural-log logit) joins the denominator; the maxima are base 2
     uint jw = pc.job_off + jb * JOB_STRIDE, so = meta[jw + JOB_SINK_OFF], lo = meta[jw + JOB_LSE_OFF];
     float sk = so != 0xffffffffu ? uintBitsToFloat(meta[so + qh]) * 1.4426950408889634 : NEG_INF;
@@ -92,11 +81,52 @@ void main() {
     float fM = Ms == NEG_INF ? 0.0 : exp2(M - Ms), fS = Ms == NEG_INF ? 0.0 : exp2(sk - Ms);
     float Lt = L * fM + fS;
     float nan_ = uintBitsToFloat(0x7fc00000u);
-    if (tid < DV && d < HDV) {
-        float t = 0.0;
-        [[unroll]] for (uint k = 0u; k < NG; ++k) t += sums[k * DV + tid];
-        outv[J.out_off + qh * HDV + d] = qbad != 0u ? nan_ : Lt > 0.0 ? t * fM / Lt : 0.0;
+    // the dispatch's slice of DV values, or (rotated values) every slice in turn
+    uint z0 = ROT_V != 0u ? 0u : gl_WorkGroupID.z, z1 = ROT_V != 0u ? (HDV + DV - 1u) / DV : z0 + 1u;
+    for (uint z = z0; z < z1; ++z) {
+        uint d = z * DV + tid % DV;
+        // a zero weight adds nothing, whatever its partial holds
+        float acc = 0.0;
+        if (d < HDV)
+            for (uint s0 = g; s0 < n; s0 += NG * U) {
+                float x[U];
+                [[unroll]] for (uint u = 0u; u < U; ++u) {
+                    uint s = min(s0 + u * NG, n - 1u);
+                    x[u] = part[at + s * stride + 2u + d];
+                }
+                [[unroll]] for (uint u = 0u; u < U; ++u) {
+                    uint s = s0 + u * NG;
+                    float ws = s < n ? w[s] : 0.0;
+                    acc += ws != 0.0 ? x[u] * ws : 0.0;
+                }
+            }
+        sums[tid] = acc;
+        barrier();
+        if (tid < DV && d < HDV) {
+            float t = 0.0;
+            [[unroll]] for (uint k = 0u; k < NG; ++k) t += sums[k * DV + tid];
+            float o = Lt > 0.0 ? t * fM / Lt : 0.0;
+            if (ROT_V != 0u) row[d] = o;
+            else outv[J.out_off + qh * HDV + d] = qbad != 0u ? nan_ : o;
+        }
+        barrier(); // sums is the next slice's; (rotated) row is whole after the last
     }
-    if (tid == 0u && gl_WorkGroupID.z == 0u && lo != 0xffffffffu)
+    if (ROT_V != 0u) { // out = R^T out': the butterflies over the row's blocks of ROT_V, then scale and sign
+        for (uint len = 1u; len < ROT_V; len <<= 1) {
+            for (uint p = tid; p < HDV / 2u; p += 256u) {
+                uint j = (p / len) * 2u * len + p % len;
+                precise float a = row[j], b = row[j + len];
+                row[j] = a + b;
+                row[j + len] = a - b;
+            }
+            barrier();
+        }
+        float r = rot_scale(ROT_V);
+        for (uint i = tid; i < HDV; i += 256u) {
+            precise float a = row[i] * r;
+            outv[J.out_off + qh * HDV + i] = qbad != 0u ? nan_ : rot_neg(i) ? -a : a;
+        }
+    }
+    if (tid == 0u && (ROT_V != 0u || gl_WorkGroupID.z == 0u) && lo != 0xffffffffu)
         lsev[lo + qh] = qbad != 0u ? nan_ : Lt > 0.0 ? (Ms + log2(Lt)) * 0.6931471805599453 : NEG_INF;
 }
