@@ -211,7 +211,8 @@ typedef struct kvc_vk_attention_desc {
                              (one value for all items of a batch) */
     kvc_vk_tensor lse;    /* buffer VK_NULL_HANDLE: none; else f32 [n_queries][n_heads] at offset:
                              the natural-log log-sum-exp of each query's scores, sink included
-                             (-INFINITY where nothing is visible); one lse buffer per batch */
+                             (-INFINITY where nothing is visible, NaN for a query row holding a
+                             NaN or an infinity); one lse buffer per batch */
 } kvc_vk_attention_desc;
 
 /* one cache's queries in a batched call */
