@@ -522,14 +522,14 @@ typedef struct kvc_attention_desc {
     float *lse;           /* [n_queries][n_heads] or NULL: the natural-log log-sum-exp of each
                              query's final scores (the sink included when given), for merging
                              attention over several caches (cascade decoding); -INFINITY where
-                             nothing is visible (and no sink) */
+                             nothing is visible (and no sink), NaN for a non-finite query row */
 } kvc_attention_desc;
 
 /* Scaled dot-product attention of the queries over the cache's cells for `layer`,
    masks computed from the cells' positions (no mask tensor). Online softmax. out must
    not overlap q (KVC_ERR_INVALID); queries x heads must fit an int32 (KVC_ERR_OVERFLOW).
    A query row (one query, one head) holding a NaN or an infinity gives a row of NaN
-   in out, whatever the storage types (other rows are unaffected). */
+   in out (and a NaN lse), whatever the storage types (other rows are unaffected). */
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc);
 /* The scratch a call with this desc needs now (q, out and scratch are not looked at);
    it changes as the cache grows. KVC_ERR_OVERFLOW where it does not fit a size_t. */
@@ -8949,7 +8949,8 @@ KVCDEF kvc_result kvc_attention_scratch_bytes(const kvc_cache *cache, const kvc_
 }
 
 /* The rule for non-finite queries, the same for every storage type and path: a query
-   row (one query, one head) holding a NaN or an infinity gives a row of NaN. (Left to
+   row (one query, one head) holding a NaN or an infinity gives a row of NaN, and a NaN
+   log-sum-exp where asked (kvcache_vk.h's merge applies the same rule). (Left to
    the kernels, float keys gave zeros and block keys NaN or numbers: the row's scores
    are NaN or infinite, and quantising the row drops or clamps the value.) One pass over
    q; the other rows never depend on such a row. */
@@ -8965,6 +8966,7 @@ static void kvc__attn_nonfinite(const kvc__attn *A) {
         }
         if (!bad) continue;
         for (i = 0; i < (size_t)A->hv; ++i) d->out[r * (size_t)A->hv + i] = NAN;
+        if (d->lse) d->lse[r] = NAN; /* not -INFINITY (nothing visible), which a merge would drop */
     }
 }
 

@@ -9,9 +9,9 @@
    counted, as the yardstick. One query head group of sequence 0 is checked
    against a double-precision reference on the host.
    A type written NAME+rot (q8_0+rot, q4_0+rot) stores K and V rotated (kvc_pool_config.rotate =
-   KVC_ROTATE_K | KVC_ROTATE_V): the call then also rotates q before the split pass and the
-   output back after the merge (rotate.comp); its row gives those two passes' own time (timed
-   alone, back to back with the barrier between them) and their share of the call's.
+   KVC_ROTATE_K | KVC_ROTATE_V): the split pass then rotates q as it loads it and the merge
+   rotates the output back (no passes of their own); its row against the plain one's is what
+   the rotation costs.
 
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
    usage: bench_vk [--cells 4096,32768,131072] [--batch 1,8] [--types f16,q8_0,q8_0+rot] [--reps 50]
@@ -168,22 +168,6 @@ static void record_attn(VkCommandBuffer cmd, void *user) {
     CHECK(kvc_vk_cmd_attention_batch(j->pool, cmd, 0, j->items, j->n));
 }
 
-/* the two passes rotated storage adds to a call: q rotated, then (after a barrier) the
-   output rotated back in place */
-static void record_rot(VkCommandBuffer cmd, void *user) {
-    attn_job *j = (attn_job *)user;
-    kvc_vk_pool *p = j->pool;
-    int32_t i;
-    kvc_vk__barrier_in(p->ctx, cmd);
-    for (i = 0; i < j->n; ++i)
-        kvc_vk__rotate(p, cmd, 0, j->items[i].desc.q.buffer, (uint32_t)(j->items[i].desc.q.offset / 4), 0, p->rot.buffer,
-                       (uint32_t)i * HQ * HD, HQ, 0, NULL);
-    kvc_vk__barrier(p->ctx, cmd);
-    for (i = 0; i < j->n; ++i)
-        kvc_vk__rotate(p, cmd, 1, j->items[i].desc.out.buffer, (uint32_t)(j->items[i].desc.out.offset / 4), 0,
-                       j->items[i].desc.out.buffer, (uint32_t)(j->items[i].desc.out.offset / 4), HQ, 1, NULL);
-}
-
 /* one stored row of HD values as attention sees it: quantised (rotated first, and back after,
    where the storage is rotated) */
 static void stored(const kvc__type_info *ti, int rot, const float *x, float *y) {
@@ -324,8 +308,8 @@ int main(int argc, char **argv) {
     }
     CHECK(kvc_vk_pool_destroy(copy_pool));
 
-    printf("\n| storage | batch | cells | time (us) | K+V read | GB/s | vs copy kernel | max err vs f64 | slowest / fastest run | rotation passes (us, share) |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| storage | batch | cells | time (us) | K+V read | GB/s | vs copy kernel | max err vs f64 | slowest / fastest run |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
     for (ti = 0; ti < n_types; ++ti)
         for (bi = 0; bi < n_batch; ++bi)
             for (ci = 0; ci < n_cells; ++ci) {
@@ -337,7 +321,7 @@ int main(int argc, char **argv) {
                 kvc_vk_attention_item items[8];
                 kvc_pool_stats st;
                 attn_job aj;
-                double us, bytes, err, spread = 1, rot_us = 0;
+                double us, bytes, err, spread = 1;
                 VkCommandBuffer cmd;
                 if (batch > 8) batch = 8;
                 kvc_pool_config_init(&pc);
@@ -381,14 +365,11 @@ int main(int argc, char **argv) {
                 us = time_gpu(record_attn, &aj, reps, &spread);
                 if (getenv("BENCH_VK_STATS") && ci == 0 && bi == 0) print_stats(vp);
                 err = check_one(types[ti], rots[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
-                if (rots[ti]) rot_us = time_gpu(record_rot, &aj, reps, NULL); /* (after the check: it rotates out in place) */
                 kvc_pool_stats_get(hp, &st);
                 bytes = (double)batch * cells * (double)(st.k_row_bytes + st.v_row_bytes);
-                printf("| %s%s | %d | %d | %.1f | %.1f MB | %.0f | %.0f %% | %.1e | %.2f |", kvc_type_name(types[ti]),
+                printf("| %s%s | %d | %d | %.1f | %.1f MB | %.0f | %.0f %% | %.1e | %.2f |\n", kvc_type_name(types[ti]),
                        rots[ti] ? "+rot" : "", batch, cells, us, bytes / 1e6, bytes / (us * 1e-6) / 1e9,
                        100.0 * (bytes / (us * 1e-6) / 1e9) / copy_gbs, err, spread);
-                if (rots[ti]) printf(" %.1f, %.1f %% |\n", rot_us, 100.0 * rot_us / us);
-                else printf(" - |\n");
                 fflush(stdout);
                 if (n_kept < 256) {
                     kept_pool[n_kept] = vp;

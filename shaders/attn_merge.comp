@@ -8,13 +8,19 @@
 //            value, U splits' loads in flight at a time (every load of an invocation is
 //            independent, so a 128-split merge waits for memory twice, not eight times);
 //            then the groups' sums are added.
+// Rotated values (ROT_V, kvc_pool_config.rotate): the workgroup takes the head's whole row,
+// its DV-value slices one after the other into shared memory, and writes out = R^T out'
+// (kvc_rotation.glsl); the dispatch's z is then 1.
 // The merge is latency-bound: a few hundred KB in all, read once. Zeros where no cell
-// was visible (kvcache.h's rule).
+// was visible, and a row of NaN (log-sum-exp NaN too) where the head's query row holds a
+// NaN or an infinity (kvcache.h's rules; the split passes leave such a row to chance).
 #extension GL_EXT_control_flow_attributes : require
 #include "kvc_shared.glsl"
 layout(local_size_x = 256) in;
 layout(constant_id = MERGE_HDV) const uint HDV = 128u;
 layout(constant_id = MERGE_N_HEADS) const uint N_HEADS = 32u; // query heads
+layout(constant_id = MERGE_HDK) const uint HDK = 128u; // head dim of K: the query rows
+layout(constant_id = MERGE_ROT_V) const uint ROT_V = 0u; // rotated values: R's block; 0: none
 const uint MAX_SPLITS = 256u;                       // kvcache_vk.h never uses more
 const uint DV = 32u, NG = 256u / DV;                // values per workgroup, split groups
 const uint U = 8u;                                  // loads in flight per invocation
@@ -23,6 +29,7 @@ layout(set = 0, binding = 0) readonly buffer PB { float part[]; };
 layout(set = 0, binding = 1) readonly buffer MB { uint meta[]; };
 layout(set = 0, binding = 2) writeonly buffer OB { float outv[]; };
 layout(set = 0, binding = 3) writeonly buffer LB { float lsev[]; }; // log-sum-exps, where asked
+layout(set = 0, binding = 4) readonly buffer QB { uint qw[]; };     // the queries, as f32 bits
 
 layout(push_constant) uniform PC {
     uint job_off;
@@ -30,10 +37,13 @@ layout(push_constant) uniform PC {
 } pc;
 
 #include "attn_common.glsl"
+#include "kvc_rotation.glsl"
 
 shared float w[MAX_SPLITS];
 shared float red[256];
 shared float sums[256];
+shared uint qbad; // nonzero: the query row holds a NaN or an infinity
+shared float row[ROT_V != 0u ? HDV : 1u]; // rotated values: the head's output row before R^T
 
 // the workgroup's sum (op 1) or maximum (op 0) of one value per invocation
 float reduce(float v, uint op) {
@@ -52,43 +62,71 @@ float reduce(float v, uint op) {
 void main() {
     uint qh = gl_WorkGroupID.x, jb = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
     uint stride = HDV + 2u, at = (jb * N_HEADS + qh) * pc.n_splits * stride, n = pc.n_splits;
-    uint g = tid / DV, d = gl_WorkGroupID.z * DV + tid % DV;
+    uint g = tid / DV;
     const float NEG_INF = -1.0 / 0.0;
     Job J = load_job(pc.job_off, jb);
     float mx = NEG_INF, lx = 0.0;
     if (tid < n) { mx = part[at + tid * stride]; lx = part[at + tid * stride + 1u]; }
-    float M = reduce(mx, 0u);
+    if (tid == 0u) qbad = 0u;
+    float M = reduce(mx, 0u); // (its barriers publish qbad's zero)
+    for (uint i = tid; i < HDK; i += 256u) // exponent all ones: NaN or infinite
+        if ((qw[J.q_off + qh * HDK + i] & 0x7f800000u) == 0x7f800000u) atomicOr(qbad, 1u);
     float f = mx == NEG_INF ? 0.0 : exp2(mx - M);
     if (tid < n) w[tid] = f;
-    float L = reduce(lx * f, 1u); // also the barrier that publishes w
-    // a zero weight adds nothing, whatever its partial holds
-    float acc = 0.0;
-    if (d < HDV)
-        for (uint s0 = g; s0 < n; s0 += NG * U) {
-            float x[U];
-            [[unroll]] for (uint u = 0u; u < U; ++u) {
-                uint s = min(s0 + u * NG, n - 1u);
-                x[u] = part[at + s * stride + 2u + d];
-            }
-            [[unroll]] for (uint u = 0u; u < U; ++u) {
-                uint s = s0 + u * NG;
-                float ws = s < n ? w[s] : 0.0;
-                acc += ws != 0.0 ? x[u] * ws : 0.0;
-            }
-        }
-    sums[tid] = acc;
-    barrier();
+    float L = reduce(lx * f, 1u); // also the barrier that publishes w and qbad
     // the head's sink (a natural-log logit) joins the denominator; the maxima are base 2
     uint jw = pc.job_off + jb * JOB_STRIDE, so = meta[jw + JOB_SINK_OFF], lo = meta[jw + JOB_LSE_OFF];
     float sk = so != 0xffffffffu ? uintBitsToFloat(meta[so + qh]) * 1.4426950408889634 : NEG_INF;
     float Ms = max(M, sk);
     float fM = Ms == NEG_INF ? 0.0 : exp2(M - Ms), fS = Ms == NEG_INF ? 0.0 : exp2(sk - Ms);
     float Lt = L * fM + fS;
-    if (tid < DV && d < HDV) {
-        float t = 0.0;
-        [[unroll]] for (uint k = 0u; k < NG; ++k) t += sums[k * DV + tid];
-        outv[J.out_off + qh * HDV + d] = Lt > 0.0 ? t * fM / Lt : 0.0;
+    float nan_ = uintBitsToFloat(0x7fc00000u);
+    // the dispatch's slice of DV values, or (rotated values) every slice in turn
+    uint z0 = ROT_V != 0u ? 0u : gl_WorkGroupID.z, z1 = ROT_V != 0u ? (HDV + DV - 1u) / DV : z0 + 1u;
+    for (uint z = z0; z < z1; ++z) {
+        uint d = z * DV + tid % DV;
+        // a zero weight adds nothing, whatever its partial holds
+        float acc = 0.0;
+        if (d < HDV)
+            for (uint s0 = g; s0 < n; s0 += NG * U) {
+                float x[U];
+                [[unroll]] for (uint u = 0u; u < U; ++u) {
+                    uint s = min(s0 + u * NG, n - 1u);
+                    x[u] = part[at + s * stride + 2u + d];
+                }
+                [[unroll]] for (uint u = 0u; u < U; ++u) {
+                    uint s = s0 + u * NG;
+                    float ws = s < n ? w[s] : 0.0;
+                    acc += ws != 0.0 ? x[u] * ws : 0.0;
+                }
+            }
+        sums[tid] = acc;
+        barrier();
+        if (tid < DV && d < HDV) {
+            float t = 0.0;
+            [[unroll]] for (uint k = 0u; k < NG; ++k) t += sums[k * DV + tid];
+            float o = Lt > 0.0 ? t * fM / Lt : 0.0;
+            if (ROT_V != 0u) row[d] = o;
+            else outv[J.out_off + qh * HDV + d] = qbad != 0u ? nan_ : o;
+        }
+        barrier(); // sums is the next slice's; (rotated) row is whole after the last
     }
-    if (tid == 0u && gl_WorkGroupID.z == 0u && lo != 0xffffffffu)
-        lsev[lo + qh] = Lt > 0.0 ? (Ms + log2(Lt)) * 0.6931471805599453 : NEG_INF;
+    if (ROT_V != 0u) { // out = R^T out': the butterflies over the row's blocks of ROT_V, then scale and sign
+        for (uint len = 1u; len < ROT_V; len <<= 1) {
+            for (uint p = tid; p < HDV / 2u; p += 256u) {
+                uint j = (p / len) * 2u * len + p % len;
+                precise float a = row[j], b = row[j + len];
+                row[j] = a + b;
+                row[j + len] = a - b;
+            }
+            barrier();
+        }
+        float r = rot_scale(ROT_V);
+        for (uint i = tid; i < HDV; i += 256u) {
+            precise float a = row[i] * r;
+            outv[J.out_off + qh * HDV + i] = qbad != 0u ? nan_ : rot_neg(i) ? -a : a;
+        }
+    }
+    if (tid == 0u && (ROT_V != 0u || gl_WorkGroupID.z == 0u) && lo != 0xffffffffu)
+        lsev[lo + qh] = qbad != 0u ? nan_ : Lt > 0.0 ? (Ms + log2(Lt)) * 0.6931471805599453 : NEG_INF;
 }

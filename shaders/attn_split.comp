@@ -41,6 +41,7 @@ layout(constant_id = SPLIT_EVT) const uint EVT = 4u;   // output values per invo
 layout(constant_id = SPLIT_KV_HEADS) const uint KV_HEADS = 8u;
 layout(local_size_x_id = SPLIT_WG) in;                 // cells per block
 layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u; // a constant: cell -> page is a multiply
+layout(constant_id = SPLIT_ROT_K) const uint ROT_K = 0u; // rotated keys: R's block (q rotated as it is loaded); 0: none
 const uint WG = gl_WorkGroupSize.x;
 
 layout(set = 0, binding = 0) readonly buffer KB { uvec4 kb[]; };
@@ -68,6 +69,7 @@ layout(push_constant) uniform PC {
 uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 #include "kvc_types.glsl"
 #include "attn_common.glsl"
+#include "kvc_rotation.glsl"
 
 #define SEG_LOADER(NAME, WHICH, TYPE, E, BUF)                                                   \
 void NAME(uint base, uint e0, out float v[E]) {                                                 \
@@ -186,8 +188,30 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     Job J = load_job(pc.job_off, jb);
     uint hbk = head_bytes(TYPE_K, HDK), hbv = head_bytes(TYPE_V, HDV);
-    for (uint i = tid; i < G * HDK; i += WG)
-        qs[i] = qb[J.q_off + kvh * G * HDK + i];
+    for (uint i = tid; i < G * HDK; i += WG) {
+        float x = qb[J.q_off + kvh * G * HDK + i];
+        qs[i] = ROT_K != 0u && rot_neg(i % HDK) ? -x : x;
+    }
+    if (ROT_K != 0u) {
+        // rotated keys (kvc_pool_config.rotate): scores of R q against the stored R k. The
+        // signs went on above; the butterflies over every head's blocks of ROT_K, then the
+        // scale (kvc_rotation.glsl: kvc_rotate_rows' bits)
+        barrier();
+        for (uint len = 1u; len < ROT_K; len <<= 1) {
+            for (uint p = tid; p < G * HDK / 2u; p += WG) {
+                uint j = (p / len) * 2u * len + p % len;
+                precise float a = qs[j], b = qs[j + len];
+                qs[j] = a + b;
+                qs[j + len] = a - b;
+            }
+            barrier();
+        }
+        float r = rot_scale(ROT_K);
+        for (uint i = tid; i < G * HDK; i += WG) {
+            precise float a = qs[i] * r;
+            qs[i] = a; // (the same invocation scales it below, or a barrier comes first)
+        }
+    }
     if (TYPE_K == T_Q8_0 || TYPE_K == T_Q4_0) {
         // block-typed keys score against the query rounded to q8_0, as on the CPU (kvcache.h
         // scores them in integers): d = amax / 127 stored as f16, codes rint(x / d) in +-127.

@@ -51,6 +51,7 @@ layout(constant_id = SPLIT_G) const uint G = 4u;        // query heads per kv he
 layout(constant_id = SPLIT_KV_HEADS) const uint KV_HEADS = 8u;
 layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u;
 layout(constant_id = SPLIT_GH) const uint GH = 4u;      // query heads per workgroup (<= G)
+layout(constant_id = SPLIT_ROT_K) const uint ROT_K = 0u; // rotated keys: R's block (q rotated as it is loaded); 0: none
 layout(local_size_x = 32) in;
 
 const uint NSEG = HD / 16u;      // invocations per cell
@@ -89,6 +90,7 @@ layout(push_constant) uniform PC {
 uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 #include "kvc_types.glsl"
 #include "attn_common.glsl"
+#include "kvc_rotation.glsl"
 
 shared uint qc[GH * HD / 4u];
 shared float qsc[GH * NB];
@@ -200,9 +202,32 @@ void main() {
     uint h0 = hg * GH; // first query head of the group
     // the query rounded to q8_0 as on the CPU (as attn_split.comp does it): per block of 32,
     // d = amax / 127 stored as f16, codes rint(x / d) in +-127, four to a word
-    for (uint i = t; i < GH * HD; i += 32u)
-        vst[i >> 2][i & 3u] = floatBitsToUint(h0 + i / HD < G ? qb[J.q_off + (kvh * G + h0) * HD + i] : 0.0);
+    for (uint i = t; i < GH * HD; i += 32u) {
+        float x = h0 + i / HD < G ? qb[J.q_off + (kvh * G + h0) * HD + i] : 0.0;
+        vst[i >> 2][i & 3u] = floatBitsToUint(ROT_K != 0u && rot_neg(i % HD) ? -x : x);
+    }
     barrier();
+    if (ROT_K != 0u) {
+        // rotated keys (kvc_pool_config.rotate): scores of R q against the stored R k. The
+        // signs went on above; the butterflies over every head's blocks of ROT_K, then the
+        // scale (kvc_rotation.glsl: kvc_rotate_rows' bits)
+        for (uint len = 1u; len < ROT_K; len <<= 1) {
+            for (uint p = t; p < GH * HD / 2u; p += 32u) {
+                uint j = (p / len) * 2u * len + p % len;
+                precise float a = qsf(j), b = qsf(j + len);
+                precise float x = a + b, y = a - b;
+                vst[j >> 2][j & 3u] = floatBitsToUint(x);
+                vst[(j + len) >> 2][(j + len) & 3u] = floatBitsToUint(y);
+            }
+            barrier();
+        }
+        float r = rot_scale(ROT_K);
+        for (uint i = t; i < GH * HD; i += 32u) {
+            precise float a = qsf(i) * r;
+            vst[i >> 2][i & 3u] = floatBitsToUint(a);
+        }
+        barrier();
+    }
     for (uint b = t; b < GH * NB; b += 32u) {
         float amax = 0.0;
         for (uint j = 0u; j < 32u; ++j) amax = max(amax, abs(qsf(32u * b + j)));

@@ -43,9 +43,12 @@
 #define SPLIT_PAGE_CELLS 9 // cells per page
 #define SPLIT_VQ 10 // nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time
 #define SPLIT_GH 11 // attn_split_q.comp: query heads per workgroup
+#define SPLIT_ROT_K 12 // rotated keys: the rotation's block, q rotated as it is loaded (0: none; not attn_split_cm.comp)
 // of attn_merge.comp
 #define MERGE_HDV 0 // head dim of V
 #define MERGE_N_HEADS 1 // query heads
+#define MERGE_HDK 2 // head dim of K (the query rows checked for a NaN or an infinity)
+#define MERGE_ROT_V 3 // rotated values: the rotation's block, the output rotated back before it is written (0: none)
 // of rows_read.comp
 #define ROWS_READ_TYPE 0 // storage type of the tensor
 #define ROWS_READ_HD 1 // head dim of the tensor

@@ -1,8 +1,9 @@
 #version 450
 // rotate.comp - kvcache.h's storage rotation (kvc_pool_config.rotate; the rule is at
 // kvc_rotation_block) on head vectors of f32 (or f16) values:
-//   mode 0  forward R: the append's K / V before they are encoded, and q before the split pass
-//   mode 1  inverse R^T: the attention output after the merge, and gathered rows
+//   mode 0  forward R: the append's K / V before they are encoded, and q before the split
+//           pass of attn_split_cm.comp (the other split passes rotate q themselves)
+//   mode 1  inverse R^T: gathered rows (attn_merge.comp rotates the attention output itself)
 //   mode 2  R^T, the RoPE shift of rows_read.comp, then R: a RoPE shift of rotated keys
 // A workgroup takes one head vector at a time into shared memory (a loop over vectors, so
 // any count fits one dispatch): signs, the Walsh-Hadamard butterflies in kvcache.h's order
@@ -33,14 +34,12 @@ layout(push_constant) uniform PC {
 uint ldw(uint which, uint w) { return src[w]; } // (kvc_types.glsl's loads: unused here)
 #include "kvc_types.glsl"
 
-// KVC_ROTATION_SIGNS_INIT: s(i) = -1 where bit (i mod 256) is set
-const uint SIGNS[8] = uint[](0x16E6060Eu, 0x778C5721u, 0x8BF5716Au, 0x3A28247Bu, 0xF53ADB1Fu, 0x0B1599BEu,
-                             0x88F886E3u, 0xD1251A7Fu);
+#include "kvc_rotation.glsl"
 
 shared float x[HD];
 shared float y[HD];
 
-bool neg(uint i) { return ((SIGNS[(i & 255u) >> 5] >> (i & 31u)) & 1u) != 0u; }
+bool neg(uint i) { return rot_neg(i); }
 
 void wht() {
     uint tid = gl_LocalInvocationID.x;

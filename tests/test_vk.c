@@ -221,15 +221,29 @@ static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
     sync_cpu_from_gpu(s, sh);
 }
 
-/* GPU attention vs kvc_attention for the given queries */
+/* the GPU's attention with q_buf's queries into got (and the lse buffer, where vd has it) */
+static void gpu_attention(side *s, int32_t layer, const kvc_vk_attention_desc *vd, float *got, size_t nov) {
+    VkCommandBuffer cmd;
+    memset(out_buf.mapped, 0x7f, sizeof(float) * nov);
+    if (vd->lse.buffer) memset(gk_buf.mapped, 0x7f, sizeof(float) * (size_t)vd->n_queries * (size_t)vd->n_heads + 64);
+    cmd = begin_cmd();
+    TK_OK(kvc_vk_cmd_attention(s[1].vk, cmd, s[1].cache, layer, vd));
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    memcpy(got, out_buf.mapped, sizeof(float) * nov);
+}
+
+/* GPU attention vs kvc_attention for the given queries. Now and then a few query rows (one
+   query, one head) get a NaN, +inf or -inf: those rows must be all NaN on both sides (and
+   their log-sum-exps NaN), the other rows the GPU's bits without the bad values. */
 static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t nq, const int32_t *pos,
                               const int32_t *seq, int32_t window, int nc, tk_rng *rng) {
-    int32_t nh = sh->kv_heads * sh->group, i, bad = 0;
+    int32_t nh = sh->kv_heads * sh->group, i, bad = 0, n_poison, nan_bad = 0, moved = 0;
     size_t nqv = (size_t)nq * nh * sh->hdk, nov = (size_t)nq * nh * sh->hdv;
-    float *q = (float *)malloc(sizeof(float) * (nqv + 2 * nov)), *ref = q + nqv, *got = ref + nov;
+    float *q = (float *)malloc(sizeof(float) * (nqv + 3 * nov)), *ref = q + nqv, *got = ref + nov, *clean = got + nov;
+    float clean_lse[4 * 128];
+    unsigned char *poison = (unsigned char *)calloc((size_t)nq * nh, 1); /* rows with a NaN or an infinity */
     kvc_attention_desc d;
     kvc_vk_attention_desc vd;
-    VkCommandBuffer cmd;
     double worst = 0, tol = 5e-5;
     /* the attention variants now and then: sinks (some heads without), softcap, log-sum-exps */
     float sinks[128], *lse_ref = NULL, softcap = tk_pct(rng, 30) ? 0.5f + 4.0f * (float)(tk_float(rng) + 1.0) : 0.0f;
@@ -237,48 +251,70 @@ static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t n
     for (i = 0; i < nh && i < 128; ++i) sinks[i] = tk_pct(rng, 20) ? -INFINITY : 3.0f * tk_float(rng);
     if (use_lse) lse_ref = (float *)malloc(sizeof(float) * 2 * (size_t)nq * (size_t)nh);
     for (i = 0; i < (int32_t)nqv; ++i) q[i] = tk_float(rng) * 2.0f;
-    memset(&d, 0, sizeof(d));
-    d.n_queries = nq; d.n_heads = nh; d.q = q; d.out = ref; d.pos = pos; d.seq = seq; d.window = window; d.non_causal = nc;
-    d.sinks = use_sinks && nh <= 128 ? sinks : NULL;
-    d.softcap = softcap;
-    d.lse = lse_ref;
-    TK_OK(kvc_attention(s[0].cache, layer, &d));
+    n_poison = tk_pct(rng, 30) ? tk_int(rng, 1, 3) : 0;
     ensure(&q_buf, sizeof(float) * nqv);
     ensure(&out_buf, sizeof(float) * nov);
     memcpy(q_buf.mapped, q, sizeof(float) * nqv);
-    memset(out_buf.mapped, 0x7f, sizeof(float) * nov);
     memset(&vd, 0, sizeof(vd));
     vd.n_queries = nq; vd.n_heads = nh; vd.q.buffer = q_buf.buffer; vd.out.buffer = out_buf.buffer;
     vd.pos = pos; vd.seq = seq; vd.window = window; vd.non_causal = nc;
-    vd.sinks = d.sinks;
+    vd.sinks = use_sinks && nh <= 128 ? sinks : NULL;
     vd.softcap = softcap;
     if (use_lse) {
         ensure(&gk_buf, sizeof(float) * (size_t)nq * (size_t)nh + 64);
-        memset(gk_buf.mapped, 0x7f, sizeof(float) * (size_t)nq * (size_t)nh + 64);
         vd.lse.buffer = gk_buf.buffer;
         vd.lse.offset = 64;
     }
-    cmd = begin_cmd();
-    TK_OK(kvc_vk_cmd_attention(s[1].vk, cmd, s[1].cache, layer, &vd));
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
-    memcpy(got, out_buf.mapped, sizeof(float) * nov);
+    if (n_poison) { /* the GPU without the bad values first, then a few rows poisoned */
+        static const float vals[3] = {NAN, INFINITY, -INFINITY};
+        gpu_attention(s, layer, &vd, clean, nov);
+        if (use_lse && nq * nh <= 4 * 128) memcpy(clean_lse, (const char *)gk_buf.mapped + 64, sizeof(float) * (size_t)nq * nh);
+        for (i = 0; i < n_poison; ++i) {
+            int32_t row = tk_int(rng, 0, nq * nh - 1);
+            poison[row] = 1;
+            q[(size_t)row * sh->hdk + (size_t)tk_int(rng, 0, sh->hdk - 1)] = vals[tk_int(rng, 0, 2)];
+        }
+        memcpy(q_buf.mapped, q, sizeof(float) * nqv);
+    }
+    memset(&d, 0, sizeof(d));
+    d.n_queries = nq; d.n_heads = nh; d.q = q; d.out = ref; d.pos = pos; d.seq = seq; d.window = window; d.non_causal = nc;
+    d.sinks = vd.sinks;
+    d.softcap = softcap;
+    d.lse = lse_ref;
+    TK_OK(kvc_attention(s[0].cache, layer, &d));
+    gpu_attention(s, layer, &vd, got, nov);
     for (i = 0; i < (int32_t)nov; ++i) {
         double e = fabs((double)got[i] - ref[i]);
+        if (poison[(size_t)i / sh->hdv]) { /* a NaN row, on both sides */
+            nan_bad += !(got[i] != got[i]) + !(ref[i] != ref[i]);
+            continue;
+        }
+        if (n_poison) moved += memcmp(&got[i], &clean[i], 4) != 0;
         if (!(e <= tol)) bad++;
         if (e > worst || e != e) worst = e;
     }
     if (bad) fprintf(stderr, "attention: %d of %zu values off, worst %g (layer %d, nq %d, sinks %d, softcap %g)\n", bad, nov,
                      worst, layer, nq, d.sinks != NULL, softcap);
+    if (nan_bad || moved)
+        fprintf(stderr, "non-finite queries (%d rows): %d values of theirs not NaN, %d of the other rows changed\n", n_poison,
+                nan_bad, moved);
     TK_EQ(bad, 0);
-    if (use_lse) { /* -INFINITY where the CPU has it, within 1e-4 elsewhere */
+    TK_EQ(nan_bad, 0);
+    TK_EQ(moved, 0);
+    if (use_lse) { /* -INFINITY where the CPU has it, NaN for poisoned rows, within 1e-4 elsewhere */
         const float *gl = (const float *)((const char *)gk_buf.mapped + 64);
         int lbad = 0;
         for (i = 0; i < nq * nh; ++i)
-            lbad += isinf(lse_ref[i]) ? !(isinf(gl[i]) && gl[i] < 0) : !(fabs((double)gl[i] - lse_ref[i]) <= 1e-4 * (1 + fabs(lse_ref[i])));
+            lbad += poison[i] ? !(gl[i] != gl[i]) + !(lse_ref[i] != lse_ref[i])
+                    : isinf(lse_ref[i]) ? !(isinf(gl[i]) && gl[i] < 0)
+                                        : !(fabs((double)gl[i] - lse_ref[i]) <= 1e-4 * (1 + fabs(lse_ref[i])));
+        if (n_poison && nq * nh <= 4 * 128)
+            for (i = 0; i < nq * nh; ++i) lbad += !poison[i] && memcmp(&gl[i], &clean_lse[i], 4) != 0;
         if (lbad) fprintf(stderr, "lse: %d of %d values off (first %g against %g)\n", lbad, nq * nh, gl[0], lse_ref[0]);
         TK_EQ(lbad, 0);
         free(lse_ref);
     }
+    free(poison);
     free(q);
 }
 
@@ -484,6 +520,127 @@ static void episode_causal(const shape *sh, tk_rng *rng, int steps) {
 
 static void dummy_shift(void *user, int32_t layer, float *k, int32_t n, int32_t hd, int32_t from, int32_t to) {
     (void)user; (void)layer; (void)k; (void)n; (void)hd; (void)from; (void)to;
+}
+
+/* Rotated storage, decode: one query per cache, a batch of 1 and of 3 FULL caches in one
+   kvc_vk_cmd_attention_batch call (one q buffer, one out buffer at other offsets), against
+   kvc_attention over the same bytes. Every storage type (q8_0 / q4_0 planar and in the
+   block layout), K, V or both rotated by turns from a seeded start, GQA groups 1-6, with
+   and without subgroups: the split passes rotate q as they load it, the merge rotates
+   the output back (attn_split_cm, which lavapipe cannot run, keeps rotate.comp's q pass).
+   Below KVC_TEST_SCALE 0.1 (valgrind, where each pool's pipelines take LLVM a long time)
+   one of the seven pools, by turns with the seed. */
+static void test_rotated_decode(tk_rng *rng) {
+    int ti, hl, nth = 0;
+    for (ti = 0; ti < types_avail; ++ti)
+        for (hl = 0; hl < (ti >= 3 ? 2 : 1); ++hl) {
+            kvc_pool_config pc;
+            kvc_cache_config cc;
+            kvc_vk_pool_options o;
+            kvc_vk_pool *vp;
+            kvc_pool *cp, *hp;
+            kvc_cache *cc0[3], *cc1[3];
+            int32_t hd = tk_int(rng, 0, 1) ? 128 : 64, hdv = ti < 3 && tk_pct(rng, 30) ? 32 : hd, group = tk_int(rng, 1, 6);
+            int32_t nkv = 2, nh = nkv * group, i, batch, bad = 0, lbad = 0;
+            size_t nk = (size_t)nkv * hd, nv = (size_t)nkv * hdv;
+            float *k, *q, *ref, lse_ref[3 * 12];
+            if (tk_scale() < 0.1 && (uint64_t)nth++ % 7 != run_seed % 7) continue;
+            kvc_pool_config_init(&pc);
+            pc.n_layers = 1; pc.n_kv_heads = nkv; pc.head_dim_k = hd; pc.head_dim_v = hdv;
+            pc.type_k = pc.type_v = (kvc_type)ti;
+            pc.page_cells = 8;
+            pc.rotate = 1u + (uint32_t)((run_seed + (uint64_t)ti + (uint64_t)hl) % 3); /* K, V or both */
+            TK_OK(kvc_pool_budget_for_tokens(&pc, 3 * 64, &pc.budget_bytes));
+            memset(&o, 0, sizeof(o));
+            o.host_layout = hl;
+            o.no_subgroup = tk_int(rng, 0, 1);
+            o.max_splits = tk_int(rng, 1, 6);
+            TK_OK(kvc_pool_create(&pc, &cp));
+            TK_OK(kvc_vk_pool_create(ctx, &pc, &o, &vp));
+            hp = kvc_vk_pool_host(vp);
+            TK_EQ(kvc_vk_pool_planar(vp), !hl && ti >= 3 && hd >= 64);
+            kvc_cache_config_init(&cc, KVC_KIND_FULL);
+            k = (float *)malloc(sizeof(float) * 40 * (nk + nv)); /* a batch's K rows, then its V rows */
+            q = (float *)malloc(sizeof(float) * 3 * ((size_t)nh * hd + 2 * (size_t)nh * hdv));
+            ref = q + 3 * (size_t)nh * hd;
+            for (i = 0; i < 3; ++i) {
+                int32_t n = tk_int(rng, 1, 40), j;
+                kvc_vk_tensor tk_, tv_;
+                VkCommandBuffer cmd;
+                TK_OK(kvc_cache_create(cp, &cc, &cc0[i]));
+                TK_OK(kvc_cache_create(hp, &cc, &cc1[i]));
+                TK_OK(kvc_begin(cc0[i], n));
+                TK_OK(kvc_begin(cc1[i], n));
+                for (j = 0; j < n * (int32_t)(nk + nv); ++j) k[j] = tk_float(rng);
+                TK_OK(kvc_put(cc0[i], 0, k, k + (size_t)n * nk));
+                ensure(&in_buf, sizeof(float) * (size_t)n * (nk + nv));
+                memcpy(in_buf.mapped, k, sizeof(float) * (size_t)n * (nk + nv));
+                memset(&tk_, 0, sizeof(tk_));
+                memset(&tv_, 0, sizeof(tv_));
+                tk_.buffer = tv_.buffer = in_buf.buffer;
+                tv_.offset = (VkDeviceSize)n * nk * 4;
+                cmd = begin_cmd();
+                TK_OK(kvc_vk_cmd_append(vp, cmd, cc1[i], 0, &tk_, &tv_));
+                TK_OK(kvc_vk_submit_wait(ctx, cmd));
+            }
+            { /* the CPU pool takes the device's bytes (the same page ids) */
+                VkCommandBuffer cmd = begin_cmd();
+                TK_OK(kvc_vk_cmd_sync(vp, cmd));
+                TK_OK(kvc_vk_submit_wait(ctx, cmd));
+                TK_OK(kvc_vk_pool_download(vp, 0, 0, cp->max_pages, kvc__k_at(cp, 0, 0, 0), kvc__v_at(cp, 0, 0, 0)));
+            }
+            for (batch = 1; batch <= 3; batch += 2) {
+                kvc_vk_attention_item items[3];
+                size_t qn = (size_t)nh * hd, on = (size_t)nh * hdv;
+                float *got = ref + 3 * on;
+                VkCommandBuffer cmd;
+                int use_lse = tk_int(rng, 0, 1);
+                for (i = 0; i < batch * (int32_t)qn; ++i) q[i] = 2.0f * tk_float(rng);
+                ensure(&q_buf, sizeof(float) * (3 * qn + 16));
+                ensure(&out_buf, sizeof(float) * (3 * on + 16));
+                ensure(&gk_buf, sizeof(float) * 3 * 12 + 64);
+                memcpy((char *)q_buf.mapped + 64, q, sizeof(float) * batch * qn); /* at an offset: q's offsets count */
+                memset(out_buf.mapped, 0x7f, sizeof(float) * (3 * on + 16));
+                for (i = 0; i < batch; ++i) {
+                    kvc_attention_desc d;
+                    memset(&d, 0, sizeof(d));
+                    d.n_queries = 1; d.n_heads = nh; d.q = q + i * qn; d.out = ref + i * on;
+                    d.lse = use_lse ? lse_ref + i * nh : NULL;
+                    TK_OK(kvc_attention(cc0[i], 0, &d));
+                    memset(&items[i], 0, sizeof(items[i]));
+                    items[i].cache = cc1[i];
+                    items[i].desc.n_queries = 1;
+                    items[i].desc.n_heads = nh;
+                    items[i].desc.q.buffer = q_buf.buffer;
+                    items[i].desc.q.offset = 64 + (VkDeviceSize)i * qn * 4;
+                    items[i].desc.out.buffer = out_buf.buffer;
+                    items[i].desc.out.offset = 32 + (VkDeviceSize)i * on * 4;
+                    if (use_lse) {
+                        items[i].desc.lse.buffer = gk_buf.buffer;
+                        items[i].desc.lse.offset = 64 + (VkDeviceSize)i * nh * 4;
+                    }
+                }
+                cmd = begin_cmd();
+                TK_OK(kvc_vk_cmd_attention_batch(vp, cmd, 0, items, batch));
+                TK_OK(kvc_vk_submit_wait(ctx, cmd));
+                memcpy(got, (const char *)out_buf.mapped + 32, sizeof(float) * batch * on);
+                for (i = 0; i < batch * (int32_t)on; ++i) bad += !(fabs((double)got[i] - ref[i]) <= 5e-5);
+                for (i = 0; use_lse && i < batch * nh; ++i) {
+                    float g = ((const float *)((const char *)gk_buf.mapped + 64))[i];
+                    lbad += !(fabs((double)g - lse_ref[i]) <= 1e-4 * (1 + fabs(lse_ref[i])));
+                }
+            }
+            if (bad || lbad)
+                fprintf(stderr, "rotated decode %s%s, rotate %u, dims %d/%d, group %d: %d values, %d lse off\n",
+                        kvc_type_name((kvc_type)ti), hl ? " host-layout" : "", pc.rotate, hd, hdv, group, bad, lbad);
+            TK_EQ(bad, 0);
+            TK_EQ(lbad, 0);
+            for (i = 0; i < 3; ++i) { kvc_cache_destroy(cc0[i]); kvc_cache_destroy(cc1[i]); }
+            free(k);
+            free(q);
+            TK_OK(kvc_pool_destroy(cp));
+            TK_OK(kvc_vk_pool_destroy(vp));
+        }
 }
 
 /* calls the backend must refuse, with nothing changed */
@@ -1191,6 +1348,7 @@ int main(int argc, char **argv) {
     test_errors();
     rng.s = run_seed ^ 0x5bd1e995ull;
     test_page_roundtrip(&rng);
+    test_rotated_decode(&rng);
     n_ep = (int)(24 * tk_scale());
     if (n_ep < 3) n_ep = 3;
     for (ep = 0; ep < n_ep; ++ep) {

@@ -1,0 +1,26 @@
+// kvc_rotation.glsl - kvcache.h's storage rotation (kvc_pool_config.rotate; the rule is at
+// kvc_rotation_block, its scalar reference kvc__rot_one): the signs and the scale, for
+// rotate.comp and the attention passes that fold the rotation in (attn_split.comp and
+// attn_split_q.comp rotate q as they load it, attn_merge.comp rotates the output back).
+// Forward R: signs, the Walsh-Hadamard butterflies (len = 1, 2, ..., n/2, blocks of n along
+// the head, pair (j, j + len) with j = (p / len) 2 len + p % len), then the product by
+// rot_scale(n); R^T: the butterflies, then the product by rot_scale(n) and the sign. Every
+// step is one correctly rounded f32 operation (`precise` products: no fusing), so the
+// results are kvc_rotate_rows' bits.
+#ifndef KVC_ROTATION_GLSL
+#define KVC_ROTATION_GLSL
+
+// KVC_ROTATION_SIGNS_INIT: s(i) = -1 where bit (i mod 256) is set (i: the index in the head)
+const uint ROT_SIGNS[8] = uint[](0x16E6060Eu, 0x778C5721u, 0x8BF5716Au, 0x3A28247Bu, 0xF53ADB1Fu, 0x0B1599BEu,
+                                 0x88F886E3u, 0xD1251A7Fu);
+
+bool rot_neg(uint i) { return ((ROT_SIGNS[(i & 255u) >> 5] >> (i & 31u)) & 1u) != 0u; }
+
+// (float)(1 / sqrt(n)) as kvcache.h rounds it, n = 2^k: 2^-(k/2), times sqrt(1/2) rounded to
+// f32 (0x3f3504f3) where k is odd (a power of two times a rounded value is that value rounded)
+float rot_scale(uint n) {
+    uint k = uint(findMSB(n));
+    float p = uintBitsToFloat((127u - k / 2u) << 23);
+    return (k & 1u) != 0u ? p * uintBitsToFloat(0x3f3504f3u) : p;
+}
+#endif
