@@ -34,7 +34,7 @@
    Build (from the repository root):
        cc -std=c99 -O2 -Wall -Wextra -Wpedantic examples/tinylm.c -o tinylm -lm
    Run:
-       ./tinylm [--chunk N] [--draft K] [--quiet] [--reference] [MODEL_DIR ...]
+       ./tinylm [--chunk N] [--draft K] [--quiet] [--reference] [--types LIST] [MODEL_DIR ...]
    With no MODEL_DIR it runs every folder of tests/data that holds a config.txt.
    A model folder holds config.txt, model.safetensors, reference.txt and one
    NAME.logits.f32 per case (formats and math: tests/data/README.md).
@@ -45,6 +45,9 @@
    --quiet       print only failures, errors and the final verdict
    --reference   skip kvcache.h: one cache-free forward over each whole sequence
                  with naive attention (checks the model math on its own)
+   --types LIST  only these storage types' rows (comma-separated: f32, f16, bf16, q8_0,
+                 q8_0+rot, q4_0, q4_0+rot; default all; the plain-against-rotated check
+                 runs when q8_0, q4_0 and their +rot rows are all there)
    --f16-tail N  the q8_0 / q4_0 rows keep the newest N tokens of their FULL and
                  ROTATING groups in f16 (kvc_cache_config.f16_tail; not with --vk)
    --vk          the Vulkan backend (kvcache_vk.h): K/V pages in device memory, append
@@ -207,6 +210,7 @@ static const type_spec TYPES[] = {
 
 static int g_quiet = 0;
 static int32_t g_f16_tail = 0; /* --f16-tail */
+static int g_type_off[COUNT_OF(TYPES)]; /* --types: the storage types left out */
 
 #ifdef TINYLM_VK
 /* --vk: one device for the run, the session's device pool, host-visible buffers that
@@ -2281,6 +2285,7 @@ static int rotation_summary(const score *total, int *runs)
 {
     int failures = 0, q8 = -1, q8r = -1, q4 = -1, q4r = -1;
     for (int t = 0; t < COUNT_OF(TYPES); ++t) {
+        if (g_type_off[t]) continue;
         if (TYPES[t].type == KVC_TYPE_Q8_0) *(TYPES[t].rotate ? &q8r : &q8) = t;
         if (TYPES[t].type == KVC_TYPE_Q4_0) *(TYPES[t].rotate ? &q4r : &q4) = t;
     }
@@ -2289,7 +2294,7 @@ static int rotation_summary(const score *total, int *runs)
         printf("  %-9s %9s %9s %9s\n", "type", "max|err|", "rms err", "greedy");
         for (int t = 0; t < COUNT_OF(TYPES); ++t) {
             char greedy[32];
-            if (TYPES[t].type != KVC_TYPE_Q8_0 && TYPES[t].type != KVC_TYPE_Q4_0) continue;
+            if (g_type_off[t] || (TYPES[t].type != KVC_TYPE_Q8_0 && TYPES[t].type != KVC_TYPE_Q4_0)) continue;
             snprintf(greedy, sizeof greedy, "%d/%d", total[t].tok_ok, total[t].tok_total);
             printf("  %-9s %9.2e %9.2e %9s\n", TYPES[t].name, total[t].max_err, total_rms(&total[t]), greedy);
         }
@@ -2625,8 +2630,26 @@ static int run_speculative(const model *m, const test_case *cases, int n_cases, 
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: tinylm [--chunk N] [--draft K] [--quiet] [--reference] [--vk] [--f16-tail N] [MODEL_DIR ...]\n"
-                    "  runs every folder of tests/data with a config.txt by default\n");
+    fprintf(stderr, "usage: tinylm [--chunk N] [--draft K] [--quiet] [--reference] [--vk] [--f16-tail N] [--types LIST] [MODEL_DIR ...]\n"
+                    "  runs every folder of tests/data with a config.txt by default, and every storage type\n"
+                    "  (--types f32,q4_0+rot: only those; the rotation check needs q8_0, q4_0 and their +rot)\n");
+}
+
+/* --types: keep the named storage types (a comma-separated list of TYPES' names) */
+static int select_types(const char *list)
+{
+    int on[COUNT_OF(TYPES)] = {0}, any = 0;
+    while (*list) {
+        size_t n = strcspn(list, ",");
+        int found = 0;
+        for (int t = 0; t < COUNT_OF(TYPES); ++t)
+            if (strlen(TYPES[t].name) == n && !strncmp(TYPES[t].name, list, n)) on[t] = found = any = 1;
+        if (!found) return -1;
+        list += n + (list[n] == ',');
+    }
+    if (!any) return -1;
+    for (int t = 0; t < COUNT_OF(TYPES); ++t) g_type_off[t] = !on[t];
+    return 0;
 }
 
 static int compare_names(const void *a, const void *b)
@@ -2705,6 +2728,12 @@ int main(int argc, char **argv)
                 return 2;
             }
             g_f16_tail = (int32_t)v;
+        } else if (!strcmp(argv[i], "--types")) {
+            if (i + 1 >= argc || select_types(argv[++i]) != 0) {
+                errorf("--types needs a comma-separated list of f32, f16, bf16, q8_0, q8_0+rot, q4_0, q4_0+rot");
+                free(given);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--draft")) {
             char *end = NULL;
             long v = i + 1 < argc ? strtol(argv[++i], &end, 10) : -1;
@@ -2818,6 +2847,7 @@ int main(int argc, char **argv)
                 if (KINDS[k].needs_window && m.c.window == 0) continue;
                 if (KINDS[k].hybrid != model_is_hybrid(&m.c)) continue;
                 for (int t = 0; t < COUNT_OF(TYPES); ++t) {
+                    if (g_type_off[t]) continue;
                     failures += run_session(&m, cases, n_cases, &KINDS[k], &TYPES[t], chunk, &total[t]);
                     runs += n_cases + 1; /* the cases, then the teardown (leak) check */
                 }
