@@ -38,6 +38,8 @@ layout(push_constant) uniform PC {
 
 #include "attn_common.glsl"
 #include "kvc_rotation.glsl"
+#define ROW_GET(j) row[j]
+#define ROW_PUT(j, v) row[j] = (v) // for ROT_BUTTERFLIES
 
 shared float w[MAX_SPLITS];
 shared float red[256];
@@ -112,15 +114,7 @@ void main() {
         barrier(); // sums is the next slice's; (rotated) row is whole after the last
     }
     if (ROT_V != 0u) { // out = R^T out': the butterflies over the row's blocks of ROT_V, then scale and sign
-        for (uint len = 1u; len < ROT_V; len <<= 1) {
-            for (uint p = tid; p < HDV / 2u; p += 256u) {
-                uint j = (p / len) * 2u * len + p % len;
-                precise float a = row[j], b = row[j + len];
-                row[j] = a + b;
-                row[j + len] = a - b;
-            }
-            barrier();
-        }
+        ROT_BUTTERFLIES(ROW_GET, ROW_PUT, HDV, ROT_V, tid, 256u)
         float r = rot_scale(ROT_V);
         for (uint i = tid; i < HDV; i += 256u) {
             precise float a = row[i] * r;

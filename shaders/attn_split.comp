@@ -70,6 +70,8 @@ uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 #include "kvc_types.glsl"
 #include "attn_common.glsl"
 #include "kvc_rotation.glsl"
+#define QS_GET(j) qs[j]
+#define QS_PUT(j, v) qs[j] = (v) // for ROT_BUTTERFLIES
 
 #define SEG_LOADER(NAME, WHICH, TYPE, E, BUF)                                                   \
 void NAME(uint base, uint e0, out float v[E]) {                                                 \
@@ -197,15 +199,7 @@ void main() {
         // signs went on above; the butterflies over every head's blocks of ROT_K, then the
         // scale (kvc_rotation.glsl: kvc_rotate_rows' bits)
         barrier();
-        for (uint len = 1u; len < ROT_K; len <<= 1) {
-            for (uint p = tid; p < G * HDK / 2u; p += WG) {
-                uint j = (p / len) * 2u * len + p % len;
-                precise float a = qs[j], b = qs[j + len];
-                qs[j] = a + b;
-                qs[j + len] = a - b;
-            }
-            barrier();
-        }
+        ROT_BUTTERFLIES(QS_GET, QS_PUT, G * HDK, ROT_K, tid, WG)
         float r = rot_scale(ROT_K);
         for (uint i = tid; i < G * HDK; i += WG) {
             precise float a = qs[i] * r;

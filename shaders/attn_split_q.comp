@@ -91,6 +91,7 @@ uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 #include "kvc_types.glsl"
 #include "attn_common.glsl"
 #include "kvc_rotation.glsl"
+#define QS_PUT(j, v) vst[(j) >> 2][(j) & 3u] = floatBitsToUint(v) // for ROT_BUTTERFLIES
 
 shared uint qc[GH * HD / 4u];
 shared float qsc[GH * NB];
@@ -211,16 +212,7 @@ void main() {
         // rotated keys (kvc_pool_config.rotate): scores of R q against the stored R k. The
         // signs went on above; the butterflies over every head's blocks of ROT_K, then the
         // scale (kvc_rotation.glsl: kvc_rotate_rows' bits)
-        for (uint len = 1u; len < ROT_K; len <<= 1) {
-            for (uint p = t; p < GH * HD / 2u; p += 32u) {
-                uint j = (p / len) * 2u * len + p % len;
-                precise float a = qsf(j), b = qsf(j + len);
-                precise float x = a + b, y = a - b;
-                vst[j >> 2][j & 3u] = floatBitsToUint(x);
-                vst[(j + len) >> 2][(j + len) & 3u] = floatBitsToUint(y);
-            }
-            barrier();
-        }
+        ROT_BUTTERFLIES(qsf, QS_PUT, GH * HD, ROT_K, t, 32u)
         float r = rot_scale(ROT_K);
         for (uint i = t; i < GH * HD; i += 32u) {
             precise float a = qsf(i) * r;

@@ -10,6 +10,21 @@
 #ifndef KVC_ROTATION_GLSL
 #define KVC_ROTATION_GLSL
 
+// The butterflies of n values in shared memory, blocks of BLOCK, by the invocations TID,
+// TID + STEP, ...; a barrier after each round. GET(j) reads value j and PUT(j, v) writes it
+// (macros of the caller: its values may be packed).
+#define ROT_BUTTERFLIES(GET, PUT, n, BLOCK, TID, STEP)                  \
+    for (uint len_ = 1u; len_ < (BLOCK); len_ <<= 1) {                 \
+        for (uint p_ = (TID); p_ < (n) / 2u; p_ += (STEP)) {           \
+            uint j_ = (p_ / len_) * 2u * len_ + p_ % len_;              \
+            precise float a_ = GET(j_), b_ = GET(j_ + len_);            \
+            precise float s_ = a_ + b_, d_ = a_ - b_;                   \
+            PUT(j_, s_);                                                \
+            PUT(j_ + len_, d_);                                         \
+        }                                                               \
+        barrier();                                                      \
+    }
+
 // KVC_ROTATION_SIGNS_INIT: s(i) = -1 where bit (i mod 256) is set (i: the index in the head)
 const uint ROT_SIGNS[8] = uint[](0x16E6060Eu, 0x778C5721u, 0x8BF5716Au, 0x3A28247Bu, 0xF53ADB1Fu, 0x0B1599BEu,
                                  0x88F886E3u, 0xD1251A7Fu);

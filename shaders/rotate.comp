@@ -35,6 +35,8 @@ uint ldw(uint which, uint w) { return src[w]; } // (kvc_types.glsl's loads: unus
 #include "kvc_types.glsl"
 
 #include "kvc_rotation.glsl"
+#define X_GET(j) x[j]
+#define X_PUT(j, v) x[j] = (v) // for ROT_BUTTERFLIES
 
 shared float x[HD];
 shared float y[HD];
@@ -43,15 +45,7 @@ bool neg(uint i) { return rot_neg(i); }
 
 void wht() {
     uint tid = gl_LocalInvocationID.x;
-    for (uint len = 1u; len < N; len <<= 1) {
-        for (uint p = tid; p < HD / 2u; p += 64u) {
-            uint j = (p / len) * 2u * len + p % len;
-            precise float a = x[j], b = x[j + len];
-            x[j] = a + b;
-            x[j + len] = a - b;
-        }
-        barrier();
-    }
+    ROT_BUTTERFLIES(X_GET, X_PUT, HD, N, tid, 64u)
 }
 
 void main() {
