@@ -231,6 +231,7 @@ int main(int argc, char **argv) {
     kvc_pool_config pc;
     kvc_vk_pool *copy_pool;
     double copy_us, copy_gbs;
+    char share[32]; /* the row's share of the copy kernel's bandwidth, "-" with --no-copy */
     g_wall0 = now();
     for (ai = 1; ai < argc; ++ai) {
         if (!strcmp(argv[ai], "--cells") && ai + 1 < argc) n_cells = parse_list(argv[++ai], cells_list, 8);
@@ -367,9 +368,11 @@ int main(int argc, char **argv) {
                 err = check_one(types[ti], rots[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
                 kvc_pool_stats_get(hp, &st);
                 bytes = (double)batch * cells * (double)(st.k_row_bytes + st.v_row_bytes);
-                printf("| %s%s | %d | %d | %.1f | %.1f MB | %.0f | %.0f %% | %.1e | %.2f |\n", kvc_type_name(types[ti]),
-                       rots[ti] ? "+rot" : "", batch, cells, us, bytes / 1e6, bytes / (us * 1e-6) / 1e9,
-                       100.0 * (bytes / (us * 1e-6) / 1e9) / copy_gbs, err, spread);
+                if (no_copy) snprintf(share, sizeof share, "-");
+                else snprintf(share, sizeof share, "%.0f %%", 100.0 * (bytes / (us * 1e-6) / 1e9) / copy_gbs);
+                printf("| %s%s | %d | %d | %.1f | %.1f MB | %.0f | %s | %.1e | %.2f |\n", kvc_type_name(types[ti]),
+                       rots[ti] ? "+rot" : "", batch, cells, us, bytes / 1e6, bytes / (us * 1e-6) / 1e9, share, err,
+                       spread);
                 fflush(stdout);
                 if (n_kept < 256) {
                     kept_pool[n_kept] = vp;

@@ -8,9 +8,11 @@
 //            value, U splits' loads in flight at a time (every load of an invocation is
 //            independent, so a 128-split merge waits for memory twice, not eight times);
 //            then the groups' sums are added.
-// Rotated values (ROT_V, kvc_pool_config.rotate): the workgroup takes the head's whole row,
-// its DV-value slices one after the other into shared memory, and writes out = R^T out'
-// (kvc_rotation.glsl); the dispatch's z is then 1.
+// Rotated values (ROT_V, kvc_pool_config.rotate): the workgroup takes the head's whole row
+// at once (DV = the head dim up to 256, NG = 256 / DV groups of U = 64 / NG loads in
+// flight, so a split's loads still wait for memory once per 64 splits), into shared memory,
+// and writes out = R^T out' (kvc_rotation.glsl); the dispatch's z is then 1. (H200, 32k
+// cells, q8_0: its 32-value slices one after the other added 15 us to a call.)
 // The merge is latency-bound: a few hundred KB in all, read once. Zeros where no cell
 // was visible, and a row of NaN (log-sum-exp NaN too) where the head's query row holds a
 // NaN or an infinity (kvcache.h's rules; the split passes leave such a row to chance).
@@ -22,8 +24,9 @@ layout(constant_id = MERGE_N_HEADS) const uint N_HEADS = 32u; // query heads
 layout(constant_id = MERGE_HDK) const uint HDK = 128u; // head dim of K: the query rows
 layout(constant_id = MERGE_ROT_V) const uint ROT_V = 0u; // rotated values: R's block; 0: none
 const uint MAX_SPLITS = 256u;                       // kvcache_vk.h never uses more
-const uint DV = 32u, NG = 256u / DV;                // values per workgroup, split groups
-const uint U = 8u;                                  // loads in flight per invocation
+const uint DV = ROT_V != 0u ? (HDV < 256u ? HDV : 256u) : 32u; // values per workgroup
+const uint NG = 256u / DV;                          // split groups
+const uint U = 64u / NG;                            // loads in flight per invocation
 
 layout(set = 0, binding = 0) readonly buffer PB { float part[]; };
 layout(set = 0, binding = 1) readonly buffer MB { uint meta[]; };
@@ -89,7 +92,7 @@ void main() {
         uint d = z * DV + tid % DV;
         // a zero weight adds nothing, whatever its partial holds
         float acc = 0.0;
-        if (d < HDV)
+        if (d < HDV && g < NG) // (g = NG: the spare invocations where DV does not divide 256)
             for (uint s0 = g; s0 < n; s0 += NG * U) {
                 float x[U];
                 [[unroll]] for (uint u = 0u; u < U; ++u) {

@@ -147,7 +147,7 @@ void row_sum(inout float v[GH]) {
 
 // codes to floats without int-to-float conversions: 2^23 + biased code as float bits
 float q8f(uint wb, uint k) { return uintBitsToFloat(0x4b000000u | bitfieldExtract(wb, int(8u * k), 8)) - 8388736.0; }
-float q4f(uint w, uint k) { return uintBitsToFloat(0x4b000000u | bitfieldExtract(w, int(4u * k), 4)) - 8388616.0; }
+float q4b(uint wb, uint k) { return uintBitsToFloat(0x4b000000u | bitfieldExtract(wb, int(8u * k), 8)) - 8388616.0; }
 
 // The cells [base, base + TILE) of the view into caddr / viss from `at`: where their codes
 // and scales are (a cell the query may not see: cell 0 of page 0, its weights zeros).
@@ -348,21 +348,27 @@ void main() {
         barrier();
         // the weighted values, of this tile's V codes copied out of the registers the next
         // tile's are loaded into (no barrier: each invocation reads only its own)
-        [[unroll]] for (uint j = 0u; j < TR; ++j) vst[j * 32u + t] = vx[j];
+        // (q4_0: two rows' 8-byte codes to an entry)
+        [[unroll]] for (uint j = 0u; j < TR; ++j) {
+            if (TYPE_V == T_Q8_0) vst[j * 32u + t] = vx[j];
+            else if ((j & 1u) == 1u) vst[(j / 2u) * 32u + t] = uvec4(vx[j - 1u].xy, vx[j].xy);
+        }
         if (more) fetch_v((buf ^ 1u) * TILE);
         [[unroll]] for (uint j = 0u; j < TR; ++j) {
             vec4 wd = wdv[(j * CPR + r) * NB + s / 2u];
-            uvec4 vxj = vst[j * 32u + t];
+            uvec4 vxj = vst[(TYPE_V == T_Q8_0 ? j : j / 2u) * 32u + t];
+            if (TYPE_V != T_Q8_0 && (j & 1u) == 1u) vxj.xy = vxj.zw;
             float x[16];
             if (TYPE_V == T_Q8_0) {
                 uvec4 wb = vxj ^ uvec4(0x80808080u);
                 [[unroll]] for (uint k = 0u; k < 4u; ++k) {
                     x[k] = q8f(wb.x, k); x[4u + k] = q8f(wb.y, k); x[8u + k] = q8f(wb.z, k); x[12u + k] = q8f(wb.w, k);
                 }
-            } else { // low nibbles: values 0-7 of the half block, high: 16-23
+            } else { // low nibbles: values 0-7 of the half block, high: 16-23; each nibble
+                     // moved to a byte of its own first, so a value is one byte select
+                uvec4 nb = uvec4(vxj.x, vxj.y, vxj.x >> 4, vxj.y >> 4) & uvec4(0x0f0f0f0fu);
                 [[unroll]] for (uint k = 0u; k < 4u; ++k) {
-                    x[k] = q4f(vxj.x, 2u * k); x[4u + k] = q4f(vxj.y, 2u * k);
-                    x[8u + k] = q4f(vxj.x, 2u * k + 1u); x[12u + k] = q4f(vxj.y, 2u * k + 1u);
+                    x[k] = q4b(nb.x, k); x[4u + k] = q4b(nb.y, k); x[8u + k] = q4b(nb.z, k); x[12u + k] = q4b(nb.w, k);
                 }
             }
             [[unroll]] for (uint g = 0u; g < GH; ++g)
