@@ -196,6 +196,51 @@ void fetch_v(uint at) {
 
 float qsf(uint i) { return uintBitsToFloat(vst[i >> 2][i & 3u]); } // the query, before the loop
 
+#if USE_SUBGROUP
+// R q of the GH heads' query rows (from qb at qoff) into vst, in registers: invocation t
+// loads values t QV .. t QV + QV - 1 of each row, signs on; a butterfly pair closer than QV is its own, a farther one
+// across lanes t and t ^ (len / QV) (the lower of the pair keeps a + b, the upper a - b:
+// the same operations as kvc_rotate_rows, so the same bits). (H200: the shared-memory
+// butterflies, seven rounds of barriers over 512 values, added 12-14 us to a call.)
+const uint QV = HD / 32u;
+void rotate_query_subgroup(uint qoff, uint h0) {
+    uint t = gl_LocalInvocationID.x;
+    float r = rot_scale(ROT_K);
+    [[unroll]] for (uint g = 0u; g < GH; ++g) {
+        float x[QV];
+        [[unroll]] for (uint v = 0u; v < QV; ++v) {
+            uint i = t * QV + v;
+            float q = h0 + g < G ? qb[qoff + g * HD + i] : 0.0;
+            x[v] = rot_neg(i) ? -q : q;
+        }
+        for (uint len = 1u; len < ROT_K; len <<= 1) {
+            if (len < QV) {
+                [[unroll]] for (uint v = 0u; v < QV; ++v)
+                    if ((v & len) == 0u) {
+                        precise float a = x[v], b = x[v + len];
+                        precise float su = a + b, di = a - b;
+                        x[v] = su;
+                        x[v + len] = di;
+                    }
+            } else {
+                uint o = len / QV;
+                bool upper = (t & o) != 0u;
+                [[unroll]] for (uint v = 0u; v < QV; ++v) {
+                    precise float y = subgroupShuffleXor(x[v], o);
+                    precise float su = x[v] + y, di = y - x[v];
+                    x[v] = upper ? di : su;
+                }
+            }
+        }
+        [[unroll]] for (uint v = 0u; v < QV; ++v) {
+            uint i = g * HD + t * QV + v;
+            precise float a = x[v] * r;
+            vst[i >> 2][i & 3u] = floatBitsToUint(a);
+        }
+    }
+}
+#endif
+
 void main() {
     uint kvh = gl_WorkGroupID.x / NHG, hg = gl_WorkGroupID.x % NHG, split = gl_WorkGroupID.y, jb = gl_WorkGroupID.z;
     uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
@@ -203,15 +248,21 @@ void main() {
     uint h0 = hg * GH; // first query head of the group
     // the query rounded to q8_0 as on the CPU (as attn_split.comp does it): per block of 32,
     // d = amax / 127 stored as f16, codes rint(x / d) in +-127, four to a word
-    for (uint i = t; i < GH * HD; i += 32u) {
-        float x = h0 + i / HD < G ? qb[J.q_off + (kvh * G + h0) * HD + i] : 0.0;
-        vst[i >> 2][i & 3u] = floatBitsToUint(ROT_K != 0u && rot_neg(i % HD) ? -x : x);
-    }
+    // (rotated keys, kvc_pool_config.rotate: scores of R q against the stored R k, R q as
+    // kvc_rotate_rows gives it: the signs, the butterflies over every head's blocks of
+    // ROT_K, then the scale; kvc_rotation.glsl)
+    uint qoff = J.q_off + (kvh * G + h0) * HD;
+#if USE_SUBGROUP
+    if (ROT_K != 0u) rotate_query_subgroup(qoff, h0);
+    else
+#endif
+        for (uint i = t; i < GH * HD; i += 32u) {
+            float x = h0 + i / HD < G ? qb[qoff + i] : 0.0;
+            vst[i >> 2][i & 3u] = floatBitsToUint(ROT_K != 0u && rot_neg(i % HD) ? -x : x);
+        }
     barrier();
+#if !USE_SUBGROUP
     if (ROT_K != 0u) {
-        // rotated keys (kvc_pool_config.rotate): scores of R q against the stored R k. The
-        // signs went on above; the butterflies over every head's blocks of ROT_K, then the
-        // scale (kvc_rotation.glsl: kvc_rotate_rows' bits)
         ROT_BUTTERFLIES(qsf, QS_PUT, GH * HD, ROT_K, t, 32u)
         float r = rot_scale(ROT_K);
         for (uint i = t; i < GH * HD; i += 32u) {
@@ -220,6 +271,7 @@ void main() {
         }
         barrier();
     }
+#endif
     for (uint b = t; b < GH * NB; b += 32u) {
         float amax = 0.0;
         for (uint j = 0u; j < 32u; ++j) amax = max(amax, abs(qsf(32u * b + j)));
