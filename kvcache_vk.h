@@ -922,10 +922,11 @@ static kvc_result kvc_vk__module_create(kvc_vk_pool *p, kvc_vk__module m) {
    pipelines (all of them, where the pool disables it) then ask for robust buffer
    access by name, which is what NVIDIA's driver gives every pipeline without the extension
    (and what it no longer gives a pipeline that does not ask, once the extension is on).
-   Unchecked: the tensor-core split pass and the merge, whose every index is in range by
-   construction; on an H200 the checks (a compare and selects per load) cost f16 decode
-   attention 3-6 %. The CUDA-core split keeps them: without, q4_0 ran 3.5 % slower there
-   (scheduled differently by the driver's compiler) and q8_0 1 % faster. */
+   Unchecked: the tensor-core split pass, the planar split pass (attn_split_q) and the merge,
+   whose every index is in range by construction; on an H200 the checks (a compare and selects
+   per load) cost f16 decode attention 3-6 %, and q8_0 / q4_0 on planar pages 2.5-3.7 % / 3-5 %.
+   The CUDA-core split keeps them: without, q4_0 ran 3.5 % slower there (scheduled differently
+   by the driver's compiler) and q8_0 1 % faster. */
 static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint32_t *spec, uint32_t n_spec,
                                    int unchecked, VkPipeline *out) {
     VkSpecializationMapEntry map[16];
@@ -1762,7 +1763,7 @@ static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint
         spec[KVC_VK__SPLIT_ROT_K] = (uint32_t)p->rot_k; /* q rotated as it is loaded (not attn_split_cm) */
         cm = kvc_vk__cm(p, key); /* the tensor-core split runs unchecked */
         r = kvc_vk__pipeline(p, p->modules[p->planar ? p->q_module : cm ? KVC_VK__MODULE_ATTN_SPLIT_CM : p->split_module], spec,
-                             KVC_VK__SPLIT_COUNT, cm && !p->planar, &tab[i].pipe);
+                             KVC_VK__SPLIT_COUNT, cm || p->planar, &tab[i].pipe);
     }
     if (r != KVC_OK) { tab[i].pipe = VK_NULL_HANDLE; return r; }
     tab[i].key = key;
