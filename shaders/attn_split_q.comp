@@ -198,10 +198,11 @@ float qsf(uint i) { return uintBitsToFloat(vst[i >> 2][i & 3u]); } // the query,
 
 #if USE_SUBGROUP
 // R q of the GH heads' query rows (from qb at qoff) into vst, in registers: invocation t
-// loads values t QV .. t QV + QV - 1 of each row, signs on; a butterfly pair closer than QV is its own, a farther one
-// across lanes t and t ^ (len / QV) (the lower of the pair keeps a + b, the upper a - b:
-// the same operations as kvc_rotate_rows, so the same bits). (H200: the shared-memory
-// butterflies, seven rounds of barriers over 512 values, added 12-14 us to a call.)
+// loads values t QV .. t QV + QV - 1 of each row, signs on; a butterfly pair closer than QV
+// is its own, a farther one spans lanes t and t ^ (len / QV) (the lower of the pair keeps
+// a + b, the upper a - b: the same operations as kvc_rotate_rows, so the same bits). (H200:
+// the shared-memory butterflies, seven rounds of barriers over 512 values, added 12-14 us
+// to a call; these about 5.)
 const uint QV = HD / 32u;
 void rotate_query_subgroup(uint qoff, uint h0) {
     uint t = gl_LocalInvocationID.x;
