@@ -202,7 +202,8 @@ VG="valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=all
 # what the native runs above put in Mesa's shader cache is compiled again (presumably
 # valgrind's CPU gives other keys): device setup and the error tests took 19 s, an episode
 # 27-112 s, all three 240 s. So one episode per run, its cache kind (episode % 3) rotating
-# with the random seed.
+# with the random seed; its unit tests (KVC_VK_PART=1) and its episodes (6) in two lanes: in
+# one process they took 159-474 s, cold 286 s and 219 s apart (seed 1795700697).
 VGVK="--keep-debuginfo=yes --num-callers=40 --suppressions=tests/valgrind-vk.supp"
 # asan_one tests/test_NAME.c: a third of the native scale (the native run has the full one;
 # CI time). test_vk: the Vulkan driver's own allocations are not ours to free (the test
@@ -235,7 +236,7 @@ vg_one() {
   local n=$1
   [ -x "$B/$n" ] || { skip "valgrind-$n" "its native build failed"; return; }
   if [ "$n" = test_vk ]; then
-    KVC_VK_EPISODE=$((seed % 3)) KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG $VGVK "$B/$n" "$seed"
+    KVC_VK_PART=$2 KVC_VK_EPISODE=$((seed % 3)) KVC_TEST_SCALE=0.05 checks "valgrind-$n-$3" $VG $VGVK "$B/$n" "$seed"
   else
     KVC_NO_STACK_TEST=1 KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG "$B/$n" "$seed"
   fi
@@ -247,14 +248,17 @@ vg_examples() {
   for e in $examples; do n=$(basename "$e" .c); [ -x "$B/$n" ] && step "valgrind-example-$n" $VG "$B/$n"; done
   [ -x "$B/tinylm" ] && step valgrind-tinylm $VG "$B/tinylm" --quiet --types f32,q4_0+rot tests/data/llama-tiny
 }
-# longest first (alone on this machine): valgrind's test_vk episode (about 3 min), the fuzz
+# longest first (alone on this machine): valgrind's test_vk parts (about 4 min each), the fuzz
 # replays and the examples under either tool (1-2 min), ASan per program (20-60 s), TSan,
 # valgrind per program (under 20 s)
 have_san=0 have_tsan=0
 echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev/null 2>&1 && have_san=1
 echo 'int main(void){return 0;}' | $SANCC $TSAN -x c - -o "$B/tsan_probe" >/dev/null 2>&1 && "$B/tsan_probe" && have_tsan=1
 if have valgrind; then
-  [ -f tests/test_vk.c ] && lane valgrind-test_vk vg_one test_vk
+  if [ -f tests/test_vk.c ]; then
+    lane valgrind-test_vk-units vg_one test_vk 1 units
+    lane valgrind-test_vk-episodes vg_one test_vk 6 episodes
+  fi
   lane valgrind-fuzz vg_fuzz
   lane valgrind-examples vg_examples
 fi

@@ -13,7 +13,10 @@
 
    No Vulkan headers, loader or device: prints a skip and RESULT vk 0 0.
    usage: test_vk [seed]        KVC_TEST_SCALE scales the episode count (3 at least, one
-   per cache kind); KVC_VK_EPISODE=e runs episode e alone (make test does under valgrind). */
+   per cache kind); KVC_VK_EPISODE=e runs episode e alone (make test does under valgrind);
+   KVC_VK_PART=mask runs only some parts: 1 the unit tests (errors, page round trips, rotated
+   decode), 2 the episodes, 4 the hybrid-model episodes (default 7; make test runs 1 and 6
+   under valgrind as two processes, side by side). */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
 #include "tk.h"
@@ -1321,7 +1324,7 @@ int main(int argc, char **argv) {
     kvc_vk_device_options o;
     kvc_vk_info info;
     tk_rng rng;
-    int ep, n_ep;
+    int ep, n_ep, parts = getenv("KVC_VK_PART") ? atoi(getenv("KVC_VK_PART")) : 7;
     g_seed = run_seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (uint64_t)time(NULL);
     if (kvc_vk_loader_open(&loader) != KVC_OK) { printf("skip: no Vulkan loader (libvulkan)\n"); return tk_report("vk"); }
     memset(&o, 0, sizeof(o));
@@ -1345,12 +1348,15 @@ int main(int argc, char **argv) {
            (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0,
            info.validation ? "on" : "NOT INSTALLED",
            (unsigned long long)g_seed, (unsigned long long)g_seed);
-    test_errors();
     rng.s = run_seed ^ 0x5bd1e995ull;
-    test_page_roundtrip(&rng);
-    test_rotated_decode(&rng);
-    n_ep = (int)(24 * tk_scale());
-    if (n_ep < 3) n_ep = 3;
+    if (parts & 1) {
+        test_errors();
+        test_page_roundtrip(&rng);
+        test_rotated_decode(&rng);
+        test_state_errors();
+    }
+    n_ep = parts & 2 ? (int)(24 * tk_scale()) : 0;
+    if ((parts & 2) && n_ep < 3) n_ep = 3;
     for (ep = 0; ep < n_ep; ++ep) {
         shape sh;
         if (getenv("KVC_VK_EPISODE") && atoi(getenv("KVC_VK_EPISODE")) != ep) continue;
@@ -1409,8 +1415,7 @@ int main(int argc, char **argv) {
     }
     /* hybrid models: FULL beside RECURRENT, then ROTATING beside RECURRENT (with
        KVC_VK_EPISODE=e, the one of index e % 2) */
-    test_state_errors();
-    for (ep = 0; ep < 2; ++ep) {
+    for (ep = 0; ep < ((parts & 4) ? 2 : 0); ++ep) {
         int before = tk_failed, steps = (int)(40 * tk_scale());
         kvc_type t;
         if (getenv("KVC_VK_EPISODE") && atoi(getenv("KVC_VK_EPISODE")) % 2 != ep) continue;
