@@ -41,8 +41,6 @@ uint ldw(uint which, uint w) { return src[w]; } // (kvc_types.glsl's loads: unus
 shared float x[HD];
 shared float y[HD];
 
-bool neg(uint i) { return rot_neg(i); }
-
 void wht() {
     uint tid = gl_LocalInvocationID.x;
     ROT_BUTTERFLIES(X_GET, X_PUT, HD, N, tid, 64u)
@@ -55,7 +53,7 @@ void main() {
         for (uint i = tid; i < HD; i += 64u) {
             uint s = s0 + i;
             float a = pc.src_f16 != 0u ? h2f((src[s >> 1] >> ((s & 1u) << 4)) & 0xffffu) : uintBitsToFloat(src[s]);
-            if (pc.mode == 0u && neg(i)) a = -a;
+            if (pc.mode == 0u && rot_neg(i)) a = -a;
             x[i] = a;
         }
         barrier();
@@ -63,7 +61,7 @@ void main() {
             wht();
             for (uint i = tid; i < HD; i += 64u) {
                 precise float a = x[i] * pc.r;
-                x[i] = neg(i) ? -a : a;
+                x[i] = rot_neg(i) ? -a : a;
             }
             barrier();
         }
@@ -82,7 +80,7 @@ void main() {
                 y[i] = a;
             }
             barrier();
-            for (uint i = tid; i < HD; i += 64u) x[i] = neg(i) ? -y[i] : y[i]; // and R again: the signs first
+            for (uint i = tid; i < HD; i += 64u) x[i] = rot_neg(i) ? -y[i] : y[i]; // and R again: the signs first
             barrier();
         }
         if (pc.mode != 1u) { // R: (signs applied above) the transform, then the scale
