@@ -12,8 +12,8 @@
 //            subgroup workgroups read 4.5 TB/s on an H200 with 5 KB each, 4.1 with 10 KB,
 //            2.8 with 20 KB: shared memory caps how many run at once);
 //   scores   S^T (16 cells x NQ) = K (16 x HDK) x Q^T, where columns 0..G-1 of Q^T hold
-//            the queries rounded to multiples of 2^-11 (after scaling by a power of two
-//            into (-1, 1)) and columns G..2G-1 the remainders times 2^12: f16 x f16
+//            the queries rounded to multiples of 2^-11 (after scaling each head's row by a
+//            power of two into (-1, 1)) and columns G..2G-1 the remainders times 2^12: f16 x f16
 //            products are exact and summed in f32, hi + lo * 2^-12 carries each query to
 //            about 2^-23 of the largest;
 //   softmax  one invocation per (head, cell): mask, running max per head, weights
@@ -43,6 +43,7 @@ layout(constant_id = SPLIT_HDV) const uint HDV = 128u;
 layout(constant_id = SPLIT_G) const uint G = 4u;           // query heads per kv head, at most 8
 layout(constant_id = SPLIT_KV_HEADS) const uint KV_HEADS = 8u;
 layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u;
+layout(constant_id = SPLIT_ROT_K) const uint ROT_K = 0u; // rotated keys: R's block (q rotated as it is loaded); 0: none
 layout(local_size_x = 32) in;                     // one subgroup
 
 layout(set = 0, binding = 0) volatile readonly buffer KB { uvec4 kb[]; };
@@ -63,6 +64,7 @@ layout(push_constant) uniform PC {
 } pc;
 
 #include "attn_common.glsl"
+#include "kvc_rotation.glsl"
 
 const int SG = 3;                                 // gl_ScopeSubgroup
 const uint NQ = 2u * G <= 8u ? 8u : 16u;          // query columns (hi, lo, zero padding)
@@ -121,6 +123,58 @@ void loads_issued() {
     memoryBarrier(gl_ScopeSubgroup, gl_StorageSemanticsBuffer, gl_SemanticsRelease);
 }
 
+// Rotated keys: R q of the G query rows (from qb at q0) into kv as floats (index g HDK + i).
+// The rows are taken as rounds of 32 QV values, invocation t holding values t QV ..
+// t QV + QV - 1 of a round in registers (QV = ROT_K / 32, or 1 for blocks of 16, two to a
+// round): a butterfly pair closer than QV is the invocation's own, a farther one spans
+// lanes t and t ^ (len / QV). The lower of a pair keeps a + b, the upper a - b: the same
+// operations as kvc_rotate_rows, so the same bits. Every loop has constant bounds once
+// ROT_K is specialised. (It was a rotate.comp pass and a barrier before the split: H100,
+// 32k cells batch 1, 8 us of a 58 us call.)
+const uint QV = ROT_K >= 32u ? ROT_K / 32u : 1u;
+const uint QR = (G * HDK + 32u * QV - 1u) / (32u * QV); // rounds
+void rotate_query(uint q0, uint lane) {
+    float x[QR][QV];
+    [[unroll]] for (uint r = 0u; r < QR; ++r)
+        [[unroll]] for (uint v = 0u; v < QV; ++v) {
+            uint i = (32u * r + lane) * QV + v;
+            float q = i < G * HDK ? qb[q0 + i] : 0.0;
+            x[r][v] = rot_neg(i % HDK) ? -q : q;
+        }
+    [[unroll]] for (uint e = 0u; e < 7u; ++e) { // len = 2^e < ROT_K <= 128
+        uint len = 1u << e;
+        if (len >= ROT_K) continue;
+        if (len < QV) {
+            [[unroll]] for (uint r = 0u; r < QR; ++r)
+                [[unroll]] for (uint v = 0u; v < QV; ++v)
+                    if ((v & len) == 0u) {
+                        precise float a = x[r][v], b = x[r][v + len];
+                        precise float su = a + b, di = a - b;
+                        x[r][v] = su;
+                        x[r][v + len] = di;
+                    }
+        } else {
+            uint o = len / QV;
+            bool upper = (lane & o) != 0u;
+            [[unroll]] for (uint r = 0u; r < QR; ++r)
+                [[unroll]] for (uint v = 0u; v < QV; ++v) {
+                    precise float y = subgroupShuffleXor(x[r][v], o);
+                    precise float su = x[r][v] + y, di = y - x[r][v];
+                    x[r][v] = upper ? di : su;
+                }
+        }
+    }
+    float sc = rot_scale(ROT_K);
+    [[unroll]] for (uint r = 0u; r < QR; ++r)
+        [[unroll]] for (uint v = 0u; v < QV; ++v) {
+            uint i = (32u * r + lane) * QV + v;
+            precise float a = x[r][v] * sc;
+            if (i < G * HDK) kv[i >> 2][i & 3u] = floatBitsToUint(a);
+        }
+}
+// the query value i (g HDK + d) of this kv head's rows: R q from kv where the keys are rotated
+float query_at(uint q0, uint i) { return ROT_K != 0u ? uintBitsToFloat(kv[i >> 2][i & 3u]) : qb[q0 + i]; }
+
 // x (|x| <= 1) as hi + lo * 2^-12 with hi a multiple of 2^-11: both exact in f16 but
 // lo's last bits
 vec2 split(float x) {
@@ -141,29 +195,48 @@ void main() {
     fetch_v(gid0, kvh, lane);
     bool vis1 = cell_at(J, c0 + TC, c1, lane, gid1);
 
-    // Q: scaled to base 2, by a power of two into (-1, 1), split hi / lo into rows of kv
+    // Q: scaled to base 2, each head's row by a power of two into (-1, 1) (its own: a row
+    // holding a NaN or an infinity, whose output is NaN, must not change the other heads'
+    // bits; kvcache.h's rule), split hi / lo into rows of kv
     uint q0 = J.q_off + kvh * G * HDK;
     const uint QP = (G * HDK / 2u + 31u) / 32u;  // pairs of query values per invocation
     vec2 qv[QP];
-    float qmax = 0.0;
+    uint qm[G];                                  // each head's largest finite |q|, as bits
+    [[unroll]] for (uint g = 0u; g < G; ++g) qm[g] = 0u;
+    if (ROT_K != 0u) {
+        rotate_query(q0, lane);
+        sync_shared();
+    }
     [[unroll]] for (uint j = 0u; j < QP; ++j) { // read once, kept in registers until split
         uint i = lane + 32u * j;
-        qv[j] = i < G * HDK / 2u ? vec2(qb[q0 + 2u * i], qb[q0 + 2u * i + 1u]) * pc.scale_log2 : vec2(0.0);
-        qmax = max(qmax, max(abs(qv[j].x), abs(qv[j].y)));
+        qv[j] = i < G * HDK / 2u ? vec2(query_at(q0, 2u * i), query_at(q0, 2u * i + 1u)) * pc.scale_log2 : vec2(0.0);
+        uvec2 a = floatBitsToUint(abs(qv[j]));   // (non-negative floats order as their bits)
+        uint mx = max(a.x < 0x7f800000u ? a.x : 0u, a.y < 0x7f800000u ? a.y : 0u);
+        [[unroll]] for (uint g = 0u; g < G; ++g)
+            if (i < G * HDK / 2u && g == (2u * i) / HDK) qm[g] = max(qm[g], mx);
     }
-    qmax = subgroupMax(qmax);
-    int qe = 0;
-    if (qmax > 0.0 && qmax < 1.0 / 0.0) frexp(qmax, qe);
-    for (uint i = lane; i < NQ * SK; i += 32u) kv[i] = uvec4(0u);
+    if (ROT_K != 0u) sync_shared(); // R q is read out of kv before it is cleared
     // 2^-qe as a float multiplies exactly where it is one (qe >= -126: every query but one
     // made of subnormals); ldexp, the general case, compiles to a long branchy sequence per
     // value (H200, 4k cells, batch 1: 15.6-15.7 -> 14.6 us)
-    float down = qe >= -126 ? uintBitsToFloat(qe <= 126 ? uint(127 - qe) << 23 : 1u << uint(149 - qe)) : 0.0;
+    int qe[G];
+    float down[G];
+    [[unroll]] for (uint g = 0u; g < G; ++g) {
+        float qmax = uintBitsToFloat(subgroupMax(qm[g]));
+        qe[g] = 0;
+        if (qmax > 0.0) frexp(qmax, qe[g]);
+        down[g] = qe[g] >= -126 ? uintBitsToFloat(qe[g] <= 126 ? uint(127 - qe[g]) << 23 : 1u << uint(149 - qe[g])) : 0.0;
+    }
+    for (uint i = lane; i < NQ * SK; i += 32u) kv[i] = uvec4(0u);
     sync_shared();
     [[unroll]] for (uint j = 0u; j < QP; ++j) {
         uint i = lane + 32u * j, g = (2u * i) / HDK, d = (2u * i) % HDK;
         if (i >= G * HDK / 2u) break;
-        vec2 q = qe >= -126 ? qv[j] * down : ldexp(qv[j], ivec2(-qe));
+        int e = 0;
+        float dn = 0.0;
+        [[unroll]] for (uint h = 0u; h < G; ++h) // (selects, not an indexed register array)
+            if (h == g) { e = qe[h]; dn = down[h]; }
+        vec2 q = e >= -126 ? qv[j] * dn : ldexp(qv[j], ivec2(-e));
         vec2 a = split(q.x), b = split(q.y);
         kv[g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.x, b.x));
         kv[(G + g) * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.y, b.y));
@@ -176,7 +249,12 @@ void main() {
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
     float m[NT], l[NT];
     [[unroll]] for (uint t = 0u; t < NT; ++t) { m[t] = NEG_INF; l[t] = 0.0; }
-    float escale = ldexp(1.0, qe);
+    float escale[NT]; // the query scalings undone: this invocation's heads hb, hb + 2, ...
+    [[unroll]] for (uint t = 0u; t < NT; ++t) {
+        escale[t] = 1.0;
+        [[unroll]] for (uint h = 0u; h < G; ++h)
+            if (h == hb + 2u * t) escale[t] = ldexp(1.0, qe[h]);
+    }
 
     sync_shared(); // everyone has read Q out of kv
     [[dont_unroll]] for (uint base = c0; base < c1; base += TC) {
@@ -220,7 +298,7 @@ void main() {
         bool above = false;
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
             uint g = hb + 2u * t, a = lc * NQ + g;
-            x[t] = vis && g < G ? (ss[a] + ss[a + G] * INV_LO) * escale : NEG_INF;
+            x[t] = vis && g < G ? (ss[a] + ss[a + G] * INV_LO) * escale[t] : NEG_INF;
             if (pc.softcap2 > 0.0 && x[t] != NEG_INF) x[t] = pc.softcap2 * tanh(x[t] / pc.softcap2); // base 2
             above = above || x[t] > m[t];
         }

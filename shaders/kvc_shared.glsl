@@ -43,7 +43,7 @@
 #define SPLIT_PAGE_CELLS 9 // cells per page
 #define SPLIT_VQ 10 // nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time
 #define SPLIT_GH 11 // attn_split_q.comp: query heads per workgroup
-#define SPLIT_ROT_K 12 // rotated keys: the rotation's block, q rotated as it is loaded (0: none; not attn_split_cm.comp)
+#define SPLIT_ROT_K 12 // rotated keys: the rotation's block, q rotated as it is loaded (0: none)
 // of attn_merge.comp
 #define MERGE_HDV 0 // head dim of V
 #define MERGE_N_HEADS 1 // query heads
