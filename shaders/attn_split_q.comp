@@ -7,8 +7,8 @@
 // one: invocation t reads 16 values of a head row (q8_0: 16 bytes, q4_0: 8 bytes) of K and
 // of V, segment s = t % NSEG of cell t / NSEG of each load row (CPR cells a row); a tile
 // is TR such rows (TILE cells), its loads issued a tile before they are used (its V codes
-// copied into the invocation's own shared memory as the weighted values start, so the next
-// tile's V loads go out before, not after, them). Per tile:
+// copied into the invocation's own shared memory as the tile starts, so the next tile's K
+// and V loads go out together, after this tile's scores). Per tile:
 //   scores   each invocation's packed 8-bit dot products of its K segments with the
 //            query's q8_0 codes (as the CPU scores block-typed keys; q4_0: nibbles, less 8
 //            times the codes' sum), exact integers, into shared memory; then the owner of
@@ -330,11 +330,14 @@ void main() {
 
     uint c0 = split * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
     // Software-pipelined: the next tile's cells are looked up before this tile's scores,
-    // its K codes and scales loaded once this tile's K scales are used, its V codes and
-    // scales once this tile's V codes are copied out (vst), so a tile's loads wait behind a
-    // tile's work. (H100, q8_0 at 128k cells batch 8: 1036 us against 1203 with the V loads
-    // after the values; K staged the same way as well, with the cells looked up two tiles
-    // ahead: 2211 us. q4_0 tiles of 16 rows, two rows' codes to a uvec4 in vst: 2.3x slower)
+    // its K and V codes and scales loaded once this tile's K scales are used (this tile's
+    // V codes copied out to vst and its V scales to vhc before), so a tile's loads wait
+    // behind a tile's work. (H100, q8_0 at 128k cells batch 8: 1036 us against 1203 with
+    // the V loads after the values; K staged the same way as well, with the cells looked up
+    // two tiles ahead: 2211 us. q4_0 tiles of 16 rows, two rows' codes to a uvec4 in vst
+    // or in a register: 2.3x / 2.6x slower (H200, the second 244 registers, no spills
+    // reported). One extra load a tile, of a word of the codes three tiles ahead to warm
+    // L2: 1.25-1.3x slower at every shape, as much with every lane's word the same one.)
     cells_at(J, c0, c1, 0u, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
     barrier();
     fetch_k(0u);
@@ -342,6 +345,12 @@ void main() {
     uint buf = 0u;
     [[dont_unroll]] for (uint base = c0; base < c1; base += TILE) { // uniform trip count
         bool more = base + TILE < c1;
+        // this tile's V codes, out of the registers the next tile's are loaded into (no
+        // barrier: each invocation reads only its own entries; q4_0: two rows to an entry)
+        [[unroll]] for (uint j = 0u; j < TR; ++j) {
+            if (TYPE_V == T_Q8_0) vst[j * 32u + t] = vx[j];
+            else if ((j & 1u) == 1u) vst[(j / 2u) * 32u + t] = uvec4(vx[j - 1u].xy, vx[j].xy);
+        }
         if (more) cells_at(J, base + TILE, c1, (buf ^ 1u) * TILE, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
         // the segments' integer sums
         [[unroll]] for (uint j = 0u; j < TR; ++j) {
@@ -377,7 +386,15 @@ void main() {
                 mx[g] = max(mx[g], sc[o][g]);
             }
         }
-        if (more) fetch_k((buf ^ 1u) * TILE);
+        // the next tile's K and V codes and scales, issued together once this tile's K scales
+        // are used (H200, 128k cells batch 8: q8_0 1024.5 -> 990.2 us, q4_0 1044.8 -> 976.3,
+        // against K here and V after the weights)
+        uint vhc[OWN][NB / 2u]; // this tile's V scales, for its weights
+        [[unroll]] for (uint o = 0u; o < OWN; ++o) [[unroll]] for (uint b = 0u; b < NB / 2u; ++b) vhc[o][b] = vh[o][b];
+        if (more) {
+            fetch_k((buf ^ 1u) * TILE);
+            fetch_v((buf ^ 1u) * TILE);
+        }
         all_reduce(mx, true);
         bool moved = false;
         [[unroll]] for (uint g = 0u; g < GH; ++g) moved = moved || mx[g] > m[g];
@@ -401,20 +418,13 @@ void main() {
                 l[g] += p[g];
             }
             [[unroll]] for (uint b = 0u; b < NB; ++b) {
-                float dv = h2f((vh[o][b / 2u] >> (16u * (b & 1u))) & 0xffffu);
+                float dv = h2f((vhc[o][b / 2u] >> (16u * (b & 1u))) & 0xffffu);
                 // a masked cell's row may hold anything: its weights are zeros, not products
                 wdv[c * NB + b] = vis ? vec4(p[0], p[1], p[2], p[3]) * dv : vec4(0.0);
             }
         }
         barrier();
-        // the weighted values, of this tile's V codes copied out of the registers the next
-        // tile's are loaded into (no barrier: each invocation reads only its own)
-        // (q4_0: two rows' 8-byte codes to an entry)
-        [[unroll]] for (uint j = 0u; j < TR; ++j) {
-            if (TYPE_V == T_Q8_0) vst[j * 32u + t] = vx[j];
-            else if ((j & 1u) == 1u) vst[(j / 2u) * 32u + t] = uvec4(vx[j - 1u].xy, vx[j].xy);
-        }
-        if (more) fetch_v((buf ^ 1u) * TILE);
+        // the weighted values
         [[unroll]] for (uint j = 0u; j < TR; ++j) {
             vec4 wd = wdv[(j * CPR + r) * NB + s / 2u];
             uvec4 vxj = vst[(TYPE_V == T_Q8_0 ? j : j / 2u) * 32u + t];
