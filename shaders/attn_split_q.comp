@@ -194,6 +194,39 @@ void fetch_v(uint at) {
     }
 }
 
+// this invocation's query words (q8_0: the 16 codes of segment s; q4_0: the 8 codes of
+// the low nibbles, values 8 (s % 2) .. of block s / 2, and the 8 of the high ones, 16 on)
+// and, for q4_0 keys, 8 x their sum (the codes' offset)
+uint qw[GH][4];
+int qbias[GH];
+
+// A tile's integer sums of this invocation's K segments with the query, into psum.
+void tile_sums() {
+    uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
+    [[unroll]] for (uint j = 0u; j < TR; ++j) {
+        int is[4] = int[4](0, 0, 0, 0);
+        [[unroll]] for (uint g = 0u; g < GH; ++g) {
+            if (TYPE_K == T_Q8_0)
+                is[g] = sdot(kx[j].x, qw[g][0]) + sdot(kx[j].y, qw[g][1]) + sdot(kx[j].z, qw[g][2]) + sdot(kx[j].w, qw[g][3]);
+            else
+                is[g] = sdot(kx[j].x & 0x0f0f0f0fu, qw[g][0]) + sdot(kx[j].y & 0x0f0f0f0fu, qw[g][1]) +
+                        sdot((kx[j].x >> 4) & 0x0f0f0f0fu, qw[g][2]) + sdot((kx[j].y >> 4) & 0x0f0f0f0fu, qw[g][3]) - qbias[g];
+        }
+        uint c = j * CPR + r;
+        psum[c * NSEG + (s ^ (c % NSEG))] = ivec4(is[0], is[1], is[2], is[3]);
+    }
+}
+// A tile's V codes, out of the registers the next tile's are loaded into, into this
+// invocation's own entries of vst (no barrier: it alone reads them; q4_0: two rows to an
+// entry).
+void stage_v() {
+    uint t = gl_LocalInvocationID.x;
+    [[unroll]] for (uint j = 0u; j < TR; ++j) {
+        if (TYPE_V == T_Q8_0) vst[j * 32u + t] = vx[j];
+        else if ((j & 1u) == 1u) vst[(j / 2u) * 32u + t] = uvec4(vx[j - 1u].xy, vx[j].xy);
+    }
+}
+
 float qsf(uint i) { return uintBitsToFloat(vst[i >> 2][i & 3u]); } // the query, before the loop
 
 #if USE_SUBGROUP
@@ -296,10 +329,7 @@ void main() {
         qsc[b] = h2f(f2h(d)) * pc.scale_log2;
     }
     barrier();
-    // this invocation's query words: q8_0, the 16 codes of segment s; q4_0, the 8 codes of
-    // the low nibbles (values 8 (s % 2) .. of block s / 2) and the 8 of the high ones (16 on)
-    uint qw[GH][4];
-    int qbias[GH];
+    // this invocation's query words (qw, qbias)
     [[unroll]] for (uint g = 0u; g < GH; ++g) {
         uint w0 = g * HD / 4u + 8u * (s / 2u);
         if (TYPE_K == T_Q8_0) {
@@ -345,26 +375,14 @@ void main() {
     uint buf = 0u;
     [[dont_unroll]] for (uint base = c0; base < c1; base += TILE) { // uniform trip count
         bool more = base + TILE < c1;
-        // this tile's V codes, out of the registers the next tile's are loaded into (no
-        // barrier: each invocation reads only its own entries; q4_0: two rows to an entry)
-        [[unroll]] for (uint j = 0u; j < TR; ++j) {
-            if (TYPE_V == T_Q8_0) vst[j * 32u + t] = vx[j];
-            else if ((j & 1u) == 1u) vst[(j / 2u) * 32u + t] = uvec4(vx[j - 1u].xy, vx[j].xy);
-        }
+        // the segments' integer sums and this tile's V codes staged, around the next tile's
+        // cell lookups: in this order for q8_0 K and V, sums last otherwise (H100, 128k cells
+        // batch 8: q8_0 953.6-960.1 -> 917.2-924.0 us, but q4_0 967.2-973.7 -> 1010.2-1015.7;
+        // cells, sums, V: 978 / 984-985; V, sums, cells: 938-947 / 1013-1021)
+        bool q8_order = TYPE_K == T_Q8_0 && TYPE_V == T_Q8_0;
+        if (q8_order) tile_sums(); else stage_v();
         if (more) cells_at(J, base + TILE, c1, (buf ^ 1u) * TILE, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
-        // the segments' integer sums
-        [[unroll]] for (uint j = 0u; j < TR; ++j) {
-            int is[4] = int[4](0, 0, 0, 0);
-            [[unroll]] for (uint g = 0u; g < GH; ++g) {
-                if (TYPE_K == T_Q8_0)
-                    is[g] = sdot(kx[j].x, qw[g][0]) + sdot(kx[j].y, qw[g][1]) + sdot(kx[j].z, qw[g][2]) + sdot(kx[j].w, qw[g][3]);
-                else
-                    is[g] = sdot(kx[j].x & 0x0f0f0f0fu, qw[g][0]) + sdot(kx[j].y & 0x0f0f0f0fu, qw[g][1]) +
-                            sdot((kx[j].x >> 4) & 0x0f0f0f0fu, qw[g][2]) + sdot((kx[j].y >> 4) & 0x0f0f0f0fu, qw[g][3]) - qbias[g];
-            }
-            uint c = j * CPR + r;
-            psum[c * NSEG + (s ^ (c % NSEG))] = ivec4(is[0], is[1], is[2], is[3]);
-        }
+        if (q8_order) stage_v(); else tile_sums();
         barrier(); // psum, and the next tile's cells
         // the owners' scores
         float sc[OWN][GH], mx[GH];
