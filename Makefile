@@ -39,7 +39,7 @@ CHECK_TESTS = $(filter-out $(if $(filter 1,$(VK)),,test_vk),$(basename $(notdir 
 FUZZ_NAMES = $(patsubst fuzz/fuzz_%.c,%,$(filter-out fuzz/fuzz_replay.c,$(wildcard fuzz/fuzz_*.c)))
 # the fuzz replays first: their program (every target in one unit) takes longest to build
 CHECK_LOGS = $(FUZZ_NAMES:%=$(CHECK)/fuzz-%.log) $(CHECK_TESTS:%=$(CHECK)/%.log)
-TEST_DEPS = kvcache.h kvcache_vk.h $(wildcard tests/*.h)
+TEST_DEPS = kvcache.h kvcache_vk.h $(wildcard tests/*.h fuzz/*.c fuzz/*.h) # some tests run a fuzz engine
 FUZZ_DEPS = kvcache.h $(wildcard fuzz/*.c fuzz/*.h) tests/ref_model.h tests/load_fixture.h
 
 check:

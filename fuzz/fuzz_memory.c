@@ -884,7 +884,12 @@ static void fm_op_config(fm_world *w) {
         if (fm_min_bytes(&mc) > mc.budget_bytes) wf = "budget_bytes";
         else want = KVC_OK;
         break;
-    case 15: mc.budget_bytes = fm_min_bytes(&mc) - 1 - (size_t)fuzz_int(&w->in, 0, 7); wf = "budget_bytes"; break;
+    case 15: { /* below the minimum (0 where the minimum is a few bytes: no wrap-around) */
+        size_t need = fm_min_bytes(&mc), less = 1 + (size_t)fuzz_int(&w->in, 0, 7);
+        mc.budget_bytes = need > less ? need - less : 0;
+        wf = "budget_bytes";
+        break;
+    }
     default: /* a policy kvc_cache_create refuses */
         /* kvc_memory_config_check checks a group's policy as kvc_cache_create does
            (ROTATING window 0, sinks >= window, a RECURRENT window, a FULL window) */
