@@ -91,17 +91,20 @@ uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 #include "kvc_types.glsl"
 #include "attn_common.glsl"
 #include "kvc_rotation.glsl"
-#define QS_PUT(j, v) vst[(j) >> 2][(j) & 3u] = floatBitsToUint(v) // for ROT_BUTTERFLIES
+#define QS_PUT(j, v) psum[(j) >> 2][(j) & 3u] = floatBitsToInt(v) // for ROT_BUTTERFLIES
 
-shared uint qc[GH * HD / 4u];
-shared float qsc[GH * NB];
-shared uvec4 caddr[2u * TILE];     // this tile's and the next one's cells: byte offsets of
-shared bool viss[2u * TILE];       // their K and V codes and scales; visible?
-shared ivec4 psum[TILE * NSEG];    // [cell][segment ^ (cell % NSEG)]: integer sums of GH heads
+// Shared memory sets how many of these workgroups a multiprocessor runs: past about 12 KB a
+// workgroup the driver runs fewer (H200, 128k cells batch 8: 12096 bytes 967 us, 14144 1373,
+// 20288 1817, 28480 3572; head dim 64 at 13088 bytes ran 1.3-1.6x slower than at 11264). So
+// nothing is kept here that registers or another array can hold: the query's prologue uses
+// psum, and the scales and visibility of a tile's cells stay with their owners.
+shared uvec2 caddr[2u * TILE];     // this tile's and the next one's cells: byte offsets of their K and V codes
+// [cell][segment ^ (cell % NSEG)]: integer sums of GH heads; before the loop, the query's
+// floats (GH * HD <= 4 * 32 TR), then its q8_0 codes and scales (qcw, qscf)
+shared ivec4 psum[TILE * NSEG];
 shared vec4 wdv[TILE * NB];        // [cell][block]: weight x V scale of GH heads
-// [row][invocation]: each invocation's own copy of a tile's V codes; before the loop, the
-// query's floats (GH * HD <= 4 * 32 TR)
-shared uvec4 vst[TR * 32u];
+// [row][invocation]: each invocation's own copy of a tile's V codes (q4_0: two rows an entry)
+shared uvec4 vst[TYPE_V == T_Q8_0 ? TR * 32u : TR * 16u];
 #if !USE_SUBGROUP
 shared float red[32u * GH];
 #endif
@@ -149,21 +152,24 @@ void row_sum(inout float v[GH]) {
 float q8f(uint wb, uint k) { return uintBitsToFloat(0x4b000000u | bitfieldExtract(wb, int(8u * k), 8)) - 8388736.0; }
 float q4b(uint wb, uint k) { return uintBitsToFloat(0x4b000000u | bitfieldExtract(wb, int(8u * k), 8)) - 8388616.0; }
 
-// The cells [base, base + TILE) of the view into caddr / viss from `at`: where their codes
-// and scales are (a cell the query may not see: cell 0 of page 0, its weights zeros).
+// The cells [base, base + TILE) of the view: where their codes are, into caddr from `at`;
+// where the scales of the cells this invocation owns are, and whether the query sees them,
+// into its registers (only the owner reads them). A cell the query may not see: cell 0 of
+// page 0, its weights zeros.
+uint kso[OWN], vso[OWN]; // the next tile's owned cells: byte offsets of their K and V scales
+bool seen_next[OWN], seen[OWN]; // visible? (the next tile's, this tile's)
 void cells_at(Job J, uint base, uint c1, uint at, uint kcb, uint vcb, uint kpage, uint vpage, uint kcode0, uint vcode0,
               uint kscl0, uint vscl0) {
     [[unroll]] for (uint o = 0u; o < OWN; ++o) {
         uint c = gl_LocalInvocationID.x + 32u * o;
-        if (c < TILE) {
-            uint vi = base + c, gid = 0u;
-            bool vis = vi < c1 && cell_visible(J, vi, PAGE_CELLS, gid);
-            gid = vis ? gid : 0u;
-            uint page = gid / PAGE_CELLS, slot = gid % PAGE_CELLS;
-            caddr[at + c] = uvec4(page * kpage + kcode0 + slot * kcb, page * vpage + vcode0 + slot * vcb,
-                                  page * kpage + kscl0 + slot * (HD / 16u), page * vpage + vscl0 + slot * (HD / 16u));
-            viss[at + c] = vis;
-        }
+        uint vi = base + c, gid = 0u;
+        bool vis = c < TILE && vi < c1 && cell_visible(J, vi, PAGE_CELLS, gid);
+        gid = vis ? gid : 0u;
+        uint page = gid / PAGE_CELLS, slot = gid % PAGE_CELLS;
+        if (c < TILE) caddr[at + c] = uvec2(page * kpage + kcode0 + slot * kcb, page * vpage + vcode0 + slot * vcb);
+        kso[o] = page * kpage + kscl0 + slot * (HD / 16u);
+        vso[o] = page * vpage + vscl0 + slot * (HD / 16u);
+        seen_next[o] = vis;
     }
 }
 // A tile's K (V) codes of this invocation's segments, and its owned cells' K (V) scales.
@@ -176,10 +182,8 @@ void fetch_k(uint at) {
         if (TYPE_K == T_Q8_0) kx[j] = kb[(a >> 4) + s];
         else { uvec2 x = kd[(a >> 3) + s]; kx[j] = uvec4(x, 0u, 0u); }
     }
-    [[unroll]] for (uint o = 0u; o < OWN; ++o) {
-        uint a = caddr[at + min(t + 32u * o, TILE - 1u)].z;
-        [[unroll]] for (uint b = 0u; b < NB / 2u; ++b) kh[o][b] = kw[(a >> 2) + b];
-    }
+    [[unroll]] for (uint o = 0u; o < OWN; ++o)
+        [[unroll]] for (uint b = 0u; b < NB / 2u; ++b) kh[o][b] = kw[(kso[o] >> 2) + b];
 }
 void fetch_v(uint at) {
     uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
@@ -188,10 +192,8 @@ void fetch_v(uint at) {
         if (TYPE_V == T_Q8_0) vx[j] = vb[(a >> 4) + s];
         else { uvec2 x = vd[(a >> 3) + s]; vx[j] = uvec4(x, 0u, 0u); }
     }
-    [[unroll]] for (uint o = 0u; o < OWN; ++o) {
-        uint a = caddr[at + min(t + 32u * o, TILE - 1u)].w;
-        [[unroll]] for (uint b = 0u; b < NB / 2u; ++b) vh[o][b] = vw[(a >> 2) + b];
-    }
+    [[unroll]] for (uint o = 0u; o < OWN; ++o)
+        [[unroll]] for (uint b = 0u; b < NB / 2u; ++b) vh[o][b] = vw[(vso[o] >> 2) + b];
 }
 
 // this invocation's query words (q8_0: the 16 codes of segment s; q4_0: the 8 codes of
@@ -227,10 +229,14 @@ void stage_v() {
     }
 }
 
-float qsf(uint i) { return uintBitsToFloat(vst[i >> 2][i & 3u]); } // the query, before the loop
+// the query before the loop, in psum: value i as a float; then, each block of 32 rounded in
+// place, word wi of its q8_0 codes and block b's scale (the first 9 words of the block's 32)
+float qsf(uint i) { return intBitsToFloat(psum[i >> 2][i & 3u]); }
+uint qcw(uint wi) { uint b = wi / 8u, w = wi % 8u; return uint(psum[8u * b + w / 4u][w % 4u]); }
+float qscf(uint b) { return intBitsToFloat(psum[8u * b + 2u].x); }
 
 #if USE_SUBGROUP
-// R q of the GH heads' query rows (from qb at qoff) into vst, in registers: invocation t
+// R q of the GH heads' query rows (from qb at qoff) into psum, in registers: invocation t
 // loads values t QV .. t QV + QV - 1 of each row, signs on; a butterfly pair closer than QV
 // is its own, a farther one spans lanes t and t ^ (len / QV) (the lower of the pair keeps
 // a + b, the upper a - b: the same operations as kvc_rotate_rows, so the same bits). Every
@@ -278,7 +284,7 @@ void rotate_query_subgroup(uint qoff, uint h0) {
         [[unroll]] for (uint v = 0u; v < QV; ++v) {
             uint i = g * HD + t * QV + v;
             precise float a = x[g][v] * r;
-            vst[i >> 2][i & 3u] = floatBitsToUint(a);
+            psum[i >> 2][i & 3u] = floatBitsToInt(a);
         }
 }
 #endif
@@ -300,7 +306,7 @@ void main() {
 #endif
         for (uint i = t; i < GH * HD; i += 32u) {
             float x = h0 + i / HD < G ? qb[qoff + i] : 0.0;
-            vst[i >> 2][i & 3u] = floatBitsToUint(ROT_K != 0u && rot_neg(i % HD) ? -x : x);
+            psum[i >> 2][i & 3u] = floatBitsToInt(ROT_K != 0u && rot_neg(i % HD) ? -x : x);
         }
     barrier();
 #if !USE_SUBGROUP
@@ -309,7 +315,7 @@ void main() {
         float r = rot_scale(ROT_K);
         for (uint i = t; i < GH * HD; i += 32u) {
             precise float a = qsf(i) * r;
-            vst[i >> 2][i & 3u] = floatBitsToUint(a);
+            psum[i >> 2][i & 3u] = floatBitsToInt(a);
         }
         barrier();
     }
@@ -318,25 +324,30 @@ void main() {
         float amax = 0.0;
         for (uint j = 0u; j < 32u; ++j) amax = max(amax, abs(qsf(32u * b + j)));
         float d = div_rn(amax, 127.0), id = d != 0.0 ? div_rn(1.0, d) : 0.0;
-        for (uint w = 0u; w < 8u; ++w) {
+        uint pk[8];
+        [[unroll]] for (uint w = 0u; w < 8u; ++w) {
             uint packed = 0u;
             for (uint c = 0u; c < 4u; ++c) {
                 int code = clamp(int(roundEven(qsf(32u * b + 4u * w + c) * id)), -127, 127);
                 packed |= (uint(code) & 0xffu) << (8u * c);
             }
-            qc[8u * b + w] = packed;
+            pk[w] = packed;
         }
-        qsc[b] = h2f(f2h(d)) * pc.scale_log2;
+        // in place: block b's codes and scale over its own floats (only this invocation reads
+        // those; the codes are packed in registers first)
+        psum[8u * b] = ivec4(pk[0], pk[1], pk[2], pk[3]);
+        psum[8u * b + 1u] = ivec4(pk[4], pk[5], pk[6], pk[7]);
+        psum[8u * b + 2u].x = floatBitsToInt(h2f(f2h(d)) * pc.scale_log2);
     }
     barrier();
     // this invocation's query words (qw, qbias)
     [[unroll]] for (uint g = 0u; g < GH; ++g) {
         uint w0 = g * HD / 4u + 8u * (s / 2u);
         if (TYPE_K == T_Q8_0) {
-            [[unroll]] for (uint k = 0u; k < 4u; ++k) qw[g][k] = qc[w0 + 4u * (s & 1u) + k];
+            [[unroll]] for (uint k = 0u; k < 4u; ++k) qw[g][k] = qcw(w0 + 4u * (s & 1u) + k);
         } else {
             uint lo = w0 + 2u * (s & 1u);
-            qw[g][0] = qc[lo]; qw[g][1] = qc[lo + 1u]; qw[g][2] = qc[lo + 4u]; qw[g][3] = qc[lo + 5u];
+            qw[g][0] = qcw(lo); qw[g][1] = qcw(lo + 1u); qw[g][2] = qcw(lo + 4u); qw[g][3] = qcw(lo + 5u);
         }
         int qsum = 0;
         [[unroll]] for (uint k = 0u; k < 4u; ++k) qsum += sdot(qw[g][k], 0x01010101u);
@@ -344,7 +355,7 @@ void main() {
     }
     // the owner's query scales (d_q x scale_log2), [head][block]
     float qf[GH][NB];
-    [[unroll]] for (uint g = 0u; g < GH; ++g) [[unroll]] for (uint b = 0u; b < NB; ++b) qf[g][b] = qsc[g * NB + b];
+    [[unroll]] for (uint g = 0u; g < GH; ++g) [[unroll]] for (uint b = 0u; b < NB; ++b) qf[g][b] = qscf(g * NB + b);
 
     const uint kcb = TYPE_K == T_Q8_0 ? HD : HD / 2u, vcb = TYPE_V == T_Q8_0 ? HD : HD / 2u;
     // page p's planes: codes at p * P * row, scales after the P * KV_HEADS code rows
@@ -365,8 +376,8 @@ void main() {
     // behind a tile's work. (H100, q8_0 at 128k cells batch 8: 1036 us against 1203 with
     // the V loads after the values; K staged the same way as well, with the cells looked up
     // two tiles ahead: 2211 us. q4_0 tiles of 16 rows, two rows' codes to a uvec4 in vst
-    // or in a register: 2.3x / 2.6x slower (H200, the second 244 registers, no spills
-    // reported). One extra load a tile, of a word of the codes three tiles ahead to warm
+    // or in a register: 2.3x / 2.6x slower (H200; those three needed 16-20 KB of shared
+    // memory, past the limit above). One extra load a tile, of a word of the codes three tiles ahead to warm
     // L2: 1.25-1.3x slower at every shape, as much with every lane's word the same one.)
     cells_at(J, c0, c1, 0u, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
     barrier();
@@ -375,6 +386,7 @@ void main() {
     uint buf = 0u;
     [[dont_unroll]] for (uint base = c0; base < c1; base += TILE) { // uniform trip count
         bool more = base + TILE < c1;
+        [[unroll]] for (uint o = 0u; o < OWN; ++o) seen[o] = seen_next[o];
         // the segments' integer sums and this tile's V codes staged, around the next tile's
         // cell lookups: in this order for q8_0 K and V, sums last otherwise (H100, 128k cells
         // batch 8: q8_0 953.6-960.1 -> 917.2-924.0 us, but q4_0 967.2-973.7 -> 1010.2-1015.7;
@@ -389,7 +401,7 @@ void main() {
         [[unroll]] for (uint g = 0u; g < GH; ++g) mx[g] = NEG_INF;
         [[unroll]] for (uint o = 0u; o < OWN; ++o) {
             uint c = min(t + 32u * o, TILE - 1u);
-            bool vis = t + 32u * o < TILE && viss[buf * TILE + c];
+            bool vis = seen[o];
             float v[GH];
             [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = 0.0;
             [[unroll]] for (uint b = 0u; b < NB; ++b) {
@@ -429,7 +441,7 @@ void main() {
         [[unroll]] for (uint o = 0u; o < OWN; ++o) {
             uint c = t + 32u * o;
             if (c >= TILE) continue;
-            bool vis = viss[buf * TILE + c];
+            bool vis = seen[o];
             float p[4] = float[4](0.0, 0.0, 0.0, 0.0);
             [[unroll]] for (uint g = 0u; g < GH; ++g) {
                 p[g] = vis ? exp2(sc[o][g] - m[g]) : 0.0;
