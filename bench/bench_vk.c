@@ -1,8 +1,8 @@
 /* bench_vk.c - Vulkan decode attention over the cache, next to a plain Vulkan copy kernel.
 
-   Decode: 32 query heads / 8 kv heads, head dim 128, one query token per sequence,
-   `batch` sequences (each a FULL cache of `cells` tokens, one kvc_vk_cmd_attention_batch
-   call), storage f16 and q8_0. Times come from GPU timestamps around `reps` calls
+   Decode: 32 query heads / 8 kv heads, head dim 128 (--hd 64 or 256: others), one query token
+   per sequence, `batch` sequences (each a FULL cache of `cells` tokens, one
+   kvc_vk_cmd_attention_batch call), storage f16 and q8_0. Times come from GPU timestamps around `reps` calls
    recorded back to back (each call: split-K pass, barrier, merge pass), medians of 5
    such runs. GB/s counts the K+V bytes the call must read (the stored bytes). The copy
    kernel (kvc_vk_cmd_copy, 1 GiB -> 1 GiB) gives the device's bandwidth, read + write
@@ -15,7 +15,7 @@
 
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
    usage: bench_vk [--cells 4096,32768,131072] [--batch 1,8] [--types f16,q8_0,q8_0+rot] [--reps 50]
-                   [--splits n (max split-K chunks)] [--no-copy]
+                   [--splits n (max split-K chunks)] [--hd 128] [--no-copy]
    bench/bench_vk.sh runs it with PyTorch's scaled_dot_product_attention beside it. */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #define KVCACHE_IMPLEMENTATION
@@ -46,8 +46,10 @@ int main(void) {
 
 #define HQ 32
 #define HKV 8
-#define HD 128
+#define HD_MAX 256
 #define CHUNK 8192 /* tokens appended per call while filling */
+
+static int g_hd = 128; /* head dim of K and V (--hd) */
 
 static kvc_vk_context *ctx;
 static const kvc_vk_functions *fn;
@@ -168,42 +170,42 @@ static void record_attn(VkCommandBuffer cmd, void *user) {
     CHECK(kvc_vk_cmd_attention_batch(j->pool, cmd, 0, j->items, j->n));
 }
 
-/* one stored row of HD values as attention sees it: quantised (rotated first, and back after,
-   where the storage is rotated) */
+/* one stored row of g_hd (head dim) values as attention sees it: quantised (rotated first, and
+   back after, where the storage is rotated) */
 static void stored(const kvc__type_info *ti, int rot, const float *x, float *y) {
-    unsigned char row[HD * 4];
-    float t[HD];
+    unsigned char row[HD_MAX * 4];
+    float t[HD_MAX];
     memcpy(t, x, sizeof(t));
-    if (rot) kvc_rotate_rows(t, HD, 1, 0);
-    ti->from_f32(t, row, HD);
-    ti->to_f32(row, y, HD);
-    if (rot) kvc_rotate_rows(y, HD, 1, 1);
+    if (rot) kvc_rotate_rows(t, g_hd, 1, 0);
+    ti->from_f32(t, row, g_hd);
+    ti->to_f32(row, y, g_hd);
+    if (rot) kvc_rotate_rows(y, g_hd, 1, 1);
 }
 
 /* attention of query head group 0 of sequence 0 over the stored values, in double */
 static double check_one(kvc_type type, int rot, const float *kin, const float *vin, int32_t cells, const float *q,
                         const float *out) {
     const kvc__type_info *ti = &kvc__types[type];
-    float kf[HD], vf[HD];
+    float kf[HD_MAX], vf[HD_MAX];
     double worst = 0;
     int g;
     for (g = 0; g < HQ / HKV; ++g) {
-        double m = -1e300, sum = 0, acc[HD], scale = 1.0 / sqrt((double)HD);
+        double m = -1e300, sum = 0, acc[HD_MAX], scale = 1.0 / sqrt((double)g_hd);
         int32_t t, i;
-        for (i = 0; i < HD; ++i) acc[i] = 0;
+        for (i = 0; i < g_hd; ++i) acc[i] = 0;
         for (t = 0; t < cells; ++t) { /* token t holds input row t % CHUNK, kv head 0 */
             double s = 0, w;
-            stored(ti, rot, kin + (size_t)(t % CHUNK) * HKV * HD, kf);
-            for (i = 0; i < HD; ++i) s += (double)q[g * HD + i] * kf[i];
+            stored(ti, rot, kin + (size_t)(t % CHUNK) * HKV * g_hd, kf);
+            for (i = 0; i < g_hd; ++i) s += (double)q[g * g_hd + i] * kf[i];
             s *= scale;
-            if (s > m) { double r = exp(m - s); sum *= r; for (i = 0; i < HD; ++i) acc[i] *= r; m = s; }
+            if (s > m) { double r = exp(m - s); sum *= r; for (i = 0; i < g_hd; ++i) acc[i] *= r; m = s; }
             w = exp(s - m);
             sum += w;
-            stored(ti, rot, vin + (size_t)(t % CHUNK) * HKV * HD, vf);
-            for (i = 0; i < HD; ++i) acc[i] += w * vf[i];
+            stored(ti, rot, vin + (size_t)(t % CHUNK) * HKV * g_hd, vf);
+            for (i = 0; i < g_hd; ++i) acc[i] += w * vf[i];
         }
-        for (i = 0; i < HD; ++i) {
-            double e = fabs(acc[i] / sum - out[g * HD + i]);
+        for (i = 0; i < g_hd; ++i) {
+            double e = fabs(acc[i] / sum - out[g * g_hd + i]);
             if (e > worst) worst = e;
         }
     }
@@ -227,7 +229,7 @@ int main(int argc, char **argv) {
     kvc_vk_device_options o;
     kvc_vk_buffer kin_buf, vin_buf, q_buf, out_buf, copy_a, copy_b;
     float *kin, *vin, *qh;
-    size_t in_elems = (size_t)CHUNK * HKV * HD;
+    size_t in_elems;
     kvc_pool_config pc;
     kvc_vk_pool *copy_pool;
     double copy_us, copy_gbs;
@@ -239,9 +241,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--types") && ai + 1 < argc) type_arg = argv[++ai];
         else if (!strcmp(argv[ai], "--reps") && ai + 1 < argc) reps = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--splits") && ai + 1 < argc) groups = atoi(argv[++ai]);
+        else if (!strcmp(argv[ai], "--hd") && ai + 1 < argc) g_hd = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--no-copy")) no_copy = 1;
-        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--no-copy]\n"); return 2; }
+        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy]\n"); return 2; }
     }
+    if (g_hd != 64 && g_hd != 128 && g_hd != 256) { fprintf(stderr, "bench_vk: --hd: 64, 128 or 256\n"); return 2; }
+    in_elems = (size_t)CHUNK * HKV * g_hd;
     { /* the types in the order given; NAME+rot: rotated storage */
         const char *a = type_arg;
         while (*a && n_types < 16) {
@@ -272,11 +277,11 @@ int main(int argc, char **argv) {
         reps = 2;
         printf("bench_vk: a CPU device: one small shape only (pass sizes to override)\n");
     }
-    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d, bounds checks off %d, integer dot %d), %d reps per timing, medians of 5\n",
+    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d, bounds checks off %d, integer dot %d), head dim %d, %d reps per timing, medians of 5\n",
            info.device_name, VK_API_VERSION_MAJOR(info.api_version), VK_API_VERSION_MINOR(info.api_version),
            info.subgroup_size, (info.active_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) != 0,
            (info.active_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) != 0,
-           (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0, reps);
+           (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0, g_hd, reps);
 
     /* inputs: one chunk of K and V rows (f32), repeated through every cache */
     kin = (float *)malloc(sizeof(float) * in_elems * 2);
@@ -286,11 +291,11 @@ int main(int argc, char **argv) {
     CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * in_elems, 0, &vin_buf));
     CHECK(kvc_vk_upload(ctx, kin_buf.buffer, 0, kin, sizeof(float) * in_elems));
     CHECK(kvc_vk_upload(ctx, vin_buf.buffer, 0, vin, sizeof(float) * in_elems));
-    qh = (float *)malloc(sizeof(float) * 8 * HQ * HD * 2);
-    for (ai = 0; ai < 8 * HQ * HD; ++ai) qh[ai] = frand();
-    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * HD, 1, &q_buf));
-    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * HD, 1, &out_buf));
-    memcpy(q_buf.mapped, qh, sizeof(float) * 8 * HQ * HD);
+    qh = (float *)malloc(sizeof(float) * 8 * HQ * g_hd * 2);
+    for (ai = 0; ai < 8 * HQ * g_hd; ++ai) qh[ai] = frand();
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * g_hd, 1, &q_buf));
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * g_hd, 1, &out_buf));
+    memcpy(q_buf.mapped, qh, sizeof(float) * 8 * HQ * g_hd);
 
     /* the copy kernel: 1 GiB -> 1 GiB */
     kvc_pool_config_init(&pc);
@@ -326,7 +331,7 @@ int main(int argc, char **argv) {
                 VkCommandBuffer cmd;
                 if (batch > 8) batch = 8;
                 kvc_pool_config_init(&pc);
-                pc.n_layers = 1; pc.n_kv_heads = HKV; pc.head_dim_k = pc.head_dim_v = HD;
+                pc.n_layers = 1; pc.n_kv_heads = HKV; pc.head_dim_k = pc.head_dim_v = g_hd;
                 pc.type_k = pc.type_v = types[ti];
                 pc.rotate = rots[ti] ? KVC_ROTATE_K | KVC_ROTATE_V : 0u;
                 pc.page_cells = 256;
@@ -358,9 +363,9 @@ int main(int argc, char **argv) {
                     items[s].desc.n_queries = 1;
                     items[s].desc.n_heads = HQ;
                     items[s].desc.q.buffer = q_buf.buffer;
-                    items[s].desc.q.offset = (VkDeviceSize)s * HQ * HD * 4;
+                    items[s].desc.q.offset = (VkDeviceSize)s * HQ * g_hd * 4;
                     items[s].desc.out.buffer = out_buf.buffer;
-                    items[s].desc.out.offset = (VkDeviceSize)s * HQ * HD * 4;
+                    items[s].desc.out.offset = (VkDeviceSize)s * HQ * g_hd * 4;
                 }
                 aj.pool = vp; aj.items = items; aj.n = batch;
                 us = time_gpu(record_attn, &aj, reps, &spread);
