@@ -2,9 +2,9 @@
 
    Decode: 32 query heads / 8 kv heads, head dim 128 (--hd 64 or 256: others), one query token
    per sequence, `batch` sequences (each a FULL cache of `cells` tokens, one
-   kvc_vk_cmd_attention_batch call), storage f16 and q8_0. Times come from GPU timestamps around `reps` calls
-   recorded back to back (each call: split-K pass, barrier, merge pass), medians of 5
-   such runs. GB/s counts the K+V bytes the call must read (the stored bytes). The copy
+   kvc_vk_cmd_attention_batch call), storage f16 and q8_0. Times come from GPU timestamps
+   around `reps` calls recorded back to back (each call: split-K pass, barrier, merge pass),
+   medians of 5 such runs. GB/s counts the K+V bytes the call must read (the stored bytes). The copy
    kernel (kvc_vk_cmd_copy, 1 GiB -> 1 GiB) gives the device's bandwidth, read + write
    counted, as the yardstick. One query head group of sequence 0 is checked
    against a double-precision reference on the host.

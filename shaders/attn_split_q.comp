@@ -377,8 +377,9 @@ void main() {
     // the V loads after the values; K staged the same way as well, with the cells looked up
     // two tiles ahead: 2211 us. q4_0 tiles of 16 rows, two rows' codes to a uvec4 in vst
     // or in a register: 2.3x / 2.6x slower (H200; those three needed 16-20 KB of shared
-    // memory, past the limit above). One extra load a tile, of a word of the codes three tiles ahead to warm
-    // L2: 1.25-1.3x slower at every shape, as much with every lane's word the same one.)
+    // memory, past the limit above). One extra load a tile, of a word of the codes three
+    // tiles ahead to warm L2: 1.25-1.3x slower at every shape, as much with every lane's word
+    // the same one.)
     cells_at(J, c0, c1, 0u, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
     barrier();
     fetch_k(0u);
