@@ -11,9 +11,9 @@
 // and V loads go out together, after this tile's scores). Per tile:
 //   scores   each invocation's packed 8-bit dot products of its K segments with the
 //            query's q8_0 codes (as the CPU scores block-typed keys; q4_0: nibbles, less 8
-//            times the codes' sum), exact integers, into shared memory; then the owner of
-//            a cell (invocation c % 32) adds its segments block by block, times the block
-//            scales (one 8-byte load of the cell's scales);
+//            times the codes' sum), exact integers, into shared memory (q4_0: two heads
+//            to a word); then the owner of a cell (invocation c % 32) adds its segments
+//            block by block, times the block scales (one 8-byte load of the cell's scales);
 //   softmax  one maximum per head per tile (running maxima, base 2; rescaling skipped
 //            where no maximum moved); the owner's weights times its cell's V scales, per
 //            block and head, into shared memory;
@@ -56,9 +56,6 @@ layout(local_size_x = 32) in;
 
 const uint NSEG = HD / 16u;      // invocations per cell
 const uint CPR = 32u / NSEG;     // cells per load row
-const uint TR = 8u;              // load rows per tile (4: 1.2x slower on an H100)
-const uint TILE = CPR * TR;      // cells per tile (kvcache_vk.h: 4096 / HD)
-const uint OWN = (TILE + 31u) / 32u; // cells an invocation owns
 const uint NHG = (G + GH - 1u) / GH;
 const uint NB = HD / 32u;        // blocks of a head row
 
@@ -91,18 +88,34 @@ uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 #include "kvc_types.glsl"
 #include "attn_common.glsl"
 #include "kvc_rotation.glsl"
-#define QS_PUT(j, v) psum[(j) >> 2][(j) & 3u] = floatBitsToInt(v) // for ROT_BUTTERFLIES
+// load rows per tile (4: 1.2x slower on an H100; q4_0 K and V, 12 or 16: 1.8-2x slower on
+// an H200, 236-253 registers)
+const uint TR = 8u;
+// q4_0 keys: a segment's sums as biased 16-bit integers, two heads a word (|sum| <= 16 x 8
+// x 127 < 2^14), in wdv while the tile's scores need them (before its weights go there)
+const bool PACKED = TYPE_K == T_Q4_0;
+const uint TILE = CPR * TR;      // cells per tile (kvcache_vk.h: 4096 / HD)
+const uint OWN = (TILE + 31u) / 32u; // cells an invocation owns
+#define QS_PUT(j, v) qput(j, floatBitsToUint(v)) // for ROT_BUTTERFLIES
 
 // Shared memory sets how many of these workgroups a multiprocessor runs: past about 12 KB a
 // workgroup the driver runs fewer (H200, 128k cells batch 8: 12096 bytes 967 us, 14144 1373,
 // 20288 1817, 28480 3572; head dim 64 at 13088 bytes ran 1.3-1.6x slower than at 11264). So
 // nothing is kept here that registers or another array can hold: the query's prologue uses
-// psum, and the scales and visibility of a tile's cells stay with their owners.
+// psum (or wdv), and the scales and visibility of a tile's cells stay with their owners.
 shared uvec2 caddr[2u * TILE];     // this tile's and the next one's cells: byte offsets of their K and V codes
-// [cell][segment ^ (cell % NSEG)]: integer sums of GH heads; before the loop, the query's
-// floats (GH * HD <= 4 * 32 TR), then its q8_0 codes and scales (qcw, qscf)
-shared ivec4 psum[TILE * NSEG];
-shared vec4 wdv[TILE * NB];        // [cell][block]: weight x V scale of GH heads
+// [cell][segment ^ (cell % NSEG)]: integer sums of GH heads (q8_0 keys)
+shared ivec4 psum[PACKED ? 1u : TILE * NSEG];
+// [cell][block]: weight x V scale of GH heads (float bits); q4_0 keys: first the packed
+// sums, [cell][block ^ (cell % NB)] (xy: segment 2 block, zw: the next one)
+shared uvec4 wdv[PACKED ? (GH * HD / 4u > TILE * NB ? GH * HD / 4u : TILE * NB) : TILE * NB];
+// before the loop, the query's floats (GH * HD), then its q8_0 codes and scales (qcw, qscf),
+// in psum, or in wdv where psum holds no sums (qget, qput)
+uint qget(uint i) { return PACKED ? wdv[i >> 2][i & 3u] : uint(psum[i >> 2][i & 3u]); }
+void qput(uint i, uint v) {
+    if (PACKED) wdv[i >> 2][i & 3u] = v;
+    else psum[i >> 2][i & 3u] = int(v);
+}
 // [row][invocation]: each invocation's own copy of a tile's V codes (q4_0: two rows an entry)
 shared uvec4 vst[TYPE_V == T_Q8_0 ? TR * 32u : TR * 16u];
 #if !USE_SUBGROUP
@@ -215,7 +228,12 @@ void tile_sums() {
                         sdot((kx[j].x >> 4) & 0x0f0f0f0fu, qw[g][2]) + sdot((kx[j].y >> 4) & 0x0f0f0f0fu, qw[g][3]) - qbias[g];
         }
         uint c = j * CPR + r;
-        psum[c * NSEG + (s ^ (c % NSEG))] = ivec4(is[0], is[1], is[2], is[3]);
+        if (PACKED) { // biased by 2^14, so two segments' fields add without carries
+            uint e = c * NB + ((s >> 1) ^ (c % NB)), h = 2u * (s & 1u);
+            wdv[e][h] = uint(is[0] + 16384) | (uint(is[1] + 16384) << 16);
+            wdv[e][h + 1u] = uint(is[2] + 16384) | (uint(is[3] + 16384) << 16);
+        } else
+            psum[c * NSEG + (s ^ (c % NSEG))] = ivec4(is[0], is[1], is[2], is[3]);
     }
 }
 // A tile's V codes, out of the registers the next tile's are loaded into, into this
@@ -229,14 +247,14 @@ void stage_v() {
     }
 }
 
-// the query before the loop, in psum: value i as a float; then, each block of 32 rounded in
+// the query before the loop (qput): value i as a float; then, each block of 32 rounded in
 // place, word wi of its q8_0 codes and block b's scale (the first 9 words of the block's 32)
-float qsf(uint i) { return intBitsToFloat(psum[i >> 2][i & 3u]); }
-uint qcw(uint wi) { uint b = wi / 8u, w = wi % 8u; return uint(psum[8u * b + w / 4u][w % 4u]); }
-float qscf(uint b) { return intBitsToFloat(psum[8u * b + 2u].x); }
+float qsf(uint i) { return uintBitsToFloat(qget(i)); }
+uint qcw(uint wi) { return qget(32u * (wi / 8u) + wi % 8u); }
+float qscf(uint b) { return uintBitsToFloat(qget(32u * b + 8u)); }
 
 #if USE_SUBGROUP
-// R q of the GH heads' query rows (from qb at qoff) into psum, in registers: invocation t
+// R q of the GH heads' query rows (from qb at qoff) into qput's array, in registers: invocation t
 // loads values t QV .. t QV + QV - 1 of each row, signs on; a butterfly pair closer than QV
 // is its own, a farther one spans lanes t and t ^ (len / QV) (the lower of the pair keeps
 // a + b, the upper a - b: the same operations as kvc_rotate_rows, so the same bits). Every
@@ -284,7 +302,7 @@ void rotate_query_subgroup(uint qoff, uint h0) {
         [[unroll]] for (uint v = 0u; v < QV; ++v) {
             uint i = g * HD + t * QV + v;
             precise float a = x[g][v] * r;
-            psum[i >> 2][i & 3u] = floatBitsToInt(a);
+            qput(i, floatBitsToUint(a));
         }
 }
 #endif
@@ -306,7 +324,7 @@ void main() {
 #endif
         for (uint i = t; i < GH * HD; i += 32u) {
             float x = h0 + i / HD < G ? qb[qoff + i] : 0.0;
-            psum[i >> 2][i & 3u] = floatBitsToInt(ROT_K != 0u && rot_neg(i % HD) ? -x : x);
+            qput(i, floatBitsToUint(ROT_K != 0u && rot_neg(i % HD) ? -x : x));
         }
     barrier();
 #if !USE_SUBGROUP
@@ -315,7 +333,7 @@ void main() {
         float r = rot_scale(ROT_K);
         for (uint i = t; i < GH * HD; i += 32u) {
             precise float a = qsf(i) * r;
-            psum[i >> 2][i & 3u] = floatBitsToInt(a);
+            qput(i, floatBitsToUint(a));
         }
         barrier();
     }
@@ -335,9 +353,8 @@ void main() {
         }
         // in place: block b's codes and scale over its own floats (only this invocation reads
         // those; the codes are packed in registers first)
-        psum[8u * b] = ivec4(pk[0], pk[1], pk[2], pk[3]);
-        psum[8u * b + 1u] = ivec4(pk[4], pk[5], pk[6], pk[7]);
-        psum[8u * b + 2u].x = floatBitsToInt(h2f(f2h(d)) * pc.scale_log2);
+        [[unroll]] for (uint w = 0u; w < 8u; ++w) qput(32u * b + w, pk[w]);
+        qput(32u * b + 8u, floatBitsToUint(h2f(f2h(d)) * pc.scale_log2));
     }
     barrier();
     // this invocation's query words (qw, qbias)
@@ -406,9 +423,17 @@ void main() {
             float v[GH];
             [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = 0.0;
             [[unroll]] for (uint b = 0u; b < NB; ++b) {
-                ivec4 a = psum[c * NSEG + ((2u * b) ^ (c % NSEG))], e = psum[c * NSEG + ((2u * b + 1u) ^ (c % NSEG))];
-                float dk = h2f((kh[o][b / 2u] >> (16u * (b & 1u))) & 0xffffu);
-                [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] += float(a[g] + e[g]) * (dk * qf[g][b]);
+                float dk = h2f((kh[o][b / 2u] >> (16u * (b & 1u))) & 0xffffu), f[4];
+                if (PACKED) { // the block's two segments at once; each field then biased by 2^15
+                    uvec4 a = wdv[c * NB + (b ^ (c % NB))];
+                    uvec2 w = a.xy + a.zw;
+                    [[unroll]] for (uint g = 0u; g < 4u; ++g) // 2^23 + field, less 2^23 + 2^15: exact
+                        f[g] = uintBitsToFloat(0x4b000000u | ((w[g / 2u] >> (16u * (g & 1u))) & 0xffffu)) - 8421376.0;
+                } else {
+                    ivec4 a = psum[c * NSEG + ((2u * b) ^ (c % NSEG))], e = psum[c * NSEG + ((2u * b + 1u) ^ (c % NSEG))];
+                    [[unroll]] for (uint g = 0u; g < 4u; ++g) f[g] = float(a[g] + e[g]);
+                }
+                [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] += f[g] * (dk * qf[g][b]);
             }
             if (pc.softcap2 > 0.0) // s = cap tanh(s / cap), in base 2 as the scores are
                 [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = pc.softcap2 * tanh(v[g] / pc.softcap2);
@@ -438,6 +463,7 @@ void main() {
                 [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] *= a;
             }
         }
+        if (PACKED) barrier(); // the scores' reads of wdv before the weights' writes
         // the owners' weights, times their V scales
         [[unroll]] for (uint o = 0u; o < OWN; ++o) {
             uint c = t + 32u * o;
@@ -451,13 +477,13 @@ void main() {
             [[unroll]] for (uint b = 0u; b < NB; ++b) {
                 float dv = h2f((vhc[o][b / 2u] >> (16u * (b & 1u))) & 0xffffu);
                 // a masked cell's row may hold anything: its weights are zeros, not products
-                wdv[c * NB + b] = vis ? vec4(p[0], p[1], p[2], p[3]) * dv : vec4(0.0);
+                wdv[c * NB + b] = floatBitsToUint(vis ? vec4(p[0], p[1], p[2], p[3]) * dv : vec4(0.0));
             }
         }
         barrier();
         // the weighted values
         [[unroll]] for (uint j = 0u; j < TR; ++j) {
-            vec4 wd = wdv[(j * CPR + r) * NB + s / 2u];
+            vec4 wd = uintBitsToFloat(wdv[(j * CPR + r) * NB + s / 2u]);
             uvec4 vxj = vst[(TYPE_V == T_Q8_0 ? j : j / 2u) * 32u + t];
             if (TYPE_V != T_Q8_0 && (j & 1u) == 1u) vxj.xy = vxj.zw;
             float x[16];
