@@ -88,12 +88,20 @@ uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 #include "kvc_types.glsl"
 #include "attn_common.glsl"
 #include "kvc_rotation.glsl"
-// load rows per tile (4: 1.2x slower on an H100; q4_0 K and V, 12 or 16: 1.8-2x slower on
-// an H200, 236-253 registers)
+// load rows per tile (4: 1.2x slower on an H100; q4_0 K and V in 12 or 16, sums packed as
+// below: 1.7-2.0x slower than 8 on an H200 at head dim 128, 236 / 248 registers)
 const uint TR = 8u;
-// q4_0 keys: a segment's sums as biased 16-bit integers, two heads a word (|sum| <= 16 x 8
-// x 127 < 2^14), in wdv while the tile's scores need them (before its weights go there)
-const bool PACKED = TYPE_K == T_Q4_0;
+// q4_0 keys below head dim 256: a segment's sums as biased 16-bit integers, two heads a
+// word (|sum| <= 16 x 8 x 127 < 2^14)
+const bool PACKED = TYPE_K == T_Q4_0 ? HD < 256u : false;
+// the sums in wdv while the tile's scores need them, before its weights go there (a barrier
+// between): packed ones, and q8_0's at head dim 64. What this buys is shared memory: H100,
+// q4_0 at head dim 128, 128k cells batch 8: 906-912 us with neither (8704 bytes), 945 packed
+// in psum (6656), 708-709 packed in wdv (4624); head dim 256, 2688-2712 / 2873-2896 / 2771-
+// 2773, so not packed there; q8_0 in wdv (8704 bytes against 10752 at head dim 128): at
+// head dim 64 6-9 % faster at 128k cells batch 8, at 128 2.5-3.5 % slower there on the H100
+// and 2.4-5 % at 32k cells batch 1 on the H200.
+const bool SUMS_IN_WDV = PACKED ? true : HD == 64u;
 const uint TILE = CPR * TR;      // cells per tile (kvcache_vk.h: 4096 / HD)
 const uint OWN = (TILE + 31u) / 32u; // cells an invocation owns
 #define QS_PUT(j, v) qput(j, floatBitsToUint(v)) // for ROT_BUTTERFLIES
@@ -104,18 +112,25 @@ const uint OWN = (TILE + 31u) / 32u; // cells an invocation owns
 // nothing is kept here that registers or another array can hold: the query's prologue uses
 // psum (or wdv), and the scales and visibility of a tile's cells stay with their owners.
 shared uvec2 caddr[2u * TILE];     // this tile's and the next one's cells: byte offsets of their K and V codes
-// [cell][segment ^ (cell % NSEG)]: integer sums of GH heads (q8_0 keys)
-shared ivec4 psum[PACKED ? 1u : TILE * NSEG];
-// [cell][block]: weight x V scale of GH heads (float bits); q4_0 keys: first the packed
-// sums, [cell][block ^ (cell % NB)] (xy: segment 2 block, zw: the next one)
-shared uvec4 wdv[PACKED ? (GH * HD / 4u > TILE * NB ? GH * HD / 4u : TILE * NB) : TILE * NB];
+// the integer sums of GH heads: [cell][segment ^ (cell % NSEG)] (q8_0 keys); packed (q4_0),
+// [cell][block ^ (cell % NB)] (xy: segment 2 block, zw: the next one)
+const uint NSUMS = TILE * (PACKED ? NB : NSEG);
+shared ivec4 psum[SUMS_IN_WDV ? 1u : NSUMS];
+// [cell][block]: weight x V scale of GH heads (float bits); first the sums (SUMS_IN_WDV)
+const uint NWDV = SUMS_IN_WDV ? (NSUMS > TILE * NB ? NSUMS : TILE * NB) : TILE * NB;
+shared uvec4 wdv[SUMS_IN_WDV ? (GH * HD / 4u > NWDV ? GH * HD / 4u : NWDV) : NWDV];
 // before the loop, the query's floats (GH * HD), then its q8_0 codes and scales (qcw, qscf),
 // in psum, or in wdv where psum holds no sums (qget, qput)
-uint qget(uint i) { return PACKED ? wdv[i >> 2][i & 3u] : uint(psum[i >> 2][i & 3u]); }
+uint qget(uint i) { return SUMS_IN_WDV ? wdv[i >> 2][i & 3u] : uint(psum[i >> 2][i & 3u]); }
 void qput(uint i, uint v) {
-    if (PACKED) wdv[i >> 2][i & 3u] = v;
+    if (SUMS_IN_WDV) wdv[i >> 2][i & 3u] = v;
     else psum[i >> 2][i & 3u] = int(v);
 }
+void sums_put(uint i, ivec4 v) {
+    if (SUMS_IN_WDV) wdv[i] = uvec4(v);
+    else psum[i] = v;
+}
+ivec4 sums_get(uint i) { return SUMS_IN_WDV ? ivec4(wdv[i]) : psum[i]; }
 // [row][invocation]: each invocation's own copy of a tile's V codes (q4_0: two rows an entry)
 shared uvec4 vst[TYPE_V == T_Q8_0 ? TR * 32u : TR * 16u];
 #if !USE_SUBGROUP
@@ -215,7 +230,7 @@ void fetch_v(uint at) {
 uint qw[GH][4];
 int qbias[GH];
 
-// A tile's integer sums of this invocation's K segments with the query, into psum.
+// A tile's integer sums of this invocation's K segments with the query, into psum or wdv.
 void tile_sums() {
     uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
     [[unroll]] for (uint j = 0u; j < TR; ++j) {
@@ -233,7 +248,7 @@ void tile_sums() {
             wdv[e][h] = uint(is[0] + 16384) | (uint(is[1] + 16384) << 16);
             wdv[e][h + 1u] = uint(is[2] + 16384) | (uint(is[3] + 16384) << 16);
         } else
-            psum[c * NSEG + (s ^ (c % NSEG))] = ivec4(is[0], is[1], is[2], is[3]);
+            sums_put(c * NSEG + (s ^ (c % NSEG)), ivec4(is[0], is[1], is[2], is[3]));
     }
 }
 // A tile's V codes, out of the registers the next tile's are loaded into, into this
@@ -413,7 +428,7 @@ void main() {
         if (q8_order) tile_sums(); else stage_v();
         if (more) cells_at(J, base + TILE, c1, (buf ^ 1u) * TILE, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
         if (q8_order) stage_v(); else tile_sums();
-        barrier(); // psum, and the next tile's cells
+        barrier(); // the sums, and the next tile's cells
         // the owners' scores
         float sc[OWN][GH], mx[GH];
         [[unroll]] for (uint g = 0u; g < GH; ++g) mx[g] = NEG_INF;
@@ -430,7 +445,7 @@ void main() {
                     [[unroll]] for (uint g = 0u; g < 4u; ++g) // 2^23 + field, less 2^23 + 2^15: exact
                         f[g] = uintBitsToFloat(0x4b000000u | ((w[g / 2u] >> (16u * (g & 1u))) & 0xffffu)) - 8421376.0;
                 } else {
-                    ivec4 a = psum[c * NSEG + ((2u * b) ^ (c % NSEG))], e = psum[c * NSEG + ((2u * b + 1u) ^ (c % NSEG))];
+                    ivec4 a = sums_get(c * NSEG + ((2u * b) ^ (c % NSEG))), e = sums_get(c * NSEG + ((2u * b + 1u) ^ (c % NSEG)));
                     [[unroll]] for (uint g = 0u; g < 4u; ++g) f[g] = float(a[g] + e[g]);
                 }
                 [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] += f[g] * (dk * qf[g][b]);
@@ -463,7 +478,7 @@ void main() {
                 [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] *= a;
             }
         }
-        if (PACKED) barrier(); // the scores' reads of wdv before the weights' writes
+        if (SUMS_IN_WDV) barrier(); // the scores' reads of wdv before the weights' writes
         // the owners' weights, times their V scales
         [[unroll]] for (uint o = 0u; o < OWN; ++o) {
             uint c = t + 32u * o;
@@ -503,7 +518,7 @@ void main() {
                 [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] += wd[g] * x[k];
         }
         buf ^= 1u;
-        barrier(); // psum and wdv are rewritten by the next tile, caddr by the one after
+        barrier(); // the sums and wdv are rewritten by the next tile, caddr by the one after
     }
 
     all_reduce(l, false); // each owner's share
