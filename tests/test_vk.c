@@ -79,6 +79,10 @@ typedef struct shape {
     uint32_t disable_features; /* KVC_VK_FEATURE_* the pool does not use */
     int host_layout;           /* kvc_vk_pool_options.host_layout: no planar q8_0/q4_0 pages */
     uint32_t rotate;           /* kvc_pool_config.rotate (rotated storage) of both pools */
+    /* keys and queries constant over each run of 32 values: every q4_0 key code 0 (value -8)
+       and q8_0 code +-127, so attn_split_q's integer sums reach their largest magnitudes
+       (q4_0 keys: 16 x 8 x 127, packed two to a word) */
+    int extreme;
 } shape;
 
 static VkCommandBuffer begin_cmd(void) {
@@ -181,6 +185,12 @@ static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
         kvc_vk_tensor tk_, tv_;
         int f16in = (tk_int(rng, 0, 3) == 0);
         for (i = 0; i < n * (nk + nv); ++i) k[i] = tk_float(rng);
+        if (sh->extreme) /* each block of 32 keys one value, of either sign, 0.25 to 1 in magnitude */
+            for (i = 0; i < n * nk; i += 32) {
+                float a = (tk_pct(rng, 50) ? 1.0f : -1.0f) * (0.625f + 0.375f * tk_float(rng));
+                int32_t j;
+                for (j = i; j < i + 32 && j < n * nk; ++j) k[j] = a;
+            }
         if (f16in) /* f16 inputs: the CPU gets the same values */
             for (i = 0; i < n * (nk + nv); ++i) k[i] = kvc__f16_to_f32(kvc__f32_to_f16(k[i]));
         TK_OK(kvc_put(s[0].cache, l, k, v));
@@ -254,6 +264,8 @@ static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t n
     for (i = 0; i < nh && i < 128; ++i) sinks[i] = tk_pct(rng, 20) ? -INFINITY : 3.0f * tk_float(rng);
     if (use_lse) lse_ref = (float *)malloc(sizeof(float) * 2 * (size_t)nq * (size_t)nh);
     for (i = 0; i < (int32_t)nqv; ++i) q[i] = tk_float(rng) * 2.0f;
+    if (sh->extreme)
+        for (i = 0; i < (int32_t)nqv; ++i) q[i] = q[i & ~31];
     n_poison = tk_pct(rng, 30) ? tk_int(rng, 1, 3) : 0;
     ensure(&q_buf, sizeof(float) * nqv);
     ensure(&out_buf, sizeof(float) * nov);
@@ -1397,6 +1409,14 @@ int main(int argc, char **argv) {
             if (kvc_rotation_block(sh.hdk, &nb) != KVC_OK) sh.rotate &= ~KVC_ROTATE_K;
             if (kvc_rotation_block(sh.hdv, &nb) != KVC_OK) sh.rotate &= ~KVC_ROTATE_V;
         }
+        sh.extreme = ep % 8 == 5;
+        if (sh.extreme) { /* on planar q4_0 keys, unrotated: attn_split_q's packed sums */
+            sh.tk = KVC_TYPE_Q4_0;
+            sh.host_layout = 0;
+            sh.rotate &= ~KVC_ROTATE_K;
+            if (sh.hdk < 32) sh.hdk = sh.hdv = 64;
+            if ((sh.kv_heads * sh.hdk / 32) % 2) sh.kv_heads = 2;
+        }
         if (sh.kind == KVC_KIND_ROTATING) { sh.window = tk_int(&rng, 2, 20); sh.sinks = tk_int(&rng, 0, sh.window - 1) % 3; }
         g_seed = es;
         {
@@ -1405,11 +1425,11 @@ int main(int argc, char **argv) {
             if (sh.kind == KVC_KIND_CAUSAL) episode_causal(&sh, &rng, steps);
             else episode_linear(&sh, &rng, steps);
             if (tk_failed != before)
-                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s\n",
+                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
                         sh.hdk, sh.hdv, sh.page_cells, sh.rotate, sh.no_subgroup ? " no-subgroup" : "",
                         sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "",
-                        sh.host_layout ? " host-layout" : "");
+                        sh.host_layout ? " host-layout" : "", sh.extreme ? " extreme" : "");
         }
         g_seed = run_seed;
     }
