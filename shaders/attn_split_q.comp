@@ -14,9 +14,10 @@
 //            times the codes' sum), exact integers, into shared memory (q4_0: two heads
 //            to a word); then the owner of a cell (invocation c % 32) adds its segments
 //            block by block, times the block scales (one 8-byte load of the cell's scales);
-//   softmax  one maximum per head per tile (running maxima, base 2; rescaling skipped
-//            where no maximum moved); the owner's weights times its cell's V scales, per
-//            block and head, into shared memory;
+//   softmax  running maxima per head (base 2), moved only by a tile with a score more
+//            than SLACK above one (else one vote a tile: no cross-lane maxima, nothing
+//            rescaled); the owner's weights times its cell's V scales, per block and head,
+//            into shared memory;
 //   values   each invocation sums those x the codes of its V segments, for its 16 values;
 //            the CPR sums of a segment are added once, at the end of the split.
 // Written out as (max, sum, unnormalised output) per query head for attn_merge.comp, as
@@ -30,6 +31,7 @@
 #if USE_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
 #endif
 #if USE_DOT
 #extension GL_EXT_spirv_intrinsics : require
@@ -137,6 +139,11 @@ shared uvec4 vst[TYPE_V == T_Q8_0 ? TR * 32u : TR * 16u];
 shared float red[32u * GH];
 #endif
 const float NEG_INF = -1.0 / 0.0;
+// how far (base 2) a score may pass its head's running maximum before the maximum moves:
+// a split's first tiles then move it about once instead of at each new maximum (H200, q4_0
+// at 32k / 128k cells batch 1: 39.7-40.1 / 105.9-106.5 us with 0, 37.4-37.7 / 102.9-103.1
+// with 8; as fast at batch 8, where splits are longer)
+const float SLACK = 8.0;
 
 // maxima (or sums) over all 32 invocations, and sums over the CPR cells of a load row
 // (the invocations of one segment)
@@ -157,6 +164,20 @@ void all_reduce(inout float v[GH], bool is_max) {
         v[g] = a;
     }
     barrier();
+#endif
+}
+// whether any of the 32 invocations holds true
+bool any_lane(bool b) {
+#if USE_SUBGROUP
+    return subgroupAny(b);
+#else
+    uint t = gl_LocalInvocationID.x;
+    red[t] = b ? 1.0 : 0.0;
+    barrier();
+    float a = 0.0;
+    for (uint k = 0u; k < 32u; ++k) a += red[k];
+    barrier();
+    return a != 0.0;
 #endif
 }
 void row_sum(inout float v[GH]) {
@@ -327,6 +348,22 @@ void main() {
     uint t = gl_LocalInvocationID.x, s = t % NSEG, r = t / NSEG;
     Job J = load_job(pc.job_off, jb);
     uint h0 = hg * GH; // first query head of the group
+    const uint kcb = TYPE_K == T_Q8_0 ? HD : HD / 2u, vcb = TYPE_V == T_Q8_0 ? HD : HD / 2u;
+    // page p's planes: codes at p * P * row, scales after the P * KV_HEADS code rows
+    uint kpage = PAGE_CELLS * pc.k_row_bytes, vpage = PAGE_CELLS * pc.v_row_bytes;
+    uint kcode0 = (kvh * PAGE_CELLS) * kcb, vcode0 = (kvh * PAGE_CELLS) * vcb;
+    uint kscl0 = PAGE_CELLS * KV_HEADS * kcb + kvh * PAGE_CELLS * (HD / 16u);
+    uint vscl0 = PAGE_CELLS * KV_HEADS * vcb + kvh * PAGE_CELLS * (HD / 16u);
+
+    uint c0 = split * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
+    // the first tile's cells looked up and its loads issued before the query's prologue,
+    // whose time their latency then hides (H100, q4_0+rot at 128k cells batch 1 / 8: 104.0-
+    // 104.5 / 680.7-681.0 us against 106.0-106.2 / 688.7-691.4 with them after it)
+    cells_at(J, c0, c1, 0u, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
+    barrier();
+    fetch_k(0u);
+    fetch_v(0u);
+
     // the query rounded to q8_0 as on the CPU (as attn_split.comp does it): per block of 32,
     // d = amax / 127 stored as f16, codes rint(x / d) in +-127, four to a word
     // (rotated keys, kvc_pool_config.rotate: scores of R q against the stored R k, R q as
@@ -388,20 +425,13 @@ void main() {
     // the owner's query scales (d_q x scale_log2), [head][block]
     float qf[GH][NB];
     [[unroll]] for (uint g = 0u; g < GH; ++g) [[unroll]] for (uint b = 0u; b < NB; ++b) qf[g][b] = qscf(g * NB + b);
-
-    const uint kcb = TYPE_K == T_Q8_0 ? HD : HD / 2u, vcb = TYPE_V == T_Q8_0 ? HD : HD / 2u;
-    // page p's planes: codes at p * P * row, scales after the P * KV_HEADS code rows
-    uint kpage = PAGE_CELLS * pc.k_row_bytes, vpage = PAGE_CELLS * pc.v_row_bytes;
-    uint kcode0 = (kvh * PAGE_CELLS) * kcb, vcode0 = (kvh * PAGE_CELLS) * vcb;
-    uint kscl0 = PAGE_CELLS * KV_HEADS * kcb + kvh * PAGE_CELLS * (HD / 16u);
-    uint vscl0 = PAGE_CELLS * KV_HEADS * vcb + kvh * PAGE_CELLS * (HD / 16u);
+    barrier(); // every invocation's query words read before the first tile's sums take their place
 
     float acc[GH][16];
     [[unroll]] for (uint g = 0u; g < GH; ++g) [[unroll]] for (uint k = 0u; k < 16u; ++k) acc[g][k] = 0.0;
     float m[GH], l[GH];
     [[unroll]] for (uint g = 0u; g < GH; ++g) { m[g] = NEG_INF; l[g] = 0.0; }
 
-    uint c0 = split * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
     // Software-pipelined: the next tile's cells are looked up before this tile's scores,
     // its K and V codes and scales loaded once this tile's K scales are used (this tile's
     // V codes copied out to vst and its V scales to vhc before), so a tile's loads wait
@@ -412,10 +442,6 @@ void main() {
     // memory, past the limit above). One extra load a tile, of a word of the codes three
     // tiles ahead to warm L2: 1.25-1.3x slower at every shape, as much with every lane's word
     // the same one.)
-    cells_at(J, c0, c1, 0u, kcb, vcb, kpage, vpage, kcode0, vcode0, kscl0, vscl0);
-    barrier();
-    fetch_k(0u);
-    fetch_v(0u);
     uint buf = 0u;
     [[dont_unroll]] for (uint base = c0; base < c1; base += TILE) { // uniform trip count
         bool more = base + TILE < c1;
@@ -466,10 +492,16 @@ void main() {
             fetch_k((buf ^ 1u) * TILE);
             fetch_v((buf ^ 1u) * TILE);
         }
-        all_reduce(mx, true);
-        bool moved = false;
-        [[unroll]] for (uint g = 0u; g < GH; ++g) moved = moved || mx[g] > m[g];
-        if (moved) { // uniform: every invocation holds the same maxima
+        // A tile with no score more than SLACK above its head's running maximum (after the
+        // first tiles, nearly every tile) keeps the maxima: one vote instead of the cross-lane
+        // maxima and the rescale (attn_split_cm.comp votes too, without the slack). Its
+        // weights are then up to 2^SLACK, far inside f32's range, and the merge weighs each
+        // split by its own maximum, so any maximum at or above the true one less SLACK gives
+        // the same result to rounding.
+        bool above = false;
+        [[unroll]] for (uint g = 0u; g < GH; ++g) above = above || mx[g] > m[g] + SLACK;
+        if (any_lane(above)) { // uniform, and so are the maxima after it
+            all_reduce(mx, true);
             [[unroll]] for (uint g = 0u; g < GH; ++g) {
                 float mn = max(m[g], mx[g]);
                 float a = mn == NEG_INF ? 1.0 : exp2(m[g] - mn);
