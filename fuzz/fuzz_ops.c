@@ -656,6 +656,10 @@ static void fz_op_restore(fz_world *w, int ci) {
     fuzz_note("restore cache %d (offset %d) from snapshot [%d, %d) target %d, want %d", ci, c->st.off, s->from, s->to,
             target, want);
     r = kvc_restore(c->h, s->h, target);
+    if (r == KVC_ERR_NO_MEMORY && fz_may_oom && want == KVC_OK) { /* its page table could not grow */
+        FUZZ_CHECK(fz_free_pages(w) == free0, "a refused kvc_restore changed the free pages");
+        return;
+    }
     if (r == KVC_ERR_FULL && want == KVC_OK && c->kind == KVC_KIND_FULL) { /* only a boundary copy needs a page */
         FUZZ_CHECK(free0 < 1 && fz_free_pages(w) == free0, "restore said FULL with %d free pages", free0);
         return;
