@@ -83,6 +83,11 @@ typedef struct shape {
        and q8_0 code +-127, so attn_split_q's integer sums reach their largest magnitudes
        (q4_0 keys: 16 x 8 x 127, packed two to a word) */
     int extreme;
+    /* keys that grow along the view: 2^(c / growing) times for the key put at cell (CAUSAL) or
+       token c, up to 64 times, so a split's later tiles pass its running maxima by far (the
+       split passes' rescale of what they have summed; random scores alone stay within
+       attn_split_q's slack of the first tile's maxima); 0: plain keys */
+    float growing;
 } shape;
 
 static VkCommandBuffer begin_cmd(void) {
@@ -123,8 +128,12 @@ static void compare_data(side *s, const shape *sh) {
            sums and products on both sides) */
         if (sh->rotate & KVC_ROTATE_K) tk *= 4;
         if (sh->rotate & KVC_ROTATE_V) tv *= 4;
+        if (sh->growing > 0) tk *= 64; /* keys up to 64 times larger */
         /* the GPU rotates in float, kvcache.h in double: a rounding step of the type apart */
-        if (s[0].rotated) tk = tk > rot_tol(sh->tk) ? tk : rot_tol(sh->tk);
+        if (s[0].rotated) {
+            double r = rot_tol(sh->tk) * (sh->growing > 0 ? 64 : 1);
+            tk = tk > r ? tk : r;
+        }
         TK_OK(kvc_cache_gather(s[0].cache, l, k0, v0, p0, n0, &n0));
         ensure(&gk_buf, sizeof(float) * (size_t)n0 * nk);
         ensure(&gv_buf, sizeof(float) * (size_t)n0 * nv);
@@ -175,11 +184,9 @@ static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
     int32_t nk = sh->kv_heads * sh->hdk, nv = sh->kv_heads * sh->hdv, l, i;
     float *k = (float *)malloc(sizeof(float) * (size_t)n * (size_t)(nk + nv)), *v = k + (size_t)n * nk;
     uint32_t *cells = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)n); /* the batch's cells (page * page_cells + slot) */
-    {
-        const kvc_cache *c = s[1].cache;
-        int32_t first = c->cfg.kind == KVC_KIND_CAUSAL ? c->batch_loc : c->batch_begin;
-        for (i = 0; i < n; ++i) cells[i] = kvc_vk__gid(c, first + i);
-    }
+    const kvc_cache *c1 = s[1].cache;
+    int32_t first = c1->cfg.kind == KVC_KIND_CAUSAL ? c1->batch_loc : c1->batch_begin; /* in the attention's view order */
+    for (i = 0; i < n; ++i) cells[i] = kvc_vk__gid(c1, first + i);
     for (l = 0; l < sh->layers; ++l) {
         VkCommandBuffer cmd;
         kvc_vk_tensor tk_, tv_;
@@ -190,6 +197,13 @@ static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
                 float a = (tk_pct(rng, 50) ? 1.0f : -1.0f) * (0.625f + 0.375f * tk_float(rng));
                 int32_t j;
                 for (j = i; j < i + 32 && j < n * nk; ++j) k[j] = a;
+            }
+        if (sh->growing > 0)
+            for (i = 0; i < n; ++i) {
+                int32_t j;
+                float f = (float)pow(2.0, (first + i) / sh->growing);
+                f = f < 64.0f ? f : 64.0f;
+                for (j = 0; j < nk; ++j) k[(size_t)i * nk + j] *= f;
             }
         if (f16in) /* f16 inputs: the CPU gets the same values */
             for (i = 0; i < n * (nk + nv); ++i) k[i] = kvc__f16_to_f32(kvc__f32_to_f16(k[i]));
@@ -395,6 +409,14 @@ static void episode_linear(const shape *sh, tk_rng *rng, int steps) {
     side s[2];
     int step, i;
     make_sides(s, sh);
+    if (sh->growing > 0 && sh->kind == KVC_KIND_FULL) { /* three tiles of growing keys first */
+        int32_t left = (int32_t)(9.0f * sh->growing), n;
+        for (; left > 0; left -= n) {
+            n = left < 16 ? left : 16;
+            BOTH(kvc_begin(s[0].cache, n), kvc_begin(s[1].cache, n));
+            put_both(s, sh, n, rng);
+        }
+    }
     for (step = 0; step < steps; ++step) {
         int op = tk_int(rng, 0, 9);
         int32_t off0 = 0, off1 = 0;
@@ -1410,6 +1432,9 @@ int main(int argc, char **argv) {
             if (kvc_rotation_block(sh.hdv, &nb) != KVC_OK) sh.rotate &= ~KVC_ROTATE_V;
         }
         sh.extreme = ep % 8 == 5;
+        /* a planar shape and a random one: 8 times a tile of attn_split_q (4096 / head dim
+           cells; 64 at the other dims) */
+        if (ep % 8 == 1 || ep % 8 == 2) sh.growing = (sh.hdk >= 64 ? 4096.0f / (float)sh.hdk : 64.0f) / 3.0f;
         if (sh.extreme) { /* on planar q4_0 keys, unrotated: attn_split_q's packed sums */
             sh.tk = KVC_TYPE_Q4_0;
             sh.host_layout = 0;
@@ -1425,11 +1450,12 @@ int main(int argc, char **argv) {
             if (sh.kind == KVC_KIND_CAUSAL) episode_causal(&sh, &rng, steps);
             else episode_linear(&sh, &rng, steps);
             if (tk_failed != before)
-                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s\n",
+                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
                         sh.hdk, sh.hdv, sh.page_cells, sh.rotate, sh.no_subgroup ? " no-subgroup" : "",
                         sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "",
-                        sh.host_layout ? " host-layout" : "", sh.extreme ? " extreme" : "");
+                        sh.host_layout ? " host-layout" : "", sh.extreme ? " extreme" : "",
+                        sh.growing > 0 ? " growing" : "");
         }
         g_seed = run_seed;
     }
