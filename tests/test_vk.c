@@ -70,6 +70,8 @@ typedef struct side {
     int rotated; /* keys went through a RoPE shift: float rounding of the rotation differs */
 } side;
 
+#define GROW_MAX 64.0 /* shape.growing: the largest factor on a key */
+
 typedef struct shape {
     int32_t layers, kv_heads, hdk, hdv, group, page_cells;
     kvc_type tk, tv;
@@ -84,7 +86,7 @@ typedef struct shape {
        (q4_0 keys: 16 x 8 x 127, packed two to a word) */
     int extreme;
     /* keys that grow along the view: 2^(c / growing) times for the key put at cell (CAUSAL) or
-       token c, up to 64 times, so a split's later tiles pass its running maxima by far (the
+       token c, up to GROW_MAX times, so a split's later tiles pass its running maxima by far (the
        split passes' rescale of what they have summed; random scores alone stay within
        attn_split_q's slack of the first tile's maxima); 0: plain keys */
     float growing;
@@ -128,10 +130,10 @@ static void compare_data(side *s, const shape *sh) {
            sums and products on both sides) */
         if (sh->rotate & KVC_ROTATE_K) tk *= 4;
         if (sh->rotate & KVC_ROTATE_V) tv *= 4;
-        if (sh->growing > 0) tk *= 64; /* keys up to 64 times larger */
+        if (sh->growing > 0) tk *= GROW_MAX; /* keys up to GROW_MAX times larger */
         /* the GPU rotates in float, kvcache.h in double: a rounding step of the type apart */
         if (s[0].rotated) {
-            double r = rot_tol(sh->tk) * (sh->growing > 0 ? 64 : 1);
+            double r = rot_tol(sh->tk) * (sh->growing > 0 ? GROW_MAX : 1);
             tk = tk > r ? tk : r;
         }
         TK_OK(kvc_cache_gather(s[0].cache, l, k0, v0, p0, n0, &n0));
@@ -201,8 +203,7 @@ static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
         if (sh->growing > 0)
             for (i = 0; i < n; ++i) {
                 int32_t j;
-                float f = (float)pow(2.0, (first + i) / sh->growing);
-                f = f < 64.0f ? f : 64.0f;
+                float f = (float)fmin(pow(2.0, (first + i) / sh->growing), GROW_MAX);
                 for (j = 0; j < nk; ++j) k[(size_t)i * nk + j] *= f;
             }
         if (f16in) /* f16 inputs: the CPU gets the same values */
@@ -1432,8 +1433,8 @@ int main(int argc, char **argv) {
             if (kvc_rotation_block(sh.hdv, &nb) != KVC_OK) sh.rotate &= ~KVC_ROTATE_V;
         }
         sh.extreme = ep % 8 == 5;
-        /* a planar shape and a random one: 8 times a tile of attn_split_q (4096 / head dim
-           cells; 64 at the other dims) */
+        /* a planar shape and a random one; keys 8 times larger a tile of attn_split_q (4096 /
+           head dim cells; 64 at the other dims) */
         if (ep % 8 == 1 || ep % 8 == 2) sh.growing = (sh.hdk >= 64 ? 4096.0f / (float)sh.hdk : 64.0f) / 3.0f;
         if (sh.extreme) { /* on planar q4_0 keys, unrotated: attn_split_q's packed sums */
             sh.tk = KVC_TYPE_Q4_0;
