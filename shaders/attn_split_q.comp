@@ -291,9 +291,8 @@ float qscf(uint b) { return uintBitsToFloat(qget(32u * b + 8u)); }
 
 #if USE_SUBGROUP
 // R q of the GH heads' query rows (from qb at qoff) into qput's array, in registers: invocation t
-// loads values t QV .. t QV + QV - 1 of each row, signs on; a butterfly pair closer than QV
-// is its own, a farther one spans lanes t and t ^ (len / QV) (the lower of the pair keeps
-// a + b, the upper a - b: the same operations as kvc_rotate_rows, so the same bits). Every
+// loads values t QV .. t QV + QV - 1 of each row, signs on, and runs the butterflies in
+// registers (ROT_ROUND_REGS: the same operations as kvc_rotate_rows, so the same bits). Every
 // loop has constant bounds once ROT_K is specialised, so all of it unrolls into registers:
 // the rows' loads first, then each round's shuffles of every head at once. (H200, 32k
 // cells batch 1: the shared-memory butterflies, seven rounds of barriers over 512 values,
@@ -313,25 +312,7 @@ void rotate_query_subgroup(uint qoff, uint h0) {
     [[unroll]] for (uint e = 0u; e < 8u; ++e) { // len = 2^e < ROT_K <= 256
         uint len = 1u << e;
         if (len >= ROT_K) continue;
-        if (len < QV) {
-            [[unroll]] for (uint g = 0u; g < GH; ++g)
-                [[unroll]] for (uint v = 0u; v < QV; ++v)
-                    if ((v & len) == 0u) {
-                        precise float a = x[g][v], b = x[g][v + len];
-                        precise float su = a + b, di = a - b;
-                        x[g][v] = su;
-                        x[g][v + len] = di;
-                    }
-        } else {
-            uint o = len / QV;
-            bool upper = (t & o) != 0u;
-            [[unroll]] for (uint g = 0u; g < GH; ++g)
-                [[unroll]] for (uint v = 0u; v < QV; ++v) {
-                    precise float y = subgroupShuffleXor(x[g][v], o);
-                    precise float su = x[g][v] + y, di = y - x[g][v];
-                    x[g][v] = upper ? di : su;
-                }
-        }
+        [[unroll]] for (uint g = 0u; g < GH; ++g) { ROT_ROUND_REGS(x[g], QV, len, t) }
     }
     float r = rot_scale(ROT_K);
     [[unroll]] for (uint g = 0u; g < GH; ++g)

@@ -23,7 +23,8 @@ trap 'rm -rf "$tmp"' EXIT
 modules="attn_split_sg attn_split.comp -DUSE_SUBGROUP=1
 attn_split attn_split.comp -DUSE_SUBGROUP=0
 attn_split_sg_dot attn_split.comp -DUSE_SUBGROUP=1 -DUSE_DOT=1
-attn_merge attn_merge.comp
+attn_merge attn_merge.comp -DUSE_SUBGROUP=0
+attn_merge_sg attn_merge.comp -DUSE_SUBGROUP=1
 rows_write rows_write.comp
 rows_read rows_read.comp
 copy copy.comp
@@ -79,7 +80,8 @@ ROT_K rotated keys: the rotation's block, q rotated as it is loaded (0: none)"
 spec_merge="HDV head dim of V
 N_HEADS query heads
 HDK head dim of K (the query rows checked for a NaN or an infinity)
-ROT_V rotated values: the rotation's block, the output rotated back before it is written (0: none)"
+ROT_V rotated values: the rotation's block, the output rotated back before it is written (0: none)
+SG attn_merge_sg: the subgroup size R^T runs in, in registers (0: in shared memory)"
 spec_rows_read="TYPE storage type of the tensor
 HD head dim of the tensor
 PLANAR nonzero: q8_0 / q4_0 pages in the planar layout

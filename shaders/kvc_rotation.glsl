@@ -25,6 +25,29 @@
         barrier();                                                      \
     }
 
+// One round (pairs LEN apart) of the same butterflies on values held in a subgroup's
+// registers: lane LANE holds X[0 .. NV), values LANE NV .. LANE NV + NV - 1 of the row. A
+// pair closer than NV is the lane's own; a farther one spans lanes LANE and LANE ^ (LEN / NV),
+// the lower keeping a + b and the upper a - b: the operations above, so the same bits. (For
+// shaders with GL_KHR_shader_subgroup_shuffle and GL_EXT_control_flow_attributes.)
+#define ROT_ROUND_REGS(X, NV, LEN, LANE)                                 \
+    if ((LEN) < (NV)) {                                                  \
+        [[unroll]] for (uint v_ = 0u; v_ < (NV); ++v_)                   \
+            if ((v_ & (LEN)) == 0u) {                                    \
+                precise float a_ = X[v_], b_ = X[v_ + (LEN)];            \
+                precise float s_ = a_ + b_, d_ = a_ - b_;                \
+                X[v_] = s_;                                              \
+                X[v_ + (LEN)] = d_;                                      \
+            }                                                            \
+    } else {                                                             \
+        bool up_ = ((LANE) & ((LEN) / (NV))) != 0u;                      \
+        [[unroll]] for (uint v_ = 0u; v_ < (NV); ++v_) {                 \
+            precise float y_ = subgroupShuffleXor(X[v_], (LEN) / (NV));  \
+            precise float s_ = X[v_] + y_, d_ = y_ - X[v_];              \
+            X[v_] = up_ ? d_ : s_;                                       \
+        }                                                                \
+    }
+
 // KVC_ROTATION_SIGNS_INIT: s(i) = -1 where bit (i mod 256) is set (i: the index in the head)
 const uint ROT_SIGNS[8] = uint[](0x16E6060Eu, 0x778C5721u, 0x8BF5716Au, 0x3A28247Bu, 0xF53ADB1Fu, 0x0B1599BEu,
                                  0x88F886E3u, 0xD1251A7Fu);
