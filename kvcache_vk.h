@@ -495,7 +495,7 @@ enum kvc_vk__spec_merge {
     KVC_VK__MERGE_N_HEADS = 1, /* query heads */
     KVC_VK__MERGE_HDK = 2, /* head dim of K (the query rows checked for a NaN or an infinity) */
     KVC_VK__MERGE_ROT_V = 3, /* rotated values: the rotation's block, the output rotated back before it is written (0: none) */
-    KVC_VK__MERGE_SG = 4, /* attn_merge_sg: the subgroup size R^T runs in, in registers (0: in shared memory) */
+    KVC_VK__MERGE_SG = 4, /* attn_merge_sg: the subgroup size R^T runs in, in registers (0: attn_merge, in shared memory) */
     KVC_VK__MERGE_COUNT = 5
 };
 /* rows_read.comp */
@@ -554,7 +554,7 @@ struct kvc_vk_context {
     uint32_t subgroup_size;
     int subgroup_arith;
     int subgroup_shuffle32;    /* subgroups of 32 with shuffles and votes: attn_split_q's subgroup build */
-    int subgroup_shuffle;      /* subgroups with shuffles, of a power-of-two size: attn_merge's subgroup build */
+    int subgroup_shuffle;      /* subgroups with shuffles, of a power-of-two size: attn_merge_sg */
     uint32_t enabled;          /* KVC_VK_FEATURE_* enabled on the device */
     uint32_t active;           /* ... and usable: kvc_vk_info.active_features */
     int coopmat;               /* the cooperative-matrix shapes attn_split_cm can take
@@ -877,7 +877,7 @@ struct kvc_vk_pool {
     int use_cm;                       /* attn_split_cm for GQA groups of up to 8 heads */
     int planar;                       /* q8_0 / q4_0 pages as code and scale planes (attn_split_q) */
     kvc_vk__module q_module;          /* planar: attn_split_q's build for this device */
-    kvc_vk__module merge_module;      /* attn_merge's build: with subgroup shuffles where the device has them */
+    kvc_vk__module merge_module;      /* attn_merge's build: attn_merge_sg for rotated values where it can */
     int32_t max_splits;
     /* device scratch that grows: the old buffer stays alive (work in flight may use it)
        until the pool is destroyed */
@@ -1206,10 +1206,15 @@ static kvc_result kvc_vk__pool_setup(kvc_vk_pool *p, const kvc_vk_pool_options *
     lci.pPushConstantRanges = &pcr;
     p->use_subgroup = !(opts && opts->no_subgroup) && c->subgroup_arith;
     p->features = c->active & ~(opts ? opts->disable_features : 0u);
+    /* attn_merge_sg for rotated values: R^T of an output row in one subgroup's registers (lane l
+       holds values l n .. l n + n - 1, n = hdv / subgroup size, a power of two up to 32) */
+    p->merge_module = !(opts && opts->no_subgroup) && c->subgroup_shuffle && p->rot_v &&
+                              (p->hdv & (p->hdv - 1)) == 0 && (uint32_t)p->hdv >= c->subgroup_size &&
+                              (uint32_t)p->hdv / c->subgroup_size <= 32
+                          ? KVC_VK__MODULE_ATTN_MERGE_SG
+                          : KVC_VK__MODULE_ATTN_MERGE;
     /* q8_0 keys: the variant with packed dot products where the device has them (the same
        shader otherwise; it declares the capability, so only such devices get it) */
-    p->merge_module = !(opts && opts->no_subgroup) && c->subgroup_shuffle ? KVC_VK__MODULE_ATTN_MERGE_SG
-                                                                         : KVC_VK__MODULE_ATTN_MERGE;
     p->split_module = !p->use_subgroup ? KVC_VK__MODULE_ATTN_SPLIT
                       : (p->features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) && p->tk == KVC_TYPE_Q8_0
                           ? KVC_VK__MODULE_ATTN_SPLIT_SG_DOT
@@ -1737,15 +1742,6 @@ static int kvc_vk__cm(const kvc_vk_pool *p, uint32_t group) {
     return p->use_cm && (group <= 4 ? (p->ctx->coopmat & 1) : group <= 8 && (p->ctx->coopmat & 2));
 }
 
-/* attn_merge_sg: the subgroup size R^T of a rotated output row runs in, in registers (lane l
-   holds values l n .. l n + n - 1, n = hdv / size, at most 32), or 0: in shared memory */
-static uint32_t kvc_vk__merge_sg(const kvc_vk_pool *p) {
-    uint32_t sg = p->ctx->subgroup_size, d = (uint32_t)p->hdv;
-    if (p->merge_module != KVC_VK__MODULE_ATTN_MERGE_SG || !p->rot_v || (d & (d - 1)) != 0 || d < sg || d / sg > 32)
-        return 0;
-    return sg;
-}
-
 /* attn_split_q: query heads per workgroup (its accumulators are 16 registers a head) */
 static uint32_t kvc_vk__q_heads(uint32_t group) { return group < 4 ? group : 4; }
 
@@ -1763,7 +1759,7 @@ static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint
         merge_spec[KVC_VK__MERGE_N_HEADS] = key;
         merge_spec[KVC_VK__MERGE_HDK] = (uint32_t)p->hdk;
         merge_spec[KVC_VK__MERGE_ROT_V] = (uint32_t)p->rot_v; /* the output rotated back before it is written */
-        merge_spec[KVC_VK__MERGE_SG] = kvc_vk__merge_sg(p);
+        merge_spec[KVC_VK__MERGE_SG] = p->merge_module == KVC_VK__MODULE_ATTN_MERGE_SG ? p->ctx->subgroup_size : 0;
         r = kvc_vk__pipeline(p, p->modules[p->merge_module], merge_spec, KVC_VK__MERGE_COUNT, 1, &tab[i].pipe);
     } else {
         spec[KVC_VK__SPLIT_TYPE_K] = (uint32_t)p->tk;

@@ -81,7 +81,7 @@ spec_merge="HDV head dim of V
 N_HEADS query heads
 HDK head dim of K (the query rows checked for a NaN or an infinity)
 ROT_V rotated values: the rotation's block, the output rotated back before it is written (0: none)
-SG attn_merge_sg: the subgroup size R^T runs in, in registers (0: in shared memory)"
+SG attn_merge_sg: the subgroup size R^T runs in, in registers (0: attn_merge, in shared memory)"
 spec_rows_read="TYPE storage type of the tensor
 HD head dim of the tensor
 PLANAR nonzero: q8_0 / q4_0 pages in the planar layout

@@ -49,7 +49,7 @@
 #define MERGE_N_HEADS 1 // query heads
 #define MERGE_HDK 2 // head dim of K (the query rows checked for a NaN or an infinity)
 #define MERGE_ROT_V 3 // rotated values: the rotation's block, the output rotated back before it is written (0: none)
-#define MERGE_SG 4 // attn_merge_sg: the subgroup size R^T runs in, in registers (0: in shared memory)
+#define MERGE_SG 4 // attn_merge_sg: the subgroup size R^T runs in, in registers (0: attn_merge, in shared memory)
 // of rows_read.comp
 #define ROWS_READ_TYPE 0 // storage type of the tensor
 #define ROWS_READ_HD 1 // head dim of the tensor

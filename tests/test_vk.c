@@ -1434,7 +1434,7 @@ int main(int argc, char **argv) {
         }
         sh.extreme = ep % 8 == 5;
         /* a planar shape and a random one; keys 8 times larger a tile of attn_split_q (4096 /
-           head dim cells; 64 at the other dims) */
+           head dim cells; 64 below head dim 64) */
         if (ep % 8 == 1 || ep % 8 == 2) sh.growing = (sh.hdk >= 64 ? 4096.0f / (float)sh.hdk : 64.0f) / 3.0f;
         if (sh.extreme) { /* on planar q4_0 keys, unrotated: attn_split_q's packed sums */
             sh.tk = KVC_TYPE_Q4_0;
