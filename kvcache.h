@@ -2759,6 +2759,8 @@ static void kvc__rewind_any(kvc_cache *c, int32_t target);
 static kvc_result kvc__recurrent_begin_batch(kvc_cache *c, const kvc_batch *b);
 /* the CAUSAL kind's parts of the common calls (Layer 3b) */
 static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n);
+static kvc_result kvc__seq0_batch(kvc_cache *c, int32_t n, kvc_batch *b);
+static kvc_result kvc__causal_admits(kvc_cache *c, const kvc_batch *b);
 static int32_t kvc__seq0_next(const kvc_cache *c);
 static void kvc__causal_cancel(kvc_cache *c);
 static void kvc__causal_clear(kvc_cache *c);
@@ -3172,6 +3174,15 @@ static int kvc__tail_shared(const kvc_cache *c, int32_t o) {
     return idx >= 0 && c->pool->refcount[c->pages[idx]] > 1;
 }
 
+/* FULL and ROTATING: page-table room for a batch of n_tokens (kvc__begin_kv's entries
+   after it dropped the window's dead pages); changes nothing visible. */
+static kvc_result kvc__begin_kv_reserve(kvc_cache *cache, int32_t n_tokens) {
+    int32_t pc = cache->pool->page_cells, o = cache->offset, freed;
+    int64_t n_new = (int64_t)(o + n_tokens - 1) / pc - ((int64_t)o + pc - 1) / pc + 1;
+    int32_t n_dead = kvc__dead_pages(cache, o, &freed);
+    return kvc__page_table_reserve(cache, (int64_t)cache->n_pages - n_dead + n_new);
+}
+
 /* FULL and ROTATING: cells for n_tokens new tokens (checked by the caller). */
 static kvc_result kvc__begin_kv(kvc_cache *cache, int32_t n_tokens) {
     kvc_pool *p;
@@ -3184,7 +3195,8 @@ static kvc_result kvc__begin_kv(kvc_cache *cache, int32_t n_tokens) {
     last = (e - 1) / pc;
     n_new = last - first_new + 1;
     n_dead = kvc__dead_pages(cache, o, &freed);
-    if (kvc__page_table_reserve(cache, (int64_t)cache->n_pages - n_dead + n_new) != KVC_OK) return KVC_ERR_NO_MEMORY;
+    /* allocate first, evict after: a refused table leaves the trees as they were */
+    if (kvc__begin_kv_reserve(cache, n_tokens) != KVC_OK) return KVC_ERR_NO_MEMORY;
     if (!kvc__reclaim(p, (int64_t)n_new + kvc__tail_shared(cache, o) - freed)) return KVC_ERR_FULL;
     /* from here on nothing can fail */
     kvc__drop_front(cache, n_dead);
@@ -3547,6 +3559,19 @@ static kvc_result kvc__check_batch(const kvc_cache *c, const kvc_batch *b) {
     return KVC_OK;
 }
 
+/* Whether a CAUSAL cache with no batch open takes batch b (its result, nothing changed
+   but the scratch: each sequence's lowest batch position, for kvc__window_release). */
+static kvc_result kvc__causal_admits(kvc_cache *c, const kvc_batch *b) {
+    int32_t i;
+    kvc_result r = kvc__check_batch(c, b);
+    if (r != KVC_OK) return r;
+    if (b->n_tokens > c->capacity) return KVC_ERR_FULL;
+    for (i = 0; i < c->cfg.max_seqs; ++i) c->scratch[i] = INT32_MAX;
+    for (i = 0; i < b->n_tokens; ++i) c->scratch[b->seq[i]] = KVC__MIN(c->scratch[b->seq[i]], b->pos[i]);
+    if (c->capacity - c->n_used + kvc__window_freeable(c) < b->n_tokens) return KVC_ERR_FULL;
+    return KVC_OK;
+}
+
 static kvc_result kvc__begin_batch_held(kvc_cache *c, const kvc_batch *b) {
     int32_t i, loc, pad, lo = INT32_MAX, hi = 0;
     kvc_result r;
@@ -3554,12 +3579,7 @@ static kvc_result kvc__begin_batch_held(kvc_cache *c, const kvc_batch *b) {
     if (kvc__is_recurrent(c)) return kvc__batch_open(c) ? KVC_ERR_STATE : kvc__recurrent_begin_batch(c, b);
     if (!kvc__is_causal(c)) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(c)) return KVC_ERR_STATE;
-    r = kvc__check_batch(c, b);
-    if (r != KVC_OK) return r;
-    if (b->n_tokens > c->capacity) return KVC_ERR_FULL;
-    for (i = 0; i < c->cfg.max_seqs; ++i) c->scratch[i] = INT32_MAX;
-    for (i = 0; i < b->n_tokens; ++i) c->scratch[b->seq[i]] = KVC__MIN(c->scratch[b->seq[i]], b->pos[i]);
-    if (c->capacity - c->n_used + kvc__window_freeable(c) < b->n_tokens) return KVC_ERR_FULL;
+    if ((r = kvc__causal_admits(c, b)) != KVC_OK) return r;
     /* from here on it succeeds */
     kvc__window_release(c);
     loc = kvc__find_run(c, b->n_tokens);
@@ -3602,18 +3622,25 @@ static int32_t kvc__seq0_next(const kvc_cache *c) {
     return next;
 }
 
-static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n) {
-    kvc_batch b;
+/* Sequence 0's batch of n tokens after its last position, in *b (over the cache's
+   input scratch). */
+static kvc_result kvc__seq0_batch(kvc_cache *c, int32_t n, kvc_batch *b) {
     int32_t i, next;
     if (n > c->capacity) return KVC_ERR_FULL;
     next = kvc__seq0_next(c);
     if (n > INT32_MAX - 1 - next) return KVC_ERR_RANGE;
     for (i = 0; i < n; ++i) { c->in_pos[i] = next + i; c->in_seq[i] = 0; }
-    b.n_tokens = n;
-    b.pos = c->in_pos;
-    b.seq = c->in_seq;
-    b.non_causal = NULL;
-    return kvc_begin_batch(c, &b);
+    b->n_tokens = n;
+    b->pos = c->in_pos;
+    b->seq = c->in_seq;
+    b->non_causal = NULL;
+    return KVC_OK;
+}
+
+static kvc_result kvc__begin_seq0(kvc_cache *c, int32_t n) {
+    kvc_batch b;
+    kvc_result r = kvc__seq0_batch(c, n, &b);
+    return r != KVC_OK ? r : kvc_begin_batch(c, &b);
 }
 
 static void kvc__causal_cancel(kvc_cache *c) {
@@ -5129,7 +5156,7 @@ static int64_t kvc__begin_net_pages(const kvc_cache *c, int32_t n, int32_t insid
 
 static kvc_result kvc__memory_begin_held(kvc_memory *mem, int32_t n_tokens, const int32_t *at, int32_t n_at) {
     kvc__mpools *mp;
-    int32_t g, i, k, o, order[KVC_MAX_GROUPS], causal_done = 0;
+    int32_t g, i, k, o, order[KVC_MAX_GROUPS];
     int64_t net[KVC_MAX_GROUPS], total = 0;
     kvc_result r = KVC_OK;
     if (mem == NULL || (at == NULL && n_at > 0)) return KVC_ERR_NULL;
@@ -5154,26 +5181,31 @@ static kvc_result kvc__memory_begin_held(kvc_memory *mem, int32_t n_tokens, cons
                                                        ? inside + kvc__reserve_extra(c, n_tokens, at, n_at) : 0);
         total += net[g] * (int64_t)c->pool->page_bytes;
     }
-    /* the budget, after evicting prefix-tree entries if it must (all or nothing); a
+    /* everything that allocates or may refuse, before anything is evicted or changes:
+       page-table room (FULL, ROTATING), the checkpoints' structs, CAUSAL admission */
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) {
+        kvc_cache *c = mem->cache[g];
+        kvc_batch b;
+        if (c->cfg.kind == KVC_KIND_FULL || c->cfg.kind == KVC_KIND_ROTATING) r = kvc__begin_kv_reserve(c, n_tokens);
+        if (r == KVC_OK && kvc__has_ckpts(c)) r = kvc__pend_alloc(c, at, n_at, n_tokens);
+        if (r == KVC_OK && c->cfg.kind == KVC_KIND_CAUSAL && (r = kvc__seq0_batch(c, n_tokens, &b)) == KVC_OK)
+            r = kvc__causal_admits(c, &b);
+    }
+    /* then the budget, after evicting prefix-tree entries if it must (all or nothing); a
        group's own pool then has the pages too (it reserves the whole budget) */
-    if (!kvc__reclaim_for(mem->cache[0]->pool, 0, KVC__MAX(total, 0))) return KVC_ERR_FULL;
-    for (g = 0; g < mp->n_groups; ++g)
-        if (net[g] > (int64_t)mem->cache[g]->pool->n_free) return KVC_ERR_FULL;
-    /* the checkpoints' structs, then CAUSAL groups (which may still find no cells) */
+    if (r == KVC_OK && !kvc__reclaim_for(mem->cache[0]->pool, 0, KVC__MAX(total, 0))) r = KVC_ERR_FULL;
     for (g = 0; g < mp->n_groups && r == KVC_OK; ++g)
-        if (kvc__has_ckpts(mem->cache[g])) r = kvc__pend_alloc(mem->cache[g], at, n_at, n_tokens);
-    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g)
-        if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) {
-            r = kvc__begin_seq0(mem->cache[g], n_tokens);
-            causal_done = g + 1;
-        }
+        if (net[g] > (int64_t)mem->cache[g]->pool->n_free) r = KVC_ERR_FULL;
     if (r != KVC_OK) {
-        for (g = 0; g < mp->n_groups; ++g) {
-            kvc__pend_drop(mem->cache[g]);
-            if (g < causal_done - 1 && mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) (void)kvc_cancel(mem->cache[g]);
-        }
+        for (g = 0; g < mp->n_groups; ++g) kvc__pend_drop(mem->cache[g]);
         return r;
     }
+    /* from here on nothing fails: CAUSAL groups first (they take no pages) */
+    for (g = 0; g < mp->n_groups; ++g)
+        if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) {
+            r = kvc__begin_seq0(mem->cache[g], n_tokens);
+            KVCACHE_ASSERT(r == KVC_OK); /* admitted above */
+        }
     /* then the others, those that give pages back first: every prefix of the order then
        fits the budget, since the whole does */
     for (g = 0, k = 0; g < mp->n_groups; ++g)
@@ -5186,8 +5218,9 @@ static kvc_result kvc__memory_begin_held(kvc_memory *mem, int32_t n_tokens, cons
     for (i = 0; i < k; ++i) {
         kvc_cache *c = mem->cache[order[i]];
         r = kvc__is_recurrent(c) ? kvc__recurrent_begin(c, n_tokens) : kvc__begin_kv(c, n_tokens);
-        KVCACHE_ASSERT(r == KVC_OK); /* the budget was checked for all of them */
+        KVCACHE_ASSERT(r == KVC_OK); /* the budget and the tables were checked for all of them */
     }
+    (void)r;
     return KVC_OK;
 }
 
@@ -5329,7 +5362,7 @@ KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_
 
 static kvc_result kvc__memory_restore_held(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target) {
     kvc__mpools *mp;
-    kvc_snapshot *chains[KVC_MAX_GROUPS];
+    kvc_snapshot *chains[KVC_MAX_GROUPS] = {NULL}; /* a FULL group's stays NULL */
     int64_t copies = 0;
     int32_t g;
     int ok;

@@ -759,6 +759,200 @@ static void test_memory_cancel(void) {
     TK_OK(kvc_memory_destroy(m));
 }
 
+/* ---- allocation failure: every memory call is all or nothing (issue 35) -------------- */
+/* An allocator that refuses the g_refuse-th allocation from the moment it is armed
+   (counted from 0; -1: none), and only that one. */
+static long g_seen, g_refuse = -1;
+static void *refusing_alloc(size_t n, void *user) {
+    (void)user;
+    if (g_refuse >= 0 && g_seen++ == g_refuse) return NULL;
+    return malloc(n);
+}
+static void refusing_free(void *p, void *user) { (void)user; free(p); }
+static void refuse_nth(long n) { g_seen = 0; g_refuse = n; }
+
+/* A memory of one-layer groups of the given kinds (K/V: 1 head of 4 f32, page_cells
+   cells a page; RECURRENT: NS floats) over the refusing allocator. */
+#define MAXG 4
+static int32_t g_window[MAXG]; /* CAUSAL groups' windows (0: none) */
+static kvc_memory *kinds_memory(const kvc_kind *kind, int32_t n, int32_t page_cells, size_t budget) {
+    kvc_memory_config mc;
+    static kvc_group_config g[MAXG];
+    static int32_t map[MAXG];
+    kvc_memory *m = NULL;
+    int32_t i;
+    kvc_memory_config_init(&mc);
+    memset(g, 0, sizeof(g));
+    for (i = 0; i < n; ++i) {
+        map[i] = i;
+        g[i].pool.n_layers = 1;
+        kvc_cache_config_init(&g[i].cache, kind[i]);
+        if (kind[i] == KVC_KIND_RECURRENT) {
+            g[i].pool.state_floats = NS;
+            continue;
+        }
+        g[i].pool.n_kv_heads = 1;
+        g[i].pool.head_dim_k = g[i].pool.head_dim_v = 4;
+        g[i].pool.type_k = g[i].pool.type_v = KVC_TYPE_F32;
+        g[i].pool.page_cells = page_cells;
+        if (kind[i] == KVC_KIND_ROTATING) { g[i].cache.window = 6; g[i].cache.sinks = 1; }
+        if (kind[i] == KVC_KIND_CAUSAL) { g[i].cache.capacity = 6; g[i].cache.window = g_window[i]; }
+    }
+    mc.n_layers = n;
+    mc.layer_group = map;
+    mc.n_groups = n;
+    mc.groups = g;
+    mc.budget_bytes = budget;
+    mc.allocator.alloc = refusing_alloc;
+    mc.allocator.free = refusing_free;
+    TK_OK(kvc_memory_create(&mc, &m));
+    return m;
+}
+
+/* tokens[off, off+n) through every group (checkpoints at[] in the RECURRENT ones) */
+static kvc_result kinds_feed(kvc_memory *m, int32_t n_groups, const int32_t *tokens, int32_t off, int32_t n,
+                             const int32_t *at, int32_t n_at) {
+    kvc_result r = kvc_memory_begin(m, n, at, n_at);
+    int32_t l, t, k, i;
+    float kv[64 * 4];
+    for (l = 0; l < n_groups && r == KVC_OK; ++l) {
+        kvc_cache *c;
+        float *st;
+        TK_OK(kvc_memory_group(m, l, &c));
+        if (kvc_memory_state(m, l, 0, &st) == KVC_OK) {
+            for (t = off, k = 0; t < off + n && r == KVC_OK; ++t) {
+                step(st, tokens[t], 0);
+                if (k < n_at && at[k] == t + 1) r = kvc_memory_state_checkpoint(m, l, at[k++], st);
+            }
+            continue;
+        }
+        for (t = 0; t < n; ++t)
+            for (i = 0; i < 4; ++i) kv[t * 4 + i] = (float)(tokens[off + t] * 10 + i + l);
+        r = kvc_memory_put(m, l, kv, kv);
+    }
+    return r;
+}
+
+/* What a call must leave as it was when it fails: per group the offset, cells, pages
+   and checkpoints; the memory's offset, bytes and checkpoints. */
+typedef struct mem_sig {
+    int32_t v[MAXG * 20 + 4];
+} mem_sig;
+static mem_sig sig_of(const kvc_memory *m) {
+    mem_sig s;
+    kvc_memory_stats st;
+    int32_t g, k = 0, n;
+    memset(&s, 0, sizeof(s));
+    TK_OK(kvc_memory_stats_get(m, &st));
+    s.v[k++] = st.offset;
+    s.v[k++] = (int32_t)st.bytes_used;
+    s.v[k++] = st.n_checkpoints;
+    for (g = 0; g < st.n_groups && g < MAXG; ++g) {
+        kvc_cache *c;
+        TK_OK(kvc_memory_group(m, g, &c));
+        TK_OK(kvc_cache_offset(c, &s.v[k++]));
+        TK_OK(kvc_cache_cells(c, &s.v[k++]));
+        TK_OK(kvc_cache_pages(c, &s.v[k++]));
+        n = 0;
+        if (kvc_checkpoints(c, &s.v[k + 1], 16, &n) == KVC_OK) s.v[k] = n;
+        k += 17;
+    }
+    return s;
+}
+static int unchanged(const kvc_memory *m, const mem_sig *before) {
+    mem_sig now = sig_of(m);
+    return memcmp(&now, before, sizeof(now)) == 0;
+}
+
+/* Issue 35.1: two FULL groups of 1-cell pages, a 9-token batch grows both page tables
+   (8 entries inline); refusing any one allocation inside the call leaves the memory as
+   it was (it aborted on an assertion), and the call then succeeds. */
+static void test_memory_begin_refused(void) {
+    kvc_kind kind[2] = {KVC_KIND_FULL, KVC_KIND_FULL};
+    int32_t tokens[16], i;
+    long k;
+    kvc_memory *m = kinds_memory(kind, 2, 1, 2 * 16 * KV_PAGE);
+    mem_sig before;
+    kvc_result r = KVC_ERR_NO_MEMORY;
+    for (i = 0; i < 16; ++i) tokens[i] = 3 * i + 1;
+    before = sig_of(m);
+    for (k = 0; k < 16 && r != KVC_OK; ++k) {
+        refuse_nth(k);
+        r = kvc_memory_begin(m, 9, NULL, 0);
+        g_refuse = -1;
+        if (r == KVC_OK) break;
+        TK_RES(r, KVC_ERR_NO_MEMORY);
+        TK_CHECK(unchanged(m, &before));
+    }
+    TK_OK(r);
+    TK_CHECK(k > 0); /* the first allocation was refused at least once */
+    TK_OK(kvc_memory_cancel(m));
+    TK_OK(kinds_feed(m, 2, tokens, 0, 9, NULL, 0));
+    {
+        mem_sig after = sig_of(m);
+        TK_EQ(after.v[0], 9);
+        TK_EQ(after.v[3], 9);  /* group 0: 9 tokens */
+        TK_EQ(after.v[23], 9); /* group 1 */
+    }
+    TK_OK(kvc_memory_destroy(m));
+}
+
+/* Issue 35.4: two CAUSAL groups, group 0 with a window of 3, group 1 full: the batch is
+   refused with KVC_ERR_FULL and group 0 keeps its 6 cells (it released its window: 2). */
+static void test_memory_causal_full(void) {
+    kvc_kind kind[2] = {KVC_KIND_CAUSAL, KVC_KIND_CAUSAL};
+    int32_t tokens[8] = {5, 6, 7, 8, 9, 10, 11, 12}, cells = -1;
+    kvc_memory *m;
+    kvc_cache *c0;
+    mem_sig before;
+    g_window[0] = 3;
+    m = kinds_memory(kind, 2, 4, 4 * KV_PAGE);
+    g_window[0] = 0;
+    TK_OK(kinds_feed(m, 2, tokens, 0, 6, NULL, 0));
+    before = sig_of(m);
+    TK_RES(kvc_memory_begin(m, 1, NULL, 0), KVC_ERR_FULL);
+    TK_CHECK(unchanged(m, &before));
+    TK_OK(kvc_memory_group(m, 0, &c0));
+    TK_OK(kvc_cache_offset(c0, &cells));
+    TK_EQ(cells, 6);
+    TK_OK(kvc_memory_destroy(m));
+}
+
+/* Issue 35.2: FULL + ROTATING + RECURRENT, a restore from a snapshot that carries
+   checkpoints; refusing any one allocation inside the call leaves the memory as it was
+   (the cleanup released a FULL group's chain it never set), and the call then succeeds. */
+static void test_memory_restore_refused(void) {
+    kvc_kind kind[3] = {KVC_KIND_FULL, KVC_KIND_ROTATING, KVC_KIND_RECURRENT};
+    int32_t tokens[32], i, at[2] = {4, 8}, off = -1;
+    long k;
+    kvc_memory *m = kinds_memory(kind, 3, 2, 64 * KV_PAGE);
+    kvc_memory_snapshot *snap = NULL;
+    mem_sig before;
+    kvc_result r = KVC_ERR_NO_MEMORY;
+    int ok = 0;
+    for (i = 0; i < 32; ++i) tokens[i] = 7 * i + 2;
+    TK_OK(kinds_feed(m, 3, tokens, 0, 12, at, 2));
+    TK_OK(kvc_memory_snapshot_take(m, 0, 12, &snap));
+    TK_OK(kinds_feed(m, 3, tokens, 12, 6, NULL, 0));
+    before = sig_of(m);
+    for (k = 0; k < 32; ++k) {
+        refuse_nth(k);
+        r = kvc_memory_restore(m, snap, 12);
+        g_refuse = -1;
+        if (r == KVC_OK) break;
+        TK_RES(r, KVC_ERR_NO_MEMORY);
+        TK_CHECK(unchanged(m, &before));
+    }
+    TK_OK(r);
+    TK_CHECK(k > 1); /* a table and a chain were refused before it went through */
+    TK_OK(kvc_memory_offset(m, &off));
+    TK_EQ(off, 12);
+    TK_OK(kvc_memory_can_rewind(m, 8, &ok));
+    TK_CHECK(ok); /* the carried checkpoint came back */
+    TK_OK(kvc_memory_snapshot_free(snap));
+    TK_OK(kvc_memory_destroy(m));
+}
+
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
     test_state_pool_config();
@@ -770,5 +964,8 @@ int main(int argc, char **argv) {
     test_memory_ops();
     test_persistence();
     test_memory_cancel();
+    test_memory_begin_refused();
+    test_memory_causal_full();
+    test_memory_restore_refused();
     return tk_report("test_hybrid");
 }
