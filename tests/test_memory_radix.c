@@ -20,6 +20,18 @@
 
 static const kvc_namespace NSP = {7, 0};
 
+/* An allocator that refuses the g_refuse-th allocation from the moment it is armed
+   (counted from 0; -1: none), and only that one: memories made with g_refusing use it. */
+static long g_seen, g_refuse = -1;
+static int g_refusing;
+static void *refusing_alloc(size_t n, void *user) {
+    (void)user;
+    if (g_refuse >= 0 && g_seen++ == g_refuse) return NULL;
+    return malloc(n);
+}
+static void refusing_free(void *p, void *user) { (void)user; free(p); }
+static void refuse_nth(long n) { g_seen = 0; g_refuse = n; }
+
 /* the toy model: layer 0 recurrent, layer 1 sliding-window attention, layer 2 full */
 static float xval(int32_t token, int32_t i) { return (float)((token * 7 + i) % 17 - 8); }
 static void step(float *st, int32_t token) {
@@ -57,6 +69,10 @@ static void memory_config(kvc_memory_config *mc, kvc_group_config g[3], int32_t 
     mc->n_groups = 3;
     mc->groups = g;
     mc->budget_bytes = budget;
+    if (g_refusing) {
+        mc->allocator.alloc = refusing_alloc;
+        mc->allocator.free = refusing_free;
+    }
 }
 
 /* a forward pass over tokens[off, off+n), with checkpoints at[] */
@@ -371,6 +387,50 @@ static void test_errors(void) {
     TK_OK(kvc_memory_destroy(other));
 }
 
+/* Issue 35.3: a batch that needs an unused entry evicted, with one of its allocations
+   refused, evicts nothing (it evicted the entry, then returned KVC_ERR_NO_MEMORY); the
+   memory and the tree are as they were, and the call then succeeds (evicting). */
+static void test_begin_refused(void) {
+    int32_t a[40], b[40], i, at[1] = {20}, r = -1;
+    long k;
+    kvc_memory *m0, *m = NULL;
+    kvc_radix_config rc;
+    kvc_radix *t = NULL;
+    kvc_radix_stats before, now;
+    kvc_memory_stats ms;
+    kvc_result res = KVC_ERR_NO_MEMORY;
+    g_refusing = 1;
+    m0 = new_memory(3 * 1024);
+    g_refusing = 0;
+    for (i = 0; i < 40; ++i) { a[i] = 1100 + i; b[i] = 2100 + i; }
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TK_OK(kvc_radix_create_memory(m0, &rc, &t));
+    TK_EQ(request(t, a, 40, NULL, 0, 0, NULL), 0);
+    TK_OK(kvc_radix_lookup_memory(t, NSP, b, 40, &m, &r));
+    TK_EQ(r, 0);
+    before = stats_of(t);
+    TK_CHECK(before.n_pages > 0);
+    for (k = 0; k < 16; ++k) {
+        refuse_nth(k);
+        res = kvc_memory_begin(m, 40, at, 1);
+        g_refuse = -1;
+        if (res == KVC_OK) break;
+        TK_RES(res, KVC_ERR_NO_MEMORY);
+        now = stats_of(t);
+        TK_EQ(now.entries_evicted, before.entries_evicted);
+        TK_EQ(now.n_pages, before.n_pages);
+        TK_OK(kvc_memory_stats_get(m, &ms));
+        TK_EQ(ms.offset, 0);
+    }
+    TK_OK(res);
+    TK_CHECK(k > 0);
+    TK_CHECK(stats_of(t).entries_evicted > before.entries_evicted); /* it needed the room */
+    TK_OK(kvc_memory_cancel(m));
+    TK_OK(kvc_memory_destroy(m));
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_memory_destroy(m0));
+}
+
 /* ---- save and load of a memory tree's entries --------------------------------------- */
 static kvc_result save_entry(kvc_radix *t, kvc_namespace ns, const int32_t *tok, int32_t n, unsigned char **buf,
                              size_t *len) {
@@ -552,6 +612,7 @@ int main(int argc, char **argv) {
     test_eviction();
     test_priority();
     test_errors();
+    test_begin_refused();
     test_persistence(seed);
     test_random(seed, rounds, 1 << 20);
     test_random(seed ^ 0x9e3779b97f4a7c15ULL, rounds, 8 * 1024);
