@@ -4120,6 +4120,7 @@ static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int
     s = k >= 0 ? kvc__snapshot_clone(cache->ckpt[k], 1) : kvc__snapshot_alloc(cache->pool, n, 1);
     if (s == NULL) return KVC_ERR_NO_MEMORY;
     if (kvc__has_ckpts(cache) && (r = kvc__ckpt_chain(cache, at, &s->carried)) != KVC_OK) {
+        if (k < 0) s->n_pages = 0; /* a fresh one holds no page yet (a clone holds its own) */
         kvc__snapshot_release(s);
         return r;
     }

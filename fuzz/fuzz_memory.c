@@ -6,7 +6,12 @@
    ROTATING (window 2-9, 0-2 sinks) or RECURRENT (1-8 state floats, one sequence), with
    1-2 kv heads, head sizes 1-4, f32 or f16, 1-8 cells per page, 1-4 or the default 8
    checkpoints, and a budget of one page per group plus 0-15 more pages of each (so it
-   often runs out). Memory comes from a counting allocator. Every later byte starts an
+   often runs out). Memory comes from a counting allocator that can refuse: an operation
+   byte of 23 arms it to refuse the k-th allocation (k from the next byte) of the next
+   operation's main call (kvc_memory_create, _begin, _snapshot_take, _restore, _fork),
+   which must then fail with KVC_ERR_NO_MEMORY and change nothing (the reference and the
+   bytes used are compared as after any refusal), or succeed when it needs fewer
+   allocations. Every later byte starts an
    operation on up to 4 memories (the first, its forks, a second memory of the same
    configuration), 6 memory snapshots and one kvc_prefix; its parameters come from the
    bytes after it (a missing byte reads as 0).
@@ -66,13 +71,34 @@
 #define FM_PT 48      /* prefix: prompt length and max_tokens bound */
 #define FM_STEPS 300  /* operations per input at most */
 
-/* ---- memory: a counting allocator ------------------------------------------------------- */
+/* ---- memory: a counting allocator that can refuse one allocation ------------------------ */
 static long fm_live_blocks;
+static long fm_refuse_next = -1;    /* armed (op 23): the allocation of the next main call to refuse */
+static long fm_refuse_at = -1, fm_seen; /* during that call: which one, and how many were asked for */
+static int fm_refused;                /* the call had an allocation refused */
 static void *fm_alloc(size_t n, void *user) {
-    void *p = malloc(n);
+    void *p;
     (void)user;
+    if (fm_refuse_at >= 0 && fm_seen++ == fm_refuse_at) {
+        fm_refused = 1;
+        return NULL;
+    }
+    p = malloc(n);
     if (p) fm_live_blocks++;
     return p;
+}
+/* around an operation's main call: the armed refusal applies to it alone */
+static void fm_arm(void) {
+    fm_refuse_at = fm_refuse_next;
+    fm_seen = 0;
+    fm_refused = 0;
+}
+/* 1 when the call had an allocation refused: KVC_ERR_NO_MEMORY is then its answer */
+static int fm_disarm(void) {
+    int refused = fm_refused;
+    fm_refuse_at = fm_refuse_next = -1;
+    fm_refused = 0;
+    return refused;
 }
 static void fm_free(void *p, void *user) {
     (void)user;
@@ -351,10 +377,17 @@ static void fm_prefix_drop(fm_world *w) {
 static void fm_create(fm_world *w) {
     fm_mem *m = &w->m[w->nm];
     int32_t l, gl;
+    kvc_result r;
     if (w->nm == FM_MEMS) return;
     memset(m, 0, sizeof(*m));
     fuzz_note("create memory %d (family %d)", w->nm, w->next_family);
-    FUZZ_RES(kvc_memory_create(&w->mc, &m->h), KVC_OK);
+    fm_arm();
+    r = kvc_memory_create(&w->mc, &m->h);
+    if (fm_disarm() && r == KVC_ERR_NO_MEMORY) {
+        fuzz_note("create refused an allocation");
+        return;
+    }
+    FUZZ_RES(r, KVC_OK);
     m->family = w->next_family++;
     for (l = 0; l < w->L; ++l) { /* the layer map as documented */
         kvc_cache *c = NULL, *cg = NULL;
@@ -463,10 +496,13 @@ static int fm_batch(fm_world *w, int mi, const int32_t *tok, int32_t n, const in
     }
     fuzz_note("memory %d begin %d at offset %d, %d checkpoints (%d..%d), bytes %lld..%lld of %zu free, want %d", mi, n, o,
               n_at, n_at ? at[0] : 0, n_at ? at[n_at - 1] : 0, (long long)lo, (long long)hi, freeb, want);
+    fm_arm();
     r = kvc_memory_begin(m->h, n, at, n_at);
+    if (fm_disarm() && r == KVC_ERR_NO_MEMORY) want = KVC_ERR_NO_MEMORY; /* all or nothing */
     /* settling the last batch's checkpoints (dropping the oldest, releasing incomplete
        ones) may free pages first: then only the upper bound is known */
     if (want == KVC_OK && lo > (int64_t)freeb && !m->pend) want = KVC_ERR_FULL;
+    if (want == KVC_ERR_NO_MEMORY) fuzz_note("begin refused an allocation");
     if (want == KVC_OK && hi > (int64_t)freeb && r == KVC_ERR_FULL) want = KVC_ERR_FULL; /* either */
     /* a group's own pool may be out of pages (KVC_ERR_FULL) before a later group's
        checkpoint count is checked */
@@ -632,6 +668,7 @@ static void fm_op_take(fm_world *w, int mi) {
     kvc_memory_snapshot *out = (kvc_memory_snapshot *)&out; /* not NULL: a NULL answer is checked */
     int32_t off = fm_off(m), from = fuzz_int(&w->in, -2, off), at = fuzz_int(&w->in, 0, off + 1);
     int want = KVC_OK, g, i;
+    kvc_result r;
     fm_snap *s;
     if (fuzz_byte(&w->in) % 2 && off > 0) { /* at a checkpoint */
         g = fuzz_int(&w->in, 0, w->G - 1);
@@ -649,7 +686,13 @@ static void fm_op_take(fm_world *w, int mi) {
         want = gr->kind == KVC_KIND_ROTATING ? KVC_ERR_UNREACHABLE : KVC_ERR_RECURRENT;
     }
     fuzz_note("memory %d snapshot_take(%d, %d) at %d, want %d", mi, from, at, off, want);
-    FUZZ_RES(kvc_memory_snapshot_take(m->h, from, at, &out), want);
+    fm_arm();
+    r = kvc_memory_snapshot_take(m->h, from, at, &out);
+    if (fm_disarm() && r == KVC_ERR_NO_MEMORY) {
+        fuzz_note("snapshot_take refused an allocation");
+        return;
+    }
+    FUZZ_RES(r, want);
     if (want != KVC_OK) return;
     if (at <= from || at == 0) {
         FUZZ_CHECK(out == NULL, "snapshot_take(%d, %d): not NULL", from, at);
@@ -708,7 +751,12 @@ static void fm_op_restore(fm_world *w, int mi) {
         }
     }
     fuzz_note("memory %d restore snapshot [%d, %d) to %d at %d, want %d", mi, s->from, s->to, target, fm_off(m), want);
+    fm_arm();
     r = kvc_memory_restore(m->h, s->h, target);
+    if (fm_disarm() && r == KVC_ERR_NO_MEMORY) {
+        fuzz_note("restore refused an allocation");
+        return;
+    }
     /* the FULL groups' pages at `from` may need copies (unless a group still shares that
        page with the snapshot) that do not fit: then the restore is refused whole, and the
        checks after this operation see nothing changed */
@@ -737,9 +785,16 @@ static void fm_op_restore(fm_world *w, int mi) {
 
 static void fm_op_fork(fm_world *w, int mi) {
     kvc_memory *f = NULL;
+    kvc_result r;
     if (w->nm == FM_MEMS) return;
     fuzz_note("memory %d fork", mi);
-    FUZZ_RES(kvc_memory_fork(w->m[mi].h, &f), KVC_OK);
+    fm_arm();
+    r = kvc_memory_fork(w->m[mi].h, &f);
+    if (fm_disarm() && r == KVC_ERR_NO_MEMORY) {
+        fuzz_note("fork refused an allocation");
+        return;
+    }
+    FUZZ_RES(r, KVC_OK);
     w->m[mi].grace = 0; /* the fork settled it */
     w->m[w->nm] = w->m[mi];
     w->m[w->nm].h = f;
@@ -1119,6 +1174,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     w->in.n = size;
     fuzz_log_reset();
     fm_live_blocks = 0;
+    fm_disarm();
     fm_setup(w);
     fm_create(w);
     for (fuzz_step = 0; fuzz_step < FM_STEPS && w->in.i < w->in.n; ++fuzz_step) {
@@ -1140,8 +1196,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 19: fm_op_config(w); break;
         case 20: fm_op_invalid(w, mi); break;
         case 21: if (w->nm > 1 || fuzz_byte(&w->in) % 2) fm_destroy(w, mi); break;
-        default: fm_create(w); break; /* another memory of the configuration: its own pools */
+        case 22: fm_create(w); break; /* another memory of the configuration: its own pools */
+        default: /* the next operation's main call: its k-th allocation refused */
+            fm_refuse_next = fuzz_int(&w->in, 0, 15);
+            fuzz_note("refuse allocation %ld of the next call", fm_refuse_next);
+            continue;
         }
+        fm_disarm(); /* an operation without a main call drops it */
         fm_check_all(w);
     }
     fm_teardown(w);

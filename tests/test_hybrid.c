@@ -953,6 +953,56 @@ static void test_memory_restore_refused(void) {
     TK_OK(kvc_memory_destroy(m));
 }
 
+/* Found by fuzz_memory's refusals: kvc_snapshot_take on a cache with checkpoints, its
+   carried chain refused, released page references the fresh snapshot never took (a
+   wild read, pages freed under the cache). Every refusal: KVC_ERR_NO_MEMORY, the pool's
+   pages and the cache as they were; then it succeeds. */
+static void test_snapshot_take_refused(void) {
+    kvc_pool_config pc;
+    kvc_pool *p = NULL;
+    kvc_cache_config cc;
+    kvc_cache *c = NULL;
+    kvc_snapshot *s = NULL;
+    kvc_pool_stats before, now;
+    int32_t at[2] = {3, 5}, n_at = -1;
+    long k;
+    kvc_result r = KVC_ERR_NO_MEMORY;
+    float kv[8 * 4];
+    memset(kv, 0, sizeof(kv));
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 1; pc.n_kv_heads = 1; pc.head_dim_k = pc.head_dim_v = 4; pc.page_cells = 2;
+    pc.allocator.alloc = refusing_alloc;
+    pc.allocator.free = refusing_free;
+    TK_OK(kvc_pool_budget_for_tokens(&pc, 64, &pc.budget_bytes));
+    TK_OK(kvc_pool_create(&pc, &p));
+    kvc_cache_config_init(&cc, KVC_KIND_ROTATING);
+    cc.window = 8;
+    TK_OK(kvc_cache_create(p, &cc, &c));
+    TK_OK(kvc_begin_checkpoints(c, 6, at, 2));
+    TK_OK(kvc_put(c, 0, kv, kv));
+    TK_OK(kvc_snapshot_take(c, 0, &s)); /* settles the checkpoints */
+    TK_OK(kvc_snapshot_free(s));
+    TK_OK(kvc_pool_stats_get(p, &before));
+    for (k = 0; k < 8; ++k) {
+        s = NULL;
+        refuse_nth(k);
+        r = kvc_snapshot_take(c, 0, &s);
+        g_refuse = -1;
+        if (r == KVC_OK) break;
+        TK_RES(r, KVC_ERR_NO_MEMORY);
+        TK_OK(kvc_pool_stats_get(p, &now));
+        TK_EQ(now.pages_used, before.pages_used);
+        TK_EQ(now.live_snapshots, before.live_snapshots);
+        TK_OK(kvc_checkpoints(c, NULL, 0, &n_at));
+        TK_EQ(n_at, 2);
+    }
+    TK_OK(r);
+    TK_CHECK(k > 1); /* the snapshot, then its chain, were refused first */
+    TK_OK(kvc_snapshot_free(s));
+    TK_OK(kvc_cache_destroy(c));
+    TK_OK(kvc_pool_destroy(p));
+}
+
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
     test_state_pool_config();
@@ -967,5 +1017,6 @@ int main(int argc, char **argv) {
     test_memory_begin_refused();
     test_memory_causal_full();
     test_memory_restore_refused();
+    test_snapshot_take_refused();
     return tk_report("test_hybrid");
 }
