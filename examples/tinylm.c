@@ -41,13 +41,14 @@
    What config.txt may say - every value Hugging Face accepts for these architectures,
    except where noted: any sizes (hd even, heads a multiple of kv, at most MAX_LAYERS
    layers), any window, theta and eps; LFM2's conv_L >= 1 and conv_bias (biases on
-   in_proj, the depthwise conv and out_proj); tie_embeddings (no lm_head.weight).
+   in_proj, the depthwise conv and out_proj); tie_embeddings (no lm_head.weight);
+   attention_bias (q, k, v, o) and mlp_bias (gate, up, down) of Llama and Qwen3.
    Refused with a message rather than run wrong: act other than silu (Llama's and
    Qwen3's hidden_act; LFM2's MLP is always silu), rope other than neox (the only form
-   these architectures use), and attention_bias / mlp_bias / rope_scaling other than 0
-   or none. `inter` is the MLP's actual width (LFM2's block_auto_adjust_ff_dim already
-   applied); every tensor's shape is checked on load. tests/gen_lfm2.py makes models of
-   other shapes with their float64 reference logits.
+   these architectures use), and rope_scaling other than none (Llama 3's and YaRN's
+   scaled frequencies are not implemented). `inter` is the MLP's actual width (LFM2's
+   block_auto_adjust_ff_dim already applied); every tensor's shape is checked on load.
+   tests/gen_model.py makes models of other shapes with float64 reference logits.
 
    --chunk N     prefill at most N tokens per forward pass (default 2048)
    --draft K     speculative decoding through a reserve of K tokens: draft K, reject
@@ -196,7 +197,7 @@ static const kind_spec KINDS[] = {
    F32_REL (5e-4) covers the float32 arithmetic of the forward itself, 100x what it
    costs on the five models below. ERR_GAIN: an error of one step in the stored K/V
    moves a logit by at most about 8 s x step on the four shipped models and on
-   generated ones (tests/gen_lfm2.py: other shapes, conv biases, tied embeddings with
+   generated ones (tests/gen_model.py: other shapes, conv biases, tied embeddings with
    9x larger logits) - f16 4.1, bf16 5.4, q8_0 8.0, q4_0 6.0 - alike for every type,
    as the model predicts; 16 leaves a factor 2. A bug (a wrong row, position, scale or
    block) moves logits by O(s): far over the bounds of f32, f16 and bf16 (5e-4 s,
@@ -413,6 +414,8 @@ struct config {
     int conv_L;     /* LFM2 short convolution: kernel length (HF conv_L_cache) */
     int conv_bias;  /* LFM2: in_proj, conv and out_proj of the conv layers have biases */
     int tied;       /* tie_embeddings: no lm_head.weight, the logits use the embedding */
+    int attn_bias;  /* attention_bias: q, k, v and o projections have biases */
+    int mlp_bias;   /* mlp_bias: gate, up and down projections have biases */
     layer_type type[MAX_LAYERS]; /* `layer_types`; absent: all full, or all sliding with a window */
 };
 
@@ -486,7 +489,9 @@ static int load_config(const char *dir, config *c)
         if (!strcmp(key, "conv_L")) { c->conv_L = atoi(value); continue; }
         if (!strcmp(key, "conv_bias")) { c->conv_bias = atoi(value) != 0; continue; }
         if (!strcmp(key, "tie_embeddings")) { c->tied = atoi(value) != 0; continue; }
-        if (!strcmp(key, "attention_bias") || !strcmp(key, "mlp_bias") || !strcmp(key, "rope_scaling")) {
+        if (!strcmp(key, "attention_bias")) { c->attn_bias = atoi(value) != 0; continue; }
+        if (!strcmp(key, "mlp_bias")) { c->mlp_bias = atoi(value) != 0; continue; }
+        if (!strcmp(key, "rope_scaling")) {
             if (strcmp(value, "0") != 0 && strcmp(value, "none") != 0) { /* would change the math */
                 errorf("%s: %s %s not supported (0 or none only)", path, key, value);
                 ok = 0;
@@ -1316,6 +1321,8 @@ fail:
 typedef struct layer_weights {
     float *attn_norm;           /* [hidden]: the norm before the attention or conv block */
     float *wq, *wk, *wv, *wo;   /* [heads*hd][hidden], [kv*hd][hidden] x2, [hidden][heads*hd] */
+    float *bq, *bk, *bv, *bo;   /* attention_bias: [heads*hd], [kv*hd] x2, [hidden] */
+    float *bgate, *bup, *bdown; /* mlp_bias: [inter] x2, [hidden] */
     float *q_norm, *k_norm;     /* [hd] each, with qk_norm */
     float *conv_in;             /* conv layers: [3*hidden][hidden], rows B, C, u */
     float *conv_w;              /* [hidden][1][L] depthwise kernel */
@@ -1355,6 +1362,7 @@ static void model_free(model *m)
             free(w->attn_norm), free(w->wq), free(w->wk), free(w->wv), free(w->wo);
             free(w->q_norm), free(w->k_norm), free(w->conv_in), free(w->conv_w), free(w->conv_out);
             free(w->conv_in_b), free(w->conv_b), free(w->conv_out_b);
+            free(w->bq), free(w->bk), free(w->bv), free(w->bo), free(w->bgate), free(w->bup), free(w->bdown);
             free(w->mlp_norm), free(w->gate), free(w->up), free(w->down);
         }
     free(m->layers);
@@ -1384,6 +1392,7 @@ static int model_load(model *m, const char *dir)
         const int d_up[2] = {c->inter, c->hidden}, d_down[2] = {c->hidden, c->inter};
         const int d_conv_in[2] = {3 * c->hidden, c->hidden}, d_conv_w[3] = {c->hidden, 1, c->conv_L};
         const int d_conv_out[2] = {c->hidden, c->hidden}, d_conv_in_b[1] = {3 * c->hidden};
+        const int d_qb[1] = {c->heads * c->hd}, d_kvb[1] = {c->kv * c->hd}, d_inter[1] = {c->inter};
         ok = m->layers != NULL;
         ok = ok && (m->embed = st_load(&f, "model.embed_tokens.weight", 2, d_vocab)) != NULL;
         ok = ok && (m->norm = st_load(&f, nm->final_norm, 1, d_hidden)) != NULL;
@@ -1399,7 +1408,9 @@ static int model_load(model *m, const char *dir)
         for (int l = 0; ok && l < c->layers; ++l) {
             layer_weights *w = &m->layers[l];
             ok = LOAD(attn_norm, nm->attn_norm, d_hidden) && LOAD(mlp_norm, nm->mlp_norm, d_hidden) &&
-                 LOAD(gate, nm->gate, d_up) && LOAD(up, nm->up, d_up) && LOAD(down, nm->down, d_down);
+                 LOAD(gate, nm->gate, d_up) && LOAD(up, nm->up, d_up) && LOAD(down, nm->down, d_down) &&
+                 (!c->mlp_bias || (LOAD_AS(bgate, nm->gate, "bias", d_inter) &&
+                                   LOAD_AS(bup, nm->up, "bias", d_inter) && LOAD_AS(bdown, nm->down, "bias", d_hidden)));
             if (ok && c->type[l] == LAYER_CONV)
                 ok = LOAD(conv_in, "conv.in_proj", d_conv_in) && LOAD(conv_w, "conv.conv", d_conv_w) &&
                      LOAD(conv_out, "conv.out_proj", d_conv_out) &&
@@ -1408,7 +1419,9 @@ static int model_load(model *m, const char *dir)
                                         LOAD_AS(conv_out_b, "conv.out_proj", "bias", d_hidden)));
             else if (ok)
                 ok = LOAD(wq, nm->q, d_q) && LOAD(wk, nm->k, d_kv) && LOAD(wv, nm->v, d_kv) && LOAD(wo, nm->o, d_o) &&
-                     (!c->qk_norm || (LOAD(q_norm, nm->q_norm, d_hd) && LOAD(k_norm, nm->k_norm, d_hd)));
+                     (!c->qk_norm || (LOAD(q_norm, nm->q_norm, d_hd) && LOAD(k_norm, nm->k_norm, d_hd))) &&
+                     (!c->attn_bias || (LOAD_AS(bq, nm->q, "bias", d_qb) && LOAD_AS(bk, nm->k, "bias", d_kvb) &&
+                                        LOAD_AS(bv, nm->v, "bias", d_kvb) && LOAD_AS(bo, nm->o, "bias", d_hidden)));
         }
 #undef LOAD
 #undef LOAD_AS
@@ -1617,6 +1630,7 @@ static int forward(const model *m, memory *M, const int32_t *tokens, int n, int3
             matmul(q, h, w->wq, n, H, QD);
             matmul(k, h, w->wk, n, H, KD);
             matmul(v, h, w->wv, n, H, KD);
+            add_bias(q, w->bq, n, QD), add_bias(k, w->bk, n, KD), add_bias(v, w->bv, n, KD);
             if (c->qk_norm) { /* per head, before RoPE: the cache holds normalised keys */
                 rmsnorm(q, q, w->q_norm, n * c->heads, c->hd, c->eps);
                 rmsnorm(k, k, w->k_norm, n * c->kv, c->hd, c->eps);
@@ -1638,14 +1652,17 @@ static int forward(const model *m, memory *M, const int32_t *tokens, int n, int3
                 naive_attention(att, q, k, v, pos, n, c, window);
             }
             matmul(h, att, w->wo, n, QD, H);
+            add_bias(h, w->bo, n, H);
         }
         for (size_t i = 0; i < (size_t)n * H; ++i) x[i] += h[i];
         /* MLP block: down(silu(gate(h)) * up(h)) */
         rmsnorm(h, x, w->mlp_norm, n, H, c->eps);
         matmul(gate, h, w->gate, n, H, c->inter);
         matmul(up, h, w->up, n, H, c->inter);
+        add_bias(gate, w->bgate, n, c->inter), add_bias(up, w->bup, n, c->inter);
         for (size_t i = 0; i < (size_t)n * c->inter; ++i) gate[i] = silu(gate[i]) * up[i];
         matmul(h, gate, w->down, n, c->inter, H);
+        add_bias(h, w->bdown, n, H);
         for (size_t i = 0; i < (size_t)n * H; ++i) x[i] += h[i];
     }
     if (logits && first_row < n) {
@@ -2351,7 +2368,7 @@ fail:
    after the rotation, as for Gaussian noise - and an orthogonal rotation of Gaussian
    data leaves the expected error unchanged: the ratio is 1 plus noise. Measured
    (chunk 2048 and 7 alike), lfm2 / llama / mistral / qwen3: q8_0 0.971 / 0.995 / 0.972
-   / 0.984, q4_0 1.000 / 0.943 / 1.043 / 0.981; eight models from tests/gen_lfm2.py
+   / 0.984, q4_0 1.000 / 0.943 / 1.043 / 0.981; eight models from tests/gen_model.py
    (seeds 1-8): q8_0 0.89-1.007, q4_0 0.92-1.023 - a spread of about 0.04 around 1.
    1.15 is over 3 times that spread, while a rotation that is wrong (not inverted,
    another block's signs, a query left unrotated) gives O(1) errors: ratios of 10 and

@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
-"""Make a tiny LFM2-like model that no test was tuned on, with its reference logits.
+"""Make a tiny model that no test was tuned on, with its reference logits.
 
-    python3 tests/gen_lfm2.py OUT_DIR [--seed N] [--conv-L L] [--no-conv-bias] [--tied]
+    python3 tests/gen_model.py OUT_DIR [--seed N] [--conv-L L] [--no-conv-bias] [--tied]
+    python3 tests/gen_model.py OUT_DIR --arch llama|qwen3 [--attention-bias] [--mlp-bias] [--tied]
 
 Writes OUT_DIR/{config.txt, config.json, model.safetensors, reference.txt,
 NAME.logits.f32} in the format of tests/data/* (tests/data/README.md), with random
 weights. By default: conv_bias true, conv_L 4, five layers (conv, full_attention, conv,
 conv, full_attention), hidden 128, 4 heads / 2 kv heads of 32, which none of the
-shipped models has. The reference logits come from the float64 numpy forward below, a
-cache-free implementation of the README's LFM2 math written apart from examples/tinylm.c
-(every row a fresh forward over the whole prefix). Hugging Face's Lfm2ShortConv adds
-conv.bias inside the depthwise convolution, in_proj.bias to B|C|x and out_proj.bias
-to the output; with --tied there is no lm_head.weight (tie_word_embeddings: the
-logits use the embedding matrix). Needs only numpy; takes about two seconds.
+shipped models has. --arch llama: four full-attention layers with Llama's names, theta
+10000; qwen3: the same with q/k RMSNorm; both may have Hugging Face's attention_bias (q,
+k, v, o_proj.bias) and Llama's mlp_bias (gate, up, down_proj.bias). The reference
+logits come from the float64 numpy forward below, a cache-free implementation of the
+README's math written apart from examples/tinylm.c (every row of a fresh forward over
+the whole sequence). Hugging Face's Lfm2ShortConv adds conv.bias inside the depthwise
+convolution, in_proj.bias to B|C|x and out_proj.bias to the output; with --tied there
+is no lm_head.weight (tie_word_embeddings: the logits use the embedding matrix). Needs
+only numpy; takes about two seconds.
 """
 import argparse
 import json
@@ -23,11 +27,22 @@ import numpy as np
 
 H, HEADS, KV, VOCAB, INTER = 128, 4, 2, 256, 256
 HD = H // HEADS
-TYPES = ["conv", "full_attention", "conv", "conv", "full_attention"]
-THETA, EPS = 1000000.0, 1e-5
+TYPES = ["conv", "full_attention", "conv", "conv", "full_attention"]  # --arch llama, qwen3: 4 full
+THETA, EPS = 1000000.0, 1e-5  # --arch llama, qwen3: theta 10000
+QK_NORM = True
+# Hugging Face's names per architecture (model.layers.N.<name>.weight and the final norm)
+LFM2 = dict(attn_norm="operator_norm", mlp_norm="ffn_norm", q="self_attn.q_proj", k="self_attn.k_proj",
+            v="self_attn.v_proj", o="self_attn.out_proj", q_norm="self_attn.q_layernorm",
+            k_norm="self_attn.k_layernorm", gate="feed_forward.w1", up="feed_forward.w3", down="feed_forward.w2",
+            final="model.embedding_norm.weight")
+LLAMA = dict(attn_norm="input_layernorm", mlp_norm="post_attention_layernorm", q="self_attn.q_proj",
+             k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj", q_norm="self_attn.q_norm",
+             k_norm="self_attn.k_norm", gate="mlp.gate_proj", up="mlp.up_proj", down="mlp.down_proj",
+             final="model.norm.weight")
+N = LFM2
 
 
-def make_weights(rng, conv_L, conv_bias, tied):
+def make_weights(rng, conv_L, conv_bias, tied, attn_bias=False, mlp_bias=False):
     """Hugging Face names -> float64 arrays (Linear weights [out, in])."""
     def lin(o, i):  # std 1/sqrt(in) keeps activations O(1); 1.5x gives O(1) logit gaps
         return rng.standard_normal((o, i)) * (1.5 / np.sqrt(i))
@@ -38,18 +53,20 @@ def make_weights(rng, conv_L, conv_bias, tied):
     def bias(n):
         return 0.3 * rng.standard_normal(n)
 
-    w = {"model.embed_tokens.weight": rng.standard_normal((VOCAB, H)),
-         "model.embedding_norm.weight": norm(H)}
+    w = {"model.embed_tokens.weight": rng.standard_normal((VOCAB, H)), N["final"]: norm(H)}
     w["model.embed_tokens.weight"][0] = 0  # the pad token: a zero row, as in lfm2-tiny
     if not tied:
         w["lm_head.weight"] = lin(VOCAB, H)
     for l, t in enumerate(TYPES):
         p = "model.layers.%d." % l
-        w[p + "operator_norm.weight"] = norm(H)
-        w[p + "ffn_norm.weight"] = norm(H)
-        w[p + "feed_forward.w1.weight"] = lin(INTER, H)
-        w[p + "feed_forward.w3.weight"] = lin(INTER, H)
-        w[p + "feed_forward.w2.weight"] = lin(H, INTER)
+        w[p + N["attn_norm"] + ".weight"] = norm(H)
+        w[p + N["mlp_norm"] + ".weight"] = norm(H)
+        w[p + N["gate"] + ".weight"] = lin(INTER, H)
+        w[p + N["up"] + ".weight"] = lin(INTER, H)
+        w[p + N["down"] + ".weight"] = lin(H, INTER)
+        if mlp_bias:
+            w[p + N["gate"] + ".bias"], w[p + N["up"] + ".bias"] = bias(INTER), bias(INTER)
+            w[p + N["down"] + ".bias"] = bias(H)
         if t == "conv":
             w[p + "conv.in_proj.weight"] = lin(3 * H, H)
             w[p + "conv.conv.weight"] = rng.standard_normal((H, 1, conv_L)) / np.sqrt(conv_L)
@@ -59,13 +76,27 @@ def make_weights(rng, conv_L, conv_bias, tied):
                 w[p + "conv.conv.bias"] = bias(H)
                 w[p + "conv.out_proj.bias"] = bias(H)
         else:
-            w[p + "self_attn.q_proj.weight"] = lin(HEADS * HD, H)
-            w[p + "self_attn.k_proj.weight"] = lin(KV * HD, H)
-            w[p + "self_attn.v_proj.weight"] = lin(KV * HD, H)
-            w[p + "self_attn.out_proj.weight"] = lin(H, HEADS * HD)
-            w[p + "self_attn.q_layernorm.weight"] = norm(HD)
-            w[p + "self_attn.k_layernorm.weight"] = norm(HD)
+            w[p + N["q"] + ".weight"] = lin(HEADS * HD, H)
+            w[p + N["k"] + ".weight"] = lin(KV * HD, H)
+            w[p + N["v"] + ".weight"] = lin(KV * HD, H)
+            w[p + N["o"] + ".weight"] = lin(H, HEADS * HD)
+            if QK_NORM:
+                w[p + N["q_norm"] + ".weight"] = norm(HD)
+                w[p + N["k_norm"] + ".weight"] = norm(HD)
+            if attn_bias:
+                w[p + N["q"] + ".bias"], w[p + N["k"] + ".bias"] = bias(HEADS * HD), bias(KV * HD)
+                w[p + N["v"] + ".bias"], w[p + N["o"] + ".bias"] = bias(KV * HD), bias(H)
     return w
+
+
+def proj(w, name, x):  # a Linear: x W^T + b (b only where the model has one)
+    return x @ w[name + ".weight"].T + w.get(name + ".bias", 0)
+
+
+def qk_norm(w, p, q, k):
+    if not QK_NORM:
+        return q, k
+    return rmsnorm(q, w[p + N["q_norm"] + ".weight"]), rmsnorm(k, w[p + N["k_norm"] + ".weight"])
 
 
 def rmsnorm(x, g):
@@ -87,20 +118,20 @@ def forward(w, tokens, conv_L):
     causal = np.tril(np.ones((T, T), dtype=bool))
     for l, t in enumerate(TYPES):
         p = "model.layers.%d." % l
-        h = rmsnorm(x, w[p + "operator_norm.weight"])
+        h = rmsnorm(x, w[p + N["attn_norm"] + ".weight"])
         if t == "conv":
-            bcx = h @ w[p + "conv.in_proj.weight"].T + w.get(p + "conv.in_proj.bias", 0)
+            bcx = proj(w, p + "conv.in_proj", h)
             B, C, u = bcx[:, :H], bcx[:, H:2 * H], bcx[:, 2 * H:]
             s = np.concatenate([np.zeros((conv_L - 1, H)), B * u])  # zeros before position 0
             k = w[p + "conv.conv.weight"][:, 0, :]  # [H, L]; k[:, L-1] weighs the current token
             conv = sum(s[j:j + T] * k[:, j] for j in range(conv_L)) + w.get(p + "conv.conv.bias", 0)
-            y = (C * conv) @ w[p + "conv.out_proj.weight"].T + w.get(p + "conv.out_proj.bias", 0)
+            y = proj(w, p + "conv.out_proj", C * conv)
         else:
-            q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, HEADS, HD)
-            k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, KV, HD)
-            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, KV, HD)
-            q = rope(rmsnorm(q, w[p + "self_attn.q_layernorm.weight"]), np.arange(T))
-            k = rope(rmsnorm(k, w[p + "self_attn.k_layernorm.weight"]), np.arange(T))
+            q = proj(w, p + N["q"], h).reshape(T, HEADS, HD)
+            k = proj(w, p + N["k"], h).reshape(T, KV, HD)
+            v = proj(w, p + N["v"], h).reshape(T, KV, HD)
+            q, k = qk_norm(w, p, q, k)
+            q, k = rope(q, np.arange(T)), rope(k, np.arange(T))
             out = np.empty((T, HEADS, HD))
             for hh in range(HEADS):
                 g = hh // (HEADS // KV)
@@ -108,14 +139,14 @@ def forward(w, tokens, conv_L):
                 sc = np.where(causal, sc, -np.inf)
                 e = np.exp(sc - sc.max(axis=1, keepdims=True))
                 out[:, hh, :] = (e / e.sum(axis=1, keepdims=True)) @ v[:, g, :]
-            y = out.reshape(T, HEADS * HD) @ w[p + "self_attn.out_proj.weight"].T
+            y = proj(w, p + N["o"], out.reshape(T, HEADS * HD))
         x = x + y
-        h = rmsnorm(x, w[p + "ffn_norm.weight"])
-        gate = h @ w[p + "feed_forward.w1.weight"].T
-        up = h @ w[p + "feed_forward.w3.weight"].T
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "feed_forward.w2.weight"].T
+        h = rmsnorm(x, w[p + N["mlp_norm"] + ".weight"])
+        gate = proj(w, p + N["gate"], h)
+        up = proj(w, p + N["up"], h)
+        x = x + proj(w, p + N["down"], gate / (1 + np.exp(-gate)) * up)
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    return rmsnorm(x, w["model.embedding_norm.weight"]) @ head.T
+    return rmsnorm(x, w[N["final"]]) @ head.T
 
 
 def step(w, cache, token, conv_L):
@@ -125,20 +156,20 @@ def step(w, cache, token, conv_L):
     x = w["model.embed_tokens.weight"][token][None, :]
     for l, t in enumerate(TYPES):
         p = "model.layers.%d." % l
-        h = rmsnorm(x, w[p + "operator_norm.weight"])
+        h = rmsnorm(x, w[p + N["attn_norm"] + ".weight"])
         if t == "conv":
-            bcx = h @ w[p + "conv.in_proj.weight"].T + w.get(p + "conv.in_proj.bias", 0)
+            bcx = proj(w, p + "conv.in_proj", h)
             B, C, u = bcx[:, :H], bcx[:, H:2 * H], bcx[:, 2 * H:]
             s = np.concatenate([cache.get(l, np.zeros((conv_L - 1, H))), B * u])
             cache[l] = s[1:]
             conv = np.sum(s.T * w[p + "conv.conv.weight"][:, 0, :], axis=1) + w.get(p + "conv.conv.bias", 0)
-            y = (C * conv) @ w[p + "conv.out_proj.weight"].T + w.get(p + "conv.out_proj.bias", 0)
+            y = proj(w, p + "conv.out_proj", C * conv)
         else:
-            q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(HEADS, HD)
-            k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(KV, HD)
-            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(KV, HD)
-            q = rope(rmsnorm(q, w[p + "self_attn.q_layernorm.weight"])[None], [pos])[0]
-            k = rope(rmsnorm(k, w[p + "self_attn.k_layernorm.weight"])[None], [pos])[0]
+            q = proj(w, p + N["q"], h).reshape(HEADS, HD)
+            k = proj(w, p + N["k"], h).reshape(KV, HD)
+            v = proj(w, p + N["v"], h).reshape(KV, HD)
+            q, k = qk_norm(w, p, q, k)
+            q, k = rope(q[None], [pos])[0], rope(k[None], [pos])[0]
             K, V = cache.get(l, (np.zeros((0, KV, HD)), np.zeros((0, KV, HD))))
             K, V = np.concatenate([K, k[None]]), np.concatenate([V, v[None]])
             cache[l] = (K, V)
@@ -148,15 +179,15 @@ def step(w, cache, token, conv_L):
                 sc = K[:, g, :] @ q[hh] / np.sqrt(HD)
                 e = np.exp(sc - sc.max())
                 out[hh] = e / e.sum() @ V[:, g, :]
-            y = out.reshape(1, HEADS * HD) @ w[p + "self_attn.out_proj.weight"].T
+            y = proj(w, p + N["o"], out.reshape(1, HEADS * HD))
         x = x + y
-        h = rmsnorm(x, w[p + "ffn_norm.weight"])
-        gate = h @ w[p + "feed_forward.w1.weight"].T
-        up = h @ w[p + "feed_forward.w3.weight"].T
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "feed_forward.w2.weight"].T
+        h = rmsnorm(x, w[p + N["mlp_norm"] + ".weight"])
+        gate = proj(w, p + N["gate"], h)
+        up = proj(w, p + N["up"], h)
+        x = x + proj(w, p + N["down"], gate / (1 + np.exp(-gate)) * up)
     cache["n"] = pos + 1
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    return (rmsnorm(x, w["model.embedding_norm.weight"]) @ head.T)[0]
+    return (rmsnorm(x, w[N["final"]]) @ head.T)[0]
 
 
 def greedy(w, prompt, n_new, conv_L):
@@ -195,21 +226,28 @@ def main():
     ap.add_argument("--conv-L", type=int, default=4)
     ap.add_argument("--no-conv-bias", action="store_true")
     ap.add_argument("--tied", action="store_true")
+    ap.add_argument("--arch", choices=["lfm2", "llama", "qwen3"], default="lfm2")
+    ap.add_argument("--attention-bias", action="store_true")
+    ap.add_argument("--mlp-bias", action="store_true")
     a = ap.parse_args()
+    global TYPES, THETA, QK_NORM, N
+    if a.arch != "lfm2":
+        TYPES, THETA, QK_NORM, N = ["full_attention"] * 4, 10000.0, a.arch == "qwen3", LLAMA
     rng = np.random.default_rng(a.seed)
-    conv_bias = not a.no_conv_bias
-    w = make_weights(rng, a.conv_L, conv_bias, a.tied)
+    conv_bias = not a.no_conv_bias and a.arch == "lfm2"
+    w = make_weights(rng, a.conv_L, conv_bias, a.tied, a.attention_bias, a.mlp_bias)
     # The model as tinylm reads it: float32 weights, so the reference runs on those too.
     w = {k: v.astype(np.float32).astype(np.float64) for k, v in w.items()}
     os.makedirs(a.out, exist_ok=True)
     write_safetensors(os.path.join(a.out, "model.safetensors"), w)
     with open(os.path.join(a.out, "config.txt"), "w") as f:
         f.write("vocab %d\nhidden %d\nlayers %d\nheads %d\nkv %d\nhd %d\ninter %d\ntheta %.1f\nwindow 0\n"
-                "rms_eps %g\nrope neox\nact silu\narch lfm2\nlayer_types %s\nqk_norm 1\nconv_L %d\n"
-                "conv_bias %d\ntie_embeddings %d\n" % (VOCAB, H, len(TYPES), HEADS, KV, HD, INTER, THETA, EPS,
-                                                      " ".join(TYPES), a.conv_L, conv_bias, a.tied))
+                "rms_eps %g\nrope neox\nact silu\narch %s\nlayer_types %s\nqk_norm %d\nconv_L %d\n"
+                "conv_bias %d\ntie_embeddings %d\nattention_bias %d\nmlp_bias %d\n"
+                % (VOCAB, H, len(TYPES), HEADS, KV, HD, INTER, THETA, EPS, a.arch, " ".join(TYPES), QK_NORM,
+                   a.conv_L if a.arch == "lfm2" else 0, conv_bias, a.tied, a.attention_bias, a.mlp_bias))
     with open(os.path.join(a.out, "config.json"), "w") as f:
-        json.dump({"model_type": "lfm2", "vocab_size": VOCAB, "hidden_size": H, "intermediate_size": INTER,
+        json.dump({"model_type": a.arch, "attention_bias": a.attention_bias, "mlp_bias": a.mlp_bias, "vocab_size": VOCAB, "hidden_size": H, "intermediate_size": INTER,
                    "num_hidden_layers": len(TYPES), "num_attention_heads": HEADS, "num_key_value_heads": KV,
                    "layer_types": TYPES, "conv_L_cache": a.conv_L, "conv_bias": conv_bias, "norm_eps": EPS,
                    "rope_parameters": {"rope_theta": THETA, "rope_type": "default"},
@@ -234,8 +272,9 @@ def main():
             f.write("tokens %s\n" % " ".join(str(int(t)) for t in tokens))
             rows.astype("<f4").tofile(os.path.join(a.out, name + ".logits.f32"))
     margins = [c[5] for c in cases if c[5] is not None]
-    print("gen_lfm2: %s: conv_L %d, conv_bias %d, tied %d, seed %d, smallest top-2 margin %.3g, "
-          "logits rms %.2f" % (a.out, a.conv_L, conv_bias, a.tied, a.seed, min(margins),
+    print("gen_model: %s: %s, conv_L %d, conv_bias %d, tied %d, attention_bias %d, mlp_bias %d, seed %d, "
+          "smallest top-2 margin %.3g, logits rms %.2f" % (a.out, a.arch, a.conv_L, conv_bias, a.tied,
+                                                          a.attention_bias, a.mlp_bias, a.seed, min(margins),
                                float(np.sqrt(np.mean(cases[0][4] ** 2)))))
 
 
