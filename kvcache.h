@@ -221,11 +221,12 @@ typedef struct kvc_page_hooks {
    whole cache and saves a TLB miss per 4 KiB (a 16k-cell decode measured 14 % faster
    on one thread), but the first write into a 2 MiB granule makes the whole granule
    resident (the first token touches each layer's K and V regions: up to 2 x n_layers
-   x 2 MiB at once), and where the kernel's THP defrag setting is "madvise" (the
-   default) advised faults compact memory synchronously, under the host program's
-   feet: an adopter's engine saw its own weight matmuls 3-41 % slower, erratically;
-   docs/performance-log.md has this machine's measurement (bench/bench_host.c). So it
-   is opt-in: turn it on where the cache is most of the process's memory traffic. Under
+   x 2 MiB at once), where the kernel's THP defrag setting is "madvise" (its default)
+   advised faults may compact memory synchronously, and the host program's own memory
+   work can suffer: an adopter's engine saw its weight matmuls 3-41 % slower,
+   erratically (bench/bench_host.c on a 2-core machine: 1-3 % slower, within its noise,
+   and the cache no faster at 27 MiB; docs/performance-log.md). So it is opt-in: turn
+   it on where the cache is most of the process's memory traffic. Under
    THP "always" the kernel may use huge pages without the advice; an allocator that
    advises MADV_NOHUGEPAGE avoids that. */
 typedef struct kvc_pool_config {
