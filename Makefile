@@ -1,7 +1,8 @@
 # kvcache.h - `make` builds and runs the tiny-model demo, `make check` is the quick loop
 # before a commit (every test program at reduced scale and every fuzz corpus, in parallel,
 # under 90 s on two cores), `make test` runs every test (tests/run.sh, what CI runs),
-# `make bench` runs the benchmarks (`make bench-build` only builds them), `make examples`
+# `make bench` runs the benchmarks (`make bench-build` only builds them, `make bench-quick` runs
+# each with --quick: small sizes, a smoke run of every path in seconds), `make examples`
 # builds and runs the small examples, `make shaders` regenerates the Vulkan backend's SPIR-V.
 CC ?= cc
 CFLAGS ?= -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror
@@ -10,7 +11,7 @@ BUILD = build
 EXAMPLES = $(filter-out examples/tinylm.c,$(wildcard examples/*.c))
 BENCHES = $(wildcard bench/bench_*.c)
 
-.PHONY: all run check test bench bench-build examples clean shaders
+.PHONY: all run check test bench bench-build bench-quick examples clean shaders
 
 all: run
 
@@ -79,6 +80,9 @@ bench-build: | $(BUILD)
 
 bench: bench-build
 	@for b in $(BENCHES); do n=$$(basename $$b .c); echo "== $$n" && ./$(BUILD)/$$n || exit 1; done
+
+bench-quick: bench-build
+	@for b in $(BENCHES); do n=$$(basename $$b .c); echo "== $$n --quick" && ./$(BUILD)/$$n --quick || exit 1; done
 
 # regenerate the SPIR-V committed in kvcache_vk.h from shaders/*.comp (needs glslc)
 shaders:

@@ -16,8 +16,11 @@
      KVCACHE_ASSERT(x)          internal consistency checks (default: assert).
      KVCACHE_NO_STDIO           leave out kvc_io_stdio / kvc_io_path (no <stdio.h>).
      KVCACHE_NO_SIMD            compile only the scalar C paths.
-     KVCACHE_NO_HUGE_PAGES      on Linux, do not ask for transparent huge pages under
-                                a pool's slab from malloc (madvise; the default asks).
+     KVCACHE_HUGE_PAGES         on Linux, ask for transparent huge pages under a pool's
+                                slab from malloc (madvise MADV_HUGEPAGE; off by default:
+                                faster attention over large caches, but it can slow the
+                                host program's own memory work - see "Resident memory").
+     KVCACHE_NO_HUGE_PAGES      never ask (the default; wins over KVCACHE_HUGE_PAGES).
      KVCACHE_THREADS            also compile the small pthread helper (kvc_threads_*).
      KVCACHE_THREADS_SPIN       how many times (default 20000) its idle threads poll
                                 for the next job before they sleep (0: sleep at once).
@@ -210,15 +213,22 @@ typedef struct kvc_page_hooks {
    page_cells tokens of every layer in the storage types chosen; kvc_pool_page_bytes and
    kvc_pool_budget_for_tokens compute them (a "tokens x f32 row" budget wastes what f16
    or q8_0 save). All of it is allocated at create.
-   Resident memory: on Linux, when the slab comes from the library's own malloc (no
-   allocator in the config, no KVCACHE_MALLOC, no arena), it is advised MADV_HUGEPAGE
-   (the 2 MiB-aligned part of it; only where <sys/mman.h> declares it, e.g. gcc's default
-   gnu modes). With transparent huge pages on ("madvise" or "always"), the first write
-   into a 2 MiB granule then makes the whole granule resident: the first token touches
-   each layer's K and V regions, so the resident size jumps by up to 2 x n_layers x
-   2 MiB. KVCACHE_NO_HUGE_PAGES, an allocator of your own or an arena leave the advice
-   out (under "always" the kernel may still use huge pages; an allocator that advises
-   MADV_NOHUGEPAGE avoids that). */
+   Resident memory: the library gives the kernel no advice about the slab by default.
+   With KVCACHE_HUGE_PAGES on Linux, when the slab comes from the library's own malloc
+   (no allocator in the config, no KVCACHE_MALLOC, no arena), it is advised
+   MADV_HUGEPAGE (the 2 MiB-aligned part of it; only where <sys/mman.h> declares it,
+   e.g. gcc's default gnu modes or _DEFAULT_SOURCE). The trade: attention streams the
+   whole cache and saves a TLB miss per 4 KiB (a 16k-cell decode measured 14 % faster
+   on one thread), but the first write into a 2 MiB granule makes the whole granule
+   resident (the first token touches each layer's K and V regions: up to 2 x n_layers
+   x 2 MiB at once), where the kernel's THP defrag setting is "madvise" (its default)
+   advised faults may compact memory synchronously, and the host program's own memory
+   work can suffer: an adopter's engine saw its weight matmuls 3-41 % slower,
+   erratically (bench/bench_host.c on a 2-core machine: 1-3 % slower, within its noise,
+   and the cache no faster at 27 MiB; docs/performance-log.md). So it is opt-in: turn
+   it on where the cache is most of the process's memory traffic. Under
+   THP "always" the kernel may use huge pages without the advice; an allocator that
+   advises MADV_NOHUGEPAGE avoids that. */
 typedef struct kvc_pool_config {
     int32_t n_layers;     /* layers whose K/V live in each page */
     int32_t n_kv_heads;
@@ -1137,8 +1147,9 @@ struct kvc_page_event {
 #define KVCACHE_MALLOC(sz, user) ((void)(user), malloc(sz))
 #define KVCACHE_FREE(p, user) ((void)(user), free(p))
 #define KVC__LIBC_MALLOC
-#if defined(__linux__) && !defined(KVCACHE_NO_HUGE_PAGES)
+#if defined(__linux__) && defined(KVCACHE_HUGE_PAGES) && !defined(KVCACHE_NO_HUGE_PAGES)
 #include <sys/mman.h> /* madvise: declared in gcc's default gnu modes (_DEFAULT_SOURCE) */
+#define KVC__HUGE_PAGES
 #endif
 #else
 #error "kvcache.h: define both KVCACHE_MALLOC and KVCACHE_FREE, or neither"
@@ -1983,14 +1994,15 @@ static void *kvc__default_alloc(size_t size, void *user) { return KVCACHE_MALLOC
 static int kvc__misaligned(const void *ptr) { return ((uintptr_t)ptr & (KVC_ALLOC_ALIGN - 1)) != 0; }
 static void kvc__default_free(void *ptr, void *user) { KVCACHE_FREE(ptr, user); }
 
-/* Ask Linux for transparent huge pages under a slab from libc's malloc: attention
-   streams the whole cache, and with 4 KiB pages every 4 KiB of K/V costs a TLB miss
-   (measured: a 16k-cell decode 14 % faster on one thread, and the machine's streaming
-   read 28 -> 34 GB/s). Only where <sys/mman.h> declares MADV_HUGEPAGE (gcc's default
-   gnu modes; not -std=c99 alone); KVCACHE_NO_HUGE_PAGES turns it off. A hint only:
-   madvise's result changes nothing here. */
+/* With KVCACHE_HUGE_PAGES, ask Linux for transparent huge pages under a slab from
+   libc's malloc: attention streams the whole cache, and with 4 KiB pages every 4 KiB
+   of K/V costs a TLB miss (measured: a 16k-cell decode 14 % faster on one thread, and
+   the machine's streaming read 28 -> 34 GB/s). Off by default: it can slow the host
+   program (see "Resident memory" at kvc_pool_config). Only where <sys/mman.h> declares
+   MADV_HUGEPAGE (gcc's default gnu modes; not -std=c99 alone). A hint only: madvise's
+   result changes nothing here. */
 static void kvc__advise_huge_pages(void *block, size_t bytes) {
-#if defined(KVC__LIBC_MALLOC) && defined(MADV_HUGEPAGE)
+#if defined(KVC__LIBC_MALLOC) && defined(KVC__HUGE_PAGES) && defined(MADV_HUGEPAGE)
     uintptr_t huge = (uintptr_t)1 << 21, lo = ((uintptr_t)block + huge - 1) & ~(huge - 1);
     uintptr_t hi = ((uintptr_t)block + bytes) & ~(huge - 1);
     if (hi > lo) (void)madvise((void *)lo, (size_t)(hi - lo), MADV_HUGEPAGE);

@@ -2,21 +2,23 @@
 
    - Read bandwidth of this machine, measured here: a streaming read (sum of floats)
      over a 1 GiB buffer, with 1 and 2 threads, the ceiling for decode attention. On
-     Linux the buffer gets transparent huge pages, as kvcache.h asks for its slab.
+     Linux the buffer gets transparent huge pages, as the pool's slab does here
+     (KVCACHE_HUGE_PAGES: a benchmark of attention over large caches is where that
+     opt-in pays; the library's default gives no advice).
    - Decode attention: 1 query token, 32 query heads / 8 kv heads (GQA 4) and also
      32 / 32 (GQA 1), head dim 128, 4k / 16k / 32k cells of a FULL cache, each storage
      type (K and V the same), 1 and 2 threads (kvc_threads): median time, GB/s of K+V
-     read, the ratio to the read bandwidth of the same thread count, the ratio to the
-     scalar path (cpu_disable = all; measured with 1 thread, fewer reps), and for f16
-     and q8_0 the ratio to llama.cpp's CPU flash attention on this machine with two
-     threads (f16 2.4 ms at 4k, 12 ms at 16k; q8_0 3.4 / 13.8 ms).
+     read, the ratio to the read bandwidth of the same thread count and the ratio to the
+     scalar path (cpu_disable = all; measured with 1 thread, fewer reps). Every ratio
+     printed is measured in this run; the comparison with llama.cpp's CPU flash
+     attention is in docs/performance.md with its method (both built and run
+     alternately on one machine).
      At 4k cells the f16 K+V (16 MiB) fits in the 32 MiB L3; 16k (64 MiB) does not.
      For the float types, 'vs FMA' is the share of this machine's 512-bit FMA throughput
      (measured here too) that the call reaches: every kernel of this design needs
      n_heads x (hk + hv) f32 multiply-adds per cell, so that is the compute floor.
    - Prefill attention: 512 queries at the last positions of 4k cells, causal,
-     f16 and q8_0: GFLOP/s counting 4 flops per (query head, visible cell, dim)
-     (llama.cpp: 60 and 18 GFLOP/s).
+     f16 and q8_0: GFLOP/s counting 4 flops per (query head, visible cell, dim).
    - Rotated storage (kvc_pool_config.rotate, K and V: "+rot" types): q8_0+rot and
      q4_0+rot in the decode and append tables, and the time of the rotation a decode
      call adds (q forward, out back: 32 heads x 128).
@@ -36,6 +38,7 @@
            bench_attention --parts decode --types q8_0 --cells 16384 --threads 1 --gqa 4 */
 #define _DEFAULT_SOURCE /* madvise: the pool's slab and the read buffer both get huge pages */
 #define _POSIX_C_SOURCE 199309L
+#define KVCACHE_HUGE_PAGES
 #define KVCACHE_THREADS
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
@@ -106,7 +109,7 @@ static double read_bandwidth(int threads) {
     r.n = (size_t)256 << 20; /* 1 GiB of floats */
     r.buf = (const float *)malloc(r.n * sizeof(float));
     if (r.buf == NULL) return 0;
-#ifdef MADV_HUGEPAGE /* as kvcache.h asks for the pool's slab: the same TLB cost on both sides */
+#ifdef MADV_HUGEPAGE /* as KVCACHE_HUGE_PAGES asks for the pool's slab: the same TLB cost on both sides */
     madvise((void *)(((uintptr_t)r.buf + ((uintptr_t)1 << 21) - 1) & ~(((uintptr_t)1 << 21) - 1)),
             r.n * sizeof(float) - ((size_t)1 << 21), MADV_HUGEPAGE);
 #endif
@@ -241,19 +244,12 @@ static double time_attention(bcache *b, int32_t nq, int32_t n_heads, int reps) {
     return median(t, reps);
 }
 
-/* llama.cpp's CPU flash attention on this machine (two threads), for the default shapes */
-static double llama_decode_ms(kvc_type t, int32_t cells) {
-    if (t == KVC_TYPE_F16) return cells == 4096 ? 2.4 : cells == 16384 ? 12.0 : 0;
-    if (t == KVC_TYPE_Q8_0) return cells == 4096 ? 3.4 : cells == 16384 ? 13.8 : 0;
-    return 0;
-}
-
 /* bw[th]: read bandwidth with th threads (0: not measured) */
 static void bench_decode(const options *o, const double *bw, double fma) {
     int si, ti, thi, gi;
     printf("\ndecode attention, 1 query, head dim 128, FULL cache, medians of %d (scalar: %d)\n", g_reps, 3);
-    printf("%-8s %5s %6s %3s %9s %8s %8s %8s %9s %10s\n", "type", "GQA", "cells", "thr", "time", "K+V GB/s", "vs read",
-           "vs FMA", "vs scalar", "vs llama");
+    printf("%-8s %5s %6s %3s %9s %8s %8s %8s %9s\n", "type", "GQA", "cells", "thr", "time", "K+V GB/s", "vs read",
+           "vs FMA", "vs scalar");
     for (gi = 0; gi < o->n_gqa; ++gi)
         for (ti = 0; ti < o->n_types; ++ti)
             for (si = 0; si < o->n_cells; ++si) {
@@ -266,7 +262,7 @@ static void bench_decode(const options *o, const double *bw, double fma) {
                 for (thi = 0; thi < o->n_threads; ++thi) {
                     int th = o->threads[thi];
                     bcache b;
-                    double s, gbs, llama = llama_decode_ms(type, cells);
+                    double s, gbs;
                     make_cache(&b, bt, n_kv, cells, g_disable, th);
                     s = time_attention(&b, 1, 32, g_reps);
                     gbs = (double)b.kv_bytes / s / 1e9;
@@ -282,8 +278,7 @@ static void bench_decode(const options *o, const double *bw, double fma) {
                         printf("%7.0f%% ", 100.0 * (double)cells * 512.0 / (th * fma) / s); /* float types */
                     else
                         printf("%8s ", "-");
-                    if (scalar_s > 0) printf("%8.1fx ", scalar_s / s); else printf("%9s ", "-");
-                    if (gqa == 4 && llama > 0 && !bt.rot) printf("%9.1fx", llama * 1e-3 / s);
+                    if (scalar_s > 0) printf("%8.1fx", scalar_s / s); else printf("%9s", "-");
                     printf("\n");
                 }
             }
@@ -313,27 +308,22 @@ static void bench_prefill(const options *o) {
     int ti, thi, si, gi;
     int32_t nq = o->queries;
     printf("\nprefill attention, %d queries at the last positions (causal), 32 q heads, head dim 128\n", (int)nq);
-    printf("%-8s %5s %6s %3s %9s %9s %9s\n", "type", "GQA", "cells", "thr", "time", "GFLOP/s", "vs llama");
+    printf("%-8s %5s %6s %3s %9s %9s\n", "type", "GQA", "cells", "thr", "time", "GFLOP/s");
     for (gi = 0; gi < o->n_gqa; ++gi)
         for (ti = 0; ti < o->n_types; ++ti)
             for (si = 0; si < o->n_cells; ++si)
                 for (thi = 0; thi < o->n_threads; ++thi) {
                     int32_t gqa = o->gqa[gi], cells = o->cells[si], qi;
                     btype bt = o->types[ti];
-                    kvc_type type = bt.t;
                     int th = o->threads[thi];
-                    double s, flops = 0, llama = 0;
+                    double s, flops = 0;
                     bcache b;
                     if (nq > cells) continue;
                     make_cache(&b, bt, 32 / gqa, cells, g_disable, th);
                     s = time_attention(&b, nq, 32, g_reps < 5 ? g_reps : 5);
                     for (qi = 0; qi < nq; ++qi) flops += 4.0 * 32 * 128 * (double)(cells - nq + qi + 1);
-                    /* llama.cpp's prefill, 512 queries over 4k cells, GQA 4 */
-                    if (nq == 512 && cells == 4096 && gqa == 4 && !bt.rot) llama = type == KVC_TYPE_F16 ? 60 : type == KVC_TYPE_Q8_0 ? 18 : 0;
-                    printf("%-8s %5d %6d %3d %7.1fms %9.1f ", btype_name(bt), (int)gqa, (int)cells, th, s * 1e3,
+                    printf("%-8s %5d %6d %3d %7.1fms %9.1f\n", btype_name(bt), (int)gqa, (int)cells, th, s * 1e3,
                            flops / s / 1e9);
-                    if (llama > 0) printf("%8.1fx", flops / s / 1e9 / llama);
-                    printf("\n");
                     free_cache(&b);
                 }
 }
@@ -473,7 +463,8 @@ static void usage(FILE *f, const char *argv0) {
             "                   in decode; 4 in prefill)\n"
             "  --queries N      prefill queries (default 512)\n"
             "  --reps N         repetitions per timing, the median printed (default 7, at most %d)\n"
-            "  --quick          decode at 4096 cells only\n"
+            "  --quick          a smoke run in seconds: decode only, 4096 cells, f16,q8_0,q4_0+rot,\n"
+            "                   1 thread, 3 reps, no scalar or roofline (other options still apply)\n"
             "  --no-scalar      skip the scalar-path comparison\n"
             "  --no-roofline    skip measuring read bandwidth and FMA throughput (their columns show -)\n"
             "  --disable MASK   the pools' cpu_disable (0xc: the AVX2 path on an AVX-512 machine, as CPUs\n"
@@ -516,7 +507,7 @@ static int parse_ints(const char *s, int32_t *out, int32_t lo, int32_t hi) {
 int main(int argc, char **argv) {
     static const int32_t decode_cells[3] = {4096, 16384, 32768}, one_thread_two[2] = {1, 2}, gqa_default[2] = {4, 1};
     options o, d;
-    int i, n;
+    int i, n, parts_given = 0, reps_given = 0;
     double bw[MAX_THREADS + 1], fma = 0;
     const char *kernels;
     uint32_t f = 0;
@@ -536,7 +527,7 @@ int main(int argc, char **argv) {
         if (strcmp(a, "--lse") == 0) { g_lse = 1; continue; }
         if (i + 1 < argc) v = argv[++i]; /* every other option takes a value */
         if (v == NULL) bad = 1;
-        else if (strcmp(a, "--reps") == 0) { g_reps = atoi(v); bad = g_reps < 1 || g_reps > MAX_REPS; }
+        else if (strcmp(a, "--reps") == 0) { g_reps = atoi(v); bad = g_reps < 1 || g_reps > MAX_REPS; reps_given = 1; }
         else if (strcmp(a, "--disable") == 0) g_disable = (uint32_t)strtoul(v, NULL, 0);
         else if (strcmp(a, "--queries") == 0) { o.queries = atoi(v); bad = o.queries < 1; }
         else if (strcmp(a, "--softcap") == 0) { g_softcap = (float)atof(v); bad = !(g_softcap >= 0); }
@@ -548,6 +539,7 @@ int main(int argc, char **argv) {
             bad = (o.n_gqa = parse_ints(v, o.gqa, 1, 32)) <= 0;
             for (n = 0; n < o.n_gqa; ++n) bad |= 32 % o.gqa[n] != 0;
         } else if (strcmp(a, "--parts") == 0) {
+            parts_given = 1;
             o.decode = strstr(v, "decode") != NULL;
             o.prefill = strstr(v, "prefill") != NULL;
             o.append = strstr(v, "append") != NULL;
@@ -559,6 +551,14 @@ int main(int argc, char **argv) {
             usage(stderr, argv[0]);
             return 2;
         }
+    }
+    if (o.quick) { /* what no option chose: the smallest run that still goes through each path */
+        if (!parts_given) o.prefill = o.append = o.variants = 0;
+        if (o.n_types == 0) o.n_types = parse_types("f16,q8_0,q4_0+rot", o.types);
+        if (o.n_cells == 0) { o.n_cells = 1; o.cells[0] = 4096; }
+        if (o.n_threads == 0) { o.n_threads = 1; o.threads[0] = 1; }
+        if (!reps_given) g_reps = 3;
+        o.scalar = o.roofline = 0;
     }
     if (o.n_threads == 0) { o.n_threads = 2; memcpy(o.threads, one_thread_two, sizeof(one_thread_two)); }
     for (i = 0; i < o.n_threads; ++i) {

@@ -3,7 +3,10 @@
    sequence, and of a 512-token prefill of one sequence), mask export for that batch,
    remove + RoPE shift of a sequence's middle, and defrag after half the sequences
    finish. Medians of several runs; prints, asserts nothing.
-   Usage: bench_causal [--cells N] [--reps R] */
+   Usage: bench_causal [--quick] [--cells N] [--reps R] [--help]
+     --cells N  cells of the cache (default 32768, at least 5120)
+     --reps R   runs per measurement, median printed (default 7, at most 32)
+     --quick    8192 cells, 3 runs (well under a second) */
 #define _POSIX_C_SOURCE 199309L
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
@@ -52,11 +55,24 @@ int main(int argc, char **argv) {
     int32_t moves = 0, rows, cols, first;
     float *mask;
     for (i = 1; i < argc; ++i) {
-        if (!strcmp(argv[i], "--cells") && i + 1 < argc) cells = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: %s [--quick] [--cells N] [--reps R] [--help]\n"
+                   "  --cells N  cells of the CAUSAL cache, shared by 64 sequences (default 32768, >= 5120)\n"
+                   "  --reps R   runs per measurement, median printed (default 7, at most 32)\n"
+                   "  --quick    8192 cells, 3 runs\n", argv[0]);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--quick")) { cells = 8192; reps = 3; }
+        else if (!strcmp(argv[i], "--cells") && i + 1 < argc) cells = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--cells N] [--reps R] [--help]\n", argv[0]);
+            return 2;
+        }
     }
     if (reps > 32) reps = 32;
-    if (cells < SEQS * 16) cells = SEQS * 16;
+    if (reps < 1) reps = 1;
+    if (cells < SEQS * 80) cells = SEQS * 80; /* a sequence long enough for the removal of 64 */
     g_k = (float *)calloc(512 * KV_HEADS * HEAD_DIM, sizeof(float));
     g_v = (float *)calloc(512 * KV_HEADS * HEAD_DIM, sizeof(float));
     mask = (float *)malloc(sizeof(float) * 64 * (size_t)cells);

@@ -17,12 +17,13 @@
    layer and batch.
 
    Build:  cc -std=c99 -O2 -Wall -Wextra -Wpedantic bench/bench_core.c -o bench_core -lm
-   Usage:  bench_core [--tokens N] [--reps N] [--batch N] [--page-cells N]
+   Usage:  bench_core [--quick] [--tokens N] [--reps N] [--batch N] [--page-cells N] [--help]
              --tokens      cached tokens (default 32768, at least 2 pages; halved while
                            the pool cannot be allocated)
              --reps        repetitions per measurement, median printed (default 7)
              --batch       tokens per kvc_begin in the prefill append (default 512)
-             --page-cells  token slots per page (default 256, the library default) */
+             --page-cells  token slots per page (default 256, the library default)
+             --quick       1024 tokens, 3 reps, batch 256, 64 MiB memcpy buffers (seconds) */
 #define _POSIX_C_SOURCE 199309L
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
@@ -92,7 +93,7 @@ static void row(const char *name, double bytes, double t, int bandwidth) {
    runs (this machine is noisy: a ratio of neighbours is steadier than two medians
    taken minutes apart). Every sample is also kept for the summary at the end. */
 static unsigned char *g_cpy_a, *g_cpy_b;
-static size_t g_cpy_n;
+static size_t g_cpy_n, g_cpy_max = (size_t)1 << 30; /* --quick: 64 MiB */
 static double g_cpy_all[4 * MAX_REPS];
 static int g_cpy_count;
 
@@ -108,7 +109,7 @@ static double memcpy_sample(void) { /* seconds for one copy of g_cpy_n bytes */
 static void measure_memcpy(void) {
     double t[MAX_REPS];
     int i;
-    for (g_cpy_n = (size_t)1 << 30; g_cpy_n >= ((size_t)1 << 26); g_cpy_n /= 2) {
+    for (g_cpy_n = g_cpy_max; g_cpy_n >= ((size_t)1 << 26); g_cpy_n /= 2) {
         g_cpy_a = (unsigned char *)malloc(g_cpy_n);
         g_cpy_b = (unsigned char *)malloc(g_cpy_n);
         if (g_cpy_a && g_cpy_b) break;
@@ -235,12 +236,25 @@ int main(int argc, char **argv) {
 
     for (r = 1; r < argc; r += 2) {
         long v = r + 1 < argc ? strtol(argv[r + 1], NULL, 10) : -1;
-        if (!strcmp(argv[r], "--tokens") && v >= 1) tokens = (int32_t)(v < 1 << 26 ? v : 1 << 26);
+        if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
+            printf("usage: %s [--quick] [--tokens N] [--reps N] [--batch N] [--page-cells N] [--help]\n"
+                   "  --tokens N      cached tokens (default 32768, at least 2 pages; halved while the pool\n"
+                   "                  cannot be allocated)\n"
+                   "  --reps N        repetitions per measurement, median printed (default 7)\n"
+                   "  --batch N       tokens per kvc_begin in the prefill append (default 512)\n"
+                   "  --page-cells N  token slots per page (default 256)\n"
+                   "  --quick         1024 tokens, 3 reps, batch 256, 64 MiB memcpy buffers\n", argv[0]);
+            return 0;
+        }
+        if (!strcmp(argv[r], "--quick")) {
+            tokens = 1024, g_reps = 3, g_batch = 256, g_cpy_max = (size_t)1 << 26;
+            --r; /* no value */
+        } else if (!strcmp(argv[r], "--tokens") && v >= 1) tokens = (int32_t)(v < 1 << 26 ? v : 1 << 26);
         else if (!strcmp(argv[r], "--reps") && v >= 1) g_reps = (int)(v < MAX_REPS ? v : MAX_REPS);
         else if (!strcmp(argv[r], "--batch") && v >= 1) g_batch = (int)(v < 65536 ? v : 65536);
         else if (!strcmp(argv[r], "--page-cells") && v >= 1) g_page_cells = (int)(v < 65536 ? v : 65536);
         else {
-            fprintf(stderr, "usage: %s [--tokens N (>= 2 pages)] [--reps N] [--batch N] [--page-cells N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--tokens N (>= 2 pages)] [--reps N] [--batch N] [--page-cells N] [--help]\n", argv[0]);
             return 2;
         }
     }

@@ -31,7 +31,10 @@
    Nothing is asserted about timings; exit status 1 on a library error or a mismatch.
 
    Build:  cc -std=c99 -O2 -Wall -Wextra -Wpedantic bench/bench_hybrid.c -o bench_hybrid -lm
-   Usage:  bench_hybrid [--quick] [--turns N] [--reps N] */
+   Usage:  bench_hybrid [--quick] [--turns N] [--reps N] [--help]
+             --turns N  chat turns (1..64, default 20)
+             --reps N   runs of each timed memory operation, median printed (default 7)
+             --quick    5 turns, 3 reps */
 #define _POSIX_C_SOURCE 200809L
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
@@ -364,6 +367,13 @@ int main(int argc, char **argv) {
     size_t j;
     for (i = 1; i < argc; ++i) {
         long v = i + 1 < argc ? strtol(argv[i + 1], NULL, 10) : -1;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: %s [--quick] [--turns N] [--reps N] [--help]\n"
+                   "  --turns N  chat turns (1..%d, default 20)\n"
+                   "  --reps N   runs of each timed memory operation, median printed (default 7)\n"
+                   "  --quick    5 turns, 3 reps\n", argv[0], MAX_TURNS);
+            return 0;
+        }
         if (!strcmp(argv[i], "--quick")) { g_turns = 5; g_reps = 3; continue; }
         if (!strcmp(argv[i], "--turns") && v >= 1 && v <= MAX_TURNS) g_turns = (int)v;
         else if (!strcmp(argv[i], "--reps") && v >= 1 && v <= MAX_REPS) g_reps = (int)v;

@@ -39,7 +39,8 @@
    alternately in the same run. Nothing is asserted about timings. About 10 s.
 
    Build:  cc -std=c99 -O2 -Wall -Wextra -Wpedantic bench/bench_memory_radix.c -o bench_memory_radix -lm
-   Usage:  bench_memory_radix [--quick] [--convs N] [--turns N] [--reps N] [--budget-mib N] */
+   Usage:  bench_memory_radix [--quick] [--convs N] [--turns N] [--reps N] [--budget-mib N] [--help]
+   (--help lists them with their defaults; --quick: 10 conversations x 3 turns, 5 reps) */
 #define _POSIX_C_SOURCE 200809L
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
@@ -463,6 +464,15 @@ int main(int argc, char **argv) {
     size_t j;
     for (i = 1; i < argc; ++i) {
         long v = i + 1 < argc ? strtol(argv[i + 1], NULL, 10) : -1;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: %s [--quick] [--convs N] [--turns N] [--reps N] [--budget-mib N] [--help]\n"
+                   "  --convs N       conversations served round-robin (1..%d, default 100)\n"
+                   "  --turns N       turns per conversation (1..%d, default 10)\n"
+                   "  --reps N        runs of each timed lookup, median printed (default 21)\n"
+                   "  --budget-mib N  the pool budget of both shapes (default 896 hybrid, 1280 sliding)\n"
+                   "  --quick         10 conversations x 3 turns, 5 reps\n", argv[0], MAX_CONVS, MAX_TURNS);
+            return 0;
+        }
         if (!strcmp(argv[i], "--quick")) { g_quick = 1; g_convs = 10; g_turns = 3; g_reps = 5; continue; }
         if (!strcmp(argv[i], "--convs") && v >= 1 && v <= MAX_CONVS) g_convs = (int)v;
         else if (!strcmp(argv[i], "--turns") && v >= 1 && v <= MAX_TURNS) g_turns = (int)v;

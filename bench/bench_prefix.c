@@ -16,7 +16,11 @@
    about timings; exit status 1 on a library error. Files go to --dir (default build).
 
    Build:  cc -std=c99 -O2 -Wall -Wextra -Wpedantic bench/bench_prefix.c -o bench_prefix -lm
-   Usage:  bench_prefix [--layers N] [--reps N] [--dir DIR] */
+   Usage:  bench_prefix [--quick] [--layers N] [--reps N] [--dir DIR] [--help]
+             --layers N  layers of the model shape (1..64, default 8)
+             --reps N    runs per measurement, median printed (default 7)
+             --dir DIR   where the save/load files go (default build)
+             --quick     1 layer, 3 reps (seconds) */
 #define _POSIX_C_SOURCE 200809L
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
@@ -285,11 +289,22 @@ int main(int argc, char **argv) {
     size_t i;
     for (r = 1; r < argc; r += 2) {
         long v = r + 1 < argc ? strtol(argv[r + 1], NULL, 10) : -1;
-        if (!strcmp(argv[r], "--layers") && v >= 1 && v <= 64) g_layers = (int)v;
+        if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
+            printf("usage: %s [--quick] [--layers N] [--reps N] [--dir DIR] [--help]\n"
+                   "  --layers N  layers of the model shape (1..64, default 8)\n"
+                   "  --reps N    runs per measurement, median printed (default 7)\n"
+                   "  --dir DIR   where the save/load files go (default build)\n"
+                   "  --quick     1 layer, 3 reps\n", argv[0]);
+            return 0;
+        }
+        if (!strcmp(argv[r], "--quick")) {
+            g_layers = 1, g_reps = 3;
+            --r; /* no value */
+        } else if (!strcmp(argv[r], "--layers") && v >= 1 && v <= 64) g_layers = (int)v;
         else if (!strcmp(argv[r], "--reps") && v >= 1) g_reps = (int)(v < MAX_REPS ? v : MAX_REPS);
         else if (!strcmp(argv[r], "--dir") && r + 1 < argc) g_dir = argv[r + 1];
         else {
-            fprintf(stderr, "usage: %s [--layers N] [--reps N] [--dir DIR]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--layers N] [--reps N] [--dir DIR] [--help]\n", argv[0]);
             return 2;
         }
     }

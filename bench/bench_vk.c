@@ -14,8 +14,12 @@
    the rotation costs.
 
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
+   A CPU device (VkPhysicalDeviceProperties.deviceType CPU, e.g. lavapipe) runs the default
+   sizes for hours: there, unless --cells, --batch or --reps says otherwise, it runs the
+   --quick shape and says so.
    usage: bench_vk [--cells 4096,32768,131072] [--batch 1,8] [--types f16,q8_0,q8_0+rot] [--reps 50]
-                   [--splits n (max split-K chunks)] [--hd 128] [--no-copy]
+                   [--splits n (max split-K chunks)] [--hd 128] [--no-copy] [--quick] [--help]
+          --quick: 4096 cells, batch 1, 2 reps, a 64 MiB copy (seconds on a GPU, ~a minute on lavapipe)
    bench/bench_vk.sh runs it with PyTorch's scaled_dot_product_attention beside it. */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #define KVCACHE_IMPLEMENTATION
@@ -215,6 +219,7 @@ static double check_one(kvc_type type, int rot, const float *kin, const float *v
 int main(int argc, char **argv) {
     int32_t cells_list[8] = {4096, 32768, 131072}, batch_list[8] = {1, 8};
     int n_cells = 3, n_batch = 2, n_types = 0, reps = 50, ai, ti, bi, ci, groups = 0, no_copy = 0, n_kept = 0, k;
+    int quick = 0, sized = 0; /* --quick; --cells, --batch or --reps given */
     /* every pool and its caches stay until the end, and the copy kernel's buffers too. (This
        was against f16 batch 8 rows measured 2.3x / 2.6x slower in runs that freed them; the
        later H200 runs put such slow rows, freed or kept, down to the SM clock: see time_gpu) */
@@ -236,14 +241,30 @@ int main(int argc, char **argv) {
     char share[32]; /* the row's share of the copy kernel's bandwidth, "-" with --no-copy */
     g_wall0 = now();
     for (ai = 1; ai < argc; ++ai) {
-        if (!strcmp(argv[ai], "--cells") && ai + 1 < argc) n_cells = parse_list(argv[++ai], cells_list, 8);
-        else if (!strcmp(argv[ai], "--batch") && ai + 1 < argc) n_batch = parse_list(argv[++ai], batch_list, 8);
+        if (!strcmp(argv[ai], "--help") || !strcmp(argv[ai], "-h")) {
+            printf("usage: %s [options]\n"
+                   "  --cells LIST   cells per sequence (default 4096,32768,131072)\n"
+                   "  --batch LIST   sequences per call (default 1,8)\n"
+                   "  --types LIST   storage types, NAME+rot for rotated storage (default f16,q8_0)\n"
+                   "  --reps N       calls recorded back to back per timing (default 50)\n"
+                   "  --splits N     at most N split-K chunks (default: the backend's choice)\n"
+                   "  --hd N         head dim of K and V: 64, 128 or 256 (default 128)\n"
+                   "  --no-copy      skip the copy kernel's bandwidth (the yardstick)\n"
+                   "  --quick        4096 cells, batch 1, 2 reps, a 64 MiB copy\n"
+                   "A CPU device (lavapipe) gets the --quick shape unless --cells, --batch or --reps is given.\n"
+                   "Environment: KVC_VK_DEVICE (device index), BENCH_VK_BOUNDS_CHECKS, BENCH_VK_NO_DOT,\n"
+                   "BENCH_VK_STATS.\n", argv[0]);
+            return 0;
+        }
+        if (!strcmp(argv[ai], "--quick")) quick = 1;
+        else if (!strcmp(argv[ai], "--cells") && ai + 1 < argc) n_cells = parse_list(argv[++ai], cells_list, 8), sized = 1;
+        else if (!strcmp(argv[ai], "--batch") && ai + 1 < argc) n_batch = parse_list(argv[++ai], batch_list, 8), sized = 1;
         else if (!strcmp(argv[ai], "--types") && ai + 1 < argc) type_arg = argv[++ai];
-        else if (!strcmp(argv[ai], "--reps") && ai + 1 < argc) reps = atoi(argv[++ai]);
+        else if (!strcmp(argv[ai], "--reps") && ai + 1 < argc) reps = atoi(argv[++ai]), sized = 1;
         else if (!strcmp(argv[ai], "--splits") && ai + 1 < argc) groups = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--hd") && ai + 1 < argc) g_hd = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--no-copy")) no_copy = 1;
-        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy]\n"); return 2; }
+        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--quick] [--help]\n"); return 2; }
     }
     if (g_hd != 64 && g_hd != 128 && g_hd != 256) { fprintf(stderr, "bench_vk: --hd: 64, 128 or 256\n"); return 2; }
     in_elems = (size_t)CHUNK * HKV * g_hd;
@@ -271,11 +292,16 @@ int main(int argc, char **argv) {
     if (kvc_vk_device_create(&o, &ctx) != KVC_OK) { printf("bench_vk: skipped (no Vulkan device)\n"); return 0; }
     kvc_vk_context_info(ctx, &info);
     fn = kvc_vk_context_functions(ctx);
-    if (info.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU && argc == 1) { /* lavapipe: a smoke run, not a benchmark */
+    if (info.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU && !sized && !quick) { /* lavapipe: a smoke run */
+        quick = 1;
+        printf("bench_vk: %s is a CPU device: the --quick shape only, not a benchmark (--cells, --batch or "
+               "--reps to override)\n", info.device_name);
+    }
+    if (quick) {
         n_cells = n_batch = 1;
         cells_list[0] = 4096;
+        batch_list[0] = 1;
         reps = 2;
-        printf("bench_vk: a CPU device: one small shape only (pass sizes to override)\n");
     }
     printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d, bounds checks off %d, integer dot %d), head dim %d, %d reps per timing, medians of 5\n",
            info.device_name, VK_API_VERSION_MAJOR(info.api_version), VK_API_VERSION_MINOR(info.api_version),
@@ -304,7 +330,7 @@ int main(int argc, char **argv) {
     copy_gbs = 1;
     if (!no_copy) {
         copy_job cj;
-        VkDeviceSize bytes = (VkDeviceSize)1 << (info.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU ? 26 : 30);
+        VkDeviceSize bytes = (VkDeviceSize)1 << (info.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU || quick ? 26 : 30);
         CHECK(kvc_vk_buffer_create(ctx, bytes, 0, &copy_a));
         CHECK(kvc_vk_buffer_create(ctx, bytes, 0, &copy_b));
         cj.pool = copy_pool; cj.a = copy_a.buffer; cj.b = copy_b.buffer; cj.bytes = bytes;

@@ -38,6 +38,17 @@
    With no MODEL_DIR it runs every folder of tests/data that holds a config.txt.
    A model folder holds config.txt, model.safetensors, reference.txt and one
    NAME.logits.f32 per case (formats and math: tests/data/README.md).
+   What config.txt may say - every value Hugging Face accepts for these architectures,
+   except where noted: any sizes (hd even, heads a multiple of kv, at most MAX_LAYERS
+   layers), any window, theta and eps; LFM2's conv_L >= 1 and conv_bias (biases on
+   in_proj, the depthwise conv and out_proj); tie_embeddings (no lm_head.weight);
+   attention_bias (q, k, v, o) and mlp_bias (gate, up, down) of Llama and Qwen3.
+   Refused with a message rather than run wrong: act other than silu (Llama's and
+   Qwen3's hidden_act; LFM2's MLP is always silu), rope other than neox (the only form
+   these architectures use), and rope_scaling other than none (Llama 3's and YaRN's
+   scaled frequencies are not implemented). `inter` is the MLP's actual width (LFM2's
+   block_auto_adjust_ff_dim already applied); every tensor's shape is checked on load.
+   tests/gen_model.py makes models of other shapes with float64 reference logits.
 
    --chunk N     prefill at most N tokens per forward pass (default 2048)
    --draft K     speculative decoding through a reserve of K tokens: draft K, reject
@@ -73,8 +84,9 @@
    teardown; per model a summary of the quantized types over every kind and case,
    plain and rotated side by side (q8_0, q8_0+rot, q4_0, q4_0+rot: max|err|, rms err,
    greedy) with the rotation's checks (ROT_Q8_RATIO, ROT_Q4_RATIO); and a final
-   verdict line. Exit status: 0 when every check passed (f32 within 1e-3 and
-   every greedy token equal, f16 within 2e-2, no leak), 1 otherwise, 2 on bad usage.
+   verdict line. Exit status: 0 when every check passed (every type within its error
+   bound - s x 5e-4 for f32, s the rms of the reference logits, more for the lossy
+   types, see TYPES - every f32 greedy token equal, no leak), 1 otherwise, 2 on bad usage.
 
    The program is organised top-down:
      1. test matrix      the cache kinds and storage types to run (one line each)
@@ -170,28 +182,47 @@ static const kind_spec KINDS[] = {
 };
 
 /* Storage types of K and V, with the accuracy each must reach against the float64
-   reference: the largest |logit - ref| allowed, and whether every greedy token must
-   match the reference (for lossy types a flipped near-tie is reported, not failed). */
+   reference, and whether every greedy token must match the reference (for lossy types
+   a flipped near-tie is reported, not failed).
+
+   The bound on |logit - ref| follows from the storage type and the model's logit
+   scale, not from the numbers of the shipped models (error_bound, section 8):
+       bound = s * (F32_REL + ERR_GAIN * step)
+   s is the rms of the case's reference logits (errors scale with the logits: a model
+   whose logits are 10x larger has 10x larger errors at the same relative precision).
+   step is the type's quantisation step relative to the rms of the values it stores:
+   2^-10 and 2^-7 for f16 and bf16 (11 and 8 significant bits); a q8_0 / q4_0 block
+   stores max|x|/127 and max|x|/8 steps, and the max of a 32-value block of Gaussian-
+   like K/V is about 2.4 rms (measured on these models: 2.36-2.41), so 0.019 and 0.30.
+   F32_REL (5e-4) covers the float32 arithmetic of the forward itself, 100x what it
+   costs on the shipped and generated models (about 5e-6 s). ERR_GAIN: an error of one step in the stored K/V
+   moves a logit by at most about 8 s x step on the four shipped models and on
+   generated ones (tests/gen_model.py: other shapes, conv biases, tied embeddings with
+   9x larger logits) - f16 4.1, bf16 5.4, q8_0 8.0, q4_0 6.0 - alike for every type,
+   as the model predicts; 16 leaves a factor 2. A bug (a wrong row, position, scale or
+   block) moves logits by O(s): far over the bounds of f32, f16 and bf16 (5e-4 s,
+   0.016 s, 0.13 s), 3x over q8_0's (0.30 s); q4_0's (4.8 s) says only that nothing
+   blew up - its greedy tokens and the rotation check below watch it more closely. */
+#define F32_REL 5e-4
+#define ERR_GAIN 16.0
+
 typedef struct type_spec {
     kvc_type type;
-    double max_err;
+    double step;      /* quantisation step / rms of the stored values (0: exact) */
     int exact_greedy;
     uint32_t rotate;  /* kvc_pool_config.rotate of the K/V groups ("+rot": K and V) */
     const char *name; /* in the table */
 } type_spec;
 
 static const type_spec TYPES[] = {
-    {KVC_TYPE_F32, 1e-3, 1, 0, "f32"},
-    {KVC_TYPE_F16, 2e-2, 0, 0, "f16"},
-    /* lossy: bounds about twice the largest error seen over the four models, every kind,
-       chunks 2048 and 7 (bf16 0.054; q8_0 0.195 and q4_0 2.2, whose keys are scored
-       against the query rounded to q8_0; these random-weight models have large logits,
-       so q4_0's 4 bits move them visibly) */
-    {KVC_TYPE_BF16, 1e-1, 0, 0, "bf16"},
-    {KVC_TYPE_Q8_0, 4e-1, 0, 0, "q8_0"},
-    {KVC_TYPE_Q8_0, 4e-1, 0, KVC_ROTATE_K | KVC_ROTATE_V, "q8_0+rot"},
-    {KVC_TYPE_Q4_0, 4.0, 0, 0, "q4_0"},
-    {KVC_TYPE_Q4_0, 4.0, 0, KVC_ROTATE_K | KVC_ROTATE_V, "q4_0+rot"},
+    {KVC_TYPE_F32, 0, 1, 0, "f32"},
+    {KVC_TYPE_F16, 1.0 / 1024, 0, 0, "f16"},
+    {KVC_TYPE_BF16, 1.0 / 128, 0, 0, "bf16"},
+    /* q8_0 and q4_0 keys are scored against the query rounded to q8_0: within q8_0's step */
+    {KVC_TYPE_Q8_0, 2.4 / 127, 0, 0, "q8_0"},
+    {KVC_TYPE_Q8_0, 2.4 / 127, 0, KVC_ROTATE_K | KVC_ROTATE_V, "q8_0+rot"},
+    {KVC_TYPE_Q4_0, 2.4 / 8, 0, 0, "q4_0"},
+    {KVC_TYPE_Q4_0, 2.4 / 8, 0, KVC_ROTATE_K | KVC_ROTATE_V, "q4_0+rot"},
 };
 
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -380,9 +411,21 @@ struct config {
     double eps;     /* RMSNorm epsilon (the q/k norms' too) */
     model_arch arch; /* `arch`: absent, llama or mistral = ARCH_LLAMA */
     int qk_norm;    /* q and k RMS-normalised per head before RoPE */
-    int conv_L;     /* LFM2 short convolution: kernel length */
+    int conv_L;     /* LFM2 short convolution: kernel length (HF conv_L_cache) */
+    int conv_bias;  /* LFM2: in_proj, conv and out_proj of the conv layers have biases */
+    int tied;       /* tie_embeddings: no lm_head.weight, the logits use the embedding */
+    int attn_bias;  /* attention_bias: q, k, v and o projections have biases */
+    int mlp_bias;   /* mlp_bias: gate, up and down projections have biases */
     layer_type type[MAX_LAYERS]; /* `layer_types`; absent: all full, or all sliding with a window */
 };
+
+/* The floats of a conv layer's recurrent state: the last L-1 vectors s. With L = 1 (a
+   kernel that sees only the current token, which Hugging Face accepts) there is no past,
+   but a RECURRENT group needs a state: one vector, never read. */
+static int32_t conv_state_floats(const config *c)
+{
+    return (c->conv_L > 1 ? c->conv_L - 1 : 1) * c->hidden;
+}
 
 /* A hybrid model has layers of more than one type: one layer group per type. */
 static int model_is_hybrid(const config *c)
@@ -398,7 +441,7 @@ static int load_config(const char *dir, config *c)
     unsigned char *text;
     const char *next;
     size_t size;
-    int seen = 0, ok = 1, n_types = -1, conv_bias = 0;
+    int seen = 0, ok = 1, n_types = -1;
     /* The keys we need, each with a bit in `seen`. */
     static const char *const keys[] = {"vocab", "hidden", "layers", "heads", "kv",  "hd",
                                        "inter", "theta",  "window", "rms_eps", "rope", "act"};
@@ -444,7 +487,17 @@ static int load_config(const char *dir, config *c)
         }
         if (!strcmp(key, "qk_norm")) { c->qk_norm = atoi(value); continue; }
         if (!strcmp(key, "conv_L")) { c->conv_L = atoi(value); continue; }
-        if (!strcmp(key, "conv_bias")) { conv_bias = atoi(value); continue; }
+        if (!strcmp(key, "conv_bias")) { c->conv_bias = atoi(value) != 0; continue; }
+        if (!strcmp(key, "tie_embeddings")) { c->tied = atoi(value) != 0; continue; }
+        if (!strcmp(key, "attention_bias")) { c->attn_bias = atoi(value) != 0; continue; }
+        if (!strcmp(key, "mlp_bias")) { c->mlp_bias = atoi(value) != 0; continue; }
+        if (!strcmp(key, "rope_scaling")) {
+            if (strcmp(value, "0") != 0 && strcmp(value, "none") != 0) { /* would change the math */
+                errorf("%s: %s %s not supported (0 or none only)", path, key, value);
+                ok = 0;
+            }
+            continue;
+        }
         for (k = 0; k < n_keys && strcmp(key, keys[k]) != 0; ++k) {}
         if (k == n_keys) continue; /* unknown keys are ignored */
         seen |= 1 << k;
@@ -496,10 +549,6 @@ static int load_config(const char *dir, config *c)
             errorf("%s: layer %d is conv: needs arch lfm2 and conv_L >= 1", path, l);
             return -1;
         }
-    }
-    if (conv_bias) { /* no reference model has them: the math would go unchecked */
-        errorf("%s: conv_bias 1 not supported", path);
-        return -1;
     }
     return 0;
 }
@@ -923,7 +972,7 @@ static int memory_create(memory *M, const config *c, const kind_spec *ks, kvc_ty
         kvc_cache_config *cc = &gc[i].cache;
         pc->n_layers = g->n_layers;
         if (g->kind == KVC_KIND_RECURRENT) {
-            pc->state_floats = (c->conv_L - 1) * c->hidden; /* the last L-1 vectors s */
+            pc->state_floats = conv_state_floats(c); /* the last L-1 vectors s */
         } else { /* K/V in pages of PAGE_CELLS tokens of the group's layers */
             pc->n_kv_heads = c->kv;
             pc->head_dim_k = c->hd;
@@ -1272,10 +1321,13 @@ fail:
 typedef struct layer_weights {
     float *attn_norm;           /* [hidden]: the norm before the attention or conv block */
     float *wq, *wk, *wv, *wo;   /* [heads*hd][hidden], [kv*hd][hidden] x2, [hidden][heads*hd] */
+    float *bq, *bk, *bv, *bo;   /* attention_bias: [heads*hd], [kv*hd] x2, [hidden] */
+    float *bgate, *bup, *bdown; /* mlp_bias: [inter] x2, [hidden] */
     float *q_norm, *k_norm;     /* [hd] each, with qk_norm */
     float *conv_in;             /* conv layers: [3*hidden][hidden], rows B, C, u */
     float *conv_w;              /* [hidden][1][L] depthwise kernel */
     float *conv_out;            /* [hidden][hidden] */
+    float *conv_in_b, *conv_b, *conv_out_b; /* conv_bias: [3*hidden], [hidden], [hidden] */
     float *mlp_norm;            /* [hidden] */
     float *gate, *up, *down;    /* [inter][hidden] x2, [hidden][inter] */
 } layer_weights;
@@ -1284,7 +1336,7 @@ typedef struct model {
     config c;
     float *embed;               /* [vocab][hidden] */
     float *norm;                /* [hidden] */
-    float *lm_head;             /* [vocab][hidden] */
+    float *lm_head;             /* [vocab][hidden]; tied: the embedding itself */
     layer_weights *layers;
 } model;
 
@@ -1309,10 +1361,13 @@ static void model_free(model *m)
             layer_weights *w = &m->layers[l];
             free(w->attn_norm), free(w->wq), free(w->wk), free(w->wv), free(w->wo);
             free(w->q_norm), free(w->k_norm), free(w->conv_in), free(w->conv_w), free(w->conv_out);
+            free(w->conv_in_b), free(w->conv_b), free(w->conv_out_b);
+            free(w->bq), free(w->bk), free(w->bv), free(w->bo), free(w->bgate), free(w->bup), free(w->bdown);
             free(w->mlp_norm), free(w->gate), free(w->up), free(w->down);
         }
     free(m->layers);
-    free(m->embed), free(m->norm), free(m->lm_head);
+    if (m->lm_head != m->embed) free(m->lm_head);
+    free(m->embed), free(m->norm);
     memset(m, 0, sizeof *m);
 }
 
@@ -1336,27 +1391,40 @@ static int model_load(model *m, const char *dir)
         const int d_o[2] = {c->hidden, c->heads * c->hd};
         const int d_up[2] = {c->inter, c->hidden}, d_down[2] = {c->hidden, c->inter};
         const int d_conv_in[2] = {3 * c->hidden, c->hidden}, d_conv_w[3] = {c->hidden, 1, c->conv_L};
-        const int d_conv_out[2] = {c->hidden, c->hidden};
+        const int d_conv_out[2] = {c->hidden, c->hidden}, d_conv_in_b[1] = {3 * c->hidden};
+        const int d_qb[1] = {c->heads * c->hd}, d_kvb[1] = {c->kv * c->hd}, d_inter[1] = {c->inter};
         ok = m->layers != NULL;
         ok = ok && (m->embed = st_load(&f, "model.embed_tokens.weight", 2, d_vocab)) != NULL;
         ok = ok && (m->norm = st_load(&f, nm->final_norm, 1, d_hidden)) != NULL;
-        ok = ok && (m->lm_head = st_load(&f, "lm_head.weight", 2, d_vocab)) != NULL;
-        /* LOAD: tensor model.layers.<l>.<suffix>.weight of shape dims into w->field */
+        if (c->tied) m->lm_head = m->embed;
+        else ok = ok && (m->lm_head = st_load(&f, "lm_head.weight", 2, d_vocab)) != NULL;
+        /* LOAD: tensor model.layers.<l>.<suffix>.weight of shape dims into w->field;
+           LOAD_AS: model.layers.<l>.<suffix>.<what> (a bias) */
 #define LOAD(field, suffix, dims)                                                    \
-    (snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, suffix),           \
+    LOAD_AS(field, suffix, "weight", dims)
+#define LOAD_AS(field, suffix, what, dims)                                           \
+    (snprintf(name, sizeof name, "model.layers.%d.%s.%s", l, suffix, what),         \
      (w->field = st_load(&f, name, (int)(sizeof dims / sizeof dims[0]), dims)) != NULL)
         for (int l = 0; ok && l < c->layers; ++l) {
             layer_weights *w = &m->layers[l];
             ok = LOAD(attn_norm, nm->attn_norm, d_hidden) && LOAD(mlp_norm, nm->mlp_norm, d_hidden) &&
-                 LOAD(gate, nm->gate, d_up) && LOAD(up, nm->up, d_up) && LOAD(down, nm->down, d_down);
+                 LOAD(gate, nm->gate, d_up) && LOAD(up, nm->up, d_up) && LOAD(down, nm->down, d_down) &&
+                 (!c->mlp_bias || (LOAD_AS(bgate, nm->gate, "bias", d_inter) &&
+                                   LOAD_AS(bup, nm->up, "bias", d_inter) && LOAD_AS(bdown, nm->down, "bias", d_hidden)));
             if (ok && c->type[l] == LAYER_CONV)
                 ok = LOAD(conv_in, "conv.in_proj", d_conv_in) && LOAD(conv_w, "conv.conv", d_conv_w) &&
-                     LOAD(conv_out, "conv.out_proj", d_conv_out);
+                     LOAD(conv_out, "conv.out_proj", d_conv_out) &&
+                     (!c->conv_bias || (LOAD_AS(conv_in_b, "conv.in_proj", "bias", d_conv_in_b) &&
+                                        LOAD_AS(conv_b, "conv.conv", "bias", d_hidden) &&
+                                        LOAD_AS(conv_out_b, "conv.out_proj", "bias", d_hidden)));
             else if (ok)
                 ok = LOAD(wq, nm->q, d_q) && LOAD(wk, nm->k, d_kv) && LOAD(wv, nm->v, d_kv) && LOAD(wo, nm->o, d_o) &&
-                     (!c->qk_norm || (LOAD(q_norm, nm->q_norm, d_hd) && LOAD(k_norm, nm->k_norm, d_hd)));
+                     (!c->qk_norm || (LOAD(q_norm, nm->q_norm, d_hd) && LOAD(k_norm, nm->k_norm, d_hd))) &&
+                     (!c->attn_bias || (LOAD_AS(bq, nm->q, "bias", d_qb) && LOAD_AS(bk, nm->k, "bias", d_kvb) &&
+                                        LOAD_AS(bv, nm->v, "bias", d_kvb) && LOAD_AS(bo, nm->o, "bias", d_hidden)));
         }
 #undef LOAD
+#undef LOAD_AS
     }
     st_close(&f);
     if (!ok) {
@@ -1383,6 +1451,13 @@ static void matmul(float *y, const float *x, const float *w, int n, int in, int 
             for (int u = 0; u < 8; ++u) s += acc[u];
             y[(size_t)i * out + o] = s;
         }
+}
+
+/* y[n][d] += b[d] (a Linear's bias; b == NULL: none). */
+static void add_bias(float *y, const float *b, int n, int d)
+{
+    for (int i = 0; b && i < n; ++i)
+        for (int k = 0; k < d; ++k) y[(size_t)i * d + k] += b[k];
 }
 
 /* y = x / sqrt(mean(x^2) + eps) * g for each of n rows of size d. */
@@ -1463,7 +1538,8 @@ static void naive_attention(float *out, const float *q, const float *k, const fl
 
 /* LFM2's gated short convolution of n tokens, h [n][hidden] -> y [n][hidden] (before
    out_proj): [B | C | u] = in_proj h, s = B * u per channel, a causal depthwise
-   convolution over the last L vectors s of each channel, y = C * conv. `state` holds
+   convolution over the last L vectors s of each channel (plus conv.bias, which Hugging
+   Face's Conv1d adds inside the convolution), y = C * conv. `state` holds
    the L-1 vectors s before this batch (oldest first) and is advanced to the batch's
    last L-1. bcu [n][3*hidden] and s_all [L-1+n][hidden] are working memory. */
 static void short_conv(float *y, const float *h, const layer_weights *w, float *state, int n,
@@ -1472,6 +1548,7 @@ static void short_conv(float *y, const float *h, const layer_weights *w, float *
     const int H = c->hidden, L = c->conv_L;
     const size_t past = (size_t)(L - 1) * H;
     matmul(bcu, h, w->conv_in, n, H, 3 * H);
+    add_bias(bcu, w->conv_in_b, n, 3 * H);
     memcpy(s_all, state, past * sizeof *s_all);
     for (int t = 0; t < n; ++t)
         for (int ch = 0; ch < H; ++ch)
@@ -1479,7 +1556,7 @@ static void short_conv(float *y, const float *h, const layer_weights *w, float *
     /* token t sees s rows t .. t+L-1 of s_all; w[ch][0][L-1] weighs the current one */
     for (int t = 0; t < n; ++t)
         for (int ch = 0; ch < H; ++ch) {
-            float acc = 0;
+            float acc = w->conv_b ? w->conv_b[ch] : 0;
             for (int k = 0; k < L; ++k) acc += w->conv_w[(size_t)ch * L + k] * s_all[(size_t)(t + k) * H + ch];
             y[(size_t)t * H + ch] = bcu[(size_t)t * 3 * H + H + ch] * acc;
         }
@@ -1546,12 +1623,14 @@ static int forward(const model *m, memory *M, const int32_t *tokens, int n, int3
             for (int i = 0; M && i < n_at && at[i] < pos0 + n; ++i)
                 if (memory_state_checkpoint(M, l, at[i], s_all + (size_t)(at[i] - pos0) * H) != 0) goto fail;
             matmul(h, att, w->conv_out, n, H, H);
+            add_bias(h, w->conv_out_b, n, H);
         } else {
             /* attention block */
             const int window = c->type[l] == LAYER_SLIDING ? c->window : 0;
             matmul(q, h, w->wq, n, H, QD);
             matmul(k, h, w->wk, n, H, KD);
             matmul(v, h, w->wv, n, H, KD);
+            add_bias(q, w->bq, n, QD), add_bias(k, w->bk, n, KD), add_bias(v, w->bv, n, KD);
             if (c->qk_norm) { /* per head, before RoPE: the cache holds normalised keys */
                 rmsnorm(q, q, w->q_norm, n * c->heads, c->hd, c->eps);
                 rmsnorm(k, k, w->k_norm, n * c->kv, c->hd, c->eps);
@@ -1573,14 +1652,17 @@ static int forward(const model *m, memory *M, const int32_t *tokens, int n, int3
                 naive_attention(att, q, k, v, pos, n, c, window);
             }
             matmul(h, att, w->wo, n, QD, H);
+            add_bias(h, w->bo, n, H);
         }
         for (size_t i = 0; i < (size_t)n * H; ++i) x[i] += h[i];
         /* MLP block: down(silu(gate(h)) * up(h)) */
         rmsnorm(h, x, w->mlp_norm, n, H, c->eps);
         matmul(gate, h, w->gate, n, H, c->inter);
         matmul(up, h, w->up, n, H, c->inter);
+        add_bias(gate, w->bgate, n, c->inter), add_bias(up, w->bup, n, c->inter);
         for (size_t i = 0; i < (size_t)n * c->inter; ++i) gate[i] = silu(gate[i]) * up[i];
         matmul(h, gate, w->down, n, c->inter, H);
+        add_bias(h, w->bdown, n, H);
         for (size_t i = 0; i < (size_t)n * H; ++i) x[i] += h[i];
     }
     if (logits && first_row < n) {
@@ -1612,6 +1694,7 @@ struct test_case {
     int32_t rows;             /* R */
     int32_t *tokens;          /* [T] */
     float *ref;               /* [R][vocab] */
+    double ref_rms;           /* rms of ref: the logit scale s of error_bound */
 };
 
 static void cases_free(test_case *cases, int n)
@@ -1702,7 +1785,11 @@ static int load_cases(const char *dir, int vocab, test_case **out, int *n_out)
                 free(raw);
                 goto fail;
             }
-            for (size_t i = 0; i < count; ++i) tc->ref[i] = load_f32_le(raw + 4 * i);
+            for (size_t i = 0; i < count; ++i) {
+                tc->ref[i] = load_f32_le(raw + 4 * i);
+                tc->ref_rms += (double)tc->ref[i] * tc->ref[i];
+            }
+            tc->ref_rms = sqrt(tc->ref_rms / (double)count);
             free(raw);
         }
     }
@@ -2137,6 +2224,12 @@ static void print_header(void)
            "rms err", "greedy", "reused", "tok/s", "result");
 }
 
+/* The largest |logit - ref| allowed for storage type ts on case tc (see TYPES). */
+static double error_bound(const type_spec *ts, const test_case *tc)
+{
+    return tc->ref_rms * (F32_REL + ERR_GAIN * ts->step);
+}
+
 static int report(const test_case *tc, const char *kind, const char *type, const type_spec *ts,
                   const score *sc, int run_ok)
 {
@@ -2145,9 +2238,9 @@ static int report(const test_case *tc, const char *kind, const char *type, const
     int ok = run_ok;
 
     if (!run_ok) strcat(why, " error");
-    if (!(sc->max_err <= ts->max_err)) {
+    if (!(sc->max_err <= error_bound(ts, tc))) {
         ok = 0;
-        snprintf(why + strlen(why), sizeof why - strlen(why), " err>%g", ts->max_err);
+        snprintf(why + strlen(why), sizeof why - strlen(why), " err>%.3g", error_bound(ts, tc));
     }
     if (tc->greedy && sc->tok_ok != sc->tok_total && ts->exact_greedy) {
         ok = 0;
@@ -2268,14 +2361,20 @@ fail:
 /* Rotated storage (kvc_pool_config.rotate) against plain, over every kind and case of a
    model (teacher-forced: greedy cases go on with the reference token): the rms logit
    error of q8_0+rot at most ROT_Q8_RATIO of q8_0's, q4_0+rot's at most ROT_Q4_RATIO of
-   q4_0's. Measured (chunk 2048 and 7 alike), lfm2 / llama / mistral / qwen3: q8_0
-   0.971 / 0.995 / 0.972 / 0.984, q4_0 1.000 / 0.943 / 1.043 / 0.981. The rotation
-   helps where outlier channels set the block scales (real models; test_rotate's
-   outlier data: q4_0 rms 2.2e-2 -> 9e-3); these random-weight models have none - the
-   max / rms of a 32-value block of their K and V is 2.36-2.41 before and after the
-   rotation, as for Gaussian noise - so here it can only be about even. */
-#define ROT_Q8_RATIO 1.0
-#define ROT_Q4_RATIO 1.1
+   q4_0's. The rotation is a statistical gain, not a per-model guarantee: it helps where
+   outlier channels set the block scales (real models; test_rotate holds the strict
+   bound on outlier data, q4_0 rms 2.2e-2 -> 9e-3), but these random-weight models have
+   none - the max / rms of a 32-value block of their K and V is 2.36-2.41 before and
+   after the rotation, as for Gaussian noise - and an orthogonal rotation of Gaussian
+   data leaves the expected error unchanged: the ratio is 1 plus noise. Measured
+   (chunk 2048 and 7 alike), lfm2 / llama / mistral / qwen3: q8_0 0.971 / 0.995 / 0.972
+   / 0.984, q4_0 1.000 / 0.943 / 1.043 / 0.981; eight models from tests/gen_model.py
+   (seeds 1-8): q8_0 0.89-1.007, q4_0 0.92-1.023 - a spread of about 0.04 around 1.
+   1.15 is over 3 times that spread, while a rotation that is wrong (not inverted,
+   another block's signs, a query left unrotated) gives O(1) errors: ratios of 10 and
+   more. So the check asks "no worse than plain, within noise", not "better". */
+#define ROT_Q8_RATIO 1.15
+#define ROT_Q4_RATIO 1.15
 
 static double total_rms(const score *t) { return t->n_values ? sqrt(t->sum_sq / (double)t->n_values) : 0.0; }
 
@@ -2539,7 +2638,7 @@ static int run_speculative(const model *m, const test_case *cases, int n_cases, 
                 kvc_pool_config *pc = &gc[i].pool;
                 pc->n_layers = g->n_layers;
                 if (g->kind == KVC_KIND_RECURRENT) {
-                    pc->state_floats = (c->conv_L - 1) * c->hidden;
+                    pc->state_floats = conv_state_floats(c);
                 } else {
                     pc->n_kv_heads = c->kv;
                     pc->head_dim_k = pc->head_dim_v = c->hd;
@@ -2600,7 +2699,7 @@ static int run_speculative(const model *m, const test_case *cases, int n_cases, 
             }
             ok = 1;
             for (int32_t r = 0; r < tc->rows; ++r) ok &= seen[r];
-            ok &= max_err <= ts->max_err;
+            ok &= max_err <= error_bound(ts, tc);
         fail:
             if (M.mem) {
                 kvc_memory_stats st;
@@ -2826,7 +2925,7 @@ int main(int argc, char **argv)
         }
         if (reference) {
             /* cache-free check of the model math alone */
-            const type_spec ts = {KVC_TYPE_F32, 1e-3, 1, 0, "f32"};
+            const type_spec ts = {KVC_TYPE_F32, 0, 1, 0, "f32"};
             session s;
             memset(&s, 0, sizeof s);
             s.m = &m;

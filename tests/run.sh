@@ -169,6 +169,16 @@ tinylm() {
     step "tinylm-$(basename "$m")" "$B/tinylm" --quiet "$m"
     step "tinylm-$(basename "$m")-chunk7" "$B/tinylm" --quiet --chunk 7 "$m"
   done
+  # models no test was tuned on (conv biases, conv_L 4 and 2, tied embeddings, Llama's
+  # attention and MLP biases), made with float64 reference logits by tests/gen_model.py
+  # (numpy; about 2 s each, tinylm 2-5 s)
+  local py=""
+  for p in python3 /usr/bin/python3; do $p -c 'import numpy' 2>/dev/null && { py=$p; break; }; done
+  if [ -n "$py" ]; then
+    step tinylm-gen-lfm2 sh -c "$py tests/gen_model.py $B/gen-lfm2 >/dev/null && $B/tinylm --quiet --chunk 7 $B/gen-lfm2"
+    step tinylm-gen-lfm2-tied sh -c "$py tests/gen_model.py $B/gen-lfm2-tied --seed 2 --conv-L 2 --tied >/dev/null && $B/tinylm --quiet $B/gen-lfm2-tied"
+    step tinylm-gen-llama-bias sh -c "$py tests/gen_model.py $B/gen-llama --arch llama --attention-bias --mlp-bias >/dev/null && $B/tinylm --quiet $B/gen-llama"
+  else skip tinylm-gen "no python3 with numpy (apt-get install python3-numpy)"; fi
 }
 tinylm_vk() { # the same demo with the pages and attention on a Vulkan device
   step build-tinylm-vk $CC $STRICT -O2 -DTINYLM_VK -I. examples/tinylm.c -o "$B/tinylm_vk" -lm
