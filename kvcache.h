@@ -21,6 +21,9 @@
      KVCACHE_THREADS            also compile the small pthread helper (kvc_threads_*).
      KVCACHE_THREADS_SPIN       how many times (default 20000) its idle threads poll
                                 for the next job before they sleep (0: sleep at once).
+     KVCACHE_IO_CHUNK           bytes (default 8 MiB, at least a page) that saves and
+                                loads of device pools (kvc_page_hooks.read_pages /
+                                write_pages) move at once: the host memory they stage in.
 
    THE MODEL IN ONE PARAGRAPH
      A kvc_pool owns every K/V byte, cut into pages of `page_cells` token slots
@@ -742,18 +745,22 @@ typedef struct kvc_path_io {
 KVCDEF kvc_result kvc_io_path(kvc_path_io *state, const char *path, int writing, kvc_io *io);
 #endif
 
-/* A FULL, ROTATING or CAUSAL cache (no batch open), with your token ids (any n_tokens
-   >= 0; e.g. the tokens at positions 0 .. offset-1), under namespace ns. ROTATING: every
-   page held is saved, the reserve's too; the reserve itself is not part of the saved
-   configuration, so a cache of any reserve loads it (one without a reserve drops the
-   extra pages at its next kvc_begin). */
+/* A cache (no batch open), with your token ids (any n_tokens >= 0; e.g. the tokens at
+   positions 0 .. offset-1), under namespace ns. ROTATING: every page held is saved, the
+   reserve's too; the reserve itself is not part of the saved configuration, so a cache
+   of any reserve loads it (one without a reserve drops the extra pages at its next
+   kvc_begin). ROTATING and RECURRENT: the checkpoints are saved with it (each page once),
+   so the loaded cache rewinds and is reused exactly as this one. A pool whose K/V live on
+   a device (kvcache_vk.h) saves and loads the same bytes through its page hooks. */
 KVCDEF kvc_result kvc_cache_save(const kvc_cache *cache, kvc_namespace ns, const int32_t *tokens,
                                  int32_t n_tokens, const kvc_io *io);
 /* Replace the cache's contents with a saved cache of the same pool configuration, kind
    and window/sinks (CAUSAL: window and chunk; its capacity and max_seqs must hold the
    saved cells). The saved tokens go to tokens[0 .. *n_tokens) (tokens may be NULL;
    KVC_ERR_RANGE if max_tokens is too small; n_tokens may be NULL). The result is
-   bit-exact: same offset, window state, positions, sequence sets and K/V bytes. */
+   bit-exact: same offset, window state, positions, sequence sets, states and K/V bytes,
+   and the saved checkpoints replace the cache's (a cache keeps at most its own
+   cfg.checkpoints of them: the newest). */
 KVCDEF kvc_result kvc_cache_load(kvc_cache *cache, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
                                  int32_t max_tokens, int32_t *n_tokens);
 /* One sequence of a CAUSAL cache: its cells' positions and K/V. Loading puts them into
@@ -922,9 +929,9 @@ KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *
 /* Single-entry prompt reuse (kvc_prefix) over the memory's groups: reuses up to the
    longest offset every group can return to. The memory must outlive it. */
 KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out);
-/* The whole memory (no batch open) with your token ids, and back; a load replaces every
-   group or none (the groups are read into fresh pages first: the budget must hold them
-   beside the memory's current pages). */
+/* The whole memory (no batch open) with your token ids, and back, checkpoints included;
+   a load replaces every group or none (the groups are read into fresh pages first: the
+   budget must hold them beside the memory's current pages). */
 KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                   const kvc_io *io);
 KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,

@@ -760,6 +760,27 @@ static void roundtrip_checkpoints(void) {
     }
 }
 
+/* A load replaces the target's checkpoints: a file of a cache without any leaves none
+   (the old code kept the replaced history's, past the new offset). */
+static void load_drops_checkpoints(void) {
+    kvc_pool *p = ck_pool(0);
+    kvc_cache *a = ck_cache(p, 0), *b = ck_cache(p, 0);
+    int32_t at[16];
+    blob bl;
+    TK_OK(lf_append(a, 5, 5, 1)); /* no checkpoints */
+    bl = ck_blob(a);
+    ck_build(b, 2);
+    TK_EQ(ck_list(b, at) > 0, 1);
+    ck_load(b, &bl);
+    TK_EQ(ck_list(b, at), 0);
+    TK_RES(kvc_restore(b, NULL, 12), KVC_ERR_UNREACHABLE);
+    TK_EQ(lf_fingerprint(b), lf_fingerprint(a));
+    free(bl.data);
+    TK_OK(kvc_cache_destroy(a));
+    TK_OK(kvc_cache_destroy(b));
+    TK_OK(kvc_pool_destroy(p));
+}
+
 /* A model memory (ROTATING + RECURRENT groups) keeps its checkpoints through a save. */
 static void roundtrip_memory_checkpoints(void) {
     kvc_memory_config mc;
@@ -1101,6 +1122,7 @@ int main(int argc, char **argv) {
     test_ios();
     test_damage();
     roundtrip_checkpoints();
+    load_drops_checkpoints();
     roundtrip_memory_checkpoints();
     damage_checkpoints();
     test_crafted_entry();
