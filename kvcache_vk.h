@@ -2336,7 +2336,8 @@ static kvc_result kvc_vk__move_pages(kvc_vk_pool *p, int32_t layer, int v, const
     if ((r = kvc_vk__buf_create(c, page_bytes * (VkDeviceSize)n, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, 1,
                                 &st)) != KVC_OK)
         return r;
-    if (up) kvc_vk_pool_convert_pages(p, v, 1, data, st.mapped, n);
+    if (up && p->state_floats) memcpy(st.mapped, data, (size_t)(page_bytes * (VkDeviceSize)n)); /* f32 states */
+    else if (up) kvc_vk_pool_convert_pages(p, v, 1, data, st.mapped, n);
     if ((r = kvc_vk__once_begin(c, &cmd)) != KVC_OK) { kvc_vk__buf_destroy(c, &st); return r; }
     r = kvc_vk_cmd_sync(p, cmd); /* the queued page events first (and a barrier) */
     for (i = 0; i <= n && r == KVC_OK; ++i) { /* runs of pages in one buffer, one copy each */
@@ -2357,7 +2358,8 @@ static kvc_result kvc_vk__move_pages(kvc_vk_pool *p, int32_t layer, int v, const
     if (r == KVC_OK) r = kvc_vk__once_submit(c, cmd); /* waits; frees cmd */
     else c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
     if (r != KVC_OK && had_events) p->failed = 1; /* replayed events may not have run */
-    if (r == KVC_OK && !up) kvc_vk_pool_convert_pages(p, v, 0, st.mapped, data, n);
+    if (r == KVC_OK && !up && p->state_floats) memcpy(data, st.mapped, (size_t)(page_bytes * (VkDeviceSize)n));
+    else if (r == KVC_OK && !up) kvc_vk_pool_convert_pages(p, v, 0, st.mapped, data, n);
     kvc_vk__buf_destroy(c, &st);
     return r;
 }
