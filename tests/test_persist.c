@@ -1072,9 +1072,10 @@ static int write_file(const char *dir, const char *name, const unsigned char *d,
 
 static int write_corpus(const char *dir) {
     lf_world a;
-    blob objs[7];
-    const char *names[7] = {"full.kvc", "rotating.kvc", "causal.kvc", "sequence.kvc", "entry.kvc",
-                            "rotating-entry.kvc", "recurrent.kvc"};
+    blob objs[9];
+    const char *names[9] = {"full.kvc", "rotating.kvc", "causal.kvc", "sequence.kvc", "entry.kvc",
+                            "rotating-entry.kvc", "recurrent.kvc", "rotating-checkpoints.kvc",
+                            "recurrent-checkpoints.kvc"};
     unsigned char crafted[LF_CRAFTED_BYTES];
     int k, bad = 0;
     unsigned char *copy;
@@ -1087,9 +1088,17 @@ static int write_corpus(const char *dir) {
     objs[4] = save_blob(save_entry, a.tree);
     objs[5] = save_blob(save_rentry, a.rtree);
     objs[6] = save_blob(save_cache, a.rec);
+    for (k = 7; k < 9; ++k) { /* with checkpoints (issue 36): the fixture's rot and rec take them */
+        kvc_pool *p = ck_pool(k == 7 ? 1 : 3);
+        kvc_cache *c = ck_cache(p, k == 7 ? 1 : 3);
+        ck_build(c, 1);
+        objs[k] = save_blob(save_cache, c);
+        kvc_cache_destroy(c);
+        kvc_pool_destroy(p);
+    }
     lf_craft_rotating_entry(objs[5].data, crafted); /* issue 23: 2^31 tokens declared, 16 there */
     bad |= write_file(dir, "crafted-rotating-entry.kvc", crafted, sizeof(crafted));
-    for (k = 0; k < 7; ++k) {
+    for (k = 0; k < 9; ++k) {
         bad |= write_file(dir, names[k], objs[k].data, objs[k].size);
         copy = (unsigned char *)malloc(objs[k].size);
         memcpy(copy, objs[k].data, objs[k].size);
