@@ -24,6 +24,9 @@
      KVCACHE_THREADS            also compile the small pthread helper (kvc_threads_*).
      KVCACHE_THREADS_SPIN       how many times (default 20000) its idle threads poll
                                 for the next job before they sleep (0: sleep at once).
+     KVCACHE_IO_CHUNK           bytes (default 8 MiB, at least a page) that saves and
+                                loads of device pools (kvc_page_hooks.read_pages /
+                                write_pages) move at once: the host memory they stage in.
 
    THE MODEL IN ONE PARAGRAPH
      A kvc_pool owns every K/V byte, cut into pages of `page_cells` token slots
@@ -207,6 +210,13 @@ typedef struct kvc_page_hooks {
     void (*event)(void *user, const kvc_page_event *ev); /* NULL: no events */
     void *user;
     int external_data;  /* nonzero: no K/V bytes on the host (see "Page events") */
+    /* With external_data: the bytes of whole pages for saves and loads (both or neither;
+       NULL: saves and loads refuse the pool with KVC_ERR_UNSUPPORTED). pages[0 .. n_pages)
+       of layer `layer`'s K (v = 0) or V (v = 1), page i at i * page_cells * row bytes of
+       data, in kvcache.h's layout; a failure's kvc_result fails the save or load. */
+    kvc_result (*read_pages)(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages, void *data);
+    kvc_result (*write_pages)(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
+                              const void *data);
 } kvc_page_hooks;
 
 /* Sizing: budget_bytes buys floor(budget_bytes / page_bytes) pages, where a page holds
@@ -745,18 +755,22 @@ typedef struct kvc_path_io {
 KVCDEF kvc_result kvc_io_path(kvc_path_io *state, const char *path, int writing, kvc_io *io);
 #endif
 
-/* A FULL, ROTATING or CAUSAL cache (no batch open), with your token ids (any n_tokens
-   >= 0; e.g. the tokens at positions 0 .. offset-1), under namespace ns. ROTATING: every
-   page held is saved, the reserve's too; the reserve itself is not part of the saved
-   configuration, so a cache of any reserve loads it (one without a reserve drops the
-   extra pages at its next kvc_begin). */
+/* A cache (no batch open), with your token ids (any n_tokens >= 0; e.g. the tokens at
+   positions 0 .. offset-1), under namespace ns. ROTATING: every page held is saved, the
+   reserve's too; the reserve itself is not part of the saved configuration, so a cache
+   of any reserve loads it (one without a reserve drops the extra pages at its next
+   kvc_begin). ROTATING and RECURRENT: the checkpoints are saved with it (each page once),
+   so the loaded cache rewinds and is reused exactly as this one. A pool whose K/V live on
+   a device (kvcache_vk.h) saves and loads the same bytes through its page hooks. */
 KVCDEF kvc_result kvc_cache_save(const kvc_cache *cache, kvc_namespace ns, const int32_t *tokens,
                                  int32_t n_tokens, const kvc_io *io);
 /* Replace the cache's contents with a saved cache of the same pool configuration, kind
    and window/sinks (CAUSAL: window and chunk; its capacity and max_seqs must hold the
    saved cells). The saved tokens go to tokens[0 .. *n_tokens) (tokens may be NULL;
    KVC_ERR_RANGE if max_tokens is too small; n_tokens may be NULL). The result is
-   bit-exact: same offset, window state, positions, sequence sets and K/V bytes. */
+   bit-exact: same offset, window state, positions, sequence sets, states and K/V bytes,
+   and the saved checkpoints replace the cache's (a cache keeps at most its own
+   cfg.checkpoints of them: the newest). */
 KVCDEF kvc_result kvc_cache_load(kvc_cache *cache, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
                                  int32_t max_tokens, int32_t *n_tokens);
 /* One sequence of a CAUSAL cache: its cells' positions and K/V. Loading puts them into
@@ -925,9 +939,9 @@ KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *
 /* Single-entry prompt reuse (kvc_prefix) over the memory's groups: reuses up to the
    longest offset every group can return to. The memory must outlive it. */
 KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out);
-/* The whole memory (no batch open) with your token ids, and back; a load replaces every
-   group or none (the groups are read into fresh pages first: the budget must hold them
-   beside the memory's current pages). */
+/* The whole memory (no batch open) with your token ids, and back, checkpoints included;
+   a load replaces every group or none (the groups are read into fresh pages first: the
+   budget must hold them beside the memory's current pages). */
 KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                   const kvc_io *io);
 KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
@@ -9417,6 +9431,12 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
 #define KVC__TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
 #define KVC__CONF_BYTES 80u
 #define KVC__META_BYTES 24u
+#define KVC__CONF_CKPT 1u          /* CONF word 15: the CKPT and CKDT sections follow KVDT */
+/* Pools with external data (a device backend) move K/V bytes through the hooks'
+   read_pages / write_pages in chunks of at most this many bytes (at least one page). */
+#ifndef KVCACHE_IO_CHUNK
+#define KVCACHE_IO_CHUNK ((size_t)8 << 20)
+#endif
 
 static const unsigned char kvc__magic[8] = {'K', 'V', 'C', 'A', 'C', 'H', 'E', 0x1a};
 
@@ -9532,6 +9552,7 @@ typedef struct kvc__wr {
     const kvc_io *io;
     kvc__xxh h;
     int failed;
+    kvc_result dev;  /* a failure other than the io's (a device's read_pages, no memory) */
 } kvc__wr;
 
 static void kvc__w_bytes(kvc__wr *w, const void *data, size_t n) {
@@ -9558,8 +9579,9 @@ static void kvc__w_end(kvc__wr *w) { /* the checksum is not part of what it cove
     if (!w->failed && w->io->write(w->io->user, b, 8) != 8) w->failed = 1;
 }
 
-/* The header and the CONF section: everything a load checks before reading data. */
-static void kvc__w_head(kvc__wr *w, const kvc_cache *c, uint32_t what, kvc_namespace ns) {
+/* The header and the CONF section: everything a load checks before reading data.
+   flags: CONF word 15 (KVC__CONF_CKPT). */
+static void kvc__w_head(kvc__wr *w, const kvc_cache *c, uint32_t what, kvc_namespace ns, uint32_t flags) {
     const kvc_pool_config *pc = &c->pool->cfg;
     const kvc_cache_config *cc = &c->cfg;
     unsigned char b[16];
@@ -9583,7 +9605,7 @@ static void kvc__w_head(kvc__wr *w, const kvc_cache *c, uint32_t what, kvc_names
     kvc__w_u32(w, (uint32_t)cc->chunk);
     kvc__w_u32(w, (uint32_t)cc->padding);
     kvc__w_u32(w, pc->rotate); /* 0 in files from before the option */
-    kvc__w_u32(w, 0);
+    kvc__w_u32(w, flags);      /* 0 in files from before checkpoints were saved */
     kvc__put64(b, ns.model);
     kvc__put64(b + 8, ns.salt);
     kvc__w_bytes(w, b, 16);
@@ -9609,6 +9631,9 @@ typedef struct kvc__cellset {
     const kvc_cache *c;
     int32_t n_cells;
     int32_t seq;      /* CAUSAL sequence save: only its cells; -1: every used cell */
+    const uint32_t *ids; /* CKDT: the checkpoints' own pages, page ids[j]'s cells [0, cells[j]) */
+    const int32_t *cells;
+    int32_t n_ids;
 } kvc__cellset;
 
 /* Visit the saved cells in order: FULL/ROTATING the held pages' tokens below offset,
@@ -9616,6 +9641,17 @@ typedef struct kvc__cellset {
 static int kvc__cell_next(const kvc__cellset *s, int32_t *i, uint32_t *page, int32_t *slot) {
     const kvc_cache *c = s->c;
     int32_t pc = c->pool->page_cells;
+    while (s->ids != NULL) { /* *i = index in ids * pc + slot */
+        int32_t j = *i / pc, sl = *i % pc;
+        if (j >= s->n_ids) return 0;
+        if (sl < s->cells[j]) {
+            *page = s->ids[j];
+            *slot = sl;
+            (*i)++;
+            return 1;
+        }
+        *i = (j + 1) * pc;
+    }
     if (c->cfg.kind == KVC_KIND_RECURRENT) { /* *i = sequence: the states there are */
         for (; *i < c->cfg.max_seqs; ++*i)
             if (c->state_page[*i] != KVC__NO_PAGE) {
@@ -9683,12 +9719,70 @@ static void kvc__w_cells(kvc__wr *w, const kvc__cellset *s, int with_seqs) {
     kvc__w_end(w);
 }
 
-/* KVDT: layer by layer, the K rows of the cells then their V rows, runs of one page at a time. */
-static void kvc__w_kv(kvc__wr *w, const kvc__cellset *s) {
+/* Pages per chunk of a pool with external data, and the chunk's bytes (K or V). */
+static int32_t kvc__io_chunk_pages(const kvc_pool *p, size_t *bytes) {
+    size_t page = (size_t)p->page_cells * KVC__MAX(p->k_row, p->v_row);
+    int32_t n = (int32_t)KVC__MIN((size_t)p->max_pages, KVC__MAX((size_t)1, KVCACHE_IO_CHUNK / page));
+    *bytes = page * (size_t)n;
+    return n;
+}
+
+/* KVDT of a pool with external data: for each layer's K, then V, the pages of up to a
+   chunk's worth of the cells come from read_pages into one buffer, then their rows are
+   written as the host path writes them. */
+static void kvc__w_kv_external(kvc__wr *w, const kvc__cellset *s) {
+    const kvc_pool *p = s->c->pool;
+    size_t bytes;
+    int32_t max_ids = kvc__io_chunk_pages(p, &bytes), l, kv;
+    uint32_t *ids = (uint32_t *)kvc__alloc((kvc_pool *)(uintptr_t)p, sizeof(uint32_t) * (size_t)max_ids + bytes), page;
+    unsigned char *buf = (unsigned char *)(ids + max_ids);
+    if (ids == NULL) { w->dev = KVC_ERR_NO_MEMORY; w->failed = 1; return; }
+    for (l = 0; l < p->cfg.n_layers && !w->failed; ++l)
+        for (kv = 0; kv < 2 && !w->failed; ++kv) {
+            size_t row = kv ? p->v_row : p->k_row, pbytes = row * (size_t)p->page_cells;
+            int32_t i = 0, j, n, k, slot, run_k = 0, run_slot = 0, run_n = 0;
+            for (;;) {
+                int32_t start = i;
+                kvc_result e;
+                for (n = 0, j = i; kvc__cell_next(s, &j, &page, &slot); i = j) /* the chunk's pages */
+                    if (n == 0 || ids[n - 1] != page) {
+                        if (n == max_ids) break;
+                        ids[n++] = page;
+                    }
+                if (n == 0 || w->failed) break;
+                if ((e = p->cfg.hooks.read_pages(p->cfg.hooks.user, l, kv, ids, n, buf)) != KVC_OK) {
+                    w->dev = e;
+                    w->failed = 1;
+                    break;
+                }
+                for (j = start, k = -1; j < i && kvc__cell_next(s, &j, &page, &slot);) { /* its cells again */
+                    if (k < 0 || ids[k] != page) k++;
+                    if (run_n > 0 && (k != run_k || slot != run_slot + run_n)) {
+                        kvc__w_bytes(w, buf + (size_t)run_k * pbytes + (size_t)run_slot * row, (size_t)run_n * row);
+                        run_n = 0;
+                    }
+                    if (run_n == 0) { run_k = k; run_slot = slot; }
+                    run_n++;
+                }
+                if (run_n > 0) kvc__w_bytes(w, buf + (size_t)run_k * pbytes + (size_t)run_slot * row, (size_t)run_n * row);
+                run_n = 0;
+            }
+        }
+    kvc__free((kvc_pool *)(uintptr_t)p, ids);
+}
+
+/* KVDT (or CKDT): layer by layer, the K rows of the cells then their V rows, runs of
+   one page at a time. */
+static void kvc__w_kv(kvc__wr *w, const kvc__cellset *s, uint32_t tag) {
     const kvc_pool *p = s->c->pool;
     int32_t l, kv, i, slot, run_slot = 0, run_n = 0;
     uint32_t page, run_page = 0;
-    kvc__w_section(w, KVC__TAG('K', 'V', 'D', 'T'), (uint64_t)p->cfg.n_layers * (uint64_t)s->n_cells * (p->k_row + p->v_row));
+    kvc__w_section(w, tag, (uint64_t)p->cfg.n_layers * (uint64_t)s->n_cells * (p->k_row + p->v_row));
+    if (p->external) {
+        kvc__w_kv_external(w, s);
+        kvc__w_end(w);
+        return;
+    }
     for (l = 0; l < p->cfg.n_layers; ++l)
         for (kv = 0; kv < 2; ++kv) {
             size_t row = kv ? p->v_row : p->k_row;
@@ -9709,10 +9803,124 @@ static void kvc__w_kv(kvc__wr *w, const kvc__cellset *s) {
     kvc__w_end(w);
 }
 
+/* ---- checkpoints (ROTATING, RECURRENT) ----
+   CKPT lists the checkpoints and the pages they hold that the saved cache does not (each
+   once, however many checkpoints share it); CKDT holds those pages' cells. A page a
+   checkpoint holds is named by its index among the saved pages: the KVDT pages (in
+   their order there), then CKPT's own. */
+
+/* Page idx of a page list that ends at `to` tokens (a ROTATING cache's or checkpoint's:
+   sink pages, then window pages from logical page first): its logical page. A
+   RECURRENT cache's state is one page, logical page 0. */
+static int32_t kvc__list_lpage(const kvc_cache *c, int32_t idx, int32_t to, int32_t first) {
+    int32_t pc = c->pool->page_cells, sink_end = KVC__MIN(c->n_sink_pages, to > 0 ? (to - 1) / pc + 1 : 0);
+    return idx < sink_end ? idx : first + (idx - sink_end);
+}
+/* The cells of logical page lp below `to` (a state: its one cell). */
+static int32_t kvc__list_cells(const kvc_cache *c, int32_t lp, int32_t to) {
+    int64_t pc = c->pool->page_cells;
+    if (kvc__is_recurrent(c)) return 1;
+    return (int32_t)KVC__MAX(0, KVC__MIN(pc, (int64_t)to - (int64_t)lp * pc));
+}
+
+/* A save's view of the cache's checkpoints: which saved page each page id is. */
+typedef struct kvc__ckmap {
+    uint32_t *ref;        /* [max_pages] page id -> 1 + its saved index; 0: not saved yet */
+    uint32_t *extra;      /* [max_pages] the checkpoints' own pages, by id */
+    int32_t *extra_lp, *extra_cells; /* [max_pages] their logical page and cells saved */
+    int32_t n_live, n_extra;
+    uint64_t extra_cells_sum, bytes; /* CKPT's payload bytes */
+} kvc__ckmap;
+
+static kvc_result kvc__ckmap_build(const kvc_cache *c, kvc__ckmap *m) {
+    kvc_pool *p = c->pool;
+    size_t n = (size_t)p->max_pages;
+    int32_t i, k, s;
+    memset(m, 0, sizeof(*m));
+    m->ref = (uint32_t *)kvc__alloc(p, 4 * sizeof(uint32_t) * KVC__MAX(n, 1));
+    if (m->ref == NULL) return KVC_ERR_NO_MEMORY;
+    memset(m->ref, 0, sizeof(uint32_t) * n);
+    m->extra = m->ref + n;
+    m->extra_lp = (int32_t *)(void *)(m->extra + n);
+    m->extra_cells = m->extra_lp + n;
+    if (kvc__is_recurrent(c)) { /* KVDT's states, sequences ascending */
+        for (s = 0; s < c->cfg.max_seqs; ++s)
+            if (c->state_page[s] != KVC__NO_PAGE) m->ref[c->state_page[s]] = (uint32_t)++m->n_live;
+    } else {
+        for (i = 0; i < c->n_pages; ++i) m->ref[c->pages[i]] = (uint32_t)++m->n_live;
+    }
+    m->bytes = 8;
+    for (k = 0; k < c->n_ckpt; ++k) {
+        const kvc_snapshot *ck = c->ckpt[k];
+        m->bytes += 20 + 4 * (uint64_t)ck->n_pages;
+        for (i = 0; i < ck->n_pages; ++i) {
+            int32_t lp = kvc__list_lpage(c, i, ck->to, ck->first_lpage), need = kvc__list_cells(c, lp, ck->to);
+            uint32_t id = ck->pages[i], e;
+            if (m->ref[id] == 0) {
+                e = (uint32_t)m->n_extra++;
+                m->ref[id] = (uint32_t)m->n_live + e + 1;
+                m->extra[e] = id;
+                m->extra_lp[e] = lp;
+                m->extra_cells[e] = 0;
+                m->bytes += 8;
+            }
+            e = m->ref[id] - 1;
+            if (e >= (uint32_t)m->n_live) {
+                e -= (uint32_t)m->n_live;
+                m->extra_cells_sum += (uint64_t)KVC__MAX(0, need - m->extra_cells[e]);
+                m->extra_cells[e] = KVC__MAX(m->extra_cells[e], need);
+            }
+        }
+    }
+    return KVC_OK;
+}
+
+/* CKPT: u32 n_ckpt, u32 n_extra; per extra page i32 logical page, i32 cells; per
+   checkpoint (oldest first) i32 to, i32 first_lpage, i32 batch_begin, u32 flags,
+   i32 n_pages and n_pages u32 saved-page indices. Then CKDT: the extra pages' cells. */
+static void kvc__w_ckpts(kvc__wr *w, const kvc_cache *c) {
+    kvc__ckmap m;
+    kvc__cellset set;
+    kvc_result e;
+    int32_t i, k;
+    if ((e = kvc__ckmap_build(c, &m)) != KVC_OK) { w->dev = e; w->failed = 1; return; }
+    kvc__w_section(w, KVC__TAG('C', 'K', 'P', 'T'), m.bytes);
+    kvc__w_u32(w, (uint32_t)c->n_ckpt);
+    kvc__w_u32(w, (uint32_t)m.n_extra);
+    for (i = 0; i < m.n_extra; ++i) {
+        kvc__w_u32(w, (uint32_t)m.extra_lp[i]);
+        kvc__w_u32(w, (uint32_t)m.extra_cells[i]);
+    }
+    for (k = 0; k < c->n_ckpt; ++k) {
+        const kvc_snapshot *ck = c->ckpt[k];
+        kvc__w_u32(w, (uint32_t)ck->to);
+        kvc__w_u32(w, (uint32_t)ck->first_lpage);
+        kvc__w_u32(w, (uint32_t)ck->batch_begin);
+        kvc__w_u32(w, (uint32_t)ck->ckflags);
+        kvc__w_u32(w, (uint32_t)ck->n_pages);
+        for (i = 0; i < ck->n_pages; ++i) kvc__w_u32(w, m.ref[ck->pages[i]] - 1);
+    }
+    kvc__w_end(w);
+    memset(&set, 0, sizeof(set));
+    set.c = c;
+    set.ids = m.extra;
+    set.cells = m.extra_cells;
+    set.n_ids = m.n_extra;
+    set.n_cells = (int32_t)m.extra_cells_sum;
+    kvc__w_kv(w, &set, KVC__TAG('C', 'K', 'D', 'T'));
+    kvc__free(c->pool, m.ref);
+}
+
 /* Every save ends here: finish the io, turn its failure into KVC_ERR_IO. */
 static kvc_result kvc__io_end(const kvc_io *io, kvc_result r) {
     if (io->finish != NULL && io->finish(io->user, r == KVC_OK) != 0 && r == KVC_OK) r = KVC_ERR_IO;
     return r;
+}
+
+/* Whether saves and loads can reach the pool's K/V bytes (a device backend's through
+   its hooks). */
+static int kvc__persistable(const kvc_pool *p) {
+    return !p->external || (p->cfg.hooks.read_pages != NULL && p->cfg.hooks.write_pages != NULL);
 }
 
 static kvc_result kvc__check_io(const kvc_io *io, int writing) {
@@ -9725,7 +9933,13 @@ static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_
     kvc__wr w;
     kvc__cellset set;
     int32_t meta[6] = {0, 0, 0, 0, 0, 0};
-    if (c->pool->external) return KVC_ERR_UNSUPPORTED; /* the K/V bytes live in a device backend */
+    uint32_t flags = 0;
+    if (!kvc__persistable(c->pool)) return KVC_ERR_UNSUPPORTED; /* device bytes it cannot reach */
+    if (what == KVC__WHAT_CACHE && kvc__has_ckpts(c)) {
+        kvc__settle((kvc_cache *)(uintptr_t)c); /* the ended batch's checkpoints: no visible change */
+        if (c->n_ckpt > 0) flags = KVC__CONF_CKPT;
+    }
+    memset(&set, 0, sizeof(set));
     set.c = c;
     set.seq = seq;
     set.n_cells = kvc__cell_count(&set);
@@ -9743,11 +9957,13 @@ static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_
     }
     memset(&w, 0, sizeof(w));
     w.io = io;
-    kvc__w_head(&w, c, what, ns);
+    kvc__w_head(&w, c, what, ns, flags);
     kvc__w_meta(&w, meta);
     kvc__w_tokens(&w, tokens, n_tokens);
     kvc__w_cells(&w, &set, c->cfg.kind == KVC_KIND_CAUSAL && what == KVC__WHAT_CACHE);
-    kvc__w_kv(&w, &set);
+    kvc__w_kv(&w, &set, KVC__TAG('K', 'V', 'D', 'T'));
+    if (flags & KVC__CONF_CKPT) kvc__w_ckpts(&w, c);
+    if (w.dev != KVC_OK) return w.dev;
     return w.failed ? KVC_ERR_IO : KVC_OK;
 }
 
@@ -9831,6 +10047,7 @@ typedef struct kvc__saved {
     kvc_cache_config cc;       /* kind, window, sinks, capacity, max_seqs, chunk, padding */
     kvc_namespace ns;
     int32_t meta[6];           /* n_tokens, n_cells, then per kind (see kvc__save) */
+    uint32_t flags;            /* CONF word 15: KVC__CONF_CKPT */
 } kvc__saved;
 
 /* Header, CONF and META, checked against the pool, the expected object and namespace. */
@@ -9860,6 +10077,8 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
     s->cc.padding = (int32_t)f[13];
     s->ns.model = kvc__le64(b);
     s->ns.salt = kvc__le64(b + 8);
+    s->flags = f[15];
+    if (s->flags & ~KVC__CONF_CKPT) { kvc__r_fail(r, KVC_ERR_FORMAT); return; } /* a later format's */
     if (s->shape[0] != p->cfg.n_layers || s->shape[1] != p->cfg.n_kv_heads || s->shape[2] != p->cfg.head_dim_k ||
         s->shape[3] != p->cfg.head_dim_v || s->shape[4] != (int32_t)p->cfg.type_k ||
         s->shape[5] != (int32_t)p->cfg.type_v || s->shape[6] != p->page_cells || !kvc__ns_equal(s->ns, ns) ||
@@ -9868,6 +10087,11 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
         return;
     }
     if (f[14] != p->cfg.rotate) { kvc__r_fail(r, KVC_ERR_ROTATION); return; } /* stored rows differ */
+    if ((s->flags & KVC__CONF_CKPT) && (s->what != KVC__WHAT_CACHE || (s->cc.kind != KVC_KIND_ROTATING &&
+                                                                      s->cc.kind != KVC_KIND_RECURRENT))) {
+        kvc__r_fail(r, KVC_ERR_CORRUPT); /* only these have checkpoints */
+        return;
+    }
     kvc__r_section(r, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
     for (i = 0; i < 6; ++i) s->meta[i] = (int32_t)kvc__r_u32(r);
     kvc__r_end(r);
@@ -9919,18 +10143,60 @@ static void kvc__unstage_pages(kvc_pool *p, uint32_t *pages, int32_t n) {
     kvc__free(p, pages);
 }
 
-/* KVDT into the staged pages: cell i at page i / pc, slot i % pc. */
-static void kvc__r_kv(kvc__rd *r, kvc_pool *p, const uint32_t *pages, int32_t n_cells) {
-    int32_t pc = p->page_cells, l, kv, i;
-    kvc__r_section(r, KVC__TAG('K', 'V', 'D', 'T'), (uint64_t)p->cfg.n_layers * (uint64_t)n_cells * (p->k_row + p->v_row));
+/* The cells read into page j: cells[j], or (cells == NULL) packed n_cells from page 0. */
+static int32_t kvc__rows_of(const kvc_pool *p, const int32_t *cells, int32_t n_cells, int32_t j) {
+    return cells != NULL ? cells[j] : (int32_t)KVC__MIN((int64_t)p->page_cells, (int64_t)n_cells - (int64_t)j * p->page_cells);
+}
+
+/* Rows into pages of a pool with external data: up to a chunk of pages at a time read
+   into one buffer (the rest of each page zero), then handed to write_pages. The pages
+   are fresh ones of the load: a failing checksum later leaves nothing behind. */
+static void kvc__r_rows_external(kvc__rd *r, kvc_pool *p, const uint32_t *pages, const int32_t *cells,
+                                 int32_t n_pages, int32_t n_cells) {
+    size_t bytes;
+    int32_t max_ids = kvc__io_chunk_pages(p, &bytes), l, kv, j0, j;
+    unsigned char *buf = (unsigned char *)kvc__alloc(p, bytes);
+    if (buf == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); return; }
     for (l = 0; l < p->cfg.n_layers; ++l)
         for (kv = 0; kv < 2; ++kv)
-            for (i = 0; i < n_cells; i += pc) {
-                int32_t n = KVC__MIN(pc, n_cells - i);
-                unsigned char *dst = kv ? kvc__v_at(p, l, pages[i / pc], 0) : kvc__k_at(p, l, pages[i / pc], 0);
-                kvc__r_bytes(r, dst, (size_t)n * (kv ? p->v_row : p->k_row));
+            for (j0 = 0; j0 < n_pages && r->err == KVC_OK; j0 += max_ids) {
+                size_t row = kv ? p->v_row : p->k_row, pbytes = row * (size_t)p->page_cells, got;
+                int32_t n = KVC__MIN(max_ids, n_pages - j0);
+                kvc_result e;
+                for (j = 0; j < n; ++j) {
+                    got = (size_t)kvc__rows_of(p, cells, n_cells, j0 + j) * row;
+                    kvc__r_bytes(r, buf + (size_t)j * pbytes, got);
+                    memset(buf + (size_t)j * pbytes + got, 0, pbytes - got);
+                }
+                if (r->err == KVC_OK && (e = p->cfg.hooks.write_pages(p->cfg.hooks.user, l, kv, pages + j0, n, buf)) != KVC_OK)
+                    kvc__r_fail(r, e);
             }
+    kvc__free(p, buf);
+}
+
+/* KVDT (or CKDT) into pages: page j gets the rows of kvc__rows_of(j) cells from slot 0. */
+static void kvc__r_rows(kvc__rd *r, kvc_pool *p, uint32_t tag, const uint32_t *pages, const int32_t *cells,
+                        int32_t n_pages, int32_t n_cells) {
+    int32_t l, kv, j;
+    kvc__r_section(r, tag, (uint64_t)p->cfg.n_layers * (uint64_t)n_cells * (p->k_row + p->v_row));
+    if (r->err != KVC_OK) return;
+    if (p->external) {
+        kvc__r_rows_external(r, p, pages, cells, n_pages, n_cells);
+    } else {
+        for (l = 0; l < p->cfg.n_layers; ++l)
+            for (kv = 0; kv < 2; ++kv)
+                for (j = 0; j < n_pages; ++j) {
+                    unsigned char *dst = kv ? kvc__v_at(p, l, pages[j], 0) : kvc__k_at(p, l, pages[j], 0);
+                    kvc__r_bytes(r, dst, (size_t)kvc__rows_of(p, cells, n_cells, j) * (kv ? p->v_row : p->k_row));
+                }
+    }
     kvc__r_end(r);
+}
+
+/* KVDT into the staged pages: cell i at page i / pc, slot i % pc. */
+static void kvc__r_kv(kvc__rd *r, kvc_pool *p, const uint32_t *pages, int32_t n_cells) {
+    int32_t n_pages = (int32_t)(((int64_t)n_cells + p->page_cells - 1) / p->page_cells);
+    kvc__r_rows(r, p, KVC__TAG('K', 'V', 'D', 'T'), pages, NULL, n_pages, n_cells);
 }
 
 /* FULL/ROTATING: is (offset, batch_begin, first_lpage, n_pages, n_cells) a state the
@@ -10032,17 +10298,174 @@ static void kvc__install_linear(kvc_cache *c, kvc__staged *st) {
     st->pages = NULL;
 }
 
-/* RECURRENT: CELL is (sequence, tokens consumed) per state, KVDT the states. The
-   checkpoints are not saved: a loaded cache goes back only to what it holds. */
+/* ---- checkpoints ---- */
+
+/* The checkpoints a load read: a chain of snapshots (oldest first, holding their pages)
+   and the staged pages that only they hold (a reference of the load's each). */
+typedef struct kvc__ckload {
+    kvc_snapshot *chain;
+    uint32_t *pages;
+    int32_t n_pages;
+} kvc__ckload;
+
+static void kvc__ckload_free(kvc_pool *p, kvc__ckload *ck) {
+    kvc__snapshot_release(ck->chain);
+    kvc__unstage_pages(p, ck->pages, ck->n_pages);
+    memset(ck, 0, sizeof(*ck));
+}
+
+/* A section header whose length the reader learns from the section itself (CKPT):
+   what the payload holds is checked as it is read, and all of it must be used. */
+static void kvc__r_section_any(kvc__rd *r, uint32_t tag) {
+    unsigned char b[16];
+    memset(b, 0, sizeof(b));
+    kvc__r_raw(r, b, 16);
+    if (r->err != KVC_OK) return;
+    kvc__xxh_init(&r->h);
+    kvc__xxh_update(&r->h, b, 16);
+    if (kvc__le32(b) != tag || kvc__le32(b + 4) != 0) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    r->left = kvc__le64(b + 8);
+}
+
+/* A saved page's logical page and cells: live[0 .. n_live) are KVDT's pages (a cache
+   of `off` tokens whose window starts at logical page `first`), then the extra ones. */
+typedef struct kvc__ckpages {
+    int32_t n_live, off, first, n_extra;
+    int32_t *lp, *cells;   /* the extra pages' */
+} kvc__ckpages;
+static void kvc__ck_page_of(const kvc_cache *c, const kvc__ckpages *cp, uint32_t ref, int32_t *lp, int32_t *cells) {
+    if (ref >= (uint32_t)cp->n_live) {
+        *lp = cp->lp[ref - (uint32_t)cp->n_live];
+        *cells = cp->cells[ref - (uint32_t)cp->n_live];
+        return;
+    }
+    *lp = kvc__is_recurrent(c) ? 0 : kvc__list_lpage(c, (int32_t)ref, cp->off, cp->first);
+    *cells = kvc__list_cells(c, *lp, cp->off);
+}
+
+/* One CKPT record: a checkpoint at `to` (after prev_to, at most the offset) whose pages
+   are saved pages of the right logical page holding the cells below `to`. *refs is a
+   scratch of max_pages entries. */
+static kvc_snapshot *kvc__r_ckpt(kvc__rd *r, const kvc_cache *c, const kvc__ckpages *cp, const uint32_t *staged,
+                                 const uint32_t *live, int32_t prev_to, uint32_t *refs) {
+    kvc_pool *p = c->pool;
+    int32_t to = (int32_t)kvc__r_u32(r), first = (int32_t)kvc__r_u32(r), bb = (int32_t)kvc__r_u32(r);
+    int32_t flags = (int32_t)kvc__r_u32(r), np = (int32_t)kvc__r_u32(r), i, pc = p->page_cells;
+    int32_t last = to > 0 ? (to - 1) / pc : -1, cells = 0, lp, have, want, need;
+    kvc_snapshot *k;
+    if (r->err != KVC_OK) return NULL;
+    if (to <= prev_to || to > cp->off || flags < 1 || flags > 3 || np < 0 || np > p->max_pages ||
+        (kvc__is_recurrent(c) && (np != 1 || first != 0 || bb < 0 || bb > to)) ||
+        (!kvc__is_recurrent(c) && (first < 0 || first > KVC__MAX(last + 1, c->n_sink_pages)))) {
+        kvc__r_fail(r, KVC_ERR_CORRUPT);
+        return NULL;
+    }
+    for (i = 0; i < np && r->err == KVC_OK; ++i) {
+        refs[i] = kvc__r_u32(r);
+        if (r->err != KVC_OK) break;
+        if (refs[i] >= (uint32_t)(cp->n_live + cp->n_extra)) { kvc__r_fail(r, KVC_ERR_CORRUPT); break; }
+        want = kvc__is_recurrent(c) ? 0 : kvc__list_lpage(c, i, to, first);
+        need = kvc__list_cells(c, want, to);
+        kvc__ck_page_of(c, cp, refs[i], &lp, &have);
+        if (lp != want || have < need) kvc__r_fail(r, KVC_ERR_CORRUPT); /* another page, or too few cells */
+        cells += need;
+    }
+    if (r->err != KVC_OK) return NULL;
+    if (!kvc__is_recurrent(c)) { /* a window state the cache can be in */
+        int32_t m[6];
+        m[0] = 0; m[1] = cells; m[2] = to; m[3] = bb; m[4] = first; m[5] = np;
+        if (!kvc__linear_state_ok(c, m)) { kvc__r_fail(r, KVC_ERR_CORRUPT); return NULL; }
+    }
+    if ((k = kvc__snapshot_alloc(p, np, 0)) == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); return NULL; }
+    k->cache_id = c->id;
+    k->kind = c->cfg.kind;
+    k->window = c->cfg.window;
+    k->sinks = c->cfg.sinks;
+    k->ckflags = flags;
+    k->from = k->to = to;
+    k->first_lpage = first;
+    k->batch_begin = bb;
+    for (i = 0; i < np; ++i) {
+        k->pages[i] = refs[i] < (uint32_t)cp->n_live ? live[refs[i]] : staged[refs[i] - (uint32_t)cp->n_live];
+        kvc__page_retain(p, k->pages[i]);
+    }
+    return k;
+}
+
+/* CKPT and CKDT (see kvc__w_ckpts) into fresh pages of c's pool, after KVDT was read
+   into live[0 .. n_live) for a cache of `off` tokens whose window starts at `first`. */
+static void kvc__r_ckpts(kvc__rd *r, const kvc_cache *c, const uint32_t *live, int32_t n_live, int32_t off,
+                         int32_t first, kvc__ckload *out) {
+    kvc_pool *p = c->pool;
+    kvc__ckpages cp;
+    kvc_snapshot *tail = NULL;
+    uint32_t *refs = NULL;
+    int32_t n_ck, i, prev = -1, pc = p->page_cells;
+    int64_t sum = 0;
+    memset(out, 0, sizeof(*out));
+    memset(&cp, 0, sizeof(cp));
+    cp.n_live = n_live;
+    cp.off = off;
+    cp.first = first;
+    kvc__r_section_any(r, KVC__TAG('C', 'K', 'P', 'T'));
+    n_ck = (int32_t)kvc__r_u32(r);
+    cp.n_extra = (int32_t)kvc__r_u32(r);
+    if (r->err != KVC_OK) return;
+    if (n_ck < 1 || cp.n_extra < 0 || cp.n_extra > p->max_pages) { kvc__r_fail(r, KVC_ERR_CORRUPT); return; }
+    if (!kvc__can_reclaim(p, cp.n_extra)) { kvc__r_fail(r, KVC_ERR_FULL); return; }
+    refs = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (3 * (size_t)KVC__MAX(cp.n_extra, 1) + (size_t)p->max_pages));
+    out->pages = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)KVC__MAX(cp.n_extra, 1));
+    if (refs == NULL || out->pages == NULL) {
+        kvc__free(p, refs);
+        kvc__free(p, out->pages);
+        out->pages = NULL;
+        kvc__r_fail(r, KVC_ERR_NO_MEMORY);
+        return;
+    }
+    cp.lp = (int32_t *)(void *)(refs + p->max_pages);
+    cp.cells = cp.lp + KVC__MAX(cp.n_extra, 1);
+    kvc__reclaim(p, cp.n_extra); /* unused prefix-tree entries go first, as for any pages */
+    for (out->n_pages = 0; out->n_pages < cp.n_extra; ++out->n_pages) out->pages[out->n_pages] = kvc__page_acquire(p);
+    for (i = 0; i < cp.n_extra && r->err == KVC_OK; ++i) {
+        int32_t k;
+        cp.lp[i] = (int32_t)kvc__r_u32(r);
+        cp.cells[i] = (int32_t)kvc__r_u32(r);
+        if (r->err == KVC_OK && (cp.cells[i] < 1 || cp.cells[i] > pc || cp.lp[i] < 0 ||
+                                 (int64_t)cp.lp[i] * pc + cp.cells[i] > INT32_MAX ||
+                                 (kvc__is_recurrent(c) && (cp.lp[i] != 0 || cp.cells[i] != 1))))
+            kvc__r_fail(r, KVC_ERR_CORRUPT);
+        for (k = 0; k < cp.cells[i] && r->err == KVC_OK && !kvc__is_recurrent(c); ++k)
+            *kvc__pos_at(p, out->pages[i], k) = cp.lp[i] * pc + k;
+        sum += cp.cells[i];
+    }
+    for (i = 0; i < n_ck && r->err == KVC_OK; ++i) {
+        kvc_snapshot *k = kvc__r_ckpt(r, c, &cp, out->pages, live, prev, refs);
+        if (k == NULL) break;
+        if (tail != NULL) tail->carried = k;
+        else out->chain = k;
+        tail = k;
+        prev = k->to;
+    }
+    kvc__r_end(r);
+    if (r->err == KVC_OK && sum > INT32_MAX) kvc__r_fail(r, KVC_ERR_CORRUPT);
+    if (r->err == KVC_OK) kvc__r_rows(r, p, KVC__TAG('C', 'K', 'D', 'T'), out->pages, cp.cells, cp.n_extra, (int32_t)sum);
+    kvc__free(p, refs);
+    if (r->err != KVC_OK) kvc__ckload_free(p, out);
+}
+
+/* RECURRENT: CELL is (sequence, tokens consumed) per state, KVDT the states, then the
+   checkpoints when CONF says so (sequence 0's: CKPT, CKDT). */
 static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
                                       int32_t max_tokens, int32_t *n_tokens) {
     kvc_pool *p = c->pool;
     kvc__rd r;
     kvc__saved s;
+    kvc__ckload ck;
     uint32_t *pages = NULL;
     int32_t *seq_of = NULL, *off_of, n_pages = 0, i, n, prev = -1;
     memset(&r, 0, sizeof(r));
     memset(&s, 0, sizeof(s));
+    memset(&ck, 0, sizeof(ck));
     r.io = io;
     kvc__r_head(&r, p, KVC__WHAT_CACHE, ns, &s);
     if (r.err != KVC_OK) return r.err;
@@ -10068,6 +10491,7 @@ static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_
         }
         kvc__r_end(&r);
         kvc__r_kv(&r, p, pages, n);
+        if (r.err == KVC_OK && (s.flags & KVC__CONF_CKPT)) kvc__r_ckpts(&r, c, pages, n, s.meta[2], 0, &ck);
     }
     if (r.err == KVC_OK && s.meta[2] != (n > 0 && seq_of[0] == 0 ? off_of[0] : 0)) r.err = KVC_ERR_CORRUPT;
     if (r.err == KVC_OK) { /* the cache takes the staged pages over */
@@ -10082,12 +10506,15 @@ static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_
         c->offset = c->state_off[0];
         c->gen++; /* contents added or replaced (kvc_prefix checks) */
         c->batch_begin = c->offset > 0 ? c->offset - 1 : 0;
+        kvc__ckpt_install(c, ck.chain); /* the saved checkpoints (none: none) */
+        ck.chain = NULL;
         n_pages = 0;
         *n_tokens = s.meta[0];
     } else if (tokens != NULL) {
         kvc__free(p, *tokens);
         *tokens = NULL;
     }
+    kvc__ckload_free(p, &ck); /* the load's references of the checkpoints' own pages */
     kvc__unstage_pages(p, pages, n_pages);
     kvc__free(p, seq_of);
     return r.err;
@@ -10109,20 +10536,29 @@ static kvc_result kvc__cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *
                                   int32_t max_tokens, int32_t *n_tokens) {
     kvc__rd r;
     kvc__staged st;
+    kvc__ckload ck;
     if (tokens != NULL) *tokens = NULL;
     if (kvc__is_causal(c)) return kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens);
     if (kvc__is_recurrent(c)) return kvc__load_recurrent(c, ns, io, tokens, max_tokens, n_tokens);
     memset(&st, 0, sizeof(st));
     memset(&r, 0, sizeof(r));
+    memset(&ck, 0, sizeof(ck));
     r.io = io;
     kvc__r_linear(&r, c, KVC__WHAT_CACHE, ns, &st, tokens != NULL, max_tokens);
     if (r.err == KVC_ERR_RANGE) *n_tokens = st.s.meta[0];
-    if (r.err == KVC_OK) r.err = kvc__page_table_reserve(c, st.s.meta[5]);
+    if (r.err == KVC_OK && (st.s.flags & KVC__CONF_CKPT))
+        kvc__r_ckpts(&r, c, st.pages, st.n_pages, st.s.meta[2], st.s.meta[4], &ck);
+    if (r.err == KVC_OK) /* room for the pages and every checkpoint's (kvc__pages_wanted) */
+        r.err = kvc__page_table_reserve(c, KVC__MAX(st.s.meta[5], kvc__chain_pages(ck.chain)));
     if (r.err == KVC_OK) {
         kvc__install_linear(c, &st);
+        kvc__pend_drop(c);
+        kvc__ckpt_install(c, ck.chain); /* the saved checkpoints (none: the old ones go) */
+        ck.chain = NULL;
         *n_tokens = st.s.meta[0];
         if (tokens != NULL) { *tokens = st.tokens; st.tokens = NULL; }
     }
+    kvc__ckload_free(c->pool, &ck);
     kvc__staged_free(c->pool, &st);
     return r.err;
 }
@@ -10133,7 +10569,7 @@ static kvc_result kvc__cache_load_held(kvc_cache *c, kvc_namespace ns, const kvc
     int32_t *got = NULL, n = 0;
     if (io == NULL) return KVC_ERR_NULL;
     if (c == NULL) return kvc__io_end(io, KVC_ERR_NULL);
-    if (c->pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
+    if (!kvc__persistable(c->pool)) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
     if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__io_end(io, e);
     if (max_tokens < 0) return kvc__io_end(io, KVC_ERR_INVALID);
     if (kvc__batch_open(c)) return kvc__io_end(io, KVC_ERR_STATE);
@@ -10246,7 +10682,7 @@ static kvc_result kvc__seq_load_held(kvc_cache *c, int32_t dst, kvc_namespace ns
     int32_t i, n, freed = 0, pc, *got = NULL;
     if (io == NULL) return KVC_ERR_NULL;
     if (c == NULL) return kvc__io_end(io, KVC_ERR_NULL);
-    if (c->pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
+    if (!kvc__persistable(c->pool)) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
     if ((r.err = kvc__check_io(io, 0)) != KVC_OK || (r.err = kvc__check_seq(c, dst)) != KVC_OK) return kvc__io_end(io, r.err);
     if (max_tokens < 0) return kvc__io_end(io, KVC_ERR_INVALID);
     if (kvc__batch_open(c)) return kvc__io_end(io, KVC_ERR_STATE);
@@ -10354,7 +10790,7 @@ static kvc_result kvc__radix_load_held(kvc_radix *t, kvc_namespace ns, const kvc
     memset(&st, 0, sizeof(st));
     if (io == NULL) return KVC_ERR_NULL;
     if (t == NULL) return kvc__io_end(io, KVC_ERR_NULL);
-    if (t->part[0].pool->external) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
+    if (!kvc__persistable(t->part[0].pool)) return kvc__io_end(io, KVC_ERR_UNSUPPORTED); /* device backend */
     if ((e = kvc__check_io(io, 0)) != KVC_OK) return kvc__io_end(io, e);
     if (t->mp != NULL) return kvc__io_end(io, kvc__radix_load_memory(t, ns, io, pin, n_tokens));
     if ((e = kvc_cache_create(t->part[0].pool, &t->part[0].cfg, &c)) != KVC_OK) return kvc__io_end(io, e);
@@ -10421,7 +10857,7 @@ static kvc_result kvc__memory_persistable(const kvc_memory *m) {
     if (kvc__memory_open(m)) return KVC_ERR_STATE;
     for (g = 0; g < m->mp->n_groups; ++g) {
         if (m->cache[g]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
-        if (m->cache[g]->pool->external) return KVC_ERR_UNSUPPORTED; /* bytes on a device */
+        if (!kvc__persistable(m->cache[g]->pool)) return KVC_ERR_UNSUPPORTED; /* bytes on a device */
     }
     return KVC_OK;
 }
@@ -10460,7 +10896,8 @@ KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const
 }
 
 /* Move src's contents (FULL, ROTATING, RECURRENT; same pool and config) into dst, whose
-   old contents go; src is left empty. Cannot fail. */
+   old contents go; src is left empty. Cannot fail (dst's page table has room for
+   kvc__pages_wanted(src)). */
 static void kvc__cache_move(kvc_cache *dst, kvc_cache *src) {
     int32_t s;
     kvc__lease_drop(dst);
@@ -10480,6 +10917,12 @@ static void kvc__cache_move(kvc_cache *dst, kvc_cache *src) {
         dst->state_off[s] = src->state_off[s];
         src->state_page[s] = KVC__NO_PAGE;
     }
+    for (s = 0; s < src->n_ckpt; ++s) { /* the checkpoints too (the same config: as many slots) */
+        dst->ckpt[s] = src->ckpt[s];
+        dst->ckpt[s]->cache_id = dst->id;
+    }
+    dst->n_ckpt = src->n_ckpt;
+    src->n_ckpt = 0;
     src->n_pages = 0;
     src->first_lpage = src->n_sink_pages;
     src->offset = 0;
@@ -10530,7 +10973,7 @@ static kvc_result kvc__memory_load_held(kvc_memory *mem, kvc_namespace ns, const
     }
     if (r == KVC_ERR_RANGE && n_tokens != NULL) *n_tokens = n0;
     for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) /* room first: the moves cannot fail */
-        r = kvc__page_table_reserve(mem->cache[g], tmp[g]->n_pages);
+        r = kvc__page_table_reserve(mem->cache[g], kvc__pages_wanted(tmp[g]));
     if (r == KVC_OK) {
         for (g = 0; g < mp->n_groups; ++g) kvc__cache_move(mem->cache[g], tmp[g]);
         if (tokens != NULL && n0 > 0) memcpy(tokens, got, sizeof(int32_t) * (size_t)n0);

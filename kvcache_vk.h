@@ -40,8 +40,10 @@
          kvc_vk_cmd_append     instead of kvc_put       (f32 or f16 K/V in device buffers)
          kvc_vk_cmd_attention  instead of kvc_attention (q and out in device buffers)
          kvc_vk_cmd_gather     instead of kvc_cache_gather
+         kvc_cache_save / _load, kvc_memory_save / _load, ... : as on the CPU (the same
+                               files; staged through host memory on the context's queue)
      Work is recorded into the caller's VkCommandBuffer (nothing is submitted behind its
-     back); kvc_vk_begin / kvc_vk_submit_wait (KVCACHE_VK_HELPERS) are a convenience for
+     back but by saves and loads, which wait for the bytes); kvc_vk_begin / kvc_vk_submit_wait (KVCACHE_VK_HELPERS) are a convenience for
      tools and tests.
      Hybrid models: a pool made with kvc_pool_config.state_floats holds RECURRENT caches'
      states on the device (kvc_vk_cmd_state instead of kvc_state, kvc_vk_cmd_state_checkpoint
@@ -321,7 +323,8 @@ KVCDEF kvc_result kvc_vk_cmd_state_checkpoint(kvc_vk_pool *pool, VkCommandBuffer
    layer, kvc_vk_memory_layer gives the group's device pool, cache and layer index for
    kvc_vk_cmd_append / _attention (K/V groups) and kvc_vk_cmd_state /
    _state_checkpoint (RECURRENT groups) instead of kvc_memory_put / _attention / _state
-   / _state_checkpoint (which refuse device pools). Device memory: as the host reserves
+   / _state_checkpoint (which refuse device pools); kvc_memory_save / _load as on the CPU
+   (see "Saves and loads" below). Device memory: as the host reserves
    address space, each group's buffers are sized for the whole budget in its page size
    (one group may take all of it), so a memory of G groups allocates up to G times
    budget_bytes of device memory. */
@@ -345,6 +348,20 @@ KVCDEF kvc_result kvc_vk_memory_layer(const kvc_vk_memory *mem, const kvc_memory
                                       kvc_vk_pool **pool, kvc_cache **cache, int32_t *group_layer);
 /* kvc_vk_cmd_sync on every group's pool (e.g. after a restore, before reading states). */
 KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *mem, VkCommandBuffer cmd);
+
+/* ---- Saves and loads -----------------------------------------------------------------
+   kvcache.h's kvc_cache_save / _load, kvc_seq_save / _load, kvc_radix_save / _load and
+   kvc_memory_save / _load take the host objects of device pools and memories
+   (kvc_vk_pool_host, kvc_vk_memory_host and what is made on them) as on the CPU, in the
+   same file format with the same checks: a file made on the CPU loads on the device and
+   the other way round, bit-exact (K/V bytes, states, checkpoints). The bytes go through
+   host memory KVCACHE_IO_CHUNK bytes (8 MiB) at a time, each chunk one command buffer on
+   the context's queue (the pool's queued page events replayed first) that the call
+   submits and waits for: a save must have the bytes on the host before it writes them
+   (kvc_vk_cmd_gather and kvc_vk_state_read leave that wait to you; a stream cannot). So
+   call them once every command buffer recorded for the pool has been submitted and has
+   finished, and not while another thread uses the queue. A load writes only into the
+   fresh pages it takes: a damaged or truncated file changes nothing. */
 
 /* ---- Helpers for tools, tests and benchmarks (#define KVCACHE_VK_HELPERS) ---------- */
 /* Optional: #define KVCACHE_VK_HELPERS where kvcache_vk.h is included (and where its
@@ -542,12 +559,13 @@ struct kvc_vk_context {
     VkDevice device;
     VkQueue queue;
     uint32_t family;
-    /* made by the helpers (KVCACHE_VK_HELPERS); the rest of the backend only frees them */
+    /* made by the helpers (KVCACHE_VK_HELPERS); the rest of the backend only frees them,
+       but for cmd_pool and fence, which saves and loads make too */
     int owns;                  /* kvc_vk_device_create made instance + device */
     int stats;                 /* pipelines capture the driver's statistics */
     VkDebugUtilsMessengerEXT messenger;
     PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger;
-    VkCommandPool cmd_pool;    /* kvc_vk_begin's, made on its first call */
+    VkCommandPool cmd_pool;    /* one-time command buffers', made on first use */
     VkFence fence;
     VkPhysicalDeviceProperties props;
     VkPhysicalDeviceMemoryProperties mem;
@@ -1129,6 +1147,11 @@ static kvc_vk_pool *kvc_vk__pool_new(kvc_vk_context *c) {
     return p;
 }
 
+static kvc_result kvc_vk__read_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
+                                     void *data);
+static kvc_result kvc_vk__write_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
+                                      const void *data);
+
 /* The hooks a host pool of p reports to. */
 static kvc_page_hooks kvc_vk__hooks(kvc_vk_pool *p) {
     kvc_page_hooks h;
@@ -1136,6 +1159,8 @@ static kvc_page_hooks kvc_vk__hooks(kvc_vk_pool *p) {
     h.event = kvc_vk__on_event;
     h.user = p;
     h.external_data = 1;
+    h.read_pages = kvc_vk__read_pages; /* saves and loads */
+    h.write_pages = kvc_vk__write_pages;
     return h;
 }
 
@@ -2201,6 +2226,153 @@ KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *vm, VkCommandBuffer cmd)
     return KVC_OK;
 }
 
+/* ---- Saves and loads: kvcache.h's persistence through the page hooks ---------------
+   kvc_cache_save / _load, kvc_seq_*, kvc_memory_* and kvc_radix_* on the host objects of
+   device pools reach the pages through the hooks' read_pages / write_pages: whole pages
+   of one layer's K or V, at most KVCACHE_IO_CHUNK bytes a call (kvcache.h asks for no
+   more), staged through a host-visible buffer of that size in one command buffer on the
+   context's queue that the call waits for (a read_back of data must reach the host
+   before the save can write it; gather and state reads leave that wait to the caller,
+   a stream cannot). The pool's queued page events are replayed first, in the same
+   command buffer. */
+
+/* The command pool and fence of one-time command buffers (saves and loads, the helpers'
+   kvc_vk_begin / kvc_vk_submit_wait), made on first use. */
+static kvc_result kvc_vk__once_ready(kvc_vk_context *c) {
+    VkCommandPoolCreateInfo cpi;
+    VkFenceCreateInfo fi;
+    kvc_result r;
+    if (c->cmd_pool == VK_NULL_HANDLE) {
+        memset(&cpi, 0, sizeof(cpi));
+        cpi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
+        cpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+        cpi.queueFamilyIndex = c->family;
+        if ((r = kvc_vk__vr(c->fn.vkCreateCommandPool(c->device, &cpi, c->vk_alloc, &c->cmd_pool))) != KVC_OK) {
+            c->cmd_pool = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    if (c->fence == VK_NULL_HANDLE) {
+        memset(&fi, 0, sizeof(fi));
+        fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+        if ((r = kvc_vk__vr(c->fn.vkCreateFence(c->device, &fi, c->vk_alloc, &c->fence))) != KVC_OK) {
+            c->fence = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    return KVC_OK;
+}
+
+static kvc_result kvc_vk__once_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
+    VkCommandBufferAllocateInfo ai;
+    VkCommandBufferBeginInfo bi;
+    kvc_result r;
+    if ((r = kvc_vk__once_ready(c)) != KVC_OK) return r;
+    memset(&ai, 0, sizeof(ai));
+    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+    ai.commandPool = c->cmd_pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    if ((r = kvc_vk__vr(c->fn.vkAllocateCommandBuffers(c->device, &ai, cmd))) != KVC_OK) return r;
+    memset(&bi, 0, sizeof(bi));
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    if ((r = kvc_vk__vr(c->fn.vkBeginCommandBuffer(*cmd, &bi))) != KVC_OK) {
+        c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, cmd);
+        return r;
+    }
+    return KVC_OK;
+}
+
+static kvc_result kvc_vk__once_submit(kvc_vk_context *c, VkCommandBuffer cmd) {
+    VkSubmitInfo si;
+    kvc_result r;
+    { /* everything recorded becomes visible to the host once the fence signals */
+        VkMemoryBarrier mb;
+        memset(&mb, 0, sizeof(mb));
+        mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+        mb.srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT;
+        mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+        c->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
+                                   NULL, 0, NULL);
+    }
+    r = kvc_vk__vr(c->fn.vkEndCommandBuffer(cmd));
+    if (r == KVC_OK) {
+        memset(&si, 0, sizeof(si));
+        si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+        si.commandBufferCount = 1;
+        si.pCommandBuffers = &cmd;
+        r = kvc_vk__vr(c->fn.vkQueueSubmit(c->queue, 1, &si, c->fence));
+        if (r == KVC_OK) r = kvc_vk__vr(c->fn.vkWaitForFences(c->device, 1, &c->fence, VK_TRUE, UINT64_MAX));
+        c->fn.vkResetFences(c->device, 1, &c->fence);
+    }
+    c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
+    return r;
+}
+
+/* Where page `page` of layer's K (v = 0) or V is on the device. */
+static void kvc_vk__page_at(const kvc_vk_pool *p, int32_t layer, int v, uint32_t page, VkBuffer *buffer,
+                            VkDeviceSize *offset) {
+    *buffer = v ? p->vbuf[layer].buffer : p->kbuf[layer].buffer;
+    *offset = (VkDeviceSize)page * (VkDeviceSize)p->page_cells * (v ? p->v_row : p->k_row);
+}
+
+/* n pages between the device and data (kvcache.h's layout), up = 1: into the device. */
+static kvc_result kvc_vk__move_pages(kvc_vk_pool *p, int32_t layer, int v, const uint32_t *pages, int32_t n,
+                                     void *data, int up) {
+    kvc_vk_context *c = p->ctx;
+    VkDeviceSize page_bytes = (VkDeviceSize)p->page_cells * (v ? p->v_row : p->k_row);
+    VkBuffer buf = VK_NULL_HANDLE, at = VK_NULL_HANDLE;
+    VkCommandBuffer cmd;
+    kvc_vk__buf st;
+    int32_t i, n_rg = 0, had_events = p->n_events > 0;
+    kvc_result r;
+    if (p->state_floats && v) { /* a state page's V row holds nothing: zero, as on the host */
+        if (!up) memset(data, 0, (size_t)(page_bytes * (VkDeviceSize)n));
+        return KVC_OK;
+    }
+    if (p->failed) return KVC_ERR_NO_MEMORY;
+    if ((r = kvc_vk__ensure_regions(p, (size_t)n)) != KVC_OK) return r;
+    if ((r = kvc_vk__buf_create(c, page_bytes * (VkDeviceSize)n, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, 1,
+                                &st)) != KVC_OK)
+        return r;
+    if (up && p->state_floats) memcpy(st.mapped, data, (size_t)(page_bytes * (VkDeviceSize)n)); /* f32 states */
+    else if (up) kvc_vk_pool_convert_pages(p, v, 1, data, st.mapped, n);
+    if ((r = kvc_vk__once_begin(c, &cmd)) != KVC_OK) { kvc_vk__buf_destroy(c, &st); return r; }
+    r = kvc_vk_cmd_sync(p, cmd); /* the queued page events first (and a barrier) */
+    for (i = 0; i <= n && r == KVC_OK; ++i) { /* runs of pages in one buffer, one copy each */
+        VkDeviceSize off = 0;
+        if (i < n) kvc_vk__page_at(p, layer, v, pages[i], &at, &off);
+        if (n_rg > 0 && (i == n || at != buf)) {
+            c->fn.vkCmdCopyBuffer(cmd, up ? st.buffer : buf, up ? buf : st.buffer, (uint32_t)n_rg, p->regions);
+            n_rg = 0;
+        }
+        if (i == n) break;
+        buf = at;
+        p->regions[n_rg].srcOffset = up ? page_bytes * (VkDeviceSize)i : off;
+        p->regions[n_rg].dstOffset = up ? off : page_bytes * (VkDeviceSize)i;
+        p->regions[n_rg].size = page_bytes;
+        n_rg++;
+    }
+    kvc_vk__barrier(c, cmd);
+    if (r == KVC_OK) r = kvc_vk__once_submit(c, cmd); /* waits; frees cmd */
+    else c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
+    if (r != KVC_OK && had_events) p->failed = 1; /* replayed events may not have run */
+    if (r == KVC_OK && !up && p->state_floats) memcpy(data, st.mapped, (size_t)(page_bytes * (VkDeviceSize)n));
+    else if (r == KVC_OK && !up) kvc_vk_pool_convert_pages(p, v, 0, st.mapped, data, n);
+    kvc_vk__buf_destroy(c, &st);
+    return r;
+}
+
+static kvc_result kvc_vk__read_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
+                                     void *data) {
+    return kvc_vk__move_pages((kvc_vk_pool *)user, layer, v, pages, n_pages, data, 0);
+}
+static kvc_result kvc_vk__write_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
+                                      const void *data) {
+    return kvc_vk__move_pages((kvc_vk_pool *)user, layer, v, pages, n_pages, (void *)(uintptr_t)data, 1);
+}
+
 /* ---- Helpers for tools, tests and benchmarks (KVCACHE_VK_HELPERS) ------------------ */
 #ifdef KVCACHE_VK_HELPERS
 #if defined(__unix__) || defined(__APPLE__)
@@ -2483,32 +2655,6 @@ KVCDEF kvc_result kvc_vk_device_create(const kvc_vk_device_options *o, kvc_vk_co
     return KVC_OK;
 }
 
-/* The command pool and fence of kvc_vk_begin / kvc_vk_submit_wait, made on first use. */
-static kvc_result kvc_vk__helpers_ready(kvc_vk_context *c) {
-    VkCommandPoolCreateInfo cpi;
-    VkFenceCreateInfo fi;
-    kvc_result r;
-    if (c->cmd_pool == VK_NULL_HANDLE) {
-        memset(&cpi, 0, sizeof(cpi));
-        cpi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
-        cpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-        cpi.queueFamilyIndex = c->family;
-        if ((r = kvc_vk__vr(c->fn.vkCreateCommandPool(c->device, &cpi, c->vk_alloc, &c->cmd_pool))) != KVC_OK) {
-            c->cmd_pool = VK_NULL_HANDLE;
-            return r;
-        }
-    }
-    if (c->fence == VK_NULL_HANDLE) {
-        memset(&fi, 0, sizeof(fi));
-        fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
-        if ((r = kvc_vk__vr(c->fn.vkCreateFence(c->device, &fi, c->vk_alloc, &c->fence))) != KVC_OK) {
-            c->fence = VK_NULL_HANDLE;
-            return r;
-        }
-    }
-    return KVC_OK;
-}
-
 KVCDEF kvc_result kvc_vk_buffer_create(kvc_vk_context *c, VkDeviceSize size, int host_visible, kvc_vk_buffer *out) {
     kvc_vk__buf b;
     kvc_result r;
@@ -2534,52 +2680,13 @@ KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *c, kvc_vk_buffer *buf) {
 }
 
 KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
-    VkCommandBufferAllocateInfo ai;
-    VkCommandBufferBeginInfo bi;
-    kvc_result r;
     if (c == NULL || cmd == NULL) return KVC_ERR_NULL;
-    if ((r = kvc_vk__helpers_ready(c)) != KVC_OK) return r;
-    memset(&ai, 0, sizeof(ai));
-    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
-    ai.commandPool = c->cmd_pool;
-    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-    ai.commandBufferCount = 1;
-    if ((r = kvc_vk__vr(c->fn.vkAllocateCommandBuffers(c->device, &ai, cmd))) != KVC_OK) return r;
-    memset(&bi, 0, sizeof(bi));
-    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
-    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-    if ((r = kvc_vk__vr(c->fn.vkBeginCommandBuffer(*cmd, &bi))) != KVC_OK) {
-        c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, cmd);
-        return r;
-    }
-    return KVC_OK;
+    return kvc_vk__once_begin(c, cmd);
 }
 
 KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *c, VkCommandBuffer cmd) {
-    VkSubmitInfo si;
-    kvc_result r;
     if (c == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    { /* everything recorded becomes visible to the host once the fence signals */
-        VkMemoryBarrier mb;
-        memset(&mb, 0, sizeof(mb));
-        mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-        mb.srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT;
-        mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-        c->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
-                                   NULL, 0, NULL);
-    }
-    r = kvc_vk__vr(c->fn.vkEndCommandBuffer(cmd));
-    if (r == KVC_OK) {
-        memset(&si, 0, sizeof(si));
-        si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-        si.commandBufferCount = 1;
-        si.pCommandBuffers = &cmd;
-        r = kvc_vk__vr(c->fn.vkQueueSubmit(c->queue, 1, &si, c->fence));
-        if (r == KVC_OK) r = kvc_vk__vr(c->fn.vkWaitForFences(c->device, 1, &c->fence, VK_TRUE, UINT64_MAX));
-        c->fn.vkResetFences(c->device, 1, &c->fence);
-    }
-    c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
-    return r;
+    return kvc_vk__once_submit(c, cmd);
 }
 
 static kvc_result kvc_vk__transfer(kvc_vk_context *c, VkBuffer dev, VkDeviceSize off, void *host, size_t bytes, int up) {

@@ -254,8 +254,8 @@ vg_one() {
 vg_fuzz() {
   [ -x "$B/fuzz" ] && for n in $fuzz_names; do replay "valgrind-fuzz-replay-$n" "$B/fuzz" "$n" $VG; done
 }
-vg_examples() {
-  for e in $examples; do n=$(basename "$e" .c); [ -x "$B/$n" ] && step "valgrind-example-$n" $VG "$B/$n"; done
+vg_examples() { # on the CPU (KVC_NO_VK: savegame.c would take lavapipe, whose LLVM stays reachable)
+  for e in $examples; do n=$(basename "$e" .c); [ -x "$B/$n" ] && step "valgrind-example-$n" env KVC_NO_VK=1 $VG "$B/$n"; done
   [ -x "$B/tinylm" ] && step valgrind-tinylm $VG "$B/tinylm" --quiet --types f32,q4_0+rot tests/data/llama-tiny
 }
 # longest first (alone on this machine): valgrind's test_vk parts (about 4 min each), the fuzz

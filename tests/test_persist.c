@@ -636,6 +636,302 @@ static void test_damage(void) {
     lf_free(&w);
 }
 
+/* ---- checkpoints (issue 36): saved with ROTATING and RECURRENT caches ---------------- */
+
+/* Variant v: 0, 1 ROTATING (window 6, sinks 0 / 2), 2, 3 RECURRENT (sequence 0; reserve
+   0 / 2). Every cache keeps up to 4 named checkpoints. */
+#define CK_VARIANTS 4
+static kvc_pool *ck_pool(int v) {
+    kvc_pool_config pc;
+    kvc_pool *p = NULL;
+    if (v < 2) return lf_pool(KVC_TYPE_F16, KVC_TYPE_F32);
+    kvc_pool_config_init(&pc);
+    pc.n_layers = LF_LAYERS;
+    pc.state_floats = LF_STATE;
+    pc.budget_bytes = (size_t)64 * LF_LAYERS * (LF_STATE + 1) * 4;
+    TK_OK(kvc_pool_create(&pc, &p));
+    return p;
+}
+static kvc_cache *ck_cache(kvc_pool *p, int v) {
+    kvc_cache_config cc;
+    kvc_cache *c = NULL;
+    kvc_cache_config_init(&cc, v < 2 ? KVC_KIND_ROTATING : KVC_KIND_RECURRENT);
+    if (v < 2) {
+        cc.window = 6;
+        cc.sinks = 2 * v;
+    }
+    cc.checkpoints = 4;
+    cc.reserve = v == 3 ? 2 : 0;
+    TK_OK(kvc_cache_create(p, &cc, &c));
+    return c;
+}
+/* One batch of n tokens naming at[0 .. n_at) (RECURRENT: every offset inside the batch is
+   handed over; those not asked for are refused harmlessly, KVC_ERR_RANGE). */
+static kvc_result ck_feed(kvc_cache *c, int32_t n, const int32_t *at, int32_t n_at, int salt) {
+    int32_t pos[64], off = 0, l, t, i;
+    kvc_result r;
+    kvc_cache_offset(c, &off);
+    for (i = 0; i < n; ++i) pos[i] = off + i;
+    if ((r = kvc_begin_checkpoints(c, n, at, n_at)) != KVC_OK) return r;
+    if (c->cfg.kind != KVC_KIND_RECURRENT) return lf_put_all(c, n, pos, salt);
+    for (l = 0; l < LF_LAYERS; ++l) {
+        float *st;
+        if ((r = kvc_state(c, 0, l, &st)) != KVC_OK) return r;
+        for (t = off; t < off + n; ++t) {
+            for (i = 0; i < LF_STATE; ++i) st[i] = st[i] * 0.5f + lf_val(0, l, t, i, salt);
+            r = t + 1 < off + n ? kvc_state_checkpoint(c, l, t + 1, st) : KVC_OK;
+            if (r != KVC_OK && r != KVC_ERR_RANGE) return r;
+        }
+    }
+    return KVC_OK;
+}
+/* The history every test cache goes through (19 tokens; ROTATING: wrapped). */
+static void ck_build(kvc_cache *c, int salt) {
+    static const int32_t n[6] = {5, 3, 6, 1, 3, 1}, n_at[6] = {2, 2, 2, 0, 1, 0};
+    static const int32_t at[6][2] = {{2, 4}, {7, 8}, {10, 12}, {0, 0}, {17, 0}, {0, 0}};
+    int32_t b;
+    for (b = 0; b < 6; ++b) TK_OK(ck_feed(c, n[b], at[b], n_at[b], salt));
+}
+static int32_t ck_list(const kvc_cache *c, int32_t *at) {
+    int32_t n = 0;
+    TK_OK(kvc_checkpoints(c, at, 16, &n));
+    return n;
+}
+static blob ck_blob(kvc_cache *c) { return save_blob(save_cache, c); }
+static void ck_load(kvc_cache *c, const blob *b) {
+    kvc_mem m;
+    kvc_io io = mem_reader(&m, b);
+    TK_OK(kvc_cache_load(c, LF_NS, &io, NULL, 0, NULL));
+}
+
+/* Save, load into a cache with a history of its own, and every checkpoint the saved
+   cache had is there: a rewind to each gives the bits a cache that never saved has
+   there, and both go on alike. The load shares pages as the saved cache did. */
+static void roundtrip_checkpoints(void) {
+    int v;
+    for (v = 0; v < CK_VARIANTS; ++v) {
+        kvc_pool *p = ck_pool(v);
+        kvc_cache *a = ck_cache(p, v), *b = ck_cache(p, v);
+        int32_t at_a[16], at_b[16], na, nb, j, pages_a;
+        blob bl;
+        ck_build(a, 1);
+        pages_a = pool_pages(p);
+        bl = ck_blob(a);
+        na = ck_list(a, at_a);
+        TK_EQ(na >= 3, 1);
+        TK_EQ(na <= 4 + 3, 1); /* the named ones, and a reserve's R + 1 */
+        ck_load(b, &bl);
+        nb = ck_list(b, at_b);
+        TK_EQ(nb, na);
+        TK_EQ(memcmp(at_a, at_b, sizeof(int32_t) * (size_t)na), 0);
+        TK_EQ(lf_fingerprint(b), lf_fingerprint(a));
+        TK_EQ(pool_pages(p), 2 * pages_a); /* the checkpoints' pages shared as in a */
+        TK_OK(kvc_cache_destroy(b));
+        b = ck_cache(p, v);
+        ck_build(b, 2); /* a history of its own, checkpoints too: replaced */
+        ck_load(b, &bl);
+        TK_EQ(ck_list(b, at_b), na);
+        TK_EQ(memcmp(at_a, at_b, sizeof(int32_t) * (size_t)na), 0);
+        TK_EQ(pool_pages(p), 2 * pages_a);
+        for (j = 0; j < na; ++j) { /* each checkpoint, against a cache that never saved */
+            kvc_cache *ref = ck_cache(p, v), *got = ck_cache(p, v);
+            int32_t next = at_a[j] + 2, x[16], y[16];
+            ck_build(ref, 1);
+            ck_load(got, &bl);
+            TK_OK(kvc_restore(ref, NULL, at_a[j]));
+            TK_OK(kvc_restore(got, NULL, at_a[j]));
+            TK_EQ(lf_fingerprint(got), lf_fingerprint(ref));
+            TK_EQ(ck_list(got, y), ck_list(ref, x));
+            TK_EQ(memcmp(x, y, sizeof(int32_t) * (size_t)ck_list(ref, x)), 0);
+            TK_OK(ck_feed(ref, 3, &next, 1, 3)); /* on alike, and back to the new checkpoint */
+            TK_OK(ck_feed(got, 3, &next, 1, 3));
+            TK_EQ(lf_fingerprint(got), lf_fingerprint(ref));
+            TK_OK(kvc_restore(ref, NULL, next));
+            TK_OK(kvc_restore(got, NULL, next));
+            TK_EQ(lf_fingerprint(got), lf_fingerprint(ref));
+            TK_OK(kvc_cache_destroy(ref));
+            TK_OK(kvc_cache_destroy(got));
+        }
+        TK_OK(kvc_cache_destroy(a));
+        TK_OK(kvc_cache_destroy(b));
+        TK_EQ(pool_pages(p), 0); /* nothing leaked */
+        TK_OK(kvc_pool_destroy(p));
+        free(bl.data);
+    }
+}
+
+/* A load replaces the target's checkpoints: a file of a cache without any leaves none
+   (the old code kept the replaced history's, past the new offset). */
+static void load_drops_checkpoints(void) {
+    kvc_pool *p = ck_pool(0);
+    kvc_cache *a = ck_cache(p, 0), *b = ck_cache(p, 0);
+    int32_t at[16];
+    blob bl;
+    TK_OK(lf_append(a, 5, 5, 1)); /* no checkpoints */
+    bl = ck_blob(a);
+    ck_build(b, 2);
+    TK_EQ(ck_list(b, at) > 0, 1);
+    ck_load(b, &bl);
+    TK_EQ(ck_list(b, at), 0);
+    TK_RES(kvc_restore(b, NULL, 12), KVC_ERR_UNREACHABLE);
+    TK_EQ(lf_fingerprint(b), lf_fingerprint(a));
+    free(bl.data);
+    TK_OK(kvc_cache_destroy(a));
+    TK_OK(kvc_cache_destroy(b));
+    TK_OK(kvc_pool_destroy(p));
+}
+
+/* A model memory (ROTATING + RECURRENT groups) keeps its checkpoints through a save. */
+static void roundtrip_memory_checkpoints(void) {
+    kvc_memory_config mc;
+    kvc_group_config gc[2];
+    kvc_memory *a = NULL, *b = NULL;
+    int32_t layer_group[2] = {0, 1}, at = 3, i, l, na, nb, ata[8], atb[8], off = 0;
+    kvc_mem m;
+    kvc_io io;
+    blob bl;
+    kvc_memory_config_init(&mc);
+    mc.n_layers = 2;
+    mc.layer_group = layer_group;
+    mc.n_groups = 2;
+    memset(gc, 0, sizeof(gc));
+    mc.groups = gc;
+    gc[0].pool.n_layers = 1;
+    gc[0].pool.n_kv_heads = LF_HEADS;
+    gc[0].pool.head_dim_k = LF_HK;
+    gc[0].pool.head_dim_v = LF_HV;
+    gc[0].pool.page_cells = LF_PAGE;
+    kvc_cache_config_init(&gc[0].cache, KVC_KIND_ROTATING);
+    gc[0].cache.window = 5;
+    gc[1].pool.n_layers = 1;
+    gc[1].pool.state_floats = LF_STATE;
+    kvc_cache_config_init(&gc[1].cache, KVC_KIND_RECURRENT);
+    mc.budget_bytes = 1 << 20;
+    TK_OK(kvc_memory_create(&mc, &a));
+    TK_OK(kvc_memory_create(&mc, &b));
+    for (i = 0; i < 4; ++i, at += 4) { /* batches of 4 tokens, a checkpoint inside each */
+        float k[4 * LF_HEADS * LF_HK], v[4 * LF_HEADS * LF_HV], *st;
+        int32_t t;
+        TK_OK(kvc_memory_begin(a, 4, &at, 1));
+        for (t = 0; t < 4 * LF_HEADS * LF_HK; ++t) k[t] = lf_val(0, 0, off, t, i);
+        for (t = 0; t < 4 * LF_HEADS * LF_HV; ++t) v[t] = lf_val(1, 0, off, t, i);
+        TK_OK(kvc_memory_put(a, 0, k, v));
+        TK_OK(kvc_memory_state(a, 1, 0, &st));
+        for (t = off; t < off + 4; ++t) {
+            for (l = 0; l < LF_STATE; ++l) st[l] += lf_val(0, 1, t, l, i);
+            if (t + 1 == at) TK_OK(kvc_memory_state_checkpoint(a, 1, at, st));
+        }
+        off += 4;
+    }
+    bl.data = NULL;
+    {
+        kvc_memory_stats sa, sb;
+        memset(&m, 0, sizeof(m));
+        TK_OK(kvc_io_memory(&m, &io));
+        TK_OK(kvc_memory_save(a, LF_NS, g_tokens, 16, &io));
+        bl.data = (unsigned char *)malloc(m.size);
+        bl.size = m.capacity = m.size;
+        m.data = bl.data;
+        m.size = 0;
+        TK_OK(kvc_memory_save(a, LF_NS, g_tokens, 16, &io));
+        io = mem_reader(&m, &bl);
+        TK_OK(kvc_memory_load(b, LF_NS, &io, NULL, 0, NULL));
+        TK_OK(kvc_memory_stats_get(a, &sa));
+        TK_OK(kvc_memory_stats_get(b, &sb));
+        TK_EQ(sb.n_checkpoints, sa.n_checkpoints);
+        TK_EQ(sa.n_checkpoints >= 3, 1);
+    }
+    for (i = 0; i < 2; ++i) {
+        kvc_cache *ca = a->cache[i], *cb = b->cache[i];
+        na = ck_list(ca, ata);
+        nb = ck_list(cb, atb);
+        TK_EQ(na, nb);
+        TK_EQ(memcmp(ata, atb, sizeof(int32_t) * (size_t)na), 0);
+    }
+    TK_OK(kvc_memory_restore(a, NULL, 7)); /* back to a checkpoint in both groups */
+    TK_OK(kvc_memory_restore(b, NULL, 7));
+    for (i = 0; i < 2; ++i) TK_EQ(lf_fingerprint(b->cache[i]), lf_fingerprint(a->cache[i]));
+    free(bl.data);
+    TK_OK(kvc_memory_destroy(a));
+    TK_OK(kvc_memory_destroy(b));
+}
+
+/* Every damaged byte and every truncation of a cache saved with checkpoints is an
+   error, and the target (contents, checkpoints, the pool's pages) stays as it was. A
+   CONF flag this version does not know is KVC_ERR_FORMAT. */
+static void damage_checkpoints(void) {
+    int v;
+    for (v = 0; v < CK_VARIANTS; v += 1) {
+        kvc_pool *p = ck_pool(v);
+        kvc_cache *a = ck_cache(p, v), *t = ck_cache(p, v);
+        unsigned char *copy;
+        int32_t before_at[16], after_at[16], n_before, pages, bad = 0, changed = 0, trunc = 0;
+        uint64_t fp;
+        size_t i, len;
+        blob bl;
+        ck_build(a, 1);
+        bl = ck_blob(a);
+        ck_build(t, 2);
+        n_before = ck_list(t, before_at);
+        fp = lf_fingerprint(t);
+        pages = pool_pages(p);
+        copy = (unsigned char *)malloc(bl.size);
+        for (i = 0; i < bl.size; ++i) {
+            int flip;
+            for (flip = 0; flip < 2; ++flip) {
+                kvc_mem m;
+                kvc_io io;
+                blob d;
+                kvc_result r;
+                memcpy(copy, bl.data, bl.size);
+                copy[i] ^= flip ? 0x80 : 0x01;
+                d.data = copy;
+                d.size = bl.size;
+                io = mem_reader(&m, &d);
+                r = kvc_cache_load(t, LF_NS, &io, NULL, 0, NULL);
+                bad += !load_error(r);
+                changed += lf_fingerprint(t) != fp || pool_pages(p) != pages || ck_list(t, after_at) != n_before ||
+                           memcmp(before_at, after_at, sizeof(int32_t) * (size_t)n_before) != 0;
+            }
+        }
+        for (len = 0; len < bl.size; ++len) {
+            kvc_mem m;
+            kvc_io io;
+            blob d;
+            d.data = bl.data;
+            d.size = len;
+            io = mem_reader(&m, &d);
+            trunc += kvc_cache_load(t, LF_NS, &io, NULL, 0, NULL) == KVC_ERR_TRUNCATED;
+            changed += lf_fingerprint(t) != fp || pool_pages(p) != pages || ck_list(t, after_at) != n_before;
+        }
+        TK_EQ(bad, 0);
+        TK_EQ(changed, 0);
+        TK_EQ(trunc, (int32_t)bl.size);
+        { /* CONF word 15 = 2: a flag of a later format (checksum made right) */
+            kvc_mem m;
+            kvc_io io;
+            blob d;
+            kvc__xxh h;
+            memcpy(copy, bl.data, bl.size);
+            kvc__put32(copy + 32 + 60, 2 | kvc__le32(copy + 32 + 60));
+            kvc__xxh_init(&h);
+            kvc__xxh_update(&h, copy + 16, 96);
+            kvc__put64(copy + 112, kvc__xxh_digest(&h));
+            d.data = copy;
+            d.size = bl.size;
+            io = mem_reader(&m, &d);
+            TK_RES(kvc_cache_load(t, LF_NS, &io, NULL, 0, NULL), KVC_ERR_FORMAT);
+            TK_EQ(lf_fingerprint(t), fp);
+        }
+        free(copy);
+        free(bl.data);
+        TK_OK(kvc_cache_destroy(a));
+        TK_OK(kvc_cache_destroy(t));
+        TK_EQ(pool_pages(p), 0);
+        TK_OK(kvc_pool_destroy(p));
+    }
+}
+
 /* A 248-byte ROTATING entry with valid checksums declaring 2^31 tokens (issue 23): the
    loader must not ask for memory by the declared count before the tokens are there. A
    counting allocator records the largest block the load asked for. */
@@ -776,9 +1072,10 @@ static int write_file(const char *dir, const char *name, const unsigned char *d,
 
 static int write_corpus(const char *dir) {
     lf_world a;
-    blob objs[7];
-    const char *names[7] = {"full.kvc", "rotating.kvc", "causal.kvc", "sequence.kvc", "entry.kvc",
-                            "rotating-entry.kvc", "recurrent.kvc"};
+    blob objs[9];
+    const char *names[9] = {"full.kvc", "rotating.kvc", "causal.kvc", "sequence.kvc", "entry.kvc",
+                            "rotating-entry.kvc", "recurrent.kvc", "rotating-checkpoints.kvc",
+                            "recurrent-checkpoints.kvc"};
     unsigned char crafted[LF_CRAFTED_BYTES];
     int k, bad = 0;
     unsigned char *copy;
@@ -791,9 +1088,17 @@ static int write_corpus(const char *dir) {
     objs[4] = save_blob(save_entry, a.tree);
     objs[5] = save_blob(save_rentry, a.rtree);
     objs[6] = save_blob(save_cache, a.rec);
+    for (k = 7; k < 9; ++k) { /* with checkpoints (issue 36): the fixture's rot and rec take them */
+        kvc_pool *p = ck_pool(k == 7 ? 1 : 3);
+        kvc_cache *c = ck_cache(p, k == 7 ? 1 : 3);
+        ck_build(c, 1);
+        objs[k] = save_blob(save_cache, c);
+        kvc_cache_destroy(c);
+        kvc_pool_destroy(p);
+    }
     lf_craft_rotating_entry(objs[5].data, crafted); /* issue 23: 2^31 tokens declared, 16 there */
     bad |= write_file(dir, "crafted-rotating-entry.kvc", crafted, sizeof(crafted));
-    for (k = 0; k < 7; ++k) {
+    for (k = 0; k < 9; ++k) {
         bad |= write_file(dir, names[k], objs[k].data, objs[k].size);
         copy = (unsigned char *)malloc(objs[k].size);
         memcpy(copy, objs[k].data, objs[k].size);
@@ -825,6 +1130,10 @@ int main(int argc, char **argv) {
     roundtrip_rotating_entry();
     test_ios();
     test_damage();
+    roundtrip_checkpoints();
+    load_drops_checkpoints();
+    roundtrip_memory_checkpoints();
+    damage_checkpoints();
     test_crafted_entry();
     test_errors();
     return tk_report("persist");

@@ -110,6 +110,56 @@ static double rot_tol(kvc_type t) {
     return tol[(int)t];
 }
 
+static const kvc_namespace SL_NS = {0x736176ull, 36};
+
+/* ---- saves and loads (issue 36): kvcache.h's files, from and into device pools ---- */
+
+typedef struct blob { unsigned char *data; size_t size; } blob;
+typedef kvc_result (*save_fn)(const void *what, const kvc_io *io);
+static kvc_result save_cache_fn(const void *c, const kvc_io *io) {
+    static const int32_t toks[3] = {5, 6, 7};
+    return kvc_cache_save((const kvc_cache *)c, SL_NS, toks, 3, io);
+}
+static int32_t sl_seq; /* the sequence save_seq_fn saves */
+static kvc_result save_seq_fn(const void *c, const kvc_io *io) {
+    return kvc_seq_save((const kvc_cache *)c, sl_seq, SL_NS, NULL, 0, io);
+}
+static kvc_result save_memory_fn(const void *m, const kvc_io *io) {
+    return kvc_memory_save((const kvc_memory *)m, SL_NS, NULL, 0, io);
+}
+/* into memory, sized by a counting pass first */
+static blob save_blob(save_fn fn, const void *what) {
+    kvc_mem m;
+    kvc_io io;
+    blob b = {NULL, 0};
+    memset(&m, 0, sizeof(m));
+    TK_OK(kvc_io_memory(&m, &io));
+    TK_OK(fn(what, &io));
+    b.data = (unsigned char *)malloc(m.size ? m.size : 1);
+    m.data = b.data;
+    m.capacity = m.size;
+    m.size = 0;
+    TK_OK(fn(what, &io));
+    b.size = m.size;
+    return b;
+}
+static kvc_io blob_reader(kvc_mem *m, const blob *b, size_t size) {
+    kvc_io io;
+    memset(m, 0, sizeof(*m));
+    m->data = b->data;
+    m->size = m->capacity = size;
+    kvc_io_memory(m, &io);
+    return io;
+}
+static kvc_result load_cache(kvc_cache *c, const blob *b) {
+    kvc_mem m;
+    kvc_io io = blob_reader(&m, b, b->size);
+    return kvc_cache_load(c, SL_NS, &io, NULL, 0, NULL);
+}
+static int same_blob(const blob *a, const blob *b) {
+    return a->size == b->size && memcmp(a->data, b->data, a->size) == 0;
+}
+
 /* gather and raw page bytes */
 static void compare_data(side *s, const shape *sh) {
     int32_t n0, n1, l, i;
@@ -405,6 +455,50 @@ static void free_sides(side *s) {
     TK_OK(kvc_vk_pool_destroy(s[1].vk));
 }
 
+/* The device cache saves the bytes the CPU's saves (once the CPU took the device's),
+   each side loads the other's file, the loaded device cache saves that file again, and
+   both sides go on alike (issue 36). CAUSAL: one sequence too. */
+static void saveload_both(side *s, const shape *sh, tk_rng *rng) {
+    blob b0, b1, b2;
+    sync_cpu_from_gpu(s, sh);
+    b0 = save_blob(save_cache_fn, s[0].cache);
+    b1 = save_blob(save_cache_fn, s[1].cache);
+    TK_CHECK(same_blob(&b0, &b1));
+    BOTH(load_cache(s[0].cache, &b1), load_cache(s[1].cache, &b0)); /* each the other's file */
+    compare_data(s, sh);
+    b2 = save_blob(save_cache_fn, s[1].cache);
+    TK_CHECK(same_blob(&b0, &b2));
+    free(b1.data);
+    free(b2.data);
+    if (sh->kind == KVC_KIND_CAUSAL) {
+        int32_t d = tk_int(rng, 0, 5);
+        kvc_mem m;
+        kvc_io io;
+        sl_seq = tk_int(rng, 0, 5);
+        memset(&m, 0, sizeof(m));
+        TK_OK(kvc_io_memory(&m, &io));
+        if (kvc_seq_save(s[0].cache, sl_seq, SL_NS, NULL, 0, &io) == KVC_OK) { /* a sequence it holds */
+            blob q0 = save_blob(save_seq_fn, s[0].cache), q1 = save_blob(save_seq_fn, s[1].cache);
+            kvc_mem m0, m1;
+            kvc_io i0 = blob_reader(&m0, &q1, q1.size), i1 = blob_reader(&m1, &q0, q0.size);
+            TK_CHECK(same_blob(&q0, &q1));
+            BOTH(kvc_seq_load(s[0].cache, d, SL_NS, &i0, NULL, 0, NULL), kvc_seq_load(s[1].cache, d, SL_NS, &i1, NULL, 0, NULL));
+            compare_data(s, sh);
+            free(q0.data);
+            free(q1.data);
+        }
+    } else {
+        int32_t n = tk_int(rng, 1, 3);
+        kvc_result r0 = kvc_begin(s[0].cache, n), r1 = kvc_begin(s[1].cache, n);
+        TK_EQ(r0, r1);
+        if (r0 == KVC_OK) {
+            put_both(s, sh, n, rng);
+            compare_attention(s, sh, 0, n, NULL, NULL, 0, 0, rng);
+        }
+    }
+    free(b0.data);
+}
+
 /* FULL and ROTATING: batches, snapshots, restores, trims, forks */
 static void episode_linear(const shape *sh, tk_rng *rng, int steps) {
     side s[2];
@@ -485,6 +579,7 @@ static void episode_linear(const shape *sh, tk_rng *rng, int steps) {
         if (tk_int(rng, 0, 2) == 0) compare_data(s, sh);
     }
     compare_data(s, sh);
+    saveload_both(s, sh, rng);
     free_sides(s);
 }
 
@@ -553,6 +648,7 @@ static void episode_causal(const shape *sh, tk_rng *rng, int steps) {
         if (tk_int(rng, 0, 2) == 0) compare_data(s, sh);
     }
     compare_data(s, sh);
+    saveload_both(s, sh, rng);
     free_sides(s);
 }
 
@@ -1208,6 +1304,28 @@ static void episode_hybrid(kvc_kind kind, kvc_type t, tk_rng *rng, int steps) {
         }
         hy_compare(&h, h.cpu, h.gpu, rng);
     }
+    { /* saves and loads (issue 36): the device memory's file is the CPU memory's; each
+         loads the other's, checkpoints included (the RECURRENT group's oldest: both go back) */
+        blob m0 = save_blob(save_memory_fn, h.cpu), m1 = save_blob(save_memory_fn, h.gpu), m2;
+        kvc_mem a, b;
+        kvc_io ia = blob_reader(&a, &m1, m1.size), ib = blob_reader(&b, &m0, m0.size);
+        kvc_cache *rc = NULL;
+        int32_t at0[8], n0 = 0, gl = 0;
+        TK_CHECK(same_blob(&m0, &m1));
+        BOTH(kvc_memory_load(h.cpu, SL_NS, &ia, NULL, 0, NULL), kvc_memory_load(h.gpu, SL_NS, &ib, NULL, 0, NULL));
+        hy_compare(&h, h.cpu, h.gpu, rng);
+        m2 = save_blob(save_memory_fn, h.gpu);
+        TK_CHECK(same_blob(&m0, &m2));
+        TK_OK(kvc_memory_layer(h.cpu, 0, &rc, &gl));
+        TK_OK(kvc_checkpoints(rc, at0, 8, &n0));
+        if (n0 > 0) {
+            BOTH(kvc_memory_restore(h.cpu, NULL, at0[0]), kvc_memory_restore(h.gpu, NULL, at0[0]));
+            hy_compare(&h, h.cpu, h.gpu, rng);
+        }
+        free(m0.data);
+        free(m1.data);
+        free(m2.data);
+    }
     /* the device memory outlives what shares its pools */
     {
         kvc_memory_snapshot *s = NULL;
@@ -1227,6 +1345,200 @@ static void episode_hybrid(kvc_kind kind, kvc_type t, tk_rng *rng, int steps) {
     }
     TK_OK(kvc_memory_destroy(h.cpu));
     TK_OK(kvc_vk_memory_destroy(h.vm));
+}
+
+/* A ROTATING cache with checkpoints made on the CPU: its file loads into a device pool,
+   which saves the same bytes back; at every checkpoint the device cache restores to the
+   bytes of a CPU cache that never saved; a prefix tree's entry moves from a CPU tree to
+   a device one; every truncation and every damaged byte of the file is refused by a
+   device target, which keeps its contents, checkpoints and pages (issue 36). */
+#define SL_HD 8
+static void sl_build(kvc_cache *c, int salt) {
+    static const int32_t n[5] = {5, 4, 3, 6, 2}, n_at[5] = {1, 2, 1, 2, 0};
+    static const int32_t at[5][2] = {{3, 0}, {7, 9}, {11, 0}, {15, 17}, {0, 0}};
+    float k[6 * 2 * SL_HD], v[6 * 2 * SL_HD];
+    int32_t b, i;
+    for (b = 0; b < 5; ++b) {
+        for (i = 0; i < n[b] * 2 * SL_HD; ++i) {
+            k[i] = (float)((i * 7 + salt * 13 + b * 5) % 17) - 8.0f;
+            v[i] = (float)((i * 5 + salt * 11 + b * 3) % 19) * 0.25f;
+        }
+        TK_OK(kvc_begin_checkpoints(c, n[b], at[b], n_at[b]));
+        TK_OK(kvc_put(c, 0, k, v));
+    }
+}
+static int32_t sl_pages(const kvc_pool *p) {
+    kvc_pool_stats st;
+    memset(&st, 0, sizeof(st));
+    TK_OK(kvc_pool_stats_get(p, &st));
+    return st.pages_used;
+}
+static uint64_t sl_host_state(const kvc_cache *c) { /* bookkeeping and checkpoints */
+    int32_t at[8], n = 0, off = 0, np = 0, i;
+    uint64_t h = 1469598103934665603ull;
+    kvc_cache_offset(c, &off);
+    kvc_cache_pages(c, &np);
+    kvc_checkpoints(c, at, 8, &n);
+    h = (h ^ (uint64_t)off) * 1099511628211ull;
+    h = (h ^ (uint64_t)np) * 1099511628211ull;
+    for (i = 0; i < n && i < 8; ++i) h = (h ^ (uint64_t)at[i]) * 1099511628211ull;
+    return (h ^ (uint64_t)n) * 1099511628211ull;
+}
+static void test_saveload(void) {
+    kvc_pool_config pc;
+    kvc_cache_config cc;
+    kvc_vk_pool *vp = NULL;
+    kvc_pool *cp = NULL, *hp;
+    kvc_cache *a = NULL, *g = NULL, *t = NULL, *x = NULL;
+    blob bc, bg, bt, bx;
+    int32_t at[8], n_at = 0, j, pages, bad = 0, changed = 0, trunc = 0, tries = 0;
+    uint64_t host;
+    size_t i;
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 1;
+    pc.n_kv_heads = 2;
+    pc.head_dim_k = pc.head_dim_v = SL_HD;
+    pc.type_k = KVC_TYPE_F16;
+    pc.type_v = KVC_TYPE_F32;
+    pc.page_cells = 4;
+    TK_OK(kvc_pool_budget_for_tokens(&pc, 48 * 4, &pc.budget_bytes));
+    TK_OK(kvc_pool_create(&pc, &cp));
+    pc.allocator.alloc = count_alloc;
+    pc.allocator.free = count_free;
+    TK_OK(kvc_vk_pool_create(ctx, &pc, NULL, &vp));
+    if (cp == NULL || vp == NULL) return;
+    hp = kvc_vk_pool_host(vp);
+    kvc_cache_config_init(&cc, KVC_KIND_ROTATING);
+    cc.window = 5;
+    cc.sinks = 1;
+    cc.checkpoints = 3;
+    TK_OK(kvc_cache_create(cp, &cc, &a));
+    sl_build(a, 1);
+    bc = save_blob(save_cache_fn, a);
+    TK_OK(kvc_checkpoints(a, at, 8, &n_at));
+    TK_EQ(n_at, 3);
+    TK_OK(kvc_cache_create(hp, &cc, &g)); /* the CPU's file on the device, and back */
+    TK_OK(load_cache(g, &bc));
+    bg = save_blob(save_cache_fn, g);
+    TK_CHECK(same_blob(&bc, &bg));
+    free(bg.data);
+    TK_OK(kvc_cache_create(cp, &cc, &x));
+    TK_OK(load_cache(x, &bc));
+    TK_OK(kvc_cache_destroy(g));
+    for (j = 0; j < n_at; ++j) { /* each checkpoint: the device's bytes are the CPU's */
+        kvc_cache *ref = NULL, *dev = NULL;
+        blob br, bd;
+        TK_OK(kvc_cache_create(cp, &cc, &ref));
+        TK_OK(kvc_cache_create(hp, &cc, &dev));
+        sl_build(ref, 1);
+        TK_OK(load_cache(dev, &bc));
+        TK_OK(kvc_restore(ref, NULL, at[j]));
+        TK_OK(kvc_restore(dev, NULL, at[j]));
+        br = save_blob(save_cache_fn, ref);
+        bd = save_blob(save_cache_fn, dev);
+        TK_CHECK(same_blob(&br, &bd));
+        free(br.data);
+        free(bd.data);
+        TK_OK(kvc_cache_destroy(ref));
+        TK_OK(kvc_cache_destroy(dev));
+    }
+    { /* a prefix tree's entry: CPU tree -> file -> device tree -> the same file */
+        kvc_radix_config rc;
+        kvc_radix *tc = NULL, *tg = NULL;
+        kvc_cache *tmp = NULL;
+        int32_t toks[9], reused = 0, got = 0;
+        float k[9 * 2 * SL_HD], v[9 * 2 * SL_HD];
+        kvc_mem m;
+        kvc_io io;
+        blob be, be2;
+        for (j = 0; j < 9; ++j) toks[j] = 100 + j;
+        for (j = 0; j < 9 * 2 * SL_HD; ++j) { k[j] = (float)(j % 13) - 6.0f; v[j] = (float)(j % 7); }
+        kvc_radix_config_init(&rc, KVC_KIND_FULL);
+        TK_OK(kvc_radix_create(cp, &rc, &tc));
+        TK_OK(kvc_radix_create(hp, &rc, &tg));
+        TK_OK(kvc_radix_lookup(tc, SL_NS, toks, 9, &tmp, &reused));
+        TK_OK(kvc_begin(tmp, 9));
+        TK_OK(kvc_put(tmp, 0, k, v));
+        TK_OK(kvc_radix_commit(tc, SL_NS, tmp, toks, 9));
+        TK_OK(kvc_cache_destroy(tmp));
+        memset(&m, 0, sizeof(m));
+        TK_OK(kvc_io_memory(&m, &io));
+        TK_OK(kvc_radix_save(tc, SL_NS, toks, 9, &io));
+        be.data = (unsigned char *)malloc(m.size);
+        m.data = be.data;
+        m.capacity = m.size;
+        m.size = 0;
+        TK_OK(kvc_radix_save(tc, SL_NS, toks, 9, &io));
+        be.size = m.size;
+        io = blob_reader(&m, &be, be.size);
+        TK_OK(kvc_radix_load(tg, SL_NS, &io, 0, &got));
+        TK_EQ(got, 9);
+        be2.size = be.size;
+        be2.data = (unsigned char *)malloc(be.size);
+        memset(&m, 0, sizeof(m));
+        m.data = be2.data;
+        m.capacity = be2.size;
+        TK_OK(kvc_io_memory(&m, &io));
+        TK_OK(kvc_radix_save(tg, SL_NS, toks, 9, &io));
+        TK_CHECK(same_blob(&be, &be2));
+        free(be.data);
+        free(be2.data);
+        TK_OK(kvc_radix_destroy(tc));
+        TK_OK(kvc_radix_destroy(tg));
+    }
+    /* a device target with a history of its own; damaged and truncated files change nothing */
+    TK_OK(kvc_cache_create(hp, &cc, &t));
+    {
+        kvc_cache *other = NULL;
+        TK_OK(kvc_cache_create(cp, &cc, &other));
+        sl_build(other, 2);
+        bx = save_blob(save_cache_fn, other);
+        TK_OK(kvc_cache_destroy(other));
+    }
+    TK_OK(load_cache(t, &bx));
+    bt = save_blob(save_cache_fn, t);
+    TK_CHECK(same_blob(&bt, &bx));
+    host = sl_host_state(t);
+    pages = sl_pages(hp);
+    for (i = 0; i <= 2 * bc.size; ++i) { /* every truncation, then every byte damaged */
+        kvc_mem m;
+        kvc_io io;
+        kvc_result r;
+        if (i < bc.size) {
+            io = blob_reader(&m, &bc, i);
+            r = kvc_cache_load(t, SL_NS, &io, NULL, 0, NULL);
+            trunc += r == KVC_ERR_TRUNCATED;
+        } else if (i < 2 * bc.size) {
+            blob d;
+            d.size = bc.size;
+            d.data = (unsigned char *)malloc(bc.size);
+            memcpy(d.data, bc.data, bc.size);
+            d.data[i - bc.size] ^= (unsigned char)(i % 2 ? 0x80 : 0x01);
+            io = blob_reader(&m, &d, d.size);
+            r = kvc_cache_load(t, SL_NS, &io, NULL, 0, NULL);
+            bad += r != KVC_ERR_CORRUPT && r != KVC_ERR_FORMAT && r != KVC_ERR_TRUNCATED && r != KVC_ERR_MISMATCH;
+            free(d.data);
+        }
+        changed += sl_host_state(t) != host || sl_pages(hp) != pages;
+        if (++tries % 97 == 0 || i == 2 * bc.size) { /* and the device's bytes, now and then */
+            blob now = save_blob(save_cache_fn, t);
+            changed += !same_blob(&now, &bt);
+            free(now.data);
+        }
+    }
+    TK_EQ(trunc, (int32_t)bc.size);
+    TK_EQ(bad, 0);
+    TK_EQ(changed, 0);
+    TK_OK(load_cache(t, &bc)); /* the intact file loads */
+    free(bc.data);
+    free(bt.data);
+    free(bx.data);
+    TK_OK(kvc_cache_destroy(a));
+    TK_OK(kvc_cache_destroy(x));
+    TK_OK(kvc_cache_destroy(t));
+    TK_EQ(sl_pages(hp), 0);
+    TK_OK(kvc_pool_destroy(cp));
+    TK_OK(kvc_vk_pool_destroy(vp));
 }
 
 /* a state pool on its own (two sequences in a batch) and what the state calls refuse */
@@ -1389,6 +1701,7 @@ int main(int argc, char **argv) {
         test_page_roundtrip(&rng);
         test_rotated_decode(&rng);
         test_state_errors();
+        test_saveload();
     }
     n_ep = parts & 2 ? (int)(24 * tk_scale()) : 0;
     if ((parts & 2) && n_ep < 3) n_ep = 3;
