@@ -265,7 +265,8 @@ KVCDEF int kvc_vk_pool_planar(const kvc_vk_pool *pool);
    least (or as large as needed), recording the copy of the old pages into its command
    buffer. The old buffers are freed once the device has run that copy (an event recorded
    after it, polled by the next call on the pool), so while a grow is in flight the pool
-   holds its old and its new page buffers. A model memory's groups each follow their own
+   holds its old and its new page buffers; kvc_vk_pool_fit grows them before the batch is
+   recorded, holding one old buffer at most. A model memory's groups each follow their own
    pages; since they draw on one budget, together they hold about the budget at most
    (up to a quarter more, plus the units they round to), not one budget per group.
    Buffer handles (kvc_vk_pool_page_buffers, state tensors) stay valid until the next
@@ -285,6 +286,14 @@ typedef struct kvc_vk_device_stats {
    sequences removed, prefix entries evicted); the old buffers are freed once the device
    has run cmd (seen by the next call on the pool or kvc_vk_pool_device_stats). */
 KVCDEF kvc_result kvc_vk_cmd_trim(kvc_vk_pool *pool, VkCommandBuffer cmd);
+/* The grow of the next kvc_vk_cmd_* call, done now and one buffer at a time: for a hard
+   bound on device memory. Each buffer's copy is submitted to the context's queue and
+   waited for, and the old buffer freed, before the next, so the pool holds at most one old
+   buffer beside its new ones (a kvc_vk_cmd_* call that grows holds all of them until its
+   command buffer has run). Call it after kvc_begin (kvc_memory_begin), before recording
+   the batch, while no work recorded for the pool is pending (and no other thread uses the
+   context's queue). Nothing to do: KVC_OK at once. */
+KVCDEF kvc_result kvc_vk_pool_fit(kvc_vk_pool *pool);
 /* What the pool holds on the device now (after freeing the retiring buffers the device
    is done with). */
 KVCDEF kvc_result kvc_vk_pool_device_stats(kvc_vk_pool *pool, kvc_vk_device_stats *st);
@@ -384,6 +393,8 @@ KVCDEF kvc_result kvc_vk_memory_layer(const kvc_vk_memory *mem, const kvc_memory
 KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *mem, VkCommandBuffer cmd);
 /* kvc_vk_cmd_trim on every group's pool. */
 KVCDEF kvc_result kvc_vk_memory_cmd_trim(kvc_vk_memory *mem, VkCommandBuffer cmd);
+/* kvc_vk_pool_fit on every group's pool. */
+KVCDEF kvc_result kvc_vk_memory_fit(kvc_vk_memory *mem);
 /* kvc_vk_pool_device_stats summed over the groups' pools. */
 KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_stats *st);
 
@@ -1187,13 +1198,111 @@ static int32_t kvc_vk__round_pages(const kvc_vk_pool *p, int64_t pages) {
     return pages > p->max_pages ? p->max_pages : (int32_t)pages;
 }
 
+/* The page buffers' size for pages [0, need) and every page the host pool has handed
+   out: the current one, or a quarter more at least. */
+static int32_t kvc_vk__fit_pages(const kvc_vk_pool *p, int32_t need) {
+    int64_t pages = (int64_t)p->cap_pages + p->cap_pages / 4;
+    if (p->host->page_hw > need) need = p->host->page_hw;
+    if (need <= p->cap_pages) return p->cap_pages;
+    return kvc_vk__round_pages(p, pages > need ? pages : need);
+}
+
 /* Page buffers that hold every page the host pool has handed out (and pages [0, need)). */
 static kvc_result kvc_vk__fit(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t need) {
-    int64_t pages;
-    if (p->host->page_hw > need) need = p->host->page_hw;
-    if (need <= p->cap_pages) return KVC_OK;
-    pages = (int64_t)p->cap_pages + p->cap_pages / 4;
-    return kvc_vk__resize(p, cmd, kvc_vk__round_pages(p, pages > need ? pages : need));
+    int32_t pages = kvc_vk__fit_pages(p, need);
+    return pages == p->cap_pages ? KVC_OK : kvc_vk__resize(p, cmd, pages);
+}
+
+/* A one-time command buffer of the context's own (its cmd_pool and fence, made on first
+   use as the helpers make them), begun; kvc_vk__own_submit submits it to the context's
+   queue, waits and frees it. */
+static kvc_result kvc_vk__own_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
+    VkCommandPoolCreateInfo cpi;
+    VkFenceCreateInfo fi;
+    VkCommandBufferAllocateInfo ai;
+    VkCommandBufferBeginInfo bi;
+    kvc_result r;
+    if (c->cmd_pool == VK_NULL_HANDLE) {
+        memset(&cpi, 0, sizeof(cpi));
+        cpi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
+        cpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+        cpi.queueFamilyIndex = c->family;
+        if ((r = kvc_vk__vr(c->fn.vkCreateCommandPool(c->device, &cpi, c->vk_alloc, &c->cmd_pool))) != KVC_OK) {
+            c->cmd_pool = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    if (c->fence == VK_NULL_HANDLE) {
+        memset(&fi, 0, sizeof(fi));
+        fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+        if ((r = kvc_vk__vr(c->fn.vkCreateFence(c->device, &fi, c->vk_alloc, &c->fence))) != KVC_OK) {
+            c->fence = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    memset(&ai, 0, sizeof(ai));
+    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+    ai.commandPool = c->cmd_pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    if ((r = kvc_vk__vr(c->fn.vkAllocateCommandBuffers(c->device, &ai, cmd))) != KVC_OK) return r;
+    memset(&bi, 0, sizeof(bi));
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    if ((r = kvc_vk__vr(c->fn.vkBeginCommandBuffer(*cmd, &bi))) != KVC_OK)
+        c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, cmd);
+    return r;
+}
+static kvc_result kvc_vk__own_submit(kvc_vk_context *c, VkCommandBuffer cmd) {
+    VkSubmitInfo si;
+    kvc_result r = kvc_vk__vr(c->fn.vkEndCommandBuffer(cmd));
+    if (r == KVC_OK) {
+        memset(&si, 0, sizeof(si));
+        si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+        si.commandBufferCount = 1;
+        si.pCommandBuffers = &cmd;
+        r = kvc_vk__vr(c->fn.vkQueueSubmit(c->queue, 1, &si, c->fence));
+        if (r == KVC_OK) r = kvc_vk__vr(c->fn.vkWaitForFences(c->device, 1, &c->fence, VK_TRUE, UINT64_MAX));
+        c->fn.vkResetFences(c->device, 1, &c->fence);
+    }
+    c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
+    return r;
+}
+
+/* kvc_vk_pool_fit: buffer by buffer, each copy run and waited for before the old buffer
+   is freed. On failure the buffers replaced so far stay (larger than cap_pages: fine). */
+static kvc_result kvc_vk__resize_now(kvc_vk_pool *p, int32_t pages) {
+    kvc_vk_context *c = p->ctx;
+    int32_t i;
+    kvc_result r = KVC_OK;
+    for (i = 0; i < 2 * p->n_layers && r == KVC_OK; ++i) {
+        size_t page = i < p->n_layers ? p->host->page_k_bytes : p->host->page_v_bytes;
+        VkCommandBuffer cmd;
+        VkBufferCopy rg;
+        kvc_vk__buf nb;
+        if ((r = kvc_vk__buf_create(c, (VkDeviceSize)pages * page, KVC_VK__USAGE, 0, &nb)) != KVC_OK) break;
+        if ((r = kvc_vk__own_begin(c, &cmd)) == KVC_OK) {
+            rg.srcOffset = rg.dstOffset = 0;
+            rg.size = (VkDeviceSize)p->cap_pages * page;
+            kvc_vk__barrier_in(c, cmd);
+            c->fn.vkCmdCopyBuffer(cmd, p->kbuf[i].buffer, nb.buffer, 1, &rg);
+            r = kvc_vk__own_submit(c, cmd);
+        }
+        if (r != KVC_OK) { kvc_vk__buf_destroy(c, &nb); break; }
+        kvc_vk__buf_destroy(c, &p->kbuf[i]);
+        p->kbuf[i] = nb;
+    }
+    if (r == KVC_OK) p->cap_pages = pages;
+    return r;
+}
+
+KVCDEF kvc_result kvc_vk_pool_fit(kvc_vk_pool *p) {
+    int32_t pages;
+    if (p == NULL) return KVC_ERR_NULL;
+    if (p->failed) return KVC_ERR_NO_MEMORY;
+    kvc_vk__collect(p);
+    pages = kvc_vk__fit_pages(p, 0);
+    return pages == p->cap_pages ? KVC_OK : kvc_vk__resize_now(p, pages);
 }
 
 /* Make the device meta buffer hold build[0, words): upload the 4 KiB pieces that differ
@@ -2396,6 +2505,15 @@ KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *vm, VkCommandBuffer cmd)
         if (vm->pool[g]->failed) return KVC_ERR_NO_MEMORY;
     for (g = 0; g < vm->n_groups; ++g)
         if ((r = kvc_vk_cmd_sync(vm->pool[g], cmd)) != KVC_OK) return r;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_memory_fit(kvc_vk_memory *vm) {
+    int32_t g;
+    kvc_result r;
+    if (vm == NULL) return KVC_ERR_NULL;
+    for (g = 0; g < vm->n_groups; ++g)
+        if ((r = kvc_vk_pool_fit(vm->pool[g])) != KVC_OK) return r;
     return KVC_OK;
 }
 

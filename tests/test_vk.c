@@ -1556,8 +1556,9 @@ static void dm_pool(kvc_vk_context *cc) {
     TK_CHECK(st.pages_capacity < cap_full / 8);
     TK_CHECK(st.device_bytes <= DM_BUDGET / 8);
     dm_check_data(cc, vp, c, 0);
-    for (t = 1000; t < 4000; t += 1000) { /* and again */
+    for (t = 1000; t < 4000; t += 1000) { /* and again, grown before each batch */
         TK_OK(kvc_begin(c, 1000));
+        TK_OK(kvc_vk_pool_fit(vp));
         TK_OK(kvc_vk_begin(cc, &cmd));
         for (l = 0; l < 4; ++l) {
             dm_input(t, 1000, l, &k, &v);
@@ -1614,13 +1615,15 @@ static void dm_memory(kvc_vk_context *cc, int32_t n_groups) {
     dm_check(&st, &steady);
     printf("device memory, %d groups under 64 MiB: empty %.2f MiB", n_groups, st.device_bytes / 1048576.0);
     TK_CHECK(st.device_bytes <= DM_BUDGET / 16);
-    for (round = 0; round < 2; ++round) {
+    for (round = 0; round < 2; ++round) { /* round 1: the grows before the batches (kvc_vk_memory_fit) */
         VkCommandBuffer cmd;
+        dm_peak = dm_bytes;
         for (t = 0;; t += 512) {
             kvc_result r = kvc_memory_begin(m, 512, NULL, 0);
             if (r == KVC_ERR_FULL) break;
             TK_OK(r);
             if (r != KVC_OK) break;
+            if (round == 1) TK_OK(kvc_vk_memory_fit(vm));
             TK_OK(kvc_vk_begin(cc, &cmd));
             for (l = 0; l < 2 * n_groups; ++l) {
                 kvc_vk_pool *vp;
@@ -1642,6 +1645,9 @@ static void dm_memory(kvc_vk_context *cc, int32_t n_groups) {
         if (round == 0)
             printf(", full (%d tokens) %.2f MiB, at most %.2f between batches, %.2f while growing", t,
                    st.device_bytes / 1048576.0, steady / 1048576.0, dm_peak / 1048576.0);
+        else
+            printf("; grown by kvc_vk_memory_fit: at most %.2f MiB at any time\n", dm_peak / 1048576.0);
+        if (round == 1) TK_CHECK(dm_peak <= DM_CAP); /* the target, at any time */
         TK_OK(kvc_memory_clear(m));
         TK_OK(kvc_vk_begin(cc, &cmd));
         TK_OK(kvc_vk_memory_cmd_trim(vm, cmd));
@@ -1649,7 +1655,7 @@ static void dm_memory(kvc_vk_context *cc, int32_t n_groups) {
         TK_OK(kvc_vk_memory_device_stats(vm, &st));
         dm_check(&st, &steady);
         TK_CHECK(st.device_bytes <= DM_BUDGET / 16);
-        if (round == 0) printf(", cleared and trimmed %.2f MiB\n", st.device_bytes / 1048576.0);
+        if (round == 0) printf(", cleared and trimmed %.2f MiB", st.device_bytes / 1048576.0);
     }
     TK_OK(kvc_vk_memory_destroy(vm));
     TK_EQ(dm_bytes, 0);
