@@ -2057,6 +2057,8 @@ struct kvc_pool {
     int32_t *pos;            /* [max_pages * page_cells] */
     uint32_t *free_pages;    /* stack of free page ids, lowest on top at start */
     int32_t n_free, pages_peak;
+    int32_t page_hw;         /* 1 + the highest page id acquired since creation (or since a
+                                device backend lowered it: kvcache_vk.h's trim) */
     uint32_t next_cache_id;
     int32_t live_caches, live_snapshots, live_prefixes;
     uint32_t *tree_count;    /* [max_pages] scratch of the prefix trees on this pool, zero between uses */
@@ -2444,6 +2446,7 @@ static uint32_t kvc__page_acquire(kvc_pool *p) {
     p->refcount[page] = 1;
     p->budget->used += p->page_bytes;
     if (p->max_pages - p->n_free > p->pages_peak) p->pages_peak = p->max_pages - p->n_free;
+    if ((int32_t)page >= p->page_hw) p->page_hw = (int32_t)page + 1;
     if (p->cfg.state_floats > 0 && !p->external) kvc__zero_state_pad(p, page);
     return page;
 }

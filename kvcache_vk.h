@@ -108,7 +108,8 @@
     X(vkCmdDispatch) X(vkCmdPipelineBarrier) X(vkCmdCopyBuffer) X(vkCmdFillBuffer)     \
     X(vkCmdUpdateBuffer) X(vkCmdWriteTimestamp) X(vkCreateQueryPool)                   \
     X(vkDestroyQueryPool) X(vkGetQueryPoolResults) X(vkCmdResetQueryPool)              \
-    X(vkCmdPushDescriptorSetKHR)
+    X(vkCmdPushDescriptorSetKHR) X(vkCreateEvent) X(vkDestroyEvent) X(vkCmdSetEvent)  \
+    X(vkGetEventStatus)
 
 typedef struct kvc_vk_functions {
     PFN_vkGetInstanceProcAddr vkGetInstanceProcAddr;
@@ -247,7 +248,9 @@ KVCDEF kvc_result kvc_vk_pool_destroy(kvc_vk_pool *pool);
 KVCDEF kvc_pool *kvc_vk_pool_host(const kvc_vk_pool *pool);
 /* The device buffers holding layer `layer`: page p takes page_cells * row bytes at
    p * page_cells * row (row: one cell's bytes of the layer's K or V, every kv head), as on
-   the host. Inside a page, cell c is at byte c * row in kvcache.h's layout; a planar pool
+   the host; they hold the pages handed out so far (kvc_vk_pool_device_stats'
+   pages_capacity) and are replaced by larger ones (or smaller, kvc_vk_cmd_trim) at a
+   kvc_vk_cmd_* call, so ask again after one. Inside a page, cell c is at byte c * row in kvcache.h's layout; a planar pool
    (kvc_vk_pool_planar) holds q8_0 / q4_0 pages as two planes instead: the codes, [kv head]
    [cell][head_dim (q8_0) or head_dim / 2 (q4_0) bytes, each block's codes as llama.cpp
    packs them], then the scales, [kv head][cell][head_dim / 32 f16].
@@ -255,6 +258,47 @@ KVCDEF kvc_pool *kvc_vk_pool_host(const kvc_vk_pool *pool);
 KVCDEF kvc_result kvc_vk_pool_page_buffers(const kvc_vk_pool *pool, int32_t layer, VkBuffer *k, VkBuffer *v);
 /* Nonzero if the pool holds its pages in the planar layout on the device (NULL: 0). */
 KVCDEF int kvc_vk_pool_planar(const kvc_vk_pool *pool);
+
+/* ---- Device memory follows use -------------------------------------------------------
+   The page buffers hold pages [0, n) only, n a little above the highest page id the host
+   pool has handed out (it hands out the lowest free ids it can), not max_pages: they start
+   at about 1 MiB (KVC_VK__GROW_BYTES, every layer, K and V) and the first kvc_vk_cmd_* call
+   after kvc_begin acquired pages beyond them replaces them by buffers a quarter larger at
+   least (or as large as needed), recording the copy of the old pages into its command
+   buffer. The old buffers are freed once the device has run that copy (an event recorded
+   after it, polled by the next call on the pool), so while a grow is in flight the pool
+   holds its old and its new page buffers; kvc_vk_pool_fit grows them before the batch is
+   recorded, holding one old buffer at most. A model memory's groups each follow their own
+   pages; since they draw on one budget, together they hold about the budget at most
+   (up to a quarter more, plus the units they round to), not one budget per group.
+   Buffer handles (kvc_vk_pool_page_buffers, state tensors) stay valid until the next
+   kvc_vk_cmd_* call on the pool. */
+typedef struct kvc_vk_device_stats {
+    size_t device_bytes;    /* every device memory allocation the pool (memory: its pools) holds:
+                               page buffers, those retiring, metadata and scratch buffers */
+    size_t page_bytes;      /* the page buffers in use */
+    size_t retiring_bytes;  /* page buffers replaced by a grow or trim that the device may still
+                               read (freed once it has run past them) */
+    int32_t pages_capacity; /* pages the page buffers hold (memory: the sum over its groups) */
+} kvc_vk_device_stats;
+/* Shrinks the page buffers to the pages in use (rounded up to the growth unit): records
+   the queued page events, then the copy of the pages kept into cmd, and makes the host
+   pool hand out the lowest free page ids first again (so that the pages in use gather at
+   the bottom as caches come and go). Call it when a memory shrank (caches destroyed,
+   sequences removed, prefix entries evicted); the old buffers are freed once the device
+   has run cmd (seen by the next call on the pool or kvc_vk_pool_device_stats). */
+KVCDEF kvc_result kvc_vk_cmd_trim(kvc_vk_pool *pool, VkCommandBuffer cmd);
+/* The grow of the next kvc_vk_cmd_* call, done now and one buffer at a time: for a hard
+   bound on device memory. Each buffer's copy is submitted to the context's queue and
+   waited for, and the old buffer freed, before the next, so the pool holds at most one old
+   buffer beside its new ones (a kvc_vk_cmd_* call that grows holds all of them until its
+   command buffer has run). Call it after kvc_begin (kvc_memory_begin), before recording
+   the batch, while no work recorded for the pool is pending (and no other thread uses the
+   context's queue). Nothing to do: KVC_OK at once. */
+KVCDEF kvc_result kvc_vk_pool_fit(kvc_vk_pool *pool);
+/* What the pool holds on the device now (after freeing the retiring buffers the device
+   is done with). */
+KVCDEF kvc_result kvc_vk_pool_device_stats(kvc_vk_pool *pool, kvc_vk_device_stats *st);
 /* Converts n_pages whole pages of one layer's K (v = 0) or V (v = 1) between the device's
    layout (as in kvc_vk_pool_page_buffers; to_device = 0: from it) and kvcache.h's
    (to_device = 1: into it); a plain copy where they are the same. For saving device pages
@@ -300,8 +344,9 @@ KVCDEF kvc_result kvc_vk_cmd_gather(kvc_vk_pool *pool, VkCommandBuffer cmd, cons
 KVCDEF kvc_result kvc_vk_cmd_state(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_cache *cache, int32_t seq,
                                    int32_t layer, kvc_vk_tensor *state);
 /* kvc_state_read: where the state of (seq, layer) is, any time; state->buffer is
-   VK_NULL_HANDLE while the sequence has consumed no token (all zeros). Records nothing:
-   its bytes are current on the device once the work recorded so far and the pool's queued
+   VK_NULL_HANDLE while the sequence has consumed no token (all zeros); KVC_ERR_STATE while
+   its page is not yet in the page buffers (a page the host took since the last
+   kvc_vk_cmd_* call on the pool: kvc_vk_cmd_sync first). Records nothing: its bytes are current on the device once the work recorded so far and the pool's queued
    page events (kvc_vk_cmd_sync, or any kvc_vk_cmd_* call on the pool) have run. */
 KVCDEF kvc_result kvc_vk_state_read(const kvc_vk_pool *pool, const kvc_cache *cache, int32_t seq, int32_t layer,
                                     kvc_vk_tensor *state);
@@ -324,10 +369,10 @@ KVCDEF kvc_result kvc_vk_cmd_state_checkpoint(kvc_vk_pool *pool, VkCommandBuffer
    kvc_vk_cmd_append / _attention (K/V groups) and kvc_vk_cmd_state /
    _state_checkpoint (RECURRENT groups) instead of kvc_memory_put / _attention / _state
    / _state_checkpoint (which refuse device pools); kvc_memory_save / _load as on the CPU
-   (see "Saves and loads" below). Device memory: as the host reserves
-   address space, each group's buffers are sized for the whole budget in its page size
-   (one group may take all of it), so a memory of G groups allocates up to G times
-   budget_bytes of device memory. */
+   (see "Saves and loads" below). Device memory: each group's page buffers follow the
+   pages it uses (see "Device memory follows use" above), so the memory holds about its
+   budget at most, whatever its number of groups; kvc_vk_memory_cmd_trim gives back what
+   a shrink freed, kvc_vk_memory_device_stats tells what it holds. */
 typedef struct kvc_vk_memory kvc_vk_memory;
 /* cfg as for kvc_memory_create (its groups' hooks must be zero: the backend sets them);
    opts apply to every group's pool (may be NULL). */
@@ -348,6 +393,12 @@ KVCDEF kvc_result kvc_vk_memory_layer(const kvc_vk_memory *mem, const kvc_memory
                                       kvc_vk_pool **pool, kvc_cache **cache, int32_t *group_layer);
 /* kvc_vk_cmd_sync on every group's pool (e.g. after a restore, before reading states). */
 KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *mem, VkCommandBuffer cmd);
+/* kvc_vk_cmd_trim on every group's pool. */
+KVCDEF kvc_result kvc_vk_memory_cmd_trim(kvc_vk_memory *mem, VkCommandBuffer cmd);
+/* kvc_vk_pool_fit on every group's pool. */
+KVCDEF kvc_result kvc_vk_memory_fit(kvc_vk_memory *mem);
+/* kvc_vk_pool_device_stats summed over the groups' pools. */
+KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_stats *st);
 
 /* ---- Saves and loads -----------------------------------------------------------------
    kvcache.h's kvc_cache_save / _load, kvc_seq_save / _load, kvc_radix_save / _load and
@@ -779,6 +830,7 @@ typedef struct kvc_vk__buf {
     VkDeviceMemory memory;
     VkDeviceSize size;
     void *mapped;
+    VkDeviceSize bytes; /* the memory's allocation size (the device stats) */
 } kvc_vk__buf;
 
 /* Frees what b holds (any part may be null) and zeroes it. */
@@ -832,6 +884,7 @@ static kvc_result kvc_vk__buf_create(kvc_vk_context *c, VkDeviceSize size, VkBuf
         return r;
     }
     b->size = size;
+    b->bytes = req.size;
     return KVC_OK;
 }
 
@@ -876,6 +929,14 @@ enum { KVC_VK__SPLIT = 0, KVC_VK__MERGE, KVC_VK__WRITE_K, KVC_VK__WRITE_V, KVC_V
 #define KVC_VK__BINDINGS 9       /* storage buffers a pipeline may bind (attn_split_q: 9) */
 
 typedef struct kvc_vk__variant { uint32_t key; VkPipeline pipe; } kvc_vk__variant;
+/* Page buffers replaced by a grow or a trim: freed once the device has set `event`,
+   recorded right after the copy out of them (all work recorded before it has then run). */
+typedef struct kvc_vk__retiring { VkEvent event; kvc_vk__buf *bufs; /* [2 * n_layers]: K, then V */ } kvc_vk__retiring;
+/* Page buffers grow by a quarter at least, in units of about KVC_VK__GROW_BYTES (every
+   layer, K and V): a few replacements while a pool fills, a little slack at most. */
+#ifndef KVC_VK__GROW_BYTES
+#define KVC_VK__GROW_BYTES ((size_t)1 << 20)
+#endif
 
 struct kvc_vk_pool {
     kvc_vk_context *ctx;
@@ -883,7 +944,11 @@ struct kvc_vk_pool {
     int32_t n_layers, page_cells, max_pages, n_kv_heads, hdk, hdv;
     kvc_type tk, tv;
     uint32_t k_row, v_row;            /* bytes of one cell, one layer */
-    kvc_vk__buf *kbuf, *vbuf;       /* [n_layers] */
+    kvc_vk__buf *kbuf, *vbuf;       /* [n_layers]: pages [0, cap_pages) (one allocation, vbuf = kbuf + n_layers) */
+    int32_t cap_pages;                /* pages the page buffers hold: follows the host's page_hw */
+    int32_t grow_pages;               /* the unit they grow and shrink by */
+    kvc_vk__retiring *old;            /* replaced page buffers the device may still read */
+    int32_t n_old, cap_old;
     VkDescriptorSetLayout dsl;
     VkPipelineLayout layout;
     VkShaderModule modules[KVC_VK__MODULE_COUNT]; /* those the pool uses */
@@ -1056,6 +1121,207 @@ static kvc_result kvc_vk__reserve(kvc_vk_pool *p, size_t words) {
     return KVC_OK;
 }
 
+/* ---- Page buffers that follow use ----------------------------------------------------
+   A pool's page buffers hold pages [0, cap_pages), not max_pages: the host pool hands out
+   the lowest page ids it can (its free pages are a stack, page 0 on top; kvc_vk_cmd_trim
+   sorts it again), so page_hw -- 1 + the highest id it acquired -- stays near the pages in
+   use, and the buffers grow to it at the next kvc_vk_cmd_* call. Page p stays at
+   p * page bytes, so the shaders address pages as before (no indirection). */
+
+static void kvc_vk__retiring_free(kvc_vk_pool *p, kvc_vk__retiring *o) {
+    kvc_vk_context *c = p->ctx;
+    int32_t i;
+    for (i = 0; o->bufs && i < 2 * p->n_layers; ++i) kvc_vk__buf_destroy(c, &o->bufs[i]);
+    kvc_vk__free(&c->alloc, o->bufs);
+    if (o->event) c->fn.vkDestroyEvent(c->device, o->event, c->vk_alloc);
+    memset(o, 0, sizeof(*o));
+}
+
+/* Frees the replaced page buffers the device is done with. */
+static void kvc_vk__collect(kvc_vk_pool *p) {
+    int32_t i, n = 0;
+    for (i = 0; i < p->n_old; ++i) {
+        if (p->ctx->fn.vkGetEventStatus(p->ctx->device, p->old[i].event) == VK_EVENT_SET) kvc_vk__retiring_free(p, &p->old[i]);
+        else p->old[n++] = p->old[i];
+    }
+    p->n_old = n;
+}
+
+/* Page buffers of `pages` pages for p's layers (K, then V), into bufs[2 * n_layers];
+   all or nothing. */
+static kvc_result kvc_vk__page_bufs(kvc_vk_pool *p, int32_t pages, kvc_vk__buf **out) {
+    kvc_vk_context *c = p->ctx;
+    int32_t i, n = 2 * p->n_layers;
+    kvc_result r = KVC_OK;
+    kvc_vk__buf *b = (kvc_vk__buf *)kvc_vk__alloc(&c->alloc, sizeof(*b) * (size_t)n);
+    if (b == NULL) return KVC_ERR_NO_MEMORY;
+    memset(b, 0, sizeof(*b) * (size_t)n);
+    for (i = 0; i < n && r == KVC_OK; ++i)
+        r = kvc_vk__buf_create(c, (VkDeviceSize)pages * (i < p->n_layers ? p->host->page_k_bytes : p->host->page_v_bytes),
+                               KVC_VK__USAGE, 0, &b[i]);
+    if (r != KVC_OK) {
+        for (i = 0; i < n; ++i) kvc_vk__buf_destroy(c, &b[i]);
+        kvc_vk__free(&c->alloc, b);
+        return r;
+    }
+    *out = b;
+    return KVC_OK;
+}
+
+/* Replace the page buffers by ones of `pages` pages, recording the copy of the pages
+   both hold into cmd; the old ones retire behind an event. All or nothing. */
+static kvc_result kvc_vk__resize(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t pages) {
+    kvc_vk_context *c = p->ctx;
+    int32_t i, keep = pages < p->cap_pages ? pages : p->cap_pages;
+    VkEventCreateInfo ei;
+    kvc_vk__retiring o;
+    kvc_result r;
+    if (p->n_old == p->cap_old) {
+        int32_t cap = p->cap_old ? 2 * p->cap_old : 4;
+        kvc_vk__retiring *no = (kvc_vk__retiring *)kvc_vk__alloc(&c->alloc, sizeof(*no) * (size_t)cap);
+        if (no == NULL) return KVC_ERR_NO_MEMORY;
+        if (p->n_old) memcpy(no, p->old, sizeof(*no) * (size_t)p->n_old);
+        kvc_vk__free(&c->alloc, p->old);
+        p->old = no;
+        p->cap_old = cap;
+    }
+    memset(&o, 0, sizeof(o));
+    memset(&ei, 0, sizeof(ei));
+    ei.sType = VK_STRUCTURE_TYPE_EVENT_CREATE_INFO;
+    if ((r = kvc_vk__vr(c->fn.vkCreateEvent(c->device, &ei, c->vk_alloc, &o.event))) != KVC_OK) return r;
+    if ((r = kvc_vk__page_bufs(p, pages, &o.bufs)) != KVC_OK) {
+        c->fn.vkDestroyEvent(c->device, o.event, c->vk_alloc);
+        return r;
+    }
+    for (i = 0; i < 2 * p->n_layers && keep > 0; ++i) {
+        VkBufferCopy rg;
+        rg.srcOffset = rg.dstOffset = 0;
+        rg.size = (VkDeviceSize)keep * (i < p->n_layers ? p->host->page_k_bytes : p->host->page_v_bytes);
+        c->fn.vkCmdCopyBuffer(cmd, p->kbuf[i].buffer, o.bufs[i].buffer, 1, &rg);
+    }
+    kvc_vk__barrier(c, cmd);
+    c->fn.vkCmdSetEvent(cmd, o.event, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
+    { kvc_vk__buf *t = p->kbuf; p->kbuf = o.bufs; o.bufs = t; } /* o: the old ones now */
+    p->vbuf = p->kbuf + p->n_layers;
+    p->old[p->n_old++] = o;
+    p->cap_pages = pages;
+    return KVC_OK;
+}
+
+/* pages rounded up to the growth unit, within [grow_pages, max_pages] */
+static int32_t kvc_vk__round_pages(const kvc_vk_pool *p, int64_t pages) {
+    pages = (pages + p->grow_pages - 1) / p->grow_pages * p->grow_pages;
+    if (pages < p->grow_pages) pages = p->grow_pages;
+    return pages > p->max_pages ? p->max_pages : (int32_t)pages;
+}
+
+/* The page buffers' size for pages [0, need) and every page the host pool has handed
+   out: the current one, or a quarter more at least. */
+static int32_t kvc_vk__fit_pages(const kvc_vk_pool *p, int32_t need) {
+    int64_t pages = (int64_t)p->cap_pages + p->cap_pages / 4;
+    if (p->host->page_hw > need) need = p->host->page_hw;
+    if (need <= p->cap_pages) return p->cap_pages;
+    return kvc_vk__round_pages(p, pages > need ? pages : need);
+}
+
+/* Page buffers that hold every page the host pool has handed out (and pages [0, need)). */
+static kvc_result kvc_vk__fit(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t need) {
+    int32_t pages = kvc_vk__fit_pages(p, need);
+    return pages == p->cap_pages ? KVC_OK : kvc_vk__resize(p, cmd, pages);
+}
+
+/* A one-time command buffer of the context's own (its cmd_pool and fence, made on first
+   use as the helpers make them), begun; kvc_vk__own_submit submits it to the context's
+   queue, waits and frees it. */
+static kvc_result kvc_vk__own_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
+    VkCommandPoolCreateInfo cpi;
+    VkFenceCreateInfo fi;
+    VkCommandBufferAllocateInfo ai;
+    VkCommandBufferBeginInfo bi;
+    kvc_result r;
+    if (c->cmd_pool == VK_NULL_HANDLE) {
+        memset(&cpi, 0, sizeof(cpi));
+        cpi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
+        cpi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT | VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+        cpi.queueFamilyIndex = c->family;
+        if ((r = kvc_vk__vr(c->fn.vkCreateCommandPool(c->device, &cpi, c->vk_alloc, &c->cmd_pool))) != KVC_OK) {
+            c->cmd_pool = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    if (c->fence == VK_NULL_HANDLE) {
+        memset(&fi, 0, sizeof(fi));
+        fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+        if ((r = kvc_vk__vr(c->fn.vkCreateFence(c->device, &fi, c->vk_alloc, &c->fence))) != KVC_OK) {
+            c->fence = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    memset(&ai, 0, sizeof(ai));
+    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+    ai.commandPool = c->cmd_pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    if ((r = kvc_vk__vr(c->fn.vkAllocateCommandBuffers(c->device, &ai, cmd))) != KVC_OK) return r;
+    memset(&bi, 0, sizeof(bi));
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    if ((r = kvc_vk__vr(c->fn.vkBeginCommandBuffer(*cmd, &bi))) != KVC_OK)
+        c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, cmd);
+    return r;
+}
+static kvc_result kvc_vk__own_submit(kvc_vk_context *c, VkCommandBuffer cmd) {
+    VkSubmitInfo si;
+    kvc_result r = kvc_vk__vr(c->fn.vkEndCommandBuffer(cmd));
+    if (r == KVC_OK) {
+        memset(&si, 0, sizeof(si));
+        si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+        si.commandBufferCount = 1;
+        si.pCommandBuffers = &cmd;
+        r = kvc_vk__vr(c->fn.vkQueueSubmit(c->queue, 1, &si, c->fence));
+        if (r == KVC_OK) r = kvc_vk__vr(c->fn.vkWaitForFences(c->device, 1, &c->fence, VK_TRUE, UINT64_MAX));
+        c->fn.vkResetFences(c->device, 1, &c->fence);
+    }
+    c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
+    return r;
+}
+
+/* kvc_vk_pool_fit: buffer by buffer, each copy run and waited for before the old buffer
+   is freed. On failure the buffers replaced so far stay (larger than cap_pages: fine). */
+static kvc_result kvc_vk__resize_now(kvc_vk_pool *p, int32_t pages) {
+    kvc_vk_context *c = p->ctx;
+    int32_t i;
+    kvc_result r = KVC_OK;
+    for (i = 0; i < 2 * p->n_layers && r == KVC_OK; ++i) {
+        size_t page = i < p->n_layers ? p->host->page_k_bytes : p->host->page_v_bytes;
+        VkCommandBuffer cmd;
+        VkBufferCopy rg;
+        kvc_vk__buf nb;
+        if ((r = kvc_vk__buf_create(c, (VkDeviceSize)pages * page, KVC_VK__USAGE, 0, &nb)) != KVC_OK) break;
+        if ((r = kvc_vk__own_begin(c, &cmd)) == KVC_OK) {
+            rg.srcOffset = rg.dstOffset = 0;
+            rg.size = (VkDeviceSize)p->cap_pages * page;
+            kvc_vk__barrier_in(c, cmd);
+            c->fn.vkCmdCopyBuffer(cmd, p->kbuf[i].buffer, nb.buffer, 1, &rg);
+            r = kvc_vk__own_submit(c, cmd);
+        }
+        if (r != KVC_OK) { kvc_vk__buf_destroy(c, &nb); break; }
+        kvc_vk__buf_destroy(c, &p->kbuf[i]);
+        p->kbuf[i] = nb;
+    }
+    if (r == KVC_OK) p->cap_pages = pages;
+    return r;
+}
+
+KVCDEF kvc_result kvc_vk_pool_fit(kvc_vk_pool *p) {
+    int32_t pages;
+    if (p == NULL) return KVC_ERR_NULL;
+    if (p->failed) return KVC_ERR_NO_MEMORY;
+    kvc_vk__collect(p);
+    pages = kvc_vk__fit_pages(p, 0);
+    return pages == p->cap_pages ? KVC_OK : kvc_vk__resize_now(p, pages);
+}
+
 /* Make the device meta buffer hold build[0, words): upload the 4 KiB pieces that differ
    from what it will hold by then. Returns whether anything was recorded. */
 static kvc_result kvc_vk__upload_meta(kvc_vk_pool *p, VkCommandBuffer cmd, size_t words) {
@@ -1118,6 +1384,8 @@ static void kvc_vk__pool_free(kvc_vk_pool *p) {
         kvc_vk__buf_destroy(c, &p->kbuf[i]);
         kvc_vk__buf_destroy(c, &p->vbuf[i]);
     }
+    for (i = 0; i < p->n_old; ++i) kvc_vk__retiring_free(p, &p->old[i]);
+    kvc_vk__free(&c->alloc, p->old);
     kvc_vk__buf_destroy(c, &p->meta);
     kvc_vk__buf_destroy(c, &p->part);
     kvc_vk__buf_destroy(c, &p->tmp);
@@ -1198,16 +1466,15 @@ static kvc_result kvc_vk__pool_setup(kvc_vk_pool *p, const kvc_vk_pool_options *
     if (p->k_row % 4 || p->v_row % 4 || kbytes > c->props.limits.maxStorageBufferRange ||
         vbytes > c->props.limits.maxStorageBufferRange || (int)p->tk > 4 || (int)p->tv > 4)
         return KVC_ERR_UNSUPPORTED;
-    p->kbuf = (kvc_vk__buf *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
-    if (p->kbuf) memset(p->kbuf, 0, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
     p->seen = (uint32_t *)kvc_vk__alloc(&c->alloc, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
-    if (p->kbuf == NULL || p->seen == NULL) return KVC_ERR_NO_MEMORY;
+    if (p->seen == NULL) return KVC_ERR_NO_MEMORY;
     memset(p->seen, 0, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
+    /* the page buffers start at one growth unit (or the pages already handed out) */
+    p->grow_pages = KVC_VK__GROW_BYTES / p->host->page_bytes > 1 ? (int32_t)(KVC_VK__GROW_BYTES / p->host->page_bytes) : 1;
+    if (p->grow_pages > p->max_pages) p->grow_pages = p->max_pages;
+    p->cap_pages = kvc_vk__round_pages(p, p->host->page_hw);
+    if ((r = kvc_vk__page_bufs(p, p->cap_pages, &p->kbuf)) != KVC_OK) return r;
     p->vbuf = p->kbuf + p->n_layers;
-    for (i = 0; i < (uint32_t)p->n_layers; ++i)
-        if ((r = kvc_vk__buf_create(c, kbytes, KVC_VK__USAGE, 0, &p->kbuf[i])) != KVC_OK ||
-            (r = kvc_vk__buf_create(c, vbytes, KVC_VK__USAGE, 0, &p->vbuf[i])) != KVC_OK)
-            return r;
     for (i = 0; i < KVC_VK__BINDINGS; ++i) {
         memset(&b[i], 0, sizeof(b[i]));
         b[i].binding = i;
@@ -1354,6 +1621,42 @@ KVCDEF kvc_result kvc_vk_pool_page_buffers(const kvc_vk_pool *p, int32_t layer, 
 }
 
 KVCDEF int kvc_vk_pool_planar(const kvc_vk_pool *p) { return p ? p->planar : 0; }
+
+KVCDEF kvc_result kvc_vk_cmd_trim(kvc_vk_pool *p, VkCommandBuffer cmd) {
+    kvc_pool *h;
+    int32_t i, hw, n = 0;
+    kvc_result r;
+    if (p == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r; /* the queued events write live pages only after this */
+    h = p->host;
+    for (hw = h->max_pages; hw > 0 && h->refcount[hw - 1] == 0; --hw) {}
+    /* the free pages again lowest on top, so that new pages are taken from the bottom */
+    for (i = h->max_pages - 1; i >= 0; --i)
+        if (h->refcount[i] == 0) h->free_pages[n++] = (uint32_t)i;
+    KVCACHE_ASSERT(n == h->n_free);
+    h->page_hw = hw;
+    if (kvc_vk__round_pages(p, hw) >= p->cap_pages) return KVC_OK;
+    return kvc_vk__resize(p, cmd, kvc_vk__round_pages(p, hw));
+}
+
+static void kvc_vk__add_stats(kvc_vk_pool *p, kvc_vk_device_stats *st) {
+    int32_t i, j;
+    kvc_vk__collect(p);
+    for (i = 0; i < 2 * p->n_layers; ++i) st->page_bytes += (size_t)p->kbuf[i].bytes;
+    for (i = 0; i < p->n_old; ++i)
+        for (j = 0; j < 2 * p->n_layers; ++j) st->retiring_bytes += (size_t)p->old[i].bufs[j].bytes;
+    st->device_bytes += (size_t)(p->meta.bytes + p->part.bytes + p->tmp.bytes + p->rot.bytes);
+    for (i = 0; i < p->n_retired; ++i) st->device_bytes += (size_t)p->retired[i].bytes;
+    st->pages_capacity += p->cap_pages;
+}
+
+KVCDEF kvc_result kvc_vk_pool_device_stats(kvc_vk_pool *p, kvc_vk_device_stats *st) {
+    if (p == NULL || st == NULL) return KVC_ERR_NULL;
+    memset(st, 0, sizeof(*st));
+    kvc_vk__add_stats(p, st);
+    st->device_bytes += st->page_bytes + st->retiring_bytes;
+    return KVC_OK;
+}
 
 /* Planar layout (see kvc_types.glsl): bytes of a head row's codes, and of its scales. */
 static size_t kvc_vk__pl_cb(kvc_type t, int32_t hd) { return t == KVC_TYPE_Q8_0 ? (size_t)hd : (size_t)hd / 2; }
@@ -1558,6 +1861,8 @@ KVCDEF kvc_result kvc_vk_cmd_sync(kvc_vk_pool *p, VkCommandBuffer cmd) {
     if (p == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
     if (p->failed) return KVC_ERR_NO_MEMORY;
     kvc_vk__barrier_in(p->ctx, cmd);
+    kvc_vk__collect(p);
+    if ((r = kvc_vk__fit(p, cmd, 0)) != KVC_OK) return r;
     while (i < p->n_events) {
         const kvc_page_event *e = &p->events[i];
         if (e->kind == KVC_PAGE_COPY) {
@@ -2083,6 +2388,7 @@ KVCDEF kvc_result kvc_vk_state_read(const kvc_vk_pool *p, const kvc_cache *c, in
     if (out == NULL) return KVC_ERR_NULL;
     if (seq < 0 || seq >= c->cfg.max_seqs) return KVC_ERR_RANGE;
     if (c->state_page[seq] == KVC__NO_PAGE) { memset(out, 0, sizeof(*out)); return KVC_OK; } /* all zeros */
+    if ((int32_t)c->state_page[seq] >= p->cap_pages) return KVC_ERR_STATE; /* not on the device before a sync */
     kvc_vk__state_tensor(p, c->state_page[seq], layer, out);
     return KVC_OK;
 }
@@ -2371,6 +2677,35 @@ static kvc_result kvc_vk__read_pages(void *user, int32_t layer, int v, const uin
 static kvc_result kvc_vk__write_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
                                       const void *data) {
     return kvc_vk__move_pages((kvc_vk_pool *)user, layer, v, pages, n_pages, (void *)(uintptr_t)data, 1);
+}
+
+KVCDEF kvc_result kvc_vk_memory_fit(kvc_vk_memory *vm) {
+    int32_t g;
+    kvc_result r;
+    if (vm == NULL) return KVC_ERR_NULL;
+    for (g = 0; g < vm->n_groups; ++g)
+        if ((r = kvc_vk_pool_fit(vm->pool[g])) != KVC_OK) return r;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_memory_cmd_trim(kvc_vk_memory *vm, VkCommandBuffer cmd) {
+    int32_t g;
+    kvc_result r;
+    if (vm == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
+    for (g = 0; g < vm->n_groups; ++g)
+        if (vm->pool[g]->failed) return KVC_ERR_NO_MEMORY;
+    for (g = 0; g < vm->n_groups; ++g)
+        if ((r = kvc_vk_cmd_trim(vm->pool[g], cmd)) != KVC_OK) return r;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *vm, kvc_vk_device_stats *st) {
+    int32_t g;
+    if (vm == NULL || st == NULL) return KVC_ERR_NULL;
+    memset(st, 0, sizeof(*st));
+    for (g = 0; g < vm->n_groups; ++g) kvc_vk__add_stats(vm->pool[g], st);
+    st->device_bytes += st->page_bytes + st->retiring_bytes;
+    return KVC_OK;
 }
 
 /* ---- Helpers for tools, tests and benchmarks (KVCACHE_VK_HELPERS) ------------------ */
@@ -2736,8 +3071,9 @@ static kvc_result kvc_vk__pool_pages(kvc_vk_pool *p, int32_t layer, int32_t firs
     if (n == 0 || (k == NULL && v == NULL)) return KVC_OK;
     if (p->planar && (tmp = kvc_vk__alloc(&p->ctx->alloc, bytes[0] > bytes[1] ? bytes[0] : bytes[1])) == NULL)
         return KVC_ERR_NO_MEMORY;
-    if ((r = kvc_vk_begin(p->ctx, &cmd)) == KVC_OK) { /* the queued page events first */
+    if ((r = kvc_vk_begin(p->ctx, &cmd)) == KVC_OK) { /* the queued page events first, the pages on the device */
         kvc_result rs = kvc_vk_cmd_sync(p, cmd);
+        if (rs == KVC_OK) rs = kvc_vk__fit(p, cmd, first + n);
         r = kvc_vk_submit_wait(p->ctx, cmd);
         if (rs != KVC_OK) r = rs;
     }

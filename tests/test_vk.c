@@ -13,7 +13,8 @@
 
    No Vulkan headers, loader or device: prints a skip and RESULT vk 0 0.
    usage: test_vk [seed]        KVC_TEST_SCALE scales the episode count (3 at least, one
-   per cache kind); KVC_VK_EPISODE=e runs episode e alone (make test does under valgrind);
+   per cache kind); the page buffers grow in small steps here (KVC_VK__GROW_BYTES), so the
+   episodes copy them into larger ones often, and trim them now and then; KVC_VK_EPISODE=e runs episode e alone (make test does under valgrind);
    KVC_VK_PART=mask runs only some parts: 1 the unit tests (errors, page round trips, rotated
    decode), 2 the episodes, 4 the hybrid-model episodes (default 7; make test runs 1 and 6
    under valgrind as two processes, side by side). */
@@ -35,6 +36,9 @@ int main(void) {
 }
 #else
 #define VK_NO_PROTOTYPES
+#ifndef KVC_VK__GROW_BYTES
+#define KVC_VK__GROW_BYTES 4096 /* page buffers grow a page or two at a time: every episode replaces them */
+#endif
 #define KVCACHE_VK_IMPLEMENTATION
 #define KVCACHE_VK_HELPERS /* the loader, a device of its own, buffers, transfers */
 #include "kvcache_vk.h"
@@ -223,13 +227,37 @@ static void sync_cpu_from_gpu(side *s, const shape *sh) {
     TK_OK(kvc_vk_cmd_sync(s[1].vk, cmd)); /* page events still queued are part of the state */
     TK_OK(kvc_vk_submit_wait(ctx, cmd));
     (void)kb; (void)vb;
-    for (l = 0; l < sh->layers; ++l) { /* in kvcache.h's layout, whatever the device's */
-        TK_OK(kvc_vk_pool_download(s[1].vk, l, 0, cp->max_pages, kvc__k_at(cp, l, 0, 0), kvc__v_at(cp, l, 0, 0)));
+    for (l = 0; l < sh->layers; ++l) { /* in kvcache.h's layout, whatever the device's; the
+                                           pages handed out (the others are never read) */
+        int32_t n = kvc_vk_pool_host(s[1].vk)->page_hw;
+        TK_OK(kvc_vk_pool_download(s[1].vk, l, 0, n, kvc__k_at(cp, l, 0, 0), kvc__v_at(cp, l, 0, 0)));
         /* and back now and then: the later comparisons see what the upload converted */
         if (g_seed % 3 == (uint64_t)l)
-            TK_OK(kvc_vk_pool_upload(s[1].vk, l, 0, cp->max_pages, kvc__k_at(cp, l, 0, 0), kvc__v_at(cp, l, 0, 0)));
+            TK_OK(kvc_vk_pool_upload(s[1].vk, l, 0, n, kvc__k_at(cp, l, 0, 0), kvc__v_at(cp, l, 0, 0)));
     }
     s[0].rotated = 0;
+}
+
+/* The free pages lowest on top, as kvc_vk_cmd_trim leaves a device pool's: the CPU pool
+   then hands out the same page ids. */
+static void sort_free_pages(kvc_pool *p) {
+    int32_t i, n = 0;
+    for (i = p->max_pages - 1; i >= 0; --i)
+        if (p->refcount[i] == 0) p->free_pages[n++] = (uint32_t)i;
+    TK_EQ(n, p->n_free);
+}
+
+/* kvc_vk_cmd_trim on the GPU side: its page buffers shrink to the pages in use, whose
+   data the next comparisons check */
+static void trim_both(side *s) {
+    VkCommandBuffer cmd = begin_cmd();
+    kvc_vk_device_stats st;
+    TK_OK(kvc_vk_cmd_trim(s[1].vk, cmd));
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    sort_free_pages(s[0].pool);
+    TK_OK(kvc_vk_pool_device_stats(s[1].vk, &st));
+    TK_EQ(st.retiring_bytes, 0);
+    TK_CHECK(st.pages_capacity >= kvc_vk_pool_host(s[1].vk)->page_hw);
 }
 
 static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
@@ -543,6 +571,7 @@ static void episode_linear(const shape *sh, tk_rng *rng, int steps) {
         } else if (op == 7) {
             int32_t n = tk_int(rng, 0, 5);
             BOTH(kvc_trim(s[0].cache, n), kvc_trim(s[1].cache, n));
+            if (tk_int(rng, 0, 1)) trim_both(s);
         } else if (op == 8) { /* merge or split the two snapshots */
             kvc_snapshot *m[2] = {NULL, NULL}, *a[2] = {NULL, NULL}, *b[2] = {NULL, NULL};
             if (tk_int(rng, 0, 1) && s[0].snap[0] && s[0].snap[1]) {
@@ -1250,6 +1279,13 @@ static void episode_hybrid(kvc_kind kind, kvc_type t, tk_rng *rng, int steps) {
         } else if (op == 7) {
             int32_t n = tk_int(rng, 0, 6);
             BOTH(kvc_memory_trim(h.cpu, n), kvc_memory_trim(h.gpu, n));
+            if (tk_int(rng, 0, 1)) { /* the device memory gives back the pages it no longer uses */
+                VkCommandBuffer cmd = begin_cmd();
+                int32_t g;
+                TK_OK(kvc_vk_memory_cmd_trim(h.vm, cmd));
+                TK_OK(kvc_vk_submit_wait(ctx, cmd));
+                for (g = 0; g < h.cpu->mp->n_groups; ++g) sort_free_pages(h.cpu->mp->pool[g]);
+            }
         } else if (op == 8) { /* a snapshot, a detour, then back to it */
             kvc_memory_snapshot *s0 = NULL, *s1 = NULL;
             int32_t a = tk_int(rng, 0, off), n = tk_int(rng, 1, 5), n_at;
@@ -1658,6 +1694,310 @@ static void test_state_errors(void) {
     }
 }
 
+/* ---- Device memory follows use --------------------------------------------------------
+   A second context on the same device whose vkAllocateMemory / vkFreeMemory are counted
+   (its function table comes through counted_gipa): what the pools and memories made on it
+   hold, at any time, against what their device stats say. */
+static PFN_vkGetInstanceProcAddr real_gipa;
+static PFN_vkGetDeviceProcAddr real_gdpa;
+static PFN_vkAllocateMemory real_allocate;
+static PFN_vkFreeMemory real_free;
+#define DM_MAX 4096
+static struct { VkDeviceMemory m; VkDeviceSize n; } dm_live[DM_MAX];
+static int dm_n;
+static uint64_t dm_bytes, dm_peak;
+
+static VKAPI_ATTR VkResult VKAPI_CALL counted_allocate(VkDevice d, const VkMemoryAllocateInfo *ai,
+                                                       const VkAllocationCallbacks *a, VkDeviceMemory *m) {
+    VkResult r = real_allocate(d, ai, a, m);
+    if (r == VK_SUCCESS && dm_n < DM_MAX) {
+        dm_live[dm_n].m = *m;
+        dm_live[dm_n++].n = ai->allocationSize;
+        dm_bytes += ai->allocationSize;
+        if (dm_bytes > dm_peak) dm_peak = dm_bytes;
+    }
+    return r;
+}
+static VKAPI_ATTR void VKAPI_CALL counted_free(VkDevice d, VkDeviceMemory m, const VkAllocationCallbacks *a) {
+    int i;
+    for (i = 0; i < dm_n; ++i)
+        if (dm_live[i].m == m) {
+            dm_bytes -= dm_live[i].n;
+            dm_live[i] = dm_live[--dm_n];
+            break;
+        }
+    real_free(d, m, a);
+}
+static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL counted_gdpa(VkDevice d, const char *name) {
+    if (strcmp(name, "vkAllocateMemory") == 0) {
+        real_allocate = (PFN_vkAllocateMemory)real_gdpa(d, name);
+        return (PFN_vkVoidFunction)counted_allocate;
+    }
+    if (strcmp(name, "vkFreeMemory") == 0) {
+        real_free = (PFN_vkFreeMemory)real_gdpa(d, name);
+        return (PFN_vkVoidFunction)counted_free;
+    }
+    return real_gdpa(d, name);
+}
+static VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL counted_gipa(VkInstance inst, const char *name) {
+    if (strcmp(name, "vkGetDeviceProcAddr") == 0) {
+        real_gdpa = (PFN_vkGetDeviceProcAddr)real_gipa(inst, name);
+        return (PFN_vkVoidFunction)counted_gdpa;
+    }
+    return real_gipa(inst, name);
+}
+
+#define DM_BUDGET ((size_t)64 << 20)
+#define DM_CAP (DM_BUDGET + DM_BUDGET / 4 + ((size_t)8 << 20)) /* the target: 1.25 x budget + 8 MiB */
+#define DM_HD 64
+#define DM_HEADS 4
+
+/* what the counted context holds against what the stats say, after a submitted step */
+static void dm_check(kvc_vk_device_stats *st, uint64_t *steady) {
+    TK_EQ(st->device_bytes, dm_bytes); /* every byte the context holds is a pool's */
+    TK_EQ(st->retiring_bytes, 0);      /* the device ran past the copies */
+    TK_CHECK(st->device_bytes <= DM_CAP);
+    /* while a grow's copy runs, the old page buffers are held too: a group's at most */
+    TK_CHECK(dm_peak <= DM_CAP + DM_BUDGET + DM_BUDGET / 4);
+    if (dm_bytes > *steady) *steady = dm_bytes;
+}
+
+/* a value each (token, layer, index, K or V) has, exact in f16 */
+static float dm_value(int32_t t, int32_t l, int32_t i, int v) {
+    return (float)((t * 31 + l * 7 + i * 3 + v * 5) % 61 - 30) / 8.0f;
+}
+
+/* K and V of tokens [t0, t0 + n <= 1000) of layer l < 8 into in_buf (a part of its own:
+   one command buffer appends every layer), as append tensors */
+#define DM_INPUT_FLOATS ((size_t)2 * 1000 * DM_HEADS * DM_HD)
+static void dm_input(int32_t t0, int32_t n, int32_t l, kvc_vk_tensor *k, kvc_vk_tensor *v) {
+    int32_t i, nk = DM_HEADS * DM_HD;
+    float *f = (float *)in_buf.mapped + (size_t)l * DM_INPUT_FLOATS;
+    for (i = 0; i < n * nk; ++i) {
+        f[i] = dm_value(t0 + i / nk, l, i % nk, 0);
+        f[(size_t)n * nk + (size_t)i] = dm_value(t0 + i / nk, l, i % nk, 1);
+    }
+    memset(k, 0, sizeof(*k));
+    memset(v, 0, sizeof(*v));
+    k->buffer = v->buffer = in_buf.buffer;
+    k->offset = sizeof(float) * (size_t)l * DM_INPUT_FLOATS;
+    v->offset = k->offset + sizeof(float) * (size_t)n * (size_t)nk;
+}
+
+/* the K and V of layer l that a FULL cache of tokens 0.. holds are dm_value's */
+static void dm_check_data(kvc_vk_context *cc, kvc_vk_pool *vp, const kvc_cache *c, int32_t l) {
+    int32_t n = 0, i, nk = DM_HEADS * DM_HD, bad = 0;
+    kvc_vk_tensor gk, gv;
+    VkCommandBuffer cmd;
+    TK_OK(kvc_vk_cmd_gather(vp, VK_NULL_HANDLE, c, l, NULL, NULL, NULL, 0, &n));
+    ensure(&gk_buf, sizeof(float) * (size_t)n * nk + 16);
+    ensure(&gv_buf, sizeof(float) * (size_t)n * nk + 16);
+    memset(&gk, 0, sizeof(gk));
+    memset(&gv, 0, sizeof(gv));
+    gk.buffer = gk_buf.buffer;
+    gv.buffer = gv_buf.buffer;
+    TK_OK(kvc_vk_begin(cc, &cmd));
+    TK_OK(kvc_vk_cmd_gather(vp, cmd, c, l, &gk, &gv, NULL, n, &n));
+    TK_OK(kvc_vk_submit_wait(cc, cmd));
+    for (i = 0; i < n * nk; ++i) {
+        int wrong = ((float *)gk_buf.mapped)[i] != dm_value(i / nk, l, i % nk, 0) ||
+                    ((float *)gv_buf.mapped)[i] != dm_value(i / nk, l, i % nk, 1);
+        if (wrong && bad == 0) fprintf(stderr, "layer %d: token %d of %d differs first\n", l, i / nk, n);
+        bad += wrong;
+    }
+    TK_EQ(bad, 0);
+}
+
+static void dm_pool_config(kvc_pool_config *pc, int32_t layers) {
+    kvc_pool_config_init(pc);
+    pc->n_layers = layers;
+    pc->n_kv_heads = DM_HEADS;
+    pc->head_dim_k = pc->head_dim_v = DM_HD;
+    pc->type_k = pc->type_v = KVC_TYPE_F16;
+    pc->page_cells = 16;
+}
+
+/* One pool of 64 MiB: empty, filled to 90 % in batches of 512 tokens, trimmed back to
+   1000 tokens, grown again; the data survives every replacement. */
+static void dm_pool(kvc_vk_context *cc) {
+    kvc_pool_config pc;
+    kvc_cache_config ccfg;
+    kvc_vk_pool *vp = NULL;
+    kvc_cache *c = NULL;
+    kvc_vk_device_stats st;
+    kvc_vk_tensor k, v;
+    VkCommandBuffer cmd;
+    uint64_t steady = 0;
+    int32_t t = 0, n, l, cap_full;
+    dm_pool_config(&pc, 4);
+    pc.budget_bytes = DM_BUDGET;
+    dm_peak = dm_bytes;
+    TK_OK(kvc_vk_pool_create(cc, &pc, NULL, &vp));
+    if (vp == NULL) return;
+    kvc_cache_config_init(&ccfg, KVC_KIND_FULL);
+    TK_OK(kvc_cache_create(kvc_vk_pool_host(vp), &ccfg, &c));
+    TK_OK(kvc_vk_pool_device_stats(vp, &st));
+    dm_check(&st, &steady);
+    printf("device memory, one pool of 64 MiB (4 layers, f16): empty %.2f MiB", st.device_bytes / 1048576.0);
+    TK_CHECK(st.device_bytes <= DM_BUDGET / 16); /* far less than the budget */
+    for (; t < 14700; t += n) {
+        n = 14700 - t < 512 ? 14700 - t : 512;
+        TK_OK(kvc_begin(c, n));
+        TK_OK(kvc_vk_begin(cc, &cmd));
+        for (l = 0; l < 4; ++l) {
+            dm_input(t, n, l, &k, &v);
+            TK_OK(kvc_vk_cmd_append(vp, cmd, c, l, &k, &v));
+        }
+        TK_OK(kvc_vk_submit_wait(cc, cmd));
+        TK_OK(kvc_vk_pool_device_stats(vp, &st));
+        dm_check(&st, &steady);
+    }
+    cap_full = st.pages_capacity;
+    printf(", full (%d of %d pages) %.2f MiB, at most %.2f between batches, %.2f while growing",
+           kvc_vk_pool_host(vp)->max_pages - kvc_vk_pool_host(vp)->n_free, kvc_vk_pool_host(vp)->max_pages,
+           st.device_bytes / 1048576.0, steady / 1048576.0, dm_peak / 1048576.0);
+    dm_check_data(cc, vp, c, 3);
+    /* shrink: the pages of the trimmed tokens go back to the pool, then the device */
+    TK_OK(kvc_trim(c, 14700 - 1000));
+    TK_OK(kvc_vk_begin(cc, &cmd));
+    TK_OK(kvc_vk_cmd_trim(vp, cmd));
+    TK_OK(kvc_vk_submit_wait(cc, cmd));
+    TK_OK(kvc_vk_pool_device_stats(vp, &st));
+    dm_check(&st, &steady);
+    printf(", trimmed to 1000 tokens %.2f MiB\n", st.device_bytes / 1048576.0);
+    TK_CHECK(st.pages_capacity < cap_full / 8);
+    TK_CHECK(st.device_bytes <= DM_BUDGET / 8);
+    dm_check_data(cc, vp, c, 0);
+    for (t = 1000; t < 4000; t += 1000) { /* and again, grown before each batch */
+        TK_OK(kvc_begin(c, 1000));
+        TK_OK(kvc_vk_pool_fit(vp));
+        TK_OK(kvc_vk_begin(cc, &cmd));
+        for (l = 0; l < 4; ++l) {
+            dm_input(t, 1000, l, &k, &v);
+            TK_OK(kvc_vk_cmd_append(vp, cmd, c, l, &k, &v));
+        }
+        TK_OK(kvc_vk_submit_wait(cc, cmd));
+        TK_OK(kvc_vk_pool_device_stats(vp, &st));
+        dm_check(&st, &steady);
+    }
+    dm_check_data(cc, vp, c, 2);
+    kvc_cache_destroy(c);
+    TK_OK(kvc_vk_pool_destroy(vp));
+    TK_EQ(dm_bytes, 0);
+}
+
+/* A memory of n_groups groups (FULL, ROTATING of 256 tokens, RECURRENT, FULL of pages
+   twice as large; two layers each) under one 64 MiB budget: empty, filled until the budget says
+   no, cleared and trimmed, filled again. */
+static void dm_memory(kvc_vk_context *cc, int32_t n_groups) {
+    kvc_memory_config mc;
+    kvc_group_config g[4];
+    int32_t map[8], l, t = 0, round;
+    kvc_vk_memory *vm = NULL;
+    kvc_memory *m;
+    kvc_vk_device_stats st;
+    uint64_t steady = 0;
+    kvc_memory_config_init(&mc);
+    memset(g, 0, sizeof(g));
+    for (l = 0; l < 2 * n_groups; ++l) map[l] = l / 2;
+    for (l = 0; l < n_groups; ++l) {
+        static const kvc_kind kinds[4] = {KVC_KIND_FULL, KVC_KIND_ROTATING, KVC_KIND_RECURRENT, KVC_KIND_FULL};
+        kvc_pool_config pc;
+        dm_pool_config(&pc, 2);
+        if (l == 3) pc.page_cells = 32; /* another page size */
+        if (kinds[l] == KVC_KIND_RECURRENT) {
+            memset(&pc, 0, sizeof(pc));
+            pc.n_layers = 2;
+            pc.state_floats = 4096;
+        }
+        g[l].pool = pc;
+        kvc_cache_config_init(&g[l].cache, kinds[l]);
+        if (kinds[l] == KVC_KIND_ROTATING) g[l].cache.window = 256;
+    }
+    mc.n_layers = 2 * n_groups;
+    mc.layer_group = map;
+    mc.n_groups = n_groups;
+    mc.groups = g;
+    mc.budget_bytes = DM_BUDGET;
+    dm_peak = dm_bytes;
+    TK_OK(kvc_vk_memory_create(cc, &mc, NULL, &vm));
+    if (vm == NULL) return;
+    m = kvc_vk_memory_host(vm);
+    TK_OK(kvc_vk_memory_device_stats(vm, &st));
+    dm_check(&st, &steady);
+    printf("device memory, %d groups under 64 MiB: empty %.2f MiB", n_groups, st.device_bytes / 1048576.0);
+    TK_CHECK(st.device_bytes <= DM_BUDGET / 16);
+    for (round = 0; round < 2; ++round) { /* round 1: the grows before the batches (kvc_vk_memory_fit) */
+        VkCommandBuffer cmd;
+        dm_peak = dm_bytes;
+        for (t = 0;; t += 512) {
+            kvc_result r = kvc_memory_begin(m, 512, NULL, 0);
+            if (r == KVC_ERR_FULL) break;
+            TK_OK(r);
+            if (r != KVC_OK) break;
+            if (round == 1) TK_OK(kvc_vk_memory_fit(vm));
+            TK_OK(kvc_vk_begin(cc, &cmd));
+            for (l = 0; l < 2 * n_groups; ++l) {
+                kvc_vk_pool *vp;
+                kvc_cache *c;
+                int32_t gl;
+                kvc_vk_tensor k, v;
+                TK_OK(kvc_vk_memory_layer(vm, NULL, l, &vp, &c, &gl));
+                if (map[l] == 2) { /* RECURRENT: the live state (the engine's shader would scan it) */
+                    TK_OK(kvc_vk_cmd_state(vp, cmd, c, 0, gl, &k));
+                    continue;
+                }
+                dm_input(t, 512, l, &k, &v);
+                TK_OK(kvc_vk_cmd_append(vp, cmd, c, gl, &k, &v));
+            }
+            TK_OK(kvc_vk_submit_wait(cc, cmd));
+            TK_OK(kvc_vk_memory_device_stats(vm, &st));
+            dm_check(&st, &steady);
+        }
+        if (round == 0)
+            printf(", full (%d tokens) %.2f MiB, at most %.2f between batches, %.2f while growing", t,
+                   st.device_bytes / 1048576.0, steady / 1048576.0, dm_peak / 1048576.0);
+        else
+            printf("; grown by kvc_vk_memory_fit: at most %.2f MiB at any time\n", dm_peak / 1048576.0);
+        if (round == 1) TK_CHECK(dm_peak <= DM_CAP); /* the target, at any time */
+        TK_OK(kvc_memory_clear(m));
+        TK_OK(kvc_vk_begin(cc, &cmd));
+        TK_OK(kvc_vk_memory_cmd_trim(vm, cmd));
+        TK_OK(kvc_vk_submit_wait(cc, cmd));
+        TK_OK(kvc_vk_memory_device_stats(vm, &st));
+        dm_check(&st, &steady);
+        TK_CHECK(st.device_bytes <= DM_BUDGET / 16);
+        if (round == 0) printf(", cleared and trimmed %.2f MiB", st.device_bytes / 1048576.0);
+    }
+    TK_OK(kvc_vk_memory_destroy(vm));
+    TK_EQ(dm_bytes, 0);
+}
+
+static void test_device_memory(void) {
+    kvc_vk_info info;
+    kvc_vk_context_desc d;
+    kvc_vk_context *cc = NULL;
+    int32_t n;
+    kvc_vk_context_info(ctx, &info);
+    memset(&d, 0, sizeof(d));
+    real_gipa = loader.get_instance_proc_addr;
+    d.get_instance_proc_addr = counted_gipa;
+    d.instance = info.instance;
+    d.physical_device = info.physical_device;
+    d.device = info.device;
+    d.queue = info.queue;
+    d.queue_family = info.queue_family;
+    d.enabled_features = info.active_features;
+    d.allocator.alloc = count_alloc;
+    d.allocator.free = count_free;
+    TK_OK(kvc_vk_context_create(&d, &cc));
+    if (cc == NULL) return;
+    ensure(&in_buf, sizeof(float) * 8 * DM_INPUT_FLOATS);
+    dm_pool(cc);
+    for (n = 1; n <= 4; ++n) dm_memory(cc, n);
+    TK_OK(kvc_vk_context_destroy(cc));
+}
+
 static kvc_type pick_type(tk_rng *rng) {
     kvc_type t = (kvc_type)tk_int(rng, 0, types_avail - 1);
     const char *force = getenv("KVC_VK_TYPE"); /* e.g. f16: every K and V of that type */
@@ -1702,6 +2042,7 @@ int main(int argc, char **argv) {
         test_rotated_decode(&rng);
         test_state_errors();
         test_saveload();
+        test_device_memory();
     }
     n_ep = parts & 2 ? (int)(24 * tk_scale()) : 0;
     if ((parts & 2) && n_ep < 3) n_ep = 3;
