@@ -334,6 +334,8 @@ else skip g++-matrix "g++ not installed"; fi
 lane mx-gcc-static mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- core radix persist memory_radix $all_fuzz
 # the scalar path alone: the kernel programs, the random and model-based ones
 lane mx-gcc-nosimd mx gcc-nosimd "$CC $STRICT -O2 -DKVCACHE_NO_SIMD" "" -- core kernels variants rotate tail random hybrid $all_fuzz
+# the huge-page opt-in: the slab advised MADV_HUGEPAGE (the default leaves it alone)
+lane mx-gcc-hugepages mx gcc-hugepages "$CC $STRICT -O2 -DKVCACHE_HUGE_PAGES" "" -- hugepages
 # 32-bit ARM: size_t of 32 bits (test_limits' 32-bit cases), malloc aligned to 8; aarch64:
 # the NEON paths. Static binaries under qemu-user, as strict as the native builds. gcc 12's
 # aarch64 vectoriser stops with an internal error on test_variants' cascade loop: no
