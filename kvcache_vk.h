@@ -1470,8 +1470,10 @@ static kvc_result kvc_vk__pool_setup(kvc_vk_pool *p, const kvc_vk_pool_options *
     if (p->seen == NULL) return KVC_ERR_NO_MEMORY;
     memset(p->seen, 0, ((size_t)p->max_pages * (size_t)p->page_cells + 31) / 32 * 4);
     /* the page buffers start at one growth unit (or the pages already handed out) */
-    p->grow_pages = KVC_VK__GROW_BYTES / p->host->page_bytes > 1 ? (int32_t)(KVC_VK__GROW_BYTES / p->host->page_bytes) : 1;
-    if (p->grow_pages > p->max_pages) p->grow_pages = p->max_pages;
+    {
+        size_t unit = (size_t)KVC_VK__GROW_BYTES / p->host->page_bytes;
+        p->grow_pages = unit < 1 ? 1 : unit > (size_t)p->max_pages ? p->max_pages : (int32_t)unit;
+    }
     p->cap_pages = kvc_vk__round_pages(p, p->host->page_hw);
     if ((r = kvc_vk__page_bufs(p, p->cap_pages, &p->kbuf)) != KVC_OK) return r;
     p->vbuf = p->kbuf + p->n_layers;
