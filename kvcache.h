@@ -1121,8 +1121,9 @@ KVCDEF kvc_result kvc_cpu_features(uint32_t *features); /* KVC_CPU_* this CPU an
    no K/V bytes at all (only positions and bookkeeping): kvc_put takes k = v = NULL and
    only marks the layer written (the backend writes it), and kvc_attention,
    kvc_cache_runs, kvc_cache_gather, kvc_state, kvc_state_read and kvc_state_checkpoint
-   return KVC_ERR_UNSUPPORTED (kvcache_vk.h has their device forms). Unused (all zero,
-   the default), nothing changes. */
+   return KVC_ERR_UNSUPPORTED (kvcache_vk.h has their device forms); saves and loads
+   move the bytes through read_pages / write_pages (refused without them). Unused (all
+   zero, the default), nothing changes. */
 typedef enum kvc_page_event_kind {
     KVC_PAGE_COPY = 0, /* cells [src_cell, +n) of src_page -> [cell, +n) of page, every layer, K and V */
     KVC_PAGE_ZERO = 1, /* cells [cell, +n) of page set to zero bytes, every layer, K and V */

@@ -131,6 +131,21 @@ static kvc_result save_seq_fn(const void *c, const kvc_io *io) {
 static kvc_result save_memory_fn(const void *m, const kvc_io *io) {
     return kvc_memory_save((const kvc_memory *)m, SL_NS, NULL, 0, io);
 }
+static int32_t g_tree_n; /* the entry save_tree_fn saves: tokens 7 i % 50, i < g_tree_n */
+static int g_tree_saved; /* memory-tree entries saved and loaded on the device */
+static kvc_result save_tree_fn(const void *t, const kvc_io *io) {
+    int32_t toks[96], i;
+    for (i = 0; i < 96; ++i) toks[i] = 7 * i % 50;
+    return kvc_radix_save((kvc_radix *)(uintptr_t)t, SL_NS, toks, g_tree_n, io);
+}
+/* whether fn saves what (a counting pass) */
+static int save_blob_ok(save_fn fn, const void *what) {
+    kvc_mem m;
+    kvc_io io;
+    memset(&m, 0, sizeof(m));
+    kvc_io_memory(&m, &io);
+    return fn(what, &io) == KVC_OK;
+}
 /* into memory, sized by a counting pass first */
 static blob save_blob(save_fn fn, const void *what) {
     kvc_mem m;
@@ -1362,6 +1377,41 @@ static void episode_hybrid(kvc_kind kind, kvc_type t, tk_rng *rng, int steps) {
         free(m1.data);
         free(m2.data);
     }
+    { /* a memory tree's entry: the device tree saves the CPU tree's file; it loads into a
+         device tree and saves the same bytes again */
+        kvc_radix_config rc;
+        kvc_radix *t0 = NULL, *t1 = NULL, *t2 = NULL;
+        int32_t toks[96], n = 0, got = 0;
+        blob e0, e1, e2;
+        kvc_memory_offset(h.cpu, &n);
+        for (i = 0; i < 96; ++i) toks[i] = 7 * i % 50;
+        kvc_radix_config_init(&rc, KVC_KIND_FULL);
+        TK_OK(kvc_radix_create_memory(h.cpu, &rc, &t0));
+        TK_OK(kvc_radix_create_memory(h.gpu, &rc, &t1));
+        TK_OK(kvc_radix_create_memory(h.gpu, &rc, &t2));
+        BOTH(kvc_radix_commit_memory(t0, SL_NS, h.cpu, toks, n, 0), kvc_radix_commit_memory(t1, SL_NS, h.gpu, toks, n, 0));
+        g_tree_n = n;
+        if (n > 0 && save_blob_ok(save_tree_fn, t0)) { /* (a state at exactly n: in most runs) */
+            g_tree_saved++;
+            kvc_mem m;
+            kvc_io io;
+            e0 = save_blob(save_tree_fn, t0);
+            e1 = save_blob(save_tree_fn, t1);
+            TK_CHECK(same_blob(&e0, &e1));
+            io = blob_reader(&m, &e0, e0.size);
+            TK_OK(kvc_radix_load(t2, SL_NS, &io, 0, &got));
+            TK_EQ(got, n);
+            e2 = save_blob(save_tree_fn, t2);
+            TK_CHECK(same_blob(&e0, &e2));
+            free(e0.data);
+            free(e1.data);
+            free(e2.data);
+        }
+        BOTH(kvc_radix_release_memory(h.cpu), kvc_radix_release_memory(h.gpu)); /* the commit's lease */
+        TK_OK(kvc_radix_destroy(t0));
+        TK_OK(kvc_radix_destroy(t1));
+        TK_OK(kvc_radix_destroy(t2));
+    }
     /* the device memory outlives what shares its pools */
     {
         kvc_memory_snapshot *s = NULL;
@@ -2125,6 +2175,7 @@ int main(int argc, char **argv) {
         episode_hybrid(ep ? KVC_KIND_ROTATING : KVC_KIND_FULL, t, &rng, steps < 10 ? 10 : steps);
         if (tk_failed != before) fprintf(stderr, "hybrid episode %d failed (%s K/V)\n", ep, kvc_type_name(t));
     }
+    if (parts & 4) printf("memory-tree entries saved and loaded on the device: %d of 2\n", g_tree_saved);
     kvc_vk_buffer_destroy(ctx, &in_buf);
     kvc_vk_buffer_destroy(ctx, &q_buf);
     kvc_vk_buffer_destroy(ctx, &out_buf);
