@@ -621,9 +621,10 @@ KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **to
    copy, or the page it shares with the parent since a split). A lookup stitches the
    pages of the longest cached prefix into a ready cache without copying K/V; a commit
    inserts a conversation's prompt + generated tokens, sharing its pages with the tree.
-   When the pool runs out of pages (kvc_begin, a CAUSAL create, a load), the trees on the
-   pool evict their least recently used unreferenced leaves first, all or nothing: an
-   allocation that cannot succeed even after eviction fails with nothing evicted.
+   When the pool runs out of pages (kvc_begin, a CAUSAL create, a snapshot merge), the
+   trees on the pool evict their least recently used unreferenced leaves first, all or
+   nothing: a call that cannot succeed even after eviction (out of pages, or an
+   allocation refused) fails with nothing evicted. Loads never evict (see Persistence).
    Entries in use (a cache looked up from or committed to them, until it is destroyed,
    cleared or released) and pinned entries are never evicted. With max_entries = 1 the
    tree keeps only the latest conversation: the MLX runner's single entry (kvc_prefix is the
@@ -713,7 +714,10 @@ KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *st
    or mismatched input returns an error and leaves the target as it was (a pool whose
    kvc_pool_config.rotate differs from the saved one: KVC_ERR_ROTATION). A load needs
    the pages it reads into free in the pool (it never evicts prefix-tree entries). On
-   a big-endian host saving and loading return KVC_ERR_UNSUPPORTED. */
+   a big-endian host saving and loading return KVC_ERR_UNSUPPORTED. A load can tell its
+   input is sound only after reading it, so a failed load must not have evicted anything:
+   short of free pages it returns KVC_ERR_FULL with the trees untouched (kvc_radix_evict,
+   then load again). */
 
 /* Where bytes go and come from. write / read return the bytes moved: fewer than n means
    failure (write) or the end of the input (read). finish (may be NULL) is called once at
@@ -906,7 +910,9 @@ KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem);
 KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer);
 KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache);
 /* A batch of n_tokens in every group, with checkpoints as kvc_begin_checkpoints; all or
-   nothing: KVC_ERR_FULL when the groups' pages together exceed the budget. */
+   nothing: KVC_ERR_FULL when the groups' pages together exceed the budget (after evicting
+   unused tree entries) or a CAUSAL group has no room, KVC_ERR_NO_MEMORY when an
+   allocation is refused; then no group changed and no entry was evicted. */
 KVCDEF kvc_result kvc_memory_begin(kvc_memory *mem, int32_t n_tokens, const int32_t *at, int32_t n_at);
 /* The per-layer calls by model layer: kvc_put, kvc_attention, kvc_state,
    kvc_state_checkpoint on the layer's group. */
@@ -10128,15 +10134,17 @@ static void kvc__r_tokens(kvc__rd *r, kvc_pool *p, int32_t **dst, int32_t n) {
     if (r->err != KVC_OK && dst != NULL) { kvc__free(p, *dst); *dst = NULL; }
 }
 
-/* Fresh pages for n cells, packed from slot 0 (the load's staging area). */
+/* Fresh pages for n cells, packed from slot 0 (the load's staging area): pages free
+   under the budget now. A load never evicts prefix-tree entries: it can tell that its
+   input is sound only after reading it into these pages, and a failed load must leave
+   the trees as they were (KVC_ERR_FULL; kvc_radix_evict makes room). */
 static kvc_result kvc__stage_pages(kvc_pool *p, int32_t n_cells, uint32_t **pages, int32_t *n_pages) {
     int32_t n = (int32_t)(((int64_t)n_cells + p->page_cells - 1) / p->page_cells), i;
     *pages = NULL;
     *n_pages = n;
-    if (!kvc__can_reclaim(p, n)) return KVC_ERR_FULL;
+    if (n > kvc__pages_free(p)) return KVC_ERR_FULL;
     *pages = (uint32_t *)kvc__alloc(p, sizeof(uint32_t) * (size_t)KVC__MAX(n, 1));
     if (*pages == NULL) return KVC_ERR_NO_MEMORY;
-    kvc__reclaim(p, n); /* unused prefix-tree entries go first, as for any pages */
     for (i = 0; i < n; ++i) (*pages)[i] = kvc__page_acquire(p);
     return KVC_OK;
 }
@@ -10704,13 +10712,12 @@ static kvc_result kvc__seq_load_held(kvc_cache *c, int32_t dst, kvc_namespace ns
         if (n_tokens != NULL) *n_tokens = s.meta[0];
         r.err = KVC_ERR_RANGE;
     }
-    if (r.err == KVC_OK && !kvc__can_reclaim(p, (n + pc - 1) / pc)) r.err = KVC_ERR_FULL;
+    if (r.err == KVC_OK && (n + pc - 1) / pc > kvc__pages_free(p)) r.err = KVC_ERR_FULL; /* never evicts */
     if (r.err == KVC_OK && (snap = kvc__snapshot_alloc(p, (n + pc - 1) / pc, 1)) == NULL) r.err = KVC_ERR_NO_MEMORY;
     if (r.err == KVC_OK) { /* the cells go into a sequence snapshot's pages, then kvc_seq_restore */
         snap->kind = KVC_KIND_CAUSAL;
         snap->n_cells = n;
-        kvc__reclaim(p, snap->n_pages); /* checked above: frees enough pages */
-        for (i = 0; i < snap->n_pages; ++i) snap->pages[i] = kvc__page_acquire(p);
+        for (i = 0; i < snap->n_pages; ++i) snap->pages[i] = kvc__page_acquire(p); /* free: checked above */
         kvc__r_tokens(&r, p, tokens != NULL ? &got : NULL, s.meta[0]);
         kvc__r_section(&r, KVC__TAG('C', 'E', 'L', 'L'), 4 * (uint64_t)n);
         for (i = 0; i < n && r.err == KVC_OK; ++i) {

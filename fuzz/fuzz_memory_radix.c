@@ -11,7 +11,12 @@
    one or two batches with 0-3 checkpoints; sometimes a rollback to a checkpoint; a
    commit of all, fewer or more tokens at a priority 0-2, or none), a commit of fewer
    tokens from a live slot, release / destroy, pin / unpin, kvc_radix_evict, a memory
-   that takes budget (pressure), an entry saved and loaded back, and bad calls.
+   that takes budget (pressure), an entry saved and loaded back, and bad calls. An
+   operation byte of 203, 215, 227, 239 or 251 arms the allocator to refuse the k-th
+   allocation of the next call of one kind (lookup, begin, commit, load or fork, and k
+   from the next byte); that call must fail with KVC_ERR_NO_MEMORY and change nothing:
+   the tree's nodes, pages, evictions and counters are compared around it, and the
+   memories are checked as after every operation. At the end no block may be left.
 
    The reference: every committed prefix that must carry the states of the RECURRENT group
    (the commit's end and its checkpoints) and every committed token sequence. While
@@ -67,6 +72,46 @@ typedef struct fmr_world {
 } fmr_world;
 
 static fmr_world fmr_the_world;
+
+/* ---- memory: a counting allocator that can refuse one allocation of one call ----------- */
+enum { FMR_LOOKUP, FMR_BEGIN, FMR_COMMIT, FMR_LOAD, FMR_FORK, FMR_CALLS };
+static const char *const fmr_call_name[FMR_CALLS] = {"lookup", "begin", "commit", "load", "fork"};
+static long fmr_live;                          /* blocks given out and not yet freed */
+static int fmr_arm_call = -1;                  /* armed: the next call of this kind ... */
+static long fmr_arm_k = -1;                    /* ... has its k-th allocation refused */
+static long fmr_refuse_at = -1, fmr_seen;
+static int fmr_refused;
+static void *fmr_alloc(size_t n, void *user) {
+    void *p;
+    (void)user;
+    if (fmr_refuse_at >= 0 && fmr_seen++ == fmr_refuse_at) {
+        fmr_refused = 1;
+        return NULL;
+    }
+    p = malloc(n);
+    if (p) fmr_live++;
+    return p;
+}
+static void fmr_free(void *p, void *user) {
+    (void)user;
+    if (p) fmr_live--;
+    free(p);
+}
+/* before a call of kind `call`: the armed refusal applies if it is for this kind */
+static void fmr_arm(int call) {
+    if (call != fmr_arm_call) return;
+    fmr_refuse_at = fmr_arm_k;
+    fmr_seen = 0;
+    fmr_refused = 0;
+    fmr_arm_call = -1;
+}
+/* after it: 1 when it had an allocation refused (KVC_ERR_NO_MEMORY is then its answer) */
+static int fmr_disarm(void) {
+    int refused = fmr_refused;
+    fmr_refuse_at = -1;
+    fmr_refused = 0;
+    return refused;
+}
 static const kvc_namespace fmr_ns[2] = {{11, 0}, {11, 1}};
 
 /* ---- the toy model -------------------------------------------------------------------- */
@@ -90,6 +135,18 @@ static kvc_radix_stats fmr_stats(fmr_world *w) {
     memset(&s, 0, sizeof(s));
     FUZZ_RES(kvc_radix_stats_get(w->t, &s), KVC_OK);
     return s;
+}
+
+/* a call refused for want of memory left the tree as it was */
+static void fmr_tree_same(fmr_world *w, const kvc_radix_stats *before, const char *call) {
+    kvc_radix_stats now = fmr_stats(w);
+    fuzz_note("%s refused an allocation", call);
+    FUZZ_CHECK(now.n_nodes == before->n_nodes && now.n_pages == before->n_pages && now.n_states == before->n_states &&
+                   now.entries_evicted == before->entries_evicted && now.lookups == before->lookups &&
+                   now.commits == before->commits && now.n_in_use == before->n_in_use && now.n_pinned == before->n_pinned,
+               "%s refused an allocation and changed the tree: nodes %d -> %d, pages %d -> %d, evicted %llu -> %llu",
+               call, before->n_nodes, now.n_nodes, before->n_pages, now.n_pages,
+               (unsigned long long)before->entries_evicted, (unsigned long long)now.entries_evicted);
 }
 
 static void fmr_note_evictions(fmr_world *w) {
@@ -153,7 +210,12 @@ static kvc_result fmr_feed(fmr_world *w, kvc_memory *m, int ns, const int32_t *t
                            const int32_t *at, int32_t n_at) {
     int32_t l, t, d, k;
     float kv[FMR_MAXT * FMR_DIM];
-    kvc_result r = kvc_memory_begin(m, n, at, n_at);
+    kvc_radix_stats before = fmr_stats(w);
+    kvc_result r;
+    fmr_arm(FMR_BEGIN);
+    r = kvc_memory_begin(m, n, at, n_at);
+    if (fmr_disarm() && r == KVC_ERR_NO_MEMORY) fmr_tree_same(w, &before, "begin");
+    else FUZZ_CHECK(r != KVC_ERR_NO_MEMORY, "begin: KVC_ERR_NO_MEMORY with no allocation refused");
     if (r != KVC_OK) return r;
     for (l = 0; l < w->n_groups * 2; ++l) {
         kvc_cache *c = NULL, *rc = NULL;
@@ -233,8 +295,16 @@ static void fmr_drop(fmr_world *w, int i) {
 
 static void fmr_commit(fmr_world *w, int i, int32_t n, int32_t priority) {
     fmr_slot *s = &w->s[i];
+    kvc_radix_stats before = fmr_stats(w);
+    kvc_result r;
     fuzz_note("commit slot %d: %d of %d tokens, priority %d", i, n, s->n, priority);
-    FUZZ_RES(kvc_radix_commit_memory(w->t, fmr_ns[s->ns], s->m, s->tok, n, priority), KVC_OK);
+    fmr_arm(FMR_COMMIT);
+    r = kvc_radix_commit_memory(w->t, fmr_ns[s->ns], s->m, s->tok, n, priority);
+    if (fmr_disarm() && r == KVC_ERR_NO_MEMORY) {
+        fmr_tree_same(w, &before, "commit");
+        return;
+    }
+    FUZZ_RES(r, KVC_OK);
     fmr_record(w, s, n < s->n ? n : s->n);
 }
 
@@ -255,7 +325,16 @@ static void fmr_request(fmr_world *w, int i) {
     want = fmr_predict(w, ns, tok, n);
     fuzz_note("request slot %d: ns %d, %d tokens (%d kept), predict %d%s", i, ns, n, keep, want,
               fmr_exact(w) ? "" : " at most");
-    FUZZ_RES(kvc_radix_lookup_memory(w->t, fmr_ns[ns], tok, n, &m, &reused), KVC_OK);
+    {
+        kvc_radix_stats before = fmr_stats(w);
+        fmr_arm(FMR_LOOKUP);
+        r = kvc_radix_lookup_memory(w->t, fmr_ns[ns], tok, n, &m, &reused);
+        if (fmr_disarm() && r == KVC_ERR_NO_MEMORY) {
+            fmr_tree_same(w, &before, "lookup");
+            return;
+        }
+        FUZZ_RES(r, KVC_OK);
+    }
     FUZZ_CHECK(reused >= 0 && (n == 0 || reused < n), "reused %d of %d", reused, n);
     if (fmr_exact(w)) FUZZ_CHECK(reused == want, "reused %d, predicted %d", reused, want);
     else FUZZ_CHECK(reused <= want || w->n_ref == FMR_REFS, "reused %d, at most %d", reused, want);
@@ -278,7 +357,8 @@ static void fmr_request(fmr_world *w, int i) {
         }
         fuzz_note("evaluate [%d, %d), %d checkpoints", o, end, n_at);
         r = fmr_feed(w, m, ns, tok, o, end - o, at, n_at);
-        if (r == KVC_ERR_FULL) { /* even after eviction: the budget is taken by live memories */
+        if (r == KVC_ERR_FULL || r == KVC_ERR_NO_MEMORY) { /* FULL even after eviction: the budget is
+                                                               taken by live memories; or refused */
             fmr_note_evictions(w);
             fmr_check_holds(w, m, ns, tok, o);
             return;
@@ -338,6 +418,7 @@ static void fmr_save_load(fmr_world *w) {
     kvc_io io;
     int32_t n, got = -1;
     kvc_result r;
+    kvc_radix_stats before;
     if (w->n_ref == 0) return;
     e = &w->ref[fuzz_int(&w->in, 0, w->n_ref - 1)];
     n = e->n;
@@ -356,8 +437,14 @@ static void fmr_save_load(fmr_world *w) {
     kvc_io_memory(&mm, &io);
     FUZZ_RES(kvc_radix_save(w->t, fmr_ns[e->ns], e->tok, n, &io), KVC_OK);
     kvc_io_memory(&mm, &io);
+    before = fmr_stats(w);
+    fmr_arm(FMR_LOAD);
     r = kvc_radix_load(w->t, fmr_ns[e->ns], &io, 0, &got);
     free(mm.data);
+    if (fmr_disarm() && r == KVC_ERR_NO_MEMORY) {
+        fmr_tree_same(w, &before, "load");
+        return;
+    }
     if (r == KVC_ERR_FULL) return; /* staging needs pages beside the tree's */
     FUZZ_RES(r, KVC_OK);
     FUZZ_CHECK(got == n, "loaded %d tokens of %d", got, n);
@@ -365,13 +452,21 @@ static void fmr_save_load(fmr_world *w) {
 
 static void fmr_hog(fmr_world *w) {
     int32_t tok[16], k, n = fuzz_int(&w->in, 1, 16);
+    kvc_result r;
     if (w->hog != NULL) {
         fuzz_note("hog let go");
         FUZZ_RES(kvc_memory_destroy(w->hog), KVC_OK);
         w->hog = NULL;
         return;
     }
-    FUZZ_RES(kvc_memory_fork(w->m0, &w->hog), KVC_OK);
+    fmr_arm(FMR_FORK);
+    r = kvc_memory_fork(w->m0, &w->hog);
+    if (fmr_disarm() && r == KVC_ERR_NO_MEMORY) {
+        fuzz_note("fork refused an allocation");
+        w->hog = NULL;
+        return;
+    }
+    FUZZ_RES(r, KVC_OK);
     for (k = 0; k < n; ++k) tok[k] = 100 + k;
     fuzz_note("hog of %d tokens", n);
     if (fmr_feed(w, w->hog, 0, tok, 0, n, NULL, 0) != KVC_OK) {
@@ -418,7 +513,15 @@ static void fmr_op(fmr_world *w, unsigned op) {
         break;
     }
     case 10: fmr_hog(w); break;
-    default: if (op & 16) fmr_save_load(w); else fmr_bad(w); break;
+    default:
+        if (op >= 192) { /* a refusal for the next call of one kind */
+            fmr_arm_call = (int)(fuzz_byte(&w->in) % FMR_CALLS);
+            fmr_arm_k = fuzz_int(&w->in, 0, 15);
+            fuzz_note("refuse allocation %ld of the next %s", fmr_arm_k, fmr_call_name[fmr_arm_call]);
+            return;
+        }
+        if (op & 16) fmr_save_load(w); else fmr_bad(w);
+        break;
     }
     fmr_note_evictions(w);
     for (i = 0; i < FMR_SLOTS; ++i)
@@ -491,6 +594,8 @@ static void fmr_setup(fmr_world *w) {
     mc.n_groups = w->n_groups;
     mc.groups = g;
     mc.budget_bytes = tight ? (size_t)fuzz_int(&w->in, 1, 8) * 1024 : (size_t)1 << 22;
+    mc.allocator.alloc = fmr_alloc;
+    mc.allocator.free = fmr_free;
     w->alphabet = fuzz_int(&w->in, 2, 4);
     if (kvc_memory_create(&mc, &w->m0) != KVC_OK) { /* a budget too small for one of each */
         mc.budget_bytes = (size_t)1 << 22;
@@ -513,6 +618,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     w->in.p = data;
     w->in.n = size;
     fuzz_log_reset();
+    fmr_live = 0;
+    fmr_arm_call = -1;
+    (void)fmr_disarm();
     fmr_setup(w);
     for (fuzz_step = 0; fuzz_step < FMR_STEPS && w->in.i < w->in.n; ++fuzz_step) fmr_op(w, fuzz_byte(&w->in));
     for (i = 0; i < FMR_SLOTS; ++i) fmr_drop(w, i);
@@ -521,5 +629,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_RES(kvc_memory_stats_get(w->m0, &ms), KVC_OK);
     FUZZ_CHECK(ms.bytes_used == 0, "%zu bytes still used after everything was destroyed", ms.bytes_used);
     FUZZ_RES(kvc_memory_destroy(w->m0), KVC_OK);
+    FUZZ_CHECK(fmr_live == 0, "%ld blocks of the counting allocator still live", fmr_live);
     return 0;
 }

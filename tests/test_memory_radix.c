@@ -530,6 +530,60 @@ static void test_persistence(unsigned long long seed) {
     TK_OK(kvc_memory_destroy(m1));
 }
 
+/* Issue 35 (contracts): a load never evicts. Loading an entry into a tree whose unused
+   entry holds the pages it needs: damaged input fails and a sound one is refused with
+   KVC_ERR_FULL, both with the tree as it was (a damaged file evicted the entry); after
+   kvc_radix_evict it loads. */
+static void test_load_evicts_nothing(void) {
+    int32_t a[40], b[40], i, n = -1, r = -1;
+    kvc_memory *m0 = new_memory(3 * 1024), *m = NULL;
+    kvc_radix_config rc;
+    kvc_radix *t = NULL;
+    kvc_radix_stats before, now;
+    unsigned char *buf = NULL, *bad;
+    size_t len = 0, cut;
+    kvc_result e;
+    for (i = 0; i < 40; ++i) { a[i] = 3100 + i; b[i] = 4100 + i; }
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TK_OK(kvc_radix_create_memory(m0, &rc, &t));
+    TK_EQ(request(t, a, 40, NULL, 0, 0, NULL), 0);
+    TK_OK(save_entry(t, NSP, a, 40, &buf, &len));
+    TK_OK(kvc_radix_evict(t, 1 << 20, NULL));
+    TK_EQ(request(t, b, 40, NULL, 0, 0, NULL), 0); /* the tree now holds b, unused */
+    before = stats_of(t);
+    bad = (unsigned char *)malloc(len);
+    for (i = 0; i < 3; ++i) { /* a flipped byte in the K/V, near the end, a truncation */
+        memcpy(bad, buf, len);
+        cut = i == 2 ? len - 9 : len;
+        if (i < 2) bad[i == 0 ? len - 40 : len - 3] ^= 0x10;
+        e = load_entry(t, NSP, bad, cut, 0, &n);
+        TK_CHECK(e != KVC_OK);
+        now = stats_of(t);
+        TK_EQ(now.entries_evicted, before.entries_evicted);
+        TK_EQ(now.n_pages, before.n_pages);
+    }
+    free(bad);
+    TK_RES(load_entry(t, NSP, buf, len, 0, &n), KVC_ERR_FULL); /* sound, but no room */
+    now = stats_of(t);
+    TK_EQ(now.entries_evicted, before.entries_evicted);
+    TK_EQ(now.n_nodes, before.n_nodes);
+    TK_OK(kvc_radix_evict(t, 1 << 20, NULL));
+    TK_OK(load_entry(t, NSP, buf, len, 0, &n));
+    TK_EQ(n, 40);
+    {
+        int32_t turn[41];
+        memcpy(turn, a, sizeof(a));
+        turn[40] = 7;
+        TK_OK(kvc_radix_lookup_memory(t, NSP, turn, 41, &m, &r));
+        TK_EQ(r, 40);
+        TK_CHECK(holds(m, turn, 40));
+        TK_OK(kvc_memory_destroy(m));
+    }
+    free(buf);
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_memory_destroy(m0));
+}
+
 /* ---- random conversations against a reference list of what was committed ---------- */
 typedef struct {
     int32_t tok[MAXT];
@@ -614,6 +668,7 @@ int main(int argc, char **argv) {
     test_errors();
     test_begin_refused();
     test_persistence(seed);
+    test_load_evicts_nothing();
     test_random(seed, rounds, 1 << 20);
     test_random(seed ^ 0x9e3779b97f4a7c15ULL, rounds, 8 * 1024);
     return tk_report("memory_radix");
