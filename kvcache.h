@@ -5472,8 +5472,9 @@ KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, 
     p = caches[0]->pool;
     bytes = sizeof(kvc_prefix) + (sizeof(kvc_cache *) + sizeof(uint64_t)) * (size_t)n_caches +
             2 * sizeof(int32_t) * (size_t)max_tokens;
+    kvc__pool_lock(p); /* the pool's counter and allocations: trees change them under it too */
     x = (kvc_prefix *)kvc__alloc(p, bytes);
-    if (x == NULL) return KVC_ERR_NO_MEMORY;
+    if (x == NULL) { kvc__pool_unlock(p); return KVC_ERR_NO_MEMORY; }
     memset(x, 0, sizeof(*x));
     x->pool = p;
     x->gen = (uint64_t *)(void *)(x + 1); /* 8-byte entries first: aligned after the struct */
@@ -5484,14 +5485,19 @@ KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, 
     x->max_tokens = max_tokens;
     for (i = 0; i < n_caches; ++i) { x->caches[i] = caches[i]; x->gen[i] = caches[i]->gen; }
     p->live_prefixes++;
+    kvc__pool_unlock(p);
     *out = x;
     return KVC_OK;
 }
 
 KVCDEF kvc_result kvc_prefix_destroy(kvc_prefix *prefix) {
+    kvc_pool *p;
     if (prefix == NULL) return KVC_ERR_NULL;
-    prefix->pool->live_prefixes--;
-    kvc__free(prefix->pool, prefix);
+    p = prefix->pool;
+    kvc__pool_lock(p);
+    p->live_prefixes--;
+    kvc__free(p, prefix);
+    kvc__pool_unlock(p);
     return KVC_OK;
 }
 
