@@ -2836,8 +2836,11 @@ typedef struct kvc__cache_plan {
     size_t bytes;
 } kvc__cache_plan;
 
-static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, kvc__cache_plan *plan,
-                                   const char **field) {
+/* Everything but whether the pool has a CAUSAL cache's pages now: it reads the pool's
+   geometry only (cfg, page_cells, max_pages, external), so kvc_memory_config_check runs it
+   on a group's pool before the pool exists (kvc__pool_geometry). */
+static kvc_result kvc__check_cache_plan(const kvc_pool *pool, const kvc_cache_config *cfg, kvc__cache_plan *plan,
+                                        const char **field) {
     kvc_cache_config cc = *cfg;
     int32_t pages = 0, words = 0;
     int of = 0;
@@ -2870,7 +2873,6 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
         if (cc.rope.n_dims == 0) cc.rope.n_dims = pool->cfg.head_dim_k;
         cc.capacity = (cc.capacity + cc.padding - 1) / cc.padding * cc.padding;
         pages = (int32_t)(((int64_t)cc.capacity + pool->page_cells - 1) / pool->page_cells);
-        if (!kvc__can_reclaim(pool, pages)) KVC__REFUSE(KVC_ERR_FULL, "capacity"); /* the pool now */
         words = (cc.max_seqs + 31) / 32;
     } else {
         KVC__REFUSE(KVC_ERR_INVALID, "kind");
@@ -2912,6 +2914,14 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
     plan->pages = pages;
     plan->words = words;
     plan->bytes = bytes;
+    return KVC_OK;
+}
+
+static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, kvc__cache_plan *plan,
+                                   const char **field) {
+    kvc_result r = kvc__check_cache_plan(pool, cfg, plan, field);
+    if (r != KVC_OK) return r;
+    if (plan->pages > 0 && !kvc__can_reclaim(pool, plan->pages)) KVC__REFUSE(KVC_ERR_FULL, "capacity"); /* the pool now */
     return KVC_OK;
 }
 
@@ -4894,6 +4904,20 @@ static int64_t kvc__group_min_pages(const kvc_group_config *g, int32_t page_cell
     return 1;
 }
 
+/* A group's pool as kvc_pool_create would lay it out, for kvc__check_cache_plan: only
+   its geometry (no pages, no arrays), as kvc__pool_init sets it. */
+static void kvc__pool_geometry(const kvc_pool_config *pc, const kvc__layout *L, kvc_pool *p) {
+    memset(p, 0, sizeof(*p));
+    (void)kvc__effective_config(pc, &p->cfg); /* checked by kvc__check_pool */
+    p->cfg.page_cells = L->page_cells;
+    p->page_cells = L->page_cells;
+    p->max_pages = L->max_pages;
+    p->external = pc->hooks.external_data != 0;
+}
+
+/* kvc_memory_create's validation, and kvc_memory_config_check's: the memory's own rules,
+   then for each group the checks kvc_pool_create (kvc__check_pool) and kvc_cache_create
+   (kvc__check_cache_plan) run on what the memory will create, then the budget. */
 static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **field) {
     int32_t l, g, count[KVC_MAX_GROUPS];
     size_t need = 0;
@@ -4914,11 +4938,13 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
     }
     for (g = 0; g < m->n_groups; ++g) {
         const kvc_pool_config *p = &m->groups[g].pool;
-        const kvc_cache_config *c = &m->groups[g].cache;
         kvc_pool_config pc = kvc__group_pool(m, g);
+        kvc_pool geometry;
+        kvc__cache_plan plan;
         kvc__layout L;
         kvc_result r;
-        int recurrent = c->kind == KVC_KIND_RECURRENT;
+        const char *inner = "";
+        int64_t pages;
         if (count[g] == 0) { *field = "layer_group"; return KVC_ERR_INVALID; } /* a group with no layer */
         if (p->n_layers != count[g]) { *field = "groups.pool.n_layers"; return KVC_ERR_INVALID; }
         if (p->budget_bytes != 0 || p->arena != NULL || p->arena_bytes != 0 || p->arena_object_bytes != 0 ||
@@ -4927,33 +4953,18 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
             *field = "groups.pool";
             return KVC_ERR_INVALID;
         }
-        {
-            const char *inner;
-            if ((r = kvc__page_layout(&pc, &L, &inner)) != KVC_OK) { *field = "groups.pool"; return r; }
+        if ((r = kvc__check_pool(&pc, &L, &inner)) != KVC_OK) {
+            *field = strcmp(inner, "budget_bytes") == 0 ? "budget_bytes" : "groups.pool";
+            return r;
         }
-        if ((int)c->kind < (int)KVC_KIND_FULL || (int)c->kind > (int)KVC_KIND_RECURRENT ||
-            recurrent != (p->state_floats > 0)) {
-            *field = "groups.cache";
-            return KVC_ERR_INVALID;
+        kvc__pool_geometry(&pc, &L, &geometry);
+        if ((r = kvc__check_cache_plan(&geometry, &m->groups[g].cache, &plan, &inner)) != KVC_OK) {
+            *field = strcmp(inner, "reserve") == 0 ? "groups.cache.reserve" : "groups.cache";
+            return r;
         }
-        if (!kvc__reserve_ok(c)) { *field = "groups.cache.reserve"; return KVC_ERR_INVALID; }
-        if (recurrent && (c->max_seqs < 0 || c->max_seqs > (1 << 20) || c->window != 0 || c->sinks != 0 ||
-                          c->capacity != 0 || c->padding != 0 || c->chunk != 0)) {
-            *field = "groups.cache";
-            return KVC_ERR_INVALID;
-        }
-        if ((c->kind == KVC_KIND_FULL && (c->window != 0 || c->sinks != 0)) ||
-            (c->kind == KVC_KIND_ROTATING && (c->window < 1 || c->sinks < 0 || c->sinks >= c->window)) ||
-            ((c->kind == KVC_KIND_ROTATING || recurrent) && (c->checkpoints < 0 || c->checkpoints > 4096))) {
-            *field = "groups.cache";
-            return KVC_ERR_INVALID;
-        }
-        if (c->kind == KVC_KIND_CAUSAL && (c->capacity < 1 || c->capacity > INT32_MAX / 2 || c->padding < 0)) {
-            *field = "groups.cache";
-            return KVC_ERR_INVALID;
-        }
-        need += (size_t)kvc__group_min_pages(&m->groups[g], L.page_cells) * L.page_bytes;
-        if (need / L.page_bytes < (size_t)kvc__group_min_pages(&m->groups[g], L.page_cells)) {
+        pages = kvc__group_min_pages(&m->groups[g], L.page_cells);
+        need += (size_t)pages * L.page_bytes;
+        if (need / L.page_bytes < (size_t)pages) {
             *field = "budget_bytes";
             return KVC_ERR_OVERFLOW;
         }
