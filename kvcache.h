@@ -140,7 +140,8 @@
     X(KVC_ERR_POSITION, -20, "the engine's position is not the cache's offset") \
     X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there") \
     X(KVC_ERR_ROTATION, -22, "saved data was stored with another rotation (kvc_pool_config.rotate)") \
-    X(KVC_ERR_ALIGNMENT, -23, "the allocator returned a block aligned less than kvc_allocator needs")
+    X(KVC_ERR_ALIGNMENT, -23, "the allocator returned a block aligned less than kvc_allocator needs") \
+    X(KVC_ERR_OWNED, -24, "the cache is a model memory's group: change it through the kvc_memory_* calls")
 
 /* The codes are 0, -1, -2, ... in the order of the list (test_core checks that each
    has its text), so the lowest is 1 - the number of entries: one +1 per entry. */
@@ -2487,6 +2488,7 @@ static void kvc__page_copy_cells(kvc_pool *p, uint32_t dst, uint32_t src, int32_
 
 struct kvc_cache {
     kvc_pool *pool;
+    struct kvc__mpools *owner; /* the memory's pools once kvc_memory_group/_layer handed it out */
     uint32_t id;             /* unique within the pool: snapshots name their cache */
     kvc_cache_config cfg;
     int32_t offset;          /* tokens held so far = the next position */
@@ -3039,6 +3041,10 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
     KVC__POOL_LOCKED(pool, pool, kvc__cache_create_held(pool, cfg, out));
 }
 
+/* A call from outside a memory that would change one of its groups (kvc_memory_group):
+   KVC_ERR_OWNED, else KVC_OK (Layer 4c). `always`: also for a memory of one group. */
+static kvc_result kvc__owned(const kvc_cache *c, int always);
+
 static kvc_result kvc__cache_destroy_held(kvc_cache *cache) {
     kvc_pool *p;
     if (cache == NULL) return KVC_ERR_NULL;
@@ -3055,7 +3061,7 @@ static kvc_result kvc__cache_destroy_held(kvc_cache *cache) {
 }
 
 KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__cache_destroy_held(cache));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 1) != KVC_OK ? KVC_ERR_OWNED : kvc__cache_destroy_held(cache));
 }
 
 static kvc_result kvc__cache_fork_held(const kvc_cache *cache, kvc_cache **out) {
@@ -3094,7 +3100,7 @@ static kvc_result kvc__cache_fork_held(const kvc_cache *cache, kvc_cache **out) 
 }
 
 KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__cache_fork_held(cache, out));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 1) != KVC_OK ? KVC_ERR_OWNED : kvc__cache_fork_held(cache, out));
 }
 
 static kvc_result kvc__cache_clear_held(kvc_cache *cache) {
@@ -3109,7 +3115,7 @@ static kvc_result kvc__cache_clear_held(kvc_cache *cache) {
 }
 
 KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__cache_clear_held(cache));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__cache_clear_held(cache));
 }
 
 KVCDEF kvc_result kvc_cache_offset(const kvc_cache *cache, int32_t *offset) {
@@ -3237,7 +3243,7 @@ static kvc_result kvc__begin_checkpoints_held(kvc_cache *cache, int32_t n_tokens
 }
 
 KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__begin_checkpoints_held(cache, n_tokens, at, n_at));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__begin_checkpoints_held(cache, n_tokens, at, n_at));
 }
 
 KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
@@ -3320,7 +3326,7 @@ static kvc_result kvc__cancel_held(kvc_cache *cache) {
 }
 
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__cancel_held(cache));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__cancel_held(cache));
 }
 
 /* A ROTATING window has wrapped once it has held more than W tokens (the rule of
@@ -3357,7 +3363,7 @@ static kvc_result kvc__trim_held(kvc_cache *cache, int32_t n_tokens) {
 }
 
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__trim_held(cache, n_tokens));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__trim_held(cache, n_tokens));
 }
 
 /* ---- Layer 3b: the CAUSAL kind (ollama's kvcache.Causal) ---------------------------
@@ -3502,7 +3508,7 @@ static kvc_result kvc__defrag_held(kvc_cache *cache, int32_t *n_moves) {
 }
 
 KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__defrag_held(cache, n_moves));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__defrag_held(cache, n_moves));
 }
 
 /* Sliding-window memory: the lowest batch position of each sequence (scratch, INT32_MAX
@@ -3600,7 +3606,7 @@ static kvc_result kvc__begin_batch_held(kvc_cache *c, const kvc_batch *b) {
 }
 
 KVCDEF kvc_result kvc_begin_batch(kvc_cache *c, const kvc_batch *b) {
-    KVC__POOL_LOCKED(c, c->pool, kvc__begin_batch_held(c, b));
+    KVC__POOL_LOCKED(c, c->pool, kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__begin_batch_held(c, b));
 }
 
 /* kvc_begin on a CAUSAL cache: sequence 0, after its last position. */
@@ -3688,7 +3694,7 @@ static kvc_result kvc__seq_copy_prefix_held(kvc_cache *c, int32_t src, int32_t d
 }
 
 KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, int32_t len) {
-    KVC__POOL_LOCKED(c, c->pool, kvc__seq_copy_prefix_held(c, src, dst, len));
+    KVC__POOL_LOCKED(c, c->pool, kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__seq_copy_prefix_held(c, src, dst, len));
 }
 
 /* Re-rotate one cell's keys of every layer from old_pos to new_pos, with the cos/sin
@@ -3801,7 +3807,7 @@ static kvc_result kvc__seq_remove_held(kvc_cache *c, int32_t seq, int32_t begin,
 }
 
 KVCDEF kvc_result kvc_seq_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end) {
-    KVC__POOL_LOCKED(c, c->pool, kvc__seq_remove_held(c, seq, begin, end));
+    KVC__POOL_LOCKED(c, c->pool, kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__seq_remove_held(c, seq, begin, end));
 }
 
 static kvc_result kvc__seq_keep_held(kvc_cache *c, int32_t seq) {
@@ -3819,7 +3825,7 @@ static kvc_result kvc__seq_keep_held(kvc_cache *c, int32_t seq) {
 }
 
 KVCDEF kvc_result kvc_seq_keep(kvc_cache *c, int32_t seq) {
-    KVC__POOL_LOCKED(c, c->pool, kvc__seq_keep_held(c, seq));
+    KVC__POOL_LOCKED(c, c->pool, kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__seq_keep_held(c, seq));
 }
 
 KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *c, int32_t seq, int32_t *min_pos, int32_t *max_pos) {
@@ -4252,7 +4258,7 @@ static kvc_result kvc__restore_held(kvc_cache *cache, const kvc_snapshot *snap, 
 }
 
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__restore_held(cache, snap, target));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__restore_held(cache, snap, target));
 }
 
 static kvc_result kvc__snapshot_merge_held(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
@@ -4440,7 +4446,7 @@ static kvc_result kvc__seq_restore_held(kvc_cache *c, const kvc_snapshot *s, int
 }
 
 KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t dst) {
-    KVC__POOL_LOCKED(c, c->pool, kvc__seq_restore_held(c, s, dst));
+    KVC__POOL_LOCKED(c, c->pool, kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__seq_restore_held(c, s, dst));
 }
 
 /* ---- Layer 4b: checkpoints --------------------------------------------------------------
@@ -4828,6 +4834,7 @@ typedef struct kvc__mpools {
     kvc_lock_fn lock, unlock; /* the memory config's: every group's pool has the same */
     void *lock_user;
     int32_t refs, n_groups, n_layers;
+    int32_t inside; /* memory calls under way (under the lock): they may change the groups */
     int32_t *layer_group, *group_layer; /* [n_layers] */
     kvc_pool *pool[KVC_MAX_GROUPS];
 } kvc__mpools;
@@ -4848,18 +4855,36 @@ struct kvc_memory_snapshot {
 typedef struct kvc__mlock {
     kvc_lock_fn unlock;
     void *user;
+    kvc__mpools *mp; /* its `inside` count, or NULL */
 } kvc__mlock;
 static kvc__mlock kvc__memory_lock(const kvc__mpools *mp) {
     kvc__mlock k;
     k.unlock = mp->unlock;
     k.user = mp->lock_user;
+    k.mp = (kvc__mpools *)mp;
     if (mp->lock != NULL) mp->lock(mp->lock_user);
+    k.mp->inside++;
     return k;
 }
 static void kvc__memory_unlock(kvc__mlock k) {
+    /* the call may have let go of the last reference: kvc__mpools_unref left the
+       struct to us */
+    if (k.mp != NULL && --k.mp->inside == 0 && k.mp->refs == 0) k.mp->alloc.free(k.mp, k.mp->alloc.user);
     if (k.unlock != NULL) k.unlock(k.user);
 }
+
+/* The rule for a memory's caches (kvc_memory_group): a memory of two or more groups
+   keeps them in step, so what would change one group alone is refused unless a memory
+   call does it; kvc_cache_destroy and kvc_cache_fork (a cache that would outlive the
+   memory's pools) are refused for every memory. Checked under the pools' lock, which
+   memory calls hold while `inside` is counted. */
+static kvc_result kvc__owned(const kvc_cache *c, int always) {
+    if (c == NULL || c->owner == NULL || c->owner->inside > 0) return KVC_OK;
+    return always || c->owner->n_groups > 1 ? KVC_ERR_OWNED : KVC_OK;
+}
 /* KVC__POOL_LOCKED for the calls on a memory: under its pools' lock */
+/* (kvc__memory_lock counts the call in `inside`: the memory's own changes to its groups
+   pass kvc__owned) */
 #define KVC__MEMORY_LOCKED(obj, mpools_of_obj, held_call)      \
     do {                                                       \
         kvc__mlock lk_;                                        \
@@ -4983,7 +5008,7 @@ static void kvc__mpools_unref(kvc__mpools *mp) {
     if (--mp->refs > 0) return;
     for (g = 0; g < mp->n_groups; ++g)
         if (mp->pool[g] != NULL) { mp->pool[g]->owned = 0; (void)kvc_pool_destroy(mp->pool[g]); }
-    mp->alloc.free(mp, mp->alloc.user);
+    if (mp->inside == 0) mp->alloc.free(mp, mp->alloc.user); /* else kvc__memory_unlock frees it */
 }
 
 static kvc_memory *kvc__memory_alloc(kvc__mpools *mp) {
@@ -5064,13 +5089,22 @@ static kvc_result kvc__memory_map(const kvc_memory *m, int32_t layer, kvc_cache 
     return KVC_OK;
 }
 
+/* A group's cache handed out: from now on it refuses changes from outside (kvc__owned). */
+static kvc_cache *kvc__memory_hand_out(const kvc_memory *mem, int32_t group) {
+    kvc__mlock lk = kvc__memory_lock(mem->mp);
+    kvc_cache *c = mem->cache[group];
+    c->owner = mem->mp;
+    kvc__memory_unlock(lk);
+    return c;
+}
+
 KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer) {
     kvc_cache *c;
     int32_t gl;
     kvc_result r;
     if (cache == NULL || group_layer == NULL) return KVC_ERR_NULL;
     if ((r = kvc__memory_map(mem, layer, &c, &gl)) != KVC_OK) return r;
-    *cache = c;
+    *cache = kvc__memory_hand_out(mem, mem->mp->layer_group[layer]);
     *group_layer = gl;
     return KVC_OK;
 }
@@ -5078,7 +5112,7 @@ KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cac
 KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache) {
     if (mem == NULL || cache == NULL) return KVC_ERR_NULL;
     if (group < 0 || group >= mem->mp->n_groups) return KVC_ERR_RANGE;
-    *cache = mem->cache[group];
+    *cache = kvc__memory_hand_out(mem, group);
     return KVC_OK;
 }
 
@@ -5480,6 +5514,8 @@ KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, 
         if (caches[i]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
         for (j = 0; j < i; ++j) if (caches[j] == caches[i]) return KVC_ERR_INVALID;
     }
+    for (i = 0; i < n_caches; ++i) /* a memory's groups: kvc_prefix_create_memory takes them all */
+        if (kvc__owned(caches[i], 0) != KVC_OK) return KVC_ERR_OWNED;
     p = caches[0]->pool;
     bytes = sizeof(kvc_prefix) + (sizeof(kvc_cache *) + sizeof(uint64_t)) * (size_t)n_caches +
             2 * sizeof(int32_t) * (size_t)max_tokens;
@@ -5556,7 +5592,7 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
     prefix = kvc__common_point(x->caches, x->n_caches, KVC__MIN(prefix, kvc__min_offset(x)));
     for (i = 0; i < x->n_caches; ++i) {
         kvc__pool_lock(x->caches[i]->pool);
-        if (prefix == 0) (void)kvc_cache_clear(x->caches[i]);
+        if (prefix == 0) (void)kvc__cache_clear_held(x->caches[i]); /* also a memory's groups */
         else if (x->caches[i]->offset > prefix) kvc__rewind_any(x->caches[i], prefix);
         else kvc__settle(x->caches[i]); /* at it already: as it is */
         kvc__pool_unlock(x->caches[i]->pool);
@@ -5590,7 +5626,7 @@ KVCDEF kvc_result kvc_prefix_close(kvc_prefix *x, const int32_t *generated, int3
 
 KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out) {
     if (mem == NULL || out == NULL) return KVC_ERR_NULL;
-    return kvc_prefix_create(mem->cache, mem->mp->n_groups, max_tokens, out);
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc_prefix_create(mem->cache, mem->mp->n_groups, max_tokens, out));
 }
 
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens, int32_t *n_tokens) {
@@ -6154,6 +6190,7 @@ KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
     pc = &t->part[0].pool->cfg; /* a memory's tree may take the pools with it: keep the unlock */
     lk.unlock = pc->unlock;
     lk.user = pc->lock_user;
+    lk.mp = NULL;
     if (pc->lock != NULL) pc->lock(pc->lock_user);
     r = kvc__radix_destroy_held(t);
     kvc__memory_unlock(lk);
@@ -10122,7 +10159,7 @@ KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *i
     if (c == NULL) return kvc__cache_load_held(c, ns, io, tokens, max_tokens, n_tokens);
     lp = c->pool;
     kvc__pool_lock(lp);
-    r = kvc__cache_load_held(c, ns, io, tokens, max_tokens, n_tokens);
+    r = kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__cache_load_held(c, ns, io, tokens, max_tokens, n_tokens);
     kvc__pool_unlock(lp);
     return r;
 }
@@ -10269,7 +10306,7 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, cons
     if (c == NULL) return kvc__seq_load_held(c, dst, ns, io, tokens, max_tokens, n_tokens);
     lp = c->pool;
     kvc__pool_lock(lp);
-    r = kvc__seq_load_held(c, dst, ns, io, tokens, max_tokens, n_tokens);
+    r = kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__seq_load_held(c, dst, ns, io, tokens, max_tokens, n_tokens);
     kvc__pool_unlock(lp);
     return r;
 }
