@@ -879,7 +879,17 @@ KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **o
 /* Destroys the memory's caches; the pools go with the last memory (forks share them)
    or memory snapshot that uses them. */
 KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem);
-/* The cache holding model layer `layer`, and that layer's index within it. */
+/* The cache holding model layer `layer`, and that layer's index within it; a group's
+   cache. The memory keeps owning it, and keeps its groups in step: on a memory of two or
+   more groups, a call on such a cache that would change it alone -- kvc_begin*,
+   kvc_cancel, kvc_trim, kvc_restore, kvc_cache_clear, kvc_seq_* changes, kvc_defrag,
+   kvc_cache_load, kvc_seq_load, kvc_prefix_create -- returns KVC_ERR_OWNED and changes
+   nothing (the kvc_memory_* calls do these for every group). kvc_cache_destroy and
+   kvc_cache_fork are refused on any memory's cache (kvc_memory_destroy, kvc_memory_fork).
+   Reads (kvc_attention, kvc_state_read, kvc_cache_gather, kvc_can_rewind, ...), snapshots
+   and the per-layer calls of a memory batch (kvc_put, kvc_state, kvc_state_checkpoint) work
+   on it. A memory of one group has nothing to keep in step: its cache takes every call
+   but those two (a CAUSAL engine's kvc_seq_* on sequence 0, say). */
 KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer);
 KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache);
 /* A batch of n_tokens in every group, with checkpoints as kvc_begin_checkpoints; all or
