@@ -161,7 +161,7 @@ static void test_results(void) {
         for (a = KVC_RESULT_MIN_; a <= 0; ++a)
             TK_CHECK(strcmp(kvc_strerror((kvc_result)a), "unknown kvc_result") != 0);
         TK_CHECK(strcmp(kvc_strerror((kvc_result)(KVC_RESULT_MIN_ - 1)), "unknown kvc_result") == 0);
-        TK_EQ(KVC_RESULT_MIN_, KVC_ERR_ALIGNMENT); /* the last entry of the list */
+        TK_EQ(KVC_RESULT_MIN_, KVC_ERR_OWNED); /* the last entry of the list */
         TK_CHECK(strcmp(kvc_strerror(KVC_ERR_POSITION), "the engine's position is not the cache's offset") == 0);
     }
     {   /* every code has its own text */
