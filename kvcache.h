@@ -476,10 +476,14 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
 /* Trim n tokens from the end (CanTrim/Trim of ollama's MLX runner); KVC_ERR_STATE
    while a batch is open (kvc_cancel it first), as for kvc_restore. ROTATING caches can
    trim only until the window has wrapped: offset <= window and no page ever released (a
-   kvc_cancel after kvc_begin released pages counts as wrapped); otherwise
-   KVC_ERR_UNSUPPORTED -- unless they have a reserve (cfg.reserve), which keeps trims of
-   up to R tokens possible, or a checkpoint is there. With a reserve, kvc_can_trim says
-   whether a trim by one token succeeds (kvc_can_rewind says it for any target). */
+   kvc_cancel after kvc_begin released pages counts as wrapped); after that only onto a
+   checkpoint, within a reserve (cfg.reserve, which keeps trims of up to R tokens
+   possible) or to 0 (clearing), and a trim by 0 is KVC_ERR_UNSUPPORTED. RECURRENT caches
+   likewise go back only onto a checkpoint, within the reserve or to 0. A target the cache
+   cannot reach is KVC_ERR_UNREACHABLE, nothing changed: the result kvc_restore(cache,
+   NULL, target) and kvc_memory_trim give (kvc_can_rewind says which targets are
+   reachable; 0 always is). CAUSAL caches: KVC_ERR_UNSUPPORTED. With a reserve,
+   kvc_can_trim says whether a trim by one token succeeds. */
 KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens);
 
@@ -810,10 +814,12 @@ KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t 
 /* kvc_snapshot_take as it was after `at` tokens: FULL any at <= offset; ROTATING at the
    offset, inside the last batch, or at a checkpoint; RECURRENT at the offset or a
    checkpoint (else KVC_ERR_RECURRENT; ROTATING: KVC_ERR_UNREACHABLE). A ROTATING or
-   RECURRENT snapshot also carries the cache's checkpoints before `at`, which a restore
-   brings back. */
+   RECURRENT snapshot also carries the cache's checkpoints at or before `at`, which a
+   restore to target brings back up to target (a restore to `at` keeps the one at `at`,
+   as a rewind to `at` does). */
 KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out);
-/* Whether kvc_restore(cache, NULL, target) would succeed now (no batch open). */
+/* Whether kvc_restore(cache, NULL, target) and a kvc_trim to target would succeed now (no
+   batch open); 0 always for every kind but CAUSAL (clearing). */
 KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind);
 /* The offsets of the cache's checkpoints, oldest first; at may be NULL with max_at 0 to
    count them; KVC_ERR_RANGE (with *n_at set) if max_at is too small. */
@@ -906,11 +912,14 @@ KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, in
 KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem);
 /* Tokens the memory holds (every group agrees). */
 KVCDEF kvc_result kvc_memory_offset(const kvc_memory *mem, int32_t *offset);
-/* Whether every group can go back to target; the largest such target <= max_target. */
+/* Whether every group can go back to target (0 always: clearing), i.e. whether
+   kvc_memory_trim and kvc_memory_restore(mem, NULL, target) succeed; the largest such
+   target <= max_target. */
 KVCDEF kvc_result kvc_memory_can_rewind(const kvc_memory *mem, int32_t target, int *can_rewind);
 KVCDEF kvc_result kvc_memory_rewind_point(const kvc_memory *mem, int32_t max_target, int32_t *target);
 /* Drop the last n_tokens in every group; KVC_ERR_UNREACHABLE (nothing changed) unless
-   every group can go back there (RECURRENT and wrapped ROTATING groups: a checkpoint). */
+   every group can go back there (RECURRENT and wrapped ROTATING groups: a checkpoint, the
+   reserve, or 0 -- dropping everything is always possible). */
 KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens);
 KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem);
 /* Snapshot of every group as after `at` tokens (kvc_snapshot_take_at per group);
@@ -2563,7 +2572,7 @@ struct kvc_snapshot {
     kvc_kind kind;
     int32_t window, sinks;   /* the configuration a cache must have to take it */
     int counted;             /* in the pool's live_snapshots (not a cache's own checkpoint) */
-    struct kvc_snapshot *carried; /* ROTATING, RECURRENT: the cache's checkpoints before `to`,
+    struct kvc_snapshot *carried; /* ROTATING, RECURRENT: the cache's checkpoints up to `to`,
                                      which a restore brings back with it (a chain) */
     int ckflags;             /* as a checkpoint: KVC__CK_NAMED and/or KVC__CK_RESERVE */
     int32_t from, to;
@@ -3364,10 +3373,12 @@ static kvc_result kvc__trim_held(kvc_cache *cache, int32_t n_tokens) {
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
-    /* a wrapped window trims only onto a checkpoint (not even by 0, as before them) */
-    if (!kvc__reachable(cache, cache->offset - n_tokens) ||
-        (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0 && cache->cfg.reserve == 0))
-        return kvc__is_recurrent(cache) ? KVC_ERR_RECURRENT : KVC_ERR_UNSUPPORTED;
+    /* a wrapped window or a state goes back only onto a checkpoint (or to 0): the result
+       kvc_restore(cache, NULL, t) and kvc_memory_trim give */
+    if (!kvc__reachable(cache, cache->offset - n_tokens)) return KVC_ERR_UNREACHABLE;
+    /* a wrapped window does not trim by 0 (kvc_can_trim's rule, as before checkpoints) */
+    if (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0 && cache->cfg.reserve == 0)
+        return KVC_ERR_UNSUPPORTED;
     kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;
 }
@@ -4118,7 +4129,9 @@ static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int
     }
     s = k >= 0 ? kvc__snapshot_clone(cache->ckpt[k], 1) : kvc__snapshot_alloc(cache->pool, n, 1);
     if (s == NULL) return KVC_ERR_NO_MEMORY;
-    if (kvc__has_ckpts(cache) && (r = kvc__ckpt_chain(cache, at, &s->carried)) != KVC_OK) {
+    /* the checkpoints up to `at`, the one at `at` too: a restore to `at` keeps it, as a
+       rewind to `at` does */
+    if (kvc__has_ckpts(cache) && (r = kvc__ckpt_chain(cache, at < INT32_MAX ? at + 1 : at, &s->carried)) != KVC_OK) {
         kvc__snapshot_release(s);
         return r;
     }
@@ -4467,7 +4480,7 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t d
    layer's state over; ROTATING: the window at that offset is still held when the batch
    ends) and kept once the batch has ended ("settled" at the next call that needs it, so
    that a state handed out by kvc_state may be written until then). Rewinds, trims and
-   prefix reuse go back to checkpoints; snapshots carry the checkpoints before them.
+   prefix reuse go back to checkpoints (and to 0); snapshots carry the checkpoints up to them.
    A RECURRENT reserve (cfg.reserve = R) adds checkpoints of its own: the state at a
    short batch's start (c->start, shared with the live state) and the batch's last R
    offsets (pending ones the engine fills). kvc__ckpt_prune keeps the latest max_ckpt
@@ -4700,6 +4713,7 @@ static int kvc__reachable(const kvc_cache *c, int32_t target) {
     if (target < 0 || target > c->offset) return 0;
     if (target == c->offset || c->cfg.kind == KVC_KIND_FULL) return 1;
     if (c->cfg.kind == KVC_KIND_CAUSAL) return 0;
+    if (target == 0) return 1; /* clearing: always possible */
     if (c->cfg.kind == KVC_KIND_ROTATING && (!kvc__wrapped(c) || kvc__reserve_holds(c, c->first_lpage, target)))
         return 1;
     i = kvc__ckpt_find(c, target);
@@ -4728,6 +4742,8 @@ static void kvc__rewind_any(kvc_cache *c, int32_t target) {
     if (c->cfg.kind == KVC_KIND_FULL || (c->cfg.kind == KVC_KIND_ROTATING &&
                                          (!kvc__wrapped(c) || kvc__reserve_holds(c, c->first_lpage, target)))) {
         kvc__rewind(c, target); /* at the offset too: the window's anchor becomes offset - 1 */
+    } else if (target == 0) { /* a state or a wrapped window with no checkpoint at 0: cleared */
+        (void)kvc__cache_clear_held(c);
     } else if (target != c->offset) {
         i = kvc__ckpt_find(c, target);
         KVCACHE_ASSERT(i >= 0);
@@ -5283,6 +5299,7 @@ KVCDEF kvc_result kvc_memory_can_rewind(const kvc_memory *mem, int32_t target, i
     int32_t g;
     if (mem == NULL || can_rewind == NULL) return KVC_ERR_NULL;
     *can_rewind = !kvc__memory_open(mem);
+    if (target == 0) return KVC_OK; /* clearing: always possible (CAUSAL groups too) */
     for (g = 0; g < mem->mp->n_groups && *can_rewind; ++g)
         *can_rewind = kvc__reachable(mem->cache[g], target);
     return KVC_OK;
@@ -5319,7 +5336,7 @@ static kvc_result kvc__memory_trim_held(kvc_memory *mem, int32_t n_tokens) {
     o = kvc__cache_tokens(mem->cache[0]);
     if (n_tokens < 0 || n_tokens > o) return KVC_ERR_RANGE;
     (void)kvc_memory_can_rewind(mem, o - n_tokens, &ok);
-    if (!ok && o - n_tokens != 0) return KVC_ERR_UNREACHABLE;
+    if (!ok) return KVC_ERR_UNREACHABLE;
     kvc__memory_rewind(mem, o - n_tokens);
     return KVC_OK;
 }

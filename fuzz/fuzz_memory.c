@@ -188,7 +188,7 @@ static int fm_ck_find(const fm_gref *r, int32_t t) {
 }
 static int fm_reach(const fm_group *g, const fm_gref *r, int32_t t) {
     if (t < 0 || t > r->st.off) return 0;
-    if (t == r->st.off || g->kind == KVC_KIND_FULL) return 1;
+    if (t == r->st.off || t == 0 || g->kind == KVC_KIND_FULL) return 1; /* 0: clearing */
     if (g->kind == KVC_KIND_ROTATING && !fm_wrapped(g, &r->st)) return 1;
     return fm_ck_find(r, t) >= 0;
 }
@@ -605,7 +605,7 @@ static void fm_op_batch(fm_world *w, int mi) {
 static void fm_op_trim(fm_world *w, int mi) {
     fm_mem *m = &w->m[mi];
     int32_t off = fm_off(m), n = fuzz_int(&w->in, -1, off + 1);
-    int want = n < 0 || n > off ? KVC_ERR_RANGE : off - n == 0 || fm_mem_reach(w, m, off - n) ? KVC_OK : KVC_ERR_UNREACHABLE;
+    int want = n < 0 || n > off ? KVC_ERR_RANGE : fm_mem_reach(w, m, off - n) ? KVC_OK : KVC_ERR_UNREACHABLE;
     fuzz_note("memory %d trim %d of %d, want %d", mi, n, off, want);
     FUZZ_RES(kvc_memory_trim(m->h, n), want);
     if (want == KVC_OK) fm_rewind(w, m, off - n);
@@ -680,8 +680,8 @@ static void fm_op_take(fm_world *w, int mi) {
             }
         }
         d->nck = 0;
-        for (i = 0; i < r->nck; ++i) /* the checkpoints before it come with it */
-            if (r->ck[i].to < at) d->ck[d->nck++] = r->ck[i];
+        for (i = 0; i < r->nck; ++i) /* the checkpoints up to it come with it */
+            if (r->ck[i].to <= at) d->ck[d->nck++] = r->ck[i];
     }
 }
 

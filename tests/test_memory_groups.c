@@ -396,6 +396,94 @@ static void test_direct_mix(tk_rng *rng) {
     TK_EQ(bad, 0);
 }
 
+
+/* ---- one answer for "can it go back to t" ------------------------------------------- */
+
+/* memory calls and kvc_can_rewind / kvc_trim / kvc_restore on a lone cache, at offset `off`
+   with no checkpoint: 0 is reachable (clearing) and 0 < t < off is not, all agree */
+static void contracts_at(world *w, kvc_cache *lone, int32_t off) {
+    int ok;
+    kvc_memory *f;
+    TK_OK(kvc_memory_can_rewind(w->m, 0, &ok));
+    TK_CHECK(ok);
+    TK_OK(kvc_memory_can_rewind(w->m, 2, &ok));
+    TK_CHECK(!ok);
+    TK_RES(kvc_memory_trim(w->m, off - 2), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_memory_restore(w->m, NULL, 2), KVC_ERR_UNREACHABLE);
+    TK_OK(kvc_can_rewind(lone, 0, &ok));
+    TK_CHECK(ok);
+    TK_OK(kvc_can_rewind(lone, 2, &ok));
+    TK_CHECK(!ok);
+    TK_RES(kvc_trim(lone, off - 2), KVC_ERR_UNREACHABLE); /* once KVC_ERR_RECURRENT / _UNSUPPORTED */
+    TK_RES(kvc_restore(lone, NULL, 2), KVC_ERR_UNREACHABLE);
+    TK_CHECK(world_ok(w));
+    TK_OK(kvc_memory_fork(w->m, &f)); /* restore(NULL, 0) on a fork, trim on the memory */
+    TK_OK(kvc_memory_restore(f, NULL, 0));
+    TK_OK(kvc_memory_offset(f, &off));
+    TK_EQ(off, 0);
+    TK_OK(kvc_memory_destroy(f));
+    TK_OK(kvc_memory_trim(w->m, w->off));
+    w->off = 0;
+    TK_CHECK(world_ok(w));
+    TK_OK(kvc_cache_offset(lone, &off));
+    TK_OK(kvc_trim(lone, off)); /* to 0: once KVC_ERR_RECURRENT / _UNSUPPORTED */
+    TK_OK(kvc_cache_offset(lone, &off));
+    TK_EQ(off, 0);
+}
+
+static void test_rewind_contracts(void) {
+    static const kvc_kind rec[1] = {KVC_KIND_RECURRENT}, rot[1] = {KVC_KIND_ROTATING};
+    kvc_memory *lm;
+    kvc_cache *lone;
+    world w, l;
+    int k;
+    for (k = 0; k < 2; ++k) { /* a state at 5, a window of 6 wrapped at 9 */
+        int32_t n = k == 0 ? 5 : 9;
+        world_create(&w, 1, k == 0 ? rec : rot);
+        world_create(&l, 1, k == 0 ? rec : rot); /* its group, as a lone cache: a copy */
+        TK_OK(world_feed(&w, n, NULL, 0, 7));
+        TK_OK(world_feed(&l, n, NULL, 0, 7));
+        lm = l.m;
+        TK_OK(kvc_memory_group(lm, 0, &lone)); /* one group: its cache takes direct calls */
+        contracts_at(&w, lone, n);
+        TK_OK(kvc_memory_destroy(lm));
+        TK_OK(kvc_memory_destroy(w.m));
+    }
+}
+
+/* a restore to `at` keeps the checkpoint at `at`, as a rewind to `at` does */
+static void test_restore_keeps_at(void) {
+    static const kvc_kind kinds[2] = {KVC_KIND_RECURRENT, KVC_KIND_FULL};
+    world w;
+    kvc_memory_snapshot *snap;
+    kvc_cache *c;
+    int32_t at[2] = {8, 12}, ck[8], n_ck, tokens[64];
+    int ok;
+    world_create(&w, 2, kinds);
+    TK_OK(world_feed(&w, 12, at, 2, 9));
+    TK_OK(kvc_memory_snapshot_take(w.m, 0, 12, &snap));
+    memcpy(tokens, w.tokens, sizeof(int32_t) * 12);
+    TK_OK(world_feed(&w, 3, NULL, 0, 10));
+    TK_OK(kvc_memory_restore(w.m, snap, 12));
+    w.off = 12;
+    memcpy(w.tokens, tokens, sizeof(int32_t) * 12);
+    TK_CHECK(world_ok(&w));
+    TK_OK(kvc_memory_group(w.m, 0, &c));
+    TK_OK(kvc_checkpoints(c, ck, 8, &n_ck));
+    TK_EQ(n_ck, 2);
+    TK_EQ(ck[n_ck > 1 ? 1 : 0], 12);
+    TK_OK(world_feed(&w, 2, NULL, 0, 11));
+    TK_OK(kvc_memory_can_rewind(w.m, 12, &ok));
+    TK_CHECK(ok); /* was 0: the restore had dropped it */
+    TK_OK(kvc_memory_can_rewind(w.m, 8, &ok));
+    TK_CHECK(ok);
+    TK_OK(kvc_memory_restore(w.m, NULL, 12));
+    w.off = 12;
+    TK_CHECK(world_ok(&w));
+    TK_OK(kvc_memory_snapshot_free(snap));
+    TK_OK(kvc_memory_destroy(w.m));
+}
+
 int main(int argc, char **argv) {
     unsigned long long seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (unsigned long long)time(NULL);
     tk_rng rng;
@@ -405,5 +493,7 @@ int main(int argc, char **argv) {
     test_check_property(&rng);
     test_direct_refused();
     test_direct_mix(&rng);
+    test_rewind_contracts();
+    test_restore_keeps_at();
     return tk_report("memory_groups");
 }
