@@ -4742,8 +4742,11 @@ static void kvc__rewind_any(kvc_cache *c, int32_t target) {
     if (c->cfg.kind == KVC_KIND_FULL || (c->cfg.kind == KVC_KIND_ROTATING &&
                                          (!kvc__wrapped(c) || kvc__reserve_holds(c, c->first_lpage, target)))) {
         kvc__rewind(c, target); /* at the offset too: the window's anchor becomes offset - 1 */
-    } else if (target == 0) { /* a state or a wrapped window with no checkpoint at 0: cleared */
-        (void)kvc__cache_clear_held(c);
+    } else if (target == 0) { /* a state or a wrapped window: cleared (a tree's lease stays) */
+        kvc__pend_drop(c);
+        kvc__ckpt_drop_all(c);
+        kvc__states_release(c);
+        kvc__rewind(c, 0);
     } else if (target != c->offset) {
         i = kvc__ckpt_find(c, target);
         KVCACHE_ASSERT(i >= 0);
