@@ -541,15 +541,26 @@ static void test_config(void) {
    among the pool's live_prefixes, which kvc_prefix_create / _destroy once changed
    outside the lock (a race under TSan; the counter ended at -1 and kvc_pool_destroy
    said BUSY with nothing alive). Afterwards the counter is 0 and the pool goes. */
+typedef struct churn_gate { /* the threads start their loops together: they overlap */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int waiting, n;
+} churn_gate;
+
 typedef struct churn {
     kvc_pool *pool;
     kvc_cache *cache; /* NULL: trees instead of prefix objects */
+    churn_gate *gate;
     int32_t rounds, failed;
 } churn;
 
 static void *churn_main(void *arg) {
     churn *c = (churn *)arg;
     int32_t i;
+    pthread_mutex_lock(&c->gate->mu);
+    if (++c->gate->waiting == c->gate->n) pthread_cond_broadcast(&c->gate->cv);
+    while (c->gate->waiting < c->gate->n) pthread_cond_wait(&c->gate->cv, &c->gate->mu);
+    pthread_mutex_unlock(&c->gate->mu);
     for (i = 0; i < c->rounds; ++i) {
         if (c->cache != NULL) {
             kvc_prefix *x;
@@ -572,6 +583,7 @@ static void test_prefix_counter(void) {
     kvc_mutex *mx;
     kvc_pool_stats ps;
     churn w[3];
+    churn_gate gate;
     pthread_t tid[3];
     int i;
     TK_OK(kvc_pool_config_init(&pc));
@@ -584,9 +596,14 @@ static void test_prefix_counter(void) {
     TK_OK(kvc_mutex_attach(mx, &pc));
     TK_OK(kvc_pool_create(&pc, &pool));
     TK_OK(kvc_cache_config_init(&cc, KVC_KIND_FULL));
+    TK_EQ(pthread_mutex_init(&gate.mu, NULL), 0);
+    TK_EQ(pthread_cond_init(&gate.cv, NULL), 0);
+    gate.waiting = 0;
+    gate.n = 3;
     for (i = 0; i < 3; ++i) {
         w[i].pool = pool;
         w[i].cache = NULL;
+        w[i].gate = &gate;
         w[i].rounds = tk_scaled(3000);
         w[i].failed = 0;
         if (i < 2) TK_OK(kvc_cache_create(pool, &cc, &w[i].cache));
@@ -599,6 +616,8 @@ static void test_prefix_counter(void) {
     for (i = 0; i < 2; ++i) TK_OK(kvc_cache_destroy(w[i].cache));
     TK_OK(kvc_pool_destroy(pool));
     TK_OK(kvc_mutex_destroy(mx));
+    pthread_cond_destroy(&gate.cv);
+    pthread_mutex_destroy(&gate.mu);
 }
 
 int main(int argc, char **argv) {
