@@ -146,7 +146,8 @@
     X(KVC_ERR_POSITION, -20, "the engine's position is not the cache's offset") \
     X(KVC_ERR_RECURRENT, -21, "a recurrent state cannot be rewound, shifted or cut there") \
     X(KVC_ERR_ROTATION, -22, "saved data was stored with another rotation (kvc_pool_config.rotate)") \
-    X(KVC_ERR_ALIGNMENT, -23, "the allocator returned a block aligned less than kvc_allocator needs")
+    X(KVC_ERR_ALIGNMENT, -23, "the allocator returned a block aligned less than kvc_allocator needs") \
+    X(KVC_ERR_OWNED, -24, "the cache is a model memory's group: change it through the kvc_memory_* calls")
 
 /* The codes are 0, -1, -2, ... in the order of the list (test_core checks that each
    has its text), so the lowest is 1 - the number of entries: one +1 per entry. */
@@ -495,10 +496,14 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
 /* Trim n tokens from the end (CanTrim/Trim of ollama's MLX runner); KVC_ERR_STATE
    while a batch is open (kvc_cancel it first), as for kvc_restore. ROTATING caches can
    trim only until the window has wrapped: offset <= window and no page ever released (a
-   kvc_cancel after kvc_begin released pages counts as wrapped); otherwise
-   KVC_ERR_UNSUPPORTED -- unless they have a reserve (cfg.reserve), which keeps trims of
-   up to R tokens possible, or a checkpoint is there. With a reserve, kvc_can_trim says
-   whether a trim by one token succeeds (kvc_can_rewind says it for any target). */
+   kvc_cancel after kvc_begin released pages counts as wrapped); after that only onto a
+   checkpoint, within a reserve (cfg.reserve, which keeps trims of up to R tokens
+   possible) or to 0 (clearing), and a trim by 0 is KVC_ERR_UNSUPPORTED. RECURRENT caches
+   likewise go back only onto a checkpoint, within the reserve or to 0. A target the cache
+   cannot reach is KVC_ERR_UNREACHABLE, nothing changed: the result kvc_restore(cache,
+   NULL, target) and kvc_memory_trim give (kvc_can_rewind says which targets are
+   reachable; 0 always is). CAUSAL caches: KVC_ERR_UNSUPPORTED. With a reserve,
+   kvc_can_trim says whether a trim by one token succeeds. */
 KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens);
 
@@ -837,10 +842,12 @@ KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t 
 /* kvc_snapshot_take as it was after `at` tokens: FULL any at <= offset; ROTATING at the
    offset, inside the last batch, or at a checkpoint; RECURRENT at the offset or a
    checkpoint (else KVC_ERR_RECURRENT; ROTATING: KVC_ERR_UNREACHABLE). A ROTATING or
-   RECURRENT snapshot also carries the cache's checkpoints before `at`, which a restore
-   brings back. */
+   RECURRENT snapshot also carries the cache's checkpoints at or before `at`, which a
+   restore to target brings back up to target (a restore to `at` keeps the one at `at`,
+   as a rewind to `at` does). */
 KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out);
-/* Whether kvc_restore(cache, NULL, target) would succeed now (no batch open). */
+/* Whether kvc_restore(cache, NULL, target) and a kvc_trim to target would succeed now (no
+   batch open); 0 always for every kind but CAUSAL (clearing). */
 KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind);
 /* The offsets of the cache's checkpoints, oldest first; at may be NULL with max_at 0 to
    count them; KVC_ERR_RANGE (with *n_at set) if max_at is too small. */
@@ -906,7 +913,17 @@ KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **o
 /* Destroys the memory's caches; the pools go with the last memory (forks share them)
    or memory snapshot that uses them. */
 KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem);
-/* The cache holding model layer `layer`, and that layer's index within it. */
+/* The cache holding model layer `layer`, and that layer's index within it; a group's
+   cache. The memory keeps owning it, and keeps its groups in step: on a memory of two or
+   more groups, a call on such a cache that would change it alone -- kvc_begin*,
+   kvc_cancel, kvc_trim, kvc_restore, kvc_cache_clear, kvc_seq_* changes, kvc_defrag,
+   kvc_cache_load, kvc_seq_load, kvc_prefix_create -- returns KVC_ERR_OWNED and changes
+   nothing (the kvc_memory_* calls do these for every group). kvc_cache_destroy and
+   kvc_cache_fork are refused on any memory's cache (kvc_memory_destroy, kvc_memory_fork).
+   Reads (kvc_attention, kvc_state_read, kvc_cache_gather, kvc_can_rewind, ...), snapshots
+   and the per-layer calls of a memory batch (kvc_put, kvc_state, kvc_state_checkpoint) work
+   on it. A memory of one group has nothing to keep in step: its cache takes every call
+   but those two (a CAUSAL engine's kvc_seq_* on sequence 0, say). */
 KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer);
 KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache);
 /* A batch of n_tokens in every group, with checkpoints as kvc_begin_checkpoints; all or
@@ -925,11 +942,14 @@ KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, in
 KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem);
 /* Tokens the memory holds (every group agrees). */
 KVCDEF kvc_result kvc_memory_offset(const kvc_memory *mem, int32_t *offset);
-/* Whether every group can go back to target; the largest such target <= max_target. */
+/* Whether every group can go back to target (0 always: clearing), i.e. whether
+   kvc_memory_trim and kvc_memory_restore(mem, NULL, target) succeed; the largest such
+   target <= max_target. */
 KVCDEF kvc_result kvc_memory_can_rewind(const kvc_memory *mem, int32_t target, int *can_rewind);
 KVCDEF kvc_result kvc_memory_rewind_point(const kvc_memory *mem, int32_t max_target, int32_t *target);
 /* Drop the last n_tokens in every group; KVC_ERR_UNREACHABLE (nothing changed) unless
-   every group can go back there (RECURRENT and wrapped ROTATING groups: a checkpoint). */
+   every group can go back there (RECURRENT and wrapped ROTATING groups: a checkpoint, the
+   reserve, or 0 -- dropping everything is always possible). */
 KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens);
 KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem);
 /* Snapshot of every group as after `at` tokens (kvc_snapshot_take_at per group);
@@ -2523,6 +2543,7 @@ static void kvc__page_copy_cells(kvc_pool *p, uint32_t dst, uint32_t src, int32_
 
 struct kvc_cache {
     kvc_pool *pool;
+    struct kvc__mpools *owner; /* the memory's pools once kvc_memory_group/_layer handed it out */
     uint32_t id;             /* unique within the pool: snapshots name their cache */
     kvc_cache_config cfg;
     int32_t offset;          /* tokens held so far = the next position */
@@ -2587,7 +2608,7 @@ struct kvc_snapshot {
     kvc_kind kind;
     int32_t window, sinks;   /* the configuration a cache must have to take it */
     int counted;             /* in the pool's live_snapshots (not a cache's own checkpoint) */
-    struct kvc_snapshot *carried; /* ROTATING, RECURRENT: the cache's checkpoints before `to`,
+    struct kvc_snapshot *carried; /* ROTATING, RECURRENT: the cache's checkpoints up to `to`,
                                      which a restore brings back with it (a chain) */
     int ckflags;             /* as a checkpoint: KVC__CK_NAMED and/or KVC__CK_RESERVE */
     int32_t from, to;
@@ -2874,8 +2895,11 @@ typedef struct kvc__cache_plan {
     size_t bytes;
 } kvc__cache_plan;
 
-static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, kvc__cache_plan *plan,
-                                   const char **field) {
+/* Everything but whether the pool has a CAUSAL cache's pages now: it reads the pool's
+   geometry only (cfg, page_cells, max_pages, external), so kvc_memory_config_check runs it
+   on a group's pool before the pool exists (kvc__pool_geometry). */
+static kvc_result kvc__check_cache_plan(const kvc_pool *pool, const kvc_cache_config *cfg, kvc__cache_plan *plan,
+                                        const char **field) {
     kvc_cache_config cc = *cfg;
     int32_t pages = 0, words = 0;
     int of = 0;
@@ -2908,7 +2932,6 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
         if (cc.rope.n_dims == 0) cc.rope.n_dims = pool->cfg.head_dim_k;
         cc.capacity = (cc.capacity + cc.padding - 1) / cc.padding * cc.padding;
         pages = (int32_t)(((int64_t)cc.capacity + pool->page_cells - 1) / pool->page_cells);
-        if (!kvc__can_reclaim(pool, pages)) KVC__REFUSE(KVC_ERR_FULL, "capacity"); /* the pool now */
         words = (cc.max_seqs + 31) / 32;
     } else {
         KVC__REFUSE(KVC_ERR_INVALID, "kind");
@@ -2950,6 +2973,14 @@ static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, 
     plan->pages = pages;
     plan->words = words;
     plan->bytes = bytes;
+    return KVC_OK;
+}
+
+static kvc_result kvc__check_cache(kvc_pool *pool, const kvc_cache_config *cfg, kvc__cache_plan *plan,
+                                   const char **field) {
+    kvc_result r = kvc__check_cache_plan(pool, cfg, plan, field);
+    if (r != KVC_OK) return r;
+    if (plan->pages > 0 && !kvc__can_reclaim(pool, plan->pages)) KVC__REFUSE(KVC_ERR_FULL, "capacity"); /* the pool now */
     return KVC_OK;
 }
 
@@ -3067,6 +3098,10 @@ KVCDEF kvc_result kvc_cache_create(kvc_pool *pool, const kvc_cache_config *cfg, 
     KVC__POOL_LOCKED(pool, pool, kvc__cache_create_held(pool, cfg, out));
 }
 
+/* A call from outside a memory that would change one of its groups (kvc_memory_group):
+   KVC_ERR_OWNED, else KVC_OK (Layer 4c). `always`: also for a memory of one group. */
+static kvc_result kvc__owned(const kvc_cache *c, int always);
+
 static kvc_result kvc__cache_destroy_held(kvc_cache *cache) {
     kvc_pool *p;
     if (cache == NULL) return KVC_ERR_NULL;
@@ -3083,7 +3118,7 @@ static kvc_result kvc__cache_destroy_held(kvc_cache *cache) {
 }
 
 KVCDEF kvc_result kvc_cache_destroy(kvc_cache *cache) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__cache_destroy_held(cache));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 1) != KVC_OK ? KVC_ERR_OWNED : kvc__cache_destroy_held(cache));
 }
 
 static kvc_result kvc__cache_fork_held(const kvc_cache *cache, kvc_cache **out) {
@@ -3122,7 +3157,7 @@ static kvc_result kvc__cache_fork_held(const kvc_cache *cache, kvc_cache **out) 
 }
 
 KVCDEF kvc_result kvc_cache_fork(const kvc_cache *cache, kvc_cache **out) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__cache_fork_held(cache, out));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 1) != KVC_OK ? KVC_ERR_OWNED : kvc__cache_fork_held(cache, out));
 }
 
 static kvc_result kvc__cache_clear_held(kvc_cache *cache) {
@@ -3137,7 +3172,7 @@ static kvc_result kvc__cache_clear_held(kvc_cache *cache) {
 }
 
 KVCDEF kvc_result kvc_cache_clear(kvc_cache *cache) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__cache_clear_held(cache));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__cache_clear_held(cache));
 }
 
 KVCDEF kvc_result kvc_cache_offset(const kvc_cache *cache, int32_t *offset) {
@@ -3275,7 +3310,7 @@ static kvc_result kvc__begin_checkpoints_held(kvc_cache *cache, int32_t n_tokens
 }
 
 KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__begin_checkpoints_held(cache, n_tokens, at, n_at));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__begin_checkpoints_held(cache, n_tokens, at, n_at));
 }
 
 KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
@@ -3358,7 +3393,7 @@ static kvc_result kvc__cancel_held(kvc_cache *cache) {
 }
 
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__cancel_held(cache));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__cancel_held(cache));
 }
 
 /* A ROTATING window has wrapped once it has held more than W tokens (the rule of
@@ -3386,16 +3421,18 @@ static kvc_result kvc__trim_held(kvc_cache *cache, int32_t n_tokens) {
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
-    /* a wrapped window trims only onto a checkpoint (not even by 0, as before them) */
-    if (!kvc__reachable(cache, cache->offset - n_tokens) ||
-        (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0 && cache->cfg.reserve == 0))
-        return kvc__is_recurrent(cache) ? KVC_ERR_RECURRENT : KVC_ERR_UNSUPPORTED;
+    /* a wrapped window or a state goes back only onto a checkpoint (or to 0): the result
+       kvc_restore(cache, NULL, t) and kvc_memory_trim give */
+    if (!kvc__reachable(cache, cache->offset - n_tokens)) return KVC_ERR_UNREACHABLE;
+    /* a wrapped window does not trim by 0 (kvc_can_trim's rule, as before checkpoints) */
+    if (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0 && cache->cfg.reserve == 0)
+        return KVC_ERR_UNSUPPORTED;
     kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;
 }
 
 KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__trim_held(cache, n_tokens));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__trim_held(cache, n_tokens));
 }
 
 /* ---- Layer 3b: the CAUSAL kind (ollama's kvcache.Causal) ---------------------------
@@ -3540,7 +3577,7 @@ static kvc_result kvc__defrag_held(kvc_cache *cache, int32_t *n_moves) {
 }
 
 KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__defrag_held(cache, n_moves));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__defrag_held(cache, n_moves));
 }
 
 /* Sliding-window memory: the lowest batch position of each sequence (scratch, INT32_MAX
@@ -3646,7 +3683,7 @@ static kvc_result kvc__begin_batch_held(kvc_cache *c, const kvc_batch *b) {
 }
 
 KVCDEF kvc_result kvc_begin_batch(kvc_cache *c, const kvc_batch *b) {
-    KVC__POOL_LOCKED(c, c->pool, kvc__begin_batch_held(c, b));
+    KVC__POOL_LOCKED(c, c->pool, kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__begin_batch_held(c, b));
 }
 
 /* kvc_begin on a CAUSAL cache: sequence 0, after its last position. */
@@ -3741,7 +3778,7 @@ static kvc_result kvc__seq_copy_prefix_held(kvc_cache *c, int32_t src, int32_t d
 }
 
 KVCDEF kvc_result kvc_seq_copy_prefix(kvc_cache *c, int32_t src, int32_t dst, int32_t len) {
-    KVC__POOL_LOCKED(c, c->pool, kvc__seq_copy_prefix_held(c, src, dst, len));
+    KVC__POOL_LOCKED(c, c->pool, kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__seq_copy_prefix_held(c, src, dst, len));
 }
 
 /* Re-rotate one cell's keys of every layer from old_pos to new_pos, with the cos/sin
@@ -3854,7 +3891,7 @@ static kvc_result kvc__seq_remove_held(kvc_cache *c, int32_t seq, int32_t begin,
 }
 
 KVCDEF kvc_result kvc_seq_remove(kvc_cache *c, int32_t seq, int32_t begin, int32_t end) {
-    KVC__POOL_LOCKED(c, c->pool, kvc__seq_remove_held(c, seq, begin, end));
+    KVC__POOL_LOCKED(c, c->pool, kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__seq_remove_held(c, seq, begin, end));
 }
 
 static kvc_result kvc__seq_keep_held(kvc_cache *c, int32_t seq) {
@@ -3872,7 +3909,7 @@ static kvc_result kvc__seq_keep_held(kvc_cache *c, int32_t seq) {
 }
 
 KVCDEF kvc_result kvc_seq_keep(kvc_cache *c, int32_t seq) {
-    KVC__POOL_LOCKED(c, c->pool, kvc__seq_keep_held(c, seq));
+    KVC__POOL_LOCKED(c, c->pool, kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__seq_keep_held(c, seq));
 }
 
 KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *c, int32_t seq, int32_t *min_pos, int32_t *max_pos) {
@@ -4155,7 +4192,9 @@ static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int
     }
     s = k >= 0 ? kvc__snapshot_clone(cache->ckpt[k], 1) : kvc__snapshot_alloc(cache->pool, n, 1);
     if (s == NULL) return KVC_ERR_NO_MEMORY;
-    if (kvc__has_ckpts(cache) && (r = kvc__ckpt_chain(cache, at, &s->carried)) != KVC_OK) {
+    /* the checkpoints up to `at`, the one at `at` too: a restore to `at` keeps it, as a
+       rewind to `at` does */
+    if (kvc__has_ckpts(cache) && (r = kvc__ckpt_chain(cache, at < INT32_MAX ? at + 1 : at, &s->carried)) != KVC_OK) {
         if (k < 0) s->n_pages = 0; /* a fresh one holds no page yet (a clone holds its own) */
         kvc__snapshot_release(s);
         return r;
@@ -4306,7 +4345,7 @@ static kvc_result kvc__restore_held(kvc_cache *cache, const kvc_snapshot *snap, 
 }
 
 KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__restore_held(cache, snap, target));
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__restore_held(cache, snap, target));
 }
 
 static kvc_result kvc__snapshot_merge_held(kvc_cache *cache, kvc_snapshot *parent, kvc_snapshot *child,
@@ -4494,7 +4533,7 @@ static kvc_result kvc__seq_restore_held(kvc_cache *c, const kvc_snapshot *s, int
 }
 
 KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t dst) {
-    KVC__POOL_LOCKED(c, c->pool, kvc__seq_restore_held(c, s, dst));
+    KVC__POOL_LOCKED(c, c->pool, kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__seq_restore_held(c, s, dst));
 }
 
 /* ---- Layer 4b: checkpoints --------------------------------------------------------------
@@ -4505,7 +4544,7 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t d
    layer's state over; ROTATING: the window at that offset is still held when the batch
    ends) and kept once the batch has ended ("settled" at the next call that needs it, so
    that a state handed out by kvc_state may be written until then). Rewinds, trims and
-   prefix reuse go back to checkpoints; snapshots carry the checkpoints before them.
+   prefix reuse go back to checkpoints (and to 0); snapshots carry the checkpoints up to them.
    A RECURRENT reserve (cfg.reserve = R) adds checkpoints of its own: the state at a
    short batch's start (c->start, shared with the live state) and the batch's last R
    offsets (pending ones the engine fills). kvc__ckpt_prune keeps the latest max_ckpt
@@ -4738,6 +4777,7 @@ static int kvc__reachable(const kvc_cache *c, int32_t target) {
     if (target < 0 || target > c->offset) return 0;
     if (target == c->offset || c->cfg.kind == KVC_KIND_FULL) return 1;
     if (c->cfg.kind == KVC_KIND_CAUSAL) return 0;
+    if (target == 0) return 1; /* clearing: always possible */
     if (c->cfg.kind == KVC_KIND_ROTATING && (!kvc__wrapped(c) || kvc__reserve_holds(c, c->first_lpage, target)))
         return 1;
     i = kvc__ckpt_find(c, target);
@@ -4766,6 +4806,11 @@ static void kvc__rewind_any(kvc_cache *c, int32_t target) {
     if (c->cfg.kind == KVC_KIND_FULL || (c->cfg.kind == KVC_KIND_ROTATING &&
                                          (!kvc__wrapped(c) || kvc__reserve_holds(c, c->first_lpage, target)))) {
         kvc__rewind(c, target); /* at the offset too: the window's anchor becomes offset - 1 */
+    } else if (target == 0) { /* a state or a wrapped window: cleared (a tree's lease stays) */
+        kvc__pend_drop(c);
+        kvc__ckpt_drop_all(c);
+        kvc__states_release(c);
+        kvc__rewind(c, 0);
     } else if (target != c->offset) {
         i = kvc__ckpt_find(c, target);
         KVCACHE_ASSERT(i >= 0);
@@ -4882,6 +4927,7 @@ typedef struct kvc__mpools {
     kvc_lock_fn lock, unlock; /* the memory config's: every group's pool has the same */
     void *lock_user;
     int32_t refs, n_groups, n_layers;
+    int32_t inside; /* memory calls under way (under the lock): they may change the groups */
     int32_t *layer_group, *group_layer; /* [n_layers] */
     kvc_pool *pool[KVC_MAX_GROUPS];
 } kvc__mpools;
@@ -4902,18 +4948,36 @@ struct kvc_memory_snapshot {
 typedef struct kvc__mlock {
     kvc_lock_fn unlock;
     void *user;
+    kvc__mpools *mp; /* its `inside` count, or NULL */
 } kvc__mlock;
 static kvc__mlock kvc__memory_lock(const kvc__mpools *mp) {
     kvc__mlock k;
     k.unlock = mp->unlock;
     k.user = mp->lock_user;
+    k.mp = (kvc__mpools *)mp;
     if (mp->lock != NULL) mp->lock(mp->lock_user);
+    k.mp->inside++;
     return k;
 }
 static void kvc__memory_unlock(kvc__mlock k) {
+    /* the call may have let go of the last reference: kvc__mpools_unref left the
+       struct to us */
+    if (k.mp != NULL && --k.mp->inside == 0 && k.mp->refs == 0) k.mp->alloc.free(k.mp, k.mp->alloc.user);
     if (k.unlock != NULL) k.unlock(k.user);
 }
+
+/* The rule for a memory's caches (kvc_memory_group): a memory of two or more groups
+   keeps them in step, so what would change one group alone is refused unless a memory
+   call does it; kvc_cache_destroy and kvc_cache_fork (a cache that would outlive the
+   memory's pools) are refused for every memory. Checked under the pools' lock, which
+   memory calls hold while `inside` is counted. */
+static kvc_result kvc__owned(const kvc_cache *c, int always) {
+    if (c == NULL || c->owner == NULL || c->owner->inside > 0) return KVC_OK;
+    return always || c->owner->n_groups > 1 ? KVC_ERR_OWNED : KVC_OK;
+}
 /* KVC__POOL_LOCKED for the calls on a memory: under its pools' lock */
+/* (kvc__memory_lock counts the call in `inside`: the memory's own changes to its groups
+   pass kvc__owned) */
 #define KVC__MEMORY_LOCKED(obj, mpools_of_obj, held_call)      \
     do {                                                       \
         kvc__mlock lk_;                                        \
@@ -4958,6 +5022,20 @@ static int64_t kvc__group_min_pages(const kvc_group_config *g, int32_t page_cell
     return 1;
 }
 
+/* A group's pool as kvc_pool_create would lay it out, for kvc__check_cache_plan: only
+   its geometry (no pages, no arrays), as kvc__pool_init sets it. */
+static void kvc__pool_geometry(const kvc_pool_config *pc, const kvc__layout *L, kvc_pool *p) {
+    memset(p, 0, sizeof(*p));
+    (void)kvc__effective_config(pc, &p->cfg); /* checked by kvc__check_pool */
+    p->cfg.page_cells = L->page_cells;
+    p->page_cells = L->page_cells;
+    p->max_pages = L->max_pages;
+    p->external = pc->hooks.external_data != 0;
+}
+
+/* kvc_memory_create's validation, and kvc_memory_config_check's: the memory's own rules,
+   then for each group the checks kvc_pool_create (kvc__check_pool) and kvc_cache_create
+   (kvc__check_cache_plan) run on what the memory will create, then the budget. */
 static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **field) {
     int32_t l, g, count[KVC_MAX_GROUPS];
     size_t need = 0;
@@ -4978,11 +5056,13 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
     }
     for (g = 0; g < m->n_groups; ++g) {
         const kvc_pool_config *p = &m->groups[g].pool;
-        const kvc_cache_config *c = &m->groups[g].cache;
         kvc_pool_config pc = kvc__group_pool(m, g);
+        kvc_pool geometry;
+        kvc__cache_plan plan;
         kvc__layout L;
         kvc_result r;
-        int recurrent = c->kind == KVC_KIND_RECURRENT;
+        const char *inner = "";
+        int64_t pages;
         if (count[g] == 0) { *field = "layer_group"; return KVC_ERR_INVALID; } /* a group with no layer */
         if (p->n_layers != count[g]) { *field = "groups.pool.n_layers"; return KVC_ERR_INVALID; }
         if (p->budget_bytes != 0 || p->arena != NULL || p->arena_bytes != 0 || p->arena_object_bytes != 0 ||
@@ -4991,33 +5071,18 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
             *field = "groups.pool";
             return KVC_ERR_INVALID;
         }
-        {
-            const char *inner;
-            if ((r = kvc__page_layout(&pc, &L, &inner)) != KVC_OK) { *field = "groups.pool"; return r; }
+        if ((r = kvc__check_pool(&pc, &L, &inner)) != KVC_OK) {
+            *field = strcmp(inner, "budget_bytes") == 0 ? "budget_bytes" : "groups.pool";
+            return r;
         }
-        if ((int)c->kind < (int)KVC_KIND_FULL || (int)c->kind > (int)KVC_KIND_RECURRENT ||
-            recurrent != (p->state_floats > 0)) {
-            *field = "groups.cache";
-            return KVC_ERR_INVALID;
+        kvc__pool_geometry(&pc, &L, &geometry);
+        if ((r = kvc__check_cache_plan(&geometry, &m->groups[g].cache, &plan, &inner)) != KVC_OK) {
+            *field = strcmp(inner, "reserve") == 0 ? "groups.cache.reserve" : "groups.cache";
+            return r;
         }
-        if (!kvc__reserve_ok(c)) { *field = "groups.cache.reserve"; return KVC_ERR_INVALID; }
-        if (recurrent && (c->max_seqs < 0 || c->max_seqs > (1 << 20) || c->window != 0 || c->sinks != 0 ||
-                          c->capacity != 0 || c->padding != 0 || c->chunk != 0)) {
-            *field = "groups.cache";
-            return KVC_ERR_INVALID;
-        }
-        if ((c->kind == KVC_KIND_FULL && (c->window != 0 || c->sinks != 0)) ||
-            (c->kind == KVC_KIND_ROTATING && (c->window < 1 || c->sinks < 0 || c->sinks >= c->window)) ||
-            ((c->kind == KVC_KIND_ROTATING || recurrent) && (c->checkpoints < 0 || c->checkpoints > 4096))) {
-            *field = "groups.cache";
-            return KVC_ERR_INVALID;
-        }
-        if (c->kind == KVC_KIND_CAUSAL && (c->capacity < 1 || c->capacity > INT32_MAX / 2 || c->padding < 0)) {
-            *field = "groups.cache";
-            return KVC_ERR_INVALID;
-        }
-        need += (size_t)kvc__group_min_pages(&m->groups[g], L.page_cells) * L.page_bytes;
-        if (need / L.page_bytes < (size_t)kvc__group_min_pages(&m->groups[g], L.page_cells)) {
+        pages = kvc__group_min_pages(&m->groups[g], L.page_cells);
+        need += (size_t)pages * L.page_bytes;
+        if (need / L.page_bytes < (size_t)pages) {
             *field = "budget_bytes";
             return KVC_ERR_OVERFLOW;
         }
@@ -5036,7 +5101,7 @@ static void kvc__mpools_unref(kvc__mpools *mp) {
     if (--mp->refs > 0) return;
     for (g = 0; g < mp->n_groups; ++g)
         if (mp->pool[g] != NULL) { mp->pool[g]->owned = 0; (void)kvc_pool_destroy(mp->pool[g]); }
-    mp->alloc.free(mp, mp->alloc.user);
+    if (mp->inside == 0) mp->alloc.free(mp, mp->alloc.user); /* else kvc__memory_unlock frees it */
 }
 
 static kvc_memory *kvc__memory_alloc(kvc__mpools *mp) {
@@ -5117,13 +5182,22 @@ static kvc_result kvc__memory_map(const kvc_memory *m, int32_t layer, kvc_cache 
     return KVC_OK;
 }
 
+/* A group's cache handed out: from now on it refuses changes from outside (kvc__owned). */
+static kvc_cache *kvc__memory_hand_out(const kvc_memory *mem, int32_t group) {
+    kvc__mlock lk = kvc__memory_lock(mem->mp);
+    kvc_cache *c = mem->cache[group];
+    c->owner = mem->mp;
+    kvc__memory_unlock(lk);
+    return c;
+}
+
 KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer) {
     kvc_cache *c;
     int32_t gl;
     kvc_result r;
     if (cache == NULL || group_layer == NULL) return KVC_ERR_NULL;
     if ((r = kvc__memory_map(mem, layer, &c, &gl)) != KVC_OK) return r;
-    *cache = c;
+    *cache = kvc__memory_hand_out(mem, mem->mp->layer_group[layer]);
     *group_layer = gl;
     return KVC_OK;
 }
@@ -5131,7 +5205,7 @@ KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cac
 KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache) {
     if (mem == NULL || cache == NULL) return KVC_ERR_NULL;
     if (group < 0 || group >= mem->mp->n_groups) return KVC_ERR_RANGE;
-    *cache = mem->cache[group];
+    *cache = kvc__memory_hand_out(mem, group);
     return KVC_OK;
 }
 
@@ -5298,6 +5372,7 @@ KVCDEF kvc_result kvc_memory_can_rewind(const kvc_memory *mem, int32_t target, i
     int32_t g;
     if (mem == NULL || can_rewind == NULL) return KVC_ERR_NULL;
     *can_rewind = !kvc__memory_open(mem);
+    if (target == 0) return KVC_OK; /* clearing: always possible (CAUSAL groups too) */
     for (g = 0; g < mem->mp->n_groups && *can_rewind; ++g)
         *can_rewind = kvc__reachable(mem->cache[g], target);
     return KVC_OK;
@@ -5334,7 +5409,7 @@ static kvc_result kvc__memory_trim_held(kvc_memory *mem, int32_t n_tokens) {
     o = kvc__cache_tokens(mem->cache[0]);
     if (n_tokens < 0 || n_tokens > o) return KVC_ERR_RANGE;
     (void)kvc_memory_can_rewind(mem, o - n_tokens, &ok);
-    if (!ok && o - n_tokens != 0) return KVC_ERR_UNREACHABLE;
+    if (!ok) return KVC_ERR_UNREACHABLE;
     kvc__memory_rewind(mem, o - n_tokens);
     return KVC_OK;
 }
@@ -5539,11 +5614,14 @@ KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, 
         if (caches[i]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
         for (j = 0; j < i; ++j) if (caches[j] == caches[i]) return KVC_ERR_INVALID;
     }
+    for (i = 0; i < n_caches; ++i) /* a memory's groups: kvc_prefix_create_memory takes them all */
+        if (kvc__owned(caches[i], 0) != KVC_OK) return KVC_ERR_OWNED;
     p = caches[0]->pool;
     bytes = sizeof(kvc_prefix) + (sizeof(kvc_cache *) + sizeof(uint64_t)) * (size_t)n_caches +
             2 * sizeof(int32_t) * (size_t)max_tokens;
+    kvc__pool_lock(p); /* the pool's counter and allocations: trees change them under it too */
     x = (kvc_prefix *)kvc__alloc(p, bytes);
-    if (x == NULL) return KVC_ERR_NO_MEMORY;
+    if (x == NULL) { kvc__pool_unlock(p); return KVC_ERR_NO_MEMORY; }
     memset(x, 0, sizeof(*x));
     x->pool = p;
     x->gen = (uint64_t *)(void *)(x + 1); /* 8-byte entries first: aligned after the struct */
@@ -5554,14 +5632,19 @@ KVCDEF kvc_result kvc_prefix_create(kvc_cache *const *caches, int32_t n_caches, 
     x->max_tokens = max_tokens;
     for (i = 0; i < n_caches; ++i) { x->caches[i] = caches[i]; x->gen[i] = caches[i]->gen; }
     p->live_prefixes++;
+    kvc__pool_unlock(p);
     *out = x;
     return KVC_OK;
 }
 
 KVCDEF kvc_result kvc_prefix_destroy(kvc_prefix *prefix) {
+    kvc_pool *p;
     if (prefix == NULL) return KVC_ERR_NULL;
-    prefix->pool->live_prefixes--;
-    kvc__free(prefix->pool, prefix);
+    p = prefix->pool;
+    kvc__pool_lock(p);
+    p->live_prefixes--;
+    kvc__free(p, prefix);
+    kvc__pool_unlock(p);
     return KVC_OK;
 }
 
@@ -5609,7 +5692,7 @@ KVCDEF kvc_result kvc_prefix_begin(kvc_prefix *x, const int32_t *tokens, int32_t
     prefix = kvc__common_point(x->caches, x->n_caches, KVC__MIN(prefix, kvc__min_offset(x)));
     for (i = 0; i < x->n_caches; ++i) {
         kvc__pool_lock(x->caches[i]->pool);
-        if (prefix == 0) (void)kvc_cache_clear(x->caches[i]);
+        if (prefix == 0) (void)kvc__cache_clear_held(x->caches[i]); /* also a memory's groups */
         else if (x->caches[i]->offset > prefix) kvc__rewind_any(x->caches[i], prefix);
         else kvc__settle(x->caches[i]); /* at it already: as it is */
         kvc__pool_unlock(x->caches[i]->pool);
@@ -5643,7 +5726,7 @@ KVCDEF kvc_result kvc_prefix_close(kvc_prefix *x, const int32_t *generated, int3
 
 KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out) {
     if (mem == NULL || out == NULL) return KVC_ERR_NULL;
-    return kvc_prefix_create(mem->cache, mem->mp->n_groups, max_tokens, out);
+    KVC__MEMORY_LOCKED(mem, mem->mp, kvc_prefix_create(mem->cache, mem->mp->n_groups, max_tokens, out));
 }
 
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *x, const int32_t **tokens, int32_t *n_tokens) {
@@ -6207,6 +6290,7 @@ KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
     pc = &t->part[0].pool->cfg; /* a memory's tree may take the pools with it: keep the unlock */
     lk.unlock = pc->unlock;
     lk.user = pc->lock_user;
+    lk.mp = NULL;
     if (pc->lock != NULL) pc->lock(pc->lock_user);
     r = kvc__radix_destroy_held(t);
     kvc__memory_unlock(lk);
@@ -10599,7 +10683,7 @@ KVCDEF kvc_result kvc_cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *i
     if (c == NULL) return kvc__cache_load_held(c, ns, io, tokens, max_tokens, n_tokens);
     lp = c->pool;
     kvc__pool_lock(lp);
-    r = kvc__cache_load_held(c, ns, io, tokens, max_tokens, n_tokens);
+    r = kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__cache_load_held(c, ns, io, tokens, max_tokens, n_tokens);
     kvc__pool_unlock(lp);
     return r;
 }
@@ -10745,7 +10829,7 @@ KVCDEF kvc_result kvc_seq_load(kvc_cache *c, int32_t dst, kvc_namespace ns, cons
     if (c == NULL) return kvc__seq_load_held(c, dst, ns, io, tokens, max_tokens, n_tokens);
     lp = c->pool;
     kvc__pool_lock(lp);
-    r = kvc__seq_load_held(c, dst, ns, io, tokens, max_tokens, n_tokens);
+    r = kvc__owned(c, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__seq_load_held(c, dst, ns, io, tokens, max_tokens, n_tokens);
     kvc__pool_unlock(lp);
     return r;
 }

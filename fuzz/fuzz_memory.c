@@ -214,7 +214,7 @@ static int fm_ck_find(const fm_gref *r, int32_t t) {
 }
 static int fm_reach(const fm_group *g, const fm_gref *r, int32_t t) {
     if (t < 0 || t > r->st.off) return 0;
-    if (t == r->st.off || g->kind == KVC_KIND_FULL) return 1;
+    if (t == r->st.off || t == 0 || g->kind == KVC_KIND_FULL) return 1; /* 0: clearing */
     if (g->kind == KVC_KIND_ROTATING && !fm_wrapped(g, &r->st)) return 1;
     return fm_ck_find(r, t) >= 0;
 }
@@ -641,7 +641,7 @@ static void fm_op_batch(fm_world *w, int mi) {
 static void fm_op_trim(fm_world *w, int mi) {
     fm_mem *m = &w->m[mi];
     int32_t off = fm_off(m), n = fuzz_int(&w->in, -1, off + 1);
-    int want = n < 0 || n > off ? KVC_ERR_RANGE : off - n == 0 || fm_mem_reach(w, m, off - n) ? KVC_OK : KVC_ERR_UNREACHABLE;
+    int want = n < 0 || n > off ? KVC_ERR_RANGE : fm_mem_reach(w, m, off - n) ? KVC_OK : KVC_ERR_UNREACHABLE;
     fuzz_note("memory %d trim %d of %d, want %d", mi, n, off, want);
     FUZZ_RES(kvc_memory_trim(m->h, n), want);
     if (want == KVC_OK) fm_rewind(w, m, off - n);
@@ -723,8 +723,8 @@ static void fm_op_take(fm_world *w, int mi) {
             }
         }
         d->nck = 0;
-        for (i = 0; i < r->nck; ++i) /* the checkpoints before it come with it */
-            if (r->ck[i].to < at) d->ck[d->nck++] = r->ck[i];
+        for (i = 0; i < r->nck; ++i) /* the checkpoints up to it come with it */
+            if (r->ck[i].to <= at) d->ck[d->nck++] = r->ck[i];
     }
 }
 
@@ -780,6 +780,61 @@ static void fm_op_restore(fm_world *w, int mi) {
         d->nck = 0;
         for (i = 0; i < src->nck; ++i)
             if (src->ck[i].to <= target) d->ck[d->nck++] = src->ck[i];
+    }
+}
+
+/* ---- direct calls on a group's cache (issue 35) -------------------------------------------
+   kvc_memory_group hands a group's cache out. On a memory of two or more groups every call
+   that would change it alone is refused (KVC_ERR_OWNED) and changes nothing; on a memory of
+   one group its cache is the memory, so a trim or live restore on it goes where the
+   memory's would; kvc_cache_destroy and kvc_cache_fork are refused on any memory's cache.
+   Reads agree with the reference. fm_check_all then compares the whole memory. */
+static void fm_op_direct(fm_world *w, int mi) {
+    fm_mem *m = &w->m[mi];
+    kvc_cache *c, *f = NULL;
+    int32_t g = fuzz_int(&w->in, 0, w->G - 1), off = fm_off(m), n = fuzz_int(&w->in, 1, 4), o = -1, at[1];
+    unsigned x = fuzz_byte(&w->in);
+    int ok = -1, want;
+    FUZZ_RES(kvc_memory_group(m->h, g, &c), KVC_OK);
+    fuzz_note("memory %d group %d direct call %u (n %d) at %d", mi, g, x % 10, n, off);
+    at[0] = off + n;
+    switch (x % 10) {
+    case 0: FUZZ_RES(kvc_cache_destroy(c), KVC_ERR_OWNED); return;
+    case 1: FUZZ_RES(kvc_cache_fork(c, &f), KVC_ERR_OWNED); return;
+    case 2: FUZZ_RES(kvc_cache_offset(c, &o), KVC_OK); FUZZ_CHECK(o == off, "group offset %d, reference %d", o, off); return;
+    case 3: {
+        int32_t t = fuzz_int(&w->in, 0, off);
+        FUZZ_RES(kvc_can_rewind(c, t, &ok), KVC_OK);
+        FUZZ_CHECK(ok == fm_reach(&w->gr[g], &m->g[g], t), "group %d can_rewind(%d) %d", g, t, ok);
+        return;
+    }
+    default: break;
+    }
+    if (w->G > 1) { /* every change of one group alone */
+        switch (x % 10) {
+        case 4: FUZZ_RES(kvc_trim(c, fuzz_min(n, off)), KVC_ERR_OWNED); break;
+        case 5: FUZZ_RES(kvc_restore(c, NULL, fuzz_int(&w->in, 0, off)), KVC_ERR_OWNED); break;
+        case 6: FUZZ_RES(kvc_cache_clear(c), KVC_ERR_OWNED); break;
+        case 7: FUZZ_RES(kvc_begin(c, n), KVC_ERR_OWNED); break;
+        case 8: FUZZ_RES(kvc_begin_checkpoints(c, n, at, 1), KVC_ERR_OWNED); break;
+        default: FUZZ_RES(kvc_cancel(c), KVC_ERR_OWNED); break;
+        }
+        return;
+    }
+    /* one group: a trim or restore to 1 .. off goes where kvc_memory_trim would */
+    if (off < 2) return;
+    n = fuzz_int(&w->in, 0, off - 1);
+    want = fm_reach(&w->gr[0], &m->g[0], off - n) ? KVC_OK : KVC_ERR_UNREACHABLE;
+    if (n == 0 && w->gr[0].kind == KVC_KIND_ROTATING && fm_wrapped(&w->gr[0], &m->g[0].st)) want = KVC_ERR_UNSUPPORTED;
+    if (x % 2) {
+        FUZZ_RES(kvc_trim(c, n), want);
+    } else {
+        want = want == KVC_ERR_UNSUPPORTED ? KVC_OK : want; /* a restore to the offset: as it is */
+        FUZZ_RES(kvc_restore(c, NULL, off - n), want);
+    }
+    if (want == KVC_OK) {
+        fm_rewind(w, m, off - n);
+        m->grace = 0;
     }
 }
 
@@ -1178,11 +1233,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fm_setup(w);
     fm_create(w);
     for (fuzz_step = 0; fuzz_step < FM_STEPS && w->in.i < w->in.n; ++fuzz_step) {
-        unsigned op = fuzz_byte(&w->in) % 24;
+        unsigned byte = fuzz_byte(&w->in), op = byte % 24;
         int mi;
         if (w->nm == 0) fm_create(w);
         mi = fuzz_int(&w->in, 0, w->nm - 1);
+        if (byte >= 240) op = 24; /* (the top 16 bytes: the corpora's older ops keep their meaning) */
         switch (op) {
+        case 24: fm_op_direct(w, mi); break; /* calls on a group's cache (issue 35) */
         case 0: case 1: case 2: case 3: case 4: case 5: fm_op_batch(w, mi); break;
         case 6: fm_op_trim(w, mi); break;
         case 7: case 8: fm_op_rewind(w, mi); break;

@@ -494,6 +494,54 @@ static void fmr_bad(fmr_world *w) {
                "a refused call changed the tree");
 }
 
+/* ---- direct calls on a group's cache (issue 35) -------------------------------------------
+   A slot's memory hands a group's cache out (kvc_memory_group). With two or more groups a
+   call that would change it alone is refused (KVC_ERR_OWNED) and the memory keeps what it
+   held (fmr_op checks every slot after this); kvc_cache_destroy and kvc_cache_fork are
+   refused with one group too. With one group its cache is the memory: a trim on it
+   succeeds exactly where kvc_memory_can_rewind says, else KVC_ERR_UNREACHABLE. */
+static void fmr_direct(fmr_world *w, int i) {
+    fmr_slot *s = &w->s[i];
+    kvc_cache *c = NULL, *f = NULL;
+    int32_t g, o = -1, k, at[1];
+    unsigned x;
+    int ok = -1;
+    kvc_result r;
+    if (s->m == NULL) return;
+    g = fuzz_int(&w->in, 0, w->n_groups - 1);
+    x = fuzz_byte(&w->in);
+    k = fuzz_int(&w->in, 1, 4);
+    at[0] = s->n + k;
+    FUZZ_RES(kvc_memory_group(s->m, g, &c), KVC_OK);
+    fuzz_note("slot %d group %d direct call %u (k %d) at %d", i, g, x % 9, k, s->n);
+    FUZZ_RES(kvc_cache_offset(c, &o), KVC_OK);
+    FUZZ_CHECK(o == s->n, "group %d offset %d, wanted %d", g, o, s->n);
+    switch (x % 9) {
+    case 0: FUZZ_RES(kvc_cache_destroy(c), KVC_ERR_OWNED); return;
+    case 1: FUZZ_RES(kvc_cache_fork(c, &f), KVC_ERR_OWNED); return;
+    default: break;
+    }
+    if (w->n_groups > 1) {
+        switch (x % 9) {
+        case 2: FUZZ_RES(kvc_trim(c, fuzz_min(k, s->n)), KVC_ERR_OWNED); break;
+        case 3: FUZZ_RES(kvc_restore(c, NULL, fuzz_int(&w->in, 0, s->n)), KVC_ERR_OWNED); break;
+        case 4: FUZZ_RES(kvc_cache_clear(c), KVC_ERR_OWNED); break;
+        case 5: FUZZ_RES(kvc_begin(c, k), KVC_ERR_OWNED); break;
+        case 6: FUZZ_RES(kvc_begin_checkpoints(c, k, at, 1), KVC_ERR_OWNED); break;
+        case 7: FUZZ_RES(kvc_cancel(c), KVC_ERR_OWNED); break;
+        default: if (s->n > 0) fmr_commit(w, i, s->n, 0); break; /* the memory's own calls still work */
+        }
+        return;
+    }
+    if (k > s->n) return;
+    FUZZ_RES(kvc_memory_can_rewind(s->m, s->n - k, &ok), KVC_OK);
+    r = kvc_trim(c, k);
+    FUZZ_CHECK(r == (ok ? KVC_OK : KVC_ERR_UNREACHABLE), "trim of group %d by %d: %d, can_rewind %d", g, k, (int)r, ok);
+    if (r != KVC_OK) return;
+    s->n -= k;
+    while (s->n_ck > 0 && s->ck[s->n_ck - 1] > s->n) s->n_ck--;
+}
+
 static void fmr_op(fmr_world *w, unsigned op) {
     int i = fuzz_int(&w->in, 0, FMR_SLOTS - 1);
     switch (op % 12) {
@@ -520,7 +568,9 @@ static void fmr_op(fmr_world *w, unsigned op) {
             fuzz_note("refuse allocation %ld of the next %s", fmr_arm_k, fmr_call_name[fmr_arm_call]);
             return;
         }
-        if (op & 16) fmr_save_load(w); else fmr_bad(w);
+        if ((op & 96) == 96) fmr_direct(w, i); /* calls on a group's cache (issue 35) */
+        else if (op & 16) fmr_save_load(w);
+        else fmr_bad(w);
         break;
     }
     fmr_note_evictions(w);

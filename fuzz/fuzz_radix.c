@@ -705,7 +705,7 @@ static void fr_rewind(fr_world *w, int i) {
     fr_live *c = &w->live[i];
     int32_t target = fuzz_int(&w->in, 0, c->off);
     int same = fr_rot(w) && target == c->off;
-    kvc_result want = same ? KVC_OK : fr_wrapped(w, c) ? KVC_ERR_UNREACHABLE : KVC_OK;
+    kvc_result want = same ? KVC_OK : fr_wrapped(w, c) && target > 0 ? KVC_ERR_UNREACHABLE : KVC_OK; /* 0: clearing */
     fuzz_note("rewind slot %d to %d (offset %d)", i, target, c->off);
     FUZZ_RES(kvc_restore(c->h, NULL, target), want);
     if (want != KVC_OK || same) return;

@@ -101,15 +101,15 @@ static inline void ref_cancel(ref_state *st, const ref_state *after) {
 /* What kvc_trim(n) answers. */
 static inline kvc_result ref_trim_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t n) {
     if (n < 0 || n > st->off) return KVC_ERR_RANGE;
-    if (ref_wrapped(kind, W, st)) return KVC_ERR_UNSUPPORTED;
-    return KVC_OK;
+    if (!ref_wrapped(kind, W, st) || (n > 0 && n == st->off)) return KVC_OK; /* 0: clearing */
+    return n == 0 ? KVC_ERR_UNSUPPORTED : KVC_ERR_UNREACHABLE;
 }
 
 /* What kvc_restore(cache, NULL, target) answers; ref_live_restore applies it. */
 static inline kvc_result ref_live_restore_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t target) {
     if (target < 0 || target > st->off) return KVC_ERR_UNREACHABLE;
     if (kind == KVC_KIND_ROTATING && target == st->off) return KVC_OK; /* nothing to do */
-    if (ref_wrapped(kind, W, st)) return KVC_ERR_UNREACHABLE;
+    if (ref_wrapped(kind, W, st) && target > 0) return KVC_ERR_UNREACHABLE; /* 0: clearing */
     return KVC_OK;
 }
 static inline void ref_live_restore(kvc_kind kind, ref_state *st, int32_t target) {

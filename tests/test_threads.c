@@ -537,6 +537,89 @@ static void test_config(void) {
     TK_OK(kvc_mutex_destroy(mx));
 }
 
+/* Prefix objects and trees on one locked pool from three threads at once: both count
+   among the pool's live_prefixes, which kvc_prefix_create / _destroy once changed
+   outside the lock (a race under TSan; the counter ended at -1 and kvc_pool_destroy
+   said BUSY with nothing alive). Afterwards the counter is 0 and the pool goes. */
+typedef struct churn_gate { /* the threads start their loops together: they overlap */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int waiting, n;
+} churn_gate;
+
+typedef struct churn {
+    kvc_pool *pool;
+    kvc_cache *cache; /* NULL: trees instead of prefix objects */
+    churn_gate *gate;
+    int32_t rounds, failed;
+} churn;
+
+static void *churn_main(void *arg) {
+    churn *c = (churn *)arg;
+    int32_t i;
+    pthread_mutex_lock(&c->gate->mu);
+    if (++c->gate->waiting == c->gate->n) pthread_cond_broadcast(&c->gate->cv);
+    while (c->gate->waiting < c->gate->n) pthread_cond_wait(&c->gate->cv, &c->gate->mu);
+    pthread_mutex_unlock(&c->gate->mu);
+    for (i = 0; i < c->rounds; ++i) {
+        if (c->cache != NULL) {
+            kvc_prefix *x;
+            if (kvc_prefix_create(&c->cache, 1, 64, &x) != KVC_OK || kvc_prefix_destroy(x) != KVC_OK) c->failed++;
+        } else {
+            kvc_radix_config rc;
+            kvc_radix *t;
+            if (kvc_radix_config_init(&rc, KVC_KIND_FULL) != KVC_OK || kvc_radix_create(c->pool, &rc, &t) != KVC_OK ||
+                kvc_radix_destroy(t) != KVC_OK)
+                c->failed++;
+        }
+    }
+    return NULL;
+}
+
+static void test_prefix_counter(void) {
+    kvc_pool_config pc;
+    kvc_cache_config cc;
+    kvc_pool *pool;
+    kvc_mutex *mx;
+    kvc_pool_stats ps;
+    churn w[3];
+    churn_gate gate;
+    pthread_t tid[3];
+    int i;
+    TK_OK(kvc_pool_config_init(&pc));
+    pc.n_layers = 1;
+    pc.n_kv_heads = 1;
+    pc.head_dim_k = pc.head_dim_v = 8;
+    pc.page_cells = 4;
+    TK_OK(kvc_pool_budget_for_tokens(&pc, 64, &pc.budget_bytes));
+    TK_OK(kvc_mutex_create(&mx));
+    TK_OK(kvc_mutex_attach(mx, &pc));
+    TK_OK(kvc_pool_create(&pc, &pool));
+    TK_OK(kvc_cache_config_init(&cc, KVC_KIND_FULL));
+    TK_EQ(pthread_mutex_init(&gate.mu, NULL), 0);
+    TK_EQ(pthread_cond_init(&gate.cv, NULL), 0);
+    gate.waiting = 0;
+    gate.n = 3;
+    for (i = 0; i < 3; ++i) {
+        w[i].pool = pool;
+        w[i].cache = NULL;
+        w[i].gate = &gate;
+        w[i].rounds = tk_scaled(3000);
+        w[i].failed = 0;
+        if (i < 2) TK_OK(kvc_cache_create(pool, &cc, &w[i].cache));
+    }
+    for (i = 0; i < 3; ++i) TK_EQ(pthread_create(&tid[i], NULL, churn_main, &w[i]), 0);
+    for (i = 0; i < 3; ++i) TK_EQ(pthread_join(tid[i], NULL), 0);
+    for (i = 0; i < 3; ++i) TK_EQ(w[i].failed, 0);
+    TK_OK(kvc_pool_stats_get(pool, &ps));
+    TK_EQ(ps.live_prefixes, 0);
+    for (i = 0; i < 2; ++i) TK_OK(kvc_cache_destroy(w[i].cache));
+    TK_OK(kvc_pool_destroy(pool));
+    TK_OK(kvc_mutex_destroy(mx));
+    pthread_cond_destroy(&gate.cv);
+    pthread_mutex_destroy(&gate.mu);
+}
+
 int main(int argc, char **argv) {
     unsigned long long seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (unsigned long long)time(NULL);
     tk_rng rng;
@@ -545,6 +628,7 @@ int main(int argc, char **argv) {
     test_config();
     test_shared_helper(&rng);
     test_memory_forks(&rng);
+    test_prefix_counter();
     test_server(seed);
     return tk_report("threads");
 }
