@@ -130,7 +130,7 @@
     X(KVC_ERR_STATE, -10, "operation not valid in the current state")                   \
     X(KVC_ERR_BUSY, -11, "object still in use")                                         \
     X(KVC_ERR_OVERFLOW, -12, "size computation overflows")                             \
-    X(KVC_ERR_NOT_FOUND, -13, "no such sequence in the cache")                          \
+    X(KVC_ERR_NOT_FOUND, -13, "not found: no such sequence, tree entry, pin or checkpoint") \
     X(KVC_ERR_SHARED, -14, "a cell to be changed is shared with another sequence")        \
     X(KVC_ERR_IO, -15, "a read, write or file operation failed")                        \
     X(KVC_ERR_FORMAT, -16, "not a saved kvcache object, or a format version not supported") \
@@ -417,7 +417,8 @@ typedef struct kvc_cache_config {
        as a checkpoint (sharing the live state's page until the batch writes it), and the
        offsets among the batch's last R (start < t < end) are checkpoints as if named in
        kvc_begin_checkpoints: the engine hands each layer's state there over with
-       kvc_state_checkpoint (a call for an offset not asked for is KVC_ERR_RANGE, harmless).
+       kvc_state_checkpoint (kvc_batch_checkpoints lists them; a call for an offset inside the
+       batch not asked for is KVC_ERR_NOT_FOUND, harmless).
        These reserve checkpoints are kept while within R of the offset, beside the latest
        `checkpoints` named ones: at most R + cfg.checkpoints, each one state page. */
     int32_t reserve;
@@ -804,8 +805,21 @@ KVCDEF kvc_result kvc_state(kvc_cache *cache, int32_t seq, int32_t layer, float 
 KVCDEF kvc_result kvc_state_read(const kvc_cache *cache, int32_t seq, int32_t layer, const float **state);
 /* RECURRENT, during a batch named with kvc_begin_checkpoints: copy layer's state as it
    is after `at` tokens (the engine's scan at that point) into the checkpoint `at`.
-   KVC_ERR_RANGE if the batch named no such checkpoint. */
+   KVC_ERR_RANGE if `at` lies outside the batch (at <= its start or at > its end);
+   KVC_ERR_NOT_FOUND (harmless, nothing done) for an offset inside it that the batch
+   does not ask for (kvc_batch_checkpoints lists those it asks for). The batch's end is
+   taken from the live state: KVC_OK, nothing copied, when it is asked for. */
 KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t at, const float *state);
+/* RECURRENT, during a batch (after kvc_begin_checkpoints / kvc_begin, until the next call
+   other than kvc_state and kvc_state_checkpoint): the offsets inside the batch, increasing,
+   whose state the engine must hand over with kvc_state_checkpoint for every layer -- the
+   ones kvc_begin_checkpoints named and, with a reserve (kvc_cache_config.reserve), the
+   reserve's (the batch's last R offsets) -- the batch's end left out (taken from the live
+   state). A checkpoint some layer never gets is dropped when the batch ends (counted in
+   kvc_memory_stats.checkpoints_dropped). at may be NULL with max_at 0 to count them;
+   KVC_ERR_RANGE (with *n_at set) if max_at is too small. KVC_ERR_STATE when no batch is
+   open. Other kinds: *n_at = 0 (nothing to hand over). */
+KVCDEF kvc_result kvc_batch_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
 /* kvc_snapshot_take as it was after `at` tokens: FULL any at <= offset; ROTATING at the
    offset, inside the last batch, or at a checkpoint; RECURRENT at the offset or a
    checkpoint (else KVC_ERR_RECURRENT; ROTATING: KVC_ERR_UNREACHABLE). A ROTATING or
@@ -860,8 +874,15 @@ typedef struct kvc_memory_stats {
     size_t budget_bytes, bytes_used;
     int32_t n_groups;
     int32_t offset;                 /* tokens held (kvc_memory_offset) */
-    int32_t n_checkpoints;          /* offsets every group can return to (checkpoints) */
+    int32_t n_checkpoints;          /* offsets below `offset` every group can return to (the
+                                       current offset, always reachable, is not counted) */
     size_t checkpoint_bytes;        /* pages held only by checkpoints, all groups */
+    uint64_t checkpoints_dropped;   /* since create (or fork): checkpoints a batch asked for
+                                       (named in kvc_memory_begin, or a reserve's) that a
+                                       RECURRENT group dropped when the batch ended, because
+                                       some layer's state never came (kvc_memory_state_checkpoint),
+                                       summed over groups; 0 while the engine hands every
+                                       offset of kvc_memory_batch_checkpoints over */
 } kvc_memory_stats;
 
 KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg); /* zeros */
@@ -890,6 +911,11 @@ KVCDEF kvc_result kvc_memory_put(kvc_memory *mem, int32_t layer, const float *k,
 KVCDEF kvc_result kvc_memory_attention(const kvc_memory *mem, int32_t layer, const kvc_attention_desc *desc);
 KVCDEF kvc_result kvc_memory_state(kvc_memory *mem, int32_t layer, int32_t seq, float **state);
 KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, int32_t at, const float *state);
+/* kvc_state_read and kvc_batch_checkpoints by model layer (sequence 0's state; a layer
+   of a group that is not RECURRENT: KVC_ERR_UNSUPPORTED, resp. *n_at = 0). */
+KVCDEF kvc_result kvc_memory_state_read(const kvc_memory *mem, int32_t layer, const float **state);
+KVCDEF kvc_result kvc_memory_batch_checkpoints(const kvc_memory *mem, int32_t layer, int32_t *at, int32_t max_at,
+                                               int32_t *n_at);
 /* Abandon the batch in every group, also in groups whose layers were all put already.
    KVC_ERR_RECURRENT (nothing changed) once a RECURRENT group has handed out a state. */
 KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem);
@@ -2533,6 +2559,7 @@ struct kvc_cache {
     kvc_snapshot **ckpt;                 /* [cap_ckpt] */
     kvc_snapshot **pend;                 /* [cap_ckpt] */
     unsigned char *pend_done;            /* [cap_ckpt][n_layers] RECURRENT: layers handed over */
+    uint64_t ckpt_dropped;               /* RECURRENT: pend ones settled without every layer */
     kvc_snapshot *start;                 /* RECURRENT with a reserve: the batch start's checkpoint,
                                             allocated before the batch begins */
     int states_open;                     /* RECURRENT: kvc_state may still give the batch's states */
@@ -4012,8 +4039,9 @@ KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t 
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (p->external) return KVC_ERR_UNSUPPORTED; /* the states live in a device backend */
     if (!cache->states_open || cache->batch_has[0] == 0) return KVC_ERR_STATE;
+    if (at <= cache->batch_begin || at > cache->offset) return KVC_ERR_RANGE; /* not inside the batch */
     for (i = 0; i < cache->n_pend && cache->pend[i]->to != at; ++i) {}
-    if (i == cache->n_pend) return KVC_ERR_RANGE; /* not a checkpoint this batch named */
+    if (i == cache->n_pend) return KVC_ERR_NOT_FOUND; /* inside, but not asked for */
     if (at == cache->offset) return KVC_OK;     /* the batch's end: taken from the live state */
     memcpy(kvc__state_at(p, cache->pend[i]->pages[0], layer), state, (size_t)p->cfg.head_dim_k * sizeof(float));
     cache->pend_done[(size_t)i * (size_t)p->cfg.n_layers + (size_t)layer] = 1;
@@ -4642,7 +4670,10 @@ static void kvc__settle(kvc_cache *c) {
                 complete &= c->pend_done[(size_t)i * (size_t)c->pool->cfg.n_layers + (size_t)l];
         }
         if (complete) kvc__ckpt_push(c, s);
-        else kvc__snapshot_release(s); /* a layer was never handed over */
+        else { /* a layer was never handed over: counted (kvc_memory_stats) */
+            kvc__snapshot_release(s);
+            c->ckpt_dropped++;
+        }
     }
     if (c->n_pend > 0) kvc__ckpt_prune(c);
     c->n_pend = 0;
@@ -4802,6 +4833,22 @@ KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t m
             if (n < max_at) at[n] = cache->pend[i]->to;
             n++;
         }
+    *n_at = n;
+    return n > max_at && at != NULL ? KVC_ERR_RANGE : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_batch_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at) {
+    int32_t i, n = 0;
+    if (cache == NULL || n_at == NULL || (at == NULL && max_at > 0)) return KVC_ERR_NULL;
+    if (max_at < 0) return KVC_ERR_INVALID;
+    if (kvc__is_recurrent(cache)) {
+        if (!cache->states_open || cache->batch_has[0] == 0) return KVC_ERR_STATE;
+        for (i = 0; i < cache->n_pend; ++i) /* pend is increasing; its end comes from the live state */
+            if (cache->pend[i]->to < cache->offset) {
+                if (n < max_at) at[n] = cache->pend[i]->to;
+                n++;
+            }
+    }
     *n_at = n;
     return n > max_at && at != NULL ? KVC_ERR_RANGE : KVC_OK;
 }
@@ -5094,6 +5141,19 @@ KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, in
     int32_t gl;
     kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
     return r != KVC_OK ? r : kvc_state_checkpoint(c, gl, at, state);
+}
+KVCDEF kvc_result kvc_memory_state_read(const kvc_memory *mem, int32_t layer, const float **state) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_state_read(c, 0, gl, state);
+}
+KVCDEF kvc_result kvc_memory_batch_checkpoints(const kvc_memory *mem, int32_t layer, int32_t *at, int32_t max_at,
+                                               int32_t *n_at) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_batch_checkpoints(c, at, max_at, n_at);
 }
 
 /* The tokens a cache holds, as the memory counts them (CAUSAL: sequence 0's). */
@@ -5420,6 +5480,9 @@ static kvc_result kvc__memory_stats_get_held(const kvc_memory *mem, kvc_memory_s
         const kvc_cache *c = mem->cache[g];
         int32_t i, j;
         if (with == NULL && kvc__has_ckpts(c)) with = c;
+        st->checkpoints_dropped += c->ckpt_dropped;
+        for (i = 0; kvc__is_recurrent(c) && !kvc__batch_open(c) && i < c->n_pend; ++i)
+            st->checkpoints_dropped += !kvc__pend_complete(c, i); /* the ended batch drops it when it settles */
         for (i = 0; i < c->n_ckpt + c->n_pend; ++i) { /* pages nothing but checkpoints hold */
             const kvc_snapshot *k = i < c->n_ckpt ? c->ckpt[i] : c->pend[i - c->n_ckpt];
             for (j = 0; j < k->n_pages; ++j)
