@@ -966,9 +966,23 @@ KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix
 /* A new memory on the tree's pools holding the longest cached prefix of tokens (every
    group's pages and states shared with the tree, nothing copied): evaluate
    tokens[*n_reused ..]. Its entry stays in use until the memory is destroyed, cleared,
-   released or committed elsewhere. */
+   released or committed elsewhere. One token always remains to evaluate, and a
+   RECURRENT group resumes only from a state the tree holds at exactly the reused length:
+   looking up exactly the history a memory committed (no new token) reuses n_tokens - 1
+   only if a checkpoint sat at n_tokens - 1 (name it in the last kvc_memory_begin, e.g.
+   with a reserve), else it falls back to the last checkpoint before, or to 0. */
 KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                           kvc_memory **out, int32_t *n_reused);
+/* kvc_radix_lookup_memory into a memory the engine already holds: mem's contents (every
+   group; its checkpoints and the entry it held in use) are replaced by the same prefix
+   that call would give -- the same pages and states, the same attention bits -- all or
+   nothing (after an error mem is as it was). mem must be on the tree's pools: the memory
+   the tree was made from, a fork of it, or a memory of its lookups (else
+   KVC_ERR_FOREIGN); no batch open (KVC_ERR_STATE). mem's snapshots stay valid. One
+   memory per conversation slot then lives as long as the engine; kvc_radix_destroy still
+   waits for it to release its entry (kvc_radix_release_memory, clear or destroy). */
+KVCDEF kvc_result kvc_radix_lookup_into_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens,
+                                               int32_t n_tokens, kvc_memory *mem, int32_t *n_reused);
 /* Insert tokens[0 .. min(n_tokens, offset)) with every group's K/V and states (the
    memory must be on the tree's pools: one of its lookups, or a fork of the memory the
    tree was made from; no batch open); priority as kvc_radix_commit_priority. */
@@ -6278,6 +6292,16 @@ static kvc_result kvc__radix_reserve_tables(const kvc_radix *t, kvc_memory *mem,
     return KVC_OK;
 }
 
+/* Fill the caches of mem (emptied, with room in their page tables for m tokens) with the
+   prefix of length m ending at `at`, which mem then holds in use. */
+static void kvc__radix_fill_memory(kvc_radix *t, kvc_memory *mem, kvc__rnode *at, int32_t m) {
+    int32_t g;
+    if (m == 0) return;
+    for (g = 0; g < t->n_parts; ++g) kvc__radix_fill(t, g, mem->cache[g], at, m);
+    kvc__radix_touch(t, at, 0, 0);
+    for (g = 0; g < t->n_parts; ++g) kvc__lease_set(mem->cache[g], t, at);
+}
+
 static kvc_result kvc__radix_lookup_memory_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens,
                                                 int32_t n_tokens, kvc_memory **out, int32_t *n_reused) {
     kvc__rnode *at;
@@ -6294,14 +6318,42 @@ static kvc_result kvc__radix_lookup_memory_held(kvc_radix *t, kvc_namespace ns, 
     m = kvc__radix_find(t, ns, tokens, n_tokens, &at);
     if ((r = kvc__radix_reserve_tables(t, mem, m)) != KVC_OK) { kvc_memory_destroy(mem); return r; }
     kvc__radix_count(t, n_tokens, m);
-    if (m > 0) {
-        for (g = 0; g < t->n_parts; ++g) kvc__radix_fill(t, g, mem->cache[g], at, m);
-        kvc__radix_touch(t, at, 0, 0);
-        for (g = 0; g < t->n_parts; ++g) kvc__lease_set(mem->cache[g], t, at);
-    }
+    kvc__radix_fill_memory(t, mem, at, m);
     *n_reused = m;
     *out = mem;
     return KVC_OK;
+}
+
+static kvc_result kvc__radix_lookup_into_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens,
+                                              int32_t n_tokens, kvc_memory *mem, int32_t *n_reused) {
+    kvc__rnode *at;
+    int32_t m;
+    kvc_result r;
+    if (t == NULL || mem == NULL || n_reused == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (t->mp == NULL) return KVC_ERR_UNSUPPORTED; /* a pool's tree: kvc_radix_lookup */
+    if (mem->mp != t->mp) return KVC_ERR_FOREIGN;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    m = kvc__radix_find(t, ns, tokens, n_tokens, &at);
+    /* the one step that can fail comes first: mem is untouched when it does */
+    if ((r = kvc__radix_reserve_tables(t, mem, m)) != KVC_OK) return r;
+    (void)kvc__memory_clear_held(mem); /* evicts nothing: the entry found stays */
+    kvc__radix_count(t, n_tokens, m);
+    kvc__radix_fill_memory(t, mem, at, m);
+    *n_reused = m;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_lookup_into_memory(kvc_radix *t, kvc_namespace ns, const int32_t *tokens,
+                                               int32_t n_tokens, kvc_memory *mem, int32_t *n_reused) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_lookup_into_held(t, ns, tokens, n_tokens, mem, n_reused);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_lookup_into_held(t, ns, tokens, n_tokens, mem, n_reused);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
