@@ -310,6 +310,14 @@ KVCDEF kvc_result kvc_pool_page_bytes(const kvc_pool_config *cfg, size_t *page_b
    page_bytes each, in the configured storage types (budget_bytes of cfg is ignored).
    KVC_ERR_RANGE for n_tokens < 0, KVC_ERR_OVERFLOW if it does not fit a size_t. */
 KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t n_tokens, size_t *budget_bytes);
+/* The same for a state pool (state_floats > 0; a K/V pool: KVC_ERR_INVALID): the budget
+   that holds n_states states, one page each (at least one). A RECURRENT cache holds one
+   live state per sequence that has consumed a token, one per checkpoint it keeps (at most
+   cfg.checkpoints named ones, and with a reserve R up to R + 1 more), and while a batch
+   runs one per offset it asks for (kvc_batch_checkpoints) and a copy of a live state that
+   a checkpoint or snapshot shares. A model memory's budget_bytes is the sum over its
+   groups (kvc_pool_budget_for_tokens for K/V groups). */
+KVCDEF kvc_result kvc_pool_budget_for_states(const kvc_pool_config *cfg, int32_t n_states, size_t *budget_bytes);
 /* A pool of floor(budget_bytes / page_bytes) pages, all allocated (or laid out in the
    arena) now: no later call allocates K/V memory. kvc_pool_config_check names the field
    of an invalid cfg. */
@@ -895,6 +903,8 @@ KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg); /* zeros */
    (too small for one page of every group and one state per sequence of every RECURRENT
    group). */
 KVCDEF kvc_result kvc_memory_config_check(const kvc_memory_config *cfg, const char **field);
+/* The memory copies cfg and what it points to (layer_group[], groups[] and the pool and
+   cache configs in them): they need not outlive the call. */
 KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out);
 /* Destroys the memory's caches; the pools go with the last memory (forks share them)
    or memory snapshot that uses them. */
@@ -929,7 +939,11 @@ KVCDEF kvc_result kvc_memory_rewind_point(const kvc_memory *mem, int32_t max_tar
 KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens);
 KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem);
 /* Snapshot of every group as after `at` tokens (kvc_snapshot_take_at per group);
-   *out = NULL when at <= from or at == 0. O(pages), nothing copied. */
+   *out = NULL when at <= from or at == 0. O(pages), nothing copied. `from` bounds only
+   what FULL groups hold (their tokens [from, at); a restore keeps the memory's own tokens
+   below from). A RECURRENT group holds its whole state at `at` whatever from is (a state
+   sums up every token before it: there is no part of it to leave out), a ROTATING group
+   its whole window at `at`; both also carry their checkpoints before `at`. */
 KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out);
 /* Bring every group to target from the snapshot (NULL: from the memory itself), all or
    nothing. The snapshot restores into any memory sharing its pools (itself or a fork). */
@@ -2268,6 +2282,12 @@ KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t
     if (of) return KVC_ERR_OVERFLOW;
     *budget_bytes = bytes;
     return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_pool_budget_for_states(const kvc_pool_config *cfg, int32_t n_states, size_t *budget_bytes) {
+    if (cfg == NULL || budget_bytes == NULL) return KVC_ERR_NULL;
+    if (cfg->state_floats <= 0) return KVC_ERR_INVALID; /* a K/V pool: kvc_pool_budget_for_tokens */
+    return kvc_pool_budget_for_tokens(cfg, n_states, budget_bytes); /* a state pool's page is one cell */
 }
 
 static unsigned char *kvc__align_ptr(void *p, size_t a) {

@@ -84,8 +84,28 @@ static void test_state_pool_config(void) {
     pc.n_kv_heads = 0;
     TK_OK(kvc_pool_page_bytes(&pc, &bytes));
     TK_EQ(bytes, 3 * (8 + 1) * 4); /* one state of every layer (and an unused float) */
-    pc.budget_bytes = 2 * bytes;
+    {   /* the budget for N states: N pages of one state of every layer */
+        size_t b = 0;
+        kvc_pool_config kv;
+        TK_OK(kvc_pool_budget_for_states(&pc, 5, &b));
+        TK_EQ(b, 5 * bytes);
+        TK_OK(kvc_pool_budget_for_states(&pc, 0, &b));
+        TK_EQ(b, bytes); /* a pool holds at least one page */
+        TK_RES(kvc_pool_budget_for_states(&pc, -1, &b), KVC_ERR_RANGE);
+        TK_RES(kvc_pool_budget_for_states(NULL, 1, &b), KVC_ERR_NULL);
+        TK_RES(kvc_pool_budget_for_states(&pc, 1, NULL), KVC_ERR_NULL);
+        kvc_pool_config_init(&kv);
+        kv.n_layers = 1; kv.n_kv_heads = 1; kv.head_dim_k = kv.head_dim_v = 4;
+        TK_RES(kvc_pool_budget_for_states(&kv, 1, &b), KVC_ERR_INVALID); /* K/V: budget_for_tokens */
+        TK_EQ(b, bytes);
+    }
+    TK_OK(kvc_pool_budget_for_states(&pc, 2, &pc.budget_bytes));
     TK_OK(kvc_pool_create(&pc, &p));
+    {
+        kvc_pool_stats ps;
+        TK_OK(kvc_pool_stats_get(p, &ps));
+        TK_EQ(ps.pages_total, 2);
+    }
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     TK_RES(kvc_cache_create(p, &cc, &c), KVC_ERR_INVALID); /* K/V kinds need a K/V pool */
     {
