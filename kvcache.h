@@ -476,7 +476,17 @@ KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
 KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens);
 /* Write the batch's keys and values for one layer, f32, [n_tokens][n_kv_heads][head_dim],
    converted to the storage type. Each layer of the batch must be put before its
-   attention; a later kvc_begin, snapshot or fork needs every layer put. */
+   attention; a later kvc_begin, snapshot or fork needs every layer put.
+   Non-finite K/V, one rule for every storage type, rotation and CPU path:
+   a (token, kv head) whose K or V holds a NaN, an infinity, or a value its storage cannot
+   hold finite (f16 rows and an f16_tail: |x| > 65504; q8_0: > 65504 x 127, q4_0: > 65504
+   x 8, the reach of their f16 block scale; f32, bf16: their range; a rotated side: that
+   bound / sqrt(rotation block)) is stored poisoned: its K as NaN, its V as zeros
+   (kvc_cache_gather reads them so). Each query row (query, head of that kv head) that sees
+   it gets NaN in every output value and its lse, like PyTorch's attention with a NaN key;
+   other rows, and queries masked from it, are exactly as without it. So a bad value never
+   turns its block or rotation neighbours NaN and is never dropped. (Not yet followed by
+   kvcache_vk.h's kvc_vk_cmd_append, whose device K/V the host never sees.) */
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v);
 /* Abandon an unfinished batch: offset goes back to where kvc_begin found it. */
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
@@ -538,7 +548,8 @@ typedef struct kvc_attention_desc {
    masks computed from the cells' positions (no mask tensor). Online softmax. out must
    not overlap q (KVC_ERR_INVALID); queries x heads must fit an int32 (KVC_ERR_OVERFLOW).
    A query row (one query, one head) holding a NaN or an infinity gives a row of NaN
-   in out (and a NaN lse), whatever the storage types (other rows are unaffected). */
+   in out (and a NaN lse), whatever the storage types (other rows are unaffected); so
+   does a row that sees a cell kvc_put stored poisoned (non-finite K or V, see kvc_put). */
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc);
 /* The scratch a call with this desc needs now (q, out and scratch are not looked at);
    it changes as the cache grows. KVC_ERR_OVERFLOW where it does not fit a size_t. */
@@ -1893,6 +1904,69 @@ static void kvc__store_row(const kvc__type_info *t, kvc__rot_fn fn, const float 
     }
 }
 
+/* ---- Non-finite keys and values: one rule for every type and path -------------------
+   A (cell, kv head) whose K or V values put in hold a NaN, an infinity or a value its
+   storage cannot hold finite (beyond f16's 65504 for f16 rows and f16 tails, beyond what
+   the f16 block scale of q8_0 / q4_0 reaches; with a storage rotation the bound is divided
+   by sqrt(block), as a rotated value reaches sqrt(block) times the largest input) is
+   stored "poisoned": its K head row as NaN, its V head row as zeros. Attention gives NaN
+   (every value, and a NaN log-sum-exp) to each query row that sees such a cell, and
+   leaves every other row as it would be: a NaN key makes the row's scores NaN, and a
+   masked cell's zero values add nothing. So one bad value never turns its neighbours
+   into NaN (a block's scale, a rotation block), is never dropped, and never depends on
+   the storage type or the CPU path. (kvcache_vk.h's device append and kernels do not
+   apply it yet: K/V written there with kvc_vk_cmd_append are taken as they are.) */
+static float kvc__finite_limit(kvc_type t, int32_t n_rot) {
+    float lim = t == KVC_TYPE_F16    ? 65504.0f                /* the largest finite f16 */
+                : t == KVC_TYPE_Q8_0 ? 65504.0f * 127.0f       /* scale amax / 127, an f16 */
+                : t == KVC_TYPE_Q4_0 ? 65504.0f * 8.0f         /* scale extreme / -8 */
+                : t == KVC_TYPE_BF16 ? 3.38953139e38f          /* the largest finite bf16 */
+                                     : 3.40282347e38f;         /* FLT_MAX */
+    return n_rot > 0 ? lim / sqrtf((float)n_rot) : lim;
+}
+/* Whether a head's d values break the limit (a NaN does). */
+static int kvc__over_scalar(const float *x, int32_t n, float limit);
+static int kvc__head_bad(const float *x, int32_t d, float limit) { return kvc__over_scalar(x, d, limit); }
+/* One kv head's stored K row as NaN (block types: a NaN scale) or its V row as zeros. */
+static void kvc__poison_row(kvc_type t, unsigned char *dst, int32_t d, int nan) {
+    size_t bytes = (size_t)d * kvc__types[t].block_bytes / (size_t)kvc__types[t].block;
+    int32_t i;
+    memset(dst, 0, bytes);
+    if (!nan) return;
+    if (t == KVC_TYPE_F32) {
+        float x = NAN;
+        for (i = 0; i < d; ++i) memcpy(dst + 4 * (size_t)i, &x, 4);
+    } else if (t == KVC_TYPE_F16 || t == KVC_TYPE_BF16) {
+        uint16_t h = t == KVC_TYPE_F16 ? 0x7e00u : 0x7fc0u;
+        for (i = 0; i < d; ++i) memcpy(dst + 2 * (size_t)i, &h, 2);
+    } else {
+        for (i = 0; i < d / KVC__QBLOCK; ++i) kvc__store_scale(dst + (size_t)i * kvc__types[t].block_bytes, NAN);
+    }
+}
+/* The limits of one cache's K and V rows (types, rotation, and an f16_tail's types). */
+typedef struct kvc__limits {
+    int32_t n_heads, hk, hv;
+    float k, v;
+    int (*over)(const float *x, int32_t n, float limit); /* the pool's CPU path */
+} kvc__limits;
+/* Whether a cell's K or V values (n_heads heads each) break the limits: one pass. */
+static int kvc__cell_bad(const kvc__limits *L, const float *k, const float *v) {
+    return L->over(k, L->n_heads * L->hk, L->k) || L->over(v, L->n_heads * L->hv, L->v);
+}
+/* After a cell's rows were stored (K in type tk at kd, V in tv at vd): poison the heads
+   whose K or V values break the limits. */
+static void kvc__poison_cell(const kvc__limits *L, const float *k, const float *v, kvc_type tk, unsigned char *kd,
+                             kvc_type tv, unsigned char *vd) {
+    size_t kb = (size_t)L->hk * kvc__types[tk].block_bytes / (size_t)kvc__types[tk].block;
+    size_t vb = (size_t)L->hv * kvc__types[tv].block_bytes / (size_t)kvc__types[tv].block;
+    int32_t h;
+    for (h = 0; h < L->n_heads; ++h)
+        if (kvc__head_bad(k + (size_t)h * L->hk, L->hk, L->k) || kvc__head_bad(v + (size_t)h * L->hv, L->hv, L->v)) {
+            kvc__poison_row(tk, kd + (size_t)h * kb, L->hk, 1);
+            kvc__poison_row(tv, vd + (size_t)h * vb, L->hv, 0);
+        }
+}
+
 KVCDEF kvc_result kvc_rotate_rows(float *x, int32_t head_dim, int32_t n_rows, int inverse) {
     int32_t n = kvc__rot_block(head_dim);
     if (n == 0 || n_rows < 0) return KVC_ERR_INVALID;
@@ -1959,6 +2033,52 @@ static void kvc__rotate_neon(float *x, const float *cs, const float *sn, int32_t
     kvc__rotate_tail(x, cs, sn, n, interleaved, i);
 }
 #endif
+/* Whether any of n values is NaN or beyond limit in magnitude (kvc_put's check of the
+   non-finite rule, every value it is given: on every CPU path). The scalar one compares
+   bit patterns: |x|'s bits exceed limit's exactly when |x| > limit or x is NaN. */
+typedef int (*kvc__over_fn)(const float *x, int32_t n, float limit);
+static int kvc__over_scalar(const float *x, int32_t n, float limit) {
+    uint32_t lim, u, acc = 0;
+    int32_t i;
+    memcpy(&lim, &limit, 4);
+    for (i = 0; i < n; ++i) {
+        memcpy(&u, x + i, 4);
+        acc |= lim - (u & 0x7fffffffu); /* wraps (bit 31) when |x| is the larger */
+    }
+    return (int)(acc >> 31);
+}
+#ifdef KVC__X86
+KVC__AVX2 static int kvc__over_avx2(const float *x, int32_t n, float limit) {
+    const __m256 lim = _mm256_set1_ps(limit), absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) { /* not (|x| <= limit): NaN too */
+        a0 = _mm256_or_ps(a0, _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), absm), lim, _CMP_NLE_UQ));
+        a1 = _mm256_or_ps(a1, _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + i + 8), absm), lim, _CMP_NLE_UQ));
+    }
+    return _mm256_movemask_ps(_mm256_or_ps(a0, a1)) != 0 || kvc__over_scalar(x + i, n - i, limit);
+}
+#endif
+#ifdef KVC__NEON
+static int kvc__over_neon(const float *x, int32_t n, float limit) {
+    const float32x4_t lim = vdupq_n_f32(limit);
+    uint32x4_t ok = vdupq_n_u32(0xffffffffu);
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) ok = vandq_u32(ok, vcleq_f32(vabsq_f32(vld1q_f32(x + i)), lim)); /* NaN: 0 */
+    return vminvq_u32(ok) == 0 || kvc__over_scalar(x + i, n - i, limit);
+}
+#endif
+static kvc__over_fn kvc__pick_over(uint32_t features) {
+#ifdef KVC__X86
+    if (features & KVC_CPU_AVX2) return kvc__over_avx2;
+#endif
+#ifdef KVC__NEON
+    if (features & KVC_CPU_NEON) return kvc__over_neon;
+#endif
+    (void)features;
+    return kvc__over_scalar;
+}
+
 static kvc__rotate_fn kvc__pick_rotate(uint32_t features) {
 #ifdef KVC__X86
     if (features & KVC_CPU_AVX2) return kvc__rotate_avx2;
@@ -2094,6 +2214,7 @@ struct kvc_pool {
     kvc__rotate_fn rotate;   /* the RoPE shift's rotation */
     int32_t rot_k, rot_v;    /* cfg.rotate: the storage rotation's block for K / V, 0: none */
     kvc__rot_fn rot_fn;      /* the storage rotation of one block (bit-identical on every path) */
+    kvc__over_fn over_fn;    /* kvc_put's check of the non-finite rule */
     int external;            /* hooks.external_data: no K/V bytes here (slab unused) */
     const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
     kvc__budget own_budget;
@@ -2338,6 +2459,7 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     p->rot_k = (cfg->rotate & KVC_ROTATE_K) ? kvc__rot_block(cfg->head_dim_k) : 0;
     p->rot_v = (cfg->rotate & KVC_ROTATE_V) ? kvc__rot_block(cfg->head_dim_v) : 0;
     p->rot_fn = kvc__pick_rot(p->cpu);
+    p->over_fn = kvc__pick_over(p->cpu);
     p->external = cfg->hooks.external_data != 0;
     p->kern = kvc__pick_kernels(p->cpu);
     p->own_budget.cap = (size_t)L->max_pages * L->page_bytes;
@@ -3308,6 +3430,7 @@ KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens) 
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v) {
     kvc_pool *p;
     const kvc__type_info *tk, *tv;
+    kvc__limits L;
     int32_t t, pc, nk, nv;
     if (cache == NULL) return KVC_ERR_NULL;
     if (kvc__is_recurrent(cache)) return KVC_ERR_UNSUPPORTED; /* kvc_state */
@@ -3321,15 +3444,28 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
     tv = &p->tv;
     nk = p->cfg.n_kv_heads * p->cfg.head_dim_k;
     nv = p->cfg.n_kv_heads * p->cfg.head_dim_v;
+    L.n_heads = p->cfg.n_kv_heads;
+    L.hk = p->cfg.head_dim_k;
+    L.hv = p->cfg.head_dim_v;
+    L.k = kvc__finite_limit(p->cfg.type_k, p->rot_k);
+    L.v = kvc__finite_limit(p->cfg.type_v, p->rot_v);
+    L.over = p->over_fn;
+    if (cache->tail != NULL) { /* the tail's types bound them too */
+        L.k = KVC__MIN(L.k, kvc__finite_limit(cache->tail_tk, p->rot_k));
+        L.v = KVC__MIN(L.v, kvc__finite_limit(cache->tail_tv, p->rot_v));
+    }
     /* the batch's cells: tokens batch_begin.. (CAUSAL: cells batch_loc..) */
     for (t = 0; !p->external && t < (cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_n : cache->offset - cache->batch_begin); ++t) {
         int32_t cell = cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_loc + t : cache->batch_begin + t;
         uint32_t page = cache->pages[kvc__lpage_index(cache, cell / pc)];
+        const float *kt = k + (size_t)t * (size_t)nk, *vt = v + (size_t)t * (size_t)nv;
+        int bad = kvc__cell_bad(&L, kt, vt);
         KVCACHE_ASSERT(p->refcount[page] == 1);
-        kvc__store_row(tk, p->rot_fn, k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk,
-                       p->cfg.head_dim_k, p->rot_k);
-        kvc__store_row(tv, p->rot_fn, v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv,
-                       p->cfg.head_dim_v, p->rot_v);
+        kvc__store_row(tk, p->rot_fn, kt, kvc__k_at(p, layer, page, cell % pc), nk, p->cfg.head_dim_k, p->rot_k);
+        kvc__store_row(tv, p->rot_fn, vt, kvc__v_at(p, layer, page, cell % pc), nv, p->cfg.head_dim_v, p->rot_v);
+        if (bad) /* the non-finite rule: NaN keys, zero values */
+            kvc__poison_cell(&L, kt, vt, p->cfg.type_k, kvc__k_at(p, layer, page, cell % pc), p->cfg.type_v,
+                             kvc__v_at(p, layer, page, cell % pc));
         if (cache->tail != NULL && cell >= cache->tail_lo) { /* the tail's copy, from the same f32 */
             /* stored rotated like the pages: attention rotates q once for every key it reads
                and rotates the output back once for every value */
@@ -3339,6 +3475,9 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
                            kvc__tail_k(cache, layer) + slot * cache->tail_krow, nk, p->cfg.head_dim_k, p->rot_k);
             kvc__store_row(&ttv, p->rot_fn, v + (size_t)t * (size_t)nv,
                            kvc__tail_v(cache, layer) + slot * cache->tail_vrow, nv, p->cfg.head_dim_v, p->rot_v);
+            if (bad)
+                kvc__poison_cell(&L, kt, vt, cache->tail_tk, kvc__tail_k(cache, layer) + slot * cache->tail_krow,
+                                 cache->tail_tv, kvc__tail_v(cache, layer) + slot * cache->tail_vrow);
         }
     }
     if (!cache->batch_put[layer]) {
@@ -3775,6 +3914,12 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
         }
         if (p->rot_k) kvc__rot_rows(p->rot_fn, c->row, hk, p->rot_k, (size_t)p->cfg.n_kv_heads, 0);
         tk->from_f32(c->row, k, nk);
+        for (h = 0; h < p->cfg.n_kv_heads; ++h) /* a poisoned key stays one (quantising drops a NaN) */
+            if (kvc__head_bad(c->row + (size_t)h * hk, hk, kvc__finite_limit(p->cfg.type_k, 0))) {
+                kvc__poison_row(p->cfg.type_k, k + kvc__row_bytes(p->cfg.type_k, h, hk), hk, 1);
+                kvc__poison_row(p->cfg.type_v, kvc__v_at(p, l, page, cell % pc) + kvc__row_bytes(p->cfg.type_v, h,
+                                p->cfg.head_dim_v), p->cfg.head_dim_v, 0);
+            }
     }
 }
 
@@ -6850,11 +6995,17 @@ static void kvc__dot_scalar(const float *q, const float *k, int32_t d, size_t st
         s[c] = acc;
     }
 }
+/* The largest visible score, or NaN when a visible score is not finite (the non-finite
+   rule: a poisoned key's NaN scores give the row NaN; every path's masked_max does the
+   same, through x - x, which is 0 for a finite x and NaN for the rest). */
 static float kvc__masked_max_scalar(const float *s, int32_t n, uint32_t vis) {
     float m = -INFINITY;
     int32_t c;
     for (c = 0; c < n; ++c)
-        if (((vis >> c) & 1u) && s[c] > m) m = s[c];
+        if ((vis >> c) & 1u) {
+            if (!(s[c] - s[c] == 0.0f)) return NAN;
+            if (s[c] > m) m = s[c];
+        }
     return m;
 }
 static float kvc__exp_sum_scalar(float *s, int32_t n, uint32_t vis, float scale, float m) {
@@ -7202,18 +7353,34 @@ KVC__AVX2 static __m256 kvc__row_load_avx2(const float *s, uint32_t vis, int32_t
     __m256i k = kvc__vis_mask_avx2(vis, c);
     return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, k), _mm256_castsi256_ps(k));
 }
+/* (with a NaN where the row has a visible score that is not finite: kvc__masked_max_scalar;
+   masked lanes load 0) */
+#define KVC__MAX_ROW_AVX2(r, m, b)                                                                                  \
+    if (r < nr) {                                                                                                   \
+        __m256i k_ = kvc__vis_mask_avx2(vis[r], c);                                                                 \
+        __m256 x_ = _mm256_maskload_ps(s[r] + c, k_);                                                               \
+        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x_, _mm256_castsi256_ps(k_)));             \
+        b = _mm256_add_ps(b, _mm256_sub_ps(x_, x_));                                                                \
+    }
 KVC__AVX2 static void kvc__masked_max4_avx2(float *const *s, const uint32_t *vis, int32_t nr, int32_t n, float *max) {
     __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0, e;
-    int32_t c;
+    __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+    float bad[4];
+    int32_t c, r;
     for (c = 0; c < n; c += 8) {
-        m0 = _mm256_max_ps(m0, kvc__row_load_avx2(s[0], vis[0], c));
-        if (nr > 1) m1 = _mm256_max_ps(m1, kvc__row_load_avx2(s[1], vis[1], c));
-        if (nr > 2) m2 = _mm256_max_ps(m2, kvc__row_load_avx2(s[2], vis[2], c));
-        if (nr > 3) m3 = _mm256_max_ps(m3, kvc__row_load_avx2(s[3], vis[3], c));
+        KVC__MAX_ROW_AVX2(0, m0, b0)
+        KVC__MAX_ROW_AVX2(1, m1, b1)
+        KVC__MAX_ROW_AVX2(2, m2, b2)
+        KVC__MAX_ROW_AVX2(3, m3, b3)
     }
     KVC__REDUCE4_AVX2(_mm256_max_ps, m0, m1, m2, m3, e);
     kvc__lanes4_avx2(e, max);
+    KVC__REDUCE4_AVX2(_mm256_add_ps, b0, b1, b2, b3, e);
+    kvc__lanes4_avx2(e, bad);
+    for (r = 0; r < 4; ++r)
+        if (bad[r] != bad[r]) max[r] = NAN;
 }
+#undef KVC__MAX_ROW_AVX2
 /* row r's weights over cells [c, c + 8), stored and added to a (rows past nr: none) */
 #define KVC__EXP_ROW_AVX2(r, a)                                                                                     \
     if (r < nr) {                                                                                                   \
@@ -7715,19 +7882,32 @@ KVC__AVX512_INLINE void kvc__lanes4_avx512(__m512 e, float *out) {
 KVC__AVX512_INLINE __m512 kvc__row_load_avx512(const float *s, uint32_t vis) {
     return _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)vis, s);
 }
+#define KVC__MAX_ROW_AVX512(r, m, b)                                                                                \
+    if (r < nr) {                                                                                                   \
+        __m512 x_ = _mm512_maskz_loadu_ps((__mmask16)(vis[r] >> c), s[r] + c); /* masked: 0 */                      \
+        m = _mm512_max_ps(m, kvc__row_load_avx512(s[r] + c, vis[r] >> c));                                          \
+        b = _mm512_add_ps(b, _mm512_sub_ps(x_, x_));                                                                \
+    }
 KVC__AVX512 static void kvc__masked_max4_avx512(float *const *s, const uint32_t *vis, int32_t nr, int32_t n,
                                                 float *max) {
     __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0, e;
-    int32_t c;
+    __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0; /* x - x: NaN where a visible x is not finite */
+    float bad[4];
+    int32_t c, r;
     for (c = 0; c < n; c += 16) { /* vis has no bit at or past n */
-        m0 = _mm512_max_ps(m0, kvc__row_load_avx512(s[0] + c, vis[0] >> c));
-        if (nr > 1) m1 = _mm512_max_ps(m1, kvc__row_load_avx512(s[1] + c, vis[1] >> c));
-        if (nr > 2) m2 = _mm512_max_ps(m2, kvc__row_load_avx512(s[2] + c, vis[2] >> c));
-        if (nr > 3) m3 = _mm512_max_ps(m3, kvc__row_load_avx512(s[3] + c, vis[3] >> c));
+        KVC__MAX_ROW_AVX512(0, m0, b0)
+        KVC__MAX_ROW_AVX512(1, m1, b1)
+        KVC__MAX_ROW_AVX512(2, m2, b2)
+        KVC__MAX_ROW_AVX512(3, m3, b3)
     }
     KVC__REDUCE4_AVX512(_mm512_max_ps, m0, m1, m2, m3, e);
     kvc__lanes4_avx512(e, max);
+    KVC__REDUCE4_AVX512(_mm512_add_ps, b0, b1, b2, b3, e);
+    kvc__lanes4_avx512(e, bad);
+    for (r = 0; r < 4; ++r)
+        if (bad[r] != bad[r]) max[r] = NAN; /* (kvc__masked_max_scalar) */
 }
+#undef KVC__MAX_ROW_AVX512
 /* row r's weights over cells [c, c + 16), stored and added to a (rows past nr: none) */
 #define KVC__EXP_ROW_AVX512(r, a)                                                                                     \
     if (r < nr) {                                                                                                   \
@@ -8717,13 +8897,17 @@ static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t
 static void kvc__attn_softmax(const kvc__attn *A, const kvc__rows *R, int32_t r0, int32_t n) {
     int32_t nr = KVC__MIN(4, R->n - r0), r;
     float bm[4], m[4], sum[4], scale = A->scale;
+    int poisoned[4] = {0, 0, 0, 0};
     if (A->softcap > 0.0f) { /* s = cap * tanh(scale * s / cap), already scaled */
+        A->kern->masked_max(R->s + r0, R->vis + r0, nr, n, bm); /* a NaN before tanh may not last */
+        for (r = 0; r < nr; ++r) poisoned[r] = bm[r] != bm[r];
         A->kern->softcap(R->s + r0, nr, n, scale, A->softcap);
         scale = 1.0f;
     }
     A->kern->masked_max(R->s + r0, R->vis + r0, nr, n, bm);
     for (r = 0; r < nr; ++r) {
         float *ml = R->ml[r0 + r], b = bm[r] * scale;
+        if (b != b || poisoned[r]) ml[1] = NAN; /* the row saw a poisoned key: NaN to the end */
         if (b > ml[0]) { /* a new maximum: rescale what the row has */
             if (ml[0] != -INFINITY) {
                 float f = expf(ml[0] - b);
@@ -8885,6 +9069,12 @@ static void kvc__ahead_of(const kvc__attn *A, int32_t lo, int32_t cell, int32_t 
 static void kvc__attn_finish(const kvc__attn *A, size_t row, float m, float l, float *out) {
     const kvc_attention_desc *d = A->d;
     float sink = d->sinks ? d->sinks[row % (size_t)A->n_heads] : -INFINITY;
+    if (l != l) { /* a poisoned key was visible (kvc__attn_softmax) */
+        int32_t i;
+        for (i = 0; i < A->hv; ++i) out[i] = NAN;
+        if (d->lse) d->lse[row] = NAN;
+        return;
+    }
     if (sink != -INFINITY) { /* M = max(m, sink); L = l e^(m - M) + e^(sink - M) */
         float M = KVC__MAX(m, sink), w = m == -INFINITY ? 0.0f : expf(m - M), L = l * w + expf(sink - M);
         if (l > 0.0f) A->kern->scale(out, A->hv, w / L);
@@ -8995,11 +9185,15 @@ static void kvc__attn_merge(const kvc__attn *A) {
         int32_t q0 = qt * A->per_task, rows = KVC__MIN(A->per_task, d->n_queries - q0) * A->n_heads;
         for (row = 0; row < rows; ++row) {
             float *out = d->out + ((size_t)q0 * (size_t)A->n_heads + (size_t)row) * (size_t)A->hv, M = -INFINITY, L = 0.0f;
+            int poisoned = 0;
             memset(out, 0, sizeof(float) * (size_t)A->hv);
-            for (ch = 0; ch < A->n_chunks; ++ch)
-                M = KVC__MAX(M, A->ml[((size_t)qt * A->n_chunks + ch) * (size_t)A->rows_max * 2 + 2 * (size_t)row]);
-            if (M == -INFINITY) { /* nothing visible */
-                kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)row, M, 0.0f, out);
+            for (ch = 0; ch < A->n_chunks; ++ch) {
+                const float *ml = A->ml + ((size_t)qt * A->n_chunks + ch) * (size_t)A->rows_max * 2 + 2 * (size_t)row;
+                M = KVC__MAX(M, ml[0]);
+                poisoned |= ml[1] != ml[1]; /* a chunk saw a poisoned key */
+            }
+            if (M == -INFINITY || poisoned) { /* nothing visible, or NaN */
+                kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)row, M, poisoned ? NAN : 0.0f, out);
                 continue;
             }
             for (ch = 0; ch < A->n_chunks; ++ch) {
