@@ -136,7 +136,7 @@
     X(KVC_ERR_STATE, -10, "operation not valid in the current state")                   \
     X(KVC_ERR_BUSY, -11, "object still in use")                                         \
     X(KVC_ERR_OVERFLOW, -12, "size computation overflows")                             \
-    X(KVC_ERR_NOT_FOUND, -13, "no such sequence in the cache")                          \
+    X(KVC_ERR_NOT_FOUND, -13, "not found: no such sequence, tree entry, pin or checkpoint") \
     X(KVC_ERR_SHARED, -14, "a cell to be changed is shared with another sequence")        \
     X(KVC_ERR_IO, -15, "a read, write or file operation failed")                        \
     X(KVC_ERR_FORMAT, -16, "not a saved kvcache object, or a format version not supported") \
@@ -331,6 +331,14 @@ KVCDEF kvc_result kvc_pool_page_bytes(const kvc_pool_config *cfg, size_t *page_b
    page_bytes each, in the configured storage types (budget_bytes of cfg is ignored).
    KVC_ERR_RANGE for n_tokens < 0, KVC_ERR_OVERFLOW if it does not fit a size_t. */
 KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t n_tokens, size_t *budget_bytes);
+/* The same for a state pool (state_floats > 0; a K/V pool: KVC_ERR_INVALID): the budget
+   that holds n_states states, one page each (at least one). A RECURRENT cache holds one
+   live state per sequence that has consumed a token, one per checkpoint it keeps (at most
+   cfg.checkpoints named ones, and with a reserve R up to R + 1 more), and while a batch
+   runs one per offset it asks for (kvc_batch_checkpoints) and a copy of a live state that
+   a checkpoint or snapshot shares. A model memory's budget_bytes is the sum over its
+   groups (kvc_pool_budget_for_tokens for K/V groups). */
+KVCDEF kvc_result kvc_pool_budget_for_states(const kvc_pool_config *cfg, int32_t n_states, size_t *budget_bytes);
 /* A pool of floor(budget_bytes / page_bytes) pages, all allocated (or laid out in the
    arena) now: no later call allocates K/V memory. kvc_pool_config_check names the field
    of an invalid cfg. */
@@ -438,7 +446,8 @@ typedef struct kvc_cache_config {
        as a checkpoint (sharing the live state's page until the batch writes it), and the
        offsets among the batch's last R (start < t < end) are checkpoints as if named in
        kvc_begin_checkpoints: the engine hands each layer's state there over with
-       kvc_state_checkpoint (a call for an offset not asked for is KVC_ERR_RANGE, harmless).
+       kvc_state_checkpoint (kvc_batch_checkpoints lists them; a call for an offset inside the
+       batch not asked for is KVC_ERR_NOT_FOUND, harmless).
        These reserve checkpoints are kept while within R of the offset, beside the latest
        `checkpoints` named ones: at most R + cfg.checkpoints, each one state page. */
     int32_t reserve;
@@ -488,7 +497,17 @@ KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
 KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens);
 /* Write the batch's keys and values for one layer, f32, [n_tokens][n_kv_heads][head_dim],
    converted to the storage type. Each layer of the batch must be put before its
-   attention; a later kvc_begin, snapshot or fork needs every layer put. */
+   attention; a later kvc_begin, snapshot or fork needs every layer put.
+   Non-finite K/V, one rule for every storage type, rotation and CPU path:
+   a (token, kv head) whose K or V holds a NaN, an infinity, or a value its storage cannot
+   hold finite (f16 rows and an f16_tail: |x| > 65504; q8_0: > 65504 x 127, q4_0: > 65504
+   x 8, the reach of their f16 block scale; f32, bf16: their range; a rotated side: that
+   bound / sqrt(rotation block)) is stored poisoned: its K as NaN, its V as zeros
+   (kvc_cache_gather reads them so). Each query row (query, head of that kv head) that sees
+   it gets NaN in every output value and its lse, like PyTorch's attention with a NaN key;
+   other rows, and queries masked from it, are exactly as without it. So a bad value never
+   turns its block or rotation neighbours NaN and is never dropped. (Not yet followed by
+   kvcache_vk.h's kvc_vk_cmd_append, whose device K/V the host never sees.) */
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v);
 /* Abandon an unfinished batch: offset goes back to where kvc_begin found it. */
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
@@ -554,7 +573,8 @@ typedef struct kvc_attention_desc {
    masks computed from the cells' positions (no mask tensor). Online softmax. out must
    not overlap q (KVC_ERR_INVALID); queries x heads must fit an int32 (KVC_ERR_OVERFLOW).
    A query row (one query, one head) holding a NaN or an infinity gives a row of NaN
-   in out (and a NaN lse), whatever the storage types (other rows are unaffected). */
+   in out (and a NaN lse), whatever the storage types (other rows are unaffected); so
+   does a row that sees a cell kvc_put stored poisoned (non-finite K or V, see kvc_put). */
 KVCDEF kvc_result kvc_attention(const kvc_cache *cache, int32_t layer, const kvc_attention_desc *desc);
 /* The scratch a call with this desc needs now (q, out and scratch are not looked at);
    it changes as the cache grows. KVC_ERR_OVERFLOW where it does not fit a size_t. */
@@ -837,8 +857,21 @@ KVCDEF kvc_result kvc_state(kvc_cache *cache, int32_t seq, int32_t layer, float 
 KVCDEF kvc_result kvc_state_read(const kvc_cache *cache, int32_t seq, int32_t layer, const float **state);
 /* RECURRENT, during a batch named with kvc_begin_checkpoints: copy layer's state as it
    is after `at` tokens (the engine's scan at that point) into the checkpoint `at`.
-   KVC_ERR_RANGE if the batch named no such checkpoint. */
+   KVC_ERR_RANGE if `at` lies outside the batch (at <= its start or at > its end);
+   KVC_ERR_NOT_FOUND (harmless, nothing done) for an offset inside it that the batch
+   does not ask for (kvc_batch_checkpoints lists those it asks for). The batch's end is
+   taken from the live state: KVC_OK, nothing copied, when it is asked for. */
 KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t at, const float *state);
+/* RECURRENT, during a batch (after kvc_begin_checkpoints / kvc_begin, until the next call
+   other than kvc_state and kvc_state_checkpoint): the offsets inside the batch, increasing,
+   whose state the engine must hand over with kvc_state_checkpoint for every layer -- the
+   ones kvc_begin_checkpoints named and, with a reserve (kvc_cache_config.reserve), the
+   reserve's (the batch's last R offsets) -- the batch's end left out (taken from the live
+   state). A checkpoint some layer never gets is dropped when the batch ends (counted in
+   kvc_memory_stats.checkpoints_dropped). at may be NULL with max_at 0 to count them;
+   KVC_ERR_RANGE (with *n_at set) if max_at is too small. KVC_ERR_STATE when no batch is
+   open. Other kinds: *n_at = 0 (nothing to hand over). */
+KVCDEF kvc_result kvc_batch_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
 /* kvc_snapshot_take as it was after `at` tokens: FULL any at <= offset; ROTATING at the
    offset, inside the last batch, or at a checkpoint; RECURRENT at the offset or a
    checkpoint (else KVC_ERR_RECURRENT; ROTATING: KVC_ERR_UNREACHABLE). A ROTATING or
@@ -895,8 +928,15 @@ typedef struct kvc_memory_stats {
     size_t budget_bytes, bytes_used;
     int32_t n_groups;
     int32_t offset;                 /* tokens held (kvc_memory_offset) */
-    int32_t n_checkpoints;          /* offsets every group can return to (checkpoints) */
+    int32_t n_checkpoints;          /* offsets below `offset` every group can return to (the
+                                       current offset, always reachable, is not counted) */
     size_t checkpoint_bytes;        /* pages held only by checkpoints, all groups */
+    uint64_t checkpoints_dropped;   /* since create (or fork): checkpoints a batch asked for
+                                       (named in kvc_memory_begin, or a reserve's) that a
+                                       RECURRENT group dropped when the batch ended, because
+                                       some layer's state never came (kvc_memory_state_checkpoint),
+                                       summed over groups; 0 while the engine hands every
+                                       offset of kvc_memory_batch_checkpoints over */
 } kvc_memory_stats;
 
 KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg); /* zeros */
@@ -909,6 +949,8 @@ KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg); /* zeros */
    (too small for one page of every group and one state per sequence of every RECURRENT
    group). */
 KVCDEF kvc_result kvc_memory_config_check(const kvc_memory_config *cfg, const char **field);
+/* The memory copies cfg and what it points to (layer_group[], groups[] and the pool and
+   cache configs in them): they need not outlive the call. */
 KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out);
 /* Destroys the memory's caches; the pools go with the last memory (forks share them)
    or memory snapshot that uses them. */
@@ -937,6 +979,11 @@ KVCDEF kvc_result kvc_memory_put(kvc_memory *mem, int32_t layer, const float *k,
 KVCDEF kvc_result kvc_memory_attention(const kvc_memory *mem, int32_t layer, const kvc_attention_desc *desc);
 KVCDEF kvc_result kvc_memory_state(kvc_memory *mem, int32_t layer, int32_t seq, float **state);
 KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, int32_t at, const float *state);
+/* kvc_state_read and kvc_batch_checkpoints by model layer (sequence 0's state; a layer
+   of a group that is not RECURRENT: KVC_ERR_UNSUPPORTED, resp. *n_at = 0). */
+KVCDEF kvc_result kvc_memory_state_read(const kvc_memory *mem, int32_t layer, const float **state);
+KVCDEF kvc_result kvc_memory_batch_checkpoints(const kvc_memory *mem, int32_t layer, int32_t *at, int32_t max_at,
+                                               int32_t *n_at);
 /* Abandon the batch in every group, also in groups whose layers were all put already.
    KVC_ERR_RECURRENT (nothing changed) once a RECURRENT group has handed out a state. */
 KVCDEF kvc_result kvc_memory_cancel(kvc_memory *mem);
@@ -953,7 +1000,11 @@ KVCDEF kvc_result kvc_memory_rewind_point(const kvc_memory *mem, int32_t max_tar
 KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens);
 KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem);
 /* Snapshot of every group as after `at` tokens (kvc_snapshot_take_at per group);
-   *out = NULL when at <= from or at == 0. O(pages), nothing copied. */
+   *out = NULL when at <= from or at == 0. O(pages), nothing copied. `from` bounds only
+   what FULL groups hold (their tokens [from, at); a restore keeps the memory's own tokens
+   below from). A RECURRENT group holds its whole state at `at` whatever from is (a state
+   sums up every token before it: there is no part of it to leave out), a ROTATING group
+   its whole window at `at`; both also carry their checkpoints before `at`. */
 KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out);
 /* Bring every group to target from the snapshot (NULL: from the memory itself), all or
    nothing. The snapshot restores into any memory sharing its pools (itself or a fork). */
@@ -990,9 +1041,23 @@ KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix
 /* A new memory on the tree's pools holding the longest cached prefix of tokens (every
    group's pages and states shared with the tree, nothing copied): evaluate
    tokens[*n_reused ..]. Its entry stays in use until the memory is destroyed, cleared,
-   released or committed elsewhere. */
+   released or committed elsewhere. One token always remains to evaluate, and a
+   RECURRENT group resumes only from a state the tree holds at exactly the reused length:
+   looking up exactly the history a memory committed (no new token) reuses n_tokens - 1
+   only if a checkpoint sat at n_tokens - 1 (name it in the last kvc_memory_begin, e.g.
+   with a reserve), else it falls back to the last checkpoint before, or to 0. */
 KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
                                           kvc_memory **out, int32_t *n_reused);
+/* kvc_radix_lookup_memory into a memory the engine already holds: mem's contents (every
+   group; its checkpoints and the entry it held in use) are replaced by the same prefix
+   that call would give -- the same pages and states, the same attention bits -- all or
+   nothing (after an error mem is as it was). mem must be on the tree's pools: the memory
+   the tree was made from, a fork of it, or a memory of its lookups (else
+   KVC_ERR_FOREIGN); no batch open (KVC_ERR_STATE). mem's snapshots stay valid. One
+   memory per conversation slot then lives as long as the engine; kvc_radix_destroy still
+   waits for it to release its entry (kvc_radix_release_memory, clear or destroy). */
+KVCDEF kvc_result kvc_radix_lookup_into_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens,
+                                               int32_t n_tokens, kvc_memory *mem, int32_t *n_reused);
 /* Insert tokens[0 .. min(n_tokens, offset)) with every group's K/V and states (the
    memory must be on the tree's pools: one of its lookups, or a fork of the memory the
    tree was made from; no batch open); priority as kvc_radix_commit_priority. */
@@ -1891,6 +1956,69 @@ static void kvc__store_row(const kvc__type_info *t, kvc__rot_fn fn, const float 
     }
 }
 
+/* ---- Non-finite keys and values: one rule for every type and path -------------------
+   A (cell, kv head) whose K or V values put in hold a NaN, an infinity or a value its
+   storage cannot hold finite (beyond f16's 65504 for f16 rows and f16 tails, beyond what
+   the f16 block scale of q8_0 / q4_0 reaches; with a storage rotation the bound is divided
+   by sqrt(block), as a rotated value reaches sqrt(block) times the largest input) is
+   stored "poisoned": its K head row as NaN, its V head row as zeros. Attention gives NaN
+   (every value, and a NaN log-sum-exp) to each query row that sees such a cell, and
+   leaves every other row as it would be: a NaN key makes the row's scores NaN, and a
+   masked cell's zero values add nothing. So one bad value never turns its neighbours
+   into NaN (a block's scale, a rotation block), is never dropped, and never depends on
+   the storage type or the CPU path. (kvcache_vk.h's device append and kernels do not
+   apply it yet: K/V written there with kvc_vk_cmd_append are taken as they are.) */
+static float kvc__finite_limit(kvc_type t, int32_t n_rot) {
+    float lim = t == KVC_TYPE_F16    ? 65504.0f                /* the largest finite f16 */
+                : t == KVC_TYPE_Q8_0 ? 65504.0f * 127.0f       /* scale amax / 127, an f16 */
+                : t == KVC_TYPE_Q4_0 ? 65504.0f * 8.0f         /* scale extreme / -8 */
+                : t == KVC_TYPE_BF16 ? 3.38953139e38f          /* the largest finite bf16 */
+                                     : 3.40282347e38f;         /* FLT_MAX */
+    return n_rot > 0 ? lim / sqrtf((float)n_rot) : lim;
+}
+/* Whether a head's d values break the limit (a NaN does). */
+static int kvc__over_scalar(const float *x, int32_t n, float limit);
+static int kvc__head_bad(const float *x, int32_t d, float limit) { return kvc__over_scalar(x, d, limit); }
+/* One kv head's stored K row as NaN (block types: a NaN scale) or its V row as zeros. */
+static void kvc__poison_row(kvc_type t, unsigned char *dst, int32_t d, int nan) {
+    size_t bytes = (size_t)d * kvc__types[t].block_bytes / (size_t)kvc__types[t].block;
+    int32_t i;
+    memset(dst, 0, bytes);
+    if (!nan) return;
+    if (t == KVC_TYPE_F32) {
+        float x = NAN;
+        for (i = 0; i < d; ++i) memcpy(dst + 4 * (size_t)i, &x, 4);
+    } else if (t == KVC_TYPE_F16 || t == KVC_TYPE_BF16) {
+        uint16_t h = t == KVC_TYPE_F16 ? 0x7e00u : 0x7fc0u;
+        for (i = 0; i < d; ++i) memcpy(dst + 2 * (size_t)i, &h, 2);
+    } else {
+        for (i = 0; i < d / KVC__QBLOCK; ++i) kvc__store_scale(dst + (size_t)i * kvc__types[t].block_bytes, NAN);
+    }
+}
+/* The limits of one cache's K and V rows (types, rotation, and an f16_tail's types). */
+typedef struct kvc__limits {
+    int32_t n_heads, hk, hv;
+    float k, v;
+    int (*over)(const float *x, int32_t n, float limit); /* the pool's CPU path */
+} kvc__limits;
+/* Whether a cell's K or V values (n_heads heads each) break the limits: one pass. */
+static int kvc__cell_bad(const kvc__limits *L, const float *k, const float *v) {
+    return L->over(k, L->n_heads * L->hk, L->k) || L->over(v, L->n_heads * L->hv, L->v);
+}
+/* After a cell's rows were stored (K in type tk at kd, V in tv at vd): poison the heads
+   whose K or V values break the limits. */
+static void kvc__poison_cell(const kvc__limits *L, const float *k, const float *v, kvc_type tk, unsigned char *kd,
+                             kvc_type tv, unsigned char *vd) {
+    size_t kb = (size_t)L->hk * kvc__types[tk].block_bytes / (size_t)kvc__types[tk].block;
+    size_t vb = (size_t)L->hv * kvc__types[tv].block_bytes / (size_t)kvc__types[tv].block;
+    int32_t h;
+    for (h = 0; h < L->n_heads; ++h)
+        if (kvc__head_bad(k + (size_t)h * L->hk, L->hk, L->k) || kvc__head_bad(v + (size_t)h * L->hv, L->hv, L->v)) {
+            kvc__poison_row(tk, kd + (size_t)h * kb, L->hk, 1);
+            kvc__poison_row(tv, vd + (size_t)h * vb, L->hv, 0);
+        }
+}
+
 KVCDEF kvc_result kvc_rotate_rows(float *x, int32_t head_dim, int32_t n_rows, int inverse) {
     int32_t n = kvc__rot_block(head_dim);
     if (n == 0 || n_rows < 0) return KVC_ERR_INVALID;
@@ -1957,6 +2085,52 @@ static void kvc__rotate_neon(float *x, const float *cs, const float *sn, int32_t
     kvc__rotate_tail(x, cs, sn, n, interleaved, i);
 }
 #endif
+/* Whether any of n values is NaN or beyond limit in magnitude (kvc_put's check of the
+   non-finite rule, every value it is given: on every CPU path). The scalar one compares
+   bit patterns: |x|'s bits exceed limit's exactly when |x| > limit or x is NaN. */
+typedef int (*kvc__over_fn)(const float *x, int32_t n, float limit);
+static int kvc__over_scalar(const float *x, int32_t n, float limit) {
+    uint32_t lim, u, acc = 0;
+    int32_t i;
+    memcpy(&lim, &limit, 4);
+    for (i = 0; i < n; ++i) {
+        memcpy(&u, x + i, 4);
+        acc |= lim - (u & 0x7fffffffu); /* wraps (bit 31) when |x| is the larger */
+    }
+    return (int)(acc >> 31);
+}
+#ifdef KVC__X86
+KVC__AVX2 static int kvc__over_avx2(const float *x, int32_t n, float limit) {
+    const __m256 lim = _mm256_set1_ps(limit), absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) { /* not (|x| <= limit): NaN too */
+        a0 = _mm256_or_ps(a0, _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), absm), lim, _CMP_NLE_UQ));
+        a1 = _mm256_or_ps(a1, _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + i + 8), absm), lim, _CMP_NLE_UQ));
+    }
+    return _mm256_movemask_ps(_mm256_or_ps(a0, a1)) != 0 || kvc__over_scalar(x + i, n - i, limit);
+}
+#endif
+#ifdef KVC__NEON
+static int kvc__over_neon(const float *x, int32_t n, float limit) {
+    const float32x4_t lim = vdupq_n_f32(limit);
+    uint32x4_t ok = vdupq_n_u32(0xffffffffu);
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) ok = vandq_u32(ok, vcleq_f32(vabsq_f32(vld1q_f32(x + i)), lim)); /* NaN: 0 */
+    return vminvq_u32(ok) == 0 || kvc__over_scalar(x + i, n - i, limit);
+}
+#endif
+static kvc__over_fn kvc__pick_over(uint32_t features) {
+#ifdef KVC__X86
+    if (features & KVC_CPU_AVX2) return kvc__over_avx2;
+#endif
+#ifdef KVC__NEON
+    if (features & KVC_CPU_NEON) return kvc__over_neon;
+#endif
+    (void)features;
+    return kvc__over_scalar;
+}
+
 static kvc__rotate_fn kvc__pick_rotate(uint32_t features) {
 #ifdef KVC__X86
     if (features & KVC_CPU_AVX2) return kvc__rotate_avx2;
@@ -2095,6 +2269,7 @@ struct kvc_pool {
     kvc__rotate_fn rotate;   /* the RoPE shift's rotation */
     int32_t rot_k, rot_v;    /* cfg.rotate: the storage rotation's block for K / V, 0: none */
     kvc__rot_fn rot_fn;      /* the storage rotation of one block (bit-identical on every path) */
+    kvc__over_fn over_fn;    /* kvc_put's check of the non-finite rule */
     int external;            /* hooks.external_data: no K/V bytes here (slab unused) */
     const struct kvc__kernels *kern; /* attention kernels of the best enabled path */
     kvc__budget own_budget;
@@ -2285,6 +2460,12 @@ KVCDEF kvc_result kvc_pool_budget_for_tokens(const kvc_pool_config *cfg, int32_t
     return KVC_OK;
 }
 
+KVCDEF kvc_result kvc_pool_budget_for_states(const kvc_pool_config *cfg, int32_t n_states, size_t *budget_bytes) {
+    if (cfg == NULL || budget_bytes == NULL) return KVC_ERR_NULL;
+    if (cfg->state_floats <= 0) return KVC_ERR_INVALID; /* a K/V pool: kvc_pool_budget_for_tokens */
+    return kvc_pool_budget_for_tokens(cfg, n_states, budget_bytes); /* a state pool's page is one cell */
+}
+
 static unsigned char *kvc__align_ptr(void *p, size_t a) {
     uintptr_t u = (uintptr_t)p;
     return (unsigned char *)(u + ((a - (u % a)) % a));
@@ -2333,6 +2514,7 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     p->rot_k = (cfg->rotate & KVC_ROTATE_K) ? kvc__rot_block(cfg->head_dim_k) : 0;
     p->rot_v = (cfg->rotate & KVC_ROTATE_V) ? kvc__rot_block(cfg->head_dim_v) : 0;
     p->rot_fn = kvc__pick_rot(p->cpu);
+    p->over_fn = kvc__pick_over(p->cpu);
     p->external = cfg->hooks.external_data != 0;
     p->kern = kvc__pick_kernels(p->cpu);
     p->own_budget.cap = (size_t)L->max_pages * L->page_bytes;
@@ -2590,6 +2772,7 @@ struct kvc_cache {
     kvc_snapshot **ckpt;                 /* [cap_ckpt] */
     kvc_snapshot **pend;                 /* [cap_ckpt] */
     unsigned char *pend_done;            /* [cap_ckpt][n_layers] RECURRENT: layers handed over */
+    uint64_t ckpt_dropped;               /* RECURRENT: pend ones settled without every layer */
     kvc_snapshot *start;                 /* RECURRENT with a reserve: the batch start's checkpoint,
                                             allocated before the batch begins */
     int states_open;                     /* RECURRENT: kvc_state may still give the batch's states */
@@ -3330,6 +3513,7 @@ KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens) 
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v) {
     kvc_pool *p;
     const kvc__type_info *tk, *tv;
+    kvc__limits L;
     int32_t t, pc, nk, nv;
     if (cache == NULL) return KVC_ERR_NULL;
     if (kvc__is_recurrent(cache)) return KVC_ERR_UNSUPPORTED; /* kvc_state */
@@ -3343,15 +3527,28 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
     tv = &p->tv;
     nk = p->cfg.n_kv_heads * p->cfg.head_dim_k;
     nv = p->cfg.n_kv_heads * p->cfg.head_dim_v;
+    L.n_heads = p->cfg.n_kv_heads;
+    L.hk = p->cfg.head_dim_k;
+    L.hv = p->cfg.head_dim_v;
+    L.k = kvc__finite_limit(p->cfg.type_k, p->rot_k);
+    L.v = kvc__finite_limit(p->cfg.type_v, p->rot_v);
+    L.over = p->over_fn;
+    if (cache->tail != NULL) { /* the tail's types bound them too */
+        L.k = KVC__MIN(L.k, kvc__finite_limit(cache->tail_tk, p->rot_k));
+        L.v = KVC__MIN(L.v, kvc__finite_limit(cache->tail_tv, p->rot_v));
+    }
     /* the batch's cells: tokens batch_begin.. (CAUSAL: cells batch_loc..) */
     for (t = 0; !p->external && t < (cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_n : cache->offset - cache->batch_begin); ++t) {
         int32_t cell = cache->cfg.kind == KVC_KIND_CAUSAL ? cache->batch_loc + t : cache->batch_begin + t;
         uint32_t page = cache->pages[kvc__lpage_index(cache, cell / pc)];
+        const float *kt = k + (size_t)t * (size_t)nk, *vt = v + (size_t)t * (size_t)nv;
+        int bad = kvc__cell_bad(&L, kt, vt);
         KVCACHE_ASSERT(p->refcount[page] == 1);
-        kvc__store_row(tk, p->rot_fn, k + (size_t)t * (size_t)nk, kvc__k_at(p, layer, page, cell % pc), nk,
-                       p->cfg.head_dim_k, p->rot_k);
-        kvc__store_row(tv, p->rot_fn, v + (size_t)t * (size_t)nv, kvc__v_at(p, layer, page, cell % pc), nv,
-                       p->cfg.head_dim_v, p->rot_v);
+        kvc__store_row(tk, p->rot_fn, kt, kvc__k_at(p, layer, page, cell % pc), nk, p->cfg.head_dim_k, p->rot_k);
+        kvc__store_row(tv, p->rot_fn, vt, kvc__v_at(p, layer, page, cell % pc), nv, p->cfg.head_dim_v, p->rot_v);
+        if (bad) /* the non-finite rule: NaN keys, zero values */
+            kvc__poison_cell(&L, kt, vt, p->cfg.type_k, kvc__k_at(p, layer, page, cell % pc), p->cfg.type_v,
+                             kvc__v_at(p, layer, page, cell % pc));
         if (cache->tail != NULL && cell >= cache->tail_lo) { /* the tail's copy, from the same f32 */
             /* stored rotated like the pages: attention rotates q once for every key it reads
                and rotates the output back once for every value */
@@ -3361,6 +3558,9 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
                            kvc__tail_k(cache, layer) + slot * cache->tail_krow, nk, p->cfg.head_dim_k, p->rot_k);
             kvc__store_row(&ttv, p->rot_fn, v + (size_t)t * (size_t)nv,
                            kvc__tail_v(cache, layer) + slot * cache->tail_vrow, nv, p->cfg.head_dim_v, p->rot_v);
+            if (bad)
+                kvc__poison_cell(&L, kt, vt, cache->tail_tk, kvc__tail_k(cache, layer) + slot * cache->tail_krow,
+                                 cache->tail_tv, kvc__tail_v(cache, layer) + slot * cache->tail_vrow);
         }
     }
     if (!cache->batch_put[layer]) {
@@ -3814,6 +4014,12 @@ static void kvc__rope_cell(kvc_cache *c, int32_t cell, int32_t old_pos, int32_t 
         }
         if (p->rot_k) kvc__rot_rows(p->rot_fn, c->row, hk, p->rot_k, (size_t)p->cfg.n_kv_heads, 0);
         tk->from_f32(c->row, k, nk);
+        for (h = 0; h < p->cfg.n_kv_heads; ++h) /* a poisoned key stays one (quantising drops a NaN) */
+            if (kvc__head_bad(c->row + (size_t)h * hk, hk, kvc__finite_limit(p->cfg.type_k, 0))) {
+                kvc__poison_row(p->cfg.type_k, k + kvc__row_bytes(p->cfg.type_k, h, hk), hk, 1);
+                kvc__poison_row(p->cfg.type_v, kvc__v_at(p, l, page, cell % pc) + kvc__row_bytes(p->cfg.type_v, h,
+                                p->cfg.head_dim_v), p->cfg.head_dim_v, 0);
+            }
     }
 }
 
@@ -4112,8 +4318,9 @@ KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t 
     if (layer < 0 || layer >= p->cfg.n_layers) return KVC_ERR_RANGE;
     if (p->external) return KVC_ERR_UNSUPPORTED; /* the states live in a device backend */
     if (!cache->states_open || cache->batch_has[0] == 0) return KVC_ERR_STATE;
+    if (at <= cache->batch_begin || at > cache->offset) return KVC_ERR_RANGE; /* not inside the batch */
     for (i = 0; i < cache->n_pend && cache->pend[i]->to != at; ++i) {}
-    if (i == cache->n_pend) return KVC_ERR_RANGE; /* not a checkpoint this batch named */
+    if (i == cache->n_pend) return KVC_ERR_NOT_FOUND; /* inside, but not asked for */
     if (at == cache->offset) return KVC_OK;     /* the batch's end: taken from the live state */
     memcpy(kvc__state_at(p, cache->pend[i]->pages[0], layer), state, (size_t)p->cfg.head_dim_k * sizeof(float));
     cache->pend_done[(size_t)i * (size_t)p->cfg.n_layers + (size_t)layer] = 1;
@@ -4745,7 +4952,10 @@ static void kvc__settle(kvc_cache *c) {
                 complete &= c->pend_done[(size_t)i * (size_t)c->pool->cfg.n_layers + (size_t)l];
         }
         if (complete) kvc__ckpt_push(c, s);
-        else kvc__snapshot_release(s); /* a layer was never handed over */
+        else { /* a layer was never handed over: counted (kvc_memory_stats) */
+            kvc__snapshot_release(s);
+            c->ckpt_dropped++;
+        }
     }
     if (c->n_pend > 0) kvc__ckpt_prune(c);
     c->n_pend = 0;
@@ -4911,6 +5121,22 @@ KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t m
             if (n < max_at) at[n] = cache->pend[i]->to;
             n++;
         }
+    *n_at = n;
+    return n > max_at && at != NULL ? KVC_ERR_RANGE : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_batch_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at) {
+    int32_t i, n = 0;
+    if (cache == NULL || n_at == NULL || (at == NULL && max_at > 0)) return KVC_ERR_NULL;
+    if (max_at < 0) return KVC_ERR_INVALID;
+    if (kvc__is_recurrent(cache)) {
+        if (!cache->states_open || cache->batch_has[0] == 0) return KVC_ERR_STATE;
+        for (i = 0; i < cache->n_pend; ++i) /* pend is increasing; its end comes from the live state */
+            if (cache->pend[i]->to < cache->offset) {
+                if (n < max_at) at[n] = cache->pend[i]->to;
+                n++;
+            }
+    }
     *n_at = n;
     return n > max_at && at != NULL ? KVC_ERR_RANGE : KVC_OK;
 }
@@ -5232,6 +5458,19 @@ KVCDEF kvc_result kvc_memory_state_checkpoint(kvc_memory *mem, int32_t layer, in
     int32_t gl;
     kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
     return r != KVC_OK ? r : kvc_state_checkpoint(c, gl, at, state);
+}
+KVCDEF kvc_result kvc_memory_state_read(const kvc_memory *mem, int32_t layer, const float **state) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_state_read(c, 0, gl, state);
+}
+KVCDEF kvc_result kvc_memory_batch_checkpoints(const kvc_memory *mem, int32_t layer, int32_t *at, int32_t max_at,
+                                               int32_t *n_at) {
+    kvc_cache *c;
+    int32_t gl;
+    kvc_result r = kvc__memory_map(mem, layer, &c, &gl);
+    return r != KVC_OK ? r : kvc_batch_checkpoints(c, at, max_at, n_at);
 }
 
 /* The tokens a cache holds, as the memory counts them (CAUSAL: sequence 0's). */
@@ -5565,6 +5804,9 @@ static kvc_result kvc__memory_stats_get_held(const kvc_memory *mem, kvc_memory_s
         const kvc_cache *c = mem->cache[g];
         int32_t i, j;
         if (with == NULL && kvc__has_ckpts(c)) with = c;
+        st->checkpoints_dropped += c->ckpt_dropped;
+        for (i = 0; kvc__is_recurrent(c) && !kvc__batch_open(c) && i < c->n_pend; ++i)
+            st->checkpoints_dropped += !kvc__pend_complete(c, i); /* the ended batch drops it when it settles */
         for (i = 0; i < c->n_ckpt + c->n_pend; ++i) { /* pages nothing but checkpoints hold */
             const kvc_snapshot *k = i < c->n_ckpt ? c->ckpt[i] : c->pend[i - c->n_ckpt];
             for (j = 0; j < k->n_pages; ++j)
@@ -6369,6 +6611,16 @@ static kvc_result kvc__radix_reserve_tables(const kvc_radix *t, kvc_memory *mem,
     return KVC_OK;
 }
 
+/* Fill the caches of mem (emptied, with room in their page tables for m tokens) with the
+   prefix of length m ending at `at`, which mem then holds in use. */
+static void kvc__radix_fill_memory(kvc_radix *t, kvc_memory *mem, kvc__rnode *at, int32_t m) {
+    int32_t g;
+    if (m == 0) return;
+    for (g = 0; g < t->n_parts; ++g) kvc__radix_fill(t, g, mem->cache[g], at, m);
+    kvc__radix_touch(t, at, 0, 0);
+    for (g = 0; g < t->n_parts; ++g) kvc__lease_set(mem->cache[g], t, at);
+}
+
 static kvc_result kvc__radix_lookup_memory_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens,
                                                 int32_t n_tokens, kvc_memory **out, int32_t *n_reused) {
     kvc__rnode *at;
@@ -6385,14 +6637,42 @@ static kvc_result kvc__radix_lookup_memory_held(kvc_radix *t, kvc_namespace ns, 
     m = kvc__radix_find(t, ns, tokens, n_tokens, &at);
     if ((r = kvc__radix_reserve_tables(t, mem, m)) != KVC_OK) { kvc_memory_destroy(mem); return r; }
     kvc__radix_count(t, n_tokens, m);
-    if (m > 0) {
-        for (g = 0; g < t->n_parts; ++g) kvc__radix_fill(t, g, mem->cache[g], at, m);
-        kvc__radix_touch(t, at, 0, 0);
-        for (g = 0; g < t->n_parts; ++g) kvc__lease_set(mem->cache[g], t, at);
-    }
+    kvc__radix_fill_memory(t, mem, at, m);
     *n_reused = m;
     *out = mem;
     return KVC_OK;
+}
+
+static kvc_result kvc__radix_lookup_into_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens,
+                                              int32_t n_tokens, kvc_memory *mem, int32_t *n_reused) {
+    kvc__rnode *at;
+    int32_t m;
+    kvc_result r;
+    if (t == NULL || mem == NULL || n_reused == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (t->mp == NULL) return KVC_ERR_UNSUPPORTED; /* a pool's tree: kvc_radix_lookup */
+    if (mem->mp != t->mp) return KVC_ERR_FOREIGN;
+    if (kvc__memory_open(mem)) return KVC_ERR_STATE;
+    m = kvc__radix_find(t, ns, tokens, n_tokens, &at);
+    /* the one step that can fail comes first: mem is untouched when it does */
+    if ((r = kvc__radix_reserve_tables(t, mem, m)) != KVC_OK) return r;
+    (void)kvc__memory_clear_held(mem); /* evicts nothing: the entry found stays */
+    kvc__radix_count(t, n_tokens, m);
+    kvc__radix_fill_memory(t, mem, at, m);
+    *n_reused = m;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_radix_lookup_into_memory(kvc_radix *t, kvc_namespace ns, const int32_t *tokens,
+                                               int32_t n_tokens, kvc_memory *mem, int32_t *n_reused) {
+    kvc_result r;
+    const kvc_pool *lp;
+    if (t == NULL) return kvc__radix_lookup_into_held(t, ns, tokens, n_tokens, mem, n_reused);
+    lp = t->part[0].pool;
+    kvc__pool_lock(lp);
+    r = kvc__radix_lookup_into_held(t, ns, tokens, n_tokens, mem, n_reused);
+    kvc__pool_unlock(lp);
+    return r;
 }
 
 KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
@@ -6869,11 +7149,17 @@ static void kvc__dot_scalar(const float *q, const float *k, int32_t d, size_t st
         s[c] = acc;
     }
 }
+/* The largest visible score, or NaN when a visible score is not finite (the non-finite
+   rule: a poisoned key's NaN scores give the row NaN; every path's masked_max does the
+   same, through x - x, which is 0 for a finite x and NaN for the rest). */
 static float kvc__masked_max_scalar(const float *s, int32_t n, uint32_t vis) {
     float m = -INFINITY;
     int32_t c;
     for (c = 0; c < n; ++c)
-        if (((vis >> c) & 1u) && s[c] > m) m = s[c];
+        if ((vis >> c) & 1u) {
+            if (!(s[c] - s[c] == 0.0f)) return NAN;
+            if (s[c] > m) m = s[c];
+        }
     return m;
 }
 static float kvc__exp_sum_scalar(float *s, int32_t n, uint32_t vis, float scale, float m) {
@@ -7221,18 +7507,34 @@ KVC__AVX2 static __m256 kvc__row_load_avx2(const float *s, uint32_t vis, int32_t
     __m256i k = kvc__vis_mask_avx2(vis, c);
     return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + c, k), _mm256_castsi256_ps(k));
 }
+/* (with a NaN where the row has a visible score that is not finite: kvc__masked_max_scalar;
+   masked lanes load 0) */
+#define KVC__MAX_ROW_AVX2(r, m, b)                                                                                  \
+    if (r < nr) {                                                                                                   \
+        __m256i k_ = kvc__vis_mask_avx2(vis[r], c);                                                                 \
+        __m256 x_ = _mm256_maskload_ps(s[r] + c, k_);                                                               \
+        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x_, _mm256_castsi256_ps(k_)));             \
+        b = _mm256_add_ps(b, _mm256_sub_ps(x_, x_));                                                                \
+    }
 KVC__AVX2 static void kvc__masked_max4_avx2(float *const *s, const uint32_t *vis, int32_t nr, int32_t n, float *max) {
     __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0, e;
-    int32_t c;
+    __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+    float bad[4];
+    int32_t c, r;
     for (c = 0; c < n; c += 8) {
-        m0 = _mm256_max_ps(m0, kvc__row_load_avx2(s[0], vis[0], c));
-        if (nr > 1) m1 = _mm256_max_ps(m1, kvc__row_load_avx2(s[1], vis[1], c));
-        if (nr > 2) m2 = _mm256_max_ps(m2, kvc__row_load_avx2(s[2], vis[2], c));
-        if (nr > 3) m3 = _mm256_max_ps(m3, kvc__row_load_avx2(s[3], vis[3], c));
+        KVC__MAX_ROW_AVX2(0, m0, b0)
+        KVC__MAX_ROW_AVX2(1, m1, b1)
+        KVC__MAX_ROW_AVX2(2, m2, b2)
+        KVC__MAX_ROW_AVX2(3, m3, b3)
     }
     KVC__REDUCE4_AVX2(_mm256_max_ps, m0, m1, m2, m3, e);
     kvc__lanes4_avx2(e, max);
+    KVC__REDUCE4_AVX2(_mm256_add_ps, b0, b1, b2, b3, e);
+    kvc__lanes4_avx2(e, bad);
+    for (r = 0; r < 4; ++r)
+        if (bad[r] != bad[r]) max[r] = NAN;
 }
+#undef KVC__MAX_ROW_AVX2
 /* row r's weights over cells [c, c + 8), stored and added to a (rows past nr: none) */
 #define KVC__EXP_ROW_AVX2(r, a)                                                                                     \
     if (r < nr) {                                                                                                   \
@@ -7734,19 +8036,32 @@ KVC__AVX512_INLINE void kvc__lanes4_avx512(__m512 e, float *out) {
 KVC__AVX512_INLINE __m512 kvc__row_load_avx512(const float *s, uint32_t vis) {
     return _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)vis, s);
 }
+#define KVC__MAX_ROW_AVX512(r, m, b)                                                                                \
+    if (r < nr) {                                                                                                   \
+        __m512 x_ = _mm512_maskz_loadu_ps((__mmask16)(vis[r] >> c), s[r] + c); /* masked: 0 */                      \
+        m = _mm512_max_ps(m, kvc__row_load_avx512(s[r] + c, vis[r] >> c));                                          \
+        b = _mm512_add_ps(b, _mm512_sub_ps(x_, x_));                                                                \
+    }
 KVC__AVX512 static void kvc__masked_max4_avx512(float *const *s, const uint32_t *vis, int32_t nr, int32_t n,
                                                 float *max) {
     __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0, e;
-    int32_t c;
+    __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0; /* x - x: NaN where a visible x is not finite */
+    float bad[4];
+    int32_t c, r;
     for (c = 0; c < n; c += 16) { /* vis has no bit at or past n */
-        m0 = _mm512_max_ps(m0, kvc__row_load_avx512(s[0] + c, vis[0] >> c));
-        if (nr > 1) m1 = _mm512_max_ps(m1, kvc__row_load_avx512(s[1] + c, vis[1] >> c));
-        if (nr > 2) m2 = _mm512_max_ps(m2, kvc__row_load_avx512(s[2] + c, vis[2] >> c));
-        if (nr > 3) m3 = _mm512_max_ps(m3, kvc__row_load_avx512(s[3] + c, vis[3] >> c));
+        KVC__MAX_ROW_AVX512(0, m0, b0)
+        KVC__MAX_ROW_AVX512(1, m1, b1)
+        KVC__MAX_ROW_AVX512(2, m2, b2)
+        KVC__MAX_ROW_AVX512(3, m3, b3)
     }
     KVC__REDUCE4_AVX512(_mm512_max_ps, m0, m1, m2, m3, e);
     kvc__lanes4_avx512(e, max);
+    KVC__REDUCE4_AVX512(_mm512_add_ps, b0, b1, b2, b3, e);
+    kvc__lanes4_avx512(e, bad);
+    for (r = 0; r < 4; ++r)
+        if (bad[r] != bad[r]) max[r] = NAN; /* (kvc__masked_max_scalar) */
 }
+#undef KVC__MAX_ROW_AVX512
 /* row r's weights over cells [c, c + 16), stored and added to a (rows past nr: none) */
 #define KVC__EXP_ROW_AVX512(r, a)                                                                                     \
     if (r < nr) {                                                                                                   \
@@ -8736,13 +9051,17 @@ static void kvc__rows_of_head(const kvc__attn *A, int32_t h, int32_t q0, int32_t
 static void kvc__attn_softmax(const kvc__attn *A, const kvc__rows *R, int32_t r0, int32_t n) {
     int32_t nr = KVC__MIN(4, R->n - r0), r;
     float bm[4], m[4], sum[4], scale = A->scale;
+    int poisoned[4] = {0, 0, 0, 0};
     if (A->softcap > 0.0f) { /* s = cap * tanh(scale * s / cap), already scaled */
+        A->kern->masked_max(R->s + r0, R->vis + r0, nr, n, bm); /* a NaN before tanh may not last */
+        for (r = 0; r < nr; ++r) poisoned[r] = bm[r] != bm[r];
         A->kern->softcap(R->s + r0, nr, n, scale, A->softcap);
         scale = 1.0f;
     }
     A->kern->masked_max(R->s + r0, R->vis + r0, nr, n, bm);
     for (r = 0; r < nr; ++r) {
         float *ml = R->ml[r0 + r], b = bm[r] * scale;
+        if (b != b || poisoned[r]) ml[1] = NAN; /* the row saw a poisoned key: NaN to the end */
         if (b > ml[0]) { /* a new maximum: rescale what the row has */
             if (ml[0] != -INFINITY) {
                 float f = expf(ml[0] - b);
@@ -8904,6 +9223,12 @@ static void kvc__ahead_of(const kvc__attn *A, int32_t lo, int32_t cell, int32_t 
 static void kvc__attn_finish(const kvc__attn *A, size_t row, float m, float l, float *out) {
     const kvc_attention_desc *d = A->d;
     float sink = d->sinks ? d->sinks[row % (size_t)A->n_heads] : -INFINITY;
+    if (l != l) { /* a poisoned key was visible (kvc__attn_softmax) */
+        int32_t i;
+        for (i = 0; i < A->hv; ++i) out[i] = NAN;
+        if (d->lse) d->lse[row] = NAN;
+        return;
+    }
     if (sink != -INFINITY) { /* M = max(m, sink); L = l e^(m - M) + e^(sink - M) */
         float M = KVC__MAX(m, sink), w = m == -INFINITY ? 0.0f : expf(m - M), L = l * w + expf(sink - M);
         if (l > 0.0f) A->kern->scale(out, A->hv, w / L);
@@ -9014,11 +9339,15 @@ static void kvc__attn_merge(const kvc__attn *A) {
         int32_t q0 = qt * A->per_task, rows = KVC__MIN(A->per_task, d->n_queries - q0) * A->n_heads;
         for (row = 0; row < rows; ++row) {
             float *out = d->out + ((size_t)q0 * (size_t)A->n_heads + (size_t)row) * (size_t)A->hv, M = -INFINITY, L = 0.0f;
+            int poisoned = 0;
             memset(out, 0, sizeof(float) * (size_t)A->hv);
-            for (ch = 0; ch < A->n_chunks; ++ch)
-                M = KVC__MAX(M, A->ml[((size_t)qt * A->n_chunks + ch) * (size_t)A->rows_max * 2 + 2 * (size_t)row]);
-            if (M == -INFINITY) { /* nothing visible */
-                kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)row, M, 0.0f, out);
+            for (ch = 0; ch < A->n_chunks; ++ch) {
+                const float *ml = A->ml + ((size_t)qt * A->n_chunks + ch) * (size_t)A->rows_max * 2 + 2 * (size_t)row;
+                M = KVC__MAX(M, ml[0]);
+                poisoned |= ml[1] != ml[1]; /* a chunk saw a poisoned key */
+            }
+            if (M == -INFINITY || poisoned) { /* nothing visible, or NaN */
+                kvc__attn_finish(A, (size_t)q0 * (size_t)A->n_heads + (size_t)row, M, poisoned ? NAN : 0.0f, out);
                 continue;
             }
             for (ch = 0; ch < A->n_chunks; ++ch) {

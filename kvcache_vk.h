@@ -354,8 +354,10 @@ KVCDEF kvc_result kvc_vk_state_read(const kvc_vk_pool *pool, const kvc_cache *ca
    tokens, state_floats f32 at src (the live state from kvc_vk_cmd_state once your
    shader has scanned to `at`, or a copy of yours), into the checkpoint `at` the batch
    named. The copy reads src behind a barrier (your writes before it are seen); record a
-   barrier before you write src again. KVC_ERR_RANGE if the batch named no such offset;
-   the batch's end is taken from the live state (nothing recorded). */
+   barrier before you write src again. KVC_ERR_RANGE for an offset outside the batch,
+   KVC_ERR_NOT_FOUND (nothing recorded) for one inside that it does not ask for
+   (kvc_batch_checkpoints lists those it asks for); the batch's end is taken from the
+   live state (nothing recorded). */
 KVCDEF kvc_result kvc_vk_cmd_state_checkpoint(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_cache *cache, int32_t layer,
                                               int32_t at, const kvc_vk_tensor *src);
 
@@ -2404,8 +2406,9 @@ KVCDEF kvc_result kvc_vk_cmd_state_checkpoint(kvc_vk_pool *p, VkCommandBuffer cm
     if (cmd == VK_NULL_HANDLE || src == NULL || src->buffer == VK_NULL_HANDLE) return KVC_ERR_NULL;
     if (src->offset % 4 || src->f16) return KVC_ERR_INVALID;
     if (!c->states_open || c->batch_has[0] == 0) return KVC_ERR_STATE;
+    if (at <= c->batch_begin || at > c->offset) return KVC_ERR_RANGE; /* not inside the batch */
     for (i = 0; i < c->n_pend && c->pend[i]->to != at; ++i) {}
-    if (i == c->n_pend) return KVC_ERR_RANGE; /* not a checkpoint this batch named */
+    if (i == c->n_pend) return KVC_ERR_NOT_FOUND; /* inside, but not asked for */
     if (at == c->offset) return KVC_OK;     /* the batch's end: taken from the live state */
     /* the page events first (the checkpoint's page may have been another's until now),
        behind the barrier that makes the engine's writes of src visible */

@@ -139,7 +139,8 @@ int main(void) {
 
     /* 1. Configuration: a state pool for the recurrent group (4 layers), a K/V pool for
        the attention group (2 layers), one budget for both. */
-    memset(groups, 0, sizeof(groups));
+    CHECK(kvc_pool_config_init(&groups[0].pool));
+    CHECK(kvc_pool_config_init(&groups[1].pool));
     groups[0].pool.n_layers = 4;
     groups[0].pool.state_floats = STATE;
     CHECK(kvc_cache_config_init(&groups[0].cache, KVC_KIND_RECURRENT)); /* keeps 8 checkpoints */

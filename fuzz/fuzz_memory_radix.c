@@ -230,9 +230,9 @@ static kvc_result fmr_feed(fmr_world *w, kvc_memory *m, int ns, const int32_t *t
                 if (k < n_at && at[k] == t + 1) {
                     FUZZ_RES(kvc_memory_state_checkpoint(m, l, t + 1, st), KVC_OK);
                     k++;
-                } else if (w->R > 0 && t + 1 < off + n) { /* the reserve's: KVC_ERR_RANGE if not asked */
+                } else if (w->R > 0 && t + 1 < off + n) { /* the reserve's: KVC_ERR_NOT_FOUND if not asked */
                     r = kvc_memory_state_checkpoint(m, l, t + 1, st);
-                    FUZZ_CHECK(r == KVC_OK || r == KVC_ERR_RANGE, "reserve checkpoint %d: %d", t + 1, (int)r);
+                    FUZZ_CHECK(r == KVC_OK || r == KVC_ERR_NOT_FOUND, "reserve checkpoint %d: %d", t + 1, (int)r);
                 }
             }
         } else {

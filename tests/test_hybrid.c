@@ -84,8 +84,28 @@ static void test_state_pool_config(void) {
     pc.n_kv_heads = 0;
     TK_OK(kvc_pool_page_bytes(&pc, &bytes));
     TK_EQ(bytes, 3 * (8 + 1) * 4); /* one state of every layer (and an unused float) */
-    pc.budget_bytes = 2 * bytes;
+    {   /* the budget for N states: N pages of one state of every layer */
+        size_t b = 0;
+        kvc_pool_config kv;
+        TK_OK(kvc_pool_budget_for_states(&pc, 5, &b));
+        TK_EQ(b, 5 * bytes);
+        TK_OK(kvc_pool_budget_for_states(&pc, 0, &b));
+        TK_EQ(b, bytes); /* a pool holds at least one page */
+        TK_RES(kvc_pool_budget_for_states(&pc, -1, &b), KVC_ERR_RANGE);
+        TK_RES(kvc_pool_budget_for_states(NULL, 1, &b), KVC_ERR_NULL);
+        TK_RES(kvc_pool_budget_for_states(&pc, 1, NULL), KVC_ERR_NULL);
+        kvc_pool_config_init(&kv);
+        kv.n_layers = 1; kv.n_kv_heads = 1; kv.head_dim_k = kv.head_dim_v = 4;
+        TK_RES(kvc_pool_budget_for_states(&kv, 1, &b), KVC_ERR_INVALID); /* K/V: budget_for_tokens */
+        TK_EQ(b, bytes);
+    }
+    TK_OK(kvc_pool_budget_for_states(&pc, 2, &pc.budget_bytes));
     TK_OK(kvc_pool_create(&pc, &p));
+    {
+        kvc_pool_stats ps;
+        TK_OK(kvc_pool_stats_get(p, &ps));
+        TK_EQ(ps.pages_total, 2);
+    }
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     TK_RES(kvc_cache_create(p, &cc, &c), KVC_ERR_INVALID); /* K/V kinds need a K/V pool */
     {
@@ -212,7 +232,7 @@ static void test_recurrent_checkpoints(void) {
         TK_EQ(off, 0);
     }
     TK_OK(feed(c, tokens, 0, 10, at, 3, 3));
-    TK_RES(kvc_state_checkpoint(c, 0, 5, tokens == NULL ? NULL : (const float *)tokens), KVC_ERR_RANGE);
+    TK_RES(kvc_state_checkpoint(c, 0, 5, tokens == NULL ? NULL : (const float *)tokens), KVC_ERR_NOT_FOUND);
     TK_OK(kvc_checkpoints(c, got, 8, &n));
     TK_EQ(n, 3);
     TK_EQ(got[0], 4); TK_EQ(got[1], 7); TK_EQ(got[2], 10);
@@ -1003,6 +1023,103 @@ static void test_snapshot_take_refused(void) {
     TK_OK(kvc_pool_destroy(p));
 }
 
+/* The offsets a batch asks the engine for (kvc_memory_batch_checkpoints), the results of
+   a hand-over that is not asked for and of one outside the batch, and the count of
+   checkpoints dropped because a layer's state never came. */
+static void test_memory_batch_checkpoints(void) {
+    kvc_memory_config mc;
+    kvc_group_config g[2];
+    int32_t map[4], tokens[16], i, l, t, at[1] = {2}, got[8], n = -1, ok = -1;
+    kvc_memory *m = NULL;
+    kvc_memory_stats st;
+    float kv[16 * 4], *s0 = NULL, *s2 = NULL;
+    const float *rd = NULL;
+    for (i = 0; i < 16; ++i) tokens[i] = (i * 5 + 1) % 9;
+    lfm2_config(&mc, g, map, 16 * STATE_PAGE + 8 * KV_PAGE);
+    g[0].cache.checkpoints = 2;
+    g[0].cache.reserve = 2;
+    TK_OK(kvc_memory_create(&mc, &m));
+    TK_RES(kvc_memory_batch_checkpoints(m, 0, NULL, 0, &n), KVC_ERR_STATE); /* no batch open */
+    TK_OK(kvc_memory_batch_checkpoints(m, 1, NULL, 0, &n));                  /* FULL: nothing to hand over */
+    TK_EQ(n, 0);
+    TK_RES(kvc_memory_batch_checkpoints(m, 4, NULL, 0, &n), KVC_ERR_RANGE);
+    TK_RES(kvc_memory_batch_checkpoints(m, 0, NULL, 1, &n), KVC_ERR_NULL);
+    TK_OK(kvc_memory_state_read(m, 0, &rd));
+    TK_CHECK(rd == NULL); /* no token consumed yet: all zeros */
+    TK_RES(kvc_memory_state_read(m, 1, &rd), KVC_ERR_UNSUPPORTED);
+    /* 6 tokens naming 2; the reserve of 2 asks for 4 and 5 (6, the end, is the live state) */
+    TK_OK(kvc_memory_begin(m, 6, at, 1));
+    TK_OK(kvc_memory_batch_checkpoints(m, 0, NULL, 0, &n));
+    TK_EQ(n, 3);
+    TK_RES(kvc_memory_batch_checkpoints(m, 2, got, 2, &n), KVC_ERR_RANGE);
+    TK_EQ(n, 3);
+    TK_OK(kvc_memory_batch_checkpoints(m, 2, got, 8, &n));
+    TK_EQ(n, 3);
+    TK_EQ(got[0], 2); TK_EQ(got[1], 4); TK_EQ(got[2], 5);
+    TK_OK(kvc_memory_batch_checkpoints(m, 3, NULL, 0, &n));
+    TK_EQ(n, 0);
+    TK_OK(kvc_memory_batch_checkpoints(m, 0, got, 8, &n));
+    TK_OK(kvc_memory_state(m, 0, 0, &s0));
+    TK_OK(kvc_memory_state(m, 2, 0, &s2));
+    TK_RES(kvc_memory_state_checkpoint(m, 0, 3, s0), KVC_ERR_NOT_FOUND); /* inside, not asked for */
+    TK_RES(kvc_memory_state_checkpoint(m, 0, 6, s0), KVC_ERR_NOT_FOUND); /* the end, not named */
+    TK_RES(kvc_memory_state_checkpoint(m, 0, 7, s0), KVC_ERR_RANGE);     /* past the batch */
+    TK_RES(kvc_memory_state_checkpoint(m, 0, 0, s0), KVC_ERR_RANGE);     /* its start */
+    for (t = 0; t < 6; ++t) {
+        step(s0, tokens[t], 0);
+        step(s2, tokens[t], 1);
+        for (i = 0; i < n; ++i)
+            if (got[i] == t + 1) {
+                TK_OK(kvc_memory_state_checkpoint(m, 0, t + 1, s0));
+                if (t + 1 != 5) TK_OK(kvc_memory_state_checkpoint(m, 2, t + 1, s2)); /* layer 2 misses 5 */
+            }
+    }
+    for (l = 1; l < 4; l += 2) {
+        for (t = 0; t < 6; ++t)
+            for (i = 0; i < 4; ++i) kv[t * 4 + i] = (float)(tokens[t] * 10 + i + l);
+        TK_OK(kvc_memory_put(m, l, kv, kv));
+    }
+    TK_CHECK(mem_is(m, tokens, 6));
+    TK_OK(kvc_memory_state_read(m, 2, &rd));
+    {
+        float want[NS];
+        ref_state(tokens, 6, 1, want);
+        TK_CHECK(rd != NULL && memcmp(rd, want, sizeof(want)) == 0);
+    }
+    TK_OK(kvc_memory_stats_get(m, &st));
+    TK_EQ(st.checkpoints_dropped, 1); /* 5: layer 2's state never came */
+    TK_OK(kvc_memory_can_rewind(m, 5, &ok));
+    TK_EQ(ok, 0);
+    TK_OK(kvc_memory_can_rewind(m, 4, &ok));
+    TK_EQ(ok, 1);
+    /* a batch whose every asked-for offset is handed over drops nothing more */
+    TK_OK(kvc_memory_begin(m, 3, NULL, 0));
+    TK_OK(kvc_memory_stats_get(m, &st));
+    TK_EQ(st.checkpoints_dropped, 1); /* the first batch settled: still counted once */
+    for (l = 0; l < 4; ++l) {
+        if (l % 2 == 0) {
+            TK_OK(kvc_memory_batch_checkpoints(m, l, got, 8, &n));
+            TK_EQ(n, 2); /* 7, 8 (the reserve's; 6 is the start, 9 the end) */
+            TK_OK(kvc_memory_state(m, l, 0, &s0));
+            for (t = 6; t < 9; ++t) {
+                step(s0, tokens[t], l / 2);
+                for (i = 0; i < n; ++i)
+                    if (got[i] == t + 1) TK_OK(kvc_memory_state_checkpoint(m, l, t + 1, s0));
+            }
+        } else {
+            for (t = 0; t < 3; ++t)
+                for (i = 0; i < 4; ++i) kv[t * 4 + i] = (float)(tokens[6 + t] * 10 + i + l);
+            TK_OK(kvc_memory_put(m, l, kv, kv));
+        }
+    }
+    TK_CHECK(mem_is(m, tokens, 9));
+    TK_OK(kvc_memory_trim(m, 2)); /* to 7, a reserve checkpoint every layer got */
+    TK_CHECK(mem_is(m, tokens, 7));
+    TK_OK(kvc_memory_stats_get(m, &st));
+    TK_EQ(st.checkpoints_dropped, 1);
+    TK_OK(kvc_memory_destroy(m));
+}
+
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
     test_state_pool_config();
@@ -1018,5 +1135,6 @@ int main(int argc, char **argv) {
     test_memory_causal_full();
     test_memory_restore_refused();
     test_snapshot_take_refused();
+    test_memory_batch_checkpoints();
     return tk_report("test_hybrid");
 }

@@ -774,6 +774,138 @@ static void test_nonfinite(tk_rng *rng) {
         }
 }
 
+/* The non-finite rule for keys and values (kvcache.h, "Non-finite keys and values"): a
+   (cell, kv head) whose K or V holds a NaN, an infinity or a value its storage cannot hold
+   finite is stored as NaN keys and zero values; each query row that sees it gives NaN
+   (values and log-sum-exp), every other row is bit-identical to the same cache without
+   the bad value. Every type, with and without rotation, every path, the split-K merge
+   (1100 cells, one decode query) and an f16 tail. */
+#define NF_HD 64
+static int nf_run(uint32_t disable, kvc_type t, uint32_t rot, int32_t tail, int32_t n_tok, int32_t n_q,
+                  const float *k, const float *v, float *out, float *lse, float *gk, float *gv) {
+    kvc_pool_config pc;
+    kvc_cache_config cc;
+    kvc_pool *pool = NULL;
+    kvc_cache *c = NULL;
+    kvc_attention_desc d;
+    float q[4 * NF_HD * 40];
+    int32_t i, n = 0, pos[1200];
+    int ok;
+    for (i = 0; i < 4 * NF_HD * n_q; ++i) q[i] = (float)((i * 29) % 23 - 11) * 0.05f;
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = NF_HD; pc.page_cells = 16;
+    pc.type_k = pc.type_v = t; pc.budget_bytes = 4 << 20; pc.cpu_disable = disable; pc.rotate = rot;
+    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    cc.f16_tail = tail;
+    ok = kvc_pool_create(&pc, &pool) == KVC_OK && kvc_cache_create(pool, &cc, &c) == KVC_OK &&
+         kvc_begin(c, n_tok) == KVC_OK && kvc_put(c, 0, k, v) == KVC_OK;
+    memset(&d, 0, sizeof(d));
+    d.n_queries = n_q; d.n_heads = 4; d.q = q; d.out = out; d.lse = lse;
+    ok = ok && kvc_attention(c, 0, &d) == KVC_OK;
+    if (ok && gk) ok = kvc_cache_gather(c, 0, gk, gv, pos, 1200, &n) == KVC_OK && n == n_tok;
+    kvc_cache_destroy(c);
+    kvc_pool_destroy(pool);
+    return ok;
+}
+static void test_nonfinite_kv(tk_rng *rng) {
+    static float k[1100 * 2 * NF_HD], v[1100 * 2 * NF_HD], gk[1100 * 2 * NF_HD], gv[1100 * 2 * NF_HD];
+    float ref[40 * 4 * NF_HD], out[40 * 4 * NF_HD], lr[160], lo[160];
+    uint32_t disable[8];
+    const char *names[8];
+    int32_t np = (int32_t)tk_cpu_paths(disable, names), p, t, kind, rot, shape, row, i, fails = 0, runs = 0;
+    static const float limits[KVC_TYPE_COUNT] = {3.4e38f, 65504.0f, 3.38e38f, 65504.0f * 127.0f, 65504.0f * 8.0f};
+    tk_fill(rng, k, sizeof(k) / sizeof(float), 1.0f);
+    tk_fill(rng, v, sizeof(v) / sizeof(float), 1.0f);
+    for (p = 0; p < np; ++p)
+        for (t = 0; t < KVC_TYPE_COUNT; ++t)
+            for (rot = 0; rot < 2; ++rot)
+                for (shape = 0; shape < 3; ++shape) /* prefill 40; decode over 1100 (merge); an f16 tail */
+                    for (kind = 0; kind < 7; ++kind) {
+                        /* K NaN, K +inf, K -inf, V NaN, V +inf, V -inf, K 1e6 (bad where the type cannot hold it) */
+                        int32_t n_tok = shape == 1 ? 1100 : 40, n_q = shape == 1 ? 1 : 40, cell = shape == 1 ? 3 : 20;
+                        int32_t tail = shape == 2 && t >= KVC_TYPE_Q8_0 ? 8 : 0;
+                        float *x = kind < 3 || kind == 6 ? k : v, bad, keep;
+                        size_t at = ((size_t)cell * 2 + 1) * NF_HD + 7; /* kv head 1, value 7 */
+                        float lim = limits[t] / (rot ? 8.0f : 1.0f); /* rotation block 64: sqrt 8 */
+                        int poisoned;
+                        if (shape == 2 && tail == 0) continue;
+                        bad = kind % 3 == 0 ? NAN : kind % 3 == 1 ? INFINITY : -INFINITY;
+                        if (kind == 6) bad = 1e6f;
+                        poisoned = !(fabsf(bad) <= lim) || (tail && !(fabsf(bad) <= 65504.0f / (rot ? 8.0f : 1.0f)));
+                        runs++;
+                        if (!nf_run(disable[p], (kvc_type)t, rot ? KVC_ROTATE_K | KVC_ROTATE_V : 0, tail, n_tok, n_q, k,
+                                    v, ref, lr, NULL, NULL)) { fails++; continue; }
+                        keep = x[at];
+                        x[at] = bad;
+                        if (!nf_run(disable[p], (kvc_type)t, rot ? KVC_ROTATE_K | KVC_ROTATE_V : 0, tail, n_tok, n_q, k,
+                                    v, out, lo, gk, gv)) { x[at] = keep; fails++; continue; }
+                        x[at] = keep;
+                        for (row = 0; row < n_q * 4; ++row) {
+                            int sees = row % 4 >= 2 && (shape == 1 || row / 4 >= cell); /* heads 2, 3: kv head 1 */
+                            int bad_row = 0, changed = 0;
+                            for (i = 0; i < NF_HD; ++i) {
+                                float o = out[row * NF_HD + i];
+                                bad_row += is_nan(o);
+                                changed += bits_of(o) != bits_of(ref[row * NF_HD + i]);
+                            }
+                            if (poisoned && sees) { if (bad_row != NF_HD || !is_nan(lo[row])) fails++; }
+                            else if (poisoned || !sees) { if (changed || bits_of(lo[row]) != bits_of(lr[row])) fails++; }
+                            else if (bad_row || is_nan(lo[row])) fails++; /* a finite big value: finite rows */
+                        }
+                        if (poisoned) /* read back: NaN keys, zero values for that head only */
+                            for (i = 0; i < NF_HD; ++i) {
+                                size_t h1 = ((size_t)cell * 2 + 1) * NF_HD + (size_t)i, h0 = (size_t)cell * 2 * NF_HD + (size_t)i;
+                                if (!is_nan(gk[h1]) || gv[h1] != 0.0f || is_nan(gk[h0]) || is_nan(gv[h0])) { fails++; break; }
+                            }
+                        if (fails) {
+                            printf("non-finite K/V, %s %s rot %d shape %d kind %d: wrong\n", names[p],
+                                   kvc_type_name((kvc_type)t), (int)rot, (int)shape, (int)kind);
+                            TK_CHECK(0);
+                            fails = 0;
+                        }
+                    }
+    TK_CHECK(runs > 0);
+    for (t = 0; t < KVC_TYPE_COUNT; ++t) { /* a RoPE shift keeps a poisoned key poisoned */
+        kvc_pool_config pc;
+        kvc_cache_config cc;
+        kvc_pool *pool = NULL;
+        kvc_cache *c = NULL;
+        int32_t pos[16], n = 0, cell = -1;
+        float keep = k[(5 * 2 + 1) * NF_HD + 3];
+        kvc_pool_config_init(&pc);
+        pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = NF_HD; pc.page_cells = 16;
+        pc.type_k = pc.type_v = (kvc_type)t; pc.budget_bytes = 1 << 20;
+        kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
+        cc.capacity = 16;
+        cc.rope.style = KVC_ROPE_NEOX;
+        cc.rope.theta = 10000.0f;
+        k[(5 * 2 + 1) * NF_HD + 3] = NAN; /* token 5, kv head 1 */
+        TK_OK(kvc_pool_create(&pc, &pool));
+        TK_OK(kvc_cache_create(pool, &cc, &c));
+        TK_OK(kvc_begin(c, 8));
+        TK_OK(kvc_put(c, 0, k, v));
+        k[(5 * 2 + 1) * NF_HD + 3] = keep;
+        TK_OK(kvc_seq_remove(c, 0, 1, 2)); /* positions 2.. move back by one, keys re-rotated */
+        TK_OK(kvc_cache_gather(c, 0, gk, gv, pos, 16, &n));
+        for (i = 0; i < n; ++i)
+            if (pos[i] == 4) cell = i; /* token 5 */
+        TK_CHECK(cell >= 0);
+        if (cell >= 0) {
+            int32_t nan_k = 0, zero_v = 0, fine = 0;
+            for (i = 0; i < NF_HD; ++i) {
+                nan_k += is_nan(gk[((size_t)cell * 2 + 1) * NF_HD + (size_t)i]);
+                zero_v += gv[((size_t)cell * 2 + 1) * NF_HD + (size_t)i] == 0.0f;
+                fine += !is_nan(gk[(size_t)cell * 2 * NF_HD + (size_t)i]); /* kv head 0 */
+            }
+            TK_EQ(nan_k, NF_HD);
+            TK_EQ(zero_v, NF_HD);
+            TK_EQ(fine, NF_HD);
+        }
+        kvc_cache_destroy(c);
+        kvc_pool_destroy(pool);
+    }
+}
+
 static void test_bad_hook(void) {
     kvc_pool_config pc;
     kvc_pool *p = NULL;
@@ -819,6 +951,7 @@ int main(int argc, char **argv) {
     test_stack_use(&rng);
     test_overlap(&rng);
     test_nonfinite(&rng);
+    test_nonfinite_kv(&rng);
     test_bad_hook();
     return tk_report("kernels");
 }

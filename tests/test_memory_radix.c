@@ -655,6 +655,109 @@ static void test_random(unsigned long long seed, int32_t rounds, size_t budget) 
     TK_OK(kvc_memory_destroy(m0));
 }
 
+/* an allocator that refuses while `refuse` is set (the lookup-into's all or nothing) */
+static int refuse_alloc;
+static void *maybe_alloc(size_t n, void *user) { (void)user; return refuse_alloc ? NULL : malloc(n); }
+static void maybe_free(void *p, void *user) { (void)user; free(p); }
+
+/* attention of n queries over the last n positions of layer l (1: sliding, 2: full) */
+static void attend(const kvc_memory *m, int32_t l, int32_t n, float *out) {
+    float q[MAXT * DIM];
+    int32_t i;
+    kvc_attention_desc d;
+    for (i = 0; i < n * DIM; ++i) q[i] = (float)((i * 37) % 11 - 5) * 0.01f;
+    memset(&d, 0, sizeof(d));
+    d.n_queries = n;
+    d.n_heads = 1;
+    d.q = q;
+    d.out = out;
+    TK_OK(kvc_memory_attention(m, l, &d));
+}
+
+/* kvc_radix_lookup_into_memory: the engine's one memory takes what a new lookup memory
+   would hold (same states, same attention bits), all or nothing, and is reused */
+static void test_lookup_into(void) {
+    int32_t sys[16], a[40], b[40], i, l, at_sys[2] = {16, 36}, r = -1, r2 = -1, off = -1;
+    kvc_memory_config mc;
+    kvc_group_config g[3];
+    int32_t map[3];
+    kvc_memory *e = NULL, *n = NULL, *f = NULL, *other = new_memory(1 << 20);
+    kvc_radix_config rc;
+    kvc_radix *t = NULL;
+    float o1[MAXT * DIM], o2[MAXT * DIM];
+    const float *s1, *s2;
+    for (i = 0; i < 16; ++i) sys[i] = 700 + i;
+    for (i = 0; i < 40; ++i) a[i] = i < 16 ? sys[i] : 800 + i;
+    for (i = 0; i < 40; ++i) b[i] = i < 16 ? sys[i] : 900 + i;
+    memory_config(&mc, g, map, 1 << 20);
+    mc.allocator.alloc = maybe_alloc;
+    mc.allocator.free = maybe_free;
+    TK_OK(kvc_memory_create(&mc, &e)); /* the engine's memory, for the whole run */
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TK_OK(kvc_radix_create_memory(e, &rc, &t));
+    TK_OK(kvc_radix_lookup_into_memory(t, NSP, a, 40, e, &r));
+    TK_EQ(r, 0);
+    TK_OK(feed(e, a, 0, 40, at_sys, 2));
+    TK_OK(kvc_radix_commit_memory(t, NSP, e, a, 40, 0));
+    /* B shares the system prompt: into e, and as a new memory; the same contents */
+    TK_OK(kvc_radix_lookup_into_memory(t, NSP, b, 40, e, &r));
+    TK_EQ(r, 16);
+    TK_CHECK(holds(e, b, 16));
+    TK_EQ(stats_of(t).n_in_use, 3);
+    TK_OK(kvc_radix_lookup_memory(t, NSP, b, 40, &n, &r2));
+    TK_EQ(r2, 16);
+    TK_OK(feed(e, b, 16, 24, NULL, 0));
+    TK_OK(feed(n, b, 16, 24, NULL, 0));
+    for (l = 1; l < 3; ++l) {
+        attend(e, l, 24, o1);
+        attend(n, l, 24, o2);
+        TK_CHECK(memcmp(o1, o2, sizeof(float) * 24 * DIM) == 0);
+    }
+    TK_OK(kvc_memory_state_read(e, 0, &s1));
+    TK_OK(kvc_memory_state_read(n, 0, &s2));
+    TK_CHECK(s1 != NULL && s2 != NULL && memcmp(s1, s2, sizeof(float) * NS) == 0);
+    TK_OK(kvc_memory_destroy(n));
+    TK_OK(kvc_radix_commit_memory(t, NSP, e, b, 40, 0));
+    /* a fork holding B's 16 tokens: its page tables (8 entries) cannot grow to A's 36 */
+    TK_OK(kvc_radix_lookup_into_memory(t, NSP, b, 40, e, &r));
+    TK_OK(kvc_memory_fork(e, &f));
+    refuse_alloc = 1;
+    TK_RES(kvc_radix_lookup_into_memory(t, NSP, a, 40, f, &r), KVC_ERR_NO_MEMORY);
+    refuse_alloc = 0;
+    TK_CHECK(holds(f, b, 16));
+    TK_OK(kvc_radix_lookup_into_memory(t, NSP, a, 40, f, &r));
+    TK_EQ(r, 36);
+    TK_CHECK(holds(f, a, 36));
+    TK_OK(kvc_memory_destroy(f));
+    /* back to A (one token left: the state at 39 is not kept, 36 is the last before) */
+    TK_OK(kvc_radix_lookup_into_memory(t, NSP, a, 40, e, &r));
+    TK_EQ(r, 36);
+    TK_CHECK(holds(e, a, 36));
+    TK_OK(feed(e, a, 36, 4, NULL, 0));
+    TK_CHECK(holds(e, a, 40));
+    /* refused calls leave e as it was */
+    TK_RES(kvc_radix_lookup_into_memory(t, NSP, b, 40, other, &r), KVC_ERR_FOREIGN);
+    TK_RES(kvc_radix_lookup_into_memory(t, NSP, b, 40, NULL, &r), KVC_ERR_NULL);
+    TK_RES(kvc_radix_lookup_into_memory(t, NSP, b, 40, e, NULL), KVC_ERR_NULL);
+    TK_RES(kvc_radix_lookup_into_memory(t, NSP, b, -1, e, &r), KVC_ERR_INVALID);
+    TK_OK(kvc_memory_begin(e, 1, NULL, 0));
+    TK_RES(kvc_radix_lookup_into_memory(t, NSP, b, 40, e, &r), KVC_ERR_STATE);
+    TK_OK(kvc_memory_cancel(e));
+    TK_CHECK(holds(e, a, 40));
+    TK_OK(kvc_radix_commit_memory(t, NSP, e, a, 40, 0));
+    TK_OK(kvc_memory_clear(e));
+    TK_OK(kvc_memory_offset(e, &off));
+    TK_EQ(off, 0);
+    TK_EQ(stats_of(t).n_in_use, 0);
+    TK_OK(kvc_radix_lookup_into_memory(t, NSP, b, 40, e, &r));
+    TK_EQ(r, 16); /* b's state at 39 is not kept either: its last checkpoint, 16 */
+    TK_RES(kvc_radix_destroy(t), KVC_ERR_BUSY);
+    TK_OK(kvc_radix_release_memory(e));
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_memory_destroy(e));
+    TK_OK(kvc_memory_destroy(other));
+}
+
 int main(int argc, char **argv) {
     unsigned long long seed = argc > 1 ? strtoull(argv[1], NULL, 10) : (unsigned long long)time(NULL);
     int32_t rounds = (int32_t)(400 * tk_scale());
@@ -663,6 +766,7 @@ int main(int argc, char **argv) {
     printf("seed %llu\n", seed);
     test_reuse();
     test_late_checkpoint();
+    test_lookup_into();
     test_eviction();
     test_priority();
     test_errors();

@@ -417,7 +417,7 @@ static void rref(const int32_t *tok, int32_t n, int32_t layer, float *out) {
 
 /* a batch tok[off .. off+n): the engine hands over the state after every token (the
    cache takes those it asked for: named ones and the reserve's; the others are
-   refused with KVC_ERR_RANGE); skip_layer >= 0 hands nothing over for that layer */
+   refused with KVC_ERR_NOT_FOUND); skip_layer >= 0 hands nothing over for that layer */
 static kvc_result rfeed(kvc_cache *c, const int32_t *tok, int32_t off, int32_t n, const int32_t *at, int32_t n_at,
                         int32_t skip_layer) {
     int32_t l, t;
@@ -430,7 +430,7 @@ static kvc_result rfeed(kvc_cache *c, const int32_t *tok, int32_t off, int32_t n
             rstep(st, tok[t], l);
             if (l != skip_layer) {
                 r = kvc_state_checkpoint(c, l, t + 1, st);
-                if (r != KVC_OK && r != KVC_ERR_RANGE) return r;
+                if (r != KVC_OK && r != KVC_ERR_NOT_FOUND) return r;
             }
         }
     }
@@ -631,7 +631,7 @@ static kvc_result mem_feed(kvc_memory *m, const int32_t *tok, int32_t off, int32
             for (t = off; t < off + n; ++t) {
                 rstep(st, tok[t], l / 2);
                 r = kvc_memory_state_checkpoint(m, l, t + 1, st); /* the reserve asks for the last MR */
-                if (r != KVC_OK && r != KVC_ERR_RANGE) return r;
+                if (r != KVC_OK && r != KVC_ERR_NOT_FOUND) return r;
             }
         } else {
             kvc_attention_desc a;

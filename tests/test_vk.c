@@ -1671,7 +1671,8 @@ static void test_state_errors(void) {
         cmd_put_state(cmd, 0, &s0);
         cmd_put_state(cmd, 1, &s1);
     }
-    TK_RES(kvc_vk_cmd_state_checkpoint(vp, cmd, c, 0, 1, &s0), KVC_ERR_RANGE); /* no checkpoint named */
+    TK_RES(kvc_vk_cmd_state_checkpoint(vp, cmd, c, 0, 1, &s0), KVC_ERR_NOT_FOUND); /* in the batch, not named */
+    TK_RES(kvc_vk_cmd_state_checkpoint(vp, cmd, c, 0, 2, &s0), KVC_ERR_RANGE);     /* past the batch */
     TK_OK(kvc_vk_submit_wait(ctx, cmd));
     for (i = 0; i < 2; ++i) {
         TK_OK(kvc_vk_state_read(vp, c, 0, i, &rd));
