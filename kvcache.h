@@ -8038,8 +8038,9 @@ KVC__AVX512_INLINE __m512 kvc__row_load_avx512(const float *s, uint32_t vis) {
 }
 #define KVC__MAX_ROW_AVX512(r, m, b)                                                                                \
     if (r < nr) {                                                                                                   \
-        __m512 x_ = _mm512_maskz_loadu_ps((__mmask16)(vis[r] >> c), s[r] + c); /* masked: 0 */                      \
-        m = _mm512_max_ps(m, kvc__row_load_avx512(s[r] + c, vis[r] >> c));                                          \
+        __mmask16 k_ = (__mmask16)(vis[r] >> c);                                                                    \
+        __m512 x_ = _mm512_maskz_loadu_ps(k_, s[r] + c); /* masked: 0 */                                            \
+        m = _mm512_max_ps(m, _mm512_mask_blend_ps(k_, _mm512_set1_ps(-INFINITY), x_));                              \
         b = _mm512_add_ps(b, _mm512_sub_ps(x_, x_));                                                                \
     }
 KVC__AVX512 static void kvc__masked_max4_avx512(float *const *s, const uint32_t *vis, int32_t nr, int32_t n,
