@@ -6656,7 +6656,9 @@ static kvc_result kvc__radix_lookup_into_held(kvc_radix *t, kvc_namespace ns, co
     m = kvc__radix_find(t, ns, tokens, n_tokens, &at);
     /* the one step that can fail comes first: mem is untouched when it does */
     if ((r = kvc__radix_reserve_tables(t, mem, m)) != KVC_OK) return r;
+    mem->mp->inside++; /* a memory call: its own changes to its groups pass kvc__owned */
     (void)kvc__memory_clear_held(mem); /* evicts nothing: the entry found stays */
+    mem->mp->inside--;
     kvc__radix_count(t, n_tokens, m);
     kvc__radix_fill_memory(t, mem, at, m);
     *n_reused = m;

@@ -483,8 +483,10 @@ void main() {
         [[unroll]] for (uint g = 0u; g < GH; ++g) above = above || mx[g] > m[g] + SLACK;
         if (any_lane(above)) { // uniform, and so are the maxima after it
             all_reduce(mx, true);
-            [[unroll]] for (uint g = 0u; g < GH; ++g) {
-                float mn = max(m[g], mx[g]);
+            [[unroll]] for (uint g = 0u; g < GH; ++g) { // only a head whose own maximum passed
+                // its slack moves: another head's vote must not change this head's rounding (a
+                // row's bits depend on its own query alone, also when another row is NaN)
+                float mn = mx[g] > m[g] + SLACK ? mx[g] : m[g];
                 float a = mn == NEG_INF ? 1.0 : exp2(m[g] - mn);
                 m[g] = mn;
                 l[g] *= a;

@@ -680,7 +680,7 @@ static kvc_result ck_feed(kvc_cache *c, int32_t n, const int32_t *at, int32_t n_
         for (t = off; t < off + n; ++t) {
             for (i = 0; i < LF_STATE; ++i) st[i] = st[i] * 0.5f + lf_val(0, l, t, i, salt);
             r = t + 1 < off + n ? kvc_state_checkpoint(c, l, t + 1, st) : KVC_OK;
-            if (r != KVC_OK && r != KVC_ERR_RANGE) return r;
+            if (r != KVC_OK && r != KVC_ERR_NOT_FOUND) return r; /* (one not asked for) */
         }
     }
     return KVC_OK;
