@@ -68,7 +68,7 @@ static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn pf, void 
     }
     while (done < s->tokens + s->open_batch) { /* batches of random sizes; CAUSAL: the sequences interleaved */
         int32_t n = tk_int(&rng, 1, 64); /* (not inside KVC__MIN: it evaluates twice) */
-        n = KVC__MIN(n, s->tokens - done);
+        n = TK_MIN(n, s->tokens - done);
         if (done >= s->tokens) n = s->open_batch; /* the last batch stays open */
         if (s->kind == KVC_KIND_CAUSAL) {
             kvc_batch b;
@@ -165,9 +165,9 @@ static shape random_shape(tk_rng *rng, int32_t hk, int32_t hv, kvc_type tk, kvc_
     s.open_batch = 0;
     if (s.kind == KVC_KIND_ROTATING && s.window < 8) s.window = tk_int(rng, 8, 300);
     if (s.kind == KVC_KIND_ROTATING && s.sinks >= s.window) s.sinks = 0;
-    if (s.kind == KVC_KIND_CAUSAL) s.tokens = KVC__MAX(s.tokens, s.seqs);
+    if (s.kind == KVC_KIND_CAUSAL) s.tokens = TK_MAX(s.tokens, s.seqs);
     if (s.kind == KVC_KIND_CAUSAL && tk_pct(rng, 40)) s.n_queries = s.open_batch = tk_int(rng, 1, 40);
-    if (s.kind != KVC_KIND_CAUSAL) s.n_queries = KVC__MIN(s.n_queries, s.tokens);
+    if (s.kind != KVC_KIND_CAUSAL) s.n_queries = TK_MIN(s.n_queries, s.tokens);
     s.f16_tail = s.kind != KVC_KIND_CAUSAL && (tk >= KVC_TYPE_Q8_0 || tv >= KVC_TYPE_Q8_0) && tk_pct(rng, 50)
                      ? tk_int(rng, 1, 300) : 0;
     return s;
