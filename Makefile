@@ -28,9 +28,10 @@ run: $(BUILD)/tinylm
 # `make check`: every test program (tests/test_*.c; test_vk, which needs a Vulkan driver
 # and takes longest, only with VK=1) at KVC_TEST_SCALE=$(CHECK_SCALE), and every fuzz
 # corpus replayed through one program (fuzz/gen_fuzz_all.sh), built and run CHECK_JOBS at
-# a time. Built at -O1: the builds are most of the time. A binary is rebuilt only when its
-# sources changed; the programs always run. The last line is "N passed, N failed"
-# (tests/check_summary.sh); the exit status is non-zero on any failure.
+# a time, and tests/docs_check.sh. Built at -O1: the builds are most of the time, so
+# kvcache.h's implementation is compiled once per configuration (below). A binary is
+# rebuilt only when its sources changed; the programs always run. The last line is
+# "N passed, N failed" (tests/check_summary.sh); the exit status is non-zero on any failure.
 CHECK_SCALE ?= 0.1
 CHECK_JOBS ?= 2
 CHECK_CFLAGS ?= -std=c99 -O1 -Wall -Wextra -Wpedantic -Werror
