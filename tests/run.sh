@@ -7,6 +7,8 @@
 # ones two at a time ("lanes", below). The last line is "N passed, N failed, N skipped".
 # A test program's checks count one by one (its "RESULT name passed failed" line);
 # every other step counts as one. Steps whose tool is missing are skipped, not failed.
+# kvcache.h's implementation is compiled once per compiler, flags and configuration, and
+# the programs that use only its API link against it (build, below; tests/unit.sh).
 set -u
 cd "$(dirname "$0")/.."
 B=build/test
