@@ -784,22 +784,23 @@ typedef struct kvc_path_io {
 KVCDEF kvc_result kvc_io_path(kvc_path_io *state, const char *path, int writing, kvc_io *io);
 #endif
 
-/* A cache (no batch open), with your token ids (any n_tokens >= 0; e.g. the tokens at
-   positions 0 .. offset-1), under namespace ns. ROTATING: every page held is saved, the
-   reserve's too; the reserve itself is not part of the saved configuration, so a cache
-   of any reserve loads it (one without a reserve drops the extra pages at its next
-   kvc_begin). ROTATING and RECURRENT: the checkpoints are saved with it (each page once),
-   so the loaded cache rewinds and is reused exactly as this one. A pool whose K/V live on
-   a device (kvcache_vk.h) saves and loads the same bytes through its page hooks. */
+/* A cache of any kind (no batch open), with your token ids (any n_tokens >= 0; e.g. the
+   tokens at positions 0 .. offset-1), under namespace ns. ROTATING: every page held is
+   saved, the reserve's too; the reserve itself is not part of the saved configuration, so
+   a cache of any reserve loads it (one without a reserve drops the extra pages at its next
+   kvc_begin). RECURRENT: every sequence's state and the tokens it consumed. ROTATING and
+   RECURRENT: the checkpoints are saved with it (each page once), so the loaded cache
+   rewinds and is reused exactly as this one. A pool whose K/V live on a device
+   (kvcache_vk.h) saves and loads the same bytes through its page hooks. */
 KVCDEF kvc_result kvc_cache_save(const kvc_cache *cache, kvc_namespace ns, const int32_t *tokens,
                                  int32_t n_tokens, const kvc_io *io);
 /* Replace the cache's contents with a saved cache of the same pool configuration, kind
    and window/sinks (CAUSAL: window and chunk; its capacity and max_seqs must hold the
-   saved cells). The saved tokens go to tokens[0 .. *n_tokens) (tokens may be NULL;
-   KVC_ERR_RANGE if max_tokens is too small; n_tokens may be NULL). The result is
-   bit-exact: same offset, window state, positions, sequence sets, states and K/V bytes,
-   and the saved checkpoints replace the cache's (a cache keeps at most its own
-   cfg.checkpoints of them: the newest). */
+   saved cells; RECURRENT: its max_seqs must hold the saved sequences). The saved tokens
+   go to tokens[0 .. *n_tokens) (tokens may be NULL; KVC_ERR_RANGE if max_tokens is too
+   small; n_tokens may be NULL). The result is bit-exact: same offset, window state,
+   positions, sequence sets, states and K/V bytes, and the saved checkpoints replace the
+   cache's (a cache keeps at most its own cfg.checkpoints of them: the newest). */
 KVCDEF kvc_result kvc_cache_load(kvc_cache *cache, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
                                  int32_t max_tokens, int32_t *n_tokens);
 /* One sequence of a CAUSAL cache: its cells' positions and K/V. Loading puts them into

@@ -10,6 +10,7 @@
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 

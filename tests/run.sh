@@ -7,6 +7,8 @@
 # ones two at a time ("lanes", below). The last line is "N passed, N failed, N skipped".
 # A test program's checks count one by one (its "RESULT name passed failed" line);
 # every other step counts as one. Steps whose tool is missing are skipped, not failed.
+# kvcache.h's implementation is compiled once per compiler, flags and configuration, and
+# the programs that use only its API link against it (build, below; tests/unit.sh).
 set -u
 cd "$(dirname "$0")/.."
 B=build/test
@@ -20,19 +22,22 @@ echo "seed $seed (KVC_SEED=$seed replays it)"
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
+# took T0: " (N s)" since SECONDS was T0, when that is 5 s or more (what each step costs)
+took() { local s=$((SECONDS - $1)); [ $s -lt 5 ] || echo " ($s s)"; }
+
 # step NAME CMD...: run CMD, count it as one pass or fail, show its output on failure
 step() {
-  local name=$1; shift
+  local name=$1 t0=$SECONDS; shift
   if "$@" >"$B/$name.log" 2>&1; then
-    passed=$((passed + 1)); echo "  ok    $name"
+    passed=$((passed + 1)); echo "  ok    $name$(took $t0)"
   else
-    failed=$((failed + 1)); echo "  FAIL  $name"; tail -n 30 "$B/$name.log"; return 1
+    failed=$((failed + 1)); echo "  FAIL  $name$(took $t0)"; tail -n 30 "$B/$name.log"; return 1
   fi
 }
 
 # checks NAME CMD...: run a test program, add its RESULT counts (and a failure if it crashed)
 checks() {
-  local name=$1; shift
+  local name=$1 t0=$SECONDS; shift
   local rc=0
   "$@" >"$B/$name.log" 2>&1 || rc=$?
   local line; line=$(grep '^RESULT ' "$B/$name.log" | tail -n 1)
@@ -45,7 +50,7 @@ checks() {
     [ $rc != 0 ] && [ "$4" = 0 ] && failed=$((failed + 1))
     echo "  FAIL  $name: $3 passed, $4 failed, exit $rc"; grep -v '^RESULT' "$B/$name.log" | tail -n 30
   else
-    echo "  ok    $name: $3 checks"
+    echo "  ok    $name: $3 checks$(took $t0)"
   fi
 }
 
@@ -91,6 +96,32 @@ lanes_join() {
   lanes=""
 }
 
+# build LABEL "CC FLAGS" SRC OUT LIBS...: build the program SRC (a test or an example) into
+# OUT. kvcache.h's implementation is compiled once per LABEL (the compiler and flags) and
+# configuration: SRC's unit has only the API and links against $B/lib/LABEL-lib-CONFIG.o,
+# unless tests/unit.sh says it needs the implementation in its own unit ("whole"; it says
+# why), or the flags define KVCACHE_STATIC (nothing of the library is visible outside a
+# unit). The object is built by the first lane that needs it; the others wait (flock).
+build() {
+  local label=$1 cc=$2 src=$3 out=$4 unit xnone=""; shift 4
+  unit=$(bash tests/unit.sh "$src")
+  case "$unit $cc" in whole*|*KVCACHE_STATIC*) $cc -I. "$src" -o "$out" "$@"; return ;; esac
+  case " $cc " in *" -x "*) xnone="-x none" ;; esac # g++ -x c++: the object is no source
+  lib_obj "$label" "$cc" "$unit" &&
+    $cc -I. -DKVCACHE_IMPLEMENTATION_DONE "$src" $xnone "$B/lib/$label-$unit.o" -o "$out" "$@"
+}
+# lib_obj LABEL "CC FLAGS" lib-CONFIG: build $B/lib/LABEL-lib-CONFIG.o once (its compiler
+# errors go to the log of the first program that needed it)
+lib_obj() {
+  local o="$B/lib/$1-$3.o"
+  mkdir -p "$B/lib"
+  ( flock 9
+    [ -f "$o" ] && exit 0
+    [ -f "$o.failed" ] && { echo "$o did not build (the first program that needed it shows why)"; exit 1; }
+    { bash tests/unit.sh --source "$3" >"${o%.o}.c" && $2 -I. -c "${o%.o}.c" -o "$o"; } || { touch "$o.failed"; exit 1; }
+  ) 9>"$o.lock"
+}
+
 tests=$(ls tests/test_*.c)
 examples=$(ls examples/*.c | grep -v tinylm)
 # Fuzz targets: fuzz/fuzz_NAME.c defines LLVMFuzzerTestOneInput, fuzz/corpus/NAME/ is its
@@ -110,26 +141,36 @@ replay() {
 }
 
 stage compile "compile checks"
+# the docs name every test program, fuzz target and saved-format section (one check each)
+checks docs bash tests/docs_check.sh
 printf '#define KVCACHE_IMPLEMENTATION\n#include "kvcache.h"\nint main(void){return 0;}\n' > "$B/tu_a.c"
 printf '#include "kvcache.h"\nint kvc_second_tu(void){kvc_pool_config c; return (int)kvc_pool_config_init(&c);}\n' > "$B/tu_b.c"
 printf '#define KVCACHE_STATIC\n#define KVCACHE_IMPLEMENTATION\n#include "kvcache.h"\nint main(void){return 0;}\n' > "$B/tu_static.c"
-step gcc-c99-two-units sh -c "$CC $STRICT -I. -c $B/tu_a.c -o $B/tu_a.o && $CC $STRICT -I. -c $B/tu_b.c -o $B/tu_b.o && $CC $B/tu_a.o $B/tu_b.o -o $B/tu -lm"
-step gcc-static sh -c "$CC $STRICT -I. $B/tu_static.c -o $B/tu_static -lm"
-if have g++; then
+# in lanes, longest first: g++ (the programs as C++), the Vulkan backend, gcc, clang
+compile_gcc() {
+  step gcc-c99-two-units sh -c "$CC $STRICT -I. -c $B/tu_a.c -o $B/tu_a.o && $CC $STRICT -I. -c $B/tu_b.c -o $B/tu_b.o && $CC $B/tu_a.o $B/tu_b.o -o $B/tu -lm"
+  step gcc-static sh -c "$CC $STRICT -I. $B/tu_static.c -o $B/tu_static -lm"
+}
+compile_cxx() {
   step g++-c++11 g++ -x c++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -I. -c "$B/tu_a.c" -o "$B/tu_cxx.o"
+  # each program's code as C++: its own (and the implementation's too where it keeps that in
+  # its unit: tests/unit.sh), checked without code generation (-fsyntax-only: the same
+  # diagnostics at -O0, a fifth of the time); the step above and the matrix's g++ -O2
+  # programs generate the implementation's C++ code
+  local t n api
   for t in $tests $fuzzers fuzz/fuzz_replay.c; do
-    n=$(basename "$t" .c); step "g++-$n" g++ -x c++ -std=c++11 -Wall -Wextra -Werror -I. -c "$t" -o "$B/$n.cxx.o"
+    n=$(basename "$t" .c) api=""; [ "$(bash tests/unit.sh "$t")" = whole ] || api=-DKVCACHE_IMPLEMENTATION_DONE
+    step "g++-$n" g++ -x c++ -std=c++11 -Wall -Wextra -Werror -I. $api -fsyntax-only "$t"
   done
-else skip g++ "g++ not installed"; fi
-if have clang; then
-  step clang-c99 clang $STRICT -I. -c "$B/tu_a.c" -o "$B/tu_clang.o"
-else skip clang-c99 "clang not installed"; fi
+}
+# the library as clang compiles it at -O0: the matrix's clang -O0 programs link this object
+compile_clang() { step clang-c99 lib_obj clang-O0 "clang $STRICT -O0" lib-default; }
 
 # the Vulkan backend: kvcache_vk.h builds with and without VK_NO_PROTOTYPES, in C and
 # C++, in two translation units; its committed SPIR-V is what glslc makes of shaders/
 have_vk=0
 echo '#include <vulkan/vulkan.h>' | $CC -x c -fsyntax-only - >/dev/null 2>&1 && have_vk=1
-if [ $have_vk = 1 ]; then
+compile_vk() {
   printf '#define KVCACHE_IMPLEMENTATION\n#define KVCACHE_VK_IMPLEMENTATION\n#define KVCACHE_VK_HELPERS\n#define VK_NO_PROTOTYPES\n#include "kvcache.h"\n#include "kvcache_vk.h"\nint main(void){return 0;}\n' > "$B/tu_vk.c"
   printf '#include "kvcache.h"\n#include "kvcache_vk.h"\nint kvc_vk_second_tu(void){return kvc_vk_context_destroy(0) == KVC_ERR_NULL;}\n' > "$B/tu_vk_b.c"
   printf '#define KVCACHE_IMPLEMENTATION\n#define KVCACHE_VK_IMPLEMENTATION\n#include "kvcache.h"\n#include "kvcache_vk.h"\nint main(void){return 0;}\n' > "$B/tu_vk_proto.c"
@@ -137,10 +178,16 @@ if [ $have_vk = 1 ]; then
   step gcc-vk-prototypes sh -c "$CC $STRICT -I. $B/tu_vk_proto.c -o $B/tu_vk_proto -lm -lvulkan"
   have g++ && step g++-vk-c++11 g++ -x c++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -I. -c "$B/tu_vk.c" -o "$B/tu_vk_cxx.o"
   have clang && step clang-vk clang $STRICT -I. -c "$B/tu_vk.c" -o "$B/tu_vk_clang.o"
+}
+if have g++; then lane compile-g++ compile_cxx; else skip g++ "g++ not installed"; fi
+if [ $have_vk = 1 ]; then lane compile-vk compile_vk
 else skip kvcache_vk "no Vulkan headers (apt-get install libvulkan-dev)"; fi
+lane compile-gcc compile_gcc
+if have clang; then lane compile-clang compile_clang; else skip clang-c99 "clang not installed"; fi
 if have glslc; then
-  step shaders-committed sh -c "cp kvcache_vk.h $B/kvcache_vk.h && bash shaders/embed.sh $B/kvcache_vk.h && cmp kvcache_vk.h $B/kvcache_vk.h"
+  lane shaders step shaders-committed sh -c "cp kvcache_vk.h $B/kvcache_vk.h && bash shaders/embed.sh $B/kvcache_vk.h && cmp kvcache_vk.h $B/kvcache_vk.h"
 else skip shaders-committed "glslc not installed"; fi
+lanes_join
 
 stage tests "tests (gcc -O2 -g), the fuzz corpora, the examples and the tiny-model end-to-end check"
 # test_one tests/test_NAME.c: build it (valgrind runs this binary later) and run it
@@ -148,7 +195,7 @@ stage tests "tests (gcc -O2 -g), the fuzz corpora, the examples and the tiny-mod
 test_one() {
   local n scale=1; n=$(basename "$1" .c)
   [ "$n" = test_vk ] && scale=0.5
-  step "build-$n" $CC $STRICT -O2 -g -I. "$1" -o "$B/$n" -lm -lpthread && KVC_TEST_SCALE=$scale checks "$n" "$B/$n" "$seed"
+  step "build-$n" build O2 "$CC $STRICT -O2 -g" "$1" "$B/$n" -lm -lpthread && KVC_TEST_SCALE=$scale checks "$n" "$B/$n" "$seed"
 }
 fuzz_replays() {
   # a target that configures kvcache.h with macros could not share the replay program
@@ -156,10 +203,11 @@ fuzz_replays() {
   step build-fuzz $CC $STRICT -O2 -g -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz" -lm &&
     for n in $fuzz_names; do replay "fuzz-replay-$n" "$B/fuzz" "$n"; done
 }
+example_one() { build O2 "$CC $STRICT -O2 -g" "$1" "$B/$2" -lm && "$B/$2"; }
 run_examples() {
   for e in $examples; do
     n=$(basename "$e" .c)
-    step "example-$n" sh -c "$CC $STRICT -O2 -g -I. $e -o $B/$n -lm && $B/$n"
+    step "example-$n" example_one "$e" "$n"
   done
 }
 tinylm() {
@@ -221,7 +269,7 @@ VGVK="--keep-debuginfo=yes --num-callers=40 --suppressions=tests/valgrind-vk.sup
 asan_one() {
   local n scale=0.3 opts=""; n=$(basename "$1" .c)
   [ "$n" = test_vk ] && scale=0.15 opts=detect_leaks=0
-  step "asan-build-$n" $SANCC $STRICT $SAN -I. "$1" -o "$B/$n.asan" -lm -lpthread &&
+  step "asan-build-$n" build asan "$SANCC $STRICT $SAN" "$1" "$B/$n.asan" -lm -lpthread &&
     ASAN_OPTIONS=$opts KVC_TEST_SCALE=$scale checks "asan-$n" "$B/$n.asan" "$seed"
 }
 asan_fuzz() {
@@ -238,7 +286,7 @@ asan_tinylm() {
 # kvc_threads attention) at a tenth.
 tsan_one() {
   local n=$1 scale=$2
-  step "tsan-build-$n" $SANCC $STRICT $TSAN -I. "tests/$n.c" -o "$B/$n.tsan" -lm -lpthread &&
+  step "tsan-build-$n" build tsan "$SANCC $STRICT $TSAN" "tests/$n.c" "$B/$n.tsan" -lm -lpthread &&
     KVC_TEST_SCALE=$scale checks "tsan-$n" "$B/$n.tsan" "$seed"
 }
 # valgrind memcheck runs the native -O2 -g binaries of the first stage
@@ -301,7 +349,7 @@ mx() {
           for n in $fuzz_names; do replay "$label-fuzz-replay-$n" "$B/mx-$label-fuzz" "$n" $runner; done ;;
       *) src=tests/test_$p.c
         [ -f "$src" ] || continue
-        step "$label-build-$p" $cc -I. "$src" -o "$B/mx-$label-$p" $MXLIBS &&
+        step "$label-build-$p" build "$label" "$cc" "$src" "$B/mx-$label-$p" $MXLIBS &&
           KVC_TEST_SCALE=$MXS checks "$label-$p" $runner "$B/mx-$label-$p" "$seed" ;;
     esac
   done
@@ -310,17 +358,19 @@ all_tests=""; for t in $tests; do all_tests="$all_tests $(basename "$t" .c | sed
 all_fuzz=""; [ -n "$fuzzers" ] && all_fuzz=fuzz
 # The library alone, strict at -O3 and with KVCACHE_STATIC (every warning an error). The
 # test programs below build at -O3 / STATIC without -Wmaybe-uninitialized: inlined into
-# test code, gcc warns about out-structs that a failing call would not write.
-step gcc-O3-library $CC $STRICT -O3 -I. -c "$B/tu_a.c" -o "$B/tu_O3.o"
-step gcc-O3-static-library $CC $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_O3.o"
+# test code, gcc warns about out-structs that a failing call would not write. The strict
+# -O3 library is the object the -O3 programs link (its lane builds it first).
+mx_gcc_O3() {
+  step gcc-O3-library lib_obj gcc-O3 "$CC $STRICT -O3" lib-default
+  mx gcc-O3 "$CC $STRICT $NOMU -O3" "" -- $all_tests $all_fuzz
+}
 NOMU="-Wno-maybe-uninitialized"
 CXXW="-Wall -Wextra -Werror"
 XW="$STRICT -O2 -static"
 # A lane per configuration, longest first (alone on this machine, before some became subsets:
 # gcc -O3 60 s, g++ 57, clang++ 51, clang -O3 50, gcc static 42, gcc -O0 29, no-SIMD 27,
 # aarch64 23, clang -O0 16, arm32 14, tcc 2).
-have clang && step clang-O3-static-library clang $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_clang.o"
-lane mx-gcc-O3 mx gcc-O3 "$CC $STRICT $NOMU -O3" "" -- $all_tests $all_fuzz
+lane mx-gcc-O3 mx_gcc_O3
 if have clang; then
   # clang's optimiser on the kernels and the random and model-based programs (every program
   # runs under clang at -O0 with ASan, and under gcc at -O2 and -O3)
@@ -352,6 +402,8 @@ else skip arm32 "gcc-arm-linux-gnueabihf or qemu-user not installed"; fi
 # every warning tcc has (-Wall is only implicit declarations), as errors
 if have tcc; then lane mx-tcc mx tcc "tcc -Wall -Wunsupported -Wwrite-strings -Werror" "" -- $all_tests $all_fuzz
 else skip tcc "tcc not installed"; fi
+lane gcc-O3-static-library step gcc-O3-static-library $CC $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_O3.o"
+have clang && lane clang-O3-static-library step clang-O3-static-library clang $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_clang.o"
 lanes_join
 
 # One libFuzzer program for every target (fuzz_all.c; KVC_FUZZ_TARGET names the one to

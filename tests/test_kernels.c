@@ -17,6 +17,7 @@
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 #include "tk.h"
+#include "fixture.h"
 
 #include <time.h>
 
@@ -125,81 +126,6 @@ static void test_quant_error(tk_rng *rng) {
 
 /* ---- attention: paths against scalar ---- */
 
-typedef struct shape {
-    kvc_kind kind;
-    kvc_type tk, tv;
-    int32_t hk, hv, n_kv, group, page_cells, tokens, n_queries, window, sinks, seqs;
-} shape;
-
-typedef struct run {
-    kvc_pool *pool;
-    kvc_cache *cache;
-} run;
-
-/* build the same cache contents in a pool with the given cpu_disable */
-static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn pf, void *pu, int32_t workers, uint64_t seed,
-                 run *r) {
-    kvc_pool_config pc;
-    kvc_cache_config cc;
-    tk_rng rng;
-    int32_t done = 0, nk = s->n_kv * s->hk, nv = s->n_kv * s->hv;
-    float *k = (float *)malloc(sizeof(float) * 64 * (size_t)nk), *v = (float *)malloc(sizeof(float) * 64 * (size_t)nv);
-    rng.s = seed;
-    kvc_pool_config_init(&pc);
-    pc.n_layers = 2; pc.n_kv_heads = s->n_kv; pc.head_dim_k = s->hk; pc.head_dim_v = s->hv;
-    pc.type_k = s->tk; pc.type_v = s->tv; pc.page_cells = s->page_cells;
-    pc.budget_bytes = (size_t)64 << 20; pc.cpu_disable = disable;
-    pc.parallel_for = pf; pc.parallel_user = pu; pc.n_workers = workers;
-    kvc_cache_config_init(&cc, s->kind);
-    if (s->kind == KVC_KIND_ROTATING) { cc.window = s->window; cc.sinks = s->sinks; }
-    if (s->kind == KVC_KIND_CAUSAL) { cc.capacity = s->tokens * s->seqs + 64; cc.max_seqs = s->seqs; cc.window = s->window; }
-    if (kvc_pool_create(&pc, &r->pool) != KVC_OK) {
-        free(k); free(v);
-        return 0;
-    }
-    if (kvc_cache_create(r->pool, &cc, &r->cache) != KVC_OK) {
-        printf("cache: kind %d window %d sinks %d capacity %d seqs %d\n", (int)s->kind, cc.window, cc.sinks, cc.capacity, cc.max_seqs);
-        kvc_pool_destroy(r->pool);
-        free(k); free(v);
-        return 0;
-    }
-    while (done < s->tokens) { /* batches of random sizes; CAUSAL: the sequences interleaved */
-        int32_t n = KVC__MIN(tk_int(&rng, 1, 64), s->tokens - done), l, i;
-        if (s->kind == KVC_KIND_CAUSAL) {
-            kvc_batch b;
-            int32_t pos[64], seq[64];
-            memset(&b, 0, sizeof(b));
-            for (i = 0; i < n; ++i) { pos[i] = (done + i) / s->seqs; seq[i] = (done + i) % s->seqs; }
-            b.n_tokens = n; b.pos = pos; b.seq = seq;
-            TK_OK(kvc_begin_batch(r->cache, &b));
-        } else {
-            TK_OK(kvc_begin(r->cache, n));
-        }
-        for (l = 0; l < 2; ++l) {
-            tk_fill(&rng, k, (size_t)n * nk, 2.0f);
-            tk_fill(&rng, v, (size_t)n * nv, 1.0f);
-            TK_OK(kvc_put(r->cache, l, k, v));
-        }
-        done += n;
-    }
-    free(k); free(v);
-    return 1;
-}
-
-static void destroy(run *r) {
-    TK_OK(kvc_cache_destroy(r->cache));
-    TK_OK(kvc_pool_destroy(r->pool));
-}
-
-/* the queries of a shape: positions (and sequences) the cache can answer */
-static void queries_of(const shape *s, tk_rng *rng, int32_t *pos, int32_t *seq) {
-    int32_t i, last = s->kind == KVC_KIND_CAUSAL ? s->tokens / s->seqs - 1 : s->tokens - 1;
-    for (i = 0; i < s->n_queries; ++i) {
-        pos[i] = s->kind == KVC_KIND_ROTATING ? last - tk_int(rng, 0, 2) : tk_int(rng, 0, last);
-        seq[i] = s->kind == KVC_KIND_CAUSAL ? tk_int(rng, 0, s->seqs - 1) : 0;
-    }
-}
-
 static void attend(const shape *s, run *r, const float *q, const int32_t *pos, const int32_t *seq, float *out) {
     kvc_attention_desc d;
     memset(&d, 0, sizeof(d));
@@ -207,13 +133,6 @@ static void attend(const shape *s, run *r, const float *q, const int32_t *pos, c
     d.pos = pos; d.seq = s->kind == KVC_KIND_CAUSAL ? seq : NULL;
     d.window = s->kind == KVC_KIND_FULL ? s->window : 0;
     TK_OK(kvc_attention(r->cache, 1, &d));
-}
-
-static double max_abs(const float *x, size_t n) {
-    double m = 0;
-    size_t i;
-    for (i = 0; i < n; ++i) m = fmax(m, fabs((double)x[i]));
-    return m;
 }
 
 /* One shape on every path: the same bytes stored, outputs within 2e-5 of scalar's. */
@@ -248,25 +167,6 @@ static void check_paths(tk_rng *rng, const shape *s) {
         }
     }
     free(q); free(ref); free(out);
-}
-
-static shape random_shape(tk_rng *rng, int32_t hk, int32_t hv, kvc_type tk, kvc_type tv) {
-    shape s;
-    s.kind = (kvc_kind)tk_int(rng, 0, 2);
-    s.tk = tk; s.tv = tv; s.hk = hk; s.hv = hv;
-    s.n_kv = tk_int(rng, 1, 3);
-    s.group = tk_pct(rng, 30) ? 1 : tk_int(rng, 2, 6);
-    s.page_cells = tk_pct(rng, 50) ? tk_int(rng, 3, 20) : 256;
-    s.tokens = tk_int(rng, 1, tk_pct(rng, 30) ? 1500 : 200);
-    s.n_queries = tk_pct(rng, 60) ? tk_int(rng, 1, 8) : tk_int(rng, 9, 40);
-    s.window = tk_pct(rng, 40) ? tk_int(rng, 1, 100) : 0;
-    s.sinks = tk_int(rng, 0, 4);
-    s.seqs = tk_int(rng, 1, 4);
-    if (s.kind == KVC_KIND_ROTATING && s.window < 8) s.window = tk_int(rng, 8, 300);
-    if (s.kind == KVC_KIND_ROTATING && s.sinks >= s.window) s.sinks = 0;
-    if (s.kind == KVC_KIND_CAUSAL) s.tokens = KVC__MAX(s.tokens, s.seqs);
-    if (s.kind != KVC_KIND_CAUSAL) s.n_queries = KVC__MIN(s.n_queries, s.tokens);
-    return s;
 }
 
 static void test_paths(tk_rng *rng) {

@@ -625,7 +625,7 @@ static void test_random(unsigned long long seed, int32_t rounds, size_t budget) 
         if (n_ref > 0 && rnd() % 3 != 0) {
             const ref_entry *e = &ref[rnd() % (uint32_t)n_ref];
             int32_t keep = (int32_t)(rnd() % (uint32_t)(e->n + 1));
-            n = KVC__MIN(MAXT, keep + n);
+            n = TK_MIN(MAXT, keep + n);
             for (i = 0; i < n; ++i) q[i] = i < keep ? e->tok[i] : (int32_t)(rnd() % 3);
         } else {
             for (i = 0; i < n; ++i) q[i] = (int32_t)(rnd() % 3);

@@ -176,10 +176,10 @@ static void test_config(void) {
 static int32_t expect_pages(const kvc_cache_config *cc, int32_t pc, int32_t o, int32_t e) {
     int32_t nsp = (cc->sinks + pc - 1) / pc, last = (e - 1) / pc, first;
     int64_t keep = (int64_t)o - (cc->window - cc->sinks) + 1 - cc->reserve;
-    int32_t sinks_held = KVC__MIN(nsp, last + 1);
+    int32_t sinks_held = TK_MIN(nsp, last + 1);
     first = keep > 0 ? (int32_t)(keep / pc) : 0;
-    first = KVC__MAX(first, nsp);
-    return sinks_held + KVC__MAX(0, last - first + 1);
+    first = TK_MAX(first, nsp);
+    return sinks_held + TK_MAX(0, last - first + 1);
 }
 
 /* Decode one token at a time far past the window: pages used follow the reserve exactly,
@@ -222,9 +222,9 @@ static void test_rotating_decode(tk_rng *rng) {
         TK_EQ(can, 1);
     }
     for (j = R + 1; j <= n; ++j) { /* beyond: reachable while every page of its window is held */
-        int32_t target = n - j, lo = KVC__MAX(cc.sinks, target - (cc.window - cc.sinks));
+        int32_t target = n - j, lo = TK_MAX(cc.sinks, target - (cc.window - cc.sinks));
         int32_t nsp = (cc.sinks + pc - 1) / pc, keep = (n - 1) - (cc.window - cc.sinks) + 1 - R;
-        int32_t first = KVC__MAX(nsp, keep > 0 ? keep / pc : 0); /* the first window page held */
+        int32_t first = TK_MAX(nsp, keep > 0 ? keep / pc : 0); /* the first window page held */
         int want = first == nsp || lo >= target || lo >= first * pc || target <= nsp * pc;
         TK_OK(kvc_can_rewind(c, target, &can));
         TK_EQ(can, want);
@@ -263,11 +263,11 @@ static void test_rotating_random(tk_rng *rng) {
             for (t = off; t < off + n; ++t) tok[t] = tk_int(rng, 0, 999);
             TK_OK(kv_feed(c, tok, off, n, layers));
             off += n;
-            m = KVC__MAX(m, off);
+            m = TK_MAX(m, off);
             last = n;
             TK_CHECK(same_as_fresh(c, p, &cc, tok, n, layers, step));
         } else if (op < 8) { /* reject j <= R drafted tokens */
-            int32_t j = tk_int(rng, 0, KVC__MIN(off, off - (m - R)));
+            int32_t j = tk_int(rng, 0, TK_MIN(off, off - (m - R)));
             int can = -1, trim = tk_pct(rng, 50);
             TK_OK(kvc_can_rewind(c, off - j, &can));
             TK_EQ(can, 1);
@@ -303,7 +303,7 @@ static void test_rotating_random(tk_rng *rng) {
             TK_OK(kvc_cache_destroy(d));
             free(mem.data);
         } else if (off > 0) { /* a snapshot of a target in the reserve, restored elsewhere */
-            int32_t j = tk_int(rng, 0, KVC__MIN(off, off - (m - R))), target = off - j;
+            int32_t j = tk_int(rng, 0, TK_MIN(off, off - (m - R))), target = off - j;
             kvc_snapshot *s = NULL;
             kvc_cache *d = NULL;
             if (target == 0) continue;
@@ -312,7 +312,7 @@ static void test_rotating_random(tk_rng *rng) {
             TK_OK(kvc_cache_create(p, &cc, &d));
             if (s != NULL) {
                 if (j > 0) { /* the snapshot holds the reserve too: a restore below its end */
-                    int32_t j2 = tk_int(rng, 0, KVC__MIN(target, target - (m - R)));
+                    int32_t j2 = tk_int(rng, 0, TK_MIN(target, target - (m - R)));
                     TK_OK(kvc_restore(d, s, target - j2));
                     if (target - j2 > 0) TK_CHECK(same_as_fresh(d, p, &cc, tok, 1, layers, step + 1000));
                 } else {
@@ -504,7 +504,7 @@ static void test_recurrent(tk_rng *rng) {
         int32_t k = tk_int(rng, 1, 8);
         TK_OK(rfeed(c, tok, off, k, NULL, 0, -1));
         off += k;
-        m = KVC__MAX(m, off);
+        m = TK_MAX(m, off);
         for (t = 0; t <= off; ++t) {
             TK_OK(kvc_can_rewind(c, t, &can));
             TK_EQ(can, t >= m - R || t == 10 || t == 0); /* 0: clearing */
@@ -663,7 +663,7 @@ static void test_memory_draft(tk_rng *rng) {
     static float a0[MAXT * NQH * HD], a1[MAXT * NQH * HD], b0[MAXT * NQH * HD], b1[MAXT * NQH * HD];
     for (trial = 0; trial < tk_scaled(40); ++trial) {
         kvc_memory *m = NULL, *ref = NULL;
-        int32_t prompt = tk_int(rng, 1, 30), k = tk_int(rng, 1, 8), j = tk_int(rng, 0, KVC__MIN(k, MR)), off, n_cont;
+        int32_t prompt = tk_int(rng, 1, 30), k = tk_int(rng, 1, 8), j = tk_int(rng, 0, TK_MIN(k, MR)), off, n_cont;
         int one_batch = tk_pct(rng, 50), can = -1, ok = 1;
         const char *field = NULL;
         mem_config(&mc, g, map, tk_int(rng, 1, 5));
@@ -748,7 +748,7 @@ static void test_memory_budget(void) {
         mc.budget_bytes = cut == 0 ? ((size_t)1 << 20) : (1 + MR) * sp + 6 * kp - (cut == 1 ? 1 : kp);
         TK_OK(kvc_memory_create(&mc, &m));
         for (t = 0; t < 40; ++t) {
-            want = sp * (size_t)(1 + KVC__MIN(t, MR)) + kp * (size_t)expect_pages(&g[1].cache, pc, t, t + 1);
+            want = sp * (size_t)(1 + TK_MIN(t, MR)) + kp * (size_t)expect_pages(&g[1].cache, pc, t, t + 1);
             r = mem_feed(m, tok, t, 1, a0, a1);
             TK_OK(kvc_memory_stats_get(m, &st));
             if (r != KVC_OK) break;

@@ -148,7 +148,7 @@ static void serve(shared *s, int32_t r) {
     if (c == NULL) { s->bad[r] = errors; return; }
     if (reused < 0 || reused > q->n_prompt - 1) errors++;
     for (p = reused; p < q->n_prompt - 1;) { /* prefill: batches whose bits are not compared */
-        int32_t n = KVC__MIN(PREFILL, q->n_prompt - 1 - p);
+        int32_t n = TK_MIN(PREFILL, q->n_prompt - 1 - p);
         if (!eval(c, q, p, n, NULL)) errors++;
         p += n;
     }

@@ -17,97 +17,14 @@
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 #include "tk.h"
+#include "fixture.h"
 
 #include <time.h>
-
-typedef struct shape {
-    kvc_kind kind;
-    kvc_type tk, tv;
-    int32_t hk, hv, n_kv, group, page_cells, tokens, n_queries, window, sinks, seqs;
-    int32_t open_batch; /* CAUSAL: the queries are an open batch of this many tokens (pos NULL) */
-    int32_t f16_tail;   /* FULL, ROTATING with a quantized type: kvc_cache_config.f16_tail */
-} shape;
 
 typedef struct variant {
     float scale, softcap, sinks[64];
     int use_sinks, use_lse, non_causal;
 } variant;
-
-typedef struct run {
-    kvc_pool *pool;
-    kvc_cache *cache;
-} run;
-
-/* the same cache contents in a pool with the given cpu_disable (and workers) */
-static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn pf, void *pu, int32_t workers, uint64_t seed,
-                 run *r) {
-    kvc_pool_config pc;
-    kvc_cache_config cc;
-    tk_rng rng;
-    int32_t done = 0, nk = s->n_kv * s->hk, nv = s->n_kv * s->hv, l, i;
-    float *k = (float *)malloc(sizeof(float) * 64 * (size_t)nk), *v = (float *)malloc(sizeof(float) * 64 * (size_t)nv);
-    rng.s = seed;
-    kvc_pool_config_init(&pc);
-    pc.n_layers = 2; pc.n_kv_heads = s->n_kv; pc.head_dim_k = s->hk; pc.head_dim_v = s->hv;
-    pc.type_k = s->tk; pc.type_v = s->tv; pc.page_cells = s->page_cells;
-    pc.budget_bytes = (size_t)64 << 20; pc.cpu_disable = disable;
-    pc.parallel_for = pf; pc.parallel_user = pu; pc.n_workers = workers;
-    kvc_cache_config_init(&cc, s->kind);
-    if (s->kind == KVC_KIND_ROTATING) { cc.window = s->window; cc.sinks = s->sinks; }
-    cc.f16_tail = s->f16_tail;
-    if (s->kind == KVC_KIND_CAUSAL) {
-        cc.capacity = s->tokens * s->seqs + 64 + s->open_batch;
-        cc.max_seqs = s->seqs;
-        cc.window = s->window;
-    }
-    if (kvc_pool_create(&pc, &r->pool) != KVC_OK) { free(k); free(v); return 0; }
-    if (kvc_cache_create(r->pool, &cc, &r->cache) != KVC_OK) {
-        kvc_pool_destroy(r->pool);
-        free(k); free(v);
-        return 0;
-    }
-    while (done < s->tokens + s->open_batch) { /* batches of random sizes; CAUSAL: the sequences interleaved */
-        int32_t n = tk_int(&rng, 1, 64); /* (not inside KVC__MIN: it evaluates twice) */
-        n = KVC__MIN(n, s->tokens - done);
-        if (done >= s->tokens) n = s->open_batch; /* the last batch stays open */
-        if (s->kind == KVC_KIND_CAUSAL) {
-            kvc_batch b;
-            int32_t pos[64], seq[64];
-            unsigned char nc[64];
-            memset(&b, 0, sizeof(b));
-            for (i = 0; i < n; ++i) {
-                pos[i] = (done + i) / s->seqs;
-                seq[i] = (done + i) % s->seqs;
-                nc[i] = (unsigned char)(tk_int(&rng, 0, 3) == 0);
-            }
-            b.n_tokens = n; b.pos = pos; b.seq = seq; b.non_causal = done >= s->tokens ? nc : NULL;
-            TK_OK(kvc_begin_batch(r->cache, &b));
-        } else {
-            TK_OK(kvc_begin(r->cache, n));
-        }
-        for (l = 0; l < 2; ++l) {
-            tk_fill(&rng, k, (size_t)n * nk, 2.0f);
-            tk_fill(&rng, v, (size_t)n * nv, 1.0f);
-            TK_OK(kvc_put(r->cache, l, k, v));
-        }
-        done += n;
-    }
-    free(k); free(v);
-    return 1;
-}
-
-static void destroy(run *r) {
-    TK_OK(kvc_cache_destroy(r->cache));
-    TK_OK(kvc_pool_destroy(r->pool));
-}
-
-static void queries_of(const shape *s, tk_rng *rng, int32_t *pos, int32_t *seq) {
-    int32_t i, last = s->kind == KVC_KIND_CAUSAL ? s->tokens / s->seqs - 1 : s->tokens - 1;
-    for (i = 0; i < s->n_queries; ++i) {
-        pos[i] = s->kind == KVC_KIND_ROTATING ? last - tk_int(rng, 0, 2) : tk_int(rng, 0, last);
-        seq[i] = s->kind == KVC_KIND_CAUSAL ? tk_int(rng, 0, s->seqs - 1) : 0;
-    }
-}
 
 static void random_variant(tk_rng *rng, int32_t n_heads, variant *v) {
     int32_t h;
@@ -137,37 +54,16 @@ static void attend(const shape *s, const variant *v, run *r, const float *q, con
     TK_OK(kvc_attention(r->cache, 1, &d));
 }
 
-static double max_abs(const float *x, size_t n) {
-    double m = 0;
-    size_t i;
-    for (i = 0; i < n; ++i) m = fmax(m, fabs((double)x[i]));
-    return m;
-}
-
 /* LSE values equal (both -inf) or within tol * (1 + |a|) */
 static double lse_err(float a, float b) {
     if (a == -INFINITY || b == -INFINITY) return a == b ? 0.0 : 1e30;
     return fabs((double)a - b) / (1.0 + fabs((double)a));
 }
 
-static shape random_shape(tk_rng *rng, int32_t hk, int32_t hv, kvc_type tk, kvc_type tv) {
-    shape s;
-    s.kind = (kvc_kind)tk_int(rng, 0, 2);
-    s.tk = tk; s.tv = tv; s.hk = hk; s.hv = hv;
-    s.n_kv = tk_int(rng, 1, 3);
-    s.group = tk_pct(rng, 30) ? 1 : tk_int(rng, 2, 6);
-    s.page_cells = tk_pct(rng, 50) ? tk_int(rng, 3, 20) : 256;
-    s.tokens = tk_int(rng, 1, tk_pct(rng, 30) ? 1500 : 200);
-    s.n_queries = tk_pct(rng, 60) ? tk_int(rng, 1, 8) : tk_int(rng, 9, 40);
-    s.window = tk_pct(rng, 40) ? tk_int(rng, 1, 100) : 0;
-    s.sinks = tk_int(rng, 0, 4);
-    s.seqs = tk_int(rng, 1, 4);
-    s.open_batch = 0;
-    if (s.kind == KVC_KIND_ROTATING && s.window < 8) s.window = tk_int(rng, 8, 300);
-    if (s.kind == KVC_KIND_ROTATING && s.sinks >= s.window) s.sinks = 0;
-    if (s.kind == KVC_KIND_CAUSAL) s.tokens = KVC__MAX(s.tokens, s.seqs);
+/* fixture.h's random shape, with an open batch (CAUSAL) or an f16 tail (quantized types) */
+static shape random_variant_shape(tk_rng *rng, int32_t hk, int32_t hv, kvc_type tk, kvc_type tv) {
+    shape s = random_shape(rng, hk, hv, tk, tv);
     if (s.kind == KVC_KIND_CAUSAL && tk_pct(rng, 40)) s.n_queries = s.open_batch = tk_int(rng, 1, 40);
-    if (s.kind != KVC_KIND_CAUSAL) s.n_queries = KVC__MIN(s.n_queries, s.tokens);
     s.f16_tail = s.kind != KVC_KIND_CAUSAL && (tk >= KVC_TYPE_Q8_0 || tv >= KVC_TYPE_Q8_0) && tk_pct(rng, 50)
                      ? tk_int(rng, 1, 300) : 0;
     return s;
@@ -228,11 +124,11 @@ static void test_paths(tk_rng *rng) {
                 shape s;
                 if (tk >= KVC_TYPE_Q8_0 && hk == 80) hk = 96; /* block types: multiples of 32 */
                 if (tv >= KVC_TYPE_Q8_0 && hv == 80) hv = 64;
-                s = random_shape(rng, hk, hv, (kvc_type)tk, (kvc_type)tv);
+                s = random_variant_shape(rng, hk, hv, (kvc_type)tk, (kvc_type)tv);
                 check_paths(rng, &s);
             }
     for (i = 0; i < 2 * n; ++i) { /* head dims no fused kernel takes: the tile path */
-        shape s = random_shape(rng, 4 * tk_int(rng, 1, 9) + 2 * (i & 1), 4 * tk_int(rng, 1, 9), (kvc_type)(i % 3),
+        shape s = random_variant_shape(rng, 4 * tk_int(rng, 1, 9) + 2 * (i & 1), 4 * tk_int(rng, 1, 9), (kvc_type)(i % 3),
                                (kvc_type)((i / 3) % 3));
         check_paths(rng, &s);
     }
@@ -408,7 +304,7 @@ static void test_cascade(tk_rng *rng) {
 static void test_threads(tk_rng *rng) {
     int32_t round, w;
     for (round = 0; round < tk_scaled(4); ++round) {
-        shape s = random_shape(rng, 128, 128, (kvc_type)tk_int(rng, 0, 4), (kvc_type)tk_int(rng, 0, 4));
+        shape s = random_variant_shape(rng, 128, 128, (kvc_type)tk_int(rng, 0, 4), (kvc_type)tk_int(rng, 0, 4));
         int32_t nh = s.n_kv * s.group, pos[64], seq[64];
         size_t nq, no, nl;
         float *q, *ref, *out, *lref, *lse;

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# tests/docs_check.sh - the documents name what the code has: docs/testing.md every test
+# program (tests/test_NAME.c) and fuzz target (fuzz/fuzz_NAME.c), docs/format.md every
+# section kvcache.h saves (each KVC__TAG, as `NAME`) and every kind of saved object (each
+# KVC__WHAT_ value, in the header table's "what" row). tests/run.sh and `make check` run
+# it; one check per item, the last line "RESULT docs <passed> <failed>" (tests/tk.h's).
+set -u
+cd "$(dirname "$0")/.."
+passed=0 failed=0
+
+# need FILE TEXT WHAT: FILE mentions TEXT (WHAT says what TEXT is)
+need() {
+  if grep -qF -- "$2" "$1"; then passed=$((passed + 1))
+  else failed=$((failed + 1)); echo "$1 does not mention $2 ($3)"; fi
+}
+
+for t in tests/test_*.c; do need docs/testing.md "$t" "a test program"; done
+for f in fuzz/fuzz_*.c; do
+  [ "$f" = fuzz/fuzz_replay.c ] || need docs/testing.md "\`$(basename "$f" .c)\`" "a fuzz target"
+done
+for tag in $(grep -o "KVC__TAG('[A-Z]', '[A-Z]', '[A-Z]', '[A-Z]')" kvcache.h | sed "s/KVC__TAG//; s/[^A-Z]//g" | sort -u); do
+  need docs/format.md "\`$tag\`" "a section kvcache.h saves"
+done
+what_row=$(grep -F 'u32 what:' docs/format.md)
+for w in $(sed -n 's/^#define KVC__WHAT_[A-Z_]*[[:space:]]*\([0-9]*\)u.*/\1/p' kvcache.h); do
+  case $what_row in
+    *"$w = "*) passed=$((passed + 1)) ;;
+    *) failed=$((failed + 1)); echo "docs/format.md: the header's what row has no $w (a kind of saved object)" ;;
+  esac
+done
+echo "RESULT docs $passed $failed"
+[ "$failed" = 0 ]
