@@ -216,10 +216,52 @@ static double check_one(kvc_type type, int rot, const float *kin, const float *v
     return worst;
 }
 
+/* --saveload: the wall time of kvc_cache_save of a row's first cache (device -> a host
+   buffer, staged in KVCACHE_IO_CHUNK pieces on the context's queue) and of kvc_cache_load of
+   that file into a second cache on the same device pool, medians of 5 after one untimed
+   pair; in GB/s of the file's bytes (K/V and metadata). */
+static void saveload_row(kvc_pool *hp, kvc_cache *c, double *save_gbs, double *load_gbs, double *file_mb) {
+    kvc_mem m;
+    kvc_io io;
+    kvc_namespace ns;
+    kvc_cache_config cc;
+    kvc_cache *d;
+    double ts[6], tl[6], t0;
+    int i;
+    memset(&m, 0, sizeof(m));
+    memset(&ns, 0, sizeof(ns));
+    CHECK(kvc_io_memory(&m, &io));
+    CHECK(kvc_cache_save(c, ns, NULL, 0, &io)); /* data NULL: counts the bytes */
+    m.capacity = m.size;
+    m.data = (unsigned char *)malloc(m.capacity);
+    if (m.data == NULL) die("saveload: malloc", KVC_ERR_NO_MEMORY);
+    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    CHECK(kvc_cache_create(hp, &cc, &d));
+    for (i = 0; i < 6; ++i) {
+        m.size = m.pos = 0;
+        t0 = now();
+        CHECK(kvc_cache_save(c, ns, NULL, 0, &io));
+        ts[i] = now() - t0;
+        m.pos = 0;
+        t0 = now();
+        CHECK(kvc_cache_load(d, ns, &io, NULL, 0, NULL));
+        tl[i] = now() - t0;
+    }
+    qsort(ts + 1, 5, sizeof(double), cmp_double);
+    qsort(tl + 1, 5, sizeof(double), cmp_double);
+    *file_mb = (double)m.size / 1e6;
+    *save_gbs = (double)m.size / ts[3] / 1e9;
+    *load_gbs = (double)m.size / tl[3] / 1e9;
+    CHECK(kvc_cache_destroy(d));
+    free(m.data);
+}
+
 int main(int argc, char **argv) {
     int32_t cells_list[8] = {4096, 32768, 131072}, batch_list[8] = {1, 8};
     int n_cells = 3, n_batch = 2, n_types = 0, reps = 50, ai, ti, bi, ci, groups = 0, no_copy = 0, n_kept = 0, k;
     int quick = 0, sized = 0; /* --quick; --cells, --batch or --reps given */
+    int saveload = 0, n_sl = 0; /* --saveload: save and load throughput, batch-1 rows */
+    static char sl_rows[64][160];
     /* every pool and its caches stay until the end, and the copy kernel's buffers too. (This
        was against f16 batch 8 rows measured 2.3x / 2.6x slower in runs that freed them; the
        later H200 runs put such slow rows, freed or kept, down to the SM clock: see time_gpu) */
@@ -250,6 +292,7 @@ int main(int argc, char **argv) {
                    "  --splits N     at most N split-K chunks (default: the backend's choice)\n"
                    "  --hd N         head dim of K and V: 64, 128 or 256 (default 128)\n"
                    "  --no-copy      skip the copy kernel's bandwidth (the yardstick)\n"
+                   "  --saveload     also time kvc_cache_save / _load of each batch-1 row's cache\n"
                    "  --quick        4096 cells, batch 1, 2 reps, a 64 MiB copy\n"
                    "A CPU device (lavapipe) gets the --quick shape unless --cells, --batch or --reps is given.\n"
                    "Environment: KVC_VK_DEVICE (device index), BENCH_VK_BOUNDS_CHECKS, BENCH_VK_NO_DOT,\n"
@@ -264,7 +307,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--splits") && ai + 1 < argc) groups = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--hd") && ai + 1 < argc) g_hd = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--no-copy")) no_copy = 1;
-        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--quick] [--help]\n"); return 2; }
+        else if (!strcmp(argv[ai], "--saveload")) saveload = 1;
+        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--saveload] [--quick] [--help]\n"); return 2; }
     }
     if (g_hd != 64 && g_hd != 128 && g_hd != 256) { fprintf(stderr, "bench_vk: --hd: 64, 128 or 256\n"); return 2; }
     in_elems = (size_t)CHUNK * HKV * g_hd;
@@ -363,6 +407,7 @@ int main(int argc, char **argv) {
                 pc.page_cells = 256;
                 CHECK(kvc_pool_budget_for_tokens(&pc, cells + 256, &pc.budget_bytes));
                 pc.budget_bytes *= (size_t)batch; /* one cache per batch entry */
+                if (saveload && batch == 1) pc.budget_bytes *= 3; /* a loaded copy beside it, and its next load */
                 memset(&po, 0, sizeof(po));
                 po.max_splits = groups;
                 if (getenv("BENCH_VK_NO_CM")) po.disable_features |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
@@ -405,6 +450,15 @@ int main(int argc, char **argv) {
                        rots[ti] ? "+rot" : "", batch, cells, us, bytes / 1e6, bytes / (us * 1e-6) / 1e9, share, err,
                        spread);
                 fflush(stdout);
+                if (saveload && batch == 1 && n_sl < 64) {
+                    double sg, lg, mb;
+                    saveload_row(hp, caches[0], &sg, &lg, &mb);
+                    if (no_copy) snprintf(sl_rows[n_sl++], sizeof sl_rows[0], "| %s%s | %d | %.1f | %.2f | %.2f | - | - |",
+                                          kvc_type_name(types[ti]), rots[ti] ? "+rot" : "", cells, mb, sg, lg);
+                    else snprintf(sl_rows[n_sl++], sizeof sl_rows[0], "| %s%s | %d | %.1f | %.2f | %.2f | %.2f %% | %.2f %% |",
+                                  kvc_type_name(types[ti]), rots[ti] ? "+rot" : "", cells, mb, sg, lg, 100.0 * sg / copy_gbs,
+                                  100.0 * lg / copy_gbs);
+                }
                 if (n_kept < 256) {
                     kept_pool[n_kept] = vp;
                     kept_n[n_kept] = batch;
@@ -415,6 +469,11 @@ int main(int argc, char **argv) {
                     CHECK(kvc_vk_pool_destroy(vp));
                 }
             }
+    if (n_sl > 0) {
+        printf("\nsave / load of one cache (kvc_cache_save to host memory, kvc_cache_load back to the device; wall time, medians of 5)\n\n");
+        printf("| storage | cells | file MB | save GB/s | load GB/s | save vs copy kernel | load vs copy kernel |\n|---|---|---|---|---|---|---|\n");
+        for (k = 0; k < n_sl; ++k) printf("%s\n", sl_rows[k]);
+    }
     for (k = 0; k < n_kept; ++k) {
         for (ai = 0; ai < kept_n[k]; ++ai) kvc_cache_destroy(kept_cache[k][ai]);
         CHECK(kvc_vk_pool_destroy(kept_pool[k]));
