@@ -970,6 +970,7 @@ static int memory_create(memory *M, const config *c, const kind_spec *ks, kvc_ty
         mem_group *g = &M->g[i];
         kvc_pool_config *pc = &gc[i].pool;
         kvc_cache_config *cc = &gc[i].cache;
+        KVC_CHECK(kvc_pool_config_init(pc));
         pc->n_layers = g->n_layers;
         if (g->kind == KVC_KIND_RECURRENT) {
             pc->state_floats = conv_state_floats(c); /* the last L-1 vectors s */
@@ -2636,6 +2637,7 @@ static int run_speculative(const model *m, const test_case *cases, int n_cases, 
             for (int i = 0; i < M.n; ++i) { /* the hybrid layout of memory_create, with a reserve */
                 mem_group *g = &M.g[i];
                 kvc_pool_config *pc = &gc[i].pool;
+                KVC_CHECK(kvc_pool_config_init(pc));
                 pc->n_layers = g->n_layers;
                 if (g->kind == KVC_KIND_RECURRENT) {
                     pc->state_floats = conv_state_floats(c);
