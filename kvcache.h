@@ -39,6 +39,8 @@
      O(pages). kvc_prefix is the single-entry prompt reuse of ollama's MLX runner;
      kvc_radix is a prefix tree on the pool's pages shared by many conversations.
      kvc_*_save / kvc_*_load persist caches, sequences and tree entries.
+     kvc_tier_* put a host-RAM tier and a store (a directory, or your callbacks)
+     under a tree: what it evicts goes down, kvc_tier_fetch brings it back exact.
      Hybrid models: a RECURRENT cache keeps a fixed-size state per layer and
      sequence on a state pool and goes back only to checkpoints; a kvc_memory puts
      each group of a model's layers (full, sliding, recurrent) in its own pool and
@@ -75,6 +77,7 @@
        Threads (pthread helper)        Views     runs and gather
        CPU paths                       Layer 7   persistence
        Page events
+     Tiers (after the hybrid models):  Layer 9   tiers: keys, host tier, stores
 
    CONVENTIONS
      Every fallible function returns a kvc_result (KVC_OK == 0) and validates all of
@@ -1066,6 +1069,125 @@ KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *tree, kvc_namespace ns, kvc
                                           int32_t n_tokens, int32_t priority);
 /* The memory no longer holds an entry in use (kvc_radix_release for every group). */
 KVCDEF kvc_result kvc_radix_release_memory(kvc_memory *mem);
+
+/* ---- Tiers: prefixes that outlive the pool ----------------------------------------- */
+/* Below a prefix tree (a pool's or a memory's), what eviction takes goes down a tier
+   instead of away: a host-RAM tier with its own hard byte budget, then a store -- byte
+   blobs by key, through callbacks you supply (kvc_store_dir below: a directory; a Redis
+   adapter is examples/redis_store.c). kvc_tier_fetch brings the longest prefix a tier
+   holds back into the tree, bit for bit as it was; then kvc_radix_lookup (or _memory)
+   reuses it as usual.
+
+   A blob is the entry as kvc_radix_save writes it (docs/format.md: what 3, or 5 for a
+   memory's tree), so it carries its configuration, namespace, tokens and a checksum per
+   section. Its key is a hash chain (SHA-256) over the tree's fingerprint -- namespace,
+   every group's shape, types, page size, cache kind, window, sinks, rotation, RoPE, the
+   memory's layer map, block_tokens: everything that makes two caches compatible, as
+   little-endian fields, never a pointer -- and the tokens in blocks of block_tokens:
+   K_0 = SHA-256(fingerprint), K_i = SHA-256(K_{i-1} || block i's tokens as u32 LE), and
+   the prefix of i blocks is stored under K_i. Any process with the same model and
+   configuration finds the same keys; no other one does. Entries are kept at block
+   boundaries only (an evicted entry of L tokens is kept as its longest prefix of whole
+   blocks that the tree can save: ROTATING parts need their window's pages, RECURRENT
+   parts a state at that length -- name checkpoints at multiples of block_tokens), so a
+   fetch probes at most n_tokens / block_tokens keys.
+
+   On the way up a blob is checked before it touches the pool: its header and token
+   section must hold exactly the tokens looked up, then the load checks configuration,
+   namespace and every checksum; a damaged, truncated, foreign or missing blob is
+   refused whole (counted in kvc_tier_stats.refused) and the fetch goes on with a
+   shorter prefix or nothing: a failing store costs recomputation, never a wrong answer.
+   On the way down a refused write (budget, allocation, store error) only loses the copy:
+   the tree changes exactly as eviction without tiers would. The store is called under
+   the pool's lock, with the timeout you set. */
+typedef struct kvc_key {
+    unsigned char bytes[32]; /* SHA-256 */
+} kvc_key;
+
+/* Byte blobs by key; every call returns a kvc_result (KVC_ERR_NOT_FOUND: no such blob;
+   anything else that is not KVC_OK is a failure the tier counts and works around). */
+typedef struct kvc_store {
+    /* Store data[0 .. size) under key, replacing what is there (readers must never see
+       part of a blob: write, then publish). */
+    kvc_result (*put)(void *user, const kvc_key *key, const void *data, size_t size, int32_t timeout_ms);
+    /* *size = the blob's bytes. */
+    kvc_result (*exists)(void *user, const kvc_key *key, size_t *size, int32_t timeout_ms);
+    /* The blob into data[0 .. capacity), *size = its bytes (KVC_ERR_RANGE if it does not
+       fit). */
+    kvc_result (*get)(void *user, const kvc_key *key, void *data, size_t capacity, size_t *size,
+                      int32_t timeout_ms);
+    kvc_result (*erase)(void *user, const kvc_key *key, int32_t timeout_ms); /* may be NULL */
+    void *user;
+} kvc_store;
+
+typedef struct kvc_tier_config {
+    size_t host_bytes;     /* the host-RAM tier's hard budget (the blobs' bytes); 0: none */
+    int32_t block_tokens;  /* key granularity; 0: page_cells of the tree's first pool */
+    kvc_store store;       /* put, exists and get all NULL: no store */
+    int32_t timeout_ms;    /* given to every store call (0: the store's default) */
+    size_t max_blob_bytes; /* a store blob larger than this is refused; 0: 1 << 30 */
+} kvc_tier_config;
+
+typedef struct kvc_tier_stats {
+    uint64_t kept_host;      /* evicted entries kept in the host tier */
+    uint64_t kept_store;     /* blobs written to the store (evicted, spilled or published) */
+    uint64_t dropped;        /* evicted entries no tier kept (no whole block, budget, errors) */
+    uint64_t fetched_host;   /* blobs brought back into the tree from the host tier */
+    uint64_t fetched_store;  /* ... from the store */
+    uint64_t tokens_fetched; /* the tokens those blobs held */
+    uint64_t refused;        /* blobs refused on the way up: damaged, truncated, foreign, other tokens */
+    uint64_t store_errors;   /* store calls that failed (not counting KVC_ERR_NOT_FOUND) */
+    int32_t host_blobs;      /* in the host tier now */
+    size_t host_bytes;       /* their bytes (<= kvc_tier_config.host_bytes) */
+} kvc_tier_stats;
+
+/* SHA-256 of data[0 .. n) (FIPS 180-4) into out[32]. */
+KVCDEF kvc_result kvc_sha256(const void *data, size_t n, unsigned char out[32]);
+/* The key as 64 lowercase hex digits and a NUL. */
+KVCDEF kvc_result kvc_key_hex(const kvc_key *key, char out[65]);
+KVCDEF kvc_result kvc_tier_config_init(kvc_tier_config *cfg); /* zeros */
+/* Give tree its tiers (once; they go with kvc_radix_destroy, the host tier's blobs with
+   them: kvc_tier_flush first to keep those). The store's callbacks and user must outlive
+   the tree. KVC_ERR_STATE if it has tiers already; KVC_ERR_INVALID for a negative
+   block_tokens or timeout. */
+KVCDEF kvc_result kvc_tier_attach(kvc_radix *tree, const kvc_tier_config *cfg);
+/* The key of tokens[0 .. n_tokens) under ns in the tree's tiers (n_tokens a positive
+   multiple of block_tokens, else KVC_ERR_INVALID; a tree without tiers: KVC_ERR_STATE). */
+KVCDEF kvc_result kvc_tier_key(const kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                               kvc_key *key);
+/* Bring back the longest prefix of tokens[0 .. n_tokens) under ns that a tier holds and
+   that is longer than what the tree serves now: host tier first, then the store, at
+   each block boundary from the longest down. The entry is committed to the tree (its
+   blob leaves the host tier; the store keeps its copy); when the pool is short of pages
+   the tree evicts its least recently used entries (down the tiers) to make room, once.
+   *n_fetched = the tokens of the entry brought back (0: none; then the tree is as it
+   was). A failing store or refused blob is not an error of the fetch: KVC_OK with a
+   shorter or no prefix. */
+KVCDEF kvc_result kvc_tier_fetch(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 int32_t *n_fetched);
+/* Write the entry tokens[0 .. n_tokens) under ns -- its longest prefix of whole blocks
+   that the tree holds -- to the store now (write-through: another process serving the
+   same prompt finds it without waiting for this one to evict it). *n_published (may be
+   NULL) = its tokens (0: no whole block held). KVC_ERR_STATE without a store; the
+   store's error if the write failed. */
+KVCDEF kvc_result kvc_tier_publish(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                   int32_t *n_published);
+/* Move every host-tier blob to the store (before kvc_radix_destroy, to keep them);
+   blobs the store refuses stay. */
+KVCDEF kvc_result kvc_tier_flush(kvc_radix *tree);
+KVCDEF kvc_result kvc_tier_stats_get(const kvc_radix *tree, kvc_tier_stats *stats);
+
+#ifndef KVCACHE_NO_STDIO
+/* A store in a directory (which must exist): one file per blob, "<dir>/<key hex>.kvc",
+   written to a temporary file of its own name and renamed into place (kvc_io_path), so
+   several processes may share the directory: readers see a whole blob or none, and a
+   blob's content is fixed by its key. Uses only C stdio; timeouts do not apply. `state`
+   must outlive the store. KVC_ERR_RANGE for a dir too long for KVC_PATH_MAX. */
+typedef struct kvc_store_dir_state {
+    char dir[KVC_PATH_MAX];
+} kvc_store_dir_state;
+KVCDEF kvc_result kvc_store_dir(kvc_store_dir_state *state, const char *dir, kvc_store *store);
+#endif
 
 /* ================================================================================= */
 /* Advanced parts: views, CAUSAL multi-sequence calls, the pthread helper, CPU paths,
@@ -6024,7 +6146,10 @@ struct kvc_radix {
     kvc_radix *next;      /* the budget's list of trees */
     int32_t n_leases;
     kvc_radix_stats stats;
+    struct kvc__tier *tier; /* kvc_tier_attach: where eviction sends entries (NULL: away) */
 };
+static void kvc__tier_keep(kvc_radix *t, const kvc__rnode *leaf);
+static void kvc__tier_free(kvc_radix *t);
 
 static int kvc__ns_equal(kvc_namespace a, kvc_namespace b) { return a.model == b.model && a.salt == b.salt; }
 static int32_t kvc__rnode_end(const kvc__rnode *n) { return n->start + n->len; }
@@ -6345,6 +6470,7 @@ static kvc__rnode *kvc__radix_lru_leaf(kvc_radix *t) {
 
 static int32_t kvc__radix_evict_node(kvc_radix *t, kvc__rnode *n) {
     int32_t freed, held;
+    if (t->tier != NULL) kvc__tier_keep(t, n); /* a copy down the tiers first */
     kvc__rnode_unlink(n);
     freed = kvc__rnode_release_pages(t, n, &held);
     t->stats.pages_evicted += (uint64_t)held;
@@ -6520,6 +6646,7 @@ static kvc_result kvc__radix_destroy_held(kvc_radix *t) {
         kvc__tree_scratch_unref(t->part[g].pool);
     }
     mp = t->mp;
+    kvc__tier_free(t);
     kvc__free(t->part[0].pool, t);
     if (mp != NULL) kvc__mpools_unref(mp);
     return KVC_OK;
@@ -11654,6 +11781,709 @@ KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc
     io->read = kvc__path_read;
     io->finish = kvc__path_finish;
     io->user = s;
+    return KVC_OK;
+}
+#endif
+
+
+/* ---- Layer 9: tiers ------------------------------------------------------------------
+   Below a prefix tree: a host-RAM tier (blobs in memory from the pool's allocator, a
+   list newest first, its own byte budget) and a store (the caller's callbacks). A blob
+   is the entry as kvc_radix_save writes it; its key is the SHA-256 chain of
+   kvc__tier_chain. Eviction (kvc__radix_evict_node) calls kvc__tier_keep on the leaf
+   about to go; kvc_tier_fetch brings blobs back through kvc_radix_load. */
+
+/* SHA-256 (FIPS 180-4), streaming. */
+typedef struct kvc__sha {
+    uint32_t h[8];
+    uint64_t total;
+    unsigned char buf[64];
+    size_t n_buf;
+} kvc__sha;
+
+static const uint32_t kvc__sha_k[64] = {
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+    0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+    0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+    0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+    0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+    0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+    0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
+
+static uint32_t kvc__ror32(uint32_t x, int r) { return (x >> r) | (x << (32 - r)); }
+
+static void kvc__sha_block(uint32_t h[8], const unsigned char *p) {
+    uint32_t w[64], a, b, c, d, e, f, g, k, t1, t2;
+    int i;
+    for (i = 0; i < 16; ++i)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (i = 16; i < 64; ++i)
+        w[i] = w[i - 16] + (kvc__ror32(w[i - 15], 7) ^ kvc__ror32(w[i - 15], 18) ^ (w[i - 15] >> 3)) + w[i - 7] +
+               (kvc__ror32(w[i - 2], 17) ^ kvc__ror32(w[i - 2], 19) ^ (w[i - 2] >> 10));
+    a = h[0]; b = h[1]; c = h[2]; d = h[3]; e = h[4]; f = h[5]; g = h[6]; k = h[7];
+    for (i = 0; i < 64; ++i) {
+        t1 = k + (kvc__ror32(e, 6) ^ kvc__ror32(e, 11) ^ kvc__ror32(e, 25)) + ((e & f) ^ (~e & g)) + kvc__sha_k[i] + w[i];
+        t2 = (kvc__ror32(a, 2) ^ kvc__ror32(a, 13) ^ kvc__ror32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        k = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += k;
+}
+
+static void kvc__sha_init(kvc__sha *s) {
+    static const uint32_t h0[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
+                                   0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    memcpy(s->h, h0, sizeof(h0));
+    s->total = 0;
+    s->n_buf = 0;
+}
+
+static void kvc__sha_update(kvc__sha *s, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    s->total += n;
+    while (n > 0) {
+        size_t k = KVC__MIN(n, 64 - s->n_buf);
+        memcpy(s->buf + s->n_buf, p, k);
+        s->n_buf += k;
+        p += k;
+        n -= k;
+        if (s->n_buf == 64) { kvc__sha_block(s->h, s->buf); s->n_buf = 0; }
+    }
+}
+
+static void kvc__sha_final(kvc__sha *s, unsigned char out[32]) {
+    uint64_t bits = s->total * 8;
+    unsigned char pad = 0x80, len[8];
+    int i;
+    kvc__sha_update(s, &pad, 1);
+    pad = 0;
+    while (s->n_buf != 56) kvc__sha_update(s, &pad, 1);
+    for (i = 0; i < 8; ++i) len[i] = (unsigned char)(bits >> (56 - 8 * i)); /* big-endian length */
+    kvc__sha_update(s, len, 8);
+    for (i = 0; i < 8; ++i) {
+        out[4 * i] = (unsigned char)(s->h[i] >> 24);
+        out[4 * i + 1] = (unsigned char)(s->h[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(s->h[i] >> 8);
+        out[4 * i + 3] = (unsigned char)s->h[i];
+    }
+}
+
+static void kvc__sha_u32(kvc__sha *s, uint32_t x) {
+    unsigned char b[4];
+    kvc__put32(b, x);
+    kvc__sha_update(s, b, 4);
+}
+static void kvc__sha_u64(kvc__sha *s, uint64_t x) {
+    unsigned char b[8];
+    kvc__put64(b, x);
+    kvc__sha_update(s, b, 8);
+}
+
+KVCDEF kvc_result kvc_sha256(const void *data, size_t n, unsigned char out[32]) {
+    kvc__sha s;
+    if ((data == NULL && n > 0) || out == NULL) return KVC_ERR_NULL;
+    kvc__sha_init(&s);
+    if (n > 0) kvc__sha_update(&s, data, n);
+    kvc__sha_final(&s, out);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_key_hex(const kvc_key *key, char out[65]) {
+    static const char hex[] = "0123456789abcdef";
+    int i;
+    if (key == NULL || out == NULL) return KVC_ERR_NULL;
+    for (i = 0; i < 32; ++i) {
+        out[2 * i] = hex[key->bytes[i] >> 4];
+        out[2 * i + 1] = hex[key->bytes[i] & 15];
+    }
+    out[64] = '\0';
+    return KVC_OK;
+}
+
+typedef struct kvc__tblob {
+    struct kvc__tblob *prev, *next; /* the host tier's list, newest first */
+    kvc_key key;
+    int32_t n_tokens;
+    size_t size;
+    unsigned char *data; /* the entry as kvc_radix_save wrote it */
+} kvc__tblob;
+
+typedef struct kvc__tier {
+    kvc_tier_config cfg;
+    int32_t block;         /* block_tokens, the default applied */
+    int has_store;
+    kvc__tblob *newest, *oldest;
+    size_t host_used;
+    kvc_tier_stats stats;
+} kvc__tier;
+
+/* The fingerprint (docs/format.md, "Tier keys"), hashed: K_0. */
+static void kvc__tier_k0(const kvc_radix *t, kvc_namespace ns, kvc_key *k0) {
+    static const unsigned char magic[8] = {'K', 'V', 'C', 'T', 'I', 'E', 'R', '1'};
+    kvc__sha s;
+    int32_t g, i;
+    uint32_t theta;
+    kvc__sha_init(&s);
+    kvc__sha_update(&s, magic, 8);
+    kvc__sha_u32(&s, KVC__FORMAT_VERSION);
+    kvc__sha_u32(&s, (uint32_t)t->tier->block);
+    kvc__sha_u64(&s, ns.model);
+    kvc__sha_u64(&s, ns.salt);
+    kvc__sha_u32(&s, t->mp != NULL ? KVC__WHAT_MEMORY_ENTRY : KVC__WHAT_ENTRY);
+    kvc__sha_u32(&s, (uint32_t)t->n_parts);
+    if (t->mp != NULL) {
+        kvc__sha_u32(&s, (uint32_t)t->mp->n_layers);
+        for (i = 0; i < t->mp->n_layers; ++i) kvc__sha_u32(&s, (uint32_t)t->mp->layer_group[i]);
+    }
+    for (g = 0; g < t->n_parts; ++g) {
+        const kvc_pool *p = t->part[g].pool;
+        const kvc_cache_config *cc = &t->part[g].cfg;
+        kvc__sha_u32(&s, (uint32_t)p->cfg.n_layers);
+        kvc__sha_u32(&s, (uint32_t)p->cfg.n_kv_heads);
+        kvc__sha_u32(&s, (uint32_t)p->cfg.head_dim_k);
+        kvc__sha_u32(&s, (uint32_t)p->cfg.head_dim_v);
+        kvc__sha_u32(&s, (uint32_t)p->cfg.type_k);
+        kvc__sha_u32(&s, (uint32_t)p->cfg.type_v);
+        kvc__sha_u32(&s, (uint32_t)p->page_cells);
+        kvc__sha_u32(&s, (uint32_t)p->cfg.state_floats);
+        kvc__sha_u32(&s, p->cfg.rotate);
+        kvc__sha_u32(&s, (uint32_t)cc->kind);
+        kvc__sha_u32(&s, (uint32_t)cc->window);
+        kvc__sha_u32(&s, (uint32_t)cc->sinks);
+        kvc__sha_u32(&s, (uint32_t)cc->rope.style);
+        memcpy(&theta, &cc->rope.theta, 4);
+        kvc__sha_u32(&s, theta);
+        kvc__sha_u32(&s, (uint32_t)cc->rope.n_dims);
+        kvc__sha_u32(&s, cc->rope.shift != NULL); /* a callback: only whether there is one */
+    }
+    kvc__sha_final(&s, k0->bytes);
+}
+
+/* K_{i+1} from K_i and block i's tokens. */
+static void kvc__tier_next(const kvc_key *k, const int32_t *block, int32_t n, kvc_key *out) {
+    kvc__sha s;
+    int32_t i;
+    kvc__sha_init(&s);
+    kvc__sha_update(&s, k->bytes, 32);
+    for (i = 0; i < n; ++i) kvc__sha_u32(&s, (uint32_t)block[i]);
+    kvc__sha_final(&s, out->bytes);
+}
+
+/* The key of the first n_blocks blocks of tokens. */
+static void kvc__tier_key_of(const kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_blocks,
+                             kvc_key *key) {
+    int32_t i, b = t->tier->block;
+    kvc__tier_k0(t, ns, key);
+    for (i = 0; i < n_blocks; ++i) kvc__tier_next(key, tokens + (size_t)i * (size_t)b, b, key);
+}
+
+/* An io that collects a save into a buffer from the pool's allocator, doubling it. */
+typedef struct kvc__grow {
+    kvc_pool *p;
+    unsigned char *data;
+    size_t size, cap;
+} kvc__grow;
+
+static size_t kvc__grow_write(void *user, const void *data, size_t n) {
+    kvc__grow *g = (kvc__grow *)user;
+    if (n > SIZE_MAX / 2 - g->size) return 0;
+    if (g->size + n > g->cap) {
+        size_t cap = KVC__MAX(KVC__MAX(2 * g->cap, g->size + n), (size_t)4096);
+        unsigned char *grown = (unsigned char *)kvc__alloc(g->p, cap);
+        if (grown == NULL) return 0;
+        if (g->size > 0) memcpy(grown, g->data, g->size);
+        kvc__free(g->p, g->data);
+        g->data = grown;
+        g->cap = cap;
+    }
+    memcpy(g->data + g->size, data, n);
+    g->size += n;
+    return n;
+}
+
+/* The longest prefix of whole blocks of tokens[0 .. n) above `above` tokens that the
+   tree can save (kvc_radix_save's test: held, usable at that length); 0 if none. */
+static int32_t kvc__tier_savable(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n, int32_t above) {
+    int32_t b = t->tier->block, x, m;
+    kvc__rnode *at;
+    for (x = n / b * b; x > above; x -= b) {
+        at = kvc__radix_walk(t, ns, tokens, x, &m);
+        if (m == x && kvc__radix_usable(t, &at, x) == x) return x;
+    }
+    return 0;
+}
+
+/* The entry tokens[0 .. x) saved as a blob (*out from the pool's allocator). */
+static kvc_result kvc__tier_save(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t x, kvc__grow *out) {
+    kvc_io io;
+    kvc_result r;
+    memset(out, 0, sizeof(*out));
+    out->p = t->part[0].pool;
+    memset(&io, 0, sizeof(io));
+    io.write = kvc__grow_write;
+    io.user = out;
+    r = kvc__radix_save_held(t, ns, tokens, x, &io);
+    if (r != KVC_OK) {
+        kvc__free(out->p, out->data);
+        out->data = NULL;
+    }
+    return r;
+}
+
+static kvc_result kvc__store_put(kvc__tier *tr, const kvc_key *key, const void *data, size_t size) {
+    kvc_result r = tr->cfg.store.put(tr->cfg.store.user, key, data, size, tr->cfg.timeout_ms);
+    if (r == KVC_OK) tr->stats.kept_store++;
+    else tr->stats.store_errors++;
+    return r;
+}
+
+static void kvc__tblob_unlink(kvc__tier *tr, kvc__tblob *b) {
+    if (b->prev) b->prev->next = b->next; else tr->newest = b->next;
+    if (b->next) b->next->prev = b->prev; else tr->oldest = b->prev;
+    b->prev = b->next = NULL;
+    tr->host_used -= b->size;
+    tr->stats.host_blobs--;
+}
+static void kvc__tblob_free(kvc_pool *p, kvc__tblob *b) {
+    if (b == NULL) return;
+    kvc__free(p, b->data);
+    kvc__free(p, b);
+}
+
+/* The host tier's blob of key, or NULL. */
+static kvc__tblob *kvc__tier_host_find(kvc__tier *tr, const kvc_key *key) {
+    kvc__tblob *b;
+    for (b = tr->newest; b != NULL; b = b->next)
+        if (memcmp(b->key.bytes, key->bytes, 32) == 0) return b;
+    return NULL;
+}
+
+/* Take blob b (owned, not listed) into the host tier, moving the oldest blobs to the
+   store (or away) until it fits; one larger than the whole budget goes to the store.
+   Takes b in every case (freed when nothing keeps it). */
+static void kvc__tier_host_put(kvc_radix *t, kvc__tblob *b) {
+    kvc__tier *tr = t->tier;
+    kvc_pool *p = t->part[0].pool;
+    kvc__tblob *old;
+    if (b->size > tr->cfg.host_bytes) {
+        if (!tr->has_store || kvc__store_put(tr, &b->key, b->data, b->size) != KVC_OK) tr->stats.dropped++;
+        kvc__tblob_free(p, b);
+        return;
+    }
+    while (tr->cfg.host_bytes - tr->host_used < b->size) {
+        old = tr->oldest;
+        kvc__tblob_unlink(tr, old);
+        if (!tr->has_store || kvc__store_put(tr, &old->key, old->data, old->size) != KVC_OK) tr->stats.dropped++;
+        kvc__tblob_free(p, old);
+    }
+    b->next = tr->newest;
+    if (tr->newest) tr->newest->prev = b; else tr->oldest = b;
+    tr->newest = b;
+    tr->host_used += b->size;
+    tr->stats.host_blobs++;
+    tr->stats.kept_host++;
+}
+
+/* The path's tokens [0, end of n) into a fresh array (NULL: no memory). */
+static int32_t *kvc__rnode_path_tokens(kvc_radix *t, const kvc__rnode *n) {
+    int32_t *tokens = (int32_t *)kvc__alloc(t->part[0].pool, sizeof(int32_t) * (size_t)kvc__rnode_end(n));
+    const kvc__rnode *up;
+    if (tokens == NULL) return NULL;
+    for (up = n; up->parent != NULL; up = up->parent)
+        memcpy(tokens + up->start, up->tokens, sizeof(int32_t) * (size_t)up->len);
+    return tokens;
+}
+
+/* Eviction is about to take `leaf`: keep its entry's longest prefix of whole blocks
+   that reaches into the leaf (what its ancestors hold stays in the tree) down a tier.
+   Nothing here changes the tree; any failure only loses the copy. */
+static void kvc__tier_keep(kvc_radix *t, const kvc__rnode *leaf) {
+    kvc__tier *tr = t->tier;
+    kvc_pool *p = t->part[0].pool;
+    int32_t *tokens, x;
+    kvc__grow blob;
+    kvc__tblob *b;
+    kvc_key key;
+    if ((tokens = kvc__rnode_path_tokens(t, leaf)) == NULL) { tr->stats.dropped++; return; }
+    x = kvc__tier_savable(t, leaf->ns, tokens, kvc__rnode_end(leaf), leaf->start);
+    if (x == 0) { tr->stats.dropped++; kvc__free(p, tokens); return; }
+    kvc__tier_key_of(t, leaf->ns, tokens, x / tr->block, &key);
+    if ((b = kvc__tier_host_find(tr, &key)) != NULL) { /* kept already: now the newest */
+        kvc__tblob_unlink(tr, b);
+        tr->stats.kept_host--;
+        kvc__tier_host_put(t, b);
+        kvc__free(p, tokens);
+        return;
+    }
+    if (kvc__tier_save(t, leaf->ns, tokens, x, &blob) != KVC_OK) { tr->stats.dropped++; kvc__free(p, tokens); return; }
+    kvc__free(p, tokens);
+    if (tr->cfg.host_bytes == 0) {
+        if (!tr->has_store || kvc__store_put(tr, &key, blob.data, blob.size) != KVC_OK) tr->stats.dropped++;
+        kvc__free(p, blob.data);
+        return;
+    }
+    if ((b = (kvc__tblob *)kvc__alloc(p, sizeof(kvc__tblob))) == NULL) {
+        tr->stats.dropped++;
+        kvc__free(p, blob.data);
+        return;
+    }
+    memset(b, 0, sizeof(*b));
+    b->key = key;
+    b->n_tokens = x;
+    b->size = blob.size;
+    b->data = blob.data;
+    kvc__tier_host_put(t, b);
+}
+
+static void kvc__tier_free(kvc_radix *t) {
+    kvc__tier *tr = t->tier;
+    kvc__tblob *b;
+    if (tr == NULL) return;
+    while ((b = tr->newest) != NULL) {
+        kvc__tblob_unlink(tr, b);
+        kvc__tblob_free(t->part[0].pool, b);
+    }
+    kvc__free(t->part[0].pool, tr);
+    t->tier = NULL;
+}
+
+KVCDEF kvc_result kvc_tier_config_init(kvc_tier_config *cfg) {
+    if (cfg == NULL) return KVC_ERR_NULL;
+    memset(cfg, 0, sizeof(*cfg));
+    return KVC_OK;
+}
+
+static kvc_result kvc__tier_attach_held(kvc_radix *t, const kvc_tier_config *cfg) {
+    kvc__tier *tr;
+    int any, all;
+    if (t == NULL || cfg == NULL) return KVC_ERR_NULL;
+    if (t->tier != NULL) return KVC_ERR_STATE;
+    if (cfg->block_tokens < 0 || cfg->timeout_ms < 0) return KVC_ERR_INVALID;
+    any = cfg->store.put != NULL || cfg->store.exists != NULL || cfg->store.get != NULL;
+    all = cfg->store.put != NULL && cfg->store.exists != NULL && cfg->store.get != NULL;
+    if (any && !all) return KVC_ERR_NULL; /* a store needs all three */
+    if ((tr = (kvc__tier *)kvc__alloc(t->part[0].pool, sizeof(kvc__tier))) == NULL) return KVC_ERR_NO_MEMORY;
+    memset(tr, 0, sizeof(*tr));
+    tr->cfg = *cfg;
+    if (tr->cfg.max_blob_bytes == 0) tr->cfg.max_blob_bytes = (size_t)1 << 30;
+    tr->block = cfg->block_tokens > 0 ? cfg->block_tokens : t->part[0].pool->page_cells;
+    tr->has_store = all;
+    t->tier = tr;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_tier_attach(kvc_radix *t, const kvc_tier_config *cfg) {
+    KVC__POOL_LOCKED(t, t->part[0].pool, kvc__tier_attach_held(t, cfg));
+}
+
+static kvc_result kvc__tier_key_held(const kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n,
+                                     kvc_key *key) {
+    if (t == NULL || key == NULL || (tokens == NULL && n > 0)) return KVC_ERR_NULL;
+    if (t->tier == NULL) return KVC_ERR_STATE;
+    if (n <= 0 || n % t->tier->block != 0) return KVC_ERR_INVALID;
+    kvc__tier_key_of(t, ns, tokens, n / t->tier->block, key);
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_tier_key(const kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                               kvc_key *key) {
+    KVC__POOL_LOCKED(t, t->part[0].pool, kvc__tier_key_held(t, ns, tokens, n_tokens, key));
+}
+
+/* The tokens a blob declares, checked against want[0 .. x) before anything is loaded:
+   the header (magic, version, what of this tree) and the token section (what 3: TOKS
+   after CONF and META; what 5: ENTN then ETOK). Checksums and the rest: the load. */
+static kvc_result kvc__tier_check_tokens(const kvc_radix *t, const unsigned char *b, size_t size,
+                                         const int32_t *want, int32_t x) {
+    size_t at, i;
+    uint32_t what = t->mp != NULL ? KVC__WHAT_MEMORY_ENTRY : KVC__WHAT_ENTRY;
+    if (size < 16) return KVC_ERR_TRUNCATED;
+    if (memcmp(b, kvc__magic, 8) != 0 || kvc__le32(b + 8) != KVC__FORMAT_VERSION) return KVC_ERR_FORMAT;
+    if (kvc__le32(b + 12) != what) return KVC_ERR_MISMATCH;
+    if (what == KVC__WHAT_ENTRY) {
+        at = 16 + (16 + KVC__CONF_BYTES + 8) + (16 + KVC__META_BYTES + 8);
+        if (size < at + 16) return KVC_ERR_TRUNCATED;
+        if (kvc__le32(b + at) != KVC__TAG('T', 'O', 'K', 'S')) return KVC_ERR_CORRUPT;
+    } else {
+        at = 16;
+        if (size < at + 28 + 16) return KVC_ERR_TRUNCATED;
+        if (kvc__le32(b + at) != KVC__TAG('E', 'N', 'T', 'N') || kvc__le64(b + at + 8) != 4 ||
+            kvc__le32(b + at + 16) != (uint32_t)x)
+            return KVC_ERR_MISMATCH;
+        at += 28;
+        if (kvc__le32(b + at) != KVC__TAG('E', 'T', 'O', 'K')) return KVC_ERR_CORRUPT;
+    }
+    if (kvc__le64(b + at + 8) != 4 * (uint64_t)x) return KVC_ERR_MISMATCH;
+    at += 16;
+    if ((size - at) / 4 < (size_t)x) return KVC_ERR_TRUNCATED;
+    for (i = 0; i < (size_t)x; ++i)
+        if (kvc__le32(b + at + 4 * i) != (uint32_t)want[i]) return KVC_ERR_MISMATCH;
+    return KVC_OK;
+}
+
+/* Load a blob of the entry want[0 .. x) into the tree: the tokens checked first, then
+   kvc_radix_load (every checksum, the configuration, the namespace); short of pages,
+   evict (down the tiers) and try once more. KVC_OK: the tree holds it. */
+static kvc_result kvc__tier_load(kvc_radix *t, kvc_namespace ns, const unsigned char *b, size_t size,
+                                 const int32_t *want, int32_t x) {
+    kvc_mem mem;
+    kvc_io io;
+    kvc_result r;
+    int32_t got = 0, g, try_;
+    size_t page = SIZE_MAX;
+    if ((r = kvc__tier_check_tokens(t, b, size, want, x)) != KVC_OK) return r;
+    for (try_ = 0; try_ < 2; ++try_) {
+        memset(&mem, 0, sizeof(mem));
+        mem.data = (unsigned char *)(uintptr_t)b; /* only read */
+        mem.size = mem.capacity = size;
+        kvc_io_memory(&mem, &io);
+        r = kvc__radix_load_held(t, ns, &io, 0, &got);
+        if (r != KVC_ERR_FULL || try_ == 1) break;
+        for (g = 0; g < t->n_parts; ++g) page = KVC__MIN(page, t->part[g].pool->page_bytes);
+        kvc__radix_evict_held(t, (int32_t)KVC__MIN((uint64_t)(size / page + 1), (uint64_t)INT32_MAX), NULL);
+    }
+    if (r == KVC_OK && got != x) r = KVC_ERR_CORRUPT; /* cannot be: the tokens were checked */
+    return r;
+}
+
+/* A load's failure the blob is to blame for (refused) rather than the pool. */
+static int kvc__tier_refusal(kvc_result r) {
+    return r == KVC_ERR_FORMAT || r == KVC_ERR_CORRUPT || r == KVC_ERR_TRUNCATED || r == KVC_ERR_MISMATCH ||
+           r == KVC_ERR_ROTATION || r == KVC_ERR_RANGE || r == KVC_ERR_INVALID;
+}
+
+/* Try the host tier's blob of key (the prefix want[0 .. x)): it leaves the tier while it
+   loads; back into it when the pool could not take it, freed when loaded or refused. */
+static kvc_result kvc__tier_from_host(kvc_radix *t, kvc_namespace ns, const kvc_key *key, const int32_t *want,
+                                      int32_t x) {
+    kvc__tier *tr = t->tier;
+    kvc__tblob *b = kvc__tier_host_find(tr, key);
+    kvc_result r;
+    if (b == NULL) return KVC_ERR_NOT_FOUND;
+    kvc__tblob_unlink(tr, b); /* eviction while it loads must not free it */
+    r = kvc__tier_load(t, ns, b->data, b->size, want, x);
+    if (r == KVC_OK) {
+        tr->stats.fetched_host++;
+        tr->stats.tokens_fetched += (uint64_t)x;
+        kvc__tblob_free(t->part[0].pool, b);
+    } else if (kvc__tier_refusal(r)) {
+        tr->stats.refused++;
+        kvc__tblob_free(t->part[0].pool, b);
+    } else {
+        tr->stats.kept_host--; /* not a new keep */
+        kvc__tier_host_put(t, b);
+    }
+    return r;
+}
+
+static kvc_result kvc__tier_from_store(kvc_radix *t, kvc_namespace ns, const kvc_key *key, const int32_t *want,
+                                       int32_t x) {
+    kvc__tier *tr = t->tier;
+    kvc_pool *p = t->part[0].pool;
+    size_t size = 0, got = 0;
+    unsigned char *data;
+    kvc_result r = tr->cfg.store.exists(tr->cfg.store.user, key, &size, tr->cfg.timeout_ms);
+    if (r != KVC_OK) {
+        if (r != KVC_ERR_NOT_FOUND) tr->stats.store_errors++;
+        return r;
+    }
+    if (size == 0 || size > tr->cfg.max_blob_bytes) { tr->stats.refused++; return KVC_ERR_RANGE; }
+    if ((data = (unsigned char *)kvc__alloc(p, size)) == NULL) return KVC_ERR_NO_MEMORY;
+    r = tr->cfg.store.get(tr->cfg.store.user, key, data, size, &got, tr->cfg.timeout_ms);
+    if (r == KVC_OK && got > size) r = KVC_ERR_RANGE; /* a store that does not keep to capacity */
+    if (r != KVC_OK) {
+        if (r != KVC_ERR_NOT_FOUND) tr->stats.store_errors++;
+        kvc__free(p, data);
+        return r;
+    }
+    r = kvc__tier_load(t, ns, data, got, want, x);
+    if (r == KVC_OK) {
+        tr->stats.fetched_store++;
+        tr->stats.tokens_fetched += (uint64_t)x;
+    } else if (kvc__tier_refusal(r)) {
+        tr->stats.refused++;
+    }
+    kvc__free(p, data);
+    return r;
+}
+
+static kvc_result kvc__tier_fetch_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n,
+                                       int32_t *n_fetched) {
+    kvc__tier *tr;
+    kvc__rnode *at;
+    kvc_key *keys;
+    int32_t m, nb, i, b;
+    kvc_result r = KVC_ERR_NOT_FOUND;
+    if (t == NULL || n_fetched == NULL) return KVC_ERR_NULL;
+    if (kvc__check_tokens(tokens, n, 0) != KVC_OK) return kvc__check_tokens(tokens, n, 0);
+    *n_fetched = 0;
+    if ((tr = t->tier) == NULL) return KVC_ERR_STATE;
+    b = tr->block;
+    nb = n / b;
+    at = kvc__radix_walk(t, ns, tokens, n, &m);
+    m = kvc__radix_usable(t, &at, m); /* what the tree serves now */
+    if (nb * b <= m || (tr->newest == NULL && !tr->has_store)) return KVC_OK;
+    keys = (kvc_key *)kvc__alloc(t->part[0].pool, sizeof(kvc_key) * ((size_t)nb + 1));
+    if (keys == NULL) return KVC_ERR_NO_MEMORY;
+    kvc__tier_k0(t, ns, &keys[0]);
+    for (i = 0; i < nb; ++i) kvc__tier_next(&keys[i], tokens + (size_t)i * (size_t)b, b, &keys[i + 1]);
+    for (i = nb; i > 0 && i * b > m; --i) {
+        r = kvc__tier_from_host(t, ns, &keys[i], tokens, i * b);
+        if (r != KVC_OK && tr->has_store) r = kvc__tier_from_store(t, ns, &keys[i], tokens, i * b);
+        if (r == KVC_OK) { *n_fetched = i * b; break; }
+        if (r == KVC_ERR_FULL || r == KVC_ERR_NO_MEMORY) break; /* a shorter one would not fit either */
+    }
+    kvc__free(t->part[0].pool, keys);
+    return r == KVC_ERR_NO_MEMORY ? r : KVC_OK;
+}
+
+KVCDEF kvc_result kvc_tier_fetch(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                 int32_t *n_fetched) {
+    KVC__POOL_LOCKED(t, t->part[0].pool, kvc__tier_fetch_held(t, ns, tokens, n_tokens, n_fetched));
+}
+
+static kvc_result kvc__tier_publish_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n,
+                                         int32_t *n_published) {
+    kvc__tier *tr;
+    kvc__grow blob;
+    kvc_key key;
+    kvc_result r;
+    int32_t x;
+    if (t == NULL) return KVC_ERR_NULL;
+    if ((r = kvc__check_tokens(tokens, n, 0)) != KVC_OK) return r;
+    if (n_published) *n_published = 0;
+    if ((tr = t->tier) == NULL || !tr->has_store) return KVC_ERR_STATE;
+    if ((x = kvc__tier_savable(t, ns, tokens, n, 0)) == 0) return KVC_OK;
+    if ((r = kvc__tier_save(t, ns, tokens, x, &blob)) != KVC_OK) return r;
+    kvc__tier_key_of(t, ns, tokens, x / tr->block, &key);
+    r = kvc__store_put(tr, &key, blob.data, blob.size);
+    kvc__free(t->part[0].pool, blob.data);
+    if (r == KVC_OK && n_published) *n_published = x;
+    return r;
+}
+
+KVCDEF kvc_result kvc_tier_publish(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                   int32_t *n_published) {
+    KVC__POOL_LOCKED(t, t->part[0].pool, kvc__tier_publish_held(t, ns, tokens, n_tokens, n_published));
+}
+
+static kvc_result kvc__tier_flush_held(kvc_radix *t) {
+    kvc__tier *tr;
+    kvc__tblob *b, *prev;
+    kvc_result r, first = KVC_OK;
+    if (t == NULL) return KVC_ERR_NULL;
+    if ((tr = t->tier) == NULL || !tr->has_store) return KVC_ERR_STATE;
+    for (b = tr->oldest; b != NULL; b = prev) {
+        prev = b->prev;
+        r = kvc__store_put(tr, &b->key, b->data, b->size);
+        if (r != KVC_OK) { if (first == KVC_OK) first = r; continue; }
+        kvc__tblob_unlink(tr, b);
+        kvc__tblob_free(t->part[0].pool, b);
+    }
+    return first;
+}
+
+KVCDEF kvc_result kvc_tier_flush(kvc_radix *t) {
+    KVC__POOL_LOCKED(t, t->part[0].pool, kvc__tier_flush_held(t));
+}
+
+static kvc_result kvc__tier_stats_held(const kvc_radix *t, kvc_tier_stats *s) {
+    if (t == NULL || s == NULL) return KVC_ERR_NULL;
+    if (t->tier == NULL) return KVC_ERR_STATE;
+    *s = t->tier->stats;
+    s->host_bytes = t->tier->host_used;
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_tier_stats_get(const kvc_radix *t, kvc_tier_stats *s) {
+    KVC__POOL_LOCKED(t, t->part[0].pool, kvc__tier_stats_held(t, s));
+}
+
+#ifndef KVCACHE_NO_STDIO
+/* The directory store: "<dir>/<key hex>.kvc". */
+static kvc_result kvc__dir_path(void *user, const kvc_key *key, char *path) {
+    const kvc_store_dir_state *s = (const kvc_store_dir_state *)user;
+    size_t len = strlen(s->dir);
+    if (len + 1 + 64 + 4 >= KVC_PATH_MAX) return KVC_ERR_RANGE;
+    memcpy(path, s->dir, len);
+    path[len] = '/';
+    kvc_key_hex(key, path + len + 1);
+    memcpy(path + len + 65, ".kvc", 5);
+    return KVC_OK;
+}
+
+static kvc_result kvc__dir_put(void *user, const kvc_key *key, const void *data, size_t size, int32_t timeout_ms) {
+    char path[KVC_PATH_MAX];
+    kvc_path_io st;
+    kvc_io io;
+    kvc_result r;
+    int ok;
+    (void)timeout_ms;
+    if ((r = kvc__dir_path(user, key, path)) != KVC_OK) return r;
+    if ((r = kvc_io_path(&st, path, 1, &io)) != KVC_OK) return r;
+    ok = io.write(io.user, data, size) == size;
+    if (io.finish(io.user, ok) != 0) ok = 0; /* renames it into place, or removes it */
+    return ok ? KVC_OK : KVC_ERR_IO;
+}
+
+/* Opens the blob's file; *size its bytes. */
+static kvc_result kvc__dir_open(void *user, const kvc_key *key, FILE **f, size_t *size) {
+    char path[KVC_PATH_MAX];
+    long end;
+    kvc_result r;
+    if ((r = kvc__dir_path(user, key, path)) != KVC_OK) return r;
+    if ((*f = fopen(path, "rb")) == NULL) return KVC_ERR_NOT_FOUND;
+    if (fseek(*f, 0, SEEK_END) != 0 || (end = ftell(*f)) < 0 || fseek(*f, 0, SEEK_SET) != 0) {
+        fclose(*f);
+        return KVC_ERR_IO;
+    }
+    *size = (size_t)end;
+    return KVC_OK;
+}
+
+static kvc_result kvc__dir_exists(void *user, const kvc_key *key, size_t *size, int32_t timeout_ms) {
+    FILE *f;
+    kvc_result r;
+    (void)timeout_ms;
+    if ((r = kvc__dir_open(user, key, &f, size)) != KVC_OK) return r;
+    fclose(f);
+    return KVC_OK;
+}
+
+static kvc_result kvc__dir_get(void *user, const kvc_key *key, void *data, size_t capacity, size_t *size,
+                               int32_t timeout_ms) {
+    FILE *f;
+    kvc_result r;
+    (void)timeout_ms;
+    if ((r = kvc__dir_open(user, key, &f, size)) != KVC_OK) return r;
+    if (*size > capacity) r = KVC_ERR_RANGE;
+    else if (fread(data, 1, *size, f) != *size) r = KVC_ERR_IO;
+    fclose(f);
+    return r;
+}
+
+static kvc_result kvc__dir_erase(void *user, const kvc_key *key, int32_t timeout_ms) {
+    char path[KVC_PATH_MAX];
+    kvc_result r;
+    (void)timeout_ms;
+    if ((r = kvc__dir_path(user, key, path)) != KVC_OK) return r;
+    return remove(path) == 0 ? KVC_OK : KVC_ERR_NOT_FOUND;
+}
+
+KVCDEF kvc_result kvc_store_dir(kvc_store_dir_state *state, const char *dir, kvc_store *store) {
+    size_t len;
+    if (state == NULL || dir == NULL || store == NULL) return KVC_ERR_NULL;
+    len = strlen(dir);
+    if (len == 0) return KVC_ERR_INVALID;
+    if (len + 1 + 64 + 4 + 32 >= KVC_PATH_MAX) return KVC_ERR_RANGE; /* + kvc_io_path's temporary suffix */
+    memset(state, 0, sizeof(*state));
+    memcpy(state->dir, dir, len + 1);
+    memset(store, 0, sizeof(*store));
+    store->put = kvc__dir_put;
+    store->exists = kvc__dir_exists;
+    store->get = kvc__dir_get;
+    store->erase = kvc__dir_erase;
+    store->user = state;
     return KVC_OK;
 }
 #endif
