@@ -1122,7 +1122,7 @@ typedef struct kvc_store {
 
 typedef struct kvc_tier_config {
     size_t host_bytes;     /* the host-RAM tier's hard budget (the blobs' bytes); 0: none */
-    int32_t block_tokens;  /* key granularity; 0: page_cells of the tree's first pool */
+    int32_t block_tokens;  /* key granularity; 0: the largest page_cells of the tree's K/V pools */
     kvc_store store;       /* put, exists and get all NULL: no store */
     int32_t timeout_ms;    /* given to every store call (0: the store's default) */
     size_t max_blob_bytes; /* a store blob larger than this is refused; 0: 1 << 30 */
@@ -12156,6 +12156,7 @@ KVCDEF kvc_result kvc_tier_config_init(kvc_tier_config *cfg) {
 static kvc_result kvc__tier_attach_held(kvc_radix *t, const kvc_tier_config *cfg) {
     kvc__tier *tr;
     int any, all;
+    int32_t g, block = 0;
     if (t == NULL || cfg == NULL) return KVC_ERR_NULL;
     if (t->tier != NULL) return KVC_ERR_STATE;
     if (cfg->block_tokens < 0 || cfg->timeout_ms < 0) return KVC_ERR_INVALID;
@@ -12166,7 +12167,10 @@ static kvc_result kvc__tier_attach_held(kvc_radix *t, const kvc_tier_config *cfg
     memset(tr, 0, sizeof(*tr));
     tr->cfg = *cfg;
     if (tr->cfg.max_blob_bytes == 0) tr->cfg.max_blob_bytes = (size_t)1 << 30;
-    tr->block = cfg->block_tokens > 0 ? cfg->block_tokens : t->part[0].pool->page_cells;
+    tr->block = cfg->block_tokens;
+    for (g = 0; g < t->n_parts && tr->block == 0; ++g) /* the K/V pools' largest page (a state pool's is 1) */
+        if (!kvc__part_state(t, g)) block = KVC__MAX(block, t->part[g].pool->page_cells);
+    if (tr->block == 0) tr->block = KVC__MAX(block, 1);
     tr->has_store = all;
     t->tier = tr;
     return KVC_OK;

@@ -722,6 +722,173 @@ static void test_fetch_under_pressure(tk_rng *rng) {
     TK_OK(kvc_pool_destroy(pool));
 }
 
+/* ---- a memory's tree: RECURRENT states, ROTATING windows and FULL pages ----------- */
+/* The toy model of test_memory_radix.c: layer 0 recurrent, layer 1 sliding (window 6,
+   one sink, pages of 2), layer 2 full (pages of 4); K and states exact functions of the
+   tokens, so a memory can be compared with evaluating them. */
+#define HS 5
+#define HDIM 4
+#define HWIN 6
+#define HSINKS 1
+#define HBLOCK 8
+
+static float hx(int32_t token, int32_t i) { return (float)((token * 7 + i) % 17 - 8); }
+static void hstep(float *st, int32_t token) {
+    int32_t i;
+    for (i = 0; i < HS; ++i) st[i] = st[i] * 0.5f + hx(token, i);
+}
+static float hk(int32_t token, int32_t pos, int32_t layer, int32_t i) {
+    return (float)(token % 1000 * 64 + (pos % 13) * 4 + i + layer * 1000);
+}
+
+static kvc_memory *hybrid_memory(void) {
+    kvc_memory_config mc;
+    kvc_group_config g[3];
+    int32_t map[3] = {0, 1, 2}, l;
+    kvc_memory *m = NULL;
+    kvc_memory_config_init(&mc);
+    memset(g, 0, sizeof(g));
+    g[0].pool.n_layers = 1;
+    g[0].pool.state_floats = HS;
+    kvc_cache_config_init(&g[0].cache, KVC_KIND_RECURRENT);
+    g[0].cache.checkpoints = 16;
+    for (l = 1; l < 3; ++l) {
+        g[l].pool.n_layers = 1;
+        g[l].pool.n_kv_heads = 1;
+        g[l].pool.head_dim_k = g[l].pool.head_dim_v = HDIM;
+        g[l].pool.type_k = g[l].pool.type_v = KVC_TYPE_F32;
+    }
+    g[1].pool.page_cells = 2;
+    kvc_cache_config_init(&g[1].cache, KVC_KIND_ROTATING);
+    g[1].cache.window = HWIN;
+    g[1].cache.sinks = HSINKS;
+    g[1].cache.checkpoints = 16;
+    g[2].pool.page_cells = 4;
+    kvc_cache_config_init(&g[2].cache, KVC_KIND_FULL);
+    mc.n_layers = 3;
+    mc.layer_group = map;
+    mc.n_groups = 3;
+    mc.groups = g;
+    mc.budget_bytes = 1 << 20;
+    TK_OK(kvc_memory_create(&mc, &m));
+    return m;
+}
+
+/* Evaluate tokens[off, off + n) with a checkpoint at every multiple of HBLOCK inside. */
+static kvc_result hfeed(kvc_memory *m, const int32_t *tokens, int32_t off, int32_t n) {
+    float kv[MAXT * HDIM], *st;
+    int32_t l, t, i, at[16], n_at = 0;
+    kvc_result r;
+    for (t = (off / HBLOCK + 1) * HBLOCK; t < off + n && n_at < 16; t += HBLOCK) at[n_at++] = t;
+    if ((r = kvc_memory_begin(m, n, at, n_at)) != KVC_OK) return r;
+    if ((r = kvc_memory_state(m, 0, 0, &st)) != KVC_OK) return r;
+    for (t = off; t < off + n; ++t) {
+        hstep(st, tokens[t]);
+        if ((t + 1) % HBLOCK == 0 && t + 1 < off + n && (r = kvc_memory_state_checkpoint(m, 0, t + 1, st)) != KVC_OK)
+            return r;
+    }
+    for (l = 1; l < 3; ++l) {
+        for (t = 0; t < n; ++t)
+            for (i = 0; i < HDIM; ++i) kv[t * HDIM + i] = hk(tokens[off + t], off + t, l, i);
+        if ((r = kvc_memory_put(m, l, kv, kv)) != KVC_OK) return r;
+    }
+    return KVC_OK;
+}
+
+/* The memory holds exactly what evaluating tokens[0, n) gives (state bits, every K of
+   the full layer, the sliding layer's keys the next query sees). */
+static int hholds(const kvc_memory *m, const int32_t *tokens, int32_t n) {
+    kvc_cache *c;
+    int32_t gl, off = -1, cells = 0, t, i, pos[MAXT + 8], seen[MAXT + 8];
+    float k[(MAXT + 8) * HDIM], want[HS];
+    const float *st;
+    if (kvc_memory_offset(m, &off) != KVC_OK || off != n) return 0;
+    if (kvc_memory_layer(m, 0, &c, &gl) != KVC_OK || kvc_state_read(c, 0, 0, &st) != KVC_OK) return 0;
+    memset(want, 0, sizeof(want));
+    for (t = 0; t < n; ++t) hstep(want, tokens[t]);
+    for (i = 0; i < HS; ++i)
+        if (memcmp(st ? &st[i] : &want[i], &want[i], sizeof(float)) != 0) return 0;
+    for (gl = 1; gl < 3; ++gl) {
+        kvc_cache *a;
+        int32_t l2;
+        if (kvc_memory_layer(m, gl, &a, &l2) != KVC_OK) return 0;
+        if (kvc_cache_gather(a, l2, k, NULL, pos, MAXT + 8, &cells) != KVC_OK) return 0;
+        memset(seen, 0, sizeof(seen));
+        for (t = 0; t < cells; ++t) {
+            if (pos[t] < 0 || pos[t] >= n) return 0;
+            seen[pos[t]] = 1;
+            for (i = 0; i < HDIM; ++i)
+                if (k[t * HDIM + i] != hk(tokens[pos[t]], pos[t], gl, i)) return 0;
+        }
+        for (t = 0; t < n; ++t)
+            if ((gl == 2 || t < HSINKS || t > n - HWIN + HSINKS) && !seen[t]) return 0;
+    }
+    return 1;
+}
+
+/* look up, evaluate the rest, commit; the reused length */
+static int32_t hrequest(kvc_radix *t, const int32_t *tokens, int32_t n) {
+    kvc_memory *m = NULL;
+    int32_t reused = -1;
+    TK_OK(kvc_radix_lookup_memory(t, NS, tokens, n, &m, &reused));
+    if (m == NULL) return -1;
+    TK_CHECK(hholds(m, tokens, reused));
+    TK_OK(hfeed(m, tokens, reused, n - reused));
+    TK_CHECK(hholds(m, tokens, n));
+    TK_OK(kvc_radix_commit_memory(t, NS, m, tokens, n, 0));
+    TK_OK(kvc_memory_destroy(m));
+    return reused;
+}
+
+static kvc_radix *hybrid_tree(kvc_tier_config *tc) {
+    kvc_memory *m = hybrid_memory();
+    kvc_radix_config rc;
+    kvc_radix *t = NULL;
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TK_OK(kvc_radix_create_memory(m, &rc, &t));
+    TK_OK(kvc_memory_destroy(m)); /* the tree keeps the pools */
+    TK_OK(kvc_tier_attach(t, tc));
+    return t;
+}
+
+static void test_hybrid(tk_rng *rng) {
+    kvc_store_dir_state st;
+    kvc_tier_config tc;
+    kvc_radix *t, *t2;
+    int32_t a[MAXT], n = 5 * HBLOCK, got = -1, pub = -1;
+    kvc_radix_stats rs;
+    clear_dir();
+    fill_tokens(rng, a, MAXT);
+    kvc_tier_config_init(&tc);
+    tc.host_bytes = 1 << 20;
+    tc.block_tokens = HBLOCK;
+    TK_OK(kvc_store_dir(&st, g_dir, &tc.store));
+    t = hybrid_tree(&tc);
+    TK_EQ(hrequest(t, a, n + 3), 0); /* states at 8, 16, ..., 40 and the end */
+    TK_OK(kvc_tier_publish(t, NS, a, n + 3, &pub));
+    TK_EQ(pub, n);
+    TK_OK(kvc_radix_evict(t, 1000, NULL));
+    TK_OK(kvc_radix_stats_get(t, &rs));
+    TK_EQ(rs.n_pages, 0);
+    /* node by node (the commit ended nodes at the checkpoints): the leaf [40, 43) holds no
+       whole block past its parent (dropped), then each node keeps its path's prefix */
+    TK_EQ(tier_stats(t).kept_host, 5);
+    TK_EQ(tier_stats(t).dropped, 1);
+    TK_OK(kvc_tier_fetch(t, NS, a, n + 5, &got));
+    TK_EQ(got, n);
+    TK_EQ(tier_stats(t).fetched_host, 1);
+    TK_EQ(hrequest(t, a, n + 5), n); /* the states, windows and pages as evaluated */
+    /* another process's tree: the published entry through the directory */
+    tc.host_bytes = 0;
+    t2 = hybrid_tree(&tc);
+    TK_OK(kvc_tier_fetch(t2, NS, a, n + 2, &got));
+    TK_EQ(got, n);
+    TK_EQ(tier_stats(t2).fetched_store, 1);
+    TK_EQ(hrequest(t2, a, n + 2), n);
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_radix_destroy(t2));
+}
+
 /* Every allocation failing in turn during eviction and fetch. */
 static void test_alloc_failures(tk_rng *rng) {
     int32_t a[MAXT], n = 3 * PC + 1, got, k, fetched_ok = 0;
@@ -790,6 +957,7 @@ int main(int argc, char **argv) {
         test_refused(&rng);
         test_dead_store(&rng);
         test_fetch_under_pressure(&rng);
+        test_hybrid(&rng);
     }
     test_alloc_failures(&rng);
     clear_dir();
