@@ -11977,29 +11977,11 @@ static void kvc__tier_key_of(const kvc_radix *t, kvc_namespace ns, const int32_t
     for (i = 0; i < n_blocks; ++i) kvc__tier_next(key, tokens + (size_t)i * (size_t)b, b, key);
 }
 
-/* An io that collects a save into a buffer from the pool's allocator, doubling it. */
-typedef struct kvc__grow {
-    kvc_pool *p;
+/* A blob: bytes from the pool's allocator. */
+typedef struct kvc__blob {
     unsigned char *data;
-    size_t size, cap;
-} kvc__grow;
-
-static size_t kvc__grow_write(void *user, const void *data, size_t n) {
-    kvc__grow *g = (kvc__grow *)user;
-    if (n > SIZE_MAX / 2 - g->size) return 0;
-    if (g->size + n > g->cap) {
-        size_t cap = KVC__MAX(KVC__MAX(2 * g->cap, g->size + n), (size_t)4096);
-        unsigned char *grown = (unsigned char *)kvc__alloc(g->p, cap);
-        if (grown == NULL) return 0;
-        if (g->size > 0) memcpy(grown, g->data, g->size);
-        kvc__free(g->p, g->data);
-        g->data = grown;
-        g->cap = cap;
-    }
-    memcpy(g->data + g->size, data, n);
-    g->size += n;
-    return n;
-}
+    size_t size;
+} kvc__blob;
 
 /* The longest prefix of whole blocks of tokens[0 .. n) above `above` tokens that the
    tree can save (kvc_radix_save's test: held, usable at that length); 0 if none. */
@@ -12013,21 +11995,28 @@ static int32_t kvc__tier_savable(kvc_radix *t, kvc_namespace ns, const int32_t *
     return 0;
 }
 
-/* The entry tokens[0 .. x) saved as a blob (*out from the pool's allocator). */
-static kvc_result kvc__tier_save(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t x, kvc__grow *out) {
+/* The entry tokens[0 .. x) saved as a blob (out->data from the pool's allocator): a
+   counting save first (no copy), then one allocation of exactly that size -- growing a
+   buffer of hundreds of MiB by doubling costs more in page faults than the save. */
+static kvc_result kvc__tier_save(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t x, kvc__blob *out) {
+    kvc_pool *p = t->part[0].pool;
+    kvc_mem mem;
     kvc_io io;
     kvc_result r;
     memset(out, 0, sizeof(*out));
-    out->p = t->part[0].pool;
-    memset(&io, 0, sizeof(io));
-    io.write = kvc__grow_write;
-    io.user = out;
-    r = kvc__radix_save_held(t, ns, tokens, x, &io);
-    if (r != KVC_OK) {
-        kvc__free(out->p, out->data);
-        out->data = NULL;
+    memset(&mem, 0, sizeof(mem));
+    kvc_io_memory(&mem, &io);
+    if ((r = kvc__radix_save_held(t, ns, tokens, x, &io)) != KVC_OK) return r;
+    if ((mem.data = (unsigned char *)kvc__alloc(p, mem.size)) == NULL) return KVC_ERR_NO_MEMORY;
+    mem.capacity = mem.size;
+    mem.size = 0;
+    if ((r = kvc__radix_save_held(t, ns, tokens, x, &io)) != KVC_OK || mem.size != mem.capacity) {
+        kvc__free(p, mem.data);
+        return r != KVC_OK ? r : KVC_ERR_IO;
     }
-    return r;
+    out->data = mem.data;
+    out->size = mem.size;
+    return KVC_OK;
 }
 
 static kvc_result kvc__store_put(kvc__tier *tr, const kvc_key *key, const void *data, size_t size) {
@@ -12101,7 +12090,7 @@ static void kvc__tier_keep(kvc_radix *t, const kvc__rnode *leaf) {
     kvc__tier *tr = t->tier;
     kvc_pool *p = t->part[0].pool;
     int32_t *tokens, x;
-    kvc__grow blob;
+    kvc__blob blob;
     kvc__tblob *b;
     kvc_key key;
     if ((tokens = kvc__rnode_path_tokens(t, leaf)) == NULL) { tr->stats.dropped++; return; }
@@ -12349,7 +12338,7 @@ KVCDEF kvc_result kvc_tier_fetch(kvc_radix *t, kvc_namespace ns, const int32_t *
 static kvc_result kvc__tier_publish_held(kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n,
                                          int32_t *n_published) {
     kvc__tier *tr;
-    kvc__grow blob;
+    kvc__blob blob;
     kvc_key key;
     kvc_result r;
     int32_t x;
