@@ -8,7 +8,7 @@ CC ?= cc
 CFLAGS ?= -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror
 BENCHFLAGS ?= -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror
 BUILD = build
-EXAMPLES = $(filter-out examples/tinylm.c,$(wildcard examples/*.c))
+EXAMPLES = $(filter-out examples/tinylm.c examples/redis_store.c,$(wildcard examples/*.c)) # redis_store: tests/redis_tiers.sh
 BENCHES = $(wildcard bench/bench_*.c)
 
 .PHONY: all run check test bench bench-build bench-quick examples clean shaders

@@ -123,7 +123,7 @@ lib_obj() {
 }
 
 tests=$(ls tests/test_*.c)
-examples=$(ls examples/*.c | grep -v tinylm)
+examples=$(ls examples/*.c | grep -v tinylm | grep -v redis_store) # redis_store: hiredis and a server (redis_tiers)
 # Fuzz targets: fuzz/fuzz_NAME.c defines LLVMFuzzerTestOneInput, fuzz/corpus/NAME/ is its
 # seed corpus. Every stage replays each corpus through fuzz/fuzz_replay.c (no libFuzzer
 # needed); a target added later is picked up by this glob.
@@ -236,12 +236,19 @@ tinylm_vk() { # the same demo with the pages and attention on a Vulkan device
     done
   else skip tinylm-vk "no Vulkan loader or device (apt-get install mesa-vulkan-drivers)"; fi
 }
+redis_tiers() { # the tiers through a real Redis (tests/redis_tiers.sh starts its own server)
+  if ! have redis-server || [ ! -e /usr/include/hiredis/hiredis.h ]; then
+    skip redis-tiers "redis-server or hiredis not installed (apt-get install redis-server libhiredis-dev)"; return
+  fi
+  CC=$CC checks redis-tiers bash tests/redis_tiers.sh "$B"
+}
 # longest first: test_vk and tinylm on lavapipe (2-3 min), the examples, tinylm, the rest
 [ -f tests/test_vk.c ] && lane test_vk test_one tests/test_vk.c
 [ -f examples/tinylm.c ] && [ $have_vk = 1 ] && lane tinylm-vk tinylm_vk
 lane examples run_examples
 [ -f examples/tinylm.c ] && lane tinylm tinylm
 lane fuzz-replays fuzz_replays
+lane redis-tiers redis_tiers
 for t in $tests; do [ "$t" = tests/test_vk.c ] || lane "$(basename "$t" .c)" test_one "$t"; done
 lanes_join
 

@@ -1,0 +1,329 @@
+/* redis_store.c - a kvc_store over Redis (hiredis), and a program that shares a long system
+   prompt between processes through it.
+
+   The adapter (redis_store_open / redis_store_close, the four callbacks) is what an engine
+   copies: blobs live under "kvc:<key hex>" (SET, STRLEN, GET, DEL); every call honours the
+   tier's timeout_ms as the socket timeout, and a broken connection is retried once per call
+   (connect bounded by the same timeout), so a server that dies or hangs costs each request
+   at most about two timeouts and then a recompute, never a wrong answer. The program must
+   ignore SIGPIPE (as main does), or a write to a server that died ends it.
+
+   The program is a toy engine over one pool and radix tree with tiers: a "model" whose K/V
+   for the token at position p is an exact function of tokens[0 .. p] (as a real model's),
+   so every cache can be checked bit for bit against evaluating its tokens.
+     redis_store --port P write [--type f16|f32]
+         evaluates the system prompt (+ a question), commits and publishes it to Redis;
+         prints "key <hex> tokens <n>".
+     redis_store --port P read [--turns N] [--pause-ms MS] [--expect-reuse N]
+         per turn: a fresh question after the same system prompt; fetches the prefix from
+         Redis (nothing in the pool: every turn evicts everything), evaluates the rest and
+         checks every cell against the reference; prints per turn "turn i reused n" and at
+         the end "from-redis A recomputed B refused R wrong 0". Exit 1 on a wrong cell.
+   Build (needs libhiredis-dev):
+     cc -std=c99 -O2 -I. examples/redis_store.c -o build/redis_store -lm -lhiredis
+   tests/redis_tiers.sh starts redis-server on 127.0.0.1 (a free port, a temporary
+   directory) and runs the scenarios: two processes, a killed server, damaged and foreign
+   blobs. */
+#define _POSIX_C_SOURCE 200809L
+#define KVCACHE_IMPLEMENTATION
+#include "kvcache.h"
+
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- the adapter ----------------------------------------------------------------------- */
+
+typedef struct redis_store {
+    redisContext *ctx;
+    char host[256];
+    int port;
+} redis_store;
+
+static struct timeval tv_of(int32_t ms) {
+    struct timeval tv;
+    if (ms <= 0) ms = 1000;
+    tv.tv_sec = ms / 1000;
+    tv.tv_usec = (ms % 1000) * 1000;
+    return tv;
+}
+
+/* A live connection with timeout ms, reconnecting once if the last one broke. */
+static int redis_ready(redis_store *s, int32_t ms) {
+    if (s->ctx != NULL && s->ctx->err == 0) {
+        redisSetTimeout(s->ctx, tv_of(ms));
+        return 1;
+    }
+    if (s->ctx != NULL) redisFree(s->ctx);
+    s->ctx = redisConnectWithTimeout(s->host, s->port, tv_of(ms));
+    if (s->ctx == NULL || s->ctx->err) return 0;
+    redisSetTimeout(s->ctx, tv_of(ms));
+    return 1;
+}
+
+/* One command; NULL (and a dropped connection) on any transport error. */
+static redisReply *redis_call(redis_store *s, int32_t ms, const char *fmt, const void *a, size_t na, const void *b,
+                              size_t nb) {
+    redisReply *r;
+    int attempt;
+    for (attempt = 0; attempt < 2; ++attempt) {
+        if (!redis_ready(s, ms)) continue;
+        r = (redisReply *)(b != NULL ? redisCommand(s->ctx, fmt, a, na, b, nb) : redisCommand(s->ctx, fmt, a, na));
+        if (r != NULL) return r;
+    }
+    return NULL;
+}
+
+static void key_name(const kvc_key *key, char name[70]) {
+    memcpy(name, "kvc:", 4);
+    kvc_key_hex(key, name + 4);
+}
+
+static kvc_result redis_put(void *user, const kvc_key *key, const void *data, size_t size, int32_t ms) {
+    char name[70];
+    redisReply *r;
+    kvc_result res;
+    key_name(key, name);
+    r = redis_call((redis_store *)user, ms, "SET %b %b", name, strlen(name), data, size);
+    if (r == NULL) return KVC_ERR_IO;
+    res = r->type == REDIS_REPLY_STATUS ? KVC_OK : KVC_ERR_IO;
+    freeReplyObject(r);
+    return res;
+}
+
+static kvc_result redis_exists(void *user, const kvc_key *key, size_t *size, int32_t ms) {
+    char name[70];
+    redisReply *r;
+    kvc_result res = KVC_ERR_IO;
+    key_name(key, name);
+    r = redis_call((redis_store *)user, ms, "STRLEN %b", name, strlen(name), NULL, 0);
+    if (r == NULL) return KVC_ERR_IO;
+    if (r->type == REDIS_REPLY_INTEGER) {
+        res = r->integer > 0 ? KVC_OK : KVC_ERR_NOT_FOUND; /* a missing key has length 0 */
+        *size = (size_t)r->integer;
+    }
+    freeReplyObject(r);
+    return res;
+}
+
+static kvc_result redis_get(void *user, const kvc_key *key, void *data, size_t capacity, size_t *size, int32_t ms) {
+    char name[70];
+    redisReply *r;
+    kvc_result res = KVC_ERR_IO;
+    key_name(key, name);
+    r = redis_call((redis_store *)user, ms, "GET %b", name, strlen(name), NULL, 0);
+    if (r == NULL) return KVC_ERR_IO;
+    if (r->type == REDIS_REPLY_NIL) res = KVC_ERR_NOT_FOUND;
+    else if (r->type == REDIS_REPLY_STRING) {
+        *size = r->len;
+        if (r->len > capacity) res = KVC_ERR_RANGE;
+        else {
+            memcpy(data, r->str, r->len);
+            res = KVC_OK;
+        }
+    }
+    freeReplyObject(r);
+    return res;
+}
+
+static kvc_result redis_erase(void *user, const kvc_key *key, int32_t ms) {
+    char name[70];
+    redisReply *r;
+    key_name(key, name);
+    r = redis_call((redis_store *)user, ms, "DEL %b", name, strlen(name), NULL, 0);
+    if (r == NULL) return KVC_ERR_IO;
+    freeReplyObject(r);
+    return KVC_OK;
+}
+
+/* The store over host:port (connected lazily, on the first call). */
+static void redis_store_open(redis_store *s, const char *host, int port, kvc_store *store) {
+    memset(s, 0, sizeof(*s));
+    snprintf(s->host, sizeof(s->host), "%s", host);
+    s->port = port;
+    memset(store, 0, sizeof(*store));
+    store->put = redis_put;
+    store->exists = redis_exists;
+    store->get = redis_get;
+    store->erase = redis_erase;
+    store->user = s;
+}
+static void redis_store_close(redis_store *s) {
+    if (s->ctx != NULL) redisFree(s->ctx);
+    s->ctx = NULL;
+}
+
+/* ---- the toy engine ------------------------------------------------------------------- */
+
+#define LAYERS 4
+#define HEADS 2
+#define HD 64
+#define PAGE 16
+#define SYS 1000 /* system prompt tokens: 62 whole blocks of 16 */
+#define QUESTION 24
+#define MAXT (SYS + QUESTION)
+
+static const kvc_namespace NS = {0x70796d6f64656c31ull, 0}; /* the model's id */
+
+static uint32_t prefix_hash(const int32_t *tokens, int32_t p) {
+    uint32_t h = 2166136261u;
+    int32_t i;
+    for (i = 0; i <= p; ++i) h = (h ^ (uint32_t)tokens[i]) * 16777619u;
+    return h;
+}
+static float kv_value(uint32_t h, int kv, int layer, int i) {
+    return (float)((int32_t)((h + (uint32_t)(kv * 523 + layer * 131 + i * 3)) % 512u) - 256) / 8.0f;
+}
+
+/* evaluate tokens[from, to): the K/V the model gives */
+static kvc_result evaluate(kvc_cache *c, const int32_t *tokens, int32_t from, int32_t to) {
+    static float k[MAXT * HEADS * HD], v[MAXT * HEADS * HD];
+    int32_t l, p, i;
+    kvc_result r;
+    if (to <= from) return KVC_OK;
+    if ((r = kvc_begin(c, to - from)) != KVC_OK) return r;
+    for (l = 0; l < LAYERS; ++l) {
+        for (p = from; p < to; ++p)
+            for (i = 0; i < HEADS * HD; ++i) {
+                k[(p - from) * HEADS * HD + i] = kv_value(prefix_hash(tokens, p), 0, l, i);
+                v[(p - from) * HEADS * HD + i] = kv_value(prefix_hash(tokens, p), 1, l, i);
+            }
+        if ((r = kvc_put(c, l, k, v)) != KVC_OK) return r;
+    }
+    return KVC_OK;
+}
+
+/* cells of c whose K/V differ from the reference (values are exact in f16 and f32) */
+static int wrong_cells(const kvc_cache *c, const int32_t *tokens) {
+    static float k[MAXT * HEADS * HD], v[MAXT * HEADS * HD];
+    static int32_t pos[MAXT];
+    int32_t l, n = 0, j, i, bad = 0;
+    for (l = 0; l < LAYERS; ++l) {
+        if (kvc_cache_gather(c, l, k, v, pos, MAXT, &n) != KVC_OK) return -1;
+        for (j = 0; j < n; ++j)
+            for (i = 0; i < HEADS * HD; ++i)
+                if (k[j * HEADS * HD + i] != kv_value(prefix_hash(tokens, pos[j]), 0, l, i) ||
+                    v[j * HEADS * HD + i] != kv_value(prefix_hash(tokens, pos[j]), 1, l, i)) {
+                    bad++;
+                    break;
+                }
+    }
+    return bad;
+}
+
+static void prompt(int32_t *tokens, int32_t question) {
+    int32_t i;
+    for (i = 0; i < SYS; ++i) tokens[i] = (i * 7919 + 13) % 32000; /* the shared system prompt */
+    for (i = 0; i < QUESTION; ++i) tokens[SYS + i] = (int32_t)(((uint32_t)question * 131u + (uint32_t)i * 17u) % 32000u);
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&ts, NULL);
+}
+
+#define TRY(call)                                                                     \
+    do {                                                                              \
+        kvc_result r_ = (call);                                                       \
+        if (r_ != KVC_OK) {                                                           \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kvc_strerror(r_)); \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+int main(int argc, char **argv) {
+    const char *host = "127.0.0.1", *role = NULL;
+    int port = 6379, turns = 1, pause_ms = 0, expect = -1, a, t, from_redis = 0, recomputed = 0, wrong = 0;
+    kvc_type type = KVC_TYPE_F16;
+    kvc_pool_config pc;
+    kvc_pool *pool;
+    kvc_radix_config rc;
+    kvc_radix *tree;
+    kvc_tier_config tc;
+    kvc_tier_stats ts;
+    redis_store rs;
+    kvc_cache *c;
+    int32_t tokens[MAXT], got, reused;
+    int32_t base = 1 + (int32_t)(((unsigned long)getpid() * 7919u + (unsigned long)time(NULL)) % 400000u) * 64;
+    for (a = 1; a < argc; ++a) {
+        if (!strcmp(argv[a], "--port") && a + 1 < argc) port = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--host") && a + 1 < argc) host = argv[++a];
+        else if (!strcmp(argv[a], "--turns") && a + 1 < argc) turns = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--pause-ms") && a + 1 < argc) pause_ms = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--expect-reuse") && a + 1 < argc) expect = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--type") && a + 1 < argc) type = !strcmp(argv[++a], "f32") ? KVC_TYPE_F32 : KVC_TYPE_F16;
+        else if (!strcmp(argv[a], "write") || !strcmp(argv[a], "read")) role = argv[a];
+        else role = NULL, a = argc;
+    }
+    /* a write to a server that died raises SIGPIPE, which would end the engine: the
+       adapter wants the write's error instead (any program using hiredis does this) */
+    signal(SIGPIPE, SIG_IGN);
+    if (role == NULL) {
+        fprintf(stderr, "usage: %s [--host H] [--port P] write [--type f16|f32] | read [--turns N] "
+                        "[--pause-ms MS] [--expect-reuse N]\n", argv[0]);
+        return 2;
+    }
+    kvc_pool_config_init(&pc);
+    pc.n_layers = LAYERS;
+    pc.n_kv_heads = HEADS;
+    pc.head_dim_k = pc.head_dim_v = HD;
+    pc.type_k = pc.type_v = type;
+    pc.page_cells = PAGE;
+    TRY(kvc_pool_budget_for_tokens(&pc, 4 * MAXT, &pc.budget_bytes));
+    TRY(kvc_pool_create(&pc, &pool));
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TRY(kvc_radix_create(pool, &rc, &tree));
+    kvc_tier_config_init(&tc);
+    tc.timeout_ms = 300;
+    redis_store_open(&rs, host, port, &tc.store);
+    TRY(kvc_tier_attach(tree, &tc));
+
+    if (!strcmp(role, "write")) {
+        kvc_key key;
+        char hex[65];
+        int32_t published = 0;
+        prompt(tokens, 0);
+        TRY(kvc_radix_lookup(tree, NS, tokens, MAXT, &c, &reused));
+        TRY(evaluate(c, tokens, reused, MAXT));
+        TRY(kvc_radix_commit(tree, NS, c, tokens, MAXT));
+        TRY(kvc_cache_destroy(c));
+        TRY(kvc_tier_publish(tree, NS, tokens, SYS, &published));
+        TRY(kvc_tier_key(tree, NS, tokens, published, &key));
+        kvc_key_hex(&key, hex);
+        printf("key %s tokens %d\n", hex, (int)published);
+    } else {
+        for (t = 0; t < turns; ++t) {
+            prompt(tokens, base + t); /* a new question after the same system prompt */
+            TRY(kvc_radix_evict(tree, 1 << 30, NULL)); /* nothing in the pool: Redis or recompute */
+            TRY(kvc_tier_fetch(tree, NS, tokens, MAXT, &got));
+            TRY(kvc_radix_lookup(tree, NS, tokens, MAXT, &c, &reused));
+            if (got > 0) from_redis++;
+            else recomputed++;
+            TRY(evaluate(c, tokens, reused, MAXT));
+            if (wrong_cells(c, tokens) != 0) wrong++;
+            printf("turn %d reused %d%s\n", t, (int)reused, got > 0 ? " (from redis)" : "");
+            fflush(stdout);
+            if (expect >= 0 && reused != expect) {
+                fprintf(stderr, "turn %d reused %d, expected %d\n", t, (int)reused, expect);
+                wrong++;
+            }
+            TRY(kvc_radix_commit(tree, NS, c, tokens, MAXT));
+            TRY(kvc_cache_destroy(c));
+            if (pause_ms > 0) sleep_ms(pause_ms);
+        }
+        TRY(kvc_tier_stats_get(tree, &ts));
+        printf("from-redis %d recomputed %d refused %d store-errors %d wrong %d\n", from_redis, recomputed,
+               (int)ts.refused, (int)ts.store_errors, wrong);
+    }
+    kvc_radix_evict(tree, 1 << 30, NULL);
+    TRY(kvc_radix_destroy(tree));
+    TRY(kvc_pool_destroy(pool));
+    redis_store_close(&rs);
+    return wrong ? 1 : 0;
+}
