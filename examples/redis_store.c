@@ -19,6 +19,9 @@
          Redis (nothing in the pool: every turn evicts everything), evaluates the rest and
          checks every cell against the reference; prints per turn "turn i reused n" and at
          the end "from-redis A recomputed B refused R wrong 0". Exit 1 on a wrong cell.
+     redis_store --port P bench [--turns REPS]
+         bench/bench_tiers.c's shape (4 layers x 8 kv heads x 128, f16): a 4k and a 32k
+         prefix evicted to Redis and fetched back, medians (docs/performance.md).
    Build (needs libhiredis-dev):
      cc -std=c99 -O2 -I. examples/redis_store.c -o build/redis_store -lm -lhiredis
    tests/redis_tiers.sh starts redis-server on 127.0.0.1 (a free port, a temporary
@@ -237,6 +240,84 @@ static void sleep_ms(int ms) {
         }                                                                             \
     } while (0)
 
+/* ---- bench: time to a ready cache from Redis on the bench_tiers shape --------------- */
+/* 4 layers x 8 kv heads x head dim 128, f16, 256 cells per page (bench/bench_tiers.c's):
+   the prefix committed and published, then per rep evicted (nothing in the pool, no host
+   tier) and brought back by kvc_tier_fetch from Redis + kvc_radix_lookup; medians. */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void bench(const char *host, int port, int32_t n, int reps) {
+    kvc_pool_config pc;
+    kvc_pool *pool;
+    kvc_radix_config rc;
+    kvc_radix *tree;
+    kvc_tier_config tc;
+    redis_store rs;
+    kvc_cache *c;
+    kvc_key key;
+    size_t size = 0, i;
+    int32_t *tok = (int32_t *)malloc(sizeof(int32_t) * ((size_t)n + 1)), j, got = 0, reused = 0, done, l;
+    float *k = (float *)malloc(sizeof(float) * 512 * 8 * 128), *v = (float *)malloc(sizeof(float) * 512 * 8 * 128);
+    double t[64], t0;
+    int r;
+    for (i = 0; i < (size_t)512 * 8 * 128; ++i) k[i] = v[i] = (float)(i % 2001) / 1000.0f - 1.0f;
+    for (j = 0; j <= n; ++j) tok[j] = (j * 7919 + n) % 50000;
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 4;
+    pc.n_kv_heads = 8;
+    pc.head_dim_k = pc.head_dim_v = 128;
+    pc.type_k = pc.type_v = KVC_TYPE_F16;
+    pc.page_cells = 256;
+    TRY(kvc_pool_budget_for_tokens(&pc, n + 512, &pc.budget_bytes));
+    TRY(kvc_pool_create(&pc, &pool));
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TRY(kvc_radix_create(pool, &rc, &tree));
+    kvc_tier_config_init(&tc);
+    tc.timeout_ms = 10000;
+    redis_store_open(&rs, host, port, &tc.store);
+    TRY(kvc_tier_attach(tree, &tc));
+    TRY(kvc_radix_lookup(tree, NS, tok, n, &c, &reused));
+    for (done = 0; done < n; done += 512) {
+        TRY(kvc_begin(c, n - done < 512 ? n - done : 512));
+        for (l = 0; l < 4; ++l) TRY(kvc_put(c, l, k, v));
+    }
+    TRY(kvc_radix_commit(tree, NS, c, tok, n));
+    TRY(kvc_cache_destroy(c));
+    if (reps > 64) reps = 64;
+    for (r = 0; r < reps; ++r) {
+        TRY(kvc_radix_evict(tree, 1 << 30, NULL)); /* down to Redis */
+        t0 = now_s();
+        TRY(kvc_tier_fetch(tree, NS, tok, n + 1, &got));
+        TRY(kvc_radix_lookup(tree, NS, tok, n + 1, &c, &reused));
+        t[r] = now_s() - t0;
+        TRY(kvc_cache_destroy(c));
+        if (got != n || reused != n) {
+            fprintf(stderr, "fetched %d, reused %d of %d\n", (int)got, (int)reused, (int)n);
+            exit(1);
+        }
+    }
+    qsort(t, (size_t)reps, sizeof(double), cmp_double);
+    TRY(kvc_tier_key(tree, NS, tok, n, &key));
+    TRY(tc.store.exists(tc.store.user, &key, &size, 1000));
+    printf("redis (127.0.0.1): kvc_tier_fetch + lookup of %d tokens: median %.2f ms of %d, %.0f bytes/token\n",
+           (int)n, 1e3 * t[reps / 2], reps, (double)size / n);
+    tc.store.erase(tc.store.user, &key, 1000);
+    TRY(kvc_radix_destroy(tree));
+    TRY(kvc_pool_destroy(pool));
+    redis_store_close(&rs);
+    free(tok);
+    free(k);
+    free(v);
+}
+
 int main(int argc, char **argv) {
     const char *host = "127.0.0.1", *role = NULL;
     int port = 6379, turns = 1, pause_ms = 0, expect = -1, a, t, from_redis = 0, recomputed = 0, wrong = 0;
@@ -258,7 +339,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--pause-ms") && a + 1 < argc) pause_ms = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--expect-reuse") && a + 1 < argc) expect = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--type") && a + 1 < argc) type = !strcmp(argv[++a], "f32") ? KVC_TYPE_F32 : KVC_TYPE_F16;
-        else if (!strcmp(argv[a], "write") || !strcmp(argv[a], "read")) role = argv[a];
+        else if (!strcmp(argv[a], "write") || !strcmp(argv[a], "read") || !strcmp(argv[a], "bench")) role = argv[a];
         else role = NULL, a = argc;
     }
     /* a write to a server that died raises SIGPIPE, which would end the engine: the
@@ -266,8 +347,13 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (role == NULL) {
         fprintf(stderr, "usage: %s [--host H] [--port P] write [--type f16|f32] | read [--turns N] "
-                        "[--pause-ms MS] [--expect-reuse N]\n", argv[0]);
+                        "[--pause-ms MS] [--expect-reuse N] | bench [--turns REPS]\n", argv[0]);
         return 2;
+    }
+    if (!strcmp(role, "bench")) {
+        bench(host, port, 4096, turns > 1 ? turns : 5);
+        bench(host, port, 32768, turns > 1 ? turns : 5);
+        return 0;
     }
     kvc_pool_config_init(&pc);
     pc.n_layers = LAYERS;
