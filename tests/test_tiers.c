@@ -741,7 +741,7 @@ static float hk(int32_t token, int32_t pos, int32_t layer, int32_t i) {
     return (float)(token % 1000 * 64 + (pos % 13) * 4 + i + layer * 1000);
 }
 
-static kvc_memory *hybrid_memory(void) {
+static kvc_memory *hybrid_memory(size_t budget) {
     kvc_memory_config mc;
     kvc_group_config g[3];
     int32_t map[3] = {0, 1, 2}, l;
@@ -769,7 +769,7 @@ static kvc_memory *hybrid_memory(void) {
     mc.layer_group = map;
     mc.n_groups = 3;
     mc.groups = g;
-    mc.budget_bytes = 1 << 20;
+    mc.budget_bytes = budget;
     TK_OK(kvc_memory_create(&mc, &m));
     return m;
 }
@@ -840,8 +840,8 @@ static int32_t hrequest(kvc_radix *t, const int32_t *tokens, int32_t n) {
     return reused;
 }
 
-static kvc_radix *hybrid_tree(kvc_tier_config *tc) {
-    kvc_memory *m = hybrid_memory();
+static kvc_radix *hybrid_tree(kvc_tier_config *tc, size_t budget) {
+    kvc_memory *m = hybrid_memory(budget);
     kvc_radix_config rc;
     kvc_radix *t = NULL;
     kvc_radix_config_init(&rc, KVC_KIND_FULL);
@@ -863,7 +863,7 @@ static void test_hybrid(tk_rng *rng) {
     tc.host_bytes = 1 << 20;
     tc.block_tokens = HBLOCK;
     TK_OK(kvc_store_dir(&st, g_dir, &tc.store));
-    t = hybrid_tree(&tc);
+    t = hybrid_tree(&tc, 1 << 20);
     TK_EQ(hrequest(t, a, n + 3), 0); /* states at 8, 16, ..., 40 and the end */
     TK_OK(kvc_tier_publish(t, NS, a, n + 3, &pub));
     TK_EQ(pub, n);
@@ -880,13 +880,38 @@ static void test_hybrid(tk_rng *rng) {
     TK_EQ(hrequest(t, a, n + 5), n); /* the states, windows and pages as evaluated */
     /* another process's tree: the published entry through the directory */
     tc.host_bytes = 0;
-    t2 = hybrid_tree(&tc);
+    t2 = hybrid_tree(&tc, 1 << 20);
     TK_OK(kvc_tier_fetch(t2, NS, a, n + 2, &got));
     TK_EQ(got, n);
     TK_EQ(tier_stats(t2).fetched_store, 1);
     TK_EQ(hrequest(t2, a, n + 2), n);
     TK_OK(kvc_radix_destroy(t));
     TK_OK(kvc_radix_destroy(t2));
+    /* pressure: kvc_memory_begin itself evicts (down the tiers) when the budget runs out */
+    {
+        int32_t conv[6][MAXT], i;
+        kvc_radix_stats one;
+        size_t budget;
+        kvc_tier_stats s;
+        for (i = 0; i < 6; ++i) fill_tokens(rng, conv[i], MAXT);
+        tc.host_bytes = 1 << 20;
+        memset(&tc.store, 0, sizeof(tc.store));
+        t = hybrid_tree(&tc, 1 << 20);
+        TK_EQ(hrequest(t, conv[0], n + 3), 0);
+        TK_OK(kvc_radix_stats_get(t, &one));
+        budget = one.bytes * 5 / 2; /* room for two conversations and a half */
+        TK_OK(kvc_radix_destroy(t));
+        t = hybrid_tree(&tc, budget);
+        for (i = 0; i < 6; ++i) TK_EQ(hrequest(t, conv[i], n + 3), 0);
+        s = tier_stats(t);
+        TK_CHECK(s.kept_host >= 4); /* the older conversations went down, node by node */
+        for (i = 0; i < 3; ++i) { /* and come back whole, states and windows exact */
+            TK_OK(kvc_tier_fetch(t, NS, conv[i], n + 3, &got));
+            TK_EQ(got, n);
+            TK_EQ(hrequest(t, conv[i], n + 3), n);
+        }
+        TK_OK(kvc_radix_destroy(t));
+    }
 }
 
 /* Every allocation failing in turn during eviction and fetch. */
