@@ -425,6 +425,50 @@ static void test_host_exact(tk_rng *rng, kvc_type type) {
     TK_OK(kvc_pool_destroy(pool));
 }
 
+/* A pool's ROTATING tree (window 7, one sink): the entry kept is the sinks and window a
+   lookup at the block boundary uses, and it comes back with the same bytes. */
+static void test_rotating(tk_rng *rng) {
+    kvc_pool *pool = make_pool(KVC_TYPE_F16, 32);
+    kvc_radix_config rc;
+    kvc_radix *t = NULL;
+    kvc_tier_config tc;
+    kvc_cache *c = NULL;
+    int32_t tokens[MAXT], n = 6 * PC + 3, x = 6 * PC, got = -1, reused = -1;
+    unsigned char *before, *after;
+    size_t nb = 0, na = 0;
+    fill_tokens(rng, tokens, MAXT);
+    kvc_radix_config_init(&rc, KVC_KIND_ROTATING);
+    rc.cache.window = 7;
+    rc.cache.sinks = 1;
+    TK_OK(kvc_radix_create(pool, &rc, &t));
+    kvc_tier_config_init(&tc);
+    tc.host_bytes = 1 << 20;
+    TK_OK(kvc_tier_attach(t, &tc));
+    TK_OK(kvc_radix_lookup(t, NS, tokens, n, &c, &reused));
+    TK_OK(extend(c, tokens, reused, n));
+    TK_OK(kvc_radix_commit(t, NS, c, tokens, n));
+    TK_OK(kvc_cache_destroy(c));
+    before = entry_bytes(t, tokens, x, &nb);
+    TK_CHECK(before != NULL);
+    TK_OK(kvc_radix_evict(t, 1000, NULL));
+    TK_EQ(pages_used(pool), 0);
+    TK_EQ(tier_stats(t).kept_host, 1);
+    TK_OK(kvc_tier_fetch(t, NS, tokens, n, &got));
+    TK_EQ(got, x);
+    after = entry_bytes(t, tokens, x, &na);
+    TK_CHECK(after != NULL && na == nb && memcmp(before, after, nb) == 0);
+    TK_OK(kvc_radix_lookup(t, NS, tokens, n, &c, &reused));
+    TK_EQ(reused, x);
+    TK_EQ(wrong_cells(c, tokens, KVC_TYPE_F16), 0);
+    TK_OK(extend(c, tokens, reused, n)); /* goes on like a cache that never left */
+    TK_EQ(wrong_cells(c, tokens, KVC_TYPE_F16), 0);
+    TK_OK(kvc_cache_destroy(c));
+    free(before);
+    free(after);
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_pool_destroy(pool));
+}
+
 /* The host tier's budget holds; the oldest blobs spill to the store; everything comes
    back (from the host tier or the store). */
 static void test_budget_and_spill(tk_rng *rng) {
@@ -977,6 +1021,7 @@ int main(int argc, char **argv) {
         test_host_exact(&rng, KVC_TYPE_F32);
         test_host_exact(&rng, KVC_TYPE_F16);
         test_host_exact(&rng, KVC_TYPE_Q8_0);
+        test_rotating(&rng);
         test_budget_and_spill(&rng);
         test_two_pools(&rng);
         test_refused(&rng);
