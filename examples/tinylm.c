@@ -29,7 +29,9 @@
    go through kvc_memory_snapshot_take / kvc_memory_restore. Every kind runs with each
    storage type, and with q8_0 and q4_0 rotated too (kvc_pool_config.rotate: "+rot").
    Every model also holds a conversation (two turns, then branches) in a radix tree
-   over its memory (kvc_radix_create_memory; `radix` rows, section 8).
+   over its memory (kvc_radix_create_memory; `radix` rows, section 8), and once more
+   through a host-RAM tier (kvc_tier_*: the tree evicted whole, the prefix fetched
+   back, the rest's logits checked; the `tier_turn2` row).
 
    Build (from the repository root):
        cc -std=c99 -O2 -Wall -Wextra -Wpedantic examples/tinylm.c -o tinylm -lm
@@ -2573,6 +2575,79 @@ static int run_radix_turns(const model *m, const test_case *cases, int n_cases, 
     return failures;
 }
 
+/* --- A prefix that outlived the pool (kvc_tier_*) ---
+   turn1 (base's prompt + generated tokens) on a tree with a host-RAM tier (blocks of
+   TIER_BLOCK tokens); then the whole tree is evicted, so the prefix lives only in the
+   tier (as the evicted entries' whole-block prefixes, kvc_radix_save's bytes); then
+   tier_turn2 (all of base as its prompt) brings the longest one back with
+   kvc_tier_fetch and evaluates the rest: every logit it computes is checked against the
+   reference, and the lookup must reuse exactly what came back (96 of base's tokens: the
+   end of its prompt). */
+#define TIER_BLOCK 32
+
+static int run_radix_tier(const model *m, const test_case *cases, int n_cases, int chunk, int *runs)
+{
+    const kvc_namespace ns = {1, 0}; /* radix_request's */
+    const kind_spec *hybrid = NULL;
+    const test_case *base = NULL;
+    memory tmpl;
+    kvc_radix_config rc;
+    kvc_radix *tree = NULL;
+    kvc_tier_config tcfg;
+    kvc_radix_stats st;
+    int32_t max_tokens = 0, turn1, fetched = -1;
+    int failures = 0, r;
+
+    for (int k = 0; k < COUNT_OF(KINDS); ++k)
+        if (KINDS[k].hybrid) hybrid = &KINDS[k];
+    for (int i = 0; i < n_cases; ++i) {
+        if (!strcmp(cases[i].name, "base")) base = &cases[i];
+        if (cases[i].total_len > max_tokens) max_tokens = cases[i].total_len;
+    }
+    if (!base || base->prompt_len + TURN1_GENERATED >= base->total_len || base->prompt_len < TIER_BLOCK) return 0;
+    turn1 = base->prompt_len + TURN1_GENERATED;
+    if (memory_create(&tmpl, &m->c, hybrid, KVC_TYPE_F32, 0, max_tokens, chunk < max_tokens ? chunk : max_tokens) != 0) {
+        ++*runs;
+        return 1;
+    }
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    kvc_tier_config_init(&tcfg);
+    tcfg.host_bytes = (size_t)64 << 20;
+    tcfg.block_tokens = TIER_BLOCK;
+    if (kvc_radix_create_memory(tmpl.mem, &rc, &tree) != KVC_OK || kvc_tier_attach(tree, &tcfg) != KVC_OK) {
+        errorf("a tree with a tier could not be made");
+        failures++;
+    }
+    for (r = 0; tree && r < 2; ++r) {
+        test_case row = *base;
+        score sc;
+        double t0;
+        int32_t n_prompt = r == 0 ? base->prompt_len : base->total_len, n_total = r == 0 ? turn1 : base->total_len;
+        int32_t want = 0;
+        int ok = 1;
+        snprintf(row.name, sizeof row.name, "%s", r == 0 ? "turn1" : "tier_turn2");
+        memset(&sc, 0, sizeof sc);
+        t0 = seconds_now();
+        if (r == 1) { /* nothing in the pool: the tier or nothing */
+            ok = kvc_radix_evict(tree, INT32_MAX, NULL) == KVC_OK && kvc_radix_stats_get(tree, &st) == KVC_OK &&
+                 st.n_pages == 0 && kvc_tier_fetch(tree, ns, base->tokens, n_prompt, &fetched) == KVC_OK &&
+                 fetched == base->prompt_len / TIER_BLOCK * TIER_BLOCK;
+            if (!ok) errorf("tier: the evicted prefix came back with %d tokens, wanted %d", (int)fetched,
+                            (int)(base->prompt_len / TIER_BLOCK * TIER_BLOCK));
+            want = fetched;
+        }
+        ok = ok && radix_request(m, tree, &tmpl, &row, base->tokens, n_prompt, n_total, want, chunk, &sc) == 0;
+        sc.seconds = seconds_now() - t0;
+        failures += !report(&row, "radix", "f32", &TYPES[0], &sc, ok);
+        ++*runs;
+        if (!ok) break;
+    }
+    if (tree && kvc_radix_destroy(tree) != KVC_OK) failures++, errorf("kvc_radix_destroy failed");
+    failures += memory_free(&tmpl, "radix", "f32");
+    ++*runs;
+    return failures;
+}
+
 /* The groups a hybrid model's memory gets, for the header line. */
 static void print_groups(const model *m)
 {
@@ -2960,6 +3035,10 @@ int main(int argc, char **argv)
             } else
 #endif
                 failures += run_radix_turns(&m, cases, n_cases, chunk, &runs);
+#ifdef TINYLM_VK
+            if (!g_vk.on)
+#endif
+                failures += run_radix_tier(&m, cases, n_cases, chunk, &runs);
 #ifdef TINYLM_VK
             if (!g_vk.on) /* the speculative runs build a host memory of their own */
 #endif
