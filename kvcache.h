@@ -1121,7 +1121,8 @@ typedef struct kvc_store {
 } kvc_store;
 
 typedef struct kvc_tier_config {
-    size_t host_bytes;     /* the host-RAM tier's hard budget (the blobs' bytes); 0: none */
+    size_t host_bytes;     /* the host-RAM tier's hard budget (the blobs' bytes, from the pool's
+                              allocator: in arena mode its object heap); 0: none */
     int32_t block_tokens;  /* key granularity; 0: the largest page_cells of the tree's K/V pools */
     kvc_store store;       /* put, exists and get all NULL: no store */
     int32_t timeout_ms;    /* given to every store call (0: the store's default) */
