@@ -218,6 +218,16 @@ typedef struct kvc_page_hooks {
     kvc_result (*read_pages)(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages, void *data);
     kvc_result (*write_pages)(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
                               const void *data);
+    /* Optional (NULL: none), for a backend that moves pages while the host works: a save
+       announces each read_pages call before it makes it (the same arguments, in the same
+       order, at most two announced and not yet read), so the backend can start that copy
+       while the host writes the chunk before it; a hint (read_pages must work for calls
+       not announced). write_pages may return before its bytes have landed when flush is
+       set: a save or load calls flush once its run of read_pages / write_pages calls ends
+       (also after a failure), and flush waits for what is still in flight (its failure
+       fails the call). */
+    kvc_result (*prefetch_pages)(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages);
+    kvc_result (*flush)(void *user);
 } kvc_page_hooks;
 
 /* Sizing: budget_bytes buys floor(budget_bytes / page_bytes) pages, where a page holds
@@ -10154,47 +10164,86 @@ static int32_t kvc__io_chunk_pages(const kvc_pool *p, size_t *bytes) {
     return n;
 }
 
+/* A chunk of a save's cells for read_pages: layer l's K (kv 0) or V, the cells between
+   cursors start and end (kvc__cell_next's), on pages ids[0 .. n). */
+typedef struct kvc__io_chunk {
+    int32_t l, kv, start, end, n;
+} kvc__io_chunk;
+
+/* The chunk after *k into *out (its pages into ids, max_ids at most): the next cells of the
+   same layer and side, else the first of the next side or layer. 0 when there is none. */
+static int kvc__io_chunk_after(const kvc__cellset *s, const kvc__io_chunk *k, kvc__io_chunk *out, uint32_t *ids,
+                               int32_t max_ids) {
+    int32_t j, slot;
+    uint32_t page;
+    *out = *k;
+    out->start = k->end;
+    for (;;) {
+        out->n = 0;
+        for (j = out->end = out->start; kvc__cell_next(s, &j, &page, &slot); out->end = j)
+            if (out->n == 0 || ids[out->n - 1] != page) {
+                if (out->n == max_ids) break;
+                ids[out->n++] = page;
+            }
+        if (out->n > 0) return 1;
+        if (++out->kv == 2) {
+            out->kv = 0;
+            if (++out->l == s->c->pool->cfg.n_layers) return 0;
+        }
+        out->start = 0;
+    }
+}
+
 /* KVDT of a pool with external data: for each layer's K, then V, the pages of up to a
    chunk's worth of the cells come from read_pages into one buffer, then their rows are
-   written as the host path writes them. */
+   written as the host path writes them. The next chunk is announced (prefetch_pages)
+   before the current one is read, so a backend can move it while the host writes this
+   one; flush ends the run. */
 static void kvc__w_kv_external(kvc__wr *w, const kvc__cellset *s) {
     const kvc_pool *p = s->c->pool;
+    const kvc_page_hooks *h = &p->cfg.hooks;
     size_t bytes;
-    int32_t max_ids = kvc__io_chunk_pages(p, &bytes), l, kv;
-    uint32_t *ids = (uint32_t *)kvc__alloc((kvc_pool *)(uintptr_t)p, sizeof(uint32_t) * (size_t)max_ids + bytes), page;
-    unsigned char *buf = (unsigned char *)(ids + max_ids);
+    int32_t max_ids = kvc__io_chunk_pages(p, &bytes), j, k, slot, run_k = 0, run_slot = 0, run_n = 0, b = 0;
+    uint32_t *ids = (uint32_t *)kvc__alloc((kvc_pool *)(uintptr_t)p, 2 * sizeof(uint32_t) * (size_t)max_ids + bytes), page;
+    unsigned char *buf = (unsigned char *)(ids + 2 * max_ids);
+    kvc__io_chunk cur, next;
+    kvc_result e = KVC_OK;
+    int have;
     if (ids == NULL) { w->dev = KVC_ERR_NO_MEMORY; w->failed = 1; return; }
-    for (l = 0; l < p->cfg.n_layers && !w->failed; ++l)
-        for (kv = 0; kv < 2 && !w->failed; ++kv) {
-            size_t row = kv ? p->v_row : p->k_row, pbytes = row * (size_t)p->page_cells;
-            int32_t i = 0, j, n, k, slot, run_k = 0, run_slot = 0, run_n = 0;
-            for (;;) {
-                int32_t start = i;
-                kvc_result e;
-                for (n = 0, j = i; kvc__cell_next(s, &j, &page, &slot); i = j) /* the chunk's pages */
-                    if (n == 0 || ids[n - 1] != page) {
-                        if (n == max_ids) break;
-                        ids[n++] = page;
-                    }
-                if (n == 0 || w->failed) break;
-                if ((e = p->cfg.hooks.read_pages(p->cfg.hooks.user, l, kv, ids, n, buf)) != KVC_OK) {
-                    w->dev = e;
-                    w->failed = 1;
-                    break;
-                }
-                for (j = start, k = -1; j < i && kvc__cell_next(s, &j, &page, &slot);) { /* its cells again */
-                    if (k < 0 || ids[k] != page) k++;
-                    if (run_n > 0 && (k != run_k || slot != run_slot + run_n)) {
-                        kvc__w_bytes(w, buf + (size_t)run_k * pbytes + (size_t)run_slot * row, (size_t)run_n * row);
-                        run_n = 0;
-                    }
-                    if (run_n == 0) { run_k = k; run_slot = slot; }
-                    run_n++;
-                }
-                if (run_n > 0) kvc__w_bytes(w, buf + (size_t)run_k * pbytes + (size_t)run_slot * row, (size_t)run_n * row);
+    memset(&cur, 0, sizeof(cur));
+    have = kvc__io_chunk_after(s, &cur, &cur, ids, max_ids);
+    if (have && h->prefetch_pages != NULL) e = h->prefetch_pages(h->user, cur.l, cur.kv, ids, cur.n);
+    while (have && e == KVC_OK && !w->failed) {
+        uint32_t *cur_ids = ids + (size_t)b * (size_t)max_ids;
+        size_t row = cur.kv ? p->v_row : p->k_row, pbytes = row * (size_t)p->page_cells;
+        int more = kvc__io_chunk_after(s, &cur, &next, ids + (size_t)(1 - b) * (size_t)max_ids, max_ids);
+        if (more && h->prefetch_pages != NULL &&
+            (e = h->prefetch_pages(h->user, next.l, next.kv, ids + (size_t)(1 - b) * (size_t)max_ids, next.n)) != KVC_OK)
+            break;
+        if ((e = h->read_pages(h->user, cur.l, cur.kv, cur_ids, cur.n, buf)) != KVC_OK) break;
+        for (j = cur.start, k = -1; j < cur.end && kvc__cell_next(s, &j, &page, &slot);) { /* its cells again */
+            if (k < 0 || cur_ids[k] != page) k++;
+            if (run_n > 0 && (k != run_k || slot != run_slot + run_n)) {
+                kvc__w_bytes(w, buf + (size_t)run_k * pbytes + (size_t)run_slot * row, (size_t)run_n * row);
                 run_n = 0;
             }
+            if (run_n == 0) { run_k = k; run_slot = slot; }
+            run_n++;
         }
+        if (run_n > 0) kvc__w_bytes(w, buf + (size_t)run_k * pbytes + (size_t)run_slot * row, (size_t)run_n * row);
+        run_n = 0;
+        cur = next;
+        b = 1 - b;
+        have = more;
+    }
+    if (h->flush != NULL) { /* also after a failure: nothing of the save stays in flight */
+        kvc_result f = h->flush(h->user);
+        if (e == KVC_OK) e = f;
+    }
+    if (e != KVC_OK && !w->failed) {
+        w->dev = e;
+        w->failed = 1;
+    }
     kvc__free((kvc_pool *)(uintptr_t)p, ids);
 }
 
@@ -10578,8 +10627,9 @@ static int32_t kvc__rows_of(const kvc_pool *p, const int32_t *cells, int32_t n_c
 }
 
 /* Rows into pages of a pool with external data: up to a chunk of pages at a time read
-   into one buffer (the rest of each page zero), then handed to write_pages. The pages
-   are fresh ones of the load: a failing checksum later leaves nothing behind. */
+   into one buffer (the rest of each page zero), then handed to write_pages (which may
+   return before the bytes land: flush ends the run). The pages are fresh ones of the
+   load: a failing checksum later leaves nothing behind. */
 static void kvc__r_rows_external(kvc__rd *r, kvc_pool *p, const uint32_t *pages, const int32_t *cells,
                                  int32_t n_pages, int32_t n_cells) {
     size_t bytes;
@@ -10600,6 +10650,10 @@ static void kvc__r_rows_external(kvc__rd *r, kvc_pool *p, const uint32_t *pages,
                 if (r->err == KVC_OK && (e = p->cfg.hooks.write_pages(p->cfg.hooks.user, l, kv, pages + j0, n, buf)) != KVC_OK)
                     kvc__r_fail(r, e);
             }
+    if (p->cfg.hooks.flush != NULL) { /* the writes still in flight land (or fail the load) */
+        kvc_result e = p->cfg.hooks.flush(p->cfg.hooks.user);
+        if (e != KVC_OK && r->err == KVC_OK) kvc__r_fail(r, e);
+    }
     kvc__free(p, buf);
 }
 
