@@ -436,9 +436,10 @@ typedef struct kvc_cache_config {
        quantized rows (mlx-lm's quantized_kv_start, KIVI's residual); the pages hold every
        token exactly as without a tail, so a token leaving the tail is quantized as it would
        be anyway. The f16 rows (f16_tail x n_layers rows of K and V) are part of the cache
-       object, from the pool's allocator, outside budget_bytes. Tokens a restore, load or
-       prefix lookup brings are read as stored until new tokens refill the tail; a fork
-       copies it. 0: off. Negative, or > 0 on a pool with no quantized type:
+       object, from the pool's allocator, outside budget_bytes. Tokens a restore or prefix
+       lookup brings are read as stored until new tokens refill the tail; a fork copies it,
+       and kvc_cache_save / kvc_memory_save save it (a TAIL section: attention after the
+       load is bit-identical; a target with a shorter tail keeps the newest tokens). 0: off. Negative, or > 0 on a pool with no quantized type:
        KVC_ERR_INVALID; CAUSAL, RECURRENT or device-backed pools: KVC_ERR_UNSUPPORTED
        (field "f16_tail"). */
     int32_t f16_tail;
@@ -9869,6 +9870,7 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
 #define KVC__CONF_BYTES 80u
 #define KVC__META_BYTES 24u
 #define KVC__CONF_CKPT 1u          /* CONF word 15: the CKPT and CKDT sections follow KVDT */
+#define KVC__CONF_TAIL 2u          /* CONF word 15: a TAIL section (f16_tail rows) comes last */
 /* Pools with external data (a device backend) move K/V bytes through the hooks'
    read_pages / write_pages in chunks of at most this many bytes (at least one page). */
 #ifndef KVCACHE_IO_CHUNK
@@ -10404,6 +10406,21 @@ static kvc_result kvc__check_io(const kvc_io *io, int writing) {
     return kvc__little_endian() ? KVC_OK : KVC_ERR_UNSUPPORTED;
 }
 
+/* TAIL: the f16_tail rows of tokens [lo, hi): u32 lo, u32 hi, then layer by layer the K
+   rows of those tokens, then their V rows (in the tail's types). */
+static void kvc__w_tail(kvc__wr *w, const kvc_cache *c, int32_t lo, int32_t hi) {
+    int32_t l, t;
+    size_t n = (size_t)(hi - lo);
+    kvc__w_section(w, KVC__TAG('T', 'A', 'I', 'L'), 8 + (uint64_t)c->pool->cfg.n_layers * n * (c->tail_krow + c->tail_vrow));
+    kvc__w_u32(w, (uint32_t)lo);
+    kvc__w_u32(w, (uint32_t)hi);
+    for (l = 0; l < c->pool->cfg.n_layers; ++l) {
+        for (t = lo; t < hi; ++t) kvc__w_bytes(w, kvc__tail_k(c, l) + (size_t)(t % c->cfg.f16_tail) * c->tail_krow, c->tail_krow);
+        for (t = lo; t < hi; ++t) kvc__w_bytes(w, kvc__tail_v(c, l) + (size_t)(t % c->cfg.f16_tail) * c->tail_vrow, c->tail_vrow);
+    }
+    kvc__w_end(w);
+}
+
 static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_namespace ns, const int32_t *tokens,
                             int32_t n_tokens, const kvc_io *io) {
     kvc__wr w;
@@ -10415,6 +10432,8 @@ static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_
         kvc__settle((kvc_cache *)(uintptr_t)c); /* the ended batch's checkpoints: no visible change */
         if (c->n_ckpt > 0) flags = KVC__CONF_CKPT;
     }
+    if (what == KVC__WHAT_CACHE && c->tail != NULL && KVC__MIN(c->tail_hi, c->offset) > c->tail_lo)
+        flags |= KVC__CONF_TAIL; /* the f16 rows attention reads for the newest tokens */
     memset(&set, 0, sizeof(set));
     set.c = c;
     set.seq = seq;
@@ -10439,6 +10458,7 @@ static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_
     kvc__w_cells(&w, &set, c->cfg.kind == KVC_KIND_CAUSAL && what == KVC__WHAT_CACHE);
     kvc__w_kv(&w, &set, KVC__TAG('K', 'V', 'D', 'T'));
     if (flags & KVC__CONF_CKPT) kvc__w_ckpts(&w, c);
+    if (flags & KVC__CONF_TAIL) kvc__w_tail(&w, c, c->tail_lo, KVC__MIN(c->tail_hi, c->offset));
     if (w.dev != KVC_OK) return w.dev;
     return w.failed ? KVC_ERR_IO : KVC_OK;
 }
@@ -10523,7 +10543,7 @@ typedef struct kvc__saved {
     kvc_cache_config cc;       /* kind, window, sinks, capacity, max_seqs, chunk, padding */
     kvc_namespace ns;
     int32_t meta[6];           /* n_tokens, n_cells, then per kind (see kvc__save) */
-    uint32_t flags;            /* CONF word 15: KVC__CONF_CKPT */
+    uint32_t flags;            /* CONF word 15: KVC__CONF_CKPT, KVC__CONF_TAIL */
 } kvc__saved;
 
 /* Header, CONF and META, checked against the pool, the expected object and namespace. */
@@ -10554,7 +10574,7 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
     s->ns.model = kvc__le64(b);
     s->ns.salt = kvc__le64(b + 8);
     s->flags = f[15];
-    if (s->flags & ~KVC__CONF_CKPT) { kvc__r_fail(r, KVC_ERR_FORMAT); return; } /* a later format's */
+    if (s->flags & ~(KVC__CONF_CKPT | KVC__CONF_TAIL)) { kvc__r_fail(r, KVC_ERR_FORMAT); return; } /* a later format's */
     if (s->shape[0] != p->cfg.n_layers || s->shape[1] != p->cfg.n_kv_heads || s->shape[2] != p->cfg.head_dim_k ||
         s->shape[3] != p->cfg.head_dim_v || s->shape[4] != (int32_t)p->cfg.type_k ||
         s->shape[5] != (int32_t)p->cfg.type_v || s->shape[6] != p->page_cells || !kvc__ns_equal(s->ns, ns) ||
@@ -10566,6 +10586,12 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
     if ((s->flags & KVC__CONF_CKPT) && (s->what != KVC__WHAT_CACHE || (s->cc.kind != KVC_KIND_ROTATING &&
                                                                       s->cc.kind != KVC_KIND_RECURRENT))) {
         kvc__r_fail(r, KVC_ERR_CORRUPT); /* only these have checkpoints */
+        return;
+    }
+    if ((s->flags & KVC__CONF_TAIL) && (s->what != KVC__WHAT_CACHE || (s->cc.kind != KVC_KIND_FULL &&
+                                                                      s->cc.kind != KVC_KIND_ROTATING) ||
+                                        (!kvc__type_quantized(p->cfg.type_k) && !kvc__type_quantized(p->cfg.type_v)))) {
+        kvc__r_fail(r, KVC_ERR_CORRUPT); /* only these have an f16_tail */
         return;
     }
     kvc__r_section(r, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
@@ -11006,6 +11032,48 @@ static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_
 static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
                                    int32_t max_tokens, int32_t *n_tokens);
 
+/* TAIL of a cache of `off` tokens into *ring (c->tail's size, from the pool's allocator)
+   and [*lo, *hi): the newest tokens that c's own f16_tail holds; all of it is read (and
+   checked), and a cache without a tail keeps none (*ring NULL). */
+static void kvc__r_tail(kvc__rd *r, const kvc_cache *c, int32_t off, unsigned char **ring, int32_t *lo, int32_t *hi) {
+    const kvc_pool *p = c->pool;
+    size_t krow = kvc__tail_row(p, 1), vrow = kvc__tail_row(p, 0), row;
+    unsigned char *scratch;
+    int32_t l, t, kv, keep;
+    kvc__r_section_any(r, KVC__TAG('T', 'A', 'I', 'L'));
+    *lo = (int32_t)kvc__r_u32(r);
+    *hi = (int32_t)kvc__r_u32(r);
+    if (r->err != KVC_OK) return;
+    if (*lo < 0 || *hi <= *lo || *hi > off ||
+        r->left != (uint64_t)p->cfg.n_layers * (uint64_t)(*hi - *lo) * (krow + vrow)) {
+        kvc__r_fail(r, KVC_ERR_CORRUPT);
+        return;
+    }
+    keep = c->tail != NULL ? KVC__MAX(*lo, *hi - c->cfg.f16_tail) : *hi; /* the tokens kept: [keep, hi) */
+    scratch = (unsigned char *)kvc__alloc((kvc_pool *)(uintptr_t)p, KVC__MAX(krow, vrow) +
+                                          (c->tail != NULL ? (size_t)c->cfg.f16_tail * (size_t)p->cfg.n_layers * (krow + vrow) : 0));
+    if (scratch == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); return; }
+    *ring = c->tail != NULL ? scratch + KVC__MAX(krow, vrow) : NULL;
+    if (*ring != NULL) memset(*ring, 0, (size_t)c->cfg.f16_tail * (size_t)p->cfg.n_layers * (krow + vrow));
+    for (l = 0; l < p->cfg.n_layers; ++l)
+        for (kv = 0; kv < 2; ++kv)
+            for (t = *lo, row = kv ? vrow : krow; t < *hi; ++t) {
+                unsigned char *dst = scratch;
+                if (t >= keep && *ring != NULL)
+                    dst = *ring + (size_t)l * (size_t)c->cfg.f16_tail * (krow + vrow) +
+                          (kv ? (size_t)c->cfg.f16_tail * krow : 0) + (size_t)(t % c->cfg.f16_tail) * row;
+                kvc__r_bytes(r, dst, row);
+            }
+    kvc__r_end(r);
+    *lo = keep;
+    if (*ring == NULL || r->err != KVC_OK) {
+        kvc__free((kvc_pool *)(uintptr_t)p, scratch);
+        *ring = NULL;
+    } else {
+        *ring = scratch; /* the caller frees it: the ring is at scratch + max(krow, vrow) */
+    }
+}
+
 /* Load entry points end here: release what is staged, finish the io. */
 static kvc_result kvc__load_end(const kvc_io *io, kvc_pool *p, kvc__staged *st, kvc_result r) {
     if (p != NULL) kvc__staged_free(p, st);
@@ -11020,6 +11088,8 @@ static kvc_result kvc__cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *
     kvc__rd r;
     kvc__staged st;
     kvc__ckload ck;
+    unsigned char *tail = NULL; /* a TAIL section's rows for c's tail */
+    int32_t tail_lo = 0, tail_hi = 0;
     if (tokens != NULL) *tokens = NULL;
     if (kvc__is_causal(c)) return kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens);
     if (kvc__is_recurrent(c)) return kvc__load_recurrent(c, ns, io, tokens, max_tokens, n_tokens);
@@ -11031,10 +11101,19 @@ static kvc_result kvc__cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *
     if (r.err == KVC_ERR_RANGE) *n_tokens = st.s.meta[0];
     if (r.err == KVC_OK && (st.s.flags & KVC__CONF_CKPT))
         kvc__r_ckpts(&r, c, st.pages, st.n_pages, st.s.meta[2], st.s.meta[4], &ck);
+    if (r.err == KVC_OK && (st.s.flags & KVC__CONF_TAIL))
+        kvc__r_tail(&r, c, st.s.meta[2], &tail, &tail_lo, &tail_hi);
     if (r.err == KVC_OK) /* room for the pages and every checkpoint's (kvc__pages_wanted) */
         r.err = kvc__page_table_reserve(c, KVC__MAX(st.s.meta[5], kvc__chain_pages(ck.chain)));
     if (r.err == KVC_OK) {
         kvc__install_linear(c, &st);
+        if (tail != NULL) { /* the f16 rows of the newest tokens, as saved */
+            size_t krow = kvc__tail_row(c->pool, 1), vrow = kvc__tail_row(c->pool, 0);
+            memcpy(c->tail, tail + KVC__MAX(krow, vrow),
+                   (size_t)c->cfg.f16_tail * (size_t)c->pool->cfg.n_layers * (c->tail_krow + c->tail_vrow));
+            c->tail_lo = tail_lo;
+            c->tail_hi = tail_hi;
+        }
         kvc__pend_drop(c);
         kvc__ckpt_install(c, ck.chain); /* the saved checkpoints (none: the old ones go) */
         ck.chain = NULL;
@@ -11043,6 +11122,7 @@ static kvc_result kvc__cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *
     }
     kvc__ckload_free(c->pool, &ck);
     kvc__staged_free(c->pool, &st);
+    kvc__free(c->pool, tail);
     return r.err;
 }
 
@@ -11405,6 +11485,12 @@ static void kvc__cache_move(kvc_cache *dst, kvc_cache *src) {
     }
     dst->n_ckpt = src->n_ckpt;
     src->n_ckpt = 0;
+    if (dst->tail != NULL && src->tail != NULL) { /* the same config: the same ring */
+        memcpy(dst->tail, src->tail, (size_t)dst->cfg.f16_tail * (size_t)dst->pool->cfg.n_layers *
+                                         (dst->tail_krow + dst->tail_vrow));
+        dst->tail_lo = src->tail_lo;
+        dst->tail_hi = src->tail_hi;
+    }
     src->n_pages = 0;
     src->first_lpage = src->n_sink_pages;
     src->offset = 0;

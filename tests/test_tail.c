@@ -5,9 +5,11 @@
      tail against a plain quantized cache and an f16 cache fed the same rows, FULL and
      ROTATING, with random sinks / softcap, over random batches, trims, cancelled
      batches, snapshot restores, forks and save/load round trips, each with the tail
-     range its rule gives;
+     range its rule gives (a load brings the saved tail back: attention after it is
+     bit-identical to before the save);
    - the pages (every token, those that left the tail included) hold exactly what a
-     cache without a tail holds, and a save of it is byte-for-byte a plain cache's save;
+     cache without a tail holds, and a save of it with nothing in the tail is
+     byte-for-byte a plain cache's save (the tail's rows are a TAIL section of their own);
    - configuration: negative, unquantized pools, CAUSAL and RECURRENT are refused.
    `test_tail SEED` replays a run. */
 #define KVCACHE_IMPLEMENTATION
@@ -253,21 +255,35 @@ static void test_random(tk_rng *rng) {
                 TK_OK(kvc_attention(f, 1, &d));
                 TK_CHECK(memcmp(a, b, sizeof(float) * (size_t)nq * NH * D) == 0);
                 TK_OK(kvc_cache_destroy(f));
-            } else if (op == 8) { /* save: byte-for-byte a plain cache's; load: the tail starts over */
+            } else if (op == 8) { /* save and load: the tail's rows travel too (a TAIL section):
+                                     attention after the load is bit-identical to before the
+                                     save; with nothing in the tail the save is byte-for-byte
+                                     a plain cache's (no TAIL) */
                 blob bt = save_of(w.tail), bp;
                 kvc_mem m;
                 kvc_io io;
+                kvc_attention_desc d;
+                float q[NH * D], a[NH * D], b[NH * D];
+                int32_t pos = off - 1, held = w.lo < KVC__MIN(w.hi, off);
                 if (!w.window) {
                     bp = save_of(w.plain);
-                    TK_CHECK(bt.size == bp.size && memcmp(bt.data, bp.data, bt.size) == 0);
+                    TK_CHECK((bt.size == bp.size && memcmp(bt.data, bp.data, bt.size) == 0) == !held);
                     free(bp.data);
                 }
+                tk_fill(rng, q, NH * D, 2.0f);
+                memset(&d, 0, sizeof(d));
+                d.n_queries = 1; d.n_heads = NH; d.q = q; d.pos = &pos; d.window = w.window; d.out = a;
+                TK_OK(kvc_attention(w.tail, NL - 1, &d));
                 memset(&m, 0, sizeof(m));
                 m.data = bt.data; m.size = m.capacity = bt.size;
                 TK_OK(kvc_io_memory(&m, &io));
                 TK_OK(kvc_cache_load(w.tail, NS, &io, NULL, 0, NULL));
                 TK_EQ(offset_of(w.tail), off);
-                w.lo = w.hi = 0;
+                d.out = b;
+                TK_OK(kvc_attention(w.tail, NL - 1, &d));
+                TK_CHECK(memcmp(a, b, sizeof(a)) == 0);
+                if (held) w.hi = KVC__MIN(w.hi, off);
+                else w.lo = w.hi = 0;
                 free(bt.data);
             } else {
                 feed(&w, rng, n, NL);
