@@ -283,6 +283,20 @@ static void test_random(tk_rng *rng) {
                 d.out = b;
                 TK_OK(kvc_attention(w.tail, NL - 1, &d));
                 TK_CHECK(memcmp(a, b, sizeof(a)) == 0);
+                if (held) { /* a cut or a flipped byte in the TAIL section (last in the file):
+                               refused, the cache unchanged */
+                    size_t cut = (size_t)tk_int(rng, 1, 24), at = bt.size - (size_t)tk_int(rng, 1, 24);
+                    m.size = m.capacity = bt.size - cut;
+                    m.pos = 0;
+                    TK_RES(kvc_cache_load(w.tail, NS, &io, NULL, 0, NULL), KVC_ERR_TRUNCATED);
+                    bt.data[at] ^= 0x10;
+                    m.size = m.capacity = bt.size;
+                    m.pos = 0;
+                    TK_RES(kvc_cache_load(w.tail, NS, &io, NULL, 0, NULL), KVC_ERR_CORRUPT);
+                    TK_OK(kvc_attention(w.tail, NL - 1, &d));
+                    TK_CHECK(memcmp(a, b, sizeof(a)) == 0);
+                    TK_EQ(offset_of(w.tail), off);
+                }
                 if (held) w.hi = KVC__MIN(w.hi, off);
                 else w.lo = w.hi = 0;
                 free(bt.data);
