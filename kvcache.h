@@ -221,6 +221,16 @@ typedef struct kvc_page_hooks {
     kvc_result (*read_pages)(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages, void *data);
     kvc_result (*write_pages)(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
                               const void *data);
+    /* Optional (NULL: none), for a backend that moves pages while the host works: a save
+       announces each read_pages call before it makes it (the same arguments, in the same
+       order, at most two announced and not yet read), so the backend can start that copy
+       while the host writes the chunk before it; a hint (read_pages must work for calls
+       not announced). write_pages may return before its bytes have landed when flush is
+       set: a save or load calls flush once its run of read_pages / write_pages calls ends
+       (also after a failure), and flush waits for what is still in flight (its failure
+       fails the call). */
+    kvc_result (*prefetch_pages)(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages);
+    kvc_result (*flush)(void *user);
 } kvc_page_hooks;
 
 /* Sizing: budget_bytes buys floor(budget_bytes / page_bytes) pages, where a page holds
@@ -429,9 +439,10 @@ typedef struct kvc_cache_config {
        quantized rows (mlx-lm's quantized_kv_start, KIVI's residual); the pages hold every
        token exactly as without a tail, so a token leaving the tail is quantized as it would
        be anyway. The f16 rows (f16_tail x n_layers rows of K and V) are part of the cache
-       object, from the pool's allocator, outside budget_bytes. Tokens a restore, load or
-       prefix lookup brings are read as stored until new tokens refill the tail; a fork
-       copies it. 0: off. Negative, or > 0 on a pool with no quantized type:
+       object, from the pool's allocator, outside budget_bytes. Tokens a restore or prefix
+       lookup brings are read as stored until new tokens refill the tail; a fork copies it,
+       and kvc_cache_save / kvc_memory_save save it (a TAIL section: attention after the
+       load is bit-identical; a target with a shorter tail keeps the newest tokens). 0: off. Negative, or > 0 on a pool with no quantized type:
        KVC_ERR_INVALID; CAUSAL, RECURRENT or device-backed pools: KVC_ERR_UNSUPPORTED
        (field "f16_tail"). */
     int32_t f16_tail;
@@ -9987,6 +9998,7 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
 #define KVC__CONF_BYTES 80u
 #define KVC__META_BYTES 24u
 #define KVC__CONF_CKPT 1u          /* CONF word 15: the CKPT and CKDT sections follow KVDT */
+#define KVC__CONF_TAIL 2u          /* CONF word 15: a TAIL section (f16_tail rows) comes last */
 /* Pools with external data (a device backend) move K/V bytes through the hooks'
    read_pages / write_pages in chunks of at most this many bytes (at least one page). */
 #ifndef KVCACHE_IO_CHUNK
@@ -10282,47 +10294,86 @@ static int32_t kvc__io_chunk_pages(const kvc_pool *p, size_t *bytes) {
     return n;
 }
 
+/* A chunk of a save's cells for read_pages: layer l's K (kv 0) or V, the cells between
+   cursors start and end (kvc__cell_next's), on pages ids[0 .. n). */
+typedef struct kvc__io_chunk {
+    int32_t l, kv, start, end, n;
+} kvc__io_chunk;
+
+/* The chunk after *k into *out (its pages into ids, max_ids at most): the next cells of the
+   same layer and side, else the first of the next side or layer. 0 when there is none. */
+static int kvc__io_chunk_after(const kvc__cellset *s, const kvc__io_chunk *k, kvc__io_chunk *out, uint32_t *ids,
+                               int32_t max_ids) {
+    int32_t j, slot;
+    uint32_t page;
+    *out = *k;
+    out->start = k->end;
+    for (;;) {
+        out->n = 0;
+        for (j = out->end = out->start; kvc__cell_next(s, &j, &page, &slot); out->end = j)
+            if (out->n == 0 || ids[out->n - 1] != page) {
+                if (out->n == max_ids) break;
+                ids[out->n++] = page;
+            }
+        if (out->n > 0) return 1;
+        if (++out->kv == 2) {
+            out->kv = 0;
+            if (++out->l == s->c->pool->cfg.n_layers) return 0;
+        }
+        out->start = 0;
+    }
+}
+
 /* KVDT of a pool with external data: for each layer's K, then V, the pages of up to a
    chunk's worth of the cells come from read_pages into one buffer, then their rows are
-   written as the host path writes them. */
+   written as the host path writes them. The next chunk is announced (prefetch_pages)
+   before the current one is read, so a backend can move it while the host writes this
+   one; flush ends the run. */
 static void kvc__w_kv_external(kvc__wr *w, const kvc__cellset *s) {
     const kvc_pool *p = s->c->pool;
+    const kvc_page_hooks *h = &p->cfg.hooks;
     size_t bytes;
-    int32_t max_ids = kvc__io_chunk_pages(p, &bytes), l, kv;
-    uint32_t *ids = (uint32_t *)kvc__alloc((kvc_pool *)(uintptr_t)p, sizeof(uint32_t) * (size_t)max_ids + bytes), page;
-    unsigned char *buf = (unsigned char *)(ids + max_ids);
+    int32_t max_ids = kvc__io_chunk_pages(p, &bytes), j, k, slot, run_k = 0, run_slot = 0, run_n = 0, b = 0;
+    uint32_t *ids = (uint32_t *)kvc__alloc((kvc_pool *)(uintptr_t)p, 2 * sizeof(uint32_t) * (size_t)max_ids + bytes), page;
+    unsigned char *buf = (unsigned char *)(ids + 2 * max_ids);
+    kvc__io_chunk cur, next;
+    kvc_result e = KVC_OK;
+    int have;
     if (ids == NULL) { w->dev = KVC_ERR_NO_MEMORY; w->failed = 1; return; }
-    for (l = 0; l < p->cfg.n_layers && !w->failed; ++l)
-        for (kv = 0; kv < 2 && !w->failed; ++kv) {
-            size_t row = kv ? p->v_row : p->k_row, pbytes = row * (size_t)p->page_cells;
-            int32_t i = 0, j, n, k, slot, run_k = 0, run_slot = 0, run_n = 0;
-            for (;;) {
-                int32_t start = i;
-                kvc_result e;
-                for (n = 0, j = i; kvc__cell_next(s, &j, &page, &slot); i = j) /* the chunk's pages */
-                    if (n == 0 || ids[n - 1] != page) {
-                        if (n == max_ids) break;
-                        ids[n++] = page;
-                    }
-                if (n == 0 || w->failed) break;
-                if ((e = p->cfg.hooks.read_pages(p->cfg.hooks.user, l, kv, ids, n, buf)) != KVC_OK) {
-                    w->dev = e;
-                    w->failed = 1;
-                    break;
-                }
-                for (j = start, k = -1; j < i && kvc__cell_next(s, &j, &page, &slot);) { /* its cells again */
-                    if (k < 0 || ids[k] != page) k++;
-                    if (run_n > 0 && (k != run_k || slot != run_slot + run_n)) {
-                        kvc__w_bytes(w, buf + (size_t)run_k * pbytes + (size_t)run_slot * row, (size_t)run_n * row);
-                        run_n = 0;
-                    }
-                    if (run_n == 0) { run_k = k; run_slot = slot; }
-                    run_n++;
-                }
-                if (run_n > 0) kvc__w_bytes(w, buf + (size_t)run_k * pbytes + (size_t)run_slot * row, (size_t)run_n * row);
+    memset(&cur, 0, sizeof(cur));
+    have = kvc__io_chunk_after(s, &cur, &cur, ids, max_ids);
+    if (have && h->prefetch_pages != NULL) e = h->prefetch_pages(h->user, cur.l, cur.kv, ids, cur.n);
+    while (have && e == KVC_OK && !w->failed) {
+        uint32_t *cur_ids = ids + (size_t)b * (size_t)max_ids;
+        size_t row = cur.kv ? p->v_row : p->k_row, pbytes = row * (size_t)p->page_cells;
+        int more = kvc__io_chunk_after(s, &cur, &next, ids + (size_t)(1 - b) * (size_t)max_ids, max_ids);
+        if (more && h->prefetch_pages != NULL &&
+            (e = h->prefetch_pages(h->user, next.l, next.kv, ids + (size_t)(1 - b) * (size_t)max_ids, next.n)) != KVC_OK)
+            break;
+        if ((e = h->read_pages(h->user, cur.l, cur.kv, cur_ids, cur.n, buf)) != KVC_OK) break;
+        for (j = cur.start, k = -1; j < cur.end && kvc__cell_next(s, &j, &page, &slot);) { /* its cells again */
+            if (k < 0 || cur_ids[k] != page) k++;
+            if (run_n > 0 && (k != run_k || slot != run_slot + run_n)) {
+                kvc__w_bytes(w, buf + (size_t)run_k * pbytes + (size_t)run_slot * row, (size_t)run_n * row);
                 run_n = 0;
             }
+            if (run_n == 0) { run_k = k; run_slot = slot; }
+            run_n++;
         }
+        if (run_n > 0) kvc__w_bytes(w, buf + (size_t)run_k * pbytes + (size_t)run_slot * row, (size_t)run_n * row);
+        run_n = 0;
+        cur = next;
+        b = 1 - b;
+        have = more;
+    }
+    if (h->flush != NULL) { /* also after a failure: nothing of the save stays in flight */
+        kvc_result f = h->flush(h->user);
+        if (e == KVC_OK) e = f;
+    }
+    if (e != KVC_OK && !w->failed) {
+        w->dev = e;
+        w->failed = 1;
+    }
     kvc__free((kvc_pool *)(uintptr_t)p, ids);
 }
 
@@ -10483,6 +10534,21 @@ static kvc_result kvc__check_io(const kvc_io *io, int writing) {
     return kvc__little_endian() ? KVC_OK : KVC_ERR_UNSUPPORTED;
 }
 
+/* TAIL: the f16_tail rows of tokens [lo, hi): u32 lo, u32 hi, then layer by layer the K
+   rows of those tokens, then their V rows (in the tail's types). */
+static void kvc__w_tail(kvc__wr *w, const kvc_cache *c, int32_t lo, int32_t hi) {
+    int32_t l, t;
+    size_t n = (size_t)(hi - lo);
+    kvc__w_section(w, KVC__TAG('T', 'A', 'I', 'L'), 8 + (uint64_t)c->pool->cfg.n_layers * n * (c->tail_krow + c->tail_vrow));
+    kvc__w_u32(w, (uint32_t)lo);
+    kvc__w_u32(w, (uint32_t)hi);
+    for (l = 0; l < c->pool->cfg.n_layers; ++l) {
+        for (t = lo; t < hi; ++t) kvc__w_bytes(w, kvc__tail_k(c, l) + (size_t)(t % c->cfg.f16_tail) * c->tail_krow, c->tail_krow);
+        for (t = lo; t < hi; ++t) kvc__w_bytes(w, kvc__tail_v(c, l) + (size_t)(t % c->cfg.f16_tail) * c->tail_vrow, c->tail_vrow);
+    }
+    kvc__w_end(w);
+}
+
 static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_namespace ns, const int32_t *tokens,
                             int32_t n_tokens, const kvc_io *io) {
     kvc__wr w;
@@ -10494,6 +10560,8 @@ static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_
         kvc__settle((kvc_cache *)(uintptr_t)c); /* the ended batch's checkpoints: no visible change */
         if (c->n_ckpt > 0) flags = KVC__CONF_CKPT;
     }
+    if (what == KVC__WHAT_CACHE && c->tail != NULL && KVC__MIN(c->tail_hi, c->offset) > c->tail_lo)
+        flags |= KVC__CONF_TAIL; /* the f16 rows attention reads for the newest tokens */
     memset(&set, 0, sizeof(set));
     set.c = c;
     set.seq = seq;
@@ -10518,6 +10586,7 @@ static kvc_result kvc__save(const kvc_cache *c, uint32_t what, int32_t seq, kvc_
     kvc__w_cells(&w, &set, c->cfg.kind == KVC_KIND_CAUSAL && what == KVC__WHAT_CACHE);
     kvc__w_kv(&w, &set, KVC__TAG('K', 'V', 'D', 'T'));
     if (flags & KVC__CONF_CKPT) kvc__w_ckpts(&w, c);
+    if (flags & KVC__CONF_TAIL) kvc__w_tail(&w, c, c->tail_lo, KVC__MIN(c->tail_hi, c->offset));
     if (w.dev != KVC_OK) return w.dev;
     return w.failed ? KVC_ERR_IO : KVC_OK;
 }
@@ -10602,7 +10671,7 @@ typedef struct kvc__saved {
     kvc_cache_config cc;       /* kind, window, sinks, capacity, max_seqs, chunk, padding */
     kvc_namespace ns;
     int32_t meta[6];           /* n_tokens, n_cells, then per kind (see kvc__save) */
-    uint32_t flags;            /* CONF word 15: KVC__CONF_CKPT */
+    uint32_t flags;            /* CONF word 15: KVC__CONF_CKPT, KVC__CONF_TAIL */
 } kvc__saved;
 
 /* Header, CONF and META, checked against the pool, the expected object and namespace. */
@@ -10633,7 +10702,7 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
     s->ns.model = kvc__le64(b);
     s->ns.salt = kvc__le64(b + 8);
     s->flags = f[15];
-    if (s->flags & ~KVC__CONF_CKPT) { kvc__r_fail(r, KVC_ERR_FORMAT); return; } /* a later format's */
+    if (s->flags & ~(KVC__CONF_CKPT | KVC__CONF_TAIL)) { kvc__r_fail(r, KVC_ERR_FORMAT); return; } /* a later format's */
     if (s->shape[0] != p->cfg.n_layers || s->shape[1] != p->cfg.n_kv_heads || s->shape[2] != p->cfg.head_dim_k ||
         s->shape[3] != p->cfg.head_dim_v || s->shape[4] != (int32_t)p->cfg.type_k ||
         s->shape[5] != (int32_t)p->cfg.type_v || s->shape[6] != p->page_cells || !kvc__ns_equal(s->ns, ns) ||
@@ -10645,6 +10714,12 @@ static void kvc__r_head(kvc__rd *r, const kvc_pool *p, uint32_t what, kvc_namesp
     if ((s->flags & KVC__CONF_CKPT) && (s->what != KVC__WHAT_CACHE || (s->cc.kind != KVC_KIND_ROTATING &&
                                                                       s->cc.kind != KVC_KIND_RECURRENT))) {
         kvc__r_fail(r, KVC_ERR_CORRUPT); /* only these have checkpoints */
+        return;
+    }
+    if ((s->flags & KVC__CONF_TAIL) && (s->what != KVC__WHAT_CACHE || (s->cc.kind != KVC_KIND_FULL &&
+                                                                      s->cc.kind != KVC_KIND_ROTATING) ||
+                                        (!kvc__type_quantized(p->cfg.type_k) && !kvc__type_quantized(p->cfg.type_v)))) {
+        kvc__r_fail(r, KVC_ERR_CORRUPT); /* only these have an f16_tail */
         return;
     }
     kvc__r_section(r, KVC__TAG('M', 'E', 'T', 'A'), KVC__META_BYTES);
@@ -10706,8 +10781,9 @@ static int32_t kvc__rows_of(const kvc_pool *p, const int32_t *cells, int32_t n_c
 }
 
 /* Rows into pages of a pool with external data: up to a chunk of pages at a time read
-   into one buffer (the rest of each page zero), then handed to write_pages. The pages
-   are fresh ones of the load: a failing checksum later leaves nothing behind. */
+   into one buffer (the rest of each page zero), then handed to write_pages (which may
+   return before the bytes land: flush ends the run). The pages are fresh ones of the
+   load: a failing checksum later leaves nothing behind. */
 static void kvc__r_rows_external(kvc__rd *r, kvc_pool *p, const uint32_t *pages, const int32_t *cells,
                                  int32_t n_pages, int32_t n_cells) {
     size_t bytes;
@@ -10728,6 +10804,10 @@ static void kvc__r_rows_external(kvc__rd *r, kvc_pool *p, const uint32_t *pages,
                 if (r->err == KVC_OK && (e = p->cfg.hooks.write_pages(p->cfg.hooks.user, l, kv, pages + j0, n, buf)) != KVC_OK)
                     kvc__r_fail(r, e);
             }
+    if (p->cfg.hooks.flush != NULL) { /* the writes still in flight land (or fail the load) */
+        kvc_result e = p->cfg.hooks.flush(p->cfg.hooks.user);
+        if (e != KVC_OK && r->err == KVC_OK) kvc__r_fail(r, e);
+    }
     kvc__free(p, buf);
 }
 
@@ -11080,6 +11160,48 @@ static kvc_result kvc__load_recurrent(kvc_cache *c, kvc_namespace ns, const kvc_
 static kvc_result kvc__load_causal(kvc_cache *c, kvc_namespace ns, const kvc_io *io, int32_t **tokens,
                                    int32_t max_tokens, int32_t *n_tokens);
 
+/* TAIL of a cache of `off` tokens into *ring (c->tail's size, from the pool's allocator)
+   and [*lo, *hi): the newest tokens that c's own f16_tail holds; all of it is read (and
+   checked), and a cache without a tail keeps none (*ring NULL). */
+static void kvc__r_tail(kvc__rd *r, const kvc_cache *c, int32_t off, unsigned char **ring, int32_t *lo, int32_t *hi) {
+    const kvc_pool *p = c->pool;
+    size_t krow = kvc__tail_row(p, 1), vrow = kvc__tail_row(p, 0), row;
+    unsigned char *scratch;
+    int32_t l, t, kv, keep;
+    kvc__r_section_any(r, KVC__TAG('T', 'A', 'I', 'L'));
+    *lo = (int32_t)kvc__r_u32(r);
+    *hi = (int32_t)kvc__r_u32(r);
+    if (r->err != KVC_OK) return;
+    if (*lo < 0 || *hi <= *lo || *hi > off ||
+        r->left != (uint64_t)p->cfg.n_layers * (uint64_t)(*hi - *lo) * (krow + vrow)) {
+        kvc__r_fail(r, KVC_ERR_CORRUPT);
+        return;
+    }
+    keep = c->tail != NULL ? KVC__MAX(*lo, *hi - c->cfg.f16_tail) : *hi; /* the tokens kept: [keep, hi) */
+    scratch = (unsigned char *)kvc__alloc((kvc_pool *)(uintptr_t)p, KVC__MAX(krow, vrow) +
+                                          (c->tail != NULL ? (size_t)c->cfg.f16_tail * (size_t)p->cfg.n_layers * (krow + vrow) : 0));
+    if (scratch == NULL) { kvc__r_fail(r, KVC_ERR_NO_MEMORY); return; }
+    *ring = c->tail != NULL ? scratch + KVC__MAX(krow, vrow) : NULL;
+    if (*ring != NULL) memset(*ring, 0, (size_t)c->cfg.f16_tail * (size_t)p->cfg.n_layers * (krow + vrow));
+    for (l = 0; l < p->cfg.n_layers; ++l)
+        for (kv = 0; kv < 2; ++kv)
+            for (t = *lo, row = kv ? vrow : krow; t < *hi; ++t) {
+                unsigned char *dst = scratch;
+                if (t >= keep && *ring != NULL)
+                    dst = *ring + (size_t)l * (size_t)c->cfg.f16_tail * (krow + vrow) +
+                          (kv ? (size_t)c->cfg.f16_tail * krow : 0) + (size_t)(t % c->cfg.f16_tail) * row;
+                kvc__r_bytes(r, dst, row);
+            }
+    kvc__r_end(r);
+    *lo = keep;
+    if (*ring == NULL || r->err != KVC_OK) {
+        kvc__free((kvc_pool *)(uintptr_t)p, scratch);
+        *ring = NULL;
+    } else {
+        *ring = scratch; /* the caller frees it: the ring is at scratch + max(krow, vrow) */
+    }
+}
+
 /* Load entry points end here: release what is staged, finish the io. */
 static kvc_result kvc__load_end(const kvc_io *io, kvc_pool *p, kvc__staged *st, kvc_result r) {
     if (p != NULL) kvc__staged_free(p, st);
@@ -11094,6 +11216,8 @@ static kvc_result kvc__cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *
     kvc__rd r;
     kvc__staged st;
     kvc__ckload ck;
+    unsigned char *tail = NULL; /* a TAIL section's rows for c's tail */
+    int32_t tail_lo = 0, tail_hi = 0;
     if (tokens != NULL) *tokens = NULL;
     if (kvc__is_causal(c)) return kvc__load_causal(c, ns, io, tokens, max_tokens, n_tokens);
     if (kvc__is_recurrent(c)) return kvc__load_recurrent(c, ns, io, tokens, max_tokens, n_tokens);
@@ -11105,10 +11229,19 @@ static kvc_result kvc__cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *
     if (r.err == KVC_ERR_RANGE) *n_tokens = st.s.meta[0];
     if (r.err == KVC_OK && (st.s.flags & KVC__CONF_CKPT))
         kvc__r_ckpts(&r, c, st.pages, st.n_pages, st.s.meta[2], st.s.meta[4], &ck);
+    if (r.err == KVC_OK && (st.s.flags & KVC__CONF_TAIL))
+        kvc__r_tail(&r, c, st.s.meta[2], &tail, &tail_lo, &tail_hi);
     if (r.err == KVC_OK) /* room for the pages and every checkpoint's (kvc__pages_wanted) */
         r.err = kvc__page_table_reserve(c, KVC__MAX(st.s.meta[5], kvc__chain_pages(ck.chain)));
     if (r.err == KVC_OK) {
         kvc__install_linear(c, &st);
+        if (tail != NULL) { /* the f16 rows of the newest tokens, as saved */
+            size_t krow = kvc__tail_row(c->pool, 1), vrow = kvc__tail_row(c->pool, 0);
+            memcpy(c->tail, tail + KVC__MAX(krow, vrow),
+                   (size_t)c->cfg.f16_tail * (size_t)c->pool->cfg.n_layers * (c->tail_krow + c->tail_vrow));
+            c->tail_lo = tail_lo;
+            c->tail_hi = tail_hi;
+        }
         kvc__pend_drop(c);
         kvc__ckpt_install(c, ck.chain); /* the saved checkpoints (none: the old ones go) */
         ck.chain = NULL;
@@ -11117,6 +11250,7 @@ static kvc_result kvc__cache_load(kvc_cache *c, kvc_namespace ns, const kvc_io *
     }
     kvc__ckload_free(c->pool, &ck);
     kvc__staged_free(c->pool, &st);
+    kvc__free(c->pool, tail);
     return r.err;
 }
 
@@ -11479,6 +11613,12 @@ static void kvc__cache_move(kvc_cache *dst, kvc_cache *src) {
     }
     dst->n_ckpt = src->n_ckpt;
     src->n_ckpt = 0;
+    if (dst->tail != NULL && src->tail != NULL) { /* the same config: the same ring */
+        memcpy(dst->tail, src->tail, (size_t)dst->cfg.f16_tail * (size_t)dst->pool->cfg.n_layers *
+                                         (dst->tail_krow + dst->tail_vrow));
+        dst->tail_lo = src->tail_lo;
+        dst->tail_hi = src->tail_hi;
+    }
     src->n_pages = 0;
     src->first_lpage = src->n_sink_pages;
     src->offset = 0;

@@ -409,12 +409,16 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    same file format with the same checks: a file made on the CPU loads on the device and
    the other way round, bit-exact (K/V bytes, states, checkpoints). The bytes go through
    host memory KVCACHE_IO_CHUNK bytes (8 MiB) at a time, each chunk one command buffer on
-   the context's queue (the pool's queued page events replayed first) that the call
-   submits and waits for: a save must have the bytes on the host before it writes them
-   (kvc_vk_cmd_gather and kvc_vk_state_read leave that wait to you; a stream cannot). So
-   call them once every command buffer recorded for the pool has been submitted and has
-   finished, and not while another thread uses the queue. A load writes only into the
-   fresh pages it takes: a damaged or truncated file changes nothing. */
+   the context's queue (the pool's queued page events replayed first), through two
+   staging buffers of the context's (host-visible, host-cached where the device has it;
+   made at its first save or load, 2 x KVCACHE_IO_CHUNK at most, freed with the context):
+   the copy of one chunk runs while the host converts and writes or reads the other, and
+   the call waits for the last before it returns (a save must have the bytes on the host
+   before it writes them; kvc_vk_cmd_gather and kvc_vk_state_read leave that wait to you,
+   a stream cannot). So call them once every command buffer recorded for the pool has
+   been submitted and has finished, and not while another thread uses the queue. A load
+   writes only into the fresh pages it takes: a damaged or truncated file changes
+   nothing. */
 
 /* ---- Helpers for tools, tests and benchmarks (#define KVCACHE_VK_HELPERS) ---------- */
 /* Optional: #define KVCACHE_VK_HELPERS where kvcache_vk.h is included (and where its
@@ -620,6 +624,8 @@ struct kvc_vk_context {
     PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger;
     VkCommandPool cmd_pool;    /* one-time command buffers', made on first use */
     VkFence fence;
+    struct kvc_vk__stage *stage; /* saves' and loads' two staging halves, made on first use */
+    int stage_next;            /* the half the next chunk takes */
     VkPhysicalDeviceProperties props;
     VkPhysicalDeviceMemoryProperties mem;
     uint32_t subgroup_size;
@@ -748,8 +754,12 @@ static kvc_vk_context *kvc_vk__context_new(const kvc_allocator *given) {
     return c;
 }
 
+typedef struct kvc_vk__stage kvc_vk__stage;
+static void kvc_vk__stage_release(kvc_vk_context *c);
+
 static void kvc_vk__context_release(kvc_vk_context *c) {
     if (c->device) {
+        kvc_vk__stage_release(c);
         if (c->fence && c->fn.vkDestroyFence) c->fn.vkDestroyFence(c->device, c->fence, c->vk_alloc);
         if (c->cmd_pool && c->fn.vkDestroyCommandPool) c->fn.vkDestroyCommandPool(c->device, c->cmd_pool, c->vk_alloc);
         if (c->owns && c->fn.vkDestroyDevice) c->fn.vkDestroyDevice(c->device, c->vk_alloc);
@@ -843,6 +853,8 @@ static void kvc_vk__buf_destroy(const kvc_vk_context *c, kvc_vk__buf *b) {
     memset(b, 0, sizeof(*b));
 }
 
+/* host: 0 device-local memory, 1 host-visible (mapped, coherent), 2 host-visible and read
+   back by the host (cached memory where the device has it) */
 static kvc_result kvc_vk__buf_create(kvc_vk_context *c, VkDeviceSize size, VkBufferUsageFlags usage, int host,
                                      kvc_vk__buf *b) {
     VkBufferCreateInfo bi;
@@ -865,6 +877,13 @@ static kvc_result kvc_vk__buf_create(kvc_vk_context *c, VkDeviceSize size, VkBuf
         return r;
     }
     c->fn.vkGetBufferMemoryRequirements(c->device, b->buffer, &req);
+    if (host == 2) /* read back by the host too: cached memory first (uncached, write-combined
+                      memory reads at about 1 GB/s) */
+        for (i = 0; i < c->mem.memoryTypeCount && type == UINT32_MAX; ++i)
+            if ((req.memoryTypeBits & (1u << i)) &&
+                (c->mem.memoryTypes[i].propertyFlags & (want | VK_MEMORY_PROPERTY_HOST_CACHED_BIT)) ==
+                    (want | VK_MEMORY_PROPERTY_HOST_CACHED_BIT))
+                type = i;
     for (i = 0; i < c->mem.memoryTypeCount && type == UINT32_MAX; ++i)
         if ((req.memoryTypeBits & (1u << i)) && (c->mem.memoryTypes[i].propertyFlags & want) == want) type = i;
     if (type == UINT32_MAX && !host) /* no device-local type (some software drivers): any */
@@ -1421,6 +1440,8 @@ static kvc_result kvc_vk__read_pages(void *user, int32_t layer, int v, const uin
                                      void *data);
 static kvc_result kvc_vk__write_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
                                       const void *data);
+static kvc_result kvc_vk__prefetch_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages);
+static kvc_result kvc_vk__flush(void *user);
 
 /* The hooks a host pool of p reports to. */
 static kvc_page_hooks kvc_vk__hooks(kvc_vk_pool *p) {
@@ -1431,6 +1452,8 @@ static kvc_page_hooks kvc_vk__hooks(kvc_vk_pool *p) {
     h.external_data = 1;
     h.read_pages = kvc_vk__read_pages; /* saves and loads */
     h.write_pages = kvc_vk__write_pages;
+    h.prefetch_pages = kvc_vk__prefetch_pages; /* the next chunk's copy runs while the host writes one */
+    h.flush = kvc_vk__flush;
     return h;
 }
 
@@ -2541,11 +2564,11 @@ KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *vm, VkCommandBuffer cmd)
    kvc_cache_save / _load, kvc_seq_*, kvc_memory_* and kvc_radix_* on the host objects of
    device pools reach the pages through the hooks' read_pages / write_pages: whole pages
    of one layer's K or V, at most KVCACHE_IO_CHUNK bytes a call (kvcache.h asks for no
-   more), staged through a host-visible buffer of that size in one command buffer on the
-   context's queue that the call waits for (a read_back of data must reach the host
-   before the save can write it; gather and state reads leave that wait to the caller,
-   a stream cannot). The pool's queued page events are replayed first, in the same
-   command buffer. */
+   more), staged through the context's two staging halves, one command buffer per chunk
+   on the context's queue (the pool's queued page events replayed first, in the same
+   command buffer). A save announces each chunk (prefetch_pages) before it reads it, so
+   the next chunk's copy runs while the host writes the current one; a load's
+   write_pages returns once its copy is submitted; flush waits for both halves. */
 
 /* The command pool and fence of one-time command buffers (saves and loads, the helpers'
    kvc_vk_begin / kvc_vk_submit_wait), made on first use. */
@@ -2628,34 +2651,106 @@ static void kvc_vk__page_at(const kvc_vk_pool *p, int32_t layer, int v, uint32_t
     *offset = (VkDeviceSize)page * (VkDeviceSize)p->page_cells * (v ? p->v_row : p->k_row);
 }
 
-/* n pages between the device and data (kvcache.h's layout), up = 1: into the device. */
-static kvc_result kvc_vk__move_pages(kvc_vk_pool *p, int32_t layer, int v, const uint32_t *pages, int32_t n,
-                                     void *data, int up) {
+/* Staging: two halves of the context's, each a host-visible buffer (host-cached memory
+   where the device has it: a save reads it back on the host, and uncached write-combined
+   memory reads at about 1 GB/s), a fence and the one copy it has in flight. Made on first
+   use as large as the largest chunk asked for (KVCACHE_IO_CHUNK at most: 2 x 8 MiB) and
+   kept until the context is destroyed. A save announces its chunks (prefetch_pages): the
+   copy of the next one runs while the host converts and writes the current one. A load's
+   write_pages returns once its copy is submitted, the other half taking the next chunk;
+   flush waits for both. */
+struct kvc_vk__stage {
+    kvc_vk__buf buf;
+    VkFence fence;
+    VkCommandBuffer cmd;   /* the copy in flight; VK_NULL_HANDLE: idle */
+    kvc_vk_pool *pool;     /* whose pages it moves */
+    int up, had_events;    /* a write into the pages; page events were replayed in cmd */
+    int32_t layer, v, n;   /* a read's pages, to match read_pages to its prefetch */
+    uint32_t *ids;
+    int32_t cap_ids;
+};
+
+/* Waits for s's copy (if any): the result of that copy. A failed one whose command buffer
+   replayed page events leaves its pool failed (they may not have run). */
+static kvc_result kvc_vk__stage_wait(kvc_vk_context *c, kvc_vk__stage *s) {
+    kvc_result r;
+    if (s->cmd == VK_NULL_HANDLE) return KVC_OK;
+    r = kvc_vk__vr(c->fn.vkWaitForFences(c->device, 1, &s->fence, VK_TRUE, UINT64_MAX));
+    c->fn.vkResetFences(c->device, 1, &s->fence);
+    c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &s->cmd);
+    s->cmd = VK_NULL_HANDLE;
+    if (r != KVC_OK && s->had_events) s->pool->failed = 1;
+    return r;
+}
+
+static void kvc_vk__stage_release(kvc_vk_context *c) {
+    int i;
+    if (c->stage == NULL) return;
+    for (i = 0; i < 2; ++i) {
+        kvc_vk__stage *s = &c->stage[i];
+        (void)kvc_vk__stage_wait(c, s);
+        if (s->fence) c->fn.vkDestroyFence(c->device, s->fence, c->vk_alloc);
+        kvc_vk__buf_destroy(c, &s->buf);
+        kvc_vk__free(&c->alloc, s->ids);
+    }
+    kvc_vk__free(&c->alloc, c->stage);
+    c->stage = NULL;
+}
+
+/* Half s, idle, with room for `bytes` and n page ids. */
+static kvc_result kvc_vk__stage_ready(kvc_vk_context *c, kvc_vk__stage *s, VkDeviceSize bytes, int32_t n) {
+    kvc_result r;
+    if ((r = kvc_vk__stage_wait(c, s)) != KVC_OK) return r;
+    if (s->fence == VK_NULL_HANDLE) {
+        VkFenceCreateInfo fi;
+        memset(&fi, 0, sizeof(fi));
+        fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+        if ((r = kvc_vk__vr(c->fn.vkCreateFence(c->device, &fi, c->vk_alloc, &s->fence))) != KVC_OK) {
+            s->fence = VK_NULL_HANDLE;
+            return r;
+        }
+    }
+    if (s->buf.size < bytes) {
+        kvc_vk__buf_destroy(c, &s->buf);
+        if ((r = kvc_vk__buf_create(c, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, 2,
+                                    &s->buf)) != KVC_OK)
+            return r;
+    }
+    if (s->cap_ids < n) {
+        uint32_t *ids = (uint32_t *)kvc_vk__alloc(&c->alloc, sizeof(uint32_t) * (size_t)n);
+        if (ids == NULL) return KVC_ERR_NO_MEMORY;
+        kvc_vk__free(&c->alloc, s->ids);
+        s->ids = ids;
+        s->cap_ids = n;
+    }
+    return KVC_OK;
+}
+
+/* Records the copy of n pages of layer's K (v = 0) or V between the device and half s (up
+   = 1: into the device; the pool's queued page events first) and submits it with s's
+   fence, without waiting. */
+static kvc_result kvc_vk__stage_start(kvc_vk_pool *p, kvc_vk__stage *s, int32_t layer, int v, const uint32_t *pages,
+                                      int32_t n, int up) {
     kvc_vk_context *c = p->ctx;
     VkDeviceSize page_bytes = (VkDeviceSize)p->page_cells * (v ? p->v_row : p->k_row);
     VkBuffer buf = VK_NULL_HANDLE, at = VK_NULL_HANDLE;
     VkCommandBuffer cmd;
-    kvc_vk__buf st;
+    VkSubmitInfo si;
+    VkMemoryBarrier mb;
     int32_t i, n_rg = 0, had_events = p->n_events > 0;
     kvc_result r;
-    if (p->state_floats && v) { /* a state page's V row holds nothing: zero, as on the host */
-        if (!up) memset(data, 0, (size_t)(page_bytes * (VkDeviceSize)n));
-        return KVC_OK;
-    }
-    if (p->failed) return KVC_ERR_NO_MEMORY;
     if ((r = kvc_vk__ensure_regions(p, (size_t)n)) != KVC_OK) return r;
-    if ((r = kvc_vk__buf_create(c, page_bytes * (VkDeviceSize)n, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, 1,
-                                &st)) != KVC_OK)
-        return r;
-    if (up && p->state_floats) memcpy(st.mapped, data, (size_t)(page_bytes * (VkDeviceSize)n)); /* f32 states */
-    else if (up) kvc_vk_pool_convert_pages(p, v, 1, data, st.mapped, n);
-    if ((r = kvc_vk__once_begin(c, &cmd)) != KVC_OK) { kvc_vk__buf_destroy(c, &st); return r; }
+    for (i = 0; i < 2 && p->n_old > 0; ++i) /* an event of a grow the other half recorded is set
+                                                before its command buffer ends: done with it
+                                                before the sync below frees that event */
+        if (&c->stage[i] != s && c->stage[i].pool == p && (r = kvc_vk__stage_wait(c, &c->stage[i])) != KVC_OK) return r;
+    if ((r = kvc_vk__once_begin(c, &cmd)) != KVC_OK) return r;
     r = kvc_vk_cmd_sync(p, cmd); /* the queued page events first (and a barrier) */
     for (i = 0; i <= n && r == KVC_OK; ++i) { /* runs of pages in one buffer, one copy each */
         VkDeviceSize off = 0;
         if (i < n) kvc_vk__page_at(p, layer, v, pages[i], &at, &off);
         if (n_rg > 0 && (i == n || at != buf)) {
-            c->fn.vkCmdCopyBuffer(cmd, up ? st.buffer : buf, up ? buf : st.buffer, (uint32_t)n_rg, p->regions);
+            c->fn.vkCmdCopyBuffer(cmd, up ? s->buf.buffer : buf, up ? buf : s->buf.buffer, (uint32_t)n_rg, p->regions);
             n_rg = 0;
         }
         if (i == n) break;
@@ -2666,22 +2761,124 @@ static kvc_result kvc_vk__move_pages(kvc_vk_pool *p, int32_t layer, int v, const
         n_rg++;
     }
     kvc_vk__barrier(c, cmd);
-    if (r == KVC_OK) r = kvc_vk__once_submit(c, cmd); /* waits; frees cmd */
-    else c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
-    if (r != KVC_OK && had_events) p->failed = 1; /* replayed events may not have run */
-    if (r == KVC_OK && !up && p->state_floats) memcpy(data, st.mapped, (size_t)(page_bytes * (VkDeviceSize)n));
-    else if (r == KVC_OK && !up) kvc_vk_pool_convert_pages(p, v, 0, st.mapped, data, n);
-    kvc_vk__buf_destroy(c, &st);
-    return r;
+    memset(&mb, 0, sizeof(mb)); /* the copy becomes visible to the host once the fence signals */
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+    c->fn.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL,
+                               0, NULL);
+    if (r == KVC_OK) r = kvc_vk__vr(c->fn.vkEndCommandBuffer(cmd));
+    if (r == KVC_OK) {
+        memset(&si, 0, sizeof(si));
+        si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+        si.commandBufferCount = 1;
+        si.pCommandBuffers = &cmd;
+        r = kvc_vk__vr(c->fn.vkQueueSubmit(c->queue, 1, &si, s->fence));
+    }
+    if (r != KVC_OK) {
+        c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
+        if (had_events) p->failed = 1; /* replayed events may not have run */
+        return r;
+    }
+    s->cmd = cmd;
+    s->pool = p;
+    s->up = up;
+    s->had_events = had_events;
+    s->layer = layer;
+    s->v = v;
+    s->n = n;
+    memcpy(s->ids, pages, sizeof(uint32_t) * (size_t)n);
+    return KVC_OK;
 }
 
-static kvc_result kvc_vk__read_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
-                                     void *data) {
-    return kvc_vk__move_pages((kvc_vk_pool *)user, layer, v, pages, n_pages, data, 0);
+/* The context's staging halves, made on first use. */
+static kvc_result kvc_vk__stage_get(kvc_vk_context *c) {
+    kvc_result r;
+    if ((r = kvc_vk__once_ready(c)) != KVC_OK) return r;
+    if (c->stage == NULL) {
+        c->stage = (kvc_vk__stage *)kvc_vk__alloc(&c->alloc, 2 * sizeof(kvc_vk__stage));
+        if (c->stage == NULL) return KVC_ERR_NO_MEMORY;
+        memset(c->stage, 0, 2 * sizeof(kvc_vk__stage));
+    }
+    return KVC_OK;
 }
-static kvc_result kvc_vk__write_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
+
+static kvc_result kvc_vk__prefetch_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n) {
+    kvc_vk_pool *p = (kvc_vk_pool *)user;
+    kvc_vk_context *c = p->ctx;
+    VkDeviceSize page_bytes = (VkDeviceSize)p->page_cells * (v ? p->v_row : p->k_row);
+    kvc_vk__stage *s;
+    kvc_result r;
+    if ((p->state_floats && v) || p->failed) return KVC_OK; /* nothing to move; read_pages tells */
+    if ((r = kvc_vk__stage_get(c)) != KVC_OK) return r;
+    s = &c->stage[c->stage_next];
+    if (s->cmd != VK_NULL_HANDLE) return KVC_OK; /* both halves busy: a hint dropped */
+    c->stage_next ^= 1;
+    if ((r = kvc_vk__stage_ready(c, s, page_bytes * (VkDeviceSize)n, n)) != KVC_OK) return r;
+    return kvc_vk__stage_start(p, s, layer, v, pages, n, 0);
+}
+
+static kvc_result kvc_vk__read_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n,
+                                     void *data) {
+    kvc_vk_pool *p = (kvc_vk_pool *)user;
+    kvc_vk_context *c = p->ctx;
+    VkDeviceSize page_bytes = (VkDeviceSize)p->page_cells * (v ? p->v_row : p->k_row);
+    kvc_vk__stage *s = NULL;
+    kvc_result r;
+    int i;
+    if (p->state_floats && v) { /* a state page's V row holds nothing: zero, as on the host */
+        memset(data, 0, (size_t)(page_bytes * (VkDeviceSize)n));
+        return KVC_OK;
+    }
+    if (p->failed) return KVC_ERR_NO_MEMORY;
+    if ((r = kvc_vk__stage_get(c)) != KVC_OK) return r;
+    for (i = 0; i < 2 && s == NULL; ++i) { /* the copy a prefetch started */
+        kvc_vk__stage *t = &c->stage[i];
+        if (t->cmd != VK_NULL_HANDLE && !t->up && t->pool == p && t->layer == layer && t->v == v && t->n == n &&
+            memcmp(t->ids, pages, sizeof(uint32_t) * (size_t)n) == 0)
+            s = t;
+    }
+    if (s == NULL) { /* none: both halves drained, the copy made here */
+        if ((r = kvc_vk__stage_wait(c, &c->stage[1 - c->stage_next])) != KVC_OK) return r;
+        s = &c->stage[c->stage_next];
+        if ((r = kvc_vk__stage_ready(c, s, page_bytes * (VkDeviceSize)n, n)) != KVC_OK ||
+            (r = kvc_vk__stage_start(p, s, layer, v, pages, n, 0)) != KVC_OK)
+            return r;
+        c->stage_next ^= 1;
+    }
+    if ((r = kvc_vk__stage_wait(c, s)) != KVC_OK) return r;
+    if (p->state_floats) memcpy(data, s->buf.mapped, (size_t)(page_bytes * (VkDeviceSize)n)); /* f32 states */
+    else kvc_vk_pool_convert_pages(p, v, 0, s->buf.mapped, data, n);
+    return KVC_OK;
+}
+
+static kvc_result kvc_vk__write_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n,
                                       const void *data) {
-    return kvc_vk__move_pages((kvc_vk_pool *)user, layer, v, pages, n_pages, (void *)(uintptr_t)data, 1);
+    kvc_vk_pool *p = (kvc_vk_pool *)user;
+    kvc_vk_context *c = p->ctx;
+    VkDeviceSize page_bytes = (VkDeviceSize)p->page_cells * (v ? p->v_row : p->k_row);
+    kvc_vk__stage *s;
+    kvc_result r;
+    if (p->state_floats && v) return KVC_OK; /* nothing on the device */
+    if (p->failed) return KVC_ERR_NO_MEMORY;
+    if ((r = kvc_vk__stage_get(c)) != KVC_OK) return r;
+    s = &c->stage[c->stage_next]; /* its earlier copy waited for, the other one may run on */
+    if ((r = kvc_vk__stage_ready(c, s, page_bytes * (VkDeviceSize)n, n)) != KVC_OK) return r;
+    if (p->state_floats) memcpy(s->buf.mapped, data, (size_t)(page_bytes * (VkDeviceSize)n)); /* f32 states */
+    else kvc_vk_pool_convert_pages(p, v, 1, data, s->buf.mapped, n);
+    if ((r = kvc_vk__stage_start(p, s, layer, v, pages, n, 1)) != KVC_OK) return r;
+    c->stage_next ^= 1;
+    return KVC_OK;
+}
+
+/* The end of a save's or load's run: both halves idle (a prefetch nobody read dropped). */
+static kvc_result kvc_vk__flush(void *user) {
+    kvc_vk_context *c = ((kvc_vk_pool *)user)->ctx;
+    kvc_result r, r2;
+    if (c->stage == NULL) return KVC_OK;
+    r = kvc_vk__stage_wait(c, &c->stage[c->stage_next]); /* the older copy first */
+    r2 = kvc_vk__stage_wait(c, &c->stage[1 - c->stage_next]);
+    return r != KVC_OK ? r : r2;
 }
 
 KVCDEF kvc_result kvc_vk_memory_fit(kvc_vk_memory *vm) {

@@ -63,13 +63,15 @@
                  runs when q8_0, q4_0 and their +rot rows are all there)
    --f16-tail N  the q8_0 / q4_0 rows keep the newest N tokens of their FULL and
                  ROTATING groups in f16 (kvc_cache_config.f16_tail; not with --vk)
-   --vk          the Vulkan backend (kvcache_vk.h): K/V pages in device memory, append
-                 and attention on the GPU, everything else unchanged. A kvc_memory cannot
-                 take device pools yet, so with --vk each group is a cache of its own (a
-                 device pool per KV group; the conv states in a RECURRENT cache on a
-                 host state pool) driven by the same calls per cache (section 5). Needs
-                 a build with -DTINYLM_VK (Vulkan headers; the loader is opened at run
-                 time)
+   --vk          the Vulkan backend (kvcache_vk.h): the memory is a device memory
+                 (kvc_vk_memory_create: one budget for every group, K/V pages and conv
+                 states in device memory that follows use), append and attention on the
+                 GPU, everything else the same kvc_memory_* calls (section 5). Adds a
+                 save game mid-run per model (run_vk_saveload: saved to a temporary
+                 file, loaded into a fresh device memory, the continuation bit-identical
+                 to the uninterrupted run's) with the device bytes held. Radix turns and
+                 speculative runs stay on the CPU path. Needs a build with -DTINYLM_VK
+                 (Vulkan headers; the loader is opened at run time)
 
    Output: one table row per case x cache kind x storage type:
      rows      reference logits rows compared / rows in the file (rows at positions
@@ -82,7 +84,7 @@
      tok/s     tokens through the model per CPU second
      result    "ok" or "FAIL:" and why; causal rows add the cells in use at the end,
                hybrid rows the checkpoints every group can go back to
-   then one line per memory (--vk: per pool) with its peak use and a leak check after
+   then one line per memory with its peak use and a leak check after
    teardown; per model a summary of the quantized types over every kind and case,
    plain and rotated side by side (q8_0, q8_0+rot, q4_0, q4_0+rot: max|err|, rms err,
    greedy) with the rotation's checks (ROT_Q8_RATIO, ROT_Q4_RATIO); and a final
@@ -95,7 +97,7 @@
      2. helpers          files, errors, timing
      3. config.txt       the model's hyper-parameters and layer types
      4. safetensors      a minimal reader with a tiny JSON parser
-     5. the memory       the model's kvc_memory (--vk: a cache per group); begin /
+     5. the memory       the model's kvc_memory (--vk: on the device); begin /
                          cancel / attention / conv state / snapshot / restore / free
      6. the model        weights, math and the forward pass through the memory
      7. reference.txt    the test cases and their reference logits
@@ -246,14 +248,13 @@ static int32_t g_f16_tail = 0; /* --f16-tail */
 static int g_type_off[COUNT_OF(TYPES)]; /* --types: the storage types left out */
 
 #ifdef TINYLM_VK
-/* --vk: one device for the run, the session's device pool, host-visible buffers that
-   carry one layer's q, k, v and attention output between host and GPU */
+/* --vk: one device for the run, host-visible buffers that carry one layer's q, k, v
+   and attention output between host and GPU, and a conv state (a checkpoint's copy) */
 static struct {
     int on;
     kvc_vk_loader loader;
     kvc_vk_context *ctx;
-    kvc_vk_pool *pool;
-    kvc_vk_buffer q, k, v, out;
+    kvc_vk_buffer q, k, v, out, state;
 } g_vk;
 static kvc_vk_info g_vk_info;
 
@@ -265,8 +266,8 @@ static int vk_buffer(kvc_vk_buffer *b, size_t bytes) {
 
 /* kvc_put + kvc_attention of one layer on the GPU (one submission; a real engine would
    record every layer into one command buffer with its own kernels around these) */
-static kvc_result vk_put_attention(kvc_cache *cache, int32_t layer, const float *k, const float *v, size_t kv_floats,
-                                   const kvc_attention_desc *d, size_t q_floats, size_t out_floats) {
+static kvc_result vk_put_attention(kvc_vk_pool *pool, kvc_cache *cache, int32_t layer, const float *k, const float *v,
+                                   size_t kv_floats, const kvc_attention_desc *d, size_t q_floats, size_t out_floats) {
     VkCommandBuffer cmd;
     kvc_vk_tensor tk, tv;
     kvc_vk_attention_desc vd;
@@ -292,8 +293,8 @@ static kvc_result vk_put_attention(kvc_cache *cache, int32_t layer, const float 
     vd.window = d->window;
     vd.non_causal = d->non_causal;
     if ((r = kvc_vk_begin(g_vk.ctx, &cmd)) != KVC_OK) return r;
-    r = kvc_vk_cmd_append(g_vk.pool, cmd, cache, layer, &tk, &tv);
-    if (r == KVC_OK) r = kvc_vk_cmd_attention(g_vk.pool, cmd, cache, layer, &vd);
+    r = kvc_vk_cmd_append(pool, cmd, cache, layer, &tk, &tv);
+    if (r == KVC_OK) r = kvc_vk_cmd_attention(pool, cmd, cache, layer, &vd);
     if (r != KVC_OK) { kvc_vk_submit_wait(g_vk.ctx, cmd); return r; }
     if ((r = kvc_vk_submit_wait(g_vk.ctx, cmd)) != KVC_OK) return r;
     memcpy(d->out, g_vk.out.mapped, out_floats * 4);
@@ -878,12 +879,13 @@ static float *st_load(const st_file *f, const char *name, int ndim, const int *d
       of the past). On the CPU the groups are one kvc_memory: one budget, each call
       all or nothing across the groups, checkpoints named inside a batch, prefix reuse
       over every group (kvc_prefix_create_memory).
-      --vk: a kvc_memory cannot take device pools yet (kvcache_vk.h), so there each
-      group is a cache of its own - a device pool per KV group, the conv states on a
-      host state pool - and the memory calls this program makes are written out below
-      as loops over those caches (the library keeps the checkpoints, snapshots and
-      prefix reuse of each cache the same way). Only the memory_* functions of this
-      section know which of the two a session has.
+      --vk: the same memory on the device (kvc_vk_memory_create: one budget, each
+      group's pages in device memory that follows use, the conv states in a device
+      state pool), driven by the same kvc_memory_* calls on its host side; only the
+      per-layer data goes through kvcache_vk.h (append + attention per KV layer, the
+      conv state read, advanced on the host and written back, checkpoints handed over
+      with kvc_vk_cmd_state_checkpoint). Only memory_create / _free / _attention /
+      _state* know which of the two a session has.
    ================================================================================== */
 
 typedef struct mem_group {
@@ -893,15 +895,17 @@ typedef struct mem_group {
     int32_t n_layers;
     int32_t layers[MAX_LAYERS]; /* the model layers, in order */
     int32_t capacity;      /* CAUSAL: cells */
-    kvc_cache *cache;      /* CPU: the memory's (kvc_memory_group), --vk: its own */
-#ifdef TINYLM_VK
-    kvc_pool *pool;        /* --vk: the group's pool (a KV group: the device pool's host side) */
-    kvc_vk_pool *vk_pool;  /* --vk, KV groups: the device pool */
-#endif
+    kvc_cache *cache;      /* the memory's (kvc_memory_group) */
 } mem_group;
 
 typedef struct memory {
-    kvc_memory *mem;              /* CPU; NULL with --vk */
+    kvc_memory *mem;              /* --vk: the device memory's host side */
+#ifdef TINYLM_VK
+    kvc_vk_memory *vm;            /* --vk: the device memory; NULL on the CPU */
+    kvc_vk_tensor live;           /* --vk: the conv layer's live state memory_state read */
+    float *state;                 /* --vk: ... into this host copy (state floats) */
+    size_t state_floats;
+#endif
     int n;
     mem_group g[MAX_GROUPS];
     int32_t group_of[MAX_LAYERS]; /* model layer -> its group */
@@ -913,9 +917,8 @@ typedef struct memory {
 /* Every group's state at one position (a branch point). */
 typedef struct memory_snapshot {
     int32_t offset;                 /* the position it restores; -1: none held */
-    kvc_memory_snapshot *ms;        /* CPU (not for a CAUSAL group) */
-    kvc_snapshot *snap[MAX_GROUPS]; /* --vk: per group; a CAUSAL group (CPU too): its
-                                       kvc_seq_snapshot of sequence 0 */
+    kvc_memory_snapshot *ms;        /* not for a CAUSAL group */
+    kvc_snapshot *snap[MAX_GROUPS]; /* a CAUSAL group: its kvc_seq_snapshot of sequence 0 */
 } memory_snapshot;
 
 static void setup_rotating(kvc_cache_config *cc, const config *c, int32_t max_tokens, int32_t max_batch);
@@ -998,22 +1001,6 @@ static int memory_create(memory *M, const config *c, const kind_spec *ks, kvc_ty
         /* a causal cache applies its own window; the others get the layers' in desc.window */
         g->window = g->kind != KVC_KIND_CAUSAL && g->type == LAYER_SLIDING ? c->window : 0;
     }
-#ifdef TINYLM_VK
-    if (g_vk.on) { /* a pool and a cache per group: device pools for K/V */
-        for (int i = 0; i < M->n; ++i) {
-            mem_group *g = &M->g[i];
-            gc[i].pool.budget_bytes = BUDGET_BYTES;
-            if (g->kind == KVC_KIND_RECURRENT) {
-                KVC_CHECK(kvc_pool_create(&gc[i].pool, &g->pool));
-            } else { /* the same bookkeeping on the host, the pages on the GPU */
-                KVC_CHECK(kvc_vk_pool_create(g_vk.ctx, &gc[i].pool, NULL, &g->vk_pool));
-                g->pool = kvc_vk_pool_host(g->vk_pool);
-            }
-            KVC_CHECK(kvc_cache_create(g->pool, &gc[i].cache, &g->cache));
-        }
-        return 0;
-    }
-#endif
     {
         kvc_memory_config mc;
         const char *field = NULL;
@@ -1028,7 +1015,15 @@ static int memory_create(memory *M, const config *c, const kind_spec *ks, kvc_ty
             errorf("kvc_memory_config_check: %s (field %s)", kvc_strerror(r), field ? field : "?");
             goto fail;
         }
-        KVC_CHECK(kvc_memory_create(&mc, &M->mem));
+#ifdef TINYLM_VK
+        if (g_vk.on) { /* the same bookkeeping on the host, the pages and states on the GPU */
+            KVC_CHECK(kvc_vk_memory_create(g_vk.ctx, &mc, NULL, &M->vm));
+            M->mem = kvc_vk_memory_host(M->vm);
+            M->state_floats = (size_t)conv_state_floats(c);
+            if (M->state_floats && !(M->state = alloc_floats(M->state_floats))) goto fail;
+        } else
+#endif
+            KVC_CHECK(kvc_memory_create(&mc, &M->mem));
         for (int i = 0; i < M->n; ++i) KVC_CHECK(kvc_memory_group(M->mem, i, &M->g[i].cache));
         {
             kvc_memory_stats st; /* a CAUSAL cache has taken all its pages already */
@@ -1046,7 +1041,7 @@ fail:
    checking that nothing but its caches held pages: the memory cleared, the bytes in
    use those it had when created.
    (A snapshot still alive keeps a kvc_memory's pools alive after kvc_memory_destroy:
-   a leak the sanitizer builds report.) Prints one line (--vk: one per pool) labelled
+   a leak the sanitizer builds report.) Prints one line labelled
    with the kind and type. Returns the number of failures (a leak or an error). */
 static int memory_free(memory *M, const char *kind_name, const char *type_name)
 {
@@ -1070,82 +1065,22 @@ static int memory_free(memory *M, const char *kind_name, const char *type_name)
                        (unsigned long)st.bytes_used, leak ? "  FAIL: leak" : "  ok");
             failures += leak;
         }
-        if (kvc_memory_destroy(M->mem) != KVC_OK) failures++, errorf("kvc_memory_destroy failed");
-        memset(M, 0, sizeof *M);
-        return failures;
-    }
 #ifdef TINYLM_VK
-    for (int i = 0; i < M->n; ++i)
-        if (M->g[i].cache && kvc_cache_destroy(M->g[i].cache) != KVC_OK)
-            failures++, errorf("kvc_cache_destroy failed");
-    for (int i = 0; i < M->n; ++i) {
-        mem_group *g = &M->g[i];
-        char layers[64];
-        kvc_pool_stats st;
-        kvc_result r;
-        if (!g->pool) continue;
-        if ((r = kvc_pool_stats_get(g->pool, &st)) != KVC_OK) {
-            errorf("kvc_pool_stats_get failed: %s", kvc_strerror(r));
-            failures++;
-        } else {
-            const int leak = st.pages_used != 0 || st.live_caches || st.live_snapshots || st.live_prefixes;
-            if (!g_quiet || leak)
-                printf("  %-9s %-9s %-8s %s pool, layers %s: peak %d of %d pages (%.0f KiB), after teardown %d pages, "
-                       "%d caches, %d snapshots, %d prefixes%s\n",
-                       "", kind_name, type_name, group_kind_name(g), group_layers(g, layers, sizeof layers),
-                       (int)st.pages_peak, (int)st.pages_total, st.bytes_peak / 1024.0, (int)st.pages_used,
-                       (int)st.live_caches, (int)st.live_snapshots, (int)st.live_prefixes,
-                       leak ? "  FAIL: leak" : "  ok");
-            failures += leak;
-        }
-        if (g->vk_pool) {
-            kvc_vk_context_info(g_vk.ctx, &g_vk_info);
-            r = kvc_vk_pool_destroy(g->vk_pool);
-            g_vk.pool = NULL;
-        } else {
-            r = kvc_pool_destroy(g->pool);
-        }
-        if (r != KVC_OK) {
-            errorf("kvc_pool_destroy failed: %s", kvc_strerror(r));
-            failures++;
-        }
-    }
+        if (M->vm) {
+            if (kvc_vk_memory_destroy(M->vm) != KVC_OK) failures++, errorf("kvc_vk_memory_destroy failed");
+            free(M->state);
+        } else
 #endif
+        if (kvc_memory_destroy(M->mem) != KVC_OK) failures++, errorf("kvc_memory_destroy failed");
+    }
     memset(M, 0, sizeof *M);
     return failures;
-}
-
-/* The tokens a group's cache holds (CAUSAL: sequence 0's positions 0..hi). */
-static int group_tokens(const mem_group *g, int32_t *tokens)
-{
-    int32_t lo, hi;
-    if (g->kind != KVC_KIND_CAUSAL) {
-        KVC_CHECK(kvc_cache_offset(g->cache, tokens));
-        return 0;
-    }
-    KVC_CHECK(kvc_seq_pos_range(g->cache, 0, &lo, &hi));
-    *tokens = hi + 1;
-    return 0;
-fail:
-    return -1;
 }
 
 /* The tokens the memory holds: the position of the next token. */
 static int memory_offset(const memory *M, int32_t *offset)
 {
-    if (M->mem) {
-        KVC_CHECK(kvc_memory_offset(M->mem, offset));
-        return 0;
-    }
-    for (int i = 0; i < M->n; ++i) { /* --vk: every group must agree */
-        int32_t t;
-        if (group_tokens(&M->g[i], &t) != 0) return -1;
-        if (i > 0 && t != *offset) {
-            errorf("groups out of step: group 0 holds %d tokens, group %d %d", (int)*offset, i, (int)t);
-            return -1;
-        }
-        *offset = t;
-    }
+    KVC_CHECK(kvc_memory_offset(M->mem, offset));
     return 0;
 fail:
     return -1;
@@ -1156,19 +1091,12 @@ fail:
    (a CAUSAL cache: sequence 0's next positions). */
 static int memory_begin(memory *M, int32_t n, const int32_t *at, int32_t n_at)
 {
-    int i = 0;
-    if (M->mem) {
-        kvc_memory_stats st;
-        KVC_CHECK(kvc_memory_begin(M->mem, n, at, n_at));
-        KVC_CHECK(kvc_memory_stats_get(M->mem, &st));
-        if (st.bytes_used > M->peak_bytes) M->peak_bytes = st.bytes_used;
-        return 0;
-    }
-    for (i = 0; i < M->n; ++i) KVC_CHECK(kvc_begin_checkpoints(M->g[i].cache, n, at, n_at));
+    kvc_memory_stats st;
+    KVC_CHECK(kvc_memory_begin(M->mem, n, at, n_at));
+    KVC_CHECK(kvc_memory_stats_get(M->mem, &st));
+    if (st.bytes_used > M->peak_bytes) M->peak_bytes = st.bytes_used;
     return 0;
 fail:
-    while (!M->mem && i-- > 0)
-        if (kvc_cancel(M->g[i].cache) != KVC_OK) errorf("kvc_cancel failed too");
     return -1;
 }
 
@@ -1176,13 +1104,8 @@ fail:
    layer has updated its state in place: a recurrent state has no way back. */
 static int memory_cancel(memory *M)
 {
-    int rc = 0;
-    if (M->mem) {
-        KVC_CHECK(kvc_memory_cancel(M->mem));
-        return 0;
-    }
-    for (int i = 0; i < M->n; ++i) rc |= kvc_cancel(M->g[i].cache) != KVC_OK;
-    return rc ? -1 : 0;
+    KVC_CHECK(kvc_memory_cancel(M->mem));
+    return 0;
 fail:
     return -1;
 }
@@ -1198,9 +1121,12 @@ static int memory_attention(memory *M, int32_t layer, const float *k, const floa
     desc->window = g->window;
     (void)kv_floats, (void)q_floats, (void)out_floats;
 #ifdef TINYLM_VK
-    if (g_vk.on) {
-        g_vk.pool = g->vk_pool; /* the device pool vk_put_attention serves: this group's */
-        KVC_CHECK(vk_put_attention(g->cache, M->index_of[layer], k, v, kv_floats, desc, q_floats, out_floats));
+    if (M->vm) { /* the group's device pool, cache and layer */
+        kvc_vk_pool *pool;
+        kvc_cache *cache;
+        int32_t gl;
+        KVC_CHECK(kvc_vk_memory_layer(M->vm, NULL, layer, &pool, &cache, &gl));
+        KVC_CHECK(vk_put_attention(pool, cache, gl, k, v, kv_floats, desc, q_floats, out_floats));
         return 0;
     }
 #endif
@@ -1215,19 +1141,68 @@ fail:
    during the open pass (counts as the layer's put). */
 static int memory_state(memory *M, int32_t layer, float **state)
 {
-    if (M->mem) KVC_CHECK(kvc_memory_state(M->mem, layer, 0, state));
-    else KVC_CHECK(kvc_state(M->g[M->group_of[layer]].cache, 0, M->index_of[layer], state));
+#ifdef TINYLM_VK
+    if (M->vm) { /* where the live state is (made private for the pass), copied to the host */
+        VkCommandBuffer cmd;
+        kvc_vk_pool *pool;
+        kvc_cache *cache;
+        int32_t gl;
+        kvc_result r;
+        KVC_CHECK(kvc_vk_memory_layer(M->vm, NULL, layer, &pool, &cache, &gl));
+        KVC_CHECK(kvc_vk_begin(g_vk.ctx, &cmd));
+        r = kvc_vk_cmd_state(pool, cmd, cache, 0, gl, &M->live);
+        KVC_CHECK(kvc_vk_submit_wait(g_vk.ctx, cmd));
+        KVC_CHECK(r);
+        KVC_CHECK(kvc_vk_download(g_vk.ctx, M->live.buffer, M->live.offset, M->state, M->state_floats * sizeof(float)));
+        *state = M->state;
+        return 0;
+    }
+#endif
+    KVC_CHECK(kvc_memory_state(M->mem, layer, 0, state));
     return 0;
 fail:
     return -1;
+}
+
+/* The pass has advanced the state memory_state gave (--vk: written back to the device). */
+static int memory_state_done(memory *M)
+{
+#ifdef TINYLM_VK
+    if (M->vm) KVC_CHECK(kvc_vk_upload(g_vk.ctx, M->live.buffer, M->live.offset, M->state, M->state_floats * sizeof(float)));
+    return 0;
+fail:
+    return -1;
+#else
+    (void)M;
+    return 0;
+#endif
 }
 
 /* Hands a copy of conv layer `layer`'s state after `at` tokens (a checkpoint named
    inside the open pass) to the memory. */
 static int memory_state_checkpoint(memory *M, int32_t layer, int32_t at, const float *state)
 {
-    if (M->mem) KVC_CHECK(kvc_memory_state_checkpoint(M->mem, layer, at, state));
-    else KVC_CHECK(kvc_state_checkpoint(M->g[M->group_of[layer]].cache, M->index_of[layer], at, state));
+#ifdef TINYLM_VK
+    if (M->vm) { /* from a host-visible buffer of ours */
+        VkCommandBuffer cmd;
+        kvc_vk_pool *pool;
+        kvc_cache *cache;
+        kvc_vk_tensor src;
+        int32_t gl;
+        kvc_result r;
+        if (vk_buffer(&g_vk.state, M->state_floats * sizeof(float)) != 0) return -1;
+        memcpy(g_vk.state.mapped, state, M->state_floats * sizeof(float));
+        memset(&src, 0, sizeof src);
+        src.buffer = g_vk.state.buffer;
+        KVC_CHECK(kvc_vk_memory_layer(M->vm, NULL, layer, &pool, &cache, &gl));
+        KVC_CHECK(kvc_vk_begin(g_vk.ctx, &cmd));
+        r = kvc_vk_cmd_state_checkpoint(pool, cmd, cache, gl, at, &src);
+        KVC_CHECK(kvc_vk_submit_wait(g_vk.ctx, cmd));
+        KVC_CHECK(r);
+        return 0;
+    }
+#endif
+    KVC_CHECK(kvc_memory_state_checkpoint(M->mem, layer, at, state));
     return 0;
 fail:
     return -1;
@@ -1236,24 +1211,17 @@ fail:
 /* Prefix reuse over every group (not for CAUSAL: see the causal kind's hooks). */
 static int memory_prefix_create(memory *M, int32_t max_tokens, kvc_prefix **out)
 {
-    kvc_cache *caches[MAX_GROUPS];
-    if (M->mem) {
-        KVC_CHECK(kvc_prefix_create_memory(M->mem, max_tokens, out));
-        return 0;
-    }
-    for (int i = 0; i < M->n; ++i) caches[i] = M->g[i].cache;
-    KVC_CHECK(kvc_prefix_create(caches, M->n, max_tokens, out));
+    KVC_CHECK(kvc_prefix_create_memory(M->mem, max_tokens, out));
     return 0;
 fail:
     return -1;
 }
 
-/* Offsets below the current one that every group can go back to (CPU only; -1 with
-   --vk, where no single call knows them). */
+/* Offsets below the current one that every group can go back to (-1 on error). */
 static int32_t memory_checkpoints(const memory *M)
 {
     kvc_memory_stats st;
-    if (!M->mem || kvc_memory_stats_get(M->mem, &st) != KVC_OK) return -1;
+    if (kvc_memory_stats_get(M->mem, &st) != KVC_OK) return -1;
     return st.n_checkpoints;
 }
 
@@ -1273,14 +1241,8 @@ static int memory_snapshot_take(memory *M, memory_snapshot *out)
 {
     int32_t offset;
     if (memory_snapshot_free(out) != 0 || memory_offset(M, &offset) != 0) return -1;
-    if (M->mem && M->g[0].kind != KVC_KIND_CAUSAL) {
-        KVC_CHECK(kvc_memory_snapshot_take(M->mem, 0, offset, &out->ms));
-    } else {
-        for (int i = 0; i < M->n; ++i) {
-            if (M->g[i].kind == KVC_KIND_CAUSAL) KVC_CHECK(kvc_seq_snapshot(M->g[i].cache, 0, &out->snap[i]));
-            else KVC_CHECK(kvc_snapshot_take(M->g[i].cache, 0, &out->snap[i]));
-        }
-    }
+    if (M->g[0].kind != KVC_KIND_CAUSAL) KVC_CHECK(kvc_memory_snapshot_take(M->mem, 0, offset, &out->ms));
+    else KVC_CHECK(kvc_seq_snapshot(M->g[0].cache, 0, &out->snap[0]));
     out->offset = offset;
     return 0;
 fail:
@@ -1288,30 +1250,21 @@ fail:
     return -1;
 }
 
-/* Every group back to snapshot *snap, at its position. kvc_memory_restore is all or
-   nothing; per cache (--vk), a snapshot restored to its own end is never refused by
-   the caches it came from, so no group can refuse after another one changed. */
+/* Every group back to snapshot *snap, at its position (kvc_memory_restore: all or
+   nothing; a CAUSAL memory is one group). */
 static int memory_restore(memory *M, const memory_snapshot *snap)
 {
     if (snap->offset < 0) {
         errorf("no snapshot to restore");
         return -1;
     }
-    if (M->mem && M->g[0].kind != KVC_KIND_CAUSAL) {
+    if (M->g[0].kind != KVC_KIND_CAUSAL) {
         if (snap->ms) KVC_CHECK(kvc_memory_restore(M->mem, snap->ms, snap->offset));
         else KVC_CHECK(kvc_memory_clear(M->mem));
         return 0;
     }
-    for (int i = 0; i < M->n; ++i) {
-        mem_group *g = &M->g[i];
-        if (g->kind == KVC_KIND_CAUSAL) {
-            if (snap->snap[i]) KVC_CHECK(kvc_seq_restore(g->cache, snap->snap[i], 0)); /* drops what seq 0 had */
-            else KVC_CHECK(kvc_seq_remove(g->cache, 0, 0, KVC_POS_END));
-        } else {
-            if (snap->snap[i]) KVC_CHECK(kvc_restore(g->cache, snap->snap[i], snap->offset));
-            else KVC_CHECK(kvc_cache_clear(g->cache));
-        }
-    }
+    if (snap->snap[0]) KVC_CHECK(kvc_seq_restore(M->g[0].cache, snap->snap[0], 0)); /* drops what seq 0 had */
+    else KVC_CHECK(kvc_seq_remove(M->g[0].cache, 0, 0, KVC_POS_END));
     return 0;
 fail:
     return -1;
@@ -1623,6 +1576,7 @@ static int forward(const model *m, memory *M, const int32_t *tokens, int n, int3
             if (!M) state = ref_state + (size_t)l * state_floats;
             else if (memory_state(M, l, &state) != 0) goto fail;
             short_conv(att, h, w, state, n, c, bcu, s_all);
+            if (M && memory_state_done(M) != 0) goto fail;
             for (int i = 0; M && i < n_at && at[i] < pos0 + n; ++i)
                 if (memory_state_checkpoint(M, l, at[i], s_all + (size_t)(at[i] - pos0) * H) != 0) goto fail;
             matmul(h, att, w->conv_out, n, H, H);
@@ -2648,6 +2602,119 @@ static int run_radix_tier(const model *m, const test_case *cases, int n_cases, i
     return failures;
 }
 
+#ifdef TINYLM_VK
+/* The device bytes a --vk memory holds (kvc_vk_memory_device_stats), in KiB. */
+static double vk_kib(memory *M)
+{
+    kvc_vk_device_stats st;
+    return kvc_vk_memory_device_stats(M->vm, &st) == KVC_OK ? st.device_bytes / 1024.0 : -1.0;
+}
+
+/* Runs toks[from..to) one forward pass per chunk tokens (checkpoints named when
+   `checkpoints`, as the hybrid kind does); the logits of every position into
+   logits[(p - from) * vocab] when not NULL. */
+static int run_span(const model *m, memory *M, int checkpoints, const int32_t *toks, int32_t from, int32_t to,
+                    int chunk, float *logits)
+{
+    const int vocab = m->c.vocab;
+    for (int32_t p = from; p < to;) {
+        const int32_t len = to - p < chunk ? to - p : chunk;
+        int32_t at[KEEP_CHECKPOINTS];
+        const int n_at = checkpoints ? checkpoints_in(p, len, at) : 0;
+        if (forward(m, M, toks + p, len, p, at, n_at, logits ? 0 : len, logits ? logits + (size_t)(p - from) * vocab : NULL) != 0)
+            return -1;
+        p += len;
+    }
+    return 0;
+}
+
+/* --vk: a save game mid-run. The model's own memory (one group per layer type, f32)
+   runs the first case's prompt and half its continuation, is saved (kvc_memory_save,
+   checkpoints included) to a temporary file, and goes on to the end; a fresh device
+   memory loads the file and runs the same tokens: its logits must be bit-identical to
+   the uninterrupted run's (and so its greedy tokens), its tokens and checkpoints those
+   saved. Also prints the device bytes the memory holds (kvc_vk_memory_device_stats):
+   empty, after the prompt, after the save point, and cleared and trimmed
+   (kvc_vk_memory_cmd_trim). Returns the number of failures; *runs counts the checks. */
+static int run_vk_saveload(const model *m, const test_case *tc, int chunk, int *runs)
+{
+    const int vocab = m->c.vocab;
+    const int32_t N = tc->prompt_len, T = tc->total_len, S = N + (T - N) / 2;
+    const kind_spec *ks = &KINDS[model_is_hybrid(&m->c) ? 3 : 0]; /* hybrid, or full */
+    memory a, b;
+    kvc_namespace ns;
+    kvc_io io;
+    FILE *file = NULL;
+    float *la = alloc_floats((size_t)(T - S) * vocab), *lb = alloc_floats((size_t)(T - S) * vocab);
+    int32_t *got = (int32_t *)malloc((size_t)T * sizeof *got), n_got = -1, ck_a = -1, ck_b = -2;
+    double kib[4] = {0, 0, 0, 0};
+    int failures = 0, same = 0;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    memset(&ns, 0, sizeof ns);
+    *runs += 3;
+    if (!la || !lb || !got || !(file = tmpfile())) {
+        errorf("saveload: out of memory or no temporary file");
+        failures = 3;
+        goto done;
+    }
+    if (memory_create(&a, &m->c, ks, KVC_TYPE_F32, 0, T, chunk < T ? chunk : T) != 0) { failures = 3; goto done; }
+    kib[0] = vk_kib(&a);
+    if (run_span(m, &a, ks->hybrid, tc->tokens, 0, N, chunk, NULL) != 0) { failures = 3; goto done; }
+    kib[1] = vk_kib(&a);
+    if (run_span(m, &a, ks->hybrid, tc->tokens, N, S, chunk, NULL) != 0) { failures = 3; goto done; }
+    kib[2] = vk_kib(&a);
+    ck_a = memory_checkpoints(&a);
+    KVC_CHECK(kvc_io_stdio(file, &io));
+    KVC_CHECK(kvc_memory_save(a.mem, ns, tc->tokens, S, &io));
+    if (run_span(m, &a, ks->hybrid, tc->tokens, S, T, 1, la) != 0) goto fail; /* token by token, as decode */
+    { /* cleared and trimmed: the device memory gives back what it held */
+        VkCommandBuffer cmd;
+        kvc_result r;
+        KVC_CHECK(kvc_memory_clear(a.mem));
+        KVC_CHECK(kvc_vk_begin(g_vk.ctx, &cmd));
+        r = kvc_vk_memory_cmd_trim(a.vm, cmd);
+        KVC_CHECK(kvc_vk_submit_wait(g_vk.ctx, cmd));
+        KVC_CHECK(r);
+        kib[3] = vk_kib(&a);
+    }
+    /* a fresh device memory from the file */
+    if (memory_create(&b, &m->c, ks, KVC_TYPE_F32, 0, T, chunk < T ? chunk : T) != 0) goto fail;
+    rewind(file);
+    KVC_CHECK(kvc_io_stdio(file, &io));
+    KVC_CHECK(kvc_memory_load(b.mem, ns, &io, got, T, &n_got));
+    ck_b = memory_checkpoints(&b);
+    if (n_got != S || memcmp(got, tc->tokens, (size_t)S * sizeof *got) != 0) {
+        errorf("saveload: the loaded memory holds other tokens (%d, %d saved)", (int)n_got, (int)S);
+        failures++;
+    }
+    if (ck_b != ck_a) {
+        errorf("saveload: %d checkpoints after the load, %d saved", (int)ck_b, (int)ck_a);
+        failures++;
+    }
+    if (run_span(m, &b, ks->hybrid, tc->tokens, S, T, 1, lb) != 0) goto fail;
+    same = memcmp(la, lb, (size_t)(T - S) * vocab * sizeof *la) == 0;
+    if (!same) {
+        errorf("saveload: the logits after the load differ from the uninterrupted run's");
+        failures++;
+    }
+    goto done;
+fail:
+    failures = 3;
+done:
+    if (!g_quiet || failures)
+        printf("  vk save/load at %d of %d tokens (%s, f32): %d tokens and %d checkpoints back, continuation %s; "
+               "device KiB empty %.0f, prompt %.0f, save point %.0f, cleared + trimmed %.0f%s\n",
+               (int)S, (int)T, ks->name, (int)n_got, (int)ck_b, same ? "bit-identical" : "DIFFERENT", kib[0], kib[1],
+               kib[2], kib[3], failures ? "  FAIL" : "  ok");
+    if (a.mem) failures += memory_free(&a, ks->name, "f32");
+    if (b.mem) failures += memory_free(&b, ks->name, "f32");
+    if (file) fclose(file);
+    free(la), free(lb), free(got);
+    return failures;
+}
+#endif
+
 /* The groups a hybrid model's memory gets, for the header line. */
 static void print_groups(const model *m)
 {
@@ -3031,7 +3098,8 @@ int main(int argc, char **argv)
             failures += rotation_summary(total, &runs);
 #ifdef TINYLM_VK
             if (g_vk.on) {
-                if (!g_quiet) printf("  (radix turns skipped with --vk: per-group caches, no kvc_memory)\n");
+                failures += run_vk_saveload(&m, &cases[0], chunk, &runs);
+                if (!g_quiet) printf("  (radix turns and speculative runs: CPU only)\n");
             } else
 #endif
                 failures += run_radix_turns(&m, cases, n_cases, chunk, &runs);
@@ -3062,6 +3130,7 @@ int main(int argc, char **argv)
         kvc_vk_buffer_destroy(g_vk.ctx, &g_vk.k);
         kvc_vk_buffer_destroy(g_vk.ctx, &g_vk.v);
         kvc_vk_buffer_destroy(g_vk.ctx, &g_vk.out);
+        kvc_vk_buffer_destroy(g_vk.ctx, &g_vk.state);
         kvc_vk_context_destroy(g_vk.ctx);
         kvc_vk_loader_close(&g_vk.loader);
     }

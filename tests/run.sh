@@ -242,8 +242,16 @@ redis_tiers() { # the tiers through a real Redis (tests/redis_tiers.sh starts it
   fi
   CC=$CC checks redis-tiers bash tests/redis_tiers.sh "$B"
 }
+# test_vk's saves and loads again with 256-byte KVCACHE_IO_CHUNK: every chunk a page or two,
+# so each save runs many chunks announced ahead (prefetch_pages) and each load many posted
+# writes (a few seconds)
+test_vk_io_chunk() {
+  test_one tests/test_vk.c
+    step build-test_vk-io-chunk build O2 "$CC $STRICT -O2 -g -DKVCACHE_IO_CHUNK=256" tests/test_vk.c "$B/test_vk_io_chunk" -lm -lpthread &&
+    KVC_VK_SAVELOAD_ONLY=1 checks test_vk-io-chunk "$B/test_vk_io_chunk" "$seed"
+}
 # longest first: test_vk and tinylm on lavapipe (2-3 min), the examples, tinylm, the rest
-[ -f tests/test_vk.c ] && lane test_vk test_one tests/test_vk.c
+[ -f tests/test_vk.c ] && lane test_vk test_vk_io_chunk
 [ -f examples/tinylm.c ] && [ $have_vk = 1 ] && lane tinylm-vk tinylm_vk
 lane examples run_examples
 [ -f examples/tinylm.c ] && lane tinylm tinylm

@@ -865,7 +865,7 @@ static void damage_checkpoints(void) {
         kvc_pool *p = ck_pool(v);
         kvc_cache *a = ck_cache(p, v), *t = ck_cache(p, v);
         unsigned char *copy;
-        int32_t before_at[16], after_at[16], n_before, pages, bad = 0, changed = 0, trunc = 0;
+        int32_t before_at[16], after_at[16], n_before, pages, bad = 0, changed = 0, trunc = 0, j;
         uint64_t fp;
         size_t i, len;
         blob bl;
@@ -907,20 +907,22 @@ static void damage_checkpoints(void) {
         TK_EQ(bad, 0);
         TK_EQ(changed, 0);
         TK_EQ(trunc, (int32_t)bl.size);
-        { /* CONF word 15 = 2: a flag of a later format (checksum made right) */
+        for (j = 0; j < 2; ++j) { /* CONF word 15 bit 2: a flag of a later format; bit 1 (a TAIL
+                                     section) on a pool with no quantized side: damaged
+                                     (checksum made right) */
             kvc_mem m;
             kvc_io io;
             blob d;
             kvc__xxh h;
             memcpy(copy, bl.data, bl.size);
-            kvc__put32(copy + 32 + 60, 2 | kvc__le32(copy + 32 + 60));
+            kvc__put32(copy + 32 + 60, (j ? 2u : 4u) | kvc__le32(copy + 32 + 60));
             kvc__xxh_init(&h);
             kvc__xxh_update(&h, copy + 16, 96);
             kvc__put64(copy + 112, kvc__xxh_digest(&h));
             d.data = copy;
             d.size = bl.size;
             io = mem_reader(&m, &d);
-            TK_RES(kvc_cache_load(t, LF_NS, &io, NULL, 0, NULL), KVC_ERR_FORMAT);
+            TK_RES(kvc_cache_load(t, LF_NS, &io, NULL, 0, NULL), j ? KVC_ERR_CORRUPT : KVC_ERR_FORMAT);
             TK_EQ(lf_fingerprint(t), fp);
         }
         free(copy);

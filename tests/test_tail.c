@@ -5,9 +5,12 @@
      tail against a plain quantized cache and an f16 cache fed the same rows, FULL and
      ROTATING, with random sinks / softcap, over random batches, trims, cancelled
      batches, snapshot restores, forks and save/load round trips, each with the tail
-     range its rule gives;
+     range its rule gives (a load brings the saved tail back: attention after it is
+     bit-identical to before the save);
    - the pages (every token, those that left the tail included) hold exactly what a
-     cache without a tail holds, and a save of it is byte-for-byte a plain cache's save;
+     cache without a tail holds, and a save of it with nothing in the tail is
+     byte-for-byte a plain cache's save (the tail's rows are a TAIL section of their own);
+   - a model memory's save keeps its groups' tails (attention bit-identical after the load);
    - configuration: negative, unquantized pools, CAUSAL and RECURRENT are refused.
    `test_tail SEED` replays a run. */
 #define KVCACHE_IMPLEMENTATION
@@ -253,21 +256,49 @@ static void test_random(tk_rng *rng) {
                 TK_OK(kvc_attention(f, 1, &d));
                 TK_CHECK(memcmp(a, b, sizeof(float) * (size_t)nq * NH * D) == 0);
                 TK_OK(kvc_cache_destroy(f));
-            } else if (op == 8) { /* save: byte-for-byte a plain cache's; load: the tail starts over */
+            } else if (op == 8) { /* save and load: the tail's rows travel too (a TAIL section):
+                                     attention after the load is bit-identical to before the
+                                     save; with nothing in the tail the save is byte-for-byte
+                                     a plain cache's (no TAIL) */
                 blob bt = save_of(w.tail), bp;
                 kvc_mem m;
                 kvc_io io;
+                kvc_attention_desc d;
+                float q[NH * D], a[NH * D], b[NH * D];
+                int32_t pos = off - 1, held = w.lo < KVC__MIN(w.hi, off);
                 if (!w.window) {
                     bp = save_of(w.plain);
-                    TK_CHECK(bt.size == bp.size && memcmp(bt.data, bp.data, bt.size) == 0);
+                    TK_CHECK((bt.size == bp.size && memcmp(bt.data, bp.data, bt.size) == 0) == !held);
                     free(bp.data);
                 }
+                tk_fill(rng, q, NH * D, 2.0f);
+                memset(&d, 0, sizeof(d));
+                d.n_queries = 1; d.n_heads = NH; d.q = q; d.pos = &pos; d.window = w.window; d.out = a;
+                TK_OK(kvc_attention(w.tail, NL - 1, &d));
                 memset(&m, 0, sizeof(m));
                 m.data = bt.data; m.size = m.capacity = bt.size;
                 TK_OK(kvc_io_memory(&m, &io));
                 TK_OK(kvc_cache_load(w.tail, NS, &io, NULL, 0, NULL));
                 TK_EQ(offset_of(w.tail), off);
-                w.lo = w.hi = 0;
+                d.out = b;
+                TK_OK(kvc_attention(w.tail, NL - 1, &d));
+                TK_CHECK(memcmp(a, b, sizeof(a)) == 0);
+                if (held) { /* a cut or a flipped byte in the TAIL section (last in the file):
+                               refused, the cache unchanged */
+                    size_t cut = (size_t)tk_int(rng, 1, 24), at = bt.size - (size_t)tk_int(rng, 1, 24);
+                    m.size = m.capacity = bt.size - cut;
+                    m.pos = 0;
+                    TK_RES(kvc_cache_load(w.tail, NS, &io, NULL, 0, NULL), KVC_ERR_TRUNCATED);
+                    bt.data[at] ^= 0x10;
+                    m.size = m.capacity = bt.size;
+                    m.pos = 0;
+                    TK_RES(kvc_cache_load(w.tail, NS, &io, NULL, 0, NULL), KVC_ERR_CORRUPT);
+                    TK_OK(kvc_attention(w.tail, NL - 1, &d));
+                    TK_CHECK(memcmp(a, b, sizeof(a)) == 0);
+                    TK_EQ(offset_of(w.tail), off);
+                }
+                if (held) w.hi = KVC__MIN(w.hi, off);
+                else w.lo = w.hi = 0;
                 free(bt.data);
             } else {
                 feed(&w, rng, n, NL);
@@ -331,6 +362,82 @@ static void test_tree(tk_rng *rng) {
     }
 }
 
+/* A model memory saves its groups' tails too: a memory of a FULL and a ROTATING group
+   (q8_0 / q4_0, tails of their own), a few batches, then kvc_memory_save and a load into
+   a fresh memory of the same config: every layer's attention is bit-identical after the
+   load to before the save (kvc_memory_load moves the staged groups' tails in); a memory
+   whose groups have shorter tails loads the file too. */
+static void test_memory(tk_rng *rng) {
+    int32_t round;
+    for (round = 0; round < tk_scaled(3); ++round) {
+        kvc_group_config gc[2];
+        kvc_memory_config mc;
+        kvc_memory *a = NULL, *b = NULL, *c = NULL;
+        int32_t layer_group[2 * NL], l, i, pos, off = 0;
+        float k[8 * NKV * D], v[8 * NKV * D], q[NH * D], oa[NH * D], ob[NH * D];
+        kvc_attention_desc d;
+        kvc_mem m;
+        kvc_io io;
+        memset(gc, 0, sizeof(gc));
+        for (i = 0; i < 2; ++i) {
+            kvc_pool_config_init(&gc[i].pool);
+            gc[i].pool.n_layers = NL; gc[i].pool.n_kv_heads = NKV;
+            gc[i].pool.head_dim_k = gc[i].pool.head_dim_v = D;
+            gc[i].pool.type_k = tk_pct(rng, 50) ? KVC_TYPE_Q8_0 : KVC_TYPE_Q4_0;
+            gc[i].pool.type_v = tk_pct(rng, 50) ? KVC_TYPE_Q8_0 : KVC_TYPE_F16;
+            gc[i].pool.page_cells = tk_int(rng, 3, 20);
+            kvc_cache_config_init(&gc[i].cache, i ? KVC_KIND_ROTATING : KVC_KIND_FULL);
+            gc[i].cache.window = i ? tk_int(rng, 8, 40) : 0;
+            gc[i].cache.f16_tail = tk_int(rng, 2, 12);
+        }
+        for (l = 0; l < 2 * NL; ++l) layer_group[l] = l % 2;
+        TK_OK(kvc_memory_config_init(&mc));
+        mc.n_layers = 2 * NL; mc.layer_group = layer_group; mc.n_groups = 2; mc.groups = gc;
+        mc.budget_bytes = (size_t)16 << 20;
+        TK_OK(kvc_memory_create(&mc, &a));
+        TK_OK(kvc_memory_create(&mc, &b));
+        gc[0].cache.f16_tail = gc[1].cache.f16_tail = 1;
+        TK_OK(kvc_memory_create(&mc, &c));
+        for (i = tk_int(rng, 2, 6); i > 0; --i) {
+            int32_t n = tk_pct(rng, 50) ? 1 : tk_int(rng, 1, 8);
+            TK_OK(kvc_memory_begin(a, n, NULL, 0));
+            for (l = 0; l < 2 * NL; ++l) {
+                tk_fill(rng, k, (size_t)n * NKV * D, 2.0f);
+                tk_fill(rng, v, (size_t)n * NKV * D, 1.0f);
+                TK_OK(kvc_memory_put(a, l, k, v));
+            }
+            off += n;
+        }
+        memset(&m, 0, sizeof(m));
+        TK_OK(kvc_io_memory(&m, &io));
+        TK_OK(kvc_memory_save(a, NS, NULL, 0, &io));
+        m.capacity = m.size;
+        m.data = (unsigned char *)malloc(m.capacity);
+        m.size = m.pos = 0;
+        TK_OK(kvc_memory_save(a, NS, NULL, 0, &io));
+        m.pos = 0;
+        TK_OK(kvc_memory_load(b, NS, &io, NULL, 0, NULL));
+        m.pos = 0;
+        TK_OK(kvc_memory_load(c, NS, &io, NULL, 0, NULL)); /* shorter tails: loads too */
+        pos = off - 1;
+        memset(&d, 0, sizeof(d));
+        d.n_queries = 1; d.n_heads = NH; d.q = q; d.pos = &pos;
+        for (l = 0; l < 2 * NL; ++l) {
+            d.window = l % 2 ? gc[1].cache.window : 0;
+            tk_fill(rng, q, NH * D, 2.0f);
+            d.out = oa;
+            TK_OK(kvc_memory_attention(a, l, &d));
+            d.out = ob;
+            TK_OK(kvc_memory_attention(b, l, &d));
+            TK_CHECK(memcmp(oa, ob, sizeof(oa)) == 0);
+        }
+        free(m.data);
+        TK_OK(kvc_memory_destroy(a));
+        TK_OK(kvc_memory_destroy(b));
+        TK_OK(kvc_memory_destroy(c));
+    }
+}
+
 static void test_config(void) {
     kvc_pool_config pc;
     kvc_cache_config cc;
@@ -373,5 +480,6 @@ int main(int argc, char **argv) {
     test_config();
     test_random(&rng);
     test_tree(&rng);
+    test_memory(&rng);
     return tk_report("tail");
 }
