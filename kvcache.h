@@ -506,8 +506,8 @@ KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens);
    (kvc_cache_gather reads them so). Each query row (query, head of that kv head) that sees
    it gets NaN in every output value and its lse, like PyTorch's attention with a NaN key;
    other rows, and queries masked from it, are exactly as without it. So a bad value never
-   turns its block or rotation neighbours NaN and is never dropped. (Not yet followed by
-   kvcache_vk.h's kvc_vk_cmd_append, whose device K/V the host never sees.) */
+   turns its block or rotation neighbours NaN and is never dropped. kvcache_vk.h follows
+   the same rule (kvc_vk_cmd_append, its attention and RoPE shifts). */
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v);
 /* Abandon an unfinished batch: offset goes back to where kvc_begin found it. */
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
@@ -1967,8 +1967,8 @@ static void kvc__store_row(const kvc__type_info *t, kvc__rot_fn fn, const float 
    leaves every other row as it would be: a NaN key makes the row's scores NaN, and a
    masked cell's zero values add nothing. So one bad value never turns its neighbours
    into NaN (a block's scale, a rotation block), is never dropped, and never depends on
-   the storage type or the CPU path. (kvcache_vk.h's device append and kernels do not
-   apply it yet: K/V written there with kvc_vk_cmd_append are taken as they are.) */
+   the storage type or the CPU path. (kvcache_vk.h applies it in its shaders: rows_write
+   checks with these limits, the split passes take a score that is not finite as +inf.) */
 static float kvc__finite_limit(kvc_type t, int32_t n_rot) {
     float lim = t == KVC_TYPE_F16    ? 65504.0f                /* the largest finite f16 */
                 : t == KVC_TYPE_Q8_0 ? 65504.0f * 127.0f       /* scale amax / 127, an f16 */

@@ -298,8 +298,8 @@ void main() {
         bool above = false;
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
             uint g = hb + 2u * t, a = lc * NQ + g;
-            x[t] = vis && g < G ? (ss[a] + ss[a + G] * INV_LO) * escale[t] : NEG_INF;
-            if (pc.softcap2 > 0.0 && x[t] != NEG_INF) x[t] = pc.softcap2 * tanh(x[t] / pc.softcap2); // base 2
+            // soft-capped in base 2; +inf if not finite (attn_common.glsl)
+            x[t] = vis && g < G ? score_capped((ss[a] + ss[a + G] * INV_LO) * escale[t], pc.softcap2) : NEG_INF;
             above = above || x[t] > m[t];
         }
         // A tile with no score above its head's running maximum (after the first tiles, most
