@@ -517,8 +517,9 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
    trim only until the window has wrapped: offset <= window and no page ever released (a
    kvc_cancel after kvc_begin released pages counts as wrapped); after that only onto a
    checkpoint, within a reserve (cfg.reserve, which keeps trims of up to R tokens
-   possible) or to 0 (clearing), and a trim by 0 is KVC_ERR_UNSUPPORTED. RECURRENT caches
-   likewise go back only onto a checkpoint, within the reserve or to 0. A target the cache
+   possible) or to 0 (clearing). RECURRENT caches likewise go back only onto a checkpoint,
+   within the reserve or to 0. A trim by 0 always succeeds and changes nothing (FULL,
+   ROTATING, RECURRENT; wrapped, after a kvc_cancel, anything). A target the cache
    cannot reach is KVC_ERR_UNREACHABLE, nothing changed: the result kvc_restore(cache,
    NULL, target) and kvc_memory_trim give (kvc_can_rewind says which targets are
    reachable; 0 always is). CAUSAL caches: KVC_ERR_UNSUPPORTED. With a reserve,
@@ -3622,12 +3623,12 @@ static kvc_result kvc__trim_held(kvc_cache *cache, int32_t n_tokens) {
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
+    /* by 0: the offset is always reachable, and nothing changes (a rewind there would
+       re-anchor a ROTATING window at offset - 1), as kvc_restore(cache, NULL, offset) */
+    if (n_tokens == 0) return KVC_OK;
     /* a wrapped window or a state goes back only onto a checkpoint (or to 0): the result
        kvc_restore(cache, NULL, t) and kvc_memory_trim give */
     if (!kvc__reachable(cache, cache->offset - n_tokens)) return KVC_ERR_UNREACHABLE;
-    /* a wrapped window does not trim by 0 (kvc_can_trim's rule, as before checkpoints) */
-    if (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0 && cache->cfg.reserve == 0)
-        return KVC_ERR_UNSUPPORTED;
     kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;
 }

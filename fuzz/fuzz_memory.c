@@ -821,11 +821,10 @@ static void fm_op_direct(fm_world *w, int mi) {
         }
         return;
     }
-    /* one group: a trim or restore to 1 .. off - 1 goes where kvc_memory_trim would (not to
-       the offset itself: a ROTATING window rewound there is re-anchored at offset - 1, which
-       the reference does not model) */
+    /* one group: a trim or restore to 1 .. off goes where kvc_memory_trim would (to the
+       offset itself: nothing changes, also on a wrapped or cancelled ROTATING window) */
     if (off < 2) return;
-    n = fuzz_int(&w->in, 1, off - 1);
+    n = fuzz_int(&w->in, 0, off - 1);
     want = fm_reach(&w->gr[0], &m->g[0], off - n) ? KVC_OK : KVC_ERR_UNREACHABLE;
     if (x % 2) {
         FUZZ_RES(kvc_trim(c, n), want);
