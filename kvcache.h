@@ -830,8 +830,10 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    RECURRENT caches live on a state pool (kvc_pool_config.state_floats): per layer and
    sequence a fixed-size f32 state that the engine updates in place. A state cannot be
    rewound, so it goes back only to checkpoints (offsets named when a batch begins) and
-   snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_restore) or KVC_ERR_RECURRENT
-   (kvc_trim, kvc_seq_remove), with nothing changed. ROTATING caches keep checkpoints the
+   snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_trim, kvc_restore,
+   kvc_snapshot_take_at, and the kvc_memory_* calls alike), with nothing changed;
+   KVC_ERR_RECURRENT is for cutting tokens out of a state's middle (kvc_seq_remove) and
+   for abandoning a batch whose states were handed out. ROTATING caches keep checkpoints the
    same way, which lets a wrapped window go back to them. For speculative decoding, a
    reserve of R tokens (kvc_cache_config.reserve) lets both kinds go back by up to R
    tokens without naming checkpoints. */
@@ -876,7 +878,8 @@ KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t 
 KVCDEF kvc_result kvc_batch_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
 /* kvc_snapshot_take as it was after `at` tokens: FULL any at <= offset; ROTATING at the
    offset, inside the last batch, or at a checkpoint; RECURRENT at the offset or a
-   checkpoint (else KVC_ERR_RECURRENT; ROTATING: KVC_ERR_UNREACHABLE). A ROTATING or
+   checkpoint (else KVC_ERR_UNREACHABLE, as kvc_trim and kvc_restore answer for a target
+   out of reach; once KVC_ERR_RECURRENT for a RECURRENT cache). A ROTATING or
    RECURRENT snapshot also carries the cache's checkpoints at or before `at`, which a
    restore to target brings back up to target (a restore to `at` keeps the one at `at`,
    as a rewind to `at` does). */
@@ -4397,7 +4400,7 @@ static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int
     } else if ((k = kvc__ckpt_find(cache, at)) >= 0) {
         n = cache->ckpt[k]->n_pages;
     } else {
-        return kvc__is_recurrent(cache) ? KVC_ERR_RECURRENT : KVC_ERR_UNREACHABLE;
+        return KVC_ERR_UNREACHABLE; /* the result a rewind there gives (kvc_can_rewind) */
     }
     s = k >= 0 ? kvc__snapshot_clone(cache->ckpt[k], 1) : kvc__snapshot_alloc(cache->pool, n, 1);
     if (s == NULL) return KVC_ERR_NO_MEMORY;

@@ -683,7 +683,7 @@ static void fm_op_take(fm_world *w, int mi) {
         if (gr->kind == KVC_KIND_FULL || at == off || fm_ck_find(r, at) >= 0) continue;
         if (gr->kind == KVC_KIND_ROTATING && (at > r->st.bb || !ref_wrapped(gr->kind, gr->W, &r->st)))
             continue; /* inside the last batch, or nothing released yet */
-        want = gr->kind == KVC_KIND_ROTATING ? KVC_ERR_UNREACHABLE : KVC_ERR_RECURRENT;
+        want = KVC_ERR_UNREACHABLE; /* as a rewind there (once KVC_ERR_RECURRENT for a state) */
     }
     fuzz_note("memory %d snapshot_take(%d, %d) at %d, want %d", mi, from, at, off, want);
     fm_arm();
