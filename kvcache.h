@@ -1012,7 +1012,11 @@ KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem);
    its whole window at `at`; both also carry their checkpoints before `at`. */
 KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out);
 /* Bring every group to target from the snapshot (NULL: from the memory itself), all or
-   nothing. The snapshot restores into any memory sharing its pools (itself or a fork). */
+   nothing. The snapshot restores into any memory sharing its pools (itself or a fork).
+   A FULL group whose page at the snapshot's `from` is no longer the snapshot's needs a
+   copy of it: as kvc_memory_begin, the restore evicts unused tree entries for that room
+   if it must, once everything else it allocates has succeeded; KVC_ERR_FULL (the budget
+   holds it even so) or KVC_ERR_NO_MEMORY leave every group as it was and evict nothing. */
 KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target);
 KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap); /* NULL is fine */
 /* A new memory on the same pools with the same contents, sharing every page. */
@@ -5747,7 +5751,6 @@ static kvc_result kvc__memory_restore_held(kvc_memory *mem, const kvc_memory_sna
             c->pages[s->from / c->pool->page_cells] != s->pages[0])
             copies += (int64_t)c->pool->page_bytes; /* the page at `from` needs a copy (kvc__restore_full) */
     }
-    if (copies > (int64_t)(mp->budget.cap - mp->budget.used)) return KVC_ERR_FULL;
     for (g = 0; g < mp->n_groups; ++g) { /* page-table room: reserving changes nothing visible */
         kvc_cache *c = mem->cache[g];
         int64_t want = c->cfg.kind == KVC_KIND_FULL ? (target > 0 ? (target - 1) / c->pool->page_cells + 1 : 0)
@@ -5760,6 +5763,13 @@ static kvc_result kvc__memory_restore_held(kvc_memory *mem, const kvc_memory_sna
             while (g-- > 0) kvc__snapshot_release(chains[g]);
             return KVC_ERR_NO_MEMORY;
         }
+    /* then the budget for the copies, after evicting prefix-tree entries if it must, as
+       kvc_memory_begin does: only once everything else that may fail has succeeded, and
+       all or nothing (a call that fails evicts nothing) */
+    if (!kvc__reclaim_for(mem->cache[0]->pool, 0, copies)) {
+        for (g = 0; g < mp->n_groups; ++g) kvc__snapshot_release(chains[g]);
+        return KVC_ERR_FULL;
+    }
     for (g = 0; g < mp->n_groups; ++g) {
         kvc_cache *c = mem->cache[g];
         if (c->cfg.kind == KVC_KIND_FULL) {
