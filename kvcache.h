@@ -958,7 +958,10 @@ KVCDEF kvc_result kvc_memory_config_check(const kvc_memory_config *cfg, const ch
    cache configs in them): they need not outlive the call. */
 KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out);
 /* Destroys the memory's caches; the pools go with the last memory (forks share them)
-   or memory snapshot that uses them. */
+   or memory snapshot that uses them. KVC_ERR_BUSY, nothing destroyed, where the pools
+   would go while something made directly on a group's cache or pool is alive (a
+   kvc_snapshot_take of kvc_memory_group's cache, a tree or prefix object): free it first
+   (as kvc_vk_memory_destroy asks). */
 KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem);
 /* The cache holding model layer `layer`, and that layer's index within it; a group's
    cache. The memory keeps owning it, and keeps its groups in step: on a memory of two or
@@ -5353,6 +5356,11 @@ static kvc_result kvc__memory_destroy_held(kvc_memory *mem) {
     kvc__mpools *mp;
     if (mem == NULL) return KVC_ERR_NULL;
     mp = mem->mp;
+    for (g = 0; mp->refs == 1 && g < mp->n_groups; ++g) { /* the last: its pools go too */
+        const kvc_pool *p = mp->pool[g];
+        if (p != NULL && (p->live_caches != (mem->cache[g] != NULL) || p->live_snapshots || p->live_prefixes))
+            return KVC_ERR_BUSY; /* made directly on a group's cache or pool, and alive */
+    }
     for (g = 0; g < mp->n_groups; ++g)
         if (mem->cache[g] != NULL) (void)kvc_cache_destroy(mem->cache[g]);
     mp->alloc.free(mem, mp->alloc.user);
