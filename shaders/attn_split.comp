@@ -314,7 +314,8 @@ void main() {
         }
         gids[tid] = gid;
         // s = cap tanh(s / cap), in base 2 as the scores are; +inf if not finite (attn_common.glsl)
-        [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = score_capped(s[g], pc.softcap2);
+        if (pc.softcap2 > 0.0) [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = score_capped(s[g], pc.softcap2);
+        else [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = score_finite(s[g]);
         // one max per head for the block, then the weights
         float mb[G];
         [[unroll]] for (uint g = 0u; g < G; ++g) mb[g] = vis ? s[g] : NEG_INF;

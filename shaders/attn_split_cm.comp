@@ -299,7 +299,8 @@ void main() {
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
             uint g = hb + 2u * t, a = lc * NQ + g;
             // soft-capped in base 2; +inf if not finite (attn_common.glsl)
-            x[t] = vis && g < G ? score_capped((ss[a] + ss[a + G] * INV_LO) * escale[t], pc.softcap2) : NEG_INF;
+            float sc = (ss[a] + ss[a + G] * INV_LO) * escale[t];
+            x[t] = vis && g < G ? (pc.softcap2 > 0.0 ? score_capped(sc, pc.softcap2) : score_finite(sc)) : NEG_INF;
             above = above || x[t] > m[t];
         }
         // A tile with no score above its head's running maximum (after the first tiles, most
