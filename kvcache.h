@@ -520,8 +520,8 @@ KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens);
    (kvc_cache_gather reads them so). Each query row (query, head of that kv head) that sees
    it gets NaN in every output value and its lse, like PyTorch's attention with a NaN key;
    other rows, and queries masked from it, are exactly as without it. So a bad value never
-   turns its block or rotation neighbours NaN and is never dropped. (Not yet followed by
-   kvcache_vk.h's kvc_vk_cmd_append, whose device K/V the host never sees.) */
+   turns its block or rotation neighbours NaN and is never dropped. kvcache_vk.h follows
+   the same rule (kvc_vk_cmd_append, its attention and RoPE shifts). */
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v);
 /* Abandon an unfinished batch: offset goes back to where kvc_begin found it. */
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
@@ -531,8 +531,9 @@ KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
    trim only until the window has wrapped: offset <= window and no page ever released (a
    kvc_cancel after kvc_begin released pages counts as wrapped); after that only onto a
    checkpoint, within a reserve (cfg.reserve, which keeps trims of up to R tokens
-   possible) or to 0 (clearing), and a trim by 0 is KVC_ERR_UNSUPPORTED. RECURRENT caches
-   likewise go back only onto a checkpoint, within the reserve or to 0. A target the cache
+   possible) or to 0 (clearing). RECURRENT caches likewise go back only onto a checkpoint,
+   within the reserve or to 0. A trim by 0 always succeeds and changes nothing (FULL,
+   ROTATING, RECURRENT; wrapped, after a kvc_cancel, anything). A target the cache
    cannot reach is KVC_ERR_UNREACHABLE, nothing changed: the result kvc_restore(cache,
    NULL, target) and kvc_memory_trim give (kvc_can_rewind says which targets are
    reachable; 0 always is). CAUSAL caches: KVC_ERR_UNSUPPORTED. With a reserve,
@@ -843,8 +844,10 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    RECURRENT caches live on a state pool (kvc_pool_config.state_floats): per layer and
    sequence a fixed-size f32 state that the engine updates in place. A state cannot be
    rewound, so it goes back only to checkpoints (offsets named when a batch begins) and
-   snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_restore) or KVC_ERR_RECURRENT
-   (kvc_trim, kvc_seq_remove), with nothing changed. ROTATING caches keep checkpoints the
+   snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_trim, kvc_restore,
+   kvc_snapshot_take_at, and the kvc_memory_* calls alike), with nothing changed;
+   KVC_ERR_RECURRENT is for cutting tokens out of a state's middle (kvc_seq_remove) and
+   for abandoning a batch whose states were handed out. ROTATING caches keep checkpoints the
    same way, which lets a wrapped window go back to them. For speculative decoding, a
    reserve of R tokens (kvc_cache_config.reserve) lets both kinds go back by up to R
    tokens without naming checkpoints. */
@@ -889,7 +892,8 @@ KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t 
 KVCDEF kvc_result kvc_batch_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
 /* kvc_snapshot_take as it was after `at` tokens: FULL any at <= offset; ROTATING at the
    offset, inside the last batch, or at a checkpoint; RECURRENT at the offset or a
-   checkpoint (else KVC_ERR_RECURRENT; ROTATING: KVC_ERR_UNREACHABLE). A ROTATING or
+   checkpoint (else KVC_ERR_UNREACHABLE, as kvc_trim and kvc_restore answer for a target
+   out of reach; once KVC_ERR_RECURRENT for a RECURRENT cache). A ROTATING or
    RECURRENT snapshot also carries the cache's checkpoints at or before `at`, which a
    restore to target brings back up to target (a restore to `at` keeps the one at `at`,
    as a rewind to `at` does). */
@@ -968,7 +972,10 @@ KVCDEF kvc_result kvc_memory_config_check(const kvc_memory_config *cfg, const ch
    cache configs in them): they need not outlive the call. */
 KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **out);
 /* Destroys the memory's caches; the pools go with the last memory (forks share them)
-   or memory snapshot that uses them. */
+   or memory snapshot that uses them. KVC_ERR_BUSY, nothing destroyed, where the pools
+   would go while something made directly on a group's cache or pool is alive (a
+   kvc_snapshot_take of kvc_memory_group's cache, a tree or prefix object): free it first
+   (as kvc_vk_memory_destroy asks). */
 KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem);
 /* The cache holding model layer `layer`, and that layer's index within it; a group's
    cache. The memory keeps owning it, and keeps its groups in step: on a memory of two or
@@ -1022,7 +1029,11 @@ KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem);
    its whole window at `at`; both also carry their checkpoints before `at`. */
 KVCDEF kvc_result kvc_memory_snapshot_take(kvc_memory *mem, int32_t from, int32_t at, kvc_memory_snapshot **out);
 /* Bring every group to target from the snapshot (NULL: from the memory itself), all or
-   nothing. The snapshot restores into any memory sharing its pools (itself or a fork). */
+   nothing. The snapshot restores into any memory sharing its pools (itself or a fork).
+   A FULL group whose page at the snapshot's `from` is no longer the snapshot's needs a
+   copy of it: as kvc_memory_begin, the restore evicts unused tree entries for that room
+   if it must, once everything else it allocates has succeeded; KVC_ERR_FULL (the budget
+   holds it even so) or KVC_ERR_NO_MEMORY leave every group as it was and evict nothing. */
 KVCDEF kvc_result kvc_memory_restore(kvc_memory *mem, const kvc_memory_snapshot *snap, int32_t target);
 KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap); /* NULL is fine */
 /* A new memory on the same pools with the same contents, sharing every page. */
@@ -2101,8 +2112,8 @@ static void kvc__store_row(const kvc__type_info *t, kvc__rot_fn fn, const float 
    leaves every other row as it would be: a NaN key makes the row's scores NaN, and a
    masked cell's zero values add nothing. So one bad value never turns its neighbours
    into NaN (a block's scale, a rotation block), is never dropped, and never depends on
-   the storage type or the CPU path. (kvcache_vk.h's device append and kernels do not
-   apply it yet: K/V written there with kvc_vk_cmd_append are taken as they are.) */
+   the storage type or the CPU path. (kvcache_vk.h applies it in its shaders: rows_write
+   checks with these limits, the split passes take a score that is not finite as +inf.) */
 static float kvc__finite_limit(kvc_type t, int32_t n_rot) {
     float lim = t == KVC_TYPE_F16    ? 65504.0f                /* the largest finite f16 */
                 : t == KVC_TYPE_Q8_0 ? 65504.0f * 127.0f       /* scale amax / 127, an f16 */
@@ -3756,12 +3767,12 @@ static kvc_result kvc__trim_held(kvc_cache *cache, int32_t n_tokens) {
     if (cache->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED;
     if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
+    /* by 0: the offset is always reachable, and nothing changes (a rewind there would
+       re-anchor a ROTATING window at offset - 1), as kvc_restore(cache, NULL, offset) */
+    if (n_tokens == 0) return KVC_OK;
     /* a wrapped window or a state goes back only onto a checkpoint (or to 0): the result
        kvc_restore(cache, NULL, t) and kvc_memory_trim give */
     if (!kvc__reachable(cache, cache->offset - n_tokens)) return KVC_ERR_UNREACHABLE;
-    /* a wrapped window does not trim by 0 (kvc_can_trim's rule, as before checkpoints) */
-    if (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0 && cache->cfg.reserve == 0)
-        return KVC_ERR_UNSUPPORTED;
     kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;
 }
@@ -4530,7 +4541,7 @@ static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int
     } else if ((k = kvc__ckpt_find(cache, at)) >= 0) {
         n = cache->ckpt[k]->n_pages;
     } else {
-        return kvc__is_recurrent(cache) ? KVC_ERR_RECURRENT : KVC_ERR_UNREACHABLE;
+        return KVC_ERR_UNREACHABLE; /* the result a rewind there gives (kvc_can_rewind) */
     }
     s = k >= 0 ? kvc__snapshot_clone(cache->ckpt[k], 1) : kvc__snapshot_alloc(cache->pool, n, 1);
     if (s == NULL) return KVC_ERR_NO_MEMORY;
@@ -5479,6 +5490,11 @@ static kvc_result kvc__memory_destroy_held(kvc_memory *mem) {
     kvc__mpools *mp;
     if (mem == NULL) return KVC_ERR_NULL;
     mp = mem->mp;
+    for (g = 0; mp->refs == 1 && g < mp->n_groups; ++g) { /* the last: its pools go too */
+        const kvc_pool *p = mp->pool[g];
+        if (p != NULL && (p->live_caches != (mem->cache[g] != NULL) || p->live_snapshots || p->live_prefixes))
+            return KVC_ERR_BUSY; /* made directly on a group's cache or pool, and alive */
+    }
     for (g = 0; g < mp->n_groups; ++g)
         if (mem->cache[g] != NULL) (void)kvc_cache_destroy(mem->cache[g]);
     mp->alloc.free(mem, mp->alloc.user);
@@ -5877,7 +5893,6 @@ static kvc_result kvc__memory_restore_held(kvc_memory *mem, const kvc_memory_sna
             c->pages[s->from / c->pool->page_cells] != s->pages[0])
             copies += (int64_t)c->pool->page_bytes; /* the page at `from` needs a copy (kvc__restore_full) */
     }
-    if (copies > (int64_t)(mp->budget.cap - mp->budget.used)) return KVC_ERR_FULL;
     for (g = 0; g < mp->n_groups; ++g) { /* page-table room: reserving changes nothing visible */
         kvc_cache *c = mem->cache[g];
         int64_t want = c->cfg.kind == KVC_KIND_FULL ? (target > 0 ? (target - 1) / c->pool->page_cells + 1 : 0)
@@ -5890,6 +5905,13 @@ static kvc_result kvc__memory_restore_held(kvc_memory *mem, const kvc_memory_sna
             while (g-- > 0) kvc__snapshot_release(chains[g]);
             return KVC_ERR_NO_MEMORY;
         }
+    /* then the budget for the copies, after evicting prefix-tree entries if it must, as
+       kvc_memory_begin does: only once everything else that may fail has succeeded, and
+       all or nothing (a call that fails evicts nothing) */
+    if (!kvc__reclaim_for(mem->cache[0]->pool, 0, copies)) {
+        for (g = 0; g < mp->n_groups; ++g) kvc__snapshot_release(chains[g]);
+        return KVC_ERR_FULL;
+    }
     for (g = 0; g < mp->n_groups; ++g) {
         kvc_cache *c = mem->cache[g];
         if (c->cfg.kind == KVC_KIND_FULL) {

@@ -683,7 +683,7 @@ static void fm_op_take(fm_world *w, int mi) {
         if (gr->kind == KVC_KIND_FULL || at == off || fm_ck_find(r, at) >= 0) continue;
         if (gr->kind == KVC_KIND_ROTATING && (at > r->st.bb || !ref_wrapped(gr->kind, gr->W, &r->st)))
             continue; /* inside the last batch, or nothing released yet */
-        want = gr->kind == KVC_KIND_ROTATING ? KVC_ERR_UNREACHABLE : KVC_ERR_RECURRENT;
+        want = KVC_ERR_UNREACHABLE; /* as a rewind there (once KVC_ERR_RECURRENT for a state) */
     }
     fuzz_note("memory %d snapshot_take(%d, %d) at %d, want %d", mi, from, at, off, want);
     fm_arm();
@@ -821,11 +821,10 @@ static void fm_op_direct(fm_world *w, int mi) {
         }
         return;
     }
-    /* one group: a trim or restore to 1 .. off - 1 goes where kvc_memory_trim would (not to
-       the offset itself: a ROTATING window rewound there is re-anchored at offset - 1, which
-       the reference does not model) */
+    /* one group: a trim or restore to 1 .. off goes where kvc_memory_trim would (to the
+       offset itself: nothing changes, also on a wrapped or cancelled ROTATING window) */
     if (off < 2) return;
-    n = fuzz_int(&w->in, 1, off - 1);
+    n = fuzz_int(&w->in, 0, off - 1);
     want = fm_reach(&w->gr[0], &m->g[0], off - n) ? KVC_OK : KVC_ERR_UNREACHABLE;
     if (x % 2) {
         FUZZ_RES(kvc_trim(c, n), want);

@@ -586,7 +586,7 @@ static void fz_op_trim(fz_world *w, int ci) {
     r = kvc_trim(c->h, n);
     want = ref_trim_expect(c->kind, c->W, &c->st, n);
     FUZZ_RES(r, want);
-    if (r == KVC_OK) ref_rewind(&c->st, c->st.off - n);
+    if (r == KVC_OK) ref_trim(&c->st, n);
 }
 
 static void fz_op_live_restore(fz_world *w, int ci) {

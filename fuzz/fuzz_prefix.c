@@ -137,11 +137,10 @@ static void fp_disturb(fp_world *w) {
     int32_t n = fuzz_int(&w->in, 0, 6);
     if (how == 0) {
         fuzz_note("trim cache %d by %d (offset %d)", ci, n, c->off);
-        /* a wrapped window: no trim by 0, back to 0 (clearing) only */
-        int want = n > c->off ? KVC_ERR_RANGE : !fp_wrapped(c) || (n > 0 && n == c->off) ? KVC_OK
-                   : n == 0 ? KVC_ERR_UNSUPPORTED : KVC_ERR_UNREACHABLE;
+        /* by 0: nothing changes; a wrapped window goes back to 0 (clearing) only */
+        int want = n > c->off ? KVC_ERR_RANGE : n == 0 || !fp_wrapped(c) || n == c->off ? KVC_OK : KVC_ERR_UNREACHABLE;
         FUZZ_RES(kvc_trim(c->h, n), want);
-        if (want == KVC_OK) fp_rewind(c, c->off - n);
+        if (want == KVC_OK && n > 0) fp_rewind(c, c->off - n);
     } else if (how == 1) {
         int32_t target = c->off - n;
         int want = target < 0 ? KVC_ERR_UNREACHABLE : c->kind == KVC_KIND_ROTATING && target == c->off ? KVC_OK

@@ -16,7 +16,8 @@
 // cells, q8_0: its 32-value slices one after the other added 15 us to a call.)
 // The merge is latency-bound: a few hundred KB in all, read once. Zeros where no cell
 // was visible, and a row of NaN (log-sum-exp NaN too) where the head's query row holds a
-// NaN or an infinity (kvcache.h's rules; the split passes leave such a row to chance).
+// NaN or an infinity, or where a split saw a visible score that is not finite, its maximum
+// +inf (a poisoned key: kvcache.h's rules; the split passes leave such a row to chance).
 #extension GL_EXT_control_flow_attributes : require
 #if USE_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
@@ -101,6 +102,7 @@ void main() {
     if (tid < n) { mx = part[at + tid * stride]; lx = part[at + tid * stride + 1u]; }
     if (tid == 0u) qbad = 0u;
     float M = reduce(mx, 0u); // (its barriers publish qbad's zero)
+    if (tid < n && mx == POS_INF) atomicOr(qbad, 1u); // the split saw a score not finite (attn_common.glsl)
     for (uint i = tid; i < HDK; i += 256u) // exponent all ones: NaN or infinite
         if ((qw[J.q_off + qh * HDK + i] & 0x7f800000u) == 0x7f800000u) atomicOr(qbad, 1u);
     float f = mx == NEG_INF ? 0.0 : exp2(mx - M);

@@ -313,8 +313,9 @@ void main() {
             }
         }
         gids[tid] = gid;
-        if (pc.softcap2 > 0.0) // s = cap tanh(s / cap), in base 2 as the scores are
-            [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = pc.softcap2 * tanh(s[g] / pc.softcap2);
+        // s = cap tanh(s / cap), in base 2 as the scores are; +inf if not finite (attn_common.glsl)
+        if (pc.softcap2 > 0.0) [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = score_capped(s[g], pc.softcap2);
+        else [[unroll]] for (uint g = 0u; g < G; ++g) s[g] = score_finite(s[g]);
         // one max per head for the block, then the weights
         float mb[G];
         [[unroll]] for (uint g = 0u; g < G; ++g) mb[g] = vis ? s[g] : NEG_INF;

@@ -298,8 +298,9 @@ void main() {
         bool above = false;
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
             uint g = hb + 2u * t, a = lc * NQ + g;
-            x[t] = vis && g < G ? (ss[a] + ss[a + G] * INV_LO) * escale[t] : NEG_INF;
-            if (pc.softcap2 > 0.0 && x[t] != NEG_INF) x[t] = pc.softcap2 * tanh(x[t] / pc.softcap2); // base 2
+            // soft-capped in base 2; +inf if not finite (attn_common.glsl)
+            float sc = (ss[a] + ss[a + G] * INV_LO) * escale[t];
+            x[t] = vis && g < G ? (pc.softcap2 > 0.0 ? score_capped(sc, pc.softcap2) : score_finite(sc)) : NEG_INF;
             above = above || x[t] > m[t];
         }
         // A tile with no score above its head's running maximum (after the first tiles, most

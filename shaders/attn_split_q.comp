@@ -457,8 +457,9 @@ void main() {
                 }
                 [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] += f[g] * (dk * qf[g][b]);
             }
-            if (pc.softcap2 > 0.0) // s = cap tanh(s / cap), in base 2 as the scores are
-                [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = pc.softcap2 * tanh(v[g] / pc.softcap2);
+            // s = cap tanh(s / cap), in base 2 as the scores are; +inf if not finite (attn_common.glsl)
+            if (pc.softcap2 > 0.0) [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = score_capped(v[g], pc.softcap2);
+            else [[unroll]] for (uint g = 0u; g < GH; ++g) v[g] = score_finite(v[g]);
             [[unroll]] for (uint g = 0u; g < GH; ++g) {
                 sc[o][g] = vis ? v[g] : NEG_INF;
                 mx[g] = max(mx[g], sc[o][g]);

@@ -89,8 +89,8 @@ KV_HEADS kv heads (planar)
 PAGE_CELLS cells per page (planar)"
 spec_rows_write="TYPE storage type of the tensor
 PLANAR nonzero: q8_0 / q4_0 pages in the planar layout
-HD head dim of the tensor (planar)
-KV_HEADS kv heads (planar)
+HD head dim of the tensor
+KV_HEADS kv heads
 PAGE_CELLS cells per page (planar)"
 spec_rotate="HD head dim of the vectors
 N the storage rotation's block (kvc_rotation_block)"

@@ -59,8 +59,8 @@
 // of rows_write.comp
 #define ROWS_WRITE_TYPE 0 // storage type of the tensor
 #define ROWS_WRITE_PLANAR 1 // nonzero: q8_0 / q4_0 pages in the planar layout
-#define ROWS_WRITE_HD 2 // head dim of the tensor (planar)
-#define ROWS_WRITE_KV_HEADS 3 // kv heads (planar)
+#define ROWS_WRITE_HD 2 // head dim of the tensor
+#define ROWS_WRITE_KV_HEADS 3 // kv heads
 #define ROWS_WRITE_PAGE_CELLS 4 // cells per page (planar)
 // of rotate.comp
 #define ROTATE_HD 0 // head dim of the vectors

@@ -101,8 +101,12 @@ static inline void ref_cancel(ref_state *st, const ref_state *after) {
 /* What kvc_trim(n) answers. */
 static inline kvc_result ref_trim_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t n) {
     if (n < 0 || n > st->off) return KVC_ERR_RANGE;
-    if (!ref_wrapped(kind, W, st) || (n > 0 && n == st->off)) return KVC_OK; /* 0: clearing */
-    return n == 0 ? KVC_ERR_UNSUPPORTED : KVC_ERR_UNREACHABLE;
+    if (n == 0 || !ref_wrapped(kind, W, st) || n == st->off) return KVC_OK; /* by 0: nothing; to 0: clearing */
+    return KVC_ERR_UNREACHABLE;
+}
+/* kvc_trim(n) succeeded: by 0 nothing changes (no re-anchoring at the offset) */
+static inline void ref_trim(ref_state *st, int32_t n) {
+    if (n > 0) ref_rewind(st, st->off - n);
 }
 
 /* What kvc_restore(cache, NULL, target) answers; ref_live_restore applies it. */

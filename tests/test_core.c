@@ -595,6 +595,50 @@ static void test_full_basic(void) {
     fx_done(&f);
 }
 
+/* A trim by 0 succeeds and changes nothing, on every kind that trims, in any state: a
+   cache trimmed by 0 after every step (appends, cancelled batches, a wrapped window) and
+   its twin, never trimmed, hold the same cells after each step (once, a wrapped window
+   answered KVC_ERR_UNSUPPORTED and a cancelled batch's window was re-anchored). */
+static int same_cells(fixture *f, const kvc_cache *a, const kvc_cache *b) {
+    static float ka[4096], va[4096], kb[4096], vb[4096];
+    int32_t pa[512], pb[512], na = -1, nb = -2, l, ok = offset_of(a) == offset_of(b);
+    for (l = 0; l < f->cfg.n_layers; ++l) {
+        ok &= kvc_cache_gather(a, l, ka, va, pa, 512, &na) == KVC_OK && kvc_cache_gather(b, l, kb, vb, pb, 512, &nb) == KVC_OK;
+        ok &= na == nb && memcmp(pa, pb, sizeof(int32_t) * (size_t)na) == 0 &&
+              memcmp(ka, kb, sizeof(float) * (size_t)na * 8) == 0 && memcmp(va, vb, sizeof(float) * (size_t)na * 6) == 0;
+    }
+    return ok;
+}
+static void test_trim_zero(tk_rng *rng) {
+    int kind, step;
+    for (kind = 0; kind < 3; ++kind) {
+        fixture f;
+        kvc_cache *a, *b;
+        int32_t window = kind == 2 ? 4 : 8;
+        fx_init(&f, KVC_TYPE_F32, KVC_TYPE_F32, 1 + kind, 160);
+        a = make_cache(&f, kind ? KVC_KIND_ROTATING : KVC_KIND_FULL, kind ? window : 0, kind == 2);
+        b = make_cache(&f, kind ? KVC_KIND_ROTATING : KVC_KIND_FULL, kind ? window : 0, kind == 2);
+        for (step = 0; step < 40; ++step) {
+            int32_t n = tk_int(rng, 1, 3);
+            if (offset_of(a) + n > 60) break;
+            if (tk_pct(rng, 30)) { /* a batch begun, then cancelled */
+                TK_OK(kvc_begin(a, n));
+                TK_OK(kvc_begin(b, n));
+                TK_OK(kvc_cancel(a));
+                TK_OK(kvc_cancel(b));
+            } else {
+                TK_OK(append(&f, a, n));
+                TK_OK(append(&f, b, n));
+            }
+            TK_OK(kvc_trim(a, 0));
+            TK_CHECK(same_cells(&f, a, b));
+        }
+        TK_OK(kvc_cache_destroy(a));
+        TK_OK(kvc_cache_destroy(b));
+        fx_done(&f);
+    }
+}
+
 /* ---- rotating cache: the scenarios of ollama's MLX runner (RotatingKVCache) ------- */
 
 static void test_rotating_concat_and_update(void) {
@@ -1667,6 +1711,7 @@ int main(int argc, char **argv) {
     test_begin_at();
     test_arena();
     test_full_basic();
+    test_trim_zero(&rng);
     test_rotating_concat_and_update();
     test_rotating_rewind_restore();
     test_rotating_sinks();

@@ -296,6 +296,13 @@ static void test_direct_refused(void) {
     TK_CHECK(world_ok(&w));
     TK_OK(kvc_prefix_create_memory(w.m, 16, &px));
     TK_OK(kvc_prefix_destroy(px));
+    /* a snapshot of a group's cache holds the memory's pool: the last memory on it cannot
+       go while it lives (it went, leaving the pool behind, never freed) */
+    TK_OK(kvc_snapshot_take(c, 0, &s));
+    TK_RES(kvc_memory_destroy(w.m), KVC_ERR_BUSY);
+    TK_OK(kvc_memory_offset(w.m, &o)); /* nothing destroyed */
+    TK_EQ(o, 9);
+    TK_OK(kvc_snapshot_free(s));
     TK_OK(kvc_memory_destroy(w.m));
     /* one group: its cache is the memory, nothing to keep in step; destroy still refused */
     world_create(&w, 1, kinds);

@@ -431,6 +431,54 @@ static void test_begin_refused(void) {
     TK_OK(kvc_memory_destroy(m0));
 }
 
+/* Issue 35 (contracts): kvc_memory_restore makes room as kvc_memory_begin does. A restore
+   from a snapshot taken from 2 (its FULL group's page at 2 shared no more: the memory wrote
+   other tokens there since) needs a page copy; with the budget short of it by one byte and
+   an unused tree entry, the restore evicts the entry and succeeds (it returned KVC_ERR_FULL
+   with the entry in place). *used: the budget's bytes in use just before the restore. */
+static kvc_result restore_needing_room(size_t budget, size_t *used, int *evicted_before, int *evicted) {
+    int32_t a[40], b[12], c2[12], i, at[1] = {2}, r = -1;
+    kvc_memory *m0 = new_memory(budget), *m = NULL;
+    kvc_radix_config rc;
+    kvc_radix *t = NULL;
+    kvc_memory_snapshot *s = NULL;
+    kvc_memory_stats ms;
+    kvc_result res;
+    for (i = 0; i < 40; ++i) a[i] = 3100 + i;
+    for (i = 0; i < 12; ++i) { b[i] = 4100 + i; c2[i] = i < 2 ? b[i] : 5100 + i; }
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TK_OK(kvc_radix_create_memory(m0, &rc, &t));
+    TK_EQ(request(t, a, 40, NULL, 0, 0, NULL), 0); /* the unused entry */
+    TK_OK(kvc_radix_lookup_memory(t, NSP, b, 12, &m, &r));
+    TK_OK(feed(m, b, 0, 10, at, 1));
+    TK_OK(kvc_memory_snapshot_take(m, 2, 10, &s));
+    TK_OK(kvc_memory_trim(m, 8));
+    TK_OK(feed(m, c2, 2, 2, NULL, 0)); /* the FULL group's page 0 copied on write */
+    TK_OK(kvc_memory_trim(m, 2));
+    TK_OK(kvc_memory_stats_get(m, &ms));
+    *used = ms.bytes_used;
+    *evicted_before = stats_of(t).entries_evicted > 0;
+    res = kvc_memory_restore(m, s, 10);
+    *evicted = stats_of(t).entries_evicted > 0;
+    if (res == KVC_OK) TK_CHECK(holds(m, b, 10));
+    else TK_CHECK(holds(m, c2, 2)); /* nothing changed */
+    TK_OK(kvc_memory_snapshot_free(s));
+    TK_OK(kvc_memory_destroy(m));
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_memory_destroy(m0));
+    return res;
+}
+static void test_restore_evicts(void) {
+    size_t used = 0, used2 = 0;
+    int before = 1, evicted = 1;
+    TK_OK(restore_needing_room(1 << 20, &used, &before, &evicted)); /* room enough: nothing evicted */
+    TK_CHECK(!before && !evicted);
+    /* one FULL page (4 cells x 4 dims x 4 bytes, K and V) short */
+    TK_OK(restore_needing_room(used + 4 * DIM * 4 * 2 - 1, &used2, &before, &evicted));
+    TK_EQ(used2, used);
+    TK_CHECK(!before && evicted);
+}
+
 /* ---- save and load of a memory tree's entries --------------------------------------- */
 static kvc_result save_entry(kvc_radix *t, kvc_namespace ns, const int32_t *tok, int32_t n, unsigned char **buf,
                              size_t *len) {
@@ -773,6 +821,7 @@ int main(int argc, char **argv) {
     test_begin_refused();
     test_persistence(seed);
     test_load_evicts_nothing();
+    test_restore_evicts();
     test_random(seed, rounds, 1 << 20);
     test_random(seed ^ 0x9e3779b97f4a7c15ULL, rounds, 8 * 1024);
     return tk_report("memory_radix");

@@ -593,7 +593,7 @@ static void tr_op_trim(tr_ep *e, int ci) {
     r = kvc_trim(c->h, n);
     tr_loga(e, " -> %d (want %d)", r, want);
     TK_RES(r, want);
-    if (r == KVC_OK && want == KVC_OK) ref_rewind(&c->st, c->st.off - n);
+    if (r == KVC_OK && want == KVC_OK) ref_trim(&c->st, n);
 }
 
 static void tr_op_live_restore(tr_ep *e, int ci) {

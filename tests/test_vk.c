@@ -822,6 +822,182 @@ static void test_rotated_decode(tk_rng *rng) {
         }
 }
 
+/* kvcache.h's non-finite rule on the device (kvc_put; test_kernels' test_nonfinite_kv on the
+   CPU): kvc_vk_cmd_append stores a (cell, kv head) whose K or V holds a NaN, an infinity or
+   a value its storage cannot hold finite as NaN keys and zero values, exactly as kvc_put does,
+   and attention gives NaN (values and lse) to the rows that see it, equal elsewhere. Every
+   type, q8_0 / q4_0 planar and in the block layout, plain and rotated storage; a prefill of
+   40 queries (one split) and a decode over 300 cells in splits (the merge), soft-capped
+   or not; then a RoPE shift
+   (kvc_seq_remove) keeps a poisoned key poisoned. Against the CPU: the NaN rows are the
+   CPU's, the other rows kvc_attention's over the device's bytes. */
+#define NFV_HD 64
+static int32_t nfv_row_nan(const float *x) {
+    int32_t i, n = 0;
+    for (i = 0; i < NFV_HD; ++i) n += x[i] != x[i];
+    return n;
+}
+static void nfv_append(kvc_vk_pool *vp, kvc_cache *c, const float *k, const float *v, int32_t n) {
+    size_t nk = (size_t)n * 2 * NFV_HD;
+    kvc_vk_tensor tk_, tv_;
+    VkCommandBuffer cmd;
+    ensure(&in_buf, sizeof(float) * 2 * nk);
+    memcpy(in_buf.mapped, k, sizeof(float) * nk);
+    memcpy((float *)in_buf.mapped + nk, v, sizeof(float) * nk);
+    memset(&tk_, 0, sizeof(tk_));
+    memset(&tv_, 0, sizeof(tv_));
+    tk_.buffer = tv_.buffer = in_buf.buffer;
+    tv_.offset = (VkDeviceSize)nk * 4;
+    cmd = begin_cmd();
+    TK_OK(kvc_vk_cmd_append(vp, cmd, c, 0, &tk_, &tv_));
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+}
+/* the CPU pool takes the device's bytes (the same page ids) */
+static void nfv_download(kvc_vk_pool *vp, kvc_pool *cp) {
+    VkCommandBuffer cmd = begin_cmd();
+    TK_OK(kvc_vk_cmd_sync(vp, cmd));
+    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_pool_download(vp, 0, 0, cp->max_pages, kvc__k_at(cp, 0, 0, 0), kvc__v_at(cp, 0, 0, 0)));
+}
+/* head 1 of gathered cell `cell` poisoned (K NaN, V zeros), head 0 finite */
+static int nfv_poisoned(const float *gk, const float *gv, int32_t cell) {
+    int32_t i, ok = 1;
+    for (i = 0; i < NFV_HD; ++i) {
+        size_t h1 = ((size_t)cell * 2 + 1) * NFV_HD + (size_t)i, h0 = (size_t)cell * 2 * NFV_HD + (size_t)i;
+        ok &= gk[h1] != gk[h1] && gv[h1] == 0.0f && gk[h0] == gk[h0] && gv[h0] == gv[h0];
+    }
+    return ok;
+}
+static void test_nonfinite_kv(tk_rng *rng) {
+    /* K NaN, K +inf, K -inf, V NaN, V +inf, K 1e6 (bad where the type cannot hold it) */
+    static const float limits[5] = {3.4e38f, 65504.0f, 3.38e38f, 65504.0f * 127.0f, 65504.0f * 8.0f};
+    static float k[300 * 2 * NFV_HD], v[300 * 2 * NFV_HD], gk[300 * 2 * NFV_HD], gv[300 * 2 * NFV_HD];
+    static float q[40 * 4 * NFV_HD], ref[40 * 4 * NFV_HD], dev[40 * 4 * NFV_HD], got[40 * 4 * NFV_HD];
+    float lref[160], ldev[160], lgot[160];
+    int32_t pos[300];
+    int ti, hl, rot, kind, shape, runs = 0, nth = 0;
+    for (ti = 0; ti < types_avail; ++ti)
+        for (hl = 0; hl < (ti >= 3 ? 2 : 1); ++hl)
+            for (rot = 0; rot < 2; ++rot) {
+                kvc_pool_config pc;
+                kvc_cache_config cc;
+                kvc_vk_pool_options o;
+                kvc_vk_pool *vp;
+                kvc_pool *cp, *hp;
+                kvc_cache *c0, *c1;
+                if (tk_scale() < 0.1 && (uint64_t)nth++ % 14 != run_seed % 14) continue; /* valgrind: one pool */
+                kvc_pool_config_init(&pc);
+                pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = NFV_HD; pc.page_cells = 16;
+                pc.type_k = pc.type_v = (kvc_type)ti;
+                pc.rotate = rot ? KVC_ROTATE_K | KVC_ROTATE_V : 0;
+                TK_OK(kvc_pool_budget_for_tokens(&pc, 400, &pc.budget_bytes));
+                memset(&o, 0, sizeof(o));
+                o.host_layout = hl;
+                o.max_splits = 4;
+                o.no_subgroup = (ti + rot) & 1; /* both builds of the split and merge passes */
+                TK_OK(kvc_pool_create(&pc, &cp));
+                TK_OK(kvc_vk_pool_create(ctx, &pc, &o, &vp));
+                hp = kvc_vk_pool_host(vp);
+                for (kind = 0; kind < 6; ++kind)
+                    for (shape = 0; shape < 2; ++shape) {
+                        int32_t n_tok = shape ? 300 : 40, n_q = shape ? 1 : 40, cell = shape ? 200 : 20, row, i, n = 0;
+                        size_t at = ((size_t)cell * 2 + 1) * NFV_HD + 7; /* kv head 1, value 7 */
+                        float bad = kind == 5 ? 1e6f : kind % 3 == 0 ? NAN : kind % 3 == 1 ? INFINITY : -INFINITY;
+                        int poisoned = !(fabsf(bad) <= limits[ti] / (rot ? 8.0f : 1.0f)); /* block 64: sqrt 8 */
+                        int wrong = 0;
+                        kvc_attention_desc d;
+                        kvc_vk_attention_desc vd;
+                        VkCommandBuffer cmd;
+                        runs++;
+                        tk_fill(rng, k, (size_t)n_tok * 2 * NFV_HD, 1.0f);
+                        tk_fill(rng, v, (size_t)n_tok * 2 * NFV_HD, 1.0f);
+                        tk_fill(rng, q, (size_t)n_q * 4 * NFV_HD, 1.0f);
+                        (kind >= 3 && kind < 5 ? v : k)[at] = bad;
+                        kvc_cache_config_init(&cc, KVC_KIND_FULL);
+                        TK_OK(kvc_cache_create(cp, &cc, &c0));
+                        TK_OK(kvc_cache_create(hp, &cc, &c1));
+                        TK_OK(kvc_begin(c0, n_tok));
+                        TK_OK(kvc_begin(c1, n_tok));
+                        TK_OK(kvc_put(c0, 0, k, v));
+                        nfv_append(vp, c1, k, v, n_tok);
+                        memset(&d, 0, sizeof(d));
+                        d.n_queries = n_q; d.n_heads = 4; d.q = q; d.out = ref; d.lse = lref;
+                        d.softcap = kind & 1 ? 4.0f : 0.0f; /* a soft-cap must not hide a NaN */
+                        TK_OK(kvc_attention(c0, 0, &d)); /* the CPU's own bytes: its NaN rows */
+                        nfv_download(vp, cp);
+                        d.out = dev; d.lse = ldev;
+                        TK_OK(kvc_attention(c0, 0, &d)); /* the device's bytes */
+                        TK_OK(kvc_cache_gather(c0, 0, gk, gv, pos, 300, &n));
+                        if (poisoned) wrong += !nfv_poisoned(gk, gv, cell);
+                        ensure(&q_buf, sizeof(q));
+                        ensure(&out_buf, sizeof(got) + sizeof(lgot));
+                        memcpy(q_buf.mapped, q, sizeof(float) * (size_t)n_q * 4 * NFV_HD);
+                        memset(&vd, 0, sizeof(vd));
+                        vd.n_queries = n_q; vd.n_heads = 4; vd.softcap = d.softcap;
+                        vd.q.buffer = q_buf.buffer;
+                        vd.out.buffer = vd.lse.buffer = out_buf.buffer;
+                        vd.lse.offset = sizeof(got);
+                        cmd = begin_cmd();
+                        TK_OK(kvc_vk_cmd_attention(vp, cmd, c1, 0, &vd));
+                        TK_OK(kvc_vk_submit_wait(ctx, cmd));
+                        memcpy(got, out_buf.mapped, sizeof(float) * (size_t)n_q * 4 * NFV_HD);
+                        memcpy(lgot, (const char *)out_buf.mapped + sizeof(got), sizeof(float) * (size_t)n_q * 4);
+                        for (row = 0; row < n_q * 4; ++row) {
+                            int sees = row % 4 >= 2 && (shape == 1 || row / 4 >= cell); /* heads 2, 3: kv head 1 */
+                            int cpu_nan = nfv_row_nan(ref + (size_t)row * NFV_HD) == NFV_HD;
+                            wrong += cpu_nan != (poisoned && sees); /* the CPU's rule, as a sanity check */
+                            if (cpu_nan) {
+                                wrong += nfv_row_nan(got + (size_t)row * NFV_HD) != NFV_HD || lgot[row] == lgot[row];
+                                continue;
+                            }
+                            for (i = 0; i < NFV_HD; ++i) {
+                                size_t j = (size_t)row * NFV_HD + (size_t)i;
+                                wrong += !(fabs((double)got[j] - dev[j]) <= 5e-5 * (1.0 + fabs((double)dev[j])));
+                            }
+                            wrong += !(fabs((double)lgot[row] - ldev[row]) <= 1e-4 * (1.0 + fabs((double)ldev[row])));
+                        }
+                        if (wrong)
+                            fprintf(stderr, "non-finite K/V on the device, %s%s rot %d kind %d shape %d: %d wrong\n",
+                                    kvc_type_name((kvc_type)ti), hl ? " host-layout" : "", rot, kind, shape, wrong);
+                        TK_EQ(wrong, 0);
+                        kvc_cache_destroy(c0);
+                        kvc_cache_destroy(c1);
+                    }
+                { /* a RoPE shift keeps a poisoned key poisoned */
+                    int32_t n = 0, cell = -1, i;
+                    kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
+                    cc.capacity = 16;
+                    cc.rope.style = KVC_ROPE_NEOX;
+                    cc.rope.theta = 10000.0f;
+                    tk_fill(rng, k, 8 * 2 * NFV_HD, 1.0f);
+                    tk_fill(rng, v, 8 * 2 * NFV_HD, 1.0f);
+                    k[(5 * 2 + 1) * NFV_HD + 3] = NAN; /* token 5, kv head 1 */
+                    TK_OK(kvc_cache_create(cp, &cc, &c0));
+                    TK_OK(kvc_cache_create(hp, &cc, &c1));
+                    TK_OK(kvc_begin(c0, 8));
+                    TK_OK(kvc_begin(c1, 8));
+                    TK_OK(kvc_put(c0, 0, k, v));
+                    nfv_append(vp, c1, k, v, 8);
+                    TK_OK(kvc_seq_remove(c0, 0, 1, 2)); /* positions 2.. move back by one, keys re-rotated */
+                    TK_OK(kvc_seq_remove(c1, 0, 1, 2));
+                    nfv_download(vp, cp);
+                    TK_OK(kvc_cache_gather(c0, 0, gk, gv, pos, 16, &n));
+                    for (i = 0; i < n; ++i)
+                        if (pos[i] == 4) cell = i; /* token 5 */
+                    TK_CHECK(cell >= 0);
+                    if (cell >= 0 && !nfv_poisoned(gk, gv, cell))
+                        fprintf(stderr, "non-finite K/V on the device, %s%s rot %d: the RoPE shift unpoisoned a key\n",
+                                kvc_type_name((kvc_type)ti), hl ? " host-layout" : "", rot);
+                    TK_CHECK(cell >= 0 && nfv_poisoned(gk, gv, cell));
+                    kvc_cache_destroy(c0);
+                    kvc_cache_destroy(c1);
+                }
+                TK_OK(kvc_pool_destroy(cp));
+                TK_OK(kvc_vk_pool_destroy(vp));
+            }
+    TK_CHECK(runs > 0);
+}
+
 /* calls the backend must refuse, with nothing changed */
 /* Pages in and out of the device in kvcache.h's layout: upload then download gives the
    bytes back, every type, planar or not; the planar layout puts codes and scales where
@@ -2097,6 +2273,7 @@ int main(int argc, char **argv) {
         test_errors();
         test_page_roundtrip(&rng);
         test_rotated_decode(&rng);
+        test_nonfinite_kv(&rng);
         test_state_errors();
         test_saveload();
         test_device_memory();
