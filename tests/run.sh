@@ -56,11 +56,21 @@ checks() {
 
 skip() { skipped=$((skipped + 1)); echo "  skip  $1 ($2)"; }
 
-# stage KEY TITLE: starts a stage; each one's wall time goes into the summary at the end
-stage_key="" stage_t0=$SECONDS stage_times=""
+# cpu_s: sets cpu to the CPU seconds (user + sys) this shell and the children it waited for
+# have used (bash's times, in this shell: a pipe or $(...) would ask a fresh subshell)
+cpu_s() {
+  local f="$B/times.$BASHPID"
+  times >"$f"
+  cpu=$(awk '{ for (i = 1; i <= NF; ++i) { split($i, a, "m"); t += a[1] * 60 + a[2] } } END { printf "%d", t + 0.5 }' "$f")
+}
+
+# stage KEY TITLE: starts a stage; each one's wall and CPU time go into the summary at the
+# end (CPU over wall: how busy the stage kept the cores)
+stage_key="" stage_t0=$SECONDS stage_cpu0=0 stage_times=""
 stage() {
-  [ -n "$stage_key" ] && stage_times="$stage_times $stage_key $((SECONDS - stage_t0))s"
-  stage_key=$1 stage_t0=$SECONDS
+  local cpu; cpu_s
+  [ -n "$stage_key" ] && stage_times="$stage_times $stage_key $((SECONDS - stage_t0)) s (cpu $((cpu - stage_cpu0)) s),"
+  stage_key=$1 stage_t0=$SECONDS stage_cpu0=$cpu
   [ -n "$2" ] && echo "== $2"
 }
 
@@ -78,7 +88,7 @@ lane() {
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
   rm -f "$B/lane-$name.count"
   ( passed=0 failed=0 skipped=0 t0=$SECONDS; "$@"
-    [ $((SECONDS - t0)) -lt 10 ] || echo "        ($name: $((SECONDS - t0)) s)"
+    cpu_s; [ $((SECONDS - t0)) -lt 10 ] || echo "        ($name: $((SECONDS - t0)) s, cpu $cpu s)"
     echo "$passed $failed $skipped" >"$B/lane-$name.count" ) >"$B/lane-$name.out" 2>&1 &
   lanes="$lanes $name"
 }
@@ -464,6 +474,6 @@ else
 fi
 
 stage end ""
-echo "stage times:$stage_times; total $((SECONDS - run_t0))s"
+cpu_s; echo "stage times:${stage_times%,}; total $((SECONDS - run_t0)) s (cpu $cpu s)"
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]
