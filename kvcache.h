@@ -79,8 +79,162 @@
    CONVENTIONS
      Every fallible function returns a kvc_result (KVC_OK == 0) and validates all of
      its arguments before it changes anything: after an error the objects are exactly
-     as they were. (kvc_strerror, kvc_type_name and kvc_threads_parallel_for cannot
-     fail.)
+     as they were. (kvc_strerror, kvc_type_name, kvc_threads_parallel_for and the
+     kvc_mutex callbacks cannot fail.)
+
+   NAMING RULE
+     kvc_<object>_<verb>: the object is the type of the first argument -- pool, cache,
+     snapshot, prefix, radix, memory, seq (a CAUSAL cache's sequence), io, threads,
+     mutex -- and the verb says what happens to it (kvc_cache_trim, kvc_radix_evict,
+     kvc_memory_restore). A call on a model memory is its cache call with kvc_memory_
+     in front and the same arguments after the object (kvc_cache_trim /
+     kvc_memory_trim, kvc_begin / kvc_memory_begin, kvc_snapshot_take /
+     kvc_memory_snapshot_take; one exception kept: kvc_state takes (seq, layer),
+     kvc_memory_state (layer, seq)). The tree and prefix calls over a memory end in
+     _memory (kvc_radix_commit_memory) and sit with their family.
+     Short forms, as stb keeps its hot calls short: the calls of a forward pass on a
+     cache drop the object -- kvc_begin (and its CAUSAL and checked forms
+     kvc_begin_batch, kvc_begin_at), kvc_put, kvc_attention, kvc_cancel, and a
+     recurrent layer's kvc_state, kvc_state_read, kvc_state_checkpoint,
+     kvc_batch_checkpoints. Everything else names its object.
+     Objects are made by kvc_<object>_create (kvc_<object>_destroy; a NULL object is
+     KVC_ERR_NULL, except the *_free calls, where NULL is fine), from a
+     kvc_<object>_config that kvc_<object>_config_init fills with zeros and defaults
+     and kvc_<object>_config_check checks as create would, naming the first field
+     refused. Results come back through the last arguments (out pointers); getters
+     are kvc_<object>_<what> (kvc_cache_offset) or kvc_<object>_stats_get. One call
+     with one more argument replaces parallel calls (kvc_begin's checkpoints,
+     kvc_snapshot_take's `at`, kvc_radix_commit's priority: NULL / 0 / KVC_POS_END
+     for the plain case). tools/api_rename.py moves code from older names.
+
+   INDEX (one line per public function; details at each declaration)
+     The forward pass
+       kvc_pool_config_init(cfg)                   zeros and defaults
+       kvc_pool_config_check(cfg, &field)          what kvc_pool_create would say, and which field
+       kvc_pool_create(cfg, &pool)                 every K/V byte, in pages, under a budget
+       kvc_pool_destroy(pool)
+       kvc_pool_stats_get(pool, &stats)            sizes, pages in use and peak, live objects
+       kvc_pool_page_bytes(cfg, &bytes)            one page of every layer
+       kvc_pool_budget_for_tokens(cfg, n, &bytes)  the budget that holds n tokens
+       kvc_pool_budget_for_states(cfg, n, &bytes)  the budget that holds n recurrent states
+       kvc_pool_arena_bytes(cfg, &bytes)           the caller-owned block arena mode needs
+       kvc_cache_config_init(cfg, kind)            FULL, ROTATING, CAUSAL, RECURRENT
+       kvc_cache_config_check(pool, cfg, &field)
+       kvc_cache_create(pool, cfg, &cache)
+       kvc_cache_destroy(cache)
+       kvc_cache_fork(cache, &copy)                shares every page
+       kvc_cache_clear(cache)
+       kvc_cache_offset(cache, &offset)            tokens held: the next position
+       kvc_cache_cells(cache, &n)                  cells a kernel reads now
+       kvc_cache_pages(cache, &n)
+       kvc_begin(cache, n_tokens, at, n_at)        reserve a batch (at: checkpoints, or NULL, 0)
+       kvc_begin_at(cache, pos, n_tokens)          kvc_begin, checking the engine's position
+       kvc_put(cache, layer, k, v)                 write a layer's K/V of the batch
+       kvc_attention(cache, layer, &desc)          attention of q over the cache
+       kvc_attention_scratch_bytes(cache, &desc, &bytes)
+       kvc_cancel(cache)                           abandon the open batch
+       kvc_cache_trim(cache, n)                    drop the last n tokens
+       kvc_cache_can_trim(cache, &ok)              whether a trim by one token succeeds
+       kvc_cache_can_rewind(cache, target, &ok)    whether a trim / restore to target succeeds
+       kvc_cache_checkpoints(cache, at, max, &n)   the offsets it keeps checkpoints at
+       kvc_snapshot_take(cache, from, at, &snap)   [from, at) sharing pages (at: KVC_POS_END)
+       kvc_cache_restore(cache, snap, target)      back to target (snap NULL: the live state)
+       kvc_snapshot_merge(cache, a, b, &ab)
+       kvc_snapshot_split(cache, snap, at, &a, &b)
+       kvc_snapshot_info_get(snap, &info)          span, pages, bytes
+       kvc_snapshot_free(snap)
+     Reuse of prefixes
+       kvc_prefix_create(caches, n, max_tokens, &px)  single-entry reuse (ollama's MLX runner)
+       kvc_prefix_create_memory(mem, max_tokens, &px)
+       kvc_prefix_destroy(px)
+       kvc_prefix_begin(px, tokens, n, &n_reused)  trim the caches to the common prefix
+       kvc_prefix_close(px, generated, n)          record prompt + generated tokens
+       kvc_prefix_tokens(px, &tokens, &n)
+       kvc_radix_config_init(cfg, kind)
+       kvc_radix_create(pool, cfg, &tree)          a prefix tree shared by many conversations
+       kvc_radix_create_memory(mem, cfg, &tree)    the same over a model memory's groups
+       kvc_radix_destroy(tree)
+       kvc_radix_lookup(tree, ns, tokens, n, &cache, &n_reused)
+       kvc_radix_lookup_memory(tree, ns, tokens, n, &mem, &n_reused)
+       kvc_radix_lookup_into_memory(tree, ns, tokens, n, mem, &n_reused)
+       kvc_radix_commit(tree, ns, cache, tokens, n, priority)
+       kvc_radix_commit_memory(tree, ns, mem, tokens, n, priority)
+       kvc_radix_release(cache)                    the cache's entry no longer in use
+       kvc_radix_release_memory(mem)
+       kvc_radix_pin(tree, ns, tokens, n)          never evicted (a system prompt)
+       kvc_radix_unpin(tree, ns, tokens, n)
+       kvc_radix_evict(tree, n_pages, &n_freed)
+       kvc_radix_stats_get(tree, &stats)
+     Persistence
+       kvc_io_memory(&mem, &io)                    an io over a memory block
+       kvc_io_stdio(file, &io)                     an io over an open FILE
+       kvc_io_path(&state, path, writing, &io)     a file by name, written atomically
+       kvc_cache_save(cache, ns, tokens, n, &io)
+       kvc_cache_load(cache, ns, &io, tokens, max, &n)
+       kvc_seq_save(cache, seq, ns, tokens, n, &io)      one CAUSAL sequence
+       kvc_seq_load(cache, dst, ns, &io, tokens, max, &n)
+       kvc_radix_save(tree, ns, tokens, n, &io)    one prefix-tree entry
+       kvc_radix_load(tree, ns, &io, pin, &n)
+       kvc_memory_save(mem, ns, tokens, n, &io)
+       kvc_memory_load(mem, ns, &io, tokens, max, &n)
+     Hybrid models: recurrent layers, model memories
+       kvc_state(cache, seq, layer, &state)        the live state to update in the batch
+       kvc_state_read(cache, seq, layer, &state)   read only, any time
+       kvc_state_checkpoint(cache, layer, at, state)   hand a checkpoint's state over
+       kvc_batch_checkpoints(cache, at, max, &n)   the offsets the batch wants states for
+       kvc_memory_config_init(cfg)
+       kvc_memory_config_check(cfg, &field)
+       kvc_memory_create(cfg, &mem)                one memory over a model's layer groups
+       kvc_memory_destroy(mem)
+       kvc_memory_layer(mem, layer, &cache, &group_layer)
+       kvc_memory_group(mem, group, &cache)
+       kvc_memory_begin(mem, n_tokens, at, n_at)
+       kvc_memory_put(mem, layer, k, v)
+       kvc_memory_attention(mem, layer, &desc)
+       kvc_memory_state(mem, layer, seq, &state)
+       kvc_memory_state_read(mem, layer, &state)
+       kvc_memory_state_checkpoint(mem, layer, at, state)
+       kvc_memory_batch_checkpoints(mem, layer, at, max, &n)
+       kvc_memory_cancel(mem)
+       kvc_memory_offset(mem, &offset)
+       kvc_memory_trim(mem, n)
+       kvc_memory_can_rewind(mem, target, &ok)
+       kvc_memory_rewind_point(mem, max_target, &target)
+       kvc_memory_clear(mem)
+       kvc_memory_snapshot_take(mem, from, at, &snap)
+       kvc_memory_restore(mem, snap, target)
+       kvc_memory_snapshot_free(snap)
+       kvc_memory_fork(mem, &copy)
+       kvc_memory_stats_get(mem, &stats)
+     Threads (KVCACHE_THREADS)
+       kvc_threads_create(n_threads, &threads)     a pthread pool for the parallel_for hook
+       kvc_threads_destroy(threads)
+       kvc_threads_attach(threads, &cfg.runtime)   sets the hook of a pool or memory config
+       kvc_threads_parallel_for(threads, n, fn, ctx)   the hook itself
+       kvc_mutex_create(&mutex)                    a recursive mutex for the pool lock
+       kvc_mutex_destroy(mutex)
+       kvc_mutex_attach(mutex, &cfg.runtime)       sets the lock of a pool or memory config
+       kvc_mutex_lock(mutex)
+       kvc_mutex_unlock(mutex)
+     Advanced
+       kvc_cache_runs(cache, layer, runs, max, &n)     the cells' stored rows, zero-copy
+       kvc_cache_gather(cache, layer, k, v, pos, max, &n)   the same as f32 copies
+       kvc_begin_batch(cache, &batch)              CAUSAL: a batch of (position, sequence)
+       kvc_mask_export(cache, row_pad, mask, max, &rows, &cols, &first)
+       kvc_seq_copy_prefix(cache, src, dst, len)
+       kvc_seq_remove(cache, seq, begin, end)      with a RoPE shift of later cells
+       kvc_seq_keep(cache, seq)
+       kvc_seq_pos_range(cache, seq, &min, &max)
+       kvc_seq_can_resume(cache, seq, pos, &ok)
+       kvc_seq_snapshot(cache, seq, &snap)
+       kvc_seq_restore(cache, snap, dst)
+       kvc_cache_defrag(cache, &n_moves)
+       kvc_cpu_features(&features)                 the KVC_CPU_* paths this CPU and build have
+       kvc_rotation_block(head_dim, &block)        the storage rotation's block
+       kvc_rotate_rows(x, head_dim, n_rows, inverse)   its scalar reference
+       kvc_strerror(result)
+       kvc_type_name(type)
+   (end of index)
 
    THREADS (details: "Threads" among the advanced parts; docs/design.md)
      The library starts no threads. Without a lock a pool and everything made from it
@@ -204,6 +358,30 @@ typedef void (*kvc_parallel_for_fn)(void *user, int32_t n_tasks, kvc_task_fn fn,
 /* A lock (or unlock) callback of the caller's, given the config's lock_user. */
 typedef void (*kvc_lock_fn)(void *user);
 
+/* The runtime block: how the library gets memory, threads and a lock. kvc_pool_config and
+   kvc_memory_config both hold one (`runtime`); a memory's applies to every group's pool
+   (whose own runtime stays zero). All zero: malloc/free (KVCACHE_MALLOC), the calling
+   thread, no lock, every CPU path. */
+typedef struct kvc_runtime {
+    kvc_allocator allocator;
+    kvc_parallel_for_fn parallel_for; /* NULL: the library works on the calling thread */
+    void *parallel_user;
+    int32_t n_workers;                /* with parallel_for: how many worker ids it uses (>= 1) */
+    /* Sharing pools between threads (see "Threads" among the advanced parts): lock and
+       unlock (both or neither; NULL: no lock, one thread at a time) guard everything the
+       pool's caches share -- free pages, refcounts, prefix trees, budget, statistics.
+       The lock must be recursive: a call may take it again on the same thread before
+       it lets it go (a recursive mutex; kvc_mutex_attach sets one up with pthreads).
+       kvc_put and kvc_attention never take it; the allocator is called under it. A
+       memory's lock serves all its groups (they share the budget): a memory and its forks
+       may then be used from different threads at once (each by one thread at a time). */
+    kvc_lock_fn lock;
+    kvc_lock_fn unlock;
+    void *lock_user;
+    uint32_t cpu_disable; /* KVC_CPU_* paths not to use (tests compare them with scalar); a path
+                             needs those below it: no AVX2 means no AVX-512 either */
+} kvc_runtime;
+
 /* Page events for a device backend (see "Page events" among the advanced parts);
    all zero, the default, means none. */
 typedef struct kvc_page_event kvc_page_event;
@@ -249,7 +427,7 @@ typedef struct kvc_pool_config {
     kvc_type type_v;
     int32_t page_cells;   /* token slots per page (every layer); default 256 */
     size_t budget_bytes;  /* hard cap on K/V bytes: floor(budget / page_bytes) pages */
-    kvc_allocator allocator;
+    kvc_runtime runtime;  /* allocator, parallel_for, lock, cpu_disable (see kvc_runtime) */
     /* Arena mode: when arena != NULL every byte the pool, its caches, snapshots
        and prefix objects ever use comes from this caller-owned block, and the
        library never calls an allocator. kvc_pool_arena_bytes() says how big it
@@ -259,25 +437,11 @@ typedef struct kvc_pool_config {
     void *arena;
     size_t arena_bytes;
     size_t arena_object_bytes;
-    uint32_t cpu_disable; /* KVC_CPU_* paths not to use (tests compare them with scalar); a path
-                             needs those below it: no AVX2 means no AVX-512 either */
     kvc_page_hooks hooks; /* page events for a device backend; zero = none */
-    kvc_parallel_for_fn parallel_for; /* NULL: the library works on the calling thread */
-    void *parallel_user;
-    int32_t n_workers;                /* with parallel_for: how many worker ids it uses (>= 1) */
     /* A state pool (for RECURRENT caches) when nonzero: a page holds one sequence's state
        of every layer, state_floats f32 per layer. n_kv_heads and the head dims must be 0;
        type_k, type_v and page_cells are not used (a page is one state). */
     int32_t state_floats;
-    /* Sharing the pool between threads (see "Threads" among the advanced parts): lock and
-       unlock (both or neither; NULL: no lock, one thread at a time) guard everything the
-       pool's caches share -- free pages, refcounts, prefix trees, budget, statistics.
-       The lock must be recursive: a call may take it again on the same thread before
-       it lets it go (a recursive mutex; kvc_mutex_attach sets one up with pthreads).
-       kvc_put and kvc_attention never take it; the allocator is called under it. */
-    kvc_lock_fn lock;
-    kvc_lock_fn unlock;
-    void *lock_user;
     /* KVC_ROTATE_K | KVC_ROTATE_V (0: none): store K (V) rotated along the head by the
        fixed orthonormal rotation of kvc_rotate_rows before converting it to its type, so
        that outlier channels no longer set the block scales of q8_0 / q4_0. Callers see
@@ -455,6 +619,7 @@ typedef struct kvc_cache_config {
 
 typedef struct kvc_cache kvc_cache;
 typedef struct kvc_snapshot kvc_snapshot;
+typedef struct kvc_memory kvc_memory; /* a model memory: "Hybrid models" */
 
 KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind); /* zeros + kind */
 /* CAUSAL caches take all their pages at create (KVC_ERR_FULL if the pool lacks them). */
@@ -482,14 +647,19 @@ KVCDEF kvc_result kvc_cache_cells(const kvc_cache *cache, int32_t *n_cells);
 KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages);
 
 /* ---- A forward pass: reserve, write, attend; cancel and trim --------------------- */
+/* "Up to the end": kvc_snapshot_take's `at` (the offset), kvc_seq_remove's end. */
+#define KVC_POS_END INT32_MAX
 /* Start a batch of n_tokens new tokens at positions offset .. offset+n_tokens-1:
    allocates (and copies shared tail pages) for every layer at once, so it is the
    only call of a forward pass that can run out of pages (KVC_ERR_FULL, after evicting
    unused prefix-tree entries) or memory (KVC_ERR_NO_MEMORY: the page table grows past
    its first 8 entries by doubling). offset grows by n_tokens.
    ROTATING: releases pages no query of this batch can see (the L>1 concat and L=1
-   ring update of ollama's MLX runner keep the same window: W-1 older keys + the batch). */
-KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
+   ring update of ollama's MLX runner keep the same window: W-1 older keys + the batch).
+   at[0 .. n_at) (at may be NULL with n_at 0, the usual call) names checkpoints inside
+   the batch, offsets the cache must be able to return to afterwards (see "Hybrid
+   models": checkpoints); kvc_memory_begin takes the same arguments. */
+KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at);
 /* kvc_begin, after checking that pos -- the position the engine believes its first new
    token has -- is the cache's offset (CAUSAL: sequence 0's next position, one past the
    largest it holds); KVC_ERR_POSITION, with nothing changed, when it is not. Catches an
@@ -588,10 +758,12 @@ typedef struct kvc_snapshot_info {
     size_t bytes;         /* n_pages * page_bytes */
 } kvc_snapshot_info;
 
-/* Snapshot of [from, offset). *out = NULL (and KVC_OK) when offset <= from or the cache
-   is empty, as in ollama's MLX runner. FULL: from < 0 counts as 0. ROTATING: the whole
-   window state is kept. */
-KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out);
+/* Snapshot of [from, at), the cache as it was after `at` tokens; at = KVC_POS_END: the
+   offset, the usual call (any other `at`: see "Hybrid models", snapshots at an offset).
+   *out = NULL (and KVC_OK) when at <= from or the cache is empty, as in ollama's MLX
+   runner. FULL: from < 0 counts as 0. ROTATING: the whole window state is kept.
+   kvc_memory_snapshot_take takes the same arguments. */
+KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out);
 /* Bring the cache to `target`. snap == NULL rewinds using the live state.
    KVC_ERR_UNREACHABLE is the `false` of the MLX runner's Restore: FULL: target < 0, target > offset
    (live) or > snap->to, or offset < snap->from. ROTATING: target > offset (live) or
@@ -639,6 +811,9 @@ KVCDEF kvc_result kvc_prefix_close(kvc_prefix *prefix, const int32_t *generated,
    valid until kvc_prefix_destroy, and what it shows (and *n_tokens) until the next
    kvc_prefix_begin or kvc_prefix_close. */
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **tokens, int32_t *n_tokens);
+/* Single-entry prompt reuse (kvc_prefix) over the memory's groups: reuses up to the
+   longest offset every group can return to. The memory must outlive it. */
+KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out);
 
 /* ---- Radix prefix cache: many conversations share cached prefixes ---------------- */
 /* A tree over token ids on one pool. Each node is a span of tokens and holds the pool
@@ -704,15 +879,13 @@ KVCDEF kvc_result kvc_radix_lookup(kvc_radix *tree, kvc_namespace ns, const int3
    generated tokens — with the K/V the cache holds for them (cache positions 0, 1, ...).
    What the tree already holds is kept (only the new part's pages are shared with the
    tree); the cache must be of the tree's pool and config, with no batch open. The new
-   entry is in use by the cache (as for a lookup). */
+   entry is in use by the cache (as for a lookup). priority (0 when all are equal):
+   eviction takes the entries of the lowest priority first, least recently used first
+   among equals (e.g. system prompt 2 > user turn 1 > assistant turn 0, the order
+   mlx-lm's server keeps). A node keeps the highest priority of the commits through it;
+   pins still win. */
 KVCDEF kvc_result kvc_radix_commit(kvc_radix *tree, kvc_namespace ns, kvc_cache *cache, const int32_t *tokens,
-                                   int32_t n_tokens);
-/* kvc_radix_commit with a priority (kvc_radix_commit's is 0): eviction takes the entries
-   of the lowest priority first, least recently used first among equals (e.g. system
-   prompt 2 > user turn 1 > assistant turn 0, the order mlx-lm's server keeps). A node
-   keeps the highest priority of the commits through it; pins still win. */
-KVCDEF kvc_result kvc_radix_commit_priority(kvc_radix *tree, kvc_namespace ns, kvc_cache *cache,
-                                            const int32_t *tokens, int32_t n_tokens, int32_t priority);
+                                   int32_t n_tokens, int32_t priority);
 /* The cache no longer holds an entry in use (it stays valid; no-op if it held none). */
 KVCDEF kvc_result kvc_radix_release(kvc_cache *cache);
 /* Pin the cached sequence tokens[0 .. n_tokens) (a system prompt) so that eviction never
@@ -726,6 +899,49 @@ KVCDEF kvc_result kvc_radix_unpin(kvc_radix *tree, kvc_namespace ns, const int32
 KVCDEF kvc_result kvc_radix_evict(kvc_radix *tree, int32_t n_pages, int32_t *n_freed);
 /* Counters since create and the tree's size now (walks the tree: O(nodes + pages)). */
 KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *stats);
+
+/* The same family over a model memory (kvc_memory, "Hybrid models" below). */
+/* A radix prefix tree over a memory's groups (no CAUSAL group): one tree, one lookup,
+   one budget. An entry holds each group's share: FULL groups' pages, ROTATING groups'
+   pages of the positions their window needs, RECURRENT groups' states at node ends. A
+   lookup reuses the longest prefix every group can serve (FULL: any length; ROTATING:
+   its window's pages are held; RECURRENT: a state at exactly that length), leaving one
+   token to evaluate. A commit inserts every group and ends nodes at the checkpoints
+   every RECURRENT group kept (kvc_memory_begin's checkpoints, e.g. the end of the
+   system prompt), so a later request that branches there resumes from them. Eviction
+   (kvc_memory_begin running short, kvc_radix_evict, max_entries) takes whole entries
+   across the groups, states included. Pins, namespaces, priorities, counters and
+   kvc_radix_destroy as for a pool's tree; the memory's pools live until the tree is
+   destroyed. kvc_radix_lookup / _commit on it (and the _memory calls on a pool's tree)
+   are KVC_ERR_UNSUPPORTED. cfg->cache is not used (the groups' policies are). */
+KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix_config *cfg, kvc_radix **out);
+/* A new memory on the tree's pools holding the longest cached prefix of tokens (every
+   group's pages and states shared with the tree, nothing copied): evaluate
+   tokens[*n_reused ..]. Its entry stays in use until the memory is destroyed, cleared,
+   released or committed elsewhere. One token always remains to evaluate, and a
+   RECURRENT group resumes only from a state the tree holds at exactly the reused length:
+   looking up exactly the history a memory committed (no new token) reuses n_tokens - 1
+   only if a checkpoint sat at n_tokens - 1 (name it in the last kvc_memory_begin, e.g.
+   with a reserve), else it falls back to the last checkpoint before, or to 0. */
+KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                          kvc_memory **out, int32_t *n_reused);
+/* kvc_radix_lookup_memory into a memory the engine already holds: mem's contents (every
+   group; its checkpoints and the entry it held in use) are replaced by the same prefix
+   that call would give -- the same pages and states, the same attention bits -- all or
+   nothing (after an error mem is as it was). mem must be on the tree's pools: the memory
+   the tree was made from, a fork of it, or a memory of its lookups (else
+   KVC_ERR_FOREIGN); no batch open (KVC_ERR_STATE). mem's snapshots stay valid. One
+   memory per conversation slot then lives as long as the engine; kvc_radix_destroy still
+   waits for it to release its entry (kvc_radix_release_memory, clear or destroy). */
+KVCDEF kvc_result kvc_radix_lookup_into_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens,
+                                               int32_t n_tokens, kvc_memory *mem, int32_t *n_reused);
+/* Insert tokens[0 .. min(n_tokens, offset)) with every group's K/V and states (the
+   memory must be on the tree's pools: one of its lookups, or a fork of the memory the
+   tree was made from; no batch open); priority as kvc_radix_commit_priority. */
+KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *tree, kvc_namespace ns, kvc_memory *mem, const int32_t *tokens,
+                                          int32_t n_tokens, int32_t priority);
+/* The memory no longer holds an entry in use (kvc_radix_release for every group). */
+KVCDEF kvc_result kvc_radix_release_memory(kvc_memory *mem);
 
 /* ---- Persistence: save and load caches, sequences, prefix-tree entries ------------ */
 /* The format (docs/format.md): a header (magic, version, what) and the sections, in
@@ -835,9 +1051,9 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    reserve of R tokens (kvc_cache_config.reserve) lets both kinds go back by up to R
    tokens without naming checkpoints. */
 
-/* kvc_begin, naming offsets inside the batch (offset < at[i] <= offset + n_tokens,
-   increasing, at most cfg.checkpoints of them) to which the cache must be able to
-   return afterwards: kvc_trim, kvc_restore(cache, NULL, at), kvc_snapshot_take_at and
+/* Checkpoints: kvc_begin's at[0 .. n_at) names offsets inside the batch (offset < at[i]
+   <= offset + n_tokens, increasing, at most cfg.checkpoints of them) to which the cache
+   must be able to return afterwards: kvc_trim, kvc_restore(cache, NULL, at), kvc_snapshot_take_at and
    prefix reuse then reach them. FULL caches reach every offset anyway (accepted, nothing
    kept); CAUSAL caches refuse checkpoints (KVC_ERR_UNSUPPORTED). RECURRENT: the engine
    hands each layer's state at an offset inside the batch over with kvc_state_checkpoint
@@ -846,7 +1062,6 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    keeps its latest cfg.checkpoints checkpoints and drops those past a rewind; a RECURRENT
    reserve (kvc_cache_config.reserve) adds its own on sequence 0 (kvc_begin_batch adds
    none), and an offset both named and the reserve's is one checkpoint. */
-KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at);
 /* RECURRENT, during a batch (kvc_begin or kvc_begin_batch): the live f32 state of
    (seq, layer), state_floats values, to update in place for the batch's tokens of seq.
    Asking for a layer counts as its kvc_put; the pointers stay writable until the next
@@ -863,7 +1078,7 @@ KVCDEF kvc_result kvc_state_read(const kvc_cache *cache, int32_t seq, int32_t la
    does not ask for (kvc_batch_checkpoints lists those it asks for). The batch's end is
    taken from the live state: KVC_OK, nothing copied, when it is asked for. */
 KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t at, const float *state);
-/* RECURRENT, during a batch (after kvc_begin_checkpoints / kvc_begin, until the next call
+/* RECURRENT, during a batch (after kvc_begin, until the next call
    other than kvc_state and kvc_state_checkpoint): the offsets inside the batch, increasing,
    whose state the engine must hand over with kvc_state_checkpoint for every layer -- the
    ones kvc_begin_checkpoints named and, with a reserve (kvc_cache_config.reserve), the
@@ -873,13 +1088,13 @@ KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t 
    KVC_ERR_RANGE (with *n_at set) if max_at is too small. KVC_ERR_STATE when no batch is
    open. Other kinds: *n_at = 0 (nothing to hand over). */
 KVCDEF kvc_result kvc_batch_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
-/* kvc_snapshot_take as it was after `at` tokens: FULL any at <= offset; ROTATING at the
+/* Snapshots at an offset: kvc_snapshot_take's `at` may be, besides KVC_POS_END (the
+   offset): FULL any at <= offset; ROTATING at the
    offset, inside the last batch, or at a checkpoint; RECURRENT at the offset or a
    checkpoint (else KVC_ERR_RECURRENT; ROTATING: KVC_ERR_UNREACHABLE). A ROTATING or
    RECURRENT snapshot also carries the cache's checkpoints at or before `at`, which a
    restore to target brings back up to target (a restore to `at` keeps the one at `at`,
    as a rewind to `at` does). */
-KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out);
 /* Whether kvc_restore(cache, NULL, target) and a kvc_trim to target would succeed now (no
    batch open); 0 always for every kind but CAUSAL (clearing). */
 KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind);
@@ -893,14 +1108,12 @@ KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t m
    groups draw pages from one budget. Each group's pool reserves address space for the
    whole budget from the allocator but only pages in use are touched; arena mode is not
    offered for memories. */
-typedef struct kvc_memory kvc_memory;
 typedef struct kvc_memory_snapshot kvc_memory_snapshot;
 
 typedef struct kvc_group_config {
     kvc_pool_config pool;   /* n_layers = the model layers in this group; shapes and types,
                                or state_floats; hooks for a device backend (kvcache_vk.h).
-                               budget_bytes, allocator, arena, parallel_for, cpu_disable and lock
-                               stay 0: the memory's apply */
+                               budget_bytes, runtime and arena stay 0: the memory's apply */
     kvc_cache_config cache; /* the group's policy */
 } kvc_group_config;
 
@@ -911,17 +1124,8 @@ typedef struct kvc_memory_config {
     int32_t n_groups;               /* 1 .. KVC_MAX_GROUPS */
     const kvc_group_config *groups; /* [n_groups] */
     size_t budget_bytes;            /* one hard cap for every group's pages */
-    kvc_allocator allocator;
-    uint32_t cpu_disable;
-    kvc_parallel_for_fn parallel_for;
-    void *parallel_user;
-    int32_t n_workers;
-    /* One lock for every group's pool (kvc_pool_config.lock: recursive, both or neither):
-       they share the budget, so a memory and its forks may then be used from different
-       threads at once (each memory by one thread at a time). NULL: one thread at a time. */
-    kvc_lock_fn lock;
-    kvc_lock_fn unlock;
-    void *lock_user;
+    kvc_runtime runtime;            /* every group's allocator, parallel_for, lock (one lock:
+                                       they share the budget), cpu_disable */
 } kvc_memory_config;
 #define KVC_MAX_GROUPS 64
 
@@ -1000,7 +1204,8 @@ KVCDEF kvc_result kvc_memory_rewind_point(const kvc_memory *mem, int32_t max_tar
    reserve, or 0 -- dropping everything is always possible). */
 KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens);
 KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem);
-/* Snapshot of every group as after `at` tokens (kvc_snapshot_take_at per group);
+/* Snapshot of every group as after `at` tokens (kvc_snapshot_take per group; at =
+   KVC_POS_END: the offset);
    *out = NULL when at <= from or at == 0. O(pages), nothing copied. `from` bounds only
    what FULL groups hold (their tokens [from, at); a restore keeps the memory's own tokens
    below from). A RECURRENT group holds its whole state at `at` whatever from is (a state
@@ -1014,9 +1219,6 @@ KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap); /* NULL i
 /* A new memory on the same pools with the same contents, sharing every page. */
 KVCDEF kvc_result kvc_memory_fork(const kvc_memory *mem, kvc_memory **out);
 KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *stats);
-/* Single-entry prompt reuse (kvc_prefix) over the memory's groups: reuses up to the
-   longest offset every group can return to. The memory must outlive it. */
-KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out);
 /* The whole memory (no batch open) with your token ids, and back, checkpoints included;
    a load replaces every group or none (the groups are read into fresh pages first: the
    budget must hold them beside the memory's current pages). */
@@ -1024,48 +1226,6 @@ KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const
                                   const kvc_io *io);
 KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
                                   int32_t max_tokens, int32_t *n_tokens);
-
-/* A radix prefix tree over a memory's groups (no CAUSAL group): one tree, one lookup,
-   one budget. An entry holds each group's share: FULL groups' pages, ROTATING groups'
-   pages of the positions their window needs, RECURRENT groups' states at node ends. A
-   lookup reuses the longest prefix every group can serve (FULL: any length; ROTATING:
-   its window's pages are held; RECURRENT: a state at exactly that length), leaving one
-   token to evaluate. A commit inserts every group and ends nodes at the checkpoints
-   every RECURRENT group kept (kvc_memory_begin's checkpoints, e.g. the end of the
-   system prompt), so a later request that branches there resumes from them. Eviction
-   (kvc_memory_begin running short, kvc_radix_evict, max_entries) takes whole entries
-   across the groups, states included. Pins, namespaces, priorities, counters and
-   kvc_radix_destroy as for a pool's tree; the memory's pools live until the tree is
-   destroyed. kvc_radix_lookup / _commit on it (and the _memory calls on a pool's tree)
-   are KVC_ERR_UNSUPPORTED. cfg->cache is not used (the groups' policies are). */
-KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix_config *cfg, kvc_radix **out);
-/* A new memory on the tree's pools holding the longest cached prefix of tokens (every
-   group's pages and states shared with the tree, nothing copied): evaluate
-   tokens[*n_reused ..]. Its entry stays in use until the memory is destroyed, cleared,
-   released or committed elsewhere. One token always remains to evaluate, and a
-   RECURRENT group resumes only from a state the tree holds at exactly the reused length:
-   looking up exactly the history a memory committed (no new token) reuses n_tokens - 1
-   only if a checkpoint sat at n_tokens - 1 (name it in the last kvc_memory_begin, e.g.
-   with a reserve), else it falls back to the last checkpoint before, or to 0. */
-KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
-                                          kvc_memory **out, int32_t *n_reused);
-/* kvc_radix_lookup_memory into a memory the engine already holds: mem's contents (every
-   group; its checkpoints and the entry it held in use) are replaced by the same prefix
-   that call would give -- the same pages and states, the same attention bits -- all or
-   nothing (after an error mem is as it was). mem must be on the tree's pools: the memory
-   the tree was made from, a fork of it, or a memory of its lookups (else
-   KVC_ERR_FOREIGN); no batch open (KVC_ERR_STATE). mem's snapshots stay valid. One
-   memory per conversation slot then lives as long as the engine; kvc_radix_destroy still
-   waits for it to release its entry (kvc_radix_release_memory, clear or destroy). */
-KVCDEF kvc_result kvc_radix_lookup_into_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens,
-                                               int32_t n_tokens, kvc_memory *mem, int32_t *n_reused);
-/* Insert tokens[0 .. min(n_tokens, offset)) with every group's K/V and states (the
-   memory must be on the tree's pools: one of its lookups, or a fork of the memory the
-   tree was made from; no batch open); priority as kvc_radix_commit_priority. */
-KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *tree, kvc_namespace ns, kvc_memory *mem, const int32_t *tokens,
-                                          int32_t n_tokens, int32_t priority);
-/* The memory no longer holds an entry in use (kvc_radix_release for every group). */
-KVCDEF kvc_result kvc_radix_release_memory(kvc_memory *mem);
 
 /* ================================================================================= */
 /* Advanced parts: views, CAUSAL multi-sequence calls, the pthread helper, CPU paths,
@@ -1111,7 +1271,6 @@ typedef struct kvc_batch {
 } kvc_batch;
 KVCDEF kvc_result kvc_begin_batch(kvc_cache *cache, const kvc_batch *batch);
 
-#define KVC_POS_END INT32_MAX /* kvc_seq_remove(..., begin, KVC_POS_END): to the end */
 
 /* The mask of the current batch for callers with their own attention: rows = batch
    tokens padded up to a multiple of row_pad (padding rows all -inf), cols = the cells
@@ -1176,7 +1335,8 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *cache, const kvc_snapshot *snap, in
 typedef struct kvc_threads kvc_threads;
 KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
 KVCDEF kvc_result kvc_threads_destroy(kvc_threads *threads); /* after every pool using it */
-KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_pool_config *cfg); /* sets the hook */
+/* Sets runtime->parallel_for, parallel_user and n_workers (a pool's or a memory's). */
+KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_runtime *runtime);
 /* The hook itself (user = the kvc_threads): what kvc_threads_attach puts in the config. */
 KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx);
 
@@ -1184,9 +1344,8 @@ typedef struct kvc_mutex kvc_mutex;
 /* A recursive mutex (a thread may take it again while it holds it) for pool locks. */
 KVCDEF kvc_result kvc_mutex_create(kvc_mutex **out);
 KVCDEF kvc_result kvc_mutex_destroy(kvc_mutex *mutex); /* after every pool using it */
-/* Sets cfg->lock, unlock and lock_user to this mutex (for a kvc_memory_config, set the
-   three fields to kvc_mutex_lock, kvc_mutex_unlock and the mutex). */
-KVCDEF kvc_result kvc_mutex_attach(kvc_mutex *mutex, kvc_pool_config *cfg);
+/* Sets runtime->lock, unlock and lock_user to this mutex (a pool's or a memory's). */
+KVCDEF kvc_result kvc_mutex_attach(kvc_mutex *mutex, kvc_runtime *runtime);
 /* The callbacks themselves (user = the kvc_mutex). */
 KVCDEF void kvc_mutex_lock(void *mutex);
 KVCDEF void kvc_mutex_unlock(void *mutex);
@@ -3493,12 +3652,8 @@ static kvc_result kvc__begin_checkpoints_held(kvc_cache *cache, int32_t n_tokens
     return r;
 }
 
-KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
+KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
     KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__begin_checkpoints_held(cache, n_tokens, at, n_at));
-}
-
-KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
-    return kvc_begin_checkpoints(cache, n_tokens, NULL, 0);
 }
 
 KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens) {
@@ -4431,13 +4586,10 @@ static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__snapshot_take_at_held(cache, from, at, out));
-}
-
-KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out) {
+KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out) {
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
-    return kvc_snapshot_take_at(cache, from, cache->offset, out);
+    if (at == KVC_POS_END) at = cache->offset;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__snapshot_take_at_held(cache, from, at, out));
 }
 
 static kvc_result kvc__snapshot_free_held(kvc_snapshot *snap) {
@@ -5693,6 +5845,7 @@ static kvc_result kvc__memory_snapshot_take_held(kvc_memory *mem, int32_t from, 
     mp = mem->mp;
     if (kvc__memory_open(mem)) return KVC_ERR_STATE;
     o = kvc__cache_tokens(mem->cache[0]);
+    if (at == KVC_POS_END) at = o; /* as kvc_snapshot_take: the offset */
     if (at < 0 || at > o) return KVC_ERR_RANGE;
     for (g = 0; g < mp->n_groups; ++g)
         if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED; /* kvc_seq_snapshot */
@@ -6909,8 +7062,8 @@ static kvc_result kvc__radix_commit_priority_held(kvc_radix *t, kvc_namespace ns
     return r != KVC_OK ? r : kvc__radix_commit(t, ns, &c, tokens, n_tokens, priority, 0);
 }
 
-KVCDEF kvc_result kvc_radix_commit_priority(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
-                                            int32_t n_tokens, int32_t priority) {
+KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                   int32_t n_tokens, int32_t priority) {
     kvc_result r;
     const kvc_pool *lp;
     if (t == NULL) return kvc__radix_commit_priority_held(t, ns, c, tokens, n_tokens, priority);
@@ -6921,10 +7074,6 @@ KVCDEF kvc_result kvc_radix_commit_priority(kvc_radix *t, kvc_namespace ns, kvc_
     return r;
 }
 
-KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
-                                   int32_t n_tokens) {
-    return kvc_radix_commit_priority(t, ns, c, tokens, n_tokens, 0);
-}
 
 static kvc_result kvc__radix_commit_memory_held(kvc_radix *t, kvc_namespace ns, kvc_memory *mem,
                                                const int32_t *tokens, int32_t n_tokens, int32_t priority) {
@@ -9697,11 +9846,11 @@ KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_threads_attach(kvc_threads *t, kvc_pool_config *cfg) {
-    if (t == NULL || cfg == NULL) return KVC_ERR_NULL;
-    cfg->parallel_for = kvc_threads_parallel_for;
-    cfg->parallel_user = t;
-    cfg->n_workers = t->n_threads;
+KVCDEF kvc_result kvc_threads_attach(kvc_threads *t, kvc_runtime *rt) {
+    if (t == NULL || rt == NULL) return KVC_ERR_NULL;
+    rt->parallel_for = kvc_threads_parallel_for;
+    rt->parallel_user = t;
+    rt->n_workers = t->n_threads;
     return KVC_OK;
 }
 
@@ -9765,11 +9914,11 @@ KVCDEF kvc_result kvc_mutex_destroy(kvc_mutex *x) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_mutex_attach(kvc_mutex *x, kvc_pool_config *cfg) {
-    if (x == NULL || cfg == NULL) return KVC_ERR_NULL;
-    cfg->lock = kvc_mutex_lock;
-    cfg->unlock = kvc_mutex_unlock;
-    cfg->lock_user = x;
+KVCDEF kvc_result kvc_mutex_attach(kvc_mutex *x, kvc_runtime *rt) {
+    if (x == NULL || rt == NULL) return KVC_ERR_NULL;
+    rt->lock = kvc_mutex_lock;
+    rt->unlock = kvc_mutex_unlock;
+    rt->lock_user = x;
     return KVC_OK;
 }
 #endif /* KVCACHE_THREADS */
@@ -11657,6 +11806,44 @@ KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc
     return KVC_OK;
 }
 #endif
+
+/* ==== The backend interface: what kvcache_vk.h may touch ==============================
+   kvcache_vk.h is compiled in the same file as this implementation and reads the host
+   bookkeeping directly (it keeps pool, pages, cells and page tables here and mirrors only
+   K/V bytes and the metadata its shaders read). This block is the whole of what it uses
+   besides the public API and the page events; a change to anything named here is a change
+   to the backend too (make check builds test_vk's code; the prototypes below must match
+   their definitions above, so a changed signature fails to compile here first).
+   Macros: KVC__MIN, KVC__MAX, KVC__NO_PAGE.
+   struct kvc_pool (a vk pool's `host`): cfg (its shape and rotate), page_cells, max_pages,
+     k_row, v_row, tk / tv (the storage types' converters), rot_k / rot_v, refcount,
+     free_pages, n_free, page_hw (kvc_vk_pool_cmd_trim lowers the high-water mark and
+     restacks the free pages lowest first), live_caches / live_snapshots / live_prefixes,
+     owned (a vk pool owns its host pool), alloc.
+   struct kvc_cache: pool, cfg (kind, window, sinks, chunk, max_seqs), offset, pages,
+     n_pages, capacity, words, seqs, seq_lo / seq_hi, batch_begin, batch_loc / batch_n,
+     batch_pending / batch_put (kvc_vk_cmd_append marks a layer put), batch_has,
+     state_page, states_open, pend / n_pend / pend_done (a RECURRENT batch's checkpoints:
+     kvc_vk_cmd_state_checkpoint fills them as kvc_state_checkpoint does).
+   struct kvc_snapshot: to, pages (a pending checkpoint's state page).
+   struct kvc_memory / kvc__mpools: mp, refs, pool[], layer_group[] (kvc_vk_memory_* map
+     layers and groups to device pools, and refuse a destroy while forks live).
+   Functions: */
+static void *kvc__default_alloc(size_t size, void *user);
+static void kvc__default_free(void *ptr, void *user);
+static void kvc__rot_one(float *x, int32_t i0, int32_t n, int inverse); /* the rotation's rounding */
+static int32_t *kvc__pos_at(const kvc_pool *p, uint32_t page, int32_t cell);
+static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell);
+static int32_t kvc__lpage_index(const kvc_cache *c, int32_t lp);
+static int32_t kvc__recent_window(const kvc_cache *c);
+static kvc__ranges kvc__view(const kvc_cache *c);
+static void kvc__iter_init(kvc__iter *it, const kvc_cache *c);
+static int kvc__iter_next(kvc__iter *it, kvc__run *run);
+static int kvc__batch_open(const kvc_cache *c);
+static int kvc__is_recurrent(const kvc_cache *c);
+static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const kvc_attention_desc *d);
+static kvc__query kvc__query_of(const kvc_cache *c, const kvc_attention_desc *d, int32_t qi);
+/* ==== end of the backend interface ==================================================== */
 
 #endif /* KVCACHE_IMPLEMENTATION_DONE */
 #endif /* KVCACHE_IMPLEMENTATION */

@@ -18,7 +18,7 @@
                             Vulkan loader opened at run time, a device of the backend's own,
                             buffers, blocking transfers, one-time command buffers and a copy
                             kernel (kvc_vk_loader_*, kvc_vk_device_create, kvc_vk_buffer_*,
-                            kvc_vk_upload/download, kvc_vk_begin/submit_wait, kvc_vk_cmd_copy).
+                            kvc_vk_context_begin, kvc_vk_context_submit_wait, kvc_vk_cmd_copy).
                             Define it in every file that calls them and in the file with
                             KVCACHE_VK_IMPLEMENTATION.
 
@@ -26,6 +26,64 @@
      the API: the function table, the optional device features (KVC_VK_FEATURE_*), the
      context, the pool, the kvc_vk_cmd_* calls, then the helpers; the implementation; the
      shaders' SPIR-V (generated from shaders/ by shaders/embed.sh); the licence.
+
+   NAMING RULE
+     kvcache.h's (see its top comment), with kvc_vk_ in front: kvc_vk_<object>_<verb> for
+     the objects context, pool, memory, buffer, loader, device; a memory's call is its
+     pool's call with the same verb (kvc_vk_pool_cmd_sync / kvc_vk_memory_cmd_sync). Short
+     forms for the per-layer device forms of the forward pass, recorded into the caller's
+     command buffer: kvc_vk_cmd_append, _attention, _attention_batch, _gather, _state,
+     _state_checkpoint (and kvc_vk_state_read); `cmd` in a name means "records into a
+     VkCommandBuffer". tools/api_rename.py moves code from older names.
+
+   INDEX (one line per public function; details at each declaration)
+     Context and pools
+       kvc_vk_context_create(&desc, &ctx)          a context on the caller's device
+       kvc_vk_context_destroy(ctx)
+       kvc_vk_context_info(ctx, &info)             device, subgroups, features in use
+       kvc_vk_context_functions(ctx)               the Vulkan function table it calls
+       kvc_vk_pool_create(ctx, &cfg, &opts, &pool) pages in device memory
+       kvc_vk_pool_destroy(pool)
+       kvc_vk_pool_host(pool)                      the host pool: make caches on it
+       kvc_vk_pool_page_buffers(pool, layer, &k, &v)   the device buffers of a layer
+       kvc_vk_pool_planar(pool)                    q8_0 / q4_0 pages in the planar layout?
+       kvc_vk_pool_convert_pages(pool, v, to_device, src, dst, n_pages)
+       kvc_vk_pool_cmd_sync(pool, cmd)             replay the queued page events
+       kvc_vk_pool_cmd_trim(pool, cmd)             give back device memory a shrink freed
+       kvc_vk_pool_fit(pool)                       grow now, one buffer at a time
+       kvc_vk_pool_device_stats(pool, &stats)      what the pool holds on the device
+     The forward pass on the device
+       kvc_vk_cmd_append(pool, cmd, cache, layer, ...)     kvc_put
+       kvc_vk_cmd_attention(pool, cmd, cache, layer, ...)  kvc_attention
+       kvc_vk_cmd_attention_batch(pool, cmd, layer, ...)   several caches at once
+       kvc_vk_cmd_gather(pool, cmd, cache, layer, ...)     kvc_cache_gather
+       kvc_vk_cmd_state(pool, cmd, cache, seq, layer, ...) kvc_state
+       kvc_vk_cmd_state_checkpoint(pool, cmd, cache, layer, at, ...)   kvc_state_checkpoint
+       kvc_vk_state_read(pool, cache, seq, layer, ...)     kvc_state_read
+     Model memories on the device
+       kvc_vk_memory_create(ctx, &cfg, &opts, &mem)
+       kvc_vk_memory_destroy(mem)
+       kvc_vk_memory_host(mem)                     the kvc_memory to run
+       kvc_vk_memory_pool(mem, group, &pool)
+       kvc_vk_memory_layer(mem, host, layer, &pool, &cache, &group_layer)
+       kvc_vk_memory_cmd_sync(mem, cmd)
+       kvc_vk_memory_cmd_trim(mem, cmd)
+       kvc_vk_memory_fit(mem)
+       kvc_vk_memory_device_stats(mem, &stats)
+     Helpers (KVCACHE_VK_HELPERS)
+       kvc_vk_loader_open(&loader)                 libvulkan opened at run time
+       kvc_vk_loader_close(&loader)
+       kvc_vk_device_create(&opts, &ctx)           a context owning its instance and device
+       kvc_vk_buffer_create(ctx, size, host_visible, &buf)
+       kvc_vk_buffer_destroy(ctx, &buf)
+       kvc_vk_buffer_upload(ctx, dst, offset, src, bytes)     blocking, staged
+       kvc_vk_buffer_download(ctx, src, offset, dst, bytes)
+       kvc_vk_pool_upload(pool, layer, first_page, n_pages, k, v)    pages in kvcache.h's layout
+       kvc_vk_pool_download(pool, layer, first_page, n_pages, k, v)
+       kvc_vk_context_begin(ctx, &cmd)             a one-time command buffer, begun
+       kvc_vk_context_submit_wait(ctx, cmd)        end, submit, wait, free it
+       kvc_vk_cmd_copy(pool, cmd, src, dst, bytes) a compute copy (a bandwidth yardstick)
+   (end of index)
 
    THE MODEL
      kvcache.h keeps all the bookkeeping -- pool, pages, reference counts, cells, positions,

@@ -2,7 +2,8 @@
 # tests/docs_check.sh - the documents name what the code has: docs/testing.md every test
 # program (tests/test_NAME.c) and fuzz target (fuzz/fuzz_NAME.c), docs/format.md every
 # section kvcache.h saves (each KVC__TAG, as `NAME`) and every kind of saved object (each
-# KVC__WHAT_ value, in the header table's "what" row). tests/run.sh and `make check` run
+# KVC__WHAT_ value, in the header table's "what" row), and the INDEX at the top of kvcache.h
+# and kvcache_vk.h every public function (and nothing else). tests/run.sh and `make check` run
 # it; one check per item, the last line "RESULT docs <passed> <failed>" (tests/tk.h's).
 set -u
 cd "$(dirname "$0")/.."
@@ -27,6 +28,22 @@ for w in $(sed -n 's/^#define KVC__WHAT_[A-Z_]*[[:space:]]*\([0-9]*\)u.*/\1/p' k
     *"$w = "*) passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)); echo "docs/format.md: the header's what row has no $w (a kind of saved object)" ;;
   esac
+done
+# every public function (a KVCDEF prototype of the header's API part) has its line in the
+# header's INDEX, and every line of the index is a public function
+for h in kvcache.h kvcache_vk.h; do
+  guard=$( [ $h = kvcache.h ] && echo KVCACHE_H || echo KVCACHE_VK_H )
+  api=$(sed -n "1,/^#endif \/\* $guard \*\//p" $h | grep '^KVCDEF' | grep -o 'kvc_[a-z0-9_]*(' | tr -d '(' | sort -u)
+  index=$(sed -n '/^   INDEX/,/^   (end of index)/p' $h | grep -o '^ *kvc_[a-z0-9_]*(' | tr -d ' (' | sort -u)
+  [ -n "$index" ] || { failed=$((failed + 1)); echo "$h: no INDEX block"; }
+  for f in $api; do
+    if printf '%s\n' "$index" | grep -qx "$f"; then passed=$((passed + 1))
+    else failed=$((failed + 1)); echo "$h: $f is not in the INDEX of its top comment (a public function)"; fi
+  done
+  for f in $index; do
+    printf '%s\n' "$api" | grep -qx "$f" ||
+      { failed=$((failed + 1)); echo "$h: the INDEX names $f, which is no public function"; }
+  done
 done
 echo "RESULT docs $passed $failed"
 [ "$failed" = 0 ]
