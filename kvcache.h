@@ -45,7 +45,7 @@
      cache under one budget, every operation all or nothing across the groups.
 
    A FORWARD PASS
-       kvc_begin(cache, n_tokens);               // reserve cells for the new tokens
+       kvc_begin(cache, n_tokens, NULL, 0);      // reserve cells for the new tokens
        for (layer = 0; layer < n_layers; ++layer) {
            ... compute q, k, v for the n_tokens (rope applied) ...
            kvc_put(cache, layer, k, v);          // [n_tokens][kv_heads][head_dim] f32
@@ -239,7 +239,7 @@
    THREADS (details: "Threads" among the advanced parts; docs/design.md)
      The library starts no threads. Without a lock a pool and everything made from it
      (caches, snapshots, prefix trees, memories) belong to one thread at a time. Give
-     the pool a lock (kvc_pool_config.lock/unlock, or kvc_mutex_attach) and distinct
+     the pool a lock (kvc_pool_config.runtime.lock/unlock, or kvc_mutex_attach) and distinct
      caches on it may be used from different threads at once: the lock guards what
      they share (free pages, refcounts, prefix trees, budget, statistics), and
      kvc_put and kvc_attention, the per-layer calls, never take it. One cache (or
@@ -582,7 +582,7 @@ typedef struct kvc_cache_config {
     int32_t chunk;    /* chunked attention: a query sees only cells of its own chunk of
                          this many positions; 0 = none */
     kvc_rope rope;    /* how kvc_seq_remove re-rotates shifted keys */
-    /* ROTATING and RECURRENT: how many checkpoints (kvc_begin_checkpoints) the cache keeps,
+    /* ROTATING and RECURRENT: how many checkpoints (kvc_begin) the cache keeps,
        the latest ones; 0 = 8. RECURRENT: max_seqs above is its number of sequences (0 = 1). */
     int32_t checkpoints;
     /* FULL and ROTATING caches on a pool whose K or V type is q8_0 or q4_0: the newest
@@ -598,7 +598,7 @@ typedef struct kvc_cache_config {
     int32_t f16_tail;
     /* Rollback for speculative decoding: a reserve of R tokens (0 = none, the default;
        FULL and CAUSAL must leave it 0; ROTATING up to 1 << 24, RECURRENT up to 4096).
-       kvc_trim, kvc_restore(cache, NULL, t), kvc_can_rewind, kvc_snapshot_take_at and the
+       kvc_cache_trim, kvc_cache_restore(cache, NULL, t), kvc_cache_can_rewind, kvc_snapshot_take and the
        memory calls then reach every t >= m - R, m being the furthest offset the cache has
        reached (while drafts only go forward: the offset), across batches and after a
        ROTATING window has wrapped: reject drafted tokens without a snapshot per token.
@@ -609,7 +609,7 @@ typedef struct kvc_cache_config {
        t -- is still held. RECURRENT: a batch of n <= R tokens keeps the state at its start
        as a checkpoint (sharing the live state's page until the batch writes it), and the
        offsets among the batch's last R (start < t < end) are checkpoints as if named in
-       kvc_begin_checkpoints: the engine hands each layer's state there over with
+       kvc_begin: the engine hands each layer's state there over with
        kvc_state_checkpoint (kvc_batch_checkpoints lists them; a call for an offset inside the
        batch not asked for is KVC_ERR_NOT_FOUND, harmless).
        These reserve checkpoints are kept while within R of the offset, beside the latest
@@ -683,18 +683,18 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
 
 /* Trim n tokens from the end (CanTrim/Trim of ollama's MLX runner); KVC_ERR_STATE
-   while a batch is open (kvc_cancel it first), as for kvc_restore. ROTATING caches can
+   while a batch is open (kvc_cancel it first), as for kvc_cache_restore. ROTATING caches can
    trim only until the window has wrapped: offset <= window and no page ever released (a
    kvc_cancel after kvc_begin released pages counts as wrapped); after that only onto a
    checkpoint, within a reserve (cfg.reserve, which keeps trims of up to R tokens
    possible) or to 0 (clearing), and a trim by 0 is KVC_ERR_UNSUPPORTED. RECURRENT caches
    likewise go back only onto a checkpoint, within the reserve or to 0. A target the cache
-   cannot reach is KVC_ERR_UNREACHABLE, nothing changed: the result kvc_restore(cache,
-   NULL, target) and kvc_memory_trim give (kvc_can_rewind says which targets are
+   cannot reach is KVC_ERR_UNREACHABLE, nothing changed: the result kvc_cache_restore(cache,
+   NULL, target) and kvc_memory_trim give (kvc_cache_can_rewind says which targets are
    reachable; 0 always is). CAUSAL caches: KVC_ERR_UNSUPPORTED. With a reserve,
-   kvc_can_trim says whether a trim by one token succeeds. */
-KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
-KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens);
+   kvc_cache_can_trim says whether a trim by one token succeeds. */
+KVCDEF kvc_result kvc_cache_can_trim(const kvc_cache *cache, int *can_trim);
+KVCDEF kvc_result kvc_cache_trim(kvc_cache *cache, int32_t n_tokens);
 
 /* ---- Attention -------------------------------------------------------------------- */
 /* Layouts are row-major f32: q [n_queries][n_heads][head_dim_k] and out
@@ -767,11 +767,11 @@ KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, int32_t at, 
 /* Bring the cache to `target`. snap == NULL rewinds using the live state.
    KVC_ERR_UNREACHABLE is the `false` of the MLX runner's Restore: FULL: target < 0, target > offset
    (live) or > snap->to, or offset < snap->from. ROTATING: target > offset (live) or
-   > snap->to, a live rewind once the window has wrapped (see kvc_trim), or a snapshot
+   > snap->to, a live rewind once the window has wrapped (see kvc_cache_trim), or a snapshot
    clamped below its end when its window had wrapped -- unless the cache has a reserve and
    the cache (live) or the snapshot holds every page of the window at target (a snapshot
    holds the pages the cache held, the reserve's too). The snapshot is not consumed. */
-KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target);
+KVCDEF kvc_result kvc_cache_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target);
 /* Merge [a,b) and [b,c) into [a,c). Consumes both on success; if either is NULL
    both are freed and *out = NULL (as the MLX runner does). ROTATING: the child
    supersedes the parent. */
@@ -937,7 +937,7 @@ KVCDEF kvc_result kvc_radix_lookup_into_memory(kvc_radix *tree, kvc_namespace ns
                                                int32_t n_tokens, kvc_memory *mem, int32_t *n_reused);
 /* Insert tokens[0 .. min(n_tokens, offset)) with every group's K/V and states (the
    memory must be on the tree's pools: one of its lookups, or a fork of the memory the
-   tree was made from; no batch open); priority as kvc_radix_commit_priority. */
+   tree was made from; no batch open); priority as kvc_radix_commit. */
 KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *tree, kvc_namespace ns, kvc_memory *mem, const int32_t *tokens,
                                           int32_t n_tokens, int32_t priority);
 /* The memory no longer holds an entry in use (kvc_radix_release for every group). */
@@ -1045,15 +1045,15 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    RECURRENT caches live on a state pool (kvc_pool_config.state_floats): per layer and
    sequence a fixed-size f32 state that the engine updates in place. A state cannot be
    rewound, so it goes back only to checkpoints (offsets named when a batch begins) and
-   snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_restore) or KVC_ERR_RECURRENT
-   (kvc_trim, kvc_seq_remove), with nothing changed. ROTATING caches keep checkpoints the
+   snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_cache_restore) or KVC_ERR_RECURRENT
+   (kvc_cache_trim, kvc_seq_remove), with nothing changed. ROTATING caches keep checkpoints the
    same way, which lets a wrapped window go back to them. For speculative decoding, a
    reserve of R tokens (kvc_cache_config.reserve) lets both kinds go back by up to R
    tokens without naming checkpoints. */
 
 /* Checkpoints: kvc_begin's at[0 .. n_at) names offsets inside the batch (offset < at[i]
    <= offset + n_tokens, increasing, at most cfg.checkpoints of them) to which the cache
-   must be able to return afterwards: kvc_trim, kvc_restore(cache, NULL, at), kvc_snapshot_take_at and
+   must be able to return afterwards: kvc_cache_trim, kvc_cache_restore(cache, NULL, at), kvc_snapshot_take and
    prefix reuse then reach them. FULL caches reach every offset anyway (accepted, nothing
    kept); CAUSAL caches refuse checkpoints (KVC_ERR_UNSUPPORTED). RECURRENT: the engine
    hands each layer's state at an offset inside the batch over with kvc_state_checkpoint
@@ -1071,7 +1071,7 @@ KVCDEF kvc_result kvc_state(kvc_cache *cache, int32_t seq, int32_t layer, float 
 /* RECURRENT, any time: the state of (seq, layer), read only; *state = NULL while the
    sequence has consumed no token (all zeros). Valid until the cache changes. */
 KVCDEF kvc_result kvc_state_read(const kvc_cache *cache, int32_t seq, int32_t layer, const float **state);
-/* RECURRENT, during a batch named with kvc_begin_checkpoints: copy layer's state as it
+/* RECURRENT, during a batch named with kvc_begin: copy layer's state as it
    is after `at` tokens (the engine's scan at that point) into the checkpoint `at`.
    KVC_ERR_RANGE if `at` lies outside the batch (at <= its start or at > its end);
    KVC_ERR_NOT_FOUND (harmless, nothing done) for an offset inside it that the batch
@@ -1081,7 +1081,7 @@ KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t 
 /* RECURRENT, during a batch (after kvc_begin, until the next call
    other than kvc_state and kvc_state_checkpoint): the offsets inside the batch, increasing,
    whose state the engine must hand over with kvc_state_checkpoint for every layer -- the
-   ones kvc_begin_checkpoints named and, with a reserve (kvc_cache_config.reserve), the
+   ones kvc_begin named and, with a reserve (kvc_cache_config.reserve), the
    reserve's (the batch's last R offsets) -- the batch's end left out (taken from the live
    state). A checkpoint some layer never gets is dropped when the batch ends (counted in
    kvc_memory_stats.checkpoints_dropped). at may be NULL with max_at 0 to count them;
@@ -1095,12 +1095,12 @@ KVCDEF kvc_result kvc_batch_checkpoints(const kvc_cache *cache, int32_t *at, int
    RECURRENT snapshot also carries the cache's checkpoints at or before `at`, which a
    restore to target brings back up to target (a restore to `at` keeps the one at `at`,
    as a rewind to `at` does). */
-/* Whether kvc_restore(cache, NULL, target) and a kvc_trim to target would succeed now (no
+/* Whether kvc_cache_restore(cache, NULL, target) and a kvc_cache_trim to target would succeed now (no
    batch open); 0 always for every kind but CAUSAL (clearing). */
-KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind);
+KVCDEF kvc_result kvc_cache_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind);
 /* The offsets of the cache's checkpoints, oldest first; at may be NULL with max_at 0 to
    count them; KVC_ERR_RANGE (with *n_at set) if max_at is too small. */
-KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
+KVCDEF kvc_result kvc_cache_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
 
 /* A model memory: every model layer belongs to one group; a group is a pool of its own
    shape (kv heads, head dims, storage types, page size; or state_floats) and one cache
@@ -1163,17 +1163,17 @@ KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem);
 /* The cache holding model layer `layer`, and that layer's index within it; a group's
    cache. The memory keeps owning it, and keeps its groups in step: on a memory of two or
    more groups, a call on such a cache that would change it alone -- kvc_begin*,
-   kvc_cancel, kvc_trim, kvc_restore, kvc_cache_clear, kvc_seq_* changes, kvc_defrag,
+   kvc_cancel, kvc_cache_trim, kvc_cache_restore, kvc_cache_clear, kvc_seq_* changes, kvc_cache_defrag,
    kvc_cache_load, kvc_seq_load, kvc_prefix_create -- returns KVC_ERR_OWNED and changes
    nothing (the kvc_memory_* calls do these for every group). kvc_cache_destroy and
    kvc_cache_fork are refused on any memory's cache (kvc_memory_destroy, kvc_memory_fork).
-   Reads (kvc_attention, kvc_state_read, kvc_cache_gather, kvc_can_rewind, ...), snapshots
+   Reads (kvc_attention, kvc_state_read, kvc_cache_gather, kvc_cache_can_rewind, ...), snapshots
    and the per-layer calls of a memory batch (kvc_put, kvc_state, kvc_state_checkpoint) work
    on it. A memory of one group has nothing to keep in step: its cache takes every call
    but those two (a CAUSAL engine's kvc_seq_* on sequence 0, say). */
 KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer);
 KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache);
-/* A batch of n_tokens in every group, with checkpoints as kvc_begin_checkpoints; all or
+/* A batch of n_tokens in every group, with checkpoints as kvc_begin; all or
    nothing: KVC_ERR_FULL when the groups' pages together exceed the budget (after evicting
    unused tree entries) or a CAUSAL group has no room, KVC_ERR_NO_MEMORY when an
    allocation is refused; then no group changed and no entry was evicted. */
@@ -1261,7 +1261,7 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
    cells, after a defrag if there is none; KVC_ERR_FULL (nothing changed) when fewer
    cells are free than the batch needs.
    non_causal (optional) marks tokens that see every cell of their sequence in the
-   attention range, later positions too (ollama's image tokens). kvc_begin(cache, n) on
+   attention range, later positions too (ollama's image tokens). kvc_begin(cache, n, NULL, 0) on
    a CAUSAL cache is a batch of sequence 0 continuing after its last position. */
 typedef struct kvc_batch {
     int32_t n_tokens;
@@ -1295,7 +1295,7 @@ KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *cache, int32_t seq, int32_t
 /* Whether seq can continue at pos: with a window, the cells that position needs are all held. */
 KVCDEF kvc_result kvc_seq_can_resume(const kvc_cache *cache, int32_t seq, int32_t pos, int *can_resume);
 /* Move live cells to the front in as few block moves as possible. *n_moves may be NULL. */
-KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves);
+KVCDEF kvc_result kvc_cache_defrag(kvc_cache *cache, int32_t *n_moves);
 /* Per-sequence state, like llama.cpp's: the sequence's cells (positions and K/V of every
    layer) copied into pages of the pool; restore puts them back into free cells of any
    CAUSAL cache of the same pool, as sequence dst (dst's old cells are dropped first). */
@@ -1304,7 +1304,7 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *cache, const kvc_snapshot *snap, in
 
 /* ---- Threads: what may run at once; a pool lock; a pthread pool (KVCACHE_THREADS) --
    The contract. Without a lock (the default) a pool and everything made from it belong
-   to one thread at a time. With a pool lock (kvc_pool_config.lock/unlock, recursive;
+   to one thread at a time. With a pool lock (kvc_pool_config.runtime.lock/unlock, recursive;
    kvc_memory_config's for a memory's pools):
    - distinct caches of the pool may be used from different threads at once: every
      call, prefix-tree calls (lookup, commit, release, pin, evict, stats, save, load)
@@ -2472,10 +2472,10 @@ static kvc_result kvc__check_config(const kvc_pool_config *c, const char **field
         ((c->rotate & KVC_ROTATE_K) && kvc__rot_block(c->head_dim_k) == 0) ||
         ((c->rotate & KVC_ROTATE_V) && kvc__rot_block(c->head_dim_v) == 0))
         KVC__REFUSE(KVC_ERR_INVALID, "rotate");
-    if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "allocator");
+    if ((c->runtime.allocator.alloc == NULL) != (c->runtime.allocator.free == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "allocator");
     if (c->arena == NULL && c->arena_bytes != 0) KVC__REFUSE(KVC_ERR_INVALID, "arena_bytes");
-    if (c->parallel_for != NULL && c->n_workers < 1) KVC__REFUSE(KVC_ERR_INVALID, "n_workers");
-    if ((c->lock == NULL) != (c->unlock == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "lock");
+    if (c->runtime.parallel_for != NULL && c->runtime.n_workers < 1) KVC__REFUSE(KVC_ERR_INVALID, "n_workers");
+    if ((c->runtime.lock == NULL) != (c->runtime.unlock == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "lock");
     return KVC_OK;
 }
 
@@ -2662,7 +2662,7 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     }
     memset(p->pos, 0xff, sizeof(int32_t) * (size_t)L->max_pages * (size_t)L->page_cells);
     p->n_free = L->max_pages;
-    p->cpu = kvc__cpu_detect() & ~cfg->cpu_disable;
+    p->cpu = kvc__cpu_detect() & ~cfg->runtime.cpu_disable;
     /* a path needs the ones it builds on: disabling AVX2 disables AVX-512 too, etc. */
     if (!(p->cpu & KVC_CPU_F16C)) p->cpu &= ~KVC_CPU_AVX2;
     if (!(p->cpu & KVC_CPU_AVX2)) p->cpu &= ~KVC_CPU_AVX512;
@@ -2699,7 +2699,7 @@ KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out) {
         kvc__heap_init(&p->heap, objects,
                        (size_t)((unsigned char *)cfg->arena + cfg->arena_bytes - objects));
     } else {
-        kvc_allocator a = cfg->allocator;
+        kvc_allocator a = cfg->runtime.allocator;
         void *meta, *slab_block;
         if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
         meta = a.alloc(L.meta_bytes, a.user);
@@ -2716,13 +2716,13 @@ KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out) {
     return KVC_OK;
 }
 
-/* The pool lock (kvc_pool_config.lock): around everything the pool's caches share.
+/* The pool lock (kvc_pool_config.runtime.lock): around everything the pool's caches share.
    Recursive, so a locked call may make others. No lock configured: nothing. */
 static void kvc__pool_lock(const kvc_pool *p) {
-    if (p->cfg.lock != NULL) p->cfg.lock(p->cfg.lock_user);
+    if (p->cfg.runtime.lock != NULL) p->cfg.runtime.lock(p->cfg.runtime.lock_user);
 }
 static void kvc__pool_unlock(const kvc_pool *p) {
-    if (p->cfg.unlock != NULL) p->cfg.unlock(p->cfg.lock_user);
+    if (p->cfg.runtime.unlock != NULL) p->cfg.runtime.unlock(p->cfg.runtime.lock_user);
 }
 /* A public call that changes what a pool holds is its _held body under the pool's lock: the
    call's whole body is KVC__POOL_LOCKED(obj, pool, body_call), which returns the body's
@@ -3127,7 +3127,7 @@ static int kvc__is_recurrent(const kvc_cache *c) { return c->cfg.kind == KVC_KIN
 static int kvc__has_ckpts(const kvc_cache *c) {
     return c->cfg.kind == KVC_KIND_ROTATING || c->cfg.kind == KVC_KIND_RECURRENT;
 }
-/* A checkpoint was named by kvc_begin_checkpoints, and/or is one of a RECURRENT reserve's. */
+/* A checkpoint was named by kvc_begin, and/or is one of a RECURRENT reserve's. */
 #define KVC__CK_NAMED 1
 #define KVC__CK_RESERVE 2
 /* Slots for checkpoints and for a batch's pending ones: the named ones; with a RECURRENT
@@ -3663,7 +3663,7 @@ KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens) 
     if (kvc__batch_open(cache)) return KVC_ERR_STATE;
     expected = cache->cfg.kind == KVC_KIND_CAUSAL ? kvc__seq0_next(cache) : cache->offset;
     if (pos != expected) return KVC_ERR_POSITION;
-    return kvc_begin(cache, n_tokens);
+    return kvc_begin(cache, n_tokens, NULL, 0);
 }
 
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v) {
@@ -3760,13 +3760,13 @@ static int kvc__wrapped(const kvc_cache *c) {
 }
 
 static int kvc__can_trim(const kvc_cache *c) {
-    if (c->cfg.kind == KVC_KIND_CAUSAL || c->cfg.kind == KVC_KIND_RECURRENT) return 0; /* see kvc_can_rewind */
-    /* with a reserve: a trim by one token at least (kvc_can_rewind says how far) */
+    if (c->cfg.kind == KVC_KIND_CAUSAL || c->cfg.kind == KVC_KIND_RECURRENT) return 0; /* see kvc_cache_can_rewind */
+    /* with a reserve: a trim by one token at least (kvc_cache_can_rewind says how far) */
     return c->cfg.kind != KVC_KIND_ROTATING || !kvc__wrapped(c) ||
            (c->offset > 0 && kvc__reserve_holds(c, c->first_lpage, c->offset - 1));
 }
 
-KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim) {
+KVCDEF kvc_result kvc_cache_can_trim(const kvc_cache *cache, int *can_trim) {
     if (cache == NULL || can_trim == NULL) return KVC_ERR_NULL;
     *can_trim = kvc__can_trim(cache);
     return KVC_OK;
@@ -3778,16 +3778,16 @@ static kvc_result kvc__trim_held(kvc_cache *cache, int32_t n_tokens) {
     if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
     /* a wrapped window or a state goes back only onto a checkpoint (or to 0): the result
-       kvc_restore(cache, NULL, t) and kvc_memory_trim give */
+       kvc_cache_restore(cache, NULL, t) and kvc_memory_trim give */
     if (!kvc__reachable(cache, cache->offset - n_tokens)) return KVC_ERR_UNREACHABLE;
-    /* a wrapped window does not trim by 0 (kvc_can_trim's rule, as before checkpoints) */
+    /* a wrapped window does not trim by 0 (kvc_cache_can_trim's rule, as before checkpoints) */
     if (cache->cfg.kind == KVC_KIND_ROTATING && !kvc__can_trim(cache) && n_tokens == 0 && cache->cfg.reserve == 0)
         return KVC_ERR_UNSUPPORTED;
     kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
+KVCDEF kvc_result kvc_cache_trim(kvc_cache *cache, int32_t n_tokens) {
     KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__trim_held(cache, n_tokens));
 }
 
@@ -3932,7 +3932,7 @@ static kvc_result kvc__defrag_held(kvc_cache *cache, int32_t *n_moves) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves) {
+KVCDEF kvc_result kvc_cache_defrag(kvc_cache *cache, int32_t *n_moves) {
     KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__defrag_held(cache, n_moves));
 }
 
@@ -4704,7 +4704,7 @@ static kvc_result kvc__restore_held(kvc_cache *cache, const kvc_snapshot *snap, 
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
+KVCDEF kvc_result kvc_cache_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
     KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__restore_held(cache, snap, target));
 }
 
@@ -4899,7 +4899,7 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t d
 /* ---- Layer 4b: checkpoints --------------------------------------------------------------
    A state cannot be rewound and a wrapped window has dropped the keys it would need, so
    ROTATING and RECURRENT caches keep checkpoints: snapshots of their own, at offsets the
-   engine named in kvc_begin_checkpoints (the latest max_ckpt of them). A checkpoint
+   engine named in kvc_begin (the latest max_ckpt of them). A checkpoint
    inside a batch is filled while the batch runs (RECURRENT: the engine hands each
    layer's state over; ROTATING: the window at that offset is still held when the batch
    ends) and kept once the batch has ended ("settled" at the next call that needs it, so
@@ -5254,13 +5254,13 @@ static kvc_result kvc__ckpt_clone_all(const kvc_cache *src, kvc_cache *dst) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind) {
+KVCDEF kvc_result kvc_cache_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind) {
     if (cache == NULL || can_rewind == NULL) return KVC_ERR_NULL;
     *can_rewind = !kvc__batch_open(cache) && kvc__reachable(cache, target);
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at) {
+KVCDEF kvc_result kvc_cache_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at) {
     int32_t i, n = 0;
     if (cache == NULL || n_at == NULL || (at == NULL && max_at > 0)) return KVC_ERR_NULL;
     if (max_at < 0) return KVC_ERR_INVALID;
@@ -5378,14 +5378,14 @@ KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg) {
 static kvc_pool_config kvc__group_pool(const kvc_memory_config *m, int32_t g) {
     kvc_pool_config pc = m->groups[g].pool;
     pc.budget_bytes = m->budget_bytes;
-    pc.allocator = m->allocator;
-    pc.cpu_disable = m->cpu_disable;
-    pc.parallel_for = m->parallel_for;
-    pc.parallel_user = m->parallel_user;
-    pc.n_workers = m->n_workers;
-    pc.lock = m->lock;
-    pc.unlock = m->unlock;
-    pc.lock_user = m->lock_user;
+    pc.runtime.allocator = m->runtime.allocator;
+    pc.runtime.cpu_disable = m->runtime.cpu_disable;
+    pc.runtime.parallel_for = m->runtime.parallel_for;
+    pc.runtime.parallel_user = m->runtime.parallel_user;
+    pc.runtime.n_workers = m->runtime.n_workers;
+    pc.runtime.lock = m->runtime.lock;
+    pc.runtime.unlock = m->runtime.unlock;
+    pc.runtime.lock_user = m->runtime.lock_user;
     return pc;
 }
 
@@ -5425,9 +5425,9 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
     if (m->groups == NULL) { *field = "groups"; return KVC_ERR_NULL; }
     if (m->n_layers < 1) { *field = "n_layers"; return KVC_ERR_INVALID; }
     if (m->n_groups < 1 || m->n_groups > KVC_MAX_GROUPS) { *field = "n_groups"; return KVC_ERR_INVALID; }
-    if ((m->allocator.alloc == NULL) != (m->allocator.free == NULL)) { *field = "allocator"; return KVC_ERR_INVALID; }
-    if (m->parallel_for != NULL && m->n_workers < 1) { *field = "n_workers"; return KVC_ERR_INVALID; }
-    if ((m->lock == NULL) != (m->unlock == NULL)) { *field = "lock"; return KVC_ERR_INVALID; }
+    if ((m->runtime.allocator.alloc == NULL) != (m->runtime.allocator.free == NULL)) { *field = "allocator"; return KVC_ERR_INVALID; }
+    if (m->runtime.parallel_for != NULL && m->runtime.n_workers < 1) { *field = "n_workers"; return KVC_ERR_INVALID; }
+    if ((m->runtime.lock == NULL) != (m->runtime.unlock == NULL)) { *field = "lock"; return KVC_ERR_INVALID; }
     memset(count, 0, sizeof(count));
     for (l = 0; l < m->n_layers; ++l) {
         if (m->layer_group[l] < 0 || m->layer_group[l] >= m->n_groups) { *field = "layer_group"; return KVC_ERR_RANGE; }
@@ -5445,8 +5445,8 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
         if (count[g] == 0) { *field = "layer_group"; return KVC_ERR_INVALID; } /* a group with no layer */
         if (p->n_layers != count[g]) { *field = "groups.pool.n_layers"; return KVC_ERR_INVALID; }
         if (p->budget_bytes != 0 || p->arena != NULL || p->arena_bytes != 0 || p->arena_object_bytes != 0 ||
-            p->allocator.alloc != NULL || p->allocator.free != NULL || p->parallel_for != NULL ||
-            p->cpu_disable != 0 || p->lock != NULL || p->unlock != NULL || p->lock_user != NULL) {
+            p->runtime.allocator.alloc != NULL || p->runtime.allocator.free != NULL || p->runtime.parallel_for != NULL ||
+            p->runtime.cpu_disable != 0 || p->runtime.lock != NULL || p->runtime.unlock != NULL || p->runtime.lock_user != NULL) {
             *field = "groups.pool";
             return KVC_ERR_INVALID;
         }
@@ -5517,15 +5517,15 @@ KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **o
     kvc_result r;
     if (cfg == NULL || out == NULL) return KVC_ERR_NULL;
     if ((r = kvc__memory_check(cfg, NULL)) != KVC_OK) return r;
-    a = cfg->allocator;
+    a = cfg->runtime.allocator;
     if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
     bytes = sizeof(kvc__mpools) + 2 * sizeof(int32_t) * (size_t)cfg->n_layers;
     if ((mp = (kvc__mpools *)a.alloc(bytes, a.user)) == NULL) return KVC_ERR_NO_MEMORY;
     memset(mp, 0, sizeof(*mp));
     mp->alloc = a;
-    mp->lock = cfg->lock;
-    mp->unlock = cfg->unlock;
-    mp->lock_user = cfg->lock_user;
+    mp->lock = cfg->runtime.lock;
+    mp->unlock = cfg->runtime.unlock;
+    mp->lock_user = cfg->runtime.lock_user;
     mp->refs = 1;
     mp->n_groups = cfg->n_groups;
     mp->n_layers = cfg->n_layers;
@@ -5855,7 +5855,7 @@ static kvc_result kvc__memory_snapshot_take_held(kvc_memory *mem, int32_t from, 
     s->mp = mp;
     mp->refs++;
     s->to = at;
-    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) r = kvc_snapshot_take_at(mem->cache[g], from, at, &s->snap[g]);
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) r = kvc_snapshot_take(mem->cache[g], from, at, &s->snap[g]);
     if (r != KVC_OK) { kvc_memory_snapshot_free(s); return r; }
     *out = s;
     return KVC_OK;
@@ -6684,10 +6684,10 @@ KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
     const kvc_pool_config *pc;
     if (t == NULL) return kvc__radix_destroy_held(t);
     pc = &t->part[0].pool->cfg; /* a memory's tree may take the pools with it: keep the unlock */
-    lk.unlock = pc->unlock;
-    lk.user = pc->lock_user;
+    lk.unlock = pc->runtime.unlock;
+    lk.user = pc->runtime.lock_user;
     lk.mp = NULL;
-    if (pc->lock != NULL) pc->lock(pc->lock_user);
+    if (pc->runtime.lock != NULL) pc->runtime.lock(pc->runtime.lock_user);
     r = kvc__radix_destroy_held(t);
     kvc__memory_unlock(lk);
     return r;
@@ -9128,7 +9128,7 @@ static kvc_result kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *byte
     A->n_qtasks = (int32_t)n_qtasks;
     A->rows_max = (int32_t)rows_max;
     n_tasks = (size_t)tasks;
-    n_workers = A->p->cfg.parallel_for ? (size_t)A->p->cfg.n_workers : 1;
+    n_workers = A->p->cfg.runtime.parallel_for ? (size_t)A->p->cfg.runtime.n_workers : 1;
     /* an f16 tail is read through the tile: room for it whenever the cache has one (empty
        or not), so a scratch size asked for once does not fall short when the tail fills */
     A->tile_floats = A->fused_k && A->fused_v && A->c->tail == NULL ? 0 : (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv);
@@ -9623,8 +9623,8 @@ static kvc_result kvc__attn_exec(kvc__attn *A, kvc_attention_desc *rd, unsigned 
     }
     (void)kvc__attn_plan(A, base, &bytes); /* the size query of the same plan succeeded */
     n_tasks = A->n_qtasks * A->n_chunks;
-    if (p->cfg.parallel_for != NULL && n_tasks > 1)
-        p->cfg.parallel_for(p->cfg.parallel_user, n_tasks, kvc__attn_task, A);
+    if (p->cfg.runtime.parallel_for != NULL && n_tasks > 1)
+        p->cfg.runtime.parallel_for(p->cfg.runtime.parallel_user, n_tasks, kvc__attn_task, A);
     else
         for (t = 0; t < n_tasks; ++t) kvc__attn_task(A, t, 0);
     if (A->part != NULL) kvc__attn_merge(A);

@@ -289,11 +289,11 @@ static kvc_result vk_put_attention(kvc_cache *cache, int32_t layer, const float 
     vd.scale = d->scale;
     vd.window = d->window;
     vd.non_causal = d->non_causal;
-    if ((r = kvc_vk_begin(g_vk.ctx, &cmd)) != KVC_OK) return r;
+    if ((r = kvc_vk_context_begin(g_vk.ctx, &cmd)) != KVC_OK) return r;
     r = kvc_vk_cmd_append(g_vk.pool, cmd, cache, layer, &tk, &tv);
     if (r == KVC_OK) r = kvc_vk_cmd_attention(g_vk.pool, cmd, cache, layer, &vd);
-    if (r != KVC_OK) { kvc_vk_submit_wait(g_vk.ctx, cmd); return r; }
-    if ((r = kvc_vk_submit_wait(g_vk.ctx, cmd)) != KVC_OK) return r;
+    if (r != KVC_OK) { kvc_vk_context_submit_wait(g_vk.ctx, cmd); return r; }
+    if ((r = kvc_vk_context_submit_wait(g_vk.ctx, cmd)) != KVC_OK) return r;
     memcpy(d->out, g_vk.out.mapped, out_floats * 4);
     return KVC_OK;
 }
@@ -1162,7 +1162,7 @@ static int memory_begin(memory *M, int32_t n, const int32_t *at, int32_t n_at)
         if (st.bytes_used > M->peak_bytes) M->peak_bytes = st.bytes_used;
         return 0;
     }
-    for (i = 0; i < M->n; ++i) KVC_CHECK(kvc_begin_checkpoints(M->g[i].cache, n, at, n_at));
+    for (i = 0; i < M->n; ++i) KVC_CHECK(kvc_begin(M->g[i].cache, n, at, n_at));
     return 0;
 fail:
     while (!M->mem && i-- > 0)
@@ -1276,7 +1276,7 @@ static int memory_snapshot_take(memory *M, memory_snapshot *out)
     } else {
         for (int i = 0; i < M->n; ++i) {
             if (M->g[i].kind == KVC_KIND_CAUSAL) KVC_CHECK(kvc_seq_snapshot(M->g[i].cache, 0, &out->snap[i]));
-            else KVC_CHECK(kvc_snapshot_take(M->g[i].cache, 0, &out->snap[i]));
+            else KVC_CHECK(kvc_snapshot_take(M->g[i].cache, 0, KVC_POS_END, &out->snap[i]));
         }
     }
     out->offset = offset;
@@ -1306,7 +1306,7 @@ static int memory_restore(memory *M, const memory_snapshot *snap)
             if (snap->snap[i]) KVC_CHECK(kvc_seq_restore(g->cache, snap->snap[i], 0)); /* drops what seq 0 had */
             else KVC_CHECK(kvc_seq_remove(g->cache, 0, 0, KVC_POS_END));
         } else {
-            if (snap->snap[i]) KVC_CHECK(kvc_restore(g->cache, snap->snap[i], snap->offset));
+            if (snap->snap[i]) KVC_CHECK(kvc_cache_restore(g->cache, snap->snap[i], snap->offset));
             else KVC_CHECK(kvc_cache_clear(g->cache));
         }
     }
@@ -1996,7 +1996,7 @@ static int expected_reuse(const session *s, const int32_t *prompt, int32_t n, in
     if (memory_offset(&s->mem, &offset) != 0) return -1;
     for (int i = 0; i < s->mem.n; ++i) {
         int ok;
-        KVC_CHECK(kvc_can_trim(s->mem.g[i].cache, &ok));
+        KVC_CHECK(kvc_cache_can_trim(s->mem.g[i].cache, &ok));
         can_trim &= ok;
     }
     lcp = common_prefix(held, n_held, prompt, n);
