@@ -4367,7 +4367,7 @@ static void kvc__states_opened(kvc_cache *c) {
     c->states_open = 1;
 }
 
-/* kvc_begin(_checkpoints) on sequence 0; c->pend holds the checkpoints the batch named. */
+/* kvc_begin on sequence 0; c->pend holds the checkpoints the batch named. */
 static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens) {
     kvc_pool *p = c->pool;
     int32_t i, end = c->state_off[0] + n_tokens, inside = 0;

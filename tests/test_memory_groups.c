@@ -461,7 +461,7 @@ static void test_restore_keeps_at(void) {
     int ok;
     world_create(&w, 2, kinds);
     TK_OK(world_feed(&w, 12, at, 2, 9));
-    TK_OK(kvc_memory_snapshot_take(w.m, 0, 12, &snap));
+    TK_OK(kvc_memory_snapshot_take(w.m, 0, KVC_POS_END, &snap)); /* at the offset, 12 */
     memcpy(tokens, w.tokens, sizeof(int32_t) * 12);
     TK_OK(world_feed(&w, 3, NULL, 0, 10));
     TK_OK(kvc_memory_restore(w.m, snap, 12));
