@@ -5,8 +5,9 @@
 
 PATH: files or directories (default: the repository this script lives in). Every .c, .h,
 .cc, .cpp, .hpp, .md, .sh, .py and .glsl file under a directory is rewritten in place
-(.git, build/ and this script skipped; kvcache_vk.h's generated SPIR-V block and
-CHANGELOG.md's release history and rename table are left alone). It prints one line per
+(.git, build/ and this script skipped; kvcache_vk.h's generated SPIR-V block,
+CHANGELOG.md's release history and rename table, and text between the markers
+"api_rename: keep" and "api_rename: end keep" are left alone). It prints one line per
 file it changes with the number of edits of each kind, and a total. --dry-run changes
 nothing; --check changes nothing and exits 1 when something would change (CI: nothing
 left to migrate). Running it twice changes nothing the second time.
@@ -269,6 +270,8 @@ def protected_spans(path, text):
     e = text.find("/* END GENERATED SPIR-V */")
     if b >= 0 and e > b:
         spans.append((b, e))
+    for m in re.finditer(r"api_rename: keep\b.*?api_rename: end keep", text, re.S):
+        spans.append((m.start(), m.end()))  # e.g. the old spellings of a test's sample
     if base == "CHANGELOG.md":
         heads = [m.start() for m in re.finditer(r"(?m)^## ", text)]
         if len(heads) >= 2:
