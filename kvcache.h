@@ -480,8 +480,8 @@ KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + default
 /* Checks cfg as kvc_pool_create does and returns what it would (KVC_ERR_INVALID,
    KVC_ERR_OVERFLOW, KVC_ERR_ARENA_TOO_SMALL, ...) without allocating. *field (field may
    be NULL) = the name of the first field refused, in the order kvc_pool_create checks
-   them ("n_layers", "head_dim_k", "type_k", "page_cells", "budget_bytes", "allocator",
-   "arena_bytes", "n_workers", "rotate", ...), or NULL when cfg is valid. E.g. q8_0 or q4_0 with
+   them ("n_layers", "head_dim_k", "type_k", "page_cells", "budget_bytes",
+   "runtime.allocator", "arena_bytes", "runtime.n_workers", "rotate", ...), or NULL when cfg is valid. E.g. q8_0 or q4_0 with
    head dim 48 -> "head_dim_k" (block types need multiples of 32); a budget below one
    page -> "budget_bytes". */
 KVCDEF kvc_result kvc_pool_config_check(const kvc_pool_config *cfg, const char **field);
@@ -2472,10 +2472,10 @@ static kvc_result kvc__check_config(const kvc_pool_config *c, const char **field
         ((c->rotate & KVC_ROTATE_K) && kvc__rot_block(c->head_dim_k) == 0) ||
         ((c->rotate & KVC_ROTATE_V) && kvc__rot_block(c->head_dim_v) == 0))
         KVC__REFUSE(KVC_ERR_INVALID, "rotate");
-    if ((c->runtime.allocator.alloc == NULL) != (c->runtime.allocator.free == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "allocator");
+    if ((c->runtime.allocator.alloc == NULL) != (c->runtime.allocator.free == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "runtime.allocator");
     if (c->arena == NULL && c->arena_bytes != 0) KVC__REFUSE(KVC_ERR_INVALID, "arena_bytes");
-    if (c->runtime.parallel_for != NULL && c->runtime.n_workers < 1) KVC__REFUSE(KVC_ERR_INVALID, "n_workers");
-    if ((c->runtime.lock == NULL) != (c->runtime.unlock == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "lock");
+    if (c->runtime.parallel_for != NULL && c->runtime.n_workers < 1) KVC__REFUSE(KVC_ERR_INVALID, "runtime.n_workers");
+    if ((c->runtime.lock == NULL) != (c->runtime.unlock == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "runtime.lock");
     return KVC_OK;
 }
 
@@ -5425,9 +5425,9 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
     if (m->groups == NULL) { *field = "groups"; return KVC_ERR_NULL; }
     if (m->n_layers < 1) { *field = "n_layers"; return KVC_ERR_INVALID; }
     if (m->n_groups < 1 || m->n_groups > KVC_MAX_GROUPS) { *field = "n_groups"; return KVC_ERR_INVALID; }
-    if ((m->runtime.allocator.alloc == NULL) != (m->runtime.allocator.free == NULL)) { *field = "allocator"; return KVC_ERR_INVALID; }
-    if (m->runtime.parallel_for != NULL && m->runtime.n_workers < 1) { *field = "n_workers"; return KVC_ERR_INVALID; }
-    if ((m->runtime.lock == NULL) != (m->runtime.unlock == NULL)) { *field = "lock"; return KVC_ERR_INVALID; }
+    if ((m->runtime.allocator.alloc == NULL) != (m->runtime.allocator.free == NULL)) { *field = "runtime.allocator"; return KVC_ERR_INVALID; }
+    if (m->runtime.parallel_for != NULL && m->runtime.n_workers < 1) { *field = "runtime.n_workers"; return KVC_ERR_INVALID; }
+    if ((m->runtime.lock == NULL) != (m->runtime.unlock == NULL)) { *field = "runtime.lock"; return KVC_ERR_INVALID; }
     memset(count, 0, sizeof(count));
     for (l = 0; l < m->n_layers; ++l) {
         if (m->layer_group[l] < 0 || m->layer_group[l] >= m->n_groups) { *field = "layer_group"; return KVC_ERR_RANGE; }

@@ -964,8 +964,8 @@ static void fm_op_config(fm_world *w) {
     case 2: mc.groups = NULL; want = KVC_ERR_NULL; wf = "groups"; break;
     case 3: mc.n_layers = 0; wf = "n_layers"; break;
     case 4: mc.n_groups = x & 0x80 ? 0 : KVC_MAX_GROUPS + 1; wf = "n_groups"; break;
-    case 5: mc.runtime.allocator.alloc = NULL; wf = "allocator"; break;
-    case 6: mc.runtime.parallel_for = fm_pfor; mc.runtime.n_workers = 0; wf = "n_workers"; break;
+    case 5: mc.runtime.allocator.alloc = NULL; wf = "runtime.allocator"; break;
+    case 6: mc.runtime.parallel_for = fm_pfor; mc.runtime.n_workers = 0; wf = "runtime.n_workers"; break;
     case 7: map[l] = x & 0x80 ? -1 : w->G; want = KVC_ERR_RANGE; wf = "layer_group"; break;
     case 8: gc[g].pool.n_layers += x & 0x80 ? 1 : -1; wf = "groups.pool.n_layers"; break;
     case 9: /* a field the memory sets */

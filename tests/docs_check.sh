@@ -58,6 +58,8 @@ static void f(kvc_cache *c, kvc_radix *t, kvc_namespace ns, const int32_t *tok, 
     kvc_memory_config *m = NULL;
     pc.allocator.alloc = NULL; bad.n_workers = 1; m->lock = NULL; g[0].pool.cpu_disable = 0;
     kvc_threads_attach(th, &pc);
+    want = "lock";
+    name = "lock";
     kvc_begin(c, f(1, 2));
     kvc_begin_checkpoints(c, n, at, 2);
     kvc_snapshot_take(c, 0, &s);   /* aligned */
@@ -73,6 +75,8 @@ static void f(kvc_cache *c, kvc_radix *t, kvc_namespace ns, const int32_t *tok, 
     kvc_memory_config *m = NULL;
     pc.runtime.allocator.alloc = NULL; bad.runtime.n_workers = 1; m->runtime.lock = NULL; g[0].pool.runtime.cpu_disable = 0;
     kvc_threads_attach(th, &pc.runtime);
+    want = "runtime.lock";
+    name = "lock";
     kvc_begin(c, f(1, 2), NULL, 0);
     kvc_begin(c, n, at, 2);
     kvc_snapshot_take(c, 0, KVC_POS_END, &s); /* aligned */

@@ -341,9 +341,9 @@ static void test_pool_config_check(void) {
         case 8: bad.type_v = KVC_TYPE_Q4_0; bad.head_dim_v = 48; want = "head_dim_v"; break;
         case 9: bad.budget_bytes = 10; want = "budget_bytes"; break;
         case 10: bad.budget_bytes = 0; want = "budget_bytes"; break;
-        case 11: bad.runtime.allocator.free = kvc__default_free; want = "allocator"; break;
+        case 11: bad.runtime.allocator.free = kvc__default_free; want = "runtime.allocator"; break;
         case 12: bad.arena_bytes = 100; want = "arena_bytes"; break;
-        case 13: bad.runtime.parallel_for = serial_for; bad.runtime.n_workers = 0; want = "n_workers"; break;
+        case 13: bad.runtime.parallel_for = serial_for; bad.runtime.n_workers = 0; want = "runtime.n_workers"; break;
         case 14:
             bad.n_kv_heads = INT32_MAX; bad.head_dim_k = INT32_MAX; bad.head_dim_v = INT32_MAX;
             res = KVC_ERR_OVERFLOW; want = "n_kv_heads"; break;

@@ -450,7 +450,7 @@ static void test_memory_forks(tk_rng *rng) {
     mc.budget_bytes = 2 * (7 + 1) * pb0 + 2 * 4 * pb1; /* two memories of <= 100 tokens each */
     mc.runtime.lock = kvc_mutex_lock; /* missing unlock: refused */
     TK_RES(kvc_memory_config_check(&mc, &field), KVC_ERR_INVALID);
-    TK_CHECK(field != NULL && strcmp(field, "lock") == 0);
+    TK_CHECK(field != NULL && strcmp(field, "runtime.lock") == 0);
     mc.runtime.unlock = kvc_mutex_unlock;
     mc.runtime.lock_user = mx;
     g[0].pool.runtime.lock = kvc_mutex_lock; /* a group's own lock: the memory's applies */
@@ -502,7 +502,7 @@ static void test_config(void) {
     pc.budget_bytes = 1 << 20;
     pc.runtime.unlock = count_unlock; /* both or neither */
     TK_RES(kvc_pool_config_check(&pc, &field), KVC_ERR_INVALID);
-    TK_CHECK(field != NULL && strcmp(field, "lock") == 0);
+    TK_CHECK(field != NULL && strcmp(field, "runtime.lock") == 0);
     TK_RES(kvc_pool_create(&pc, &pool), KVC_ERR_INVALID);
     pc.runtime.lock = count_lock;
     TK_OK(kvc_pool_create(&pc, &pool));

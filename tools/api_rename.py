@@ -27,7 +27,9 @@ What it does (the CHANGELOG's "Renamed" table of the release that made the chang
      (allocator, cpu_disable, parallel_for, parallel_user, n_workers, lock, unlock,
      lock_user) moved into their `runtime` member (kvc_runtime):
         cfg.allocator -> cfg.runtime.allocator, m->lock -> m->runtime.lock, and the
-        documents' kvc_pool_config.lock -> kvc_pool_config.runtime.lock;
+        documents' kvc_pool_config.lock -> kvc_pool_config.runtime.lock; the field
+        names the config checks report ("lock" -> "runtime.lock", on lines about a
+        refused field);
         kvc_threads_attach(t, &cfg) -> kvc_threads_attach(t, &cfg.runtime) (and
         kvc_mutex_attach). A member access is rewritten when its base is a variable the
         same file declares as a kvc_pool_config / kvc_memory_config (or a pointer to
@@ -197,6 +199,14 @@ def move_runtime(text):
 
         text, k = pat.subn(repl, text)
         n += k
+    # the field names kvc_pool_config_check / kvc_memory_config_check report: a literal
+    # "lock" on a line about a refused field (field, want, wf, KVC__REFUSE, runtime.)
+    lines, k = text.split("\n"), 0
+    for i, line in enumerate(lines):
+        if '"' in line and re.search(r"\bfield\b|\bwant\b|\bwf\b|KVC__REFUSE|runtime\.", line):
+            lines[i], c = re.subn(r'"(%s)"' % fields, r'"runtime.\1"', line)
+            k += c
+    text, n = "\n".join(lines), n + k
     # the attach helpers take the runtime block
     for fn in ("kvc_threads_attach", "kvc_mutex_attach"):
         out, pos = [], 0
