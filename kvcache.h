@@ -11814,7 +11814,8 @@ KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc
    besides the public API and the page events; a change to anything named here is a change
    to the backend too (make check builds test_vk's code; the prototypes below must match
    their definitions above, so a changed signature fails to compile here first).
-   Macros: KVC__MIN, KVC__MAX, KVC__NO_PAGE.
+   Macros: KVC__MIN, KVC__MAX, KVC__NO_PAGE. Types: kvc__iter and kvc__run (a cache's
+   cells as runs of pages), kvc__ranges (kvc__view), kvc__query (kvc__query_of).
    struct kvc_pool (a vk pool's `host`): cfg (its shape and rotate), page_cells, max_pages,
      k_row, v_row, tk / tv (the storage types' converters), rot_k / rot_v, refcount,
      free_pages, n_free, page_hw (kvc_vk_pool_cmd_trim lowers the high-water mark and
@@ -11831,7 +11832,7 @@ KVCDEF kvc_result kvc_io_path(kvc_path_io *s, const char *path, int writing, kvc
    Functions: */
 static void *kvc__default_alloc(size_t size, void *user);
 static void kvc__default_free(void *ptr, void *user);
-static void kvc__rot_one(float *x, int32_t i0, int32_t n, int inverse); /* the rotation's rounding */
+static void kvc__rot_one(float *x, int32_t i0, int32_t n, int inverse); /* its rounding, which the shaders copy */
 static int32_t *kvc__pos_at(const kvc_pool *p, uint32_t page, int32_t cell);
 static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell);
 static int32_t kvc__lpage_index(const kvc_cache *c, int32_t lp);
