@@ -47,7 +47,7 @@
      cache under one budget, every operation all or nothing across the groups.
 
    A FORWARD PASS
-       kvc_begin(cache, n_tokens);               // reserve cells for the new tokens
+       kvc_begin(cache, n_tokens, NULL, 0);      // reserve cells for the new tokens
        for (layer = 0; layer < n_layers; ++layer) {
            ... compute q, k, v for the n_tokens (rope applied) ...
            kvc_put(cache, layer, k, v);          // [n_tokens][kv_heads][head_dim] f32
@@ -82,13 +82,178 @@
    CONVENTIONS
      Every fallible function returns a kvc_result (KVC_OK == 0) and validates all of
      its arguments before it changes anything: after an error the objects are exactly
-     as they were. (kvc_strerror, kvc_type_name and kvc_threads_parallel_for cannot
-     fail.)
+     as they were. (kvc_strerror, kvc_type_name, kvc_threads_parallel_for and the
+     kvc_mutex callbacks cannot fail.)
+
+   NAMING RULE
+     kvc_<object>_<verb>: the object is the type of the first argument -- pool, cache,
+     snapshot, prefix, radix, memory, seq (a CAUSAL cache's sequence), io, threads,
+     mutex -- and the verb says what happens to it (kvc_cache_trim, kvc_radix_evict,
+     kvc_memory_restore). A call on a model memory is its cache call with kvc_memory_
+     in front and the same arguments after the object (kvc_cache_trim /
+     kvc_memory_trim, kvc_begin / kvc_memory_begin, kvc_snapshot_take /
+     kvc_memory_snapshot_take; one exception kept: kvc_state takes (seq, layer),
+     kvc_memory_state (layer, seq)). The tree and prefix calls over a memory end in
+     _memory (kvc_radix_commit_memory) and sit with their family.
+     Short forms, as stb keeps its hot calls short: the calls of a forward pass on a
+     cache drop the object -- kvc_begin (and its CAUSAL and checked forms
+     kvc_begin_batch, kvc_begin_at), kvc_put, kvc_attention, kvc_cancel, and a
+     recurrent layer's kvc_state, kvc_state_read, kvc_state_checkpoint,
+     kvc_batch_checkpoints. Everything else names its object.
+     Objects are made by kvc_<object>_create (kvc_<object>_destroy; a NULL object is
+     KVC_ERR_NULL, except the *_free calls, where NULL is fine), from a
+     kvc_<object>_config that kvc_<object>_config_init fills with zeros and defaults
+     and kvc_<object>_config_check checks as create would, naming the first field
+     refused. Results come back through the last arguments (out pointers); getters
+     are kvc_<object>_<what> (kvc_cache_offset) or kvc_<object>_stats_get. One call
+     with one more argument replaces parallel calls (kvc_begin's checkpoints,
+     kvc_snapshot_take's `at`, kvc_radix_commit's priority: NULL / 0 / KVC_POS_END
+     for the plain case). tools/api_rename.py moves code from older names.
+
+   INDEX (one line per public function; details at each declaration)
+     The forward pass
+       kvc_pool_config_init(cfg)                   zeros and defaults
+       kvc_pool_config_check(cfg, &field)          what kvc_pool_create would say, and which field
+       kvc_pool_create(cfg, &pool)                 every K/V byte, in pages, under a budget
+       kvc_pool_destroy(pool)
+       kvc_pool_stats_get(pool, &stats)            sizes, pages in use and peak, live objects
+       kvc_pool_page_bytes(cfg, &bytes)            one page of every layer
+       kvc_pool_budget_for_tokens(cfg, n, &bytes)  the budget that holds n tokens
+       kvc_pool_budget_for_states(cfg, n, &bytes)  the budget that holds n recurrent states
+       kvc_pool_arena_bytes(cfg, &bytes)           the caller-owned block arena mode needs
+       kvc_cache_config_init(cfg, kind)            FULL, ROTATING, CAUSAL, RECURRENT
+       kvc_cache_config_check(pool, cfg, &field)
+       kvc_cache_create(pool, cfg, &cache)
+       kvc_cache_destroy(cache)
+       kvc_cache_fork(cache, &copy)                shares every page
+       kvc_cache_clear(cache)
+       kvc_cache_offset(cache, &offset)            tokens held: the next position
+       kvc_cache_cells(cache, &n)                  cells a kernel reads now
+       kvc_cache_pages(cache, &n)
+       kvc_begin(cache, n_tokens, at, n_at)        reserve a batch (at: checkpoints, or NULL, 0)
+       kvc_begin_at(cache, pos, n_tokens)          kvc_begin, checking the engine's position
+       kvc_put(cache, layer, k, v)                 write a layer's K/V of the batch
+       kvc_attention(cache, layer, &desc)          attention of q over the cache
+       kvc_attention_scratch_bytes(cache, &desc, &bytes)
+       kvc_cancel(cache)                           abandon the open batch
+       kvc_cache_trim(cache, n)                    drop the last n tokens
+       kvc_cache_can_trim(cache, &ok)              whether a trim by one token succeeds
+       kvc_cache_can_rewind(cache, target, &ok)    whether a trim / restore to target succeeds
+       kvc_cache_checkpoints(cache, at, max, &n)   the offsets it keeps checkpoints at
+       kvc_snapshot_take(cache, from, at, &snap)   [from, at) sharing pages (at: KVC_POS_END)
+       kvc_cache_restore(cache, snap, target)      back to target (snap NULL: the live state)
+       kvc_snapshot_merge(cache, a, b, &ab)
+       kvc_snapshot_split(cache, snap, at, &a, &b)
+       kvc_snapshot_info_get(snap, &info)          span, pages, bytes
+       kvc_snapshot_free(snap)
+     Reuse of prefixes
+       kvc_prefix_create(caches, n, max_tokens, &px)  single-entry reuse (ollama's MLX runner)
+       kvc_prefix_create_memory(mem, max_tokens, &px)
+       kvc_prefix_destroy(px)
+       kvc_prefix_begin(px, tokens, n, &n_reused)  trim the caches to the common prefix
+       kvc_prefix_close(px, generated, n)          record prompt + generated tokens
+       kvc_prefix_tokens(px, &tokens, &n)
+       kvc_radix_config_init(cfg, kind)
+       kvc_radix_create(pool, cfg, &tree)          a prefix tree shared by many conversations
+       kvc_radix_create_memory(mem, cfg, &tree)    the same over a model memory's groups
+       kvc_radix_destroy(tree)
+       kvc_radix_lookup(tree, ns, tokens, n, &cache, &n_reused)
+       kvc_radix_lookup_memory(tree, ns, tokens, n, &mem, &n_reused)
+       kvc_radix_lookup_into_memory(tree, ns, tokens, n, mem, &n_reused)
+       kvc_radix_commit(tree, ns, cache, tokens, n, priority)
+       kvc_radix_commit_memory(tree, ns, mem, tokens, n, priority)
+       kvc_radix_release(cache)                    the cache's entry no longer in use
+       kvc_radix_release_memory(mem)
+       kvc_radix_pin(tree, ns, tokens, n)          never evicted (a system prompt)
+       kvc_radix_unpin(tree, ns, tokens, n)
+       kvc_radix_evict(tree, n_pages, &n_freed)
+       kvc_radix_stats_get(tree, &stats)
+     Tiers below a prefix tree (what eviction takes goes down, not away)
+       kvc_tier_config_init(cfg)                   zeros
+       kvc_tier_attach(tree, cfg)                  a host-RAM tier (own budget) and a store
+       kvc_tier_fetch(tree, ns, tokens, n, &n_fetched)  the longest prefix a tier holds, back
+       kvc_tier_publish(tree, ns, tokens, n, &n_published)  an entry to the store now
+       kvc_tier_flush(tree)                        host-tier blobs to the store
+       kvc_tier_stats_get(tree, &stats)
+       kvc_tier_key(tree, ns, tokens, n, &key)     a prefix's content address
+       kvc_key_hex(key, out)                       the key as 64 hex digits
+       kvc_sha256(data, n, out)                    the hash the keys chain
+       kvc_store_dir(&state, dir, &store)          a directory as a store (stdio)
+     Persistence
+       kvc_io_memory(&mem, &io)                    an io over a memory block
+       kvc_io_stdio(file, &io)                     an io over an open FILE
+       kvc_io_path(&state, path, writing, &io)     a file by name, written atomically
+       kvc_cache_save(cache, ns, tokens, n, &io)
+       kvc_cache_load(cache, ns, &io, tokens, max, &n)
+       kvc_seq_save(cache, seq, ns, tokens, n, &io)      one CAUSAL sequence
+       kvc_seq_load(cache, dst, ns, &io, tokens, max, &n)
+       kvc_radix_save(tree, ns, tokens, n, &io)    one prefix-tree entry
+       kvc_radix_load(tree, ns, &io, pin, &n)
+       kvc_memory_save(mem, ns, tokens, n, &io)
+       kvc_memory_load(mem, ns, &io, tokens, max, &n)
+     Hybrid models: recurrent layers, model memories
+       kvc_state(cache, seq, layer, &state)        the live state to update in the batch
+       kvc_state_read(cache, seq, layer, &state)   read only, any time
+       kvc_state_checkpoint(cache, layer, at, state)   hand a checkpoint's state over
+       kvc_batch_checkpoints(cache, at, max, &n)   the offsets the batch wants states for
+       kvc_memory_config_init(cfg)
+       kvc_memory_config_check(cfg, &field)
+       kvc_memory_create(cfg, &mem)                one memory over a model's layer groups
+       kvc_memory_destroy(mem)
+       kvc_memory_layer(mem, layer, &cache, &group_layer)
+       kvc_memory_group(mem, group, &cache)
+       kvc_memory_begin(mem, n_tokens, at, n_at)
+       kvc_memory_put(mem, layer, k, v)
+       kvc_memory_attention(mem, layer, &desc)
+       kvc_memory_state(mem, layer, seq, &state)
+       kvc_memory_state_read(mem, layer, &state)
+       kvc_memory_state_checkpoint(mem, layer, at, state)
+       kvc_memory_batch_checkpoints(mem, layer, at, max, &n)
+       kvc_memory_cancel(mem)
+       kvc_memory_offset(mem, &offset)
+       kvc_memory_trim(mem, n)
+       kvc_memory_can_rewind(mem, target, &ok)
+       kvc_memory_rewind_point(mem, max_target, &target)
+       kvc_memory_clear(mem)
+       kvc_memory_snapshot_take(mem, from, at, &snap)
+       kvc_memory_restore(mem, snap, target)
+       kvc_memory_snapshot_free(snap)
+       kvc_memory_fork(mem, &copy)
+       kvc_memory_stats_get(mem, &stats)
+     Threads (KVCACHE_THREADS)
+       kvc_threads_create(n_threads, &threads)     a pthread pool for the parallel_for hook
+       kvc_threads_destroy(threads)
+       kvc_threads_attach(threads, &cfg.runtime)   sets the hook of a pool or memory config
+       kvc_threads_parallel_for(threads, n, fn, ctx)   the hook itself
+       kvc_mutex_create(&mutex)                    a recursive mutex for the pool lock
+       kvc_mutex_destroy(mutex)
+       kvc_mutex_attach(mutex, &cfg.runtime)       sets the lock of a pool or memory config
+       kvc_mutex_lock(mutex)
+       kvc_mutex_unlock(mutex)
+     Advanced
+       kvc_cache_runs(cache, layer, runs, max, &n)     the cells' stored rows, zero-copy
+       kvc_cache_gather(cache, layer, k, v, pos, max, &n)   the same as f32 copies
+       kvc_begin_batch(cache, &batch)              CAUSAL: a batch of (position, sequence)
+       kvc_mask_export(cache, row_pad, mask, max, &rows, &cols, &first)
+       kvc_seq_copy_prefix(cache, src, dst, len)
+       kvc_seq_remove(cache, seq, begin, end)      with a RoPE shift of later cells
+       kvc_seq_keep(cache, seq)
+       kvc_seq_pos_range(cache, seq, &min, &max)
+       kvc_seq_can_resume(cache, seq, pos, &ok)
+       kvc_seq_snapshot(cache, seq, &snap)
+       kvc_seq_restore(cache, snap, dst)
+       kvc_cache_defrag(cache, &n_moves)
+       kvc_cpu_features(&features)                 the KVC_CPU_* paths this CPU and build have
+       kvc_rotation_block(head_dim, &block)        the storage rotation's block
+       kvc_rotate_rows(x, head_dim, n_rows, inverse)   its scalar reference
+       kvc_strerror(result)
+       kvc_type_name(type)
+   (end of index)
 
    THREADS (details: "Threads" among the advanced parts; docs/design.md)
      The library starts no threads. Without a lock a pool and everything made from it
      (caches, snapshots, prefix trees, memories) belong to one thread at a time. Give
-     the pool a lock (kvc_pool_config.lock/unlock, or kvc_mutex_attach) and distinct
+     the pool a lock (kvc_pool_config.runtime.lock/unlock, or kvc_mutex_attach) and distinct
      caches on it may be used from different threads at once: the lock guards what
      they share (free pages, refcounts, prefix trees, budget, statistics), and
      kvc_put and kvc_attention, the per-layer calls, never take it. One cache (or
@@ -207,6 +372,30 @@ typedef void (*kvc_parallel_for_fn)(void *user, int32_t n_tasks, kvc_task_fn fn,
 /* A lock (or unlock) callback of the caller's, given the config's lock_user. */
 typedef void (*kvc_lock_fn)(void *user);
 
+/* The runtime block: how the library gets memory, threads and a lock. kvc_pool_config and
+   kvc_memory_config both hold one (`runtime`); a memory's applies to every group's pool
+   (whose own runtime stays zero). All zero: malloc/free (KVCACHE_MALLOC), the calling
+   thread, no lock, every CPU path. */
+typedef struct kvc_runtime {
+    kvc_allocator allocator;
+    kvc_parallel_for_fn parallel_for; /* NULL: the library works on the calling thread */
+    void *parallel_user;
+    int32_t n_workers;                /* with parallel_for: how many worker ids it uses (>= 1) */
+    /* Sharing pools between threads (see "Threads" among the advanced parts): lock and
+       unlock (both or neither; NULL: no lock, one thread at a time) guard everything the
+       pool's caches share -- free pages, refcounts, prefix trees, budget, statistics.
+       The lock must be recursive: a call may take it again on the same thread before
+       it lets it go (a recursive mutex; kvc_mutex_attach sets one up with pthreads).
+       kvc_put and kvc_attention never take it; the allocator is called under it. A
+       memory's lock serves all its groups (they share the budget): a memory and its forks
+       may then be used from different threads at once (each by one thread at a time). */
+    kvc_lock_fn lock;
+    kvc_lock_fn unlock;
+    void *lock_user;
+    uint32_t cpu_disable; /* KVC_CPU_* paths not to use (tests compare them with scalar); a path
+                             needs those below it: no AVX2 means no AVX-512 either */
+} kvc_runtime;
+
 /* Page events for a device backend (see "Page events" among the advanced parts);
    all zero, the default, means none. */
 typedef struct kvc_page_event kvc_page_event;
@@ -262,7 +451,7 @@ typedef struct kvc_pool_config {
     kvc_type type_v;
     int32_t page_cells;   /* token slots per page (every layer); default 256 */
     size_t budget_bytes;  /* hard cap on K/V bytes: floor(budget / page_bytes) pages */
-    kvc_allocator allocator;
+    kvc_runtime runtime;  /* allocator, parallel_for, lock, cpu_disable (see kvc_runtime) */
     /* Arena mode: when arena != NULL every byte the pool, its caches, snapshots
        and prefix objects ever use comes from this caller-owned block, and the
        library never calls an allocator. kvc_pool_arena_bytes() says how big it
@@ -272,25 +461,11 @@ typedef struct kvc_pool_config {
     void *arena;
     size_t arena_bytes;
     size_t arena_object_bytes;
-    uint32_t cpu_disable; /* KVC_CPU_* paths not to use (tests compare them with scalar); a path
-                             needs those below it: no AVX2 means no AVX-512 either */
     kvc_page_hooks hooks; /* page events for a device backend; zero = none */
-    kvc_parallel_for_fn parallel_for; /* NULL: the library works on the calling thread */
-    void *parallel_user;
-    int32_t n_workers;                /* with parallel_for: how many worker ids it uses (>= 1) */
     /* A state pool (for RECURRENT caches) when nonzero: a page holds one sequence's state
        of every layer, state_floats f32 per layer. n_kv_heads and the head dims must be 0;
        type_k, type_v and page_cells are not used (a page is one state). */
     int32_t state_floats;
-    /* Sharing the pool between threads (see "Threads" among the advanced parts): lock and
-       unlock (both or neither; NULL: no lock, one thread at a time) guard everything the
-       pool's caches share -- free pages, refcounts, prefix trees, budget, statistics.
-       The lock must be recursive: a call may take it again on the same thread before
-       it lets it go (a recursive mutex; kvc_mutex_attach sets one up with pthreads).
-       kvc_put and kvc_attention never take it; the allocator is called under it. */
-    kvc_lock_fn lock;
-    kvc_lock_fn unlock;
-    void *lock_user;
     /* KVC_ROTATE_K | KVC_ROTATE_V (0: none): store K (V) rotated along the head by the
        fixed orthonormal rotation of kvc_rotate_rows before converting it to its type, so
        that outlier channels no longer set the block scales of q8_0 / q4_0. Callers see
@@ -329,8 +504,8 @@ KVCDEF kvc_result kvc_pool_config_init(kvc_pool_config *cfg); /* zeros + default
 /* Checks cfg as kvc_pool_create does and returns what it would (KVC_ERR_INVALID,
    KVC_ERR_OVERFLOW, KVC_ERR_ARENA_TOO_SMALL, ...) without allocating. *field (field may
    be NULL) = the name of the first field refused, in the order kvc_pool_create checks
-   them ("n_layers", "head_dim_k", "type_k", "page_cells", "budget_bytes", "allocator",
-   "arena_bytes", "n_workers", "rotate", ...), or NULL when cfg is valid. E.g. q8_0 or q4_0 with
+   them ("n_layers", "head_dim_k", "type_k", "page_cells", "budget_bytes",
+   "runtime.allocator", "arena_bytes", "runtime.n_workers", "rotate", ...), or NULL when cfg is valid. E.g. q8_0 or q4_0 with
    head dim 48 -> "head_dim_k" (block types need multiples of 32); a budget below one
    page -> "budget_bytes". */
 KVCDEF kvc_result kvc_pool_config_check(const kvc_pool_config *cfg, const char **field);
@@ -431,7 +606,7 @@ typedef struct kvc_cache_config {
     int32_t chunk;    /* chunked attention: a query sees only cells of its own chunk of
                          this many positions; 0 = none */
     kvc_rope rope;    /* how kvc_seq_remove re-rotates shifted keys */
-    /* ROTATING and RECURRENT: how many checkpoints (kvc_begin_checkpoints) the cache keeps,
+    /* ROTATING and RECURRENT: how many checkpoints (kvc_begin) the cache keeps,
        the latest ones; 0 = 8. RECURRENT: max_seqs above is its number of sequences (0 = 1). */
     int32_t checkpoints;
     /* FULL and ROTATING caches on a pool whose K or V type is q8_0 or q4_0: the newest
@@ -448,7 +623,7 @@ typedef struct kvc_cache_config {
     int32_t f16_tail;
     /* Rollback for speculative decoding: a reserve of R tokens (0 = none, the default;
        FULL and CAUSAL must leave it 0; ROTATING up to 1 << 24, RECURRENT up to 4096).
-       kvc_trim, kvc_restore(cache, NULL, t), kvc_can_rewind, kvc_snapshot_take_at and the
+       kvc_cache_trim, kvc_cache_restore(cache, NULL, t), kvc_cache_can_rewind, kvc_snapshot_take and the
        memory calls then reach every t >= m - R, m being the furthest offset the cache has
        reached (while drafts only go forward: the offset), across batches and after a
        ROTATING window has wrapped: reject drafted tokens without a snapshot per token.
@@ -459,7 +634,7 @@ typedef struct kvc_cache_config {
        t -- is still held. RECURRENT: a batch of n <= R tokens keeps the state at its start
        as a checkpoint (sharing the live state's page until the batch writes it), and the
        offsets among the batch's last R (start < t < end) are checkpoints as if named in
-       kvc_begin_checkpoints: the engine hands each layer's state there over with
+       kvc_begin: the engine hands each layer's state there over with
        kvc_state_checkpoint (kvc_batch_checkpoints lists them; a call for an offset inside the
        batch not asked for is KVC_ERR_NOT_FOUND, harmless).
        These reserve checkpoints are kept while within R of the offset, beside the latest
@@ -469,6 +644,7 @@ typedef struct kvc_cache_config {
 
 typedef struct kvc_cache kvc_cache;
 typedef struct kvc_snapshot kvc_snapshot;
+typedef struct kvc_memory kvc_memory; /* a model memory: "Hybrid models" */
 
 KVCDEF kvc_result kvc_cache_config_init(kvc_cache_config *cfg, kvc_kind kind); /* zeros + kind */
 /* CAUSAL caches take all their pages at create (KVC_ERR_FULL if the pool lacks them). */
@@ -496,14 +672,19 @@ KVCDEF kvc_result kvc_cache_cells(const kvc_cache *cache, int32_t *n_cells);
 KVCDEF kvc_result kvc_cache_pages(const kvc_cache *cache, int32_t *n_pages);
 
 /* ---- A forward pass: reserve, write, attend; cancel and trim --------------------- */
+/* "Up to the end": kvc_snapshot_take's `at` (the offset), kvc_seq_remove's end. */
+#define KVC_POS_END INT32_MAX
 /* Start a batch of n_tokens new tokens at positions offset .. offset+n_tokens-1:
    allocates (and copies shared tail pages) for every layer at once, so it is the
    only call of a forward pass that can run out of pages (KVC_ERR_FULL, after evicting
    unused prefix-tree entries) or memory (KVC_ERR_NO_MEMORY: the page table grows past
    its first 8 entries by doubling). offset grows by n_tokens.
    ROTATING: releases pages no query of this batch can see (the L>1 concat and L=1
-   ring update of ollama's MLX runner keep the same window: W-1 older keys + the batch). */
-KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens);
+   ring update of ollama's MLX runner keep the same window: W-1 older keys + the batch).
+   at[0 .. n_at) (at may be NULL with n_at 0, the usual call) names checkpoints inside
+   the batch, offsets the cache must be able to return to afterwards (see "Hybrid
+   models": checkpoints); kvc_memory_begin takes the same arguments. */
+KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at);
 /* kvc_begin, after checking that pos -- the position the engine believes its first new
    token has -- is the cache's offset (CAUSAL: sequence 0's next position, one past the
    largest it holds); KVC_ERR_POSITION, with nothing changed, when it is not. Catches an
@@ -527,19 +708,19 @@ KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const
 KVCDEF kvc_result kvc_cancel(kvc_cache *cache);
 
 /* Trim n tokens from the end (CanTrim/Trim of ollama's MLX runner); KVC_ERR_STATE
-   while a batch is open (kvc_cancel it first), as for kvc_restore. ROTATING caches can
+   while a batch is open (kvc_cancel it first), as for kvc_cache_restore. ROTATING caches can
    trim only until the window has wrapped: offset <= window and no page ever released (a
    kvc_cancel after kvc_begin released pages counts as wrapped); after that only onto a
    checkpoint, within a reserve (cfg.reserve, which keeps trims of up to R tokens
    possible) or to 0 (clearing). RECURRENT caches likewise go back only onto a checkpoint,
    within the reserve or to 0. A trim by 0 always succeeds and changes nothing (FULL,
    ROTATING, RECURRENT; wrapped, after a kvc_cancel, anything). A target the cache
-   cannot reach is KVC_ERR_UNREACHABLE, nothing changed: the result kvc_restore(cache,
-   NULL, target) and kvc_memory_trim give (kvc_can_rewind says which targets are
+   cannot reach is KVC_ERR_UNREACHABLE, nothing changed: the result kvc_cache_restore(cache,
+   NULL, target) and kvc_memory_trim give (kvc_cache_can_rewind says which targets are
    reachable; 0 always is). CAUSAL caches: KVC_ERR_UNSUPPORTED. With a reserve,
-   kvc_can_trim says whether a trim by one token succeeds. */
-KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim);
-KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens);
+   kvc_cache_can_trim says whether a trim by one token succeeds. */
+KVCDEF kvc_result kvc_cache_can_trim(const kvc_cache *cache, int *can_trim);
+KVCDEF kvc_result kvc_cache_trim(kvc_cache *cache, int32_t n_tokens);
 
 /* ---- Attention -------------------------------------------------------------------- */
 /* Layouts are row-major f32: q [n_queries][n_heads][head_dim_k] and out
@@ -603,18 +784,20 @@ typedef struct kvc_snapshot_info {
     size_t bytes;         /* n_pages * page_bytes */
 } kvc_snapshot_info;
 
-/* Snapshot of [from, offset). *out = NULL (and KVC_OK) when offset <= from or the cache
-   is empty, as in ollama's MLX runner. FULL: from < 0 counts as 0. ROTATING: the whole
-   window state is kept. */
-KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out);
+/* Snapshot of [from, at), the cache as it was after `at` tokens; at = KVC_POS_END: the
+   offset, the usual call (any other `at`: see "Hybrid models", snapshots at an offset).
+   *out = NULL (and KVC_OK) when at <= from or the cache is empty, as in ollama's MLX
+   runner. FULL: from < 0 counts as 0. ROTATING: the whole window state is kept.
+   kvc_memory_snapshot_take takes the same arguments. */
+KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out);
 /* Bring the cache to `target`. snap == NULL rewinds using the live state.
    KVC_ERR_UNREACHABLE is the `false` of the MLX runner's Restore: FULL: target < 0, target > offset
    (live) or > snap->to, or offset < snap->from. ROTATING: target > offset (live) or
-   > snap->to, a live rewind once the window has wrapped (see kvc_trim), or a snapshot
+   > snap->to, a live rewind once the window has wrapped (see kvc_cache_trim), or a snapshot
    clamped below its end when its window had wrapped -- unless the cache has a reserve and
    the cache (live) or the snapshot holds every page of the window at target (a snapshot
    holds the pages the cache held, the reserve's too). The snapshot is not consumed. */
-KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target);
+KVCDEF kvc_result kvc_cache_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target);
 /* Merge [a,b) and [b,c) into [a,c). Consumes both on success; if either is NULL
    both are freed and *out = NULL (as the MLX runner does). ROTATING: the child
    supersedes the parent. */
@@ -654,6 +837,9 @@ KVCDEF kvc_result kvc_prefix_close(kvc_prefix *prefix, const int32_t *generated,
    valid until kvc_prefix_destroy, and what it shows (and *n_tokens) until the next
    kvc_prefix_begin or kvc_prefix_close. */
 KVCDEF kvc_result kvc_prefix_tokens(const kvc_prefix *prefix, const int32_t **tokens, int32_t *n_tokens);
+/* Single-entry prompt reuse (kvc_prefix) over the memory's groups: reuses up to the
+   longest offset every group can return to. The memory must outlive it. */
+KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out);
 
 /* ---- Radix prefix cache: many conversations share cached prefixes ---------------- */
 /* A tree over token ids on one pool. Each node is a span of tokens and holds the pool
@@ -719,15 +905,13 @@ KVCDEF kvc_result kvc_radix_lookup(kvc_radix *tree, kvc_namespace ns, const int3
    generated tokens — with the K/V the cache holds for them (cache positions 0, 1, ...).
    What the tree already holds is kept (only the new part's pages are shared with the
    tree); the cache must be of the tree's pool and config, with no batch open. The new
-   entry is in use by the cache (as for a lookup). */
+   entry is in use by the cache (as for a lookup). priority (0 when all are equal):
+   eviction takes the entries of the lowest priority first, least recently used first
+   among equals (e.g. system prompt 2 > user turn 1 > assistant turn 0, the order
+   mlx-lm's server keeps). A node keeps the highest priority of the commits through it;
+   pins still win. */
 KVCDEF kvc_result kvc_radix_commit(kvc_radix *tree, kvc_namespace ns, kvc_cache *cache, const int32_t *tokens,
-                                   int32_t n_tokens);
-/* kvc_radix_commit with a priority (kvc_radix_commit's is 0): eviction takes the entries
-   of the lowest priority first, least recently used first among equals (e.g. system
-   prompt 2 > user turn 1 > assistant turn 0, the order mlx-lm's server keeps). A node
-   keeps the highest priority of the commits through it; pins still win. */
-KVCDEF kvc_result kvc_radix_commit_priority(kvc_radix *tree, kvc_namespace ns, kvc_cache *cache,
-                                            const int32_t *tokens, int32_t n_tokens, int32_t priority);
+                                   int32_t n_tokens, int32_t priority);
 /* The cache no longer holds an entry in use (it stays valid; no-op if it held none). */
 KVCDEF kvc_result kvc_radix_release(kvc_cache *cache);
 /* Pin the cached sequence tokens[0 .. n_tokens) (a system prompt) so that eviction never
@@ -741,6 +925,49 @@ KVCDEF kvc_result kvc_radix_unpin(kvc_radix *tree, kvc_namespace ns, const int32
 KVCDEF kvc_result kvc_radix_evict(kvc_radix *tree, int32_t n_pages, int32_t *n_freed);
 /* Counters since create and the tree's size now (walks the tree: O(nodes + pages)). */
 KVCDEF kvc_result kvc_radix_stats_get(const kvc_radix *tree, kvc_radix_stats *stats);
+
+/* The same family over a model memory (kvc_memory, "Hybrid models" below). */
+/* A radix prefix tree over a memory's groups (no CAUSAL group): one tree, one lookup,
+   one budget. An entry holds each group's share: FULL groups' pages, ROTATING groups'
+   pages of the positions their window needs, RECURRENT groups' states at node ends. A
+   lookup reuses the longest prefix every group can serve (FULL: any length; ROTATING:
+   its window's pages are held; RECURRENT: a state at exactly that length), leaving one
+   token to evaluate. A commit inserts every group and ends nodes at the checkpoints
+   every RECURRENT group kept (kvc_memory_begin's checkpoints, e.g. the end of the
+   system prompt), so a later request that branches there resumes from them. Eviction
+   (kvc_memory_begin running short, kvc_radix_evict, max_entries) takes whole entries
+   across the groups, states included. Pins, namespaces, priorities, counters and
+   kvc_radix_destroy as for a pool's tree; the memory's pools live until the tree is
+   destroyed. kvc_radix_lookup / _commit on it (and the _memory calls on a pool's tree)
+   are KVC_ERR_UNSUPPORTED. cfg->cache is not used (the groups' policies are). */
+KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix_config *cfg, kvc_radix **out);
+/* A new memory on the tree's pools holding the longest cached prefix of tokens (every
+   group's pages and states shared with the tree, nothing copied): evaluate
+   tokens[*n_reused ..]. Its entry stays in use until the memory is destroyed, cleared,
+   released or committed elsewhere. One token always remains to evaluate, and a
+   RECURRENT group resumes only from a state the tree holds at exactly the reused length:
+   looking up exactly the history a memory committed (no new token) reuses n_tokens - 1
+   only if a checkpoint sat at n_tokens - 1 (name it in the last kvc_memory_begin, e.g.
+   with a reserve), else it falls back to the last checkpoint before, or to 0. */
+KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                          kvc_memory **out, int32_t *n_reused);
+/* kvc_radix_lookup_memory into a memory the engine already holds: mem's contents (every
+   group; its checkpoints and the entry it held in use) are replaced by the same prefix
+   that call would give -- the same pages and states, the same attention bits -- all or
+   nothing (after an error mem is as it was). mem must be on the tree's pools: the memory
+   the tree was made from, a fork of it, or a memory of its lookups (else
+   KVC_ERR_FOREIGN); no batch open (KVC_ERR_STATE). mem's snapshots stay valid. One
+   memory per conversation slot then lives as long as the engine; kvc_radix_destroy still
+   waits for it to release its entry (kvc_radix_release_memory, clear or destroy). */
+KVCDEF kvc_result kvc_radix_lookup_into_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens,
+                                               int32_t n_tokens, kvc_memory *mem, int32_t *n_reused);
+/* Insert tokens[0 .. min(n_tokens, offset)) with every group's K/V and states (the
+   memory must be on the tree's pools: one of its lookups, or a fork of the memory the
+   tree was made from; no batch open); priority as kvc_radix_commit. */
+KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *tree, kvc_namespace ns, kvc_memory *mem, const int32_t *tokens,
+                                          int32_t n_tokens, int32_t priority);
+/* The memory no longer holds an entry in use (kvc_radix_release for every group). */
+KVCDEF kvc_result kvc_radix_release_memory(kvc_memory *mem);
 
 /* ---- Persistence: save and load caches, sequences, prefix-tree entries ------------ */
 /* The format (docs/format.md): a header (magic, version, what) and the sections, in
@@ -844,17 +1071,17 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    RECURRENT caches live on a state pool (kvc_pool_config.state_floats): per layer and
    sequence a fixed-size f32 state that the engine updates in place. A state cannot be
    rewound, so it goes back only to checkpoints (offsets named when a batch begins) and
-   snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_trim, kvc_restore,
-   kvc_snapshot_take_at, and the kvc_memory_* calls alike), with nothing changed;
+   snapshots; any other target is KVC_ERR_UNREACHABLE (kvc_cache_trim, kvc_cache_restore,
+   kvc_snapshot_take, and the kvc_memory_* calls alike), with nothing changed;
    KVC_ERR_RECURRENT is for cutting tokens out of a state's middle (kvc_seq_remove) and
    for abandoning a batch whose states were handed out. ROTATING caches keep checkpoints the
    same way, which lets a wrapped window go back to them. For speculative decoding, a
    reserve of R tokens (kvc_cache_config.reserve) lets both kinds go back by up to R
    tokens without naming checkpoints. */
 
-/* kvc_begin, naming offsets inside the batch (offset < at[i] <= offset + n_tokens,
-   increasing, at most cfg.checkpoints of them) to which the cache must be able to
-   return afterwards: kvc_trim, kvc_restore(cache, NULL, at), kvc_snapshot_take_at and
+/* Checkpoints: kvc_begin's at[0 .. n_at) names offsets inside the batch (offset < at[i]
+   <= offset + n_tokens, increasing, at most cfg.checkpoints of them) to which the cache
+   must be able to return afterwards: kvc_cache_trim, kvc_cache_restore(cache, NULL, at), kvc_snapshot_take and
    prefix reuse then reach them. FULL caches reach every offset anyway (accepted, nothing
    kept); CAUSAL caches refuse checkpoints (KVC_ERR_UNSUPPORTED). RECURRENT: the engine
    hands each layer's state at an offset inside the batch over with kvc_state_checkpoint
@@ -863,7 +1090,6 @@ KVCDEF kvc_result kvc_radix_load(kvc_radix *tree, kvc_namespace ns, const kvc_io
    keeps its latest cfg.checkpoints checkpoints and drops those past a rewind; a RECURRENT
    reserve (kvc_cache_config.reserve) adds its own on sequence 0 (kvc_begin_batch adds
    none), and an offset both named and the reserve's is one checkpoint. */
-KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at);
 /* RECURRENT, during a batch (kvc_begin or kvc_begin_batch): the live f32 state of
    (seq, layer), state_floats values, to update in place for the batch's tokens of seq.
    Asking for a layer counts as its kvc_put; the pointers stay writable until the next
@@ -873,37 +1099,37 @@ KVCDEF kvc_result kvc_state(kvc_cache *cache, int32_t seq, int32_t layer, float 
 /* RECURRENT, any time: the state of (seq, layer), read only; *state = NULL while the
    sequence has consumed no token (all zeros). Valid until the cache changes. */
 KVCDEF kvc_result kvc_state_read(const kvc_cache *cache, int32_t seq, int32_t layer, const float **state);
-/* RECURRENT, during a batch named with kvc_begin_checkpoints: copy layer's state as it
+/* RECURRENT, during a batch named with kvc_begin: copy layer's state as it
    is after `at` tokens (the engine's scan at that point) into the checkpoint `at`.
    KVC_ERR_RANGE if `at` lies outside the batch (at <= its start or at > its end);
    KVC_ERR_NOT_FOUND (harmless, nothing done) for an offset inside it that the batch
    does not ask for (kvc_batch_checkpoints lists those it asks for). The batch's end is
    taken from the live state: KVC_OK, nothing copied, when it is asked for. */
 KVCDEF kvc_result kvc_state_checkpoint(kvc_cache *cache, int32_t layer, int32_t at, const float *state);
-/* RECURRENT, during a batch (after kvc_begin_checkpoints / kvc_begin, until the next call
+/* RECURRENT, during a batch (after kvc_begin, until the next call
    other than kvc_state and kvc_state_checkpoint): the offsets inside the batch, increasing,
    whose state the engine must hand over with kvc_state_checkpoint for every layer -- the
-   ones kvc_begin_checkpoints named and, with a reserve (kvc_cache_config.reserve), the
+   ones kvc_begin named and, with a reserve (kvc_cache_config.reserve), the
    reserve's (the batch's last R offsets) -- the batch's end left out (taken from the live
    state). A checkpoint some layer never gets is dropped when the batch ends (counted in
    kvc_memory_stats.checkpoints_dropped). at may be NULL with max_at 0 to count them;
    KVC_ERR_RANGE (with *n_at set) if max_at is too small. KVC_ERR_STATE when no batch is
    open. Other kinds: *n_at = 0 (nothing to hand over). */
 KVCDEF kvc_result kvc_batch_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
-/* kvc_snapshot_take as it was after `at` tokens: FULL any at <= offset; ROTATING at the
+/* Snapshots at an offset: kvc_snapshot_take's `at` may be, besides KVC_POS_END (the
+   offset): FULL any at <= offset; ROTATING at the
    offset, inside the last batch, or at a checkpoint; RECURRENT at the offset or a
-   checkpoint (else KVC_ERR_UNREACHABLE, as kvc_trim and kvc_restore answer for a target
+   checkpoint (else KVC_ERR_UNREACHABLE, as kvc_cache_trim and kvc_cache_restore answer for a target
    out of reach; once KVC_ERR_RECURRENT for a RECURRENT cache). A ROTATING or
    RECURRENT snapshot also carries the cache's checkpoints at or before `at`, which a
    restore to target brings back up to target (a restore to `at` keeps the one at `at`,
    as a rewind to `at` does). */
-KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out);
-/* Whether kvc_restore(cache, NULL, target) and a kvc_trim to target would succeed now (no
+/* Whether kvc_cache_restore(cache, NULL, target) and a kvc_cache_trim to target would succeed now (no
    batch open); 0 always for every kind but CAUSAL (clearing). */
-KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind);
+KVCDEF kvc_result kvc_cache_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind);
 /* The offsets of the cache's checkpoints, oldest first; at may be NULL with max_at 0 to
    count them; KVC_ERR_RANGE (with *n_at set) if max_at is too small. */
-KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
+KVCDEF kvc_result kvc_cache_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at);
 
 /* A model memory: every model layer belongs to one group; a group is a pool of its own
    shape (kv heads, head dims, storage types, page size; or state_floats) and one cache
@@ -911,14 +1137,12 @@ KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t m
    groups draw pages from one budget. Each group's pool reserves address space for the
    whole budget from the allocator but only pages in use are touched; arena mode is not
    offered for memories. */
-typedef struct kvc_memory kvc_memory;
 typedef struct kvc_memory_snapshot kvc_memory_snapshot;
 
 typedef struct kvc_group_config {
     kvc_pool_config pool;   /* n_layers = the model layers in this group; shapes and types,
                                or state_floats; hooks for a device backend (kvcache_vk.h).
-                               budget_bytes, allocator, arena, parallel_for, cpu_disable and lock
-                               stay 0: the memory's apply */
+                               budget_bytes, runtime and arena stay 0: the memory's apply */
     kvc_cache_config cache; /* the group's policy */
 } kvc_group_config;
 
@@ -929,17 +1153,8 @@ typedef struct kvc_memory_config {
     int32_t n_groups;               /* 1 .. KVC_MAX_GROUPS */
     const kvc_group_config *groups; /* [n_groups] */
     size_t budget_bytes;            /* one hard cap for every group's pages */
-    kvc_allocator allocator;
-    uint32_t cpu_disable;
-    kvc_parallel_for_fn parallel_for;
-    void *parallel_user;
-    int32_t n_workers;
-    /* One lock for every group's pool (kvc_pool_config.lock: recursive, both or neither):
-       they share the budget, so a memory and its forks may then be used from different
-       threads at once (each memory by one thread at a time). NULL: one thread at a time. */
-    kvc_lock_fn lock;
-    kvc_lock_fn unlock;
-    void *lock_user;
+    kvc_runtime runtime;            /* every group's allocator, parallel_for, lock (one lock:
+                                       they share the budget), cpu_disable */
 } kvc_memory_config;
 #define KVC_MAX_GROUPS 64
 
@@ -980,17 +1195,17 @@ KVCDEF kvc_result kvc_memory_destroy(kvc_memory *mem);
 /* The cache holding model layer `layer`, and that layer's index within it; a group's
    cache. The memory keeps owning it, and keeps its groups in step: on a memory of two or
    more groups, a call on such a cache that would change it alone -- kvc_begin*,
-   kvc_cancel, kvc_trim, kvc_restore, kvc_cache_clear, kvc_seq_* changes, kvc_defrag,
+   kvc_cancel, kvc_cache_trim, kvc_cache_restore, kvc_cache_clear, kvc_seq_* changes, kvc_cache_defrag,
    kvc_cache_load, kvc_seq_load, kvc_prefix_create -- returns KVC_ERR_OWNED and changes
    nothing (the kvc_memory_* calls do these for every group). kvc_cache_destroy and
    kvc_cache_fork are refused on any memory's cache (kvc_memory_destroy, kvc_memory_fork).
-   Reads (kvc_attention, kvc_state_read, kvc_cache_gather, kvc_can_rewind, ...), snapshots
+   Reads (kvc_attention, kvc_state_read, kvc_cache_gather, kvc_cache_can_rewind, ...), snapshots
    and the per-layer calls of a memory batch (kvc_put, kvc_state, kvc_state_checkpoint) work
    on it. A memory of one group has nothing to keep in step: its cache takes every call
    but those two (a CAUSAL engine's kvc_seq_* on sequence 0, say). */
 KVCDEF kvc_result kvc_memory_layer(const kvc_memory *mem, int32_t layer, kvc_cache **cache, int32_t *group_layer);
 KVCDEF kvc_result kvc_memory_group(const kvc_memory *mem, int32_t group, kvc_cache **cache);
-/* A batch of n_tokens in every group, with checkpoints as kvc_begin_checkpoints; all or
+/* A batch of n_tokens in every group, with checkpoints as kvc_begin; all or
    nothing: KVC_ERR_FULL when the groups' pages together exceed the budget (after evicting
    unused tree entries) or a CAUSAL group has no room, KVC_ERR_NO_MEMORY when an
    allocation is refused; then no group changed and no entry was evicted. */
@@ -1021,7 +1236,8 @@ KVCDEF kvc_result kvc_memory_rewind_point(const kvc_memory *mem, int32_t max_tar
    reserve, or 0 -- dropping everything is always possible). */
 KVCDEF kvc_result kvc_memory_trim(kvc_memory *mem, int32_t n_tokens);
 KVCDEF kvc_result kvc_memory_clear(kvc_memory *mem);
-/* Snapshot of every group as after `at` tokens (kvc_snapshot_take_at per group);
+/* Snapshot of every group as after `at` tokens (kvc_snapshot_take per group; at =
+   KVC_POS_END: the offset);
    *out = NULL when at <= from or at == 0. O(pages), nothing copied. `from` bounds only
    what FULL groups hold (their tokens [from, at); a restore keeps the memory's own tokens
    below from). A RECURRENT group holds its whole state at `at` whatever from is (a state
@@ -1039,9 +1255,6 @@ KVCDEF kvc_result kvc_memory_snapshot_free(kvc_memory_snapshot *snap); /* NULL i
 /* A new memory on the same pools with the same contents, sharing every page. */
 KVCDEF kvc_result kvc_memory_fork(const kvc_memory *mem, kvc_memory **out);
 KVCDEF kvc_result kvc_memory_stats_get(const kvc_memory *mem, kvc_memory_stats *stats);
-/* Single-entry prompt reuse (kvc_prefix) over the memory's groups: reuses up to the
-   longest offset every group can return to. The memory must outlive it. */
-KVCDEF kvc_result kvc_prefix_create_memory(kvc_memory *mem, int32_t max_tokens, kvc_prefix **out);
 /* The whole memory (no batch open) with your token ids, and back, checkpoints included;
    a load replaces every group or none (the groups are read into fresh pages first: the
    budget must hold them beside the memory's current pages). */
@@ -1049,48 +1262,6 @@ KVCDEF kvc_result kvc_memory_save(const kvc_memory *mem, kvc_namespace ns, const
                                   const kvc_io *io);
 KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_io *io, int32_t *tokens,
                                   int32_t max_tokens, int32_t *n_tokens);
-
-/* A radix prefix tree over a memory's groups (no CAUSAL group): one tree, one lookup,
-   one budget. An entry holds each group's share: FULL groups' pages, ROTATING groups'
-   pages of the positions their window needs, RECURRENT groups' states at node ends. A
-   lookup reuses the longest prefix every group can serve (FULL: any length; ROTATING:
-   its window's pages are held; RECURRENT: a state at exactly that length), leaving one
-   token to evaluate. A commit inserts every group and ends nodes at the checkpoints
-   every RECURRENT group kept (kvc_memory_begin's checkpoints, e.g. the end of the
-   system prompt), so a later request that branches there resumes from them. Eviction
-   (kvc_memory_begin running short, kvc_radix_evict, max_entries) takes whole entries
-   across the groups, states included. Pins, namespaces, priorities, counters and
-   kvc_radix_destroy as for a pool's tree; the memory's pools live until the tree is
-   destroyed. kvc_radix_lookup / _commit on it (and the _memory calls on a pool's tree)
-   are KVC_ERR_UNSUPPORTED. cfg->cache is not used (the groups' policies are). */
-KVCDEF kvc_result kvc_radix_create_memory(const kvc_memory *mem, const kvc_radix_config *cfg, kvc_radix **out);
-/* A new memory on the tree's pools holding the longest cached prefix of tokens (every
-   group's pages and states shared with the tree, nothing copied): evaluate
-   tokens[*n_reused ..]. Its entry stays in use until the memory is destroyed, cleared,
-   released or committed elsewhere. One token always remains to evaluate, and a
-   RECURRENT group resumes only from a state the tree holds at exactly the reused length:
-   looking up exactly the history a memory committed (no new token) reuses n_tokens - 1
-   only if a checkpoint sat at n_tokens - 1 (name it in the last kvc_memory_begin, e.g.
-   with a reserve), else it falls back to the last checkpoint before, or to 0. */
-KVCDEF kvc_result kvc_radix_lookup_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
-                                          kvc_memory **out, int32_t *n_reused);
-/* kvc_radix_lookup_memory into a memory the engine already holds: mem's contents (every
-   group; its checkpoints and the entry it held in use) are replaced by the same prefix
-   that call would give -- the same pages and states, the same attention bits -- all or
-   nothing (after an error mem is as it was). mem must be on the tree's pools: the memory
-   the tree was made from, a fork of it, or a memory of its lookups (else
-   KVC_ERR_FOREIGN); no batch open (KVC_ERR_STATE). mem's snapshots stay valid. One
-   memory per conversation slot then lives as long as the engine; kvc_radix_destroy still
-   waits for it to release its entry (kvc_radix_release_memory, clear or destroy). */
-KVCDEF kvc_result kvc_radix_lookup_into_memory(kvc_radix *tree, kvc_namespace ns, const int32_t *tokens,
-                                               int32_t n_tokens, kvc_memory *mem, int32_t *n_reused);
-/* Insert tokens[0 .. min(n_tokens, offset)) with every group's K/V and states (the
-   memory must be on the tree's pools: one of its lookups, or a fork of the memory the
-   tree was made from; no batch open); priority as kvc_radix_commit_priority. */
-KVCDEF kvc_result kvc_radix_commit_memory(kvc_radix *tree, kvc_namespace ns, kvc_memory *mem, const int32_t *tokens,
-                                          int32_t n_tokens, int32_t priority);
-/* The memory no longer holds an entry in use (kvc_radix_release for every group). */
-KVCDEF kvc_result kvc_radix_release_memory(kvc_memory *mem);
 
 /* ---- Tiers: prefixes that outlive the pool ----------------------------------------- */
 /* Below a prefix tree (a pool's or a memory's), what eviction takes goes down a tier
@@ -1246,7 +1417,7 @@ KVCDEF kvc_result kvc_cache_gather(const kvc_cache *cache, int32_t layer, float 
    cells, after a defrag if there is none; KVC_ERR_FULL (nothing changed) when fewer
    cells are free than the batch needs.
    non_causal (optional) marks tokens that see every cell of their sequence in the
-   attention range, later positions too (ollama's image tokens). kvc_begin(cache, n) on
+   attention range, later positions too (ollama's image tokens). kvc_begin(cache, n, NULL, 0) on
    a CAUSAL cache is a batch of sequence 0 continuing after its last position. */
 typedef struct kvc_batch {
     int32_t n_tokens;
@@ -1256,7 +1427,6 @@ typedef struct kvc_batch {
 } kvc_batch;
 KVCDEF kvc_result kvc_begin_batch(kvc_cache *cache, const kvc_batch *batch);
 
-#define KVC_POS_END INT32_MAX /* kvc_seq_remove(..., begin, KVC_POS_END): to the end */
 
 /* The mask of the current batch for callers with their own attention: rows = batch
    tokens padded up to a multiple of row_pad (padding rows all -inf), cols = the cells
@@ -1281,7 +1451,7 @@ KVCDEF kvc_result kvc_seq_pos_range(const kvc_cache *cache, int32_t seq, int32_t
 /* Whether seq can continue at pos: with a window, the cells that position needs are all held. */
 KVCDEF kvc_result kvc_seq_can_resume(const kvc_cache *cache, int32_t seq, int32_t pos, int *can_resume);
 /* Move live cells to the front in as few block moves as possible. *n_moves may be NULL. */
-KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves);
+KVCDEF kvc_result kvc_cache_defrag(kvc_cache *cache, int32_t *n_moves);
 /* Per-sequence state, like llama.cpp's: the sequence's cells (positions and K/V of every
    layer) copied into pages of the pool; restore puts them back into free cells of any
    CAUSAL cache of the same pool, as sequence dst (dst's old cells are dropped first). */
@@ -1290,7 +1460,7 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *cache, const kvc_snapshot *snap, in
 
 /* ---- Threads: what may run at once; a pool lock; a pthread pool (KVCACHE_THREADS) --
    The contract. Without a lock (the default) a pool and everything made from it belong
-   to one thread at a time. With a pool lock (kvc_pool_config.lock/unlock, recursive;
+   to one thread at a time. With a pool lock (kvc_pool_config.runtime.lock/unlock, recursive;
    kvc_memory_config's for a memory's pools):
    - distinct caches of the pool may be used from different threads at once: every
      call, prefix-tree calls (lookup, commit, release, pin, evict, stats, save, load)
@@ -1321,7 +1491,8 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *cache, const kvc_snapshot *snap, in
 typedef struct kvc_threads kvc_threads;
 KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out);
 KVCDEF kvc_result kvc_threads_destroy(kvc_threads *threads); /* after every pool using it */
-KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_pool_config *cfg); /* sets the hook */
+/* Sets runtime->parallel_for, parallel_user and n_workers (a pool's or a memory's). */
+KVCDEF kvc_result kvc_threads_attach(kvc_threads *threads, kvc_runtime *runtime);
 /* The hook itself (user = the kvc_threads): what kvc_threads_attach puts in the config. */
 KVCDEF void kvc_threads_parallel_for(void *threads, int32_t n_tasks, kvc_task_fn fn, void *ctx);
 
@@ -1329,9 +1500,8 @@ typedef struct kvc_mutex kvc_mutex;
 /* A recursive mutex (a thread may take it again while it holds it) for pool locks. */
 KVCDEF kvc_result kvc_mutex_create(kvc_mutex **out);
 KVCDEF kvc_result kvc_mutex_destroy(kvc_mutex *mutex); /* after every pool using it */
-/* Sets cfg->lock, unlock and lock_user to this mutex (for a kvc_memory_config, set the
-   three fields to kvc_mutex_lock, kvc_mutex_unlock and the mutex). */
-KVCDEF kvc_result kvc_mutex_attach(kvc_mutex *mutex, kvc_pool_config *cfg);
+/* Sets runtime->lock, unlock and lock_user to this mutex (a pool's or a memory's). */
+KVCDEF kvc_result kvc_mutex_attach(kvc_mutex *mutex, kvc_runtime *runtime);
 /* The callbacks themselves (user = the kvc_mutex). */
 KVCDEF void kvc_mutex_lock(void *mutex);
 KVCDEF void kvc_mutex_unlock(void *mutex);
@@ -2458,10 +2628,10 @@ static kvc_result kvc__check_config(const kvc_pool_config *c, const char **field
         ((c->rotate & KVC_ROTATE_K) && kvc__rot_block(c->head_dim_k) == 0) ||
         ((c->rotate & KVC_ROTATE_V) && kvc__rot_block(c->head_dim_v) == 0))
         KVC__REFUSE(KVC_ERR_INVALID, "rotate");
-    if ((c->allocator.alloc == NULL) != (c->allocator.free == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "allocator");
+    if ((c->runtime.allocator.alloc == NULL) != (c->runtime.allocator.free == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "runtime.allocator");
     if (c->arena == NULL && c->arena_bytes != 0) KVC__REFUSE(KVC_ERR_INVALID, "arena_bytes");
-    if (c->parallel_for != NULL && c->n_workers < 1) KVC__REFUSE(KVC_ERR_INVALID, "n_workers");
-    if ((c->lock == NULL) != (c->unlock == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "lock");
+    if (c->runtime.parallel_for != NULL && c->runtime.n_workers < 1) KVC__REFUSE(KVC_ERR_INVALID, "runtime.n_workers");
+    if ((c->runtime.lock == NULL) != (c->runtime.unlock == NULL)) KVC__REFUSE(KVC_ERR_INVALID, "runtime.lock");
     return KVC_OK;
 }
 
@@ -2648,7 +2818,7 @@ static kvc_pool *kvc__pool_init(unsigned char *meta, unsigned char *slab, const 
     }
     memset(p->pos, 0xff, sizeof(int32_t) * (size_t)L->max_pages * (size_t)L->page_cells);
     p->n_free = L->max_pages;
-    p->cpu = kvc__cpu_detect() & ~cfg->cpu_disable;
+    p->cpu = kvc__cpu_detect() & ~cfg->runtime.cpu_disable;
     /* a path needs the ones it builds on: disabling AVX2 disables AVX-512 too, etc. */
     if (!(p->cpu & KVC_CPU_F16C)) p->cpu &= ~KVC_CPU_AVX2;
     if (!(p->cpu & KVC_CPU_AVX2)) p->cpu &= ~KVC_CPU_AVX512;
@@ -2685,7 +2855,7 @@ KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out) {
         kvc__heap_init(&p->heap, objects,
                        (size_t)((unsigned char *)cfg->arena + cfg->arena_bytes - objects));
     } else {
-        kvc_allocator a = cfg->allocator;
+        kvc_allocator a = cfg->runtime.allocator;
         void *meta, *slab_block;
         if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
         meta = a.alloc(L.meta_bytes, a.user);
@@ -2702,13 +2872,13 @@ KVCDEF kvc_result kvc_pool_create(const kvc_pool_config *cfg, kvc_pool **out) {
     return KVC_OK;
 }
 
-/* The pool lock (kvc_pool_config.lock): around everything the pool's caches share.
+/* The pool lock (kvc_pool_config.runtime.lock): around everything the pool's caches share.
    Recursive, so a locked call may make others. No lock configured: nothing. */
 static void kvc__pool_lock(const kvc_pool *p) {
-    if (p->cfg.lock != NULL) p->cfg.lock(p->cfg.lock_user);
+    if (p->cfg.runtime.lock != NULL) p->cfg.runtime.lock(p->cfg.runtime.lock_user);
 }
 static void kvc__pool_unlock(const kvc_pool *p) {
-    if (p->cfg.unlock != NULL) p->cfg.unlock(p->cfg.lock_user);
+    if (p->cfg.runtime.unlock != NULL) p->cfg.runtime.unlock(p->cfg.runtime.lock_user);
 }
 /* A public call that changes what a pool holds is its _held body under the pool's lock: the
    call's whole body is KVC__POOL_LOCKED(obj, pool, body_call), which returns the body's
@@ -3113,7 +3283,7 @@ static int kvc__is_recurrent(const kvc_cache *c) { return c->cfg.kind == KVC_KIN
 static int kvc__has_ckpts(const kvc_cache *c) {
     return c->cfg.kind == KVC_KIND_ROTATING || c->cfg.kind == KVC_KIND_RECURRENT;
 }
-/* A checkpoint was named by kvc_begin_checkpoints, and/or is one of a RECURRENT reserve's. */
+/* A checkpoint was named by kvc_begin, and/or is one of a RECURRENT reserve's. */
 #define KVC__CK_NAMED 1
 #define KVC__CK_RESERVE 2
 /* Slots for checkpoints and for a batch's pending ones: the named ones; with a RECURRENT
@@ -3638,12 +3808,8 @@ static kvc_result kvc__begin_checkpoints_held(kvc_cache *cache, int32_t n_tokens
     return r;
 }
 
-KVCDEF kvc_result kvc_begin_checkpoints(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
+KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens, const int32_t *at, int32_t n_at) {
     KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__begin_checkpoints_held(cache, n_tokens, at, n_at));
-}
-
-KVCDEF kvc_result kvc_begin(kvc_cache *cache, int32_t n_tokens) {
-    return kvc_begin_checkpoints(cache, n_tokens, NULL, 0);
 }
 
 KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens) {
@@ -3653,7 +3819,7 @@ KVCDEF kvc_result kvc_begin_at(kvc_cache *cache, int32_t pos, int32_t n_tokens) 
     if (kvc__batch_open(cache)) return KVC_ERR_STATE;
     expected = cache->cfg.kind == KVC_KIND_CAUSAL ? kvc__seq0_next(cache) : cache->offset;
     if (pos != expected) return KVC_ERR_POSITION;
-    return kvc_begin(cache, n_tokens);
+    return kvc_begin(cache, n_tokens, NULL, 0);
 }
 
 KVCDEF kvc_result kvc_put(kvc_cache *cache, int32_t layer, const float *k, const float *v) {
@@ -3750,13 +3916,13 @@ static int kvc__wrapped(const kvc_cache *c) {
 }
 
 static int kvc__can_trim(const kvc_cache *c) {
-    if (c->cfg.kind == KVC_KIND_CAUSAL || c->cfg.kind == KVC_KIND_RECURRENT) return 0; /* see kvc_can_rewind */
-    /* with a reserve: a trim by one token at least (kvc_can_rewind says how far) */
+    if (c->cfg.kind == KVC_KIND_CAUSAL || c->cfg.kind == KVC_KIND_RECURRENT) return 0; /* see kvc_cache_can_rewind */
+    /* with a reserve: a trim by one token at least (kvc_cache_can_rewind says how far) */
     return c->cfg.kind != KVC_KIND_ROTATING || !kvc__wrapped(c) ||
            (c->offset > 0 && kvc__reserve_holds(c, c->first_lpage, c->offset - 1));
 }
 
-KVCDEF kvc_result kvc_can_trim(const kvc_cache *cache, int *can_trim) {
+KVCDEF kvc_result kvc_cache_can_trim(const kvc_cache *cache, int *can_trim) {
     if (cache == NULL || can_trim == NULL) return KVC_ERR_NULL;
     *can_trim = kvc__can_trim(cache);
     return KVC_OK;
@@ -3768,16 +3934,16 @@ static kvc_result kvc__trim_held(kvc_cache *cache, int32_t n_tokens) {
     if (kvc__batch_open(cache)) return KVC_ERR_STATE; /* kvc_cancel first */
     if (n_tokens < 0 || n_tokens > cache->offset) return KVC_ERR_RANGE;
     /* by 0: the offset is always reachable, and nothing changes (a rewind there would
-       re-anchor a ROTATING window at offset - 1), as kvc_restore(cache, NULL, offset) */
+       re-anchor a ROTATING window at offset - 1), as kvc_cache_restore(cache, NULL, offset) */
     if (n_tokens == 0) return KVC_OK;
     /* a wrapped window or a state goes back only onto a checkpoint (or to 0): the result
-       kvc_restore(cache, NULL, t) and kvc_memory_trim give */
+       kvc_cache_restore(cache, NULL, t) and kvc_memory_trim give */
     if (!kvc__reachable(cache, cache->offset - n_tokens)) return KVC_ERR_UNREACHABLE;
     kvc__rewind_any(cache, cache->offset - n_tokens);
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_trim(kvc_cache *cache, int32_t n_tokens) {
+KVCDEF kvc_result kvc_cache_trim(kvc_cache *cache, int32_t n_tokens) {
     KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__trim_held(cache, n_tokens));
 }
 
@@ -3922,7 +4088,7 @@ static kvc_result kvc__defrag_held(kvc_cache *cache, int32_t *n_moves) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_defrag(kvc_cache *cache, int32_t *n_moves) {
+KVCDEF kvc_result kvc_cache_defrag(kvc_cache *cache, int32_t *n_moves) {
     KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__defrag_held(cache, n_moves));
 }
 
@@ -4357,7 +4523,7 @@ static void kvc__states_opened(kvc_cache *c) {
     c->states_open = 1;
 }
 
-/* kvc_begin(_checkpoints) on sequence 0; c->pend holds the checkpoints the batch named. */
+/* kvc_begin on sequence 0; c->pend holds the checkpoints the batch named. */
 static kvc_result kvc__recurrent_begin(kvc_cache *c, int32_t n_tokens) {
     kvc_pool *p = c->pool;
     int32_t i, end = c->state_off[0] + n_tokens, inside = 0;
@@ -4541,7 +4707,7 @@ static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int
     } else if ((k = kvc__ckpt_find(cache, at)) >= 0) {
         n = cache->ckpt[k]->n_pages;
     } else {
-        return KVC_ERR_UNREACHABLE; /* the result a rewind there gives (kvc_can_rewind) */
+        return KVC_ERR_UNREACHABLE; /* the result a rewind there gives (kvc_cache_can_rewind) */
     }
     s = k >= 0 ? kvc__snapshot_clone(cache->ckpt[k], 1) : kvc__snapshot_alloc(cache->pool, n, 1);
     if (s == NULL) return KVC_ERR_NO_MEMORY;
@@ -4576,13 +4742,10 @@ static kvc_result kvc__snapshot_take_at_held(kvc_cache *cache, int32_t from, int
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_snapshot_take_at(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out) {
-    KVC__POOL_LOCKED(cache, cache->pool, kvc__snapshot_take_at_held(cache, from, at, out));
-}
-
-KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, kvc_snapshot **out) {
+KVCDEF kvc_result kvc_snapshot_take(kvc_cache *cache, int32_t from, int32_t at, kvc_snapshot **out) {
     if (cache == NULL || out == NULL) return KVC_ERR_NULL;
-    return kvc_snapshot_take_at(cache, from, cache->offset, out);
+    if (at == KVC_POS_END) at = cache->offset;
+    KVC__POOL_LOCKED(cache, cache->pool, kvc__snapshot_take_at_held(cache, from, at, out));
 }
 
 static kvc_result kvc__snapshot_free_held(kvc_snapshot *snap) {
@@ -4697,7 +4860,7 @@ static kvc_result kvc__restore_held(kvc_cache *cache, const kvc_snapshot *snap, 
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
+KVCDEF kvc_result kvc_cache_restore(kvc_cache *cache, const kvc_snapshot *snap, int32_t target) {
     KVC__POOL_LOCKED(cache, cache->pool, kvc__owned(cache, 0) != KVC_OK ? KVC_ERR_OWNED : kvc__restore_held(cache, snap, target));
 }
 
@@ -4892,7 +5055,7 @@ KVCDEF kvc_result kvc_seq_restore(kvc_cache *c, const kvc_snapshot *s, int32_t d
 /* ---- Layer 4b: checkpoints --------------------------------------------------------------
    A state cannot be rewound and a wrapped window has dropped the keys it would need, so
    ROTATING and RECURRENT caches keep checkpoints: snapshots of their own, at offsets the
-   engine named in kvc_begin_checkpoints (the latest max_ckpt of them). A checkpoint
+   engine named in kvc_begin (the latest max_ckpt of them). A checkpoint
    inside a batch is filled while the batch runs (RECURRENT: the engine hands each
    layer's state over; ROTATING: the window at that offset is still held when the batch
    ends) and kept once the batch has ended ("settled" at the next call that needs it, so
@@ -5247,13 +5410,13 @@ static kvc_result kvc__ckpt_clone_all(const kvc_cache *src, kvc_cache *dst) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind) {
+KVCDEF kvc_result kvc_cache_can_rewind(const kvc_cache *cache, int32_t target, int *can_rewind) {
     if (cache == NULL || can_rewind == NULL) return KVC_ERR_NULL;
     *can_rewind = !kvc__batch_open(cache) && kvc__reachable(cache, target);
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at) {
+KVCDEF kvc_result kvc_cache_checkpoints(const kvc_cache *cache, int32_t *at, int32_t max_at, int32_t *n_at) {
     int32_t i, n = 0;
     if (cache == NULL || n_at == NULL || (at == NULL && max_at > 0)) return KVC_ERR_NULL;
     if (max_at < 0) return KVC_ERR_INVALID;
@@ -5371,14 +5534,14 @@ KVCDEF kvc_result kvc_memory_config_init(kvc_memory_config *cfg) {
 static kvc_pool_config kvc__group_pool(const kvc_memory_config *m, int32_t g) {
     kvc_pool_config pc = m->groups[g].pool;
     pc.budget_bytes = m->budget_bytes;
-    pc.allocator = m->allocator;
-    pc.cpu_disable = m->cpu_disable;
-    pc.parallel_for = m->parallel_for;
-    pc.parallel_user = m->parallel_user;
-    pc.n_workers = m->n_workers;
-    pc.lock = m->lock;
-    pc.unlock = m->unlock;
-    pc.lock_user = m->lock_user;
+    pc.runtime.allocator = m->runtime.allocator;
+    pc.runtime.cpu_disable = m->runtime.cpu_disable;
+    pc.runtime.parallel_for = m->runtime.parallel_for;
+    pc.runtime.parallel_user = m->runtime.parallel_user;
+    pc.runtime.n_workers = m->runtime.n_workers;
+    pc.runtime.lock = m->runtime.lock;
+    pc.runtime.unlock = m->runtime.unlock;
+    pc.runtime.lock_user = m->runtime.lock_user;
     return pc;
 }
 
@@ -5418,9 +5581,9 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
     if (m->groups == NULL) { *field = "groups"; return KVC_ERR_NULL; }
     if (m->n_layers < 1) { *field = "n_layers"; return KVC_ERR_INVALID; }
     if (m->n_groups < 1 || m->n_groups > KVC_MAX_GROUPS) { *field = "n_groups"; return KVC_ERR_INVALID; }
-    if ((m->allocator.alloc == NULL) != (m->allocator.free == NULL)) { *field = "allocator"; return KVC_ERR_INVALID; }
-    if (m->parallel_for != NULL && m->n_workers < 1) { *field = "n_workers"; return KVC_ERR_INVALID; }
-    if ((m->lock == NULL) != (m->unlock == NULL)) { *field = "lock"; return KVC_ERR_INVALID; }
+    if ((m->runtime.allocator.alloc == NULL) != (m->runtime.allocator.free == NULL)) { *field = "runtime.allocator"; return KVC_ERR_INVALID; }
+    if (m->runtime.parallel_for != NULL && m->runtime.n_workers < 1) { *field = "runtime.n_workers"; return KVC_ERR_INVALID; }
+    if ((m->runtime.lock == NULL) != (m->runtime.unlock == NULL)) { *field = "runtime.lock"; return KVC_ERR_INVALID; }
     memset(count, 0, sizeof(count));
     for (l = 0; l < m->n_layers; ++l) {
         if (m->layer_group[l] < 0 || m->layer_group[l] >= m->n_groups) { *field = "layer_group"; return KVC_ERR_RANGE; }
@@ -5438,8 +5601,8 @@ static kvc_result kvc__memory_check(const kvc_memory_config *m, const char **fie
         if (count[g] == 0) { *field = "layer_group"; return KVC_ERR_INVALID; } /* a group with no layer */
         if (p->n_layers != count[g]) { *field = "groups.pool.n_layers"; return KVC_ERR_INVALID; }
         if (p->budget_bytes != 0 || p->arena != NULL || p->arena_bytes != 0 || p->arena_object_bytes != 0 ||
-            p->allocator.alloc != NULL || p->allocator.free != NULL || p->parallel_for != NULL ||
-            p->cpu_disable != 0 || p->lock != NULL || p->unlock != NULL || p->lock_user != NULL) {
+            p->runtime.allocator.alloc != NULL || p->runtime.allocator.free != NULL || p->runtime.parallel_for != NULL ||
+            p->runtime.cpu_disable != 0 || p->runtime.lock != NULL || p->runtime.unlock != NULL || p->runtime.lock_user != NULL) {
             *field = "groups.pool";
             return KVC_ERR_INVALID;
         }
@@ -5515,15 +5678,15 @@ KVCDEF kvc_result kvc_memory_create(const kvc_memory_config *cfg, kvc_memory **o
     kvc_result r;
     if (cfg == NULL || out == NULL) return KVC_ERR_NULL;
     if ((r = kvc__memory_check(cfg, NULL)) != KVC_OK) return r;
-    a = cfg->allocator;
+    a = cfg->runtime.allocator;
     if (a.alloc == NULL) { a.alloc = kvc__default_alloc; a.free = kvc__default_free; }
     bytes = sizeof(kvc__mpools) + 2 * sizeof(int32_t) * (size_t)cfg->n_layers;
     if ((mp = (kvc__mpools *)a.alloc(bytes, a.user)) == NULL) return KVC_ERR_NO_MEMORY;
     memset(mp, 0, sizeof(*mp));
     mp->alloc = a;
-    mp->lock = cfg->lock;
-    mp->unlock = cfg->unlock;
-    mp->lock_user = cfg->lock_user;
+    mp->lock = cfg->runtime.lock;
+    mp->unlock = cfg->runtime.unlock;
+    mp->lock_user = cfg->runtime.lock_user;
     mp->refs = 1;
     mp->n_groups = cfg->n_groups;
     mp->n_layers = cfg->n_layers;
@@ -5843,6 +6006,7 @@ static kvc_result kvc__memory_snapshot_take_held(kvc_memory *mem, int32_t from, 
     mp = mem->mp;
     if (kvc__memory_open(mem)) return KVC_ERR_STATE;
     o = kvc__cache_tokens(mem->cache[0]);
+    if (at == KVC_POS_END) at = o; /* as kvc_snapshot_take: the offset */
     if (at < 0 || at > o) return KVC_ERR_RANGE;
     for (g = 0; g < mp->n_groups; ++g)
         if (mem->cache[g]->cfg.kind == KVC_KIND_CAUSAL) return KVC_ERR_UNSUPPORTED; /* kvc_seq_snapshot */
@@ -5852,7 +6016,7 @@ static kvc_result kvc__memory_snapshot_take_held(kvc_memory *mem, int32_t from, 
     s->mp = mp;
     mp->refs++;
     s->to = at;
-    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) r = kvc_snapshot_take_at(mem->cache[g], from, at, &s->snap[g]);
+    for (g = 0; g < mp->n_groups && r == KVC_OK; ++g) r = kvc_snapshot_take(mem->cache[g], from, at, &s->snap[g]);
     if (r != KVC_OK) { kvc_memory_snapshot_free(s); return r; }
     *out = s;
     return KVC_OK;
@@ -6692,10 +6856,10 @@ KVCDEF kvc_result kvc_radix_destroy(kvc_radix *t) {
     const kvc_pool_config *pc;
     if (t == NULL) return kvc__radix_destroy_held(t);
     pc = &t->part[0].pool->cfg; /* a memory's tree may take the pools with it: keep the unlock */
-    lk.unlock = pc->unlock;
-    lk.user = pc->lock_user;
+    lk.unlock = pc->runtime.unlock;
+    lk.user = pc->runtime.lock_user;
     lk.mp = NULL;
-    if (pc->lock != NULL) pc->lock(pc->lock_user);
+    if (pc->runtime.lock != NULL) pc->runtime.lock(pc->runtime.lock_user);
     r = kvc__radix_destroy_held(t);
     kvc__memory_unlock(lk);
     return r;
@@ -7070,8 +7234,8 @@ static kvc_result kvc__radix_commit_priority_held(kvc_radix *t, kvc_namespace ns
     return r != KVC_OK ? r : kvc__radix_commit(t, ns, &c, tokens, n_tokens, priority, 0);
 }
 
-KVCDEF kvc_result kvc_radix_commit_priority(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
-                                            int32_t n_tokens, int32_t priority) {
+KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
+                                   int32_t n_tokens, int32_t priority) {
     kvc_result r;
     const kvc_pool *lp;
     if (t == NULL) return kvc__radix_commit_priority_held(t, ns, c, tokens, n_tokens, priority);
@@ -7082,10 +7246,6 @@ KVCDEF kvc_result kvc_radix_commit_priority(kvc_radix *t, kvc_namespace ns, kvc_
     return r;
 }
 
-KVCDEF kvc_result kvc_radix_commit(kvc_radix *t, kvc_namespace ns, kvc_cache *c, const int32_t *tokens,
-                                   int32_t n_tokens) {
-    return kvc_radix_commit_priority(t, ns, c, tokens, n_tokens, 0);
-}
 
 static kvc_result kvc__radix_commit_memory_held(kvc_radix *t, kvc_namespace ns, kvc_memory *mem,
                                                const int32_t *tokens, int32_t n_tokens, int32_t priority) {
@@ -9140,7 +9300,7 @@ static kvc_result kvc__attn_plan(kvc__attn *A, unsigned char *base, size_t *byte
     A->n_qtasks = (int32_t)n_qtasks;
     A->rows_max = (int32_t)rows_max;
     n_tasks = (size_t)tasks;
-    n_workers = A->p->cfg.parallel_for ? (size_t)A->p->cfg.n_workers : 1;
+    n_workers = A->p->cfg.runtime.parallel_for ? (size_t)A->p->cfg.runtime.n_workers : 1;
     /* an f16 tail is read through the tile: room for it whenever the cache has one (empty
        or not), so a scratch size asked for once does not fall short when the tail fills */
     A->tile_floats = A->fused_k && A->fused_v && A->c->tail == NULL ? 0 : (size_t)KVC__BLOCK * (size_t)KVC__MAX(A->hk, A->hv);
@@ -9635,8 +9795,8 @@ static kvc_result kvc__attn_exec(kvc__attn *A, kvc_attention_desc *rd, unsigned 
     }
     (void)kvc__attn_plan(A, base, &bytes); /* the size query of the same plan succeeded */
     n_tasks = A->n_qtasks * A->n_chunks;
-    if (p->cfg.parallel_for != NULL && n_tasks > 1)
-        p->cfg.parallel_for(p->cfg.parallel_user, n_tasks, kvc__attn_task, A);
+    if (p->cfg.runtime.parallel_for != NULL && n_tasks > 1)
+        p->cfg.runtime.parallel_for(p->cfg.runtime.parallel_user, n_tasks, kvc__attn_task, A);
     else
         for (t = 0; t < n_tasks; ++t) kvc__attn_task(A, t, 0);
     if (A->part != NULL) kvc__attn_merge(A);
@@ -9858,11 +10018,11 @@ KVCDEF kvc_result kvc_threads_create(int32_t n_threads, kvc_threads **out) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_threads_attach(kvc_threads *t, kvc_pool_config *cfg) {
-    if (t == NULL || cfg == NULL) return KVC_ERR_NULL;
-    cfg->parallel_for = kvc_threads_parallel_for;
-    cfg->parallel_user = t;
-    cfg->n_workers = t->n_threads;
+KVCDEF kvc_result kvc_threads_attach(kvc_threads *t, kvc_runtime *rt) {
+    if (t == NULL || rt == NULL) return KVC_ERR_NULL;
+    rt->parallel_for = kvc_threads_parallel_for;
+    rt->parallel_user = t;
+    rt->n_workers = t->n_threads;
     return KVC_OK;
 }
 
@@ -9926,11 +10086,11 @@ KVCDEF kvc_result kvc_mutex_destroy(kvc_mutex *x) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_mutex_attach(kvc_mutex *x, kvc_pool_config *cfg) {
-    if (x == NULL || cfg == NULL) return KVC_ERR_NULL;
-    cfg->lock = kvc_mutex_lock;
-    cfg->unlock = kvc_mutex_unlock;
-    cfg->lock_user = x;
+KVCDEF kvc_result kvc_mutex_attach(kvc_mutex *x, kvc_runtime *rt) {
+    if (x == NULL || rt == NULL) return KVC_ERR_NULL;
+    rt->lock = kvc_mutex_lock;
+    rt->unlock = kvc_mutex_unlock;
+    rt->lock_user = x;
     return KVC_OK;
 }
 #endif /* KVCACHE_THREADS */
@@ -12643,6 +12803,44 @@ KVCDEF kvc_result kvc_store_dir(kvc_store_dir_state *state, const char *dir, kvc
     return KVC_OK;
 }
 #endif
+/* ==== The backend interface: what kvcache_vk.h may touch ==============================
+   kvcache_vk.h is compiled in the same file as this implementation and reads the host
+   bookkeeping directly (it keeps pool, pages, cells and page tables here and mirrors only
+   K/V bytes and the metadata its shaders read). This block is the whole of what it uses
+   besides the public API and the page events; a change to anything named here is a change
+   to the backend too (make check builds test_vk's code; the prototypes below must match
+   their definitions above, so a changed signature fails to compile here first).
+   Macros: KVC__MIN, KVC__MAX, KVC__NO_PAGE. Types: kvc__iter and kvc__run (a cache's
+   cells as runs of pages), kvc__ranges (kvc__view), kvc__query (kvc__query_of).
+   struct kvc_pool (a vk pool's `host`): cfg (its shape and rotate), page_cells, max_pages,
+     k_row, v_row, tk / tv (the storage types' converters), rot_k / rot_v, refcount,
+     free_pages, n_free, page_hw (kvc_vk_pool_cmd_trim lowers the high-water mark and
+     restacks the free pages lowest first), live_caches / live_snapshots / live_prefixes,
+     owned (a vk pool owns its host pool), alloc.
+   struct kvc_cache: pool, cfg (kind, window, sinks, chunk, max_seqs), offset, pages,
+     n_pages, capacity, words, seqs, seq_lo / seq_hi, batch_begin, batch_loc / batch_n,
+     batch_pending / batch_put (kvc_vk_cmd_append marks a layer put), batch_has,
+     state_page, states_open, pend / n_pend / pend_done (a RECURRENT batch's checkpoints:
+     kvc_vk_cmd_state_checkpoint fills them as kvc_state_checkpoint does).
+   struct kvc_snapshot: to, pages (a pending checkpoint's state page).
+   struct kvc_memory / kvc__mpools: mp, refs, pool[], layer_group[] (kvc_vk_memory_* map
+     layers and groups to device pools, and refuse a destroy while forks live).
+   Functions: */
+static void *kvc__default_alloc(size_t size, void *user);
+static void kvc__default_free(void *ptr, void *user);
+static void kvc__rot_one(float *x, int32_t i0, int32_t n, int inverse); /* its rounding, which the shaders copy */
+static int32_t *kvc__pos_at(const kvc_pool *p, uint32_t page, int32_t cell);
+static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell);
+static int32_t kvc__lpage_index(const kvc_cache *c, int32_t lp);
+static int32_t kvc__recent_window(const kvc_cache *c);
+static kvc__ranges kvc__view(const kvc_cache *c);
+static void kvc__iter_init(kvc__iter *it, const kvc_cache *c);
+static int kvc__iter_next(kvc__iter *it, kvc__run *run);
+static int kvc__batch_open(const kvc_cache *c);
+static int kvc__is_recurrent(const kvc_cache *c);
+static kvc_result kvc__check_attention(const kvc_cache *c, int32_t layer, const kvc_attention_desc *d);
+static kvc__query kvc__query_of(const kvc_cache *c, const kvc_attention_desc *d, int32_t qi);
+/* ==== end of the backend interface ==================================================== */
 
 #endif /* KVCACHE_IMPLEMENTATION_DONE */
 #endif /* KVCACHE_IMPLEMENTATION */

@@ -18,7 +18,7 @@
                             Vulkan loader opened at run time, a device of the backend's own,
                             buffers, blocking transfers, one-time command buffers and a copy
                             kernel (kvc_vk_loader_*, kvc_vk_device_create, kvc_vk_buffer_*,
-                            kvc_vk_upload/download, kvc_vk_begin/submit_wait, kvc_vk_cmd_copy).
+                            kvc_vk_context_begin, kvc_vk_context_submit_wait, kvc_vk_cmd_copy).
                             Define it in every file that calls them and in the file with
                             KVCACHE_VK_IMPLEMENTATION.
 
@@ -26,6 +26,64 @@
      the API: the function table, the optional device features (KVC_VK_FEATURE_*), the
      context, the pool, the kvc_vk_cmd_* calls, then the helpers; the implementation; the
      shaders' SPIR-V (generated from shaders/ by shaders/embed.sh); the licence.
+
+   NAMING RULE
+     kvcache.h's (see its top comment), with kvc_vk_ in front: kvc_vk_<object>_<verb> for
+     the objects context, pool, memory, buffer, loader, device; a memory's call is its
+     pool's call with the same verb (kvc_vk_pool_cmd_sync / kvc_vk_memory_cmd_sync). Short
+     forms for the per-layer device forms of the forward pass, recorded into the caller's
+     command buffer: kvc_vk_cmd_append, _attention, _attention_batch, _gather, _state,
+     _state_checkpoint (and kvc_vk_state_read); `cmd` in a name means "records into a
+     VkCommandBuffer". tools/api_rename.py moves code from older names.
+
+   INDEX (one line per public function; details at each declaration)
+     Context and pools
+       kvc_vk_context_create(&desc, &ctx)          a context on the caller's device
+       kvc_vk_context_destroy(ctx)
+       kvc_vk_context_info(ctx, &info)             device, subgroups, features in use
+       kvc_vk_context_functions(ctx)               the Vulkan function table it calls
+       kvc_vk_pool_create(ctx, &cfg, &opts, &pool) pages in device memory
+       kvc_vk_pool_destroy(pool)
+       kvc_vk_pool_host(pool)                      the host pool: make caches on it
+       kvc_vk_pool_page_buffers(pool, layer, &k, &v)   the device buffers of a layer
+       kvc_vk_pool_planar(pool)                    q8_0 / q4_0 pages in the planar layout?
+       kvc_vk_pool_convert_pages(pool, v, to_device, src, dst, n_pages)
+       kvc_vk_pool_cmd_sync(pool, cmd)             replay the queued page events
+       kvc_vk_pool_cmd_trim(pool, cmd)             give back device memory a shrink freed
+       kvc_vk_pool_fit(pool)                       grow now, one buffer at a time
+       kvc_vk_pool_device_stats(pool, &stats)      what the pool holds on the device
+     The forward pass on the device
+       kvc_vk_cmd_append(pool, cmd, cache, layer, ...)     kvc_put
+       kvc_vk_cmd_attention(pool, cmd, cache, layer, ...)  kvc_attention
+       kvc_vk_cmd_attention_batch(pool, cmd, layer, ...)   several caches at once
+       kvc_vk_cmd_gather(pool, cmd, cache, layer, ...)     kvc_cache_gather
+       kvc_vk_cmd_state(pool, cmd, cache, seq, layer, ...) kvc_state
+       kvc_vk_cmd_state_checkpoint(pool, cmd, cache, layer, at, ...)   kvc_state_checkpoint
+       kvc_vk_state_read(pool, cache, seq, layer, ...)     kvc_state_read
+     Model memories on the device
+       kvc_vk_memory_create(ctx, &cfg, &opts, &mem)
+       kvc_vk_memory_destroy(mem)
+       kvc_vk_memory_host(mem)                     the kvc_memory to run
+       kvc_vk_memory_pool(mem, group, &pool)
+       kvc_vk_memory_layer(mem, host, layer, &pool, &cache, &group_layer)
+       kvc_vk_memory_cmd_sync(mem, cmd)
+       kvc_vk_memory_cmd_trim(mem, cmd)
+       kvc_vk_memory_fit(mem)
+       kvc_vk_memory_device_stats(mem, &stats)
+     Helpers (KVCACHE_VK_HELPERS)
+       kvc_vk_loader_open(&loader)                 libvulkan opened at run time
+       kvc_vk_loader_close(&loader)
+       kvc_vk_device_create(&opts, &ctx)           a context owning its instance and device
+       kvc_vk_buffer_create(ctx, size, host_visible, &buf)
+       kvc_vk_buffer_destroy(ctx, &buf)
+       kvc_vk_buffer_upload(ctx, dst, offset, src, bytes)     blocking, staged
+       kvc_vk_buffer_download(ctx, src, offset, dst, bytes)
+       kvc_vk_pool_upload(pool, layer, first_page, n_pages, k, v)    pages in kvcache.h's layout
+       kvc_vk_pool_download(pool, layer, first_page, n_pages, k, v)
+       kvc_vk_context_begin(ctx, &cmd)             a one-time command buffer, begun
+       kvc_vk_context_submit_wait(ctx, cmd)        end, submit, wait, free it
+       kvc_vk_cmd_copy(pool, cmd, src, dst, bytes) a compute copy (a bandwidth yardstick)
+   (end of index)
 
    THE MODEL
      kvcache.h keeps all the bookkeeping -- pool, pages, reference counts, cells, positions,
@@ -36,14 +94,14 @@
      per-sequence snapshot, zeroing a causal cache, the RoPE shift of kvc_seq_remove) it
      reports a page event; the vk pool queues it and replays it on the GPU at the start of
      the next kvc_vk_cmd_* call, in order. So:
-         kvc_begin / kvc_begin_batch / snapshots / kvc_seq_* / kvc_defrag : as on the CPU
+         kvc_begin / kvc_begin_batch / snapshots / kvc_seq_* / kvc_cache_defrag : as on the CPU
          kvc_vk_cmd_append     instead of kvc_put       (f32 or f16 K/V in device buffers)
          kvc_vk_cmd_attention  instead of kvc_attention (q and out in device buffers)
          kvc_vk_cmd_gather     instead of kvc_cache_gather
          kvc_cache_save / _load, kvc_memory_save / _load, ... : as on the CPU (the same
                                files; staged through host memory on the context's queue)
      Work is recorded into the caller's VkCommandBuffer (nothing is submitted behind its
-     back but by saves and loads, which wait for the bytes); kvc_vk_begin / kvc_vk_submit_wait (KVCACHE_VK_HELPERS) are a convenience for
+     back but by saves and loads, which wait for the bytes); kvc_vk_context_begin / kvc_vk_context_submit_wait (KVCACHE_VK_HELPERS) are a convenience for
      tools and tests.
      Hybrid models: a pool made with kvc_pool_config.state_floats holds RECURRENT caches'
      states on the device (kvc_vk_cmd_state instead of kvc_state, kvc_vk_cmd_state_checkpoint
@@ -249,7 +307,7 @@ KVCDEF kvc_pool *kvc_vk_pool_host(const kvc_vk_pool *pool);
 /* The device buffers holding layer `layer`: page p takes page_cells * row bytes at
    p * page_cells * row (row: one cell's bytes of the layer's K or V, every kv head), as on
    the host; they hold the pages handed out so far (kvc_vk_pool_device_stats'
-   pages_capacity) and are replaced by larger ones (or smaller, kvc_vk_cmd_trim) at a
+   pages_capacity) and are replaced by larger ones (or smaller, kvc_vk_pool_cmd_trim) at a
    kvc_vk_cmd_* call, so ask again after one. Inside a page, cell c is at byte c * row in kvcache.h's layout; a planar pool
    (kvc_vk_pool_planar) holds q8_0 / q4_0 pages as two planes instead: the codes, [kv head]
    [cell][head_dim (q8_0) or head_dim / 2 (q4_0) bytes, each block's codes as llama.cpp
@@ -287,7 +345,7 @@ typedef struct kvc_vk_device_stats {
    the bottom as caches come and go). Call it when a memory shrank (caches destroyed,
    sequences removed, prefix entries evicted); the old buffers are freed once the device
    has run cmd (seen by the next call on the pool or kvc_vk_pool_device_stats). */
-KVCDEF kvc_result kvc_vk_cmd_trim(kvc_vk_pool *pool, VkCommandBuffer cmd);
+KVCDEF kvc_result kvc_vk_pool_cmd_trim(kvc_vk_pool *pool, VkCommandBuffer cmd);
 /* The grow of the next kvc_vk_cmd_* call, done now and one buffer at a time: for a hard
    bound on device memory. Each buffer's copy is submitted to the context's queue and
    waited for, and the old buffer freed, before the next, so the pool holds at most one old
@@ -307,7 +365,7 @@ KVCDEF kvc_result kvc_vk_pool_convert_pages(const kvc_vk_pool *pool, int v, int 
                                             int32_t n_pages);
 
 /* Replay the queued page events (the other kvc_vk_cmd_* calls do it first themselves). */
-KVCDEF kvc_result kvc_vk_cmd_sync(kvc_vk_pool *pool, VkCommandBuffer cmd);
+KVCDEF kvc_result kvc_vk_pool_cmd_sync(kvc_vk_pool *pool, VkCommandBuffer cmd);
 /* kvc_put on the GPU: the open batch's K and V for `layer`, [n_tokens][n_kv_heads][head_dim]
    f32 (or f16), converted to the storage type (f16/bf16 bit-exact with kvcache.h). The
    non-finite rule of kvc_put holds: a (token, kv head) whose K or V holds a NaN, an infinity
@@ -350,8 +408,8 @@ KVCDEF kvc_result kvc_vk_cmd_state(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_c
 /* kvc_state_read: where the state of (seq, layer) is, any time; state->buffer is
    VK_NULL_HANDLE while the sequence has consumed no token (all zeros); KVC_ERR_STATE while
    its page is not yet in the page buffers (a page the host took since the last
-   kvc_vk_cmd_* call on the pool: kvc_vk_cmd_sync first). Records nothing: its bytes are current on the device once the work recorded so far and the pool's queued
-   page events (kvc_vk_cmd_sync, or any kvc_vk_cmd_* call on the pool) have run. */
+   kvc_vk_cmd_* call on the pool: kvc_vk_pool_cmd_sync first). Records nothing: its bytes are current on the device once the work recorded so far and the pool's queued
+   page events (kvc_vk_pool_cmd_sync, or any kvc_vk_cmd_* call on the pool) have run. */
 KVCDEF kvc_result kvc_vk_state_read(const kvc_vk_pool *pool, const kvc_cache *cache, int32_t seq, int32_t layer,
                                     kvc_vk_tensor *state);
 /* kvc_state_checkpoint on the GPU: records the copy of layer's state as it is after `at`
@@ -397,9 +455,9 @@ KVCDEF kvc_result kvc_vk_memory_pool(const kvc_vk_memory *mem, int32_t group, kv
    shares no pools with mem. */
 KVCDEF kvc_result kvc_vk_memory_layer(const kvc_vk_memory *mem, const kvc_memory *host, int32_t layer,
                                       kvc_vk_pool **pool, kvc_cache **cache, int32_t *group_layer);
-/* kvc_vk_cmd_sync on every group's pool (e.g. after a restore, before reading states). */
+/* kvc_vk_pool_cmd_sync on every group's pool (e.g. after a restore, before reading states). */
 KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *mem, VkCommandBuffer cmd);
-/* kvc_vk_cmd_trim on every group's pool. */
+/* kvc_vk_pool_cmd_trim on every group's pool. */
 KVCDEF kvc_result kvc_vk_memory_cmd_trim(kvc_vk_memory *mem, VkCommandBuffer cmd);
 /* kvc_vk_pool_fit on every group's pool. */
 KVCDEF kvc_result kvc_vk_memory_fit(kvc_vk_memory *mem);
@@ -467,20 +525,20 @@ KVCDEF kvc_result kvc_vk_buffer_create(kvc_vk_context *ctx, VkDeviceSize size, i
 /* Frees it and zeroes *buf (a zeroed buffer is fine). */
 KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *ctx, kvc_vk_buffer *buf);
 /* Blocking copies between host memory and a device buffer, through a staging buffer. */
-KVCDEF kvc_result kvc_vk_upload(kvc_vk_context *ctx, VkBuffer dst, VkDeviceSize offset, const void *src, size_t bytes);
-KVCDEF kvc_result kvc_vk_download(kvc_vk_context *ctx, VkBuffer src, VkDeviceSize offset, void *dst, size_t bytes);
+KVCDEF kvc_result kvc_vk_buffer_upload(kvc_vk_context *ctx, VkBuffer dst, VkDeviceSize offset, const void *src, size_t bytes);
+KVCDEF kvc_result kvc_vk_buffer_download(kvc_vk_context *ctx, VkBuffer src, VkDeviceSize offset, void *dst, size_t bytes);
 /* Blocking: pages [first_page, first_page + n_pages) of layer's K and V (either may be
    NULL), in kvcache.h's layout (as a CPU pool of the same configuration holds them:
    n_pages * page_cells * row bytes each), from the device, after the pool's queued page
-   events (kvc_vk_cmd_sync); and into the device. */
+   events (kvc_vk_pool_cmd_sync); and into the device. */
 KVCDEF kvc_result kvc_vk_pool_download(kvc_vk_pool *pool, int32_t layer, int32_t first_page, int32_t n_pages, void *k,
                                        void *v);
 KVCDEF kvc_result kvc_vk_pool_upload(kvc_vk_pool *pool, int32_t layer, int32_t first_page, int32_t n_pages,
                                      const void *k, const void *v);
 /* A one-time command buffer, begun. */
-KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *ctx, VkCommandBuffer *cmd);
-/* Ends, submits and waits for kvc_vk_begin's command buffer, then frees it. */
-KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *ctx, VkCommandBuffer cmd);
+KVCDEF kvc_result kvc_vk_context_begin(kvc_vk_context *ctx, VkCommandBuffer *cmd);
+/* Ends, submits and waits for kvc_vk_context_begin's command buffer, then frees it. */
+KVCDEF kvc_result kvc_vk_context_submit_wait(kvc_vk_context *ctx, VkCommandBuffer cmd);
 /* A plain compute copy of `bytes` (a multiple of 16) from src to dst: a bandwidth
    yardstick (bench_vk), and a way to move pages into buffers of your own. */
 KVCDEF kvc_result kvc_vk_cmd_copy(kvc_vk_pool *pool, VkCommandBuffer cmd, VkBuffer src, VkBuffer dst, VkDeviceSize bytes);
@@ -1148,7 +1206,7 @@ static kvc_result kvc_vk__reserve(kvc_vk_pool *p, size_t words) {
 
 /* ---- Page buffers that follow use ----------------------------------------------------
    A pool's page buffers hold pages [0, cap_pages), not max_pages: the host pool hands out
-   the lowest page ids it can (its free pages are a stack, page 0 on top; kvc_vk_cmd_trim
+   the lowest page ids it can (its free pages are a stack, page 0 on top; kvc_vk_pool_cmd_trim
    sorts it again), so page_hw -- 1 + the highest id it acquired -- stays near the pages in
    use, and the buffers grow to it at the next kvc_vk_cmd_* call. Page p stays at
    p * page bytes, so the shaders address pages as before (no indirection). */
@@ -1653,12 +1711,12 @@ KVCDEF kvc_result kvc_vk_pool_page_buffers(const kvc_vk_pool *p, int32_t layer, 
 
 KVCDEF int kvc_vk_pool_planar(const kvc_vk_pool *p) { return p ? p->planar : 0; }
 
-KVCDEF kvc_result kvc_vk_cmd_trim(kvc_vk_pool *p, VkCommandBuffer cmd) {
+KVCDEF kvc_result kvc_vk_pool_cmd_trim(kvc_vk_pool *p, VkCommandBuffer cmd) {
     kvc_pool *h;
     int32_t i, hw, n = 0;
     kvc_result r;
     if (p == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
-    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r; /* the queued events write live pages only after this */
+    if ((r = kvc_vk_pool_cmd_sync(p, cmd)) != KVC_OK) return r; /* the queued events write live pages only after this */
     h = p->host;
     for (hw = h->max_pages; hw > 0 && h->refcount[hw - 1] == 0; --hw) {}
     /* the free pages again lowest on top, so that new pages are taken from the bottom */
@@ -1899,7 +1957,7 @@ static kvc_result kvc_vk__replay_rope(kvc_vk_pool *p, VkCommandBuffer cmd, int32
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_vk_cmd_sync(kvc_vk_pool *p, VkCommandBuffer cmd) {
+KVCDEF kvc_result kvc_vk_pool_cmd_sync(kvc_vk_pool *p, VkCommandBuffer cmd) {
     int32_t i = 0, j, l;
     kvc_result r;
     if (p == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
@@ -2007,7 +2065,7 @@ KVCDEF kvc_result kvc_vk_cmd_append(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_cac
     n = c->cfg.kind == KVC_KIND_CAUSAL ? c->batch_n : c->offset - c->batch_begin;
     first = c->cfg.kind == KVC_KIND_CAUSAL ? c->batch_loc : c->batch_begin;
     if ((r = kvc_vk__reserve(p, (size_t)n)) != KVC_OK) return r;
-    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
+    if ((r = kvc_vk_pool_cmd_sync(p, cmd)) != KVC_OK) return r;
     for (i = 0, t = first; i < n; ++i, ++t) p->build[i] = kvc_vk__gid(c, t);
     if ((r = kvc_vk__upload_meta(p, cmd, (size_t)n)) != KVC_OK) return r;
     if (p->rot_k || p->rot_v) { /* rotated storage: R k and R v into the rot scratch first (K, then V) */
@@ -2084,7 +2142,7 @@ KVCDEF kvc_result kvc_vk_cmd_gather(kvc_vk_pool *p, VkCommandBuffer cmd, const k
             if (pos) pos[n] = *kvc__pos_at(p->host, run.page, cell);
         }
     if (!k && !v) return KVC_OK;
-    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
+    if ((r = kvc_vk_pool_cmd_sync(p, cmd)) != KVC_OK) return r;
     /* the sync may have used the build area: list the cells again */
     n = 0;
     kvc__iter_init(&it, c);
@@ -2242,7 +2300,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     if ((r = kvc_vk__reserve(p, words)) != KVC_OK) return r;
     if ((r = kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads), 0, &split_pipe)) != KVC_OK) return r;
     if ((r = kvc_vk__get_variant(p, p->merge, (uint32_t)n_heads, 1, &merge_pipe)) != KVC_OK) return r;
-    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
+    if ((r = kvc_vk_pool_cmd_sync(p, cmd)) != KVC_OK) return r;
     at = (size_t)n_jobs * KVC_VK__JOB_STRIDE;
     job = p->build;
     for (it = 0; it < n_items; ++it) {
@@ -2428,7 +2486,7 @@ KVCDEF kvc_result kvc_vk_cmd_state(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_cach
     if (!c->states_open || c->batch_has[seq] == 0) return KVC_ERR_STATE;
     /* the batch made the page private (a zeroed page, or a copy of a shared one): those
        page events go first */
-    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
+    if ((r = kvc_vk_pool_cmd_sync(p, cmd)) != KVC_OK) return r;
     if (!c->batch_put[layer]) { /* as kvc_state: asking counts as the layer's put */
         c->batch_put[layer] = 1;
         c->batch_pending--;
@@ -2464,7 +2522,7 @@ KVCDEF kvc_result kvc_vk_cmd_state_checkpoint(kvc_vk_pool *p, VkCommandBuffer cm
     if (at == c->offset) return KVC_OK;     /* the batch's end: taken from the live state */
     /* the page events first (the checkpoint's page may have been another's until now),
        behind the barrier that makes the engine's writes of src visible */
-    if ((r = kvc_vk_cmd_sync(p, cmd)) != KVC_OK) return r;
+    if ((r = kvc_vk_pool_cmd_sync(p, cmd)) != KVC_OK) return r;
     region.srcOffset = src->offset;
     region.dstOffset = (VkDeviceSize)c->pend[i]->pages[0] * (VkDeviceSize)p->k_row;
     region.size = p->k_row;
@@ -2585,7 +2643,7 @@ KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *vm, VkCommandBuffer cmd)
     for (g = 0; g < vm->n_groups; ++g)
         if (vm->pool[g]->failed) return KVC_ERR_NO_MEMORY;
     for (g = 0; g < vm->n_groups; ++g)
-        if ((r = kvc_vk_cmd_sync(vm->pool[g], cmd)) != KVC_OK) return r;
+        if ((r = kvc_vk_pool_cmd_sync(vm->pool[g], cmd)) != KVC_OK) return r;
     return KVC_OK;
 }
 
@@ -2600,7 +2658,7 @@ KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *vm, VkCommandBuffer cmd)
    write_pages returns once its copy is submitted; flush waits for both halves. */
 
 /* The command pool and fence of one-time command buffers (saves and loads, the helpers'
-   kvc_vk_begin / kvc_vk_submit_wait), made on first use. */
+   kvc_vk_context_begin / kvc_vk_context_submit_wait), made on first use. */
 static kvc_result kvc_vk__once_ready(kvc_vk_context *c) {
     VkCommandPoolCreateInfo cpi;
     VkFenceCreateInfo fi;
@@ -2774,7 +2832,7 @@ static kvc_result kvc_vk__stage_start(kvc_vk_pool *p, kvc_vk__stage *s, int32_t 
                                                 before the sync below frees that event */
         if (&c->stage[i] != s && c->stage[i].pool == p && (r = kvc_vk__stage_wait(c, &c->stage[i])) != KVC_OK) return r;
     if ((r = kvc_vk__once_begin(c, &cmd)) != KVC_OK) return r;
-    r = kvc_vk_cmd_sync(p, cmd); /* the queued page events first (and a barrier) */
+    r = kvc_vk_pool_cmd_sync(p, cmd); /* the queued page events first (and a barrier) */
     for (i = 0; i <= n && r == KVC_OK; ++i) { /* runs of pages in one buffer, one copy each */
         VkDeviceSize off = 0;
         if (i < n) kvc_vk__page_at(p, layer, v, pages[i], &at, &off);
@@ -2926,7 +2984,7 @@ KVCDEF kvc_result kvc_vk_memory_cmd_trim(kvc_vk_memory *vm, VkCommandBuffer cmd)
     for (g = 0; g < vm->n_groups; ++g)
         if (vm->pool[g]->failed) return KVC_ERR_NO_MEMORY;
     for (g = 0; g < vm->n_groups; ++g)
-        if ((r = kvc_vk_cmd_trim(vm->pool[g], cmd)) != KVC_OK) return r;
+        if ((r = kvc_vk_pool_cmd_trim(vm->pool[g], cmd)) != KVC_OK) return r;
     return KVC_OK;
 }
 
@@ -3245,12 +3303,12 @@ KVCDEF kvc_result kvc_vk_buffer_destroy(kvc_vk_context *c, kvc_vk_buffer *buf) {
     return KVC_OK;
 }
 
-KVCDEF kvc_result kvc_vk_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
+KVCDEF kvc_result kvc_vk_context_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
     if (c == NULL || cmd == NULL) return KVC_ERR_NULL;
     return kvc_vk__once_begin(c, cmd);
 }
 
-KVCDEF kvc_result kvc_vk_submit_wait(kvc_vk_context *c, VkCommandBuffer cmd) {
+KVCDEF kvc_result kvc_vk_context_submit_wait(kvc_vk_context *c, VkCommandBuffer cmd) {
     if (c == NULL || cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
     return kvc_vk__once_submit(c, cmd);
 }
@@ -3265,24 +3323,24 @@ static kvc_result kvc_vk__transfer(kvc_vk_context *c, VkBuffer dev, VkDeviceSize
     if ((r = kvc_vk__buf_create(c, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, 1, &st)) != KVC_OK)
         return r;
     if (up) memcpy(st.mapped, host, bytes);
-    if ((r = kvc_vk_begin(c, &cmd)) == KVC_OK) {
+    if ((r = kvc_vk_context_begin(c, &cmd)) == KVC_OK) {
         region.srcOffset = up ? 0 : off;
         region.dstOffset = up ? off : 0;
         region.size = bytes;
         kvc_vk__barrier_in(c, cmd);
         c->fn.vkCmdCopyBuffer(cmd, up ? st.buffer : dev, up ? dev : st.buffer, 1, &region);
         kvc_vk__barrier(c, cmd);
-        r = kvc_vk_submit_wait(c, cmd);
+        r = kvc_vk_context_submit_wait(c, cmd);
     }
     if (r == KVC_OK && !up) memcpy(host, st.mapped, bytes);
     kvc_vk__buf_destroy(c, &st);
     return r;
 }
 
-KVCDEF kvc_result kvc_vk_upload(kvc_vk_context *c, VkBuffer dst, VkDeviceSize off, const void *src, size_t bytes) {
+KVCDEF kvc_result kvc_vk_buffer_upload(kvc_vk_context *c, VkBuffer dst, VkDeviceSize off, const void *src, size_t bytes) {
     return kvc_vk__transfer(c, dst, off, (void *)(uintptr_t)src, bytes, 1);
 }
-KVCDEF kvc_result kvc_vk_download(kvc_vk_context *c, VkBuffer src, VkDeviceSize off, void *dst, size_t bytes) {
+KVCDEF kvc_result kvc_vk_buffer_download(kvc_vk_context *c, VkBuffer src, VkDeviceSize off, void *dst, size_t bytes) {
     return kvc_vk__transfer(c, src, off, dst, bytes, 0);
 }
 
@@ -3302,10 +3360,10 @@ static kvc_result kvc_vk__pool_pages(kvc_vk_pool *p, int32_t layer, int32_t firs
     if (n == 0 || (k == NULL && v == NULL)) return KVC_OK;
     if (p->planar && (tmp = kvc_vk__alloc(&p->ctx->alloc, bytes[0] > bytes[1] ? bytes[0] : bytes[1])) == NULL)
         return KVC_ERR_NO_MEMORY;
-    if ((r = kvc_vk_begin(p->ctx, &cmd)) == KVC_OK) { /* the queued page events first, the pages on the device */
-        kvc_result rs = kvc_vk_cmd_sync(p, cmd);
+    if ((r = kvc_vk_context_begin(p->ctx, &cmd)) == KVC_OK) { /* the queued page events first, the pages on the device */
+        kvc_result rs = kvc_vk_pool_cmd_sync(p, cmd);
         if (rs == KVC_OK) rs = kvc_vk__fit(p, cmd, first + n);
-        r = kvc_vk_submit_wait(p->ctx, cmd);
+        r = kvc_vk_context_submit_wait(p->ctx, cmd);
         if (rs != KVC_OK) r = rs;
     }
     for (t = 0; t < 2 && r == KVC_OK; ++t) {
@@ -3314,11 +3372,11 @@ static kvc_result kvc_vk__pool_pages(kvc_vk_pool *p, int32_t layer, int32_t firs
         VkDeviceSize off = (VkDeviceSize)first * (VkDeviceSize)p->page_cells * (t ? p->v_row : p->k_row);
         if (host == NULL) continue;
         if (!p->planar) {
-            r = up ? kvc_vk_upload(p->ctx, buf, off, host, bytes[t]) : kvc_vk_download(p->ctx, buf, off, host, bytes[t]);
+            r = up ? kvc_vk_buffer_upload(p->ctx, buf, off, host, bytes[t]) : kvc_vk_buffer_download(p->ctx, buf, off, host, bytes[t]);
         } else if (up) {
             kvc_vk_pool_convert_pages(p, t, 1, host, tmp, n);
-            r = kvc_vk_upload(p->ctx, buf, off, tmp, bytes[t]);
-        } else if ((r = kvc_vk_download(p->ctx, buf, off, tmp, bytes[t])) == KVC_OK) {
+            r = kvc_vk_buffer_upload(p->ctx, buf, off, tmp, bytes[t]);
+        } else if ((r = kvc_vk_buffer_download(p->ctx, buf, off, tmp, bytes[t])) == KVC_OK) {
             kvc_vk_pool_convert_pages(p, t, 0, tmp, host, n);
         }
     }

@@ -193,15 +193,15 @@ static void make_cache_tail(bcache *b, btype t, int32_t n_kv, int32_t cells, uin
     pc.type_k = pc.type_v = t.t;
     pc.rotate = t.rot ? KVC_ROTATE_K | KVC_ROTATE_V : 0;
     CHECK(kvc_pool_budget_for_tokens(&pc, cells, &pc.budget_bytes));
-    pc.cpu_disable = disable;
-    if (threads > 1) CHECK(kvc_threads_attach(g_threads[threads], &pc));
+    pc.runtime.cpu_disable = disable;
+    if (threads > 1) CHECK(kvc_threads_attach(g_threads[threads], &pc.runtime));
     CHECK(kvc_pool_create(&pc, &b->pool));
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     if (t.t == KVC_TYPE_Q8_0 || t.t == KVC_TYPE_Q4_0) cc.f16_tail = tail;
     CHECK(kvc_cache_create(b->pool, &cc, &b->cache));
     while (done < cells) {
         int32_t n = cells - done < chunk ? cells - done : chunk;
-        CHECK(kvc_begin(b->cache, n));
+        CHECK(kvc_begin(b->cache, n, NULL, 0));
         CHECK(kvc_put(b->cache, 0, k, v));
         done += n;
     }

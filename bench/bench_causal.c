@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
         /* half the sequences finish, then defrag */
         for (i = 0; i < SEQS; i += 2) kvc_seq_remove(c, i, 0, KVC_POS_END);
         t0 = now();
-        kvc_defrag(c, &moves);
+        kvc_cache_defrag(c, &moves);
         t_defrag[r] = now() - t0;
         /* prefill of 512 tokens of sequence 1 into the free space */
         for (i = 0; i < 512; ++i) { pos[i] = hi + 2 + i; seq[i] = 1; }

@@ -4,7 +4,7 @@
    f16 (4 GiB of K+V):
      - append: kvc_begin + kvc_put of every layer (f32 input converted to f16), as a
        prefill in batches and as a token-by-token decode; an f32-stored append too;
-     - kvc_snapshot_take, kvc_restore (from a snapshot) and kvc_cache_fork, which
+     - kvc_snapshot_take, kvc_cache_restore (from a snapshot) and kvc_cache_fork, which
        share pages and should cost O(pages): well under 1 % of copying the bytes;
      - prefix reuse: kvc_prefix_begin on a prompt that shares the whole cached
        prefix (longest-common-prefix scan + the trim).
@@ -150,7 +150,7 @@ static void append(kvc_cache *c, int32_t n, int32_t batch) {
     int32_t done, l, b;
     for (done = 0; done < n; done += b) {
         b = n - done < batch ? n - done : batch;
-        CHECK(kvc_begin(c, b));
+        CHECK(kvc_begin(c, b, NULL, 0));
         for (l = 0; l < N_LAYERS; ++l) CHECK(kvc_put(c, l, g_k[l % N_SETS], g_v[l % N_SETS]));
     }
 }
@@ -293,10 +293,10 @@ int main(int argc, char **argv) {
     n_dec = tokens / 2 < 256 ? tokens / 2 : 256;
     for (i = 0; i < g_reps; ++i) {
         int32_t k, l;
-        CHECK(kvc_trim(cache, n_dec));
+        CHECK(kvc_cache_trim(cache, n_dec));
         t0 = now();
         for (k = 0; k < n_dec; ++k) {
-            CHECK(kvc_begin(cache, 1));
+            CHECK(kvc_begin(cache, 1, NULL, 0));
             for (l = 0; l < N_LAYERS; ++l) CHECK(kvc_put(cache, l, g_k[l % N_SETS], g_v[l % N_SETS]));
         }
         t[i] = (now() - t0) / n_dec;
@@ -308,19 +308,19 @@ int main(int argc, char **argv) {
     /* snapshot of the whole cache */
     for (i = 0; i < g_reps; ++i) {
         t0 = now();
-        CHECK(kvc_snapshot_take(cache, 0, &snap));
+        CHECK(kvc_snapshot_take(cache, 0, KVC_POS_END, &snap));
         t[i] = now() - t0;
         CHECK(kvc_snapshot_free(snap));
     }
     row("snapshot_take [0, T)", cache_bytes, median(t, g_reps), 0);
 
     /* restore from a whole-cache snapshot after the cache diverged 100 tokens back */
-    CHECK(kvc_snapshot_take(cache, 0, &snap));
+    CHECK(kvc_snapshot_take(cache, 0, KVC_POS_END, &snap));
     for (i = 0; i < g_reps; ++i) {
-        CHECK(kvc_trim(cache, tokens > 200 ? 100 : 1));
+        CHECK(kvc_cache_trim(cache, tokens > 200 ? 100 : 1));
         append(cache, 1, 1); /* diverge: copies the shared tail page (not timed) */
         t0 = now();
-        CHECK(kvc_restore(cache, snap, tokens));
+        CHECK(kvc_cache_restore(cache, snap, tokens));
         t[i] = now() - t0;
     }
     row("restore(snap [0, T), T)", cache_bytes, median(t, g_reps), 0);
@@ -329,12 +329,12 @@ int main(int argc, char **argv) {
        (cells before `from` from the cache, the rest from the snapshot) */
     from = tokens / 2 + g_page_cells / 2;
     if (from % g_page_cells == 0) from++;
-    CHECK(kvc_snapshot_take(cache, from, &snap2));
+    CHECK(kvc_snapshot_take(cache, from, KVC_POS_END, &snap2));
     for (i = 0; i < g_reps; ++i) {
-        CHECK(kvc_trim(cache, tokens - from));
+        CHECK(kvc_cache_trim(cache, tokens - from));
         append(cache, 1, 1); /* diverge right at `from` */
         t0 = now();
-        CHECK(kvc_restore(cache, snap2, tokens));
+        CHECK(kvc_cache_restore(cache, snap2, tokens));
         t[i] = now() - t0;
         ratio[i] = t[i] / (memcpy_sample() * (tokens - from) * tok_bytes / (double)g_cpy_n);
     }
@@ -344,16 +344,16 @@ int main(int argc, char **argv) {
     CHECK(kvc_snapshot_free(snap2));
 
     /* the first append after a snapshot copies the shared, partly filled tail page */
-    CHECK(kvc_trim(cache, 1));
+    CHECK(kvc_cache_trim(cache, 1));
     for (i = 0; i < g_reps; ++i) {
         int32_t l;
-        CHECK(kvc_snapshot_take(cache, 0, &snap2));
+        CHECK(kvc_snapshot_take(cache, 0, KVC_POS_END, &snap2));
         t0 = now();
-        CHECK(kvc_begin(cache, 1));
+        CHECK(kvc_begin(cache, 1, NULL, 0));
         for (l = 0; l < N_LAYERS; ++l) CHECK(kvc_put(cache, l, g_k[l % N_SETS], g_v[l % N_SETS]));
         t[i] = now() - t0;
         CHECK(kvc_snapshot_free(snap2));
-        CHECK(kvc_trim(cache, 1));
+        CHECK(kvc_cache_trim(cache, 1));
         ratio[i] = t[i] / (memcpy_sample() * (double)st.page_bytes / (double)g_cpy_n);
     }
     append(cache, 1, 1);

@@ -163,13 +163,13 @@ int main(int argc, char **argv) {
     CHECK(kvc_cache_create(pool, &cc, &cache));
     for (long done = 0; done < prompt;) { /* prefill: K/V only, 256 tokens a batch */
         int32_t n = (int32_t)(prompt - done < 256 ? prompt - done : 256);
-        CHECK(kvc_begin(cache, n));
+        CHECK(kvc_begin(cache, n, NULL, 0));
         for (int l = 0; l < LAYERS; ++l) CHECK(kvc_put(cache, l, kv_rows, kv_rows));
         done += n;
     }
     for (long s = 0; s < steps; ++s) {
         double mm = 0, ca = 0, t0;
-        CHECK(kvc_begin(cache, 1));
+        CHECK(kvc_begin(cache, 1, NULL, 0));
         for (int l = 0; l < LAYERS; ++l) {
             kvc_attention_desc d;
             t0 = cpu_now();

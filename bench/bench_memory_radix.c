@@ -427,10 +427,10 @@ static void lookup_32k(int hybrid) {
     CHECK(kvc_radix_create(pool, &rc, &pt));
     CHECK(kvc_radix_lookup(pt, NS, tok, LONG_PREFIX, &c, &reused));
     for (i = 0; i < LONG_PREFIX; i += CHUNK) {
-        CHECK(kvc_begin(c, CHUNK));
+        CHECK(kvc_begin(c, CHUNK, NULL, 0));
         for (l = 0; l < sh.n_full; ++l) CHECK(kvc_put(c, l, g_k, g_k));
     }
-    CHECK(kvc_radix_commit(pt, NS, c, tok, LONG_PREFIX));
+    CHECK(kvc_radix_commit(pt, NS, c, tok, LONG_PREFIX, 0));
     CHECK(kvc_cache_destroy(c));
     for (i = 0; i < g_reps; ++i) {
         double t0 = now();

@@ -84,7 +84,7 @@ static void append(kvc_cache *c, int32_t n) {
     int32_t done, l;
     for (done = 0; done < n; done += 512) {
         int32_t b = n - done < 512 ? n - done : 512;
-        CHECK(kvc_begin(c, b));
+        CHECK(kvc_begin(c, b, NULL, 0));
         for (l = 0; l < g_layers; ++l) CHECK(kvc_put(c, l, g_k, g_v));
     }
 }
@@ -104,7 +104,7 @@ static void bench_lookup(void) {
     for (i = 0; i <= LONG_PREFIX; ++i) tok[i] = (i * 7919) % 50000;
     CHECK(kvc_radix_lookup(tree, NS, tok, LONG_PREFIX, &c, &reused));
     append(c, LONG_PREFIX);
-    CHECK(kvc_radix_commit(tree, NS, c, tok, LONG_PREFIX));
+    CHECK(kvc_radix_commit(tree, NS, c, tok, LONG_PREFIX, 0));
     CHECK(kvc_cache_destroy(c));
     CHECK(kvc_pool_stats_get(pool, &st));
     bytes = (double)LONG_PREFIX * g_layers * (double)(st.k_row_bytes + st.v_row_bytes);
@@ -149,7 +149,7 @@ static void bench_memory(void) {
         for (i = SHARED_PREFIX; i < SHARED_PREFIX + 220; ++i) tok[i] = 100000 * (j + 1) + i;
         CHECK(kvc_radix_lookup(tree, NS, tok, SHARED_PREFIX + 200, &conv[j], &reused));
         append(conv[j], SHARED_PREFIX + 219 - reused); /* its own 200 + 19 generated (the 20th not evaluated) */
-        CHECK(kvc_radix_commit(tree, NS, conv[j], tok, SHARED_PREFIX + 220));
+        CHECK(kvc_radix_commit(tree, NS, conv[j], tok, SHARED_PREFIX + 220, 0));
     }
     t_shared = now() - t0;
     CHECK(kvc_pool_stats_get(pool, &st));

@@ -65,7 +65,7 @@ static void append(kvc_cache *c, int32_t n) {
     int32_t done, l;
     for (done = 0; done < n; done += 512) {
         int32_t b = n - done < 512 ? n - done : 512;
-        CHECK(kvc_begin(c, b));
+        CHECK(kvc_begin(c, b, NULL, 0));
         for (l = 0; l < g_layers; ++l) CHECK(kvc_put(c, l, g_k, g_v));
     }
 }
@@ -76,7 +76,7 @@ static void commit_prefix(kvc_radix *t, const int32_t *tok, int32_t n) {
     int32_t reused;
     CHECK(kvc_radix_lookup(t, NS, tok, n, &c, &reused));
     append(c, n - reused);
-    CHECK(kvc_radix_commit(t, NS, c, tok, n));
+    CHECK(kvc_radix_commit(t, NS, c, tok, n, 0));
     CHECK(kvc_cache_destroy(c));
 }
 

@@ -76,12 +76,12 @@ static double time_once(VkQueryPool qp, record_fn record, void *user, int reps) 
     VkCommandBuffer cmd;
     uint64_t ts[2];
     int i;
-    CHECK(kvc_vk_begin(ctx, &cmd));
+    CHECK(kvc_vk_context_begin(ctx, &cmd));
     fn->vkCmdResetQueryPool(cmd, qp, 0, 2);
     fn->vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, qp, 0);
     for (i = 0; i < reps; ++i) record(cmd, user);
     fn->vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, qp, 1);
-    CHECK(kvc_vk_submit_wait(ctx, cmd));
+    CHECK(kvc_vk_context_submit_wait(ctx, cmd));
     fn->vkGetQueryPoolResults(info.device, qp, 0, 2, sizeof(ts), ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
     return (double)(ts[1] - ts[0]) * info.timestamp_period / 1000.0 / reps;
 }
@@ -359,8 +359,8 @@ int main(int argc, char **argv) {
     for (ai = 0; ai < (int)(in_elems * 2); ++ai) kin[ai] = frand();
     CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * in_elems, 0, &kin_buf));
     CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * in_elems, 0, &vin_buf));
-    CHECK(kvc_vk_upload(ctx, kin_buf.buffer, 0, kin, sizeof(float) * in_elems));
-    CHECK(kvc_vk_upload(ctx, vin_buf.buffer, 0, vin, sizeof(float) * in_elems));
+    CHECK(kvc_vk_buffer_upload(ctx, kin_buf.buffer, 0, kin, sizeof(float) * in_elems));
+    CHECK(kvc_vk_buffer_upload(ctx, vin_buf.buffer, 0, vin, sizeof(float) * in_elems));
     qh = (float *)malloc(sizeof(float) * 8 * HQ * g_hd * 2);
     for (ai = 0; ai < 8 * HQ * g_hd; ++ai) qh[ai] = frand();
     CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * g_hd, 1, &q_buf));
@@ -422,13 +422,13 @@ int main(int argc, char **argv) {
                     memset(&tv_, 0, sizeof(tv_));
                     tk_.buffer = kin_buf.buffer;
                     tv_.buffer = vin_buf.buffer;
-                    CHECK(kvc_vk_begin(ctx, &cmd));
+                    CHECK(kvc_vk_context_begin(ctx, &cmd));
                     for (filled = 0; filled < cells; filled += CHUNK) {
                         int32_t n = cells - filled < CHUNK ? cells - filled : CHUNK;
-                        CHECK(kvc_begin(caches[s], n));
+                        CHECK(kvc_begin(caches[s], n, NULL, 0));
                         CHECK(kvc_vk_cmd_append(vp, cmd, caches[s], 0, &tk_, &tv_));
                     }
-                    CHECK(kvc_vk_submit_wait(ctx, cmd));
+                    CHECK(kvc_vk_context_submit_wait(ctx, cmd));
                     memset(&items[s], 0, sizeof(items[s]));
                     items[s].cache = caches[s];
                     items[s].desc.n_queries = 1;

@@ -155,7 +155,7 @@ int main(void) {
     CHECK(kvc_seq_remove(cache, 0, 6, KVC_POS_END));
     CHECK(kvc_cache_offset(cache, &used));
     printf("sequence 0 drops positions 6..: %d cells in use\n", used);
-    CHECK(kvc_defrag(cache, &n));
+    CHECK(kvc_cache_defrag(cache, &n));
     printf("defrag: %d block move(s); sequence 1 now in the first %d cells\n", n, used);
     pos[0] = 9; seq[0] = 1;
     CHECK(run_batch(cache, 1, pos, seq));

@@ -40,7 +40,7 @@ static int forward(kvc_pool *pool, kvc_cache *cache, int32_t n) {
     kvc_attention_desc attn;
     kvc_pool_stats st;
     CHECK(kvc_cache_offset(cache, &offset));          /* position of the first new token */
-    CHECK(kvc_begin(cache, n));                       /* the only call that can run out of pages */
+    CHECK(kvc_begin(cache, n, NULL, 0));              /* the only call that can run out of pages */
     for (layer = 0; layer < N_LAYERS; ++layer) {
         for (i = 0; i < n; ++i)
             for (j = 0; j < ROW; ++j) {
@@ -117,10 +117,10 @@ int main(void) {
     print_runs(cache);
 
     /* Trim: drop the last 7 tokens; pages that hold no remaining token go back. */
-    CHECK(kvc_trim(cache, 7));
+    CHECK(kvc_cache_trim(cache, 7));
     CHECK(kvc_cache_offset(cache, &offset));
     CHECK(kvc_pool_stats_get(pool, &st));
-    printf("kvc_trim(7): offset %d, pages used %d (peak %d)\n", (int)offset, (int)st.pages_used,
+    printf("kvc_cache_trim(7): offset %d, pages used %d (peak %d)\n", (int)offset, (int)st.pages_used,
            (int)st.pages_peak);
     print_runs(cache);
     printf("decode continues after the trim:\n");

@@ -59,7 +59,7 @@ static int forward_into(kvc_cache *c, const int32_t *tokens, int32_t n) {
         v[i] = (float)tokens[i / ROW] + (float)(i % ROW);
         q[i] = 1.0f;
     }
-    CHECK(kvc_begin(c, n));
+    CHECK(kvc_begin(c, n, NULL, 0));
     for (layer = 0; layer < N_LAYERS; ++layer) {
         CHECK(kvc_put(c, layer, k, v));
         memset(&a, 0, sizeof(a));
@@ -175,7 +175,7 @@ static int earlier_run(const kvc_pool_config *pc) {
     CHECK(kvc_radix_create(p, &rc, &t));
     CHECK(kvc_radix_lookup(t, GAME, system_prompt, SYS, &c, &reused));
     if (forward_into(c, system_prompt, SYS)) return 1;
-    CHECK(kvc_radix_commit(t, GAME, c, system_prompt, SYS));
+    CHECK(kvc_radix_commit(t, GAME, c, system_prompt, SYS, 0));
     CHECK(kvc_io_path(&file, SAVED, 1, &io));
     CHECK(kvc_radix_save(t, GAME, system_prompt, SYS, &io));
     CHECK(kvc_cache_destroy(c));
@@ -195,7 +195,7 @@ static int converse(kvc_radix *t, int32_t *hist, int32_t n, int32_t *n_total, kv
         hist[n + i] = 700 + 10 * (int32_t)(hist[SYS] % 10) + i; /* "sampled" */
         if (i < 3 && forward_into(c, &hist[n + i], 1)) return 1;
     }
-    CHECK(kvc_radix_commit(t, GAME, c, hist, n + 4)); /* prompt AND the generated tokens */
+    CHECK(kvc_radix_commit(t, GAME, c, hist, n + 4, 0)); /* prompt AND the generated tokens */
     *n_total = n + 4;
     *out = c;
     return 0;

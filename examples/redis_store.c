@@ -188,7 +188,7 @@ static kvc_result evaluate(kvc_cache *c, const int32_t *tokens, int32_t from, in
     int32_t l, p, i;
     kvc_result r;
     if (to <= from) return KVC_OK;
-    if ((r = kvc_begin(c, to - from)) != KVC_OK) return r;
+    if ((r = kvc_begin(c, to - from, NULL, 0)) != KVC_OK) return r;
     for (l = 0; l < LAYERS; ++l) {
         for (p = from; p < to; ++p)
             for (i = 0; i < HEADS * HD; ++i) {
@@ -286,10 +286,10 @@ static void bench(const char *host, int port, int32_t n, int reps) {
     TRY(kvc_tier_attach(tree, &tc));
     TRY(kvc_radix_lookup(tree, NS, tok, n, &c, &reused));
     for (done = 0; done < n; done += 512) {
-        TRY(kvc_begin(c, n - done < 512 ? n - done : 512));
+        TRY(kvc_begin(c, n - done < 512 ? n - done : 512, NULL, 0));
         for (l = 0; l < 4; ++l) TRY(kvc_put(c, l, k, v));
     }
-    TRY(kvc_radix_commit(tree, NS, c, tok, n));
+    TRY(kvc_radix_commit(tree, NS, c, tok, n, 0));
     TRY(kvc_cache_destroy(c));
     if (reps > 64) reps = 64;
     for (r = 0; r < reps; ++r) {
@@ -377,7 +377,7 @@ int main(int argc, char **argv) {
         prompt(tokens, 0);
         TRY(kvc_radix_lookup(tree, NS, tokens, MAXT, &c, &reused));
         TRY(evaluate(c, tokens, reused, MAXT));
-        TRY(kvc_radix_commit(tree, NS, c, tokens, MAXT));
+        TRY(kvc_radix_commit(tree, NS, c, tokens, MAXT, 0));
         TRY(kvc_cache_destroy(c));
         TRY(kvc_tier_publish(tree, NS, tokens, SYS, &published));
         TRY(kvc_tier_key(tree, NS, tokens, published, &key));
@@ -399,7 +399,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "turn %d reused %d, expected %d\n", t, (int)reused, expect);
                 wrong++;
             }
-            TRY(kvc_radix_commit(tree, NS, c, tokens, MAXT));
+            TRY(kvc_radix_commit(tree, NS, c, tokens, MAXT, 0));
             TRY(kvc_cache_destroy(c));
             if (pause_ms > 0) sleep_ms(pause_ms);
         }

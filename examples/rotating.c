@@ -54,7 +54,7 @@ static int step(kvc_cache *cache, int32_t n, int sinks) {
     int32_t i, offset;
     kvc_attention_desc a;
     CHECK(kvc_cache_offset(cache, &offset));
-    CHECK(kvc_begin(cache, n));
+    CHECK(kvc_begin(cache, n, NULL, 0));
     for (i = 0; i < n * DIM; ++i) {
         k[i] = 0.1f;
         v[i] = (float)(offset + i / DIM);
@@ -87,7 +87,7 @@ static int demo(kvc_pool *pool, int sinks) {
 
     /* Before the window has wrapped (offset <= W) a live rewind works. */
     if (step(cache, 3, sinks)) return 1;
-    CHECK(kvc_restore(cache, NULL, 1));
+    CHECK(kvc_cache_restore(cache, NULL, 1));
     if (show(cache, "live rewind to 1: ok", -1.0f, sinks)) return 1;
     CHECK(kvc_cache_clear(cache));
 
@@ -96,17 +96,17 @@ static int demo(kvc_pool *pool, int sinks) {
         if (step(cache, 1, sinks)) return 1;
 
     /* Snapshot the window at offset 19: it shares the pages, nothing is copied. */
-    CHECK(kvc_snapshot_take(cache, 0, &snap));
+    CHECK(kvc_snapshot_take(cache, 0, KVC_POS_END, &snap));
     if (step(cache, 1, sinks)) return 1;
 
     /* Wrapped: the keys older than the window are gone, so going back needs the snapshot. */
-    r = kvc_restore(cache, NULL, 19);
+    r = kvc_cache_restore(cache, NULL, 19);
     printf("  live rewind to 19     -> %s\n", kvc_strerror(r));
     if (r != KVC_ERR_UNREACHABLE) return 1;
-    r = kvc_restore(cache, snap, 18);
+    r = kvc_cache_restore(cache, snap, 18);
     printf("  snapshot, target 18   -> %s (would clamp a wrapped window)\n", kvc_strerror(r));
     if (r != KVC_ERR_UNREACHABLE) return 1;
-    CHECK(kvc_restore(cache, snap, 19));
+    CHECK(kvc_cache_restore(cache, snap, 19));
     if (show(cache, "restore(snap, 19): ok", -1.0f, sinks)) return 1;
     if (step(cache, 1, sinks)) return 1; /* the same token 19 again, same window */
 

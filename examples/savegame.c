@@ -143,10 +143,10 @@ static void engine_layer(engine *e, kvc_cache *c, int32_t layer, int32_t n, cons
         d.q.buffer = d.out.buffer = e->io.buffer;
         d.q.offset = 2 * kv;
         d.out.offset = 2 * kv + qb;
-        CHECK(kvc_vk_begin(e->ctx, &cmd));
+        CHECK(kvc_vk_context_begin(e->ctx, &cmd));
         CHECK(kvc_vk_cmd_append(e->vk, cmd, c, layer, &tk, &tv));
         CHECK(kvc_vk_cmd_attention(e->vk, cmd, c, layer, &d)); /* sees the append: its barrier */
-        CHECK(kvc_vk_submit_wait(e->ctx, cmd));
+        CHECK(kvc_vk_context_submit_wait(e->ctx, cmd));
         memcpy(out, (char *)m + 2 * kv + qb, qb);
         return;
     }
@@ -177,7 +177,7 @@ static int32_t feed(engine *e, kvc_cache *c, const int32_t *tokens, int32_t n, i
     static float x[MAX_TOK][D], k[MAX_TOK * HD], v[MAX_TOK * HD], q[MAX_TOK * D], o[MAX_TOK * D];
     int32_t t, l, i, best = 0;
     float best_s = -1e30f;
-    CHECK(kvc_begin_checkpoints(c, n, at > 0 ? &at : NULL, at > 0 ? 1 : 0));
+    CHECK(kvc_begin(c, n, at > 0 ? &at : NULL, at > 0 ? 1 : 0));
     for (t = 0; t < n; ++t) embed(tokens[t], x[t]);
     for (l = 0; l < LAYERS; ++l) {
         for (t = 0; t < n; ++t)
@@ -274,7 +274,7 @@ static int load_game(const char *path) {
     printf(")\n");
     /* back to the end of turn 1 (a saved checkpoint), turn 2 again */
     end1 = 6 + GEN;
-    CHECK(kvc_restore(c, NULL, end1));
+    CHECK(kvc_cache_restore(c, NULL, end1));
     n = end1;
     turn(&e, c, 1, conv, &n, last);
     ok &= n == n_saved && memcmp(conv, saved, sizeof(int32_t) * (size_t)n) == 0;

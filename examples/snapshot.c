@@ -32,7 +32,7 @@ static int append(kvc_cache *c, int32_t n, float tag) {
     int32_t i, offset;
     CHECK(kvc_cache_offset(c, &offset));
     for (i = 0; i < n * DIM; ++i) { k[i] = 1.0f; v[i] = tag + (float)(offset + i / DIM); }
-    CHECK(kvc_begin(c, n));
+    CHECK(kvc_begin(c, n, NULL, 0));
     return kvc_put(c, 0, k, v) == KVC_OK ? 0 : 1;
 }
 
@@ -79,19 +79,19 @@ int main(void) {
     if (append(cache, 10, 0.0f) || show(cache, "prompt, 10 tokens")) return 1;
 
     /* 2. Snapshots share pages: taking one copies nothing, and pins only what it covers. */
-    CHECK(kvc_snapshot_take(cache, 0, &snap));
-    CHECK(kvc_snapshot_take(cache, 8, &tail));
+    CHECK(kvc_snapshot_take(cache, 0, KVC_POS_END, &snap));
+    CHECK(kvc_snapshot_take(cache, 8, KVC_POS_END, &tail));
     if (show(cache, "after 2 snapshots (no copy)")) return 1;
     printf("snapshots:\n");
     if (info(snap, "snap") || info(tail, "tail")) return 1;
 
     /* 3. Branch A: rewind to 8 and write other tokens 8..12 over the shared page.
        The page holding 8..9 is copied first (copy-on-write): the snapshots keep theirs. */
-    CHECK(kvc_trim(cache, 2));
+    CHECK(kvc_cache_trim(cache, 2));
     if (append(cache, 5, 100.0f) || show(cache, "branch A: trim 2, +5 tokens")) return 1;
 
     /* 4. Back to the end of the prompt: the original 8, 9 come back from the snapshot. */
-    CHECK(kvc_restore(cache, snap, 10));
+    CHECK(kvc_cache_restore(cache, snap, 10));
     if (show(cache, "restore(snap, 10)")) return 1;
 
     /* 5. Branch B from there. */
@@ -106,9 +106,9 @@ int main(void) {
 
     /* 7. Merge and split, as when a request is saved in segments: [0,6) then [6,10). */
     if (append(cache, 6, 0.0f)) return 1;
-    CHECK(kvc_snapshot_take(cache, 0, &head));
+    CHECK(kvc_snapshot_take(cache, 0, KVC_POS_END, &head));
     if (append(cache, 4, 0.0f)) return 1;       /* copies page 1 (4..5 shared with head) */
-    CHECK(kvc_snapshot_take(cache, 6, &tail));
+    CHECK(kvc_snapshot_take(cache, 6, KVC_POS_END, &tail));
     if (show(cache, "10 tokens, snapshots [0,6) [6,10)")) return 1;
     if (info(head, "head") || info(tail, "tail")) return 1;
     CHECK(kvc_snapshot_merge(cache, head, tail, &merged)); /* consumes both */
@@ -119,9 +119,9 @@ int main(void) {
     if (info(head, "head") || info(tail, "tail") || show(cache, "after split")) return 1;
     CHECK(kvc_cache_clear(cache));
     if (show(cache, "cache cleared, halves kept")) return 1;
-    CHECK(kvc_restore(cache, head, 6)); /* a [0,6) snapshot needs no earlier tokens */
+    CHECK(kvc_cache_restore(cache, head, 6)); /* a [0,6) snapshot needs no earlier tokens */
     if (show(cache, "restore(head, 6)")) return 1;
-    CHECK(kvc_restore(cache, tail, 9)); /* [6,10) stacks on it, clamped to 9 */
+    CHECK(kvc_cache_restore(cache, tail, 9)); /* [6,10) stacks on it, clamped to 9 */
     if (show(cache, "restore(tail, 9)")) return 1;
 
     CHECK(kvc_snapshot_free(head));

@@ -292,11 +292,11 @@ static kvc_result vk_put_attention(kvc_vk_pool *pool, kvc_cache *cache, int32_t 
     vd.scale = d->scale;
     vd.window = d->window;
     vd.non_causal = d->non_causal;
-    if ((r = kvc_vk_begin(g_vk.ctx, &cmd)) != KVC_OK) return r;
+    if ((r = kvc_vk_context_begin(g_vk.ctx, &cmd)) != KVC_OK) return r;
     r = kvc_vk_cmd_append(pool, cmd, cache, layer, &tk, &tv);
     if (r == KVC_OK) r = kvc_vk_cmd_attention(pool, cmd, cache, layer, &vd);
-    if (r != KVC_OK) { kvc_vk_submit_wait(g_vk.ctx, cmd); return r; }
-    if ((r = kvc_vk_submit_wait(g_vk.ctx, cmd)) != KVC_OK) return r;
+    if (r != KVC_OK) { kvc_vk_context_submit_wait(g_vk.ctx, cmd); return r; }
+    if ((r = kvc_vk_context_submit_wait(g_vk.ctx, cmd)) != KVC_OK) return r;
     memcpy(d->out, g_vk.out.mapped, out_floats * 4);
     return KVC_OK;
 }
@@ -1149,11 +1149,11 @@ static int memory_state(memory *M, int32_t layer, float **state)
         int32_t gl;
         kvc_result r;
         KVC_CHECK(kvc_vk_memory_layer(M->vm, NULL, layer, &pool, &cache, &gl));
-        KVC_CHECK(kvc_vk_begin(g_vk.ctx, &cmd));
+        KVC_CHECK(kvc_vk_context_begin(g_vk.ctx, &cmd));
         r = kvc_vk_cmd_state(pool, cmd, cache, 0, gl, &M->live);
-        KVC_CHECK(kvc_vk_submit_wait(g_vk.ctx, cmd));
+        KVC_CHECK(kvc_vk_context_submit_wait(g_vk.ctx, cmd));
         KVC_CHECK(r);
-        KVC_CHECK(kvc_vk_download(g_vk.ctx, M->live.buffer, M->live.offset, M->state, M->state_floats * sizeof(float)));
+        KVC_CHECK(kvc_vk_buffer_download(g_vk.ctx, M->live.buffer, M->live.offset, M->state, M->state_floats * sizeof(float)));
         *state = M->state;
         return 0;
     }
@@ -1168,7 +1168,7 @@ fail:
 static int memory_state_done(memory *M)
 {
 #ifdef TINYLM_VK
-    if (M->vm) KVC_CHECK(kvc_vk_upload(g_vk.ctx, M->live.buffer, M->live.offset, M->state, M->state_floats * sizeof(float)));
+    if (M->vm) KVC_CHECK(kvc_vk_buffer_upload(g_vk.ctx, M->live.buffer, M->live.offset, M->state, M->state_floats * sizeof(float)));
     return 0;
 fail:
     return -1;
@@ -1195,9 +1195,9 @@ static int memory_state_checkpoint(memory *M, int32_t layer, int32_t at, const f
         memset(&src, 0, sizeof src);
         src.buffer = g_vk.state.buffer;
         KVC_CHECK(kvc_vk_memory_layer(M->vm, NULL, layer, &pool, &cache, &gl));
-        KVC_CHECK(kvc_vk_begin(g_vk.ctx, &cmd));
+        KVC_CHECK(kvc_vk_context_begin(g_vk.ctx, &cmd));
         r = kvc_vk_cmd_state_checkpoint(pool, cmd, cache, gl, at, &src);
-        KVC_CHECK(kvc_vk_submit_wait(g_vk.ctx, cmd));
+        KVC_CHECK(kvc_vk_context_submit_wait(g_vk.ctx, cmd));
         KVC_CHECK(r);
         return 0;
     }
@@ -1952,7 +1952,7 @@ static int expected_reuse(const session *s, const int32_t *prompt, int32_t n, in
     if (memory_offset(&s->mem, &offset) != 0) return -1;
     for (int i = 0; i < s->mem.n; ++i) {
         int ok;
-        KVC_CHECK(kvc_can_trim(s->mem.g[i].cache, &ok));
+        KVC_CHECK(kvc_cache_can_trim(s->mem.g[i].cache, &ok));
         can_trim &= ok;
     }
     lcp = common_prefix(held, n_held, prompt, n);
@@ -2672,9 +2672,9 @@ static int run_vk_saveload(const model *m, const test_case *tc, int chunk, int *
         VkCommandBuffer cmd;
         kvc_result r;
         KVC_CHECK(kvc_memory_clear(a.mem));
-        KVC_CHECK(kvc_vk_begin(g_vk.ctx, &cmd));
+        KVC_CHECK(kvc_vk_context_begin(g_vk.ctx, &cmd));
         r = kvc_vk_memory_cmd_trim(a.vm, cmd);
-        KVC_CHECK(kvc_vk_submit_wait(g_vk.ctx, cmd));
+        KVC_CHECK(kvc_vk_context_submit_wait(g_vk.ctx, cmd));
         KVC_CHECK(r);
         kib[3] = vk_kib(&a);
     }

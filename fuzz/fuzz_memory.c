@@ -321,7 +321,7 @@ static void fm_check_mem(fm_world *w, int mi) {
             }
         }
         if (fm_has_ck(gr)) {
-            FUZZ_RES(kvc_checkpoints(c, at, 16, &nat), KVC_OK);
+            FUZZ_RES(kvc_cache_checkpoints(c, at, 16, &nat), KVC_OK);
             FUZZ_CHECK(nat == r->nck, "memory %d group %d: %d checkpoints, reference %d", mi, g, nat, r->nck);
             for (i = 0; i < nat; ++i)
                 FUZZ_CHECK(at[i] == r->ck[i].to, "memory %d group %d: checkpoint %d at %d, reference %d", mi, g, i, at[i],
@@ -600,7 +600,7 @@ static int fm_batch(fm_world *w, int mi, const int32_t *tok, int32_t n, const in
 #if FM_TOLERATE_KNOWN
     {   /* known: until the next call settles the batch's checkpoints, the oldest one that
            settling will drop past cfg.checkpoints still counts as reachable
-           (kvc_can_rewind, kvc_memory_can_rewind) and a rewind to it fails an assertion in
+           (kvc_cache_can_rewind, kvc_memory_can_rewind) and a rewind to it fails an assertion in
            kvc__rewind_any; stats count it too. A snapshot take settles every group. */
         if (drops) {
             kvc_memory_snapshot *s = NULL;
@@ -804,7 +804,7 @@ static void fm_op_direct(fm_world *w, int mi) {
     case 2: FUZZ_RES(kvc_cache_offset(c, &o), KVC_OK); FUZZ_CHECK(o == off, "group offset %d, reference %d", o, off); return;
     case 3: {
         int32_t t = fuzz_int(&w->in, 0, off);
-        FUZZ_RES(kvc_can_rewind(c, t, &ok), KVC_OK);
+        FUZZ_RES(kvc_cache_can_rewind(c, t, &ok), KVC_OK);
         FUZZ_CHECK(ok == fm_reach(&w->gr[g], &m->g[g], t), "group %d can_rewind(%d) %d", g, t, ok);
         return;
     }
@@ -812,11 +812,11 @@ static void fm_op_direct(fm_world *w, int mi) {
     }
     if (w->G > 1) { /* every change of one group alone */
         switch (x % 10) {
-        case 4: FUZZ_RES(kvc_trim(c, fuzz_min(n, off)), KVC_ERR_OWNED); break;
-        case 5: FUZZ_RES(kvc_restore(c, NULL, fuzz_int(&w->in, 0, off)), KVC_ERR_OWNED); break;
+        case 4: FUZZ_RES(kvc_cache_trim(c, fuzz_min(n, off)), KVC_ERR_OWNED); break;
+        case 5: FUZZ_RES(kvc_cache_restore(c, NULL, fuzz_int(&w->in, 0, off)), KVC_ERR_OWNED); break;
         case 6: FUZZ_RES(kvc_cache_clear(c), KVC_ERR_OWNED); break;
-        case 7: FUZZ_RES(kvc_begin(c, n), KVC_ERR_OWNED); break;
-        case 8: FUZZ_RES(kvc_begin_checkpoints(c, n, at, 1), KVC_ERR_OWNED); break;
+        case 7: FUZZ_RES(kvc_begin(c, n, NULL, 0), KVC_ERR_OWNED); break;
+        case 8: FUZZ_RES(kvc_begin(c, n, at, 1), KVC_ERR_OWNED); break;
         default: FUZZ_RES(kvc_cancel(c), KVC_ERR_OWNED); break;
         }
         return;
@@ -827,9 +827,9 @@ static void fm_op_direct(fm_world *w, int mi) {
     n = fuzz_int(&w->in, 0, off - 1);
     want = fm_reach(&w->gr[0], &m->g[0], off - n) ? KVC_OK : KVC_ERR_UNREACHABLE;
     if (x % 2) {
-        FUZZ_RES(kvc_trim(c, n), want);
+        FUZZ_RES(kvc_cache_trim(c, n), want);
     } else {
-        FUZZ_RES(kvc_restore(c, NULL, off - n), want);
+        FUZZ_RES(kvc_cache_restore(c, NULL, off - n), want);
     }
     if (want == KVC_OK) {
         fm_rewind(w, m, off - n);
@@ -963,15 +963,15 @@ static void fm_op_config(fm_world *w) {
     case 2: mc.groups = NULL; want = KVC_ERR_NULL; wf = "groups"; break;
     case 3: mc.n_layers = 0; wf = "n_layers"; break;
     case 4: mc.n_groups = x & 0x80 ? 0 : KVC_MAX_GROUPS + 1; wf = "n_groups"; break;
-    case 5: mc.allocator.alloc = NULL; wf = "allocator"; break;
-    case 6: mc.parallel_for = fm_pfor; mc.n_workers = 0; wf = "n_workers"; break;
+    case 5: mc.runtime.allocator.alloc = NULL; wf = "runtime.allocator"; break;
+    case 6: mc.runtime.parallel_for = fm_pfor; mc.runtime.n_workers = 0; wf = "runtime.n_workers"; break;
     case 7: map[l] = x & 0x80 ? -1 : w->G; want = KVC_ERR_RANGE; wf = "layer_group"; break;
     case 8: gc[g].pool.n_layers += x & 0x80 ? 1 : -1; wf = "groups.pool.n_layers"; break;
     case 9: /* a field the memory sets */
         if ((x >> 5) % 4 == 0) gc[g].pool.budget_bytes = 100;
-        else if ((x >> 5) % 4 == 1) gc[g].pool.cpu_disable = KVC_CPU_F16C;
+        else if ((x >> 5) % 4 == 1) gc[g].pool.runtime.cpu_disable = KVC_CPU_F16C;
         else if ((x >> 5) % 4 == 2) gc[g].pool.arena_bytes = 64;
-        else gc[g].pool.allocator.free = fm_free;
+        else gc[g].pool.runtime.allocator.free = fm_free;
         wf = "groups.pool";
         break;
     case 10: /* no shape */
@@ -1192,8 +1192,8 @@ static void fm_setup(fm_world *w) {
     w->mc.n_groups = w->G;
     w->mc.groups = w->gc;
     w->mc.budget_bytes = budget;
-    w->mc.allocator.alloc = fm_alloc;
-    w->mc.allocator.free = fm_free;
+    w->mc.runtime.allocator.alloc = fm_alloc;
+    w->mc.runtime.allocator.free = fm_free;
     {
         const char *field = (const char *)&field;
         FUZZ_RES(kvc_memory_config_check(&w->mc, &field), KVC_OK);

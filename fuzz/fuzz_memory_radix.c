@@ -523,11 +523,11 @@ static void fmr_direct(fmr_world *w, int i) {
     }
     if (w->n_groups > 1) {
         switch (x % 9) {
-        case 2: FUZZ_RES(kvc_trim(c, fuzz_min(k, s->n)), KVC_ERR_OWNED); break;
-        case 3: FUZZ_RES(kvc_restore(c, NULL, fuzz_int(&w->in, 0, s->n)), KVC_ERR_OWNED); break;
+        case 2: FUZZ_RES(kvc_cache_trim(c, fuzz_min(k, s->n)), KVC_ERR_OWNED); break;
+        case 3: FUZZ_RES(kvc_cache_restore(c, NULL, fuzz_int(&w->in, 0, s->n)), KVC_ERR_OWNED); break;
         case 4: FUZZ_RES(kvc_cache_clear(c), KVC_ERR_OWNED); break;
-        case 5: FUZZ_RES(kvc_begin(c, k), KVC_ERR_OWNED); break;
-        case 6: FUZZ_RES(kvc_begin_checkpoints(c, k, at, 1), KVC_ERR_OWNED); break;
+        case 5: FUZZ_RES(kvc_begin(c, k, NULL, 0), KVC_ERR_OWNED); break;
+        case 6: FUZZ_RES(kvc_begin(c, k, at, 1), KVC_ERR_OWNED); break;
         case 7: FUZZ_RES(kvc_cancel(c), KVC_ERR_OWNED); break;
         default: if (s->n > 0) fmr_commit(w, i, s->n, 0); break; /* the memory's own calls still work */
         }
@@ -535,7 +535,7 @@ static void fmr_direct(fmr_world *w, int i) {
     }
     if (k > s->n) return;
     FUZZ_RES(kvc_memory_can_rewind(s->m, s->n - k, &ok), KVC_OK);
-    r = kvc_trim(c, k);
+    r = kvc_cache_trim(c, k);
     FUZZ_CHECK(r == (ok ? KVC_OK : KVC_ERR_UNREACHABLE), "trim of group %d by %d: %d, can_rewind %d", g, k, (int)r, ok);
     if (r != KVC_OK) return;
     s->n -= k;
@@ -644,8 +644,8 @@ static void fmr_setup(fmr_world *w) {
     mc.n_groups = w->n_groups;
     mc.groups = g;
     mc.budget_bytes = tight ? (size_t)fuzz_int(&w->in, 1, 8) * 1024 : (size_t)1 << 22;
-    mc.allocator.alloc = fmr_alloc;
-    mc.allocator.free = fmr_free;
+    mc.runtime.allocator.alloc = fmr_alloc;
+    mc.runtime.allocator.free = fmr_free;
     w->alphabet = fuzz_int(&w->in, 2, 4);
     if (kvc_memory_create(&mc, &w->m0) != KVC_OK) { /* a budget too small for one of each */
         mc.budget_bytes = (size_t)1 << 22;

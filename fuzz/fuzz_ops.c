@@ -314,7 +314,7 @@ static void fz_check_lin(fz_world *w, int ci) {
     FUZZ_RES(kvc_cache_pages(c->h, &pages), KVC_OK);
     if (c->kind == KVC_KIND_FULL)
         FUZZ_CHECK(pages == fz_ceil_div(c->st.off, w->pc), "cache %d: %d pages for %d tokens", ci, pages, c->st.off);
-    FUZZ_RES(kvc_can_trim(c->h, &can), KVC_OK);
+    FUZZ_RES(kvc_cache_can_trim(c->h, &can), KVC_OK);
     FUZZ_CHECK((can != 0) == !fz_wrapped(c, &c->st), "cache %d: can_trim %d", ci, can);
     for (l = 0; l < w->L; ++l) {
         FUZZ_RES(kvc_cache_gather(c->h, l, w->gk, w->gv, w->gpos, FZ_TOK, &n), KVC_OK);
@@ -533,7 +533,7 @@ static int fz_append(fz_world *w, int ci, int n) {
     need_lo = fz_ceil_div(o + n, w->pc) - fz_ceil_div(o, w->pc);
     need_hi = need_lo + (o % w->pc != 0);
     fuzz_note("append cache %d n %d (offset %d, free %d)", ci, n, o, free0);
-    r = kvc_begin(c->h, n);
+    r = kvc_begin(c->h, n, NULL, 0);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom) { /* its page table could not grow */
         FUZZ_CHECK(fz_free_pages(w) == free0, "a refused kvc_begin changed the free pages");
         return 0;
@@ -566,11 +566,11 @@ static int fz_append(fz_world *w, int ci, int n) {
         if (l + 1 < w->L && mode % 16 == 5) { /* an open batch refuses what needs it closed */
             kvc_snapshot *sn = NULL;
             kvc_cache *fk = NULL;
-            FUZZ_RES(kvc_begin(c->h, 1), KVC_ERR_STATE);
-            FUZZ_RES(kvc_snapshot_take(c->h, 0, &sn), KVC_ERR_STATE);
+            FUZZ_RES(kvc_begin(c->h, 1, NULL, 0), KVC_ERR_STATE);
+            FUZZ_RES(kvc_snapshot_take(c->h, 0, KVC_POS_END, &sn), KVC_ERR_STATE);
             FUZZ_RES(kvc_cache_fork(c->h, &fk), KVC_ERR_STATE);
-            FUZZ_RES(kvc_trim(c->h, 0), KVC_ERR_STATE);
-            FUZZ_RES(kvc_restore(c->h, NULL, 0), KVC_ERR_STATE);
+            FUZZ_RES(kvc_cache_trim(c->h, 0), KVC_ERR_STATE);
+            FUZZ_RES(kvc_cache_restore(c->h, NULL, 0), KVC_ERR_STATE);
         }
     }
     c->st = after;
@@ -583,7 +583,7 @@ static void fz_op_trim(fz_world *w, int ci) {
     int32_t n = fz_int(&w->in, -1, 14);
     int r, want;
     fuzz_note("trim cache %d n %d (offset %d)", ci, n, c->st.off);
-    r = kvc_trim(c->h, n);
+    r = kvc_cache_trim(c->h, n);
     want = ref_trim_expect(c->kind, c->W, &c->st, n);
     FUZZ_RES(r, want);
     if (r == KVC_OK) ref_trim(&c->st, n);
@@ -594,7 +594,7 @@ static void fz_op_live_restore(fz_world *w, int ci) {
     int32_t off = c->st.off, target = off - fz_int(&w->in, -2, 12);
     int r, want = ref_live_restore_expect(c->kind, c->W, &c->st, target);
     fuzz_note("live restore cache %d target %d (offset %d)", ci, target, off);
-    r = kvc_restore(c->h, NULL, target);
+    r = kvc_cache_restore(c->h, NULL, target);
     FUZZ_RES(r, want);
     if (r == KVC_OK) ref_live_restore(c->kind, &c->st, target);
 }
@@ -615,7 +615,7 @@ static void fz_op_take(fz_world *w, int ci) {
     int r;
     if (w->ns == FZ_SNAPS) fz_op_snap_free(w, 0);
     fuzz_note("snapshot take cache %d from %d (offset %d)", ci, from, c->st.off);
-    r = kvc_snapshot_take(c->h, from, &out);
+    r = kvc_snapshot_take(c->h, from, KVC_POS_END, &out);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom) return;
     FUZZ_RES(r, KVC_OK);
     f0 = ref_take_from(c->kind, from);
@@ -655,9 +655,9 @@ static void fz_op_restore(fz_world *w, int ci) {
     free0 = fz_free_pages(w);
     fuzz_note("restore cache %d (offset %d) from snapshot [%d, %d) target %d, want %d", ci, c->st.off, s->from, s->to,
             target, want);
-    r = kvc_restore(c->h, s->h, target);
+    r = kvc_cache_restore(c->h, s->h, target);
     if (r == KVC_ERR_NO_MEMORY && fz_may_oom && want == KVC_OK) { /* its page table could not grow */
-        FUZZ_CHECK(fz_free_pages(w) == free0, "a refused kvc_restore changed the free pages");
+        FUZZ_CHECK(fz_free_pages(w) == free0, "a refused kvc_cache_restore changed the free pages");
         return;
     }
     if (r == KVC_ERR_FULL && want == KVC_OK && c->kind == KVC_KIND_FULL) { /* only a boundary copy needs a page */
@@ -836,7 +836,7 @@ static void fz_op_batch(fz_world *w, int ci, int seq0) {
     want = n > c->cap || c->cap - fz_cells_used(c) + fz_freeable(c, minpos) < n ? KVC_ERR_FULL : KVC_OK;
     fuzz_note("%s causal cache %d n %d (used %d of %d), want %d", seq0 ? "begin" : "batch", ci, n, fz_cells_used(c), c->cap,
             want);
-    if (seq0) r = kvc_begin(c->h, n);
+    if (seq0) r = kvc_begin(c->h, n, NULL, 0);
     else {
         b.n_tokens = n; b.pos = pos; b.seq = seq; b.non_causal = nc;
         r = kvc_begin_batch(c->h, &b);
@@ -853,7 +853,7 @@ static void fz_op_batch(fz_world *w, int ci, int seq0) {
         fz_fill(w, uids, n, 0);
         FUZZ_RES(kvc_put(c->h, 0, w->k, w->v), KVC_OK);
         FUZZ_RES(kvc_seq_remove(c->h, 0, 0, 1), KVC_ERR_STATE);
-        FUZZ_RES(kvc_defrag(c->h, NULL), KVC_ERR_STATE);
+        FUZZ_RES(kvc_cache_defrag(c->h, NULL), KVC_ERR_STATE);
         FUZZ_RES(kvc_cancel(c->h), KVC_OK);
         fuzz_note("  cancelled");
         return;
@@ -1164,13 +1164,13 @@ static int fz_setup(fz_world *w) {
     cfg.type_k = w->tk; cfg.type_v = w->tv; cfg.page_cells = w->pc;
     FUZZ_RES(kvc_pool_page_bytes(&cfg, &page_bytes), KVC_OK);
     cfg.budget_bytes = (size_t)w->pages_total * page_bytes + (mem >> 4) % page_bytes; /* rounds down */
-    cfg.cpu_disable = mem & 4 ? KVC_CPU_F16C : 0;
+    cfg.runtime.cpu_disable = mem & 4 ? KVC_CPU_F16C : 0;
     w->rng = 0x9e3779b97f4a7c15ull ^ (unsigned long long)mem;
     fz_may_oom = 0;
     fz_fail_mask = 0;
     if ((mem >> 3) % 4 == 1) { /* refuse allocations k with (k + phase) % 2^m == 0 */
-        cfg.allocator.alloc = fz_alloc;
-        cfg.allocator.free = fz_free;
+        cfg.runtime.allocator.alloc = fz_alloc;
+        cfg.runtime.allocator.free = fz_free;
         fz_fail_mask = (1u << fz_int(&w->in, 1, 4)) - 1u;
         fz_fail_phase = fuzz_byte(&w->in);
         fz_may_oom = 1;
@@ -1184,8 +1184,8 @@ static int fz_setup(fz_world *w) {
         cfg.arena = w->arena;
         cfg.arena_bytes = bytes;
     } else if ((mem >> 3) % 4 == 3) { /* counting only */
-        cfg.allocator.alloc = fz_alloc;
-        cfg.allocator.free = fz_free;
+        cfg.runtime.allocator.alloc = fz_alloc;
+        cfg.runtime.allocator.free = fz_free;
     }
     r = kvc_pool_create(&cfg, &w->pool);
     fuzz_note("pool L %d H %d hk %d hv %d %s/%s page_cells %d pages %d memory %u -> %d", w->L, w->H, w->hk, w->hv,
@@ -1235,7 +1235,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                           w->rescan = 1;
                           for (t = 0; t < FZ_SEQS; ++t) if (t != s) for (p = 0; p < FZ_POS; ++p) w->c[ci].m.e[t][p].uid = 0;
                           break; }
-                case 10: fuzz_note("defrag cache %d", ci); FUZZ_RES(kvc_defrag(w->c[ci].h, NULL), KVC_OK); w->rescan = 1; break;
+                case 10: fuzz_note("defrag cache %d", ci); FUZZ_RES(kvc_cache_defrag(w->c[ci].h, NULL), KVC_OK); w->rescan = 1; break;
                 case 11: fz_op_seq_snapshot(w, ci); break;
                 case 12: case 13: fz_op_seq_restore(w, ci); break;
                 case 14: fz_op_clear(w, ci); break;

@@ -85,7 +85,7 @@ static int fp_eval(fp_world *w, int ci, const int32_t *tok, int32_t n) {
     int32_t o = c->off, i, j;
     int r;
     if (o + n > FP_TOK) return 0;
-    r = kvc_begin(c->h, n);
+    r = kvc_begin(c->h, n, NULL, 0);
     if (r == KVC_ERR_FULL) return 0;
     FUZZ_RES(r, KVC_OK);
     if (fp_begin_releases(c, w->pc, o)) c->rel = 1;
@@ -139,14 +139,14 @@ static void fp_disturb(fp_world *w) {
         fuzz_note("trim cache %d by %d (offset %d)", ci, n, c->off);
         /* by 0: nothing changes; a wrapped window goes back to 0 (clearing) only */
         int want = n > c->off ? KVC_ERR_RANGE : n == 0 || !fp_wrapped(c) || n == c->off ? KVC_OK : KVC_ERR_UNREACHABLE;
-        FUZZ_RES(kvc_trim(c->h, n), want);
+        FUZZ_RES(kvc_cache_trim(c->h, n), want);
         if (want == KVC_OK && n > 0) fp_rewind(c, c->off - n);
     } else if (how == 1) {
         int32_t target = c->off - n;
         int want = target < 0 ? KVC_ERR_UNREACHABLE : c->kind == KVC_KIND_ROTATING && target == c->off ? KVC_OK
                    : fp_wrapped(c) && target > 0 ? KVC_ERR_UNREACHABLE : KVC_OK;
         fuzz_note("rewind cache %d to %d (offset %d)", ci, target, c->off);
-        FUZZ_RES(kvc_restore(c->h, NULL, target), want);
+        FUZZ_RES(kvc_cache_restore(c->h, NULL, target), want);
         if (want == KVC_OK && !(c->kind == KVC_KIND_ROTATING && target == c->off)) fp_rewind(c, target);
     } else {
         fuzz_note("clear cache %d", ci);
@@ -252,7 +252,7 @@ static void se_bad(fp_world *w) {
     else if (k == 2) FUZZ_RES(kvc_prefix_close(w->px, &t, -1), KVC_ERR_INVALID);
     else if (!w->open) FUZZ_RES(kvc_prefix_close(w->px, &t, 1), KVC_ERR_STATE);
     else { /* an open batch in one cache: begin refuses */
-        int rb = kvc_begin(w->c[0].h, 1);
+        int rb = kvc_begin(w->c[0].h, 1, NULL, 0);
         if (rb == KVC_ERR_FULL) return;
         FUZZ_RES(rb, KVC_OK);
         FUZZ_RES(kvc_prefix_begin(w->px, &t, 1, &r), KVC_ERR_STATE);

@@ -382,7 +382,7 @@ static void fr_check_step(fr_world *w, int slot) {
 /* kvc_begin that may evict under pressure: all or nothing, least recently used first */
 static kvc_result fr_begin(fr_world *w, kvc_cache *h, int32_t n) {
     kvc_radix_stats s;
-    kvc_result r = kvc_begin(h, n);
+    kvc_result r = kvc_begin(h, n, NULL, 0);
     s = fr_stats(w);
     if (r == KVC_ERR_FULL) {
         FUZZ_CHECK(s.entries_evicted == w->rs.entries_evicted, "a kvc_begin that said FULL evicted %llu entries",
@@ -560,7 +560,7 @@ static void fr_commit(fr_world *w, int i, int fail) {
     fuzz_note("commit slot %d: %d tokens (offset %d), %d held, split %d leaf %d%s", i, nt, c->off, m, split, leaf,
             fail >= 0 ? " (an allocation fails)" : "");
     if (fail >= 0) w->fail_at = w->allocs + fail;
-    r = kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, nt);
+    r = kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, nt, 0);
     w->fail_at = -1;
     if (fail >= 0 && fail < split + leaf) { /* a node could not be made: nothing changed */
         FUZZ_RES(r, KVC_ERR_NO_MEMORY);
@@ -707,7 +707,7 @@ static void fr_rewind(fr_world *w, int i) {
     int same = fr_rot(w) && target == c->off;
     kvc_result want = same ? KVC_OK : fr_wrapped(w, c) && target > 0 ? KVC_ERR_UNREACHABLE : KVC_OK; /* 0: clearing */
     fuzz_note("rewind slot %d to %d (offset %d)", i, target, c->off);
-    FUZZ_RES(kvc_restore(c->h, NULL, target), want);
+    FUZZ_RES(kvc_cache_restore(c->h, NULL, target), want);
     if (want != KVC_OK || same) return;
     c->off = c->n_plan = target;
     c->bb = target > 0 ? target - 1 : 0;
@@ -784,16 +784,16 @@ static void fr_bad(fr_world *w) {
         kvc_cache_config_init(&cc, fr_rot(w) ? KVC_KIND_FULL : KVC_KIND_ROTATING);
         if (!fr_rot(w)) cc.window = 4;
         FUZZ_RES(kvc_cache_create(w->pool, &cc, &h), KVC_OK);
-        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[0], h, t, 0), KVC_ERR_INVALID);
+        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[0], h, t, 0, 0), KVC_ERR_INVALID);
         FUZZ_RES(kvc_cache_destroy(h), KVC_OK);
     } else if (i < FR_LIVE && k == 5) { /* a batch open: commit refuses; then it is cancelled */
         fr_live *c = &w->live[i];
         int32_t o = c->off;
         if (o >= FR_MAXT || fr_begin(w, c->h, 1) != KVC_OK) return;
         if (fr_begin_releases(w, o)) c->rel = 1;
-        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, o), KVC_ERR_STATE);
-        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, NULL, 1), KVC_ERR_NULL);
-        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, -1), KVC_ERR_INVALID);
+        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, o, 0), KVC_ERR_STATE);
+        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, NULL, 1, 0), KVC_ERR_NULL);
+        FUZZ_RES(kvc_radix_commit(w->tree, w->ns[c->ns], c->h, c->tok, -1, 0), KVC_ERR_INVALID);
         FUZZ_RES(kvc_cancel(c->h), KVC_OK);
         c->bb = o; /* a cancel anchors the window at the batch start */
     } else if (k == 6) { /* destroy the tree: refused while an entry is in use */
@@ -873,9 +873,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pages = i & 4 ? 400 : fuzz_int(&w->in, 2, 64);
     FUZZ_RES(kvc_pool_page_bytes(&cfg, &page_bytes), KVC_OK);
     cfg.budget_bytes = (size_t)pages * page_bytes;
-    cfg.allocator.alloc = fr_alloc;
-    cfg.allocator.free = fr_free;
-    cfg.allocator.user = w;
+    cfg.runtime.allocator.alloc = fr_alloc;
+    cfg.runtime.allocator.free = fr_free;
+    cfg.runtime.allocator.user = w;
     FUZZ_RES(kvc_pool_create(&cfg, &w->pool), KVC_OK);
     FUZZ_RES(kvc_pool_stats_get(w->pool, &st), KVC_OK);
     FUZZ_CHECK(st.pages_total == pages, "the budget gives %d pages, wanted %d", st.pages_total, pages);

@@ -31,8 +31,8 @@ TK_UNUSED static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn
     kvc_pool_config_init(&pc);
     pc.n_layers = 2; pc.n_kv_heads = s->n_kv; pc.head_dim_k = s->hk; pc.head_dim_v = s->hv;
     pc.type_k = s->tk; pc.type_v = s->tv; pc.page_cells = s->page_cells;
-    pc.budget_bytes = (size_t)64 << 20; pc.cpu_disable = disable;
-    pc.parallel_for = pf; pc.parallel_user = pu; pc.n_workers = workers;
+    pc.budget_bytes = (size_t)64 << 20; pc.runtime.cpu_disable = disable;
+    pc.runtime.parallel_for = pf; pc.runtime.parallel_user = pu; pc.runtime.n_workers = workers;
     kvc_cache_config_init(&cc, s->kind);
     if (s->kind == KVC_KIND_ROTATING) { cc.window = s->window; cc.sinks = s->sinks; }
     cc.f16_tail = s->f16_tail;
@@ -65,7 +65,7 @@ TK_UNUSED static int build(const shape *s, uint32_t disable, kvc_parallel_for_fn
             b.n_tokens = n; b.pos = pos; b.seq = seq; b.non_causal = done >= s->tokens ? nc : NULL;
             TK_OK(kvc_begin_batch(r->cache, &b));
         } else {
-            TK_OK(kvc_begin(r->cache, n));
+            TK_OK(kvc_begin(r->cache, n, NULL, 0));
         }
         for (l = 0; l < 2; ++l) {
             tk_fill(&rng, k, (size_t)n * nk, 2.0f);

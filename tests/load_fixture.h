@@ -57,7 +57,7 @@ static kvc_result lf_append(kvc_cache *c, int32_t n, int32_t batch, int salt) {
         int32_t b = n - done < batch ? n - done : batch;
         kvc_cache_offset(c, &off);
         for (i = 0; i < b; ++i) pos[i] = off + i;
-        if ((r = kvc_begin(c, b)) != KVC_OK || (r = lf_put_all(c, b, pos, salt)) != KVC_OK) return r;
+        if ((r = kvc_begin(c, b, NULL, 0)) != KVC_OK || (r = lf_put_all(c, b, pos, salt)) != KVC_OK) return r;
     }
     return KVC_OK;
 }
@@ -159,11 +159,11 @@ static int lf_make(lf_world *w, kvc_type tk, kvc_type tv, int fill) {
         kvc_seq_copy_prefix(w->causal, 0, 1, 5) || lf_causal_append(w->causal, 1, 5, 3, 4))
         return 0;
     if (kvc_radix_lookup(w->tree, LF_NS, tok, 9, &tmp, &reused) || lf_append(tmp, 9, 9, 5) ||
-        kvc_radix_commit(w->tree, LF_NS, tmp, tok, 9) || kvc_cache_destroy(tmp))
+        kvc_radix_commit(w->tree, LF_NS, tmp, tok, 9, 0) || kvc_cache_destroy(tmp))
         return 0;
     for (i = 0; i < 20; ++i) tok[i] = 200 + i;
     if (kvc_radix_lookup(w->rtree, LF_NS, tok, 20, &tmp, &reused) || lf_append(tmp, 20, 3, 6) ||
-        kvc_radix_commit(w->rtree, LF_NS, tmp, tok, 20) || kvc_cache_destroy(tmp))
+        kvc_radix_commit(w->rtree, LF_NS, tmp, tok, 20, 0) || kvc_cache_destroy(tmp))
         return 0;
     if (lf_rec_append(w->rec, 0, 0, 4, 7) || lf_rec_append(w->rec, 2, 0, 3, 8) || lf_rec_append(w->rec, 0, 4, 3, 9))
         return 0;

@@ -98,18 +98,18 @@ static inline void ref_cancel(ref_state *st, const ref_state *after) {
     st->rel = st->off > 0 && after->rel;
 }
 
-/* What kvc_trim(n) answers. */
+/* What kvc_cache_trim(n) answers. */
 static inline kvc_result ref_trim_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t n) {
     if (n < 0 || n > st->off) return KVC_ERR_RANGE;
     if (n == 0 || !ref_wrapped(kind, W, st) || n == st->off) return KVC_OK; /* by 0: nothing; to 0: clearing */
     return KVC_ERR_UNREACHABLE;
 }
-/* kvc_trim(n) succeeded: by 0 nothing changes (no re-anchoring at the offset) */
+/* kvc_cache_trim(n) succeeded: by 0 nothing changes (no re-anchoring at the offset) */
 static inline void ref_trim(ref_state *st, int32_t n) {
     if (n > 0) ref_rewind(st, st->off - n);
 }
 
-/* What kvc_restore(cache, NULL, target) answers; ref_live_restore applies it. */
+/* What kvc_cache_restore(cache, NULL, target) answers; ref_live_restore applies it. */
 static inline kvc_result ref_live_restore_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t target) {
     if (target < 0 || target > st->off) return KVC_ERR_UNREACHABLE;
     if (kind == KVC_KIND_ROTATING && target == st->off) return KVC_OK; /* nothing to do */
@@ -127,7 +127,7 @@ static inline int ref_take_holds(kvc_kind kind, const ref_state *st, int32_t fro
     return st->off > 0 && st->off > ref_take_from(kind, from);
 }
 
-/* What kvc_restore(cache, snapshot [from, to) with state snap, target) answers when the
+/* What kvc_cache_restore(cache, snapshot [from, to) with state snap, target) answers when the
    snapshot is the cache's own (a foreign one is KVC_ERR_FOREIGN first). */
 static inline kvc_result ref_restore_expect(kvc_kind kind, int32_t W, const ref_state *st, int32_t from, int32_t to,
                                      const ref_state *snap, int32_t target) {

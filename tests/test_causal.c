@@ -98,12 +98,12 @@ static void test_store(void) {
     TK_EQ(pos[5], -1);
     {   /* kvc_begin continues sequence 0 */
         int32_t lo = 0, hi = 0;
-        TK_OK(kvc_begin(c, 2));
+        TK_OK(kvc_begin(c, 2, NULL, 0));
         TK_OK(kvc_cancel(c));
         TK_OK(kvc_seq_pos_range(c, 0, &lo, &hi));
         TK_EQ(lo, 0);
         TK_EQ(hi, 4);
-        TK_OK(kvc_begin(c, 1));
+        TK_OK(kvc_begin(c, 1, NULL, 0));
         for (i = 0; i < L_; ++i) TK_OK(kvc_put(c, i, k, k));
         TK_OK(kvc_seq_pos_range(c, 0, &lo, &hi));
         TK_EQ(hi, 5);
@@ -289,7 +289,7 @@ static void test_defrag_and_snapshots(void) {
     TK_RES(batch_seq(c, 9, 0, 9), KVC_ERR_FULL); /* 8 free < 9: refused before any defrag */
     TK_OK(kvc_cache_offset(c, &used));
     TK_EQ(used, 8);
-    TK_OK(kvc_defrag(c, &moves));
+    TK_OK(kvc_cache_defrag(c, &moves));
     TK_EQ(moves, 1); /* seq 3's four cells fill seq 0's hole in one block move */
     TK_OK(batch_seq(c, 1, 4, 1));  /* seq 1 stayed at cells 4..7; its new cell is 8 */
     TK_OK(kvc_cache_gather(c, 0, k, NULL, pos, 64, &n));
@@ -302,7 +302,7 @@ static void test_defrag_and_snapshots(void) {
     TK_EQ(info.to, 4);
     TK_EQ(info.n_pages, 1);
     TK_RES(kvc_seq_restore(other, s, 7), KVC_ERR_FOREIGN);
-    TK_RES(kvc_restore(c, s, 3), KVC_ERR_UNSUPPORTED);
+    TK_RES(kvc_cache_restore(c, s, 3), KVC_ERR_UNSUPPORTED);
     TK_OK(kvc_seq_remove(c, 3, 0, KVC_POS_END));
     TK_OK(kvc_seq_restore(c, s, 7));
     TK_OK(kvc_seq_pos_range(c, 7, &lo, &hi));
@@ -369,9 +369,9 @@ static void test_bad_input(void) {
     TK_RES(kvc_seq_snapshot(c, 5, &s), KVC_ERR_NOT_FOUND);
     TK_RES(kvc_mask_export(c, 1, m, 3, &n, &n, &n), KVC_ERR_RANGE);
     TK_RES(kvc_mask_export(full, 1, NULL, 0, &n, &n, &n), KVC_ERR_UNSUPPORTED);
-    TK_RES(kvc_defrag(full, NULL), KVC_ERR_UNSUPPORTED);
-    TK_RES(kvc_trim(c, 1), KVC_ERR_UNSUPPORTED);
-    TK_RES(kvc_snapshot_take(c, 0, &s), KVC_ERR_UNSUPPORTED);
+    TK_RES(kvc_cache_defrag(full, NULL), KVC_ERR_UNSUPPORTED);
+    TK_RES(kvc_cache_trim(c, 1), KVC_ERR_UNSUPPORTED);
+    TK_RES(kvc_snapshot_take(c, 0, KVC_POS_END, &s), KVC_ERR_UNSUPPORTED);
     TK_RES(kvc_cache_fork(c, &tmp), KVC_ERR_UNSUPPORTED);
     TK_RES(kvc_prefix_create(&c, 1, 4, NULL), KVC_ERR_NULL);
     {
@@ -642,7 +642,7 @@ static void random_episode(tk_rng *rng, int steps) {
             TK_OK(kvc_seq_keep(c, s));
             for (u = 0; u < RS; ++u) if (u != s) for (j = 0; j < RP; ++j) m.e[u][j].has = 0;
         } else if (op < 78) {
-            TK_OK(kvc_defrag(c, NULL));
+            TK_OK(kvc_cache_defrag(c, NULL));
         } else if (op < 86) { /* per-sequence snapshot */
             if (snap) { kvc_snapshot_free(snap); snap = NULL; }
             snap_n = ref_max_pos(&m, s) >= 0;

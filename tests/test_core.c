@@ -75,7 +75,7 @@ static kvc_result append(fixture *f, kvc_cache *c, int n) {
     int32_t off = 0, l, t, h, d;
     kvc_result r;
     kvc_cache_offset(c, &off);
-    r = kvc_begin(c, n);
+    r = kvc_begin(c, n, NULL, 0);
     if (r != KVC_OK) return r;
     for (l = 0; l < f->cfg.n_layers; ++l) {
         for (t = 0; t < n; ++t)
@@ -192,7 +192,7 @@ static void test_pool_config(void) {
     bad = cfg; bad.type_k = (kvc_type)42; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
     bad = cfg; bad.page_cells = -3; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
     bad = cfg; bad.budget_bytes = 10; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
-    bad = cfg; bad.allocator.free = kvc__default_free; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
+    bad = cfg; bad.runtime.allocator.free = kvc__default_free; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
     bad = cfg; bad.arena_bytes = 100; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
     bad = cfg; bad.n_kv_heads = INT32_MAX; bad.head_dim_k = INT32_MAX; bad.head_dim_v = INT32_MAX;
     TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_OVERFLOW);
@@ -284,7 +284,7 @@ static void test_budget_for_tokens(void) {
             TK_EQ(offset_of(c), tokens[i]);
             /* whole pages: the rest of the last page fits, not one token more */
             if (pages * 16 > tokens[i]) TK_OK(append(&f, c, pages * 16 - tokens[i]));
-            TK_RES(kvc_begin(c, 1), KVC_ERR_FULL);
+            TK_RES(kvc_begin(c, 1, NULL, 0), KVC_ERR_FULL);
             TK_OK(kvc_cache_destroy(c));
             fx_done(&f);
             /* one byte less holds one page less */
@@ -341,9 +341,9 @@ static void test_pool_config_check(void) {
         case 8: bad.type_v = KVC_TYPE_Q4_0; bad.head_dim_v = 48; want = "head_dim_v"; break;
         case 9: bad.budget_bytes = 10; want = "budget_bytes"; break;
         case 10: bad.budget_bytes = 0; want = "budget_bytes"; break;
-        case 11: bad.allocator.free = kvc__default_free; want = "allocator"; break;
+        case 11: bad.runtime.allocator.free = kvc__default_free; want = "runtime.allocator"; break;
         case 12: bad.arena_bytes = 100; want = "arena_bytes"; break;
-        case 13: bad.parallel_for = serial_for; bad.n_workers = 0; want = "n_workers"; break;
+        case 13: bad.runtime.parallel_for = serial_for; bad.runtime.n_workers = 0; want = "runtime.n_workers"; break;
         case 14:
             bad.n_kv_heads = INT32_MAX; bad.head_dim_k = INT32_MAX; bad.head_dim_v = INT32_MAX;
             res = KVC_ERR_OVERFLOW; want = "n_kv_heads"; break;
@@ -354,7 +354,7 @@ static void test_pool_config_check(void) {
             bad.type_k = KVC_TYPE_Q8_0; bad.type_v = KVC_TYPE_Q4_0;
             TK_OK(kvc_pool_budget_for_tokens(&bad, 1, &bad.budget_bytes));
             res = KVC_OK; break;
-        case 18: bad.parallel_for = serial_for; bad.n_workers = 1; res = KVC_OK; break;
+        case 18: bad.runtime.parallel_for = serial_for; bad.runtime.n_workers = 1; res = KVC_OK; break;
         default: bad.arena = arena; bad.arena_bytes = sizeof(arena); res = KVC_OK; break;
         }
         field = "not touched";
@@ -506,9 +506,9 @@ static void test_arena(void) {
     r = make_cache(&f, KVC_KIND_ROTATING, 5, 1);
     TK_OK(append(&f, c, 7));
     TK_OK(append(&f, r, 9));
-    TK_OK(kvc_snapshot_take(c, 0, &s1));
+    TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &s1));
     TK_OK(append(&f, c, 6));
-    TK_OK(kvc_snapshot_take(c, 7, &s2));
+    TK_OK(kvc_snapshot_take(c, 7, KVC_POS_END, &s2));
     TK_OK(kvc_snapshot_merge(c, s1, s2, &m));
     TK_OK(kvc_cache_fork(c, &fork));
     for (i = 0; i < 20; ++i) toks[i] = 100 + i;
@@ -529,7 +529,7 @@ static void test_arena(void) {
         TK_OK(kvc_seq_snapshot(x, 1, &sx));
         TK_OK(kvc_seq_remove(x, 1, 0, 1)); /* its later cell moves back, re-rotated */
         TK_OK(kvc_seq_restore(x, sx, 3));
-        TK_OK(kvc_defrag(x, &moves));
+        TK_OK(kvc_cache_defrag(x, &moves));
         TK_OK(kvc_snapshot_free(sx));
         TK_OK(kvc_cache_destroy(x));
     }
@@ -576,13 +576,13 @@ static void test_full_basic(void) {
     TK_EQ(runs[0].pos[8], 8);
     TK_CHECK(((const float *)runs[0].k)[f.cfg.n_kv_heads * f.cfg.head_dim_k * 5 + 2] == enc(0, 0, 0, 5, 2, 0));
     /* trim gives pages back */
-    TK_OK(kvc_trim(c, 4));
+    TK_OK(kvc_cache_trim(c, 4));
     TK_EQ(offset_of(c), 5);
     TK_EQ(pages_used(&f), 2);
     TK_CHECK(view_range(&f, c, 0, 0, 5));
-    TK_RES(kvc_trim(c, 6), KVC_ERR_RANGE);
-    TK_RES(kvc_trim(c, -1), KVC_ERR_RANGE);
-    TK_OK(kvc_trim(c, 0));
+    TK_RES(kvc_cache_trim(c, 6), KVC_ERR_RANGE);
+    TK_RES(kvc_cache_trim(c, -1), KVC_ERR_RANGE);
+    TK_OK(kvc_cache_trim(c, 0));
     TK_EQ(offset_of(c), 5);
     /* rewrite after a rewind */
     f.salt = 3;
@@ -622,15 +622,15 @@ static void test_trim_zero(tk_rng *rng) {
             int32_t n = tk_int(rng, 1, 3);
             if (offset_of(a) + n > 60) break;
             if (tk_pct(rng, 30)) { /* a batch begun, then cancelled */
-                TK_OK(kvc_begin(a, n));
-                TK_OK(kvc_begin(b, n));
+                TK_OK(kvc_begin(a, n, NULL, 0));
+                TK_OK(kvc_begin(b, n, NULL, 0));
                 TK_OK(kvc_cancel(a));
                 TK_OK(kvc_cancel(b));
             } else {
                 TK_OK(append(&f, a, n));
                 TK_OK(append(&f, b, n));
             }
-            TK_OK(kvc_trim(a, 0));
+            TK_OK(kvc_cache_trim(a, 0));
             TK_CHECK(same_cells(&f, a, b));
         }
         TK_OK(kvc_cache_destroy(a));
@@ -663,12 +663,12 @@ static void test_rotating_concat_and_update(void) {
     }
     TK_CHECK(pages_used(&f) <= 3);
     /* wrapped: no live rewind, no trim (ollama's MLX runner's rules) */
-    TK_RES(kvc_restore(c, NULL, 20), KVC_ERR_UNREACHABLE);
-    TK_OK(kvc_restore(c, NULL, 27)); /* the current offset is reachable */
-    TK_RES(kvc_restore(c, NULL, 28), KVC_ERR_UNREACHABLE);
-    TK_OK(kvc_can_trim(c, &can_trim));
+    TK_RES(kvc_cache_restore(c, NULL, 20), KVC_ERR_UNREACHABLE);
+    TK_OK(kvc_cache_restore(c, NULL, 27)); /* the current offset is reachable */
+    TK_RES(kvc_cache_restore(c, NULL, 28), KVC_ERR_UNREACHABLE);
+    TK_OK(kvc_cache_can_trim(c, &can_trim));
     TK_EQ(can_trim, 0);
-    TK_RES(kvc_trim(c, 1), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_cache_trim(c, 1), KVC_ERR_UNREACHABLE);
     TK_CHECK(view_range(&f, c, 0, 23, 27));
     TK_OK(kvc_cache_destroy(c));
     fx_done(&f);
@@ -682,35 +682,35 @@ static void test_rotating_rewind_restore(void) {
     fx_init(&f, KVC_TYPE_F32, KVC_TYPE_F32, 3, 32);
     c = make_cache(&f, KVC_KIND_ROTATING, 8, 0);
     TK_OK(append(&f, c, 5));
-    TK_OK(kvc_can_trim(c, &can_trim));
+    TK_OK(kvc_cache_can_trim(c, &can_trim));
     TK_EQ(can_trim, 1);
     /* rewind then concat (not wrapped yet) */
-    TK_OK(kvc_restore(c, NULL, 3));
+    TK_OK(kvc_cache_restore(c, NULL, 3));
     TK_EQ(offset_of(c), 3);
     TK_CHECK(view_range(&f, c, 0, 0, 3));
     f.salt = 1;
     TK_OK(append(&f, c, 3));
     TK_CHECK(view_salted(&f, c, 3, 0, 6, 1));
-    TK_RES(kvc_restore(c, NULL, -1), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_cache_restore(c, NULL, -1), KVC_ERR_UNREACHABLE);
     /* snapshot at 6 (window not wrapped), run on until it wraps */
-    TK_OK(kvc_snapshot_take(c, 0, &s6));
-    TK_OK(kvc_snapshot_take(c, 6, &none));
+    TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &s6));
+    TK_OK(kvc_snapshot_take(c, 6, KVC_POS_END, &none));
     TK_CHECK(none == NULL); /* offset <= from: nothing to keep, as in ollama's MLX runner */
     f.salt = 2;
     TK_OK(append(&f, c, 6));
     TK_EQ(offset_of(c), 12);
-    TK_OK(kvc_snapshot_take(c, 10, &s12));
+    TK_OK(kvc_snapshot_take(c, 10, KVC_POS_END, &s12));
     TK_OK(append(&f, c, 3));
-    TK_RES(kvc_restore(c, s6, 7), KVC_ERR_UNREACHABLE); /* beyond the snapshot */
-    TK_OK(kvc_restore(c, s6, 6));
+    TK_RES(kvc_cache_restore(c, s6, 7), KVC_ERR_UNREACHABLE); /* beyond the snapshot */
+    TK_OK(kvc_cache_restore(c, s6, 6));
     TK_EQ(offset_of(c), 6);
     TK_CHECK(view_salted(&f, c, 3, 0, 6, 1));
-    TK_OK(kvc_restore(c, s6, 4)); /* clamping is fine: the snapshot's window never wrapped */
+    TK_OK(kvc_cache_restore(c, s6, 4)); /* clamping is fine: the snapshot's window never wrapped */
     TK_EQ(offset_of(c), 4);
     TK_CHECK(view_salted(&f, c, 3, 0, 4, 1));
-    TK_RES(kvc_restore(c, s12, 11), KVC_ERR_UNREACHABLE); /* clamping a wrapped window */
+    TK_RES(kvc_cache_restore(c, s12, 11), KVC_ERR_UNREACHABLE); /* clamping a wrapped window */
     TK_EQ(offset_of(c), 4);
-    TK_OK(kvc_restore(c, s12, 12));
+    TK_OK(kvc_cache_restore(c, s12, 12));
     TK_EQ(offset_of(c), 12);
     {   /* the window of the last batch (6 tokens at 6): W-1 older + 6 */
         int32_t p[16], n = 0, i;
@@ -771,7 +771,7 @@ static void test_snapshot_full(void) {
     other = make_cache(&f, KVC_KIND_FULL, 0, 0);
     TK_OK(append(&f, c, 10));
     used = pages_used(&f);
-    TK_OK(kvc_snapshot_take(c, 6, &s));
+    TK_OK(kvc_snapshot_take(c, 6, KVC_POS_END, &s));
     TK_EQ(pages_used(&f), used); /* shares pages: nothing copied */
     TK_OK(kvc_snapshot_info_get(s, &info));
     TK_EQ(info.from, 6);
@@ -780,37 +780,37 @@ static void test_snapshot_full(void) {
     TK_OK(kvc_pool_stats_get(f.pool, &st));
     TK_EQ(info.bytes, 2 * st.page_bytes);
     /* copy-on-write: the live cache rewrites 8.. with other values */
-    TK_OK(kvc_restore(c, NULL, 8));
+    TK_OK(kvc_cache_restore(c, NULL, 8));
     f.salt = 1;
     TK_OK(append(&f, c, 4));
     TK_CHECK(view_salted(&f, c, 8, 0, 12, 1));
     TK_EQ(pages_used(&f), used + 1); /* the shared tail page was copied, once */
-    TK_RES(kvc_restore(c, s, 11), KVC_ERR_UNREACHABLE); /* beyond the snapshot */
+    TK_RES(kvc_cache_restore(c, s, 11), KVC_ERR_UNREACHABLE); /* beyond the snapshot */
     /* another cache of the pool takes it too (as the MLX runner's snapshots do), but
        needs the tokens before `from` itself: empty, it cannot reach 10 */
-    TK_RES(kvc_restore(other, s, 10), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_cache_restore(other, s, 10), KVC_ERR_UNREACHABLE);
     {
         kvc_snapshot *whole = NULL;
-        TK_OK(kvc_snapshot_take(c, 0, &whole));
-        TK_OK(kvc_restore(other, whole, 12));
+        TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &whole));
+        TK_OK(kvc_cache_restore(other, whole, 12));
         TK_CHECK(view_salted(&f, other, 8, 0, 12, 1));
         TK_OK(kvc_snapshot_free(whole));
         TK_OK(kvc_cache_clear(other));
     }
-    TK_OK(kvc_restore(c, s, 10));
+    TK_OK(kvc_cache_restore(c, s, 10));
     TK_CHECK(view_range(&f, c, 0, 0, 10)); /* the snapshot never changed */
     /* ... and the reverse: writing after the restore leaves the snapshot alone */
     f.salt = 2;
     TK_OK(append(&f, c, 3));
     TK_CHECK(view_salted(&f, c, 10, 0, 13, 2));
-    TK_OK(kvc_restore(c, s, 9));
+    TK_OK(kvc_cache_restore(c, s, 9));
     TK_EQ(offset_of(c), 9);
     TK_CHECK(view_range(&f, c, 0, 0, 9));
     /* where ollama's MLX runner's Restore returns false */
-    TK_RES(kvc_restore(c, s, -1), KVC_ERR_UNREACHABLE);
-    TK_OK(kvc_restore(c, NULL, 5));
-    TK_RES(kvc_restore(c, s, 10), KVC_ERR_UNREACHABLE); /* offset 5 < from 6 */
-    TK_RES(kvc_restore(c, NULL, 6), KVC_ERR_UNREACHABLE); /* live: beyond offset */
+    TK_RES(kvc_cache_restore(c, s, -1), KVC_ERR_UNREACHABLE);
+    TK_OK(kvc_cache_restore(c, NULL, 5));
+    TK_RES(kvc_cache_restore(c, s, 10), KVC_ERR_UNREACHABLE); /* offset 5 < from 6 */
+    TK_RES(kvc_cache_restore(c, NULL, 6), KVC_ERR_UNREACHABLE); /* live: beyond offset */
     TK_EQ(offset_of(c), 5);
     TK_OK(kvc_snapshot_free(s));
     TK_OK(kvc_cache_clear(c));
@@ -818,7 +818,7 @@ static void test_snapshot_full(void) {
 
     /* a snapshot of a small range keeps only its pages alive */
     TK_OK(append(&f, c, 64)); /* 16 pages */
-    TK_OK(kvc_snapshot_take(c, 61, &s));
+    TK_OK(kvc_snapshot_take(c, 61, KVC_POS_END, &s));
     TK_OK(kvc_cache_clear(c));
     TK_EQ(pages_used(&f), 1);
     TK_OK(kvc_snapshot_free(s));
@@ -826,11 +826,11 @@ static void test_snapshot_full(void) {
 
     /* merge [0,6) + [6,10) where the boundary page diverged (copy-on-write made two) */
     TK_OK(append(&f, c, 6));
-    TK_OK(kvc_snapshot_take(c, -5, &a)); /* from < 0 counts as 0 */
+    TK_OK(kvc_snapshot_take(c, -5, KVC_POS_END, &a)); /* from < 0 counts as 0 */
     TK_OK(kvc_snapshot_info_get(a, &info));
     TK_EQ(info.from, 0);
     TK_OK(append(&f, c, 4));
-    TK_OK(kvc_snapshot_take(c, 6, &b));
+    TK_OK(kvc_snapshot_take(c, 6, KVC_POS_END, &b));
     TK_RES(kvc_snapshot_merge(c, b, a, &m), KVC_ERR_INVALID); /* not adjacent: nothing consumed */
     TK_OK(kvc_snapshot_merge(c, a, b, &m));
     TK_OK(kvc_snapshot_info_get(m, &info));
@@ -838,7 +838,7 @@ static void test_snapshot_full(void) {
     TK_EQ(info.to, 10);
     TK_EQ(info.n_pages, 3);
     TK_OK(kvc_cache_clear(c));
-    TK_OK(kvc_restore(c, m, 10));
+    TK_OK(kvc_cache_restore(c, m, 10));
     TK_CHECK(view_range(&f, c, 0, 0, 10));
     /* split at 6, inside a page: both halves hold the boundary page */
     TK_OK(kvc_snapshot_split(c, m, 6, &a, &b));
@@ -849,9 +849,9 @@ static void test_snapshot_full(void) {
     TK_EQ(info.from, 6);
     TK_EQ(info.n_pages, 2);
     TK_OK(kvc_cache_clear(c));
-    TK_RES(kvc_restore(c, b, 10), KVC_ERR_UNREACHABLE); /* offset 0 < from 6 */
-    TK_OK(kvc_restore(c, a, 6));
-    TK_OK(kvc_restore(c, b, 10));
+    TK_RES(kvc_cache_restore(c, b, 10), KVC_ERR_UNREACHABLE); /* offset 0 < from 6 */
+    TK_OK(kvc_cache_restore(c, a, 6));
+    TK_OK(kvc_cache_restore(c, b, 10));
     TK_CHECK(view_range(&f, c, 0, 0, 10));
     {   /* split outside the ends */
         kvc_snapshot *x = NULL, *y = NULL;
@@ -971,15 +971,15 @@ static void test_budget(void) {
     TK_EQ(offset_of(c), 11);
     TK_CHECK(view_range(&f, c, 0, 0, 11));
     TK_OK(append(&f, c, 1));
-    TK_RES(kvc_begin(c, 1), KVC_ERR_FULL);
+    TK_RES(kvc_begin(c, 1, NULL, 0), KVC_ERR_FULL);
     TK_OK(kvc_cache_clear(c));
     /* copy-on-write needs a page too */
     TK_OK(append(&f, c, 6));              /* pages A B */
-    TK_OK(kvc_snapshot_take(c, 0, &s1));  /* shares A B */
+    TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &s1)); /* shares A B */
     f.salt = 1;
     TK_OK(append(&f, c, 1));              /* B is shared: copied to B' (the last page) */
-    TK_OK(kvc_snapshot_take(c, 0, &s2));  /* shares A B' */
-    TK_OK(kvc_restore(c, s1, 6));         /* back to A B */
+    TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &s2)); /* shares A B' */
+    TK_OK(kvc_cache_restore(c, s1, 6));   /* back to A B */
     TK_EQ(pages_used(&f), 3);
     TK_RES(append(&f, c, 1), KVC_ERR_FULL); /* B is shared and no page is left to copy it */
     TK_EQ(offset_of(c), 6);
@@ -998,7 +998,7 @@ static void test_budget(void) {
 
 static kvc_result append_random(fixture *f, kvc_cache *c, int n, tk_rng *rng) {
     int32_t l, i, nk = n * f->cfg.n_kv_heads * f->cfg.head_dim_k, nv = n * f->cfg.n_kv_heads * f->cfg.head_dim_v;
-    kvc_result r = kvc_begin(c, n);
+    kvc_result r = kvc_begin(c, n, NULL, 0);
     if (r != KVC_OK) return r;
     for (l = 0; l < f->cfg.n_layers; ++l) {
         for (i = 0; i < nk; ++i) f->k[i] = tk_float(rng) * 2.0f;
@@ -1153,9 +1153,9 @@ static void test_errors(void) {
     TK_OK(append(&f, c, 9));
     TK_OK(append(&f, r, 9));
     TK_OK(append(&f, other_pool_cache, 9));
-    TK_OK(kvc_snapshot_take(c, 2, &s));
-    TK_OK(kvc_snapshot_take(r, 0, &s_r));
-    TK_OK(kvc_snapshot_take(other_pool_cache, 2, &foreign));
+    TK_OK(kvc_snapshot_take(c, 2, KVC_POS_END, &s));
+    TK_OK(kvc_snapshot_take(r, 0, KVC_POS_END, &s_r));
+    TK_OK(kvc_snapshot_take(other_pool_cache, 2, KVC_POS_END, &foreign));
     before = fp_of(&f, c);
 
     /* cache creation */
@@ -1183,26 +1183,26 @@ static void test_errors(void) {
     TK_RES(kvc_pool_stats_get(f.pool, NULL), KVC_ERR_NULL);
 
     /* begin / put / cancel */
-    TK_RES(kvc_begin(NULL, 1), KVC_ERR_NULL);
-    TK_RES(kvc_begin(c, 0), KVC_ERR_INVALID);
-    TK_RES(kvc_begin(c, -5), KVC_ERR_INVALID);
-    TK_RES(kvc_begin(c, INT32_MAX), KVC_ERR_RANGE);
-    TK_RES(kvc_begin(c, 1000), KVC_ERR_FULL);
+    TK_RES(kvc_begin(NULL, 1, NULL, 0), KVC_ERR_NULL);
+    TK_RES(kvc_begin(c, 0, NULL, 0), KVC_ERR_INVALID);
+    TK_RES(kvc_begin(c, -5, NULL, 0), KVC_ERR_INVALID);
+    TK_RES(kvc_begin(c, INT32_MAX, NULL, 0), KVC_ERR_RANGE);
+    TK_RES(kvc_begin(c, 1000, NULL, 0), KVC_ERR_FULL);
     TK_RES(kvc_put(c, 0, f.k, f.v), KVC_ERR_STATE); /* no batch */
     TK_RES(kvc_cancel(c), KVC_ERR_STATE);
     TK_RES(kvc_cancel(NULL), KVC_ERR_NULL);
     TK_SAME(&f, c, before);
-    TK_OK(kvc_begin(c, 2));
-    TK_RES(kvc_begin(c, 1), KVC_ERR_STATE); /* the batch is not finished */
+    TK_OK(kvc_begin(c, 2, NULL, 0));
+    TK_RES(kvc_begin(c, 1, NULL, 0), KVC_ERR_STATE); /* the batch is not finished */
     TK_RES(kvc_put(c, -1, f.k, f.v), KVC_ERR_RANGE);
     TK_RES(kvc_put(c, 2, f.k, f.v), KVC_ERR_RANGE);
     TK_RES(kvc_put(c, 0, NULL, f.v), KVC_ERR_NULL);
     TK_RES(kvc_put(NULL, 0, f.k, f.v), KVC_ERR_NULL);
-    TK_RES(kvc_snapshot_take(c, 0, &x), KVC_ERR_STATE);
+    TK_RES(kvc_snapshot_take(c, 0, KVC_POS_END, &x), KVC_ERR_STATE);
     TK_RES(kvc_cache_fork(c, &tmp), KVC_ERR_STATE);
-    TK_RES(kvc_trim(c, 0), KVC_ERR_STATE);          /* a batch is open: kvc_cancel first */
-    TK_RES(kvc_restore(c, NULL, 9), KVC_ERR_STATE);
-    TK_RES(kvc_restore(c, s, 9), KVC_ERR_STATE);
+    TK_RES(kvc_cache_trim(c, 0), KVC_ERR_STATE);    /* a batch is open: kvc_cancel first */
+    TK_RES(kvc_cache_restore(c, NULL, 9), KVC_ERR_STATE);
+    TK_RES(kvc_cache_restore(c, s, 9), KVC_ERR_STATE);
     TK_OK(kvc_put(c, 0, f.k, f.v));
     memset(&d, 0, sizeof(d));
     d.n_queries = 1; d.n_heads = 2; d.q = q; d.out = out;
@@ -1228,18 +1228,18 @@ static void test_errors(void) {
     d.q = NULL; TK_RES(kvc_attention(c, 0, &d), KVC_ERR_NULL); d.q = q;
 
     /* trim */
-    TK_RES(kvc_trim(NULL, 1), KVC_ERR_NULL);
-    TK_RES(kvc_can_trim(c, NULL), KVC_ERR_NULL);
-    TK_OK(kvc_can_trim(r, &can));
+    TK_RES(kvc_cache_trim(NULL, 1), KVC_ERR_NULL);
+    TK_RES(kvc_cache_can_trim(c, NULL), KVC_ERR_NULL);
+    TK_OK(kvc_cache_can_trim(r, &can));
     TK_EQ(can, 0);
 
     /* snapshots */
-    TK_RES(kvc_snapshot_take(NULL, 0, &x), KVC_ERR_NULL);
-    TK_RES(kvc_snapshot_take(c, 0, NULL), KVC_ERR_NULL);
-    TK_RES(kvc_restore(NULL, s, 3), KVC_ERR_NULL);
-    TK_RES(kvc_restore(c, foreign, 9), KVC_ERR_FOREIGN);   /* another pool */
-    TK_RES(kvc_restore(c, s_r, 9), KVC_ERR_FOREIGN);       /* another cache (and kind) */
-    TK_RES(kvc_restore(r, s, 9), KVC_ERR_FOREIGN);
+    TK_RES(kvc_snapshot_take(NULL, 0, KVC_POS_END, &x), KVC_ERR_NULL);
+    TK_RES(kvc_snapshot_take(c, 0, KVC_POS_END, NULL), KVC_ERR_NULL);
+    TK_RES(kvc_cache_restore(NULL, s, 3), KVC_ERR_NULL);
+    TK_RES(kvc_cache_restore(c, foreign, 9), KVC_ERR_FOREIGN); /* another pool */
+    TK_RES(kvc_cache_restore(c, s_r, 9), KVC_ERR_FOREIGN); /* another cache (and kind) */
+    TK_RES(kvc_cache_restore(r, s, 9), KVC_ERR_FOREIGN);
     TK_RES(kvc_snapshot_merge(c, s, foreign, &x), KVC_ERR_FOREIGN);
     TK_RES(kvc_snapshot_merge(c, s, s, &x), KVC_ERR_INVALID);
     TK_RES(kvc_snapshot_merge(c, s, NULL, NULL), KVC_ERR_NULL);
@@ -1287,7 +1287,7 @@ static void test_errors(void) {
     TK_RES(kvc_prefix_close(px, NULL, 2), KVC_ERR_NULL);
     TK_RES(kvc_prefix_close(px, toks, -1), KVC_ERR_INVALID);
     TK_RES(kvc_prefix_tokens(px, NULL, &n), KVC_ERR_NULL);
-    TK_OK(kvc_begin(c, 1));
+    TK_OK(kvc_begin(c, 1, NULL, 0));
     TK_RES(kvc_prefix_begin(px, toks, 4, &reused), KVC_ERR_STATE); /* a batch is open */
     TK_OK(kvc_cancel(c));
     TK_SAME(&f, c, before);
@@ -1346,7 +1346,7 @@ static int scenario(int *failed_cleanly) {
         STEP(kvc_cache_create(f.pool, &cc, &c));
     }
     STEP(append(&f, c, 5));
-    STEP(kvc_snapshot_take(c, 1, &s));
+    STEP(kvc_snapshot_take(c, 1, KVC_POS_END, &s));
     STEP(kvc_cache_fork(c, &fk));
     STEP(kvc_snapshot_split(c, s, 3, &a, &b));
     s = NULL;
@@ -1494,18 +1494,18 @@ static int scenario_kinds(int *failed_cleanly) {
     KSTEP(causal_tokens(&k.f, k.x, 0, 0, 4));
     KSTEP(causal_tokens(&k.f, k.x, 1, 0, 3));
     /* FULL snapshots: take, split, merge, restore */
-    KSTEP(kvc_snapshot_take(k.c, 1, &k.s1));
+    KSTEP(kvc_snapshot_take(k.c, 1, KVC_POS_END, &k.s1));
     KSTEP(kvc_snapshot_split(k.c, k.s1, 3, &k.a, &k.b));
     k.s1 = NULL;
     KSTEP(kvc_snapshot_merge(k.c, k.a, k.b, &k.s1));
     k.a = k.b = NULL;
     KSTEP(append(&k.f, k.c, 2)); k.off_c += 2;
-    KSTEP(kvc_snapshot_take(k.c, 5, &k.s2));
-    KSTEP(kvc_restore(k.c, k.s1, 5)); k.off_c = 5;
+    KSTEP(kvc_snapshot_take(k.c, 5, KVC_POS_END, &k.s2));
+    KSTEP(kvc_cache_restore(k.c, k.s1, 5)); k.off_c = 5;
     /* ROTATING snapshot, restore; forks of both */
-    KSTEP(kvc_snapshot_take(k.r, 0, &k.sr));
+    KSTEP(kvc_snapshot_take(k.r, 0, KVC_POS_END, &k.sr));
     KSTEP(append(&k.f, k.r, 2)); k.off_r += 2;
-    KSTEP(kvc_restore(k.r, k.sr, 7)); k.off_r = 7;
+    KSTEP(kvc_cache_restore(k.r, k.sr, 7)); k.off_r = 7;
     KSTEP(kvc_cache_fork(k.c, &k.fc));
     KSTEP(kvc_cache_fork(k.r, &k.fr));
     KSTEP(append(&k.f, k.fc, 1)); /* copy-on-write of the shared tail */
@@ -1515,7 +1515,7 @@ static int scenario_kinds(int *failed_cleanly) {
     KSTEP(kvc_seq_remove(k.x, 0, 1, 2));
     KSTEP(kvc_seq_restore(k.x, k.sx, 3));
     KSTEP(kvc_seq_keep(k.x, 3) == KVC_OK ? causal_tokens(&k.f, k.x, 0, 0, 2) : KVC_ERR_STATE);
-    KSTEP(kvc_defrag(k.x, &moves));
+    KSTEP(kvc_cache_defrag(k.x, &moves));
     KSTEP(kvc_seq_snapshot(k.x, 3, &k.a));
     KSTEP(kvc_snapshot_free(k.a));
     k.a = NULL;
@@ -1543,7 +1543,7 @@ static int scenario_kinds(int *failed_cleanly) {
         KSTEP(kvc_cache_create(k.big, &cc, &k.bigc));
         for (i = 0; i < 1200; ++i) kv[i] = (float)(i % 13);
         for (i = 0; i < 600; ++i) q[i] = 0.01f;
-        KSTEP(kvc_begin(k.bigc, 1));
+        KSTEP(kvc_begin(k.bigc, 1, NULL, 0));
         KSTEP(kvc_put(k.bigc, 0, kv, kv + 600));
         memset(&d, 0, sizeof(d));
         d.n_queries = 1; d.n_heads = 1; d.q = q; d.out = out;
@@ -1643,8 +1643,8 @@ static void test_alignment(void) {
     kvc_cache_config cc;
     kvc_cache *c = NULL;
     fx_config(&cfg, 1, 1, 4, 4, 4, 8);
-    cfg.allocator.alloc = skew_alloc;
-    cfg.allocator.free = skew_free;
+    cfg.runtime.allocator.alloc = skew_alloc;
+    cfg.runtime.allocator.free = skew_free;
     g_skew_after = 0; /* the first block already */
     TK_RES(kvc_pool_create(&cfg, &p), KVC_ERR_ALIGNMENT);
     TK_CHECK(p == NULL);
@@ -1682,10 +1682,10 @@ static void test_prefix_stale(void) {
             f.salt += 7;
             TK_OK(append(&f, c, 8));
         } else if (kept == 1) { /* trimmed and refilled */
-            TK_OK(kvc_trim(c, 3));
+            TK_OK(kvc_cache_trim(c, 3));
             TK_OK(append(&f, c, 3));
         } else { /* trimmed only: what is left is a prefix of the recorded tokens */
-            TK_OK(kvc_trim(c, 2));
+            TK_OK(kvc_cache_trim(c, 2));
         }
         TK_OK(kvc_prefix_begin(px, toks, 12, &reused));
         TK_EQ(reused, kept == 2 ? 6 : 0); /* before: 8 (then 8, 6), the tokens were stale */

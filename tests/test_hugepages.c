@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
     memset(&cc, 0, sizeof cc);
     cc.kind = KVC_KIND_FULL;
     TK_OK(kvc_cache_create(pool, &cc, &cache));
-    TK_OK(kvc_begin(cache, 1));
+    TK_OK(kvc_begin(cache, 1, NULL, 0));
     for (int l = 0; l < LAYERS; ++l) TK_OK(kvc_put(cache, l, row, row));
     TK_OK(kvc_cache_runs(cache, 0, &first, 1, &n_runs));
     TK_OK(kvc_cache_runs(cache, LAYERS - 1, &last, 1, &n_runs));

@@ -38,7 +38,7 @@ static kvc_pool *state_pool(int32_t layers, int32_t pages) {
 static kvc_result feed(kvc_cache *c, const int32_t *tokens, int32_t off, int32_t n, const int32_t *at, int32_t n_at,
                        int32_t layers) {
     int32_t l, t, k;
-    kvc_result r = kvc_begin_checkpoints(c, n, at, n_at);
+    kvc_result r = kvc_begin(c, n, at, n_at);
     if (r != KVC_OK) return r;
     for (l = 0; l < layers; ++l) {
         float *st;
@@ -153,7 +153,7 @@ static void test_recurrent_basics(void) {
     memset(&a, 0, sizeof(a));
     a.n_queries = 1; a.n_heads = 1; a.q = q; a.out = out;
     TK_RES(kvc_attention(c, 0, &a), KVC_ERR_UNSUPPORTED);
-    TK_OK(kvc_snapshot_take(c, 0, &snap));
+    TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &snap));
     TK_CHECK(snap != NULL);
     TK_OK(feed(c, tokens, 3, 2, NULL, 0, 2)); /* writes a copy: the snapshot keeps its page */
     TK_CHECK(state_is(c, 0, tokens, 5, 2));
@@ -162,28 +162,28 @@ static void test_recurrent_basics(void) {
     TK_OK(kvc_pool_stats_get(p, &ps));
     TK_EQ(ps.pages_used, 2);
     /* a state cannot be rewound: only to the snapshot's own offset */
-    TK_RES(kvc_restore(c, NULL, 4), KVC_ERR_UNREACHABLE);
-    TK_RES(kvc_trim(c, 1), KVC_ERR_UNREACHABLE);
-    TK_RES(kvc_restore(c, snap, 2), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_cache_restore(c, NULL, 4), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_cache_trim(c, 1), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_cache_restore(c, snap, 2), KVC_ERR_UNREACHABLE);
     TK_CHECK(state_is(c, 0, tokens, 5, 2)); /* nothing changed */
-    TK_OK(kvc_can_rewind(c, 3, &ok));
+    TK_OK(kvc_cache_can_rewind(c, 3, &ok));
     TK_EQ(ok, 0);
-    TK_OK(kvc_restore(c, snap, 3));
+    TK_OK(kvc_cache_restore(c, snap, 3));
     TK_CHECK(state_is(c, 0, tokens, 3, 2));
     TK_OK(kvc_cache_offset(c, &off));
     TK_EQ(off, 3);
     /* the snapshot restores into another cache of the pool with the same config */
     TK_OK(kvc_cache_create(p, &cc, &d));
-    TK_OK(kvc_restore(d, snap, 3));
+    TK_OK(kvc_cache_restore(d, snap, 3));
     TK_CHECK(state_is(d, 0, tokens, 3, 2));
     TK_OK(feed(d, tokens, 3, 4, NULL, 0, 2));
     TK_CHECK(state_is(d, 0, tokens, 7, 2));
     TK_CHECK(state_is(c, 0, tokens, 3, 2)); /* c did not move with d */
     /* cancel: allowed before a state was handed out, refused after */
-    TK_OK(kvc_begin(c, 2));
+    TK_OK(kvc_begin(c, 2, NULL, 0));
     TK_OK(kvc_cancel(c));
     TK_CHECK(state_is(c, 0, tokens, 3, 2));
-    TK_OK(kvc_begin(c, 2));
+    TK_OK(kvc_begin(c, 2, NULL, 0));
     TK_OK(kvc_state(c, 0, 0, &st));
     TK_RES(kvc_cancel(c), KVC_ERR_RECURRENT);
     TK_OK(kvc_state(c, 0, 1, &st));
@@ -192,7 +192,7 @@ static void test_recurrent_basics(void) {
         kvc_snapshot *pa = NULL, *ch = NULL, *m = NULL;
         TK_OK(kvc_snapshot_split(c, snap, 1, &pa, &ch));
         TK_CHECK(pa == NULL && ch == snap);
-        TK_OK(kvc_snapshot_take(c, 0, &pa));
+        TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &pa));
         TK_OK(kvc_snapshot_merge(c, ch, pa, &m));
         TK_CHECK(m == pa);
         snap = m;
@@ -223,47 +223,47 @@ static void test_recurrent_checkpoints(void) {
     /* bad checkpoint lists change nothing */
     {
         int32_t bad1[2] = {5, 4}, bad2[1] = {0}, bad3[1] = {11}, four[4] = {1, 2, 3, 4};
-        TK_RES(kvc_begin_checkpoints(c, 10, bad1, 2), KVC_ERR_RANGE);
-        TK_RES(kvc_begin_checkpoints(c, 10, bad2, 1), KVC_ERR_RANGE);
-        TK_RES(kvc_begin_checkpoints(c, 10, bad3, 1), KVC_ERR_RANGE);
-        TK_RES(kvc_begin_checkpoints(c, 10, four, 4), KVC_ERR_RANGE); /* more than cc.checkpoints */
-        TK_RES(kvc_begin_checkpoints(c, 10, NULL, 1), KVC_ERR_NULL);
+        TK_RES(kvc_begin(c, 10, bad1, 2), KVC_ERR_RANGE);
+        TK_RES(kvc_begin(c, 10, bad2, 1), KVC_ERR_RANGE);
+        TK_RES(kvc_begin(c, 10, bad3, 1), KVC_ERR_RANGE);
+        TK_RES(kvc_begin(c, 10, four, 4), KVC_ERR_RANGE); /* more than cc.checkpoints */
+        TK_RES(kvc_begin(c, 10, NULL, 1), KVC_ERR_NULL);
         TK_OK(kvc_cache_offset(c, &off));
         TK_EQ(off, 0);
     }
     TK_OK(feed(c, tokens, 0, 10, at, 3, 3));
     TK_RES(kvc_state_checkpoint(c, 0, 5, tokens == NULL ? NULL : (const float *)tokens), KVC_ERR_NOT_FOUND);
-    TK_OK(kvc_checkpoints(c, got, 8, &n));
+    TK_OK(kvc_cache_checkpoints(c, got, 8, &n));
     TK_EQ(n, 3);
     TK_EQ(got[0], 4); TK_EQ(got[1], 7); TK_EQ(got[2], 10);
-    TK_OK(kvc_checkpoints(c, NULL, 0, &n));
+    TK_OK(kvc_cache_checkpoints(c, NULL, 0, &n));
     TK_EQ(n, 3);
-    TK_RES(kvc_checkpoints(c, got, 2, &n), KVC_ERR_RANGE);
+    TK_RES(kvc_cache_checkpoints(c, got, 2, &n), KVC_ERR_RANGE);
     /* a fork shares the states and the checkpoints */
     TK_OK(kvc_cache_fork(c, &f));
-    TK_OK(kvc_trim(c, 3)); /* to the checkpoint at 7 */
+    TK_OK(kvc_cache_trim(c, 3)); /* to the checkpoint at 7 */
     TK_CHECK(state_is(c, 0, tokens, 7, 3));
-    TK_OK(kvc_restore(c, NULL, 4));
+    TK_OK(kvc_cache_restore(c, NULL, 4));
     TK_CHECK(state_is(c, 0, tokens, 4, 3));
-    TK_RES(kvc_restore(c, NULL, 7), KVC_ERR_UNREACHABLE); /* past the rewind: dropped */
-    TK_OK(kvc_checkpoints(c, got, 8, &n));
+    TK_RES(kvc_cache_restore(c, NULL, 7), KVC_ERR_UNREACHABLE); /* past the rewind: dropped */
+    TK_OK(kvc_cache_checkpoints(c, got, 8, &n));
     TK_EQ(n, 1);
     /* the fork kept all of them */
-    TK_OK(kvc_restore(f, NULL, 7));
+    TK_OK(kvc_cache_restore(f, NULL, 7));
     TK_CHECK(state_is(f, 0, tokens, 7, 3));
     /* continuing from 4 with a different history */
     {
         int32_t at2[1] = {6};
         TK_OK(feed(c, tokens, 4, 4, at2, 1, 3));
         TK_CHECK(state_is(c, 0, tokens, 8, 3));
-        TK_OK(kvc_snapshot_take_at(c, 0, 6, &s)); /* at a checkpoint inside the last batch */
-        TK_RES(kvc_snapshot_take_at(c, 0, 5, &s), KVC_ERR_UNREACHABLE); /* as kvc_trim / kvc_restore */
-        TK_RES(kvc_restore(c, NULL, 5), KVC_ERR_UNREACHABLE);
+        TK_OK(kvc_snapshot_take(c, 0, 6, &s)); /* at a checkpoint inside the last batch */
+        TK_RES(kvc_snapshot_take(c, 0, 5, &s), KVC_ERR_UNREACHABLE); /* as kvc_cache_trim / kvc_cache_restore */
+        TK_RES(kvc_cache_restore(c, NULL, 5), KVC_ERR_UNREACHABLE);
     }
     /* a checkpoint whose layers were not all handed over is not kept */
     {
         int32_t at3[1] = {10};
-        TK_OK(kvc_begin_checkpoints(c, 4, at3, 1));
+        TK_OK(kvc_begin(c, 4, at3, 1));
         for (i = 0; i < 3; ++i) {
             int32_t t;
             TK_OK(kvc_state(c, 0, i, &st));
@@ -272,14 +272,14 @@ static void test_recurrent_checkpoints(void) {
                 if (t + 1 == 10 && i != 1) TK_OK(kvc_state_checkpoint(c, i, 10, st));
             }
         }
-        TK_RES(kvc_restore(c, NULL, 10), KVC_ERR_UNREACHABLE);
-        TK_OK(kvc_restore(c, NULL, 6)); /* the older one still is */
+        TK_RES(kvc_cache_restore(c, NULL, 10), KVC_ERR_UNREACHABLE);
+        TK_OK(kvc_cache_restore(c, NULL, 6)); /* the older one still is */
         TK_CHECK(state_is(c, 0, tokens, 6, 3));
     }
     /* the snapshot at 6 carries the checkpoint at 4 before it: restored into the fork */
-    TK_OK(kvc_restore(f, s, 6));
+    TK_OK(kvc_cache_restore(f, s, 6));
     TK_CHECK(state_is(f, 0, tokens, 6, 3));
-    TK_OK(kvc_restore(f, NULL, 4));
+    TK_OK(kvc_cache_restore(f, NULL, 4));
     TK_CHECK(state_is(f, 0, tokens, 4, 3));
     TK_OK(kvc_snapshot_free(s));
     TK_OK(kvc_cache_destroy(f));
@@ -369,7 +369,7 @@ static int same_view(kvc_cache *c, kvc_pool *p, const kvc_cache_config *cc, int3
     int32_t p1[64], p2[64], n1 = 0, n2 = 0, i, ok = 1, t;
     if (kvc_cache_create(p, cc, &r) != KVC_OK) return 0;
     for (t = 0; t < n; ++t) { /* one token a batch: the view is the window at n */
-        if (kvc_begin(r, 1) != KVC_OK) ok = 0;
+        if (kvc_begin(r, 1, NULL, 0) != KVC_OK) ok = 0;
         put_tokens(r, t, 1, 1, row);
     }
     if (kvc_cache_gather(c, 0, k1, NULL, p1, 64, &n1) != KVC_OK) ok = 0;
@@ -401,37 +401,37 @@ static void test_rotating_checkpoints(void) {
     kvc_cache_config_init(&cc, KVC_KIND_ROTATING);
     cc.window = 4;
     TK_OK(kvc_cache_create(p, &cc, &c));
-    TK_OK(kvc_begin_checkpoints(c, 12, at, 2)); /* one batch past the window */
+    TK_OK(kvc_begin(c, 12, at, 2)); /* one batch past the window */
     put_tokens(c, 0, 12, 1, row);
-    TK_OK(kvc_begin(c, 1));
+    TK_OK(kvc_begin(c, 1, NULL, 0));
     put_tokens(c, 12, 1, 1, row);
-    TK_OK(kvc_can_rewind(c, 8, &can));
+    TK_OK(kvc_cache_can_rewind(c, 8, &can));
     TK_EQ(can, 0); /* wrapped: only checkpoints */
-    TK_RES(kvc_trim(c, 5), KVC_ERR_UNREACHABLE);
-    TK_OK(kvc_can_rewind(c, 9, &can));
+    TK_RES(kvc_cache_trim(c, 5), KVC_ERR_UNREACHABLE);
+    TK_OK(kvc_cache_can_rewind(c, 9, &can));
     TK_EQ(can, 1);
-    TK_OK(kvc_snapshot_take_at(c, 0, 9, &s));
-    TK_OK(kvc_trim(c, 4));
+    TK_OK(kvc_snapshot_take(c, 0, 9, &s));
+    TK_OK(kvc_cache_trim(c, 4));
     TK_OK(kvc_cache_offset(c, &off));
     TK_EQ(off, 9);
     TK_CHECK(same_view(c, p, &cc, 9, row));
-    TK_OK(kvc_restore(c, NULL, 5));
+    TK_OK(kvc_cache_restore(c, NULL, 5));
     TK_CHECK(same_view(c, p, &cc, 5, row));
-    TK_RES(kvc_restore(c, NULL, 9), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_cache_restore(c, NULL, 9), KVC_ERR_UNREACHABLE);
     /* continue after the rewind: the same as a cache that never went further */
-    TK_OK(kvc_begin(c, 3));
+    TK_OK(kvc_begin(c, 3, NULL, 0));
     put_tokens(c, 5, 3, 1, row);
     TK_CHECK(same_view(c, p, &cc, 8, row));
     /* the snapshot at 9 into another cache, and a snapshot of another window refused */
     TK_OK(kvc_cache_create(p, &cc, &d));
-    TK_OK(kvc_restore(d, s, 9));
+    TK_OK(kvc_cache_restore(d, s, 9));
     TK_CHECK(same_view(d, p, &cc, 9, row));
-    TK_OK(kvc_restore(d, NULL, 5)); /* it carried the checkpoint at 5 */
+    TK_OK(kvc_cache_restore(d, NULL, 5)); /* it carried the checkpoint at 5 */
     TK_CHECK(same_view(d, p, &cc, 5, row));
     TK_OK(kvc_cache_destroy(d));
     cc.window = 5;
     TK_OK(kvc_cache_create(p, &cc, &d));
-    TK_RES(kvc_restore(d, s, 9), KVC_ERR_FOREIGN);
+    TK_RES(kvc_cache_restore(d, s, 9), KVC_ERR_FOREIGN);
     TK_OK(kvc_cache_destroy(d));
     TK_OK(kvc_snapshot_free(s));
     TK_OK(kvc_cache_destroy(c));
@@ -824,8 +824,8 @@ static kvc_memory *kinds_memory(const kvc_kind *kind, int32_t n, int32_t page_ce
     mc.n_groups = n;
     mc.groups = g;
     mc.budget_bytes = budget;
-    mc.allocator.alloc = refusing_alloc;
-    mc.allocator.free = refusing_free;
+    mc.runtime.allocator.alloc = refusing_alloc;
+    mc.runtime.allocator.free = refusing_free;
     TK_OK(kvc_memory_create(&mc, &m));
     return m;
 }
@@ -875,7 +875,7 @@ static mem_sig sig_of(const kvc_memory *m) {
         TK_OK(kvc_cache_cells(c, &s.v[k++]));
         TK_OK(kvc_cache_pages(c, &s.v[k++]));
         n = 0;
-        if (kvc_checkpoints(c, &s.v[k + 1], 16, &n) == KVC_OK) s.v[k] = n;
+        if (kvc_cache_checkpoints(c, &s.v[k + 1], 16, &n) == KVC_OK) s.v[k] = n;
         k += 17;
     }
     return s;
@@ -992,29 +992,29 @@ static void test_snapshot_take_refused(void) {
     memset(kv, 0, sizeof(kv));
     kvc_pool_config_init(&pc);
     pc.n_layers = 1; pc.n_kv_heads = 1; pc.head_dim_k = pc.head_dim_v = 4; pc.page_cells = 2;
-    pc.allocator.alloc = refusing_alloc;
-    pc.allocator.free = refusing_free;
+    pc.runtime.allocator.alloc = refusing_alloc;
+    pc.runtime.allocator.free = refusing_free;
     TK_OK(kvc_pool_budget_for_tokens(&pc, 64, &pc.budget_bytes));
     TK_OK(kvc_pool_create(&pc, &p));
     kvc_cache_config_init(&cc, KVC_KIND_ROTATING);
     cc.window = 8;
     TK_OK(kvc_cache_create(p, &cc, &c));
-    TK_OK(kvc_begin_checkpoints(c, 6, at, 2));
+    TK_OK(kvc_begin(c, 6, at, 2));
     TK_OK(kvc_put(c, 0, kv, kv));
-    TK_OK(kvc_snapshot_take(c, 0, &s)); /* settles the checkpoints */
+    TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &s)); /* settles the checkpoints */
     TK_OK(kvc_snapshot_free(s));
     TK_OK(kvc_pool_stats_get(p, &before));
     for (k = 0; k < 8; ++k) {
         s = NULL;
         refuse_nth(k);
-        r = kvc_snapshot_take(c, 0, &s);
+        r = kvc_snapshot_take(c, 0, KVC_POS_END, &s);
         g_refuse = -1;
         if (r == KVC_OK) break;
         TK_RES(r, KVC_ERR_NO_MEMORY);
         TK_OK(kvc_pool_stats_get(p, &now));
         TK_EQ(now.pages_used, before.pages_used);
         TK_EQ(now.live_snapshots, before.live_snapshots);
-        TK_OK(kvc_checkpoints(c, NULL, 0, &n_at));
+        TK_OK(kvc_cache_checkpoints(c, NULL, 0, &n_at));
         TK_EQ(n_at, 2);
     }
     TK_OK(r);

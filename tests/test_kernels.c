@@ -237,7 +237,7 @@ static void test_accuracy(tk_rng *rng) {
         kvc_cache_config_init(&cc, KVC_KIND_FULL);
         TK_OK(kvc_pool_create(&pc, &p));
         TK_OK(kvc_cache_create(p, &cc, &cache));
-        TK_OK(kvc_begin(cache, N));
+        TK_OK(kvc_begin(cache, N, NULL, 0));
         TK_OK(kvc_put(cache, 0, k, v));
         memset(&d, 0, sizeof(d));
         d.n_queries = Q; d.n_heads = KV * G; d.q = q; d.out = out;
@@ -314,11 +314,11 @@ static void test_integer_scores(tk_rng *rng) {
                     kvc_pool_config_init(&pc);
                     pc.n_layers = 1; pc.n_kv_heads = KV; pc.head_dim_k = pc.head_dim_v = d;
                     pc.type_k = kt; pc.type_v = KVC_TYPE_F32; pc.budget_bytes = (size_t)16 << 20;
-                    pc.cpu_disable = disable[p];
+                    pc.runtime.cpu_disable = disable[p];
                     kvc_cache_config_init(&cc, KVC_KIND_FULL);
                     TK_OK(kvc_pool_create(&pc, &pool));
                     TK_OK(kvc_cache_create(pool, &cc, &cache));
-                    TK_OK(kvc_begin(cache, N));
+                    TK_OK(kvc_begin(cache, N, NULL, 0));
                     TK_OK(kvc_put(cache, 0, k, v));
                     if (p == 0) { /* the reference, from the stored keys */
                         TK_OK(kvc_cache_gather(cache, 0, kd, NULL, NULL, N, &n_cells));
@@ -521,7 +521,7 @@ static int small_build(tk_rng *rng, small_run *s, int32_t n) {
     tk_fill(rng, v, (size_t)n * 128, 1.0f);
     tk_fill(rng, s->q, sizeof(s->q) / sizeof(float), 1.0f);
     ok = kvc_pool_create(&pc, &s->pool) == KVC_OK && kvc_cache_create(s->pool, &cc, &s->cache) == KVC_OK &&
-         kvc_begin(s->cache, n) == KVC_OK && kvc_put(s->cache, 0, k, v) == KVC_OK;
+         kvc_begin(s->cache, n, NULL, 0) == KVC_OK && kvc_put(s->cache, 0, k, v) == KVC_OK;
     free(k); free(v);
     return ok;
 }
@@ -634,13 +634,13 @@ static void test_nonfinite(tk_rng *rng) {
             int kind;
             kvc_pool_config_init(&pc);
             pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = 64;
-            pc.type_k = pc.type_v = (kvc_type)t; pc.budget_bytes = 1 << 20; pc.cpu_disable = disable[p];
+            pc.type_k = pc.type_v = (kvc_type)t; pc.budget_bytes = 1 << 20; pc.runtime.cpu_disable = disable[p];
             kvc_cache_config_init(&cc, KVC_KIND_FULL);
             tk_fill(rng, k, sizeof(k) / sizeof(float), 1.0f);
             tk_fill(rng, v, sizeof(v) / sizeof(float), 1.0f);
             tk_fill(rng, q, sizeof(q) / sizeof(float), 1.0f);
             if (kvc_pool_create(&pc, &pool) != KVC_OK || kvc_cache_create(pool, &cc, &c) != KVC_OK ||
-                kvc_begin(c, 40) != KVC_OK || kvc_put(c, 0, k, v) != KVC_OK) { TK_CHECK(0); continue; }
+                kvc_begin(c, 40, NULL, 0) != KVC_OK || kvc_put(c, 0, k, v) != KVC_OK) { TK_CHECK(0); continue; }
             memset(&d, 0, sizeof(d));
             d.n_queries = 2; d.n_heads = 4; d.q = q; d.out = ref; d.lse = lr;
             TK_OK(kvc_attention(c, 0, &d));
@@ -694,11 +694,11 @@ static int nf_run(uint32_t disable, kvc_type t, uint32_t rot, int32_t tail, int3
     for (i = 0; i < 4 * NF_HD * n_q; ++i) q[i] = (float)((i * 29) % 23 - 11) * 0.05f;
     kvc_pool_config_init(&pc);
     pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = NF_HD; pc.page_cells = 16;
-    pc.type_k = pc.type_v = t; pc.budget_bytes = 4 << 20; pc.cpu_disable = disable; pc.rotate = rot;
+    pc.type_k = pc.type_v = t; pc.budget_bytes = 4 << 20; pc.runtime.cpu_disable = disable; pc.rotate = rot;
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     cc.f16_tail = tail;
     ok = kvc_pool_create(&pc, &pool) == KVC_OK && kvc_cache_create(pool, &cc, &c) == KVC_OK &&
-         kvc_begin(c, n_tok) == KVC_OK && kvc_put(c, 0, k, v) == KVC_OK;
+         kvc_begin(c, n_tok, NULL, 0) == KVC_OK && kvc_put(c, 0, k, v) == KVC_OK;
     memset(&d, 0, sizeof(d));
     d.n_queries = n_q; d.n_heads = 4; d.q = q; d.out = out; d.lse = lse;
     ok = ok && kvc_attention(c, 0, &d) == KVC_OK;
@@ -782,7 +782,7 @@ static void test_nonfinite_kv(tk_rng *rng) {
         k[(5 * 2 + 1) * NF_HD + 3] = NAN; /* token 5, kv head 1 */
         TK_OK(kvc_pool_create(&pc, &pool));
         TK_OK(kvc_cache_create(pool, &cc, &c));
-        TK_OK(kvc_begin(c, 8));
+        TK_OK(kvc_begin(c, 8, NULL, 0));
         TK_OK(kvc_put(c, 0, k, v));
         k[(5 * 2 + 1) * NF_HD + 3] = keep;
         TK_OK(kvc_seq_remove(c, 0, 1, 2)); /* positions 2.. move back by one, keys re-rotated */
@@ -811,10 +811,10 @@ static void test_bad_hook(void) {
     kvc_pool *p = NULL;
     kvc_pool_config_init(&pc);
     pc.n_layers = 1; pc.n_kv_heads = 1; pc.head_dim_k = pc.head_dim_v = 32; pc.budget_bytes = 1 << 20;
-    pc.parallel_for = run_backwards; pc.n_workers = 0;
+    pc.runtime.parallel_for = run_backwards; pc.runtime.n_workers = 0;
     TK_RES(kvc_pool_create(&pc, &p), KVC_ERR_INVALID);
     TK_CHECK(p == NULL);
-    pc.type_k = KVC_TYPE_Q4_0; pc.head_dim_k = 48; pc.n_workers = 1; /* not a multiple of 32 */
+    pc.type_k = KVC_TYPE_Q4_0; pc.head_dim_k = 48; pc.runtime.n_workers = 1; /* not a multiple of 32 */
     TK_RES(kvc_pool_create(&pc, &p), KVC_ERR_INVALID);
 }
 

@@ -49,8 +49,8 @@ static void config(kvc_pool_config *c, int32_t layers, int32_t heads, int32_t hk
     c->head_dim_v = hv;
     c->page_cells = page_cells;
     c->budget_bytes = budget;
-    c->allocator.alloc = lim_alloc;
-    c->allocator.free = lim_free;
+    c->runtime.allocator.alloc = lim_alloc;
+    c->runtime.allocator.free = lim_free;
 }
 
 /* A pool configuration that must be refused: `want` (or any of want/alt when alt != 0),
@@ -189,7 +189,7 @@ static int32_t offset_of(const kvc_cache *c) {
 }
 /* n tokens; token t's V row is (2t, 2t+1) of w->v shifted by `salt` */
 static kvc_result append(world *w, kvc_cache *c, int32_t n) {
-    kvc_result r = kvc_begin(c, n);
+    kvc_result r = kvc_begin(c, n, NULL, 0);
     if (r != KVC_OK) return r;
     return kvc_put(c, 0, w->k, w->v);
 }
@@ -224,7 +224,7 @@ static void test_rotating_limits(void) {
             ok &= pos[i] == i && gv[2 * i] == w.v[2 * src] && gv[2 * i + 1] == w.v[2 * src + 1];
         }
         TK_CHECK(ok);
-        TK_OK(kvc_trim(c, 13)); /* never wrapped: trim works */
+        TK_OK(kvc_cache_trim(c, 13)); /* never wrapped: trim works */
         TK_EQ(offset_of(c), 0);
         TK_OK(kvc_cache_destroy(c));
     }
@@ -255,45 +255,45 @@ static void test_token_limits(void) {
     world_init(&w, 4, 16);
     c = make(&w, KVC_KIND_FULL, 0, 0);
     r = make(&w, KVC_KIND_ROTATING, 6, 2);
-    TK_RES(kvc_begin(c, INT32_MAX), KVC_ERR_FULL); /* offset 0: fits int32, not the pool */
-    TK_RES(kvc_begin(c, INT32_MIN), KVC_ERR_INVALID);
+    TK_RES(kvc_begin(c, INT32_MAX, NULL, 0), KVC_ERR_FULL); /* offset 0: fits int32, not the pool */
+    TK_RES(kvc_begin(c, INT32_MIN, NULL, 0), KVC_ERR_INVALID);
     TK_EQ(pages_used(&w), 0);
     TK_OK(append(&w, c, 10));
     TK_OK(append(&w, r, 10));
     for (k = 0; k < 2; ++k) {
         kvc_cache *x = k ? r : c;
         int32_t before = pages_used(&w);
-        TK_RES(kvc_begin(x, INT32_MAX), KVC_ERR_RANGE);          /* offset + n > INT32_MAX */
-        TK_RES(kvc_begin(x, INT32_MAX - 10), KVC_ERR_FULL);      /* exactly INT32_MAX: the pool refuses */
-        TK_RES(kvc_begin(x, INT32_MAX - 9), KVC_ERR_RANGE);
-        TK_RES(kvc_trim(x, INT32_MAX), k ? KVC_ERR_RANGE : KVC_ERR_RANGE);
-        TK_RES(kvc_trim(x, INT32_MIN), KVC_ERR_RANGE);
-        TK_RES(kvc_restore(x, NULL, INT32_MAX), KVC_ERR_UNREACHABLE);
-        TK_RES(kvc_restore(x, NULL, INT32_MIN), KVC_ERR_UNREACHABLE);
-        TK_OK(kvc_snapshot_take(x, INT32_MAX, &none));
+        TK_RES(kvc_begin(x, INT32_MAX, NULL, 0), KVC_ERR_RANGE); /* offset + n > INT32_MAX */
+        TK_RES(kvc_begin(x, INT32_MAX - 10, NULL, 0), KVC_ERR_FULL); /* exactly INT32_MAX: the pool refuses */
+        TK_RES(kvc_begin(x, INT32_MAX - 9, NULL, 0), KVC_ERR_RANGE);
+        TK_RES(kvc_cache_trim(x, INT32_MAX), k ? KVC_ERR_RANGE : KVC_ERR_RANGE);
+        TK_RES(kvc_cache_trim(x, INT32_MIN), KVC_ERR_RANGE);
+        TK_RES(kvc_cache_restore(x, NULL, INT32_MAX), KVC_ERR_UNREACHABLE);
+        TK_RES(kvc_cache_restore(x, NULL, INT32_MIN), KVC_ERR_UNREACHABLE);
+        TK_OK(kvc_snapshot_take(x, INT32_MAX, KVC_POS_END, &none));
         TK_CHECK(none == NULL);
         TK_EQ(offset_of(x), 10);
         TK_EQ(pages_used(&w), before);
     }
     /* a FULL snapshot from INT32_MIN counts from 0 */
-    TK_OK(kvc_snapshot_take(c, INT32_MIN, &s));
+    TK_OK(kvc_snapshot_take(c, INT32_MIN, KVC_POS_END, &s));
     TK_CHECK(s != NULL);
     if (s != NULL) {
         kvc_snapshot_info info;
         TK_OK(kvc_snapshot_info_get(s, &info));
         TK_EQ(info.from, 0);
         TK_EQ(info.to, 10);
-        TK_RES(kvc_restore(c, s, INT32_MAX), KVC_ERR_UNREACHABLE);
-        TK_RES(kvc_restore(c, s, INT32_MIN), KVC_ERR_UNREACHABLE);
+        TK_RES(kvc_cache_restore(c, s, INT32_MAX), KVC_ERR_UNREACHABLE);
+        TK_RES(kvc_cache_restore(c, s, INT32_MIN), KVC_ERR_UNREACHABLE);
         TK_OK(kvc_snapshot_split(c, s, INT32_MAX, &a, &b));
         TK_CHECK(a == s && b == NULL);
         TK_OK(kvc_snapshot_split(c, s, INT32_MIN, &a, &b));
         TK_CHECK(a == NULL && b == s);
         TK_OK(kvc_snapshot_free(s));
     }
-    TK_OK(kvc_snapshot_take(r, INT32_MIN, &s)); /* ROTATING: the whole window */
+    TK_OK(kvc_snapshot_take(r, INT32_MIN, KVC_POS_END, &s)); /* ROTATING: the whole window */
     TK_CHECK(s != NULL);
-    TK_RES(kvc_restore(r, s, INT32_MAX), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_cache_restore(r, s, INT32_MAX), KVC_ERR_UNREACHABLE);
     TK_OK(kvc_snapshot_free(s));
     {   /* attention with positions and windows at the edges: no wrapped arithmetic */
         kvc_attention_desc d;
@@ -388,8 +388,8 @@ static void test_causal_limits(void) {
         TK_CHECK(out[0] == w.v[0] && out[1] == w.v[1]);
     }
     /* the batch is complete (one layer): sequence 0 has no position after INT32_MAX - 1 */
-    TK_RES(kvc_begin(c, 1), KVC_ERR_RANGE);
-    TK_RES(kvc_begin(c, INT32_MAX), KVC_ERR_FULL);
+    TK_RES(kvc_begin(c, 1, NULL, 0), KVC_ERR_RANGE);
+    TK_RES(kvc_begin(c, INT32_MAX, NULL, 0), KVC_ERR_FULL);
     /* a window of INT32_MAX reaches back to position 0 or 1, which are not held */
     TK_OK(kvc_seq_can_resume(c, 0, INT32_MAX, &can));
     TK_EQ(can, 0);
@@ -516,7 +516,7 @@ static void test_page_tables(void) {
     TK_OK(append(&w, c, 8)); /* the first 8 entries live in the cache's own block */
     TK_EQ(g_calls, 0);
     g_limit = 16; /* the growth to 16 entries (64 bytes) is refused */
-    TK_RES(kvc_begin(c, 1), KVC_ERR_NO_MEMORY);
+    TK_RES(kvc_begin(c, 1, NULL, 0), KVC_ERR_NO_MEMORY);
     TK_OK(kvc_cache_offset(c, &off));
     TK_EQ(off, 8);
     TK_OK(kvc_pool_stats_get(w.pool, &st));

@@ -7,7 +7,7 @@
      per-layer calls of a memory batch still work, and a random mix of memory calls and
      direct group calls keeps every group in step;
    - one answer for "can the memory go back to t": kvc_memory_can_rewind, kvc_memory_trim,
-     kvc_memory_restore(NULL) and kvc_trim / kvc_restore on one cache agree (0 is always
+     kvc_memory_restore(NULL) and kvc_cache_trim / kvc_cache_restore on one cache agree (0 is always
      reachable: clearing), and a restore to `at` keeps the checkpoint at `at`.
    Usage: test_memory_groups [seed]; KVC_TEST_SCALE scales the random rounds. */
 #include <stdlib.h>
@@ -252,7 +252,7 @@ static int world_ok(const world *w) {
     return 1;
 }
 
-/* issue 35's case: a legal kvc_trim on one group of a FULL + RECURRENT memory left them at
+/* issue 35's case: a legal kvc_cache_trim on one group of a FULL + RECURRENT memory left them at
    4 and 2 tokens, then kvc_memory_begin(2, at = {6}) wrote a checkpoint through a page
    id it never set */
 static void test_direct_refused(void) {
@@ -267,29 +267,29 @@ static void test_direct_refused(void) {
     world_create(&w, 2, kinds);
     TK_OK(world_feed(&w, 4, NULL, 0, 1));
     TK_OK(kvc_memory_group(w.m, 0, &c));
-    TK_RES(kvc_trim(c, 2), KVC_ERR_OWNED);
+    TK_RES(kvc_cache_trim(c, 2), KVC_ERR_OWNED);
     TK_CHECK(world_ok(&w));
     TK_OK(world_feed(&w, 2, &at, 1, 2));
     TK_CHECK(world_ok(&w));
     /* every call that changes a group alone: refused, nothing changed */
-    TK_RES(kvc_begin(c, 1), KVC_ERR_OWNED);
-    TK_RES(kvc_begin_checkpoints(c, 1, NULL, 0), KVC_ERR_OWNED);
+    TK_RES(kvc_begin(c, 1, NULL, 0), KVC_ERR_OWNED);
+    TK_RES(kvc_begin(c, 1, NULL, 0), KVC_ERR_OWNED);
     TK_RES(kvc_cache_clear(c), KVC_ERR_OWNED);
-    TK_RES(kvc_restore(c, NULL, 2), KVC_ERR_OWNED);
+    TK_RES(kvc_cache_restore(c, NULL, 2), KVC_ERR_OWNED);
     TK_RES(kvc_cache_destroy(c), KVC_ERR_OWNED);
     TK_RES(kvc_cache_fork(c, &f), KVC_ERR_OWNED);
     TK_OK(kvc_memory_layer(w.m, 1, &c, &gl));
-    TK_RES(kvc_trim(c, 0), KVC_ERR_OWNED);
+    TK_RES(kvc_cache_trim(c, 0), KVC_ERR_OWNED);
     TK_RES(kvc_prefix_create(&c, 1, 16, &px), KVC_ERR_OWNED);
     TK_CHECK(world_ok(&w));
     /* reads work, and so do the per-layer calls of a memory batch */
     TK_OK(kvc_cache_offset(c, &o));
     TK_EQ(o, 6);
-    TK_OK(kvc_can_rewind(c, 6, &ok));
+    TK_OK(kvc_cache_can_rewind(c, 6, &ok));
     TK_CHECK(ok);
-    TK_OK(kvc_checkpoints(c, NULL, 0, &n_at));
+    TK_OK(kvc_cache_checkpoints(c, NULL, 0, &n_at));
     TK_OK(kvc_state_read(c, 0, 0, &st));
-    TK_OK(kvc_snapshot_take(c, 0, &s));
+    TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &s));
     TK_OK(kvc_snapshot_free(s));
     w.direct = 1;
     TK_OK(world_feed(&w, 3, NULL, 0, 3));
@@ -298,7 +298,7 @@ static void test_direct_refused(void) {
     TK_OK(kvc_prefix_destroy(px));
     /* a snapshot of a group's cache holds the memory's pool: the last memory on it cannot
        go while it lives (it went, leaving the pool behind, never freed) */
-    TK_OK(kvc_snapshot_take(c, 0, &s));
+    TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &s));
     TK_RES(kvc_memory_destroy(w.m), KVC_ERR_BUSY);
     TK_OK(kvc_memory_offset(w.m, &o)); /* nothing destroyed */
     TK_EQ(o, 9);
@@ -308,7 +308,7 @@ static void test_direct_refused(void) {
     world_create(&w, 1, kinds);
     TK_OK(world_feed(&w, 5, NULL, 0, 4));
     TK_OK(kvc_memory_group(w.m, 0, &c));
-    TK_OK(kvc_trim(c, 2));
+    TK_OK(kvc_cache_trim(c, 2));
     w.off -= 2;
     TK_CHECK(world_ok(&w));
     TK_RES(kvc_cache_destroy(c), KVC_ERR_OWNED);
@@ -326,19 +326,19 @@ static void mix_direct(world *w, tk_rng *rng) {
     kvc_result r = KVC_OK, want = w->n_groups > 1 ? KVC_ERR_OWNED : KVC_OK;
     TK_OK(kvc_memory_group(w->m, g, &c));
     switch (tk_int(rng, 0, 7)) {
-    case 0: r = kvc_trim(c, tk_int(rng, 0, 3)); break;
+    case 0: r = kvc_cache_trim(c, tk_int(rng, 0, 3)); break;
     case 1: r = kvc_cache_clear(c); break;
-    case 2: r = kvc_restore(c, NULL, tk_int(rng, 0, w->off)); break;
+    case 2: r = kvc_cache_restore(c, NULL, tk_int(rng, 0, w->off)); break;
     case 3:
         n = tk_int(rng, 1, 3);
         at[0] = w->off + n;
-        r = kvc_begin_checkpoints(c, n, at, tk_int(rng, 0, 1));
+        r = kvc_begin(c, n, at, tk_int(rng, 0, 1));
         if (r == KVC_OK) TK_OK(kvc_cancel(c)); /* one group: nothing handed out yet */
         break;
     case 4: r = kvc_cancel(c); if (w->n_groups == 1) { TK_RES(r, KVC_ERR_STATE); return; } break;
     case 5: TK_RES(kvc_cache_destroy(c), KVC_ERR_OWNED); TK_RES(kvc_cache_fork(c, &f), KVC_ERR_OWNED); return;
     case 6: TK_OK(kvc_cache_offset(c, &o)); TK_EQ(o, w->off); return;
-    default: TK_OK(kvc_can_rewind(c, tk_int(rng, 0, w->off), &ok)); return;
+    default: TK_OK(kvc_cache_can_rewind(c, tk_int(rng, 0, w->off), &ok)); return;
     }
     if (w->n_groups > 1 || r != KVC_OK) {
         if (w->n_groups > 1) TK_RES(r, want);
@@ -406,7 +406,7 @@ static void test_direct_mix(tk_rng *rng) {
 
 /* ---- one answer for "can it go back to t" ------------------------------------------- */
 
-/* memory calls and kvc_can_rewind / kvc_trim / kvc_restore on a lone cache, at offset `off`
+/* memory calls and kvc_cache_can_rewind / kvc_cache_trim / kvc_cache_restore on a lone cache, at offset `off`
    with no checkpoint: 0 is reachable (clearing) and 0 < t < off is not, all agree */
 static void contracts_at(world *w, kvc_cache *lone, int32_t off) {
     int ok;
@@ -417,12 +417,12 @@ static void contracts_at(world *w, kvc_cache *lone, int32_t off) {
     TK_CHECK(!ok);
     TK_RES(kvc_memory_trim(w->m, off - 2), KVC_ERR_UNREACHABLE);
     TK_RES(kvc_memory_restore(w->m, NULL, 2), KVC_ERR_UNREACHABLE);
-    TK_OK(kvc_can_rewind(lone, 0, &ok));
+    TK_OK(kvc_cache_can_rewind(lone, 0, &ok));
     TK_CHECK(ok);
-    TK_OK(kvc_can_rewind(lone, 2, &ok));
+    TK_OK(kvc_cache_can_rewind(lone, 2, &ok));
     TK_CHECK(!ok);
-    TK_RES(kvc_trim(lone, off - 2), KVC_ERR_UNREACHABLE); /* once KVC_ERR_RECURRENT / _UNSUPPORTED */
-    TK_RES(kvc_restore(lone, NULL, 2), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_cache_trim(lone, off - 2), KVC_ERR_UNREACHABLE); /* once KVC_ERR_RECURRENT / _UNSUPPORTED */
+    TK_RES(kvc_cache_restore(lone, NULL, 2), KVC_ERR_UNREACHABLE);
     TK_CHECK(world_ok(w));
     TK_OK(kvc_memory_fork(w->m, &f)); /* restore(NULL, 0) on a fork, trim on the memory */
     TK_OK(kvc_memory_restore(f, NULL, 0));
@@ -433,7 +433,7 @@ static void contracts_at(world *w, kvc_cache *lone, int32_t off) {
     w->off = 0;
     TK_CHECK(world_ok(w));
     TK_OK(kvc_cache_offset(lone, &off));
-    TK_OK(kvc_trim(lone, off)); /* to 0: once KVC_ERR_RECURRENT / _UNSUPPORTED */
+    TK_OK(kvc_cache_trim(lone, off)); /* to 0: once KVC_ERR_RECURRENT / _UNSUPPORTED */
     TK_OK(kvc_cache_offset(lone, &off));
     TK_EQ(off, 0);
 }
@@ -468,7 +468,7 @@ static void test_restore_keeps_at(void) {
     int ok;
     world_create(&w, 2, kinds);
     TK_OK(world_feed(&w, 12, at, 2, 9));
-    TK_OK(kvc_memory_snapshot_take(w.m, 0, 12, &snap));
+    TK_OK(kvc_memory_snapshot_take(w.m, 0, KVC_POS_END, &snap)); /* at the offset, 12 */
     memcpy(tokens, w.tokens, sizeof(int32_t) * 12);
     TK_OK(world_feed(&w, 3, NULL, 0, 10));
     TK_OK(kvc_memory_restore(w.m, snap, 12));
@@ -476,7 +476,7 @@ static void test_restore_keeps_at(void) {
     memcpy(w.tokens, tokens, sizeof(int32_t) * 12);
     TK_CHECK(world_ok(&w));
     TK_OK(kvc_memory_group(w.m, 0, &c));
-    TK_OK(kvc_checkpoints(c, ck, 8, &n_ck));
+    TK_OK(kvc_cache_checkpoints(c, ck, 8, &n_ck));
     TK_EQ(n_ck, 2);
     TK_EQ(ck[n_ck > 1 ? 1 : 0], 12);
     TK_OK(world_feed(&w, 2, NULL, 0, 11));

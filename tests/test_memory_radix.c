@@ -70,8 +70,8 @@ static void memory_config(kvc_memory_config *mc, kvc_group_config g[3], int32_t 
     mc->groups = g;
     mc->budget_bytes = budget;
     if (g_refusing) {
-        mc->allocator.alloc = refusing_alloc;
-        mc->allocator.free = refusing_free;
+        mc->runtime.allocator.alloc = refusing_alloc;
+        mc->runtime.allocator.free = refusing_free;
     }
 }
 
@@ -343,7 +343,7 @@ static void test_errors(void) {
     /* the pool tree's calls and the memory tree's do not mix */
     TK_OK(kvc_memory_group(m, 2, &c));
     TK_RES(kvc_radix_lookup(t, NSP, tok, 12, &c, &r), KVC_ERR_UNSUPPORTED);
-    TK_RES(kvc_radix_commit(t, NSP, c, tok, 12), KVC_ERR_UNSUPPORTED);
+    TK_RES(kvc_radix_commit(t, NSP, c, tok, 12, 0), KVC_ERR_UNSUPPORTED);
     {
         kvc_radix_config prc;
         kvc_pool *pool = NULL;
@@ -738,8 +738,8 @@ static void test_lookup_into(void) {
     for (i = 0; i < 40; ++i) a[i] = i < 16 ? sys[i] : 800 + i;
     for (i = 0; i < 40; ++i) b[i] = i < 16 ? sys[i] : 900 + i;
     memory_config(&mc, g, map, 1 << 20);
-    mc.allocator.alloc = maybe_alloc;
-    mc.allocator.free = maybe_free;
+    mc.runtime.allocator.alloc = maybe_alloc;
+    mc.runtime.allocator.free = maybe_free;
     TK_OK(kvc_memory_create(&mc, &e)); /* the engine's memory, for the whole run */
     kvc_radix_config_init(&rc, KVC_KIND_FULL);
     TK_OK(kvc_radix_create_memory(e, &rc, &t));

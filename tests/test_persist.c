@@ -154,8 +154,8 @@ static void roundtrip_linear(kvc_type tk, kvc_type tv) {
     io = mem_reader(&m, &br);
     TK_OK(kvc_cache_load(b.rot, LF_NS, &io, NULL, 0, NULL));
     TK_EQ(lf_fingerprint(b.rot), lf_fingerprint(a.rot));
-    TK_OK(kvc_can_trim(a.rot, &can_a));
-    TK_OK(kvc_can_trim(b.rot, &can_b));
+    TK_OK(kvc_cache_can_trim(a.rot, &can_a));
+    TK_OK(kvc_cache_can_trim(b.rot, &can_b));
     TK_EQ(can_a, 0);
     TK_EQ(can_b, 0);
     /* both continue the same way */
@@ -197,7 +197,7 @@ static void roundtrip_rotating_states(void) {
             TK_OK(kvc_cache_create(p, &cc, &d));
             if (step >= 1) TK_OK(lf_append(c, 3 + step, 1, 1));
             if (step >= 3) TK_OK(lf_append(c, 2 * step, step, 2));
-            if (step % 2 == 1) { TK_OK(kvc_begin(c, 2)); TK_OK(kvc_cancel(c)); }
+            if (step % 2 == 1) { TK_OK(kvc_begin(c, 2, NULL, 0)); TK_OK(kvc_cancel(c)); }
             if (step == 8) TK_OK(lf_append(c, 20, 20, 3));
             b = save_blob(save_cache, c);
             io = mem_reader(&m, &b);
@@ -302,7 +302,7 @@ static void roundtrip_rotating_entry(void) {
     for (i = 0; i < 21; ++i) tok[i] = 7 * i;
     TK_OK(kvc_radix_lookup(t1, LF_NS, tok, 20, &c, &reused));
     TK_OK(lf_append(c, 20, 1, 3));
-    TK_OK(kvc_radix_commit(t1, LF_NS, c, tok, 20));
+    TK_OK(kvc_radix_commit(t1, LF_NS, c, tok, 20, 0));
     memset(&m, 0, sizeof(m));
     m.data = buf;
     m.capacity = sizeof(buf);
@@ -354,7 +354,7 @@ static void roundtrip_types(void) {
                 k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
                 v[i] = (float)((i * 53) % 97) / 40.0f - 1.2f;
             }
-            TK_OK(kvc_begin(c, 11));
+            TK_OK(kvc_begin(c, 11, NULL, 0));
             for (l = 0; l < 2; ++l) TK_OK(kvc_put(c, l, k, v));
             bl = save_blob(save_cache, c);
             io = mem_reader(&m, &bl);
@@ -672,7 +672,7 @@ static kvc_result ck_feed(kvc_cache *c, int32_t n, const int32_t *at, int32_t n_
     kvc_result r;
     kvc_cache_offset(c, &off);
     for (i = 0; i < n; ++i) pos[i] = off + i;
-    if ((r = kvc_begin_checkpoints(c, n, at, n_at)) != KVC_OK) return r;
+    if ((r = kvc_begin(c, n, at, n_at)) != KVC_OK) return r;
     if (c->cfg.kind != KVC_KIND_RECURRENT) return lf_put_all(c, n, pos, salt);
     for (l = 0; l < LF_LAYERS; ++l) {
         float *st;
@@ -694,7 +694,7 @@ static void ck_build(kvc_cache *c, int salt) {
 }
 static int32_t ck_list(const kvc_cache *c, int32_t *at) {
     int32_t n = 0;
-    TK_OK(kvc_checkpoints(c, at, 16, &n));
+    TK_OK(kvc_cache_checkpoints(c, at, 16, &n));
     return n;
 }
 static blob ck_blob(kvc_cache *c) { return save_blob(save_cache, c); }
@@ -738,16 +738,16 @@ static void roundtrip_checkpoints(void) {
             int32_t next = at_a[j] + 2, x[16], y[16];
             ck_build(ref, 1);
             ck_load(got, &bl);
-            TK_OK(kvc_restore(ref, NULL, at_a[j]));
-            TK_OK(kvc_restore(got, NULL, at_a[j]));
+            TK_OK(kvc_cache_restore(ref, NULL, at_a[j]));
+            TK_OK(kvc_cache_restore(got, NULL, at_a[j]));
             TK_EQ(lf_fingerprint(got), lf_fingerprint(ref));
             TK_EQ(ck_list(got, y), ck_list(ref, x));
             TK_EQ(memcmp(x, y, sizeof(int32_t) * (size_t)ck_list(ref, x)), 0);
             TK_OK(ck_feed(ref, 3, &next, 1, 3)); /* on alike, and back to the new checkpoint */
             TK_OK(ck_feed(got, 3, &next, 1, 3));
             TK_EQ(lf_fingerprint(got), lf_fingerprint(ref));
-            TK_OK(kvc_restore(ref, NULL, next));
-            TK_OK(kvc_restore(got, NULL, next));
+            TK_OK(kvc_cache_restore(ref, NULL, next));
+            TK_OK(kvc_cache_restore(got, NULL, next));
             TK_EQ(lf_fingerprint(got), lf_fingerprint(ref));
             TK_OK(kvc_cache_destroy(ref));
             TK_OK(kvc_cache_destroy(got));
@@ -773,7 +773,7 @@ static void load_drops_checkpoints(void) {
     TK_EQ(ck_list(b, at) > 0, 1);
     ck_load(b, &bl);
     TK_EQ(ck_list(b, at), 0);
-    TK_RES(kvc_restore(b, NULL, 12), KVC_ERR_UNREACHABLE);
+    TK_RES(kvc_cache_restore(b, NULL, 12), KVC_ERR_UNREACHABLE);
     TK_EQ(lf_fingerprint(b), lf_fingerprint(a));
     free(bl.data);
     TK_OK(kvc_cache_destroy(a));
@@ -961,8 +961,8 @@ static void test_crafted_entry(void) {
     pc.n_layers = LF_LAYERS; pc.n_kv_heads = LF_HEADS; pc.head_dim_k = LF_HK; pc.head_dim_v = LF_HV;
     pc.type_k = KVC_TYPE_F16; pc.type_v = KVC_TYPE_F32; pc.page_cells = LF_PAGE;
     TK_OK(kvc_pool_budget_for_tokens(&pc, LF_PAGES * LF_PAGE, &pc.budget_bytes));
-    pc.allocator.alloc = ask_alloc;
-    pc.allocator.free = ask_free;
+    pc.runtime.allocator.alloc = ask_alloc;
+    pc.runtime.allocator.free = ask_free;
     TK_OK(kvc_pool_create(&pc, &p));
     lf_cache_configs(&f, &r, &c);
     kvc_radix_config_init(&rc, KVC_KIND_ROTATING);
@@ -1013,7 +1013,7 @@ static void test_errors(void) {
     TK_RES(kvc_cache_save(a.full, LF_NS, NULL, 0, &noread), KVC_ERR_NULL);
     TK_RES(kvc_cache_save(a.full, LF_NS, NULL, 3, &io), KVC_ERR_NULL);
     TK_RES(kvc_cache_save(a.full, LF_NS, toks, -3, &io), KVC_ERR_INVALID);
-    TK_OK(kvc_begin(w.full, 1));
+    TK_OK(kvc_begin(w.full, 1, NULL, 0));
     io = mem_reader(&m, &b);
     TK_RES(kvc_cache_load(w.full, LF_NS, &io, NULL, 0, NULL), KVC_ERR_STATE);
     TK_RES(kvc_cache_save(w.full, LF_NS, NULL, 0, &io), KVC_ERR_STATE);

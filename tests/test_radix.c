@@ -61,7 +61,7 @@ static kvc_result extend(kvc_cache *c, const shape *s, const int32_t *tokens, in
     int32_t l, p, h, d;
     kvc_result r;
     if (to <= from) return KVC_OK;
-    if ((r = kvc_begin(c, to - from)) != KVC_OK) return r;
+    if ((r = kvc_begin(c, to - from, NULL, 0)) != KVC_OK) return r;
     for (l = 0; l < s->layers; ++l) {
         for (p = from; p < to; ++p) {
             uint32_t hash = prefix_hash(tokens, p);
@@ -142,7 +142,7 @@ static kvc_cache *turn(kvc_radix *t, const shape *s, int32_t *tokens, int32_t n,
         tokens[n + i] = 500 + i;
         if (i + 1 < gen) TK_OK(extend(c, s, tokens, n + i, n + i + 1));
     }
-    TK_OK(kvc_radix_commit(t, NS, c, tokens, n + gen));
+    TK_OK(kvc_radix_commit(t, NS, c, tokens, n + gen, 0));
     return c;
 }
 
@@ -181,7 +181,7 @@ static void test_sharing(kvc_type type) {
     TK_EQ(pages_used(pool), 6);
     check_contents(b, &s, tb);
     check_contents(a, &s, ta);
-    TK_OK(kvc_radix_commit(t, NS, b, tb, 13));           /* splits A's node at 10 */
+    TK_OK(kvc_radix_commit(t, NS, b, tb, 13, 0));        /* splits A's node at 10 */
     st = tree_stats(t);
     TK_EQ(st.n_nodes, 3);
     TK_EQ(st.n_entries, 2);
@@ -234,7 +234,7 @@ static void test_dedup(void) {
     tb[8] = 50; tb[9] = 51;
     TK_OK(extend(own, &s, tb, 0, 10));
     TK_EQ(pages_used(pool), 6);
-    TK_OK(kvc_radix_commit(t, NS, own, tb, 10));
+    TK_OK(kvc_radix_commit(t, NS, own, tb, 10, 0));
     TK_EQ(tree_stats(t).n_pages, 4);                     /* 3 + own's page 2 (tokens 8, 9) */
     TK_OK(kvc_cache_destroy(own));
     TK_EQ(pages_used(pool), 4);
@@ -242,7 +242,7 @@ static void test_dedup(void) {
     TK_EQ(reused, 10);
     check_contents(b, &s, tb);
     /* commit of a prefix the tree holds: nothing new */
-    TK_OK(kvc_radix_commit(t, NS, b, tb, 6));
+    TK_OK(kvc_radix_commit(t, NS, b, tb, 6, 0));
     TK_EQ(tree_stats(t).n_nodes, 3);
     TK_EQ(tree_stats(t).n_pages, 4);
     TK_OK(kvc_cache_destroy(b));
@@ -291,12 +291,12 @@ static void test_eviction(void) {
     TK_OK(kvc_cache_destroy(c));
     /* 6 more pages: only entry 0 (2 pages) is evictable: FULL, nothing evicted */
     TK_EQ(pages_used(pool), 12);
-    TK_RES(kvc_begin(hog, 24), KVC_ERR_FULL);
+    TK_RES(kvc_begin(hog, 24, NULL, 0), KVC_ERR_FULL);
     st = tree_stats(t);
     TK_EQ(st.entries_evicted, 1);
     TK_EQ(st.n_entries, 3);
     /* 2 pages: entry 0 goes; pinned 1 and in-use 2 stay */
-    TK_OK(kvc_begin(hog, 8));
+    TK_OK(kvc_begin(hog, 8, NULL, 0));
     TK_OK(kvc_cancel(hog));
     TK_EQ(tree_stats(t).entries_evicted, 2);
     TK_OK(kvc_radix_lookup(t, NS, tok[1], 8, &c, &reused));
@@ -381,7 +381,7 @@ static void test_namespaces(void) {
     TK_OK(kvc_radix_lookup(t, NS, tok, 9, &d, &reused));
     TK_EQ(reused, 8);
     /* the same tokens committed under the tenant's key make a separate entry */
-    TK_OK(kvc_radix_commit(t, other_tenant, d, tok, 9));
+    TK_OK(kvc_radix_commit(t, other_tenant, d, tok, 9, 0));
     TK_EQ(tree_stats(t).n_entries, 2);
     TK_EQ(tree_stats(t).n_pages, 3);                      /* both share d's pages */
     TK_OK(kvc_cache_destroy(d));
@@ -408,7 +408,7 @@ static void test_rotating(void) {
     other[9] = 99;
     TK_OK(kvc_radix_lookup(t, NS, tok, 20, &a, &reused));
     for (i = 0; i < 20; ++i) TK_OK(extend(a, &s, tok, i, i + 1)); /* decode-like: the window slides */
-    TK_OK(kvc_radix_commit(t, NS, a, tok, 21));          /* 20 tokens held */
+    TK_OK(kvc_radix_commit(t, NS, a, tok, 21, 0));       /* 20 tokens held */
     TK_OK(kvc_cache_pages(a, &off));
     TK_EQ(off, 3);                                       /* sink page 0 + window pages 8, 9 */
     TK_EQ(tree_stats(t).n_pages, 3);
@@ -418,7 +418,7 @@ static void test_rotating(void) {
     TK_EQ(reused, 20);
     TK_OK(kvc_cache_offset(c, &off));
     TK_EQ(off, 20);
-    TK_OK(kvc_can_trim(c, &can));
+    TK_OK(kvc_cache_can_trim(c, &can));
     TK_EQ(can, 0);                                       /* wrapped */
     check_contents(c, &s, tok);
     TK_OK(extend(c, &s, tok, 20, 21));
@@ -427,14 +427,14 @@ static void test_rotating(void) {
     /* diverging at 9: pages 2..4 are gone; only tokens 0..3 (sinks + page 1) remain whole */
     TK_OK(kvc_radix_lookup(t, NS, other, 12, &c, &reused));
     TK_EQ(reused, 2);
-    TK_OK(kvc_can_trim(c, &can));
+    TK_OK(kvc_cache_can_trim(c, &can));
     TK_EQ(can, 1);
     check_contents(c, &s, other);
     TK_OK(extend(c, &s, other, 2, 12));
     check_contents(c, &s, other);
     /* committing the new branch fills the path's missing pages from this cache where
        it still holds them (page 4: tokens 8, 9 are the branch's own after the split) */
-    TK_OK(kvc_radix_commit(t, NS, c, other, 12));
+    TK_OK(kvc_radix_commit(t, NS, c, other, 12, 0));
     TK_OK(kvc_cache_destroy(c));
     TK_OK(kvc_radix_lookup(t, NS, other, 12, &c, &reused));
     TK_EQ(reused, 11);
@@ -464,7 +464,7 @@ static void test_rotating_long(void) {
     for (i = 0; i < 41; ++i) tok[i] = i % 3;
     TK_OK(kvc_radix_lookup(t, NS, tok, 40, &a, &reused));
     for (i = 0; i < 40; ++i) TK_OK(extend(a, &s, tok, i, i + 1));
-    TK_OK(kvc_radix_commit(t, NS, a, tok, 40));
+    TK_OK(kvc_radix_commit(t, NS, a, tok, 40, 0));
     TK_OK(kvc_cache_destroy(a));
     TK_OK(kvc_radix_lookup(t, NS, tok, 41, &c, &reused));
     TK_EQ(reused, 40);
@@ -516,7 +516,7 @@ static void test_single_entry(unsigned long long seed) {
         TK_EQ(reused_b, reused_a);
         TK_OK(extend(c, &s, tok, reused_b, n + (gen > 0 ? gen - 1 : 0)));
         check_contents(c, &s, tok);
-        TK_OK(kvc_radix_commit(t, NS, c, tok, n + gen));
+        TK_OK(kvc_radix_commit(t, NS, c, tok, n + gen, 0));
         TK_OK(kvc_cache_destroy(c));
         TK_EQ(tree_stats(t).n_entries, 1);
         memcpy(prev, tok, sizeof(int32_t) * (size_t)(n + gen));
@@ -608,9 +608,9 @@ static void test_evicting_allocations(void) {
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     TK_OK(kvc_cache_create(pool, &cc, &x));
     TK_OK(extend(x, &s, tok, 0, 2));
-    TK_OK(kvc_snapshot_take(x, 0, &parent));
+    TK_OK(kvc_snapshot_take(x, 0, KVC_POS_END, &parent));
     TK_OK(extend(x, &s, tok, 2, 4)); /* copy-on-write of page 0 */
-    TK_OK(kvc_snapshot_take(x, 2, &child));
+    TK_OK(kvc_snapshot_take(x, 2, KVC_POS_END, &child));
     TK_OK(kvc_radix_create(pool, &rc, &t));
     fill_tree(t, &s, 100, 12);
     fill_tree(t, &s, 200, 12);
@@ -618,7 +618,7 @@ static void test_evicting_allocations(void) {
     TK_OK(kvc_snapshot_merge(x, parent, child, &merged)); /* before: KVC_ERR_FULL */
     TK_EQ(tree_stats(t).entries_evicted, 1);
     if (merged != NULL) {
-        TK_OK(kvc_restore(x, merged, 4));
+        TK_OK(kvc_cache_restore(x, merged, 4));
         check_contents(x, &s, tok);
         TK_OK(kvc_snapshot_free(merged));
     } else {
@@ -683,25 +683,25 @@ static void test_errors(void) {
         before = tree_stats(t);
     }
     /* commit */
-    TK_RES(kvc_radix_commit(NULL, NS, c, tok, 6), KVC_ERR_NULL);
-    TK_RES(kvc_radix_commit(t, NS, NULL, tok, 6), KVC_ERR_NULL);
-    TK_RES(kvc_radix_commit(t, NS, c, NULL, 6), KVC_ERR_NULL);
-    TK_RES(kvc_radix_commit(t, NS, c, tok, -1), KVC_ERR_INVALID);
+    TK_RES(kvc_radix_commit(NULL, NS, c, tok, 6, 0), KVC_ERR_NULL);
+    TK_RES(kvc_radix_commit(t, NS, NULL, tok, 6, 0), KVC_ERR_NULL);
+    TK_RES(kvc_radix_commit(t, NS, c, NULL, 6, 0), KVC_ERR_NULL);
+    TK_RES(kvc_radix_commit(t, NS, c, tok, -1, 0), KVC_ERR_INVALID);
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     TK_OK(kvc_cache_create(other, &cc, &foreign));
     TK_OK(extend(foreign, &s, tok, 0, 3));
-    TK_RES(kvc_radix_commit(t, NS, foreign, tok, 3), KVC_ERR_FOREIGN);
+    TK_RES(kvc_radix_commit(t, NS, foreign, tok, 3, 0), KVC_ERR_FOREIGN);
     kvc_cache_config_init(&cc, KVC_KIND_ROTATING);
     cc.window = 4;
     TK_OK(kvc_cache_create(pool, &cc, &rot));
     TK_OK(extend(rot, &s, tok, 0, 3));
-    TK_RES(kvc_radix_commit(t, NS, rot, tok, 3), KVC_ERR_INVALID);     /* not the tree's kind */
+    TK_RES(kvc_radix_commit(t, NS, rot, tok, 3, 0), KVC_ERR_INVALID);  /* not the tree's kind */
     kvc_cache_config_init(&cc, KVC_KIND_CAUSAL);
     cc.capacity = 4;
     TK_OK(kvc_cache_create(pool, &cc, &causal));
-    TK_RES(kvc_radix_commit(t, NS, causal, tok, 0), KVC_ERR_INVALID);
-    TK_OK(kvc_begin(c, 1));
-    TK_RES(kvc_radix_commit(t, NS, c, tok, 7), KVC_ERR_STATE);         /* batch open */
+    TK_RES(kvc_radix_commit(t, NS, causal, tok, 0, 0), KVC_ERR_INVALID);
+    TK_OK(kvc_begin(c, 1, NULL, 0));
+    TK_RES(kvc_radix_commit(t, NS, c, tok, 7, 0), KVC_ERR_STATE);      /* batch open */
     TK_OK(kvc_cancel(c));
     /* pin / unpin / evict / stats / release / destroy */
     TK_RES(kvc_radix_pin(NULL, NS, tok, 3), KVC_ERR_NULL);
@@ -730,7 +730,7 @@ static void test_errors(void) {
     }
     /* two trees on one pool: both give pages back; destroy in any order */
     TK_OK(kvc_radix_create(pool, &rc, &t2));
-    TK_OK(kvc_radix_commit(t2, NS, c, tok, 6));                         /* moves c's entry to t2 */
+    TK_OK(kvc_radix_commit(t2, NS, c, tok, 6, 0));                      /* moves c's entry to t2 */
     TK_EQ(tree_stats(t).n_in_use, 0);
     TK_EQ(tree_stats(t2).n_in_use, 1);
     TK_OK(kvc_radix_destroy(t));
@@ -766,7 +766,7 @@ static void test_alloc_failures(void) {
         int32_t used = pages_used(pool);
         kvc_result r;
         g_fail_after = fail;
-        r = kvc_radix_commit(t, NS, b, tb, 10);
+        r = kvc_radix_commit(t, NS, b, tb, 10, 0);
         g_fail_after = -1;
         st1 = tree_stats(t);
         if (fail < 2) {
@@ -962,7 +962,7 @@ static void r_turn(r_ep *e) {
     }
     TK_OK(r);
     if (check_contents(c, &e->s, tok)) e->failed = 1;
-    TK_OK(kvc_radix_commit(e->t, e->ns[ns], c, tok, n + gen));
+    TK_OK(kvc_radix_commit(e->t, e->ns[ns], c, tok, n + gen, 0));
     r_record(e, ns, tok, n + (gen > 0 ? gen - 1 : 0));
     if (e->max_entries > 0) { /* leaves beyond the limit only while in use or pinned */
         int32_t in_use = 1;

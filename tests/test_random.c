@@ -287,7 +287,7 @@ static void tr_check_cache_state(tr_ep *e, int ci, const ref_state *st) {
     TK_OK(kvc_cache_pages(c->h, &pages));
     if (c->kind == KVC_KIND_FULL) TK_EQ(pages, tr_ceil_div(st->off, e->pc));
     else TK_CHECK(pages <= tr_rot_page_bound(e, c));
-    TK_OK(kvc_can_trim(c->h, &can));
+    TK_OK(kvc_cache_can_trim(c->h, &can));
     TK_EQ(can != 0, !tr_wrapped(c, st));
 
     for (l = 0; l < e->L; ++l) {
@@ -513,7 +513,7 @@ static int tr_op_append(tr_ep *e, int ci, int n, int allow_cancel) {
     need_lo = tr_ceil_div(o + n, e->pc) - tr_ceil_div(o, e->pc);
     need_hi = need_lo + (o % e->pc != 0);
     tr_logf(e, "append cache %d n %d (offset %d, free pages %d)", ci, n, o, free_before);
-    r = kvc_begin(c->h, n);
+    r = kvc_begin(c->h, n, NULL, 0);
     tr_loga(e, " -> %d", r);
     if (r == KVC_ERR_FULL) {
         if (!(free_before < need_hi))
@@ -553,8 +553,8 @@ static int tr_op_append(tr_ep *e, int ci, int n, int allow_cancel) {
             int32_t reused = -1, tok = 1;
             TK_OK(kvc_cache_offset(c->h, &off));
             TK_EQ(off, o + n);
-            TK_RES(kvc_begin(c->h, 1), KVC_ERR_STATE);
-            TK_RES(kvc_snapshot_take(c->h, 0, &snap), KVC_ERR_STATE);
+            TK_RES(kvc_begin(c->h, 1, NULL, 0), KVC_ERR_STATE);
+            TK_RES(kvc_snapshot_take(c->h, 0, KVC_POS_END, &snap), KVC_ERR_STATE);
             TK_RES(kvc_cache_fork(c->h, &fk), KVC_ERR_STATE);
             if (e->px.h != NULL)
                 for (i = 0; i < e->px.n_c; ++i)
@@ -590,7 +590,7 @@ static void tr_op_trim(tr_ep *e, int ci) {
     int32_t n = tr_pct(e, 10) ? tr_int(e, -2, c->st.off + 2) : tr_int(e, 0, tr_min(c->st.off, 12));
     int r, want = ref_trim_expect(c->kind, c->W, &c->st, n);
     tr_logf(e, "trim cache %d n %d (offset %d)", ci, n, c->st.off);
-    r = kvc_trim(c->h, n);
+    r = kvc_cache_trim(c->h, n);
     tr_loga(e, " -> %d (want %d)", r, want);
     TK_RES(r, want);
     if (r == KVC_OK && want == KVC_OK) ref_trim(&c->st, n);
@@ -601,7 +601,7 @@ static void tr_op_live_restore(tr_ep *e, int ci) {
     int32_t off = c->st.off, target = tr_pct(e, 15) ? tr_int(e, -2, off + 2) : tr_int(e, tr_max(0, off - 10), off);
     int r, want = ref_live_restore_expect(c->kind, c->W, &c->st, target);
     tr_logf(e, "live restore cache %d target %d (offset %d)", ci, target, off);
-    r = kvc_restore(c->h, NULL, target);
+    r = kvc_cache_restore(c->h, NULL, target);
     tr_loga(e, " -> %d", r);
     TK_RES(r, want);
     if (r == KVC_OK && want == KVC_OK) ref_live_restore(c->kind, &c->st, target);
@@ -653,7 +653,7 @@ static tr_snap *tr_op_take(tr_ep *e, int ci, int32_t from) {
     int r;
     if (e->ns == TR_MAX_SNAPS) tr_op_snap_free(e, tr_int(e, 0, e->ns - 1));
     tr_logf(e, "snapshot_take cache %d (kind %d) from %d (offset %d)", ci, (int)c->kind, from, off);
-    r = kvc_snapshot_take(c->h, from, &out);
+    r = kvc_snapshot_take(c->h, from, KVC_POS_END, &out);
     tr_loga(e, " -> %d %s", r, out ? "snap" : "NULL");
     TK_OK(r);
     if (r != KVC_OK) return NULL;
@@ -687,7 +687,7 @@ static int tr_compatible(const tr_cache *c, const tr_snap *s) {
     return s->kind == c->kind && s->W == c->W && s->S == c->S;
 }
 
-/* What kvc_restore(c, s, target) must return (ref_model.h, after the compatibility check). */
+/* What kvc_cache_restore(c, s, target) must return (ref_model.h, after the compatibility check). */
 static int tr_restore_expect(const tr_cache *c, const tr_snap *s, int32_t target) {
     if (!tr_compatible(c, s)) return KVC_ERR_FOREIGN;
     return ref_restore_expect(c->kind, c->W, &c->st, s->from, s->to, &s->st, target);
@@ -709,7 +709,7 @@ static int tr_do_restore(tr_ep *e, int ci, int si, int32_t target) {
     int r;
     tr_logf(e, "restore cache %d (kind %d, offset %d) from snap %d [%d,%d) target %d", ci, (int)c->kind, c->st.off,
             si, s->from, s->to, target);
-    r = kvc_restore(c->h, s->h, target);
+    r = kvc_cache_restore(c->h, s->h, target);
     tr_loga(e, " -> %d (want %d)", r, want);
     if (r == KVC_ERR_FULL && want == KVC_OK && c->kind == KVC_KIND_FULL) {
         TK_CHECK(free_before < 1); /* at most the page at `from` is copied */
@@ -741,7 +741,7 @@ static void tr_op_restore(tr_ep *e) {
         target = tr_int(e, 0, e->s[si]->to);
         if (tr_compatible(&e->c[ci], e->s[si])) { tr_do_restore(e, ci, si, target); return; }
         tr_logf(e, "restore cache %d from foreign snap %d target %d", ci, si, target);
-        TK_RES(kvc_restore(e->c[ci].h, e->s[si]->h, target), KVC_ERR_FOREIGN);
+        TK_RES(kvc_cache_restore(e->c[ci].h, e->s[si]->h, target), KVC_ERR_FOREIGN);
         return;
     }
     tr_do_restore(e, ci, si, tr_pick_target(e, e->s[si]));
@@ -760,7 +760,7 @@ static void tr_op_probe(tr_ep *e) {
     c = &e->c[ci];
     saved = c->st;
     tr_logf(e, "probe: snapshot_take cache %d from 0 (offset %d)", ci, c->st.off);
-    r = kvc_snapshot_take(c->h, 0, &tmp);
+    r = kvc_snapshot_take(c->h, 0, KVC_POS_END, &tmp);
     tr_loga(e, " -> %d", r);
     TK_OK(r);
     if (r != KVC_OK) return;
@@ -770,7 +770,7 @@ static void tr_op_probe(tr_ep *e) {
         if (tr_pct(e, 50)) tr_check_attention(e, ci, &c->st, tr_int(e, 0, e->L - 1));
         if (tmp != NULL) {
             tr_logf(e, "probe: restore cache %d back to %d", ci, saved.off);
-            r = kvc_restore(c->h, tmp, saved.off);
+            r = kvc_cache_restore(c->h, tmp, saved.off);
             tr_loga(e, " -> %d", r);
             TK_OK(r);
             if (r == KVC_OK) { /* a restore from a snapshot counts as a change (kvc_prefix) */
@@ -1160,10 +1160,10 @@ static void tr_op_invalid(tr_ep *e, int ci) {
     d.out = e->out;
     memset(e->q, 0, sizeof(e->q));
     switch (k) {
-    case 0: TK_RES(kvc_begin(c->h, 0), KVC_ERR_INVALID); TK_RES(kvc_begin(c->h, -3), KVC_ERR_INVALID); break;
+    case 0: TK_RES(kvc_begin(c->h, 0, NULL, 0), KVC_ERR_INVALID); TK_RES(kvc_begin(c->h, -3, NULL, 0), KVC_ERR_INVALID); break;
     case 1: TK_RES(kvc_put(c->h, 0, e->bk, e->bv), KVC_ERR_STATE); TK_RES(kvc_cancel(c->h), KVC_ERR_STATE); break;
     case 2: {
-        TK_RES(kvc_trim(c->h, c->st.off + 1), ref_trim_expect(c->kind, c->W, &c->st, c->st.off + 1));
+        TK_RES(kvc_cache_trim(c->h, c->st.off + 1), ref_trim_expect(c->kind, c->W, &c->st, c->st.off + 1));
         break;
     }
     case 3: TK_RES(kvc_attention(c->h, e->L, &d), KVC_ERR_RANGE); TK_RES(kvc_attention(c->h, -1, &d), KVC_ERR_RANGE); break;
@@ -1174,15 +1174,15 @@ static void tr_op_invalid(tr_ep *e, int ci) {
     case 5: d.n_queries = c->st.off + 1; TK_RES(kvc_attention(c->h, 0, &d), KVC_ERR_RANGE); break;
     case 6: TK_RES(kvc_cache_gather(c->h, e->L, NULL, NULL, NULL, 0, &n), KVC_ERR_RANGE);
             TK_RES(kvc_cache_gather(c->h, 0, NULL, NULL, NULL, -1, &n), KVC_ERR_INVALID); break;
-    case 7: TK_RES(kvc_restore(c->h, NULL, -1), KVC_ERR_UNREACHABLE);
-            TK_RES(kvc_restore(c->h, NULL, c->st.off + 1), KVC_ERR_UNREACHABLE); break;
+    case 7: TK_RES(kvc_cache_restore(c->h, NULL, -1), KVC_ERR_UNREACHABLE);
+            TK_RES(kvc_cache_restore(c->h, NULL, c->st.off + 1), KVC_ERR_UNREACHABLE); break;
     case 8: if (e->px.h != NULL && !e->px.open) TK_RES(kvc_prefix_close(e->px.h, NULL, 0), KVC_ERR_STATE);
             if (e->px.h != NULL) { int32_t t = 0, r2 = 0; TK_RES(kvc_prefix_begin(e->px.h, &t, -1, &r2), KVC_ERR_INVALID); }
             break;
     default: {
         kvc_snapshot *o = NULL;
         TK_RES(kvc_snapshot_merge(NULL, NULL, NULL, &o), KVC_ERR_NULL);
-        TK_RES(kvc_snapshot_take(NULL, 0, &o), KVC_ERR_NULL);
+        TK_RES(kvc_snapshot_take(NULL, 0, KVC_POS_END, &o), KVC_ERR_NULL);
         TK_RES(kvc_snapshot_free(NULL), KVC_OK);
         break;
     }
@@ -1219,8 +1219,8 @@ static int tr_setup(tr_ep *e) {
     e->mode = tr_int(e, 0, 3);
     if (e->mode == 3) e->mode = 0;
     if (e->mode == 1) {
-        cfg.allocator.alloc = tr_count_alloc;
-        cfg.allocator.free = tr_count_free;
+        cfg.runtime.allocator.alloc = tr_count_alloc;
+        cfg.runtime.allocator.free = tr_count_free;
     } else if (e->mode == 2) {
         TK_OK(kvc_pool_arena_bytes(&cfg, &bytes));
         e->arena = malloc(bytes);
@@ -1269,7 +1269,7 @@ static void tr_step(tr_ep *e) {
             if (c->kind == KVC_KIND_FULL && c->st.off > 0 && tr_pct(e, 70)) {
                 int32_t t = tr_int(e, 0, c->st.off);
                 tr_logf(e, "(cap) trim cache %d to %d", ci, t);
-                TK_OK(kvc_trim(c->h, c->st.off - t));
+                TK_OK(kvc_cache_trim(c->h, c->st.off - t));
                 ref_rewind(&c->st, t);
             } else tr_op_clear(e, ci);
         } else tr_op_append(e, ci, n, 1);

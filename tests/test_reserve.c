@@ -45,7 +45,7 @@ static void kv_rows(const int32_t *tok, int32_t from, int32_t n, int32_t layer, 
 static kvc_result kv_feed(kvc_cache *c, const int32_t *tok, int32_t from, int32_t n, int32_t layers) {
     static float k[MAXT * ROW], v[MAXT * ROW];
     int32_t l;
-    kvc_result r = kvc_begin(c, n);
+    kvc_result r = kvc_begin(c, n, NULL, 0);
     if (r != KVC_OK) return r;
     for (l = 0; l < layers; ++l) {
         kv_rows(tok, from, n, l, k, v);
@@ -210,15 +210,15 @@ static void test_rotating_decode(tk_rng *rng) {
             TK_EQ(b, expect_pages(&zc, pc, t, t + 1));
             TK_EQ(pages_used(p), a + b);
         }
-        TK_OK(kvc_can_trim(z, &can));
+        TK_OK(kvc_cache_can_trim(z, &can));
         TK_EQ(can, 0); /* wrapped, no reserve: as before */
-        TK_RES(kvc_trim(z, 1), KVC_ERR_UNREACHABLE);
+        TK_RES(kvc_cache_trim(z, 1), KVC_ERR_UNREACHABLE);
         TK_OK(kvc_cache_destroy(z));
     }
-    TK_OK(kvc_can_trim(c, &can));
+    TK_OK(kvc_cache_can_trim(c, &can));
     TK_EQ(can, 1);
     for (j = 0; j <= R; ++j) { /* every target within R: reachable, and exactly the fresh window */
-        TK_OK(kvc_can_rewind(c, n - j, &can));
+        TK_OK(kvc_cache_can_rewind(c, n - j, &can));
         TK_EQ(can, 1);
     }
     for (j = R + 1; j <= n; ++j) { /* beyond: reachable while every page of its window is held */
@@ -226,11 +226,11 @@ static void test_rotating_decode(tk_rng *rng) {
         int32_t nsp = (cc.sinks + pc - 1) / pc, keep = (n - 1) - (cc.window - cc.sinks) + 1 - R;
         int32_t first = TK_MAX(nsp, keep > 0 ? keep / pc : 0); /* the first window page held */
         int want = first == nsp || lo >= target || lo >= first * pc || target <= nsp * pc;
-        TK_OK(kvc_can_rewind(c, target, &can));
+        TK_OK(kvc_cache_can_rewind(c, target, &can));
         TK_EQ(can, want);
     }
     j = tk_int(rng, 1, R);
-    TK_OK(kvc_trim(c, j));
+    TK_OK(kvc_cache_trim(c, j));
     TK_CHECK(same_as_fresh(c, p, &cc, tok, 1, layers, 1));
     /* continue with other tokens: the same as a cache that never drafted */
     for (t = n - j; t < n + 3; ++t) tok[t] = tk_int(rng, 0, 999);
@@ -269,14 +269,14 @@ static void test_rotating_random(tk_rng *rng) {
         } else if (op < 8) { /* reject j <= R drafted tokens */
             int32_t j = tk_int(rng, 0, TK_MIN(off, off - (m - R)));
             int can = -1, trim = tk_pct(rng, 50);
-            TK_OK(kvc_can_rewind(c, off - j, &can));
+            TK_OK(kvc_cache_can_rewind(c, off - j, &can));
             TK_EQ(can, 1);
-            if (trim) TK_OK(kvc_trim(c, j));
-            else TK_OK(kvc_restore(c, NULL, off - j));
+            if (trim) TK_OK(kvc_cache_trim(c, j));
+            else TK_OK(kvc_cache_restore(c, NULL, off - j));
             off -= j;
-            /* the view after a rewind is the window of one query at off - 1; a restore to
-               the offset itself leaves the cache as it was */
-            if (trim || j > 0) last = 1;
+            /* the view after a rewind is the window of one query at off - 1; a trim by 0 or
+               a restore to the offset itself leaves the cache as it was */
+            if (j > 0) last = 1;
             if (off > 0) TK_CHECK(same_as_fresh(c, p, &cc, tok, last, layers, step));
         } else if (op == 9 && off > 0) { /* save and load: the same view, the same targets reachable */
             kvc_mem mem;
@@ -296,8 +296,8 @@ static void test_rotating_random(tk_rng *rng) {
             TK_CHECK(same_as_fresh(d, p, &cc, tok, last, layers, step + 2000));
             for (tt = 0; tt <= off; ++tt) {
                 int a = -1, b = -2;
-                TK_OK(kvc_can_rewind(c, tt, &a));
-                TK_OK(kvc_can_rewind(d, tt, &b));
+                TK_OK(kvc_cache_can_rewind(c, tt, &a));
+                TK_OK(kvc_cache_can_rewind(d, tt, &b));
                 TK_EQ(a, b);
             }
             TK_OK(kvc_cache_destroy(d));
@@ -307,16 +307,16 @@ static void test_rotating_random(tk_rng *rng) {
             kvc_snapshot *s = NULL;
             kvc_cache *d = NULL;
             if (target == 0) continue;
-            TK_OK(kvc_snapshot_take_at(c, 0, target, &s));
+            TK_OK(kvc_snapshot_take(c, 0, target, &s));
             TK_CHECK(s != NULL);
             TK_OK(kvc_cache_create(p, &cc, &d));
             if (s != NULL) {
                 if (j > 0) { /* the snapshot holds the reserve too: a restore below its end */
                     int32_t j2 = tk_int(rng, 0, TK_MIN(target, target - (m - R)));
-                    TK_OK(kvc_restore(d, s, target - j2));
+                    TK_OK(kvc_cache_restore(d, s, target - j2));
                     if (target - j2 > 0) TK_CHECK(same_as_fresh(d, p, &cc, tok, 1, layers, step + 1000));
                 } else {
-                    TK_OK(kvc_restore(d, s, target));
+                    TK_OK(kvc_cache_restore(d, s, target));
                 }
             }
             TK_OK(kvc_snapshot_free(s));
@@ -361,7 +361,7 @@ static void test_rotating_budget(void) {
     before = pages_used(p);
     TK_OK(kvc_cache_fork(c, &f)); /* shares every page, the reserve's too */
     TK_EQ(pages_used(p), before);
-    TK_OK(kvc_trim(f, 4));
+    TK_OK(kvc_cache_trim(f, 4));
     TK_CHECK(same_as_fresh(f, p, &cc, tok, 1, 1, 6));
     TK_OK(kvc_cache_destroy(f));
     {   /* save keeps the pages the cache holds (window and reserve); a load into a cache
@@ -380,14 +380,14 @@ static void test_rotating_budget(void) {
         TK_OK(kvc_cache_create(p, &cc, &f));
         mem.pos = 0;
         TK_OK(kvc_cache_load(f, ns, &io, NULL, 0, NULL));
-        TK_OK(kvc_trim(f, 4));
+        TK_OK(kvc_cache_trim(f, 4));
         TK_CHECK(same_as_fresh(f, p, &cc, tok, 1, 1, 7));
         TK_OK(kvc_cache_destroy(f));
         zc.reserve = 0;
         TK_OK(kvc_cache_create(p, &zc, &f));
         mem.pos = 0;
         TK_OK(kvc_cache_load(f, ns, &io, NULL, 0, NULL));
-        TK_RES(kvc_trim(f, 1), KVC_ERR_UNREACHABLE);
+        TK_RES(kvc_cache_trim(f, 1), KVC_ERR_UNREACHABLE);
         TK_OK(kv_feed(f, tok, 20, 1, 1)); /* and it drops the extra pages at its next batch */
         TK_CHECK(same_as_fresh(f, p, &zc, tok, 1, 1, 8));
         TK_OK(kvc_cache_pages(f, &pages));
@@ -421,7 +421,7 @@ static void rref(const int32_t *tok, int32_t n, int32_t layer, float *out) {
 static kvc_result rfeed(kvc_cache *c, const int32_t *tok, int32_t off, int32_t n, const int32_t *at, int32_t n_at,
                         int32_t skip_layer) {
     int32_t l, t;
-    kvc_result r = kvc_begin_checkpoints(c, n, at, n_at);
+    kvc_result r = kvc_begin(c, n, at, n_at);
     if (r != KVC_OK) return r;
     for (l = 0; l < SL; ++l) {
         float *st;
@@ -479,22 +479,22 @@ static void test_recurrent(tk_rng *rng) {
     off = 10;
     /* decode far past R, one token a batch: each begin keeps the start's state */
     for (t = 0; t < 3 * R + 2; ++t, ++off) TK_OK(rfeed(c, tok, off, 1, NULL, 0, -1));
-    TK_OK(kvc_checkpoints(c, NULL, 0, &n_at));
+    TK_OK(kvc_cache_checkpoints(c, NULL, 0, &n_at));
     TK_EQ(n_at, R + 1); /* the reserve's R, and the named one at 10 */
-    TK_OK(kvc_checkpoints(c, at, 16, &n_at));
+    TK_OK(kvc_cache_checkpoints(c, at, 16, &n_at));
     TK_EQ(at[0], 10);
     TK_EQ(pages_used(p), 1 + R + 1); /* the live state + one per checkpoint, nothing else */
     for (j = 0; j <= R; ++j) {
-        TK_OK(kvc_can_rewind(c, off - j, &can));
+        TK_OK(kvc_cache_can_rewind(c, off - j, &can));
         TK_EQ(can, 1);
     }
-    TK_OK(kvc_can_rewind(c, off - R - 1, &can));
+    TK_OK(kvc_cache_can_rewind(c, off - R - 1, &can));
     TK_EQ(can, 0);
-    TK_RES(kvc_trim(c, R + 1), KVC_ERR_UNREACHABLE); /* beyond the reserve: nothing changed */
+    TK_RES(kvc_cache_trim(c, R + 1), KVC_ERR_UNREACHABLE); /* beyond the reserve: nothing changed */
     TK_CHECK(rstate_is(c, tok, off));
     m = off; /* the furthest offset reached */
     j = tk_int(rng, 0, R);
-    TK_OK(kvc_trim(c, j));
+    TK_OK(kvc_cache_trim(c, j));
     off -= j;
     TK_CHECK(rstate_is(c, tok, off));
     for (t = off; t < off + 8; ++t) tok[t] = tk_int(rng, 0, 999); /* the right tokens */
@@ -506,18 +506,18 @@ static void test_recurrent(tk_rng *rng) {
         off += k;
         m = TK_MAX(m, off);
         for (t = 0; t <= off; ++t) {
-            TK_OK(kvc_can_rewind(c, t, &can));
+            TK_OK(kvc_cache_can_rewind(c, t, &can));
             TK_EQ(can, t >= m - R || t == 10 || t == 0); /* 0: clearing */
         }
         j = tk_int(rng, 0, off - (m - R));
         {
             kvc_snapshot *s = NULL;
-            TK_OK(kvc_snapshot_take_at(c, 0, off - j, &s)); /* a reserve checkpoint as a snapshot */
+            TK_OK(kvc_snapshot_take(c, 0, off - j, &s)); /* a reserve checkpoint as a snapshot */
             TK_CHECK(s != NULL);
-            TK_OK(kvc_trim(c, j));
+            TK_OK(kvc_cache_trim(c, j));
             off -= j;
             TK_CHECK(rstate_is(c, tok, off));
-            TK_OK(kvc_restore(c, s, off));
+            TK_OK(kvc_cache_restore(c, s, off));
             TK_CHECK(rstate_is(c, tok, off));
             TK_OK(kvc_snapshot_free(s));
         }
@@ -532,10 +532,10 @@ static void test_recurrent(tk_rng *rng) {
         TK_OK(rfeed(c, tok, off, k, NULL, 0, 1));
         off += k;
         for (j = 1; j <= R; ++j) {
-            TK_OK(kvc_can_rewind(c, off - j, &can));
+            TK_OK(kvc_cache_can_rewind(c, off - j, &can));
             TK_EQ(can, 0);
         }
-        TK_OK(kvc_can_rewind(c, at[0], &can)); /* the named prompt end: still there */
+        TK_OK(kvc_cache_can_rewind(c, at[0], &can)); /* the named prompt end: still there */
         TK_EQ(can, 1);
     }
     /* a fork shares the reserve checkpoints; a snapshot carries them into a cache without a
@@ -550,23 +550,23 @@ static void test_recurrent(tk_rng *rng) {
         before = pages_used(p);
         TK_OK(kvc_cache_fork(c, &f));
         TK_EQ(pages_used(p), before);
-        TK_OK(kvc_trim(f, 1));
+        TK_OK(kvc_cache_trim(f, 1));
         TK_CHECK(rstate_is(f, tok, off - 1));
         TK_CHECK(rstate_is(c, tok, off));
         TK_OK(kvc_cache_destroy(f));
-        TK_OK(kvc_snapshot_take(c, 0, &s));
+        TK_OK(kvc_snapshot_take(c, 0, KVC_POS_END, &s));
         zc.reserve = 0;
         TK_OK(kvc_cache_create(p, &zc, &z));
-        TK_OK(kvc_restore(z, s, off));
+        TK_OK(kvc_cache_restore(z, s, off));
         TK_CHECK(rstate_is(z, tok, off));
-        TK_OK(kvc_checkpoints(z, NULL, 0, &n_z));
+        TK_OK(kvc_cache_checkpoints(z, NULL, 0, &n_z));
         TK_EQ(n_z, 1); /* the named one at 10 */
-        TK_RES(kvc_trim(z, 1), KVC_ERR_UNREACHABLE);
+        TK_RES(kvc_cache_trim(z, 1), KVC_ERR_UNREACHABLE);
         TK_OK(kvc_cache_destroy(z));
         TK_OK(kvc_snapshot_free(s));
     }
     /* the named checkpoint outlives the reserve's: back to the prompt */
-    TK_OK(kvc_restore(c, NULL, 10));
+    TK_OK(kvc_cache_restore(c, NULL, 10));
     TK_CHECK(rstate_is(c, tok, 10));
     TK_OK(kvc_cache_destroy(c));
     TK_EQ(pages_used(p), 0);

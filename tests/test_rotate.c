@@ -124,11 +124,11 @@ static void test_paths(tk_rng *rng) {
             kvc_pool_config_init(&pc);
             pc.n_layers = 1; pc.n_kv_heads = 2; pc.head_dim_k = pc.head_dim_v = 96;
             pc.budget_bytes = (size_t)1 << 20; pc.rotate = KVC_ROTATE_K | KVC_ROTATE_V;
-            pc.cpu_disable = k ? 0 : ~0u;
+            pc.runtime.cpu_disable = k ? 0 : ~0u;
             kvc_cache_config_init(&cc, KVC_KIND_FULL);
             TK_OK(kvc_pool_create(&pc, &pp[k]));
             TK_OK(kvc_cache_create(pp[k], &cc, &cp[k]));
-            TK_OK(kvc_begin(cp[k], 3));
+            TK_OK(kvc_begin(cp[k], 3, NULL, 0));
             TK_OK(kvc_put(cp[k], 0, kv, kv));
         }
         TK_OK(kvc_cache_runs(cp[0], 0, &ra, 1, &nr));
@@ -201,7 +201,7 @@ static int build(const spec *s, uint32_t rotate, uint64_t seed, built *b) {
             bt.n_tokens = n; bt.pos = pos; bt.seq = seq;
             ok = kvc_begin_batch(b->cache, &bt) == KVC_OK;
         } else {
-            ok = kvc_begin(b->cache, n) == KVC_OK;
+            ok = kvc_begin(b->cache, n, NULL, 0) == KVC_OK;
         }
         for (l = 0; l < 2 && ok; ++l) {
             fill_kv(&rng, s, k, n, s->hk, 2.0f);
@@ -412,7 +412,7 @@ static void test_runs(tk_rng *rng) {
     TK_OK(kvc_cache_create(p, &cc, &c));
     tk_fill(rng, k, sizeof(k) / sizeof(k[0]), 1.0f);
     tk_fill(rng, v, sizeof(v) / sizeof(v[0]), 1.0f);
-    TK_OK(kvc_begin(c, N));
+    TK_OK(kvc_begin(c, N, NULL, 0));
     TK_OK(kvc_put(c, 0, k, v));
     memcpy(kr, k, sizeof(k));
     memcpy(vr, v, sizeof(v));
@@ -512,7 +512,7 @@ static double rms_error(const float *k, const float *v, const float *q, const do
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     TK_OK(kvc_pool_create(&pc, &p));
     TK_OK(kvc_cache_create(p, &cc, &c));
-    TK_OK(kvc_begin(c, n));
+    TK_OK(kvc_begin(c, n, NULL, 0));
     TK_OK(kvc_put(c, 0, k, v));
     memset(&ad, 0, sizeof(ad));
     ad.n_queries = nq; ad.n_heads = kv * g; ad.q = q; ad.out = out;

@@ -50,9 +50,9 @@ static void rule_begin(world *w, int32_t o, int32_t n) {
 static void feed(world *w, tk_rng *rng, int32_t n, int32_t put_layers) {
     float *k = (float *)malloc(sizeof(float) * (size_t)n * NKV * D), *v = (float *)malloc(sizeof(float) * (size_t)n * NKV * D);
     int32_t l, o = offset_of(w->tail);
-    TK_OK(kvc_begin(w->tail, n));
-    TK_OK(kvc_begin(w->plain, n));
-    TK_OK(kvc_begin(w->f16, n));
+    TK_OK(kvc_begin(w->tail, n, NULL, 0));
+    TK_OK(kvc_begin(w->plain, n, NULL, 0));
+    TK_OK(kvc_begin(w->f16, n, NULL, 0));
     rule_begin(w, o, n);
     for (l = 0; l < put_layers; ++l) {
         tk_fill(rng, k, (size_t)n * NKV * D, 2.0f);
@@ -81,7 +81,7 @@ static void part(kvc_cache *c, int32_t layer, const kvc_attention_desc *d0, int3
     for (h = 0; h < NH; ++h) lse[h] = -INFINITY;
     if (b >= e) return;
     TK_OK(kvc_cache_fork(c, &f));
-    if (e < off) TK_OK(kvc_trim(f, off - e));
+    if (e < off) TK_OK(kvc_cache_trim(f, off - e));
     d.window = W ? KVC__MIN(W, off - b) : off - b;
     d.sinks = sinks;
     d.out = out;
@@ -189,7 +189,7 @@ static void world_make(world *w, tk_rng *rng) {
     pc.n_layers = NL; pc.n_kv_heads = NKV; pc.head_dim_k = pc.head_dim_v = D;
     pc.type_k = tk; pc.type_v = tv; pc.page_cells = tk_pct(rng, 50) ? tk_int(rng, 3, 40) : 256;
     pc.budget_bytes = (size_t)48 << 20;
-    pc.cpu_disable = tk_pct(rng, 25) ? ~0u : 0u;
+    pc.runtime.cpu_disable = tk_pct(rng, 25) ? ~0u : 0u;
     TK_OK(kvc_pool_create(&pc, &w->pq));
     pc.type_k = tk >= KVC_TYPE_Q8_0 ? KVC_TYPE_F16 : tk; /* the tail's own types */
     pc.type_v = tv >= KVC_TYPE_Q8_0 ? KVC_TYPE_F16 : tv;
@@ -226,20 +226,20 @@ static void test_random(tk_rng *rng) {
                 feed(&w, rng, n, tk_int(rng, 0, NL - 1));
             } else if (op == 5 && !w.window) { /* trim */
                 int32_t m = tk_int(rng, 1, off);
-                TK_OK(kvc_trim(w.tail, m));
-                TK_OK(kvc_trim(w.plain, m));
-                TK_OK(kvc_trim(w.f16, m));
+                TK_OK(kvc_cache_trim(w.tail, m));
+                TK_OK(kvc_cache_trim(w.plain, m));
+                TK_OK(kvc_cache_trim(w.f16, m));
                 w.hi = KVC__MIN(w.hi, off - m);
             } else if (op == 6) { /* snapshot, more tokens, restore */
                 kvc_snapshot *s = NULL;
                 int32_t from = w.window ? 0 : tk_int(rng, 0, off - 1);
-                TK_OK(kvc_snapshot_take(w.tail, from, &s));
+                TK_OK(kvc_snapshot_take(w.tail, from, KVC_POS_END, &s));
                 TK_CHECK(s != NULL);
                 feed(&w, rng, n, NL);
                 check_decode(&w, rng);
-                TK_OK(kvc_restore(w.tail, s, off));
-                TK_OK(kvc_trim(w.plain, n));
-                TK_OK(kvc_trim(w.f16, n));
+                TK_OK(kvc_cache_restore(w.tail, s, off));
+                TK_OK(kvc_cache_trim(w.plain, n));
+                TK_OK(kvc_cache_trim(w.f16, n));
                 w.hi = w.window ? 0 : KVC__MIN(w.hi, from); /* the snapshot's tokens: as stored */
                 TK_OK(kvc_snapshot_free(s));
             } else if (op == 7) { /* a fork reads what the cache reads, and goes on alike */
@@ -332,7 +332,7 @@ static void test_tree(tk_rng *rng) {
         TK_OK(kvc_radix_config_init(&rc, KVC_KIND_FULL));
         rc.cache.f16_tail = w.T;
         TK_OK(kvc_radix_create(w.pq, &rc, &tree));
-        TK_OK(kvc_radix_commit(tree, NS, w.tail, tok, off));
+        TK_OK(kvc_radix_commit(tree, NS, w.tail, tok, off, 0));
         feed(&w, rng, tk_int(rng, 1, 5), NL); /* the tail cache writes on (copy on write) */
         check_decode(&w, rng);
         n = tk_int(rng, 1, off);
@@ -341,7 +341,7 @@ static void test_tree(tk_rng *rng) {
         TK_CHECK(hit->tail_hi <= hit->tail_lo); /* nothing in f16: the tree's rows as stored */
         if (reused > 0) {
             TK_OK(kvc_cache_fork(w.plain, &ref));
-            TK_OK(kvc_trim(ref, offset_of(w.plain) - reused));
+            TK_OK(kvc_cache_trim(ref, offset_of(w.plain) - reused));
             memset(&d, 0, sizeof(d));
             d.n_queries = 1; d.n_heads = NH; d.q = q;
             for (l = 0; l < NL; ++l) {

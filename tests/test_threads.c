@@ -1,4 +1,4 @@
-/* test_threads.c - a pool shared between threads (kvc_pool_config.lock), the kvc_threads
+/* test_threads.c - a pool shared between threads (kvc_pool_config.runtime.lock), the kvc_threads
    helper shared by several pools, and a model memory's forks on two threads.
 
    The server shape: N_THREADS threads, each with caches of its own on ONE pool with a
@@ -154,7 +154,7 @@ static void serve(shared *s, int32_t r) {
     }
     for (p = q->n_prompt - 1; p < q->n_total; ++p) /* last prompt token, then generation */
         if (!eval(c, q, p, 1, &dg)) errors++;
-    CALL(kvc_radix_commit(s->tree, ns, c, q->tokens, q->n_total), KVC_OK);
+    CALL(kvc_radix_commit(s->tree, ns, c, q->tokens, q->n_total, 0), KVC_OK);
     if (q->pin) {
         kvc_radix_stats rs;
         CALL(kvc_radix_pin(s->tree, ns, q->tokens, q->n_total), KVC_OK); /* in use: still there */
@@ -216,9 +216,9 @@ static uint64_t run_server(request *rq, int32_t n, int32_t n_threads, uint64_t *
     pc.budget_bytes = page_bytes * BUDGET_PAGES;
     if (n_threads > 1) {
         TK_OK(kvc_mutex_create(&mx));
-        TK_OK(kvc_mutex_attach(mx, &pc));
+        TK_OK(kvc_mutex_attach(mx, &pc.runtime));
         TK_OK(kvc_threads_create(2, &th)); /* one helper for every thread's attention */
-        TK_OK(kvc_threads_attach(th, &pc));
+        TK_OK(kvc_threads_attach(th, &pc.runtime));
     }
     memset(&s, 0, sizeof(s));
     TK_OK(kvc_pool_create(&pc, &s.pool));
@@ -345,7 +345,7 @@ static void test_shared_helper(tk_rng *rng) {
         TK_OK(kvc_cache_config_init(&cc, KVC_KIND_FULL));
         TK_OK(kvc_cache_create(s->pool, &cc, &s->cache));
         for (j = 0; j < SIDE_CELLS * NKV * HD; ++j) { k[j] = tk_float(rng); v[j] = tk_float(rng); }
-        TK_OK(kvc_begin(s->cache, SIDE_CELLS));
+        TK_OK(kvc_begin(s->cache, SIDE_CELLS, NULL, 0));
         TK_OK(kvc_put(s->cache, 0, k, v));
         s->q = (float *)malloc(sizeof(float) * SIDE_Q * NH * HD);
         s->ref = (float *)malloc(sizeof(float) * SIDE_Q * NH * HD);
@@ -354,10 +354,10 @@ static void test_shared_helper(tk_rng *rng) {
         side_attend(s, s->ref);
         TK_OK(kvc_cache_destroy(s->cache));
         TK_OK(kvc_pool_destroy(s->pool));
-        TK_OK(kvc_threads_attach(th, &pc)); /* now both pools on one helper */
+        TK_OK(kvc_threads_attach(th, &pc.runtime)); /* now both pools on one helper */
         TK_OK(kvc_pool_create(&pc, &s->pool));
         TK_OK(kvc_cache_create(s->pool, &cc, &s->cache));
-        TK_OK(kvc_begin(s->cache, SIDE_CELLS));
+        TK_OK(kvc_begin(s->cache, SIDE_CELLS, NULL, 0));
         TK_OK(kvc_put(s->cache, 0, k, v));
         s->calls = tk_scaled(400);
         s->wrong = 0;
@@ -448,16 +448,16 @@ static void test_memory_forks(tk_rng *rng) {
     mc.n_groups = 2;
     mc.groups = g;
     mc.budget_bytes = 2 * (7 + 1) * pb0 + 2 * 4 * pb1; /* two memories of <= 100 tokens each */
-    mc.lock = kvc_mutex_lock; /* missing unlock: refused */
+    mc.runtime.lock = kvc_mutex_lock; /* missing unlock: refused */
     TK_RES(kvc_memory_config_check(&mc, &field), KVC_ERR_INVALID);
-    TK_CHECK(field != NULL && strcmp(field, "lock") == 0);
-    mc.unlock = kvc_mutex_unlock;
-    mc.lock_user = mx;
-    g[0].pool.lock = kvc_mutex_lock; /* a group's own lock: the memory's applies */
-    g[0].pool.unlock = kvc_mutex_unlock;
+    TK_CHECK(field != NULL && strcmp(field, "runtime.lock") == 0);
+    mc.runtime.unlock = kvc_mutex_unlock;
+    mc.runtime.lock_user = mx;
+    g[0].pool.runtime.lock = kvc_mutex_lock; /* a group's own lock: the memory's applies */
+    g[0].pool.runtime.unlock = kvc_mutex_unlock;
     TK_RES(kvc_memory_config_check(&mc, &field), KVC_ERR_INVALID);
     TK_CHECK(field != NULL && strcmp(field, "groups.pool") == 0);
-    g[0].pool.lock = g[0].pool.unlock = NULL;
+    g[0].pool.runtime.lock = g[0].pool.runtime.unlock = NULL;
     TK_OK(kvc_memory_config_check(&mc, &field));
     TK_OK(kvc_memory_create(&mc, &m0));
     TK_OK(kvc_memory_fork(m0, &m1));
@@ -500,15 +500,15 @@ static void test_config(void) {
     pc.n_kv_heads = NKV;
     pc.head_dim_k = pc.head_dim_v = HD;
     pc.budget_bytes = 1 << 20;
-    pc.unlock = count_unlock; /* both or neither */
+    pc.runtime.unlock = count_unlock; /* both or neither */
     TK_RES(kvc_pool_config_check(&pc, &field), KVC_ERR_INVALID);
-    TK_CHECK(field != NULL && strcmp(field, "lock") == 0);
+    TK_CHECK(field != NULL && strcmp(field, "runtime.lock") == 0);
     TK_RES(kvc_pool_create(&pc, &pool), KVC_ERR_INVALID);
-    pc.lock = count_lock;
+    pc.runtime.lock = count_lock;
     TK_OK(kvc_pool_create(&pc, &pool));
     TK_OK(kvc_cache_config_init(&cc, KVC_KIND_FULL));
     TK_OK(kvc_cache_create(pool, &cc, &c));
-    TK_OK(kvc_begin(c, 1));
+    TK_OK(kvc_begin(c, 1, NULL, 0));
     TK_CHECK(g_calls > 0 && g_depth == 0); /* taken and given back, nested at most as deep as it is recursive */
     memset(k, 0, sizeof(k));
     memset(v, 0, sizeof(v));
@@ -532,7 +532,7 @@ static void test_config(void) {
     TK_RES(kvc_mutex_destroy(mx), KVC_ERR_BUSY);
     kvc_mutex_unlock(mx);
     kvc_mutex_unlock(mx);
-    TK_RES(kvc_mutex_attach(NULL, &pc), KVC_ERR_NULL);
+    TK_RES(kvc_mutex_attach(NULL, &pc.runtime), KVC_ERR_NULL);
     TK_RES(kvc_mutex_create(NULL), KVC_ERR_NULL);
     TK_OK(kvc_mutex_destroy(mx));
 }
@@ -593,7 +593,7 @@ static void test_prefix_counter(void) {
     pc.page_cells = 4;
     TK_OK(kvc_pool_budget_for_tokens(&pc, 64, &pc.budget_bytes));
     TK_OK(kvc_mutex_create(&mx));
-    TK_OK(kvc_mutex_attach(mx, &pc));
+    TK_OK(kvc_mutex_attach(mx, &pc.runtime));
     TK_OK(kvc_pool_create(&pc, &pool));
     TK_OK(kvc_cache_config_init(&cc, KVC_KIND_FULL));
     TK_EQ(pthread_mutex_init(&gate.mu, NULL), 0);

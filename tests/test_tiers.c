@@ -106,7 +106,7 @@ static kvc_result extend(kvc_cache *c, const int32_t *tokens, int32_t from, int3
     int32_t l, p, h, d;
     kvc_result r;
     if (to <= from) return KVC_OK;
-    if ((r = kvc_begin(c, to - from)) != KVC_OK) return r;
+    if ((r = kvc_begin(c, to - from, NULL, 0)) != KVC_OK) return r;
     for (l = 0; l < LAYERS; ++l) {
         for (p = from; p < to; ++p) {
             uint32_t hash = prefix_hash(tokens, p);
@@ -175,7 +175,7 @@ static kvc_result converse(kvc_radix *t, const int32_t *tokens, int32_t n, int32
     int32_t dummy;
     if ((r = kvc_radix_lookup(t, NS, tokens, n, &c, reused ? reused : &dummy)) != KVC_OK) return r;
     r = extend(c, tokens, reused ? *reused : dummy, n);
-    if (r == KVC_OK) r = kvc_radix_commit(t, NS, c, tokens, n);
+    if (r == KVC_OK) r = kvc_radix_commit(t, NS, c, tokens, n, 0);
     kvc_cache_destroy(c);
     return r;
 }
@@ -446,7 +446,7 @@ static void test_rotating(tk_rng *rng) {
     TK_OK(kvc_tier_attach(t, &tc));
     TK_OK(kvc_radix_lookup(t, NS, tokens, n, &c, &reused));
     TK_OK(extend(c, tokens, reused, n));
-    TK_OK(kvc_radix_commit(t, NS, c, tokens, n));
+    TK_OK(kvc_radix_commit(t, NS, c, tokens, n, 0));
     TK_OK(kvc_cache_destroy(c));
     before = entry_bytes(t, tokens, x, &nb);
     TK_CHECK(before != NULL);

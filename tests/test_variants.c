@@ -144,7 +144,7 @@ static kvc_result make_cache(kvc_type tk, kvc_type tv, int32_t n_kv, int32_t d, 
     kvc_pool_config_init(&pc);
     pc.n_layers = 1; pc.n_kv_heads = n_kv; pc.head_dim_k = pc.head_dim_v = d;
     pc.type_k = tk; pc.type_v = tv; pc.page_cells = page_cells;
-    pc.budget_bytes = (size_t)32 << 20; pc.cpu_disable = disable;
+    pc.budget_bytes = (size_t)32 << 20; pc.runtime.cpu_disable = disable;
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     r = kvc_pool_create(&pc, pool);
     if (r != KVC_OK) return r;
@@ -175,7 +175,7 @@ static void test_naive(tk_rng *rng) {
             kvc_attention_desc desc;
             double err = 0, lerr = 0, mo = 1e-3;
             TK_OK(make_cache(KVC_TYPE_F32, KVC_TYPE_F32, n_kv, d, tk_int(rng, 1, 300), path ? 0u : ~0u, &pool, &cache));
-            TK_OK(kvc_begin(cache, n));
+            TK_OK(kvc_begin(cache, n, NULL, 0));
             TK_OK(kvc_put(cache, 0, k, v));
             memset(&desc, 0, sizeof(desc));
             desc.n_queries = nq; desc.n_heads = nh; desc.q = q; desc.out = out; desc.pos = pos;
@@ -261,10 +261,10 @@ static void test_cascade(tk_rng *rng) {
         tk_fill(rng, q, (size_t)nq * nh * d, 2.0f);
         for (qi = 0; qi < nq; ++qi) pos[qi] = n - 1; /* every query sees every key */
         TK_OK(make_cache(tk, tv, n_kv, d, tk_int(rng, 1, 300), 0, &pool, &cache));
-        TK_OK(kvc_begin(cache, n));
+        TK_OK(kvc_begin(cache, n, NULL, 0));
         TK_OK(kvc_put(cache, 0, k, v));
         TK_OK(kvc_cache_fork(cache, &first));
-        TK_OK(kvc_trim(first, n - half)); /* keys [0, half) */
+        TK_OK(kvc_cache_trim(first, n - half)); /* keys [0, half) */
         memset(&desc, 0, sizeof(desc));
         desc.n_queries = nq; desc.n_heads = nh; desc.q = q; desc.pos = pos;
         desc.scale = var.scale; desc.softcap = var.softcap; desc.sinks = var.use_sinks ? var.sinks : NULL;
@@ -351,7 +351,7 @@ static void test_edges(tk_rng *rng) {
     tk_fill(rng, v, 40 * 64, 1.0f);
     tk_fill(rng, q, 2 * 64, 1.0f);
     TK_OK(make_cache(KVC_TYPE_F16, KVC_TYPE_F16, 1, 64, 16, 0, &pool, &cache));
-    TK_OK(kvc_begin(cache, 40));
+    TK_OK(kvc_begin(cache, 40, NULL, 0));
     TK_OK(kvc_put(cache, 0, k, v));
     memset(&d, 0, sizeof(d));
     d.n_queries = 1; d.n_heads = 2; d.q = q; d.out = out; d.pos = pos; d.lse = lse;

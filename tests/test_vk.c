@@ -98,7 +98,7 @@ typedef struct shape {
 
 static VkCommandBuffer begin_cmd(void) {
     VkCommandBuffer cmd;
-    if (kvc_vk_begin(ctx, &cmd) != KVC_OK) { fprintf(stderr, "kvc_vk_begin failed\n"); exit(2); }
+    if (kvc_vk_context_begin(ctx, &cmd) != KVC_OK) { fprintf(stderr, "kvc_vk_context_begin failed\n"); exit(2); }
     return cmd;
 }
 
@@ -214,7 +214,7 @@ static void compare_data(side *s, const shape *sh) {
         gv.buffer = gv_buf.buffer;
         cmd = begin_cmd();
         TK_OK(kvc_vk_cmd_gather(s[1].vk, cmd, s[1].cache, l, &gk, &gv, p1, n0, &n1));
-        TK_OK(kvc_vk_submit_wait(ctx, cmd));
+        TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
         k1 = (const float *)gk_buf.mapped;
         v1 = (const float *)gv_buf.mapped;
         for (i = 0; i < n0; ++i) bad += p0[i] != p1[i];
@@ -239,8 +239,8 @@ static void sync_cpu_from_gpu(side *s, const shape *sh) {
     kvc_pool *cp = s[0].pool;
     size_t kb = cp->page_k_bytes * (size_t)cp->max_pages, vb = cp->page_v_bytes * (size_t)cp->max_pages;
     VkCommandBuffer cmd = begin_cmd();
-    TK_OK(kvc_vk_cmd_sync(s[1].vk, cmd)); /* page events still queued are part of the state */
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_pool_cmd_sync(s[1].vk, cmd)); /* page events still queued are part of the state */
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     (void)kb; (void)vb;
     for (l = 0; l < sh->layers; ++l) { /* in kvcache.h's layout, whatever the device's; the
                                            pages handed out (the others are never read) */
@@ -253,7 +253,7 @@ static void sync_cpu_from_gpu(side *s, const shape *sh) {
     s[0].rotated = 0;
 }
 
-/* The free pages lowest on top, as kvc_vk_cmd_trim leaves a device pool's: the CPU pool
+/* The free pages lowest on top, as kvc_vk_pool_cmd_trim leaves a device pool's: the CPU pool
    then hands out the same page ids. */
 static void sort_free_pages(kvc_pool *p) {
     int32_t i, n = 0;
@@ -262,14 +262,14 @@ static void sort_free_pages(kvc_pool *p) {
     TK_EQ(n, p->n_free);
 }
 
-/* kvc_vk_cmd_trim on the GPU side: its page buffers shrink to the pages in use, whose
+/* kvc_vk_pool_cmd_trim on the GPU side: its page buffers shrink to the pages in use, whose
    data the next comparisons check */
 static void trim_both(side *s) {
     VkCommandBuffer cmd = begin_cmd();
     kvc_vk_device_stats st;
     memset(&st, 0, sizeof(st)); /* (gcc -O2 cannot see that the stats call fills it) */
-    TK_OK(kvc_vk_cmd_trim(s[1].vk, cmd));
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_pool_cmd_trim(s[1].vk, cmd));
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     sort_free_pages(s[0].pool);
     TK_OK(kvc_vk_pool_device_stats(s[1].vk, &st));
     TK_EQ(st.retiring_bytes, 0);
@@ -316,7 +316,7 @@ static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
         tk_.f16 = tv_.f16 = f16in;
         cmd = begin_cmd();
         TK_OK(kvc_vk_cmd_append(s[1].vk, cmd, s[1].cache, l, &tk_, &tv_));
-        TK_OK(kvc_vk_submit_wait(ctx, cmd));
+        TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     }
     free(k);
     if ((int)sh->tk <= 2 && (int)sh->tv <= 2) { /* float types: the rows appended are kvc_put's bytes, R k and R v too */
@@ -325,8 +325,8 @@ static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
         unsigned char *buf = (unsigned char *)malloc(kb + vb);
         VkCommandBuffer cmd = begin_cmd();
         int32_t bad = 0;
-        TK_OK(kvc_vk_cmd_sync(s[1].vk, cmd));
-        TK_OK(kvc_vk_submit_wait(ctx, cmd));
+        TK_OK(kvc_vk_pool_cmd_sync(s[1].vk, cmd));
+        TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
         for (l = 0; l < sh->layers; ++l) {
             TK_OK(kvc_vk_pool_download(s[1].vk, l, 0, cp->max_pages, buf, buf + kb));
             for (i = 0; i < n; ++i) {
@@ -350,7 +350,7 @@ static void gpu_attention(side *s, int32_t layer, const kvc_vk_attention_desc *v
     if (vd->lse.buffer) memset(gk_buf.mapped, 0x7f, sizeof(float) * (size_t)vd->n_queries * (size_t)vd->n_heads + 64);
     cmd = begin_cmd();
     TK_OK(kvc_vk_cmd_attention(s[1].vk, cmd, s[1].cache, layer, vd));
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     memcpy(got, out_buf.mapped, sizeof(float) * nov);
 }
 
@@ -472,8 +472,8 @@ static void make_sides(side *s, const shape *sh) {
     o.host_layout = sh->host_layout;
     o.max_splits = 4 + (int32_t)(g_seed % 5); /* several splits even on short caches */
     TK_OK(kvc_pool_create(&pc, &s[0].pool));
-    pc.allocator.alloc = count_alloc;
-    pc.allocator.free = count_free;
+    pc.runtime.allocator.alloc = count_alloc;
+    pc.runtime.allocator.free = count_free;
     TK_OK(kvc_vk_pool_create(ctx, &pc, &o, &s[1].vk));
     s[1].pool = kvc_vk_pool_host(s[1].vk);
     kvc_cache_config_init(&cc, sh->kind);
@@ -533,7 +533,7 @@ static void saveload_both(side *s, const shape *sh, tk_rng *rng) {
         }
     } else {
         int32_t n = tk_int(rng, 1, 3);
-        kvc_result r0 = kvc_begin(s[0].cache, n), r1 = kvc_begin(s[1].cache, n);
+        kvc_result r0 = kvc_begin(s[0].cache, n, NULL, 0), r1 = kvc_begin(s[1].cache, n, NULL, 0);
         TK_EQ(r0, r1);
         if (r0 == KVC_OK) {
             put_both(s, sh, n, rng);
@@ -552,7 +552,7 @@ static void episode_linear(const shape *sh, tk_rng *rng, int steps) {
         int32_t left = (int32_t)(9.0f * sh->growing), n;
         for (; left > 0; left -= n) {
             n = left < 16 ? left : 16;
-            BOTH(kvc_begin(s[0].cache, n), kvc_begin(s[1].cache, n));
+            BOTH(kvc_begin(s[0].cache, n, NULL, 0), kvc_begin(s[1].cache, n, NULL, 0));
             put_both(s, sh, n, rng);
         }
     }
@@ -561,7 +561,7 @@ static void episode_linear(const shape *sh, tk_rng *rng, int steps) {
         int32_t off0 = 0, off1 = 0;
         if (op <= 4) { /* a batch, then attention of its queries and of a few positions */
             int32_t n = tk_int(rng, 1, op == 0 ? 2 * sh->page_cells + 3 : 3), layer;
-            kvc_result r0 = kvc_begin(s[0].cache, n), r1 = kvc_begin(s[1].cache, n);
+            kvc_result r0 = kvc_begin(s[0].cache, n, NULL, 0), r1 = kvc_begin(s[1].cache, n, NULL, 0);
             TK_EQ(r0, r1);
             if (r0 != KVC_OK) continue;
             put_both(s, sh, n, rng);
@@ -578,15 +578,15 @@ static void episode_linear(const shape *sh, tk_rng *rng, int steps) {
             int k = tk_int(rng, 0, 1);
             int32_t from = tk_int(rng, -1, 20);
             for (i = 0; i < 2; ++i) kvc_snapshot_free(s[i].snap[k]), s[i].snap[k] = NULL;
-            BOTH(kvc_snapshot_take(s[0].cache, from, &s[0].snap[k]), kvc_snapshot_take(s[1].cache, from, &s[1].snap[k]));
+            BOTH(kvc_snapshot_take(s[0].cache, from, KVC_POS_END, &s[0].snap[k]), kvc_snapshot_take(s[1].cache, from, KVC_POS_END, &s[1].snap[k]));
         } else if (op == 6) {
             int k = tk_int(rng, 0, 2);
             int32_t target = tk_int(rng, 0, 40);
-            BOTH(kvc_restore(s[0].cache, k < 2 ? s[0].snap[k] : NULL, target),
-                 kvc_restore(s[1].cache, k < 2 ? s[1].snap[k] : NULL, target));
+            BOTH(kvc_cache_restore(s[0].cache, k < 2 ? s[0].snap[k] : NULL, target),
+                 kvc_cache_restore(s[1].cache, k < 2 ? s[1].snap[k] : NULL, target));
         } else if (op == 7) {
             int32_t n = tk_int(rng, 0, 5);
-            BOTH(kvc_trim(s[0].cache, n), kvc_trim(s[1].cache, n));
+            BOTH(kvc_cache_trim(s[0].cache, n), kvc_cache_trim(s[1].cache, n));
             if (tk_int(rng, 0, 1)) trim_both(s);
         } else if (op == 8) { /* merge or split the two snapshots */
             kvc_snapshot *m[2] = {NULL, NULL}, *a[2] = {NULL, NULL}, *b[2] = {NULL, NULL};
@@ -678,7 +678,7 @@ static void episode_causal(const shape *sh, tk_rng *rng, int steps) {
             }
         } else if (op == 7) {
             int32_t n0 = 0, n1 = 0;
-            BOTH(kvc_defrag(s[0].cache, &n0), kvc_defrag(s[1].cache, &n1));
+            BOTH(kvc_cache_defrag(s[0].cache, &n0), kvc_cache_defrag(s[1].cache, &n1));
             TK_EQ(n0, n1);
         } else if (op == 8) {
             int32_t q = tk_int(rng, 0, 5);
@@ -748,8 +748,8 @@ static void test_rotated_decode(tk_rng *rng) {
                 VkCommandBuffer cmd;
                 TK_OK(kvc_cache_create(cp, &cc, &cc0[i]));
                 TK_OK(kvc_cache_create(hp, &cc, &cc1[i]));
-                TK_OK(kvc_begin(cc0[i], n));
-                TK_OK(kvc_begin(cc1[i], n));
+                TK_OK(kvc_begin(cc0[i], n, NULL, 0));
+                TK_OK(kvc_begin(cc1[i], n, NULL, 0));
                 for (j = 0; j < n * (int32_t)(nk + nv); ++j) k[j] = tk_float(rng);
                 TK_OK(kvc_put(cc0[i], 0, k, k + (size_t)n * nk));
                 ensure(&in_buf, sizeof(float) * (size_t)n * (nk + nv));
@@ -760,12 +760,12 @@ static void test_rotated_decode(tk_rng *rng) {
                 tv_.offset = (VkDeviceSize)n * nk * 4;
                 cmd = begin_cmd();
                 TK_OK(kvc_vk_cmd_append(vp, cmd, cc1[i], 0, &tk_, &tv_));
-                TK_OK(kvc_vk_submit_wait(ctx, cmd));
+                TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
             }
             { /* the CPU pool takes the device's bytes (the same page ids) */
                 VkCommandBuffer cmd = begin_cmd();
-                TK_OK(kvc_vk_cmd_sync(vp, cmd));
-                TK_OK(kvc_vk_submit_wait(ctx, cmd));
+                TK_OK(kvc_vk_pool_cmd_sync(vp, cmd));
+                TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
                 TK_OK(kvc_vk_pool_download(vp, 0, 0, cp->max_pages, kvc__k_at(cp, 0, 0, 0), kvc__v_at(cp, 0, 0, 0)));
             }
             for (batch = 1; batch <= 3; batch += 2) {
@@ -801,7 +801,7 @@ static void test_rotated_decode(tk_rng *rng) {
                 }
                 cmd = begin_cmd();
                 TK_OK(kvc_vk_cmd_attention_batch(vp, cmd, 0, items, batch));
-                TK_OK(kvc_vk_submit_wait(ctx, cmd));
+                TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
                 memcpy(got, (const char *)out_buf.mapped + 32, sizeof(float) * batch * on);
                 for (i = 0; i < batch * (int32_t)on; ++i) bad += !(fabs((double)got[i] - ref[i]) <= 5e-5);
                 for (i = 0; use_lse && i < batch * nh; ++i) {
@@ -850,13 +850,13 @@ static void nfv_append(kvc_vk_pool *vp, kvc_cache *c, const float *k, const floa
     tv_.offset = (VkDeviceSize)nk * 4;
     cmd = begin_cmd();
     TK_OK(kvc_vk_cmd_append(vp, cmd, c, 0, &tk_, &tv_));
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
 }
 /* the CPU pool takes the device's bytes (the same page ids) */
 static void nfv_download(kvc_vk_pool *vp, kvc_pool *cp) {
     VkCommandBuffer cmd = begin_cmd();
-    TK_OK(kvc_vk_cmd_sync(vp, cmd));
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_pool_cmd_sync(vp, cmd));
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     TK_OK(kvc_vk_pool_download(vp, 0, 0, cp->max_pages, kvc__k_at(cp, 0, 0, 0), kvc__v_at(cp, 0, 0, 0)));
 }
 /* head 1 of gathered cell `cell` poisoned (K NaN, V zeros), head 0 finite */
@@ -916,8 +916,8 @@ static void test_nonfinite_kv(tk_rng *rng) {
                         kvc_cache_config_init(&cc, KVC_KIND_FULL);
                         TK_OK(kvc_cache_create(cp, &cc, &c0));
                         TK_OK(kvc_cache_create(hp, &cc, &c1));
-                        TK_OK(kvc_begin(c0, n_tok));
-                        TK_OK(kvc_begin(c1, n_tok));
+                        TK_OK(kvc_begin(c0, n_tok, NULL, 0));
+                        TK_OK(kvc_begin(c1, n_tok, NULL, 0));
                         TK_OK(kvc_put(c0, 0, k, v));
                         nfv_append(vp, c1, k, v, n_tok);
                         memset(&d, 0, sizeof(d));
@@ -939,7 +939,7 @@ static void test_nonfinite_kv(tk_rng *rng) {
                         vd.lse.offset = sizeof(got);
                         cmd = begin_cmd();
                         TK_OK(kvc_vk_cmd_attention(vp, cmd, c1, 0, &vd));
-                        TK_OK(kvc_vk_submit_wait(ctx, cmd));
+                        TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
                         memcpy(got, out_buf.mapped, sizeof(float) * (size_t)n_q * 4 * NFV_HD);
                         memcpy(lgot, (const char *)out_buf.mapped + sizeof(got), sizeof(float) * (size_t)n_q * 4);
                         for (row = 0; row < n_q * 4; ++row) {
@@ -974,8 +974,8 @@ static void test_nonfinite_kv(tk_rng *rng) {
                     k[(5 * 2 + 1) * NFV_HD + 3] = NAN; /* token 5, kv head 1 */
                     TK_OK(kvc_cache_create(cp, &cc, &c0));
                     TK_OK(kvc_cache_create(hp, &cc, &c1));
-                    TK_OK(kvc_begin(c0, 8));
-                    TK_OK(kvc_begin(c1, 8));
+                    TK_OK(kvc_begin(c0, 8, NULL, 0));
+                    TK_OK(kvc_begin(c1, 8, NULL, 0));
                     TK_OK(kvc_put(c0, 0, k, v));
                     nfv_append(vp, c1, k, v, 8);
                     TK_OK(kvc_seq_remove(c0, 0, 1, 2)); /* positions 2.. move back by one, keys re-rotated */
@@ -1048,7 +1048,7 @@ static void test_page_roundtrip(tk_rng *rng) {
                     {
                         VkBuffer k = VK_NULL_HANDLE;
                         TK_OK(kvc_vk_pool_page_buffers(vp, l, &k, NULL));
-                        TK_OK(kvc_vk_download(ctx, k, 0, c, kb));
+                        TK_OK(kvc_vk_buffer_download(ctx, k, 0, c, kb));
                         if (kvc_vk_pool_planar(vp)) {
                             /* page 1, cell 3, kv head 1, block 1: its scale and its first code byte */
                             size_t row = hp->k_row, P = 8, cb = ti == 3 ? (size_t)hd : (size_t)hd / 2, bb = ti == 3 ? 34 : 18;
@@ -1087,8 +1087,8 @@ static void test_errors(void) {
         kvc_pool_config_init(&rc);
         rc.n_layers = 1; rc.n_kv_heads = 1; rc.head_dim_k = 64; rc.head_dim_v = 8; rc.page_cells = 4;
         TK_OK(kvc_pool_budget_for_tokens(&rc, 16, &rc.budget_bytes));
-        rc.allocator.alloc = count_alloc;
-        rc.allocator.free = count_free;
+        rc.runtime.allocator.alloc = count_alloc;
+        rc.runtime.allocator.free = count_free;
         rc.rotate = KVC_ROTATE_K | KVC_ROTATE_V;
         TK_EQ(kvc_vk_pool_create(ctx, &rc, NULL, &rp), KVC_ERR_INVALID);
         TK_EQ(rp == NULL, 1);
@@ -1127,7 +1127,7 @@ static void test_errors(void) {
     cmd = begin_cmd();
     TK_RES(kvc_vk_cmd_append(vp, cmd, c, 0, &t, &t), KVC_ERR_STATE);      /* no batch open */
     TK_RES(kvc_vk_cmd_append(vp, cmd, other, 0, &t, &t), KVC_ERR_FOREIGN); /* not this pool's */
-    TK_OK(kvc_begin(c, 3));
+    TK_OK(kvc_begin(c, 3, NULL, 0));
     TK_RES(kvc_put(c, 0, x, x), KVC_ERR_INVALID);           /* external data: the GPU writes */
     TK_RES(kvc_vk_cmd_append(vp, cmd, c, 1, &t, &t), KVC_ERR_RANGE);
     t.offset = 2;
@@ -1140,16 +1140,16 @@ static void test_errors(void) {
         d.n_queries = 3; d.n_heads = 1; d.q = x; d.out = x;
         TK_RES(kvc_attention(c, 0, &d), KVC_ERR_UNSUPPORTED); /* no host data */
     }
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     TK_RES(kvc_vk_pool_destroy(vp), KVC_ERR_BUSY);
     kvc_cache_destroy(c);
     /* a host RoPE callback cannot reach device keys: refused before anything changes */
     cc.rope.shift = dummy_shift;
     TK_OK(kvc_cache_create(hp, &cc, &c));
-    TK_OK(kvc_begin(c, 4));
+    TK_OK(kvc_begin(c, 4, NULL, 0));
     cmd = begin_cmd();
     TK_OK(kvc_vk_cmd_append(vp, cmd, c, 0, &t, &t));
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     TK_RES(kvc_seq_remove(c, 0, 0, 1), KVC_ERR_UNSUPPORTED);
     TK_OK(kvc_seq_pos_range(c, 0, &lo, &hi));
     TK_EQ(lo, 0);
@@ -1288,9 +1288,9 @@ static void hy_feed(hybrid *h, kvc_memory *cpu, kvc_memory *gpu, int32_t n, cons
             TK_OK(kvc_memory_state(cpu, l, 0, &st));
             cmd = begin_cmd();
             TK_OK(kvc_vk_cmd_state(vp, cmd, gc, 0, gl, &live));
-            TK_OK(kvc_vk_submit_wait(ctx, cmd));
+            TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
             /* the state the batch starts from: zeroed or copied on the device by page events */
-            TK_OK(kvc_vk_download(ctx, live.buffer, live.offset, dev, sizeof(dev)));
+            TK_OK(kvc_vk_buffer_download(ctx, live.buffer, live.offset, dev, sizeof(dev)));
             TK_CHECK(st != NULL && memcmp(st, dev, sizeof(dev)) == 0);
             if (st == NULL) return;
             ensure(&in_buf, sizeof(float) * HY_NS * (size_t)(n_at + 1));
@@ -1308,7 +1308,7 @@ static void hy_feed(hybrid *h, kvc_memory *cpu, kvc_memory *gpu, int32_t n, cons
             }
             memcpy((float *)in_buf.mapped + (size_t)n_at * HY_NS, st, sizeof(float) * HY_NS);
             cmd_put_state(cmd, n_at, &live);
-            TK_OK(kvc_vk_submit_wait(ctx, cmd));
+            TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
         } else {
             float *kv = (float *)malloc(sizeof(float) * 2 * (size_t)n * (size_t)nk);
             kvc_vk_tensor tk_, tv_;
@@ -1324,7 +1324,7 @@ static void hy_feed(hybrid *h, kvc_memory *cpu, kvc_memory *gpu, int32_t n, cons
             tv_.f16 = 0;
             cmd = begin_cmd();
             TK_OK(kvc_vk_cmd_append(vp, cmd, gc, gl, &tk_, &tv_));
-            TK_OK(kvc_vk_submit_wait(ctx, cmd));
+            TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
             free(kv);
         }
     }
@@ -1336,7 +1336,7 @@ static void hy_compare(hybrid *h, kvc_memory *cpu, kvc_memory *gpu, tk_rng *rng)
     kvc_memory_stats s0, s1;
     VkCommandBuffer cmd = begin_cmd();
     TK_OK(kvc_vk_memory_cmd_sync(h->vm, cmd)); /* queued page events are part of the state */
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     TK_OK(kvc_memory_offset(cpu, &off0));
     TK_OK(kvc_memory_offset(gpu, &off1));
     TK_EQ(off0, off1);
@@ -1358,7 +1358,7 @@ static void hy_compare(hybrid *h, kvc_memory *cpu, kvc_memory *gpu, tk_rng *rng)
             TK_OK(kvc_vk_state_read(vp, gc, 0, gl, &where));
             TK_EQ(st == NULL, where.buffer == VK_NULL_HANDLE);
             if (st == NULL || where.buffer == VK_NULL_HANDLE) continue;
-            TK_OK(kvc_vk_download(ctx, where.buffer, where.offset, dev, sizeof(dev)));
+            TK_OK(kvc_vk_buffer_download(ctx, where.buffer, where.offset, dev, sizeof(dev)));
             TK_CHECK(memcmp(st, dev, sizeof(dev)) == 0);
         } else {
             int32_t n0 = 0, n1 = -1, i, bad = 0, qn = 3, nh = HY_HEADS * HY_GROUP, pos[3];
@@ -1384,7 +1384,7 @@ static void hy_compare(hybrid *h, kvc_memory *cpu, kvc_memory *gpu, tk_rng *rng)
             gv.buffer = gv_buf.buffer;
             cmd = begin_cmd();
             TK_OK(kvc_vk_cmd_gather(vp, cmd, gc, gl, &gk, &gv, p1, n0, &n1));
-            TK_OK(kvc_vk_submit_wait(ctx, cmd));
+            TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
             bad += memcmp(p0, p1, sizeof(int32_t) * (size_t)n0) != 0;
             bad += memcmp(k0, gk_buf.mapped, sizeof(float) * (size_t)n0 * nk) != 0;
             bad += memcmp(k0 + (size_t)n0 * nk, gv_buf.mapped, sizeof(float) * (size_t)n0 * nk) != 0;
@@ -1407,7 +1407,7 @@ static void hy_compare(hybrid *h, kvc_memory *cpu, kvc_memory *gpu, tk_rng *rng)
             r0 = kvc_memory_attention(cpu, l, &d);
             cmd = begin_cmd();
             r1 = kvc_vk_cmd_attention(vp, cmd, gc, gl, &vd);
-            TK_OK(kvc_vk_submit_wait(ctx, cmd));
+            TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
             TK_EQ(r0, r1);
             if (r0 == KVC_OK && r1 == KVC_OK) {
                 const float *got = (const float *)out_buf.mapped;
@@ -1478,7 +1478,7 @@ static void episode_hybrid(kvc_kind kind, kvc_type t, tk_rng *rng, int steps) {
                 VkCommandBuffer cmd = begin_cmd();
                 int32_t g;
                 TK_OK(kvc_vk_memory_cmd_trim(h.vm, cmd));
-                TK_OK(kvc_vk_submit_wait(ctx, cmd));
+                TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
                 for (g = 0; g < h.cpu->mp->n_groups; ++g) sort_free_pages(h.cpu->mp->pool[g]);
             }
         } else if (op == 8) { /* a snapshot, a detour, then back to it */
@@ -1548,7 +1548,7 @@ static void episode_hybrid(kvc_kind kind, kvc_type t, tk_rng *rng, int steps) {
         m2 = save_blob(save_memory_fn, h.gpu);
         TK_CHECK(same_blob(&m0, &m2));
         TK_OK(kvc_memory_layer(h.cpu, 0, &rc, &gl));
-        TK_OK(kvc_checkpoints(rc, at0, 8, &n0));
+        TK_OK(kvc_cache_checkpoints(rc, at0, 8, &n0));
         if (n0 > 0) {
             BOTH(kvc_memory_restore(h.cpu, NULL, at0[0]), kvc_memory_restore(h.gpu, NULL, at0[0]));
             hy_compare(&h, h.cpu, h.gpu, rng);
@@ -1629,7 +1629,7 @@ static void sl_build(kvc_cache *c, int salt) {
             k[i] = (float)((i * 7 + salt * 13 + b * 5) % 17) - 8.0f;
             v[i] = (float)((i * 5 + salt * 11 + b * 3) % 19) * 0.25f;
         }
-        TK_OK(kvc_begin_checkpoints(c, n[b], at[b], n_at[b]));
+        TK_OK(kvc_begin(c, n[b], at[b], n_at[b]));
         TK_OK(kvc_put(c, 0, k, v));
     }
 }
@@ -1644,7 +1644,7 @@ static uint64_t sl_host_state(const kvc_cache *c) { /* bookkeeping and checkpoin
     uint64_t h = 1469598103934665603ull;
     kvc_cache_offset(c, &off);
     kvc_cache_pages(c, &np);
-    kvc_checkpoints(c, at, 8, &n);
+    kvc_cache_checkpoints(c, at, 8, &n);
     h = (h ^ (uint64_t)off) * 1099511628211ull;
     h = (h ^ (uint64_t)np) * 1099511628211ull;
     for (i = 0; i < n && i < 8; ++i) h = (h ^ (uint64_t)at[i]) * 1099511628211ull;
@@ -1669,8 +1669,8 @@ static void test_saveload(void) {
     pc.page_cells = 4;
     TK_OK(kvc_pool_budget_for_tokens(&pc, 48 * 4, &pc.budget_bytes));
     TK_OK(kvc_pool_create(&pc, &cp));
-    pc.allocator.alloc = count_alloc;
-    pc.allocator.free = count_free;
+    pc.runtime.allocator.alloc = count_alloc;
+    pc.runtime.allocator.free = count_free;
     TK_OK(kvc_vk_pool_create(ctx, &pc, NULL, &vp));
     if (cp == NULL || vp == NULL) return;
     hp = kvc_vk_pool_host(vp);
@@ -1681,7 +1681,7 @@ static void test_saveload(void) {
     TK_OK(kvc_cache_create(cp, &cc, &a));
     sl_build(a, 1);
     bc = save_blob(save_cache_fn, a);
-    TK_OK(kvc_checkpoints(a, at, 8, &n_at));
+    TK_OK(kvc_cache_checkpoints(a, at, 8, &n_at));
     TK_EQ(n_at, 3);
     TK_OK(kvc_cache_create(hp, &cc, &g)); /* the CPU's file on the device, and back */
     TK_OK(load_cache(g, &bc));
@@ -1698,8 +1698,8 @@ static void test_saveload(void) {
         TK_OK(kvc_cache_create(hp, &cc, &dev));
         sl_build(ref, 1);
         TK_OK(load_cache(dev, &bc));
-        TK_OK(kvc_restore(ref, NULL, at[j]));
-        TK_OK(kvc_restore(dev, NULL, at[j]));
+        TK_OK(kvc_cache_restore(ref, NULL, at[j]));
+        TK_OK(kvc_cache_restore(dev, NULL, at[j]));
         br = save_blob(save_cache_fn, ref);
         bd = save_blob(save_cache_fn, dev);
         TK_CHECK(same_blob(&br, &bd));
@@ -1723,9 +1723,9 @@ static void test_saveload(void) {
         TK_OK(kvc_radix_create(cp, &rc, &tc));
         TK_OK(kvc_radix_create(hp, &rc, &tg));
         TK_OK(kvc_radix_lookup(tc, SL_NS, toks, 9, &tmp, &reused));
-        TK_OK(kvc_begin(tmp, 9));
+        TK_OK(kvc_begin(tmp, 9, NULL, 0));
         TK_OK(kvc_put(tmp, 0, k, v));
-        TK_OK(kvc_radix_commit(tc, SL_NS, tmp, toks, 9));
+        TK_OK(kvc_radix_commit(tc, SL_NS, tmp, toks, 9, 0));
         TK_OK(kvc_cache_destroy(tmp));
         memset(&m, 0, sizeof(m));
         TK_OK(kvc_io_memory(&m, &io));
@@ -1853,22 +1853,22 @@ static void test_state_errors(void) {
     }
     TK_RES(kvc_vk_cmd_state_checkpoint(vp, cmd, c, 0, 1, &s0), KVC_ERR_NOT_FOUND); /* in the batch, not named */
     TK_RES(kvc_vk_cmd_state_checkpoint(vp, cmd, c, 0, 2, &s0), KVC_ERR_RANGE);     /* past the batch */
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     for (i = 0; i < 2; ++i) {
         TK_OK(kvc_vk_state_read(vp, c, 0, i, &rd));
-        TK_OK(kvc_vk_download(ctx, rd.buffer, rd.offset, got, sizeof(got)));
+        TK_OK(kvc_vk_buffer_download(ctx, rd.buffer, rd.offset, got, sizeof(got)));
         TK_CHECK(memcmp(got, a, sizeof(a)) == 0);
         TK_OK(kvc_vk_state_read(vp, c, 1, i, &rd));
-        TK_OK(kvc_vk_download(ctx, rd.buffer, rd.offset, got, sizeof(got)));
+        TK_OK(kvc_vk_buffer_download(ctx, rd.buffer, rd.offset, got, sizeof(got)));
         TK_CHECK(memcmp(got, b, sizeof(b)) == 0);
     }
     /* a checkpoint inside the next batch of sequence 0, handed over from a copy */
-    TK_OK(kvc_begin_checkpoints(c, 2, &at, 0));
+    TK_OK(kvc_begin(c, 2, &at, 0));
     cmd = begin_cmd();
     TK_RES(kvc_vk_cmd_state(vp, cmd, c, 1, 0, &s1), KVC_ERR_STATE); /* not in the batch */
     TK_RES(kvc_vk_cmd_append(vp, cmd, c, 0, &s0, &s0), KVC_ERR_UNSUPPORTED); /* no K/V here */
     for (i = 0; i < 2; ++i) TK_OK(kvc_vk_cmd_state(vp, cmd, c, 0, i, &s0));
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     TK_OK(kvc_cache_destroy(c));
     /* a K/V pool's cache has no state; a state pool's cache is not the K/V pool's */
     kvc_pool_config_init(&pc);
@@ -1876,11 +1876,11 @@ static void test_state_errors(void) {
     TK_OK(kvc_vk_pool_create(ctx, &pc, NULL, &kvp));
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
     TK_OK(kvc_cache_create(kvc_vk_pool_host(kvp), &cc, &c));
-    TK_OK(kvc_begin(c, 1));
+    TK_OK(kvc_begin(c, 1, NULL, 0));
     cmd = begin_cmd();
     TK_RES(kvc_vk_cmd_state(kvp, cmd, c, 0, 0, &s0), KVC_ERR_UNSUPPORTED);
     TK_RES(kvc_vk_cmd_state(vp, cmd, c, 0, 0, &s0), KVC_ERR_FOREIGN);
-    TK_OK(kvc_vk_submit_wait(ctx, cmd));
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
     TK_OK(kvc_cache_destroy(c));
     TK_OK(kvc_vk_pool_destroy(kvp));
     TK_OK(kvc_vk_pool_destroy(vp));
@@ -2027,9 +2027,9 @@ static void dm_check_data(kvc_vk_context *cc, kvc_vk_pool *vp, const kvc_cache *
     memset(&gv, 0, sizeof(gv));
     gk.buffer = gk_buf.buffer;
     gv.buffer = gv_buf.buffer;
-    TK_OK(kvc_vk_begin(cc, &cmd));
+    TK_OK(kvc_vk_context_begin(cc, &cmd));
     TK_OK(kvc_vk_cmd_gather(vp, cmd, c, l, &gk, &gv, NULL, n, &n));
-    TK_OK(kvc_vk_submit_wait(cc, cmd));
+    TK_OK(kvc_vk_context_submit_wait(cc, cmd));
     for (i = 0; i < n * nk; ++i) {
         int wrong = ((float *)gk_buf.mapped)[i] != dm_value(i / nk, l, i % nk, 0) ||
                     ((float *)gv_buf.mapped)[i] != dm_value(i / nk, l, i % nk, 1);
@@ -2073,13 +2073,13 @@ static void dm_pool(kvc_vk_context *cc) {
     TK_CHECK(st.device_bytes <= DM_BUDGET / 16); /* far less than the budget */
     for (; t < 14700; t += n) {
         n = 14700 - t < 512 ? 14700 - t : 512;
-        TK_OK(kvc_begin(c, n));
-        TK_OK(kvc_vk_begin(cc, &cmd));
+        TK_OK(kvc_begin(c, n, NULL, 0));
+        TK_OK(kvc_vk_context_begin(cc, &cmd));
         for (l = 0; l < 4; ++l) {
             dm_input(t, n, l, &k, &v);
             TK_OK(kvc_vk_cmd_append(vp, cmd, c, l, &k, &v));
         }
-        TK_OK(kvc_vk_submit_wait(cc, cmd));
+        TK_OK(kvc_vk_context_submit_wait(cc, cmd));
         TK_OK(kvc_vk_pool_device_stats(vp, &st));
         dm_check(&st, &steady);
     }
@@ -2089,10 +2089,10 @@ static void dm_pool(kvc_vk_context *cc) {
            st.device_bytes / 1048576.0, steady / 1048576.0, dm_peak / 1048576.0);
     dm_check_data(cc, vp, c, 3);
     /* shrink: the pages of the trimmed tokens go back to the pool, then the device */
-    TK_OK(kvc_trim(c, 14700 - 1000));
-    TK_OK(kvc_vk_begin(cc, &cmd));
-    TK_OK(kvc_vk_cmd_trim(vp, cmd));
-    TK_OK(kvc_vk_submit_wait(cc, cmd));
+    TK_OK(kvc_cache_trim(c, 14700 - 1000));
+    TK_OK(kvc_vk_context_begin(cc, &cmd));
+    TK_OK(kvc_vk_pool_cmd_trim(vp, cmd));
+    TK_OK(kvc_vk_context_submit_wait(cc, cmd));
     TK_OK(kvc_vk_pool_device_stats(vp, &st));
     dm_check(&st, &steady);
     printf(", trimmed to 1000 tokens %.2f MiB\n", st.device_bytes / 1048576.0);
@@ -2100,14 +2100,14 @@ static void dm_pool(kvc_vk_context *cc) {
     TK_CHECK(st.device_bytes <= DM_BUDGET / 8);
     dm_check_data(cc, vp, c, 0);
     for (t = 1000; t < 4000; t += 1000) { /* and again, grown before each batch */
-        TK_OK(kvc_begin(c, 1000));
+        TK_OK(kvc_begin(c, 1000, NULL, 0));
         TK_OK(kvc_vk_pool_fit(vp));
-        TK_OK(kvc_vk_begin(cc, &cmd));
+        TK_OK(kvc_vk_context_begin(cc, &cmd));
         for (l = 0; l < 4; ++l) {
             dm_input(t, 1000, l, &k, &v);
             TK_OK(kvc_vk_cmd_append(vp, cmd, c, l, &k, &v));
         }
-        TK_OK(kvc_vk_submit_wait(cc, cmd));
+        TK_OK(kvc_vk_context_submit_wait(cc, cmd));
         TK_OK(kvc_vk_pool_device_stats(vp, &st));
         dm_check(&st, &steady);
     }
@@ -2167,7 +2167,7 @@ static void dm_memory(kvc_vk_context *cc, int32_t n_groups) {
             TK_OK(r);
             if (r != KVC_OK) break;
             if (round == 1) TK_OK(kvc_vk_memory_fit(vm));
-            TK_OK(kvc_vk_begin(cc, &cmd));
+            TK_OK(kvc_vk_context_begin(cc, &cmd));
             for (l = 0; l < 2 * n_groups; ++l) {
                 kvc_vk_pool *vp;
                 kvc_cache *c;
@@ -2181,7 +2181,7 @@ static void dm_memory(kvc_vk_context *cc, int32_t n_groups) {
                 dm_input(t, 512, l, &k, &v);
                 TK_OK(kvc_vk_cmd_append(vp, cmd, c, gl, &k, &v));
             }
-            TK_OK(kvc_vk_submit_wait(cc, cmd));
+            TK_OK(kvc_vk_context_submit_wait(cc, cmd));
             TK_OK(kvc_vk_memory_device_stats(vm, &st));
             dm_check(&st, &steady);
         }
@@ -2192,9 +2192,9 @@ static void dm_memory(kvc_vk_context *cc, int32_t n_groups) {
             printf("; grown by kvc_vk_memory_fit: at most %.2f MiB at any time\n", dm_peak / 1048576.0);
         if (round == 1) TK_CHECK(dm_peak <= DM_CAP); /* the target, at any time */
         TK_OK(kvc_memory_clear(m));
-        TK_OK(kvc_vk_begin(cc, &cmd));
+        TK_OK(kvc_vk_context_begin(cc, &cmd));
         TK_OK(kvc_vk_memory_cmd_trim(vm, cmd));
-        TK_OK(kvc_vk_submit_wait(cc, cmd));
+        TK_OK(kvc_vk_context_submit_wait(cc, cmd));
         TK_OK(kvc_vk_memory_device_stats(vm, &st));
         dm_check(&st, &steady);
         TK_CHECK(st.device_bytes <= DM_BUDGET / 16);

@@ -79,7 +79,7 @@ TK_UNUSED static void tk_fill(tk_rng *r, float *x, size_t n, float amp) {
     for (i = 0; i < n; ++i) x[i] = tk_float(r) * amp;
 }
 
-/* The attention paths this CPU and build have, as kvc_pool_config.cpu_disable masks, and
+/* The attention paths this CPU and build have, as kvc_pool_config.runtime.cpu_disable masks, and
    their names; [0] is scalar. Returns how many. */
 TK_UNUSED static int tk_cpu_paths(uint32_t *disable, const char **names) {
     uint32_t f = 0;
