@@ -2705,6 +2705,7 @@ static kvc_result kvc_vk__once_begin(kvc_vk_context *c, VkCommandBuffer *cmd) {
     return KVC_OK;
 }
 
+#ifdef KVCACHE_VK_HELPERS /* kvc_vk_context_submit_wait's (saves and loads wait on their staging halves) */
 static kvc_result kvc_vk__once_submit(kvc_vk_context *c, VkCommandBuffer cmd) {
     VkSubmitInfo si;
     kvc_result r;
@@ -2730,6 +2731,7 @@ static kvc_result kvc_vk__once_submit(kvc_vk_context *c, VkCommandBuffer cmd) {
     c->fn.vkFreeCommandBuffers(c->device, c->cmd_pool, 1, &cmd);
     return r;
 }
+#endif
 
 /* Where page `page` of layer's K (v = 0) or V is on the device. */
 static void kvc_vk__page_at(const kvc_vk_pool *p, int32_t layer, int v, uint32_t page, VkBuffer *buffer,

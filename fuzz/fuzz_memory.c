@@ -831,7 +831,7 @@ static void fm_op_direct(fm_world *w, int mi) {
     } else {
         FUZZ_RES(kvc_cache_restore(c, NULL, off - n), want);
     }
-    if (want == KVC_OK) {
+    if (want == KVC_OK && n > 0) { /* by 0: nothing changes, the batch's grace included */
         fm_rewind(w, m, off - n);
         m->grace = 0;
     }

@@ -1572,20 +1572,30 @@ static void episode_hybrid(kvc_kind kind, kvc_type t, tk_rng *rng, int steps) {
         BOTH(kvc_radix_commit_memory(t0, SL_NS, h.cpu, toks, n, 0), kvc_radix_commit_memory(t1, SL_NS, h.gpu, toks, n, 0));
         g_tree_n = n;
         if (n > 0 && save_blob_ok(save_tree_fn, t0)) { /* (a state at exactly n: in most runs) */
-            g_tree_saved++;
             kvc_mem m;
             kvc_io io;
+            kvc_result lr;
             e0 = save_blob(save_tree_fn, t0);
             e1 = save_blob(save_tree_fn, t1);
             TK_CHECK(same_blob(&e0, &e1));
             io = blob_reader(&m, &e0, e0.size);
-            TK_OK(kvc_radix_load(t2, SL_NS, &io, 0, &got));
-            TK_EQ(got, n);
-            e2 = save_blob(save_tree_fn, t2);
-            TK_CHECK(same_blob(&e0, &e2));
+            lr = kvc_radix_load(t2, SL_NS, &io, 0, &got);
+            if (lr == KVC_ERR_FULL) { /* a copy beside the memory's own pages did not fit the
+                                         budget, and loads never evict: t2 stays empty */
+                kvc_radix_stats st;
+                TK_OK(kvc_radix_stats_get(t2, &st));
+                TK_EQ(st.n_entries, 0);
+                TK_EQ(st.n_pages, 0);
+            } else {
+                TK_OK(lr);
+                TK_EQ(got, n);
+                e2 = save_blob(save_tree_fn, t2);
+                TK_CHECK(same_blob(&e0, &e2));
+                free(e2.data);
+                g_tree_saved++;
+            }
             free(e0.data);
             free(e1.data);
-            free(e2.data);
         }
         BOTH(kvc_radix_release_memory(h.cpu), kvc_radix_release_memory(h.gpu)); /* the commit's lease */
         TK_OK(kvc_radix_destroy(t0));
