@@ -16,8 +16,8 @@
    per cache kind); the page buffers grow in small steps here (KVC_VK__GROW_BYTES), so the
    episodes copy them into larger ones often, and trim them now and then; KVC_VK_EPISODE=e runs episode e alone (make test does under valgrind);
    KVC_VK_PART=mask runs only some parts: 1 the unit tests (errors, page round trips, rotated
-   decode), 2 the episodes, 4 the hybrid-model episodes (default 7; make test runs 1 and 6
-   under valgrind as two processes, side by side). */
+   decode), 2 the episodes, 4 the hybrid-model episodes (default 7); KVC_VK_HOST_ONLY=1 the
+   host side alone (errors, saves and loads: what make test runs under valgrind). */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
 #include "tk.h"
@@ -2280,6 +2280,15 @@ int main(int argc, char **argv) {
     rng.s = run_seed ^ 0x5bd1e995ull;
     if (getenv("KVC_VK_SAVELOAD_ONLY")) { /* tests/run.sh: the saves and loads of a build with
                                              small KVCACHE_IO_CHUNK (many pipelined chunks) */
+        test_saveload();
+        parts = 0;
+    }
+    if (getenv("KVC_VK_HOST_ONLY")) { /* tests/run.sh under valgrind: the backend's host side
+                                         (argument checks, saves and loads through the staging
+                                         halves); the kernels' pipelines, whose compiling under
+                                         memcheck took over 10 minutes, run natively and under ASan */
+        test_errors();
+        test_state_errors();
         test_saveload();
         parts = 0;
     }
