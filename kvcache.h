@@ -93,8 +93,10 @@
      in front and the same arguments after the object (kvc_cache_trim /
      kvc_memory_trim, kvc_begin / kvc_memory_begin, kvc_snapshot_take /
      kvc_memory_snapshot_take; one exception kept: kvc_state takes (seq, layer),
-     kvc_memory_state (layer, seq)). The tree and prefix calls over a memory end in
-     _memory (kvc_radix_commit_memory) and sit with their family.
+     kvc_memory_state (layer, seq) -- both are int32_t, so swapping one would still
+     compile in every engine that calls it and read the wrong state). The tree and
+     prefix calls over a memory end in _memory (kvc_radix_commit_memory) and sit with
+     their family.
      Short forms, as stb keeps its hot calls short: the calls of a forward pass on a
      cache drop the object -- kvc_begin (and its CAUSAL and checked forms
      kvc_begin_batch, kvc_begin_at), kvc_put, kvc_attention, kvc_cancel, and a
