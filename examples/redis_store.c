@@ -11,11 +11,13 @@
      redis_store --port P write [--type f16|f32]
          evaluates the system prompt (+ a question), commits and publishes it to Redis;
          prints "key <hex> tokens <n>".
-     redis_store --port P read [--turns N] [--pause-ms MS] [--expect-reuse N]
+     redis_store --port P read [--turns N] [--pause-ms MS] [--expect-reuse N] [--max-fetch-ms MS]
          per turn: a fresh question after the same system prompt; fetches the prefix from
          Redis (nothing in the pool: every turn evicts everything), evaluates the rest and
-         checks every cell against the reference; prints per turn "turn i reused n" and at
-         the end "from-redis A recomputed B refused R wrong 0". Exit 1 on a wrong cell.
+         checks every cell against the reference; prints per turn "turn i reused n fetch
+         T ms" and at the end "from-redis A recomputed B refused R store-errors E
+         fetch-ms-max T wrong 0". Exit 1 on a wrong cell, a reuse other than expected or
+         a fetch (kvc_tier_fetch's wall time; the tier's timeout is 300 ms) over MS.
      redis_store --port P bench [--turns REPS]
          bench/bench_tiers.c's shape (4 layers x 8 kv heads x 128, f16): a 4k and a 32k
          prefix evicted to Redis and fetched back, medians (docs/performance.md).
@@ -198,6 +200,7 @@ static void bench(const char *host, int port, int32_t n, int reps) {
 int main(int argc, char **argv) {
     const char *host = "127.0.0.1", *role = NULL;
     int port = 6379, turns = 1, pause_ms = 0, expect = -1, a, t, from_redis = 0, recomputed = 0, wrong = 0;
+    double max_fetch_ms = -1, fetch_ms, fetch_ms_max = 0;
     kvc_type type = KVC_TYPE_F16;
     kvc_pool_config pc;
     kvc_pool *pool;
@@ -215,6 +218,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--turns") && a + 1 < argc) turns = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--pause-ms") && a + 1 < argc) pause_ms = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--expect-reuse") && a + 1 < argc) expect = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--max-fetch-ms") && a + 1 < argc) max_fetch_ms = atof(argv[++a]);
         else if (!strcmp(argv[a], "--type") && a + 1 < argc) type = !strcmp(argv[++a], "f32") ? KVC_TYPE_F32 : KVC_TYPE_F16;
         else if (!strcmp(argv[a], "write") || !strcmp(argv[a], "read") || !strcmp(argv[a], "bench")) role = argv[a];
         else role = NULL, a = argc;
@@ -224,7 +228,7 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (role == NULL) {
         fprintf(stderr, "usage: %s [--host H] [--port P] write [--type f16|f32] | read [--turns N] "
-                        "[--pause-ms MS] [--expect-reuse N] | bench [--turns REPS]\n", argv[0]);
+                        "[--pause-ms MS] [--expect-reuse N] [--max-fetch-ms MS] | bench [--turns REPS]\n", argv[0]);
         return 2;
     }
     if (!strcmp(role, "bench")) {
@@ -264,13 +268,20 @@ int main(int argc, char **argv) {
         for (t = 0; t < turns; ++t) {
             prompt(tokens, base + t); /* a new question after the same system prompt */
             TRY(kvc_radix_evict(tree, 1 << 30, NULL)); /* nothing in the pool: Redis or recompute */
+            fetch_ms = now_s();
             TRY(kvc_tier_fetch(tree, NS, tokens, MAXT, &got));
+            fetch_ms = 1e3 * (now_s() - fetch_ms);
+            if (fetch_ms > fetch_ms_max) fetch_ms_max = fetch_ms;
+            if (max_fetch_ms >= 0 && fetch_ms > max_fetch_ms) {
+                fprintf(stderr, "turn %d: the fetch took %.0f ms, more than %.0f\n", t, fetch_ms, max_fetch_ms);
+                wrong++;
+            }
             TRY(kvc_radix_lookup(tree, NS, tokens, MAXT, &c, &reused));
             if (got > 0) from_redis++;
             else recomputed++;
             TRY(evaluate(c, tokens, reused, MAXT));
             if (wrong_cells(c, tokens) != 0) wrong++;
-            printf("turn %d reused %d%s\n", t, (int)reused, got > 0 ? " (from redis)" : "");
+            printf("turn %d reused %d fetch %.0f ms%s\n", t, (int)reused, fetch_ms, got > 0 ? " (from redis)" : "");
             fflush(stdout);
             if (expect >= 0 && reused != expect) {
                 fprintf(stderr, "turn %d reused %d, expected %d\n", t, (int)reused, expect);
@@ -281,8 +292,8 @@ int main(int argc, char **argv) {
             if (pause_ms > 0) sleep_ms(pause_ms);
         }
         TRY(kvc_tier_stats_get(tree, &ts));
-        printf("from-redis %d recomputed %d refused %d store-errors %d wrong %d\n", from_redis, recomputed,
-               (int)ts.refused, (int)ts.store_errors, wrong);
+        printf("from-redis %d recomputed %d refused %d store-errors %d fetch-ms-max %.0f wrong %d\n", from_redis,
+               recomputed, (int)ts.refused, (int)ts.store_errors, fetch_ms_max, wrong);
     }
     kvc_radix_evict(tree, 1 << 30, NULL);
     TRY(kvc_radix_destroy(tree));

@@ -1,10 +1,14 @@
 /* redis_store.h - a kvc_store over Redis (hiredis): what an engine copies.
 
-   Blobs live under "kvc:<key hex>" (SET, STRLEN, GET, DEL); every call honours the tier's
-   timeout_ms as the socket timeout, and a broken connection is retried once per call
-   (connect bounded by the same timeout), so a server that dies or hangs costs each request
-   at most about two timeouts and then a recompute, never a wrong answer. A program using
-   it must ignore SIGPIPE, or a write to a server that died ends it.
+   Blobs live under "kvc:<key hex>" (SET, STRLEN, GET, DEL). Every call ends within the
+   tier's timeout_ms (plus scheduling slack): it is the deadline of the connect and the
+   socket's timeout, and a connection found broken is retried once in what is left of it
+   (a server restarted between calls costs nothing; one that hangs costs one timeout, no
+   retry). With the tier making no more store calls after a failing one until the next
+   fetch (kvcache.h), a server that dies or hangs costs a request at most about one
+   timeout and then a recompute, never a wrong answer. A program using it must ignore
+   SIGPIPE, or a write to a server that died ends it; it needs _POSIX_C_SOURCE 199309L or
+   later defined before the first system header (clock_gettime).
 
    Include after kvcache.h; link with -lhiredis. Used by examples/redis_store.c and by
    examples/tinylm.c built with -DTINYLM_REDIS (its --share-* options).
@@ -19,6 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
 
 typedef struct redis_store {
     redisContext *ctx;
@@ -34,26 +39,36 @@ static struct timeval tv_of(int32_t ms) {
     return tv;
 }
 
-/* A live connection with timeout ms, reconnecting once if the last one broke. */
-static int redis_ready(redis_store *s, int32_t ms) {
-    if (s->ctx != NULL && s->ctx->err == 0) {
-        redisSetTimeout(s->ctx, tv_of(ms));
-        return 1;
+static double redis_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+/* A live connection whose socket times out at `end` (ms on redis_now_ms's clock),
+   connecting afresh (by then) if the last one broke; 0 when none or no time is left. */
+static int redis_ready(redis_store *s, double end) {
+    int32_t left = (int32_t)(end - redis_now_ms());
+    if (left <= 0) return 0;
+    if (s->ctx == NULL || s->ctx->err != 0) {
+        if (s->ctx != NULL) redisFree(s->ctx);
+        s->ctx = redisConnectWithTimeout(s->host, s->port, tv_of(left));
+        if (s->ctx == NULL || s->ctx->err) return 0;
+        if ((left = (int32_t)(end - redis_now_ms())) <= 0) return 0;
     }
-    if (s->ctx != NULL) redisFree(s->ctx);
-    s->ctx = redisConnectWithTimeout(s->host, s->port, tv_of(ms));
-    if (s->ctx == NULL || s->ctx->err) return 0;
-    redisSetTimeout(s->ctx, tv_of(ms));
+    redisSetTimeout(s->ctx, tv_of(left));
     return 1;
 }
 
-/* One command; NULL (and a dropped connection) on any transport error. */
+/* One command, all of it within ms (a connection found broken is retried once in what
+   is left); NULL (and a dropped connection) on any transport error or timeout. */
 static redisReply *redis_call(redis_store *s, int32_t ms, const char *fmt, const void *a, size_t na, const void *b,
                               size_t nb) {
+    const double end = redis_now_ms() + (ms > 0 ? ms : 1000);
     redisReply *r;
     int attempt;
     for (attempt = 0; attempt < 2; ++attempt) {
-        if (!redis_ready(s, ms)) continue;
+        if (!redis_ready(s, end)) continue;
         r = (redisReply *)(b != NULL ? redisCommand(s->ctx, fmt, a, na, b, nb) : redisCommand(s->ctx, fmt, a, na));
         if (r != NULL) return r;
     }
