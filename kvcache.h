@@ -12238,6 +12238,7 @@ typedef struct kvc__tier {
     kvc__tblob *newest, *oldest;
     size_t host_used;
     kvc_tier_stats stats;
+    int store_down;        /* a store call failed: none until the next fetch, publish or flush */
 } kvc__tier;
 
 /* The fingerprint (docs/format.md, "Tier keys"), hashed: K_0. */
@@ -12342,10 +12343,15 @@ static kvc_result kvc__tier_save(kvc_radix *t, kvc_namespace ns, const int32_t *
     return KVC_OK;
 }
 
+/* A store call that fails (or times out) marks the store down: the calls after it, until
+   the next fetch, publish or flush, are not made -- so a hanging store costs a request at
+   most one timeout, however many entries its evictions or probes would send there. */
 static kvc_result kvc__store_put(kvc__tier *tr, const kvc_key *key, const void *data, size_t size) {
-    kvc_result r = tr->cfg.store.put(tr->cfg.store.user, key, data, size, tr->cfg.timeout_ms);
+    kvc_result r;
+    if (tr->store_down) return KVC_ERR_IO;
+    r = tr->cfg.store.put(tr->cfg.store.user, key, data, size, tr->cfg.timeout_ms);
     if (r == KVC_OK) tr->stats.kept_store++;
-    else tr->stats.store_errors++;
+    else tr->stats.store_errors++, tr->store_down = 1;
     return r;
 }
 
@@ -12598,9 +12604,11 @@ static kvc_result kvc__tier_from_store(kvc_radix *t, kvc_namespace ns, const kvc
     kvc_pool *p = t->part[0].pool;
     size_t size = 0, got = 0;
     unsigned char *data;
-    kvc_result r = tr->cfg.store.exists(tr->cfg.store.user, key, &size, tr->cfg.timeout_ms);
+    kvc_result r;
+    if (tr->store_down) return KVC_ERR_IO;
+    r = tr->cfg.store.exists(tr->cfg.store.user, key, &size, tr->cfg.timeout_ms);
     if (r != KVC_OK) {
-        if (r != KVC_ERR_NOT_FOUND) tr->stats.store_errors++;
+        if (r != KVC_ERR_NOT_FOUND) tr->stats.store_errors++, tr->store_down = 1;
         return r;
     }
     if (size == 0 || size > tr->cfg.max_blob_bytes) { tr->stats.refused++; return KVC_ERR_RANGE; }
@@ -12608,7 +12616,7 @@ static kvc_result kvc__tier_from_store(kvc_radix *t, kvc_namespace ns, const kvc
     r = tr->cfg.store.get(tr->cfg.store.user, key, data, size, &got, tr->cfg.timeout_ms);
     if (r == KVC_OK && got > size) r = KVC_ERR_RANGE; /* a store that does not keep to capacity */
     if (r != KVC_OK) {
-        if (r != KVC_ERR_NOT_FOUND) tr->stats.store_errors++;
+        if (r != KVC_ERR_NOT_FOUND) tr->stats.store_errors++, tr->store_down = 1;
         kvc__free(p, data);
         return r;
     }
@@ -12634,6 +12642,7 @@ static kvc_result kvc__tier_fetch_held(kvc_radix *t, kvc_namespace ns, const int
     if (kvc__check_tokens(tokens, n, 0) != KVC_OK) return kvc__check_tokens(tokens, n, 0);
     *n_fetched = 0;
     if ((tr = t->tier) == NULL) return KVC_ERR_STATE;
+    tr->store_down = 0; /* one more try per fetch: a store back up is used again */
     b = tr->block;
     nb = n / b;
     at = kvc__radix_walk(t, ns, tokens, n, &m);
@@ -12669,6 +12678,7 @@ static kvc_result kvc__tier_publish_held(kvc_radix *t, kvc_namespace ns, const i
     if ((r = kvc__check_tokens(tokens, n, 0)) != KVC_OK) return r;
     if (n_published) *n_published = 0;
     if ((tr = t->tier) == NULL || !tr->has_store) return KVC_ERR_STATE;
+    tr->store_down = 0;
     if ((x = kvc__tier_savable(t, ns, tokens, n, 0)) == 0) return KVC_OK;
     if ((r = kvc__tier_save(t, ns, tokens, x, &blob)) != KVC_OK) return r;
     kvc__tier_key_of(t, ns, tokens, x / tr->block, &key);
@@ -12689,6 +12699,7 @@ static kvc_result kvc__tier_flush_held(kvc_radix *t) {
     kvc_result r, first = KVC_OK;
     if (t == NULL) return KVC_ERR_NULL;
     if ((tr = t->tier) == NULL || !tr->has_store) return KVC_ERR_STATE;
+    tr->store_down = 0;
     for (b = tr->oldest; b != NULL; b = prev) {
         prev = b->prev;
         r = kvc__store_put(tr, &b->key, b->data, b->size);
