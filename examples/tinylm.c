@@ -111,6 +111,9 @@
      8. sessions         a memory per (kind, type), the kinds' hooks; the cases
      9. main             argument parsing, the table, the verdict
 */
+#if defined(TINYLM_REDIS) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L /* examples/redis_store.h: clock_gettime */
+#endif
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 #ifdef TINYLM_VK /* --vk: the Vulkan backend; VK_NO_PROTOTYPES, the loader opened at run time */
@@ -254,6 +257,7 @@ static const type_spec TYPES[] = {
    ================================================================================== */
 
 static int g_quiet = 0;
+static size_t g_budget_bytes = BUDGET_BYTES; /* each memory's (bench/bench_tiers.c's long prefixes: more) */
 /* the namespace of every radix request (kvc_namespace.model: the model's id); --share-*
    sets it to a hash of the weights, so only the same model finds a shared prefix */
 static kvc_namespace g_radix_ns = {1, 0};
@@ -1023,7 +1027,7 @@ static int memory_create(memory *M, const config *c, const kind_spec *ks, kvc_ty
         mc.layer_group = M->group_of;
         mc.n_groups = M->n;
         mc.groups = gc;
-        mc.budget_bytes = BUDGET_BYTES;
+        mc.budget_bytes = g_budget_bytes;
         if ((r = kvc_memory_config_check(&mc, &field)) != KVC_OK) {
             errorf("kvc_memory_config_check: %s (field %s)", kvc_strerror(r), field ? field : "?");
             goto fail;
