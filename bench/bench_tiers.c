@@ -54,7 +54,7 @@
 #define MAX_REPS 101
 #define MIB (1024.0 * 1024.0)
 
-static int g_layers = 4, g_reps = 5;
+static int g_layers = 4, g_reps = 5, g_redis_port = 0; /* --redis-port */
 static const char *g_dir = "build";
 static const kvc_namespace NS = {1, 0};
 static float *g_k, *g_v;
@@ -121,6 +121,38 @@ static void line(const char *what, int32_t n, double t, double bytes_per_token) 
     else printf("%-44s %6d %s %10s\n", what, (int)n, a, "-");
 }
 
+/* A tree on pool with `store` under it (no host tier): the prefix committed, then per rep
+   evicted straight to the store (tdown) and fetched back + looked up (tready); returns
+   the blob's bytes a token (the blob erased at the end). */
+static double store_rounds(kvc_pool *pool, const int32_t *tok, int32_t n, const kvc_store *store, double *tdown,
+                           double *tready) {
+    kvc_radix_config rc;
+    kvc_radix *t;
+    kvc_tier_config tc;
+    kvc_key key;
+    size_t size = 0;
+    double t0;
+    int i;
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    CHECK(kvc_radix_create(pool, &rc, &t));
+    kvc_tier_config_init(&tc);
+    tc.store = *store;
+    tc.timeout_ms = 10000;
+    CHECK(kvc_tier_attach(t, &tc));
+    commit_prefix(t, tok, n);
+    for (i = 0; i < g_reps; ++i) {
+        t0 = now();
+        CHECK(kvc_radix_evict(t, 1 << 30, NULL)); /* straight to the store */
+        tdown[i] = now() - t0;
+        tready[i] = ready_cache(t, tok, n, 1);
+    }
+    CHECK(kvc_tier_key(t, NS, tok, n, &key));
+    CHECK(store->exists(store->user, &key, &size, 10000));
+    if (store->erase) store->erase(store->user, &key, 10000);
+    CHECK(kvc_radix_destroy(t));
+    return (double)size / n;
+}
+
 static void bench_size(int32_t n) {
     kvc_pool *pool = make_pool(n);
     kvc_radix_config rc;
@@ -133,7 +165,8 @@ static void bench_size(int32_t n) {
     kvc_cache *c;
     int32_t *tok = (int32_t *)malloc(sizeof(int32_t) * ((size_t)n + 1)), i;
     double tp[MAX_REPS], th[MAX_REPS], td[MAX_REPS], tw[MAX_REPS], tdown_h[MAX_REPS], tdown_d[MAX_REPS], t0;
-    double host_bpt = 0, dir_bpt = 0;
+    double tr[MAX_REPS], tdown_r[MAX_REPS], host_bpt = 0, dir_bpt = 0, redis_bpt = 0;
+    kvc_store store;
     for (i = 0; i <= n; ++i) tok[i] = (i * 7919 + n) % 50000;
     CHECK(kvc_pool_stats_get(pool, &ps));
     kvc_radix_config_init(&rc, KVC_KIND_FULL);
@@ -163,33 +196,24 @@ static void bench_size(int32_t n) {
         th[i] = ready_cache(t, tok, n, 1);
     }
     CHECK(kvc_radix_destroy(t));
-    /* the directory store */
-    CHECK(kvc_radix_create(pool, &rc, &t));
-    kvc_tier_config_init(&tc);
-    CHECK(kvc_store_dir(&dir, g_dir, &tc.store));
-    CHECK(kvc_tier_attach(t, &tc));
-    commit_prefix(t, tok, n);
-    for (i = 0; i < g_reps; ++i) {
-        t0 = now();
-        CHECK(kvc_radix_evict(t, 1 << 30, NULL)); /* straight to the directory */
-        tdown_d[i] = now() - t0;
-        td[i] = ready_cache(t, tok, n, 1);
+    CHECK(kvc_store_dir(&dir, g_dir, &store));
+    dir_bpt = store_rounds(pool, tok, n, &store, tdown_d, td);
+#ifdef BENCH_TIERS_REDIS
+    if (g_redis_port > 0) {
+        redis_store rs;
+        redis_store_open(&rs, "127.0.0.1", g_redis_port, &store);
+        redis_bpt = store_rounds(pool, tok, n, &store, tdown_r, tr);
+        redis_store_close(&rs);
     }
-    {
-        kvc_key key;
-        size_t size = 0;
-        CHECK(kvc_tier_key(t, NS, tok, n, &key));
-        CHECK(tc.store.exists(tc.store.user, &key, &size, 0));
-        dir_bpt = (double)size / n;
-        if (tc.store.erase) tc.store.erase(tc.store.user, &key, 0);
-    }
-    CHECK(kvc_radix_destroy(t));
+#endif
     line("pool hit: kvc_radix_lookup", n, median(tp, g_reps), (double)ps.page_bytes / PAGE);
     line("host tier: kvc_tier_fetch + lookup", n, median(th, g_reps), host_bpt);
     line("directory: kvc_tier_fetch + lookup", n, median(td, g_reps), dir_bpt);
+    if (redis_bpt > 0) line("Redis on 127.0.0.1: kvc_tier_fetch + lookup", n, median(tr, g_reps), redis_bpt);
     line("K/V writes of a recompute (no model)", n, median(tw, g_reps), 0);
     line("down: eviction into the host tier", n, median(tdown_h, g_reps), 0);
     line("down: eviction into the directory", n, median(tdown_d, g_reps), 0);
+    if (redis_bpt > 0) line("down: eviction into Redis", n, median(tdown_r, g_reps), 0);
     printf("\n");
     free(tok);
     CHECK(kvc_pool_destroy(pool));
@@ -411,7 +435,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[r], "--sizes") && r + 1 < argc) n_sizes = parse_list(argv[r + 1], sizes, 8);
         else if (!strcmp(argv[r], "--model-sizes") && r + 1 < argc) n_msizes = parse_list(argv[r + 1], msizes, 8);
         else if (!strcmp(argv[r], "--models") && r + 1 < argc) models = argv[r + 1];
-        else if (!strcmp(argv[r], "--redis-port") && v > 0 && v < 65536) redis_port = (int)v;
+        else if (!strcmp(argv[r], "--redis-port") && v > 0 && v < 65536) redis_port = g_redis_port = (int)v;
         else if (!strcmp(argv[r], "--dir") && r + 1 < argc) g_dir = argv[r + 1];
         else {
             fprintf(stderr, "usage: %s [--quick] [--layers N] [--sizes A,B] [--reps N] [--dir DIR] [--models LIST] "
