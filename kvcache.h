@@ -1292,7 +1292,11 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
    shorter prefix or nothing: a failing store costs recomputation, never a wrong answer.
    On the way down a refused write (budget, allocation, store error) only loses the copy:
    the tree changes exactly as eviction without tiers would. The store is called under
-   the pool's lock, with the timeout you set. */
+   the pool's lock, with the timeout you set: each call must return by then (the library
+   cannot interrupt it). After a store call fails or times out the tier makes no more
+   until the next kvc_tier_fetch, kvc_tier_publish or kvc_tier_flush (each tries again),
+   so a store that is down or hangs costs a request at most one timeout, then a
+   recompute -- not one per probed block or evicted entry. */
 typedef struct kvc_key {
     unsigned char bytes[32]; /* SHA-256 */
 } kvc_key;
@@ -1318,7 +1322,8 @@ typedef struct kvc_tier_config {
                               allocator: in arena mode its object heap); 0: none */
     int32_t block_tokens;  /* key granularity; 0: the largest page_cells of the tree's K/V pools */
     kvc_store store;       /* put, exists and get all NULL: no store */
-    int32_t timeout_ms;    /* given to every store call (0: the store's default) */
+    int32_t timeout_ms;    /* given to every store call, which must return by then (0: the
+                              store's default) */
     size_t max_blob_bytes; /* a store blob larger than this is refused; 0: 1 << 30 */
 } kvc_tier_config;
 
@@ -1375,8 +1380,10 @@ KVCDEF kvc_result kvc_tier_stats_get(const kvc_radix *tree, kvc_tier_stats *stat
 /* A store in a directory (which must exist): one file per blob, "<dir>/<key hex>.kvc",
    written to a temporary file of its own name and renamed into place (kvc_io_path), so
    several processes may share the directory: readers see a whole blob or none, and a
-   blob's content is fixed by its key. Uses only C stdio; timeouts do not apply. `state`
-   must outlive the store. KVC_ERR_RANGE for a dir too long for KVC_PATH_MAX. */
+   blob's content is fixed by its key. Uses only C stdio, which has no timeout: for a
+   local file system (one that can hang, e.g. over a network, wants a store of your own
+   that keeps to timeout_ms). `state` must outlive the store. KVC_ERR_RANGE for a dir
+   too long for KVC_PATH_MAX. */
 typedef struct kvc_store_dir_state {
     char dir[KVC_PATH_MAX];
 } kvc_store_dir_state;
