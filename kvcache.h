@@ -1294,7 +1294,11 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
    shorter prefix or nothing: a failing store costs recomputation, never a wrong answer.
    On the way down a refused write (budget, allocation, store error) only loses the copy:
    the tree changes exactly as eviction without tiers would. The store is called under
-   the pool's lock, with the timeout you set. */
+   the pool's lock, with the timeout you set: each call must return by then (the library
+   cannot interrupt it). After a store call fails or times out the tier makes no more
+   until the next kvc_tier_fetch, kvc_tier_publish or kvc_tier_flush (each tries again),
+   so a store that is down or hangs costs a request at most one timeout, then a
+   recompute -- not one per probed block or evicted entry. */
 typedef struct kvc_key {
     unsigned char bytes[32]; /* SHA-256 */
 } kvc_key;
@@ -1320,7 +1324,8 @@ typedef struct kvc_tier_config {
                               allocator: in arena mode its object heap); 0: none */
     int32_t block_tokens;  /* key granularity; 0: the largest page_cells of the tree's K/V pools */
     kvc_store store;       /* put, exists and get all NULL: no store */
-    int32_t timeout_ms;    /* given to every store call (0: the store's default) */
+    int32_t timeout_ms;    /* given to every store call, which must return by then (0: the
+                              store's default) */
     size_t max_blob_bytes; /* a store blob larger than this is refused; 0: 1 << 30 */
 } kvc_tier_config;
 
@@ -1377,8 +1382,10 @@ KVCDEF kvc_result kvc_tier_stats_get(const kvc_radix *tree, kvc_tier_stats *stat
 /* A store in a directory (which must exist): one file per blob, "<dir>/<key hex>.kvc",
    written to a temporary file of its own name and renamed into place (kvc_io_path), so
    several processes may share the directory: readers see a whole blob or none, and a
-   blob's content is fixed by its key. Uses only C stdio; timeouts do not apply. `state`
-   must outlive the store. KVC_ERR_RANGE for a dir too long for KVC_PATH_MAX. */
+   blob's content is fixed by its key. Uses only C stdio, which has no timeout: for a
+   local file system (one that can hang, e.g. over a network, wants a store of your own
+   that keeps to timeout_ms). `state` must outlive the store. KVC_ERR_RANGE for a dir
+   too long for KVC_PATH_MAX. */
 typedef struct kvc_store_dir_state {
     char dir[KVC_PATH_MAX];
 } kvc_store_dir_state;
@@ -12240,6 +12247,7 @@ typedef struct kvc__tier {
     kvc__tblob *newest, *oldest;
     size_t host_used;
     kvc_tier_stats stats;
+    int store_down;        /* a store call failed: none until the next fetch, publish or flush */
 } kvc__tier;
 
 /* The fingerprint (docs/format.md, "Tier keys"), hashed: K_0. */
@@ -12344,10 +12352,15 @@ static kvc_result kvc__tier_save(kvc_radix *t, kvc_namespace ns, const int32_t *
     return KVC_OK;
 }
 
+/* A store call that fails (or times out) marks the store down: the calls after it, until
+   the next fetch, publish or flush, are not made -- so a hanging store costs a request at
+   most one timeout, however many entries its evictions or probes would send there. */
 static kvc_result kvc__store_put(kvc__tier *tr, const kvc_key *key, const void *data, size_t size) {
-    kvc_result r = tr->cfg.store.put(tr->cfg.store.user, key, data, size, tr->cfg.timeout_ms);
+    kvc_result r;
+    if (tr->store_down) return KVC_ERR_IO;
+    r = tr->cfg.store.put(tr->cfg.store.user, key, data, size, tr->cfg.timeout_ms);
     if (r == KVC_OK) tr->stats.kept_store++;
-    else tr->stats.store_errors++;
+    else tr->stats.store_errors++, tr->store_down = 1;
     return r;
 }
 
@@ -12600,9 +12613,11 @@ static kvc_result kvc__tier_from_store(kvc_radix *t, kvc_namespace ns, const kvc
     kvc_pool *p = t->part[0].pool;
     size_t size = 0, got = 0;
     unsigned char *data;
-    kvc_result r = tr->cfg.store.exists(tr->cfg.store.user, key, &size, tr->cfg.timeout_ms);
+    kvc_result r;
+    if (tr->store_down) return KVC_ERR_IO;
+    r = tr->cfg.store.exists(tr->cfg.store.user, key, &size, tr->cfg.timeout_ms);
     if (r != KVC_OK) {
-        if (r != KVC_ERR_NOT_FOUND) tr->stats.store_errors++;
+        if (r != KVC_ERR_NOT_FOUND) tr->stats.store_errors++, tr->store_down = 1;
         return r;
     }
     if (size == 0 || size > tr->cfg.max_blob_bytes) { tr->stats.refused++; return KVC_ERR_RANGE; }
@@ -12610,7 +12625,7 @@ static kvc_result kvc__tier_from_store(kvc_radix *t, kvc_namespace ns, const kvc
     r = tr->cfg.store.get(tr->cfg.store.user, key, data, size, &got, tr->cfg.timeout_ms);
     if (r == KVC_OK && got > size) r = KVC_ERR_RANGE; /* a store that does not keep to capacity */
     if (r != KVC_OK) {
-        if (r != KVC_ERR_NOT_FOUND) tr->stats.store_errors++;
+        if (r != KVC_ERR_NOT_FOUND) tr->stats.store_errors++, tr->store_down = 1;
         kvc__free(p, data);
         return r;
     }
@@ -12636,6 +12651,7 @@ static kvc_result kvc__tier_fetch_held(kvc_radix *t, kvc_namespace ns, const int
     if (kvc__check_tokens(tokens, n, 0) != KVC_OK) return kvc__check_tokens(tokens, n, 0);
     *n_fetched = 0;
     if ((tr = t->tier) == NULL) return KVC_ERR_STATE;
+    tr->store_down = 0; /* one more try per fetch: a store back up is used again */
     b = tr->block;
     nb = n / b;
     at = kvc__radix_walk(t, ns, tokens, n, &m);
@@ -12671,6 +12687,7 @@ static kvc_result kvc__tier_publish_held(kvc_radix *t, kvc_namespace ns, const i
     if ((r = kvc__check_tokens(tokens, n, 0)) != KVC_OK) return r;
     if (n_published) *n_published = 0;
     if ((tr = t->tier) == NULL || !tr->has_store) return KVC_ERR_STATE;
+    tr->store_down = 0;
     if ((x = kvc__tier_savable(t, ns, tokens, n, 0)) == 0) return KVC_OK;
     if ((r = kvc__tier_save(t, ns, tokens, x, &blob)) != KVC_OK) return r;
     kvc__tier_key_of(t, ns, tokens, x / tr->block, &key);
@@ -12691,6 +12708,7 @@ static kvc_result kvc__tier_flush_held(kvc_radix *t) {
     kvc_result r, first = KVC_OK;
     if (t == NULL) return KVC_ERR_NULL;
     if ((tr = t->tier) == NULL || !tr->has_store) return KVC_ERR_STATE;
+    tr->store_down = 0;
     for (b = tr->oldest; b != NULL; b = prev) {
         prev = b->prev;
         r = kvc__store_put(tr, &b->key, b->data, b->size);

@@ -1,12 +1,9 @@
 /* redis_store.c - a kvc_store over Redis (hiredis), and a program that shares a long system
    prompt between processes through it.
 
-   The adapter (redis_store_open / redis_store_close, the four callbacks) is what an engine
-   copies: blobs live under "kvc:<key hex>" (SET, STRLEN, GET, DEL); every call honours the
-   tier's timeout_ms as the socket timeout, and a broken connection is retried once per call
-   (connect bounded by the same timeout), so a server that dies or hangs costs each request
-   at most about two timeouts and then a recompute, never a wrong answer. The program must
-   ignore SIGPIPE (as main does), or a write to a server that died ends it.
+   The adapter (redis_store_open / redis_store_close, the four callbacks) is
+   examples/redis_store.h, what an engine copies (the timeouts it keeps: there). The
+   program must ignore SIGPIPE (as main does), or a write to a server that died ends it.
 
    The program is a toy engine over one pool and radix tree with tiers: a "model" whose K/V
    for the token at position p is an exact function of tokens[0 .. p] (as a real model's),
@@ -14,11 +11,13 @@
      redis_store --port P write [--type f16|f32]
          evaluates the system prompt (+ a question), commits and publishes it to Redis;
          prints "key <hex> tokens <n>".
-     redis_store --port P read [--turns N] [--pause-ms MS] [--expect-reuse N]
+     redis_store --port P read [--turns N] [--pause-ms MS] [--expect-reuse N] [--max-fetch-ms MS]
          per turn: a fresh question after the same system prompt; fetches the prefix from
          Redis (nothing in the pool: every turn evicts everything), evaluates the rest and
-         checks every cell against the reference; prints per turn "turn i reused n" and at
-         the end "from-redis A recomputed B refused R wrong 0". Exit 1 on a wrong cell.
+         checks every cell against the reference; prints per turn "turn i reused n fetch
+         T ms" and at the end "from-redis A recomputed B refused R store-errors E
+         fetch-ms-max T wrong 0". Exit 1 on a wrong cell, a reuse other than expected or
+         a fetch (kvc_tier_fetch's wall time; the tier's timeout is 300 ms) over MS.
      redis_store --port P bench [--turns REPS]
          bench/bench_tiers.c's shape (4 layers x 8 kv heads x 128, f16): a 4k and a 32k
          prefix evicted to Redis and fetched back, medians (docs/performance.md).
@@ -31,7 +30,6 @@
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
 
-#include <hiredis/hiredis.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,126 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---- the adapter ----------------------------------------------------------------------- */
-
-typedef struct redis_store {
-    redisContext *ctx;
-    char host[256];
-    int port;
-} redis_store;
-
-static struct timeval tv_of(int32_t ms) {
-    struct timeval tv;
-    if (ms <= 0) ms = 1000;
-    tv.tv_sec = ms / 1000;
-    tv.tv_usec = (ms % 1000) * 1000;
-    return tv;
-}
-
-/* A live connection with timeout ms, reconnecting once if the last one broke. */
-static int redis_ready(redis_store *s, int32_t ms) {
-    if (s->ctx != NULL && s->ctx->err == 0) {
-        redisSetTimeout(s->ctx, tv_of(ms));
-        return 1;
-    }
-    if (s->ctx != NULL) redisFree(s->ctx);
-    s->ctx = redisConnectWithTimeout(s->host, s->port, tv_of(ms));
-    if (s->ctx == NULL || s->ctx->err) return 0;
-    redisSetTimeout(s->ctx, tv_of(ms));
-    return 1;
-}
-
-/* One command; NULL (and a dropped connection) on any transport error. */
-static redisReply *redis_call(redis_store *s, int32_t ms, const char *fmt, const void *a, size_t na, const void *b,
-                              size_t nb) {
-    redisReply *r;
-    int attempt;
-    for (attempt = 0; attempt < 2; ++attempt) {
-        if (!redis_ready(s, ms)) continue;
-        r = (redisReply *)(b != NULL ? redisCommand(s->ctx, fmt, a, na, b, nb) : redisCommand(s->ctx, fmt, a, na));
-        if (r != NULL) return r;
-    }
-    return NULL;
-}
-
-static void key_name(const kvc_key *key, char name[70]) {
-    memcpy(name, "kvc:", 4);
-    kvc_key_hex(key, name + 4);
-}
-
-static kvc_result redis_put(void *user, const kvc_key *key, const void *data, size_t size, int32_t ms) {
-    char name[70];
-    redisReply *r;
-    kvc_result res;
-    key_name(key, name);
-    r = redis_call((redis_store *)user, ms, "SET %b %b", name, strlen(name), data, size);
-    if (r == NULL) return KVC_ERR_IO;
-    res = r->type == REDIS_REPLY_STATUS ? KVC_OK : KVC_ERR_IO;
-    freeReplyObject(r);
-    return res;
-}
-
-static kvc_result redis_exists(void *user, const kvc_key *key, size_t *size, int32_t ms) {
-    char name[70];
-    redisReply *r;
-    kvc_result res = KVC_ERR_IO;
-    key_name(key, name);
-    r = redis_call((redis_store *)user, ms, "STRLEN %b", name, strlen(name), NULL, 0);
-    if (r == NULL) return KVC_ERR_IO;
-    if (r->type == REDIS_REPLY_INTEGER) {
-        res = r->integer > 0 ? KVC_OK : KVC_ERR_NOT_FOUND; /* a missing key has length 0 */
-        *size = (size_t)r->integer;
-    }
-    freeReplyObject(r);
-    return res;
-}
-
-static kvc_result redis_get(void *user, const kvc_key *key, void *data, size_t capacity, size_t *size, int32_t ms) {
-    char name[70];
-    redisReply *r;
-    kvc_result res = KVC_ERR_IO;
-    key_name(key, name);
-    r = redis_call((redis_store *)user, ms, "GET %b", name, strlen(name), NULL, 0);
-    if (r == NULL) return KVC_ERR_IO;
-    if (r->type == REDIS_REPLY_NIL) res = KVC_ERR_NOT_FOUND;
-    else if (r->type == REDIS_REPLY_STRING) {
-        *size = r->len;
-        if (r->len > capacity) res = KVC_ERR_RANGE;
-        else {
-            memcpy(data, r->str, r->len);
-            res = KVC_OK;
-        }
-    }
-    freeReplyObject(r);
-    return res;
-}
-
-static kvc_result redis_erase(void *user, const kvc_key *key, int32_t ms) {
-    char name[70];
-    redisReply *r;
-    key_name(key, name);
-    r = redis_call((redis_store *)user, ms, "DEL %b", name, strlen(name), NULL, 0);
-    if (r == NULL) return KVC_ERR_IO;
-    freeReplyObject(r);
-    return KVC_OK;
-}
-
-/* The store over host:port (connected lazily, on the first call). */
-static void redis_store_open(redis_store *s, const char *host, int port, kvc_store *store) {
-    memset(s, 0, sizeof(*s));
-    snprintf(s->host, sizeof(s->host), "%s", host);
-    s->port = port;
-    memset(store, 0, sizeof(*store));
-    store->put = redis_put;
-    store->exists = redis_exists;
-    store->get = redis_get;
-    store->erase = redis_erase;
-    store->user = s;
-}
-static void redis_store_close(redis_store *s) {
-    if (s->ctx != NULL) redisFree(s->ctx);
-    s->ctx = NULL;
-}
+#include "redis_store.h"
 
 /* ---- the toy engine ------------------------------------------------------------------- */
 
@@ -321,6 +200,7 @@ static void bench(const char *host, int port, int32_t n, int reps) {
 int main(int argc, char **argv) {
     const char *host = "127.0.0.1", *role = NULL;
     int port = 6379, turns = 1, pause_ms = 0, expect = -1, a, t, from_redis = 0, recomputed = 0, wrong = 0;
+    double max_fetch_ms = -1, fetch_ms, fetch_ms_max = 0;
     kvc_type type = KVC_TYPE_F16;
     kvc_pool_config pc;
     kvc_pool *pool;
@@ -338,6 +218,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--turns") && a + 1 < argc) turns = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--pause-ms") && a + 1 < argc) pause_ms = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--expect-reuse") && a + 1 < argc) expect = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--max-fetch-ms") && a + 1 < argc) max_fetch_ms = atof(argv[++a]);
         else if (!strcmp(argv[a], "--type") && a + 1 < argc) type = !strcmp(argv[++a], "f32") ? KVC_TYPE_F32 : KVC_TYPE_F16;
         else if (!strcmp(argv[a], "write") || !strcmp(argv[a], "read") || !strcmp(argv[a], "bench")) role = argv[a];
         else role = NULL, a = argc;
@@ -347,7 +228,7 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (role == NULL) {
         fprintf(stderr, "usage: %s [--host H] [--port P] write [--type f16|f32] | read [--turns N] "
-                        "[--pause-ms MS] [--expect-reuse N] | bench [--turns REPS]\n", argv[0]);
+                        "[--pause-ms MS] [--expect-reuse N] [--max-fetch-ms MS] | bench [--turns REPS]\n", argv[0]);
         return 2;
     }
     if (!strcmp(role, "bench")) {
@@ -387,13 +268,20 @@ int main(int argc, char **argv) {
         for (t = 0; t < turns; ++t) {
             prompt(tokens, base + t); /* a new question after the same system prompt */
             TRY(kvc_radix_evict(tree, 1 << 30, NULL)); /* nothing in the pool: Redis or recompute */
+            fetch_ms = now_s();
             TRY(kvc_tier_fetch(tree, NS, tokens, MAXT, &got));
+            fetch_ms = 1e3 * (now_s() - fetch_ms);
+            if (fetch_ms > fetch_ms_max) fetch_ms_max = fetch_ms;
+            if (max_fetch_ms >= 0 && fetch_ms > max_fetch_ms) {
+                fprintf(stderr, "turn %d: the fetch took %.0f ms, more than %.0f\n", t, fetch_ms, max_fetch_ms);
+                wrong++;
+            }
             TRY(kvc_radix_lookup(tree, NS, tokens, MAXT, &c, &reused));
             if (got > 0) from_redis++;
             else recomputed++;
             TRY(evaluate(c, tokens, reused, MAXT));
             if (wrong_cells(c, tokens) != 0) wrong++;
-            printf("turn %d reused %d%s\n", t, (int)reused, got > 0 ? " (from redis)" : "");
+            printf("turn %d reused %d fetch %.0f ms%s\n", t, (int)reused, fetch_ms, got > 0 ? " (from redis)" : "");
             fflush(stdout);
             if (expect >= 0 && reused != expect) {
                 fprintf(stderr, "turn %d reused %d, expected %d\n", t, (int)reused, expect);
@@ -404,8 +292,8 @@ int main(int argc, char **argv) {
             if (pause_ms > 0) sleep_ms(pause_ms);
         }
         TRY(kvc_tier_stats_get(tree, &ts));
-        printf("from-redis %d recomputed %d refused %d store-errors %d wrong %d\n", from_redis, recomputed,
-               (int)ts.refused, (int)ts.store_errors, wrong);
+        printf("from-redis %d recomputed %d refused %d store-errors %d fetch-ms-max %.0f wrong %d\n", from_redis,
+               recomputed, (int)ts.refused, (int)ts.store_errors, fetch_ms_max, wrong);
     }
     kvc_radix_evict(tree, 1 << 30, NULL);
     TRY(kvc_radix_destroy(tree));

@@ -63,6 +63,13 @@
                  runs when q8_0, q4_0 and their +rot rows are all there)
    --f16-tail N  the q8_0 / q4_0 rows keep the newest N tokens of their FULL and
                  ROTATING groups in f16 (kvc_cache_config.f16_tail; not with --vk)
+   --share-write STORE FILE, --share-read STORE FILE
+                 only the model's long prompt, shared by two runs (processes) through a
+                 store: the writer evaluates it and publishes its whole blocks, the reader
+                 fetches them, computes the rest and checks its logits against the
+                 reference and bit for bit against the writer's (FILE); STORE is dir:PATH
+                 or, built with -DTINYLM_REDIS (-lhiredis), redis:HOST:PORT (run_shared;
+                 tests/share_prompt.sh)
    --vk          the Vulkan backend (kvcache_vk.h): the memory is a device memory
                  (kvc_vk_memory_create: one budget for every group, K/V pages and conv
                  states in device memory that follows use), append and attention on the
@@ -104,6 +111,9 @@
      8. sessions         a memory per (kind, type), the kinds' hooks; the cases
      9. main             argument parsing, the table, the verdict
 */
+#if defined(TINYLM_REDIS) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L /* examples/redis_store.h: clock_gettime */
+#endif
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 #ifdef TINYLM_VK /* --vk: the Vulkan backend; VK_NO_PROTOTYPES, the loader opened at run time */
@@ -111,6 +121,9 @@
 #define KVCACHE_VK_IMPLEMENTATION
 #define KVCACHE_VK_HELPERS /* the loader, a device of its own, buffers */
 #include "../kvcache_vk.h"
+#endif
+#ifdef TINYLM_REDIS /* --share-* redis:HOST:PORT: the Redis store of examples/redis_store.h (-lhiredis) */
+#include "redis_store.h"
 #endif
 
 #include <errno.h>
@@ -244,6 +257,10 @@ static const type_spec TYPES[] = {
    ================================================================================== */
 
 static int g_quiet = 0;
+static size_t g_budget_bytes = BUDGET_BYTES; /* each memory's (bench/bench_tiers.c's long prefixes: more) */
+/* the namespace of every radix request (kvc_namespace.model: the model's id); --share-*
+   sets it to a hash of the weights, so only the same model finds a shared prefix */
+static kvc_namespace g_radix_ns = {1, 0};
 static int32_t g_f16_tail = 0; /* --f16-tail */
 static int g_type_off[COUNT_OF(TYPES)]; /* --types: the storage types left out */
 
@@ -1010,7 +1027,7 @@ static int memory_create(memory *M, const config *c, const kind_spec *ks, kvc_ty
         mc.layer_group = M->group_of;
         mc.n_groups = M->n;
         mc.groups = gc;
-        mc.budget_bytes = BUDGET_BYTES;
+        mc.budget_bytes = g_budget_bytes;
         if ((r = kvc_memory_config_check(&mc, &field)) != KVC_OK) {
             errorf("kvc_memory_config_check: %s (field %s)", kvc_strerror(r), field ? field : "?");
             goto fail;
@@ -1783,6 +1800,7 @@ struct score {
     long tokens_run;          /* tokens pushed through the model */
     double seconds;
     int reused, reused_want;  /* tokens not recomputed, and what we expected */
+    float *keep;              /* not NULL: every compared row's logits, at its row (--share-*) */
     char note[40];            /* printed after the result (causal: cells in use) */
 };
 
@@ -1822,6 +1840,7 @@ static void score_row(score *sc, const test_case *tc, int vocab, int row, const 
     }
     sc->n_values += vocab;
     sc->rows++;
+    if (sc->keep) memcpy(sc->keep + (size_t)row * vocab, logits, (size_t)vocab * sizeof *logits);
     if (tc->greedy && row + 1 < tc->rows) {
         sc->tok_total++;
         sc->tok_ok += argmax(logits, vocab) == tc->tokens[tc->prompt_len + row];
@@ -2423,7 +2442,7 @@ static int radix_tokens(const model *m, memory *M, const test_case *tc, const in
 static int radix_request(const model *m, kvc_radix *tree, memory *tmpl, const test_case *tc, const int32_t *toks,
                          int32_t n_prompt, int32_t n_total, int32_t want, int chunk, score *sc)
 {
-    const kvc_namespace ns = {1, 0};
+    const kvc_namespace ns = g_radix_ns;
     const config *c = &m->c;
     float *last = alloc_floats((size_t)c->vocab);
     kvc_memory *km = NULL;
@@ -2541,7 +2560,7 @@ static int run_radix_turns(const model *m, const test_case *cases, int n_cases, 
 
 static int run_radix_tier(const model *m, const test_case *cases, int n_cases, int chunk, int *runs)
 {
-    const kvc_namespace ns = {1, 0}; /* radix_request's */
+    const kvc_namespace ns = g_radix_ns; /* radix_request's */
     const kind_spec *hybrid = NULL;
     const test_case *base = NULL;
     memory tmpl;
@@ -2599,6 +2618,185 @@ static int run_radix_tier(const model *m, const test_case *cases, int n_cases, i
     if (tree && kvc_radix_destroy(tree) != KVC_OK) failures++, errorf("kvc_radix_destroy failed");
     failures += memory_free(&tmpl, "radix", "f32");
     ++*runs;
+    return failures;
+}
+
+/* --- A long prompt shared by two processes through a store (--share-write / -read) ---
+   Two runs of tinylm, one after the other, share the longest prompt of the model's
+   cases (`long`: 160 or 200 tokens) through a store, as two engines serving one system
+   prompt would: a directory (dir:PATH, kvc_store_dir) or Redis (redis:HOST:PORT, in a
+   build with -DTINYLM_REDIS: examples/redis_store.h). Each builds the radix turns' tree
+   (one group per layer type, f32) with a store tier under it (blocks of TIER_BLOCK
+   tokens; the namespace's model id a hash of the weights, so only the same model finds
+   the prefix), and runs the case as one request:
+     --share-write STORE FILE  evaluates every token (reuses nothing), publishes the
+                               prompt's whole blocks (kvc_tier_publish) and writes the
+                               logits of every reference row to FILE
+     --share-read STORE FILE   a fresh process: fetches the prefix from the store
+                               (kvc_tier_fetch: must bring back every whole block of the
+                               prompt), evaluates only the rest, and checks its logits
+                               against the reference (the usual f32 bound) and bit for bit
+                               against FILE's
+   One table row each (share_write / share_read) and a line "share: ...". */
+typedef struct share_opts {
+    int role;           /* 0: off, 1: --share-write, 2: --share-read */
+    const char *store;  /* dir:PATH or redis:HOST:PORT */
+    const char *logits; /* the writer's logits */
+} share_opts;
+
+typedef struct share_store {
+    kvc_store_dir_state dir;
+#ifdef TINYLM_REDIS
+    redis_store redis;
+    int is_redis;
+#endif
+} share_store;
+
+/* The store STORE names into *store; -1 when it names none this build has. */
+static int share_store_open(share_store *b, const char *spec, kvc_store *store)
+{
+    memset(b, 0, sizeof *b);
+    if (!strncmp(spec, "dir:", 4)) return kvc_store_dir(&b->dir, spec + 4, store) == KVC_OK ? 0 : -1;
+#ifdef TINYLM_REDIS
+    if (!strncmp(spec, "redis:", 6)) {
+        char host[256];
+        const char *colon = strrchr(spec + 6, ':');
+        const size_t n = colon ? (size_t)(colon - (spec + 6)) : 0;
+        const int port = colon ? atoi(colon + 1) : 0;
+        if (n == 0 || n >= sizeof host || port <= 0 || port > 65535) return -1;
+        memcpy(host, spec + 6, n);
+        host[n] = 0;
+        redis_store_open(&b->redis, host, port, store);
+        b->is_redis = 1;
+        return 0;
+    }
+#endif
+    return -1;
+}
+
+static void share_store_close(share_store *b)
+{
+#ifdef TINYLM_REDIS
+    if (b->is_redis) redis_store_close(&b->redis);
+#else
+    (void)b;
+#endif
+}
+
+/* The model's id: FNV-1a (64 bits) of its weights file; 0 if it cannot be read. */
+static uint64_t weights_id(const char *dir)
+{
+    char path[1024];
+    size_t size = 0;
+    uint64_t h = 14695981039346656037ull;
+    unsigned char *data;
+    join_path(path, sizeof path, dir, "model.safetensors");
+    if (!(data = read_file(path, &size))) return 0;
+    for (size_t i = 0; i < size; ++i) h = (h ^ data[i]) * 1099511628211ull;
+    free(data);
+    return h ? h : 1;
+}
+
+static int run_shared(const model *m, const char *dir, const test_case *cases, int n_cases, int chunk,
+                      const share_opts *so, int *runs)
+{
+    const kind_spec *hybrid = NULL;
+    const test_case *tc = NULL;
+    memory tmpl;
+    kvc_radix_config rc;
+    kvc_radix *tree = NULL;
+    kvc_tier_config tcfg;
+    share_store sb;
+    score sc;
+    test_case row;
+    FILE *f = NULL;
+    unsigned char *theirs = NULL;
+    float *mine = NULL;
+    size_t n_floats, size = 0;
+    int32_t max_tokens = 0, blocks, fetched = 0, published = 0;
+    int failures = 0, ok = 0, opened = 0, same = 0;
+    double t0;
+
+    for (int k = 0; k < COUNT_OF(KINDS); ++k)
+        if (KINDS[k].hybrid) hybrid = &KINDS[k];
+    for (int i = 0; i < n_cases; ++i) {
+        if (!tc || cases[i].prompt_len > tc->prompt_len) tc = &cases[i];
+        if (cases[i].total_len > max_tokens) max_tokens = cases[i].total_len;
+    }
+    *runs += 2; /* the request, then the teardown (leak) check */
+    blocks = tc ? tc->prompt_len / TIER_BLOCK * TIER_BLOCK : 0;
+    if (blocks == 0 || (g_radix_ns.model = weights_id(dir)) == 0) {
+        errorf("share: no case with a prompt of %d tokens or more, or no weights", TIER_BLOCK);
+        return 2;
+    }
+    n_floats = (size_t)tc->rows * m->c.vocab;
+    if (!(mine = alloc_floats(n_floats))) return 2;
+    if (memory_create(&tmpl, &m->c, hybrid, KVC_TYPE_F32, 0, max_tokens, chunk < max_tokens ? chunk : max_tokens) != 0) {
+        free(mine);
+        return 2;
+    }
+    row = *tc;
+    snprintf(row.name, sizeof row.name, "%s", so->role == 1 ? "share_write" : "share_read");
+    memset(&sc, 0, sizeof sc);
+    sc.keep = mine;
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    kvc_tier_config_init(&tcfg);
+    tcfg.block_tokens = TIER_BLOCK;
+    tcfg.timeout_ms = 2000;
+    if (share_store_open(&sb, so->store, &tcfg.store) != 0) {
+        errorf("share: cannot use the store %s", so->store);
+        goto fail;
+    }
+    opened = 1;
+    KVC_CHECK(kvc_radix_create_memory(tmpl.mem, &rc, &tree));
+    KVC_CHECK(kvc_tier_attach(tree, &tcfg));
+    t0 = seconds_now();
+    if (so->role == 2) { /* a fresh process: the pool is empty, the store has the prefix */
+        KVC_CHECK(kvc_tier_fetch(tree, g_radix_ns, tc->tokens, tc->prompt_len, &fetched));
+        if (fetched != blocks) {
+            errorf("share: the store gave back %d tokens of the prompt, wanted %d (written by --share-write?)",
+                   (int)fetched, (int)blocks);
+            goto fail;
+        }
+    }
+    /* the lookup reuses all that came back but the prompt's last token (its logits are wanted) */
+    if (radix_request(m, tree, &tmpl, &row, tc->tokens, tc->prompt_len, tc->total_len,
+                      fetched < tc->prompt_len ? fetched : tc->prompt_len - 1, chunk, &sc) != 0)
+        goto fail;
+    sc.seconds = seconds_now() - t0;
+    if (sc.rows != tc->rows) {
+        errorf("share: %d of %d reference rows computed", sc.rows, (int)tc->rows);
+        goto fail;
+    }
+    if (so->role == 1) {
+        KVC_CHECK(kvc_tier_publish(tree, g_radix_ns, tc->tokens, tc->prompt_len, &published));
+        if (published != blocks) {
+            errorf("share: published %d tokens of the prompt, wanted %d", (int)published, (int)blocks);
+            goto fail;
+        }
+        if (!(f = fopen(so->logits, "wb")) || fwrite(mine, sizeof *mine, n_floats, f) != n_floats) {
+            errorf("share: cannot write %s", so->logits);
+            goto fail;
+        }
+        printf("share: published %d of the %d prompt tokens to %s; %d logits rows to %s\n", (int)published,
+               (int)tc->prompt_len, so->store, sc.rows, so->logits);
+    } else {
+        theirs = read_file(so->logits, &size);
+        same = theirs && size == n_floats * sizeof *mine && memcmp(theirs, mine, size) == 0;
+        printf("share: fetched %d tokens from %s, reused %d of the %d prompt tokens, computed %d of %d; %d logits "
+               "rows, %s the writer's\n", (int)fetched, so->store, sc.reused, (int)tc->prompt_len,
+               (int)tc->total_len - sc.reused, (int)tc->total_len, sc.rows, same ? "bit-identical to" : "DIFFERENT from");
+        if (!same) goto fail;
+    }
+    ok = 1;
+fail:
+    failures += !report(&row, "radix", "f32", &TYPES[0], &sc, ok);
+    if (f && fclose(f) != 0 && ok) failures++, errorf("share: cannot write %s", so->logits);
+    if (tree && kvc_radix_destroy(tree) != KVC_OK) failures++, errorf("kvc_radix_destroy failed");
+    failures += memory_free(&tmpl, "radix", "f32");
+    if (opened) share_store_close(&sb);
+    free(mine);
+    free(theirs);
     return failures;
 }
 
@@ -2874,8 +3072,11 @@ static int run_speculative(const model *m, const test_case *cases, int n_cases, 
 static void usage(void)
 {
     fprintf(stderr, "usage: tinylm [--chunk N] [--draft K] [--quiet] [--reference] [--vk] [--f16-tail N] [--types LIST] [MODEL_DIR ...]\n"
+                    "       tinylm --share-write|--share-read STORE FILE [--chunk N] [--quiet] MODEL_DIR\n"
                     "  runs every folder of tests/data with a config.txt by default, and every storage type\n"
-                    "  (--types f32,q4_0+rot: only those; the rotation check needs q8_0, q4_0 and their +rot)\n");
+                    "  (--types f32,q4_0+rot: only those; the rotation check needs q8_0, q4_0 and their +rot)\n"
+                    "  --share-*: the long prompt shared by two runs through STORE (dir:PATH, or redis:HOST:PORT\n"
+                    "  in a build with -DTINYLM_REDIS), the writer's logits in FILE\n");
 }
 
 /* --types: keep the named storage types (a comma-separated list of TYPES' names) */
@@ -2950,6 +3151,7 @@ int main(int argc, char **argv)
     const char **given = (const char **)malloc((size_t)argc * sizeof *given);
     int n_dirs = 0, n_given = 0, n_listed = 0, chunk = DEFAULT_CHUNK, reference = 0, draft = 4;
     int runs = 0, failures = 0;
+    share_opts share = {0, NULL, NULL};
 
     if (!given) return 2;
     for (int i = 1; i < argc; ++i) {
@@ -2986,6 +3188,15 @@ int main(int argc, char **argv)
                 return 2;
             }
             draft = (int)v;
+        } else if (!strcmp(argv[i], "--share-write") || !strcmp(argv[i], "--share-read")) {
+            share.role = !strcmp(argv[i], "--share-write") ? 1 : 2;
+            if (i + 2 >= argc || (strncmp(argv[i + 1], "dir:", 4) && strncmp(argv[i + 1], "redis:", 6))) {
+                errorf("%s needs a store (dir:PATH or redis:HOST:PORT) and a file", argv[i]);
+                free(given);
+                return 2;
+            }
+            share.store = argv[++i];
+            share.logits = argv[++i];
         } else if (!strcmp(argv[i], "--quiet")) {
             g_quiet = 1;
         } else if (!strcmp(argv[i], "--vk")) {
@@ -3067,7 +3278,9 @@ int main(int argc, char **argv)
             if (model_is_hybrid(&m.c) && !reference) print_groups(&m);
             print_header();
         }
-        if (reference) {
+        if (share.role) {
+            failures += run_shared(&m, dirs[d], cases, n_cases, chunk, &share, &runs);
+        } else if (reference) {
             /* cache-free check of the model math alone */
             const type_spec ts = {KVC_TYPE_F32, 0, 1, 0, "f32"};
             session s;

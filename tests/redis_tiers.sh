@@ -8,7 +8,10 @@
 #   2. the server killed while a reader runs turns: the turns before reuse from Redis, the
 #      turns after recompute (no crash, no wrong cell); under valgrind when present (no leak);
 #   3. damaged (one byte changed with SETRANGE), truncated and foreign (an f32 pool's blob
-#      of the same tokens copied under the f16 key) blobs refused: the reader recomputes.
+#      of the same tokens copied under the f16 key) blobs refused: the reader recomputes;
+#   4. the server hanging (SIGSTOP): each fetch gives up after about one timeout (300 ms;
+#      at most 1000 ms allowed, where 64 probes of one timeout each would take 19 s), the
+#      reader recomputes; after SIGCONT it reuses from Redis again.
 # Skipped (exit 0, with a message) where redis-server or hiredis is absent.
 # Usage: bash tests/redis_tiers.sh [BUILD_DIR]   (one line "RESULT redis <passed> <failed>")
 set -u
@@ -76,6 +79,14 @@ out=$(rs read --expect-reuse 0) && ok || bad "foreign: $out"
 echo "$out" | grep -q "refused 1 .* wrong 0$" && ok || bad "foreign: $out"
 redis-cli -p "$port" COPY "kvc:good" "kvc:$key" REPLACE >/dev/null
 out=$(rs read --expect-reuse 992) && ok || bad "restored: $out"
+
+# 4. the server hangs: a fetch waits about one timeout, then recomputes
+kill -STOP "$server_pid"
+out=$(rs read --turns 2 --max-fetch-ms 1000) && ok || bad "hanging server: $out"
+echo "$out" | grep -q "^from-redis 0 recomputed 2 .* wrong 0$" && ok || bad "hanging server: $out"
+echo "$out" | tail -n 1
+kill -CONT "$server_pid"
+out=$(rs read --expect-reuse 992) && ok || bad "after SIGCONT: $out"
 
 # 2. the server killed mid-run
 run=("$B/redis_store")

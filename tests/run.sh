@@ -252,6 +252,9 @@ redis_tiers() { # the tiers through a real Redis (tests/redis_tiers.sh starts it
   fi
   CC=$CC checks redis-tiers bash tests/redis_tiers.sh "$B"
 }
+# two tinylm processes share the long prompt through a directory and Redis (the Redis half
+# skipped with a message where it is not installed; about 10 s, most of it the -O2 build)
+share_prompt() { CC=$CC checks share-prompt bash tests/share_prompt.sh "$B"; }
 # test_vk's saves and loads again with 256-byte KVCACHE_IO_CHUNK: every chunk a page or two,
 # so each save runs many chunks announced ahead (prefetch_pages) and each load many posted
 # writes (a few seconds)
@@ -267,6 +270,7 @@ lane examples run_examples
 [ -f examples/tinylm.c ] && lane tinylm tinylm
 lane fuzz-replays fuzz_replays
 lane redis-tiers redis_tiers
+[ -f examples/tinylm.c ] && lane share-prompt share_prompt
 for t in $tests; do [ "$t" = tests/test_vk.c ] || lane "$(basename "$t" .c)" test_one "$t"; done
 lanes_join
 

@@ -13,7 +13,10 @@
    so a request's single-token attention outputs do not depend on what the tree had
    cached: their bits, hashed per request, must equal those of a single-threaded run of
    the same requests on a fresh pool. Afterwards: no cache alive, every used page the
-   tree's, none after the tree goes.
+   tree's, none after the tree goes. Once more with tiers under the tree (a small host
+   tier spilling to a store in memory, every request fetching first, every fourth sending
+   the whole tree down): the same bits, blobs fetched back, the
+   store called only under the pool's lock (ThreadSanitizer sees its unlocked table).
 
    Under `make test` this also runs under ThreadSanitizer (tests/run.sh). Usage:
    test_threads [seed]; KVC_TEST_SCALE scales the request counts. */
@@ -124,6 +127,7 @@ static int eval(kvc_cache *c, const request *q, int32_t p, int32_t n, uint64_t *
 typedef struct shared {
     kvc_pool *pool;
     kvc_radix *tree;
+    int tiers;             /* fetch before each lookup */
     request *rq;
     uint64_t *digest;      /* [n_requests] */
     int32_t n_requests, n_threads;
@@ -144,6 +148,11 @@ static void serve(shared *s, int32_t r) {
     kvc_cache *c = NULL, *f = NULL;
     int32_t p, reused = 0, errors = 0;
     uint64_t dg = 0;
+    if (s->tiers) {
+        int32_t got = -1;
+        CALL(kvc_tier_fetch(s->tree, ns, q->tokens, q->n_prompt, &got), KVC_OK);
+        if (got < 0 || got % PC != 0) errors++;
+    }
     CALL(kvc_radix_lookup(s->tree, ns, q->tokens, q->n_prompt, &c, &reused), KVC_OK);
     if (c == NULL) { s->bad[r] = errors; return; }
     if (reused < 0 || reused > q->n_prompt - 1) errors++;
@@ -179,6 +188,7 @@ static void serve(shared *s, int32_t r) {
         CALL(kvc_radix_evict(s->tree, 1, &freed), KVC_OK);
         if (freed < 0) errors++;
     }
+    if (s->tiers && r % 4 == 3) CALL(kvc_radix_evict(s->tree, 1 << 20, NULL), KVC_OK); /* all down the tiers */
     s->digest[r] = dg;
     s->reused[r] = reused;
     s->bad[r] = errors;
@@ -191,9 +201,64 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+/* The store of the tiered run: blobs in a table with no lock of its own -- the tier calls
+   it under the pool's lock, so ThreadSanitizer reports any call that is not. */
+#define MEM_SLOTS 48
+static struct {
+    kvc_key key[MEM_SLOTS];
+    unsigned char *data[MEM_SLOTS];
+    size_t size[MEM_SLOTS];
+    int32_t next; /* the slot a new key takes (round robin: the oldest goes) */
+    long calls;
+} g_mem;
+static int32_t mem_find(const kvc_key *k) {
+    int32_t i;
+    for (i = 0; i < MEM_SLOTS; ++i)
+        if (g_mem.data[i] != NULL && memcmp(g_mem.key[i].bytes, k->bytes, 32) == 0) return i;
+    return -1;
+}
+static kvc_result mem_put(void *u, const kvc_key *k, const void *d, size_t n, int32_t ms) {
+    int32_t i = mem_find(k);
+    unsigned char *copy = (unsigned char *)malloc(n);
+    (void)u, (void)ms;
+    g_mem.calls++;
+    if (copy == NULL) return KVC_ERR_NO_MEMORY;
+    memcpy(copy, d, n);
+    if (i < 0) i = g_mem.next, g_mem.next = (g_mem.next + 1) % MEM_SLOTS;
+    free(g_mem.data[i]);
+    g_mem.key[i] = *k;
+    g_mem.data[i] = copy;
+    g_mem.size[i] = n;
+    return KVC_OK;
+}
+static kvc_result mem_exists(void *u, const kvc_key *k, size_t *n, int32_t ms) {
+    int32_t i = mem_find(k);
+    (void)u, (void)ms;
+    g_mem.calls++;
+    if (i < 0) return KVC_ERR_NOT_FOUND;
+    *n = g_mem.size[i];
+    return KVC_OK;
+}
+static kvc_result mem_get(void *u, const kvc_key *k, void *d, size_t cap, size_t *n, int32_t ms) {
+    int32_t i = mem_find(k);
+    (void)u, (void)ms;
+    g_mem.calls++;
+    if (i < 0) return KVC_ERR_NOT_FOUND;
+    *n = g_mem.size[i];
+    if (*n > cap) return KVC_ERR_RANGE;
+    memcpy(d, g_mem.data[i], *n);
+    return KVC_OK;
+}
+static void mem_clear(void) {
+    int32_t i;
+    for (i = 0; i < MEM_SLOTS; ++i) free(g_mem.data[i]);
+    memset(&g_mem, 0, sizeof(g_mem));
+}
+static kvc_tier_stats g_tier_stats; /* the tiered run's, at its end */
+
 /* One run of every request on a fresh pool: n_threads threads (1: this thread alone,
-   no lock). Returns the tree's evictions. */
-static uint64_t run_server(request *rq, int32_t n, int32_t n_threads, uint64_t *digest, int32_t *reused) {
+   no lock), with tiers when `tiers`. Returns the tree's evictions. */
+static uint64_t run_server(request *rq, int32_t n, int32_t n_threads, uint64_t *digest, int32_t *reused, int tiers) {
     kvc_pool_config pc;
     kvc_radix_config rc;
     kvc_pool_stats ps;
@@ -224,6 +289,16 @@ static uint64_t run_server(request *rq, int32_t n, int32_t n_threads, uint64_t *
     TK_OK(kvc_pool_create(&pc, &s.pool));
     TK_OK(kvc_radix_config_init(&rc, KVC_KIND_FULL));
     TK_OK(kvc_radix_create(s.pool, &rc, &s.tree));
+    if (tiers) { /* a host tier for about two blobs of 32 tokens, then the store */
+        kvc_tier_config tc;
+        TK_OK(kvc_tier_config_init(&tc));
+        tc.host_bytes = 2 * 32 * NL * NKV * HD * (2 + 4) + 4096;
+        tc.store.put = mem_put;
+        tc.store.exists = mem_exists;
+        tc.store.get = mem_get;
+        TK_OK(kvc_tier_attach(s.tree, &tc));
+        s.tiers = 1;
+    }
     s.rq = rq;
     s.digest = digest;
     s.reused = reused;
@@ -252,7 +327,12 @@ static uint64_t run_server(request *rq, int32_t n, int32_t n_threads, uint64_t *
     TK_EQ(ps.pages_used, rs.n_pages);
     TK_CHECK(ps.pages_peak <= BUDGET_PAGES);
     TK_EQ(rs.lookups, (uint64_t)n);
-    TK_EQ(rs.commits, (uint64_t)n);
+    memset(&g_tier_stats, 0, sizeof(g_tier_stats));
+    if (tiers) {
+        TK_OK(kvc_tier_stats_get(s.tree, &g_tier_stats));
+        TK_CHECK(g_tier_stats.host_bytes <= 2 * 32 * NL * NKV * HD * (2 + 4) + 4096);
+    }
+    TK_EQ(rs.commits, (uint64_t)n + g_tier_stats.fetched_host + g_tier_stats.fetched_store); /* a fetch commits */
     TK_OK(kvc_radix_destroy(s.tree));
     TK_OK(kvc_pool_stats_get(s.pool, &ps));
     TK_EQ(ps.pages_used, 0);
@@ -265,23 +345,38 @@ static uint64_t run_server(request *rq, int32_t n, int32_t n_threads, uint64_t *
 }
 
 static void test_server(uint64_t seed) {
-    int32_t n = tk_scaled(160), i, same = 0, hits_st = 0, hits_mt = 0;
+    int32_t n = tk_scaled(160), i, same = 0, same_tr = 0, hits_st = 0, hits_mt = 0, hits_tr = 0;
     request *rq = (request *)malloc(sizeof(request) * (size_t)n);
     uint64_t *d_st = (uint64_t *)calloc((size_t)n, sizeof(uint64_t)), *d_mt = (uint64_t *)calloc((size_t)n, sizeof(uint64_t));
+    uint64_t *d_tr = (uint64_t *)calloc((size_t)n, sizeof(uint64_t));
     int32_t *r_st = (int32_t *)calloc((size_t)n, sizeof(int32_t)), *r_mt = (int32_t *)calloc((size_t)n, sizeof(int32_t));
+    int32_t *r_tr = (int32_t *)calloc((size_t)n, sizeof(int32_t));
     uint64_t ev_st, ev_mt;
     make_requests(seed, rq, n);
-    ev_st = run_server(rq, n, 1, d_st, r_st);
-    ev_mt = run_server(rq, n, N_THREADS, d_mt, r_mt);
+    ev_st = run_server(rq, n, 1, d_st, r_st, 0);
+    ev_mt = run_server(rq, n, N_THREADS, d_mt, r_mt, 0);
+    run_server(rq, n, N_THREADS, d_tr, r_tr, 1);
     for (i = 0; i < n; ++i) {
         same += d_st[i] == d_mt[i];
+        same_tr += d_st[i] == d_tr[i];
         if (d_st[i] != d_mt[i]) fprintf(stderr, "request %d: outputs differ from the single-threaded run\n", (int)i);
+        if (d_st[i] != d_tr[i]) fprintf(stderr, "request %d: outputs with tiers differ from the run without\n", (int)i);
         hits_st += r_st[i];
         hits_mt += r_mt[i];
+        hits_tr += r_tr[i];
     }
     TK_EQ(same, n);
+    TK_EQ(same_tr, n);
     printf("server: %d requests on %d threads, tokens reused %d (one thread: %d), entries evicted %llu (%llu)\n",
            (int)n, N_THREADS, (int)hits_mt, (int)hits_st, (unsigned long long)ev_mt, (unsigned long long)ev_st);
+    printf("server with tiers: tokens reused %d; blobs fetched %llu from the host tier, %llu from the store "
+           "(%llu calls), %llu kept in it\n", (int)hits_tr, (unsigned long long)g_tier_stats.fetched_host,
+           (unsigned long long)g_tier_stats.fetched_store, (unsigned long long)g_mem.calls,
+           (unsigned long long)g_tier_stats.kept_store);
+    if (n >= 40) TK_CHECK(g_tier_stats.fetched_host + g_tier_stats.fetched_store > 0);
+    mem_clear();
+    free(d_tr);
+    free(r_tr);
     if (n >= 40) { /* the shape is exercised: prefixes were found, and the budget made the tree evict */
         TK_CHECK(hits_st > 0);
         TK_CHECK(ev_st > 0);

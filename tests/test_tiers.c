@@ -9,7 +9,9 @@
      - damaged (bytes flipped), truncated, foreign (another type), other-token and
        wrong-kind blobs are refused whole: the tree and pool stay as they were;
      - the host tier's byte budget is never exceeded (oldest blobs spill to the store);
-     - a store whose every call fails costs a recompute, no error;
+     - a store whose every call fails costs a recompute, no error; one that hangs costs
+       a request at most one timeout (one call), however many entries go down or probes
+       a fetch makes;
      - every allocation failing in turn during eviction and fetch: no crash, no leak,
        and what is found is right.
    Usage: test_tiers [seed]. KVC_TEST_SCALE scales the random rounds. */
@@ -733,12 +735,96 @@ static void test_dead_store(tk_rng *rng) {
     TK_EQ(got, 0);
     s = tier_stats(t);
     TK_EQ(s.dropped, 1);
-    TK_CHECK(s.store_errors >= 3);
+    TK_EQ(s.store_errors, 2); /* publish, then the fetch; the eviction between: store down, not called */
     TK_OK(converse(t, a, n, &reused)); /* recomputed, right */
     TK_EQ(reused, 0);
     TK_EQ(reuse_of(t, a, n, KVC_TYPE_F16), n - 1);
     TK_OK(kvc_radix_destroy(t));
     TK_OK(kvc_pool_destroy(pool));
+}
+
+/* A store that hangs: every call waits on a simulated clock for the store's delay, but no
+   longer than the timeout_ms it is given, and then fails (as a store that honours the
+   timeout does: kvc_store_dir on a local disk never waits; examples/redis_store.h bounds
+   each call by it). A request must wait at most one timeout however many entries its
+   eviction sends down or its fetch probes: the first failing call ends the store's part
+   until the next fetch, publish or flush, which try it again. */
+static struct {
+    kvc_store dir;
+    int32_t delay_ms; /* 0: answers at once */
+    long calls, waited_ms;
+} g_slow;
+static kvc_result slow_wait(int32_t ms) {
+    TK_EQ(ms, 50);
+    g_slow.calls++;
+    g_slow.waited_ms += g_slow.delay_ms < ms ? g_slow.delay_ms : ms;
+    return g_slow.delay_ms > ms ? KVC_ERR_IO : KVC_OK;
+}
+static kvc_result slow_put(void *u, const kvc_key *k, const void *d, size_t n, int32_t ms) {
+    kvc_result r = slow_wait(ms);
+    (void)u;
+    return r != KVC_OK ? r : g_slow.dir.put(g_slow.dir.user, k, d, n, ms);
+}
+static kvc_result slow_exists(void *u, const kvc_key *k, size_t *n, int32_t ms) {
+    kvc_result r = slow_wait(ms);
+    (void)u;
+    return r != KVC_OK ? r : g_slow.dir.exists(g_slow.dir.user, k, n, ms);
+}
+static kvc_result slow_get(void *u, const kvc_key *k, void *d, size_t cap, size_t *n, int32_t ms) {
+    kvc_result r = slow_wait(ms);
+    (void)u;
+    return r != KVC_OK ? r : g_slow.dir.get(g_slow.dir.user, k, d, cap, n, ms);
+}
+
+static void test_slow_store(tk_rng *rng) {
+    kvc_pool *pool = make_pool(KVC_TYPE_F16, 32);
+    kvc_radix *t = make_tree(pool);
+    kvc_store_dir_state st;
+    kvc_tier_config tc;
+    int32_t a[4][MAXT], n = 3 * PC + 1, got = -1, i;
+    clear_dir();
+    memset(&g_slow, 0, sizeof(g_slow));
+    TK_OK(kvc_store_dir(&st, g_dir, &g_slow.dir));
+    kvc_tier_config_init(&tc);
+    tc.store.put = slow_put;
+    tc.store.exists = slow_exists;
+    tc.store.get = slow_get;
+    tc.timeout_ms = 50;
+    TK_OK(kvc_tier_attach(t, &tc));
+    for (i = 0; i < 4; ++i) fill_tokens(rng, a[i], n);
+    TK_OK(converse(t, a[0], n, NULL));
+    TK_OK(converse(t, a[1], n, NULL));
+    TK_OK(kvc_radix_evict(t, 1000, NULL)); /* both to the store, at once */
+    TK_EQ(g_slow.calls, 2);
+    TK_EQ(tier_stats(t).kept_store, 2);
+    /* the store hangs: two entries evicted, one call, one timeout */
+    TK_OK(converse(t, a[2], n, NULL));
+    TK_OK(converse(t, a[3], n, NULL));
+    g_slow.delay_ms = 1000;
+    g_slow.calls = g_slow.waited_ms = 0;
+    TK_OK(kvc_radix_evict(t, 1000, NULL));
+    TK_EQ(g_slow.calls, 1);
+    TK_CHECK(g_slow.waited_ms <= 50);
+    TK_EQ(tier_stats(t).dropped, 2);
+    /* a fetch probing three block boundaries: one call, one timeout, nothing found */
+    g_slow.calls = g_slow.waited_ms = 0;
+    TK_OK(kvc_tier_fetch(t, NS, a[0], n, &got));
+    TK_EQ(got, 0);
+    TK_EQ(g_slow.calls, 1);
+    TK_CHECK(g_slow.waited_ms <= 50);
+    /* slow but within the timeout: served (each call waits 30 ms: exists + get) */
+    g_slow.delay_ms = 30;
+    g_slow.calls = g_slow.waited_ms = 0;
+    TK_OK(kvc_tier_fetch(t, NS, a[0], n, &got));
+    TK_EQ(got, 3 * PC);
+    TK_EQ(g_slow.calls, 2);
+    /* back at once: the next fetch uses it */
+    g_slow.delay_ms = 0;
+    TK_OK(kvc_tier_fetch(t, NS, a[1], n, &got));
+    TK_EQ(got, 3 * PC);
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_pool_destroy(pool));
+    clear_dir();
 }
 
 /* Under pool pressure a fetch evicts (down the tiers) to make room. */
@@ -1026,6 +1112,7 @@ int main(int argc, char **argv) {
         test_two_pools(&rng);
         test_refused(&rng);
         test_dead_store(&rng);
+        test_slow_store(&rng);
         test_fetch_under_pressure(&rng);
         test_hybrid(&rng);
     }
