@@ -1292,7 +1292,9 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
    shorter prefix or nothing: a failing store costs recomputation, never a wrong answer.
    On the way down a refused write (budget, allocation, store error) only loses the copy:
    the tree changes exactly as eviction without tiers would. The store is called under
-   the pool's lock, with the timeout you set. */
+   the pool's lock, with the timeout you set. Under a device pool's or memory's tree
+   (kvcache_vk.h) the pages move through the backend's page hooks, bounded staging,
+   synchronous: kvcache_vk.h, "Saves and loads", says why and what it asks of you. */
 typedef struct kvc_key {
     unsigned char bytes[32]; /* SHA-256 */
 } kvc_key;
