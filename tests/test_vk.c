@@ -1954,9 +1954,13 @@ static struct { VkDeviceMemory m; VkDeviceSize n; } dm_live[DM_MAX];
 static int dm_n;
 static uint64_t dm_bytes, dm_peak;
 
+static long dm_fail_after = -1; /* device allocations left to succeed (-1: all) */
 static VKAPI_ATTR VkResult VKAPI_CALL counted_allocate(VkDevice d, const VkMemoryAllocateInfo *ai,
                                                        const VkAllocationCallbacks *a, VkDeviceMemory *m) {
-    VkResult r = real_allocate(d, ai, a, m);
+    VkResult r;
+    if (dm_fail_after == 0) return VK_ERROR_OUT_OF_DEVICE_MEMORY;
+    if (dm_fail_after > 0) dm_fail_after--;
+    r = real_allocate(d, ai, a, m);
     if (r == VK_SUCCESS && dm_n < DM_MAX) {
         dm_live[dm_n].m = *m;
         dm_live[dm_n++].n = ai->allocationSize;
@@ -2263,6 +2267,7 @@ static const int32_t *td_tok; /* the entry td_save_fn saves: td_tok[0 .. td_n) *
 static int32_t td_n;
 static char td_dir[256];
 static long td_fail_after = -1; /* the device pools' host allocations left to succeed (-1: all) */
+static kvc_vk_context *td_cx;   /* where td_device_pool makes its pools (ctx, or a counted one) */
 
 static void *td_alloc(size_t n, void *user) {
     if (td_fail_after == 0) return NULL;
@@ -2308,7 +2313,7 @@ static kvc_vk_pool *td_device_pool(kvc_type t, int32_t pages) {
     td_pool_config(&pc, t, pages);
     pc.runtime.allocator.alloc = td_alloc;
     pc.runtime.allocator.free = count_free;
-    TK_OK(kvc_vk_pool_create(ctx, &pc, NULL, &vp));
+    TK_OK(kvc_vk_pool_create(td_cx, &pc, NULL, &vp));
     return vp;
 }
 /* a tree on the device pool with tiers: host_bytes of host tier, the directory store or none */
@@ -2508,6 +2513,122 @@ static void td_alloc_failures(tk_rng *rng) {
     free(x.data);
 }
 
+/* A context whose device allocations are counted (test_device_memory's, on ctx's device). */
+static kvc_vk_context *td_counted_context(void) {
+    kvc_vk_info info;
+    kvc_vk_context_desc d;
+    kvc_vk_context *cc = NULL;
+    kvc_vk_context_info(ctx, &info);
+    memset(&d, 0, sizeof(d));
+    real_gipa = loader.get_instance_proc_addr;
+    d.get_instance_proc_addr = counted_gipa;
+    d.instance = info.instance;
+    d.physical_device = info.physical_device;
+    d.device = info.device;
+    d.queue = info.queue;
+    d.queue_family = info.queue_family;
+    d.enabled_features = info.active_features;
+    d.allocator.alloc = count_alloc;
+    d.allocator.free = count_free;
+    TK_OK(kvc_vk_context_create(&d, &cc));
+    return cc;
+}
+
+/* td_cpu_entries' evaluation of tok[0 .. TD_N) on the device: appended by the kernel (f16
+   of f16-exact values: the CPU's bytes), committed to t; no staging used */
+static void td_append_entry(kvc_vk_context *cc, kvc_vk_pool *vp, kvc_radix *t, const int32_t *tok) {
+    const int32_t nk = 64;
+    int32_t i, l, reused = -1;
+    kvc_cache *c = NULL;
+    VkCommandBuffer cmd;
+    kvc_vk_tensor k, v;
+    ensure(&in_buf, sizeof(float) * 2 * 2 * TD_N * (size_t)nk);
+    TK_OK(kvc_radix_lookup(t, TD_NS, tok, TD_N, &c, &reused));
+    if (c == NULL) return;
+    TK_OK(kvc_begin(c, TD_N, NULL, 0));
+    TK_OK(kvc_vk_context_begin(cc, &cmd));
+    for (l = 0; l < 2; ++l) {
+        float *f = (float *)in_buf.mapped + (size_t)l * 2 * TD_N * nk;
+        for (i = 0; i < TD_N * nk; ++i) {
+            f[i] = (float)((i * 7 + l * 3 + tok[i / 64]) % 23) - 11.0f;
+            f[TD_N * nk + i] = (float)((i * 5 + l + tok[i / 64]) % 19) * 0.5f;
+        }
+        memset(&k, 0, sizeof(k));
+        memset(&v, 0, sizeof(v));
+        k.buffer = v.buffer = in_buf.buffer;
+        k.offset = sizeof(float) * (size_t)l * 2 * TD_N * nk;
+        v.offset = k.offset + sizeof(float) * TD_N * (size_t)nk;
+        TK_OK(kvc_vk_cmd_append(vp, cmd, c, l, &k, &v));
+    }
+    TK_OK(kvc_vk_context_submit_wait(cc, cmd));
+    TK_OK(kvc_radix_commit(t, TD_NS, c, tok, TD_N, 0));
+    TK_OK(kvc_cache_destroy(c));
+}
+
+/* Every device allocation failing in turn, each time on a fresh context and pool: during
+   an eviction (with kernels: the entry appended, so the eviction makes the staging halves)
+   and during a fetch (the pool trimmed first: its page buffers grow again). A failed
+   eviction loses the copy; a failed fetch returns KVC_ERR_NO_MEMORY and keeps the blob in
+   the host tier; neither loses the pool: the entry is fetched whole afterwards. */
+static void td_device_failures(int kernels, tk_rng *rng) {
+    int32_t tok[TD_N], got = -1, k, phase, wrong = 0, lost = 0, failed_calls = 0;
+    blob full, x;
+    td_fill(rng, tok, TD_N);
+    td_cpu_entries(KVC_TYPE_F16, tok, &full, &x, NULL);
+    for (phase = kernels ? 0 : 1; phase < 2; ++phase)
+        for (k = 0; k < 64; ++k) {
+            kvc_vk_context *cc = td_counted_context();
+            kvc_vk_pool *vp;
+            kvc_radix *t;
+            VkCommandBuffer cmd;
+            int hit;
+            kvc_result r;
+            if (cc == NULL) return;
+            td_cx = cc;
+            vp = td_device_pool(KVC_TYPE_F16, 32);
+            t = td_tree(vp, 1 << 20, 0);
+            td_cx = ctx;
+            if (t == NULL) return;
+            if (phase == 0) td_append_entry(cc, vp, t, tok);
+            else TK_OK(td_load(t, &full, &got));
+            dm_fail_after = phase == 0 ? k : -1;
+            (void)kvc_radix_evict(t, 1000, NULL);
+            hit = dm_fail_after == 0;
+            dm_fail_after = -1;
+            if (phase == 0 && td_stats(t).host_blobs == 0) { /* the copy lost: the entry again */
+                td_append_entry(cc, vp, t, tok);
+                TK_OK(kvc_radix_evict(t, 1000, NULL));
+            }
+            TK_EQ(td_stats(t).host_blobs, 1);
+            TK_OK(kvc_vk_context_begin(cc, &cmd)); /* the device memory back: the fetch grows again */
+            TK_OK(kvc_vk_pool_cmd_trim(vp, cmd));
+            TK_OK(kvc_vk_context_submit_wait(cc, cmd));
+            if (phase == 1) dm_fail_after = k;
+            r = kvc_tier_fetch(t, TD_NS, tok, TD_N, &got);
+            if (phase == 1) hit = dm_fail_after == 0;
+            dm_fail_after = -1;
+            TK_CHECK(r == KVC_OK || r == KVC_ERR_NO_MEMORY);
+            failed_calls += r != KVC_OK;
+            if (r != KVC_OK || got != TD_X) {
+                TK_EQ(got, 0);
+                lost += td_stats(t).host_blobs != 1; /* a failed fetch keeps the blob */
+                TK_OK(kvc_tier_fetch(t, TD_NS, tok, TD_N, &got)); /* and the pool works */
+            }
+            TK_EQ(got, TD_X);
+            wrong += !td_holds(t, tok, TD_X, &x);
+            TK_OK(kvc_radix_destroy(t));
+            TK_OK(kvc_vk_pool_destroy(vp));
+            TK_OK(kvc_vk_context_destroy(cc));
+            TK_EQ(dm_bytes, 0);
+            if (!hit) break;
+        }
+    TK_EQ(wrong, 0);
+    TK_EQ(lost, 0);
+    TK_CHECK(failed_calls > 0); /* some fetch did meet a failure */
+    free(full.data);
+    free(x.data);
+}
+
 /* A device memory (RECURRENT states beside FULL f16 pages, hy_config's): its tree's entry
    with states at the block boundaries goes down node by node and comes back whole. */
 static void td_memory_tree(tk_rng *rng) {
@@ -2645,10 +2766,12 @@ static void test_tiers_device(int kernels, tk_rng *rng) {
         TK_CHECK(!"mkdtemp");
         return;
     }
+    td_cx = ctx;
     td_pool_tree(KVC_TYPE_F16, KVC_TYPE_Q8_0, rng);
     td_pool_tree(KVC_TYPE_Q8_0, KVC_TYPE_F16, rng);
     td_memory_tree(rng);
     td_alloc_failures(rng);
+    td_device_failures(kernels, rng);
     if (kernels) td_pressure(rng);
     TK_CHECK(rmdir(td_dir) == 0); /* every file went */
 }
