@@ -17,7 +17,8 @@
    episodes copy them into larger ones often, and trim them now and then; KVC_VK_EPISODE=e runs episode e alone (make test does under valgrind);
    KVC_VK_PART=mask runs only some parts: 1 the unit tests (errors, page round trips, rotated
    decode), 2 the episodes, 4 the hybrid-model episodes (default 7); KVC_VK_HOST_ONLY=1 the
-   host side alone (errors, saves and loads: what make test runs under valgrind). */
+   host side alone (errors, saves and loads: what make test runs under valgrind);
+   KVC_VK_TIERS_ONLY=1 the tiers under device trees alone (=2: without the append kernel). */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, rmdir: the tiers' directory store */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
@@ -2565,30 +2566,32 @@ static void td_append_entry(kvc_vk_context *cc, kvc_vk_pool *vp, kvc_radix *t, c
     TK_OK(kvc_cache_destroy(c));
 }
 
-/* Every device allocation failing in turn, each time on a fresh context and pool: during
-   an eviction (with kernels: the entry appended, so the eviction makes the staging halves)
-   and during a fetch (the pool trimmed first: its page buffers grow again). A failed
-   eviction loses the copy; a failed fetch returns KVC_ERR_NO_MEMORY and keeps the blob in
-   the host tier; neither loses the pool: the entry is fetched whole afterwards. */
+/* Every device allocation failing in turn: during an eviction (with kernels: the entry
+   appended, on a fresh context each time, so that the eviction makes the staging halves)
+   and during a fetch (one context and pool, trimmed before each: its page buffers grow
+   again). A failed eviction loses the copy; a failed fetch returns KVC_ERR_NO_MEMORY and
+   keeps the blob in the host tier; neither loses the pool: the entry comes back whole. */
 static void td_device_failures(int kernels, tk_rng *rng) {
     int32_t tok[TD_N], got = -1, k, phase, wrong = 0, lost = 0, failed_calls = 0;
+    kvc_vk_context *cc = NULL;
+    kvc_vk_pool *vp = NULL;
+    kvc_radix *t = NULL;
     blob full, x;
     td_fill(rng, tok, TD_N);
     td_cpu_entries(KVC_TYPE_F16, tok, &full, &x, NULL);
     for (phase = kernels ? 0 : 1; phase < 2; ++phase)
         for (k = 0; k < 64; ++k) {
-            kvc_vk_context *cc = td_counted_context();
-            kvc_vk_pool *vp;
-            kvc_radix *t;
             VkCommandBuffer cmd;
             int hit;
             kvc_result r;
-            if (cc == NULL) return;
-            td_cx = cc;
-            vp = td_device_pool(KVC_TYPE_F16, 32);
-            t = td_tree(vp, 1 << 20, 0);
-            td_cx = ctx;
-            if (t == NULL) return;
+            if (cc == NULL) { /* a fresh context for each eviction, one for every fetch */
+                if ((cc = td_counted_context()) == NULL) return;
+                td_cx = cc;
+                vp = td_device_pool(KVC_TYPE_F16, 32);
+                t = td_tree(vp, 1 << 20, 0);
+                td_cx = ctx;
+                if (t == NULL) return;
+            }
             if (phase == 0) td_append_entry(cc, vp, t, tok);
             else TK_OK(td_load(t, &full, &got));
             dm_fail_after = phase == 0 ? k : -1;
@@ -2616,10 +2619,14 @@ static void td_device_failures(int kernels, tk_rng *rng) {
             }
             TK_EQ(got, TD_X);
             wrong += !td_holds(t, tok, TD_X, &x);
-            TK_OK(kvc_radix_destroy(t));
-            TK_OK(kvc_vk_pool_destroy(vp));
-            TK_OK(kvc_vk_context_destroy(cc));
-            TK_EQ(dm_bytes, 0);
+            TK_OK(kvc_radix_evict(t, 1000, NULL));
+            if (phase == 0 || !hit || k == 63) { /* a context an eviction's round; the fetches' at the end */
+                TK_OK(kvc_radix_destroy(t));
+                TK_OK(kvc_vk_pool_destroy(vp));
+                TK_OK(kvc_vk_context_destroy(cc));
+                TK_EQ(dm_bytes, 0);
+                cc = NULL;
+            }
             if (!hit) break;
         }
     TK_EQ(wrong, 0);
@@ -2767,9 +2774,11 @@ static void test_tiers_device(int kernels, tk_rng *rng) {
         return;
     }
     td_cx = ctx;
-    td_pool_tree(KVC_TYPE_F16, KVC_TYPE_Q8_0, rng);
-    td_pool_tree(KVC_TYPE_Q8_0, KVC_TYPE_F16, rng);
-    td_memory_tree(rng);
+    /* under valgrind (scale < 0.1) one of the three trees, by turns with the seed: each pool
+       made compiles its pipelines, which memcheck makes slow (about 10 s a tree) */
+    if (tk_scale() >= 0.1 || run_seed % 3 == 0) td_pool_tree(KVC_TYPE_F16, KVC_TYPE_Q8_0, rng);
+    if (tk_scale() >= 0.1 || run_seed % 3 == 1) td_pool_tree(KVC_TYPE_Q8_0, KVC_TYPE_F16, rng);
+    if (tk_scale() >= 0.1 || run_seed % 3 == 2) td_memory_tree(rng);
     td_alloc_failures(rng);
     td_device_failures(kernels, rng);
     if (kernels) td_pressure(rng);
@@ -2818,6 +2827,10 @@ int main(int argc, char **argv) {
                                              small KVCACHE_IO_CHUNK (many pipelined chunks) */
         test_saveload();
         test_tiers_device(1, &rng);
+        parts = 0;
+    }
+    if (getenv("KVC_VK_TIERS_ONLY")) {
+        test_tiers_device(atoi(getenv("KVC_VK_TIERS_ONLY")) != 2, &rng);
         parts = 0;
     }
     if (getenv("KVC_VK_HOST_ONLY")) { /* tests/run.sh under valgrind: the backend's host side
