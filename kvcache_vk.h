@@ -498,9 +498,9 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    are written and gives them back when one fails; recorded copies would keep every
    chunk's staging until your command buffer has run, staging as large as the entry (a
    32k-token prefix of a large model is gigabytes). So with tiers attached, any host
-   call that takes pages of a device pool may read pages of the device: submit every
-   command buffer that writes the pool's pages (appends, state writes) to the context's
-   queue before the next such call -- the reads are ordered after what was submitted (a
+   call that takes pages of a device pool may read pages of the device (a memory's tree:
+   of any of its groups' pools): submit every command buffer that writes those pages
+   (appends, state writes) to the context's queue before the next such call -- the reads are ordered after what was submitted (a
    barrier; no wait needed) -- and keep other threads off the queue meanwhile. A page
    written by a command buffer still being recorded would go down with its old bytes. */
 
