@@ -500,9 +500,12 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    32k-token prefix of a large model is gigabytes). So with tiers attached, any host
    call that takes pages of a device pool may read pages of the device (a memory's tree:
    of any of its groups' pools): submit every command buffer that writes those pages
-   (appends, state writes) to the context's queue before the next such call -- the reads are ordered after what was submitted (a
-   barrier; no wait needed) -- and keep other threads off the queue meanwhile. A page
-   written by a command buffer still being recorded would go down with its old bytes. */
+   (appends, state writes) to the context's queue before the next such call -- the
+   reads are ordered after what was submitted (a barrier; no wait needed) -- and keep
+   other threads off the queue meanwhile (the staging halves are the context's: two
+   threads taking pages of two tiered pools of one context at once would share them). A
+   page written by a command buffer still being recorded would go down with its old
+   bytes. */
 
 /* ---- Helpers for tools, tests and benchmarks (#define KVCACHE_VK_HELPERS) ---------- */
 /* Optional: #define KVCACHE_VK_HELPERS where kvcache_vk.h is included (and where its
