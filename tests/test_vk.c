@@ -2652,7 +2652,6 @@ static void td_memory_tree(tk_rng *rng) {
     blob full, x;
     const int32_t n = 3 * TD_PC + 2, xm = 3 * TD_PC, nk = HY_HEADS * HY_HD;
     static float kv[2 * (TD_N + 2) * HY_HEADS * HY_HD];
-    (void)at;
     hy_config(&mc, g, map, KVC_KIND_FULL, KVC_TYPE_F16);
     td_fill(rng, tok, TD_N + 2);
     TK_OK(kvc_memory_create(&mc, &cm));
