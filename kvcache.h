@@ -1298,7 +1298,10 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
    cannot interrupt it). After a store call fails or times out the tier makes no more
    until the next kvc_tier_fetch, kvc_tier_publish or kvc_tier_flush (each tries again),
    so a store that is down or hangs costs a request at most one timeout, then a
-   recompute -- not one per probed block or evicted entry. */
+   recompute -- not one per probed block or evicted entry. Under a device pool's or
+   memory's tree (kvcache_vk.h) the pages move through the backend's page hooks, bounded
+   staging, synchronous: kvcache_vk.h, "Saves and loads", says why and what it asks of
+   you. */
 typedef struct kvc_key {
     unsigned char bytes[32]; /* SHA-256 */
 } kvc_key;
@@ -10526,11 +10529,12 @@ static void kvc__w_kv_external(kvc__wr *w, const kvc__cellset *s) {
     size_t bytes;
     int32_t max_ids = kvc__io_chunk_pages(p, &bytes), j, k, slot, run_k = 0, run_slot = 0, run_n = 0, b = 0;
     uint32_t *ids = (uint32_t *)kvc__alloc((kvc_pool *)(uintptr_t)p, 2 * sizeof(uint32_t) * (size_t)max_ids + bytes), page;
-    unsigned char *buf = (unsigned char *)(ids + 2 * max_ids);
+    unsigned char *buf;
     kvc__io_chunk cur, next;
     kvc_result e = KVC_OK;
     int have;
     if (ids == NULL) { w->dev = KVC_ERR_NO_MEMORY; w->failed = 1; return; }
+    buf = (unsigned char *)(ids + 2 * max_ids); /* only past the check: no arithmetic on NULL */
     memset(&cur, 0, sizeof(cur));
     have = kvc__io_chunk_after(s, &cur, &cur, ids, max_ids);
     if (have && h->prefetch_pages != NULL) e = h->prefetch_pages(h->user, cur.l, cur.kv, ids, cur.n);

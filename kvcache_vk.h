@@ -480,7 +480,32 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    a stream cannot). So call them once every command buffer recorded for the pool has
    been submitted and has finished, and not while another thread uses the queue. A load
    writes only into the fresh pages it takes: a damaged or truncated file changes
-   nothing. */
+   nothing.
+
+   Tiers (kvcache.h's kvc_tier_*) go the same way under the tree of a device pool or
+   memory (kvc_radix_create on kvc_vk_pool_host, kvc_radix_create_memory on
+   kvc_vk_memory_host): an eviction reads the entry's pages and states off the device
+   into its blob, kvc_tier_fetch writes a blob's pages back, bit for bit, each through
+   the two staging halves (2 x KVCACHE_IO_CHUNK of staging at most, whatever the entry's
+   size), on the context's queue, and both return when their copies have finished: after
+   a fetch the pages are ready for what you record next. These copies do not go into your
+   command buffer, because the page hooks cannot defer them with bounded staging: an
+   eviction happens inside the host call that needs the pages (kvc_begin, a lookup, a
+   fork, kvc_tier_fetch itself), which hands them to their next owner before it returns,
+   and the blob must be whole on the host by then (its checksums are computed there, it
+   goes into the host tier's budget or the store); a copy recorded for later would need
+   staging as large as all it evicts. A fetch's load checks each section as its pages
+   are written and gives them back when one fails; recorded copies would keep every
+   chunk's staging until your command buffer has run, staging as large as the entry (a
+   32k-token prefix of a large model is gigabytes). So with tiers attached, any host
+   call that takes pages of a device pool may read pages of the device (a memory's tree:
+   of any of its groups' pools): submit every command buffer that writes those pages
+   (appends, state writes) to the context's queue before the next such call -- the
+   reads are ordered after what was submitted (a barrier; no wait needed) -- and keep
+   other threads off the queue meanwhile (the staging halves are the context's: two
+   threads taking pages of two tiered pools of one context at once would share them). A
+   page written by a command buffer still being recorded would go down with its old
+   bytes. */
 
 /* ---- Helpers for tools, tests and benchmarks (#define KVCACHE_VK_HELPERS) ---------- */
 /* Optional: #define KVCACHE_VK_HELPERS where kvcache_vk.h is included (and where its
@@ -2655,7 +2680,12 @@ KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *vm, VkCommandBuffer cmd)
    on the context's queue (the pool's queued page events replayed first, in the same
    command buffer). A save announces each chunk (prefetch_pages) before it reads it, so
    the next chunk's copy runs while the host writes the current one; a load's
-   write_pages returns once its copy is submitted; flush waits for both halves. */
+   write_pages returns once its copy is submitted; flush waits for both halves.
+   Tiers use these hooks as they are (kvc_radix_save on eviction, kvc_radix_load on a
+   fetch): synchronous on the context's queue, not recorded into the caller's command
+   buffer, for the reasons the public "Saves and loads" section gives -- the evicted
+   pages change owner before the evicting call returns, and deferred copies would need
+   staging as large as the entry instead of the two bounded halves. */
 
 /* The command pool and fence of one-time command buffers (saves and loads, the helpers'
    kvc_vk_context_begin / kvc_vk_context_submit_wait), made on first use. */

@@ -25,12 +25,23 @@
    it to the directory), and the bytes per token in each place. Every time is the median
    of --reps runs (a recompute: one run), measured in this run; every fetch is checked to
    bring back the whole prefix (exit status 1 otherwise or on a library error).
+   --vk: part 2's rows on a device pool (kvcache_vk.h, the first Vulkan device): the K/V
+   live on the device, eviction reads them off it and a fetch writes them back through
+   the backend's two staging halves (both wait for their copies, so "ready" means the
+   cache is on the device); the prefix is loaded from the CPU's evaluation, so there is
+   no K/V-writes row. On lavapipe the "device" is host memory: its numbers are the
+   staging's and the format's costs, not a GPU's bus.
 
    Build:  cc -std=c99 -O2 -Wall -Wextra -Wpedantic bench/bench_tiers.c -o bench_tiers -lm
            (Redis: add -DBENCH_TIERS_REDIS ... -lhiredis, examples/redis_store.h)
-   Usage:  bench_tiers [--quick] [--layers N] [--sizes A,B] [--reps N] [--dir DIR]
+   Usage:  bench_tiers [--quick] [--vk] [--layers N] [--sizes A,B] [--reps N] [--dir DIR]
                        [--models LIST] [--model-sizes A,B] [--redis-port P] [--help] */
 #define _POSIX_C_SOURCE 200809L
+#if defined(__has_include)
+#if __has_include(<vulkan/vulkan.h>)
+#define TINYLM_VK /* tinylm.c then includes kvcache_vk.h with its helpers: --vk */
+#endif
+#endif
 /* the demo models' loader, memories and forward pass: examples/tinylm.c (its main renamed),
    which includes kvcache.h with the implementation */
 #define main tinylm_main
@@ -46,6 +57,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#ifdef TINYLM_VK
+static kvc_vk_loader g_bench_loader;
+static kvc_vk_context *g_bench_vk; /* --vk: the device; NULL: CPU pools */
+static kvc_vk_pool *g_bench_vk_pool;
+#endif
 
 #define KV_HEADS 8
 #define HEAD_DIM 128
@@ -65,9 +82,10 @@ static void fmt_time(char *buf, double s) {
     else sprintf(buf, "%9.3f s ", s);
 }
 
-static kvc_pool *make_pool(int32_t tokens) {
+static kvc_pool *make_pool_on(int32_t tokens, int device) {
     kvc_pool_config pc;
     kvc_pool *p;
+    (void)device;
     kvc_pool_config_init(&pc);
     pc.n_layers = g_layers;
     pc.n_kv_heads = KV_HEADS;
@@ -75,8 +93,34 @@ static kvc_pool *make_pool(int32_t tokens) {
     pc.type_k = pc.type_v = KVC_TYPE_F16;
     pc.page_cells = PAGE;
     CHECK(kvc_pool_budget_for_tokens(&pc, tokens + 2 * PAGE, &pc.budget_bytes));
+#ifdef TINYLM_VK
+    if (device) {
+        CHECK(kvc_vk_pool_create(g_bench_vk, &pc, NULL, &g_bench_vk_pool));
+        return kvc_vk_pool_host(g_bench_vk_pool);
+    }
+#endif
     CHECK(kvc_pool_create(&pc, &p));
     return p;
+}
+
+static int on_device(void) {
+#ifdef TINYLM_VK
+    return g_bench_vk != NULL;
+#else
+    return 0;
+#endif
+}
+static kvc_pool *make_pool(int32_t tokens) { return make_pool_on(tokens, on_device()); }
+static void destroy_pool(kvc_pool *p) {
+#ifdef TINYLM_VK
+    if (on_device()) {
+        (void)p;
+        CHECK(kvc_vk_pool_destroy(g_bench_vk_pool));
+        g_bench_vk_pool = NULL;
+        return;
+    }
+#endif
+    CHECK(kvc_pool_destroy(p));
 }
 
 static void append(kvc_cache *c, int32_t n) {
@@ -96,6 +140,36 @@ static void commit_prefix(kvc_radix *t, const int32_t *tok, int32_t n) {
     append(c, n - reused);
     CHECK(kvc_radix_commit(t, NS, c, tok, n, 0));
     CHECK(kvc_cache_destroy(c));
+}
+
+/* --vk: the device tree t gets the CPU's evaluation of tok[0 .. n), through its file */
+static void load_prefix(kvc_radix *t, const int32_t *tok, int32_t n) {
+    kvc_pool *cpu = make_pool_on(n, 0);
+    kvc_radix_config rc;
+    kvc_radix *ct;
+    kvc_mem m;
+    kvc_io io;
+    int32_t got = 0;
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    CHECK(kvc_radix_create(cpu, &rc, &ct));
+    commit_prefix(ct, tok, n);
+    memset(&m, 0, sizeof(m));
+    CHECK(kvc_io_memory(&m, &io));
+    CHECK(kvc_radix_save(ct, NS, tok, n, &io)); /* counts the bytes */
+    m.capacity = m.size;
+    m.size = 0;
+    if ((m.data = (unsigned char *)malloc(m.capacity)) == NULL) CHECK(KVC_ERR_NO_MEMORY);
+    CHECK(kvc_radix_save(ct, NS, tok, n, &io));
+    m.pos = 0;
+    CHECK(kvc_radix_load(t, NS, &io, 0, &got));
+    if (got != n) { fprintf(stderr, "loaded %d of %d tokens\n", (int)got, (int)n); exit(1); }
+    free(m.data);
+    CHECK(kvc_radix_destroy(ct));
+    CHECK(kvc_pool_destroy(cpu));
+}
+static void put_prefix(kvc_radix *t, const int32_t *tok, int32_t n) {
+    if (on_device()) load_prefix(t, tok, n);
+    else commit_prefix(t, tok, n);
 }
 
 /* fetch (if a tier is attached) + lookup of tok[0 .. n] (prefix + 1); checks the reuse */
@@ -139,7 +213,7 @@ static double store_rounds(kvc_pool *pool, const int32_t *tok, int32_t n, const 
     tc.store = *store;
     tc.timeout_ms = 10000;
     CHECK(kvc_tier_attach(t, &tc));
-    commit_prefix(t, tok, n);
+    put_prefix(t, tok, n);
     for (i = 0; i < g_reps; ++i) {
         t0 = now();
         CHECK(kvc_radix_evict(t, 1 << 30, NULL)); /* straight to the store */
@@ -171,8 +245,8 @@ static void bench_size(int32_t n) {
     CHECK(kvc_pool_stats_get(pool, &ps));
     kvc_radix_config_init(&rc, KVC_KIND_FULL);
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
-    /* the K/V writes of a recompute */
-    for (i = 0; i < g_reps; ++i) {
+    /* the K/V writes of a recompute (kvc_put: not on a device pool) */
+    for (i = 0; i < g_reps && !on_device(); ++i) {
         CHECK(kvc_cache_create(pool, &cc, &c));
         t0 = now();
         append(c, n);
@@ -184,7 +258,7 @@ static void bench_size(int32_t n) {
     kvc_tier_config_init(&tc);
     tc.host_bytes = (size_t)n * (size_t)g_layers * (size_t)(ps.k_row_bytes + ps.v_row_bytes) + ((size_t)1 << 20);
     CHECK(kvc_tier_attach(t, &tc));
-    commit_prefix(t, tok, n);
+    put_prefix(t, tok, n);
     for (i = 0; i < g_reps; ++i) tp[i] = ready_cache(t, tok, n, 0);
     for (i = 0; i < g_reps; ++i) {
         t0 = now();
@@ -210,13 +284,13 @@ static void bench_size(int32_t n) {
     line("host tier: kvc_tier_fetch + lookup", n, median(th, g_reps), host_bpt);
     line("directory: kvc_tier_fetch + lookup", n, median(td, g_reps), dir_bpt);
     if (redis_bpt > 0) line("Redis on 127.0.0.1: kvc_tier_fetch + lookup", n, median(tr, g_reps), redis_bpt);
-    line("K/V writes of a recompute (no model)", n, median(tw, g_reps), 0);
+    if (!on_device()) line("K/V writes of a recompute (no model)", n, median(tw, g_reps), 0);
     line("down: eviction into the host tier", n, median(tdown_h, g_reps), 0);
     line("down: eviction into the directory", n, median(tdown_d, g_reps), 0);
     if (redis_bpt > 0) line("down: eviction into Redis", n, median(tdown_r, g_reps), 0);
     printf("\n");
     free(tok);
-    CHECK(kvc_pool_destroy(pool));
+    destroy_pool(pool);
 }
 
 /* ---- time to first token on the demo models: recompute against every tier ------------
@@ -413,8 +487,9 @@ int main(int argc, char **argv) {
     for (r = 1; r < argc; r += 2) {
         long v = r + 1 < argc ? strtol(argv[r + 1], NULL, 10) : -1;
         if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
-            printf("usage: %s [--quick] [--layers N] [--sizes A,B] [--reps N] [--dir DIR] [--models LIST]\n"
+            printf("usage: %s [--quick] [--vk] [--layers N] [--sizes A,B] [--reps N] [--dir DIR] [--models LIST]\n"
                    "          [--model-sizes A,B] [--redis-port P]\n"
+                   "  --vk             the bench shape on device pools (kvcache_vk.h, the first Vulkan device)\n"
                    "  --layers N       layers of the bench shape (1..64, default 4)\n"
                    "  --sizes L        its prefix lengths (default 4096,32768)\n"
                    "  --reps N         runs per measurement, median printed (default 5; a recompute: 1)\n"
@@ -430,6 +505,21 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[r], "--quick")) {
             g_layers = 1, g_reps = 3, n_sizes = 1, msizes[0] = 512, n_msizes = 1;
             --r;
+        } else if (!strcmp(argv[r], "--vk")) {
+            --r;
+#ifdef TINYLM_VK
+            {
+                kvc_vk_device_options o;
+                memset(&o, 0, sizeof(o));
+                o.device_index = -1;
+                if (kvc_vk_loader_open(&g_bench_loader) != KVC_OK) { printf("bench_tiers --vk: skipped (no Vulkan loader)\n"); return 0; }
+                o.get_instance_proc_addr = g_bench_loader.get_instance_proc_addr;
+                if (kvc_vk_device_create(&o, &g_bench_vk) != KVC_OK) { printf("bench_tiers --vk: skipped (no Vulkan device)\n"); return 0; }
+            }
+#else
+            printf("bench_tiers --vk: skipped (no Vulkan headers)\n");
+            return 0;
+#endif
         } else if (!strcmp(argv[r], "--layers") && v >= 1 && v <= 64) g_layers = (int)v;
         else if (!strcmp(argv[r], "--reps") && v >= 1) g_reps = (int)(v < MAX_REPS ? v : MAX_REPS);
         else if (!strcmp(argv[r], "--sizes") && r + 1 < argc) n_sizes = parse_list(argv[r + 1], sizes, 8);
@@ -438,7 +528,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[r], "--redis-port") && v > 0 && v < 65536) redis_port = g_redis_port = (int)v;
         else if (!strcmp(argv[r], "--dir") && r + 1 < argc) g_dir = argv[r + 1];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--layers N] [--sizes A,B] [--reps N] [--dir DIR] [--models LIST] "
+            fprintf(stderr, "usage: %s [--quick] [--vk] [--layers N] [--sizes A,B] [--reps N] [--dir DIR] [--models LIST] "
                             "[--model-sizes A,B] [--redis-port P] [--help]\n", argv[0]);
             return 2;
         }
@@ -475,10 +565,24 @@ int main(int argc, char **argv) {
         g_v[i] = (float)((i * 40503u) % 2001) / 1000.0f - 1.0f;
     }
     printf("kvcache.h tiers benchmark: %d layers x %d kv heads x head dim %d, f16, %d cells per page, "
-           "median of %d runs\n\n", g_layers, KV_HEADS, HEAD_DIM, PAGE, g_reps);
+           "median of %d runs\n", g_layers, KV_HEADS, HEAD_DIM, PAGE, g_reps);
+#ifdef TINYLM_VK
+    if (g_bench_vk != NULL) {
+        kvc_vk_info info;
+        kvc_vk_context_info(g_bench_vk, &info);
+        printf("device pools on %s: eviction and fetch copy through the staging halves\n", info.device_name);
+    }
+#endif
+    printf("\n");
     printf("%-44s %6s %12s %10s\n", "ready cache of a prefix (+1 new token)", "tokens", "median", "bytes/token");
     for (s = 0; s < n_sizes; ++s) bench_size(sizes[s]);
     free(g_k);
     free(g_v);
+#ifdef TINYLM_VK
+    if (g_bench_vk != NULL) {
+        CHECK(kvc_vk_context_destroy(g_bench_vk));
+        kvc_vk_loader_close(&g_bench_loader);
+    }
+#endif
     return 0;
 }

@@ -17,11 +17,15 @@
    episodes copy them into larger ones often, and trim them now and then; KVC_VK_EPISODE=e runs episode e alone (make test does under valgrind);
    KVC_VK_PART=mask runs only some parts: 1 the unit tests (errors, page round trips, rotated
    decode), 2 the episodes, 4 the hybrid-model episodes (default 7); KVC_VK_HOST_ONLY=1 the
-   host side alone (errors, saves and loads: what make test runs under valgrind). */
+   host side alone (errors, saves and loads: what make test runs under valgrind);
+   KVC_VK_TIERS_ONLY=1 the tiers under device trees alone (=2: without the append kernel). */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, rmdir: the tiers' directory store */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
 #include "tk.h"
 #include <time.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #if defined(__has_include)
 #if __has_include(<vulkan/vulkan.h>)
@@ -1951,9 +1955,13 @@ static struct { VkDeviceMemory m; VkDeviceSize n; } dm_live[DM_MAX];
 static int dm_n;
 static uint64_t dm_bytes, dm_peak;
 
+static long dm_fail_after = -1; /* device allocations left to succeed (-1: all) */
 static VKAPI_ATTR VkResult VKAPI_CALL counted_allocate(VkDevice d, const VkMemoryAllocateInfo *ai,
                                                        const VkAllocationCallbacks *a, VkDeviceMemory *m) {
-    VkResult r = real_allocate(d, ai, a, m);
+    VkResult r;
+    if (dm_fail_after == 0) return VK_ERROR_OUT_OF_DEVICE_MEMORY;
+    if (dm_fail_after > 0) dm_fail_after--;
+    r = real_allocate(d, ai, a, m);
     if (r == VK_SUCCESS && dm_n < DM_MAX) {
         dm_live[dm_n].m = *m;
         dm_live[dm_n++].n = ai->allocationSize;
@@ -2243,6 +2251,539 @@ static void test_device_memory(void) {
     TK_OK(kvc_vk_context_destroy(cc));
 }
 
+/* ---- Tiers under device trees (issue 39) ---------------------------------------------
+   A device pool's (and a device memory's) prefix tree with a host tier and a directory
+   store: what eviction takes is read off the device through the page hooks' staging, and
+   kvc_tier_fetch writes it back through them. Every byte of an entry -- K/V pages,
+   states, checkpoints -- as kvc_radix_save reads it off the device is the same after the
+   trip down and up as before, and the same as the CPU's entry of the same evaluation
+   (the blobs are made on the CPU and loaded: no kernel runs, so the valgrind run of the
+   host side has this too; td_pressure appends with the kernel instead). */
+#define TD_PC 4        /* page cells: the tiers' block */
+#define TD_N (4 * TD_PC + 2) /* an entry's tokens */
+#define TD_X (4 * TD_PC)     /* what a tier keeps of it: its whole blocks */
+#define TD_SHORT (TD_PC + 1) /* a shorter entry of the same tokens the tree keeps serving */
+static const kvc_namespace TD_NS = {0x7469657273ull, 39};
+static const int32_t *td_tok; /* the entry td_save_fn saves: td_tok[0 .. td_n) */
+static int32_t td_n;
+static char td_dir[256];
+static long td_fail_after = -1; /* the device pools' host allocations left to succeed (-1: all) */
+static kvc_vk_context *td_cx;   /* where td_device_pool makes its pools (ctx, or a counted one) */
+
+static void *td_alloc(size_t n, void *user) {
+    if (td_fail_after == 0) return NULL;
+    if (td_fail_after > 0) td_fail_after--;
+    return count_alloc(n, user);
+}
+static kvc_result td_save_fn(const void *t, const kvc_io *io) {
+    return kvc_radix_save((kvc_radix *)(uintptr_t)t, TD_NS, td_tok, td_n, io);
+}
+/* the tree's entry tokens[0 .. n), as kvc_radix_save writes it (read off the device) */
+static blob td_entry(const kvc_radix *t, const int32_t *tokens, int32_t n) {
+    blob none = {NULL, 0};
+    td_tok = tokens;
+    td_n = n;
+    return save_blob_ok(td_save_fn, t) ? save_blob(td_save_fn, t) : none;
+}
+/* whether the tree's entry tokens[0 .. n) is b, byte for byte */
+static int td_holds(const kvc_radix *t, const int32_t *tokens, int32_t n, const blob *b) {
+    blob now = td_entry(t, tokens, n);
+    int same = now.data != NULL && same_blob(&now, b);
+    free(now.data);
+    return same;
+}
+static kvc_result td_load(kvc_radix *t, const blob *b, int32_t *got) {
+    kvc_mem m;
+    kvc_io io = blob_reader(&m, b, b->size);
+    return kvc_radix_load(t, TD_NS, &io, 0, got);
+}
+static void td_pool_config(kvc_pool_config *pc, kvc_type t, int32_t pages) {
+    size_t page = 0;
+    kvc_pool_config_init(pc);
+    pc->n_layers = 2;
+    pc->n_kv_heads = 2;
+    pc->head_dim_k = pc->head_dim_v = 32; /* q8_0: two blocks a row */
+    pc->type_k = pc->type_v = t;
+    pc->page_cells = TD_PC;
+    TK_OK(kvc_pool_page_bytes(pc, &page));
+    pc->budget_bytes = (size_t)pages * page;
+}
+static kvc_vk_pool *td_device_pool(kvc_type t, int32_t pages) {
+    kvc_pool_config pc;
+    kvc_vk_pool *vp = NULL;
+    td_pool_config(&pc, t, pages);
+    pc.runtime.allocator.alloc = td_alloc;
+    pc.runtime.allocator.free = count_free;
+    TK_OK(kvc_vk_pool_create(td_cx, &pc, NULL, &vp));
+    return vp;
+}
+/* a tree on the device pool with tiers: host_bytes of host tier, the directory store or none */
+static kvc_radix *td_tree(kvc_vk_pool *vp, size_t host_bytes, int store) {
+    kvc_radix_config rc;
+    kvc_tier_config tc;
+    kvc_radix *t = NULL;
+    static kvc_store_dir_state st; /* outlives the trees */
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TK_OK(kvc_radix_create(kvc_vk_pool_host(vp), &rc, &t));
+    kvc_tier_config_init(&tc);
+    tc.host_bytes = host_bytes;
+    if (store) TK_OK(kvc_store_dir(&st, td_dir, &tc.store));
+    if (t != NULL) TK_OK(kvc_tier_attach(t, &tc));
+    return t;
+}
+static kvc_tier_stats td_stats(const kvc_radix *t) {
+    kvc_tier_stats s;
+    memset(&s, 0, sizeof(s));
+    TK_OK(kvc_tier_stats_get(t, &s));
+    return s;
+}
+/* The CPU's evaluation of tokens[0 .. TD_N) (K/V small integers and halves, every type's
+   bits fixed by kvcache.h's conversion), saved whole and as its TD_X and TD_SHORT prefixes. */
+static void td_cpu_entries(kvc_type t, const int32_t *tokens, blob *full, blob *x, blob *shrt) {
+    static float k[TD_N * 64], v[TD_N * 64];
+    kvc_pool_config pc;
+    kvc_pool *cp = NULL;
+    kvc_radix_config rc;
+    kvc_radix *tc = NULL;
+    kvc_cache *c = NULL;
+    int32_t i, l, reused = -1;
+    td_pool_config(&pc, t, 64);
+    TK_OK(kvc_pool_create(&pc, &cp));
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TK_OK(kvc_radix_create(cp, &rc, &tc));
+    TK_OK(kvc_radix_lookup(tc, TD_NS, tokens, TD_N, &c, &reused));
+    TK_OK(kvc_begin(c, TD_N, NULL, 0));
+    for (l = 0; l < 2; ++l) {
+        for (i = 0; i < TD_N * 64; ++i) {
+            k[i] = (float)((i * 7 + l * 3 + tokens[i / 64]) % 23) - 11.0f;
+            v[i] = (float)((i * 5 + l + tokens[i / 64]) % 19) * 0.5f;
+        }
+        TK_OK(kvc_put(c, l, k, v));
+    }
+    TK_OK(kvc_radix_commit(tc, TD_NS, c, tokens, TD_N, 0));
+    TK_OK(kvc_cache_destroy(c));
+    *full = td_entry(tc, tokens, TD_N);
+    if (x) *x = td_entry(tc, tokens, TD_X);
+    if (shrt) *shrt = td_entry(tc, tokens, TD_SHORT);
+    TK_OK(kvc_radix_destroy(tc));
+    TK_OK(kvc_pool_destroy(cp));
+}
+static void td_fill(tk_rng *rng, int32_t *tokens, int32_t n) {
+    int32_t i;
+    for (i = 0; i < n; ++i) tokens[i] = tk_int(rng, 0, 50000);
+}
+/* the directory store's file of the tree's prefix tokens[0 .. n) */
+static void td_path(const kvc_radix *t, const int32_t *tokens, int32_t n, char *path, size_t cap) {
+    kvc_key key;
+    char hex[65];
+    TK_OK(kvc_tier_key(t, TD_NS, tokens, n, &key));
+    kvc_key_hex(&key, hex);
+    snprintf(path, cap, "%s/%s.kvc", td_dir, hex);
+}
+static void td_write(const char *path, const unsigned char *data, size_t size) {
+    FILE *f = fopen(path, "wb");
+    TK_CHECK(f != NULL);
+    if (f == NULL) return;
+    TK_CHECK(fwrite(data, 1, size, f) == size);
+    fclose(f);
+}
+
+/* f16 or q8_0 pages: host tier, directory store ("another process"), refused blobs, the
+   host tier's budget. */
+static void td_pool_tree(kvc_type t, kvc_type other, tk_rng *rng) {
+    int32_t tok[TD_N + 3], abc[3][TD_N + 3], got = -1, reused = -1, pages, i;
+    blob full, x, shrt, foreign, ofull, bad, fx[3], ff[3];
+    kvc_vk_pool *vp = td_device_pool(t, 32), *vp2 = td_device_pool(t, 32);
+    kvc_radix *tg = td_tree(vp, 1 << 20, 1), *t2 = td_tree(vp2, 0, 1), *t3;
+    kvc_pool *hp = kvc_vk_pool_host(vp), *hp2 = kvc_vk_pool_host(vp2);
+    kvc_tier_stats s;
+    kvc_cache *c = NULL;
+    char path[400];
+    if (tg == NULL || t2 == NULL) return;
+    td_fill(rng, tok, TD_N + 3);
+    td_cpu_entries(t, tok, &full, &x, &shrt);
+    td_cpu_entries(other, tok, &ofull, &foreign, NULL);
+    /* host tier: the entry (loaded from the CPU's file: exact on the device) evicted, fetched */
+    TK_OK(td_load(tg, &full, &got));
+    TK_EQ(got, TD_N);
+    TK_CHECK(td_holds(tg, tok, TD_X, &x));
+    TK_OK(kvc_radix_evict(tg, 1000, NULL));
+    TK_EQ(sl_pages(hp), 0);
+    s = td_stats(tg);
+    TK_EQ(s.kept_host, 1);
+    TK_CHECK(s.host_bytes == x.size); /* the blob: what the device held, read back */
+    TK_OK(kvc_tier_fetch(tg, TD_NS, tok, TD_N + 3, &got));
+    TK_EQ(got, TD_X);
+    s = td_stats(tg);
+    TK_EQ(s.fetched_host, 1);
+    TK_EQ(s.host_blobs, 0);
+    TK_CHECK(td_holds(tg, tok, TD_X, &x)); /* every page's bytes, read off the device */
+    TK_OK(kvc_radix_lookup(tg, TD_NS, tok, TD_N + 3, &c, &reused));
+    TK_EQ(reused, TD_X);
+    if (c) kvc_cache_destroy(c);
+    /* the directory store: published here, fetched by another pool and tree */
+    TK_OK(kvc_tier_publish(tg, TD_NS, tok, TD_N, &got));
+    TK_EQ(got, TD_X);
+    TK_OK(kvc_tier_fetch(t2, TD_NS, tok, TD_N, &got));
+    TK_EQ(got, TD_X);
+    TK_EQ(td_stats(t2).fetched_store, 1);
+    TK_CHECK(td_holds(t2, tok, TD_X, &x));
+    /* damaged, truncated and foreign files are refused whole: the device tree keeps
+       serving its shorter entry with the same bytes, on the same pages */
+    TK_OK(kvc_radix_evict(t2, 1000, NULL)); /* down to the store again: the same file */
+    TK_OK(td_load(t2, &shrt, &got));
+    pages = sl_pages(hp2);
+    td_path(t2, tok, TD_X, path, sizeof(path));
+    bad.size = x.size;
+    bad.data = (unsigned char *)malloc(x.size);
+    for (i = 0; i < 4; ++i) {
+        memcpy(bad.data, x.data, x.size);
+        if (i == 0) td_write(path, bad.data, bad.size - 7);         /* truncated */
+        if (i == 1) { bad.data[bad.size - 40] ^= 0x10; td_write(path, bad.data, bad.size); } /* K/V bits */
+        if (i == 2) { bad.data[100] ^= 0x01; td_write(path, bad.data, bad.size); }           /* configuration */
+        if (i == 3) td_write(path, foreign.data, foreign.size);     /* another type's entry */
+        TK_OK(kvc_tier_fetch(t2, TD_NS, tok, TD_N, &got));
+        TK_EQ(got, 0);
+        TK_EQ(td_stats(t2).refused, (uint64_t)i + 1);
+        TK_EQ(sl_pages(hp2), pages);
+        TK_CHECK(td_holds(t2, tok, TD_SHORT, &shrt));
+    }
+    td_write(path, x.data, x.size); /* the intact file comes up */
+    TK_OK(kvc_tier_fetch(t2, TD_NS, tok, TD_N, &got));
+    TK_EQ(got, TD_X);
+    TK_CHECK(td_holds(t2, tok, TD_X, &x));
+    free(bad.data);
+    /* the host tier's budget is hard: room for one blob and a half, three entries evicted */
+    t3 = td_tree(vp, x.size * 3 / 2, 0);
+    for (i = 0; i < 3; ++i) {
+        td_fill(rng, abc[i], TD_N + 3);
+        td_cpu_entries(t, abc[i], &ff[i], &fx[i], NULL);
+        TK_OK(td_load(t3, &ff[i], &got));
+        TK_OK(kvc_radix_evict(t3, 1000, NULL)); /* one at a time: the oldest blob goes first */
+        s = td_stats(t3);
+        TK_CHECK(s.host_bytes <= x.size * 3 / 2);
+    }
+    TK_EQ(s.host_blobs, 1);
+    TK_EQ(s.dropped, 2); /* no store below */
+    TK_OK(kvc_tier_fetch(t3, TD_NS, abc[0], TD_N, &got));
+    TK_EQ(got, 0);
+    TK_OK(kvc_tier_fetch(t3, TD_NS, abc[2], TD_N, &got));
+    TK_EQ(got, TD_X);
+    TK_CHECK(td_holds(t3, abc[2], TD_X, &fx[2]));
+    for (i = 0; i < 3; ++i) { free(ff[i].data); free(fx[i].data); }
+    TK_OK(kvc_radix_destroy(t3));
+    TK_OK(kvc_radix_destroy(tg));
+    TK_OK(kvc_radix_destroy(t2));
+    TK_EQ(sl_pages(hp), 0);
+    TK_OK(kvc_vk_pool_destroy(vp));
+    TK_OK(kvc_vk_pool_destroy(vp2));
+    remove(path);
+    free(full.data); free(x.data); free(shrt.data); free(foreign.data); free(ofull.data);
+}
+
+/* every host allocation of the device pool failing in turn during an eviction and a
+   fetch: no crash, no leak, and what the tree holds after is exact */
+static void td_alloc_failures(tk_rng *rng) {
+    int32_t tok[TD_N], got = -1, k, wrong = 0, exact = 0;
+    long live0 = live_allocs;
+    blob full, x;
+    kvc_vk_pool *vp = td_device_pool(KVC_TYPE_F16, 32);
+    kvc_radix *t = td_tree(vp, 1 << 20, 0);
+    if (t == NULL) return;
+    td_fill(rng, tok, TD_N);
+    td_cpu_entries(KVC_TYPE_F16, tok, &full, &x, NULL);
+    for (k = 0; k < 400; ++k) {
+        int hit;
+        TK_OK(td_load(t, &full, &got));
+        td_fail_after = k;
+        (void)kvc_radix_evict(t, 1000, NULL); /* a failed keep only loses the copy */
+        (void)kvc_tier_fetch(t, TD_NS, tok, TD_N, &got);
+        hit = td_fail_after == 0;
+        td_fail_after = -1;
+        if (got == TD_X) { wrong += !td_holds(t, tok, TD_X, &x); exact++; }
+        else wrong += got != 0;
+        (void)kvc_radix_evict(t, 1000, NULL);
+        if (!hit) break; /* every allocation succeeded: all have failed once */
+    }
+    TK_EQ(wrong, 0);
+    TK_CHECK(exact >= 1 && k < 400);
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_vk_pool_destroy(vp));
+    TK_EQ(live_allocs, live0);
+    free(full.data);
+    free(x.data);
+}
+
+/* A context whose device allocations are counted (test_device_memory's, on ctx's device). */
+static kvc_vk_context *td_counted_context(void) {
+    kvc_vk_info info;
+    kvc_vk_context_desc d;
+    kvc_vk_context *cc = NULL;
+    kvc_vk_context_info(ctx, &info);
+    memset(&d, 0, sizeof(d));
+    real_gipa = loader.get_instance_proc_addr;
+    d.get_instance_proc_addr = counted_gipa;
+    d.instance = info.instance;
+    d.physical_device = info.physical_device;
+    d.device = info.device;
+    d.queue = info.queue;
+    d.queue_family = info.queue_family;
+    d.enabled_features = info.active_features;
+    d.allocator.alloc = count_alloc;
+    d.allocator.free = count_free;
+    TK_OK(kvc_vk_context_create(&d, &cc));
+    return cc;
+}
+
+/* td_cpu_entries' evaluation of tok[0 .. TD_N) on the device: appended by the kernel (f16
+   of f16-exact values: the CPU's bytes), committed to t; no staging used */
+static void td_append_entry(kvc_vk_context *cc, kvc_vk_pool *vp, kvc_radix *t, const int32_t *tok) {
+    const int32_t nk = 64;
+    int32_t i, l, reused = -1;
+    kvc_cache *c = NULL;
+    VkCommandBuffer cmd;
+    kvc_vk_tensor k, v;
+    ensure(&in_buf, sizeof(float) * 2 * 2 * TD_N * (size_t)nk);
+    TK_OK(kvc_radix_lookup(t, TD_NS, tok, TD_N, &c, &reused));
+    if (c == NULL) return;
+    TK_OK(kvc_begin(c, TD_N, NULL, 0));
+    TK_OK(kvc_vk_context_begin(cc, &cmd));
+    for (l = 0; l < 2; ++l) {
+        float *f = (float *)in_buf.mapped + (size_t)l * 2 * TD_N * nk;
+        for (i = 0; i < TD_N * nk; ++i) {
+            f[i] = (float)((i * 7 + l * 3 + tok[i / 64]) % 23) - 11.0f;
+            f[TD_N * nk + i] = (float)((i * 5 + l + tok[i / 64]) % 19) * 0.5f;
+        }
+        memset(&k, 0, sizeof(k));
+        memset(&v, 0, sizeof(v));
+        k.buffer = v.buffer = in_buf.buffer;
+        k.offset = sizeof(float) * (size_t)l * 2 * TD_N * nk;
+        v.offset = k.offset + sizeof(float) * TD_N * (size_t)nk;
+        TK_OK(kvc_vk_cmd_append(vp, cmd, c, l, &k, &v));
+    }
+    TK_OK(kvc_vk_context_submit_wait(cc, cmd));
+    TK_OK(kvc_radix_commit(t, TD_NS, c, tok, TD_N, 0));
+    TK_OK(kvc_cache_destroy(c));
+}
+
+/* Every device allocation failing in turn: during an eviction (with kernels: the entry
+   appended, on a fresh context each time, so that the eviction makes the staging halves)
+   and during a fetch (one context and pool, trimmed before each: its page buffers grow
+   again). A failed eviction loses the copy; a failed fetch returns KVC_ERR_NO_MEMORY and
+   keeps the blob in the host tier; neither loses the pool: the entry comes back whole. */
+static void td_device_failures(int kernels, tk_rng *rng) {
+    int32_t tok[TD_N], got = -1, k, phase, wrong = 0, lost = 0, failed_calls = 0;
+    kvc_vk_context *cc = NULL;
+    kvc_vk_pool *vp = NULL;
+    kvc_radix *t = NULL;
+    blob full, x;
+    td_fill(rng, tok, TD_N);
+    td_cpu_entries(KVC_TYPE_F16, tok, &full, &x, NULL);
+    for (phase = kernels ? 0 : 1; phase < 2; ++phase)
+        for (k = 0; k < 64; ++k) {
+            VkCommandBuffer cmd;
+            int hit;
+            kvc_result r;
+            if (cc == NULL) { /* a fresh context for each eviction, one for every fetch */
+                if ((cc = td_counted_context()) == NULL) return;
+                td_cx = cc;
+                vp = td_device_pool(KVC_TYPE_F16, 32);
+                t = td_tree(vp, 1 << 20, 0);
+                td_cx = ctx;
+                if (t == NULL) return;
+            }
+            if (phase == 0) td_append_entry(cc, vp, t, tok);
+            else TK_OK(td_load(t, &full, &got));
+            dm_fail_after = phase == 0 ? k : -1;
+            (void)kvc_radix_evict(t, 1000, NULL);
+            hit = dm_fail_after == 0;
+            dm_fail_after = -1;
+            if (phase == 0 && td_stats(t).host_blobs == 0) { /* the copy lost: the entry again */
+                td_append_entry(cc, vp, t, tok);
+                TK_OK(kvc_radix_evict(t, 1000, NULL));
+            }
+            TK_EQ(td_stats(t).host_blobs, 1);
+            TK_OK(kvc_vk_context_begin(cc, &cmd)); /* the device memory back: the fetch grows again */
+            TK_OK(kvc_vk_pool_cmd_trim(vp, cmd));
+            TK_OK(kvc_vk_context_submit_wait(cc, cmd));
+            if (phase == 1) dm_fail_after = k;
+            r = kvc_tier_fetch(t, TD_NS, tok, TD_N, &got);
+            if (phase == 1) hit = dm_fail_after == 0;
+            dm_fail_after = -1;
+            TK_CHECK(r == KVC_OK || r == KVC_ERR_NO_MEMORY);
+            failed_calls += r != KVC_OK;
+            if (r != KVC_OK || got != TD_X) {
+                TK_EQ(got, 0);
+                lost += td_stats(t).host_blobs != 1; /* a failed fetch keeps the blob */
+                TK_OK(kvc_tier_fetch(t, TD_NS, tok, TD_N, &got)); /* and the pool works */
+            }
+            TK_EQ(got, TD_X);
+            wrong += !td_holds(t, tok, TD_X, &x);
+            TK_OK(kvc_radix_evict(t, 1000, NULL));
+            if (phase == 0 || !hit || k == 63) { /* a context an eviction's round; the fetches' at the end */
+                TK_OK(kvc_radix_destroy(t));
+                TK_OK(kvc_vk_pool_destroy(vp));
+                TK_OK(kvc_vk_context_destroy(cc));
+                TK_EQ(dm_bytes, 0);
+                cc = NULL;
+            }
+            if (!hit) break;
+        }
+    TK_EQ(wrong, 0);
+    TK_EQ(lost, 0);
+    TK_CHECK(failed_calls > 0); /* some fetch did meet a failure */
+    free(full.data);
+    free(x.data);
+}
+
+/* A device memory (RECURRENT states beside FULL f16 pages, hy_config's): its tree's entry
+   with states at the block boundaries goes down node by node and comes back whole. */
+static void td_memory_tree(tk_rng *rng) {
+    kvc_memory_config mc;
+    kvc_group_config g[2];
+    int32_t map[4], tok[TD_N + 2], at[4] = {TD_PC, 2 * TD_PC, 3 * TD_PC, 4 * TD_PC}, n_at = 3;
+    int32_t reused = -1, got = -1, l, i, j;
+    kvc_memory *cm = NULL, *m = NULL;
+    kvc_vk_memory *vm = NULL;
+    kvc_radix_config rc;
+    kvc_radix *tc = NULL, *tg = NULL;
+    kvc_tier_config tcfg;
+    kvc_radix_stats rs;
+    blob full, x;
+    const int32_t n = 3 * TD_PC + 2, xm = 3 * TD_PC, nk = HY_HEADS * HY_HD;
+    static float kv[2 * (TD_N + 2) * HY_HEADS * HY_HD];
+    hy_config(&mc, g, map, KVC_KIND_FULL, KVC_TYPE_F16);
+    td_fill(rng, tok, TD_N + 2);
+    TK_OK(kvc_memory_create(&mc, &cm));
+    kvc_radix_config_init(&rc, KVC_KIND_FULL);
+    TK_OK(kvc_radix_create_memory(cm, &rc, &tc));
+    TK_OK(kvc_memory_destroy(cm)); /* the tree keeps the pools */
+    TK_OK(kvc_radix_lookup_memory(tc, TD_NS, tok, n, &m, &reused));
+    if (m == NULL) return;
+    TK_OK(kvc_memory_begin(m, n, at, n_at));
+    for (l = 0; l < 4; ++l) {
+        if (l % 2 == 0) { /* a toy recurrence, checkpointed at the blocks' ends */
+            float *st = NULL;
+            TK_OK(kvc_memory_state(m, l, 0, &st));
+            if (st == NULL) return;
+            for (i = 0, j = 0; i < n; ++i) {
+                int32_t e;
+                for (e = 0; e < HY_NS; ++e) st[e] = st[e] * 0.5f + (float)((tok[i] + e * 3 + l) % 9) - 4.0f;
+                if (j < n_at && at[j] == i + 1) TK_OK(kvc_memory_state_checkpoint(m, l, at[j++], st));
+            }
+        } else {
+            for (i = 0; i < 2 * n * nk; ++i) kv[i] = (float)((i * 3 + l + tok[(i / nk) % n]) % 29) * 0.25f;
+            TK_OK(kvc_memory_put(m, l, kv, kv + (size_t)n * nk));
+        }
+    }
+    TK_OK(kvc_radix_commit_memory(tc, TD_NS, m, tok, n, 0));
+    TK_OK(kvc_memory_destroy(m));
+    full = td_entry(tc, tok, n);
+    x = td_entry(tc, tok, xm);
+    TK_CHECK(full.data != NULL && x.data != NULL);
+    TK_OK(kvc_radix_destroy(tc));
+    /* the device memory's tree */
+    TK_OK(kvc_vk_memory_create(ctx, &mc, NULL, &vm));
+    if (vm == NULL || full.data == NULL) return;
+    TK_OK(kvc_radix_create_memory(kvc_vk_memory_host(vm), &rc, &tg));
+    kvc_tier_config_init(&tcfg);
+    tcfg.host_bytes = 1 << 20;
+    TK_OK(kvc_tier_attach(tg, &tcfg));
+    /* a loaded entry is one node with the state at its end: the prefix first, then the
+       rest, as the CPU's commit left them (a node ends at each state) */
+    TK_OK(td_load(tg, &x, &got));
+    TK_EQ(got, xm);
+    TK_OK(td_load(tg, &full, &got));
+    TK_EQ(got, n);
+    TK_CHECK(td_holds(tg, tok, xm, &x));
+    TK_CHECK(td_holds(tg, tok, n, &full));
+    TK_OK(kvc_radix_evict(tg, 1000, NULL));
+    TK_OK(kvc_radix_stats_get(tg, &rs));
+    TK_EQ(rs.n_pages, 0);
+    TK_CHECK(td_stats(tg).kept_host >= 1);
+    TK_OK(kvc_tier_fetch(tg, TD_NS, tok, n, &got));
+    TK_EQ(got, xm);
+    TK_CHECK(td_holds(tg, tok, xm, &x)); /* pages, states and checkpoints off the device */
+    m = NULL;
+    TK_OK(kvc_radix_lookup_memory(tg, TD_NS, tok, n, &m, &reused));
+    TK_EQ(reused, xm);
+    if (m) TK_OK(kvc_memory_destroy(m));
+    TK_OK(kvc_radix_destroy(tg));
+    TK_OK(kvc_vk_memory_destroy(vm));
+    free(full.data);
+    free(x.data);
+}
+
+/* Eviction from inside kvc_begin on a device pool whose K/V the append kernel wrote (each
+   batch submitted and waited for before the next begins: eviction reads the pages off the
+   device then): every entry that went down comes back with the bytes it had. */
+static void td_pressure(tk_rng *rng) {
+    int32_t tok[5][TD_N], got = -1, reused = -1, i, j, l;
+    const int32_t nk = 64; /* 2 heads x 32 */
+    blob had[5];
+    kvc_vk_pool *vp = td_device_pool(KVC_TYPE_F16, 12); /* an entry takes 5 pages: two fit */
+    kvc_radix *t = td_tree(vp, 1 << 20, 0);
+    kvc_tier_stats s;
+    if (t == NULL) return;
+    ensure(&in_buf, sizeof(float) * 2 * 2 * TD_N * (size_t)nk);
+    for (i = 0; i < 5; ++i) {
+        kvc_cache *c = NULL;
+        VkCommandBuffer cmd;
+        kvc_vk_tensor k, v;
+        td_fill(rng, tok[i], TD_N);
+        TK_OK(kvc_radix_lookup(t, TD_NS, tok[i], TD_N, &c, &reused));
+        if (c == NULL) return;
+        TK_OK(kvc_begin(c, TD_N, NULL, 0)); /* from the third on: the oldest entry goes down */
+        cmd = begin_cmd();
+        for (l = 0; l < 2; ++l) {
+            float *f = (float *)in_buf.mapped + (size_t)l * 2 * TD_N * nk;
+            for (j = 0; j < 2 * TD_N * nk; ++j) f[j] = (float)((j * 7 + l + tok[i][(j / nk) % TD_N]) % 23) - 11.0f;
+            memset(&k, 0, sizeof(k));
+            memset(&v, 0, sizeof(v));
+            k.buffer = v.buffer = in_buf.buffer;
+            k.offset = sizeof(float) * (size_t)l * 2 * TD_N * nk;
+            v.offset = k.offset + sizeof(float) * TD_N * (size_t)nk;
+            TK_OK(kvc_vk_cmd_append(vp, cmd, c, l, &k, &v));
+        }
+        TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
+        TK_OK(kvc_radix_commit(t, TD_NS, c, tok[i], TD_N, 0));
+        TK_OK(kvc_cache_destroy(c));
+        had[i] = td_entry(t, tok[i], TD_X);
+    }
+    s = td_stats(t);
+    TK_EQ(s.kept_host, 3);
+    for (i = 0, j = 0; i < 5; ++i) { /* each fetch makes room: the least recently used go down */
+        TK_OK(kvc_tier_fetch(t, TD_NS, tok[i], TD_N, &got));
+        TK_CHECK(got == TD_X || got == 0); /* 0: still in the tree */
+        j += got == TD_X;
+        TK_CHECK(td_holds(t, tok[i], TD_X, &had[i]));
+        free(had[i].data);
+    }
+    TK_CHECK(j >= 3);
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_vk_pool_destroy(vp));
+}
+
+/* kernels: whether the append kernel may run (not in the valgrind run of the host side) */
+static void test_tiers_device(int kernels, tk_rng *rng) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(td_dir, sizeof(td_dir), "%s/kvc_vk_tiers_XXXXXX", tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+    if (mkdtemp(td_dir) == NULL) {
+        TK_CHECK(!"mkdtemp");
+        return;
+    }
+    td_cx = ctx;
+    /* under valgrind (scale < 0.1) one of the three trees, by turns with the seed: each pool
+       made compiles its pipelines, which memcheck makes slow (about 10 s a tree) */
+    if (tk_scale() >= 0.1 || run_seed % 3 == 0) td_pool_tree(KVC_TYPE_F16, KVC_TYPE_Q8_0, rng);
+    if (tk_scale() >= 0.1 || run_seed % 3 == 1) td_pool_tree(KVC_TYPE_Q8_0, KVC_TYPE_F16, rng);
+    if (tk_scale() >= 0.1 || run_seed % 3 == 2) td_memory_tree(rng);
+    td_alloc_failures(rng);
+    td_device_failures(kernels, rng);
+    if (kernels) td_pressure(rng);
+    TK_CHECK(rmdir(td_dir) == 0); /* every file went */
+}
+
 static kvc_type pick_type(tk_rng *rng) {
     kvc_type t = (kvc_type)tk_int(rng, 0, types_avail - 1);
     const char *force = getenv("KVC_VK_TYPE"); /* e.g. f16: every K and V of that type */
@@ -2284,6 +2825,11 @@ int main(int argc, char **argv) {
     if (getenv("KVC_VK_SAVELOAD_ONLY")) { /* tests/run.sh: the saves and loads of a build with
                                              small KVCACHE_IO_CHUNK (many pipelined chunks) */
         test_saveload();
+        test_tiers_device(1, &rng);
+        parts = 0;
+    }
+    if (getenv("KVC_VK_TIERS_ONLY")) {
+        test_tiers_device(atoi(getenv("KVC_VK_TIERS_ONLY")) != 2, &rng);
         parts = 0;
     }
     if (getenv("KVC_VK_HOST_ONLY")) { /* tests/run.sh under valgrind: the backend's host side
@@ -2293,6 +2839,7 @@ int main(int argc, char **argv) {
         test_errors();
         test_state_errors();
         test_saveload();
+        test_tiers_device(0, &rng);
         parts = 0;
     }
     if (parts & 1) {
@@ -2302,6 +2849,7 @@ int main(int argc, char **argv) {
         test_nonfinite_kv(&rng);
         test_state_errors();
         test_saveload();
+        test_tiers_device(1, &rng);
         test_device_memory();
     }
     n_ep = parts & 2 ? (int)(24 * tk_scale()) : 0;
