@@ -115,13 +115,16 @@ void main() {
     // a NaN or an infinity (exponent all ones)
     float mx = NEG_INF, lx = 0.0;
     if (tid < n) { mx = part[at + tid * stride]; lx = part[at + tid * stride + 1u]; }
+    // (splits past n load nothing: a batch-8 call of 16 splits would issue four times the
+    // loads it uses)
     float x[U], mu[U];
     {
         uint d = z0 * DV + tid % DV;
         [[unroll]] for (uint u = 0u; u < U; ++u) {
-            uint s = min(g + u * NG, n - 1u);
-            mu[u] = part[at + s * stride];
-            x[u] = act && d < HDV ? part[at + s * stride + 2u + d] : 0.0;
+            uint s = g + u * NG;
+            bool ok = act && d < HDV && s < n;
+            mu[u] = ok ? part[at + s * stride] : NEG_INF;
+            x[u] = ok ? part[at + s * stride + 2u + d] : 0.0;
         }
     }
     uint jw = pc.job_off + jb * JOB_STRIDE, so = meta[jw + JOB_SINK_OFF], lo = meta[jw + JOB_LSE_OFF];
@@ -162,12 +165,12 @@ void main() {
             for (uint s0 = g; s0 < n; s0 += NG * U) {
                 if (z != z0 || s0 != g) // (the first round's loads went out at the start)
                     [[unroll]] for (uint u = 0u; u < U; ++u) {
-                        uint s = min(s0 + u * NG, n - 1u);
-                        mu[u] = part[at + s * stride];
-                        x[u] = part[at + s * stride + 2u + d];
+                        uint s = s0 + u * NG;
+                        mu[u] = s < n ? part[at + s * stride] : NEG_INF;
+                        x[u] = s < n ? part[at + s * stride + 2u + d] : 0.0;
                     }
                 [[unroll]] for (uint u = 0u; u < U; ++u) {
-                    float ws = s0 + u * NG < n && mu[u] != NEG_INF ? exp2(mu[u] - M) : 0.0;
+                    float ws = mu[u] != NEG_INF ? exp2(mu[u] - M) : 0.0; // (past n: -inf)
                     acc += ws != 0.0 ? x[u] * ws : 0.0;
                 }
             }
