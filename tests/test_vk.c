@@ -829,6 +829,135 @@ static void test_rotated_decode(tk_rng *rng) {
         }
 }
 
+/* Decode over caches long enough for many splits (issue 37): every storage type (q8_0 /
+   q4_0 rotated by turns), GQA groups 1-8, batches of 1 and 3 FULL caches of 150-1200 cells
+   (up to 12000 where 256 splits are allowed),
+   at most 1, 2-9, 64 or 256 split-K chunks (attn_merge takes up to 64 splits in its first
+   round of loads, more in later rounds), against kvc_attention over the same bytes. Two calls
+   in one command buffer (other queries, other outputs): the second reads what the first left
+   behind (the partials buffer, the metadata). */
+static void test_decode_splits(tk_rng *rng) {
+    int ti, nth = 0;
+    static const int32_t split_caps[4] = {1, 5, 64, 256};
+    for (ti = 0; ti < types_avail; ++ti) {
+        kvc_pool_config pc;
+        kvc_cache_config cc;
+        kvc_vk_pool_options o;
+        kvc_vk_pool *vp;
+        kvc_pool *cp, *hp;
+        kvc_cache *cc0[3], *cc1[3];
+        int32_t hd = tk_int(rng, 0, 1) ? 128 : 64, group = tk_int(rng, 1, 8), cap = split_caps[tk_int(rng, 0, 3)];
+        /* at most 256 splits: a first cache of 9000 or more cells, so that even attn_split's
+           blocks of 128 cells make more than the merge's first 64 splits at batch 1 */
+        int32_t nkv = 2, nh = nkv * group, i, batch, bad = 0, lbad = 0, maxn = cap == 256 ? 12000 : 1200;
+        size_t nk = (size_t)nkv * hd;
+        float *k, *q, *ref, lse_ref[2 * 3 * 16];
+        if (tk_scale() < 0.1 && (uint64_t)nth++ % 5 != run_seed % 5) continue;
+        if (cap == 5) cap = tk_int(rng, 2, 9);
+        kvc_pool_config_init(&pc);
+        pc.n_layers = 1; pc.n_kv_heads = nkv; pc.head_dim_k = pc.head_dim_v = hd;
+        pc.type_k = pc.type_v = (kvc_type)ti;
+        pc.page_cells = 16;
+        pc.rotate = ti >= 3 ? (uint32_t)((run_seed + (uint64_t)ti) % 4) : 0u; /* none, K, V or both */
+        TK_OK(kvc_pool_budget_for_tokens(&pc, 3 * (maxn + 16), &pc.budget_bytes));
+        memset(&o, 0, sizeof(o));
+        o.max_splits = cap;
+        TK_OK(kvc_pool_create(&pc, &cp));
+        TK_OK(kvc_vk_pool_create(ctx, &pc, &o, &vp));
+        hp = kvc_vk_pool_host(vp);
+        kvc_cache_config_init(&cc, KVC_KIND_FULL);
+        k = (float *)malloc(sizeof(float) * (size_t)maxn * 2 * nk); /* a cache's K rows, then its V rows */
+        q = (float *)malloc(sizeof(float) * 2 * 3 * (size_t)nh * hd * 3);
+        ref = q + 2 * 3 * (size_t)nh * hd;
+        for (i = 0; i < 3; ++i) {
+            int32_t n = tk_int(rng, i == 0 && maxn > 1200 ? 9000 : 150, maxn), j;
+            kvc_vk_tensor tk_, tv_;
+            VkCommandBuffer cmd;
+            TK_OK(kvc_cache_create(cp, &cc, &cc0[i]));
+            TK_OK(kvc_cache_create(hp, &cc, &cc1[i]));
+            TK_OK(kvc_begin(cc0[i], n, NULL, 0));
+            TK_OK(kvc_begin(cc1[i], n, NULL, 0));
+            for (j = 0; j < n * 2 * (int32_t)nk; ++j) k[j] = tk_float(rng);
+            TK_OK(kvc_put(cc0[i], 0, k, k + (size_t)n * nk));
+            ensure(&in_buf, sizeof(float) * (size_t)n * 2 * nk);
+            memcpy(in_buf.mapped, k, sizeof(float) * (size_t)n * 2 * nk);
+            memset(&tk_, 0, sizeof(tk_));
+            memset(&tv_, 0, sizeof(tv_));
+            tk_.buffer = tv_.buffer = in_buf.buffer;
+            tv_.offset = (VkDeviceSize)n * nk * 4;
+            cmd = begin_cmd();
+            TK_OK(kvc_vk_cmd_append(vp, cmd, cc1[i], 0, &tk_, &tv_));
+            TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
+        }
+        { /* the CPU pool takes the device's bytes (the same page ids) */
+            VkCommandBuffer cmd = begin_cmd();
+            TK_OK(kvc_vk_pool_cmd_sync(vp, cmd));
+            TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
+            TK_OK(kvc_vk_pool_download(vp, 0, 0, cp->max_pages, kvc__k_at(cp, 0, 0, 0), kvc__v_at(cp, 0, 0, 0)));
+        }
+        for (batch = 1; batch <= 3; batch += 2) {
+            kvc_vk_attention_item items[2][3];
+            size_t qn = (size_t)nh * hd, n_q = 2 * 3 * qn; /* two calls' queries; outputs as many */
+            float *got = ref + n_q;
+            VkCommandBuffer cmd;
+            int call, use_lse = tk_int(rng, 0, 1);
+            for (i = 0; i < (int32_t)n_q; ++i) q[i] = 2.0f * tk_float(rng);
+            ensure(&q_buf, sizeof(float) * (n_q + 16));
+            ensure(&out_buf, sizeof(float) * (n_q + 16));
+            ensure(&gk_buf, sizeof(float) * 2 * 3 * 16 + 64);
+            memcpy((char *)q_buf.mapped + 64, q, sizeof(float) * n_q);
+            memset(out_buf.mapped, 0x7f, sizeof(float) * (n_q + 16));
+            cmd = begin_cmd();
+            for (call = 0; call < 2; ++call) {
+                for (i = 0; i < batch; ++i) {
+                    size_t at = ((size_t)call * 3 + (size_t)i) * qn;
+                    kvc_attention_desc d;
+                    memset(&d, 0, sizeof(d));
+                    d.n_queries = 1; d.n_heads = nh; d.q = q + at; d.out = ref + at;
+                    d.lse = use_lse ? lse_ref + (call * 3 + i) * nh : NULL;
+                    TK_OK(kvc_attention(cc0[i], 0, &d));
+                    memset(&items[call][i], 0, sizeof(items[call][i]));
+                    items[call][i].cache = cc1[i];
+                    items[call][i].desc.n_queries = 1;
+                    items[call][i].desc.n_heads = nh;
+                    items[call][i].desc.q.buffer = q_buf.buffer;
+                    items[call][i].desc.q.offset = 64 + (VkDeviceSize)at * 4;
+                    items[call][i].desc.out.buffer = out_buf.buffer;
+                    items[call][i].desc.out.offset = 32 + (VkDeviceSize)at * 4;
+                    if (use_lse) {
+                        items[call][i].desc.lse.buffer = gk_buf.buffer;
+                        items[call][i].desc.lse.offset = 64 + (VkDeviceSize)(call * 3 + i) * nh * 4;
+                    }
+                }
+                TK_OK(kvc_vk_cmd_attention_batch(vp, cmd, 0, items[call], batch));
+            }
+            TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
+            memcpy(got, (const char *)out_buf.mapped + 32, sizeof(float) * n_q);
+            for (call = 0; call < 2; ++call)
+                for (i = 0; i < batch * (int32_t)qn; ++i) {
+                    size_t at = (size_t)call * 3 * qn + (size_t)i;
+                    bad += !(fabs((double)got[at] - ref[at]) <= 5e-5);
+                }
+            for (call = 0; use_lse && call < 2; ++call)
+                for (i = 0; i < batch * nh; ++i) {
+                    float g = ((const float *)((const char *)gk_buf.mapped + 64))[call * 3 * nh + i];
+                    float r = lse_ref[call * 3 * nh + i];
+                    lbad += !(fabs((double)g - r) <= 1e-4 * (1 + fabs(r)));
+                }
+        }
+        if (bad || lbad)
+            fprintf(stderr, "decode splits %s, rotate %u, dim %d, group %d, max splits %d: %d values, %d lse off\n",
+                    kvc_type_name((kvc_type)ti), pc.rotate, hd, group, cap, bad, lbad);
+        TK_EQ(bad, 0);
+        TK_EQ(lbad, 0);
+        for (i = 0; i < 3; ++i) { kvc_cache_destroy(cc0[i]); kvc_cache_destroy(cc1[i]); }
+        free(k);
+        free(q);
+        TK_OK(kvc_pool_destroy(cp));
+        TK_OK(kvc_vk_pool_destroy(vp));
+    }
+}
+
 /* kvcache.h's non-finite rule on the device (kvc_put; test_kernels' test_nonfinite_kv on the
    CPU): kvc_vk_cmd_append stores a (cell, kv head) whose K or V holds a NaN, an infinity or
    a value its storage cannot hold finite as NaN keys and zero values, exactly as kvc_put does,
@@ -2846,6 +2975,7 @@ int main(int argc, char **argv) {
         test_errors();
         test_page_roundtrip(&rng);
         test_rotated_decode(&rng);
+        test_decode_splits(&rng);
         test_nonfinite_kv(&rng);
         test_state_errors();
         test_saveload();
