@@ -201,8 +201,8 @@ lanes_join
 
 stage tests "tests (gcc -O2 -g1), the fuzz corpora, the examples and the tiny-model end-to-end check"
 # -g1: line tables and function names, what valgrind's and the sanitizers' stack traces show;
-# the full -g (the variables' locations too) made each build about 40 % longer (gcc 12: test_core
-# 16.0 s against 11.4 s CPU), and no step here reads it
+# the full -g (the variables' locations too) made the builds about 20 % longer (gcc 12, the 10
+# largest units: 133 s against 111 s CPU), and no step here reads it
 O2="$CC $STRICT -O2 -g1"
 # test_one tests/test_NAME.c: build it (valgrind runs this binary later) and run it
 # (test_vk at half scale: lavapipe compiling each new pipeline is what costs, 136 s in full)
@@ -276,7 +276,7 @@ test_vk_io_chunk() {
 }
 # tinylm on the device after test_vk, in its lane: lavapipe's LLVM compiling the pipelines is
 # most of both, and Mesa's shader cache then holds test_vk's, which cover tinylm's (with an
-# empty cache tinylm --vk on lfm2-tiny took 38 s CPU, after test_vk 11; test_vk at half scale
+# empty cache tinylm --vk on lfm2-tiny took 38-47 s CPU, after test_vk 11; test_vk at half scale
 # about 200 cold, 37 warm)
 test_vk_then_tinylm() {
   test_one tests/test_vk.c
