@@ -199,30 +199,45 @@ if have glslc; then
 else skip shaders-committed "glslc not installed"; fi
 lanes_join
 
-stage tests "tests (gcc -O2 -g), the fuzz corpora, the examples and the tiny-model end-to-end check"
+stage tests "tests (gcc -O2 -g1), the fuzz corpora, the examples and the tiny-model end-to-end check"
+# -g1: line tables and function names, what valgrind's and the sanitizers' stack traces show;
+# the full -g (the variables' locations too) made the builds about 20 % longer (gcc 12, the 10
+# largest units: 133 s against 111 s CPU), and no step here reads it
+O2="$CC $STRICT -O2 -g1"
 # test_one tests/test_NAME.c: build it (valgrind runs this binary later) and run it
 # (test_vk at half scale: lavapipe compiling each new pipeline is what costs, 136 s in full)
 test_one() {
   local n scale=1; n=$(basename "$1" .c)
   [ "$n" = test_vk ] && scale=0.5
-  step "build-$n" build O2 "$CC $STRICT -O2 -g" "$1" "$B/$n" -lm -lpthread && KVC_TEST_SCALE=$scale checks "$n" "$B/$n" "$seed"
+  step "build-$n" build O2 "$O2" "$1" "$B/$n" -lm -lpthread && KVC_TEST_SCALE=$scale checks "$n" "$B/$n" "$seed"
 }
 fuzz_replays() {
   # a target that configures kvcache.h with macros could not share the replay program
   step fuzz-targets-share-a-build sh -c '! grep -n "^[[:space:]]*#[[:space:]]*define[[:space:]]*KVCACHE_" "$@" | grep -v KVCACHE_IMPLEMENTATION' sh $fuzzers
-  step build-fuzz $CC $STRICT -O2 -g -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz" -lm &&
+  step build-fuzz $O2 -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz" -lm &&
     for n in $fuzz_names; do replay "fuzz-replay-$n" "$B/fuzz" "$n"; done
 }
-example_one() { build O2 "$CC $STRICT -O2 -g" "$1" "$B/$2" -lm && "$B/$2"; }
+example_one() { build O2 "$O2" "$1" "$B/$2" -lm && "$B/$2"; }
 run_examples() {
   for e in $examples; do
     n=$(basename "$e" .c)
     step "example-$n" example_one "$e" "$n"
   done
 }
+# one tinylm for the CPU runs and the Vulkan ones (--vk; -DTINYLM_VK where the Vulkan headers
+# are: without --vk it runs as a build without it, and opens no loader): built by the first
+# lane that needs it, the other waits (flock), as lib_obj does
+tinylm_build() {
+  local vk=""; [ $have_vk = 1 ] && vk=-DTINYLM_VK
+  ( flock 9
+    [ -f "$B/tinylm" ] && exit 0
+    [ -f "$B/tinylm.failed" ] && { echo "examples/tinylm.c did not build (build-tinylm's log shows why)"; exit 1; }
+    $O2 $vk -I. examples/tinylm.c -o "$B/tinylm" -lm || { touch "$B/tinylm.failed"; exit 1; }
+  ) 9>"$B/tinylm.lock"
+}
 tinylm() {
   echo "-- end-to-end: tiny models against Hugging Face reference logits"
-  step build-tinylm $CC $STRICT -O2 -g -I. examples/tinylm.c -o "$B/tinylm" -lm
+  step build-tinylm tinylm_build
   for m in tests/data/*/; do
     step "tinylm-$(basename "$m")" "$B/tinylm" --quiet "$m"
     step "tinylm-$(basename "$m")-chunk7" "$B/tinylm" --quiet --chunk 7 "$m"
@@ -239,10 +254,10 @@ tinylm() {
   else skip tinylm-gen "no python3 with numpy (apt-get install python3-numpy)"; fi
 }
 tinylm_vk() { # the same demo with the pages and attention on a Vulkan device
-  step build-tinylm-vk $CC $STRICT -O2 -DTINYLM_VK -I. examples/tinylm.c -o "$B/tinylm_vk" -lm
-  if "$B/tinylm_vk" --vk --quiet --reference tests/data/llama-tiny >/dev/null 2>&1; then
+  step build-tinylm-vk tinylm_build
+  if "$B/tinylm" --vk --quiet --reference tests/data/llama-tiny >/dev/null 2>&1; then
     for m in tests/data/*/; do
-      step "tinylm-vk-$(basename "$m")" "$B/tinylm_vk" --vk --quiet "$m"
+      step "tinylm-vk-$(basename "$m")" "$B/tinylm" --vk --quiet "$m"
     done
   else skip tinylm-vk "no Vulkan loader or device (apt-get install mesa-vulkan-drivers)"; fi
 }
@@ -259,17 +274,25 @@ share_prompt() { CC=$CC checks share-prompt bash tests/share_prompt.sh "$B"; }
 # so each save runs many chunks announced ahead (prefetch_pages) and each load many posted
 # writes (a few seconds)
 test_vk_io_chunk() {
-  test_one tests/test_vk.c
-    step build-test_vk-io-chunk build O2 "$CC $STRICT -O2 -g -DKVCACHE_IO_CHUNK=256" tests/test_vk.c "$B/test_vk_io_chunk" -lm -lpthread &&
+  step build-test_vk-io-chunk build O2 "$O2 -DKVCACHE_IO_CHUNK=256" tests/test_vk.c "$B/test_vk_io_chunk" -lm -lpthread &&
     KVC_VK_SAVELOAD_ONLY=1 checks test_vk-io-chunk "$B/test_vk_io_chunk" "$seed"
 }
-# longest first: test_vk and tinylm on lavapipe (2-3 min), the examples, tinylm, the rest
-[ -f tests/test_vk.c ] && lane test_vk test_vk_io_chunk
-[ -f examples/tinylm.c ] && [ $have_vk = 1 ] && lane tinylm-vk tinylm_vk
-lane examples run_examples
+# tinylm on the device after test_vk, in its lane: lavapipe's LLVM compiling the pipelines is
+# most of both, and Mesa's shader cache then holds test_vk's, which cover tinylm's (with an
+# empty cache tinylm --vk on lfm2-tiny took 38-47 s CPU, after test_vk 11; test_vk at half scale
+# about 200 cold, 37 warm)
+test_vk_then_tinylm() {
+  test_one tests/test_vk.c
+  [ -f examples/tinylm.c ] && [ $have_vk = 1 ] && tinylm_vk
+}
+# longest first: test_vk then tinylm on lavapipe (3-4 min), tinylm, the examples, the rest
+[ -f tests/test_vk.c ] && lane test_vk test_vk_then_tinylm
+[ -f tests/test_vk.c ] || { [ -f examples/tinylm.c ] && [ $have_vk = 1 ] && lane tinylm-vk tinylm_vk; }
 [ -f examples/tinylm.c ] && lane tinylm tinylm
-lane fuzz-replays fuzz_replays
+lane examples run_examples
 lane redis-tiers redis_tiers
+lane fuzz-replays fuzz_replays
+[ -f tests/test_vk.c ] && lane test_vk-io-chunk test_vk_io_chunk
 [ -f examples/tinylm.c ] && lane share-prompt share_prompt
 for t in $tests; do [ "$t" = tests/test_vk.c ] || lane "$(basename "$t" .c)" test_one "$t"; done
 lanes_join
@@ -277,9 +300,9 @@ lanes_join
 stage asan "sanitizers (ASan + UBSan, TSan) and valgrind memcheck, a lane per program"
 # -O0: the checks are the same, a build takes 9 s instead of 21 (clang 14, this machine) and
 # the runs at a third of the scale stay short (test_random the longest, 15 s)
-SAN="-O0 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+SAN="-O0 -g1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 SANCC=$CC; have clang && SANCC=clang
-TSAN="-O1 -g -fsanitize=thread"
+TSAN="-O1 -g1 -fsanitize=thread"
 VG="valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=all"
 # test_vk on lavapipe under valgrind: LLVM's and the dynamic linker's process-lifetime state
 # is still reachable at exit; tests/valgrind-vk.supp suppresses exactly those blocks
@@ -294,12 +317,15 @@ VG="valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=all
 VGVK="--keep-debuginfo=yes --num-callers=40 --suppressions=tests/valgrind-vk.supp"
 # asan_one tests/test_NAME.c: a third of the native scale (the native run has the full one;
 # CI time). test_vk: the Vulkan driver's own allocations are not ours to free (the test
-# counts the backend's with its own allocator), and lavapipe under ASan is slow.
+# counts the backend's with its own allocator), and lavapipe under ASan is slow; its calls
+# are those of the native run (same seed: the unit tests, the first 3 of its 12 episodes,
+# the hybrid ones shorter), which has the validation layers check them, so they are off
+# here (KVC_VK_VALIDATION=0: they took 46 of its 124 s CPU under ASan)
 asan_one() {
-  local n scale=0.3 opts=""; n=$(basename "$1" .c)
-  [ "$n" = test_vk ] && scale=0.15 opts=detect_leaks=0
+  local n scale=0.3 opts="" vl=1; n=$(basename "$1" .c)
+  [ "$n" = test_vk ] && scale=0.15 opts=detect_leaks=0 vl=0
   step "asan-build-$n" build asan "$SANCC $STRICT $SAN" "$1" "$B/$n.asan" -lm -lpthread &&
-    ASAN_OPTIONS=$opts KVC_TEST_SCALE=$scale checks "asan-$n" "$B/$n.asan" "$seed"
+    ASAN_OPTIONS=$opts KVC_VK_VALIDATION=$vl KVC_TEST_SCALE=$scale checks "asan-$n" "$B/$n.asan" "$seed"
 }
 asan_fuzz() {
   step asan-build-fuzz $SANCC $STRICT $SAN -I. fuzz/fuzz_replay.c "$B/fuzz_all.c" -o "$B/fuzz.asan" -lm &&
@@ -318,7 +344,7 @@ tsan_one() {
   step "tsan-build-$n" build tsan "$SANCC $STRICT $TSAN" "tests/$n.c" "$B/$n.tsan" -lm -lpthread &&
     KVC_TEST_SCALE=$scale checks "tsan-$n" "$B/$n.tsan" "$seed"
 }
-# valgrind memcheck runs the native -O2 -g binaries of the first stage
+# valgrind memcheck runs the native -O2 -g1 binaries of the first stage
 vg_one() {
   local n=$1
   [ -x "$B/$n" ] || { skip "valgrind-$n" "its native build failed"; return; }
@@ -341,6 +367,8 @@ vg_examples() { # on the CPU (KVC_NO_VK: savegame.c would take lavapipe, whose L
 have_san=0 have_tsan=0
 echo 'int main(void){return 0;}' | $SANCC $SAN -x c - -o "$B/san_probe" >/dev/null 2>&1 && have_san=1
 echo 'int main(void){return 0;}' | $SANCC $TSAN -x c - -o "$B/tsan_probe" >/dev/null 2>&1 && "$B/tsan_probe" && have_tsan=1
+# asan-test_vk, the longest lane (116 s in a CI run of c05b5aa), first
+[ $have_san = 1 ] && [ -f tests/test_vk.c ] && lane asan-test_vk asan_one tests/test_vk.c
 if have valgrind; then
   if [ -f tests/test_vk.c ]; then
     # the host side only (KVC_VK_HOST_ONLY: argument checks, saves and loads): lavapipe's
@@ -354,7 +382,6 @@ fi
 if [ $have_san = 1 ]; then
   lane asan-fuzz asan_fuzz
   [ -f examples/tinylm.c ] && lane asan-tinylm asan_tinylm
-  [ -f tests/test_vk.c ] && lane asan-test_vk asan_one tests/test_vk.c
   for t in $tests; do [ "$t" = tests/test_vk.c ] || lane "asan-$(basename "$t" .c)" asan_one "$t"; done
 else skip sanitizers "the compiler cannot build with -fsanitize=address,undefined"; fi
 if [ $have_tsan = 1 ]; then
@@ -398,15 +425,22 @@ mx_gcc_O3() {
 NOMU="-Wno-maybe-uninitialized"
 CXXW="-Wall -Wextra -Werror"
 XW="$STRICT -O2 -static"
-# A lane per configuration, longest first (alone on this machine, before some became subsets:
-# gcc -O3 60 s, g++ 57, clang++ 51, clang -O3 50, gcc static 42, gcc -O0 29, no-SIMD 27,
-# aarch64 23, clang -O0 16, arm32 14, tcc 2).
+# A lane per configuration, longest first (CPU seconds in a CI run of c05b5aa: gcc -O3 191,
+# clang -O3 90, aarch64 79, g++ C++17 73, no-SIMD 52, gcc static 46, arm32 30, clang -O0 9,
+# tcc 9).
 lane mx-gcc-O3 mx_gcc_O3
 if have clang; then
   # clang's optimiser on the kernels and the random and model-based programs (every program
   # runs under clang at -O0 with ASan, and under gcc at -O2 and -O3)
   lane mx-clang-O3 mx clang-O3 "clang $STRICT -O3" "" -- core kernels variants rotate tail random causal memory_radix $all_fuzz
 else skip clang-matrix "clang not installed"; fi
+# 32-bit ARM: size_t of 32 bits (test_limits' 32-bit cases), malloc aligned to 8; aarch64:
+# the NEON paths. Static binaries under qemu-user, as strict as the native builds. gcc 12's
+# aarch64 vectoriser stops with an internal error on test_variants' cascade loop: no
+# auto-vectorisation there (the NEON intrinsics are what this build is for).
+if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
+  lane mx-aarch64 mx aarch64 "aarch64-linux-gnu-gcc $XW -fno-tree-vectorize" qemu-aarch64 -- core kernels variants limits $all_fuzz
+else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
 # C++: every program compiles as C++11 in the first stage; here g++ runs a set as C++17
 if have g++; then
   lane mx-g++-c++17 mx g++-c++17 "g++ -x c++ -std=c++17 $CXXW -O2" "" -- core causal radix memory_radix hybrid reserve rotate variants threads $all_fuzz
@@ -417,13 +451,6 @@ lane mx-gcc-static mx gcc-static "$CC $STRICT $NOMU -O2 -DKVCACHE_STATIC" "" -- 
 lane mx-gcc-nosimd mx gcc-nosimd "$CC $STRICT -O2 -DKVCACHE_NO_SIMD" "" -- core kernels variants rotate tail random hybrid $all_fuzz
 # the huge-page opt-in: the slab advised MADV_HUGEPAGE (the default leaves it alone)
 lane mx-gcc-hugepages mx gcc-hugepages "$CC $STRICT -O2 -DKVCACHE_HUGE_PAGES" "" -- hugepages
-# 32-bit ARM: size_t of 32 bits (test_limits' 32-bit cases), malloc aligned to 8; aarch64:
-# the NEON paths. Static binaries under qemu-user, as strict as the native builds. gcc 12's
-# aarch64 vectoriser stops with an internal error on test_variants' cascade loop: no
-# auto-vectorisation there (the NEON intrinsics are what this build is for).
-if have aarch64-linux-gnu-gcc && have qemu-aarch64; then
-  lane mx-aarch64 mx aarch64 "aarch64-linux-gnu-gcc $XW -fno-tree-vectorize" qemu-aarch64 -- core kernels variants limits $all_fuzz
-else skip aarch64 "gcc-aarch64-linux-gnu or qemu-user not installed"; fi
 # -O0 (no inlining, other UB exposure): the core programs and the fuzz replays
 if have clang; then lane mx-clang-O0 mx clang-O0 "clang $STRICT -O0" "" -- core causal radix memory_radix hybrid limits $all_fuzz; fi
 if have arm-linux-gnueabihf-gcc && have qemu-arm; then
@@ -442,7 +469,7 @@ lanes_join
 # to KVC_JOBS side by side, each for the full KVC_FUZZ_SECONDS.
 stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 10), $JOBS at a time"
 FUZZ_S=${KVC_FUZZ_SECONDS:-0}
-LF="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
+LF="-g1 -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 lf_one() {
   local n=$1 log="$B/libfuzzer-$1-${FUZZ_S}s.log" a
   # fuzz a copy: the committed corpus stays as it is; crashes land in $B/fuzz-$n-artifacts/
