@@ -495,10 +495,10 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    fork, kvc_tier_fetch itself), which hands them to their next owner before it returns,
    and the blob must be whole on the host by then (its checksums are computed there, it
    goes into the host tier's budget or the store); a copy recorded for later would need
-   staging as large as all it evicts. A fetch's load checks each section as its pages
-   are written and gives them back when one fails; recorded copies would keep every
-   chunk's staging until your command buffer has run, staging as large as the entry (a
-   32k-token prefix of a large model is gigabytes). So with tiers attached, any host
+   staging as large as all it evicts. kvc_tier_fetch's copies do not either: recorded,
+   they would keep staging as large as the entry until your command buffer has run (a
+   32k-token prefix of a large model is gigabytes); kvc_vk_pool_cmd_fetch (below)
+   records them, with the staging capped by you. So with tiers attached, any host
    call that takes pages of a device pool may read pages of the device (a memory's tree:
    of any of its groups' pools): submit every command buffer that writes those pages
    (appends, state writes) to the context's queue before the next such call -- the
@@ -516,26 +516,28 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    pages, so a damaged, truncated or foreign blob is refused with the pool as it was and
    nothing recorded. Only then is the entry in the tree and are the copies recorded. */
 /* Brings back the longest prefix of tokens[0 .. n_tokens) under ns that tree's tiers hold
-   (tree: a tree of kvc_vk_pool_host(pool), with kvc_tier_attach) whose pages' bytes fit
+   (tree: made on kvc_vk_pool_host(pool), with kvc_tier_attach) and whose pages' bytes fit
    max_staging_bytes -- host tier first, then the store, from the longest block boundary
    down, as kvc_tier_fetch -- and records into cmd the pool's queued page events, the
-   host -> device copies of its pages and a barrier: what you record after it (in cmd or
-   in a command buffer submitted after it) sees the pages. *n_fetched = the prefix's
-   tokens (0: nothing fetched, nothing recorded, the tree as it was; a longer prefix the
-   tiers hold may be left for a larger max_staging_bytes or kvc_tier_fetch, which has no
-   such cap). Call it again for more once the tree serves what it brought.
-   The entry is in the tree when it returns, so a lookup hands its pages out at once:
-   submit cmd before any host call that takes pages of the pool (the rule above: an
-   eviction reads pages on the context's queue) and before work that reads them. The
-   staging buffer (host-visible, max_staging_bytes at most, less where the pool's pages
-   hold less) is allocated by the call and freed by a later call on the pool once cmd
-   has run (an event set after the copies; kvc_vk_pool_device_stats counts it as
-   retiring until then; destroying the pool frees it). Pages past the page buffers' size
-   grow them during the call, synchronously on the context's queue, as a save or load
-   does. A tree of a model memory (kvc_radix_create_memory): not yet, kvc_tier_fetch.
-   KVC_ERR_NULL, KVC_ERR_INVALID (max_staging_bytes 0, bad tokens), KVC_ERR_FOREIGN (tree
-   not on pool), KVC_ERR_STATE (no tiers), KVC_ERR_NO_MEMORY (host or device allocation:
-   nothing changed), or the fetch's own errors. */
+   host -> device copies of its pages and a barrier (compute and transfer after it see
+   the pages; kvc_vk_cmd_* calls see them anyway). *n_fetched = the prefix's tokens (0:
+   nothing fetched, nothing recorded, the pool as it was). A longer prefix whose pages do
+   not fit stays in its tier: call again with a larger cap (or kvc_tier_fetch, uncapped)
+   for it. The entry is in the tree when the call returns, so a lookup hands its pages
+   out at once: submit cmd before work that reads them and before any host call that
+   takes pages of the pool (the rule above: eviction reads pages on the context's queue,
+   and a load writes them there). The staging is host-visible memory the call allocates,
+   max_staging_bytes at most (less where the pool's pages hold less), freed by a later
+   call on the pool once cmd has run (an event set after the copies; until then
+   kvc_vk_pool_device_stats counts it in retiring_bytes; kvc_vk_pool_destroy frees it).
+   Page buffers too small for the pages the load takes grow during the call,
+   synchronously on the context's queue, as in a load. A model memory's tree: not yet
+   (kvc_tier_fetch). KVC_ERR_NULL; KVC_ERR_FOREIGN (tree not a tree of pool's);
+   KVC_ERR_INVALID (max_staging_bytes 0, bad tokens); KVC_ERR_STATE (no tiers);
+   KVC_ERR_NO_MEMORY (a host or device allocation: the pool as it was, nothing recorded,
+   the blob still in its tier). Only a host allocation failing while the pool's queued
+   page events are recorded, after the entry went into the tree, leaves the pool failed
+   (KVC_ERR_NO_MEMORY from its calls from then on, as when an event cannot be queued). */
 KVCDEF kvc_result kvc_vk_pool_cmd_fetch(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_radix *tree, kvc_namespace ns,
                                         const int32_t *tokens, int32_t n_tokens, size_t max_staging_bytes,
                                         int32_t *n_fetched);
@@ -1572,7 +1574,9 @@ static kvc_result kvc_vk__read_pages(void *user, int32_t layer, int v, const uin
    while the load checks the rest of the blob. The load calls flush once its run ends,
    passed or failed (the pages of a failed one went back): the next write starts afresh,
    so what the capture holds when the fetch has brought an entry back is that entry's
-   load, the last one. Bytes past the staging fail the load (KVC_ERR_IO: neither the
+   load, the last one. (A pool tree's entry has one section of pages, KVDT, written in
+   one run of write_pages calls and one flush: kvcache.h's kvc__r_kv; saves in between,
+   the evictions that make room, end with a flush too.) Bytes past the staging fail the load (KVC_ERR_IO: neither the
    blob's fault nor the pool's, so the fetch keeps the blob and tries a shorter prefix). */
 typedef struct kvc_vk__run {
     int32_t layer, v, n, first; /* n pages of layer's K (v = 0) or V: ids[first ..] */
@@ -2778,7 +2782,10 @@ KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *vm, VkCommandBuffer cmd)
    fetch): synchronous on the context's queue, not recorded into the caller's command
    buffer, for the reasons the public "Saves and loads" section gives -- the evicted
    pages change owner before the evicting call returns, and deferred copies would need
-   staging as large as the entry instead of the two bounded halves. */
+   staging as large as the entry instead of the two bounded halves. The one exception,
+   kvc_vk_pool_cmd_fetch, sets the pool's capture: its load's write_pages stage the bytes
+   in one buffer of the caller's cap and record nothing until the load has passed
+   (kvc_vk__capture_pages below). */
 
 /* The command pool and fence of one-time command buffers (saves and loads, the helpers'
    kvc_vk_context_begin / kvc_vk_context_submit_wait), made on first use. */
