@@ -521,7 +521,7 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    down, as kvc_tier_fetch -- and records into cmd the pool's queued page events, the
    host -> device copies of its pages and a barrier (compute and transfer after it see
    the pages; kvc_vk_cmd_* calls see them anyway). *n_fetched = the prefix's tokens (0:
-   nothing fetched, nothing recorded, the pool as it was). A longer prefix whose pages do
+   nothing fetched and nothing recorded). A longer prefix whose pages do
    not fit stays in its tier: call again with a larger cap (or kvc_tier_fetch, uncapped)
    for it. The entry is in the tree when the call returns, so a lookup hands its pages
    out at once: submit cmd before work that reads them and before any host call that
