@@ -2708,6 +2708,14 @@ static void td_memory_tree(tk_rng *rng) {
     TK_OK(kvc_radix_stats_get(tg, &rs));
     TK_EQ(rs.n_pages, 0);
     TK_CHECK(td_stats(tg).kept_host >= 1);
+    { /* the recorded fetch takes pool trees only: a memory's tree is refused, nothing done */
+        kvc_vk_pool *gp = NULL;
+        VkCommandBuffer cmd = begin_cmd();
+        TK_OK(kvc_vk_memory_pool(vm, 0, &gp));
+        TK_EQ(kvc_vk_pool_cmd_fetch(gp, cmd, tg, TD_NS, tok, n, 1 << 20, &got), KVC_ERR_FOREIGN);
+        TK_EQ(got, 0);
+        TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
+    }
     TK_OK(kvc_tier_fetch(tg, TD_NS, tok, n, &got));
     TK_EQ(got, xm);
     TK_CHECK(td_holds(tg, tok, xm, &x)); /* pages, states and checkpoints off the device */
@@ -2820,6 +2828,14 @@ static void tc_fetch(kvc_type t, tk_rng *rng) {
     TK_EQ(kvc_vk_pool_cmd_fetch(vp, cmd, tg, TD_NS, tok, TD_N, 0, &got), KVC_ERR_INVALID);
     TK_EQ(kvc_vk_pool_cmd_fetch(vp, VK_NULL_HANDLE, tg, TD_NS, tok, TD_N, page, &got), KVC_ERR_NULL);
     TK_EQ(kvc_vk_pool_cmd_fetch(vp, cmd, tg, TD_NS, tok, -1, page, &got), KVC_ERR_INVALID);
+    {
+        kvc_radix_config rc;
+        kvc_radix *bare = NULL;
+        kvc_radix_config_init(&rc, KVC_KIND_FULL);
+        TK_OK(kvc_radix_create(hp, &rc, &bare));
+        TK_EQ(kvc_vk_pool_cmd_fetch(vp, cmd, bare, TD_NS, tok, TD_N, page, &got), KVC_ERR_STATE); /* no tiers */
+        if (bare) TK_OK(kvc_radix_destroy(bare));
+    }
     /* a cap of three pages: the 4-block blob does not fit, the 2-block one comes */
     TK_OK(kvc_vk_pool_cmd_fetch(vp, cmd, tg, TD_NS, tok, TD_N, 3 * page, &got));
     TK_EQ(got, half);
