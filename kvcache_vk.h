@@ -521,9 +521,8 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    down, as kvc_tier_fetch -- and records into cmd the pool's queued page events, the
    host -> device copies of its pages and a barrier (compute and transfer after it see
    the pages; kvc_vk_cmd_* calls see them anyway). *n_fetched = the prefix's tokens (0:
-   nothing fetched and nothing recorded). A longer prefix whose pages do
-   not fit stays in its tier: call again with a larger cap (or kvc_tier_fetch, uncapped)
-   for it. The entry is in the tree when the call returns, so a lookup hands its pages
+   nothing fetched and nothing recorded). A longer prefix whose pages do not fit stays
+   in its tier: call again with a larger cap (or kvc_tier_fetch, uncapped) for it. The entry is in the tree when the call returns, so a lookup hands its pages
    out at once: submit cmd before work that reads them and before any host call that
    takes pages of the pool (the rule above: eviction reads pages on the context's queue,
    and a load writes them there). The staging is host-visible memory the call allocates,
@@ -531,11 +530,14 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    call on the pool once cmd has run (an event set after the copies; until then
    kvc_vk_pool_device_stats counts it in retiring_bytes; kvc_vk_pool_destroy frees it).
    Page buffers too small for the pages the load takes grow during the call,
-   synchronously on the context's queue, as in a load. A model memory's tree: not yet
-   (kvc_tier_fetch). KVC_ERR_NULL; KVC_ERR_FOREIGN (tree not a tree of pool's);
-   KVC_ERR_INVALID (max_staging_bytes 0, bad tokens); KVC_ERR_STATE (no tiers);
-   KVC_ERR_NO_MEMORY (a host or device allocation: the pool as it was, nothing recorded,
-   the blob still in its tier). Only a host allocation failing while the pool's queued
+   synchronously on the context's queue, as in a load (kvc_vk_pool_fit's way: each old
+   buffer freed once its copy ran): so, as for kvc_tier_fetch, submit the work recorded
+   for the pool before the call, and record the fetch into cmd before other work of the
+   pool (recorded before it, that work would use the freed buffers). A model memory's
+   tree: not yet (kvc_tier_fetch). KVC_ERR_NULL; KVC_ERR_FOREIGN (tree not a tree of
+   pool's, or a memory's); KVC_ERR_INVALID (max_staging_bytes 0, bad tokens);
+   KVC_ERR_STATE (no tiers); KVC_ERR_NO_MEMORY (a host or device allocation: no page
+   taken, nothing recorded, the blob still in its tier). Only a host allocation failing while the pool's queued
    page events are recorded, after the entry went into the tree, leaves the pool failed
    (KVC_ERR_NO_MEMORY from its calls from then on, as when an event cannot be queued). */
 KVCDEF kvc_result kvc_vk_pool_cmd_fetch(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_radix *tree, kvc_namespace ns,
