@@ -52,6 +52,7 @@
        kvc_vk_pool_cmd_trim(pool, cmd)             give back device memory a shrink freed
        kvc_vk_pool_fit(pool)                       grow now, one buffer at a time
        kvc_vk_pool_device_stats(pool, &stats)      what the pool holds on the device
+       kvc_vk_pool_cmd_fetch(pool, cmd, tree, ns, tokens, n, max_staging, &n)   a tier's prefix back, recorded
      The forward pass on the device
        kvc_vk_cmd_append(pool, cmd, cache, layer, ...)     kvc_put
        kvc_vk_cmd_attention(pool, cmd, cache, layer, ...)  kvc_attention
@@ -494,10 +495,10 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    fork, kvc_tier_fetch itself), which hands them to their next owner before it returns,
    and the blob must be whole on the host by then (its checksums are computed there, it
    goes into the host tier's budget or the store); a copy recorded for later would need
-   staging as large as all it evicts. A fetch's load checks each section as its pages
-   are written and gives them back when one fails; recorded copies would keep every
-   chunk's staging until your command buffer has run, staging as large as the entry (a
-   32k-token prefix of a large model is gigabytes). So with tiers attached, any host
+   staging as large as all it evicts. kvc_tier_fetch's copies do not either: recorded,
+   they would keep staging as large as the entry until your command buffer has run (a
+   32k-token prefix of a large model is gigabytes); kvc_vk_pool_cmd_fetch (below)
+   records them, with the staging capped by you. So with tiers attached, any host
    call that takes pages of a device pool may read pages of the device (a memory's tree:
    of any of its groups' pools): submit every command buffer that writes those pages
    (appends, state writes) to the context's queue before the next such call -- the
@@ -505,7 +506,43 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    other threads off the queue meanwhile (the staging halves are the context's: two
    threads taking pages of two tiered pools of one context at once would share them). A
    page written by a command buffer still being recorded would go down with its old
-   bytes. */
+   bytes.
+
+   kvc_vk_pool_cmd_fetch is kvc_tier_fetch with the copies into the pages recorded into
+   your command buffer instead of run on the context's queue, through one staging buffer
+   of at most max_staging_bytes. The blob is checked whole on the host first (its
+   tokens, header, configuration, namespace and every section's checksum, as
+   kvc_tier_fetch checks them): its page bytes go into the staging buffer, not into the
+   pages, so a damaged, truncated or foreign blob is refused with the pool as it was and
+   nothing recorded. Only then is the entry in the tree and are the copies recorded. */
+/* Brings back the longest prefix of tokens[0 .. n_tokens) under ns that tree's tiers hold
+   (tree: made on kvc_vk_pool_host(pool), with kvc_tier_attach) and whose pages' bytes fit
+   max_staging_bytes -- host tier first, then the store, from the longest block boundary
+   down, as kvc_tier_fetch -- and records into cmd the pool's queued page events, the
+   host -> device copies of its pages and a barrier (compute and transfer after it see
+   the pages; kvc_vk_cmd_* calls see them anyway). *n_fetched = the prefix's tokens (0:
+   nothing fetched and nothing recorded). A longer prefix whose pages do not fit stays
+   in its tier: call again with a larger cap (or kvc_tier_fetch, uncapped) for it. The entry is in the tree when the call returns, so a lookup hands its pages
+   out at once: submit cmd before work that reads them and before any host call that
+   takes pages of the pool (the rule above: eviction reads pages on the context's queue,
+   and a load writes them there). The staging is host-visible memory the call allocates,
+   max_staging_bytes at most (less where the pool's pages hold less), freed by a later
+   call on the pool once cmd has run (an event set after the copies; until then
+   kvc_vk_pool_device_stats counts it in retiring_bytes; kvc_vk_pool_destroy frees it).
+   Page buffers too small for the pages the load takes grow during the call,
+   synchronously on the context's queue, as in a load (kvc_vk_pool_fit's way: each old
+   buffer freed once its copy ran): so, as for kvc_tier_fetch, submit the work recorded
+   for the pool before the call, and record the fetch into cmd before other work of the
+   pool (recorded before it, that work would use the freed buffers). A model memory's
+   tree: not yet (kvc_tier_fetch). KVC_ERR_NULL; KVC_ERR_FOREIGN (tree not a tree of
+   pool's, or a memory's); KVC_ERR_INVALID (max_staging_bytes 0, bad tokens);
+   KVC_ERR_STATE (no tiers); KVC_ERR_NO_MEMORY (a host or device allocation: no page
+   taken, nothing recorded, the blob still in its tier). Only a host allocation failing while the pool's queued
+   page events are recorded, after the entry went into the tree, leaves the pool failed
+   (KVC_ERR_NO_MEMORY from its calls from then on, as when an event cannot be queued). */
+KVCDEF kvc_result kvc_vk_pool_cmd_fetch(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_radix *tree, kvc_namespace ns,
+                                        const int32_t *tokens, int32_t n_tokens, size_t max_staging_bytes,
+                                        int32_t *n_fetched);
 
 /* ---- Helpers for tools, tests and benchmarks (#define KVCACHE_VK_HELPERS) ---------- */
 /* Optional: #define KVCACHE_VK_HELPERS where kvcache_vk.h is included (and where its
@@ -1090,6 +1127,7 @@ struct kvc_vk_pool {
     int32_t rot_k, rot_v;             /* kvc_pool_config.rotate: the rotation's block of K / V, 0: none */
     kvc_vk__buf rot;                  /* rotated append inputs (R k, R v) */
     int owns_host;                    /* host made by kvc_vk_pool_create (else a model memory's) */
+    struct kvc_vk__capture *capture;  /* kvc_vk_pool_cmd_fetch under way: where loads write pages */
 };
 
 static void kvc_vk__on_event(void *user, const kvc_page_event *ev) {
@@ -1300,14 +1338,9 @@ static kvc_result kvc_vk__page_bufs(kvc_vk_pool *p, int32_t pages, kvc_vk__buf *
     return KVC_OK;
 }
 
-/* Replace the page buffers by ones of `pages` pages, recording the copy of the pages
-   both hold into cmd; the old ones retire behind an event. All or nothing. */
-static kvc_result kvc_vk__resize(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t pages) {
+/* Room in p->old for one more entry. */
+static kvc_result kvc_vk__old_room(kvc_vk_pool *p) {
     kvc_vk_context *c = p->ctx;
-    int32_t i, keep = pages < p->cap_pages ? pages : p->cap_pages;
-    VkEventCreateInfo ei;
-    kvc_vk__retiring o;
-    kvc_result r;
     if (p->n_old == p->cap_old) {
         int32_t cap = p->cap_old ? 2 * p->cap_old : 4;
         kvc_vk__retiring *no = (kvc_vk__retiring *)kvc_vk__alloc(&c->alloc, sizeof(*no) * (size_t)cap);
@@ -1317,6 +1350,18 @@ static kvc_result kvc_vk__resize(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t pa
         p->old = no;
         p->cap_old = cap;
     }
+    return KVC_OK;
+}
+
+/* Replace the page buffers by ones of `pages` pages, recording the copy of the pages
+   both hold into cmd; the old ones retire behind an event. All or nothing. */
+static kvc_result kvc_vk__resize(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t pages) {
+    kvc_vk_context *c = p->ctx;
+    int32_t i, keep = pages < p->cap_pages ? pages : p->cap_pages;
+    VkEventCreateInfo ei;
+    kvc_vk__retiring o;
+    kvc_result r;
+    if ((r = kvc_vk__old_room(p)) != KVC_OK) return r;
     memset(&o, 0, sizeof(o));
     memset(&ei, 0, sizeof(ei));
     ei.sType = VK_STRUCTURE_TYPE_EVENT_CREATE_INFO;
@@ -1549,6 +1594,60 @@ static kvc_vk_pool *kvc_vk__pool_new(kvc_vk_context *c) {
 
 static kvc_result kvc_vk__read_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
                                      void *data);
+/* A recorded fetch (kvc_vk_pool_cmd_fetch) runs kvcache.h's tier fetch with the pool's
+   capture set: a load's write_pages puts the pages' bytes (in the device's layout) into
+   the capture's staging buffer and notes where they go; nothing is copied or recorded
+   while the load checks the rest of the blob. The load calls flush once its run ends,
+   passed or failed (the pages of a failed one went back): the next write starts afresh,
+   so what the capture holds when the fetch has brought an entry back is that entry's
+   load, the last one. (A pool tree's entry has one section of pages, KVDT, written in
+   one run of write_pages calls and one flush: kvcache.h's kvc__r_kv; saves in between,
+   the evictions that make room, end with a flush too.) Bytes past the staging fail the load (KVC_ERR_IO: neither the
+   blob's fault nor the pool's, so the fetch keeps the blob and tries a shorter prefix). */
+typedef struct kvc_vk__run {
+    int32_t layer, v, n, first; /* n pages of layer's K (v = 0) or V: ids[first ..] */
+    VkDeviceSize at;            /* their bytes in the staging */
+} kvc_vk__run;
+typedef struct kvc_vk__capture {
+    kvc_vk__buf buf;        /* the staging: host-visible, mapped */
+    VkDeviceSize limit;     /* its bytes to use (buf.size may be rounded up) */
+    VkDeviceSize used;
+    uint32_t *ids;          /* [cap] the pages written, run after run */
+    kvc_vk__run *runs;      /* [cap] */
+    int32_t n_ids, n_runs, cap;
+    int sealed;             /* the last load's run ended: a write starts a new one */
+} kvc_vk__capture;
+
+static kvc_result kvc_vk__capture_pages(kvc_vk_pool *p, int32_t layer, int v, const uint32_t *pages, int32_t n,
+                                        const void *data) {
+    kvc_vk__capture *k = p->capture;
+    VkDeviceSize bytes = (VkDeviceSize)p->page_cells * (v ? p->v_row : p->k_row) * (VkDeviceSize)n;
+    unsigned char *dst;
+    kvc_vk__run *run;
+    uint32_t top = 0;
+    int32_t i;
+    kvc_result r;
+    if (k->sealed) k->sealed = 0, k->used = 0, k->n_ids = k->n_runs = 0;
+    if (bytes > k->limit - k->used || n > k->cap - k->n_ids || k->n_runs == k->cap) return KVC_ERR_IO;
+    for (i = 0; i < n; ++i)
+        if (pages[i] >= top) top = pages[i] + 1;
+    /* the page buffers hold the pages now: nothing left to fail once the entry is in */
+    if ((int64_t)top > (int64_t)p->cap_pages && (r = kvc_vk_pool_fit(p)) != KVC_OK) return r;
+    dst = (unsigned char *)k->buf.mapped + k->used;
+    if (p->state_floats) memcpy(dst, data, (size_t)bytes); /* f32 states */
+    else kvc_vk_pool_convert_pages(p, v, 1, data, dst, n);
+    run = &k->runs[k->n_runs++];
+    run->layer = layer;
+    run->v = v;
+    run->n = n;
+    run->first = k->n_ids;
+    run->at = k->used;
+    memcpy(k->ids + k->n_ids, pages, sizeof(uint32_t) * (size_t)n);
+    k->n_ids += n;
+    k->used += bytes;
+    return KVC_OK;
+}
+
 static kvc_result kvc_vk__write_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
                                       const void *data);
 static kvc_result kvc_vk__prefetch_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages);
@@ -2719,7 +2818,10 @@ KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *vm, VkCommandBuffer cmd)
    fetch): synchronous on the context's queue, not recorded into the caller's command
    buffer, for the reasons the public "Saves and loads" section gives -- the evicted
    pages change owner before the evicting call returns, and deferred copies would need
-   staging as large as the entry instead of the two bounded halves. */
+   staging as large as the entry instead of the two bounded halves. The one exception,
+   kvc_vk_pool_cmd_fetch, sets the pool's capture: its load's write_pages stage the bytes
+   in one buffer of the caller's cap and record nothing until the load has passed
+   (kvc_vk__capture_pages below). */
 
 /* The command pool and fence of one-time command buffers (saves and loads, the helpers'
    kvc_vk_context_begin / kvc_vk_context_submit_wait), made on first use. */
@@ -3014,6 +3116,7 @@ static kvc_result kvc_vk__write_pages(void *user, int32_t layer, int v, const ui
     kvc_result r;
     if (p->state_floats && v) return KVC_OK; /* nothing on the device */
     if (p->failed) return KVC_ERR_NO_MEMORY;
+    if (p->capture) return kvc_vk__capture_pages(p, layer, v, pages, n, data);
     if ((r = kvc_vk__stage_get(c)) != KVC_OK) return r;
     s = &c->stage[c->stage_next]; /* its earlier copy waited for, the other one may run on */
     if ((r = kvc_vk__stage_ready(c, s, page_bytes * (VkDeviceSize)n, n)) != KVC_OK) return r;
@@ -3028,10 +3131,109 @@ static kvc_result kvc_vk__write_pages(void *user, int32_t layer, int v, const ui
 static kvc_result kvc_vk__flush(void *user) {
     kvc_vk_context *c = ((kvc_vk_pool *)user)->ctx;
     kvc_result r, r2;
+    if (((kvc_vk_pool *)user)->capture) ((kvc_vk_pool *)user)->capture->sealed = 1; /* that load's run ended */
     if (c->stage == NULL) return KVC_OK;
     r = kvc_vk__stage_wait(c, &c->stage[c->stage_next]); /* the older copy first */
     r2 = kvc_vk__stage_wait(c, &c->stage[1 - c->stage_next]);
     return r != KVC_OK ? r : r2;
+}
+
+/* Frees what a recorded fetch made (what was handed over is zero). */
+static void kvc_vk__capture_free(kvc_vk_pool *p, kvc_vk__capture *k, kvc_vk__retiring *o) {
+    kvc_vk_context *c = p->ctx;
+    kvc_vk__buf_destroy(c, &k->buf);
+    kvc_vk__free(&c->alloc, k->ids);
+    kvc_vk__free(&c->alloc, k->runs);
+    kvc_vk__retiring_free(p, o);
+    memset(k, 0, sizeof(*k));
+}
+
+/* All a recorded fetch needs before it changes anything: the staging (max bytes at most,
+   no more than the pool's pages hold) and its page lists, the retiring entry that will
+   free it (its event, room in p->old) and room for the copies' regions. */
+static kvc_result kvc_vk__capture_make(kvc_vk_pool *p, size_t max, kvc_vk__capture *k, kvc_vk__retiring *o) {
+    kvc_vk_context *c = p->ctx;
+    uint64_t row = p->state_floats || p->k_row < p->v_row ? p->k_row : p->v_row; /* the smallest page written */
+    uint64_t page_min = (uint64_t)p->page_cells * row;
+    uint64_t all = (uint64_t)p->max_pages * (uint64_t)p->n_layers * (uint64_t)p->page_cells *
+                   ((uint64_t)p->k_row + (uint64_t)p->v_row);
+    uint64_t size = (uint64_t)max < all ? (uint64_t)max : all, cap = size / page_min + 1;
+    VkEventCreateInfo ei;
+    kvc_result r = KVC_OK;
+    memset(k, 0, sizeof(*k));
+    memset(o, 0, sizeof(*o));
+    k->limit = size;
+    k->cap = (int32_t)(cap < (uint64_t)INT32_MAX / 64 ? cap : (uint64_t)INT32_MAX / 64);
+    k->ids = (uint32_t *)kvc_vk__alloc(&c->alloc, sizeof(uint32_t) * (size_t)k->cap);
+    k->runs = (kvc_vk__run *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk__run) * (size_t)k->cap);
+    o->bufs = (kvc_vk__buf *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
+    if (k->ids == NULL || k->runs == NULL || o->bufs == NULL) r = KVC_ERR_NO_MEMORY;
+    if (o->bufs) memset(o->bufs, 0, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
+    if (r == KVC_OK) r = kvc_vk__ensure_regions(p, (size_t)k->cap);
+    if (r == KVC_OK) r = kvc_vk__old_room(p);
+    if (r == KVC_OK) {
+        memset(&ei, 0, sizeof(ei));
+        ei.sType = VK_STRUCTURE_TYPE_EVENT_CREATE_INFO;
+        if ((r = kvc_vk__vr(c->fn.vkCreateEvent(c->device, &ei, c->vk_alloc, &o->event))) != KVC_OK)
+            o->event = VK_NULL_HANDLE;
+    }
+    if (r == KVC_OK) r = kvc_vk__buf_create(c, (VkDeviceSize)size, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, 1, &k->buf);
+    if (r != KVC_OK) kvc_vk__capture_free(p, k, o);
+    return r;
+}
+
+/* Records into cmd the pool's queued page events, the copies of the captured pages and a
+   barrier, then the event that retires the staging (handed to p->old with it). */
+static kvc_result kvc_vk__capture_record(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_vk__capture *k,
+                                         kvc_vk__retiring *o) {
+    kvc_vk_context *c = p->ctx;
+    int32_t i, j;
+    kvc_result r = kvc_vk_pool_cmd_sync(p, cmd); /* the events first (and a barrier) */
+    if (r != KVC_OK) return r;
+    for (i = 0; i < k->n_runs; ++i) { /* a run is one layer's K or V: one buffer, one copy */
+        const kvc_vk__run *run = &k->runs[i];
+        VkDeviceSize page_bytes = (VkDeviceSize)p->page_cells * (run->v ? p->v_row : p->k_row);
+        VkBuffer dst = VK_NULL_HANDLE;
+        for (j = 0; j < run->n; ++j) {
+            kvc_vk__page_at(p, run->layer, run->v, k->ids[run->first + j], &dst, &p->regions[j].dstOffset);
+            p->regions[j].srcOffset = run->at + page_bytes * (VkDeviceSize)j;
+            p->regions[j].size = page_bytes;
+        }
+        c->fn.vkCmdCopyBuffer(cmd, k->buf.buffer, dst, (uint32_t)run->n, p->regions);
+    }
+    kvc_vk__barrier(c, cmd);
+    c->fn.vkCmdSetEvent(cmd, o->event, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
+    o->bufs[0] = k->buf;
+    memset(&k->buf, 0, sizeof(k->buf));
+    p->old[p->n_old++] = *o;
+    memset(o, 0, sizeof(*o));
+    return KVC_OK;
+}
+
+KVCDEF kvc_result kvc_vk_pool_cmd_fetch(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_radix *t, kvc_namespace ns,
+                                        const int32_t *tokens, int32_t n_tokens, size_t max_staging_bytes,
+                                        int32_t *n_fetched) {
+    kvc_vk__capture k;
+    kvc_vk__retiring o;
+    kvc_result r;
+    if (n_fetched) *n_fetched = 0;
+    if (p == NULL || cmd == VK_NULL_HANDLE || t == NULL || n_fetched == NULL) return KVC_ERR_NULL;
+    if (t->n_parts != 1 || t->mp != NULL || t->part[0].pool != p->host) return KVC_ERR_FOREIGN;
+    if (max_staging_bytes == 0) return KVC_ERR_INVALID;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (t->tier == NULL) return KVC_ERR_STATE;
+    if (p->failed) return KVC_ERR_NO_MEMORY;
+    if ((r = kvc_vk__capture_make(p, max_staging_bytes, &k, &o)) != KVC_OK) return r;
+    kvc__pool_lock(p->host);
+    p->capture = &k; /* set only under the pool's lock: other threads' loads write as usual */
+    r = kvc__tier_fetch_held(t, ns, tokens, n_tokens, n_fetched);
+    p->capture = NULL;
+    if (r == KVC_OK && *n_fetched > 0 && (r = kvc_vk__capture_record(p, cmd, &k, &o)) != KVC_OK)
+        p->failed = 1; /* the entry is in the tree, its pages not written (a host allocation
+                          for the queued events' copies): the pool refuses from now on */
+    kvc__pool_unlock(p->host);
+    kvc_vk__capture_free(p, &k, &o);
+    return r;
 }
 
 KVCDEF kvc_result kvc_vk_memory_fit(kvc_vk_memory *vm) {

@@ -2649,7 +2649,14 @@ static void td_alloc_failures(tk_rng *rng) {
     free(x.data);
 }
 
-/* A context whose device allocations are counted (test_device_memory's, on ctx's device). */
+static long tc_fail_after = -1; /* the counted context's host allocations left to succeed */
+static void *tc_alloc(size_t n, void *user) {
+    if (tc_fail_after == 0) return NULL;
+    if (tc_fail_after > 0) tc_fail_after--;
+    return count_alloc(n, user);
+}
+/* A context whose device allocations are counted (test_device_memory's, on ctx's device). Its host
+   allocations can be made to fail: tc_fail_after. */
 static kvc_vk_context *td_counted_context(void) {
     kvc_vk_info info;
     kvc_vk_context_desc d;
@@ -2664,7 +2671,7 @@ static kvc_vk_context *td_counted_context(void) {
     d.queue = info.queue;
     d.queue_family = info.queue_family;
     d.enabled_features = info.active_features;
-    d.allocator.alloc = count_alloc;
+    d.allocator.alloc = tc_alloc;
     d.allocator.free = count_free;
     TK_OK(kvc_vk_context_create(&d, &cc));
     return cc;
@@ -2836,6 +2843,14 @@ static void td_memory_tree(tk_rng *rng) {
     TK_OK(kvc_radix_stats_get(tg, &rs));
     TK_EQ(rs.n_pages, 0);
     TK_CHECK(td_stats(tg).kept_host >= 1);
+    { /* the recorded fetch takes pool trees only: a memory's tree is refused, nothing done */
+        kvc_vk_pool *gp = NULL;
+        VkCommandBuffer cmd = begin_cmd();
+        TK_OK(kvc_vk_memory_pool(vm, 0, &gp));
+        TK_EQ(kvc_vk_pool_cmd_fetch(gp, cmd, tg, TD_NS, tok, n, 1 << 20, &got), KVC_ERR_FOREIGN);
+        TK_EQ(got, 0);
+        TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
+    }
     TK_OK(kvc_tier_fetch(tg, TD_NS, tok, n, &got));
     TK_EQ(got, xm);
     TK_CHECK(td_holds(tg, tok, xm, &x)); /* pages, states and checkpoints off the device */
@@ -2899,6 +2914,191 @@ static void td_pressure(tk_rng *rng) {
     TK_OK(kvc_vk_pool_destroy(vp));
 }
 
+/* ---- kvc_vk_pool_cmd_fetch: a tier's prefix back by copies recorded into the caller's
+   command buffer through staging of at most max_staging_bytes; the blob checked whole
+   before anything changes. */
+static size_t tc_retiring(kvc_vk_pool *vp) { /* the staging of a recorded fetch retires there */
+    kvc_vk_device_stats st;
+    memset(&st, 0, sizeof(st));
+    TK_OK(kvc_vk_pool_device_stats(vp, &st));
+    return st.retiring_bytes;
+}
+
+/* f16 or q8_0 pages: two prefixes in the host tier (2 and 4 blocks), a cap that takes
+   only the shorter, a larger one the rest; bytes read back off the device after the
+   caller's submit; refused store files change nothing and record nothing. */
+static void tc_fetch(kvc_type t, tk_rng *rng) {
+    int32_t tok[TD_N], got = -1, reused = -1, pages, i;
+    const int32_t half = 2 * TD_PC;
+    blob full, x, shrt, foreign, ofull, b8, bad;
+    kvc_pool_config pc;
+    size_t page = 0, r0;
+    kvc_vk_pool *vp = td_device_pool(t, 32);
+    kvc_radix *tg = td_tree(vp, 1 << 20, 0), *ts = td_tree(vp, 0, 1);
+    kvc_pool *hp = kvc_vk_pool_host(vp);
+    kvc_cache *c = NULL;
+    VkCommandBuffer cmd;
+    kvc_tier_stats s;
+    char path[400];
+    if (tg == NULL || ts == NULL) return;
+    td_pool_config(&pc, t, 32);
+    TK_OK(kvc_pool_page_bytes(&pc, &page));
+    td_fill(rng, tok, TD_N);
+    td_cpu_entries(t, tok, &full, &x, &shrt);
+    td_cpu_entries(t == KVC_TYPE_F16 ? KVC_TYPE_Q8_0 : KVC_TYPE_F16, tok, &ofull, &foreign, NULL);
+    /* the host tier: the 2-block prefix (its own entry, evicted), then the 4-block one */
+    TK_OK(td_load(tg, &full, &got));
+    b8 = td_entry(tg, tok, half);
+    TK_OK(kvc_radix_evict(tg, 1000, NULL));
+    TK_OK(td_load(tg, &b8, &got));
+    TK_EQ(got, half);
+    TK_OK(kvc_radix_evict(tg, 1000, NULL));
+    TK_OK(td_load(tg, &full, &got));
+    TK_OK(kvc_radix_evict(tg, 1000, NULL));
+    TK_EQ(td_stats(tg).host_blobs, 2);
+    TK_EQ(sl_pages(hp), 0);
+    r0 = tc_retiring(vp);
+    /* argument checks first: nothing changes */
+    cmd = begin_cmd();
+    TK_EQ(kvc_vk_pool_cmd_fetch(vp, cmd, tg, TD_NS, tok, TD_N, 0, &got), KVC_ERR_INVALID);
+    TK_EQ(kvc_vk_pool_cmd_fetch(vp, VK_NULL_HANDLE, tg, TD_NS, tok, TD_N, page, &got), KVC_ERR_NULL);
+    TK_EQ(kvc_vk_pool_cmd_fetch(vp, cmd, tg, TD_NS, tok, -1, page, &got), KVC_ERR_INVALID);
+    {
+        kvc_radix_config rc;
+        kvc_radix *bare = NULL;
+        kvc_radix_config_init(&rc, KVC_KIND_FULL);
+        TK_OK(kvc_radix_create(hp, &rc, &bare));
+        TK_EQ(kvc_vk_pool_cmd_fetch(vp, cmd, bare, TD_NS, tok, TD_N, page, &got), KVC_ERR_STATE); /* no tiers */
+        if (bare) TK_OK(kvc_radix_destroy(bare));
+    }
+    /* a cap of three pages: the 4-block blob does not fit, the 2-block one comes */
+    TK_OK(kvc_vk_pool_cmd_fetch(vp, cmd, tg, TD_NS, tok, TD_N, 3 * page, &got));
+    TK_EQ(got, half);
+    TK_CHECK(tc_retiring(vp) > r0); /* the staging, until the copies have run */
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
+    TK_EQ(tc_retiring(vp), r0);
+    TK_CHECK(td_holds(tg, tok, half, &b8)); /* read back off the device: the same bits */
+    s = td_stats(tg);
+    TK_EQ(s.fetched_host, 1);
+    TK_EQ(s.host_blobs, 1); /* the longer one stays for later */
+    /* the same cap again: nothing more fits, nothing recorded */
+    pages = sl_pages(hp);
+    cmd = begin_cmd();
+    TK_OK(kvc_vk_pool_cmd_fetch(vp, cmd, tg, TD_NS, tok, TD_N, 3 * page, &got));
+    TK_EQ(got, 0);
+    TK_EQ(tc_retiring(vp), r0);
+    TK_EQ(sl_pages(hp), pages);
+    /* the rest with a cap of four pages */
+    TK_OK(kvc_vk_pool_cmd_fetch(vp, cmd, tg, TD_NS, tok, TD_N, 4 * page, &got));
+    TK_EQ(got, TD_X);
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
+    TK_CHECK(td_holds(tg, tok, TD_X, &x));
+    TK_CHECK(td_holds(tg, tok, half, &b8));
+    TK_EQ(td_stats(tg).host_blobs, 0);
+    TK_OK(kvc_radix_lookup(tg, TD_NS, tok, TD_N, &c, &reused));
+    TK_EQ(reused, TD_X);
+    if (c) TK_OK(kvc_cache_destroy(c));
+    TK_OK(kvc_radix_evict(tg, 1000, NULL));
+    /* the store: damaged, truncated and foreign files refused, the pool as it was, nothing
+       recorded; then the intact one */
+    TK_OK(td_load(ts, &full, &got));
+    TK_OK(kvc_radix_evict(ts, 1000, NULL)); /* down to the store */
+    TK_OK(td_load(ts, &shrt, &got));
+    pages = sl_pages(hp);
+    td_path(ts, tok, TD_X, path, sizeof(path));
+    bad.size = x.size;
+    bad.data = (unsigned char *)malloc(x.size);
+    cmd = begin_cmd();
+    for (i = 0; i < 4 && bad.data; ++i) {
+        memcpy(bad.data, x.data, x.size);
+        if (i == 0) td_write(path, bad.data, bad.size - 7);
+        if (i == 1) { bad.data[bad.size - 40] ^= 0x10; td_write(path, bad.data, bad.size); } /* K/V bits */
+        if (i == 2) { bad.data[100] ^= 0x01; td_write(path, bad.data, bad.size); }           /* configuration */
+        if (i == 3) td_write(path, foreign.data, foreign.size);
+        TK_OK(kvc_vk_pool_cmd_fetch(vp, cmd, ts, TD_NS, tok, TD_N, 1 << 20, &got));
+        TK_EQ(got, 0);
+        TK_EQ(td_stats(ts).refused, (uint64_t)i + 1);
+        TK_EQ(sl_pages(hp), pages);
+        TK_EQ(tc_retiring(vp), r0);
+    }
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd)); /* nothing in it */
+    TK_CHECK(td_holds(ts, tok, TD_SHORT, &shrt));
+    td_write(path, x.data, x.size);
+    cmd = begin_cmd();
+    TK_OK(kvc_vk_pool_cmd_fetch(vp, cmd, ts, TD_NS, tok, TD_N, 1 << 20, &got));
+    TK_EQ(got, TD_X);
+    TK_OK(kvc_vk_context_submit_wait(ctx, cmd));
+    TK_CHECK(td_holds(ts, tok, TD_X, &x));
+    TK_EQ(td_stats(ts).fetched_store, 1);
+    remove(path);
+    TK_OK(kvc_radix_destroy(tg));
+    TK_OK(kvc_radix_destroy(ts));
+    TK_EQ(sl_pages(hp), 0);
+    TK_OK(kvc_vk_pool_destroy(vp));
+    free(bad.data); free(full.data); free(x.data); free(shrt.data); free(foreign.data); free(ofull.data); free(b8.data);
+}
+
+/* Allocations failing in turn during a recorded fetch, on a counted context: the
+   context's host allocations, vkAllocateMemory (the staging, the page buffers' growth:
+   trimmed before each try) and the device pool's host allocations. A failed fetch
+   returns its error with the pool as it was (no page taken, the blob still in the host
+   tier, nothing retiring); no leak; the next fetch brings the entry back exact. */
+static void tc_failures(tk_rng *rng) {
+    int32_t tok[TD_N], got = -1, k, phase, wrong = 0, changed = 0, failed_calls = 0;
+    long live0 = live_allocs;
+    kvc_vk_context *cc;
+    kvc_vk_pool *vp;
+    kvc_radix *t;
+    blob full, x;
+    td_fill(rng, tok, TD_N);
+    td_cpu_entries(KVC_TYPE_F16, tok, &full, &x, NULL);
+    if ((cc = td_counted_context()) == NULL) return;
+    td_cx = cc;
+    vp = td_device_pool(KVC_TYPE_F16, 32);
+    t = td_tree(vp, 1 << 20, 0);
+    td_cx = ctx;
+    if (t == NULL) return;
+    TK_OK(td_load(t, &full, &got));
+    TK_OK(kvc_radix_evict(t, 1000, NULL));
+    for (phase = 0; phase < 3; ++phase)
+        for (k = 0; k < 200; ++k) {
+            VkCommandBuffer cmd;
+            kvc_result r;
+            int hit;
+            TK_OK(kvc_vk_context_begin(cc, &cmd)); /* the device memory back: the fetch grows again */
+            TK_OK(kvc_vk_pool_cmd_trim(vp, cmd));
+            TK_OK(kvc_vk_context_submit_wait(cc, cmd));
+            TK_OK(kvc_vk_context_begin(cc, &cmd));
+            if (phase == 0) tc_fail_after = k;
+            if (phase == 1) dm_fail_after = k;
+            if (phase == 2) td_fail_after = k;
+            r = kvc_vk_pool_cmd_fetch(vp, cmd, t, TD_NS, tok, TD_N, 1 << 20, &got);
+            hit = (phase == 0 ? tc_fail_after : phase == 1 ? dm_fail_after : td_fail_after) == 0;
+            tc_fail_after = dm_fail_after = td_fail_after = -1;
+            failed_calls += r != KVC_OK;
+            if (r != KVC_OK || got != TD_X) {
+                TK_EQ(got, 0);
+                changed += sl_pages(kvc_vk_pool_host(vp)) != 0 || td_stats(t).host_blobs != 1 || tc_retiring(vp) != 0;
+                TK_OK(kvc_vk_pool_cmd_fetch(vp, cmd, t, TD_NS, tok, TD_N, 1 << 20, &got)); /* the pool works */
+            }
+            TK_EQ(got, TD_X);
+            TK_OK(kvc_vk_context_submit_wait(cc, cmd));
+            wrong += !td_holds(t, tok, TD_X, &x);
+            TK_OK(kvc_radix_evict(t, 1000, NULL));
+            if (!hit) break; /* every allocation succeeded: each has failed once */
+        }
+    TK_EQ(wrong, 0);
+    TK_EQ(changed, 0);
+    TK_CHECK(failed_calls >= 3);
+    TK_OK(kvc_radix_destroy(t));
+    TK_OK(kvc_vk_pool_destroy(vp));
+    TK_OK(kvc_vk_context_destroy(cc));
+    TK_EQ(dm_bytes, 0);
+    TK_EQ(live_allocs, live0);
+    free(full.data);
+    free(x.data);
+}
+
 /* kernels: whether the append kernel may run (not in the valgrind run of the host side) */
 static void test_tiers_device(int kernels, tk_rng *rng) {
     const char *tmp = getenv("TMPDIR");
@@ -2916,6 +3116,10 @@ static void test_tiers_device(int kernels, tk_rng *rng) {
     td_alloc_failures(rng);
     td_device_failures(kernels, rng);
     if (kernels) td_pressure(rng);
+    /* the recorded fetch (under valgrind one of the three by turns, as above) */
+    if (tk_scale() >= 0.1 || run_seed % 3 == 0) tc_fetch(KVC_TYPE_F16, rng);
+    if (tk_scale() >= 0.1 || run_seed % 3 == 1) tc_fetch(KVC_TYPE_Q8_0, rng);
+    if (tk_scale() >= 0.1 || run_seed % 3 == 2) tc_failures(rng);
     TK_CHECK(rmdir(td_dir) == 0); /* every file went */
 }
 
