@@ -277,16 +277,27 @@ test_vk_io_chunk() {
   step build-test_vk-io-chunk build O2 "$O2 -DKVCACHE_IO_CHUNK=256" tests/test_vk.c "$B/test_vk_io_chunk" -lm -lpthread &&
     KVC_VK_SAVELOAD_ONLY=1 checks test_vk-io-chunk "$B/test_vk_io_chunk" "$seed"
 }
-# tinylm on the device after test_vk, in its lane: lavapipe's LLVM compiling the pipelines is
-# most of both, and Mesa's shader cache then holds test_vk's, which cover tinylm's (with an
-# empty cache tinylm --vk on lfm2-tiny took 38-47 s CPU, after test_vk 11; test_vk at half scale
-# about 200 cold, 37 warm)
-test_vk_then_tinylm() {
-  test_one tests/test_vk.c
+# test_vk in two lanes, one binary: the unit tests (part 1, about 125 s) and the episodes
+# (parts 2 and 4, about 50 s) followed by tinylm on the device (about 145 s), where one lane
+# took 305 s (2026-11-28)
+test_vk_build() { # once for both lanes (flock, as lib_obj)
+  ( flock 9
+    [ -f "$B/test_vk" ] && exit 0
+    [ -f "$B/test_vk.failed" ] && { echo "tests/test_vk.c did not build (the other lane's build log shows why)"; exit 1; }
+    build O2 "$O2" tests/test_vk.c "$B/test_vk" -lm -lpthread || { touch "$B/test_vk.failed"; exit 1; }
+  ) 9>"$B/test_vk.lock"
+}
+test_vk_part() { # KVC_VK_PART mask, the checks' name
+  step "build-$2" test_vk_build && KVC_VK_PART=$1 KVC_TEST_SCALE=0.5 checks "$2" "$B/test_vk" "$seed"
+}
+test_vk_episodes_then_tinylm() {
+  test_vk_part 6 test_vk-episodes
   [ -f examples/tinylm.c ] && [ $have_vk = 1 ] && tinylm_vk
 }
-# longest first: test_vk then tinylm on lavapipe (3-4 min), tinylm, the examples, the rest
-[ -f tests/test_vk.c ] && lane test_vk test_vk_then_tinylm
+# longest first: test_vk's episodes then tinylm on lavapipe (3-4 min), its unit tests (2 min),
+# tinylm, the examples, the rest
+[ -f tests/test_vk.c ] && lane test_vk-episodes test_vk_episodes_then_tinylm
+[ -f tests/test_vk.c ] && lane test_vk-unit test_vk_part 1 test_vk-unit
 [ -f tests/test_vk.c ] || { [ -f examples/tinylm.c ] && [ $have_vk = 1 ] && lane tinylm-vk tinylm_vk; }
 [ -f examples/tinylm.c ] && lane tinylm tinylm
 lane examples run_examples
