@@ -256,11 +256,69 @@ static void saveload_row(kvc_pool *hp, kvc_cache *c, double *save_gbs, double *l
     free(m.data);
 }
 
+/* Prefill: 512 causal queries (the cache's last 512 positions) over 4096 cells of f16, one
+   call (issue 37's prefill row; bench_vk_sdpa.py times SDPA's flash kernel on the same shape).
+   The output is not checked against f64 here (test_vk checks prefill-sized calls' values). */
+static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_buf, int reps) {
+    enum { NQ = 512, CELLS = 4096 };
+    kvc_pool_config pc;
+    kvc_cache_config cc;
+    kvc_vk_pool_options po;
+    kvc_vk_pool *vp;
+    kvc_cache *c;
+    kvc_vk_buffer qb, ob;
+    kvc_vk_attention_item item;
+    kvc_vk_tensor tk_, tv_;
+    VkCommandBuffer cmd;
+    attn_job aj;
+    double us, spread = 1, flops;
+    size_t i, n = (size_t)NQ * HQ * (size_t)g_hd;
+    kvc_pool_config_init(&pc);
+    pc.n_layers = 1; pc.n_kv_heads = HKV; pc.head_dim_k = pc.head_dim_v = g_hd;
+    pc.type_k = pc.type_v = KVC_TYPE_F16;
+    pc.page_cells = 256;
+    CHECK(kvc_pool_budget_for_tokens(&pc, CELLS + 256, &pc.budget_bytes));
+    memset(&po, 0, sizeof(po));
+    if (getenv("BENCH_VK_NO_CM")) po.disable_features |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
+    CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
+    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    CHECK(kvc_cache_create(kvc_vk_pool_host(vp), &cc, &c));
+    memset(&tk_, 0, sizeof(tk_));
+    memset(&tv_, 0, sizeof(tv_));
+    tk_.buffer = kin_buf->buffer;
+    tv_.buffer = vin_buf->buffer;
+    CHECK(kvc_vk_context_begin(ctx, &cmd));
+    CHECK(kvc_begin(c, CELLS, NULL, 0));
+    CHECK(kvc_vk_cmd_append(vp, cmd, c, 0, &tk_, &tv_));
+    CHECK(kvc_vk_context_submit_wait(ctx, cmd));
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * n, 1, &qb));
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * n, 0, &ob));
+    for (i = 0; i < n; ++i) ((float *)qb.mapped)[i] = frand();
+    memset(&item, 0, sizeof(item));
+    item.cache = c;
+    item.desc.n_queries = NQ; /* positions: the last NQ of the cache, causal */
+    item.desc.n_heads = HQ;
+    item.desc.q.buffer = qb.buffer;
+    item.desc.out.buffer = ob.buffer;
+    aj.pool = vp; aj.items = &item; aj.n = 1;
+    us = time_gpu(record_attn, &aj, reps, &spread);
+    /* query i sees CELLS - NQ + 1 + i cells: 4 hd FLOPs a (query head, cell), QK and PV */
+    flops = 4.0 * g_hd * HQ * ((double)NQ * (CELLS - NQ + 1) + (double)NQ * (NQ - 1) / 2);
+    printf("\n| prefill f16 | queries | cells | time (us) | TFLOP/s | slowest / fastest run |\n|---|---|---|---|---|---|\n");
+    printf("| causal | %d | %d | %.1f | %.1f | %.2f |\n", NQ, CELLS, us, flops / us * 1e-6, spread);
+    fflush(stdout);
+    kvc_vk_buffer_destroy(ctx, &qb);
+    kvc_vk_buffer_destroy(ctx, &ob);
+    kvc_cache_destroy(c);
+    CHECK(kvc_vk_pool_destroy(vp));
+}
+
 int main(int argc, char **argv) {
     int32_t cells_list[8] = {4096, 32768, 131072}, batch_list[8] = {1, 8};
     int n_cells = 3, n_batch = 2, n_types = 0, reps = 50, ai, ti, bi, ci, groups = 0, no_copy = 0, n_kept = 0, k;
     int quick = 0, sized = 0; /* --quick; --cells, --batch or --reps given */
     int saveload = 0, n_sl = 0; /* --saveload: save and load throughput, batch-1 rows */
+    int no_prefill = 0;         /* --no-prefill: no prefill row */
     static char sl_rows[64][160];
     /* every pool and its caches stay until the end, and the copy kernel's buffers too. (This
        was against f16 batch 8 rows measured 2.3x / 2.6x slower in runs that freed them; the
@@ -292,6 +350,7 @@ int main(int argc, char **argv) {
                    "  --splits N     at most N split-K chunks (default: the backend's choice)\n"
                    "  --hd N         head dim of K and V: 64, 128 or 256 (default 128)\n"
                    "  --no-copy      skip the copy kernel's bandwidth (the yardstick)\n"
+                   "  --no-prefill   skip the prefill row (512 causal queries over 4096 cells, f16)\n"
                    "  --saveload     also time kvc_cache_save / _load of each batch-1 row's cache\n"
                    "  --quick        4096 cells, batch 1, 2 reps, a 64 MiB copy\n"
                    "A CPU device (lavapipe) gets the --quick shape unless --cells, --batch or --reps is given.\n"
@@ -307,8 +366,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--splits") && ai + 1 < argc) groups = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--hd") && ai + 1 < argc) g_hd = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--no-copy")) no_copy = 1;
+        else if (!strcmp(argv[ai], "--no-prefill")) no_prefill = 1;
         else if (!strcmp(argv[ai], "--saveload")) saveload = 1;
-        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--saveload] [--quick] [--help]\n"); return 2; }
+        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--no-prefill] [--saveload] [--quick] [--help]\n"); return 2; }
     }
     if (g_hd != 64 && g_hd != 128 && g_hd != 256) { fprintf(stderr, "bench_vk: --hd: 64, 128 or 256\n"); return 2; }
     in_elems = (size_t)CHUNK * HKV * g_hd;
@@ -469,6 +529,7 @@ int main(int argc, char **argv) {
                     CHECK(kvc_vk_pool_destroy(vp));
                 }
             }
+    if (!quick && !no_prefill) prefill_row(&kin_buf, &vin_buf, reps < 10 ? reps : 10);
     if (n_sl > 0) {
         printf("\nsave / load of one cache (kvc_cache_save to host memory, kvc_cache_load back to the device; wall time, medians of 5)\n\n");
         printf("| storage | cells | file MB | save GB/s | load GB/s | save vs copy kernel | load vs copy kernel |\n|---|---|---|---|---|---|---|\n");

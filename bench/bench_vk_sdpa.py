@@ -6,6 +6,9 @@ median of 5 runs, after at least 1 s of the same calls (an H200 lowers its SM cl
 about 2 s idle and needs 0.2-0.5 s of load to raise it again; 5 warm-up calls left the
 first row up to 1.6x slow); GB/s counts the f16 K+V bytes, as bench_vk does.
 
+Then prefill: 512 queries over 4k cells, causal (the queries are the last 512 positions:
+lower-right causal alignment), f16, on SDPA's flash kernel, as bench_vk's prefill row.
+
 Two columns: the 50 calls launched from Python ("eager": small shapes then wait for the
 host's launches), and the same 50 calls captured once in a CUDA graph and replayed
 ("graph": the GPU's own time, as bench_vk's timestamps around one command buffer are).
@@ -86,6 +89,43 @@ def main():
             sys.stdout.flush()
             del q, k, v, g
             torch.cuda.empty_cache()
+
+    prefill(reps)
+
+
+def prefill(reps):
+    """512 causal queries over 4096 cells (the last 512 positions), flash backend"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+    nq, n = 512, 4096
+    q = torch.randn(1, 32, nq, 128, dtype=torch.float16, device="cuda")
+    k = torch.randn(1, 8, n, 128, dtype=torch.float16, device="cuda")
+    v = torch.randn(1, 8, n, 128, dtype=torch.float16, device="cuda")
+    # flash takes GQA as heads repeated (causal_lower_right does not pass enable_gqa on in
+    # every torch version): the same arithmetic, K and V read from L2 either way
+    kx, vx = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
+    mask = causal_lower_right(nq, n)
+
+    def call():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, kx, vx, attn_mask=mask)
+
+    def eager():
+        for _ in range(reps):
+            call()
+
+    # query i sees n - nq + 1 + i cells: 4 * 128 FLOPs a (query head, cell), QK and PV
+    flops = 4 * 128 * 32 * (nq * (n - nq + 1) + nq * (nq - 1) / 2)
+    print("\n| SDPA f16 prefill | queries | cells | eager (us) | graph (us) | graph TFLOP/s |")
+    print("|---|---|---|---|---|---|")
+    try:
+        us = timed(eager, reps)
+    except RuntimeError as e:
+        print(f"bench_vk_sdpa: prefill on flash failed ({e})")
+        return
+    g = graph_of(call, reps)
+    gus = timed(g.replay, reps) if g is not None else float("nan")
+    print(f"| sdpa flash, causal lower right | {nq} | {n} | {us:.1f} | {gus:.1f} | {flops / gus * 1e-6:.1f} |")
 
 
 if __name__ == "__main__":
