@@ -33,7 +33,9 @@ attn_split_q attn_split_q.comp -DUSE_SUBGROUP=0
 attn_split_q_dot attn_split_q.comp -DUSE_SUBGROUP=0 -DUSE_DOT=1
 attn_split_q_sg attn_split_q.comp -DUSE_SUBGROUP=1
 attn_split_q_sg_dot attn_split_q.comp -DUSE_SUBGROUP=1 -DUSE_DOT=1
-rotate rotate.comp"
+rotate rotate.comp
+attn_prefill attn_prefill.comp -DUSE_CM=0
+attn_prefill_cm attn_prefill.comp -DUSE_CM=1 -O0"
 
 # The attention job record: one query of one cache, as kvcache_vk.h writes it into the
 # meta buffer and attn_common.glsl's load_job reads it, one 32-bit word per field.
@@ -77,6 +79,11 @@ PAGE_CELLS cells per page
 VQ nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time
 GH attn_split_q.comp: query heads per workgroup
 ROT_K rotated keys: the rotation's block, q rotated as it is loaded (0: none)"
+spec_prefill="HDK head dim of K
+HDV head dim of V
+G query heads per kv head (the GQA group)
+KV_HEADS kv heads
+PAGE_CELLS cells per page"
 spec_merge="HDV head dim of V
 N_HEADS query heads
 HDK head dim of K (the query rows checked for a NaN or an infinity)
@@ -123,6 +130,8 @@ job_stride=$(( (n_job_words + 7) / 8 * 8 ))
   echo ""
   echo "// specialization constant ids of attn_split.comp, attn_split_cm.comp and attn_split_q.comp"
   glsl_defines SPLIT "" "$spec_split"
+  echo "// of attn_prefill.comp"
+  glsl_defines PREFILL "" "$spec_prefill"
   echo "// of attn_merge.comp"
   glsl_defines MERGE "" "$spec_merge"
   echo "// of rows_read.comp"
@@ -149,6 +158,8 @@ cmp -s "$tmp/kvc_shared.glsl" shaders/kvc_shared.glsl || cp "$tmp/kvc_shared.gls
   echo "#define KVC_VK__JOB_STRIDE ${job_stride} /* words from one job record to the next (a multiple of 8) */"
   echo "/* specialization constant ids: attn_split.comp, attn_split_cm.comp and attn_split_q.comp */"
   c_enum kvc_vk__spec_split SPLIT "$spec_split"
+  echo "/* attn_prefill.comp */"
+  c_enum kvc_vk__spec_prefill PREFILL "$spec_prefill"
   echo "/* attn_merge.comp */"
   c_enum kvc_vk__spec_merge MERGE "$spec_merge"
   echo "/* rows_read.comp */"

@@ -44,6 +44,12 @@
 #define SPLIT_VQ 10 // nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time
 #define SPLIT_GH 11 // attn_split_q.comp: query heads per workgroup
 #define SPLIT_ROT_K 12 // rotated keys: the rotation's block, q rotated as it is loaded (0: none)
+// of attn_prefill.comp
+#define PREFILL_HDK 0 // head dim of K
+#define PREFILL_HDV 1 // head dim of V
+#define PREFILL_G 2 // query heads per kv head (the GQA group)
+#define PREFILL_KV_HEADS 3 // kv heads
+#define PREFILL_PAGE_CELLS 4 // cells per page
 // of attn_merge.comp
 #define MERGE_HDV 0 // head dim of V
 #define MERGE_N_HEADS 1 // query heads

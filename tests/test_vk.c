@@ -19,7 +19,8 @@
    decode), 2 the episodes, 4 the hybrid-model episodes (default 7); KVC_VK_HOST_ONLY=1 the
    host side alone (errors, saves and loads: what make test runs under valgrind);
    KVC_VK_TIERS_ONLY=1 the tiers under device trees alone (=2: without the append kernel);
-   KVC_VK_VALIDATION=0 without the validation layers (make test under ASan). */
+   KVC_VK_VALIDATION=0 without the validation layers (make test under ASan);
+   KVC_VK_PREFILL_ONLY=1 the prefill checks alone (test_prefill). */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, rmdir: the tiers' directory store */
 #define KVCACHE_IMPLEMENTATION
 #include "kvcache.h"
@@ -102,6 +103,7 @@ typedef struct shape {
        split passes' rescale of what they have summed; random scores alone stay within
        attn_split_q's slack of the first tile's maxima); 0: plain keys */
     float growing;
+    int prefill; /* kvc_vk_pool_options.prefill_min_queries = 8 (test_prefill) */
 } shape;
 
 static VkCommandBuffer begin_cmd(void) {
@@ -479,6 +481,7 @@ static void make_sides(side *s, const shape *sh) {
     o.disable_features = sh->disable_features;
     o.host_layout = sh->host_layout;
     o.max_splits = 4 + (int32_t)(g_seed % 5); /* several splits even on short caches */
+    o.prefill_min_queries = sh->prefill ? 8 : 0;
     TK_OK(kvc_pool_create(&pc, &s[0].pool));
     pc.runtime.allocator.alloc = count_alloc;
     pc.runtime.allocator.free = count_free;
@@ -3123,6 +3126,71 @@ static void test_tiers_device(int kernels, tk_rng *rng) {
     TK_CHECK(rmdir(td_dir) == 0); /* every file went */
 }
 
+/* Prefill (attn_prefill, kvc_vk_pool_options.prefill_min_queries = 8: calls of at least 8
+   queries a cache on f16 pools): batches of
+   8-150 queries against the scalar CPU path, each call the batch's own queries (causal, by
+   their positions; now and then a window or non-causal), with the variants of
+   compare_attention (sinks, soft-cap, lse, poisoned query rows). FULL, ROTATING (a window
+   shorter than the batch, sinks) and CAUSAL (up to three sequences in one batch, in runs or
+   interleaved: the tiles of queries break where the sequence changes); GQA groups 1-8, head
+   dims 8-128 in steps of 8 (the tensor-core build: multiples of 16), several splits. */
+static void test_prefill(tk_rng *rng) {
+    static const int32_t dims[] = {8, 16, 24, 32, 48, 64, 96, 128};
+    int ep, n_ep = (int)(12 * tk_scale());
+    if (n_ep < 3) n_ep = 3;
+    for (ep = 0; ep < n_ep; ++ep) {
+        shape sh;
+        side s[2];
+        int before = tk_failed, step, i;
+        int32_t next[3] = {0, 0, 0};
+        memset(&sh, 0, sizeof(sh));
+        sh.kind = (kvc_kind)(ep % 3);
+        sh.tk = sh.tv = KVC_TYPE_F16;
+        sh.prefill = 1;
+        sh.layers = 1;
+        sh.kv_heads = tk_int(rng, 1, 3);
+        sh.group = tk_int(rng, 1, 8);
+        sh.hdk = dims[tk_int(rng, 0, 7)];
+        sh.hdv = tk_pct(rng, 50) ? sh.hdk : dims[tk_int(rng, 0, 7)];
+        sh.page_cells = 8 * tk_int(rng, 1, 4);
+        sh.no_subgroup = tk_pct(rng, 30);
+        if (sh.kind == KVC_KIND_ROTATING) { sh.window = tk_int(rng, 10, 120); sh.sinks = tk_int(rng, 0, 3); }
+        make_sides(s, &sh);
+        for (step = 0; step < 3; ++step) {
+            int32_t n, pos[48], seq[48];
+            kvc_result r0, r1;
+            if (sh.kind == KVC_KIND_CAUSAL) { /* up to 48 cells: one batch of 8-42 tokens in up to 3 sequences */
+                int runs = tk_pct(rng, 50), n_seq = tk_int(rng, 1, 3);
+                kvc_batch b;
+                if (step > 0) break;
+                n = tk_int(rng, 8, 42);
+                for (i = 0; i < n; ++i) {
+                    seq[i] = runs ? i * n_seq / n : tk_int(rng, 0, n_seq - 1);
+                    pos[i] = next[seq[i]]++;
+                }
+                memset(&b, 0, sizeof(b));
+                b.n_tokens = n; b.pos = pos; b.seq = seq;
+                r0 = kvc_begin_batch(s[0].cache, &b);
+                r1 = kvc_begin_batch(s[1].cache, &b);
+            } else {
+                n = tk_int(rng, 8, 150);
+                r0 = kvc_begin(s[0].cache, n, NULL, 0);
+                r1 = kvc_begin(s[1].cache, n, NULL, 0);
+            }
+            TK_EQ(r0, r1);
+            if (r0 != KVC_OK) continue;
+            put_both(s, &sh, n, rng);
+            compare_attention(s, &sh, 0, n, NULL, NULL, tk_pct(rng, 25) ? tk_int(rng, 1, 40) : 0,
+                              sh.kind != KVC_KIND_CAUSAL && tk_pct(rng, 15), rng);
+        }
+        if (tk_failed != before)
+            fprintf(stderr, "prefill %d failed: kind %d kv %d group %d dims %d/%d page %d window %d sinks %d%s\n", ep,
+                    (int)sh.kind, sh.kv_heads, sh.group, sh.hdk, sh.hdv, sh.page_cells, sh.window, sh.sinks,
+                    sh.no_subgroup ? " no-subgroup" : "");
+        free_sides(s);
+    }
+}
+
 static kvc_type pick_type(tk_rng *rng) {
     kvc_type t = (kvc_type)tk_int(rng, 0, types_avail - 1);
     const char *force = getenv("KVC_VK_TYPE"); /* e.g. f16: every K and V of that type */
@@ -3173,6 +3241,10 @@ int main(int argc, char **argv) {
         test_tiers_device(atoi(getenv("KVC_VK_TIERS_ONLY")) != 2, &rng);
         parts = 0;
     }
+    if (getenv("KVC_VK_PREFILL_ONLY")) {
+        test_prefill(&rng);
+        parts = 0;
+    }
     if (getenv("KVC_VK_HOST_ONLY")) { /* tests/run.sh under valgrind: the backend's host side
                                          (argument checks, saves and loads through the staging
                                          halves); the kernels' pipelines, whose compiling under
@@ -3189,6 +3261,7 @@ int main(int argc, char **argv) {
         test_rotated_decode(&rng);
         test_decode_splits(&rng);
         test_nonfinite_kv(&rng);
+        test_prefill(&rng);
         test_state_errors();
         test_saveload();
         test_tiers_device(1, &rng);

@@ -1,0 +1,398 @@
+#version 450
+// attn_prefill.comp - attention for many queries of one cache (prefill), f16 keys and values:
+// flash attention over query tiles. attn_split.comp's partials, another schedule: a
+// workgroup takes one kv head, a tile of up to TQ consecutive jobs (queries) of one cache
+// that share its view (kvcache_vk.h's tile records: first job, count), with every query
+// head of the kv head's GQA group, and one chunk of cells (split-K as attn_split; the
+// merge is attn_merge, unchanged). Its rows are (query, head) pairs, row R = query R / G,
+// head R % G, 16 rows per subgroup of 32 invocations (RB of them: TQ = 16 RB / G), and it
+// walks its chunk in tiles of TC cells, K and V read once per tile for all its rows:
+//   cells    one invocation per cell: where it is (page table) and its position; then per
+//            (query, cell) the mask rules of attn_common.glsl's cell_visible, as bit words
+//            (a tile no query sees is skipped; V rows no query sees are zeros);
+//   stage    the tile's K and V rows into shared memory, 16 bytes per load;
+//   scores   S = Q K^T for each subgroup's 16 rows (the cooperative-matrix build, USE_CM:
+//            16 x 16 x 16 f16 products into f32 on the tensor cores, the queries split into
+//            hi + lo * 2^-12 halves as attn_split_cm.comp does, each row scaled by its own
+//            power of two into (-1, 1); the plain build: f32 dot products);
+//   softmax  two invocations per row, each every second cell: running max, weights
+//            p = exp2(s - m), rescale factors (attn_split_cm.comp's rules, non-finite scores
+//            +inf);
+//   values   O += P V (USE_CM: P split hi / lo the same way, O in accumulators rescaled by a
+//            matrix of factors; plain: each invocation holds half of its row's values).
+// Written out as attn_split.comp does: (max, sum, unnormalised output) per query head.
+#extension GL_EXT_control_flow_attributes : require
+#if USE_CM
+#extension GL_NV_cooperative_matrix : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_ballot : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
+#extension GL_KHR_memory_scope_semantics : require
+#endif
+#include "kvc_shared.glsl"
+layout(constant_id = PREFILL_HDK) const uint HDK = 128u;  // multiples of 8 (USE_CM: 16), at most 128
+layout(constant_id = PREFILL_HDV) const uint HDV = 128u;
+layout(constant_id = PREFILL_G) const uint G = 4u;        // query heads per kv head, at most 16 RB
+layout(constant_id = PREFILL_KV_HEADS) const uint KV_HEADS = 8u;
+layout(constant_id = PREFILL_PAGE_CELLS) const uint PAGE_CELLS = 256u;
+// The tile shape is fixed at compile time (kvcache_vk.h's KVC_VK__PREFILL_TC / _RB hold the
+// same numbers): the shared arrays are sized by constants, for head dims up to 128 and any
+// group (lavapipe gave arrays sized by specialization constants 8 bytes of shared memory)
+#ifndef PF_TC
+#define PF_TC 32
+#endif
+#ifndef PF_RB
+#define PF_RB 4
+#endif
+#ifndef PF_NOLO
+#define PF_NOLO 0 // (timing only: 1 drops the lo halves' products, at f16 accuracy)
+#endif
+const uint TC = PF_TC;                                    // cells per tile: 16, 32 or 64
+const uint RB = PF_RB;                                    // blocks of 16 rows (subgroups)
+layout(local_size_x = 32 * PF_RB) in;
+
+layout(set = 0, binding = 0) readonly buffer KB { uvec4 kb[]; };
+layout(set = 0, binding = 1) readonly buffer VB { uvec4 vb[]; };
+layout(set = 0, binding = 2) readonly buffer MB { uint meta[]; };
+layout(set = 0, binding = 3) readonly buffer QB { float qb[]; };
+layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
+
+layout(push_constant) uniform PC {
+    uint job_off;
+    uint tile_off;    // meta word of the tile records (first job, jobs), two words a tile
+    uint chunk;       // cells per split (a multiple of TC)
+    uint n_splits;
+    uint k_row_bytes;
+    uint v_row_bytes;
+    float scale_log2;
+    float softcap2;   // logit soft-capping in base 2 (softcap * log2(e)); 0: off
+} pc;
+
+#include "attn_common.glsl"
+
+const uint NT = 32u * RB;                         // invocations
+const uint ROWS = 16u * RB;                       // rows (query, head) of the workgroup
+const uint TQ = ROWS / G;                         // queries of a tile at most (ROWS for the arrays)
+const uint WQ = (TC + 31u) / 32u;                 // mask words per query
+const uint CK = HDK / 8u, CV = HDV / 8u;          // 16-byte pieces of a head row
+const uint SK = CK + 1u, SV = CV + 1u;            // shared row strides (+16 bytes: no bank conflicts)
+const uint SMAX = 17u;                            // ... at head dim 128
+const uint KV_WORDS = TC * 2u * SMAX;             // the tile's K rows, then its V rows (at TC SK)
+#if USE_CM
+const uint Q_WORDS = ROWS * SMAX;                 // the queries' halves, staged
+#else
+const uint Q_WORDS = 0u;
+#endif
+const uint PW = TC / 2u;                          // cells of a row per invocation in the softmax
+const float NEG_INF = -1.0 / 0.0;
+const float HI = 2048.0, INV_HI = 1.0 / 2048.0, LO = 4096.0, INV_LO = 1.0 / 4096.0;
+
+shared uvec4 kv[KV_WORDS > Q_WORDS ? KV_WORDS : Q_WORDS];
+shared float ss[ROWS * TC];                       // S, row-major (row, cell); the plain build: then P
+shared uint cgid[TC];                             // the tile's cells: where
+shared int ckey[TC];                              //   their positions
+shared uint cok[TC];                              //   nonzero: in the chunk and of the tile's sequence
+shared uint vis[ROWS * WQ];                         // (query, cell) visible: bit c % 32 of word q WQ + c / 32
+shared int jpos[ROWS], jwin[ROWS];                // the tile's queries: positions, windows
+shared uint jnc[ROWS];                              //   non-causal
+#if USE_CM
+#define MATA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define MATC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+shared float16_t ph[ROWS * TC], pl[ROWS * TC];   // P = hi + lo * 2^-12, row-major (row, cell)
+shared float am[RB * 256u];                       // rescale factors: a 16 x 16 matrix a subgroup, row r all alpha_r
+void sync_sg() {
+    controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
+}
+#else
+shared float red[NT];                             // the row partner's max / sum
+#endif
+
+// The vi-th cell of the view (J: the tile's first job): where it is, its position, and
+// whether it is of the query's sequence (CAUSAL; every query of a tile has the same one).
+// The per-query rules are query_sees's: together cell_visible's.
+bool cell_where(Job J, uint vi, out uint gid, out int key) {
+    if (J.kind == 0u) {
+        uint n0 = J.e0 - J.b0, t = vi < n0 ? J.b0 + vi : J.b1 + (vi - n0), lp = t / PAGE_CELLS;
+        uint idx = lp < J.nsink ? lp : J.nsink + (lp - J.lp_base);
+        gid = meta[J.pt_off + idx] * PAGE_CELLS + t % PAGE_CELLS;
+        key = int(t);
+        return true;
+    }
+    uint cell = J.b1 + vi;
+    gid = meta[J.pt_off + cell / PAGE_CELLS] * PAGE_CELLS + cell % PAGE_CELLS;
+    key = int(meta[J.cpos_off + cell]);
+    return ((meta[J.cseq_off + cell * J.words + (J.qseq >> 5)] >> (J.qseq & 31u)) & 1u) != 0u;
+}
+bool query_sees(Job J, int key, int qpos, uint nc, int win) {
+    if (J.kind == 0u) {
+        if (J.recent > 0 && key >= J.sinks && key < qpos - J.recent + 1) return false;
+    } else {
+        if (J.cwin > 0 && key <= qpos - J.cwin) return false;
+        if (J.chunk > 0 && key / J.chunk != qpos / J.chunk) return false;
+    }
+    if (nc == 0u && key > qpos) return false;
+    if (win > 0 && key <= qpos - win) return false;
+    return true;
+}
+bool sees(Job J, uint q, uint c) {
+    return c < TC && cok[c] != 0u && query_sees(J, ckey[c], jpos[q], jnc[q], jwin[q]);
+}
+
+// x (|x| <= 1) as hi + lo * 2^-12 with hi a multiple of 2^-11: both exact in f16 but lo's last bits
+vec2 split(float x) {
+    float hi = floor(x * HI + 0.5) * INV_HI;
+    return vec2(hi, (x - hi) * LO);
+}
+
+float half_at(uvec4 w, uint i) { // value i (0..7) of 8 halves
+    vec2 v = unpackHalf2x16(w[i / 2u]);
+    return (i & 1u) != 0u ? v.y : v.x;
+}
+
+void main() {
+    uint kvh = gl_WorkGroupID.x, split_id = gl_WorkGroupID.y, tile = gl_WorkGroupID.z;
+    uint tid = gl_LocalInvocationID.x, R = tid / 2u, h = tid & 1u;
+    uint j0 = meta[pc.tile_off + 2u * tile], nq = meta[pc.tile_off + 2u * tile + 1u];
+    Job J = load_job(pc.job_off, j0);
+    uint c0 = split_id * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
+    for (uint q = tid; q < TQ; q += NT) {
+        uint b = pc.job_off + (j0 + q) * JOB_STRIDE;
+        jpos[q] = q < nq ? int(meta[b + JOB_QPOS]) : 0;
+        jwin[q] = q < nq ? int(meta[b + JOB_WIN]) : 0;
+        jnc[q] = q < nq ? meta[b + JOB_NC] : 0u;
+    }
+    // this invocation's row: query rq of the tile, head rg
+    uint rq = R / G, rg = R % G;
+    bool row_ok = rq < nq;
+    uint q0 = row_ok ? meta[pc.job_off + (j0 + rq) * JOB_STRIDE + JOB_Q_OFF] + (kvh * G + rg) * HDK : 0u;
+    float rscale = pc.scale_log2;                  // S to base-2 scores
+
+#if USE_CM
+    uint sg = tid / 32u, lane = tid % 32u;
+    // Q: each row scaled to base 2 and by a power of two into (-1, 1) (its own: a row holding a
+    // NaN or an infinity must not change the other rows' bits), split hi / lo, staged through
+    // kv one half at a time (the subgroup's 16 rows at sg * 16 SK), kept as fragments
+    uint qm = 0u;
+    for (uint d = h; d < HDK; d += 2u) {
+        uint a = floatBitsToUint(abs(row_ok ? qb[q0 + d] * pc.scale_log2 : 0.0));
+        if (a < 0x7f800000u) qm = max(qm, a);
+    }
+    qm = max(qm, subgroupShuffleXor(qm, 1u));
+    int qe = 0;
+    float qmax = uintBitsToFloat(qm);
+    if (qmax > 0.0) frexp(qmax, qe);
+    rscale = ldexp(1.0, qe);
+    MATA qh[HDK / 16u], ql[HDK / 16u];
+    [[unroll]] for (uint part_lo = 0u; part_lo < 2u; ++part_lo) {
+        for (uint p2 = h; p2 < HDK / 2u; p2 += 2u) {
+            uint d = 2u * p2;
+            vec2 x = row_ok ? vec2(qb[q0 + d], qb[q0 + d + 1u]) * pc.scale_log2 : vec2(0.0);
+            x = ldexp(x, ivec2(-qe));
+            vec2 a = split(x.x), b = split(x.y);
+            kv[R * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(part_lo == 0u ? vec2(a.x, b.x) : vec2(a.y, b.y));
+        }
+        sync_sg();
+        [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) {
+            if (part_lo == 0u) coopMatLoadNV(qh[k], kv, sg * 16u * SK + 2u * k, SK, false);
+            else coopMatLoadNV(ql[k], kv, sg * 16u * SK + 2u * k, SK, false);
+        }
+        sync_sg();
+    }
+    MATC o[HDV / 16u];
+    [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
+#else
+    float o[64];                                   // values d = h, h + 2, ... of row R (HDV <= 128)
+    [[unroll]] for (uint j = 0u; j < (HDV + 1u) / 2u; ++j) o[j] = 0.0;
+#endif
+    float m = NEG_INF, l = 0.0;
+
+    for (uint base = c0; base < c1; base += TC) {
+        barrier(); // the last tile's cells, masks, K and V are read
+        if (tid < TC) {
+            uint vi = base + tid, g = 0u;
+            int key = 0;
+            bool ok = vi < c1 && cell_where(J, vi, g, key);
+            cgid[tid] = ok ? g : 0u; // (a cell no query sees: cell 0 of page 0, in bounds)
+            ckey[tid] = key;
+            cok[tid] = ok ? 1u : 0u;
+        }
+        barrier();
+#if USE_CM
+        for (uint w = sg; w < TQ * WQ; w += RB) {
+            uint q = w / WQ, c = (w % WQ) * 32u + lane;
+            uint bits = subgroupBallot(q < nq && sees(J, q, c)).x;
+            if (lane == 0u) vis[w] = bits;
+        }
+#else
+        for (uint w = tid; w < TQ * WQ; w += NT) {
+            uint q = w / WQ, bits = 0u;
+            for (uint b = 0u; b < 32u; ++b)
+                if (q < nq && sees(J, q, (w % WQ) * 32u + b)) bits |= 1u << b;
+            vis[w] = bits;
+        }
+#endif
+        barrier();
+        // the cells some query sees; none: the tile is skipped (the same answer everywhere)
+        uint seen[WQ];
+        bool any = false;
+        [[unroll]] for (uint w = 0u; w < WQ; ++w) {
+            seen[w] = 0u;
+            for (uint q = 0u; q < TQ; ++q) seen[w] |= vis[q * WQ + w];
+            any = any || seen[w] != 0u;
+        }
+        if (!any) continue;
+        // stage K and V (V rows no query sees: zeros, their bytes may be anything)
+        for (uint i = tid; i < TC * CK; i += NT) {
+            uint c = i / CK;
+            kv[c * SK + i % CK] = kb[(cgid[c] * pc.k_row_bytes + kvh * (HDK * 2u)) / 16u + i % CK];
+        }
+        for (uint i = tid; i < TC * CV; i += NT) {
+            uint c = i / CV;
+            bool hid = (seen[c / 32u] & (1u << (c % 32u))) == 0u;
+            kv[TC * SK + c * SV + i % CV] = hid ? uvec4(0u) : vb[(cgid[c] * pc.v_row_bytes + kvh * (HDV * 2u)) / 16u + i % CV];
+        }
+        barrier();
+
+        // scores of this invocation's subgroup's rows into ss (row-major, stride TC)
+#if USE_CM
+        [[unroll]] for (uint n = 0u; n < TC / 16u; ++n) {
+            MATC sh = MATC(0.0), sl = MATC(0.0);
+            [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) {
+                MATA kt; // K^T (d x cell): the staged rows read column-major
+                coopMatLoadNV(kt, kv, n * 16u * SK + 2u * k, SK, true);
+                sh = coopMatMulAddNV(qh[k], kt, sh);
+#if !PF_NOLO
+                sl = coopMatMulAddNV(ql[k], kt, sl);
+#endif
+            }
+            for (int i = 0; i < sh.length(); ++i) sh[i] += sl[i] * INV_LO;
+            coopMatStoreNV(sh, ss, sg * 16u * TC + n * 16u, TC, false);
+        }
+        sync_sg();
+#else
+        for (uint i = tid; i < ROWS * TC; i += NT) {
+            uint r = i / TC, c = i % TC, qr = r / G;
+            float s = 0.0;
+            if (qr < nq) {
+                uint qa = meta[pc.job_off + (j0 + qr) * JOB_STRIDE + JOB_Q_OFF] + (kvh * G + r % G) * HDK;
+                for (uint p = 0u; p < CK; ++p) {
+                    uvec4 kw = kv[c * SK + p];
+                    [[unroll]] for (uint e = 0u; e < 8u; ++e) s += qb[qa + 8u * p + e] * half_at(kw, e);
+                }
+            }
+            ss[i] = s;
+        }
+        barrier();
+#endif
+
+        // softmax: this invocation takes cells h, h + 2, ... of row R
+        float x[PW];
+        float mb = NEG_INF;
+        [[unroll]] for (uint i = 0u; i < PW; ++i) {
+            uint c = 2u * i + h;
+            bool v = row_ok && (vis[rq * WQ + c / 32u] & (1u << (c % 32u))) != 0u;
+            float sc = ss[R * TC + c] * rscale; // soft-capped in base 2; +inf if not finite
+            x[i] = v ? (pc.softcap2 > 0.0 ? score_capped(sc, pc.softcap2) : score_finite(sc)) : NEG_INF;
+            mb = max(mb, x[i]);
+        }
+#if USE_CM
+        mb = max(mb, subgroupShuffleXor(mb, 1u));
+#else
+        red[tid] = mb;
+        barrier();
+        mb = max(mb, red[tid ^ 1u]);
+#endif
+        float mn = max(m, mb);
+        float alpha = mn == NEG_INF ? 1.0 : exp2(m - mn);
+        m = mn;
+        l *= alpha;
+#if USE_CM
+        sync_sg(); // ss is read
+        [[unroll]] for (uint i = 0u; i < PW; ++i) {
+            uint c = 2u * i + h;
+            float p = x[i] == NEG_INF ? 0.0 : exp2(x[i] - mn);
+            l += p;
+            vec2 s2 = split(p);
+            ph[R * TC + c] = float16_t(s2.x);
+            pl[R * TC + c] = float16_t(s2.y);
+        }
+        uint r16 = R % 16u;
+        [[unroll]] for (uint i = 0u; i < 8u; ++i) am[sg * 256u + r16 * 16u + 8u * h + i] = alpha;
+        bool grew = subgroupAny(alpha != 1.0);
+        sync_sg();
+        if (grew) {
+            MATC a;
+            coopMatLoadNV(a, am, sg * 256u, 16u, false);
+            [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
+                for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
+        }
+        [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
+            MATC lo = MATC(0.0);
+            [[unroll]] for (uint j = 0u; j < TC / 16u; ++j) {
+                MATA pa, pb, vt;
+                coopMatLoadNV(pa, ph, sg * 16u * TC + 16u * j, TC, false);
+                coopMatLoadNV(pb, pl, sg * 16u * TC + 16u * j, TC, false);
+                coopMatLoadNV(vt, kv, TC * SK + 16u * j * SV + 2u * t, SV, false); // V (cell x d)
+                o[t] = coopMatMulAddNV(pa, vt, o[t]);
+#if !PF_NOLO
+                lo = coopMatMulAddNV(pb, vt, lo);
+#endif
+            }
+            for (int i = 0; i < o[t].length(); ++i) o[t][i] += lo[i] * INV_LO;
+        }
+#else
+        barrier(); // ss and red are read
+        [[unroll]] for (uint i = 0u; i < PW; ++i) {
+            uint c = 2u * i + h;
+            float p = x[i] == NEG_INF ? 0.0 : exp2(x[i] - mn);
+            l += p;
+            ss[R * TC + c] = p;
+        }
+        barrier();
+        [[unroll]] for (uint j = 0u; j < (HDV + 1u) / 2u; ++j) {
+            uint d = 2u * j + h;
+            if (d >= HDV) break;
+            float acc = o[j] * alpha;
+            for (uint c = 0u; c < TC; ++c) acc += ss[R * TC + c] * half_at(kv[TC * SK + c * SV + d / 8u], d % 8u);
+            o[j] = acc;
+        }
+#endif
+    }
+
+    // out: (max, sum, values) of the row's query head, as attn_split.comp
+#if USE_CM
+    float lt = l + subgroupShuffleXor(l, 1u);
+#else
+    barrier();
+    red[tid] = l;
+    barrier();
+    float lt = l + red[tid ^ 1u];
+#endif
+    uint stride = HDV + 2u;
+    uint at0 = (((j0 + rq) * KV_HEADS * G + kvh * G + rg) * pc.n_splits + split_id) * stride;
+    if (row_ok && h == 0u) {
+        part[at0] = m;
+        part[at0 + 1u] = lt;
+    }
+#if USE_CM
+    [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) { // through the subgroup's rows of ss
+        sync_sg();
+        coopMatStoreNV(o[t], ss, sg * 16u * TC, TC, false);
+        sync_sg();
+        for (uint i = lane; i < 256u; i += 32u) {
+            uint r = sg * 16u + i / 16u, c = i % 16u, qr = r / G;
+            if (qr < nq)
+                part[(((j0 + qr) * KV_HEADS * G + kvh * G + r % G) * pc.n_splits + split_id) * stride + 2u + 16u * t + c] =
+                    ss[sg * 16u * TC + (i / 16u) * TC + c];
+        }
+    }
+#else
+    if (row_ok)
+        [[unroll]] for (uint j = 0u; j < (HDV + 1u) / 2u; ++j) {
+            uint d = 2u * j + h;
+            if (d < HDV) part[at0 + 2u + d] = o[j];
+        }
+#endif
+}
