@@ -256,11 +256,12 @@ static void saveload_row(kvc_pool *hp, kvc_cache *c, double *save_gbs, double *l
     free(m.data);
 }
 
-/* Prefill: 512 causal queries (the cache's last 512 positions) over 4096 cells of f16, one
-   call (issue 37's prefill row; bench_vk_sdpa.py times SDPA's flash kernel on the same shape).
+/* Prefill: NQ causal queries (the cache's last NQ positions; 512 unless --prefill-queries says
+   otherwise) over 4096 cells of f16, one call (issue 37's prefill row; bench_vk_sdpa.py times
+   SDPA's flash kernel on the 512-query shape).
    The output is not checked against f64 here (test_vk checks prefill-sized calls' values). */
-static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_buf, int reps) {
-    enum { NQ = 512, CELLS = 4096 };
+static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_buf, int reps, int NQ) {
+    enum { CELLS = 4096 };
     kvc_pool_config pc;
     kvc_cache_config cc;
     kvc_vk_pool_options po;
@@ -321,6 +322,8 @@ int main(int argc, char **argv) {
     int quick = 0, sized = 0; /* --quick; --cells, --batch or --reps given */
     int saveload = 0, n_sl = 0; /* --saveload: save and load throughput, batch-1 rows */
     int no_prefill = 0;         /* --no-prefill: no prefill row */
+    int32_t pq_list[8] = {512}; /* --prefill-queries: the prefill rows' queries */
+    int n_pq = 1, pi;
     static char sl_rows[64][160];
     /* every pool and its caches stay until the end, and the copy kernel's buffers too. (This
        was against f16 batch 8 rows measured 2.3x / 2.6x slower in runs that freed them; the
@@ -353,6 +356,7 @@ int main(int argc, char **argv) {
                    "  --hd N         head dim of K and V: 64, 128 or 256 (default 128)\n"
                    "  --no-copy      skip the copy kernel's bandwidth (the yardstick)\n"
                    "  --no-prefill   skip the prefill row (512 causal queries over 4096 cells, f16)\n"
+                   "  --prefill-queries LIST  queries of the prefill rows (default 512; at most 4096)\n"
                    "  --saveload     also time kvc_cache_save / _load of each batch-1 row's cache\n"
                    "  --quick        4096 cells, batch 1, 2 reps, a 64 MiB copy\n"
                    "A CPU device (lavapipe) gets the --quick shape unless --cells, --batch or --reps is given.\n"
@@ -369,6 +373,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--hd") && ai + 1 < argc) g_hd = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--no-copy")) no_copy = 1;
         else if (!strcmp(argv[ai], "--no-prefill")) no_prefill = 1;
+        else if (!strcmp(argv[ai], "--prefill-queries") && ai + 1 < argc) n_pq = parse_list(argv[++ai], pq_list, 8);
         else if (!strcmp(argv[ai], "--saveload")) saveload = 1;
         else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--no-prefill] [--saveload] [--quick] [--help]\n"); return 2; }
     }
@@ -531,7 +536,8 @@ int main(int argc, char **argv) {
                     CHECK(kvc_vk_pool_destroy(vp));
                 }
             }
-    if (!quick && !no_prefill) prefill_row(&kin_buf, &vin_buf, reps < 10 ? reps : 10);
+    for (pi = 0; !quick && !no_prefill && pi < n_pq; ++pi)
+        if (pq_list[pi] >= 1 && pq_list[pi] <= 4096) prefill_row(&kin_buf, &vin_buf, reps < 10 ? reps : 10, pq_list[pi]);
     if (n_sl > 0) {
         printf("\nsave / load of one cache (kvc_cache_save to host memory, kvc_cache_load back to the device; wall time, medians of 5)\n\n");
         printf("| storage | cells | file MB | save GB/s | load GB/s | save vs copy kernel | load vs copy kernel |\n|---|---|---|---|---|---|---|\n");

@@ -89,18 +89,25 @@ const uint PW = TC / 2u;                          // cells of a row per invocati
 const float NEG_INF = -1.0 / 0.0;
 const float HI = 2048.0, INV_HI = 1.0 / 2048.0, LO = 4096.0, INV_LO = 1.0 / 4096.0;
 
+const uint SST = TC + 4u;                         // ss row stride (+16 bytes: 2-way bank conflicts, not 16)
+const uint PST = TC + 8u;                         // ph / pl row stride (the same)
+const uint PK = (TC * 16u + NT - 1u) / NT;        // K (V) pieces a thread stages at most (head dims <= 128)
+
 shared uvec4 kv[KV_WORDS > Q_WORDS ? KV_WORDS : Q_WORDS];
-shared float ss[ROWS * TC];                       // S, row-major (row, cell); the plain build: then P
-shared uint cgid[TC];                             // the tile's cells: where
-shared int ckey[TC];                              //   their positions
-shared uint cok[TC];                              //   nonzero: in the chunk and of the tile's sequence
-shared uint vis[ROWS * WQ];                         // (query, cell) visible: bit c % 32 of word q WQ + c / 32
+shared float ss[ROWS * SST];                      // S, row-major (row, cell); the plain build: then P
+// Two tiles in flight: tile t's cells and masks are made while tile t - 1 is multiplied
+// (buffer t % 2), its K and V rows are loaded into registers then and staged at tile t.
+shared uint cgid[2 * TC];                         // the tile's cells: where
+shared int ckey[2 * TC];                          //   their positions
+shared uint cok[2 * TC];                          //   nonzero: in the chunk and of the tile's sequence
+shared uint vis[2 * ROWS * WQ];                   // (query, cell) visible: bit c % 32 of word q WQ + c / 32
+shared uint sseen[2 * WQ];                        // the cells some query sees (the OR of the tile's vis words)
 shared int jpos[ROWS], jwin[ROWS];                // the tile's queries: positions, windows
-shared uint jnc[ROWS];                              //   non-causal
+shared uint jnc[ROWS];                            //   non-causal
 #if USE_CM
 #define MATA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define MATC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-shared float16_t ph[ROWS * TC], pl[ROWS * TC];   // P = hi + lo * 2^-12, row-major (row, cell)
+shared float16_t ph[ROWS * PST], pl[ROWS * PST]; // P = hi + lo * 2^-12, row-major (row, cell)
 shared float am[RB * 256u];                       // rescale factors: a 16 x 16 matrix a subgroup, row r all alpha_r
 void sync_sg() {
     controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
@@ -109,21 +116,32 @@ void sync_sg() {
 shared float red[NT];                             // the row partner's max / sum
 #endif
 
-// The vi-th cell of the view (J: the tile's first job): where it is, its position, and
-// whether it is of the query's sequence (CAUSAL; every query of a tile has the same one).
-// The per-query rules are query_sees's: together cell_visible's.
-bool cell_where(Job J, uint vi, out uint gid, out int key) {
+// The vi-th cell of the view (J: the tile's first job) in two steps, so that its loads are
+// not waited for where they are issued: cell_raw reads its words (kind 0: the page-table
+// entry; kind 1: the page-table entry, the sequence word, the position), cell_where makes
+// them where the cell is, its position, and whether it is of the query's sequence (CAUSAL;
+// every query of a tile has the same one). The per-query rules are query_sees's: together
+// cell_visible's.
+uvec3 cell_raw(Job J, uint vi) {
     if (J.kind == 0u) {
         uint n0 = J.e0 - J.b0, t = vi < n0 ? J.b0 + vi : J.b1 + (vi - n0), lp = t / PAGE_CELLS;
         uint idx = lp < J.nsink ? lp : J.nsink + (lp - J.lp_base);
-        gid = meta[J.pt_off + idx] * PAGE_CELLS + t % PAGE_CELLS;
+        return uvec3(meta[J.pt_off + idx], 0u, 0u);
+    }
+    uint cell = J.b1 + vi;
+    return uvec3(meta[J.pt_off + cell / PAGE_CELLS], meta[J.cseq_off + cell * J.words + (J.qseq >> 5)],
+                 meta[J.cpos_off + cell]);
+}
+bool cell_where(Job J, uint vi, uvec3 raw, out uint gid, out int key) {
+    if (J.kind == 0u) {
+        uint n0 = J.e0 - J.b0, t = vi < n0 ? J.b0 + vi : J.b1 + (vi - n0);
+        gid = raw.x * PAGE_CELLS + t % PAGE_CELLS;
         key = int(t);
         return true;
     }
-    uint cell = J.b1 + vi;
-    gid = meta[J.pt_off + cell / PAGE_CELLS] * PAGE_CELLS + cell % PAGE_CELLS;
-    key = int(meta[J.cpos_off + cell]);
-    return ((meta[J.cseq_off + cell * J.words + (J.qseq >> 5)] >> (J.qseq & 31u)) & 1u) != 0u;
+    gid = raw.x * PAGE_CELLS + (J.b1 + vi) % PAGE_CELLS;
+    key = int(raw.z);
+    return ((raw.y >> (J.qseq & 31u)) & 1u) != 0u;
 }
 bool query_sees(Job J, int key, int qpos, uint nc, int win) {
     if (J.kind == 0u) {
@@ -136,8 +154,8 @@ bool query_sees(Job J, int key, int qpos, uint nc, int win) {
     if (win > 0 && key <= qpos - win) return false;
     return true;
 }
-bool sees(Job J, uint q, uint c) {
-    return c < TC && cok[c] != 0u && query_sees(J, ckey[c], jpos[q], jnc[q], jwin[q]);
+bool sees(Job J, uint b, uint q, uint c) { // b: the tile's buffer
+    return c < TC && cok[b * TC + c] != 0u && query_sees(J, ckey[b * TC + c], jpos[q], jnc[q], jwin[q]);
 }
 
 // x (|x| <= 1) as hi + lo * 2^-12 with hi a multiple of 2^-11: both exact in f16 but lo's last bits
@@ -149,6 +167,42 @@ vec2 split(float x) {
 float half_at(uvec4 w, uint i) { // value i (0..7) of 8 halves
     vec2 v = unpackHalf2x16(w[i / 2u]);
     return (i & 1u) != 0u ? v.y : v.x;
+}
+
+// Tile `base`'s cells from their raw words (threads tid < TC), into buffer b; its seen word zeroed
+void stage_cells(Job J, uint b, uint base, uint c1, uint tid, uvec3 raw) {
+    if (tid < TC) {
+        uint vi = base + tid, g = 0u;
+        int key = 0;
+        bool ok = vi < c1 && cell_where(J, vi, raw, g, key);
+        cgid[b * TC + tid] = ok ? g : 0u; // (a cell no query sees: cell 0 of page 0, in bounds)
+        ckey[b * TC + tid] = key;
+        cok[b * TC + tid] = ok ? 1u : 0u;
+    }
+    if (tid < WQ) sseen[b * WQ + tid] = 0u;
+}
+
+// Tile b's masks: vis words per (query, 32 cells), and their OR into sseen
+void make_masks(Job J, uint b, uint nq, uint tid) {
+#if USE_CM
+    uint sg = tid / 32u, lane = tid % 32u;
+    for (uint w = sg; w < TQ * WQ; w += RB) {
+        uint q = w / WQ, c = (w % WQ) * 32u + lane;
+        uint bits = subgroupBallot(q < nq && sees(J, b, q, c)).x;
+        if (lane == 0u) {
+            vis[b * ROWS * WQ + w] = bits;
+            if (bits != 0u) atomicOr(sseen[b * WQ + w % WQ], bits);
+        }
+    }
+#else
+    for (uint w = tid; w < TQ * WQ; w += NT) {
+        uint q = w / WQ, bits = 0u;
+        for (uint k = 0u; k < 32u; ++k)
+            if (q < nq && sees(J, b, q, (w % WQ) * 32u + k)) bits |= 1u << k;
+        vis[b * ROWS * WQ + w] = bits;
+        if (bits != 0u) atomicOr(sseen[b * WQ + w % WQ], bits);
+    }
+#endif
 }
 
 void main() {
@@ -163,6 +217,10 @@ void main() {
         jwin[q] = q < nq ? int(meta[b + JOB_WIN]) : 0;
         jnc[q] = q < nq ? meta[b + JOB_NC] : 0u;
     }
+    // the first tile's cells; the second's raw words
+    uvec3 raw = tid < TC && c0 + tid < c1 ? cell_raw(J, c0 + tid) : uvec3(0u);
+    stage_cells(J, 0u, c0, c1, tid, raw);
+    raw = tid < TC && c0 + TC + tid < c1 ? cell_raw(J, c0 + TC + tid) : uvec3(0u);
     // this invocation's row: query rq of the tile, head rg
     uint rq = R / G, rg = R % G;
     bool row_ok = rq < nq;
@@ -208,54 +266,56 @@ void main() {
 #endif
     float m = NEG_INF, l = 0.0;
 
-    for (uint base = c0; base < c1; base += TC) {
-        barrier(); // the last tile's cells, masks, K and V are read
-        if (tid < TC) {
-            uint vi = base + tid, g = 0u;
-            int key = 0;
-            bool ok = vi < c1 && cell_where(J, vi, g, key);
-            cgid[tid] = ok ? g : 0u; // (a cell no query sees: cell 0 of page 0, in bounds)
-            ckey[tid] = key;
-            cok[tid] = ok ? 1u : 0u;
-        }
-        barrier();
-#if USE_CM
-        for (uint w = sg; w < TQ * WQ; w += RB) {
-            uint q = w / WQ, c = (w % WQ) * 32u + lane;
-            uint bits = subgroupBallot(q < nq && sees(J, q, c)).x;
-            if (lane == 0u) vis[w] = bits;
-        }
-#else
-        for (uint w = tid; w < TQ * WQ; w += NT) {
-            uint q = w / WQ, bits = 0u;
-            for (uint b = 0u; b < 32u; ++b)
-                if (q < nq && sees(J, q, (w % WQ) * 32u + b)) bits |= 1u << b;
-            vis[w] = bits;
-        }
-#endif
-        barrier();
+    // the first tile's masks and K / V rows (into registers)
+    barrier();
+    make_masks(J, 0u, nq, tid);
+    uvec4 kr[PK], vr[PK];
+    [[unroll]] for (uint k = 0u; k < PK; ++k) {
+        uint i = tid + k * NT;
+        if (i < TC * CK) kr[k] = kb[(cgid[i / CK] * pc.k_row_bytes + kvh * (HDK * 2u)) / 16u + i % CK];
+        if (i < TC * CV) vr[k] = vb[(cgid[i / CV] * pc.v_row_bytes + kvh * (HDV * 2u)) / 16u + i % CV];
+    }
+
+    uint cur = 0u;                                 // the buffer of tile `base`
+    for (uint base = c0; base < c1; base += TC, cur ^= 1u) {
+        uint nb = cur ^ 1u;
+        bool more = base + TC < c1;
+        barrier(); // tile base's masks are made; the last tile's K, V, S are read
         // the cells some query sees; none: the tile is skipped (the same answer everywhere)
         uint seen[WQ];
         bool any = false;
         [[unroll]] for (uint w = 0u; w < WQ; ++w) {
-            seen[w] = 0u;
-            for (uint q = 0u; q < TQ; ++q) seen[w] |= vis[q * WQ + w];
+            seen[w] = sseen[cur * WQ + w];
             any = any || seen[w] != 0u;
         }
-        if (!any) continue;
-        // stage K and V (V rows no query sees: zeros, their bytes may be anything)
-        for (uint i = tid; i < TC * CK; i += NT) {
-            uint c = i / CK;
-            kv[c * SK + i % CK] = kb[(cgid[c] * pc.k_row_bytes + kvh * (HDK * 2u)) / 16u + i % CK];
+        // stage K and V from the registers (V rows no query sees: zeros, their bytes may be anything)
+        [[unroll]] for (uint k = 0u; k < PK; ++k) {
+            uint i = tid + k * NT;
+            if (i < TC * CK) kv[(i / CK) * SK + i % CK] = kr[k];
+            if (i < TC * CV) {
+                uint c = i / CV;
+                bool hid = (seen[c / 32u] & (1u << (c % 32u))) == 0u;
+                kv[TC * SK + c * SV + i % CV] = hid ? uvec4(0u) : vr[k];
+            }
         }
-        for (uint i = tid; i < TC * CV; i += NT) {
-            uint c = i / CV;
-            bool hid = (seen[c / 32u] & (1u << (c % 32u))) == 0u;
-            kv[TC * SK + c * SV + i % CV] = hid ? uvec4(0u) : vb[(cgid[c] * pc.v_row_bytes + kvh * (HDV * 2u)) / 16u + i % CV];
+        // the next tile's cells; the raw words of the one after
+        if (more) {
+            stage_cells(J, nb, base + TC, c1, tid, raw);
+            raw = tid < TC && base + 2u * TC + tid < c1 ? cell_raw(J, base + 2u * TC + tid) : uvec3(0u);
         }
         barrier();
+        // the next tile's K / V loads go out, then its masks are made, while this one is multiplied
+        if (more) {
+            [[unroll]] for (uint k = 0u; k < PK; ++k) {
+                uint i = tid + k * NT;
+                if (i < TC * CK) kr[k] = kb[(cgid[nb * TC + i / CK] * pc.k_row_bytes + kvh * (HDK * 2u)) / 16u + i % CK];
+                if (i < TC * CV) vr[k] = vb[(cgid[nb * TC + i / CV] * pc.v_row_bytes + kvh * (HDV * 2u)) / 16u + i % CV];
+            }
+            make_masks(J, nb, nq, tid);
+        }
+        if (!any) continue;
 
-        // scores of this invocation's subgroup's rows into ss (row-major, stride TC)
+        // scores of this invocation's subgroup's rows into ss (row-major, stride SST)
 #if USE_CM
         [[unroll]] for (uint n = 0u; n < TC / 16u; ++n) {
             MATC sh = MATC(0.0), sl = MATC(0.0);
@@ -267,8 +327,8 @@ void main() {
                 sl = coopMatMulAddNV(ql[k], kt, sl);
 #endif
             }
-            for (int i = 0; i < sh.length(); ++i) sh[i] += sl[i] * INV_LO;
-            coopMatStoreNV(sh, ss, sg * 16u * TC + n * 16u, TC, false);
+            sh = sh + sl * INV_LO;
+            coopMatStoreNV(sh, ss, sg * 16u * SST + n * 16u, SST, false);
         }
         sync_sg();
 #else
@@ -282,7 +342,7 @@ void main() {
                     [[unroll]] for (uint e = 0u; e < 8u; ++e) s += qb[qa + 8u * p + e] * half_at(kw, e);
                 }
             }
-            ss[i] = s;
+            ss[r * SST + c] = s;
         }
         barrier();
 #endif
@@ -292,8 +352,8 @@ void main() {
         float mb = NEG_INF;
         [[unroll]] for (uint i = 0u; i < PW; ++i) {
             uint c = 2u * i + h;
-            bool v = row_ok && (vis[rq * WQ + c / 32u] & (1u << (c % 32u))) != 0u;
-            float sc = ss[R * TC + c] * rscale; // soft-capped in base 2; +inf if not finite
+            bool v = row_ok && (vis[cur * ROWS * WQ + rq * WQ + c / 32u] & (1u << (c % 32u))) != 0u;
+            float sc = ss[R * SST + c] * rscale; // soft-capped in base 2; +inf if not finite
             x[i] = v ? (pc.softcap2 > 0.0 ? score_capped(sc, pc.softcap2) : score_finite(sc)) : NEG_INF;
             mb = max(mb, x[i]);
         }
@@ -309,38 +369,37 @@ void main() {
         m = mn;
         l *= alpha;
 #if USE_CM
-        sync_sg(); // ss is read
         [[unroll]] for (uint i = 0u; i < PW; ++i) {
             uint c = 2u * i + h;
             float p = x[i] == NEG_INF ? 0.0 : exp2(x[i] - mn);
             l += p;
             vec2 s2 = split(p);
-            ph[R * TC + c] = float16_t(s2.x);
-            pl[R * TC + c] = float16_t(s2.y);
+            ph[R * PST + c] = float16_t(s2.x);
+            pl[R * PST + c] = float16_t(s2.y);
         }
-        uint r16 = R % 16u;
-        [[unroll]] for (uint i = 0u; i < 8u; ++i) am[sg * 256u + r16 * 16u + 8u * h + i] = alpha;
-        bool grew = subgroupAny(alpha != 1.0);
-        sync_sg();
-        if (grew) {
+        if (subgroupAny(alpha != 1.0)) { // the row maxima grew: O rescaled (a matrix of factors)
+            uint r16 = R % 16u;
+            [[unroll]] for (uint i = 0u; i < 8u; ++i) am[sg * 256u + r16 * 16u + 8u * h + i] = alpha;
+            sync_sg();
             MATC a;
             coopMatLoadNV(a, am, sg * 256u, 16u, false);
             [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
                 for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
         }
+        sync_sg(); // ph / pl are written
         [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
             MATC lo = MATC(0.0);
             [[unroll]] for (uint j = 0u; j < TC / 16u; ++j) {
                 MATA pa, pb, vt;
-                coopMatLoadNV(pa, ph, sg * 16u * TC + 16u * j, TC, false);
-                coopMatLoadNV(pb, pl, sg * 16u * TC + 16u * j, TC, false);
+                coopMatLoadNV(pa, ph, sg * 16u * PST + 16u * j, PST, false);
+                coopMatLoadNV(pb, pl, sg * 16u * PST + 16u * j, PST, false);
                 coopMatLoadNV(vt, kv, TC * SK + 16u * j * SV + 2u * t, SV, false); // V (cell x d)
                 o[t] = coopMatMulAddNV(pa, vt, o[t]);
 #if !PF_NOLO
                 lo = coopMatMulAddNV(pb, vt, lo);
 #endif
             }
-            for (int i = 0; i < o[t].length(); ++i) o[t][i] += lo[i] * INV_LO;
+            o[t] = o[t] + lo * INV_LO;
         }
 #else
         barrier(); // ss and red are read
@@ -348,14 +407,14 @@ void main() {
             uint c = 2u * i + h;
             float p = x[i] == NEG_INF ? 0.0 : exp2(x[i] - mn);
             l += p;
-            ss[R * TC + c] = p;
+            ss[R * SST + c] = p;
         }
         barrier();
         [[unroll]] for (uint j = 0u; j < (HDV + 1u) / 2u; ++j) {
             uint d = 2u * j + h;
             if (d >= HDV) break;
             float acc = o[j] * alpha;
-            for (uint c = 0u; c < TC; ++c) acc += ss[R * TC + c] * half_at(kv[TC * SK + c * SV + d / 8u], d % 8u);
+            for (uint c = 0u; c < TC; ++c) acc += ss[R * SST + c] * half_at(kv[TC * SK + c * SV + d / 8u], d % 8u);
             o[j] = acc;
         }
 #endif
@@ -379,13 +438,13 @@ void main() {
 #if USE_CM
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) { // through the subgroup's rows of ss
         sync_sg();
-        coopMatStoreNV(o[t], ss, sg * 16u * TC, TC, false);
+        coopMatStoreNV(o[t], ss, sg * 16u * SST, SST, false);
         sync_sg();
         for (uint i = lane; i < 256u; i += 32u) {
             uint r = sg * 16u + i / 16u, c = i % 16u, qr = r / G;
             if (qr < nq)
                 part[(((j0 + qr) * KV_HEADS * G + kvh * G + r % G) * pc.n_splits + split_id) * stride + 2u + 16u * t + c] =
-                    ss[sg * 16u * TC + (i / 16u) * TC + c];
+                    ss[sg * 16u * SST + (i / 16u) * SST + c];
         }
     }
 #else
