@@ -251,9 +251,9 @@ typedef struct kvc_vk_pool_options {
                             over tiles of queries, K and V read once a tile; f16 K and V of head
                             dims up to 128 in multiples of 8, unrotated keys; other pools ignore
                             it) instead of the decode kernel once a query. Same results, within
-                            test_vk's bounds; on an H100 it is slower than the decode kernel for
-                            now (512 queries over 4096 cells: 1.99 ms against 1.61,
-                            docs/performance-log.md) */
+                            test_vk's bounds; on an H100 1.35-1.38 ms against the decode
+                            kernel's 1.65 for 512 queries over 4096 cells, slower below about 256
+                            queries (docs/performance-log.md) */
     uint32_t disable_features; /* KVC_VK_FEATURE_* this pool does not use (tests and benchmarks
                                   compare the paths) */
     int host_layout;     /* keep kvcache.h's (llama.cpp's) block layout in device memory; otherwise
@@ -2541,7 +2541,7 @@ static void kvc_vk__record_merge(kvc_vk_pool *p, VkCommandBuffer cmd, VkPipeline
    about KVC_VK__PREFILL_GROUPS workgroups in all, then the merge. The metadata is built up
    to `at`; the tile records go after it. */
 #ifndef KVC_VK__PREFILL_GROUPS
-#define KVC_VK__PREFILL_GROUPS 512
+#define KVC_VK__PREFILL_GROUPS 256
 #endif
 static kvc_result kvc_vk__record_prefill(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t layer, const kvc_vk_attention_item *items,
                                          int32_t n_items, size_t at, int32_t n_jobs, int32_t max_view, VkPipeline pipe,
