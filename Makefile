@@ -68,7 +68,7 @@ endif
 $(CHECK)/lib-%.c: tests/unit.sh | $(CHECK)
 	bash tests/unit.sh --source lib-$* >$@
 
-$(CHECK)/lib-%.o: $(CHECK)/lib-%.c kvcache.h
+$(CHECK)/lib-%.o: $(CHECK)/lib-%.c kvcache.h tests/count_alloc.h
 	$(CC) $(CHECK_CFLAGS) -I. -c $< -o $@
 
 $(CHECK_TESTS:%=$(CHECK)/%.log): $(CHECK)/%.log: $(CHECK)/%
