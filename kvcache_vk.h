@@ -1257,6 +1257,9 @@ static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint3
 #ifndef KVC_VK__FUSED_SPLITS
 #define KVC_VK__FUSED_SPLITS 16
 #endif
+#ifndef KVC_VK__FUSED_CELLS /* ... and at most this many cells in all (jobs x longest view) */
+#define KVC_VK__FUSED_CELLS (1 << 30)
+#endif
 static uint32_t kvc_vk__segk(int32_t hdk) { return hdk % 8 == 0 ? 8u : hdk % 2 == 0 ? 2u : 1u; }
 static uint32_t kvc_vk__evt(int32_t hdv, uint32_t group) {
     uint32_t e = 1;
@@ -2599,7 +2602,8 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     splits = KVC__MAX(1, (max_view + chunk - 1) / chunk);
     /* one dispatch where the last workgroup's merge reads few splits (attn_onedisp.glsl: not
        attn_split_q's planar pools, nor rotated values, whose merge rotates back) */
-    fused = !p->planar && !p->rot_v && p->hdv % 4 == 0 && splits <= KVC_VK__FUSED_SPLITS;
+    fused = !p->planar && !p->rot_v && p->hdv % 4 == 0 && splits <= KVC_VK__FUSED_SPLITS &&
+            (int64_t)n_jobs * max_view <= KVC_VK__FUSED_CELLS;
     if (fused && kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads) | 1u << 16, 0, &split_pipe) != KVC_OK)
         fused = 0; /* (no room for the build: the two passes, split_pipe as it was) */
     part_bytes = (size_t)n_jobs * (size_t)n_heads * (size_t)splits * ((size_t)p->hdv + 4) * 4;
