@@ -1235,10 +1235,10 @@ static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint3
 #ifndef KVC_VK__Q_SMALL_GROUPS
 #define KVC_VK__Q_SMALL_GROUPS 512
 #endif
-/* attn_split_cm (f16 on the tensor cores): single-subgroup workgroups in all, and cells a
-   split at least (whole tiles of 16). H100, f16 batch 1 at 4k cells: 15.4 us with 64, 16.2
-   with 32 or 16; 2048 workgroups: 32k cells batch 1 63.7 us against 58.5, batch 8 at 4k
-   69.7-72.8 against 62.9-63.1. */
+/* attn_split_cm (f16 on the tensor cores): subgroups in all, and cells a subgroup at least
+   (whole tiles of 16). Measured with single-subgroup workgroups, H100, f16 batch 1 at 4k
+   cells: 15.4 us with 64, 16.2 with 32 or 16; 2048 subgroups: 32k cells batch 1 63.7 us
+   against 58.5, batch 8 at 4k 69.7-72.8 against 62.9-63.1. */
 #ifndef KVC_VK__CM_GROUPS
 #define KVC_VK__CM_GROUPS 1024
 #endif
@@ -1246,19 +1246,27 @@ static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint3
 #define KVC_VK__CM_MIN_CHUNK 64
 #endif
 /* attn_split_cm's subgroups a workgroup (fewer where shared memory runs out): each takes a
-   slice of the workgroup's cells, and their partials are merged in shared memory, so a split
-   of the call is NSG subgroups' work and the partials NSG times fewer. */
+   slice of the workgroup's cells and their partials are merged in shared memory, so a split
+   of the call is NSG subgroups' work and its partials NSG times fewer. KVC_VK__CM_SUBGROUPS
+   where the call has at least KVC_VK__CM_GROUPS x KVC_VK__CM_MIN_CHUNK (kv head, cell) pairs
+   in all, KVC_VK__CM_SMALL_SUBGROUPS below (whose splits the minimum chunk sets). H100, 32
+   q / 8 kv heads, one dispatch, us, batch 1 at 4k / 8k / 32k / 128k cells: 8 subgroups 16.2 /
+   17.4 / 56.0 / 184.7, 4: 14.5 / 18.5 / 57.3 / 185.8, 2: 20.3 / 18.7 / 58.0 / 187.0; batch 8
+   at 4k: 56.4-57.3, 56.9-57.1, 58.8-58.9. */
 #ifndef KVC_VK__CM_SUBGROUPS
-#define KVC_VK__CM_SUBGROUPS 4
+#define KVC_VK__CM_SUBGROUPS 8
+#endif
+#ifndef KVC_VK__CM_SMALL_SUBGROUPS
+#define KVC_VK__CM_SMALL_SUBGROUPS 4
 #endif
 /* The one-dispatch decode (attn_onedisp.glsl): calls of at most this many splits a head
    group, on attn_split_cm or attn_split, merge in the split pass's last workgroup instead of
-   a barrier and an attn_merge dispatch (0: never). */
+   a barrier and an attn_merge dispatch (0: never). H100, f16, 4 subgroups a workgroup, us:
+   batch 1 at 4k cells (16 splits) 14.4-14.6 against 15.8-15.9 in two passes, 32k (32 splits)
+   57.3 against 57.6-57.8; batch 8 (4 splits) at 4k 56.9-57.1 against 62.0-62.4, at 128k
+   1391.8-1391.9 against 1396.8-1397.1. */
 #ifndef KVC_VK__FUSED_SPLITS
-#define KVC_VK__FUSED_SPLITS 16
-#endif
-#ifndef KVC_VK__FUSED_CELLS /* ... and at most this many cells in all (jobs x longest view) */
-#define KVC_VK__FUSED_CELLS (1 << 30)
+#define KVC_VK__FUSED_SPLITS 32
 #endif
 static uint32_t kvc_vk__segk(int32_t hdk) { return hdk % 8 == 0 ? 8u : hdk % 2 == 0 ? 2u : 1u; }
 static uint32_t kvc_vk__evt(int32_t hdv, uint32_t group) {
@@ -2365,18 +2373,20 @@ static uint32_t kvc_vk__merge_sg(const kvc_vk_pool *p) {
                : 0;
 }
 
-/* attn_split_cm's subgroups a workgroup for a GQA group: KVC_VK__CM_SUBGROUPS, halved while
-   their shared memory (each subgroup's K / V tile or O^T, S^T, the factors, P^T) exceeds the
-   device's */
-static uint32_t kvc_vk__cm_subgroups(const kvc_vk_pool *p, uint32_t group) {
-    uint32_t nq = 2 * group <= 8 ? 8u : 16u, n = KVC_VK__CM_SUBGROUPS;
+/* attn_split_cm's subgroups a workgroup for a GQA group and a call of `pairs` (kv head, cell)
+   pairs in all (KVC_VK__CM_SUBGROUPS), halved while their shared memory (each subgroup's K / V
+   tile or O^T, S^T, the factors, P^T) exceeds the device's */
+static uint32_t kvc_vk__cm_subgroups(const kvc_vk_pool *p, uint32_t group, int64_t pairs) {
+    uint32_t nq = 2 * group <= 8 ? 8u : 16u;
+    uint32_t n = pairs >= (int64_t)KVC_VK__CM_GROUPS * KVC_VK__CM_MIN_CHUNK ? KVC_VK__CM_SUBGROUPS : KVC_VK__CM_SMALL_SUBGROUPS;
     uint32_t rows = 16u * (uint32_t)((KVC__MAX(p->hdk, p->hdv)) / 8 + 1), o = nq * (uint32_t)p->hdv / 4;
     uint32_t per = 16u * (rows > o ? rows : o) + 16u * nq * 10u + 8u * group;
     while (n > 1 && (uint64_t)n * per + 64u > p->ctx->props.limits.maxComputeSharedMemorySize) n /= 2;
     return n;
 }
 
-/* key: the GQA group, | 1 << 16 for a split pass's FUSED build */
+/* key: the GQA group, | 1 << 16 for a split pass's FUSED build, | attn_split_cm's subgroups
+   a workgroup << 17 */
 static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint32_t key, int merge, VkPipeline *out) {
     uint32_t spec[KVC_VK__SPLIT_COUNT], merge_spec[KVC_VK__MERGE_COUNT], group = key & 0xffffu;
     int32_t i;
@@ -2403,7 +2413,7 @@ static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint
         spec[KVC_VK__SPLIT_SEGK] = kvc_vk__segk(p->hdk);
         spec[KVC_VK__SPLIT_EVT] = kvc_vk__evt(p->hdv, group);
         spec[KVC_VK__SPLIT_KV_HEADS] = (uint32_t)p->n_kv_heads;
-        spec[KVC_VK__SPLIT_WG] = cm ? 32u * kvc_vk__cm_subgroups(p, group) : KVC_VK__WG;
+        spec[KVC_VK__SPLIT_WG] = cm ? 32u * (key >> 17) : KVC_VK__WG; /* (attn_split_cm: key's subgroups) */
         spec[KVC_VK__SPLIT_PAGE_CELLS] = (uint32_t)p->page_cells;
         /* VQ: q8_0 / q4_0 V rows summed 8 values of every head at a time by cell groups (at least
            two groups of whole slices of 8 values in a block) */
@@ -2411,7 +2421,7 @@ static kvc_result kvc_vk__get_variant(kvc_vk_pool *p, kvc_vk__variant *tab, uint
                    KVC_VK__WG % (uint32_t)(p->hdv / 8) == 0 && KVC_VK__WG / (uint32_t)(p->hdv / 8) >= 2;
         spec[KVC_VK__SPLIT_GH] = kvc_vk__q_heads(group);
         spec[KVC_VK__SPLIT_ROT_K] = (uint32_t)p->rot_k; /* q rotated as it is loaded */
-        spec[KVC_VK__SPLIT_FUSED] = key >> 16;
+        spec[KVC_VK__SPLIT_FUSED] = (key >> 16) & 1u;
         r = kvc_vk__pipeline(p, p->modules[p->planar ? p->q_module : cm ? KVC_VK__MODULE_ATTN_SPLIT_CM : p->split_module], spec,
                              KVC_VK__SPLIT_COUNT, cm || p->planar, &tab[i].pipe);
     }
@@ -2487,7 +2497,13 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
         if (items[it].desc.sinks) words += (size_t)n_heads;
     }
     if ((r = kvc_vk__reserve(p, words)) != KVC_OK) return r;
-    if ((r = kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads), 0, &split_pipe)) != KVC_OK) return r;
+    /* the two-pass build for a small call first: it checks the shape before anything is recorded
+       (the builds picked below fall back on it) */
+    cm = kvc_vk__cm(p, (uint32_t)(n_heads / p->n_kv_heads)) && !p->planar;
+    nsg = cm ? (int32_t)kvc_vk__cm_subgroups(p, (uint32_t)(n_heads / p->n_kv_heads), 0) : 1;
+    if ((r = kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads) | (uint32_t)nsg << 17, 0,
+                                 &split_pipe)) != KVC_OK)
+        return r;
     if ((r = kvc_vk__get_variant(p, p->merge, (uint32_t)n_heads, 1, &merge_pipe)) != KVC_OK) return r;
     if ((r = kvc_vk_pool_cmd_sync(p, cmd)) != KVC_OK) return r;
     at = (size_t)n_jobs * KVC_VK__JOB_STRIDE;
@@ -2574,8 +2590,8 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
             if (n_view > max_view) max_view = n_view;
         }
     }
-    /* split-K: about 1024 workgroups in all, chunks of whole blocks (attn_split_cm: single-
-       subgroup workgroups, tiles of 16 cells). Measured on an H200 (32 q / 8 kv heads, batch
+    /* split-K: about 1024 workgroups in all, chunks of whole blocks (attn_split_cm: 1024
+       subgroups in workgroups of nsg, each subgroup tiles of 16 cells). Measured on an H200 (32 q / 8 kv heads, batch
        1-8, 4k-128k cells): attn_split_cm at 1024 was 15-19 % faster than at 512 at >= 32k
        cells (while it staged K and V together in 10 KB of shared memory, 512 had been 1-16 %
        faster than 1024); attn_split (q8_0) at 1024 was 0-8 % faster than at 2048 but at
@@ -2584,8 +2600,12 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
        32k, batch 8 4k; 128k batch 1: q8_0 1.4 % faster, q4_0 0.3-1 % slower), 0.4-2 %
        slower above. The split depends only on the shapes and the shader, never on the
        device. */
-    cm = kvc_vk__cm(p, (uint32_t)(n_heads / p->n_kv_heads)) && !p->planar;
-    nsg = cm ? (int32_t)kvc_vk__cm_subgroups(p, (uint32_t)(n_heads / p->n_kv_heads)) : 1;
+    if (cm) { /* more subgroups a workgroup for a larger call */
+        int32_t n = (int32_t)kvc_vk__cm_subgroups(p, (uint32_t)(n_heads / p->n_kv_heads), (int64_t)n_jobs * p->n_kv_heads * max_view);
+        if (n != nsg && kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads) | (uint32_t)n << 17, 0,
+                                            &split_pipe) == KVC_OK)
+            nsg = n;
+    }
     block = cm ? 16 * nsg : (int32_t)KVC_VK__WG; /* (attn_split_cm: a tile of 16 cells a subgroup) */
     groups = cm ? KVC_VK__CM_GROUPS / nsg : (int64_t)n_jobs * max_view > 131072 ? 1024 : 512;
     nhg = 1;
@@ -2602,9 +2622,9 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     splits = KVC__MAX(1, (max_view + chunk - 1) / chunk);
     /* one dispatch where the last workgroup's merge reads few splits (attn_onedisp.glsl: not
        attn_split_q's planar pools, nor rotated values, whose merge rotates back) */
-    fused = !p->planar && !p->rot_v && p->hdv % 4 == 0 && splits <= KVC_VK__FUSED_SPLITS &&
-            (int64_t)n_jobs * max_view <= KVC_VK__FUSED_CELLS;
-    if (fused && kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads) | 1u << 16, 0, &split_pipe) != KVC_OK)
+    fused = !p->planar && !p->rot_v && p->hdv % 4 == 0 && splits <= KVC_VK__FUSED_SPLITS;
+    if (fused && kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads) | 1u << 16 | (uint32_t)nsg << 17, 0,
+                                     &split_pipe) != KVC_OK)
         fused = 0; /* (no room for the build: the two passes, split_pipe as it was) */
     part_bytes = (size_t)n_jobs * (size_t)n_heads * (size_t)splits * ((size_t)p->hdv + 4) * 4;
     if ((r = kvc_vk__grow(p, &p->part, part_bytes, &grown)) != KVC_OK) return r;

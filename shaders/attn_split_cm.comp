@@ -1,9 +1,12 @@
 #version 450
 // attn_split_cm.comp - decode attention, split-K pass on the tensor cores
 // (VK_NV_cooperative_matrix), for f16 keys and values. attn_split.comp's job and output,
-// another schedule: a workgroup is one subgroup of 32 that takes one job, one kv head with
-// its whole GQA group of G query heads (G <= 8) and one chunk of cells, walked in tiles
-// of 16 cells. The products are taken transposed, so that the query side is the narrow
+// another schedule: a workgroup of NSG subgroups of 32 takes one job, one kv head with its
+// whole GQA group of G query heads (G <= 8) and one chunk of cells; each subgroup walks its
+// own slice of the chunk in tiles of 16 cells, with its own pieces of shared memory and
+// subgroup barriers only, and at the end the subgroups' partials are merged in shared
+// memory into the workgroup's (and, FUSED, the last workgroup of the head group merges the
+// splits: attn_onedisp.glsl). The products are taken transposed, so that the query side is the narrow
 // N = NQ (8 for G <= 4, else 16) dimension of the tensor-core tiles:
 //   stage    the tile's K rows, loaded into registers one tile ahead (16 bytes per load),
 //            are stored into shared memory; its V rows (loaded as early) take their place
