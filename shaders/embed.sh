@@ -76,7 +76,8 @@ WG cells per block: the workgroup size
 PAGE_CELLS cells per page
 VQ nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time
 GH attn_split_q.comp: query heads per workgroup
-ROT_K rotated keys: the rotation's block, q rotated as it is loaded (0: none)"
+ROT_K rotated keys: the rotation's block, q rotated as it is loaded (0: none)
+FUSED nonzero: one dispatch, the last workgroup of a head group merges (attn_onedisp.glsl)"
 spec_merge="HDV head dim of V
 N_HEADS query heads
 HDK head dim of K (the query rows checked for a NaN or an infinity)
