@@ -499,15 +499,15 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    staging as large as all it evicts. kvc_tier_fetch's copies do not either: recorded,
    they would keep staging as large as the entry until your command buffer has run (a
    32k-token prefix of a large model is gigabytes); kvc_vk_pool_cmd_fetch and
-   kvc_vk_memory_cmd_fetch (below) record them, with the staging capped by you. So with tiers attached, any host
-   call that takes pages of a device pool may read pages of the device (a memory's tree:
-   of any of its groups' pools): submit every command buffer that writes those pages
-   (appends, state writes) to the context's queue before the next such call -- the
-   reads are ordered after what was submitted (a barrier; no wait needed) -- and keep
-   other threads off the queue meanwhile (the staging halves are the context's: two
-   threads taking pages of two tiered pools of one context at once would share them). A
-   page written by a command buffer still being recorded would go down with its old
-   bytes.
+   kvc_vk_memory_cmd_fetch (below) record them, with the staging capped by you. So with
+   tiers attached, any host call that takes pages of a device pool may read pages of the
+   device (a memory's tree: of any of its groups' pools): submit every command buffer
+   that writes those pages (appends, state writes) to the context's queue before the
+   next such call -- the reads are ordered after what was submitted (a barrier; no wait
+   needed) -- and keep other threads off the queue meanwhile (the staging halves are the
+   context's: two threads taking pages of two tiered pools of one context at once would
+   share them). A page written by a command buffer still being recorded would go down
+   with its old bytes.
 
    kvc_vk_pool_cmd_fetch is kvc_tier_fetch with the copies into the pages recorded into
    your command buffer instead of run on the context's queue, through one staging buffer
