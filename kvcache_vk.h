@@ -523,7 +523,9 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    host -> device copies of its pages and a barrier (compute and transfer after it see
    the pages; kvc_vk_cmd_* calls see them anyway). *n_fetched = the prefix's tokens (0:
    nothing fetched and nothing recorded). A longer prefix whose pages do not fit stays
-   in its tier: call again with a larger cap (or kvc_tier_fetch, uncapped) for it. The entry is in the tree when the call returns, so a lookup hands its pages
+   in its tier: call again with a larger cap (or kvc_tier_fetch, uncapped) for it; when
+   no prefix a tier holds fits, the call returns KVC_ERR_RANGE (nothing fetched, nothing
+   recorded). The entry is in the tree when the call returns, so a lookup hands its pages
    out at once: submit cmd before work that reads them and before any host call that
    takes pages of the pool (the rule above: eviction reads pages on the context's queue,
    and a load writes them there). The staging is host-visible memory the call allocates,
@@ -537,6 +539,7 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    pool (recorded before it, that work would use the freed buffers). A model memory's
    tree: kvc_vk_memory_cmd_fetch. KVC_ERR_NULL; KVC_ERR_FOREIGN (tree not a tree of
    pool's, or a memory's); KVC_ERR_INVALID (max_staging_bytes 0, bad tokens);
+   KVC_ERR_RANGE (max_staging_bytes too small for every prefix the tiers hold);
    KVC_ERR_STATE (no tiers); KVC_ERR_NO_MEMORY (a host or device allocation: no page
    taken, nothing recorded, the blob still in its tier). Only a host allocation failing while the pool's queued
    page events are recorded, after the entry went into the tree, leaves the pool failed
@@ -1635,6 +1638,7 @@ typedef struct kvc_vk__capture {
     uint32_t *ids;          /* [cap] the pages written, run after run */
     kvc_vk__run *runs;      /* [cap] */
     int32_t n_ids, n_runs, cap;
+    int over;               /* a load failed for bytes past the staging (the fetch's, not reset) */
     kvc_vk__retiring old;   /* the staging's retirement: its event (bufs[0] is the staging) */
 } kvc_vk__capture;
 
@@ -1654,7 +1658,10 @@ static kvc_result kvc_vk__capture_pages(kvc_vk_pool *p, int32_t layer, int v, co
     uint32_t top = 0;
     int32_t i;
     kvc_result r;
-    if (bytes > k->limit - k->used || n > k->cap - k->n_ids || k->n_runs == k->cap) return KVC_ERR_IO;
+    if (bytes > k->limit - k->used || n > k->cap - k->n_ids || k->n_runs == k->cap) {
+        k->over = 1;
+        return KVC_ERR_IO;
+    }
     for (i = 0; i < n; ++i)
         if (pages[i] >= top) top = pages[i] + 1;
     /* the page buffers hold the pages now: nothing left to fail once the entry is in */
@@ -3278,6 +3285,7 @@ static kvc_result kvc_vk__capture_fetch(kvc_vk_pool *const *pools, int32_t n_poo
     t->tier->load_begin = NULL;
     t->tier->load_begin_user = NULL;
     for (i = 0; i < n_pools; ++i) pools[i]->capture = NULL;
+    if (r == KVC_OK && *n_fetched == 0 && k.over) r = KVC_ERR_RANGE; /* a tier has it: a larger cap would take it */
     if (r == KVC_OK && *n_fetched > 0 && (r = kvc_vk__capture_record(&k, cmd)) != KVC_OK)
         for (i = 0; i < n_pools; ++i) /* the entry is in the tree, its pages not written (a host */
             pools[i]->failed = 1;     /* allocation for the queued events' copies): they refuse from now on */

@@ -3005,10 +3005,10 @@ static void tc_fetch(kvc_type t, tk_rng *rng) {
     s = td_stats(tg);
     TK_EQ(s.fetched_host, 1);
     TK_EQ(s.host_blobs, 1); /* the longer one stays for later */
-    /* the same cap again: nothing more fits, nothing recorded */
+    /* the same cap again: nothing more fits (KVC_ERR_RANGE: a larger cap would), nothing recorded */
     pages = sl_pages(hp);
     cmd = begin_cmd();
-    TK_OK(kvc_vk_pool_cmd_fetch(vp, cmd, tg, TD_NS, tok, TD_N, 3 * page, &got));
+    TK_EQ(kvc_vk_pool_cmd_fetch(vp, cmd, tg, TD_NS, tok, TD_N, 3 * page, &got), KVC_ERR_RANGE);
     TK_EQ(got, 0);
     TK_EQ(tc_retiring(vp), r0);
     TK_EQ(sl_pages(hp), pages);
@@ -3277,7 +3277,7 @@ static void tm_refusals(const tc_target *d, VkCommandBuffer cmd, kvc_radix *othe
     TK_EQ(kvc_vk_memory_cmd_fetch(vm, cmd, d->t, TD_NS, tok, n, 0, &got), KVC_ERR_INVALID);
     TK_EQ(kvc_vk_memory_cmd_fetch(vm, cmd, d->t, TD_NS, tok, -1, 1 << 20, &got), KVC_ERR_INVALID);
     TK_EQ(kvc_vk_memory_cmd_fetch(vm, cmd, bare, TD_NS, tok, n, 1 << 20, &got), KVC_ERR_STATE);
-    TK_OK(kvc_vk_memory_cmd_fetch(vm, cmd, d->t, TD_NS, tok, n, 256, &got));
+    TK_EQ(kvc_vk_memory_cmd_fetch(vm, cmd, d->t, TD_NS, tok, n, 256, &got), KVC_ERR_RANGE);
     TK_EQ(got, 0);
     TK_EQ(tc_changed(d), 0);
     if (pt) TK_OK(kvc_radix_destroy(pt));
