@@ -1300,9 +1300,9 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
    so a store that is down or hangs costs a request at most one timeout, then a
    recompute -- not one per probed block or evicted entry. Under a device pool's or
    memory's tree (kvcache_vk.h) the pages move through the backend's page hooks, bounded
-   staging, synchronous (kvc_vk_pool_cmd_fetch: a fetch's copies recorded into your
-   command buffer instead): kvcache_vk.h, "Saves and loads", says why and what it asks of
-   you. */
+   staging, synchronous (kvc_vk_pool_cmd_fetch, kvc_vk_memory_cmd_fetch: a fetch's copies
+   recorded into your command buffer instead): kvcache_vk.h, "Saves and loads", says why
+   and what it asks of you. */
 typedef struct kvc_key {
     unsigned char bytes[32]; /* SHA-256 */
 } kvc_key;
