@@ -71,6 +71,7 @@
        kvc_vk_memory_cmd_trim(mem, cmd)
        kvc_vk_memory_fit(mem)
        kvc_vk_memory_device_stats(mem, &stats)
+       kvc_vk_memory_cmd_fetch(mem, cmd, tree, ns, tokens, n, max_staging, &n)   a tier's prefix back, recorded
      Helpers (KVCACHE_VK_HELPERS)
        kvc_vk_loader_open(&loader)                 libvulkan opened at run time
        kvc_vk_loader_close(&loader)
@@ -497,16 +498,16 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    goes into the host tier's budget or the store); a copy recorded for later would need
    staging as large as all it evicts. kvc_tier_fetch's copies do not either: recorded,
    they would keep staging as large as the entry until your command buffer has run (a
-   32k-token prefix of a large model is gigabytes); kvc_vk_pool_cmd_fetch (below)
-   records them, with the staging capped by you. So with tiers attached, any host
-   call that takes pages of a device pool may read pages of the device (a memory's tree:
-   of any of its groups' pools): submit every command buffer that writes those pages
-   (appends, state writes) to the context's queue before the next such call -- the
-   reads are ordered after what was submitted (a barrier; no wait needed) -- and keep
-   other threads off the queue meanwhile (the staging halves are the context's: two
-   threads taking pages of two tiered pools of one context at once would share them). A
-   page written by a command buffer still being recorded would go down with its old
-   bytes.
+   32k-token prefix of a large model is gigabytes); kvc_vk_pool_cmd_fetch and
+   kvc_vk_memory_cmd_fetch (below) record them, with the staging capped by you. So with
+   tiers attached, any host call that takes pages of a device pool may read pages of the
+   device (a memory's tree: of any of its groups' pools): submit every command buffer
+   that writes those pages (appends, state writes) to the context's queue before the
+   next such call -- the reads are ordered after what was submitted (a barrier; no wait
+   needed) -- and keep other threads off the queue meanwhile (the staging halves are the
+   context's: two threads taking pages of two tiered pools of one context at once would
+   share them). A page written by a command buffer still being recorded would go down
+   with its old bytes.
 
    kvc_vk_pool_cmd_fetch is kvc_tier_fetch with the copies into the pages recorded into
    your command buffer instead of run on the context's queue, through one staging buffer
@@ -522,7 +523,9 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    host -> device copies of its pages and a barrier (compute and transfer after it see
    the pages; kvc_vk_cmd_* calls see them anyway). *n_fetched = the prefix's tokens (0:
    nothing fetched and nothing recorded). A longer prefix whose pages do not fit stays
-   in its tier: call again with a larger cap (or kvc_tier_fetch, uncapped) for it. The entry is in the tree when the call returns, so a lookup hands its pages
+   in its tier: call again with a larger cap (or kvc_tier_fetch, uncapped) for it; when
+   no prefix a tier holds fits, the call returns KVC_ERR_RANGE (nothing fetched, nothing
+   recorded). The entry is in the tree when the call returns, so a lookup hands its pages
    out at once: submit cmd before work that reads them and before any host call that
    takes pages of the pool (the rule above: eviction reads pages on the context's queue,
    and a load writes them there). The staging is host-visible memory the call allocates,
@@ -534,8 +537,9 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
    buffer freed once its copy ran): so, as for kvc_tier_fetch, submit the work recorded
    for the pool before the call, and record the fetch into cmd before other work of the
    pool (recorded before it, that work would use the freed buffers). A model memory's
-   tree: not yet (kvc_tier_fetch). KVC_ERR_NULL; KVC_ERR_FOREIGN (tree not a tree of
+   tree: kvc_vk_memory_cmd_fetch. KVC_ERR_NULL; KVC_ERR_FOREIGN (tree not a tree of
    pool's, or a memory's); KVC_ERR_INVALID (max_staging_bytes 0, bad tokens);
+   KVC_ERR_RANGE (max_staging_bytes too small for every prefix the tiers hold);
    KVC_ERR_STATE (no tiers); KVC_ERR_NO_MEMORY (a host or device allocation: no page
    taken, nothing recorded, the blob still in its tier). Only a host allocation failing while the pool's queued
    page events are recorded, after the entry went into the tree, leaves the pool failed
@@ -543,6 +547,19 @@ KVCDEF kvc_result kvc_vk_memory_device_stats(kvc_vk_memory *mem, kvc_vk_device_s
 KVCDEF kvc_result kvc_vk_pool_cmd_fetch(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_radix *tree, kvc_namespace ns,
                                         const int32_t *tokens, int32_t n_tokens, size_t max_staging_bytes,
                                         int32_t *n_fetched);
+/* kvc_vk_pool_cmd_fetch for the tree of a device memory (kvc_radix_create_memory on
+   kvc_vk_memory_host(mem) or a fork of it): the entry's pages, states and checkpoints, in
+   every group's pool, through one staging buffer of at most max_staging_bytes for all of
+   them; cmd gets each group's queued page events, the copies into every group's pages and
+   one barrier. The same checks first (the whole blob, every group's sections), the same
+   rules for the caller (submit the work recorded for any group's pool before the call,
+   record the fetch before other work of the memory's pools; the staging counts in group
+   0's pool's retiring_bytes until cmd has run), the same errors: KVC_ERR_FOREIGN (tree
+   not a tree of mem's), and after the entry went in, a failed host allocation leaves
+   every group's pool failed. */
+KVCDEF kvc_result kvc_vk_memory_cmd_fetch(kvc_vk_memory *mem, VkCommandBuffer cmd, kvc_radix *tree, kvc_namespace ns,
+                                          const int32_t *tokens, int32_t n_tokens, size_t max_staging_bytes,
+                                          int32_t *n_fetched);
 
 /* ---- Helpers for tools, tests and benchmarks (#define KVCACHE_VK_HELPERS) ---------- */
 /* Optional: #define KVCACHE_VK_HELPERS where kvcache_vk.h is included (and where its
@@ -1620,29 +1637,43 @@ static kvc_vk_pool *kvc_vk__pool_new(kvc_vk_context *c) {
 
 static kvc_result kvc_vk__read_pages(void *user, int32_t layer, int v, const uint32_t *pages, int32_t n_pages,
                                      void *data);
-/* A recorded fetch (kvc_vk_pool_cmd_fetch) runs kvcache.h's tier fetch with the pool's
-   capture set: a load's write_pages puts the pages' bytes (in the device's layout) into
-   the capture's staging buffer and notes where they go; nothing is copied or recorded
-   while the load checks the rest of the blob. The load calls flush once its run ends,
-   passed or failed (the pages of a failed one went back): the next write starts afresh,
-   so what the capture holds when the fetch has brought an entry back is that entry's
-   load, the last one. (A pool tree's entry has one section of pages, KVDT, written in
-   one run of write_pages calls and one flush: kvcache.h's kvc__r_kv; saves in between,
-   the evictions that make room, end with a flush too.) Bytes past the staging fail the load (KVC_ERR_IO: neither the
-   blob's fault nor the pool's, so the fetch keeps the blob and tries a shorter prefix). */
+/* A recorded fetch (kvc_vk_pool_cmd_fetch, kvc_vk_memory_cmd_fetch) runs kvcache.h's tier
+   fetch with one capture set on every pool its tree's loads write (the pool, or each group's
+   of the memory): a load's write_pages puts the pages' bytes (in the device's layout) into
+   the capture's staging buffer and notes where they go, in runs tagged with their pool;
+   nothing is copied or recorded while the load checks the rest of the blob. The tier fetch
+   calls load_begin (kvcache.h's kvc__tier) before each load it tries -- a tier, the next
+   one after a refusal, the same blob again after evicting for room -- and that empties the
+   capture, so what it holds when the fetch has brought an entry back is that entry's load,
+   the last one, every section of it: a memory entry writes each group's KVDT, and a group
+   with checkpoints its CKDT after that (a RECURRENT group: both into its state pool), each
+   section one run of write_pages ended by a flush (evictions that make room in between
+   only read pages). Bytes past the staging fail the load (KVC_ERR_IO: neither the blob's
+   fault nor the pool's, so the fetch keeps the blob and tries a shorter prefix). */
 typedef struct kvc_vk__run {
+    kvc_vk_pool *pool;          /* whose pages */
     int32_t layer, v, n, first; /* n pages of layer's K (v = 0) or V: ids[first ..] */
     VkDeviceSize at;            /* their bytes in the staging */
 } kvc_vk__run;
 typedef struct kvc_vk__capture {
+    kvc_vk_pool *const *pools; /* [n_pools] the pools the loads write; pools[0] retires the staging */
+    int32_t n_pools;
     kvc_vk__buf buf;        /* the staging: host-visible, mapped */
     VkDeviceSize limit;     /* its bytes to use (buf.size may be rounded up) */
     VkDeviceSize used;
     uint32_t *ids;          /* [cap] the pages written, run after run */
     kvc_vk__run *runs;      /* [cap] */
     int32_t n_ids, n_runs, cap;
-    int sealed;             /* the last load's run ended: a write starts a new one */
+    int over;               /* a load failed for bytes past the staging (the fetch's, not reset) */
+    kvc_vk__retiring old;   /* the staging's retirement: its event (bufs[0] is the staging) */
 } kvc_vk__capture;
+
+/* kvc__tier's load_begin: a load starts, the capture holds nothing yet. */
+static void kvc_vk__capture_reset(void *user) {
+    kvc_vk__capture *k = (kvc_vk__capture *)user;
+    k->used = 0;
+    k->n_ids = k->n_runs = 0;
+}
 
 static kvc_result kvc_vk__capture_pages(kvc_vk_pool *p, int32_t layer, int v, const uint32_t *pages, int32_t n,
                                         const void *data) {
@@ -1653,8 +1684,10 @@ static kvc_result kvc_vk__capture_pages(kvc_vk_pool *p, int32_t layer, int v, co
     uint32_t top = 0;
     int32_t i;
     kvc_result r;
-    if (k->sealed) k->sealed = 0, k->used = 0, k->n_ids = k->n_runs = 0;
-    if (bytes > k->limit - k->used || n > k->cap - k->n_ids || k->n_runs == k->cap) return KVC_ERR_IO;
+    if (bytes > k->limit - k->used || n > k->cap - k->n_ids || k->n_runs == k->cap) {
+        k->over = 1;
+        return KVC_ERR_IO;
+    }
     for (i = 0; i < n; ++i)
         if (pages[i] >= top) top = pages[i] + 1;
     /* the page buffers hold the pages now: nothing left to fail once the entry is in */
@@ -1663,6 +1696,7 @@ static kvc_result kvc_vk__capture_pages(kvc_vk_pool *p, int32_t layer, int v, co
     if (p->state_floats) memcpy(dst, data, (size_t)bytes); /* f32 states */
     else kvc_vk_pool_convert_pages(p, v, 1, data, dst, n);
     run = &k->runs[k->n_runs++];
+    run->pool = p;
     run->layer = layer;
     run->v = v;
     run->n = n;
@@ -2887,9 +2921,9 @@ KVCDEF kvc_result kvc_vk_memory_cmd_sync(kvc_vk_memory *vm, VkCommandBuffer cmd)
    buffer, for the reasons the public "Saves and loads" section gives -- the evicted
    pages change owner before the evicting call returns, and deferred copies would need
    staging as large as the entry instead of the two bounded halves. The one exception,
-   kvc_vk_pool_cmd_fetch, sets the pool's capture: its load's write_pages stage the bytes
-   in one buffer of the caller's cap and record nothing until the load has passed
-   (kvc_vk__capture_pages below). */
+   kvc_vk_pool_cmd_fetch / kvc_vk_memory_cmd_fetch, sets the pools' capture: its load's
+   write_pages stage the bytes in one buffer of the caller's cap and record nothing until
+   the load has passed (kvc_vk__capture_pages above). */
 
 /* The command pool and fence of one-time command buffers (saves and loads, the helpers'
    kvc_vk_context_begin / kvc_vk_context_submit_wait), made on first use. */
@@ -3199,7 +3233,6 @@ static kvc_result kvc_vk__write_pages(void *user, int32_t layer, int v, const ui
 static kvc_result kvc_vk__flush(void *user) {
     kvc_vk_context *c = ((kvc_vk_pool *)user)->ctx;
     kvc_result r, r2;
-    if (((kvc_vk_pool *)user)->capture) ((kvc_vk_pool *)user)->capture->sealed = 1; /* that load's run ended */
     if (c->stage == NULL) return KVC_OK;
     r = kvc_vk__stage_wait(c, &c->stage[c->stage_next]); /* the older copy first */
     r2 = kvc_vk__stage_wait(c, &c->stage[1 - c->stage_next]);
@@ -3207,59 +3240,78 @@ static kvc_result kvc_vk__flush(void *user) {
 }
 
 /* Frees what a recorded fetch made (what was handed over is zero). */
-static void kvc_vk__capture_free(kvc_vk_pool *p, kvc_vk__capture *k, kvc_vk__retiring *o) {
-    kvc_vk_context *c = p->ctx;
-    kvc_vk__buf_destroy(c, &k->buf);
-    kvc_vk__free(&c->alloc, k->ids);
-    kvc_vk__free(&c->alloc, k->runs);
-    kvc_vk__retiring_free(p, o);
+static void kvc_vk__capture_free(kvc_vk__capture *k) {
+    kvc_vk_pool *p = k->pools[0];
+    kvc_vk__buf_destroy(p->ctx, &k->buf);
+    kvc_vk__free(&p->ctx->alloc, k->ids);
+    kvc_vk__free(&p->ctx->alloc, k->runs);
+    kvc_vk__retiring_free(p, &k->old);
     memset(k, 0, sizeof(*k));
 }
 
-/* All a recorded fetch needs before it changes anything: the staging (max bytes at most,
-   no more than the pool's pages hold) and its page lists, the retiring entry that will
-   free it (its event, room in p->old) and room for the copies' regions. */
-static kvc_result kvc_vk__capture_make(kvc_vk_pool *p, size_t max, kvc_vk__capture *k, kvc_vk__retiring *o) {
-    kvc_vk_context *c = p->ctx;
-    uint64_t row = p->state_floats || p->k_row < p->v_row ? p->k_row : p->v_row; /* the smallest page written */
-    uint64_t page_min = (uint64_t)p->page_cells * row;
-    uint64_t all = (uint64_t)p->max_pages * (uint64_t)p->n_layers * (uint64_t)p->page_cells *
-                   ((uint64_t)p->k_row + (uint64_t)p->v_row);
-    uint64_t size = (uint64_t)max < all ? (uint64_t)max : all, cap = size / page_min + 1;
+/* The smallest page a load writes to p, and all the bytes p's pages can hold. */
+static uint64_t kvc_vk__page_min(const kvc_vk_pool *p) {
+    return (uint64_t)p->page_cells * (p->state_floats || p->k_row < p->v_row ? p->k_row : p->v_row);
+}
+static uint64_t kvc_vk__pages_all(const kvc_vk_pool *p) {
+    return (uint64_t)p->max_pages * (uint64_t)p->n_layers * (uint64_t)p->page_cells *
+           ((uint64_t)p->k_row + (uint64_t)p->v_row);
+}
+
+/* All a recorded fetch into pools[0 .. n_pools) needs before it changes anything: the
+   staging (max bytes at most, no more than the pools' pages hold) and its page lists, the
+   retiring entry that will free it (its event, room in pools[0]->old) and, in each pool,
+   room for the copies' regions. */
+static kvc_result kvc_vk__capture_make(kvc_vk__capture *k, kvc_vk_pool *const *pools, int32_t n_pools, size_t max) {
+    kvc_vk_context *c = pools[0]->ctx;
+    uint64_t page_min = UINT64_MAX, all = 0, size, cap;
     VkEventCreateInfo ei;
     kvc_result r = KVC_OK;
+    int32_t i;
+    for (i = 0; i < n_pools; ++i) {
+        if (kvc_vk__page_min(pools[i]) < page_min) page_min = kvc_vk__page_min(pools[i]);
+        all += kvc_vk__pages_all(pools[i]);
+    }
+    size = (uint64_t)max < all ? (uint64_t)max : all;
+    cap = size / page_min + 1;
     memset(k, 0, sizeof(*k));
-    memset(o, 0, sizeof(*o));
+    k->pools = pools;
+    k->n_pools = n_pools;
     k->limit = size;
     k->cap = (int32_t)(cap < (uint64_t)INT32_MAX / 64 ? cap : (uint64_t)INT32_MAX / 64);
     k->ids = (uint32_t *)kvc_vk__alloc(&c->alloc, sizeof(uint32_t) * (size_t)k->cap);
     k->runs = (kvc_vk__run *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk__run) * (size_t)k->cap);
-    o->bufs = (kvc_vk__buf *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
-    if (k->ids == NULL || k->runs == NULL || o->bufs == NULL) r = KVC_ERR_NO_MEMORY;
-    if (o->bufs) memset(o->bufs, 0, sizeof(kvc_vk__buf) * 2 * (size_t)p->n_layers);
-    if (r == KVC_OK) r = kvc_vk__ensure_regions(p, (size_t)k->cap);
-    if (r == KVC_OK) r = kvc_vk__old_room(p);
+    k->old.bufs = (kvc_vk__buf *)kvc_vk__alloc(&c->alloc, sizeof(kvc_vk__buf) * 2 * (size_t)pools[0]->n_layers);
+    if (k->ids == NULL || k->runs == NULL || k->old.bufs == NULL) r = KVC_ERR_NO_MEMORY;
+    if (k->old.bufs) memset(k->old.bufs, 0, sizeof(kvc_vk__buf) * 2 * (size_t)pools[0]->n_layers);
+    for (i = 0; i < n_pools && r == KVC_OK; ++i) { /* a pool's runs hold size / its smallest page at most */
+        uint64_t n = size / kvc_vk__page_min(pools[i]) + 1;
+        r = kvc_vk__ensure_regions(pools[i], (size_t)(n < (uint64_t)k->cap ? n : (uint64_t)k->cap));
+    }
+    if (r == KVC_OK) r = kvc_vk__old_room(pools[0]);
     if (r == KVC_OK) {
         memset(&ei, 0, sizeof(ei));
         ei.sType = VK_STRUCTURE_TYPE_EVENT_CREATE_INFO;
-        if ((r = kvc_vk__vr(c->fn.vkCreateEvent(c->device, &ei, c->vk_alloc, &o->event))) != KVC_OK)
-            o->event = VK_NULL_HANDLE;
+        if ((r = kvc_vk__vr(c->fn.vkCreateEvent(c->device, &ei, c->vk_alloc, &k->old.event))) != KVC_OK)
+            k->old.event = VK_NULL_HANDLE;
     }
     if (r == KVC_OK) r = kvc_vk__buf_create(c, (VkDeviceSize)size, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, 1, &k->buf);
-    if (r != KVC_OK) kvc_vk__capture_free(p, k, o);
+    if (r != KVC_OK) kvc_vk__capture_free(k);
     return r;
 }
 
-/* Records into cmd the pool's queued page events, the copies of the captured pages and a
-   barrier, then the event that retires the staging (handed to p->old with it). */
-static kvc_result kvc_vk__capture_record(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_vk__capture *k,
-                                         kvc_vk__retiring *o) {
-    kvc_vk_context *c = p->ctx;
+/* Records into cmd each pool's queued page events, the copies of the captured pages and a
+   barrier, then the event that retires the staging (handed to pools[0]->old with it). */
+static kvc_result kvc_vk__capture_record(kvc_vk__capture *k, VkCommandBuffer cmd) {
+    kvc_vk_pool *p0 = k->pools[0];
+    kvc_vk_context *c = p0->ctx;
     int32_t i, j;
-    kvc_result r = kvc_vk_pool_cmd_sync(p, cmd); /* the events first (and a barrier) */
-    if (r != KVC_OK) return r;
+    kvc_result r;
+    for (i = 0; i < k->n_pools; ++i) /* the events first (and a barrier) */
+        if ((r = kvc_vk_pool_cmd_sync(k->pools[i], cmd)) != KVC_OK) return r;
     for (i = 0; i < k->n_runs; ++i) { /* a run is one layer's K or V: one buffer, one copy */
         const kvc_vk__run *run = &k->runs[i];
+        kvc_vk_pool *p = run->pool;
         VkDeviceSize page_bytes = (VkDeviceSize)p->page_cells * (run->v ? p->v_row : p->k_row);
         VkBuffer dst = VK_NULL_HANDLE;
         for (j = 0; j < run->n; ++j) {
@@ -3270,38 +3322,62 @@ static kvc_result kvc_vk__capture_record(kvc_vk_pool *p, VkCommandBuffer cmd, kv
         c->fn.vkCmdCopyBuffer(cmd, k->buf.buffer, dst, (uint32_t)run->n, p->regions);
     }
     kvc_vk__barrier(c, cmd);
-    c->fn.vkCmdSetEvent(cmd, o->event, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
-    o->bufs[0] = k->buf;
+    c->fn.vkCmdSetEvent(cmd, k->old.event, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
+    k->old.bufs[0] = k->buf;
     memset(&k->buf, 0, sizeof(k->buf));
-    p->old[p->n_old++] = *o;
-    memset(o, 0, sizeof(*o));
+    p0->old[p0->n_old++] = k->old;
+    memset(&k->old, 0, sizeof(k->old));
     return KVC_OK;
+}
+
+/* The recorded fetch of tree t, whose loads write pools[0 .. n_pools) (checked by the
+   caller: t is theirs): the rest of the checks, then the tier fetch with the capture set,
+   under the lock kvc_tier_fetch takes. */
+static kvc_result kvc_vk__capture_fetch(kvc_vk_pool *const *pools, int32_t n_pools, VkCommandBuffer cmd,
+                                        kvc_radix *t, kvc_namespace ns, const int32_t *tokens, int32_t n_tokens,
+                                        size_t max_staging_bytes, int32_t *n_fetched) {
+    kvc_vk__capture k;
+    kvc_result r;
+    int32_t i;
+    if (max_staging_bytes == 0) return KVC_ERR_INVALID;
+    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
+    if (t->tier == NULL) return KVC_ERR_STATE;
+    for (i = 0; i < n_pools; ++i)
+        if (pools[i]->failed) return KVC_ERR_NO_MEMORY;
+    if ((r = kvc_vk__capture_make(&k, pools, n_pools, max_staging_bytes)) != KVC_OK) return r;
+    kvc__pool_lock(t->part[0].pool);
+    for (i = 0; i < n_pools; ++i) pools[i]->capture = &k; /* only under the lock: other threads' loads write as usual */
+    t->tier->load_begin = kvc_vk__capture_reset;
+    t->tier->load_begin_user = &k;
+    r = kvc__tier_fetch_held(t, ns, tokens, n_tokens, n_fetched);
+    t->tier->load_begin = NULL;
+    t->tier->load_begin_user = NULL;
+    for (i = 0; i < n_pools; ++i) pools[i]->capture = NULL;
+    if (r == KVC_OK && *n_fetched == 0 && k.over) r = KVC_ERR_RANGE; /* a tier has it: a larger cap would take it */
+    if (r == KVC_OK && *n_fetched > 0 && (r = kvc_vk__capture_record(&k, cmd)) != KVC_OK)
+        for (i = 0; i < n_pools; ++i) /* the entry is in the tree, its pages not written (a host */
+            pools[i]->failed = 1;     /* allocation for the queued events' copies): they refuse from now on */
+    kvc__pool_unlock(t->part[0].pool);
+    kvc_vk__capture_free(&k);
+    return r;
 }
 
 KVCDEF kvc_result kvc_vk_pool_cmd_fetch(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_radix *t, kvc_namespace ns,
                                         const int32_t *tokens, int32_t n_tokens, size_t max_staging_bytes,
                                         int32_t *n_fetched) {
-    kvc_vk__capture k;
-    kvc_vk__retiring o;
-    kvc_result r;
     if (n_fetched) *n_fetched = 0;
     if (p == NULL || cmd == VK_NULL_HANDLE || t == NULL || n_fetched == NULL) return KVC_ERR_NULL;
     if (t->n_parts != 1 || t->mp != NULL || t->part[0].pool != p->host) return KVC_ERR_FOREIGN;
-    if (max_staging_bytes == 0) return KVC_ERR_INVALID;
-    if ((r = kvc__check_tokens(tokens, n_tokens, 0)) != KVC_OK) return r;
-    if (t->tier == NULL) return KVC_ERR_STATE;
-    if (p->failed) return KVC_ERR_NO_MEMORY;
-    if ((r = kvc_vk__capture_make(p, max_staging_bytes, &k, &o)) != KVC_OK) return r;
-    kvc__pool_lock(p->host);
-    p->capture = &k; /* set only under the pool's lock: other threads' loads write as usual */
-    r = kvc__tier_fetch_held(t, ns, tokens, n_tokens, n_fetched);
-    p->capture = NULL;
-    if (r == KVC_OK && *n_fetched > 0 && (r = kvc_vk__capture_record(p, cmd, &k, &o)) != KVC_OK)
-        p->failed = 1; /* the entry is in the tree, its pages not written (a host allocation
-                          for the queued events' copies): the pool refuses from now on */
-    kvc__pool_unlock(p->host);
-    kvc_vk__capture_free(p, &k, &o);
-    return r;
+    return kvc_vk__capture_fetch(&p, 1, cmd, t, ns, tokens, n_tokens, max_staging_bytes, n_fetched);
+}
+
+KVCDEF kvc_result kvc_vk_memory_cmd_fetch(kvc_vk_memory *vm, VkCommandBuffer cmd, kvc_radix *t, kvc_namespace ns,
+                                          const int32_t *tokens, int32_t n_tokens, size_t max_staging_bytes,
+                                          int32_t *n_fetched) {
+    if (n_fetched) *n_fetched = 0;
+    if (vm == NULL || cmd == VK_NULL_HANDLE || t == NULL || n_fetched == NULL) return KVC_ERR_NULL;
+    if (t->mp != vm->mem->mp) return KVC_ERR_FOREIGN; /* a pool's tree, or another memory's (a fork's is this one's) */
+    return kvc_vk__capture_fetch(vm->pool, vm->n_groups, cmd, t, ns, tokens, n_tokens, max_staging_bytes, n_fetched);
 }
 
 KVCDEF kvc_result kvc_vk_memory_fit(kvc_vk_memory *vm) {
