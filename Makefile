@@ -42,7 +42,7 @@ FUZZ_NAMES = $(patsubst fuzz/fuzz_%.c,%,$(filter-out fuzz/fuzz_replay.c,$(wildca
 # the fuzz replays first: their program (every target in one unit) takes longest to build
 CHECK_LOGS = $(FUZZ_NAMES:%=$(CHECK)/fuzz-%.log) $(CHECK_TESTS:%=$(CHECK)/%.log) $(CHECK)/docs.log
 TEST_DEPS = kvcache.h kvcache_vk.h $(wildcard tests/*.h fuzz/*.c fuzz/*.h) # some tests run a fuzz engine
-FUZZ_DEPS = kvcache.h $(wildcard fuzz/*.c fuzz/*.h) tests/ref_model.h tests/load_fixture.h
+FUZZ_DEPS = kvcache.h $(wildcard fuzz/*.c fuzz/*.h) tests/ref_model.h tests/load_fixture.h tests/format_bytes.h
 
 check:
 	@mkdir -p $(CHECK) && rm -f $(CHECK)/*.log
@@ -68,7 +68,7 @@ endif
 $(CHECK)/lib-%.c: tests/unit.sh | $(CHECK)
 	bash tests/unit.sh --source lib-$* >$@
 
-$(CHECK)/lib-%.o: $(CHECK)/lib-%.c kvcache.h
+$(CHECK)/lib-%.o: $(CHECK)/lib-%.c kvcache.h tests/count_alloc.h
 	$(CC) $(CHECK_CFLAGS) -I. -c $< -o $@
 
 $(CHECK_TESTS:%=$(CHECK)/%.log): $(CHECK)/%.log: $(CHECK)/%

@@ -1300,9 +1300,9 @@ KVCDEF kvc_result kvc_memory_load(kvc_memory *mem, kvc_namespace ns, const kvc_i
    so a store that is down or hangs costs a request at most one timeout, then a
    recompute -- not one per probed block or evicted entry. Under a device pool's or
    memory's tree (kvcache_vk.h) the pages move through the backend's page hooks, bounded
-   staging, synchronous (kvc_vk_pool_cmd_fetch: a fetch's copies recorded into your
-   command buffer instead): kvcache_vk.h, "Saves and loads", says why and what it asks of
-   you. */
+   staging, synchronous (kvc_vk_pool_cmd_fetch, kvc_vk_memory_cmd_fetch: a fetch's copies
+   recorded into your command buffer instead): kvcache_vk.h, "Saves and loads", says why
+   and what it asks of you. */
 typedef struct kvc_key {
     unsigned char bytes[32]; /* SHA-256 */
 } kvc_key;
@@ -12253,6 +12253,11 @@ typedef struct kvc__tier {
     size_t host_used;
     kvc_tier_stats stats;
     int store_down;        /* a store call failed: none until the next fetch, publish or flush */
+    /* called before each load a fetch tries (a tier, then the next after a refusal; again
+       after evicting for room): kvcache_vk.h's recorded fetch starts its capture afresh, so
+       what it holds at the end is the last load's pages, every section of it */
+    void (*load_begin)(void *user);
+    void *load_begin_user;
 } kvc__tier;
 
 /* The fingerprint (docs/format.md, "Tier keys"), hashed: K_0. */
@@ -12573,6 +12578,7 @@ static kvc_result kvc__tier_load(kvc_radix *t, kvc_namespace ns, const unsigned 
         mem.data = (unsigned char *)(uintptr_t)b; /* only read */
         mem.size = mem.capacity = size;
         kvc_io_memory(&mem, &io);
+        if (t->tier->load_begin != NULL) t->tier->load_begin(t->tier->load_begin_user);
         r = kvc__radix_load_held(t, ns, &io, 0, &got);
         if (r != KVC_ERR_FULL || try_ == 1) break;
         for (g = 0; g < t->n_parts; ++g) page = KVC__MIN(page, t->part[g].pool->page_bytes);

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "../tests/load_fixture.h"
+#include "../tests/format_bytes.h"
 
 static void must(int cond) {
     if (!cond) abort();
@@ -169,19 +170,6 @@ static void load_all(const uint8_t *data, size_t size) {
     lf_free(&w); /* asserts that every page came back */
 }
 
-/* The input with every complete section's checksum recomputed. */
-static void fix_checksums(uint8_t *d, size_t size) {
-    size_t at = 16;
-    while (size - at >= 16 && at <= size) {
-        uint64_t len = kvc__le64(d + at + 8);
-        kvc__xxh h;
-        if (len > size - at - 16 || size - at - 16 - len < 8) return;
-        kvc__xxh_init(&h);
-        kvc__xxh_update(&h, d + at, (size_t)(16 + len));
-        kvc__put64(d + at + 16 + (size_t)len, kvc__xxh_digest(&h));
-        at += 16 + (size_t)len + 8;
-    }
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t *fixed;
@@ -190,7 +178,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fixed = (uint8_t *)malloc(size);
     must(fixed != NULL);
     memcpy(fixed, data, size);
-    fix_checksums(fixed, size);
+    tk_fix_checksums(fixed, size);
     load_all(fixed, size);
     free(fixed);
     return 0;

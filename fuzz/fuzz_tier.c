@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "fuzz_util.h"
+#include "../tests/format_bytes.h"
 
 #define FT_CELLS 4 /* a page, and a block */
 #define FT_HD 8
@@ -140,20 +141,6 @@ static void ft_free(ft_world *w) {
     FUZZ_RES(kvc_pool_destroy(w->pool), KVC_OK);
 }
 
-/* Every complete section's checksum recomputed (docs/format.md: tag, length, payload,
-   XXH64 of tag + length + payload). */
-static void ft_fix_checksums(uint8_t *d, size_t size) {
-    size_t at = 16;
-    while (size - at >= 16 && at <= size) {
-        uint64_t len = kvc__le64(d + at + 8);
-        kvc__xxh h;
-        if (len > size - at - 16 || size - at - 16 - len < 8) return;
-        kvc__xxh_init(&h);
-        kvc__xxh_update(&h, d + at, (size_t)(16 + len));
-        kvc__put64(d + at + 16 + (size_t)len, kvc__xxh_digest(&h));
-        at += 16 + (size_t)len + 8;
-    }
-}
 
 /* The fetched entry's cache works: the lookup reuses what came back, views, attention
    and one more batch. */
@@ -236,7 +223,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     blob = (uint8_t *)malloc(size - 1);
     FUZZ_CHECK(blob != NULL, "out of memory");
     memcpy(blob, data + 1, size - 1);
-    if (data[0] & 4) ft_fix_checksums(blob, size - 1);
+    if (data[0] & 4) tk_fix_checksums(blob, size - 1);
     ft_fetch(blob, size - 1, blocks);
     free(blob);
     return 0;

@@ -42,13 +42,14 @@ layout(constant_id = SPLIT_KV_HEADS) const uint KV_HEADS = 8u;
 layout(local_size_x_id = SPLIT_WG) in;                 // cells per block
 layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u; // a constant: cell -> page is a multiply
 layout(constant_id = SPLIT_ROT_K) const uint ROT_K = 0u; // rotated keys: R's block (q rotated as it is loaded); 0: none
+layout(constant_id = SPLIT_FUSED) const uint FUSED = 0u; // nonzero: the last workgroup of a head group merges (attn_onedisp.glsl)
 const uint WG = gl_WorkGroupSize.x;
 
 layout(set = 0, binding = 0) readonly buffer KB { uvec4 kb[]; };
 layout(set = 0, binding = 1) readonly buffer VB { uvec4 vb[]; };
 layout(set = 0, binding = 2) readonly buffer MB { uint meta[]; };
 layout(set = 0, binding = 3) readonly buffer QB { float qb[]; };
-layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
+layout(set = 0, binding = 4) coherent buffer PB { float part[]; }; // (coherent: FUSED builds read it back)
 // the same K and V buffers as single words: scalar loads without picking a component of
 // a 16-byte vector at run time
 layout(set = 0, binding = 5) readonly buffer KW { uint kw[]; };
@@ -70,6 +71,8 @@ uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
 #include "kvc_types.glsl"
 #include "attn_common.glsl"
 #include "kvc_rotation.glsl"
+#define OD_NT WG
+#include "attn_onedisp.glsl"
 #define QS_GET(j) qs[j]
 #define QS_PUT(j, v) qs[j] = (v) // for ROT_BUTTERFLIES
 
@@ -398,7 +401,7 @@ void main() {
     }
 
     reduce(l, 1u); // each invocation's share of the sums
-    uint stride = HDV + 2u;
+    uint stride = OD_STRIDE;
     if (VQ != 0u) {
         // add the cell groups' sums, one head at a time
         [[unroll]] for (uint g = 0u; g < G; ++g) {
@@ -408,7 +411,7 @@ void main() {
             for (uint e = tid; e < HDV; e += WG) {
                 float acc = 0.0;
                 for (uint q = 0u; q < NCG; ++q) acc += vsum[(q * NS + e / 8u) * 8u + e % 8u];
-                part[at + 2u + e] = acc;
+                part[at + OD_PO + e] = acc;
             }
             if (tid == 0u) {
                 part[at] = m[g];
@@ -418,7 +421,7 @@ void main() {
         }
     } else if (has_v) {
         uint at = ((jb * KV_HEADS * G + kvh * G + gv) * pc.n_splits + split) * stride;
-        [[unroll]] for (uint k = 0u; k < EVT; ++k) part[at + 2u + ev0 + k] = o[k];
+        [[unroll]] for (uint k = 0u; k < EVT; ++k) part[at + OD_PO + ev0 + k] = o[k];
         if (ev0 == 0u) {
             float mm = NEG_INF, ll = 0.0;
             [[unroll]] for (uint g = 0u; g < G; ++g) if (g == gv) { mm = m[g]; ll = l[g]; }
@@ -426,4 +429,5 @@ void main() {
             part[at + 1u] = ll;
         }
     }
+    if (FUSED != 0u) od_finish(J, jb, kvh);
 }

@@ -1,9 +1,12 @@
 #version 450
 // attn_split_cm.comp - decode attention, split-K pass on the tensor cores
 // (VK_NV_cooperative_matrix), for f16 keys and values. attn_split.comp's job and output,
-// another schedule: a workgroup is one subgroup of 32 that takes one job, one kv head with
-// its whole GQA group of G query heads (G <= 8) and one chunk of cells, walked in tiles
-// of 16 cells. The products are taken transposed, so that the query side is the narrow
+// another schedule: a workgroup of NSG subgroups of 32 takes one job, one kv head with its
+// whole GQA group of G query heads (G <= 8) and one chunk of cells; each subgroup walks its
+// own slice of the chunk in tiles of 16 cells, with its own pieces of shared memory and
+// subgroup barriers only, and at the end the subgroups' partials are merged in shared
+// memory into the workgroup's (and, FUSED, the last workgroup of the head group merges the
+// splits: attn_onedisp.glsl). The products are taken transposed, so that the query side is the narrow
 // N = NQ (8 for G <= 4, else 16) dimension of the tensor-core tiles:
 //   stage    the tile's K rows, loaded into registers one tile ahead (16 bytes per load),
 //            are stored into shared memory; its V rows (loaded as early) take their place
@@ -44,13 +47,15 @@ layout(constant_id = SPLIT_G) const uint G = 4u;           // query heads per kv
 layout(constant_id = SPLIT_KV_HEADS) const uint KV_HEADS = 8u;
 layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u;
 layout(constant_id = SPLIT_ROT_K) const uint ROT_K = 0u; // rotated keys: R's block (q rotated as it is loaded); 0: none
-layout(local_size_x = 32) in;                     // one subgroup
+layout(constant_id = SPLIT_FUSED) const uint FUSED = 0u; // nonzero: the last workgroup of a head group merges (attn_onedisp.glsl)
+layout(local_size_x_id = SPLIT_WG) in;            // NSG subgroups of 32
+const uint WG = gl_WorkGroupSize.x, NSG = WG / 32u;
 
 layout(set = 0, binding = 0) volatile readonly buffer KB { uvec4 kb[]; };
 layout(set = 0, binding = 1) volatile readonly buffer VB { uvec4 vb[]; };
 layout(set = 0, binding = 2) readonly buffer MB { uint meta[]; };
 layout(set = 0, binding = 3) readonly buffer QB { float qb[]; };
-layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
+layout(set = 0, binding = 4) coherent buffer PB { float part[]; }; // (coherent: FUSED builds read it back)
 
 layout(push_constant) uniform PC {
     uint job_off;
@@ -65,6 +70,8 @@ layout(push_constant) uniform PC {
 
 #include "attn_common.glsl"
 #include "kvc_rotation.glsl"
+#define OD_NT WG
+#include "attn_onedisp.glsl"
 
 const int SG = 3;                                 // gl_ScopeSubgroup
 const uint NQ = 2u * G <= 8u ? 8u : 16u;          // query columns (hi, lo, zero padding)
@@ -81,10 +88,14 @@ const float HI = 2048.0, INV_HI = 1.0 / 2048.0, LO = 4096.0, INV_LO = 1.0 / 4096
 const float NEG_INF = -1.0 / 0.0;
 const uint NT = (G + 1u) / 2u;                    // heads per invocation in the softmax
 
-shared uvec4 kv[KV_WORDS > O_WORDS ? KV_WORDS : O_WORDS];
-shared float ss[TC * NQ];                         // S^T, row-major (cell, column)
-shared float am[16u * NQ];                        // rescale factors: column n holds column n's
-shared float16_t ps[TC * NQ];                     // P^T, row-major (cell, column)
+// Each subgroup has its own piece of every array: kv from KO, the others from SO
+const uint KVW = KV_WORDS > O_WORDS ? KV_WORDS : O_WORDS;
+shared uvec4 kv[NSG * KVW];
+shared float ss[NSG * TC * NQ];                   // S^T, row-major (cell, column)
+shared float am[NSG * 16u * NQ];                  // rescale factors: column n holds column n's
+shared float16_t ps[NSG * TC * NQ];               // P^T, row-major (cell, column)
+shared float om[NSG * G], ol[NSG * G];            // each subgroup's maxima and sums per head
+uint KO, SO;                                      // this subgroup's pieces
 
 uvec4 kr[NK], vr[NV];
 
@@ -169,11 +180,11 @@ void rotate_query(uint q0, uint lane) {
         [[unroll]] for (uint v = 0u; v < QV; ++v) {
             uint i = (32u * r + lane) * QV + v;
             precise float a = x[r][v] * sc;
-            if (i < G * HDK) kv[i >> 2][i & 3u] = floatBitsToUint(a);
+            if (i < G * HDK) kv[KO + (i >> 2)][i & 3u] = floatBitsToUint(a);
         }
 }
 // the query value i (g HDK + d) of this kv head's rows: R q from kv where the keys are rotated
-float query_at(uint q0, uint i) { return ROT_K != 0u ? uintBitsToFloat(kv[i >> 2][i & 3u]) : qb[q0 + i]; }
+float query_at(uint q0, uint i) { return ROT_K != 0u ? uintBitsToFloat(kv[KO + (i >> 2)][i & 3u]) : qb[q0 + i]; }
 
 // x (|x| <= 1) as hi + lo * 2^-12 with hi a multiple of 2^-11: both exact in f16 but
 // lo's last bits
@@ -184,9 +195,12 @@ vec2 split(float x) {
 
 void main() {
     uint kvh = gl_WorkGroupID.x, split_id = gl_WorkGroupID.y, jb = gl_WorkGroupID.z;
-    uint lane = gl_LocalInvocationID.x, lc = lane & 15u, hb = lane >> 4;
+    uint tid = gl_LocalInvocationID.x, sg = tid / 32u, lane = tid % 32u, lc = lane & 15u, hb = lane >> 4;
+    KO = sg * KVW;
+    SO = sg * TC * NQ;
     Job J = load_job(pc.job_off, jb);
-    uint c0 = split_id * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
+    // the workgroup's split: pc.chunk cells, a slice of pc.chunk / NSG (whole tiles) a subgroup
+    uint sub = pc.chunk / NSG, c0 = split_id * pc.chunk + sg * sub, c1 = min(c0 + sub, J.n_view);
     // the first tile's rows are on their way while Q is prepared; the cells of the tile
     // after it are looked up one tile ahead (the page table read is off the critical path)
     uint gid0, gid1;
@@ -227,7 +241,7 @@ void main() {
         if (qmax > 0.0) frexp(qmax, qe[g]);
         down[g] = qe[g] >= -126 ? uintBitsToFloat(qe[g] <= 126 ? uint(127 - qe[g]) << 23 : 1u << uint(149 - qe[g])) : 0.0;
     }
-    for (uint i = lane; i < NQ * SK; i += 32u) kv[i] = uvec4(0u);
+    for (uint i = lane; i < NQ * SK; i += 32u) kv[KO + i] = uvec4(0u);
     sync_shared();
     [[unroll]] for (uint j = 0u; j < QP; ++j) {
         uint i = lane + 32u * j, g = (2u * i) / HDK, d = (2u * i) % HDK;
@@ -238,13 +252,13 @@ void main() {
             if (h == g) { e = qe[h]; dn = down[h]; }
         vec2 q = e >= -126 ? qv[j] * dn : ldexp(qv[j], ivec2(-e));
         vec2 a = split(q.x), b = split(q.y);
-        kv[g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.x, b.x));
-        kv[(G + g) * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.y, b.y));
+        kv[KO + g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.x, b.x));
+        kv[KO + (G + g) * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.y, b.y));
     }
-    for (uint i = lane; i < 16u * NQ; i += 32u) { am[i] = 1.0; ps[i] = float16_t(0.0); }
+    for (uint i = lane; i < 16u * NQ; i += 32u) { am[SO + i] = 1.0; ps[SO + i] = float16_t(0.0); }
     sync_shared();
     MATB qf[HDK / 16u];
-    [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) coopMatLoadNV(qf[k], kv, 2u * k, SK, true);
+    [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) coopMatLoadNV(qf[k], kv, KO + 2u * k, SK, true);
     MATC o[HDV / 16u];
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
     float m[NT], l[NT];
@@ -260,7 +274,7 @@ void main() {
     [[dont_unroll]] for (uint base = c0; base < c1; base += TC) {
         // stage this tile's K and start loading the next tile's (past the end: cell 0, never
         // used); its V waits in registers until the scores are taken, then goes where K was
-        [[unroll]] for (uint j = 0u; j < NK; ++j) { uint i = lane + 32u * j; kv[(i / CK) * SK + i % CK] = kr[j]; }
+        [[unroll]] for (uint j = 0u; j < NK; ++j) { uint i = lane + 32u * j; kv[KO + (i / CK) * SK + i % CK] = kr[j]; }
         fetch_k(gid1, kvh, lane);
         loads_issued();
         sync_shared();
@@ -269,15 +283,15 @@ void main() {
         MATC s0 = MATC(0.0), s1 = MATC(0.0);
         [[unroll]] for (uint k = 0u; k < HDK / 16u; k += 2u) {
             MATA kt;
-            coopMatLoadNV(kt, kv, 2u * k, SK, false);
+            coopMatLoadNV(kt, kv, KO + 2u * k, SK, false);
             s0 = coopMatMulAddNV(kt, qf[k], s0);
             if (k + 1u < HDK / 16u) {
-                coopMatLoadNV(kt, kv, 2u * k + 2u, SK, false);
+                coopMatLoadNV(kt, kv, KO + 2u * k + 2u, SK, false);
                 s1 = coopMatMulAddNV(kt, qf[k + 1u], s1);
             }
         }
         for (int i = 0; i < s0.length(); ++i) s0[i] += s1[i]; // (same layout: element-wise)
-        coopMatStoreNV(s0, ss, 0u, NQ, false);
+        coopMatStoreNV(s0, ss, SO, NQ, false);
         sync_shared(); // (the K tile is read)
 
         // stage V (rows of cells it may not see: zeros, their weight is 0 but their bytes
@@ -286,7 +300,7 @@ void main() {
         uint hidden = subgroupBallot(!vis).x & 0xffffu; // (lanes 16-31 repeat lanes 0-15's cells)
         [[unroll]] for (uint j = 0u; j < NV; ++j) {
             uint i = lane + 32u * j;
-            kv[(i / CV) * SV + i % CV] = (hidden & (1u << (i / CV))) != 0u ? uvec4(0u) : vr[j];
+            kv[KO + (i / CV) * SV + i % CV] = (hidden & (1u << (i / CV))) != 0u ? uvec4(0u) : vr[j];
         }
         fetch_v(gid1, kvh, lane);
         loads_issued();
@@ -299,7 +313,7 @@ void main() {
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
             uint g = hb + 2u * t, a = lc * NQ + g;
             // soft-capped in base 2; +inf if not finite (attn_common.glsl)
-            float sc = (ss[a] + ss[a + G] * INV_LO) * escale[t];
+            float sc = (ss[SO + a] + ss[SO + a + G] * INV_LO) * escale[t];
             x[t] = vis && g < G ? (pc.softcap2 > 0.0 ? score_capped(sc, pc.softcap2) : score_finite(sc)) : NEG_INF;
             above = above || x[t] > m[t];
         }
@@ -319,8 +333,8 @@ void main() {
                 m[t] = mn;
                 grew = grew || alpha != 1.0;
                 if (g < G) {
-                    am[lc * NQ + g] = alpha;
-                    am[lc * NQ + G + g] = alpha;
+                    am[SO + lc * NQ + g] = alpha;
+                    am[SO + lc * NQ + G + g] = alpha;
                 }
             }
             grew = subgroupAny(grew);
@@ -334,45 +348,64 @@ void main() {
             uint g = hb + 2u * t;
             if (g < G) {
                 vec2 h = split(p[t]);
-                ps[lc * NQ + g] = float16_t(h.x);
-                ps[lc * NQ + G + g] = float16_t(h.y);
+                ps[SO + lc * NQ + g] = float16_t(h.x);
+                ps[SO + lc * NQ + G + g] = float16_t(h.y);
             }
         }
         sync_shared();
         if (grew) {
             MATC a;
-            coopMatLoadNV(a, am, 0u, NQ, false);
+            coopMatLoadNV(a, am, SO, NQ, false);
             [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
                 for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
         }
 
         // values
         MATB pb;
-        coopMatLoadNV(pb, ps, 0u, NQ, false);
+        coopMatLoadNV(pb, ps, SO, NQ, false);
         [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
             MATA vt;
-            coopMatLoadNV(vt, kv, 2u * t, SV, true);
+            coopMatLoadNV(vt, kv, KO + 2u * t, SV, true);
             o[t] = coopMatMulAddNV(vt, pb, o[t]);
         }
         sync_shared(); // kv, ss, ps are rewritten by the next tile
     }
 
-    // out: O^T columns through shared memory (column n at n * HDV floats), hi + lo * 2^-12
-    [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) coopMatStoreNV(o[t], kv, 4u * t, HDV / 4u, true);
-    sync_shared();
-    uint stride = HDV + 2u, at0 = ((jb * KV_HEADS * G + kvh * G) * pc.n_splits + split_id) * stride;
-    for (uint i = lane; i < G * HDV; i += 32u) {
-        uint g = i / HDV, d = i % HDV;
-        float hi = uintBitsToFloat(kv[g * (HDV / 4u) + d / 4u][d % 4u]);
-        float lo = uintBitsToFloat(kv[(G + g) * (HDV / 4u) + d / 4u][d % 4u]);
-        part[at0 + g * pc.n_splits * stride + 2u + d] = hi + lo * INV_LO;
-    }
+    // out: O^T columns through shared memory (column n at n * HDV floats from KO), hi + lo *
+    // 2^-12, and each head's (max, sum) into om / ol; then the workgroup's subgroups merged
+    // into one partial (log-sum-exp: weights 2^(m_s - M), a subgroup with no cell adds nothing)
+    [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) coopMatStoreNV(o[t], kv, KO + 4u * t, HDV / 4u, true);
     [[unroll]] for (uint t = 0u; t < NT; ++t) {
         float lt = subgroupClusteredAdd(l[t], 16u);
         uint g = hb + 2u * t;
         if (lc == 0u && g < G) {
-            part[at0 + g * pc.n_splits * stride] = m[t];
-            part[at0 + g * pc.n_splits * stride + 1u] = lt;
+            om[sg * G + g] = m[t];
+            ol[sg * G + g] = lt;
         }
     }
+    barrier();
+    uint stride = OD_STRIDE, at0 = ((jb * KV_HEADS * G + kvh * G) * pc.n_splits + split_id) * stride;
+    for (uint i = tid; i < G * HDV; i += WG) {
+        uint g = i / HDV, d = i % HDV;
+        float mx = NEG_INF, acc = 0.0;
+        [[unroll]] for (uint s = 0u; s < NSG; ++s) mx = max(mx, om[s * G + g]);
+        [[unroll]] for (uint s = 0u; s < NSG; ++s) {
+            float w = NSG == 1u ? 1.0 : om[s * G + g] == NEG_INF ? 0.0 : exp2(om[s * G + g] - mx);
+            uint b = s * KVW + g * (HDV / 4u) + d / 4u, bl = s * KVW + (G + g) * (HDV / 4u) + d / 4u;
+            float hi = uintBitsToFloat(kv[b][d % 4u]), lo = uintBitsToFloat(kv[bl][d % 4u]);
+            if (w != 0.0) acc += (hi + lo * INV_LO) * w;
+        }
+        part[at0 + g * pc.n_splits * stride + OD_PO + d] = acc;
+    }
+    if (tid < G) {
+        float mx = NEG_INF, sum = 0.0;
+        [[unroll]] for (uint s = 0u; s < NSG; ++s) mx = max(mx, om[s * G + tid]);
+        [[unroll]] for (uint s = 0u; s < NSG; ++s) {
+            float w = NSG == 1u ? 1.0 : om[s * G + tid] == NEG_INF ? 0.0 : exp2(om[s * G + tid] - mx);
+            if (w != 0.0) sum += ol[s * G + tid] * w;
+        }
+        part[at0 + tid * pc.n_splits * stride] = mx;
+        part[at0 + tid * pc.n_splits * stride + 1u] = sum;
+    }
+    if (FUSED != 0u) od_finish(J, jb, kvh);
 }

@@ -44,6 +44,7 @@
 #define SPLIT_VQ 10 // nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time
 #define SPLIT_GH 11 // attn_split_q.comp: query heads per workgroup
 #define SPLIT_ROT_K 12 // rotated keys: the rotation's block, q rotated as it is loaded (0: none)
+#define SPLIT_FUSED 13 // nonzero: one dispatch, the last workgroup of a head group merges (attn_onedisp.glsl)
 // of attn_prefill.comp
 #define PREFILL_HDK 0 // head dim of K
 #define PREFILL_HDV 1 // head dim of V

@@ -17,6 +17,10 @@ passed=0 failed=0 skipped=0
 CC=${CC:-gcc}
 STRICT="-std=c99 -Wall -Wextra -Wpedantic -Werror"
 seed=${KVC_SEED:-$(( $(date +%s) ^ $$ ))}
+# lavapipe (the Vulkan tests' CPU device) on one thread: the lanes keep both cores busy, and
+# its worker threads only added CPU (tinylm --vk on mistral-swa-tiny: 82 s CPU against 56,
+# the same 57 s wall)
+export LP_NUM_THREADS=${LP_NUM_THREADS:-1}
 run_t0=$SECONDS
 echo "seed $seed (KVC_SEED=$seed replays it)"
 
@@ -404,9 +408,51 @@ if have valgrind; then
 else skip valgrind "valgrind not installed"; fi
 lanes_join
 
+# One libFuzzer program for every target (fuzz_all.c; KVC_FUZZ_TARGET names the one to
+# fuzz): a build instead of one per target, made in a lane of the matrix stage (alone, it
+# kept one core idle for 39 s). Each target is then one single-threaded process, up to
+# KVC_JOBS side by side, each for the full KVC_FUZZ_SECONDS.
+FUZZ_S=${KVC_FUZZ_SECONDS:-0}
+LF="-g1 -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
+have_lf=0
+if [ "$FUZZ_S" != 0 ] && have clang && echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n){(void)d;(void)n;return 0;}' |
+    clang $LF -x c - -o "$B/lf_probe" >/dev/null 2>&1; then
+  have_lf=1
+fi
+lf_build() {
+  { cat "$B/fuzz_all.c"
+    printf 'const char *kvc_fuzz_replay_name = "";\n'
+    printf 'int LLVMFuzzerInitialize(int *argc, char ***argv);\n'
+    printf 'int LLVMFuzzerInitialize(int *argc, char ***argv) {\n'
+    printf '    (void)argc; (void)argv;\n'
+    printf '    if (getenv("KVC_FUZZ_TARGET") != NULL) kvc_fuzz_replay_name = getenv("KVC_FUZZ_TARGET");\n'
+    printf '    return 0;\n}\n'; } >"$B/fuzz_all_lf.c"
+  step libfuzzer-build clang $STRICT $LF -I. "$B/fuzz_all_lf.c" -o "$B/fuzz_all.lf" -lm
+}
+lf_one() {
+  local n=$1 log="$B/libfuzzer-$1-${FUZZ_S}s.log" a
+  # fuzz a copy: the committed corpus stays as it is; crashes land in $B/fuzz-$n-artifacts/
+  rm -rf "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
+  mkdir -p "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
+  cp fuzz/corpus/"$n"/* "$B/fuzz-$n-corpus/" 2>/dev/null
+  if KVC_FUZZ_TARGET=$n "$B/fuzz_all.lf" -max_total_time="$FUZZ_S" -timeout=30 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$B/fuzz-$n-artifacts/" "$B/fuzz-$n-corpus" >"$log" 2>&1; then
+    passed=$((passed + 1)); echo "  ok    libfuzzer-$n-${FUZZ_S}s"
+    grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' "$log" | sed 's/^/        /'
+  else
+    failed=$((failed + 1)); echo "  FAIL  libfuzzer-$n-${FUZZ_S}s"; tail -n 30 "$log"
+    for a in "$B/fuzz-$n-artifacts"/*; do
+      [ -f "$a" ] && echo "  replay: KVC_FUZZ_TARGET=$n $B/fuzz_all.lf $a   (or: $B/fuzz --name $n $a)"
+    done
+  fi
+}
+
 stage matrix "compiler and target matrix (KVC_TEST_SCALE=0.05; every fuzz corpus replayed too), a lane per configuration"
 # mx LABEL "COMPILER FLAGS" [RUNNER] -- PROGRAMS: build each test program (tests/test_NAME.c,
-# or fuzz: every fuzz target in one replay program) and run it at reduced scale.
+# or fuzz: every fuzz target in one replay program) and run it at reduced scale. test_vk runs
+# its host side there (KVC_VK_HOST_ONLY: argument checks, saves, loads, tiers): its kernels'
+# pipelines on lavapipe, new ones at each scale, took 40 s of gcc -O3's lane, and the kernels
+# run in the tests stage and under ASan.
 MXS=0.05
 MXLIBS="-lm -lpthread"
 mx() {
@@ -419,7 +465,7 @@ mx() {
       *) src=tests/test_$p.c
         [ -f "$src" ] || continue
         step "$label-build-$p" build "$label" "$cc" "$src" "$B/mx-$label-$p" $MXLIBS &&
-          KVC_TEST_SCALE=$MXS checks "$label-$p" $runner "$B/mx-$label-$p" "$seed" ;;
+          KVC_VK_HOST_ONLY=$([ "$p" = vk ] && echo 1) KVC_TEST_SCALE=$MXS checks "$label-$p" $runner "$B/mx-$label-$p" "$seed" ;;
     esac
   done
 }
@@ -471,50 +517,19 @@ else skip arm32 "gcc-arm-linux-gnueabihf or qemu-user not installed"; fi
 # every warning tcc has (-Wall is only implicit declarations), as errors
 if have tcc; then lane mx-tcc mx tcc "tcc -Wall -Wunsupported -Wwrite-strings -Werror" "" -- $all_tests $all_fuzz
 else skip tcc "tcc not installed"; fi
+[ $have_lf = 1 ] && lane libfuzzer-build lf_build
 lane gcc-O3-static-library step gcc-O3-static-library $CC $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_O3.o"
 have clang && lane clang-O3-static-library step clang-O3-static-library clang $STRICT -O3 -I. -c "$B/tu_static.c" -o "$B/tu_static_clang.o"
 lanes_join
 
-# One libFuzzer program for every target (fuzz_all.c; KVC_FUZZ_TARGET names the one to
-# fuzz): a build instead of one per target. Each target is one single-threaded process, up
-# to KVC_JOBS side by side, each for the full KVC_FUZZ_SECONDS.
 stage libfuzzer "libFuzzer: each target for KVC_FUZZ_SECONDS seconds from its corpus (.ci/run: 10), $JOBS at a time"
-FUZZ_S=${KVC_FUZZ_SECONDS:-0}
-LF="-g1 -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
-lf_one() {
-  local n=$1 log="$B/libfuzzer-$1-${FUZZ_S}s.log" a
-  # fuzz a copy: the committed corpus stays as it is; crashes land in $B/fuzz-$n-artifacts/
-  rm -rf "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
-  mkdir -p "$B/fuzz-$n-corpus" "$B/fuzz-$n-artifacts"
-  cp fuzz/corpus/"$n"/* "$B/fuzz-$n-corpus/" 2>/dev/null
-  if KVC_FUZZ_TARGET=$n "$B/fuzz_all.lf" -max_total_time="$FUZZ_S" -timeout=30 -rss_limit_mb=2048 \
-      -print_final_stats=1 -artifact_prefix="$B/fuzz-$n-artifacts/" "$B/fuzz-$n-corpus" >"$log" 2>&1; then
-    passed=$((passed + 1)); echo "  ok    libfuzzer-$n-${FUZZ_S}s"
-    grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' "$log" | sed 's/^/        /'
-  else
-    failed=$((failed + 1)); echo "  FAIL  libfuzzer-$n-${FUZZ_S}s"; tail -n 30 "$log"
-    for a in "$B/fuzz-$n-artifacts"/*; do
-      [ -f "$a" ] && echo "  replay: KVC_FUZZ_TARGET=$n $B/fuzz_all.lf $a   (or: $B/fuzz --name $n $a)"
-    done
-  fi
-}
 if [ "$FUZZ_S" = 0 ]; then
   skip libfuzzer "KVC_FUZZ_SECONDS not set"
-elif ! have clang || ! echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n){(void)d;(void)n;return 0;}' |
-    clang $LF -x c - -o "$B/lf_probe" >/dev/null 2>&1; then
+elif [ $have_lf = 0 ]; then
   skip libfuzzer "clang cannot link -fsanitize=fuzzer (libclang-rt-dev)"
-else
-  { cat "$B/fuzz_all.c"
-    printf 'const char *kvc_fuzz_replay_name = "";\n'
-    printf 'int LLVMFuzzerInitialize(int *argc, char ***argv);\n'
-    printf 'int LLVMFuzzerInitialize(int *argc, char ***argv) {\n'
-    printf '    (void)argc; (void)argv;\n'
-    printf '    if (getenv("KVC_FUZZ_TARGET") != NULL) kvc_fuzz_replay_name = getenv("KVC_FUZZ_TARGET");\n'
-    printf '    return 0;\n}\n'; } >"$B/fuzz_all_lf.c"
-  if step libfuzzer-build clang $STRICT $LF -I. "$B/fuzz_all_lf.c" -o "$B/fuzz_all.lf" -lm; then
-    for n in $fuzz_names; do lane "libfuzzer-$n" lf_one "$n"; done
-    lanes_join
-  fi
+elif [ -x "$B/fuzz_all.lf" ]; then # (a failed build counted in the matrix stage)
+  for n in $fuzz_names; do lane "libfuzzer-$n" lf_one "$n"; done
+  lanes_join
 fi
 
 stage end ""

@@ -5,26 +5,15 @@
 #include <stdlib.h>
 #include <time.h>
 
-/* Every allocation the library makes goes through these, so tests can count them
-   (arena mode must make none) and make the N-th one fail. */
-static long g_allocs, g_frees, g_fail_after = -1;
-static void *count_malloc(size_t n) {
-    if (g_fail_after == 0) return NULL;
-    if (g_fail_after > 0) g_fail_after--;
-    g_allocs++;
-    return malloc(n);
-}
-static void count_free(void *p) {
-    if (p) g_frees++;
-    free(p);
-}
-#define KVCACHE_MALLOC(sz, user) ((void)(user), count_malloc(sz))
-#define KVCACHE_FREE(p, user) ((void)(user), count_free(p))
+#include "count_alloc.h"
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 #include "tk.h"
 
 /* ---- helpers ------------------------------------------------------------------- */
+
+/* a free without its alloc: the allocator a config must refuse */
+static void free_only(void *ptr, void *user) { (void)user; tk_count_free(ptr); }
 
 /* exactly representable in f16: integers in [-1024, 1023] */
 static float enc(int kv, int layer, int head, int pos, int dim, int salt) {
@@ -192,7 +181,7 @@ static void test_pool_config(void) {
     bad = cfg; bad.type_k = (kvc_type)42; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
     bad = cfg; bad.page_cells = -3; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
     bad = cfg; bad.budget_bytes = 10; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
-    bad = cfg; bad.runtime.allocator.free = kvc__default_free; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
+    bad = cfg; bad.runtime.allocator.free = free_only; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
     bad = cfg; bad.arena_bytes = 100; TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_INVALID);
     bad = cfg; bad.n_kv_heads = INT32_MAX; bad.head_dim_k = INT32_MAX; bad.head_dim_v = INT32_MAX;
     TK_RES(kvc_pool_create(&bad, &p), KVC_ERR_OVERFLOW);
@@ -341,7 +330,7 @@ static void test_pool_config_check(void) {
         case 8: bad.type_v = KVC_TYPE_Q4_0; bad.head_dim_v = 48; want = "head_dim_v"; break;
         case 9: bad.budget_bytes = 10; want = "budget_bytes"; break;
         case 10: bad.budget_bytes = 0; want = "budget_bytes"; break;
-        case 11: bad.runtime.allocator.free = kvc__default_free; want = "runtime.allocator"; break;
+        case 11: bad.runtime.allocator.free = free_only; want = "runtime.allocator"; break;
         case 12: bad.arena_bytes = 100; want = "arena_bytes"; break;
         case 13: bad.runtime.parallel_for = serial_for; bad.runtime.n_workers = 0; want = "runtime.n_workers"; break;
         case 14:
@@ -500,7 +489,7 @@ static void test_arena(void) {
     arena = malloc(bytes);
     f.cfg.arena = arena;
     f.cfg.arena_bytes = bytes;
-    allocs = g_allocs;
+    allocs = tk_allocs;
     TK_OK(kvc_pool_create(&f.cfg, &f.pool));
     c = make_cache(&f, KVC_KIND_FULL, 0, 0);
     r = make_cache(&f, KVC_KIND_ROTATING, 5, 1);
@@ -533,14 +522,14 @@ static void test_arena(void) {
         TK_OK(kvc_snapshot_free(sx));
         TK_OK(kvc_cache_destroy(x));
     }
-    TK_EQ(g_allocs, allocs); /* nothing from the allocator after create */
+    TK_EQ(tk_allocs, allocs); /* nothing from the allocator after create */
     TK_CHECK(view_range(&f, fork, 0, 0, 13));
     TK_OK(kvc_prefix_destroy(px));
     TK_OK(kvc_snapshot_free(m));
     TK_OK(kvc_cache_destroy(fork));
     TK_OK(kvc_cache_destroy(c));
     TK_OK(kvc_cache_destroy(r));
-    TK_EQ(g_allocs, allocs);
+    TK_EQ(tk_allocs, allocs);
     fx_done(&f);
     free(arena);
 }
@@ -1582,13 +1571,13 @@ static void test_alloc_failures_all_kinds(void) {
     long n;
     int clean, failed = 1;
     for (n = 0; failed && n < 200; ++n) {
-        long a0 = g_allocs, f0 = g_frees;
-        g_fail_after = n;
+        long a0 = tk_allocs, f0 = tk_frees;
+        tk_fail_after = n;
         failed = scenario_kinds(&clean);
-        g_fail_after = -1;
+        tk_fail_after = -1;
         if (!clean) fprintf(stderr, "allocation failure injected at allocation %ld: not clean\n", n);
         TK_CHECK(clean);
-        TK_EQ(g_allocs - a0, g_frees - f0); /* nothing leaked */
+        TK_EQ(tk_allocs - a0, tk_frees - f0); /* nothing leaked */
     }
     TK_CHECK(!failed); /* the scenario eventually runs with enough allocations */
     TK_CHECK(n > 15);  /* pools, caches, forks, snapshots, prefix, attention: each one failed */
@@ -1598,12 +1587,12 @@ static void test_alloc_failures(void) {
     long n;
     int clean, failed = 1;
     for (n = 0; failed && n < 100; ++n) {
-        long a0 = g_allocs, f0 = g_frees;
-        g_fail_after = n;
+        long a0 = tk_allocs, f0 = tk_frees;
+        tk_fail_after = n;
         failed = scenario(&clean);
-        g_fail_after = -1;
+        tk_fail_after = -1;
         TK_CHECK(clean);
-        TK_EQ(g_allocs - a0, g_frees - f0); /* nothing leaked */
+        TK_EQ(tk_allocs - a0, tk_frees - f0); /* nothing leaked */
     }
     TK_CHECK(!failed); /* the scenario eventually runs with enough allocations */
     TK_CHECK(n > 5);
@@ -1724,6 +1713,6 @@ int main(int argc, char **argv) {
     test_alloc_failures_all_kinds();
     test_alignment();
     test_prefix_stale();
-    TK_EQ(g_allocs, g_frees);
+    TK_EQ(tk_allocs, tk_frees);
     return tk_report("core");
 }

@@ -15,6 +15,7 @@
 #include "../kvcache.h"
 #include "tk.h"
 #include "load_fixture.h"
+#include "format_bytes.h"
 
 /* The file the path tests write: the program's own path + ".tmp" (set in main), so that
    builds of this test run side by side (tests/run.sh runs configurations at once) do
@@ -69,20 +70,17 @@ static void lf_craft_rotating_entry(const unsigned char *entry, unsigned char *o
        9 cells (4 + 4 + 1); the batch began at offset - 1, so the window is held */
     const uint32_t off = 2147483645u, meta[6] = {2147483645u, 9, 2147483645u, 2147483644u, 536870910u, 3};
     unsigned char *m = out + 120, *t = out + 168;
-    kvc__xxh h;
     int i;
     memcpy(out, entry, 120); /* header 16, CONF 16 + 80 + 8 */
-    kvc__put32(m, KVC__TAG('M', 'E', 'T', 'A'));
-    kvc__put32(m + 4, 0);
-    kvc__put64(m + 8, 24);
-    for (i = 0; i < 6; ++i) kvc__put32(m + 16 + 4 * i, meta[i]);
-    kvc__xxh_init(&h);
-    kvc__xxh_update(&h, m, 40);
-    kvc__put64(m + 40, kvc__xxh_digest(&h));
-    kvc__put32(t, KVC__TAG('T', 'O', 'K', 'S'));
-    kvc__put32(t + 4, 0);
-    kvc__put64(t + 8, 4 * (uint64_t)off);
-    for (i = 0; i < 16; ++i) kvc__put32(t + 16 + 4 * i, (uint32_t)(200 + i));
+    tk_put32(m, TK_TAG('M', 'E', 'T', 'A'));
+    tk_put32(m + 4, 0);
+    tk_put64(m + 8, 24);
+    for (i = 0; i < 6; ++i) tk_put32(m + 16 + 4 * i, meta[i]);
+    tk_put64(m + 40, tk_xxh64(m, 40));
+    tk_put32(t, TK_TAG('T', 'O', 'K', 'S'));
+    tk_put32(t + 4, 0);
+    tk_put64(t + 8, 4 * (uint64_t)off);
+    for (i = 0; i < 16; ++i) tk_put32(t + 16 + 4 * i, (uint32_t)(200 + i));
 }
 
 static kvc_io mem_reader(kvc_mem *m, const blob *b) {
@@ -913,12 +911,9 @@ static void damage_checkpoints(void) {
             kvc_mem m;
             kvc_io io;
             blob d;
-            kvc__xxh h;
             memcpy(copy, bl.data, bl.size);
-            kvc__put32(copy + 32 + 60, (j ? 2u : 4u) | kvc__le32(copy + 32 + 60));
-            kvc__xxh_init(&h);
-            kvc__xxh_update(&h, copy + 16, 96);
-            kvc__put64(copy + 112, kvc__xxh_digest(&h));
+            tk_put32(copy + 32 + 60, (j ? 2u : 4u) | tk_le32(copy + 32 + 60));
+            tk_put64(copy + 112, tk_xxh64(copy + 16, 96));
             d.data = copy;
             d.size = bl.size;
             io = mem_reader(&m, &d);

@@ -24,15 +24,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static long g_allocs, g_fail_after = -1;
-static void *count_malloc(size_t n) {
-    if (g_fail_after == 0) return NULL;
-    if (g_fail_after > 0) g_fail_after--;
-    g_allocs++;
-    return malloc(n);
-}
-#define KVCACHE_MALLOC(sz, user) ((void)(user), count_malloc(sz))
-#define KVCACHE_FREE(p, user) ((void)(user), free(p))
+#include "count_alloc.h"
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 #include "tk.h"
@@ -765,9 +757,9 @@ static void test_alloc_failures(void) {
         kvc_radix_stats st0 = tree_stats(t), st1;
         int32_t used = pages_used(pool);
         kvc_result r;
-        g_fail_after = fail;
+        tk_fail_after = fail;
         r = kvc_radix_commit(t, NS, b, tb, 10, 0);
-        g_fail_after = -1;
+        tk_fail_after = -1;
         st1 = tree_stats(t);
         if (fail < 2) {
             TK_RES(r, KVC_ERR_NO_MEMORY);
@@ -780,10 +772,10 @@ static void test_alloc_failures(void) {
             TK_EQ(st1.n_nodes, 3);
         }
     }
-    g_fail_after = 0;
+    tk_fail_after = 0;
     TK_RES(kvc_radix_lookup(t, NS, ta, 5, &c, &reused), KVC_ERR_NO_MEMORY);
     TK_RES(kvc_radix_pin(t, NS, ta, 3), KVC_ERR_NO_MEMORY);
-    g_fail_after = -1;
+    tk_fail_after = -1;
     TK_EQ(tree_stats(t).lookups, 2);
     TK_EQ(tree_stats(t).n_nodes, 3);
     TK_EQ(tree_stats(t).n_pinned, 0);
@@ -813,7 +805,7 @@ static void test_arena(void) {
     arena = malloc(bytes);
     pc.arena = arena;
     pc.arena_bytes = bytes;
-    allocs = g_allocs;
+    allocs = tk_allocs;
     TK_OK(kvc_pool_create(&pc, &pool));
     kvc_radix_config_init(&rc, KVC_KIND_FULL);
     TK_OK(kvc_radix_create(pool, &rc, &t));
@@ -828,7 +820,7 @@ static void test_arena(void) {
     TK_OK(kvc_radix_destroy(t));
     TK_EQ(pages_used(pool), 0);
     TK_OK(kvc_pool_destroy(pool));
-    TK_EQ(g_allocs, allocs);
+    TK_EQ(tk_allocs, allocs);
     free(arena);
 }
 
@@ -878,7 +870,7 @@ static int32_t lcp(const int32_t *a, int32_t na, const int32_t *b, int32_t nb) {
 static int32_t r_upper(const r_ep *e, int ns, const int32_t *tok, int32_t n) {
     int32_t best = 0, i;
     for (i = 0; i < e->n_seqs; ++i)
-        if (e->seqs[i].ns == ns) best = KVC__MAX(best, lcp(tok, n - 1, e->seqs[i].tok, e->seqs[i].n));
+        if (e->seqs[i].ns == ns) best = TK_MAX(best, lcp(tok, n - 1, e->seqs[i].tok, e->seqs[i].n));
     return best;
 }
 
@@ -903,7 +895,7 @@ static void r_check_lookup(r_ep *e, int ns, const int32_t *tok, int32_t n, int32
     if (e->kind == KVC_KIND_FULL && tree_stats(e->t).entries_evicted == 0) R_CHECK(reused == upper);
     for (i = 0; i < e->n_live; ++i) /* a path in use is found whole */
         if (e->live[i].ns == ns && e->live[i].lease > 0) {
-            int32_t l = KVC__MIN(e->live[i].lease, lcp(tok, n - 1, e->live[i].tok, e->live[i].lease));
+            int32_t l = TK_MIN(e->live[i].lease, lcp(tok, n - 1, e->live[i].tok, e->live[i].lease));
             if (l == e->live[i].lease || e->kind == KVC_KIND_FULL) R_CHECK(reused >= l);
         }
     if (e->kind == KVC_KIND_FULL)
@@ -944,7 +936,7 @@ static void r_turn(r_ep *e) {
         keep = tk_int(&e->rng, 0, q->n);
         memcpy(tok, q->tok, sizeof(int32_t) * (size_t)keep);
         int32_t more = keep + tk_int(&e->rng, 0, 8);
-        n = KVC__MAX(n, KVC__MIN(more, R_MAXN + 20));
+        n = TK_MAX(n, TK_MIN(more, R_MAXN + 20));
     }
     for (i = keep; i < n; ++i) tok[i] = tk_int(&e->rng, 0, e->alphabet - 1);
     TK_OK(kvc_radix_lookup(e->t, e->ns[ns], tok, n, &c, &reused));

@@ -22,19 +22,7 @@
 #include <unistd.h>
 #include <dirent.h>
 
-static long g_allocs, g_frees, g_fail_after = -1;
-static void *count_malloc(size_t n) {
-    if (g_fail_after == 0) return NULL;
-    if (g_fail_after > 0) g_fail_after--;
-    g_allocs++;
-    return malloc(n);
-}
-static void count_free(void *p) {
-    if (p != NULL) g_frees++;
-    free(p);
-}
-#define KVCACHE_MALLOC(sz, user) ((void)(user), count_malloc(sz))
-#define KVCACHE_FREE(p, user) ((void)(user), count_free(p))
+#include "count_alloc.h"
 #define KVCACHE_IMPLEMENTATION
 #include "../kvcache.h"
 #include "tk.h"
@@ -1057,8 +1045,8 @@ static void test_alloc_failures(tk_rng *rng) {
         kvc_result r;
         int with_store = k % 2;
         clear_dir();
-        allocs0 = g_allocs;
-        frees0 = g_frees;
+        allocs0 = tk_allocs;
+        frees0 = tk_frees;
         pool = make_pool(KVC_TYPE_F16, 16);
         t = make_tree(pool);
         kvc_tier_config_init(&tc);
@@ -1066,15 +1054,15 @@ static void test_alloc_failures(tk_rng *rng) {
         if (with_store) kvc_store_dir(&st, g_dir, &tc.store);
         TK_OK(kvc_tier_attach(t, &tc));
         TK_OK(converse(t, a, n, NULL));
-        g_fail_after = k / 2;
+        tk_fail_after = k / 2;
         r = kvc_radix_evict(t, 1000, NULL); /* eviction never fails; the copy may */
         TK_OK(r);
-        g_fail_after = -1;
+        tk_fail_after = -1;
         TK_EQ(pages_used(pool), 0);
-        g_fail_after = k / 2;
+        tk_fail_after = k / 2;
         got = -1;
         r = kvc_tier_fetch(t, NS, a, n, &got);
-        g_fail_after = -1;
+        tk_fail_after = -1;
         TK_CHECK(r == KVC_OK || r == KVC_ERR_NO_MEMORY);
         if (got > 0) {
             fetched_ok++;
@@ -1084,7 +1072,7 @@ static void test_alloc_failures(tk_rng *rng) {
         }
         TK_OK(kvc_radix_destroy(t));
         TK_OK(kvc_pool_destroy(pool));
-        TK_EQ(g_allocs - allocs0, g_frees - frees0); /* no leak */
+        TK_EQ(tk_allocs - allocs0, tk_frees - frees0); /* no leak */
     }
     TK_CHECK(fetched_ok > 0);
 }
