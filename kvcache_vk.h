@@ -1146,7 +1146,7 @@ struct kvc_vk_pool {
     int32_t rot_k, rot_v;             /* kvc_pool_config.rotate: the rotation's block of K / V, 0: none */
     kvc_vk__buf rot;                  /* rotated append inputs (R k, R v) */
     int owns_host;                    /* host made by kvc_vk_pool_create (else a model memory's) */
-    struct kvc_vk__capture *capture;  /* kvc_vk_pool_cmd_fetch under way: where loads write pages */
+    struct kvc_vk__capture *capture;  /* a recorded fetch under way (pool or memory): where loads write pages */
 };
 
 static void kvc_vk__on_event(void *user, const kvc_page_event *ev) {
@@ -3269,7 +3269,8 @@ static kvc_result kvc_vk__capture_make(kvc_vk__capture *k, kvc_vk_pool *const *p
     kvc_result r = KVC_OK;
     int32_t i;
     for (i = 0; i < n_pools; ++i) {
-        if (kvc_vk__page_min(pools[i]) < page_min) page_min = kvc_vk__page_min(pools[i]);
+        uint64_t m = kvc_vk__page_min(pools[i]);
+        page_min = m < page_min ? m : page_min;
         all += kvc_vk__pages_all(pools[i]);
     }
     size = (uint64_t)max < all ? (uint64_t)max : all;
