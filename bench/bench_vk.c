@@ -6,7 +6,8 @@
    around `reps` calls recorded back to back (each call: split-K pass, barrier, merge pass),
    medians of 5 such runs. GB/s counts the K+V bytes the call must read (the stored bytes). The copy
    kernel (kvc_vk_cmd_copy, 1 GiB -> 1 GiB) gives the device's bandwidth, read + write
-   counted, as the yardstick. One query head group of sequence 0 is checked
+   counted, as the yardstick; the call floor (a barrier and a dispatch that copies 256 bytes,
+   as each call begins) what any call costs before its work. One query head group of sequence 0 is checked
    against a double-precision reference on the host.
    A type written NAME+rot (q8_0+rot, q4_0+rot) stores K and V rotated (kvc_pool_config.rotate =
    KVC_ROTATE_K | KVC_ROTATE_V): the split pass then rotates q as it loads it and the merge
@@ -165,6 +166,14 @@ static void print_stats(const kvc_vk_pool *p) {
 typedef struct copy_job { kvc_vk_pool *pool; VkBuffer a, b; VkDeviceSize bytes; } copy_job;
 static void record_copy(VkCommandBuffer cmd, void *user) {
     copy_job *j = (copy_job *)user;
+    CHECK(kvc_vk_cmd_copy(j->pool, cmd, j->a, j->b, j->bytes));
+}
+
+/* the floor of a call: the barrier every attention call records first (kvc_vk_pool_cmd_sync),
+   then one dispatch that does almost nothing (a 256-byte copy) */
+static void record_floor(VkCommandBuffer cmd, void *user) {
+    copy_job *j = (copy_job *)user;
+    CHECK(kvc_vk_pool_cmd_sync(j->pool, cmd));
     CHECK(kvc_vk_cmd_copy(j->pool, cmd, j->a, j->b, j->bytes));
 }
 
@@ -450,6 +459,16 @@ int main(int argc, char **argv) {
         copy_us = time_gpu(record_copy, &cj, 20, NULL);
         copy_gbs = 2.0 * (double)bytes / (copy_us * 1e-6) / 1e9;
         printf("copy kernel: %.0f MiB -> %.0f MiB in %.1f us = %.0f GB/s read + write\n", (double)bytes / 1048576.0, (double)bytes / 1048576.0, copy_us, copy_gbs);
+    }
+    { /* what any call costs before its work: attention rows below are this much above zero */
+        copy_job fj;
+        kvc_vk_buffer fa, fb;
+        CHECK(kvc_vk_buffer_create(ctx, 256, 0, &fa));
+        CHECK(kvc_vk_buffer_create(ctx, 256, 0, &fb));
+        fj.pool = copy_pool; fj.a = fa.buffer; fj.b = fb.buffer; fj.bytes = 256;
+        printf("call floor: a barrier and one dispatch (a 256-byte copy), %.1f us a call\n", time_gpu(record_floor, &fj, reps, NULL));
+        kvc_vk_buffer_destroy(ctx, &fa);
+        kvc_vk_buffer_destroy(ctx, &fb);
     }
     CHECK(kvc_vk_pool_destroy(copy_pool));
 

@@ -22,9 +22,14 @@
 // barrier() and the count (atomicAdd), and the last workgroup's memoryBarrierBuffer() after
 // the count orders its reads of the others' partials after it (CUDA's threadFenceReduction).
 //
+// A query row holding a NaN or an infinity gives a row of NaN. Every workgroup has read the
+// query rows (its prologue), so its invocations note the heads of the bad values they saw
+// there (od_query_bad), hand them to od_finish, and the last workgroup merges without
+// reading the queries again (it cost the merge a memory round trip and a barrier).
+//
 // The including shader defines OD_NT (invocations of its workgroup) before including this,
-// and declares HDK, HDV, G, KV_HEADS, FUSED, qb[] (binding 3), part[] (binding 4,
-// `coherent`), meta[], pc.job_off, pc.n_splits and attn_common.glsl.
+// and declares HDK, HDV, G, KV_HEADS, FUSED, part[] (binding 4, `coherent`), meta[],
+// pc.job_off, pc.n_splits and attn_common.glsl; FUSED builds call od_start() first in main.
 #ifndef ATTN_ONEDISP_GLSL
 #define ATTN_ONEDISP_GLSL
 
@@ -39,14 +44,20 @@ const uint OD_Q = HDV / 4u;                   // vectors of an output row (FUSED
 const uint OD_K = (G * OD_Q + OD_NT - 1u) / OD_NT; // vectors per invocation
 const uint OD_U = 8u;                         // splits whose loads are in flight together
 shared uint od_last;
-shared uint od_bad[G]; // per head: its query row holds a NaN or an infinity
+shared uint od_bad; // bit h: query head h's row holds a NaN or an infinity
+
+// First in main (FUSED builds; a barrier() comes between it and od_finish): no bad row yet.
+void od_start() {
+    if (gl_LocalInvocationID.x == 0u) od_bad = 0u;
+}
+
+// A query value as loaded (not yet scaled or rotated) of head h: its bit of od_finish's mask
+uint od_query_bad(float x, uint h) { return nonfinite(x) ? 1u << h : 0u; }
 
 void od_merge(Job J, uint jb, uint kvh) {
     const float NEG_INF = -1.0 / 0.0;
     uint tid = gl_LocalInvocationID.x, n = pc.n_splits;
     uint jw = pc.job_off + jb * JOB_STRIDE, so = meta[jw + JOB_SINK_OFF], lo = meta[jw + JOB_LSE_OFF];
-    for (uint i = tid; i < G * HDK; i += OD_NT) // exponent all ones: NaN or infinite
-        if ((floatBitsToUint(qb[J.q_off + kvh * G * HDK + i]) & 0x7f800000u) == 0x7f800000u) atomicOr(od_bad[i / HDK], 1u);
     float nan_ = uintBitsToFloat(0x7fc00000u);
     float M[OD_K], L[OD_K];
     vec4 acc[OD_K];
@@ -81,7 +92,6 @@ void od_merge(Job J, uint jb, uint kvh) {
             M[k] = mc;
         }
     }
-    barrier(); // od_bad is whole
     [[unroll]] for (uint k = 0u; k < OD_K; ++k) {
         uint v = tid + k * OD_NT, h = v / OD_Q;
         if (h >= G) continue;
@@ -90,7 +100,7 @@ void od_merge(Job J, uint jb, uint kvh) {
         float Ms = max(M[k], sk);
         float fM = Ms == NEG_INF ? 0.0 : exp2(M[k] - Ms), fS = Ms == NEG_INF ? 0.0 : exp2(sk - Ms);
         float Lt = L[k] * fM + fS;
-        bool isbad = bad[k] || od_bad[h] != 0u;
+        bool isbad = bad[k] || ((od_bad >> h) & 1u) != 0u;
         vec4 o = Lt > 0.0 ? acc[k] * fM / Lt : vec4(0.0);
         uint d = (v % OD_Q) * 4u, oa = J.out_off + (kvh * G + h) * HDV + d;
         [[unroll]] for (uint e = 0u; e < 4u; ++e) od_out[oa + e] = isbad ? nan_ : o[e];
@@ -101,9 +111,10 @@ void od_merge(Job J, uint jb, uint kvh) {
 
 // At the end of main, by every invocation (uniform control flow), once the workgroup's
 // partials are written: the last workgroup of the (job, kv head) merges its G query heads.
-void od_finish(Job J, uint jb, uint kvh) {
+// qbad: the od_query_bad bits of the query values this invocation loaded.
+void od_finish(Job J, uint jb, uint kvh, uint qbad) {
     uint tid = gl_LocalInvocationID.x;
-    if (tid < G) od_bad[tid] = 0u;
+    if (qbad != 0u) atomicOr(od_bad, qbad);
     memoryBarrierBuffer(); // this invocation's partials before the count
     barrier();
     if (tid == 0u) {

@@ -191,10 +191,13 @@ void main() {
     // side and read whole K/V rows ([cell][kv head][dim]) between them
     uint kvh = gl_WorkGroupID.x, split = gl_WorkGroupID.y, jb = gl_WorkGroupID.z;
     uint tid = gl_LocalInvocationID.x;
+    if (FUSED != 0u) od_start();
     Job J = load_job(pc.job_off, jb);
     uint hbk = head_bytes(TYPE_K, HDK), hbv = head_bytes(TYPE_V, HDV);
+    uint qbad = 0u; // (FUSED) heads whose query values this invocation saw not finite
     for (uint i = tid; i < G * HDK; i += WG) {
         float x = qb[J.q_off + kvh * G * HDK + i];
+        qbad |= od_query_bad(x, i / HDK);
         qs[i] = ROT_K != 0u && rot_neg(i % HDK) ? -x : x;
     }
     if (ROT_K != 0u) {
@@ -429,5 +432,5 @@ void main() {
             part[at + 1u] = ll;
         }
     }
-    if (FUSED != 0u) od_finish(J, jb, kvh);
+    if (FUSED != 0u) od_finish(J, jb, kvh, qbad);
 }
