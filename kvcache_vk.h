@@ -2431,16 +2431,14 @@ static uint32_t kvc_vk__merge_sg(const kvc_vk_pool *p) {
                : 0;
 }
 
-/* attn_split_cm's cells a subgroup at least, for a call of `pairs` (kv head, cell) pairs */
-static int32_t kvc_vk__cm_min_chunk(int64_t pairs) {
-    int64_t c = (pairs / KVC_VK__CM_SMALL_CALL_SUBGROUPS + 15) / 16 * 16;
-    return (int32_t)KVC__MAX(16, KVC__MIN(c, KVC_VK__CM_MIN_CHUNK));
-}
-
 /* A split's cells at least, for a call of `cells` cells in all (jobs x longest view):
-   attn_split_cm's workgroup of nsg subgroups, attn_split_q's (planar pools) or attn_split's */
+   attn_split_cm's workgroup of nsg subgroups (each a share of the call's (kv head, cell)
+   pairs, whole tiles of 16), attn_split_q's (planar pools) or attn_split's */
 static int32_t kvc_vk__min_chunk(const kvc_vk_pool *p, int cm, int32_t nsg, int64_t cells) {
-    if (cm) return kvc_vk__cm_min_chunk(cells * p->n_kv_heads) * nsg;
+    if (cm) {
+        int64_t c = (cells * p->n_kv_heads / KVC_VK__CM_SMALL_CALL_SUBGROUPS + 15) / 16 * 16;
+        return (int32_t)KVC__MAX(16, KVC__MIN(c, KVC_VK__CM_MIN_CHUNK)) * nsg;
+    }
     if (p->planar) return cells <= KVC_VK__Q_TINY_CELLS ? KVC_VK__Q_TINY_CHUNK : KVC_VK__Q_MIN_CHUNK;
     return 1;
 }
