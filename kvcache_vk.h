@@ -1264,6 +1264,19 @@ static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint3
 #ifndef KVC_VK__Q_MIN_CHUNK
 #define KVC_VK__Q_MIN_CHUNK 64
 #endif
+/* ... but calls of at most KVC_VK__Q_TINY_CELLS cells in all (jobs x longest view) take at
+   least KVC_VK__Q_TINY_CHUNK a split (one tile at head dim 128): their splits are a chain of
+   waits more than work. H200, q8_0 / q4_0, us, with 64 / 32: batch 1 at 256 cells 14.9-15.0 /
+   13.3-13.5 and 15.2 / 13.5-13.7, 1k 15.2 / 13.4-13.5 and 15.3-15.4 / 13.7-13.8, 2k 15.1-15.4 /
+   13.9-14.2 and 15.4-15.6 / 14.0; batch 8 at 256 cells 18.2-18.3 / 17.2-17.3 and 18.3-18.4 /
+   17.2; 4k cells at batch 1 and 1k-4k at batch 8 the same to 0.3 us either way (q4_0 batch 8
+   at 4k 37.6-37.9 / 38.2-38.8). */
+#ifndef KVC_VK__Q_TINY_CELLS
+#define KVC_VK__Q_TINY_CELLS 2048
+#endif
+#ifndef KVC_VK__Q_TINY_CHUNK
+#define KVC_VK__Q_TINY_CHUNK 32
+#endif
 /* attn_split_q's workgroups in calls of at most KVC_VK__Q_SMALL_CELLS cells in all (jobs x
    longest view). H100, batch 1, q8_0 / q4_0 / q8_0+rot / q4_0+rot, us: 8k cells 20.3 / 20.1 /
    21.6 / 21.6 with 512 against 26.5 / 21.1 / 28.8 / 23.4 with 1024 (1024 workgroups of two
@@ -2476,10 +2489,16 @@ static uint32_t kvc_vk__merge_sg(const kvc_vk_pool *p) {
                : 0;
 }
 
-/* attn_split_cm's cells a subgroup at least, for a call of `pairs` (kv head, cell) pairs */
-static int32_t kvc_vk__cm_min_chunk(int64_t pairs) {
-    int64_t c = (pairs / KVC_VK__CM_SMALL_CALL_SUBGROUPS + 15) / 16 * 16;
-    return (int32_t)KVC__MAX(16, KVC__MIN(c, KVC_VK__CM_MIN_CHUNK));
+/* A split's cells at least, for a call of `cells` cells in all (jobs x longest view):
+   attn_split_cm's workgroup of nsg subgroups (each a share of the call's (kv head, cell)
+   pairs, whole tiles of 16), attn_split_q's (planar pools) or attn_split's */
+static int32_t kvc_vk__min_chunk(const kvc_vk_pool *p, int cm, int32_t nsg, int64_t cells) {
+    if (cm) {
+        int64_t c = (cells * p->n_kv_heads / KVC_VK__CM_SMALL_CALL_SUBGROUPS + 15) / 16 * 16;
+        return (int32_t)KVC__MAX(16, KVC__MIN(c, KVC_VK__CM_MIN_CHUNK)) * nsg;
+    }
+    if (p->planar) return cells <= KVC_VK__Q_TINY_CELLS ? KVC_VK__Q_TINY_CHUNK : KVC_VK__Q_MIN_CHUNK;
+    return 1;
 }
 
 /* attn_split_cm's subgroups a workgroup for a GQA group and a call of `pairs` (kv head, cell)
@@ -2844,8 +2863,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     splits = (int32_t)(groups / ((int64_t)n_jobs * p->n_kv_heads * nhg));
     splits = KVC__MAX(1, KVC__MIN(splits, p->max_splits));
     chunk = (max_view + splits - 1) / splits;
-    chunk = (KVC__MAX(chunk, cm ? kvc_vk__cm_min_chunk((int64_t)n_jobs * p->n_kv_heads * max_view) * nsg
-                                : p->planar ? KVC_VK__Q_MIN_CHUNK : 1) + block - 1) / block * block;
+    chunk = (KVC__MAX(chunk, kvc_vk__min_chunk(p, cm, nsg, (int64_t)n_jobs * max_view)) + block - 1) / block * block;
     splits = KVC__MAX(1, (max_view + chunk - 1) / chunk);
     /* one dispatch where the last workgroup's merge reads few splits (attn_onedisp.glsl: not
        attn_split_q's planar pools, nor rotated values, whose merge rotates back) */
