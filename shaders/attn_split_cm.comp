@@ -27,6 +27,23 @@
 //   values   O^T (HDV x NQ) += V^T (HDV x 16) x P^T, P split into hi / lo columns the
 //            same way (p in [0, 1]: to about 2^-24 absolute).
 // Written out as attn_split.comp does: (max, sum, unnormalised output) per query head.
+//
+// Built a second time with QUANT = 1 for q8_0 / q4_0 K and V on planar pages (kvc_types.glsl's
+// layout; head dims 64 or 128): the same schedule over the codes, which are small integers
+// and so exact in f16:
+//   stage    each tile's codes (8 or 4 bits a value, loaded a tile ahead with the owner's
+//            block scales) are turned into f16 as they are stored into shared memory;
+//   scores   the query is rounded to q8_0 as on the CPU (attn_split_q.comp's prologue), its
+//            codes the columns of Q^T; one product a block of 32 values gives that block's
+//            integer sums exactly (|sum| < 2^19 in f32), and the owner of a (head, cell)
+//            adds them times the block scales (d_k x d_q, as attn_split_q.comp does);
+//   values   the weights times the cell's V scale of each block, w = p d_v, one P^T a
+//            block (V^T's rows of block b take block b's P^T), split hi / lo as p is
+//            above after a scaling by a power of two 2^-(R_b + 1) that brings them into [0, 1):
+//            R_b is the largest exponent of block b's scales of the visible cells so far
+//            (O^T's rows of the block are scaled down by the power of two when it grows,
+//            and up by 2^(R_b + 1) at the end). (Rounding w to f16 for hi instead, the
+//            driver's compiler took f32 -> f16 -> f32 as no change: hi + lo to 2^-12.)
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -37,9 +54,12 @@
 #extension GL_KHR_shader_subgroup_vote : require
 #extension GL_KHR_shader_subgroup_ballot : require
 #extension GL_KHR_memory_scope_semantics : require
+#ifndef QUANT
+#define QUANT 0
+#endif
 #include "kvc_shared.glsl"
 // attn_split.comp's specialization constants, those this schedule uses
-layout(constant_id = SPLIT_TYPE_K) const uint TYPE_K = 1u; // f16 only (kvcache_vk.h picks this shader)
+layout(constant_id = SPLIT_TYPE_K) const uint TYPE_K = 1u; // f16; QUANT: q8_0 or q4_0 (kvcache_vk.h picks this shader)
 layout(constant_id = SPLIT_TYPE_V) const uint TYPE_V = 1u;
 layout(constant_id = SPLIT_HDK) const uint HDK = 128u;     // multiples of 16, at most 128
 layout(constant_id = SPLIT_HDV) const uint HDV = 128u;
@@ -56,6 +76,13 @@ layout(set = 0, binding = 1) volatile readonly buffer VB { uvec4 vb[]; };
 layout(set = 0, binding = 2) readonly buffer MB { uint meta[]; };
 layout(set = 0, binding = 3) readonly buffer QB { float qb[]; };
 layout(set = 0, binding = 4) coherent buffer PB { float part[]; }; // (coherent: FUSED builds read it back)
+#if QUANT
+// K and V again, as words: the scales (volatile, as kb / vb: loaded where they are issued)
+layout(set = 0, binding = 5) volatile readonly buffer KW { uint kw[]; };
+layout(set = 0, binding = 6) volatile readonly buffer VW { uint vw[]; };
+uint ldw(uint which, uint w) { return which == 0u ? kw[w] : vw[w]; }
+#include "kvc_types.glsl"
+#endif
 
 layout(push_constant) uniform PC {
     uint job_off;
@@ -88,16 +115,31 @@ const float HI = 2048.0, INV_HI = 1.0 / 2048.0, LO = 4096.0, INV_LO = 1.0 / 4096
 const float NEG_INF = -1.0 / 0.0;
 const uint NT = (G + 1u) / 2u;                    // heads per invocation in the softmax
 
-// Each subgroup has its own piece of every array: kv from KO, the others from SO
+// QUANT: 16-byte pieces of a head row's codes (K, V), pieces per invocation per tile, words
+// of a cell's block scales
+const uint NB = HDK / 32u;                        // blocks of 32 values of a head row
+#if QUANT
+const uint KQ = (TYPE_K == T_Q8_0 ? HDK : HDK / 2u) / 16u, VQ = (TYPE_V == T_Q8_0 ? HDV : HDV / 2u) / 16u;
+const uint NKQ = TC * KQ / 32u, NVQ = TC * VQ / 32u;
+const uint NSW = HDK / 64u;
+#else
+const uint NKQ = NK, NVQ = NV;
+#endif
+const uint NSS = QUANT != 0 ? NB : 1u;            // S^T and P^T matrices a tile (QUANT: one a block)
+
+// Each subgroup has its own piece of every array: kv from KO, am from SO, ss and ps from SP
 const uint KVW = KV_WORDS > O_WORDS ? KV_WORDS : O_WORDS;
 shared uvec4 kv[NSG * KVW];
-shared float ss[NSG * TC * NQ];                   // S^T, row-major (cell, column)
+shared float ss[NSG * NSS * TC * NQ];             // S^T, row-major (cell, column)
 shared float am[NSG * 16u * NQ];                  // rescale factors: column n holds column n's
-shared float16_t ps[NSG * TC * NQ];               // P^T, row-major (cell, column)
+shared float16_t ps[NSG * NSS * TC * NQ];         // P^T, row-major (cell, column)
 shared float om[NSG * G], ol[NSG * G];            // each subgroup's maxima and sums per head
-uint KO, SO;                                      // this subgroup's pieces
+uint KO, SO, SP;                                  // this subgroup's pieces
 
-uvec4 kr[NK], vr[NV];
+uvec4 kr[NKQ], vr[NVQ];
+#if QUANT
+uint ksw[NSW], vsw[NSW];                          // the block scales (f16 pairs) of this invocation's cell
+#endif
 
 // The subgroup's barrier for shared memory only.
 void sync_shared() {
@@ -113,7 +155,66 @@ bool cell_at(Job J, uint base, uint c1, uint lane, out uint g) {
     return vis;
 }
 
-// Load the K rows, or the V rows, of a tile's cells (g: this invocation's cell) into kr / vr.
+// Load the K rows, or the V rows, of a tile's cells (g: this invocation's cell) into kr / vr
+// (QUANT: their codes, and this invocation's cell's scales into ksw / vsw).
+#if QUANT
+void fetch_k(uint g, uint kvh, uint lane) {
+    uint a = pl_codes(TYPE_K, HDK, KV_HEADS, PAGE_CELLS, g, kvh) / 16u;
+    [[unroll]] for (uint j = 0u; j < NKQ; ++j) {
+        uint i = lane + 32u * j;
+        kr[j] = kb[subgroupShuffle(a, i / KQ) + i % KQ];
+    }
+    uint s = pl_scale(TYPE_K, HDK, KV_HEADS, PAGE_CELLS, g, kvh, 0u) / 4u;
+    [[unroll]] for (uint w = 0u; w < NSW; ++w) ksw[w] = kw[s + w];
+}
+void fetch_v(uint g, uint kvh, uint lane) {
+    uint a = pl_codes(TYPE_V, HDV, KV_HEADS, PAGE_CELLS, g, kvh) / 16u;
+    [[unroll]] for (uint j = 0u; j < NVQ; ++j) {
+        uint i = lane + 32u * j;
+        vr[j] = vb[subgroupShuffle(a, i / VQ) + i % VQ];
+    }
+    uint s = pl_scale(TYPE_V, HDV, KV_HEADS, PAGE_CELLS, g, kvh, 0u) / 4u;
+    [[unroll]] for (uint w = 0u; w < NSW; ++w) vsw[w] = vw[s + w];
+}
+
+// Four biased codes, the bytes of u, as f16 less `off`, in order, two to a word: 0x6400 |
+// byte is the f16 1024 + byte, and the difference an integer, so both exact.
+uvec2 byte_halves(uint u, float off) {
+    uint a = (u & 0xffu) | ((u << 8) & 0xff0000u) | 0x64006400u;
+    uint b = ((u >> 16) & 0xffu) | ((u >> 8) & 0xff0000u) | 0x64006400u;
+    f16vec2 o = f16vec2(off);
+    return uvec2(packFloat2x16(unpackFloat2x16(a) - o), packFloat2x16(unpackFloat2x16(b) - o));
+}
+// A 16-byte piece x of a head row's codes (piece p of the row) into row r of kv (stride st
+// pieces of f16): q8_0, 16 codes; q4_0, a block (low nibbles values 0-15, high 16-31).
+void stage_codes(uint type, uvec4 x, uint r, uint p, uint st) {
+    uint at = KO + r * st;
+    if (type == T_Q8_0) {
+        uvec4 u = x ^ uvec4(0x80808080u);
+        kv[at + 2u * p] = uvec4(byte_halves(u.x, 1152.0), byte_halves(u.y, 1152.0));
+        kv[at + 2u * p + 1u] = uvec4(byte_halves(u.z, 1152.0), byte_halves(u.w, 1152.0));
+    } else {
+        uvec4 lo = x & uvec4(0x0f0f0f0fu), hi = (x >> 4) & uvec4(0x0f0f0f0fu);
+        kv[at + 4u * p] = uvec4(byte_halves(lo.x, 1032.0), byte_halves(lo.y, 1032.0));
+        kv[at + 4u * p + 1u] = uvec4(byte_halves(lo.z, 1032.0), byte_halves(lo.w, 1032.0));
+        kv[at + 4u * p + 2u] = uvec4(byte_halves(hi.x, 1032.0), byte_halves(hi.y, 1032.0));
+        kv[at + 4u * p + 3u] = uvec4(byte_halves(hi.z, 1032.0), byte_halves(hi.w, 1032.0));
+    }
+}
+// f16 bits to f32 as kvc_types.glsl's h2f, by selects instead of its branches (H200, q8_0 at
+// 128k cells batch 8 in a build that ran every size here: 1675 us with h2f, 1382 with
+// unpackHalf2x16, which some drivers flush to zero below 2^-14)
+float h2f_sel(uint h) {
+    uint e = (h >> 10) & 0x1fu, m = h & 0x3ffu, s = (h & 0x8000u) << 16;
+    float sub = uintBitsToFloat(s | floatBitsToUint(float(m) * (1.0 / 16777216.0)));
+    uint big = e == 31u ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13);
+    return e == 0u ? sub : uintBitsToFloat(s | big);
+}
+// block b's scale of a cell's scale words
+#define BLOCK_SCALE(w, b) h2f_sel(((w)[(b) / 2u] >> (16u * ((b) & 1u))) & 0xffffu)
+// 2^e as a float, e in [-126, 127]
+float pow2(int e) { return uintBitsToFloat(uint(e + 127) << 23); }
+#else
 void fetch_k(uint g, uint kvh, uint lane) {
     [[unroll]] for (uint j = 0u; j < NK; ++j) {
         uint i = lane + 32u * j, cg = subgroupShuffle(g, i / CK);
@@ -126,6 +227,7 @@ void fetch_v(uint g, uint kvh, uint lane) {
         vr[j] = vb[(cg * pc.v_row_bytes + kvh * (HDV * 2u)) / 16u + i % CV];
     }
 }
+#endif
 
 // Keep the loads just issued ahead of the work that follows: without this the driver's
 // compiler sank them to their use (the next tile's staging, seen in its SASS) and nothing
@@ -202,6 +304,7 @@ void main() {
     uint tid = gl_LocalInvocationID.x, sg = tid / 32u, lane = tid % 32u, lc = lane & 15u, hb = lane >> 4;
     KO = sg * KVW;
     SO = sg * TC * NQ;
+    SP = sg * NSS * TC * NQ;
     if (FUSED != 0u) od_start();
     Job J = load_job(pc.job_off, jb);
     // the workgroup's split: pc.chunk cells, a slice of pc.chunk / NSG (whole tiles) a subgroup
@@ -210,15 +313,25 @@ void main() {
     // their loads are then on the way while the first tile's page table entry is read, not
     // after it (H200, f16 batch 1, 256 / 4k cells: 0.2-0.5 us a call)
     uint q0 = J.q_off + kvh * G * HDK;
+    uint qbad = 0u; // (FUSED) heads whose query values this invocation loaded not finite
+#if QUANT
+    const uint NBLK = G * NB;                    // the query's blocks of 32 (at most 32)
+    float xs[NBLK];                              // value `lane` of each
+    if (ROT_K == 0u)
+        [[unroll]] for (uint b = 0u; b < NBLK; ++b) {
+            xs[b] = qb[q0 + 32u * b + lane];
+            qbad |= od_query_bad(xs[b], b / NB);
+        }
+#else
     const uint QP = (G * HDK / 2u + 31u) / 32u;  // pairs of query values per invocation
     vec2 qv[QP];
-    uint qbad = 0u; // (FUSED) heads whose query values this invocation loaded not finite
     if (ROT_K == 0u)
         [[unroll]] for (uint j = 0u; j < QP; ++j) {
             uint i = lane + 32u * j;
             qv[j] = i < G * HDK / 2u ? vec2(qb[q0 + 2u * i], qb[q0 + 2u * i + 1u]) : vec2(0.0);
             qbad |= od_query_bad(qv[j].x, 2u * i / HDK) | od_query_bad(qv[j].y, 2u * i / HDK);
         }
+#endif
     // the first tile's rows are on their way while Q is prepared; the cells of the tile
     // after it are looked up one tile ahead (the page table read is off the critical path)
     uint gid0, gid1;
@@ -227,6 +340,36 @@ void main() {
     fetch_v(gid0, kvh, lane);
     bool vis1 = cell_at(J, c0 + TC, c1, lane, gid1);
 
+#if QUANT
+    // Q: R q first for rotated keys; then every block rounded to q8_0 as attn_split_q.comp's
+    // prologue does it (the same operations, so the same codes and scales): the blocks'
+    // maxima by shuffles, invocation b block b's scale, each code into Q's rows as f16
+    if (ROT_K != 0u) {
+        qbad = rotate_query(q0, lane);
+        sync_shared();
+        [[unroll]] for (uint b = 0u; b < NBLK; ++b) xs[b] = rotated_query_at(32u * b + lane);
+        sync_shared(); // R q is read out of kv before it is cleared
+    }
+    float amax[NBLK];
+    [[unroll]] for (uint b = 0u; b < NBLK; ++b) amax[b] = abs(xs[b]);
+    [[unroll]] for (uint o = 1u; o < 32u; o <<= 1)
+        [[unroll]] for (uint b = 0u; b < NBLK; ++b) amax[b] = max(amax[b], subgroupShuffleXor(amax[b], o));
+    float mine = 0.0;
+    [[unroll]] for (uint b = 0u; b < NBLK; ++b) mine = lane == b ? amax[b] : mine;
+    float qd = div_rn(mine, 127.0), qid = qd != 0.0 ? div_rn(1.0, qd) : 0.0;
+    for (uint i = lane; i < NQ * SK; i += 32u) kv[KO + i] = uvec4(0u);
+    sync_shared();
+    [[unroll]] for (uint b = 0u; b < NBLK; ++b) {
+        float code = float(clamp(int(roundEven(xs[b] * subgroupShuffle(qid, b))), -127, 127));
+        float next = subgroupShuffleXor(code, 1u);
+        uint g = b / NB, d = 32u * (b % NB) + lane;
+        if ((lane & 1u) == 0u) kv[KO + g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(code, next));
+    }
+    // the owner's query scales (d_q x scale_log2) of its heads hb, hb + 2, ..., [head][block]
+    float qs = h2f(f2h(qd)) * pc.scale_log2, qsc[NT][NB];
+    [[unroll]] for (uint t = 0u; t < NT; ++t)
+        [[unroll]] for (uint b = 0u; b < NB; ++b) qsc[t][b] = subgroupShuffle(qs, min(hb + 2u * t, G - 1u) * NB + b);
+#else
     // Q: scaled to base 2, each head's row by a power of two into (-1, 1) (its own: a row
     // holding a NaN or an infinity, whose output is NaN, must not change the other heads'
     // bits; kvcache.h's rule), split hi / lo into rows of kv
@@ -272,7 +415,9 @@ void main() {
         kv[KO + g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.x, b.x));
         kv[KO + (G + g) * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.y, b.y));
     }
-    for (uint i = lane; i < 16u * NQ; i += 32u) { am[SO + i] = 1.0; ps[SO + i] = float16_t(0.0); }
+#endif
+    for (uint i = lane; i < 16u * NQ; i += 32u) am[SO + i] = 1.0;
+    for (uint i = lane; i < NSS * TC * NQ; i += 32u) ps[SP + i] = float16_t(0.0);
     sync_shared();
     MATB qf[HDK / 16u];
     [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) coopMatLoadNV(qf[k], kv, KO + 2u * k, SK, true);
@@ -280,22 +425,59 @@ void main() {
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
     float m[NT], l[NT];
     [[unroll]] for (uint t = 0u; t < NT; ++t) { m[t] = NEG_INF; l[t] = 0.0; }
+#if QUANT
+    int rb[NB]; // R_b: O^T's rows of block b are in units of 2^(R_b + 1)
+    [[unroll]] for (uint b = 0u; b < NB; ++b) rb[b] = -125;
+#endif
+#if !QUANT
     float escale[NT]; // the query scalings undone: this invocation's heads hb, hb + 2, ...
     [[unroll]] for (uint t = 0u; t < NT; ++t) {
         escale[t] = 1.0;
         [[unroll]] for (uint h = 0u; h < G; ++h)
             if (h == hb + 2u * t) escale[t] = ldexp(1.0, qe[h]);
     }
+#endif
 
     sync_shared(); // everyone has read Q out of kv
     [[dont_unroll]] for (uint base = c0; base < c1; base += TC) {
         // stage this tile's K and start loading the next tile's (past the end: cell 0, never
         // used); its V waits in registers until the scores are taken, then goes where K was
+#if QUANT
+        [[unroll]] for (uint j = 0u; j < NKQ; ++j) { uint i = lane + 32u * j; stage_codes(TYPE_K, kr[j], i / KQ, i % KQ, SK); }
+        float dk[NB], dv[NB], fw[NB]; // this tile's scales of this invocation's cell (the next tile's load into ksw / vsw)
+        [[unroll]] for (uint b = 0u; b < NB; ++b) {
+            dk[b] = BLOCK_SCALE(ksw, b);
+            dv[b] = BLOCK_SCALE(vsw, b);
+            // R_b (scales are not negative: a NaN or an infinity counts as 2^128, and its row is NaN)
+            int e = subgroupMax(vis0 ? int((floatBitsToUint(dv[b]) >> 23) & 0xffu) - 127 : -125);
+            e = clamp(e, -125, 125);
+            if (e > rb[b]) { // (uniform)
+                float f = rb[b] - e >= -126 ? pow2(rb[b] - e) : 0.0;
+                [[unroll]] for (uint t = 2u * b; t < 2u * b + 2u; ++t)
+                    for (int i = 0; i < o[t].length(); ++i) o[t][i] *= f;
+                rb[b] = e;
+            }
+            fw[b] = pow2(-rb[b] - 1);
+        }
+#else
         [[unroll]] for (uint j = 0u; j < NK; ++j) { uint i = lane + 32u * j; kv[KO + (i / CK) * SK + i % CK] = kr[j]; }
+#endif
         fetch_k(gid1, kvh, lane);
         loads_issued();
         sync_shared();
 
+#if QUANT
+        // each block's integer sums: its two products of 16 values
+        [[unroll]] for (uint b = 0u; b < NB; ++b) {
+            MATA kt;
+            MATC sb = MATC(0.0);
+            coopMatLoadNV(kt, kv, KO + 4u * b, SK, false);
+            sb = coopMatMulAddNV(kt, qf[2u * b], sb);
+            coopMatLoadNV(kt, kv, KO + 4u * b + 2u, SK, false);
+            sb = coopMatMulAddNV(kt, qf[2u * b + 1u], sb);
+            coopMatStoreNV(sb, ss, SP + b * TC * NQ, NQ, false);
+        }
+#else
         // scores, two accumulators for a shorter dependency chain
         MATC s0 = MATC(0.0), s1 = MATC(0.0);
         [[unroll]] for (uint k = 0u; k < HDK / 16u; k += 2u) {
@@ -308,17 +490,22 @@ void main() {
             }
         }
         for (int i = 0; i < s0.length(); ++i) s0[i] += s1[i]; // (same layout: element-wise)
-        coopMatStoreNV(s0, ss, SO, NQ, false);
+        coopMatStoreNV(s0, ss, SP, NQ, false);
+#endif
         sync_shared(); // (the K tile is read)
 
         // stage V (rows of cells it may not see: zeros, their weight is 0 but their bytes
         // anything), start loading the next tile's, look up the cells of the one after it
         bool vis = vis0;
+#if QUANT // (codes are finite: a hidden cell's row times its zero weights adds nothing)
+        [[unroll]] for (uint j = 0u; j < NVQ; ++j) { uint i = lane + 32u * j; stage_codes(TYPE_V, vr[j], i / VQ, i % VQ, SV); }
+#else
         uint hidden = subgroupBallot(!vis).x & 0xffffu; // (lanes 16-31 repeat lanes 0-15's cells)
         [[unroll]] for (uint j = 0u; j < NV; ++j) {
             uint i = lane + 32u * j;
             kv[KO + (i / CV) * SV + i % CV] = (hidden & (1u << (i / CV))) != 0u ? uvec4(0u) : vr[j];
         }
+#endif
         fetch_v(gid1, kvh, lane);
         loads_issued();
         vis0 = vis1;
@@ -330,7 +517,12 @@ void main() {
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
             uint g = hb + 2u * t, a = lc * NQ + g;
             // soft-capped in base 2; +inf if not finite (attn_common.glsl)
-            float sc = (ss[SO + a] + ss[SO + a + G] * INV_LO) * escale[t];
+#if QUANT
+            float sc = 0.0; // (as attn_split_q.comp adds them)
+            [[unroll]] for (uint b = 0u; b < NB; ++b) sc += ss[SP + b * TC * NQ + a] * (dk[b] * qsc[t][b]);
+#else
+            float sc = (ss[SP + a] + ss[SP + a + G] * INV_LO) * escale[t];
+#endif
             x[t] = vis && g < G ? (pc.softcap2 > 0.0 ? score_capped(sc, pc.softcap2) : score_finite(sc)) : NEG_INF;
             above = above || x[t] > m[t];
         }
@@ -364,9 +556,19 @@ void main() {
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
             uint g = hb + 2u * t;
             if (g < G) {
+#if QUANT
+                [[unroll]] for (uint b = 0u; b < NB; ++b) {
+                    // a hidden cell's scale may be anything: its weight is zero, not a product
+                    float w = vis ? p[t] * dv[b] : 0.0;
+                    vec2 h = split(w * fw[b]); // (exact: a power of two)
+                    ps[SP + b * TC * NQ + lc * NQ + g] = float16_t(h.x);
+                    ps[SP + b * TC * NQ + lc * NQ + G + g] = float16_t(h.y);
+                }
+#else
                 vec2 h = split(p[t]);
-                ps[SO + lc * NQ + g] = float16_t(h.x);
-                ps[SO + lc * NQ + G + g] = float16_t(h.y);
+                ps[SP + lc * NQ + g] = float16_t(h.x);
+                ps[SP + lc * NQ + G + g] = float16_t(h.y);
+#endif
             }
         }
         sync_shared();
@@ -378,12 +580,12 @@ void main() {
         }
 
         // values
-        MATB pb;
-        coopMatLoadNV(pb, ps, SO, NQ, false);
+        MATB pb[NSS];
+        [[unroll]] for (uint b = 0u; b < NSS; ++b) coopMatLoadNV(pb[b], ps, SP + b * TC * NQ, NQ, false);
         [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
             MATA vt;
             coopMatLoadNV(vt, kv, KO + 2u * t, SV, true);
-            o[t] = coopMatMulAddNV(vt, pb, o[t]);
+            o[t] = coopMatMulAddNV(vt, pb[QUANT != 0 ? t / 2u : 0u], o[t]);
         }
         sync_shared(); // kv, ss, ps are rewritten by the next tile
     }
@@ -391,6 +593,10 @@ void main() {
     // out: O^T columns through shared memory (column n at n * HDV floats from KO), hi + lo *
     // 2^-12, and each head's (max, sum) into om / ol; then the workgroup's subgroups merged
     // into one partial (log-sum-exp: weights 2^(m_s - M), a subgroup with no cell adds nothing)
+#if QUANT
+    [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
+        for (int i = 0; i < o[t].length(); ++i) o[t][i] *= pow2(rb[t / 2u] + 1);
+#endif
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) coopMatStoreNV(o[t], kv, KO + 4u * t, HDV / 4u, true);
     [[unroll]] for (uint t = 0u; t < NT; ++t) {
         float lt = subgroupClusteredAdd(l[t], 16u);
