@@ -1327,11 +1327,12 @@ static kvc_result kvc_vk__pipeline(kvc_vk_pool *p, VkShaderModule m, const uint3
 /* Planar q8_0 / q4_0 pools without rotated values run attn_split_cm's QUANT build (one
    dispatch on the tensor cores) for calls of at most this many cells in all (jobs x longest
    view), attn_split_q above. H200, 32 q / 8 kv heads, head dim 128, us, attn_split_q / the
-   QUANT build: q8_0 batch 1 at 256 cells 13.3 / 10.4, 1k 13.7 / 11.3, 2k 14.0 / 13.6, 4k 16.1
-   / 17.9, 128k 133.9 / 255.3; batch 8 at 256 cells 17.2 / 13.0, 1k 22.8 / 31.8, 128k 917.2 /
-   1835.3 (its tiles turn codes into f16 and take one product and one P^T a block of 32: more
-   work a tile than attn_split_q's integer dot products). Rotated values need the merge pass,
-   and there it lost: q8_0+rot batch 1 at 256 / 2k cells 14.4 / 15.0 against 14.9 / 17.4. */
+   QUANT build (two calls): q8_0 batch 1 at 256 cells 13.4 / 10.4, 1k 13.5-13.8 / 11.3-11.4,
+   2k 13.9-14.2 / 13.6-13.7, 4k 16.1 / 17.9, 128k 133.9 / 255.3; batch 8 at 256 cells
+   17.2-17.3 / 13.0, 1k 22.8 / 31.8, 128k 917.2 / 1835.3 (its tiles turn codes into f16 and
+   take one product and one P^T a block of 32: more work a tile than attn_split_q's integer
+   dot products). Rotated values need the merge pass, and there it lost: q8_0+rot batch 1 at
+   256 / 2k cells 14.4-14.5 / 15.1 against 14.9 / 17.3-17.4. */
 #ifndef KVC_VK__QCM_CELLS
 #define KVC_VK__QCM_CELLS 2048
 #endif
