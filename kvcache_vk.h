@@ -1956,9 +1956,10 @@ static kvc_result kvc_vk__pool_setup(kvc_vk_pool *p, const kvc_vk_pool_options *
         }
     }
     /* the tensor-core split pass: f16 K and V, head dims of whole 16 x 16 tiles up to 128, or
-       planar q8_0 / q4_0 pages of head dim 64 or 128 (its QUANT build) */
+       planar q8_0 / q4_0 pages of head dim 64 or 128 whose values are not rotated (its QUANT
+       build: rotated values need the merge pass, where it lost; KVC_VK__QCM_CELLS) */
     p->use_cm = (p->features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) &&
-                (p->planar ? p->hdk <= 128
+                (p->planar ? p->hdk <= 128 && !p->rot_v
                            : p->tk == KVC_TYPE_F16 && p->tv == KVC_TYPE_F16 && p->hdk % 16 == 0 && p->hdv % 16 == 0 &&
                                  p->hdk <= 128 && p->hdv <= 128);
     if (p->use_cm && (r = kvc_vk__module_create(p, p->planar ? KVC_VK__MODULE_ATTN_SPLIT_QCM : KVC_VK__MODULE_ATTN_SPLIT_CM)) != KVC_OK)
@@ -2868,7 +2869,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
        slower above. The split depends only on the shapes and the shader, never on the
        device. */
     if (pf) return kvc_vk__record_prefill(p, cmd, layer, items, n_items, at, n_jobs, max_view, split_pipe, merge_pipe, lse_buf);
-    if (!cm && p->planar && !p->rot_v && kvc_vk__cm(p, (uint32_t)(n_heads / p->n_kv_heads)) &&
+    if (!cm && p->planar && kvc_vk__cm(p, (uint32_t)(n_heads / p->n_kv_heads)) &&
         (int64_t)n_jobs * max_view <= KVC_VK__QCM_CELLS) { /* a small call on a planar pool: the tensor cores */
         int32_t n = (int32_t)kvc_vk__cm_subgroups(p, (uint32_t)(n_heads / p->n_kv_heads), 0);
         if (kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads) | (uint32_t)n << 17 | qcm, 0, &split_pipe) ==
@@ -2900,7 +2901,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     /* one dispatch where the last workgroup's merge reads few splits (attn_onedisp.glsl: not
        attn_split_q, nor rotated values, whose merge rotates back) */
     fused = (cm || !p->planar) && !p->rot_v && p->hdv % 4 == 0 && splits <= KVC_VK__FUSED_SPLITS;
-    if (fused && kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads) | 1u << 16 | (uint32_t)nsg << 17 | (cm ? qcm : 0u), 0,
+    if (fused && kvc_vk__get_variant(p, p->split, (uint32_t)(n_heads / p->n_kv_heads) | 1u << 16 | (uint32_t)nsg << 17 | qcm, 0,
                                      &split_pipe) != KVC_OK)
         fused = 0; /* (no room for the build: the two passes, split_pipe as it was) */
     part_bytes = (size_t)n_jobs * (size_t)n_heads * (size_t)splits * ((size_t)p->hdv + 4) * 4;
