@@ -332,6 +332,8 @@ int main(int argc, char **argv) {
     int n_cells = 3, n_batch = 2, n_types = 0, reps = 50, ai, ti, bi, ci, groups = 0, no_copy = 0, n_kept = 0, k;
     int quick = 0, sized = 0; /* --quick; --cells, --batch or --reps given */
     int saveload = 0, n_sl = 0; /* --saveload: save and load throughput, batch-1 rows */
+    int causal = 0;             /* --causal: CAUSAL caches (per-cell sequence and position masks) */
+    int32_t causal_pos = 0, causal_seq = 0; /* (--causal: the query's) */
     int no_prefill = 0;         /* --no-prefill: no prefill row */
     int32_t pq_list[8] = {512}; /* --prefill-queries: the prefill rows' queries */
     int n_pq = 1, pi;
@@ -369,6 +371,7 @@ int main(int argc, char **argv) {
                    "  --no-prefill   skip the prefill row (512 causal queries over 4096 cells, f16)\n"
                    "  --prefill-queries LIST  queries of the prefill rows (default 512; at most 4096)\n"
                    "  --saveload     also time kvc_cache_save / _load of each batch-1 row's cache\n"
+                   "  --causal       decode rows over CAUSAL caches (default FULL: no per-cell masks)\n"
                    "  --quick        4096 cells, batch 1, 2 reps, a 64 MiB copy\n"
                    "A CPU device (lavapipe) gets the --quick shape unless --cells, --batch or --reps is given.\n"
                    "Environment: KVC_VK_DEVICE (device index), BENCH_VK_BOUNDS_CHECKS, BENCH_VK_NO_DOT,\n"
@@ -386,6 +389,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--no-prefill")) no_prefill = 1;
         else if (!strcmp(argv[ai], "--prefill-queries") && ai + 1 < argc) n_pq = parse_list(argv[++ai], pq_list, 8);
         else if (!strcmp(argv[ai], "--saveload")) saveload = 1;
+        else if (!strcmp(argv[ai], "--causal")) causal = 1;
         else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--no-prefill] [--saveload] [--quick] [--help]\n"); return 2; }
     }
     if (g_hd != 64 && g_hd != 128 && g_hd != 256) { fprintf(stderr, "bench_vk: --hd: 64, 128 or 256\n"); return 2; }
@@ -502,7 +506,9 @@ int main(int argc, char **argv) {
                 if (getenv("BENCH_VK_HOST_LAYOUT")) po.host_layout = 1; /* q8_0/q4_0 in llama.cpp's blocks on the device */
                 CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
                 hp = kvc_vk_pool_host(vp);
-                kvc_cache_config_init(&cc, KVC_KIND_FULL);
+                kvc_cache_config_init(&cc, causal ? KVC_KIND_CAUSAL : KVC_KIND_FULL);
+                cc.capacity = cells; /* (CAUSAL: its cells; the query, the last token, sees them all) */
+                causal_pos = cells - 1;
                 for (s = 0; s < batch; ++s) {
                     kvc_vk_tensor tk_, tv_;
                     CHECK(kvc_cache_create(hp, &cc, &caches[s]));
@@ -525,6 +531,10 @@ int main(int argc, char **argv) {
                     items[s].desc.q.offset = (VkDeviceSize)s * HQ * g_hd * 4;
                     items[s].desc.out.buffer = out_buf.buffer;
                     items[s].desc.out.offset = (VkDeviceSize)s * HQ * g_hd * 4;
+                    if (causal) { /* (a CAUSAL cache's query names its position and sequence) */
+                        items[s].desc.pos = &causal_pos;
+                        items[s].desc.seq = &causal_seq;
+                    }
                 }
                 aj.pool = vp; aj.items = items; aj.n = batch;
                 us = time_gpu(record_attn, &aj, reps, &spread);
