@@ -3087,6 +3087,10 @@ struct kvc_cache {
                                             the end); the cache's id in the high half from
                                             creation: kvc_prefix notices changes behind
                                             its back */
+    uint64_t cells_gen;                  /* CAUSAL: bumped by every change of a cell's
+                                            sequences or position (kvcache_vk.h keeps the
+                                            device's copy of them while it is unchanged);
+                                            the cache's id in the high half */
     struct kvc__rnode *lease;            /* the prefix-tree entry this cache keeps in use */
     kvc_radix *lease_tree;
     /* RECURRENT (Layer 3c): sequence s's state is page state_page[s] (KVC__NO_PAGE: all
@@ -3533,7 +3537,7 @@ static kvc_result kvc__cache_create_held(kvc_pool *pool, const kvc_cache_config 
     memset(c, 0, sizeof(*c));
     c->pool = pool;
     c->id = ++pool->next_cache_id;
-    c->gen = (uint64_t)c->id << 32;
+    c->gen = c->cells_gen = (uint64_t)c->id << 32;
     c->cfg = cc;
     c->pages = (uint32_t *)(c + 1);
     c->pages_cap = cc.kind == KVC_KIND_CAUSAL ? pages : KVC__MIN(KVC__PAGE_TABLE_INLINE, pool->max_pages);
@@ -3994,6 +3998,7 @@ static int32_t kvc__cell_only(const kvc_cache *c, int32_t cell) {
 }
 static void kvc__cell_add(kvc_cache *c, int32_t cell, int32_t seq) {
     if (kvc__cell_empty(c, cell)) c->n_used++;
+    c->cells_gen++;
     c->seqs[(size_t)cell * c->words + (size_t)(seq >> 5)] |= 1u << (seq & 31);
     if (cell < c->seq_lo[seq]) c->seq_lo[seq] = cell;
     if (cell + 1 > c->seq_hi[seq]) c->seq_hi[seq] = cell + 1;
@@ -4001,6 +4006,7 @@ static void kvc__cell_add(kvc_cache *c, int32_t cell, int32_t seq) {
 /* bounds may stay loose after a delete; kvc__seq_bounds tightens them */
 static void kvc__cell_del(kvc_cache *c, int32_t cell, int32_t seq) {
     if (!kvc__cell_has(c, cell, seq)) return;
+    c->cells_gen++;
     c->seqs[(size_t)cell * c->words + (size_t)(seq >> 5)] &= ~(1u << (seq & 31));
     if (kvc__cell_empty(c, cell)) {
         c->n_used--;
@@ -4087,6 +4093,7 @@ static int32_t kvc__defrag(kvc_cache *c) {
     if (run_n > 0) { kvc__copy_cells(c->pool, c->pages, run_dst, c->pages, run_src, run_n); moves++; }
     for (src = c->n_used; src < c->capacity; ++src) *kvc__cell_pos(c, src) = -1;
     kvc__all_bounds(c);
+    c->cells_gen++;
     return moves;
 }
 
@@ -4257,6 +4264,7 @@ static void kvc__causal_clear(kvc_cache *c) {
     int32_t i;
     memset(c->seqs, 0, sizeof(uint32_t) * (size_t)c->words * (size_t)c->capacity);
     for (i = 0; i < c->capacity; ++i) *kvc__cell_pos(c, i) = -1;
+    c->cells_gen++;
     for (i = 0; i < c->cfg.max_seqs; ++i) { c->seq_lo[i] = INT32_MAX; c->seq_hi[i] = 0; }
     c->n_used = 0;
     c->batch_n = c->batch_pending = 0;
@@ -4415,6 +4423,7 @@ static kvc_result kvc__seq_remove_held(kvc_cache *c, int32_t seq, int32_t begin,
         } else if (shift && pos >= end && begin < end) {
             kvc__rope_cell(c, i, pos, pos - (end - begin));
             *kvc__cell_pos(c, i) = pos - (end - begin);
+            c->cells_gen++;
         }
     }
     kvc__seq_bounds(c, seq);

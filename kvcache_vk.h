@@ -1109,6 +1109,18 @@ enum { KVC_VK__SPLIT = 0, KVC_VK__MERGE, KVC_VK__WRITE_K, KVC_VK__WRITE_V, KVC_V
        KVC_VK__COPY, KVC_VK__ROT_K, KVC_VK__ROT_V, KVC_VK__N_FIXED };
 #define KVC_VK__MAX_VARIANTS 16 /* attention pipelines kept per pool (per GQA group size: two split builds) */
 #define KVC_VK__CHUNK_WORDS 1024 /* metadata is compared and uploaded in 4 KiB pieces */
+#define KVC_VK__MEMOS 32 /* CAUSAL caches an attention call can skip rebuilding the cells of */
+/* words [lo, hi) of the meta buffer */
+typedef struct kvc_vk__span {
+    size_t lo, hi;
+} kvc_vk__span;
+/* meta[span] holds a CAUSAL cache's cells (positions, then sequence words) as they were at
+   cells_gen `gen`, once the recorded work has run (kvc_vk_cmd_attention_batch) */
+typedef struct kvc_vk__memo {
+    const kvc_cache *cache;
+    uint64_t gen;
+    kvc_vk__span span;
+} kvc_vk__memo;
 #define KVC_VK__BINDINGS 13      /* storage buffers a pipeline may bind (the split passes: 13) */
 
 typedef struct kvc_vk__variant { uint32_t key; VkPipeline pipe; } kvc_vk__variant;
@@ -1157,6 +1169,8 @@ struct kvc_vk_pool {
     int32_t n_retired, cap_retired;
     uint32_t *shadow;                 /* what meta holds once the recorded work has run */
     size_t shadow_words;              /* valid words of shadow (0: unknown) */
+    kvc_vk__memo memo[KVC_VK__MEMOS]; /* the last attention call's CAUSAL cells, while meta holds them */
+    int32_t n_memo;
     uint32_t *build;                  /* the next call's metadata */
     size_t build_cap;
     /* page events queued by the host pool, replayed by the next command */
@@ -1602,19 +1616,33 @@ KVCDEF kvc_result kvc_vk_pool_fit(kvc_vk_pool *p) {
 }
 
 /* Make the device meta buffer hold build[0, words): upload the 4 KiB pieces that differ
-   from what it will hold by then. Returns whether anything was recorded. */
-static kvc_result kvc_vk__upload_meta(kvc_vk_pool *p, VkCommandBuffer cmd, size_t words) {
-    size_t w;
+   from what it will hold by then. `same` (sorted, n_same of them): spans the caller knows
+   it already holds (p->memo), which build leaves unwritten. */
+static kvc_result kvc_vk__upload_meta(kvc_vk_pool *p, VkCommandBuffer cmd, size_t words, const kvc_vk__span *same,
+                                      int32_t n_same) {
+    size_t w = 0;
+    int32_t m, s = 0;
     int grown, any = 0;
     kvc_result r = kvc_vk__grow(p, &p->meta, KVC_VK__CHUNK_WORDS * 4 * ((words + KVC_VK__CHUNK_WORDS - 1) / KVC_VK__CHUNK_WORDS) + 16, &grown);
     if (r != KVC_OK) return r;
-    if (grown) p->shadow_words = 0;
-    for (w = 0; w < words; w += KVC_VK__CHUNK_WORDS) {
+    if (grown) { /* a new buffer holds nothing: the known spans come from the shadow (and
+                    s = n_same below: none is skipped) */
+        for (; s < n_same; ++s) memcpy(p->build + same[s].lo, p->shadow + same[s].lo, (same[s].hi - same[s].lo) * 4);
+        p->shadow_words = 0;
+        p->n_memo = 0;
+    }
+    while (w < words) {
         size_t n = words - w < KVC_VK__CHUNK_WORDS ? words - w : KVC_VK__CHUNK_WORDS;
-        if (w + n <= p->shadow_words && memcmp(p->build + w, p->shadow + w, n * 4) == 0) continue;
-        p->ctx->fn.vkCmdUpdateBuffer(cmd, p->meta.buffer, w * 4, n * 4, p->build + w);
-        memcpy(p->shadow + w, p->build + w, n * 4);
-        any = 1;
+        if (s < n_same && w >= same[s].lo) { w = same[s++].hi; continue; }
+        if (s < n_same && w + n > same[s].lo) n = same[s].lo - w;
+        if (w + n > p->shadow_words || memcmp(p->build + w, p->shadow + w, n * 4) != 0) {
+            p->ctx->fn.vkCmdUpdateBuffer(cmd, p->meta.buffer, w * 4, n * 4, p->build + w);
+            memcpy(p->shadow + w, p->build + w, n * 4);
+            for (m = 0; m < p->n_memo; ++m) /* what it held there is gone */
+                if (w < p->memo[m].span.hi && w + n > p->memo[m].span.lo) p->memo[m--] = p->memo[--p->n_memo];
+            any = 1;
+        }
+        w += n;
     }
     if (words > p->shadow_words) p->shadow_words = words;
     if (any) kvc_vk__barrier(p->ctx, cmd);
@@ -2225,7 +2253,7 @@ static kvc_result kvc_vk__replay_rope(kvc_vk_pool *p, VkCommandBuffer cmd, int32
         memcpy(&p->build[n + 2 * i], &cs, 4);
         memcpy(&p->build[n + 2 * i + 1], &sn, 4);
     }
-    if ((r = kvc_vk__upload_meta(p, cmd, words)) != KVC_OK) return r;
+    if ((r = kvc_vk__upload_meta(p, cmd, words, NULL, 0)) != KVC_OK) return r;
     for (l = 0; l < p->n_layers; ++l) {
         kvc_vk__read_pc rp;
         kvc_vk__rows_pc wp;
@@ -2374,7 +2402,7 @@ KVCDEF kvc_result kvc_vk_cmd_append(kvc_vk_pool *p, VkCommandBuffer cmd, kvc_cac
     if ((r = kvc_vk__reserve(p, (size_t)n)) != KVC_OK) return r;
     if ((r = kvc_vk_pool_cmd_sync(p, cmd)) != KVC_OK) return r;
     for (i = 0, t = first; i < n; ++i, ++t) p->build[i] = kvc_vk__gid(c, t);
-    if ((r = kvc_vk__upload_meta(p, cmd, (size_t)n)) != KVC_OK) return r;
+    if ((r = kvc_vk__upload_meta(p, cmd, (size_t)n, NULL, 0)) != KVC_OK) return r;
     if (p->rot_k || p->rot_v) { /* rotated storage: R k and R v into the rot scratch first (K, then V) */
         size_t nk = (size_t)n * (size_t)p->n_kv_heads * (size_t)p->hdk, nv = (size_t)n * (size_t)p->n_kv_heads * (size_t)p->hdv;
         int grown;
@@ -2455,7 +2483,7 @@ KVCDEF kvc_result kvc_vk_cmd_gather(kvc_vk_pool *p, VkCommandBuffer cmd, const k
     kvc__iter_init(&it, c);
     while (kvc__iter_next(&it, &run))
         for (cell = run.c0; cell < run.c1; ++cell) p->build[n++] = run.page * (uint32_t)p->page_cells + (uint32_t)cell;
-    if ((r = kvc_vk__upload_meta(p, cmd, (size_t)n)) != KVC_OK) return r;
+    if ((r = kvc_vk__upload_meta(p, cmd, (size_t)n, NULL, 0)) != KVC_OK) return r;
     for (i = 0; i < 2; ++i) {
         const kvc_vk_tensor *dst = i ? v : k;
         kvc_vk__read_pc rp;
@@ -2607,6 +2635,60 @@ static kvc_result kvc_vk__get_prefill(kvc_vk_pool *p, uint32_t group, VkPipeline
     return KVC_OK;
 }
 
+/* An attention call's CAUSAL cells: the spans meta already holds (same), and what it will
+   hold once the call's upload has run (fresh: the next call's p->memo) */
+typedef struct kvc_vk__cells_plan {
+    kvc_vk__span same[KVC_VK__MEMOS];
+    kvc_vk__memo fresh[KVC_VK__MEMOS];
+    int32_t n_same, n_fresh;
+} kvc_vk__cells_plan;
+
+/* A CAUSAL cache's cells at p->build + at: positions (a page at a time: its cells are its
+   pages' slots in order), then sequence words. Returns the words written. */
+static size_t kvc_vk__cells(kvc_vk_pool *p, const kvc_cache *c, size_t at) {
+    int32_t i, pc = p->page_cells;
+    for (i = 0; i < c->capacity; i += pc)
+        memcpy(p->build + at + (size_t)i, kvc__pos_at(c->pool, c->pages[i / pc], 0),
+               sizeof(uint32_t) * (size_t)KVC__MIN(pc, c->capacity - i));
+    memcpy(p->build + at + (size_t)c->capacity, c->seqs, sizeof(uint32_t) * (size_t)c->capacity * (size_t)c->words);
+    return (size_t)c->capacity * (1 + (size_t)c->words);
+}
+
+/* Put c's cells at p->build + at, unless meta holds them there already (p->memo: the
+   cache's cells_gen is unchanged since an earlier call put them there). Per decode step
+   the first layer's call builds them, and the other layers' calls (the same cells) find
+   them: a call costs the host O(cells) once per step, not once per layer. */
+static size_t kvc_vk__plan_cells(kvc_vk_pool *p, kvc_vk__cells_plan *cp, const kvc_cache *c, size_t at) {
+    size_t n = (size_t)c->capacity * (1 + (size_t)c->words);
+    int32_t m;
+    if (cp->n_fresh == KVC_VK__MEMOS) return kvc_vk__cells(p, c, at);
+    cp->fresh[cp->n_fresh].cache = c;
+    cp->fresh[cp->n_fresh].gen = c->cells_gen;
+    cp->fresh[cp->n_fresh].span.lo = at;
+    cp->fresh[cp->n_fresh++].span.hi = at + n;
+    for (m = 0; m < p->n_memo; ++m)
+        if (p->memo[m].cache == c && p->memo[m].gen == c->cells_gen && p->memo[m].span.lo == at &&
+            p->memo[m].span.hi == at + n && at + n <= p->shadow_words) {
+#ifdef KVC_VK__CHECK_CELLS /* (tests: what the call would have built is what meta holds) */
+            kvc_vk__cells(p, c, at);
+            KVCACHE_ASSERT(memcmp(p->build + at, p->shadow + at, n * 4) == 0);
+#endif
+            cp->same[cp->n_same].lo = at;
+            cp->same[cp->n_same++].hi = at + n;
+            return n;
+        }
+    return kvc_vk__cells(p, c, at);
+}
+
+/* kvc_vk__upload_meta for an attention call; p->memo becomes the call's cells */
+static kvc_result kvc_vk__upload_attention(kvc_vk_pool *p, VkCommandBuffer cmd, size_t words, const kvc_vk__cells_plan *cp) {
+    kvc_result r = kvc_vk__upload_meta(p, cmd, words, cp->same, cp->n_same);
+    if (r != KVC_OK) return r;
+    memcpy(p->memo, cp->fresh, sizeof(kvc_vk__memo) * (size_t)cp->n_fresh);
+    p->n_memo = cp->n_fresh;
+    return KVC_OK;
+}
+
 /* attn_prefill's tiles, as records (first job, jobs) at p->build + at: runs of one item's
    consecutive jobs, at most tq, of one sequence in a CAUSAL cache (the same view). */
 static size_t kvc_vk__prefill_tiles(kvc_vk_pool *p, const kvc_vk_attention_item *items, int32_t n_items, int32_t tq,
@@ -2678,7 +2760,7 @@ static void kvc_vk__record_merge(kvc_vk_pool *p, VkCommandBuffer cmd, VkPipeline
 #endif
 static kvc_result kvc_vk__record_prefill(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t layer, const kvc_vk_attention_item *items,
                                          int32_t n_items, size_t at, int32_t n_jobs, int32_t max_view, VkPipeline pipe,
-                                         VkPipeline merge_pipe, VkBuffer lse_buf) {
+                                         VkPipeline merge_pipe, VkBuffer lse_buf, const kvc_vk__cells_plan *cp) {
     int32_t n_items_tiles, splits, chunk, tc = KVC_VK__PREFILL_TC, n_heads = items[0].desc.n_heads;
     int32_t tq = 16 * KVC_VK__PREFILL_RB / (n_heads / p->n_kv_heads);
     kvc_vk__prefill_pc fp;
@@ -2695,7 +2777,7 @@ static kvc_result kvc_vk__record_prefill(kvc_vk_pool *p, VkCommandBuffer cmd, in
     if ((r = kvc_vk__grow(p, &p->part, (size_t)n_jobs * (size_t)n_heads * (size_t)splits * ((size_t)p->hdv + 2) * 4, &grown)) !=
         KVC_OK)
         return r;
-    if ((r = kvc_vk__upload_meta(p, cmd, end)) != KVC_OK) return r;
+    if ((r = kvc_vk__upload_attention(p, cmd, end, cp)) != KVC_OK) return r;
     fp.job_off = 0;
     fp.tile_off = (uint32_t)at;
     fp.chunk = (uint32_t)chunk;
@@ -2727,11 +2809,13 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     VkPipeline split_pipe = VK_NULL_HANDLE, merge_pipe;
     kvc_vk__split_pc sp;
     VkBuffer b[KVC_VK__BINDINGS];
+    kvc_vk__cells_plan cp;
     int grown;
     kvc_result r;
     if (p == NULL || items == NULL) return KVC_ERR_NULL;
     if (cmd == VK_NULL_HANDLE) return KVC_ERR_NULL;
     if (n_items < 1) return KVC_ERR_INVALID;
+    cp.n_same = cp.n_fresh = 0;
     qcm = p->planar ? KVC_VK__KEY_QCM : 0u;
     n_heads = items[0].desc.n_heads;
     scale = items[0].desc.scale;
@@ -2792,15 +2876,11 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
         cd.window = d->window;
         cd.non_causal = d->non_causal;
         if (c->cfg.kind == KVC_KIND_CAUSAL) {
-            int32_t i;
             memcpy(p->build + at, c->pages, sizeof(uint32_t) * (size_t)c->n_pages);
             at += (size_t)c->n_pages;
             cpos = at;
-            for (i = 0; i < c->capacity; ++i) p->build[at + (size_t)i] = (uint32_t)*kvc__cell_pos(c, i);
-            at += (size_t)c->capacity;
-            cseq = at;
-            memcpy(p->build + at, c->seqs, sizeof(uint32_t) * (size_t)c->capacity * (size_t)c->words);
-            at += (size_t)c->capacity * (size_t)c->words;
+            cseq = at + (size_t)c->capacity;
+            at += kvc_vk__plan_cells(p, &cp, c, at);
         } else {
             /* logical pages [0, nsink) (sinks) then [lp_base, last] */
             int32_t lp, last = rg.e[1] > b1 ? (rg.e[1] - 1) / pc : -1;
@@ -2868,7 +2948,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
        32k, batch 8 4k; 128k batch 1: q8_0 1.4 % faster, q4_0 0.3-1 % slower), 0.4-2 %
        slower above. The split depends only on the shapes and the shader, never on the
        device. */
-    if (pf) return kvc_vk__record_prefill(p, cmd, layer, items, n_items, at, n_jobs, max_view, split_pipe, merge_pipe, lse_buf);
+    if (pf) return kvc_vk__record_prefill(p, cmd, layer, items, n_items, at, n_jobs, max_view, split_pipe, merge_pipe, lse_buf, &cp);
     if (!cm && p->planar && kvc_vk__cm(p, (uint32_t)(n_heads / p->n_kv_heads)) &&
         (int64_t)n_jobs * max_view <= KVC_VK__QCM_CELLS) { /* a small call on a planar pool: the tensor cores */
         int32_t n = (int32_t)kvc_vk__cm_subgroups(p, (uint32_t)(n_heads / p->n_kv_heads), 0);
@@ -2911,7 +2991,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
         p->ctx->fn.vkCmdFillBuffer(cmd, p->count.buffer, 0, VK_WHOLE_SIZE, 0);
         kvc_vk__barrier(p->ctx, cmd);
     }
-    if ((r = kvc_vk__upload_meta(p, cmd, at)) != KVC_OK) return r;
+    if ((r = kvc_vk__upload_attention(p, cmd, at, &cp)) != KVC_OK) return r;
     sp.job_off = 0;
     sp.chunk = (uint32_t)chunk;
     sp.n_splits = (uint32_t)splits;

@@ -45,6 +45,7 @@ int main(void) {
 #ifndef KVC_VK__GROW_BYTES
 #define KVC_VK__GROW_BYTES 4096 /* page buffers grow a page or two at a time: every episode replaces them */
 #endif
+#define KVC_VK__CHECK_CELLS /* every CAUSAL cell span an attention call skips is checked against a rebuild */
 #define KVCACHE_VK_IMPLEMENTATION
 #define KVCACHE_VK_HELPERS /* the loader, a device of its own, buffers, transfers */
 #include "kvcache_vk.h"
@@ -701,6 +702,12 @@ static void episode_causal(const shape *sh, tk_rng *rng, int steps) {
             kvc_result r0 = kvc_seq_restore(s[0].cache, s[0].snap[0], d), r1 = kvc_seq_restore(s[1].cache, s[1].snap[0], d);
             TK_EQ(r0, r1);
             if (r0 == KVC_OK) { int32_t lo, hi; kvc_seq_pos_range(s[0].cache, d, &lo, &hi); next[d] = hi + 1; }
+        }
+        { /* a call of one shape every step: it finds the cells the last step's left in the
+             device's metadata unless the step changed them (KVC_VK__CHECK_CELLS checks) */
+            int32_t qp[2], qs[2] = {0, 1};
+            for (i = 0; i < 2; ++i) qp[i] = next[qs[i]];
+            compare_attention(s, sh, 0, 2, qp, qs, 0, 0, rng);
         }
         if (tk_int(rng, 0, 2) == 0) compare_data(s, sh);
     }
