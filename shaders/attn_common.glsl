@@ -3,7 +3,7 @@
 // the mask rules of kvcache.h.
 #include "kvc_shared.glsl"
 struct Job {
-    uint kind;            // 0: FULL/ROTATING (token ranges), 1: CAUSAL (cell range)
+    uint kind;            // 0: FULL/ROTATING (token ranges), 1: CAUSAL (cell range), 2: CAUSAL, all of it visible
     uint n_view;          // cells the job may read
     uint b0, e0, b1, e1;  // kind 0: tokens [b0,e0) then [b1,e1); kind 1: cells [b1,e1)
     uint pt_off;          // page table: kind 0 logical pages [0,nsink) then [lp_base, ...)
@@ -41,6 +41,7 @@ bool cell_visible(Job J, uint vi, uint pcells, out uint gid) {
     } else {
         uint cell = J.b1 + vi;
         gid = meta[J.pt_off + cell / pcells] * pcells + cell % pcells;
+        if (J.kind == 2u) return true; // every cell of the range is visible (kvcache_vk.h's kvc_vk__all_seen)
         if (((meta[J.cseq_off + cell * J.words + (J.qseq >> 5)] >> (J.qseq & 31u)) & 1u) == 0u) return false;
         key = int(meta[J.cpos_off + cell]);
         if (J.cwin > 0 && key <= J.qpos - J.cwin) return false;

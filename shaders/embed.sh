@@ -41,7 +41,7 @@ attn_prefill_cm attn_prefill.comp -DUSE_CM=1 -O0"
 # The attention job record: one query of one cache, as kvcache_vk.h writes it into the
 # meta buffer and attn_common.glsl's load_job reads it, one 32-bit word per field.
 # kind 0 (FULL/ROTATING) walks token ranges, kind 1 (CAUSAL) a cell range.
-job_words="kind 0: FULL/ROTATING (token ranges), 1: CAUSAL (cell range)
+job_words="kind 0: FULL/ROTATING (token ranges), 1: CAUSAL (cell range), 2: CAUSAL with every cell of the range visible
 n_view cells the job may read
 b0 kind 0: first token of the sinks range [b0, e0)
 e0 kind 0: end of the sinks range

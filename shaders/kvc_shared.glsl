@@ -4,7 +4,7 @@
 #define KVC_SHARED_GLSL
 
 // the words of the attention job record (attn_common.glsl's Job)
-#define JOB_KIND 0u // 0: FULL/ROTATING (token ranges), 1: CAUSAL (cell range)
+#define JOB_KIND 0u // 0: FULL/ROTATING (token ranges), 1: CAUSAL (cell range), 2: CAUSAL with every cell of the range visible
 #define JOB_N_VIEW 1u // cells the job may read
 #define JOB_B0 2u // kind 0: first token of the sinks range [b0, e0)
 #define JOB_E0 3u // kind 0: end of the sinks range
