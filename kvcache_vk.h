@@ -386,7 +386,9 @@ KVCDEF kvc_result kvc_vk_cmd_append(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_
 /* kvc_attention on the GPU: the same visibility rules (causal, window, sinks, sequences,
    chunks, non-causal marks), split-K over cell chunks merged by log-sum-exp; a query row
    holding a NaN or an infinity, or seeing a poisoned cell (a visible score that is not
-   finite), gives a row of NaN (and a NaN lse), as on the CPU. */
+   finite), gives a row of NaN (and a NaN lse), as on the CPU. The host builds each call's
+   jobs and page tables; a CAUSAL cache's cell words (O(capacity)) only where they changed
+   since the pool's last call of the same shape: once a decode step, not once a layer. */
 KVCDEF kvc_result kvc_vk_cmd_attention(kvc_vk_pool *pool, VkCommandBuffer cmd, const kvc_cache *cache,
                                        int32_t layer, const kvc_vk_attention_desc *desc);
 /* Several caches of the pool (e.g. a batch of sequences) in one pair of dispatches. */
