@@ -2669,8 +2669,8 @@ static void kvc_vk__cells(kvc_vk_pool *p, const kvc_cache *c, size_t at, kvc_vk_
 }
 
 /* CAUSAL jobs whose every cell of [lo, hi) the query sees are kind 2: the shaders then skip
-   each cell's sequence and position words (H200, q8_0 at 128k cells batch 8: the cell
-   lookups were 10-13 % of a call). Sufficient, not exact: m's in_all and top cover all the
+   each cell's sequence and position words (H200, 128k cells batch 8: f16 1280 -> 974 us,
+   q8_0 1266 -> 898, as fast as a FULL cache). Sufficient, not exact: m's in_all and top cover all the
    sequences' ranges, so a cache of several sequences mostly stays kind 1. */
 static int kvc_vk__all_seen(const kvc_cache *c, const kvc__query *q, int32_t lo, int32_t hi, const kvc_vk__memo *m) {
     if (lo >= hi || c->words > KVC_VK__SEEN_WORDS || c->cfg.window > 0 || c->cfg.chunk > 0 || q->window > 0) return 0;
