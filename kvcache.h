@@ -3074,6 +3074,8 @@ struct kvc_cache {
     int32_t n_used;          /* cells holding at least one sequence */
     uint32_t *seqs;          /* [capacity * words] */
     int32_t *seq_lo, *seq_hi;/* [max_seqs] cells [lo, hi) hold the sequence (lo >= hi: none) */
+    int32_t *seq_n, *seq_top;/* [max_seqs] cells holding the sequence; no position of its
+                                cells is above seq_top (exact once its bounds are tightened) */
     int32_t batch_loc, batch_n;          /* cells of the current (or last) batch */
     int32_t *batch_pos, *batch_seq;      /* [capacity] */
     int32_t *in_pos, *in_seq;            /* [capacity] kvc_begin's batch */
@@ -3091,6 +3093,9 @@ struct kvc_cache {
                                             sequences or position (kvcache_vk.h keeps the
                                             device's copy of them while it is unchanged);
                                             the cache's id in the high half */
+    int32_t *cells_log;                  /* [2 KVC__CELLS_LOG] CAUSAL: the cells [lo, hi)
+                                            each of the latest cells_gen bumps changed,
+                                            entry gen % KVC__CELLS_LOG (kvcache_vk.h reads them) */
     struct kvc__rnode *lease;            /* the prefix-tree entry this cache keeps in use */
     kvc_radix *lease_tree;
     /* RECURRENT (Layer 3c): sequence s's state is page state_page[s] (KVC__NO_PAGE: all
@@ -3136,6 +3141,7 @@ struct kvc_snapshot {
 };
 
 #define KVC__PAGE_TABLE_INLINE 8 /* page-table entries in a cache's own block */
+#define KVC__CELLS_LOG 64 /* cells_gen bumps whose cells a CAUSAL cache remembers */
 
 /* Room for n entries in the page table (FULL, ROTATING): it grows by doubling, up to the
    pool's page count (a cache never holds more distinct pages; a larger n is clamped and
@@ -3337,6 +3343,7 @@ static kvc_result kvc__causal_admits(kvc_cache *c, const kvc_batch *b);
 static int32_t kvc__seq0_next(const kvc_cache *c);
 static void kvc__causal_cancel(kvc_cache *c);
 static void kvc__causal_clear(kvc_cache *c);
+static void kvc__seq_none(kvc_cache *c, int32_t seq);
 static int32_t *kvc__cell_pos(const kvc_cache *c, int32_t cell);
 /* prefix trees (Layer 5b): a cache's entry in use; pages given back under pressure */
 static void kvc__lease_drop(kvc_cache *c);
@@ -3395,7 +3402,7 @@ static unsigned char *kvc__tail_v(const kvc_cache *c, int32_t layer) {
    they do not fit a size_t: capacity x max_seqs bits exceed 4 GiB on 32-bit hosts. */
 static size_t kvc__causal_bytes(const kvc_pool *p, int32_t capacity, int32_t max_seqs, int32_t words, int *of) {
     size_t n = kvc__mul((size_t)capacity, (size_t)words * 4 + 4 * sizeof(int32_t) + 1, of);
-    n = kvc__add(n, (size_t)max_seqs * 3 * sizeof(int32_t), of);
+    n = kvc__add(n, (size_t)max_seqs * 5 * sizeof(int32_t) + 2 * KVC__CELLS_LOG * sizeof(int32_t), of);
     n = kvc__add(n, kvc__mul(sizeof(float) * (size_t)p->cfg.n_kv_heads, (size_t)p->cfg.head_dim_k, of), of);
     n = kvc__add(n, kvc__mul(sizeof(double), (size_t)p->cfg.head_dim_k + 2, of), of);
     return kvc__add(n, 64 + sizeof(double), of);
@@ -3555,8 +3562,11 @@ static kvc_result kvc__cache_create_held(kvc_pool *pool, const kvc_cache_config 
         cursor += sizeof(uint32_t) * (size_t)words * (size_t)cc.capacity;
         c->seq_lo = (int32_t *)cursor;
         c->seq_hi = c->seq_lo + cc.max_seqs;
-        c->scratch = c->seq_hi + cc.max_seqs;
-        c->batch_pos = c->scratch + cc.max_seqs;
+        c->seq_n = c->seq_hi + cc.max_seqs;
+        c->seq_top = c->seq_n + cc.max_seqs;
+        c->scratch = c->seq_top + cc.max_seqs;
+        c->cells_log = c->scratch + cc.max_seqs;
+        c->batch_pos = c->cells_log + 2 * KVC__CELLS_LOG;
         c->batch_seq = c->batch_pos + cc.capacity;
         c->in_pos = c->batch_seq + cc.capacity;
         c->in_seq = c->in_pos + cc.capacity;
@@ -3565,7 +3575,7 @@ static kvc_result kvc__cache_create_held(kvc_pool *pool, const kvc_cache_config 
         cursor += cc.capacity;
         kvc__reclaim(pool, pages); /* checked above: frees enough pages */
         memset(c->seqs, 0, sizeof(uint32_t) * (size_t)words * (size_t)cc.capacity);
-        for (i = 0; i < cc.max_seqs; ++i) { c->seq_lo[i] = INT32_MAX; c->seq_hi[i] = 0; }
+        for (i = 0; i < cc.max_seqs; ++i) kvc__seq_none(c, i);
         for (i = 0; i < pages; ++i) { /* zeroed: masked cells of a padded view must not hold NaNs */
             int32_t l;
             c->pages[i] = kvc__page_acquire(pool);
@@ -3996,17 +4006,33 @@ static int32_t kvc__cell_only(const kvc_cache *c, int32_t cell) {
     }
     return found;
 }
+/* Cells [lo, hi) changed their sequences or positions: a new cells_gen, logged with them */
+static void kvc__cells_changed(kvc_cache *c, int32_t lo, int32_t hi) {
+    int32_t *e = c->cells_log + 2 * (size_t)(++c->cells_gen % KVC__CELLS_LOG);
+    e[0] = lo;
+    e[1] = hi;
+}
+static void kvc__seq_none(kvc_cache *c, int32_t seq) {
+    c->seq_lo[seq] = INT32_MAX;
+    c->seq_hi[seq] = 0;
+    c->seq_n[seq] = 0;
+    c->seq_top[seq] = INT32_MIN;
+}
+/* (the cell's position is set first) */
 static void kvc__cell_add(kvc_cache *c, int32_t cell, int32_t seq) {
     if (kvc__cell_empty(c, cell)) c->n_used++;
-    c->cells_gen++;
+    kvc__cells_changed(c, cell, cell + 1);
+    c->seq_n[seq] += !kvc__cell_has(c, cell, seq);
     c->seqs[(size_t)cell * c->words + (size_t)(seq >> 5)] |= 1u << (seq & 31);
     if (cell < c->seq_lo[seq]) c->seq_lo[seq] = cell;
     if (cell + 1 > c->seq_hi[seq]) c->seq_hi[seq] = cell + 1;
+    c->seq_top[seq] = KVC__MAX(c->seq_top[seq], *kvc__cell_pos(c, cell));
 }
 /* bounds may stay loose after a delete; kvc__seq_bounds tightens them */
 static void kvc__cell_del(kvc_cache *c, int32_t cell, int32_t seq) {
     if (!kvc__cell_has(c, cell, seq)) return;
-    c->cells_gen++;
+    kvc__cells_changed(c, cell, cell + 1);
+    c->seq_n[seq]--;
     c->seqs[(size_t)cell * c->words + (size_t)(seq >> 5)] &= ~(1u << (seq & 31));
     if (kvc__cell_empty(c, cell)) {
         c->n_used--;
@@ -4014,20 +4040,28 @@ static void kvc__cell_del(kvc_cache *c, int32_t cell, int32_t seq) {
     }
 }
 static void kvc__seq_bounds(kvc_cache *c, int32_t seq) {
-    int32_t i, lo = INT32_MAX, hi = 0;
+    int32_t i, lo = INT32_MAX, hi = 0, top = INT32_MIN;
     for (i = KVC__MAX(c->seq_lo[seq], 0); i < c->seq_hi[seq]; ++i)
-        if (kvc__cell_has(c, i, seq)) { if (lo == INT32_MAX) lo = i; hi = i + 1; }
+        if (kvc__cell_has(c, i, seq)) {
+            if (lo == INT32_MAX) lo = i;
+            hi = i + 1;
+            top = KVC__MAX(top, *kvc__cell_pos(c, i));
+        }
     c->seq_lo[seq] = lo;
     c->seq_hi[seq] = hi;
+    c->seq_top[seq] = top;
 }
+/* every sequence's bookkeeping from the cells (after they were moved or written whole) */
 static void kvc__all_bounds(kvc_cache *c) {
     int32_t i, s;
-    for (s = 0; s < c->cfg.max_seqs; ++s) { c->seq_lo[s] = INT32_MAX; c->seq_hi[s] = 0; }
+    for (s = 0; s < c->cfg.max_seqs; ++s) kvc__seq_none(c, s);
     for (i = 0; i < c->capacity; ++i)
         for (s = 0; s < c->cfg.max_seqs; ++s)
             if (kvc__cell_has(c, i, s)) {
                 if (i < c->seq_lo[s]) c->seq_lo[s] = i;
                 c->seq_hi[s] = i + 1;
+                c->seq_n[s]++;
+                c->seq_top[s] = KVC__MAX(c->seq_top[s], *kvc__cell_pos(c, i));
             }
 }
 static int kvc__seq_known(const kvc_cache *c, int32_t seq) { return c->seq_lo[seq] < c->seq_hi[seq]; }
@@ -4093,7 +4127,7 @@ static int32_t kvc__defrag(kvc_cache *c) {
     if (run_n > 0) { kvc__copy_cells(c->pool, c->pages, run_dst, c->pages, run_src, run_n); moves++; }
     for (src = c->n_used; src < c->capacity; ++src) *kvc__cell_pos(c, src) = -1;
     kvc__all_bounds(c);
-    c->cells_gen++;
+    kvc__cells_changed(c, 0, c->capacity);
     return moves;
 }
 
@@ -4264,8 +4298,8 @@ static void kvc__causal_clear(kvc_cache *c) {
     int32_t i;
     memset(c->seqs, 0, sizeof(uint32_t) * (size_t)c->words * (size_t)c->capacity);
     for (i = 0; i < c->capacity; ++i) *kvc__cell_pos(c, i) = -1;
-    c->cells_gen++;
-    for (i = 0; i < c->cfg.max_seqs; ++i) { c->seq_lo[i] = INT32_MAX; c->seq_hi[i] = 0; }
+    kvc__cells_changed(c, 0, c->capacity);
+    for (i = 0; i < c->cfg.max_seqs; ++i) kvc__seq_none(c, i);
     c->n_used = 0;
     c->batch_n = c->batch_pending = 0;
     c->range_lo = c->range_hi = 0;
@@ -4423,7 +4457,7 @@ static kvc_result kvc__seq_remove_held(kvc_cache *c, int32_t seq, int32_t begin,
         } else if (shift && pos >= end && begin < end) {
             kvc__rope_cell(c, i, pos, pos - (end - begin));
             *kvc__cell_pos(c, i) = pos - (end - begin);
-            c->cells_gen++;
+            kvc__cells_changed(c, i, i + 1);
         }
     }
     kvc__seq_bounds(c, seq);

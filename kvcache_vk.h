@@ -387,8 +387,9 @@ KVCDEF kvc_result kvc_vk_cmd_append(kvc_vk_pool *pool, VkCommandBuffer cmd, kvc_
    chunks, non-causal marks), split-K over cell chunks merged by log-sum-exp; a query row
    holding a NaN or an infinity, or seeing a poisoned cell (a visible score that is not
    finite), gives a row of NaN (and a NaN lse), as on the CPU. The host builds each call's
-   jobs and page tables; a CAUSAL cache's cell words (O(capacity)) only where they changed
-   since the pool's last call of the same shape: once a decode step, not once a layer. */
+   jobs and page tables; of a CAUSAL cache's cell words (O(capacity)) only those of the
+   cells changed since the pool's last call over the same caches (a decode step: one cell
+   a sequence on the first layer, none on the others). */
 KVCDEF kvc_result kvc_vk_cmd_attention(kvc_vk_pool *pool, VkCommandBuffer cmd, const kvc_cache *cache,
                                        int32_t layer, const kvc_vk_attention_desc *desc);
 /* Several caches of the pool (e.g. a batch of sequences) in one pair of dispatches. */
@@ -1112,21 +1113,16 @@ enum { KVC_VK__SPLIT = 0, KVC_VK__MERGE, KVC_VK__WRITE_K, KVC_VK__WRITE_V, KVC_V
 #define KVC_VK__MAX_VARIANTS 16 /* attention pipelines kept per pool (per GQA group size: two split builds) */
 #define KVC_VK__CHUNK_WORDS 1024 /* metadata is compared and uploaded in 4 KiB pieces */
 #define KVC_VK__MEMOS 32 /* CAUSAL caches an attention call can skip rebuilding the cells of */
-#define KVC_VK__SEEN_WORDS 8 /* sequence words kvc_vk__memo's in_all tracks (256 sequences) */
 /* words [lo, hi) of the meta buffer */
 typedef struct kvc_vk__span {
     size_t lo, hi;
 } kvc_vk__span;
 /* meta[span] holds a CAUSAL cache's cells (positions, then sequence words) as they were at
-   cells_gen `gen`, once the recorded work has run (kvc_vk_cmd_attention_batch); in_all and
-   top: the sequences every cell of the sequences' ranges holds, and the highest position
-   there (kvc_vk__all_seen) */
+   cells_gen `gen`, once the recorded work has run (kvc_vk_cmd_attention_batch) */
 typedef struct kvc_vk__memo {
     const kvc_cache *cache;
     uint64_t gen;
     kvc_vk__span span;
-    uint32_t in_all[KVC_VK__SEEN_WORDS];
-    int32_t top;
 } kvc_vk__memo;
 #define KVC_VK__BINDINGS 13      /* storage buffers a pipeline may bind (the split passes: 13) */
 
@@ -2642,70 +2638,104 @@ static kvc_result kvc_vk__get_prefill(kvc_vk_pool *p, uint32_t group, VkPipeline
     return KVC_OK;
 }
 
-/* An attention call's CAUSAL cells: the spans meta already holds (same), and what it will
-   hold once the call's upload has run (fresh: the next call's p->memo) */
+/* An attention call's CAUSAL cells: the spans meta already holds (same: up to three a
+   cache, around the cells changed since), and what it will hold once the call's upload has
+   run (fresh: the next call's p->memo) */
 typedef struct kvc_vk__cells_plan {
-    kvc_vk__span same[KVC_VK__MEMOS];
+    kvc_vk__span same[3 * KVC_VK__MEMOS];
     kvc_vk__memo fresh[KVC_VK__MEMOS];
     int32_t n_same, n_fresh;
 } kvc_vk__cells_plan;
 
-/* A CAUSAL cache's cells at p->build + at: positions (a page at a time: its cells are its
-   pages' slots in order), then sequence words; m->in_all and m->top from them. */
-static void kvc_vk__cells(kvc_vk_pool *p, const kvc_cache *c, size_t at, kvc_vk__memo *m) {
-    int32_t i, w, pc = p->page_cells, lo = c->capacity, hi = 0;
-    for (i = 0; i < c->capacity; i += pc)
-        memcpy(p->build + at + (size_t)i, kvc__pos_at(c->pool, c->pages[i / pc], 0),
-               sizeof(uint32_t) * (size_t)KVC__MIN(pc, c->capacity - i));
-    memcpy(p->build + at + (size_t)c->capacity, c->seqs, sizeof(uint32_t) * (size_t)c->capacity * (size_t)c->words);
-    for (i = 0; i < c->cfg.max_seqs; ++i)
-        if (c->seq_lo[i] < c->seq_hi[i]) { lo = KVC__MIN(lo, c->seq_lo[i]); hi = KVC__MAX(hi, c->seq_hi[i]); }
-    for (w = 0; w < KVC_VK__SEEN_WORDS; ++w) m->in_all[w] = c->words <= KVC_VK__SEEN_WORDS ? ~0u : 0u;
-    m->top = INT32_MIN;
-    for (i = lo; i < hi && c->words <= KVC_VK__SEEN_WORDS; ++i) {
-        m->top = KVC__MAX(m->top, (int32_t)p->build[at + (size_t)i]);
-        for (w = 0; w < c->words; ++w) m->in_all[w] &= c->seqs[(size_t)i * (size_t)c->words + (size_t)w];
+/* Cells [lo, hi) of a CAUSAL cache, as meta holds them from `at`: positions at at + cell (a
+   page at a time: its cells are its pages' slots in order), sequence words at at +
+   capacity + cell x words. */
+static void kvc_vk__cells(kvc_vk_pool *p, const kvc_cache *c, size_t at, int32_t lo, int32_t hi) {
+    int32_t i, pc = p->page_cells;
+    for (i = lo; i < hi; i = (i / pc + 1) * pc)
+        memcpy(p->build + at + (size_t)i, kvc__pos_at(c->pool, c->pages[i / pc], i % pc),
+               sizeof(uint32_t) * (size_t)(KVC__MIN((i / pc + 1) * pc, hi) - i));
+    if (lo < hi)
+        memcpy(p->build + at + (size_t)c->capacity + (size_t)lo * (size_t)c->words, c->seqs + (size_t)lo * (size_t)c->words,
+               sizeof(uint32_t) * (size_t)(hi - lo) * (size_t)c->words);
+}
+
+/* The cells of c changed since its cells_gen was `since`, from the cache's log
+   (kvc__cells_changed), as one range [*lo, *hi) (empty: none); 0 when the log no longer
+   reaches back that far, or `since` is not one of this cache's. */
+static int kvc_vk__cells_since(const kvc_cache *c, uint64_t since, int32_t *lo, int32_t *hi) {
+    uint64_t g;
+    *lo = c->capacity;
+    *hi = 0;
+    if ((since >> 32) != (c->cells_gen >> 32) || since > c->cells_gen || c->cells_gen - since > KVC__CELLS_LOG) return 0;
+    for (g = since + 1; g <= c->cells_gen; ++g) {
+        const int32_t *e = c->cells_log + 2 * (size_t)(g % KVC__CELLS_LOG);
+        *lo = KVC__MIN(*lo, e[0]);
+        *hi = KVC__MAX(*hi, e[1]);
     }
+    return 1;
 }
 
 /* CAUSAL jobs whose every cell of [lo, hi) the query sees are kind 2: the shaders then skip
    each cell's sequence and position words (H200, 128k cells batch 8: f16 1280 -> 974 us,
-   q8_0 1266 -> 898, as fast as a FULL cache). Sufficient, not exact: m's in_all and top cover all the
-   sequences' ranges, so a cache of several sequences mostly stays kind 1. */
-static int kvc_vk__all_seen(const kvc_cache *c, const kvc__query *q, int32_t lo, int32_t hi, const kvc_vk__memo *m) {
-    if (lo >= hi || c->words > KVC_VK__SEEN_WORDS || c->cfg.window > 0 || c->cfg.chunk > 0 || q->window > 0) return 0;
-    if (((m->in_all[q->seq >> 5] >> (q->seq & 31)) & 1u) == 0) return 0;
-    return q->non_causal || m->top <= q->pos;
+   q8_0 1266 -> 898, as fast as a FULL cache). Sufficient, not exact: [lo, hi) are the
+   query's sequence's bounds, every one of those cells holds it, and the sequence's
+   position bound (seq_top, exact unless cells were dropped since) is not past the query. */
+static int kvc_vk__all_seen(const kvc_cache *c, const kvc__query *q, int32_t lo, int32_t hi) {
+    if (lo >= hi || c->cfg.window > 0 || c->cfg.chunk > 0 || q->window > 0) return 0;
+    if (c->seq_n[q->seq] != hi - lo || (!q->non_causal && c->seq_top[q->seq] > q->pos)) return 0;
+#ifdef KVC_VK__CHECK_CELLS /* (tests: the query sees each of them) */
+    {
+        int32_t i;
+        for (i = lo; i < hi; ++i) KVCACHE_ASSERT(kvc__causal_visible(c, i, q->pos, q->seq, q->non_causal, 0));
+    }
+#endif
+    return 1;
 }
 
-/* Put c's cells at p->build + at, unless meta holds them there already (p->memo: the
-   cache's cells_gen is unchanged since an earlier call put them there). Per decode step
-   the first layer's call builds them, and the other layers' calls (the same cells) find
-   them: a call costs the host O(cells) once per step, not once per layer. */
-static size_t kvc_vk__plan_cells(kvc_vk_pool *p, kvc_vk__cells_plan *cp, const kvc_cache *c, size_t at,
-                                 kvc_vk__memo *info) {
-    size_t n = (size_t)c->capacity * (1 + (size_t)c->words);
-    int32_t m;
-    info->cache = c;
-    info->gen = c->cells_gen;
-    info->span.lo = at;
-    info->span.hi = at + n;
-    for (m = 0; m < p->n_memo && cp->n_fresh < KVC_VK__MEMOS; ++m)
-        if (p->memo[m].cache == c && p->memo[m].gen == c->cells_gen && p->memo[m].span.lo == at &&
-            p->memo[m].span.hi == at + n && at + n <= p->shadow_words) {
-#ifdef KVC_VK__CHECK_CELLS /* (tests: what the call would have built is what meta holds) */
-            kvc_vk__cells(p, c, at, info);
-            KVCACHE_ASSERT(memcmp(p->build + at, p->shadow + at, n * 4) == 0);
-            KVCACHE_ASSERT(memcmp(info->in_all, p->memo[m].in_all, sizeof(info->in_all)) == 0 && info->top == p->memo[m].top);
+/* Put c's cells at p->build + at. Where meta holds them there from an earlier call (p->memo)
+   only the cells changed since (kvc_vk__cells_since) are built: per decode step the first
+   layer's call builds the step's new cells, and the other layers' calls find them all. */
+static size_t kvc_vk__plan_cells(kvc_vk_pool *p, kvc_vk__cells_plan *cp, const kvc_cache *c, size_t at) {
+    size_t n = (size_t)c->capacity * (1 + (size_t)c->words), seq_at = at + (size_t)c->capacity, w = (size_t)c->words;
+    int32_t m, lo = 0, hi = c->capacity;
+    for (m = 0; m < p->n_memo; ++m)
+        if (p->memo[m].cache == c && p->memo[m].span.lo == at && p->memo[m].span.hi == at + n && at + n <= p->shadow_words &&
+            kvc_vk__cells_since(c, p->memo[m].gen, &lo, &hi))
+            break;
+    if (m == p->n_memo) { /* all of them, and meta compared */
+        lo = 0;
+        hi = c->capacity;
+    } else if (lo >= hi) { /* none changed */
+        lo = hi = 0;
+    }
+    kvc_vk__cells(p, c, at, lo, hi);
+#ifdef KVC_VK__CHECK_CELLS /* (tests: what meta holds outside [lo, hi) is what a build gives) */
+    if (hi - lo < c->capacity) {
+        kvc_vk__cells(p, c, at, 0, c->capacity);
+        KVCACHE_ASSERT(memcmp(p->build + at, p->shadow + at, (size_t)lo * 4) == 0);
+        KVCACHE_ASSERT(memcmp(p->build + at + (size_t)hi, p->shadow + at + (size_t)hi, (seq_at + (size_t)lo * w - at - (size_t)hi) * 4) == 0);
+        KVCACHE_ASSERT(memcmp(p->build + seq_at + (size_t)hi * w, p->shadow + seq_at + (size_t)hi * w, (at + n - seq_at - (size_t)hi * w) * 4) == 0);
+    }
 #endif
-            *info = p->memo[m];
-            cp->same[cp->n_same].lo = at;
-            cp->same[cp->n_same++].hi = at + n;
-            cp->fresh[cp->n_fresh++] = *info;
-            return n;
-        }
-    kvc_vk__cells(p, c, at, info);
-    if (cp->n_fresh < KVC_VK__MEMOS) cp->fresh[cp->n_fresh++] = *info;
+    if (hi - lo < c->capacity) { /* the rest is known: skipped (empty spans left out) */
+        kvc_vk__span known[3];
+        int32_t k;
+        known[0].lo = at;
+        known[0].hi = at + (size_t)lo;
+        known[1].lo = at + (size_t)hi;
+        known[1].hi = seq_at + (size_t)lo * w;
+        known[2].lo = seq_at + (size_t)hi * w;
+        known[2].hi = at + n;
+        for (k = 0; k < 3; ++k)
+            if (known[k].lo < known[k].hi) cp->same[cp->n_same++] = known[k];
+    }
+    if (cp->n_fresh < KVC_VK__MEMOS) {
+        cp->fresh[cp->n_fresh].cache = c;
+        cp->fresh[cp->n_fresh].gen = c->cells_gen;
+        cp->fresh[cp->n_fresh].span.lo = at;
+        cp->fresh[cp->n_fresh++].span.hi = at + n;
+    }
     return n;
 }
 
@@ -2718,15 +2748,15 @@ static kvc_result kvc_vk__upload_attention(kvc_vk_pool *p, VkCommandBuffer cmd, 
     return KVC_OK;
 }
 
-/* attn_prefill's tiles, as records (first job, jobs) at p->build + at: runs of one item's
+/* attn_prefill's tiles, as records (first job, jobs; the jobs at job_off) at p->build + at: runs of one item's
    consecutive jobs, at most tq, of one sequence in a CAUSAL cache (the same view). */
 static size_t kvc_vk__prefill_tiles(kvc_vk_pool *p, const kvc_vk_attention_item *items, int32_t n_items, int32_t tq,
-                                    size_t at, int32_t *n_tiles) {
+                                    size_t job_off, size_t at, int32_t *n_tiles) {
     int32_t it, j = 0, qi, n;
     *n_tiles = 0;
     for (it = 0; it < n_items; ++it)
         for (qi = 0; qi < items[it].desc.n_queries; qi += n, j += n) {
-            const uint32_t *job = p->build + (size_t)j * KVC_VK__JOB_STRIDE;
+            const uint32_t *job = p->build + job_off + (size_t)j * KVC_VK__JOB_STRIDE;
             for (n = 1; qi + n < items[it].desc.n_queries && n < tq; ++n)
                 if (items[it].cache->cfg.kind == KVC_KIND_CAUSAL &&
                     job[(size_t)n * KVC_VK__JOB_STRIDE + KVC_VK__JOB_QSEQ] != job[KVC_VK__JOB_QSEQ])
@@ -2766,10 +2796,10 @@ static kvc_result kvc_vk__check_item(const kvc_vk_pool *p, const kvc_vk_attentio
    head, job and 32 output values; rotated values (out = R^T out', in the merge): a workgroup
    per query head and job, the whole row */
 static void kvc_vk__record_merge(kvc_vk_pool *p, VkCommandBuffer cmd, VkPipeline merge_pipe, const kvc_vk_attention_item *items,
-                                 VkBuffer lse_buf, int32_t n_jobs, int32_t splits) {
+                                 VkBuffer lse_buf, size_t job_off, int32_t n_jobs, int32_t splits) {
     uint32_t mp[2];
     VkBuffer b[5];
-    mp[0] = 0;
+    mp[0] = (uint32_t)job_off;
     mp[1] = (uint32_t)splits;
     b[0] = p->part.buffer;
     b[1] = p->meta.buffer;
@@ -2783,12 +2813,12 @@ static void kvc_vk__record_merge(kvc_vk_pool *p, VkCommandBuffer cmd, VkPipeline
 
 /* Prefill (every item with many queries): attn_prefill over tiles of queries, split-K over
    about KVC_VK__PREFILL_GROUPS workgroups in all, then the merge. The metadata is built up
-   to `at`; the tile records go after it. */
+   to `at` (the jobs from job_off); the tile records go after it. */
 #ifndef KVC_VK__PREFILL_GROUPS
 #define KVC_VK__PREFILL_GROUPS 256
 #endif
 static kvc_result kvc_vk__record_prefill(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t layer, const kvc_vk_attention_item *items,
-                                         int32_t n_items, size_t at, int32_t n_jobs, int32_t max_view, VkPipeline pipe,
+                                         int32_t n_items, size_t job_off, size_t at, int32_t n_jobs, int32_t max_view, VkPipeline pipe,
                                          VkPipeline merge_pipe, VkBuffer lse_buf, const kvc_vk__cells_plan *cp) {
     int32_t n_items_tiles, splits, chunk, tc = KVC_VK__PREFILL_TC, n_heads = items[0].desc.n_heads;
     int32_t tq = 16 * KVC_VK__PREFILL_RB / (n_heads / p->n_kv_heads);
@@ -2798,7 +2828,7 @@ static kvc_result kvc_vk__record_prefill(kvc_vk_pool *p, VkCommandBuffer cmd, in
     int grown;
     float scale = items[0].desc.scale;
     kvc_result r;
-    end = kvc_vk__prefill_tiles(p, items, n_items, tq, at, &n_items_tiles);
+    end = kvc_vk__prefill_tiles(p, items, n_items, tq, job_off, at, &n_items_tiles);
     splits = KVC__MAX(1, KVC__MIN(KVC_VK__PREFILL_GROUPS / (n_items_tiles * p->n_kv_heads), p->max_splits));
     chunk = (max_view + splits - 1) / splits;
     chunk = (KVC__MAX(chunk, 1) + tc - 1) / tc * tc;
@@ -2807,7 +2837,7 @@ static kvc_result kvc_vk__record_prefill(kvc_vk_pool *p, VkCommandBuffer cmd, in
         KVC_OK)
         return r;
     if ((r = kvc_vk__upload_attention(p, cmd, end, cp)) != KVC_OK) return r;
-    fp.job_off = 0;
+    fp.job_off = (uint32_t)job_off;
     fp.tile_off = (uint32_t)at;
     fp.chunk = (uint32_t)chunk;
     fp.n_splits = (uint32_t)splits;
@@ -2823,7 +2853,7 @@ static kvc_result kvc_vk__record_prefill(kvc_vk_pool *p, VkCommandBuffer cmd, in
     kvc_vk__push(p, cmd, pipe, b, 5, &fp, sizeof(fp));
     p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)p->n_kv_heads, (uint32_t)splits, (uint32_t)n_items_tiles);
     kvc_vk__barrier(p->ctx, cmd);
-    kvc_vk__record_merge(p, cmd, merge_pipe, items, lse_buf, n_jobs, splits);
+    kvc_vk__record_merge(p, cmd, merge_pipe, items, lse_buf, job_off, n_jobs, splits);
     return KVC_OK;
 }
 
@@ -2832,7 +2862,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     int32_t it, qi, n_heads, n_jobs = 0, max_view = 0, splits, chunk, pc, block, cm, groups, nhg, nsg, fused, pf;
     uint32_t qcm; /* KVC_VK__KEY_QCM on a planar pool */
     VkBuffer lse_buf = VK_NULL_HANDLE;
-    size_t words, at, part_bytes;
+    size_t words, at, job_off, part_bytes;
     uint32_t *job;
     float scale;
     VkPipeline split_pipe = VK_NULL_HANDLE, merge_pipe;
@@ -2867,15 +2897,17 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     pf = p->prefill != 0 && n_heads / p->n_kv_heads <= 16 * KVC_VK__PREFILL_RB;
     for (it = 0; it < n_items; ++it)
         if (items[it].desc.n_queries < p->prefill_min) pf = 0;
-    /* sizes first (nothing recorded yet): jobs, then each item's page table and cell data,
-       then prefill's tile records */
-    words = (size_t)n_jobs * (KVC_VK__JOB_STRIDE + (pf ? 2 : 0));
+    /* sizes first (nothing recorded yet): each item's page table and cell data, then the
+       jobs, then prefill's tile records (the cells first: where they go depends on the items
+       alone, so a call of another query count finds them where the last one put them) */
+    job_off = 0;
     for (it = 0; it < n_items; ++it) {
         const kvc_cache *c = items[it].cache;
-        words += (size_t)c->n_pages;
-        if (c->cfg.kind == KVC_KIND_CAUSAL) words += (size_t)c->capacity * (1 + (size_t)c->words);
-        if (items[it].desc.sinks) words += (size_t)n_heads;
+        job_off += (size_t)c->n_pages;
+        if (c->cfg.kind == KVC_KIND_CAUSAL) job_off += (size_t)c->capacity * (1 + (size_t)c->words);
+        if (items[it].desc.sinks) job_off += (size_t)n_heads;
     }
+    words = job_off + (size_t)n_jobs * (KVC_VK__JOB_STRIDE + (pf ? 2 : 0));
     if ((r = kvc_vk__reserve(p, words)) != KVC_OK) return r;
     /* the two-pass build for a small call first: it checks the shape before anything is recorded
        (the builds picked below fall back on it); prefill's build instead where pf */
@@ -2887,15 +2919,14 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
         return r;
     if ((r = kvc_vk__get_variant(p, p->merge, (uint32_t)n_heads, 1, &merge_pipe)) != KVC_OK) return r;
     if ((r = kvc_vk_pool_cmd_sync(p, cmd)) != KVC_OK) return r;
-    at = (size_t)n_jobs * KVC_VK__JOB_STRIDE;
-    job = p->build;
+    at = 0;
+    job = p->build + job_off;
     for (it = 0; it < n_items; ++it) {
         const kvc_cache *c = items[it].cache;
         const kvc_vk_attention_desc *d = &items[it].desc;
         kvc_attention_desc cd;
         size_t pt = at, cpos = 0, cseq = 0, sink_at = 0;
         uint32_t nsink = 0, lp_base = 0;
-        kvc_vk__memo cells; /* (CAUSAL) */
         kvc__ranges rg = kvc__view(c);
         int32_t b1 = KVC__MAX(rg.b[1], rg.e[0]);
         memset(&cd, 0, sizeof(cd));
@@ -2910,7 +2941,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
             at += (size_t)c->n_pages;
             cpos = at;
             cseq = at + (size_t)c->capacity;
-            at += kvc_vk__plan_cells(p, &cp, c, at, &cells);
+            at += kvc_vk__plan_cells(p, &cp, c, at);
         } else {
             /* logical pages [0, nsink) (sinks) then [lp_base, last] */
             int32_t lp, last = rg.e[1] > b1 ? (rg.e[1] - 1) / pc : -1;
@@ -2931,7 +2962,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
             if (c->cfg.kind == KVC_KIND_CAUSAL) {
                 int32_t lo = c->seq_lo[q.seq], hi = c->seq_hi[q.seq];
                 if (lo >= hi) lo = hi = 0;
-                job[KVC_VK__JOB_KIND] = kvc_vk__all_seen(c, &q, lo, hi, &cells) ? 2 : 1;
+                job[KVC_VK__JOB_KIND] = kvc_vk__all_seen(c, &q, lo, hi) ? 2 : 1;
                 job[KVC_VK__JOB_B1] = (uint32_t)lo;
                 job[KVC_VK__JOB_E1] = (uint32_t)hi;
                 n_view = hi - lo;
@@ -2978,7 +3009,10 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
        32k, batch 8 4k; 128k batch 1: q8_0 1.4 % faster, q4_0 0.3-1 % slower), 0.4-2 %
        slower above. The split depends only on the shapes and the shader, never on the
        device. */
-    if (pf) return kvc_vk__record_prefill(p, cmd, layer, items, n_items, at, n_jobs, max_view, split_pipe, merge_pipe, lse_buf, &cp);
+    at = job_off + (size_t)n_jobs * KVC_VK__JOB_STRIDE;
+    if (pf)
+        return kvc_vk__record_prefill(p, cmd, layer, items, n_items, job_off, at, n_jobs, max_view, split_pipe, merge_pipe, lse_buf,
+                                      &cp);
     if (!cm && p->planar && kvc_vk__cm(p, (uint32_t)(n_heads / p->n_kv_heads)) &&
         (int64_t)n_jobs * max_view <= KVC_VK__QCM_CELLS) { /* a small call on a planar pool: the tensor cores */
         int32_t n = (int32_t)kvc_vk__cm_subgroups(p, (uint32_t)(n_heads / p->n_kv_heads), 0);
@@ -3022,7 +3056,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
         kvc_vk__barrier(p->ctx, cmd);
     }
     if ((r = kvc_vk__upload_attention(p, cmd, at, &cp)) != KVC_OK) return r;
-    sp.job_off = 0;
+    sp.job_off = (uint32_t)job_off;
     sp.chunk = (uint32_t)chunk;
     sp.n_splits = (uint32_t)splits;
     sp.k_row_bytes = p->k_row;
@@ -3047,7 +3081,7 @@ KVCDEF kvc_result kvc_vk_cmd_attention_batch(kvc_vk_pool *p, VkCommandBuffer cmd
     p->ctx->fn.vkCmdDispatch(cmd, (uint32_t)(p->n_kv_heads * nhg), (uint32_t)splits, (uint32_t)n_jobs);
     if (fused) return KVC_OK;
     kvc_vk__barrier(p->ctx, cmd);
-    kvc_vk__record_merge(p, cmd, merge_pipe, items, lse_buf, n_jobs, splits);
+    kvc_vk__record_merge(p, cmd, merge_pipe, items, lse_buf, job_off, n_jobs, splits);
     return KVC_OK;
 }
 
