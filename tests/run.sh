@@ -359,13 +359,10 @@ tsan_one() {
   step "tsan-build-$n" build tsan "$SANCC $STRICT $TSAN" "tests/$n.c" "$B/$n.tsan" -lm -lpthread &&
     KVC_TEST_SCALE=$scale checks "tsan-$n" "$B/$n.tsan" "$seed"
 }
-# valgrind memcheck runs the native -O2 -g1 binaries of the first stage (test_kernels at
-# 0.02: at 0.05 it took 58 s, the longest of these, and it runs in full natively, at 0.3
-# under ASan and at 0.1 under TSan)
+# valgrind memcheck runs the native -O2 -g1 binaries of the first stage
 vg_one() {
   local n=$1 scale=0.05
   [ -x "$B/$n" ] || { skip "valgrind-$n" "its native build failed"; return; }
-  [ "$n" = test_kernels ] && scale=0.02
   if [ "$n" = test_vk ]; then
     KVC_VK_HOST_ONLY=1 KVC_TEST_SCALE=$scale checks "valgrind-$n-$3" $VG $VGVK "$B/$n" "$seed"
   else
