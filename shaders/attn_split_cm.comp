@@ -317,17 +317,25 @@ void main() {
 #if QUANT
     const uint NBLK = G * NB;                    // the query's blocks of 32 (at most 32)
     float xs[NBLK];                              // value `lane` of each
+    const bool SHARED_Q = false;                 // (each subgroup rounds the whole query)
+    uint QO = KO;
     if (ROT_K == 0u)
         [[unroll]] for (uint b = 0u; b < NBLK; ++b) {
             xs[b] = qb[q0 + 32u * b + lane];
             qbad |= od_query_bad(xs[b], b / NB);
         }
 #else
-    const uint QP = (G * HDK / 2u + 31u) / 32u;  // pairs of query values per invocation
+    // Pairs of query values an invocation takes: rotated keys, every subgroup all of them
+    // (QP, index lane + 32 j; R q is taken in registers a subgroup); otherwise the workgroup
+    // prepares one Q for its subgroups, QPW pairs an invocation (index tid + WG j)
+    const bool SHARED_Q = ROT_K == 0u;
+    const uint QP = (G * HDK / 2u + 31u) / 32u, QPW = (G * HDK / 2u + WG - 1u) / WG;
+    const uint QN = SHARED_Q ? QPW : QP, QS = SHARED_Q ? WG : 32u;
+    uint qi0 = SHARED_Q ? tid : lane;
     vec2 qv[QP];
     if (ROT_K == 0u)
-        [[unroll]] for (uint j = 0u; j < QP; ++j) {
-            uint i = lane + 32u * j;
+        [[unroll]] for (uint j = 0u; j < QN; ++j) {
+            uint i = qi0 + QS * j;
             qv[j] = i < G * HDK / 2u ? vec2(qb[q0 + 2u * i], qb[q0 + 2u * i + 1u]) : vec2(0.0);
             qbad |= od_query_bad(qv[j].x, 2u * i / HDK) | od_query_bad(qv[j].y, 2u * i / HDK);
         }
@@ -379,8 +387,8 @@ void main() {
         qbad = rotate_query(q0, lane);
         sync_shared();
     }
-    [[unroll]] for (uint j = 0u; j < QP; ++j) {
-        uint i = lane + 32u * j;
+    [[unroll]] for (uint j = 0u; j < QN; ++j) {
+        uint i = qi0 + QS * j;
         if (ROT_K != 0u)
             qv[j] = i < G * HDK / 2u ? vec2(rotated_query_at(2u * i), rotated_query_at(2u * i + 1u)) : vec2(0.0);
         qv[j] *= pc.scale_log2;
@@ -390,21 +398,43 @@ void main() {
             if (i < G * HDK / 2u && g == (2u * i) / HDK) qm[g] = max(qm[g], mx);
     }
     if (ROT_K != 0u) sync_shared(); // R q is read out of kv before it is cleared
+    // each head's largest |q| over the workgroup (SHARED_Q: the subgroups' maxima through om,
+    // which holds nothing yet) or the subgroup, with Q's rows cleared (SHARED_Q: subgroup 0's
+    // piece of kv, QO). One Q a workgroup instead of one a subgroup: H200, batch 1 / 8 at 256
+    // cells 9.4-9.5 -> 8.9-9.0 / 12.3 -> 11.9-12.0 us, at 4k 15.1-15.2 -> 14.8-14.9 / 44.9-45.2
+    // -> 44.2-44.3 (three rounds alternating; 32k and 128k unchanged)
+    float qmaxv[G];
+    uint QO = SHARED_Q ? 0u : KO;
+    if (SHARED_Q) {
+        [[unroll]] for (uint g = 0u; g < G; ++g) {
+            uint v = subgroupMax(qm[g]);
+            if (lane == 0u) om[sg * G + g] = uintBitsToFloat(v);
+        }
+        for (uint i = tid; i < NQ * SK; i += WG) kv[i] = uvec4(0u);
+        barrier();
+        [[unroll]] for (uint g = 0u; g < G; ++g) {
+            float v = 0.0; // (non-negative finite floats order as their bits)
+            [[unroll]] for (uint k = 0u; k < NSG; ++k) v = max(v, om[k * G + g]);
+            qmaxv[g] = v;
+        }
+    } else {
+        [[unroll]] for (uint g = 0u; g < G; ++g) qmaxv[g] = uintBitsToFloat(subgroupMax(qm[g]));
+        for (uint i = lane; i < NQ * SK; i += 32u) kv[KO + i] = uvec4(0u);
+        sync_shared();
+    }
     // 2^-qe as a float multiplies exactly where it is one (qe >= -126: every query but one
     // made of subnormals); ldexp, the general case, compiles to a long branchy sequence per
     // value (H200, 4k cells, batch 1: 15.6-15.7 -> 14.6 us)
     int qe[G];
     float down[G];
     [[unroll]] for (uint g = 0u; g < G; ++g) {
-        float qmax = uintBitsToFloat(subgroupMax(qm[g]));
+        float qmax = qmaxv[g];
         qe[g] = 0;
         if (qmax > 0.0) frexp(qmax, qe[g]);
         down[g] = qe[g] >= -126 ? uintBitsToFloat(qe[g] <= 126 ? uint(127 - qe[g]) << 23 : 1u << uint(149 - qe[g])) : 0.0;
     }
-    for (uint i = lane; i < NQ * SK; i += 32u) kv[KO + i] = uvec4(0u);
-    sync_shared();
-    [[unroll]] for (uint j = 0u; j < QP; ++j) {
-        uint i = lane + 32u * j, g = (2u * i) / HDK, d = (2u * i) % HDK;
+    [[unroll]] for (uint j = 0u; j < QN; ++j) {
+        uint i = qi0 + QS * j, g = (2u * i) / HDK, d = (2u * i) % HDK;
         if (i >= G * HDK / 2u) break;
         int e = 0;
         float dn = 0.0;
@@ -412,15 +442,15 @@ void main() {
             if (h == g) { e = qe[h]; dn = down[h]; }
         vec2 q = e >= -126 ? qv[j] * dn : ldexp(qv[j], ivec2(-e));
         vec2 a = split(q.x), b = split(q.y);
-        kv[KO + g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.x, b.x));
-        kv[KO + (G + g) * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.y, b.y));
+        kv[QO + g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.x, b.x));
+        kv[QO + (G + g) * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.y, b.y));
     }
 #endif
     for (uint i = lane; i < 16u * NQ; i += 32u) am[SO + i] = 1.0;
     for (uint i = lane; i < NSS * TC * NQ; i += 32u) ps[SP + i] = float16_t(0.0);
-    sync_shared();
+    if (SHARED_Q) barrier(); else sync_shared();
     MATB qf[HDK / 16u];
-    [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) coopMatLoadNV(qf[k], kv, KO + 2u * k, SK, true);
+    [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) coopMatLoadNV(qf[k], kv, QO + 2u * k, SK, true);
     MATC o[HDV / 16u];
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
     float m[NT], l[NT];
@@ -438,7 +468,7 @@ void main() {
     }
 #endif
 
-    sync_shared(); // everyone has read Q out of kv
+    if (SHARED_Q) barrier(); else sync_shared(); // everyone has read Q out of kv (SHARED_Q: subgroup 0 stages K there next)
     [[dont_unroll]] for (uint base = c0; base < c1; base += TC) {
         // stage this tile's K and start loading the next tile's (past the end: cell 0, never
         // used); its V waits in registers until the scores are taken, then goes where K was
