@@ -315,14 +315,20 @@ void main() {
     uint q0 = J.q_off + kvh * G * HDK;
     uint qbad = 0u; // (FUSED) heads whose query values this invocation loaded not finite
 #if QUANT
-    const uint NBLK = G * NB;                    // the query's blocks of 32 (at most 32)
+    // The query's blocks of 32 a subgroup rounds: rotated keys, all of them (R q is taken in
+    // registers a subgroup); otherwise the workgroup rounds one Q for its subgroups, subgroup
+    // sg blocks sg, sg + NSG, ... (a block's maximum stays within one subgroup; H200, q8_0 /
+    // q4_0 batch 1 at 256 cells 10.2-10.3 -> 9.7-9.8 us, at 1k 11.0-11.2 -> 10.4-10.7)
+    const uint NBLK = G * NB;                    // (at most 32)
+    const bool SHARED_Q = ROT_K == 0u;
+    const uint NBS = (NBLK + NSG - 1u) / NSG, NBN = SHARED_Q ? NBS : NBLK;
+    uint QO = SHARED_Q ? 0u : KO;
     float xs[NBLK];                              // value `lane` of each
-    const bool SHARED_Q = false;                 // (each subgroup rounds the whole query)
-    uint QO = KO;
     if (ROT_K == 0u)
-        [[unroll]] for (uint b = 0u; b < NBLK; ++b) {
-            xs[b] = qb[q0 + 32u * b + lane];
-            qbad |= od_query_bad(xs[b], b / NB);
+        [[unroll]] for (uint bi = 0u; bi < NBN; ++bi) {
+            uint b = sg + NSG * bi;
+            xs[bi] = b < NBLK ? qb[q0 + 32u * b + lane] : 0.0;
+            qbad |= b < NBLK ? od_query_bad(xs[bi], b / NB) : 0u;
         }
 #else
     // Pairs of query values an invocation takes: rotated keys, every subgroup all of them
@@ -359,24 +365,35 @@ void main() {
         sync_shared(); // R q is read out of kv before it is cleared
     }
     float amax[NBLK];
-    [[unroll]] for (uint b = 0u; b < NBLK; ++b) amax[b] = abs(xs[b]);
+    [[unroll]] for (uint b = 0u; b < NBN; ++b) amax[b] = abs(xs[b]);
     [[unroll]] for (uint o = 1u; o < 32u; o <<= 1)
-        [[unroll]] for (uint b = 0u; b < NBLK; ++b) amax[b] = max(amax[b], subgroupShuffleXor(amax[b], o));
-    float mine = 0.0;
-    [[unroll]] for (uint b = 0u; b < NBLK; ++b) mine = lane == b ? amax[b] : mine;
+        [[unroll]] for (uint b = 0u; b < NBN; ++b) amax[b] = max(amax[b], subgroupShuffleXor(amax[b], o));
+    float mine = 0.0; // (invocation bi: the subgroup's block bi)
+    [[unroll]] for (uint b = 0u; b < NBN; ++b) mine = lane == b ? amax[b] : mine;
     float qd = div_rn(mine, 127.0), qid = qd != 0.0 ? div_rn(1.0, qd) : 0.0;
-    for (uint i = lane; i < NQ * SK; i += 32u) kv[KO + i] = uvec4(0u);
-    sync_shared();
-    [[unroll]] for (uint b = 0u; b < NBLK; ++b) {
-        float code = float(clamp(int(roundEven(xs[b] * subgroupShuffle(qid, b))), -127, 127));
+    if (SHARED_Q) {
+        for (uint i = tid; i < NQ * SK; i += WG) kv[i] = uvec4(0u);
+        barrier();
+    } else {
+        for (uint i = lane; i < NQ * SK; i += 32u) kv[KO + i] = uvec4(0u);
+        sync_shared();
+    }
+    [[unroll]] for (uint bi = 0u; bi < NBN; ++bi) {
+        uint b = SHARED_Q ? sg + NSG * bi : bi;
+        float code = float(clamp(int(roundEven(xs[bi] * subgroupShuffle(qid, bi))), -127, 127));
         float next = subgroupShuffleXor(code, 1u);
         uint g = b / NB, d = 32u * (b % NB) + lane;
-        if ((lane & 1u) == 0u) kv[KO + g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(code, next));
+        if ((lane & 1u) == 0u && b < NBLK) kv[QO + g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(code, next));
     }
     // the owner's query scales (d_q x scale_log2) of its heads hb, hb + 2, ..., [head][block]
+    // (SHARED_Q: through ss, which holds nothing yet, once every subgroup has put its own)
     float qs = h2f(f2h(qd)) * pc.scale_log2, qsc[NT][NB];
-    [[unroll]] for (uint t = 0u; t < NT; ++t)
-        [[unroll]] for (uint b = 0u; b < NB; ++b) qsc[t][b] = subgroupShuffle(qs, min(hb + 2u * t, G - 1u) * NB + b);
+    if (SHARED_Q) {
+        if (lane < NBS && sg + NSG * lane < NBLK) ss[sg + NSG * lane] = qs;
+    } else {
+        [[unroll]] for (uint t = 0u; t < NT; ++t)
+            [[unroll]] for (uint b = 0u; b < NB; ++b) qsc[t][b] = subgroupShuffle(qs, min(hb + 2u * t, G - 1u) * NB + b);
+    }
 #else
     // Q: scaled to base 2, each head's row by a power of two into (-1, 1) (its own: a row
     // holding a NaN or an infinity, whose output is NaN, must not change the other heads'
@@ -451,6 +468,11 @@ void main() {
     if (SHARED_Q) barrier(); else sync_shared();
     MATB qf[HDK / 16u];
     [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) coopMatLoadNV(qf[k], kv, QO + 2u * k, SK, true);
+#if QUANT
+    if (SHARED_Q)
+        [[unroll]] for (uint t = 0u; t < NT; ++t)
+            [[unroll]] for (uint b = 0u; b < NB; ++b) qsc[t][b] = ss[min(hb + 2u * t, G - 1u) * NB + b];
+#endif
     MATC o[HDV / 16u];
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
     float m[NT], l[NT];
