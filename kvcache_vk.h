@@ -2710,14 +2710,6 @@ static size_t kvc_vk__plan_cells(kvc_vk_pool *p, kvc_vk__cells_plan *cp, const k
         lo = hi = 0;
     }
     kvc_vk__cells(p, c, at, lo, hi);
-#ifdef KVC_VK__CHECK_CELLS /* (tests: what meta holds outside [lo, hi) is what a build gives) */
-    if (hi - lo < c->capacity) {
-        kvc_vk__cells(p, c, at, 0, c->capacity);
-        KVCACHE_ASSERT(memcmp(p->build + at, p->shadow + at, (size_t)lo * 4) == 0);
-        KVCACHE_ASSERT(memcmp(p->build + at + (size_t)hi, p->shadow + at + (size_t)hi, (seq_at + (size_t)lo * w - at - (size_t)hi) * 4) == 0);
-        KVCACHE_ASSERT(memcmp(p->build + seq_at + (size_t)hi * w, p->shadow + seq_at + (size_t)hi * w, (at + n - seq_at - (size_t)hi * w) * 4) == 0);
-    }
-#endif
     if (hi - lo < c->capacity) { /* the rest is known: skipped (empty spans left out) */
         kvc_vk__span known[3];
         int32_t k;
@@ -2727,6 +2719,11 @@ static size_t kvc_vk__plan_cells(kvc_vk_pool *p, kvc_vk__cells_plan *cp, const k
         known[1].hi = seq_at + (size_t)lo * w;
         known[2].lo = seq_at + (size_t)hi * w;
         known[2].hi = at + n;
+#ifdef KVC_VK__CHECK_CELLS /* (tests: what meta holds there is what a build gives) */
+        kvc_vk__cells(p, c, at, 0, c->capacity);
+        for (k = 0; k < 3; ++k)
+            KVCACHE_ASSERT(memcmp(p->build + known[k].lo, p->shadow + known[k].lo, (known[k].hi - known[k].lo) * 4) == 0);
+#endif
         for (k = 0; k < 3; ++k)
             if (known[k].lo < known[k].hi) cp->same[cp->n_same++] = known[k];
     }
@@ -2748,8 +2745,9 @@ static kvc_result kvc_vk__upload_attention(kvc_vk_pool *p, VkCommandBuffer cmd, 
     return KVC_OK;
 }
 
-/* attn_prefill's tiles, as records (first job, jobs; the jobs at job_off) at p->build + at: runs of one item's
-   consecutive jobs, at most tq, of one sequence in a CAUSAL cache (the same view). */
+/* attn_prefill's tiles, as records (first job, jobs) at p->build + at: runs of one item's
+   consecutive jobs (at job_off), at most tq, of one sequence in a CAUSAL cache (the same
+   view). */
 static size_t kvc_vk__prefill_tiles(kvc_vk_pool *p, const kvc_vk_attention_item *items, int32_t n_items, int32_t tq,
                                     size_t job_off, size_t at, int32_t *n_tiles) {
     int32_t it, j = 0, qi, n;
@@ -2818,8 +2816,9 @@ static void kvc_vk__record_merge(kvc_vk_pool *p, VkCommandBuffer cmd, VkPipeline
 #define KVC_VK__PREFILL_GROUPS 256
 #endif
 static kvc_result kvc_vk__record_prefill(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t layer, const kvc_vk_attention_item *items,
-                                         int32_t n_items, size_t job_off, size_t at, int32_t n_jobs, int32_t max_view, VkPipeline pipe,
-                                         VkPipeline merge_pipe, VkBuffer lse_buf, const kvc_vk__cells_plan *cp) {
+                                         int32_t n_items, size_t job_off, size_t at, int32_t n_jobs, int32_t max_view,
+                                         VkPipeline pipe, VkPipeline merge_pipe, VkBuffer lse_buf,
+                                         const kvc_vk__cells_plan *cp) {
     int32_t n_items_tiles, splits, chunk, tc = KVC_VK__PREFILL_TC, n_heads = items[0].desc.n_heads;
     int32_t tq = 16 * KVC_VK__PREFILL_RB / (n_heads / p->n_kv_heads);
     kvc_vk__prefill_pc fp;
