@@ -15,7 +15,7 @@
 //            16 x 16 x 16 f16 products into f32 on the tensor cores, the queries split into
 //            hi + lo * 2^-12 halves as attn_split_cm.comp does, each row scaled by its own
 //            power of two into (-1, 1); the plain build: f32 dot products);
-//   softmax  two invocations per row, each every second cell: running max, weights
+//   softmax  two invocations per row, each half of its cells: running max, weights
 //            p = exp2(s - m), rescale factors (attn_split_cm.comp's rules, non-finite scores
 //            +inf);
 //   values   O += P V (USE_CM: P split hi / lo the same way, O in accumulators rescaled by a
@@ -107,7 +107,7 @@ shared uint jnc[ROWS];                            //   non-causal
 #if USE_CM
 #define MATA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define MATC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-shared float16_t ph[ROWS * PST], pl[ROWS * PST]; // P = hi + lo * 2^-12, row-major (row, cell)
+shared uint ph[ROWS * PST / 2u], pl[ROWS * PST / 2u]; // P = hi + lo * 2^-12, row-major (row, cell), two halves a word
 shared float am[RB * 256u];                       // rescale factors: a 16 x 16 matrix a subgroup, row r all alpha_r
 void sync_sg() {
     controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
@@ -347,15 +347,24 @@ void main() {
         barrier();
 #endif
 
-        // softmax: this invocation takes cells h, h + 2, ... of row R
+        // softmax: this invocation takes cells h PW .. h PW + PW - 1 of row R (whole pieces: the
+        // scores load 16 bytes at a time, P stores as packed halves), soft-capped in base 2
+        // (the cap's branch outside the loop), +inf where not finite
         float x[PW];
         float mb = NEG_INF;
-        [[unroll]] for (uint i = 0u; i < PW; ++i) {
-            uint c = 2u * i + h;
-            bool v = row_ok && (vis[cur * ROWS * WQ + rq * WQ + c / 32u] & (1u << (c % 32u))) != 0u;
-            float sc = ss[R * SST + c] * rscale; // soft-capped in base 2; +inf if not finite
-            x[i] = v ? (pc.softcap2 > 0.0 ? score_capped(sc, pc.softcap2) : score_finite(sc)) : NEG_INF;
-            mb = max(mb, x[i]);
+        uint cb = h * PW, vw = row_ok ? vis[cur * ROWS * WQ + rq * WQ + cb / 32u] >> (cb % 32u) : 0u;
+        if (pc.softcap2 > 0.0) {
+            [[unroll]] for (uint i = 0u; i < PW; ++i) {
+                float sc = score_capped(ss[R * SST + cb + i] * rscale, pc.softcap2);
+                x[i] = ((vw >> i) & 1u) != 0u ? sc : NEG_INF;
+                mb = max(mb, x[i]);
+            }
+        } else {
+            [[unroll]] for (uint i = 0u; i < PW; ++i) {
+                float sc = score_finite(ss[R * SST + cb + i] * rscale);
+                x[i] = ((vw >> i) & 1u) != 0u ? sc : NEG_INF;
+                mb = max(mb, x[i]);
+            }
         }
 #if USE_CM
         mb = max(mb, subgroupShuffleXor(mb, 1u));
@@ -369,13 +378,13 @@ void main() {
         m = mn;
         l *= alpha;
 #if USE_CM
-        [[unroll]] for (uint i = 0u; i < PW; ++i) {
-            uint c = 2u * i + h;
-            float p = x[i] == NEG_INF ? 0.0 : exp2(x[i] - mn);
-            l += p;
-            vec2 s2 = split(p);
-            ph[R * PST + c] = float16_t(s2.x);
-            pl[R * PST + c] = float16_t(s2.y);
+        [[unroll]] for (uint i = 0u; i < PW; i += 2u) {
+            vec2 p = vec2(x[i] == NEG_INF ? 0.0 : exp2(x[i] - mn), x[i + 1u] == NEG_INF ? 0.0 : exp2(x[i + 1u] - mn));
+            l += p.x;
+            l += p.y;
+            vec2 a = split(p.x), b = split(p.y);
+            ph[(R * PST + cb + i) / 2u] = packHalf2x16(vec2(a.x, b.x));
+            pl[(R * PST + cb + i) / 2u] = packHalf2x16(vec2(a.y, b.y));
         }
         if (subgroupAny(alpha != 1.0)) { // the row maxima grew: O rescaled (a matrix of factors)
             uint r16 = R % 16u;
@@ -391,8 +400,8 @@ void main() {
             MATC lo = MATC(0.0);
             [[unroll]] for (uint j = 0u; j < TC / 16u; ++j) {
                 MATA pa, pb, vt;
-                coopMatLoadNV(pa, ph, sg * 16u * PST + 16u * j, PST, false);
-                coopMatLoadNV(pb, pl, sg * 16u * PST + 16u * j, PST, false);
+                coopMatLoadNV(pa, ph, (sg * 16u * PST + 16u * j) / 2u, PST / 2u, false);
+                coopMatLoadNV(pb, pl, (sg * 16u * PST + 16u * j) / 2u, PST / 2u, false);
                 coopMatLoadNV(vt, kv, TC * SK + 16u * j * SV + 2u * t, SV, false); // V (cell x d)
                 o[t] = coopMatMulAddNV(pa, vt, o[t]);
 #if !PF_NOLO
@@ -404,10 +413,9 @@ void main() {
 #else
         barrier(); // ss and red are read
         [[unroll]] for (uint i = 0u; i < PW; ++i) {
-            uint c = 2u * i + h;
             float p = x[i] == NEG_INF ? 0.0 : exp2(x[i] - mn);
             l += p;
-            ss[R * SST + c] = p;
+            ss[R * SST + cb + i] = p;
         }
         barrier();
         [[unroll]] for (uint j = 0u; j < (HDV + 1u) / 2u; ++j) {
