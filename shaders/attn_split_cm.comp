@@ -567,15 +567,19 @@ void main() {
         float x[NT];
         bool above = false;
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
-            uint g = hb + 2u * t, a = lc * NQ + g;
-            // soft-capped in base 2; +inf if not finite (attn_common.glsl)
+            uint a = lc * NQ + hb + 2u * t;
 #if QUANT
-            float sc = 0.0; // (as attn_split_q.comp adds them)
-            [[unroll]] for (uint b = 0u; b < NB; ++b) sc += ss[SP + b * TC * NQ + a] * (dk[b] * qsc[t][b]);
+            x[t] = 0.0; // (as attn_split_q.comp adds them)
+            [[unroll]] for (uint b = 0u; b < NB; ++b) x[t] += ss[SP + b * TC * NQ + a] * (dk[b] * qsc[t][b]);
 #else
-            float sc = (ss[SP + a] + ss[SP + a + G] * INV_LO) * escale[t];
+            x[t] = (ss[SP + a] + ss[SP + a + G] * INV_LO) * escale[t];
 #endif
-            x[t] = vis && g < G ? (pc.softcap2 > 0.0 ? score_capped(sc, pc.softcap2) : score_finite(sc)) : NEG_INF;
+        }
+        // soft-capped in base 2; +inf if not finite (attn_common.glsl: the cap's branch outside the loops)
+        if (pc.softcap2 > 0.0) [[unroll]] for (uint t = 0u; t < NT; ++t) x[t] = score_capped(x[t], pc.softcap2);
+        else [[unroll]] for (uint t = 0u; t < NT; ++t) x[t] = score_finite(x[t]);
+        [[unroll]] for (uint t = 0u; t < NT; ++t) {
+            x[t] = vis && hb + 2u * t < G ? x[t] : NEG_INF;
             above = above || x[t] > m[t];
         }
         // A tile with no score above its head's running maximum (after the first tiles, most
