@@ -47,6 +47,7 @@
        kvc_vk_pool_host(pool)                      the host pool: make caches on it
        kvc_vk_pool_page_buffers(pool, layer, &k, &v)   the device buffers of a layer
        kvc_vk_pool_planar(pool)                    q8_0 / q4_0 pages in the planar layout?
+       kvc_vk_pool_prefill_queries(pool)           from how many queries a cache calls run attn_prefill
        kvc_vk_pool_convert_pages(pool, v, to_device, src, dst, n_pages)
        kvc_vk_pool_cmd_sync(pool, cmd)             replay the queued page events
        kvc_vk_pool_cmd_trim(pool, cmd)             give back device memory a shrink freed
@@ -247,15 +248,18 @@ typedef struct kvc_vk_tensor {
 typedef struct kvc_vk_pool_options {
     int no_subgroup;     /* force the shared-memory attention variant (tests compare the two) */
     int32_t max_splits;  /* split-K chunks per query head at most (<= 256); 0 = 256 */
-    int32_t prefill_min_queries; /* experimental, 0 = off (the default): attention calls whose every
-                            cache has at least this many queries run attn_prefill (flash attention
-                            over tiles of queries, K and V read once a tile; f16 K and V of head
-                            dims up to 128 in multiples of 8, unrotated keys; other pools ignore
-                            it) instead of the decode kernel once a query. Same results, within
-                            test_vk's bounds; on an H200 1.10 ms against the decode kernel's
-                            1.71 for 512 queries over 4096 cells (32 q / 8 kv heads), faster
-                            from about 64 queries, slower at 32 and fewer
-                            (docs/performance-log.md) */
+    int32_t prefill_min_queries; /* attention calls whose every cache has at least this many
+                            queries run attn_prefill (flash attention over tiles of queries, K
+                            and V read once a tile; f16 K and V of head dims up to 128 in
+                            multiples of 8, unrotated keys; other pools ignore it) instead of
+                            the decode kernel once a query. 0 = the default: 64 where
+                            attn_prefill runs on the tensor cores (VK_NV_cooperative_matrix),
+                            never elsewhere (its plain build is slower than the decode kernel);
+                            negative = never. Same results, within test_vk's bounds. On an H200
+                            at 64 queries and more it was 1.05-6.2x faster for every shape
+                            measured (8, 32 or 64 q / 8 kv heads, head dim 64 or 128, 4096
+                            cells; 1.55x for 512 queries of 32 heads), slower at 16 queries
+                            (docs/performance.md) */
     uint32_t disable_features; /* KVC_VK_FEATURE_* this pool does not use (tests and benchmarks
                                   compare the paths) */
     int host_layout;     /* keep kvcache.h's (llama.cpp's) block layout in device memory; otherwise
@@ -327,6 +331,10 @@ KVCDEF kvc_pool *kvc_vk_pool_host(const kvc_vk_pool *pool);
 KVCDEF kvc_result kvc_vk_pool_page_buffers(const kvc_vk_pool *pool, int32_t layer, VkBuffer *k, VkBuffer *v);
 /* Nonzero if the pool holds its pages in the planar layout on the device (NULL: 0). */
 KVCDEF int kvc_vk_pool_planar(const kvc_vk_pool *pool);
+/* The fewest queries every cache of an attention call must have for the call to run
+   attn_prefill (kvc_vk_pool_options.prefill_min_queries as this pool resolved it: the
+   caller's count, or the default); 0: the pool never runs it. */
+KVCDEF int32_t kvc_vk_pool_prefill_queries(const kvc_vk_pool *pool);
 
 /* ---- Device memory follows use -------------------------------------------------------
    The page buffers hold pages [0, n) only, n a little above the highest page id the host
@@ -1823,13 +1831,18 @@ static kvc_page_hooks kvc_vk__hooks(kvc_vk_pool *p) {
 /* The device side of p for its host pool p->host: page buffers, pipelines. On failure
    the caller frees p. A state pool (state_floats) needs no kernels of its own: its pages
    move by page events (buffer copies and fills) and the engine's shaders. */
-/* Prefill (attn_prefill.comp), where kvc_vk_pool_options.prefill_min_queries asks for it: calls
+/* Prefill (attn_prefill.comp), as kvc_vk_pool_options.prefill_min_queries says: calls
    whose every cache has at least that many queries run flash attention over tiles of queries
    instead of the decode split pass per query. Tiles of KVC_VK__PREFILL_TC cells, workgroups of
    KVC_VK__PREFILL_RB subgroups of 32 (16 rows (query, head) each): the shader's PF_TC and PF_RB,
    fixed when it is compiled. */
 #define KVC_VK__PREFILL_TC 32
 #define KVC_VK__PREFILL_RB 4
+/* kvc_vk_pool_options.prefill_min_queries's default on the tensor cores. H200 (2026-11-29,
+   bench_vk --prefill-queries 16,32,64,128,512,4096 --prefill-heads 8,32,64, head dims 64 and
+   128, 4096 cells): attn_prefill against the decode kernel once a query was 0.56-1.26x at 16
+   queries, 0.85-1.34x at 32, 1.05-1.77x at 64 and 1.34-6.2x at 4096. */
+#define KVC_VK__PREFILL_MIN_QUERIES 64
 /* attn_prefill's shared memory: staged K and V rows (or, the tensor-core build, its queries
    before the loop), scores (rows padded by 16 bytes), weights (hi, lo; padded the same),
    rescale factors, and two tiles' cells and masks */
@@ -1876,7 +1889,6 @@ static kvc_result kvc_vk__pool_setup(kvc_vk_pool *p, const kvc_vk_pool_options *
     p->k_row = (uint32_t)p->host->k_row;
     p->v_row = (uint32_t)p->host->v_row;
     p->max_splits = opts && opts->max_splits > 0 ? opts->max_splits : 256;
-    p->prefill_min = opts && opts->prefill_min_queries > 0 ? opts->prefill_min_queries : 0;
     if (p->max_splits > 256) p->max_splits = 256; /* attn_merge.comp's shared weights */
     /* what the shaders can address: 4-byte rows, even f16/bf16 heads, buffers in range */
     kbytes = p->host->page_k_bytes * (size_t)p->max_pages;
@@ -1996,7 +2008,13 @@ static kvc_result kvc_vk__pool_setup(kvc_vk_pool *p, const kvc_vk_pool_options *
                                  p->hdk <= 128 && p->hdv <= 128);
     if (p->use_cm && (r = kvc_vk__module_create(p, p->planar ? KVC_VK__MODULE_ATTN_SPLIT_QCM : KVC_VK__MODULE_ATTN_SPLIT_CM)) != KVC_OK)
         return r;
-    p->prefill = p->prefill_min > 0 ? kvc_vk__prefill_kind(p) : 0;
+    /* prefill: the caller's threshold for either build, never where it is negative, by default
+       KVC_VK__PREFILL_MIN_QUERIES where it runs on the tensor cores */
+    p->prefill = opts && opts->prefill_min_queries < 0 ? 0 : kvc_vk__prefill_kind(p);
+    p->prefill_min = opts && opts->prefill_min_queries > 0 ? opts->prefill_min_queries
+                     : p->prefill == 2                     ? KVC_VK__PREFILL_MIN_QUERIES
+                                                           : 0;
+    if (p->prefill_min == 0) p->prefill = 0;
     if (p->prefill &&
         (r = kvc_vk__module_create(p, p->prefill == 2 ? KVC_VK__MODULE_ATTN_PREFILL_CM : KVC_VK__MODULE_ATTN_PREFILL)) != KVC_OK)
         return r;
@@ -2049,6 +2067,8 @@ KVCDEF kvc_result kvc_vk_pool_page_buffers(const kvc_vk_pool *p, int32_t layer, 
 }
 
 KVCDEF int kvc_vk_pool_planar(const kvc_vk_pool *p) { return p ? p->planar : 0; }
+
+KVCDEF int32_t kvc_vk_pool_prefill_queries(const kvc_vk_pool *p) { return p && p->prefill ? p->prefill_min : 0; }
 
 KVCDEF kvc_result kvc_vk_pool_cmd_trim(kvc_vk_pool *p, VkCommandBuffer cmd) {
     kvc_pool *h;

@@ -301,10 +301,11 @@ static void saveload_row(kvc_pool *hp, kvc_cache *c, double *save_gbs, double *l
 }
 
 /* Prefill: NQ causal queries (the cache's last NQ positions; 512 unless --prefill-queries says
-   otherwise) over 4096 cells of f16, one call (issue 37's prefill row; bench_vk_sdpa.py times
-   SDPA's flash kernel on the 512-query shape).
+   otherwise) of NH query heads (32 unless --prefill-heads says otherwise; HKV kv heads) over
+   4096 cells of f16, one call (issue 37's prefill row; bench_vk_sdpa.py times SDPA's flash
+   kernel on the 512-query, 32-head shape).
    The output is not checked against f64 here (test_vk checks prefill-sized calls' values). */
-static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_buf, int reps, int NQ) {
+static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_buf, int reps, int NQ, int NH) {
     enum { CELLS = 4096 };
     kvc_pool_config pc;
     kvc_cache_config cc;
@@ -317,7 +318,7 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
     VkCommandBuffer cmd;
     attn_job aj;
     double us, spread = 1, flops;
-    size_t i, n = (size_t)NQ * HQ * (size_t)g_hd;
+    size_t i, n = (size_t)NQ * NH * (size_t)g_hd;
     kvc_pool_config_init(&pc);
     pc.n_layers = 1; pc.n_kv_heads = HKV; pc.head_dim_k = pc.head_dim_v = g_hd;
     pc.type_k = pc.type_v = KVC_TYPE_F16;
@@ -325,8 +326,9 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
     CHECK(kvc_pool_budget_for_tokens(&pc, CELLS + 256, &pc.budget_bytes));
     memset(&po, 0, sizeof(po));
     if (getenv("BENCH_VK_NO_CM")) po.disable_features |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
-    /* BENCH_VK_PREFILL=N: kvc_vk_pool_options.prefill_min_queries (8: attn_prefill); unset: the
-       backend's default (the decode kernel once a query) */
+    /* BENCH_VK_PREFILL=N: kvc_vk_pool_options.prefill_min_queries (8: attn_prefill, -1: the
+       decode kernel once a query); unset: the backend's default (attn_prefill from 64 queries
+       on the tensor cores, the decode kernel elsewhere) */
     po.prefill_min_queries = getenv("BENCH_VK_PREFILL") ? atoi(getenv("BENCH_VK_PREFILL")) : 0;
     CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
     kvc_cache_config_init(&cc, KVC_KIND_FULL);
@@ -345,16 +347,17 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
     memset(&item, 0, sizeof(item));
     item.cache = c;
     item.desc.n_queries = NQ; /* positions: the last NQ of the cache, causal */
-    item.desc.n_heads = HQ;
+    item.desc.n_heads = NH;
     item.desc.q.buffer = qb.buffer;
     item.desc.out.buffer = ob.buffer;
     aj.pool = vp; aj.items = &item; aj.n = 1;
     us = time_gpu(record_attn, &aj, reps, &spread);
     /* query i sees CELLS - NQ + 1 + i cells: 4 hd FLOPs a (query head, cell), QK and PV */
-    flops = 4.0 * g_hd * HQ * ((double)NQ * (CELLS - NQ + 1) + (double)NQ * (NQ - 1) / 2);
-    printf("\n| prefill f16 (BENCH_VK_PREFILL=%s) | queries | cells | time (us) | TFLOP/s | slowest / fastest run |\n|---|---|---|---|---|---|\n",
+    flops = 4.0 * g_hd * NH * ((double)NQ * (CELLS - NQ + 1) + (double)NQ * (NQ - 1) / 2);
+    printf("\n| prefill f16 (BENCH_VK_PREFILL=%s) | queries | q / kv heads | head dim | cells | time (us) | TFLOP/s | slowest / fastest run |\n"
+           "|---|---|---|---|---|---|---|---|\n",
            getenv("BENCH_VK_PREFILL") ? getenv("BENCH_VK_PREFILL") : "unset: the default");
-    printf("| causal | %d | %d | %.1f | %.1f | %.2f |\n", NQ, CELLS, us, flops / us * 1e-6, spread);
+    printf("| causal | %d | %d / %d | %d | %d | %.1f | %.1f | %.2f |\n", NQ, NH, HKV, g_hd, CELLS, us, flops / us * 1e-6, spread);
     fflush(stdout);
     kvc_vk_buffer_destroy(ctx, &qb);
     kvc_vk_buffer_destroy(ctx, &ob);
@@ -372,6 +375,8 @@ int main(int argc, char **argv) {
     int no_prefill = 0;         /* --no-prefill: no prefill row */
     int32_t pq_list[8] = {512}; /* --prefill-queries: the prefill rows' queries */
     int n_pq = 1, pi;
+    int32_t ph_list[8] = {HQ}; /* --prefill-heads: the prefill rows' query heads */
+    int n_ph = 1, hi;
     static char sl_rows[64][160];
     /* every pool and its caches stay until the end, and the copy kernel's buffers too. (This
        was against f16 batch 8 rows measured 2.3x / 2.6x slower in runs that freed them; the
@@ -405,6 +410,7 @@ int main(int argc, char **argv) {
                    "  --no-copy      skip the copy kernel's bandwidth (the yardstick)\n"
                    "  --no-prefill   skip the prefill row (512 causal queries over 4096 cells, f16)\n"
                    "  --prefill-queries LIST  queries of the prefill rows (default 512; at most 4096)\n"
+                   "  --prefill-heads LIST    query heads of the prefill rows, multiples of 8 (the kv heads; default 32)\n"
                    "  --saveload     also time kvc_cache_save / _load of each batch-1 row's cache\n"
                    "  --causal       decode rows over CAUSAL caches (default FULL: no per-cell masks)\n"
                    "  --quick        4096 cells, batch 1, 2 reps, a 64 MiB copy\n"
@@ -423,6 +429,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--no-copy")) no_copy = 1;
         else if (!strcmp(argv[ai], "--no-prefill")) no_prefill = 1;
         else if (!strcmp(argv[ai], "--prefill-queries") && ai + 1 < argc) n_pq = parse_list(argv[++ai], pq_list, 8);
+        else if (!strcmp(argv[ai], "--prefill-heads") && ai + 1 < argc) n_ph = parse_list(argv[++ai], ph_list, 8);
         else if (!strcmp(argv[ai], "--saveload")) saveload = 1;
         else if (!strcmp(argv[ai], "--causal")) causal = 1;
         else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--no-prefill] [--saveload] [--causal] [--quick] [--help]\n"); return 2; }
@@ -606,8 +613,10 @@ int main(int argc, char **argv) {
                     CHECK(kvc_vk_pool_destroy(vp));
                 }
             }
-    for (pi = 0; !quick && !no_prefill && pi < n_pq; ++pi)
-        if (pq_list[pi] >= 1 && pq_list[pi] <= 4096) prefill_row(&kin_buf, &vin_buf, reps < 10 ? reps : 10, pq_list[pi]);
+    for (hi = 0; !quick && !no_prefill && hi < n_ph; ++hi)
+        for (pi = 0; pi < n_pq; ++pi)
+            if (pq_list[pi] >= 1 && pq_list[pi] <= 4096 && ph_list[hi] >= HKV && ph_list[hi] % HKV == 0 && ph_list[hi] <= 64 * HKV)
+                prefill_row(&kin_buf, &vin_buf, reps < 10 ? reps : 10, pq_list[pi], ph_list[hi]);
     if (n_sl > 0) {
         printf("\nsave / load of one cache (kvc_cache_save to host memory, kvc_cache_load back to the device; wall time, medians of 5)\n\n");
         printf("| storage | cells | file MB | save GB/s | load GB/s | save vs copy kernel | load vs copy kernel |\n|---|---|---|---|---|---|---|\n");

@@ -483,7 +483,7 @@ static void make_sides(side *s, const shape *sh) {
     o.disable_features = sh->disable_features;
     o.host_layout = sh->host_layout;
     o.max_splits = 4 + (int32_t)(g_seed % 5); /* several splits even on short caches */
-    o.prefill_min_queries = sh->prefill ? 8 : 0;
+    o.prefill_min_queries = sh->prefill ? 8 : -1; /* (-1: the decode kernel for every call) */
     TK_OK(kvc_pool_create(&pc, &s[0].pool));
     pc.runtime.allocator.alloc = count_alloc;
     pc.runtime.allocator.free = count_free;
@@ -3432,6 +3432,44 @@ static void test_tiers_device(int kernels, tk_rng *rng) {
     TK_CHECK(rmdir(td_dir) == 0); /* every file went */
 }
 
+/* kvc_vk_pool_options.prefill_min_queries as a pool resolves it (kvc_vk_pool_prefill_queries):
+   the caller's count on f16 pools attn_prefill takes, never where it is negative or the pool
+   is quantised, and by default 64 where it runs on the tensor cores, never on a device
+   without them (the plain build loses to the decode kernel). */
+static void test_prefill_default(void) {
+    static const int32_t asked[4] = {0, -1, 8, 200};
+    kvc_vk_info in;
+    int ti, k, cm;
+    kvc_vk_context_info(ctx, &in);
+    cm = (in.active_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) != 0;
+    for (ti = 0; ti < 2; ++ti)
+        for (k = 0; k < 5; ++k) { /* k 4: no options at all (the default too) */
+            kvc_pool_config pc;
+            kvc_vk_pool_options o;
+            kvc_vk_pool *p;
+            int32_t got, want, a = k < 4 ? asked[k] : 0;
+            kvc_pool_config_init(&pc);
+            pc.n_layers = 1;
+            pc.n_kv_heads = 2;
+            pc.head_dim_k = pc.head_dim_v = 128;
+            pc.type_k = pc.type_v = ti ? KVC_TYPE_Q8_0 : KVC_TYPE_F16;
+            pc.page_cells = 16;
+            TK_OK(kvc_pool_budget_for_tokens(&pc, 64, &pc.budget_bytes));
+            memset(&o, 0, sizeof(o));
+            o.prefill_min_queries = a;
+            TK_OK(kvc_vk_pool_create(ctx, &pc, k < 4 ? &o : NULL, &p));
+            got = kvc_vk_pool_prefill_queries(p);
+            want = ti || a < 0 ? 0 : a > 0 ? a : cm ? 64 : 0;
+            /* (by default also 0 on tensor cores without attn_prefill's 16 x 16 x 16 shape) */
+            if (!(got == want || (a == 0 && !ti && cm && got == 0)))
+                fprintf(stderr, "prefill_min_queries %d (%s) on %s: %d, not %d\n", a, k < 4 ? "options" : "none",
+                        ti ? "q8_0" : "f16", got, want);
+            TK_CHECK(got == want || (a == 0 && !ti && cm && got == 0));
+            TK_OK(kvc_vk_pool_destroy(p));
+        }
+    TK_EQ(kvc_vk_pool_prefill_queries(NULL), 0);
+}
+
 /* Prefill (attn_prefill, kvc_vk_pool_options.prefill_min_queries = 8: calls of at least 8
    queries a cache on f16 pools): batches of
    8-150 queries against the scalar CPU path, each call the batch's own queries (causal, by
@@ -3554,6 +3592,7 @@ int main(int argc, char **argv) {
         parts = 0;
     }
     if (getenv("KVC_VK_PREFILL_ONLY")) {
+        test_prefill_default();
         test_prefill(&rng);
         parts = 0;
     }
@@ -3573,6 +3612,7 @@ int main(int argc, char **argv) {
         test_rotated_decode(&rng);
         test_decode_splits(&rng);
         test_nonfinite_kv(&rng);
+        test_prefill_default();
         test_prefill(&rng);
         test_state_errors();
         test_saveload();
