@@ -141,8 +141,10 @@ static double time_gpu(record_fn record, void *user, int reps, double *spread) {
     return t[2];
 }
 
-/* the driver's statistics of the attention pipelines (registers, spills), if it reports them */
-static void print_stats(const kvc_vk_pool *p) {
+/* the driver's statistics of the attention pipelines (registers, spills, binary size: what
+   tools/nv_sass.py needs), if it reports them: the split and merge passes', or with `prefill`
+   attn_prefill's */
+static void print_stats(const kvc_vk_pool *p, int prefill) {
     PFN_vkGetPipelineExecutablePropertiesKHR props = (PFN_vkGetPipelineExecutablePropertiesKHR)fn->vkGetDeviceProcAddr(
         info.device, "vkGetPipelineExecutablePropertiesKHR");
     PFN_vkGetPipelineExecutableStatisticsKHR stats = (PFN_vkGetPipelineExecutableStatisticsKHR)fn->vkGetDeviceProcAddr(
@@ -150,7 +152,7 @@ static void print_stats(const kvc_vk_pool *p) {
     VkPipeline pipes[2];
     int k;
     if (!props || !stats || !p->ctx->stats) return;
-    pipes[0] = p->split[0].pipe;
+    pipes[0] = prefill ? p->prefill_pipes[0].pipe : p->split[0].pipe;
     pipes[1] = p->merge[0].pipe;
     for (k = 0; k < 2; ++k) {
         VkPipelineInfoKHR pi;
@@ -165,7 +167,7 @@ static void print_stats(const kvc_vk_pool *p) {
         ei.pipeline = pipes[k];
         for (i = 0; i < 32; ++i) { memset(&st[i], 0, sizeof(st[i])); st[i].sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR; }
         if (pipes[k] == VK_NULL_HANDLE || stats(info.device, &ei, &n, st) < 0) continue;
-        printf("  %s pipeline:", k ? "merge" : "split");
+        printf("  %s pipeline:", k ? "merge" : prefill ? "prefill" : "split");
         for (i = 0; i < n; ++i) {
             if (st[i].format == VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR)
                 printf(" %s=%llu", st[i].name, (unsigned long long)st[i].value.u64);
@@ -352,6 +354,7 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
     item.desc.out.buffer = ob.buffer;
     aj.pool = vp; aj.items = &item; aj.n = 1;
     us = time_gpu(record_attn, &aj, reps, &spread);
+    if (getenv("BENCH_VK_STATS")) print_stats(vp, 1);
     /* query i sees CELLS - NQ + 1 + i cells: 4 hd FLOPs a (query head, cell), QK and PV */
     flops = 4.0 * g_hd * NH * ((double)NQ * (CELLS - NQ + 1) + (double)NQ * (NQ - 1) / 2);
     printf("\n| prefill f16 (BENCH_VK_PREFILL=%s) | queries | q / kv heads | head dim | cells | time (us) | TFLOP/s | slowest / fastest run |\n"
@@ -582,7 +585,7 @@ int main(int argc, char **argv) {
                 aj.pool = vp; aj.items = items; aj.n = batch;
                 us = time_gpu(record_attn, &aj, reps, &spread);
                 host_us = g_host_us;
-                if (getenv("BENCH_VK_STATS") && ci == 0 && bi == 0) print_stats(vp);
+                if (getenv("BENCH_VK_STATS") && ci == 0 && bi == 0) print_stats(vp, 0);
                 err = check_one(types[ti], rots[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
                 kvc_pool_stats_get(hp, &st);
                 bytes = (double)batch * cells * (double)(st.k_row_bytes + st.v_row_bytes);
