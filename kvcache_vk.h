@@ -2010,11 +2010,12 @@ static kvc_result kvc_vk__pool_setup(kvc_vk_pool *p, const kvc_vk_pool_options *
         return r;
     /* prefill: the caller's threshold for either build, never where it is negative, by default
        KVC_VK__PREFILL_MIN_QUERIES where it runs on the tensor cores */
-    p->prefill = opts && opts->prefill_min_queries < 0 ? 0 : kvc_vk__prefill_kind(p);
-    p->prefill_min = opts && opts->prefill_min_queries > 0 ? opts->prefill_min_queries
-                     : p->prefill == 2                     ? KVC_VK__PREFILL_MIN_QUERIES
-                                                           : 0;
-    if (p->prefill_min == 0) p->prefill = 0;
+    {
+        int32_t asked = opts ? opts->prefill_min_queries : 0;
+        int kind = asked < 0 ? 0 : kvc_vk__prefill_kind(p);
+        p->prefill_min = asked > 0 ? asked : kind == 2 ? KVC_VK__PREFILL_MIN_QUERIES : 0;
+        p->prefill = p->prefill_min > 0 ? kind : 0;
+    }
     if (p->prefill &&
         (r = kvc_vk__module_create(p, p->prefill == 2 ? KVC_VK__MODULE_ATTN_PREFILL_CM : KVC_VK__MODULE_ATTN_PREFILL)) != KVC_OK)
         return r;

@@ -361,12 +361,12 @@ tsan_one() {
 }
 # valgrind memcheck runs the native -O2 -g1 binaries of the first stage
 vg_one() {
-  local n=$1 scale=0.05
+  local n=$1
   [ -x "$B/$n" ] || { skip "valgrind-$n" "its native build failed"; return; }
   if [ "$n" = test_vk ]; then
-    KVC_VK_HOST_ONLY=1 KVC_TEST_SCALE=$scale checks "valgrind-$n-$3" $VG $VGVK "$B/$n" "$seed"
+    KVC_VK_HOST_ONLY=1 KVC_TEST_SCALE=0.05 checks "valgrind-$n-$3" $VG $VGVK "$B/$n" "$seed"
   else
-    KVC_NO_STACK_TEST=1 KVC_TEST_SCALE=$scale checks "valgrind-$n" $VG "$B/$n" "$seed"
+    KVC_NO_STACK_TEST=1 KVC_TEST_SCALE=0.05 checks "valgrind-$n" $VG "$B/$n" "$seed"
   fi
 }
 vg_fuzz() {
