@@ -44,7 +44,7 @@ layout(constant_id = PREFILL_PAGE_CELLS) const uint PAGE_CELLS = 256u;
 #define PF_TC 32
 #endif
 #ifndef PF_RB
-#define PF_RB 4
+#define PF_RB 4 // (the tensor-core build: 8, shaders/embed.sh)
 #endif
 #ifndef PF_NOLO
 #define PF_NOLO 0 // (timing only: 1 drops the lo halves' products, at f16 accuracy)
@@ -81,7 +81,8 @@ const uint SK = CK + 1u, SV = CV + 1u;            // shared row strides (+16 byt
 const uint SMAX = 17u;                            // ... at head dim 128
 const uint KV_WORDS = TC * 2u * SMAX;             // the tile's K rows, then its V rows (at TC SK)
 #if USE_CM
-const uint Q_WORDS = ROWS * SMAX;                 // the queries' halves, staged
+const uint QP = RB < 4u ? RB : 4u;                // subgroups staging their queries at once (kv's size)
+const uint Q_WORDS = 16u * QP * SMAX;             // the queries' halves, staged
 #else
 const uint Q_WORDS = 0u;
 #endif
@@ -90,11 +91,13 @@ const float NEG_INF = -1.0 / 0.0;
 const float HI = 2048.0, INV_HI = 1.0 / 2048.0, LO = 4096.0, INV_LO = 1.0 / 4096.0;
 
 const uint SST = TC + 4u;                         // ss row stride (+16 bytes: 2-way bank conflicts, not 16)
-const uint PST = TC + 8u;                         // ph / pl row stride (the same)
 const uint PK = (TC * 16u + NT - 1u) / NT;        // K (V) pieces a thread stages at most (head dims <= 128)
 
 shared uvec4 kv[KV_WORDS > Q_WORDS ? KV_WORDS : Q_WORDS];
-shared float ss[ROWS * SST];                      // S, row-major (row, cell); the plain build: then P
+// S, row-major (row, cell); then P over it: the plain build's floats, the tensor-core
+// build's hi halves in a row's words 0 .. TC / 2 - 1 and its lo halves in TC / 2 .. TC - 1,
+// two to a word (no arrays of their own: eight subgroups' rows fit under 48 KB only so)
+shared float ss[ROWS * SST];
 // Two tiles in flight: tile t's cells and masks are made while tile t - 1 is multiplied
 // (buffer t % 2), its K and V rows are loaded into registers then and staged at tile t.
 shared uint cgid[2 * TC];                         // the tile's cells: where
@@ -107,7 +110,6 @@ shared uint jnc[ROWS];                            //   non-causal
 #if USE_CM
 #define MATA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define MATC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-shared uint ph[ROWS * PST / 2u], pl[ROWS * PST / 2u]; // P = hi + lo * 2^-12, row-major (row, cell), two halves a word
 shared float am[RB * 256u];                       // rescale factors: a 16 x 16 matrix a subgroup, row r all alpha_r
 void sync_sg() {
     controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
@@ -231,7 +233,8 @@ void main() {
     uint sg = tid / 32u, lane = tid % 32u;
     // Q: each row scaled to base 2 and by a power of two into (-1, 1) (its own: a row holding a
     // NaN or an infinity must not change the other rows' bits), split hi / lo, staged through
-    // kv one half at a time (the subgroup's 16 rows at sg * 16 SK), kept as fragments
+    // kv one half at a time (the subgroup's 16 rows at (sg % QP) * 16 SK, QP subgroups a
+    // pass), kept as fragments
     uint qm = 0u;
     for (uint d = h; d < HDK; d += 2u) {
         uint a = floatBitsToUint(abs(row_ok ? qb[q0 + d] * pc.scale_log2 : 0.0));
@@ -243,20 +246,26 @@ void main() {
     if (qmax > 0.0) frexp(qmax, qe);
     rscale = ldexp(1.0, qe);
     MATA qh[HDK / 16u], ql[HDK / 16u];
-    [[unroll]] for (uint part_lo = 0u; part_lo < 2u; ++part_lo) {
-        for (uint p2 = h; p2 < HDK / 2u; p2 += 2u) {
-            uint d = 2u * p2;
-            vec2 x = row_ok ? vec2(qb[q0 + d], qb[q0 + d + 1u]) * pc.scale_log2 : vec2(0.0);
-            x = ldexp(x, ivec2(-qe));
-            vec2 a = split(x.x), b = split(x.y);
-            kv[R * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(part_lo == 0u ? vec2(a.x, b.x) : vec2(a.y, b.y));
+    for (uint pass = 0u; pass < (RB + QP - 1u) / QP; ++pass) { // QP subgroups at a time (uniform)
+        if (sg / QP == pass) {
+            uint qr = (sg % QP) * 16u + R % 16u; // the row's place in kv
+            [[unroll]] for (uint part_lo = 0u; part_lo < 2u; ++part_lo) {
+                for (uint p2 = h; p2 < HDK / 2u; p2 += 2u) {
+                    uint d = 2u * p2;
+                    vec2 x = row_ok ? vec2(qb[q0 + d], qb[q0 + d + 1u]) * pc.scale_log2 : vec2(0.0);
+                    x = ldexp(x, ivec2(-qe));
+                    vec2 a = split(x.x), b = split(x.y);
+                    kv[qr * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(part_lo == 0u ? vec2(a.x, b.x) : vec2(a.y, b.y));
+                }
+                sync_sg();
+                [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) {
+                    if (part_lo == 0u) coopMatLoadNV(qh[k], kv, (sg % QP) * 16u * SK + 2u * k, SK, false);
+                    else coopMatLoadNV(ql[k], kv, (sg % QP) * 16u * SK + 2u * k, SK, false);
+                }
+                sync_sg();
+            }
         }
-        sync_sg();
-        [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) {
-            if (part_lo == 0u) coopMatLoadNV(qh[k], kv, sg * 16u * SK + 2u * k, SK, false);
-            else coopMatLoadNV(ql[k], kv, sg * 16u * SK + 2u * k, SK, false);
-        }
-        sync_sg();
+        if (RB > QP) barrier();
     }
     MATC o[HDV / 16u];
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
@@ -368,6 +377,7 @@ void main() {
         }
 #if USE_CM
         mb = max(mb, subgroupShuffleXor(mb, 1u));
+        sync_sg(); // the row's scores are read before P's halves go over them
 #else
         red[tid] = mb;
         barrier();
@@ -383,8 +393,8 @@ void main() {
             l += p.x;
             l += p.y;
             vec2 a = split(p.x), b = split(p.y);
-            ph[(R * PST + cb + i) / 2u] = packHalf2x16(vec2(a.x, b.x));
-            pl[(R * PST + cb + i) / 2u] = packHalf2x16(vec2(a.y, b.y));
+            ss[R * SST + (cb + i) / 2u] = uintBitsToFloat(packHalf2x16(vec2(a.x, b.x)));
+            ss[R * SST + TC / 2u + (cb + i) / 2u] = uintBitsToFloat(packHalf2x16(vec2(a.y, b.y)));
         }
         if (subgroupAny(alpha != 1.0)) { // the row maxima grew: O rescaled (a matrix of factors)
             uint r16 = R % 16u;
@@ -395,13 +405,13 @@ void main() {
             [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
                 for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
         }
-        sync_sg(); // ph / pl are written
+        sync_sg(); // P's halves are written
         [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
             MATC lo = MATC(0.0);
             [[unroll]] for (uint j = 0u; j < TC / 16u; ++j) {
                 MATA pa, pb, vt;
-                coopMatLoadNV(pa, ph, (sg * 16u * PST + 16u * j) / 2u, PST / 2u, false);
-                coopMatLoadNV(pb, pl, (sg * 16u * PST + 16u * j) / 2u, PST / 2u, false);
+                coopMatLoadNV(pa, ss, sg * 16u * SST + 8u * j, SST, false);
+                coopMatLoadNV(pb, ss, sg * 16u * SST + TC / 2u + 8u * j, SST, false);
                 coopMatLoadNV(vt, kv, TC * SK + 16u * j * SV + 2u * t, SV, false); // V (cell x d)
                 o[t] = coopMatMulAddNV(pa, vt, o[t]);
 #if !PF_NOLO
