@@ -329,7 +329,7 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
     memset(&po, 0, sizeof(po));
     if (getenv("BENCH_VK_NO_CM")) po.disable_features |= KVC_VK_FEATURE_COOPERATIVE_MATRIX;
     /* BENCH_VK_PREFILL=N: kvc_vk_pool_options.prefill_min_queries (8: attn_prefill, -1: the
-       decode kernel once a query); unset: the backend's default (attn_prefill from 64 queries
+       decode kernel once a query); unset: the backend's default (attn_prefill from 32 queries
        on the tensor cores, the decode kernel elsewhere) */
     po.prefill_min_queries = getenv("BENCH_VK_PREFILL") ? atoi(getenv("BENCH_VK_PREFILL")) : 0;
     CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
