@@ -2,7 +2,7 @@
 // attn_prefill.comp - attention for many queries of one cache (prefill), f16 keys and values:
 // flash attention over query tiles. attn_split.comp's partials, another schedule: a
 // workgroup takes one kv head, a tile of up to TQ consecutive jobs (queries) of one cache
-// that share its view (kvcache_vk.h's tile records: first job, count), with every query
+// that share its view (kvcache_vk.h's tile records: first job, count, cells walked), with every query
 // head of the kv head's GQA group, and one chunk of cells (split-K as attn_split; the
 // merge is attn_merge, unchanged). Its rows are (query, head) pairs, row R = query R / G,
 // head R % G, 16 rows per subgroup of 32 invocations (RB of them: TQ = 16 RB / G), and it
@@ -61,7 +61,7 @@ layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
 
 layout(push_constant) uniform PC {
     uint job_off;
-    uint tile_off;    // meta word of the tile records (first job, jobs), two words a tile
+    uint tile_off;    // meta word of the tile records (first job, jobs, cells walked), three words a tile
     uint chunk;       // cells per split (a multiple of TC)
     uint n_splits;
     uint k_row_bytes;
@@ -208,11 +208,15 @@ void make_masks(Job J, uint b, uint nq, uint tid) {
 }
 
 void main() {
-    uint kvh = gl_WorkGroupID.x, split_id = gl_WorkGroupID.y, tile = gl_WorkGroupID.z;
+    // the tiles last to first: a prompt's last queries see the most cells, so the longest
+    // workgroups start first and the short ones fill in behind them
+    uint kvh = gl_WorkGroupID.x, split_id = gl_WorkGroupID.y, tile = gl_NumWorkGroups.z - 1u - gl_WorkGroupID.z;
     uint tid = gl_LocalInvocationID.x, R = tid / 2u, h = tid & 1u;
-    uint j0 = meta[pc.tile_off + 2u * tile], nq = meta[pc.tile_off + 2u * tile + 1u];
+    uint j0 = meta[pc.tile_off + 3u * tile], nq = meta[pc.tile_off + 3u * tile + 1u];
     Job J = load_job(pc.job_off, j0);
-    uint c0 = split_id * pc.chunk, c1 = min(c0 + pc.chunk, J.n_view);
+    // (the view's cells past the tile's last position are skipped, not walked masked: the
+    // host's kvc_vk__prefill_bound)
+    uint c0 = split_id * pc.chunk, c1 = min(c0 + pc.chunk, min(J.n_view, meta[pc.tile_off + 3u * tile + 2u]));
     for (uint q = tid; q < TQ; q += NT) {
         uint b = pc.job_off + (j0 + q) * JOB_STRIDE;
         jpos[q] = q < nq ? int(meta[b + JOB_QPOS]) : 0;
