@@ -2781,25 +2781,46 @@ static kvc_result kvc_vk__upload_attention(kvc_vk_pool *p, VkCommandBuffer cmd, 
     return KVC_OK;
 }
 
-/* The cells of its view a prefill tile (jobs job .. job + n - 1, one view) walks: a causal
-   query at position q sees no token past q, and a FULL or ROTATING view's tokens rise
-   ([b0, e0) then [b1, ...), b1 >= e0), so the view's cells up to the tile's last position
-   (a fresh prompt's tiles then skip the cells after them instead of walking them masked).
-   CAUSAL views (cell positions in any order) and non-causal queries: all of it. */
-static uint32_t kvc_vk__prefill_bound(const uint32_t *job, int32_t n) {
+/* Whether a CAUSAL view [lo, hi) is one sequence's cells alone in rising positions (then a
+   query's visible cells are a prefix of it). */
+static int kvc_vk__view_rises(const kvc_cache *c, int32_t lo, int32_t hi, int32_t seq) {
+    int32_t cell;
+    if (c->seq_n[seq] != hi - lo) return 0;
+    for (cell = lo + 1; cell < hi; ++cell)
+        if (*kvc__cell_pos(c, cell) <= *kvc__cell_pos(c, cell - 1)) return 0;
+    return 1;
+}
+
+/* The cells of its view a prefill tile (jobs job .. job + n - 1, one view of cache c) walks:
+   a causal query at position q sees no token past q, so where the view's positions rise
+   (FULL and ROTATING views: [b0, e0) then [b1, ...), b1 >= e0; CAUSAL views where
+   kvc_vk__view_rises says so, *rises caching its answer for the item's view) the cells up to
+   the tile's last position (a fresh prompt's tiles then skip the cells after them instead of
+   walking them masked). Otherwise, or with a non-causal query: all of it. */
+static uint32_t kvc_vk__prefill_bound(const kvc_cache *c, const uint32_t *job, int32_t n, int *rises) {
     uint32_t nv = job[KVC_VK__JOB_N_VIEW], b0 = job[KVC_VK__JOB_B0], e0 = job[KVC_VK__JOB_E0], b1 = job[KVC_VK__JOB_B1];
     int64_t top = -1, cells;
-    int32_t k;
-    if (job[KVC_VK__JOB_KIND] != 0 || b1 < e0) return nv;
+    int32_t k, lo, hi;
+    if (job[KVC_VK__JOB_KIND] == 0 && b1 < e0) return nv;
     for (k = 0; k < n; ++k) {
         const uint32_t *jk = job + (size_t)k * KVC_VK__JOB_STRIDE;
         if (jk[KVC_VK__JOB_NC]) return nv;
         top = KVC__MAX(top, (int64_t)(int32_t)jk[KVC_VK__JOB_QPOS]);
     }
-    cells = top < (int64_t)b0   ? 0
-            : top < (int64_t)e0 ? top - b0 + 1
-                                : (int64_t)(e0 - b0) + (top < (int64_t)b1 ? 0 : top - b1 + 1);
-    return cells < (int64_t)nv ? (uint32_t)cells : nv;
+    if (job[KVC_VK__JOB_KIND] == 0) {
+        cells = top < (int64_t)b0   ? 0
+                : top < (int64_t)e0 ? top - b0 + 1
+                                    : (int64_t)(e0 - b0) + (top < (int64_t)b1 ? 0 : top - b1 + 1);
+        return cells < (int64_t)nv ? (uint32_t)cells : nv;
+    }
+    if (*rises < 0) *rises = kvc_vk__view_rises(c, (int32_t)b1, (int32_t)b1 + (int32_t)nv, (int32_t)job[KVC_VK__JOB_QSEQ]);
+    if (!*rises) return nv;
+    for (lo = (int32_t)b1, hi = (int32_t)b1 + (int32_t)nv; lo < hi;) { /* the first cell past top */
+        int32_t mid = lo + (hi - lo) / 2;
+        if (*kvc__cell_pos(c, mid) <= top) lo = mid + 1;
+        else hi = mid;
+    }
+    return (uint32_t)(lo - (int32_t)b1);
 }
 
 /* attn_prefill's tiles, as records (first job, jobs, cells walked) at p->build + at: runs of
@@ -2809,18 +2830,25 @@ static size_t kvc_vk__prefill_tiles(kvc_vk_pool *p, const kvc_vk_attention_item 
                                     size_t job_off, size_t at, int32_t *n_tiles) {
     int32_t it, j = 0, qi, n;
     *n_tiles = 0;
-    for (it = 0; it < n_items; ++it)
+    for (it = 0; it < n_items; ++it) {
+        int rises = -1;                 /* a CAUSAL view's answer (kvc_vk__prefill_bound), for its sequence */
+        uint32_t rises_seq = 0xffffffffu;
         for (qi = 0; qi < items[it].desc.n_queries; qi += n, j += n) {
             const uint32_t *job = p->build + job_off + (size_t)j * KVC_VK__JOB_STRIDE;
             for (n = 1; qi + n < items[it].desc.n_queries && n < tq; ++n)
                 if (items[it].cache->cfg.kind == KVC_KIND_CAUSAL &&
                     job[(size_t)n * KVC_VK__JOB_STRIDE + KVC_VK__JOB_QSEQ] != job[KVC_VK__JOB_QSEQ])
                     break;
+            if (job[KVC_VK__JOB_QSEQ] != rises_seq) {
+                rises = -1;
+                rises_seq = job[KVC_VK__JOB_QSEQ];
+            }
             p->build[at++] = (uint32_t)j;
             p->build[at++] = (uint32_t)n;
-            p->build[at++] = kvc_vk__prefill_bound(job, n);
+            p->build[at++] = kvc_vk__prefill_bound(items[it].cache, job, n, &rises);
             ++*n_tiles;
         }
+    }
     return at;
 }
 

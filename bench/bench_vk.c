@@ -14,7 +14,8 @@
    rotates the output back (no passes of their own); its row against the plain one's is what
    the rotation costs. --causal: CAUSAL caches (the mask reads each cell's sequence and
    position words) instead of FULL ones, and a `step host (us)` column, the CPU time to record
-   a call after each cache lost its last cell (a decode step's first layer).
+   a call after each cache lost its last cell (a decode step's first layer); the prefill rows
+   then run over a CAUSAL cache too.
 
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
    A CPU device (VkPhysicalDeviceProperties.deviceType CPU, e.g. lavapipe) runs the default
@@ -305,9 +306,10 @@ static void saveload_row(kvc_pool *hp, kvc_cache *c, double *save_gbs, double *l
 /* Prefill: NQ causal queries (the cache's last NQ positions; 512 unless --prefill-queries says
    otherwise) of NH query heads (32 unless --prefill-heads says otherwise; HKV kv heads) over
    4096 cells of f16, one call (issue 37's prefill row; bench_vk_sdpa.py times SDPA's flash
-   kernel on the 512-query, 32-head shape).
+   kernel on the 512-query, 32-head shape). A FULL cache, or with --causal a CAUSAL one (one
+   sequence, positions 0 .. 4095 in its cells).
    The output is not checked against f64 here (test_vk checks prefill-sized calls' values). */
-static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_buf, int reps, int NQ, int NH) {
+static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_buf, int reps, int NQ, int NH, int causal) {
     enum { CELLS = 4096 };
     kvc_pool_config pc;
     kvc_cache_config cc;
@@ -321,6 +323,7 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
     attn_job aj;
     double us, spread = 1, flops;
     size_t i, n = (size_t)NQ * NH * (size_t)g_hd;
+    static int32_t qpos[4096], qseq[4096]; /* (--prefill-queries: at most 4096) */
     kvc_pool_config_init(&pc);
     pc.n_layers = 1; pc.n_kv_heads = HKV; pc.head_dim_k = pc.head_dim_v = g_hd;
     pc.type_k = pc.type_v = KVC_TYPE_F16;
@@ -333,7 +336,8 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
        on the tensor cores, the decode kernel elsewhere) */
     po.prefill_min_queries = getenv("BENCH_VK_PREFILL") ? atoi(getenv("BENCH_VK_PREFILL")) : 0;
     CHECK(kvc_vk_pool_create(ctx, &pc, &po, &vp));
-    kvc_cache_config_init(&cc, KVC_KIND_FULL);
+    kvc_cache_config_init(&cc, causal ? KVC_KIND_CAUSAL : KVC_KIND_FULL);
+    cc.capacity = CELLS; /* (CAUSAL: its cells) */
     CHECK(kvc_cache_create(kvc_vk_pool_host(vp), &cc, &c));
     memset(&tk_, 0, sizeof(tk_));
     memset(&tv_, 0, sizeof(tv_));
@@ -349,6 +353,14 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
     memset(&item, 0, sizeof(item));
     item.cache = c;
     item.desc.n_queries = NQ; /* positions: the last NQ of the cache, causal */
+    if (causal) { /* (a CAUSAL cache's queries default to its last batch: named here) */
+        for (i = 0; i < (size_t)NQ; ++i) {
+            qpos[i] = CELLS - NQ + (int32_t)i;
+            qseq[i] = 0;
+        }
+        item.desc.pos = qpos;
+        item.desc.seq = qseq;
+    }
     item.desc.n_heads = NH;
     item.desc.q.buffer = qb.buffer;
     item.desc.out.buffer = ob.buffer;
@@ -360,7 +372,8 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
     printf("\n| prefill f16 (BENCH_VK_PREFILL=%s) | queries | q / kv heads | head dim | cells | time (us) | TFLOP/s | slowest / fastest run |\n"
            "|---|---|---|---|---|---|---|---|\n",
            getenv("BENCH_VK_PREFILL") ? getenv("BENCH_VK_PREFILL") : "unset: the default");
-    printf("| causal | %d | %d / %d | %d | %d | %.1f | %.1f | %.2f |\n", NQ, NH, HKV, g_hd, CELLS, us, flops / us * 1e-6, spread);
+    printf("| causal%s | %d | %d / %d | %d | %d | %.1f | %.1f | %.2f |\n", causal ? " (CAUSAL cache)" : "", NQ, NH, HKV, g_hd, CELLS,
+           us, flops / us * 1e-6, spread);
     fflush(stdout);
     kvc_vk_buffer_destroy(ctx, &qb);
     kvc_vk_buffer_destroy(ctx, &ob);
@@ -415,7 +428,7 @@ int main(int argc, char **argv) {
                    "  --prefill-queries LIST  queries of the prefill rows (default 512; at most 4096)\n"
                    "  --prefill-heads LIST    query heads of the prefill rows, multiples of 8 (the kv heads; default 32)\n"
                    "  --saveload     also time kvc_cache_save / _load of each batch-1 row's cache\n"
-                   "  --causal       decode rows over CAUSAL caches (default FULL: no per-cell masks)\n"
+                   "  --causal       decode and prefill rows over CAUSAL caches (default FULL: no per-cell masks)\n"
                    "  --quick        4096 cells, batch 1, 2 reps, a 64 MiB copy\n"
                    "A CPU device (lavapipe) gets the --quick shape unless --cells, --batch or --reps is given.\n"
                    "Environment: KVC_VK_DEVICE (device index), BENCH_VK_BOUNDS_CHECKS, BENCH_VK_NO_DOT,\n"
@@ -619,7 +632,7 @@ int main(int argc, char **argv) {
     for (hi = 0; !quick && !no_prefill && hi < n_ph; ++hi)
         for (pi = 0; pi < n_pq; ++pi)
             if (pq_list[pi] >= 1 && pq_list[pi] <= 4096 && ph_list[hi] >= HKV && ph_list[hi] % HKV == 0 && ph_list[hi] <= 64 * HKV)
-                prefill_row(&kin_buf, &vin_buf, reps < 10 ? reps : 10, pq_list[pi], ph_list[hi]);
+                prefill_row(&kin_buf, &vin_buf, reps < 10 ? reps : 10, pq_list[pi], ph_list[hi], causal);
     if (n_sl > 0) {
         printf("\nsave / load of one cache (kvc_cache_save to host memory, kvc_cache_load back to the device; wall time, medians of 5)\n\n");
         printf("| storage | cells | file MB | save GB/s | load GB/s | save vs copy kernel | load vs copy kernel |\n|---|---|---|---|---|---|---|\n");
