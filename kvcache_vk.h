@@ -2794,10 +2794,10 @@ static int kvc_vk__view_rises(const kvc_cache *c, int32_t lo, int32_t hi, int32_
 /* The cells of its view a prefill tile (jobs job .. job + n - 1, one view of cache c) walks:
    a causal query at position q sees no token past q, so where the view's positions rise
    (FULL and ROTATING views: [b0, e0) then [b1, ...), b1 >= e0; CAUSAL views where
-   kvc_vk__view_rises says so, *rises keeping its answer for the item's next tiles of the same
-   sequence) the cells up to
-   the tile's last position (a fresh prompt's tiles then skip the cells after them instead of
-   walking them masked). Otherwise, or with a non-causal query: all of it. */
+   kvc_vk__view_rises says so, *rises keeping its answer for the item's next tiles of the
+   same sequence) the cells up to the tile's last position (a fresh prompt's tiles then skip
+   the cells after them instead of walking them masked). Otherwise, or with a non-causal
+   query: all of it. */
 static uint32_t kvc_vk__prefill_bound(const kvc_cache *c, const uint32_t *job, int32_t n, int *rises) {
     uint32_t nv = job[KVC_VK__JOB_N_VIEW], b0 = job[KVC_VK__JOB_B0], e0 = job[KVC_VK__JOB_E0], b1 = job[KVC_VK__JOB_B1];
     int64_t top = -1, cells;

@@ -3434,7 +3434,7 @@ static void test_tiers_device(int kernels, tk_rng *rng) {
 
 /* kvc_vk_pool_options.prefill_min_queries as a pool resolves it (kvc_vk_pool_prefill_queries):
    the caller's count on f16 pools attn_prefill takes, never where it is negative or the pool
-   is quantised, and by default 64 where it runs on the tensor cores, never on a device
+   is quantised, and by default 32 where it runs on the tensor cores, never on a device
    without them (the plain build loses to the decode kernel). */
 static void test_prefill_default(void) {
     static const int32_t asked[4] = {0, -1, 8, 200};
