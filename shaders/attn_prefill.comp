@@ -2,7 +2,8 @@
 // attn_prefill.comp - attention for many queries of one cache (prefill), f16 keys and values:
 // flash attention over query tiles. attn_split.comp's partials, another schedule: a
 // workgroup takes one kv head, a tile of up to TQ consecutive jobs (queries) of one cache
-// that share its view (kvcache_vk.h's tile records: first job, count, cells walked), with
+// that share its view (kvcache_vk.h's tile records: first job, count, cells walked, cells
+// every query sees), with
 // every query head of the kv head's GQA group, and one chunk of cells (split-K as
 // attn_split; the merge is attn_merge, unchanged). Its rows are (query, head) pairs, row
 // R = query R / G, head R % G, 16 rows per subgroup of 32 invocations (RB of them: TQ =
@@ -10,7 +11,8 @@
 // walks its chunk in tiles of TC cells, K and V read once per tile for all its rows:
 //   cells    one invocation per cell: where it is (page table) and its position; then per
 //            (query, cell) the mask rules of attn_common.glsl's cell_visible, as bit words
-//            (a tile no query sees is skipped; V rows no query sees are zeros);
+//            (a tile no query sees is skipped; V rows no query sees are zeros), except in
+//            the leading cells every query sees (no masks made or read there);
 //   stage    the tile's K and V rows into shared memory, 16 bytes per load;
 //   scores   S = Q K^T for each subgroup's 16 rows (the cooperative-matrix build, USE_CM:
 //            16 x 16 x 16 f16 products into f32 on the tensor cores, the queries split into
@@ -62,7 +64,7 @@ layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
 
 layout(push_constant) uniform PC {
     uint job_off;
-    uint tile_off;    // meta word of the tile records (first job, jobs, cells walked), three words a tile
+    uint tile_off;    // meta word of the tile records (first job, jobs, cells walked, cells all see), four words a tile
     uint chunk;       // cells per split (a multiple of TC)
     uint n_splits;
     uint k_row_bytes;
@@ -213,11 +215,14 @@ void main() {
     // workgroups start first and the short ones fill in behind them
     uint kvh = gl_WorkGroupID.x, split_id = gl_WorkGroupID.y, tile = gl_NumWorkGroups.z - 1u - gl_WorkGroupID.z;
     uint tid = gl_LocalInvocationID.x, R = tid / 2u, h = tid & 1u;
-    uint j0 = meta[pc.tile_off + 3u * tile], nq = meta[pc.tile_off + 3u * tile + 1u];
+    uint j0 = meta[pc.tile_off + 4u * tile], nq = meta[pc.tile_off + 4u * tile + 1u];
     Job J = load_job(pc.job_off, j0);
     // (the view's cells past the tile's last position are skipped, not walked masked: the
     // host's kvc_vk__prefill_bound)
-    uint c0 = split_id * pc.chunk, c1 = min(c0 + pc.chunk, min(J.n_view, meta[pc.tile_off + 3u * tile + 2u]));
+    uint c0 = split_id * pc.chunk, c1 = min(c0 + pc.chunk, min(J.n_view, meta[pc.tile_off + 4u * tile + 2u]));
+    // the view's cells [0, all_see): every query of the tile sees them (kvc_vk__prefill_seen_by_all),
+    // so a tile within them makes no masks (a tile base's: base + TC <= all_see)
+    uint all_see = meta[pc.tile_off + 4u * tile + 3u];
     for (uint q = tid; q < TQ; q += NT) {
         uint b = pc.job_off + (j0 + q) * JOB_STRIDE;
         jpos[q] = q < nq ? int(meta[b + JOB_QPOS]) : 0;
@@ -282,7 +287,7 @@ void main() {
 
     // the first tile's masks and K / V rows (into registers)
     barrier();
-    make_masks(J, 0u, nq, tid);
+    if (c0 + TC > all_see) make_masks(J, 0u, nq, tid);
     uvec4 kr[PK], vr[PK];
     [[unroll]] for (uint k = 0u; k < PK; ++k) {
         uint i = tid + k * NT;
@@ -293,13 +298,13 @@ void main() {
     uint cur = 0u;                                 // the buffer of tile `base`
     for (uint base = c0; base < c1; base += TC, cur ^= 1u) {
         uint nb = cur ^ 1u;
-        bool more = base + TC < c1;
+        bool more = base + TC < c1, full = base + TC <= all_see;
         barrier(); // tile base's masks are made; the last tile's K, V, S are read
         // the cells some query sees; none: the tile is skipped (the same answer everywhere)
         uint seen[WQ];
         bool any = false;
         [[unroll]] for (uint w = 0u; w < WQ; ++w) {
-            seen[w] = sseen[cur * WQ + w];
+            seen[w] = full ? ~0u : sseen[cur * WQ + w];
             any = any || seen[w] != 0u;
         }
         // stage K and V from the registers (V rows no query sees: zeros, their bytes may be anything)
@@ -325,7 +330,7 @@ void main() {
                 if (i < TC * CK) kr[k] = kb[(cgid[nb * TC + i / CK] * pc.k_row_bytes + kvh * (HDK * 2u)) / 16u + i % CK];
                 if (i < TC * CV) vr[k] = vb[(cgid[nb * TC + i / CV] * pc.v_row_bytes + kvh * (HDV * 2u)) / 16u + i % CV];
             }
-            make_masks(J, nb, nq, tid);
+            if (base + 2u * TC > all_see) make_masks(J, nb, nq, tid);
         }
         if (!any) continue;
 
@@ -366,7 +371,7 @@ void main() {
         // (the cap's branch outside the loop), +inf where not finite
         float x[PW];
         float mb = NEG_INF;
-        uint cb = h * PW, vw = row_ok ? vis[cur * ROWS * WQ + rq * WQ + cb / 32u] >> (cb % 32u) : 0u;
+        uint cb = h * PW, vw = !row_ok ? 0u : full ? ~0u : vis[cur * ROWS * WQ + rq * WQ + cb / 32u] >> (cb % 32u);
         if (pc.softcap2 > 0.0) {
             [[unroll]] for (uint i = 0u; i < PW; ++i) {
                 float sc = score_capped(ss[R * SST + cb + i] * rscale, pc.softcap2);

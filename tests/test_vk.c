@@ -3479,7 +3479,10 @@ static void test_prefill_default(void) {
    compare_attention (sinks, soft-cap, lse, poisoned query rows). FULL, ROTATING (a window
    shorter than the batch, sinks) and CAUSAL (up to three sequences in one batch, in runs or
    interleaved: the tiles of queries break where the sequence changes); GQA groups 1-8, head
-   dims 8-128 in steps of 8 (the tensor-core build: multiples of 16), several splits. */
+   dims 8-128 in steps of 8 (the tensor-core build: multiples of 16), several splits. Now and
+   then a batch follows one of 32 k + 30 tokens: its first tile's first query then sees 31
+   cells more than a whole number of tiles, where one cell too many in the tile records'
+   "cells every query sees" (kvc_vk__prefill_seen_by_all) shows as a cell seen too soon. */
 static void test_prefill(tk_rng *rng) {
     static const int32_t dims[] = {8, 16, 24, 32, 48, 64, 96, 128};
     /* (lavapipe below scale 1: half as many, each pool's pipelines being what costs) */
@@ -3488,7 +3491,7 @@ static void test_prefill(tk_rng *rng) {
     for (ep = 0; ep < n_ep; ++ep) {
         shape sh;
         side s[2];
-        int before = tk_failed, step, i, small;
+        int before = tk_failed, step, i, small, lead = tk_pct(rng, 50);
         int32_t next[3] = {0, 0, 0};
         memset(&sh, 0, sizeof(sh));
         sh.kind = (kvc_kind)(ep % 3);
@@ -3510,11 +3513,12 @@ static void test_prefill(tk_rng *rng) {
         for (step = 0; step < 3; ++step) {
             int32_t n, pos[48], seq[48];
             kvc_result r0, r1;
-            if (sh.kind == KVC_KIND_CAUSAL) { /* up to 48 cells: one batch of 8-42 tokens in up to 3 sequences */
-                int runs = tk_pct(rng, 50), n_seq = tk_int(rng, 1, 3);
+            if (sh.kind == KVC_KIND_CAUSAL) { /* up to 48 cells: one batch of 8-42 tokens in up to 3
+                                                 sequences, or (lead) 30 of one then 8-18 more */
+                int runs = tk_pct(rng, 50) || lead, n_seq = lead ? 1 : tk_int(rng, 1, 3);
                 kvc_batch b;
-                if (step > 0) break;
-                n = tk_int(rng, 8, 42);
+                if (step > (lead ? 1 : 0)) break;
+                n = !lead ? tk_int(rng, 8, 42) : step == 0 ? 30 : tk_int(rng, 8, 18);
                 for (i = 0; i < n; ++i) {
                     seq[i] = runs ? i * n_seq / n : tk_int(rng, 0, n_seq - 1);
                     pos[i] = next[seq[i]]++;
@@ -3524,7 +3528,7 @@ static void test_prefill(tk_rng *rng) {
                 r0 = kvc_begin_batch(s[0].cache, &b);
                 r1 = kvc_begin_batch(s[1].cache, &b);
             } else {
-                n = tk_int(rng, 8, 150);
+                n = lead && step == 0 ? 30 + 32 * tk_int(rng, 0, 3) : tk_int(rng, 8, 150);
                 r0 = kvc_begin(s[0].cache, n, NULL, 0);
                 r1 = kvc_begin(s[1].cache, n, NULL, 0);
             }
