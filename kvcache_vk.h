@@ -252,13 +252,13 @@ typedef struct kvc_vk_pool_options {
                             queries run attn_prefill (flash attention over tiles of queries, K
                             and V read once a tile; f16 K and V of head dims up to 128 in
                             multiples of 8, unrotated keys; other pools ignore it) instead of
-                            the decode kernel once a query. 0 = the default: 32 where
+                            the decode kernel once a query. 0 = the default: 24 where
                             attn_prefill runs on the tensor cores (VK_NV_cooperative_matrix),
                             never elsewhere (its plain build is slower than the decode kernel);
                             negative = never. Same results, within test_vk's bounds. On an H200
-                            it was faster for every shape measured from 32 queries (8, 32 or 64
-                            q / 8 kv heads, head dim 64 or 128, 4096 cells: 1.06-1.65x at 32,
-                            1.37-2.08x at 64), mostly slower at 16 (docs/performance.md) */
+                            it was faster for every shape measured from 24 queries (8, 32 or 64
+                            q / 8 kv heads, head dim 64 or 128, 4096 cells: 1.25-1.85x at 24,
+                            1.19-1.80x at 32), mostly slower at 16 (docs/performance.md) */
     uint32_t disable_features; /* KVC_VK_FEATURE_* this pool does not use (tests and benchmarks
                                   compare the paths) */
     int host_layout;     /* keep kvcache.h's (llama.cpp's) block layout in device memory; otherwise
@@ -1844,11 +1844,13 @@ static kvc_page_hooks kvc_vk__hooks(kvc_vk_pool *p) {
 #define KVC_VK__PREFILL_RB_CM 8
 static int32_t kvc_vk__prefill_rb(int cm) { return cm ? KVC_VK__PREFILL_RB_CM : KVC_VK__PREFILL_RB; }
 /* kvc_vk_pool_options.prefill_min_queries's default on the tensor cores. H200 (2026-11-29,
-   bench_vk --prefill-queries 16,32,48,64 --prefill-heads 8,32,64, head dims 64 and 128, 4096
-   cells, 8 subgroups a workgroup): attn_prefill against the decode kernel once a query was
-   0.58-1.56x at 16 queries (faster only for 64 heads), 1.06-1.65x at 32, 1.09-1.78x at 48,
-   1.37-2.08x at 64. */
-#define KVC_VK__PREFILL_MIN_QUERIES 32
+   bench_vk --prefill-queries 16,24,32 --prefill-heads 8,32,64, head dims 64 and 128, 4096
+   cells, the tiles every query sees made without masks): attn_prefill against the decode
+   kernel once a query was 0.72-1.67x at 16 queries (faster only for 64 heads), 1.25-1.85x at
+   24, 1.19-1.80x at 32. (The decode kernel's time doubles from 16 to 24 queries: one split
+   a query head, 128 workgroups of 8 subgroups at 16 queries, 192 at 24, on an H200's 132
+   multiprocessors; 17-23: not measured.) */
+#define KVC_VK__PREFILL_MIN_QUERIES 24
 /* attn_prefill's shared memory: staged K and V rows (or, the tensor-core build, the queries
    of up to 4 subgroups at a time before the loop), scores and then the weights over them
    (rows padded by 16 bytes), the tensor-core build's rescale factors or the plain build's
