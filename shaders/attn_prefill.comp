@@ -3,12 +3,11 @@
 // flash attention over query tiles. attn_split.comp's partials, another schedule: a
 // workgroup takes one kv head, a tile of up to TQ consecutive jobs (queries) of one cache
 // that share its view (kvcache_vk.h's tile records: first job, count, cells walked, cells
-// every query sees), with
-// every query head of the kv head's GQA group, and one chunk of cells (split-K as
-// attn_split; the merge is attn_merge, unchanged). Its rows are (query, head) pairs, row
-// R = query R / G, head R % G, 16 rows per subgroup of 32 invocations (RB of them: TQ =
-// 16 RB / G), and it
-// walks its chunk in tiles of TC cells, K and V read once per tile for all its rows:
+// every query sees), with every query head of the kv head's GQA group, and one chunk of
+// cells (split-K as attn_split; the merge is attn_merge, unchanged). Its rows are (query,
+// head) pairs, row R = query R / G, head R % G, 16 rows per subgroup of 32 invocations (RB
+// of them: TQ = 16 RB / G), and it walks its chunk in tiles of TC cells, K and V read once
+// per tile for all its rows:
 //   cells    one invocation per cell: where it is (page table) and its position; then per
 //            (query, cell) the mask rules of attn_common.glsl's cell_visible, as bit words
 //            (a tile no query sees is skipped; V rows no query sees are zeros), except in
