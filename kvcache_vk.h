@@ -252,12 +252,12 @@ typedef struct kvc_vk_pool_options {
                             queries run attn_prefill (flash attention over tiles of queries, K
                             and V read once a tile; f16 K and V of head dims up to 128 in
                             multiples of 8, unrotated keys; other pools ignore it) instead of
-                            the decode kernel once a query. 0 = the default: 24 where
+                            the decode kernel once a query. 0 = the default: 17 where
                             attn_prefill runs on the tensor cores (VK_NV_cooperative_matrix),
                             never elsewhere (its plain build is slower than the decode kernel);
                             negative = never. Same results, within test_vk's bounds. On an H200
-                            it was faster for every shape measured from 24 queries (8, 32 or 64
-                            q / 8 kv heads, head dim 64 or 128, 4096 cells: 1.25-1.85x at 24,
+                            it was faster for every shape measured from 17 queries (8, 32 or 64
+                            q / 8 kv heads, head dim 64 or 128, 4096 cells: 1.31-1.97x at 17,
                             1.19-1.80x at 32), mostly slower at 16 (docs/performance.md) */
     uint32_t disable_features; /* KVC_VK_FEATURE_* this pool does not use (tests and benchmarks
                                   compare the paths) */
@@ -1844,13 +1844,13 @@ static kvc_page_hooks kvc_vk__hooks(kvc_vk_pool *p) {
 #define KVC_VK__PREFILL_RB_CM 8
 static int32_t kvc_vk__prefill_rb(int cm) { return cm ? KVC_VK__PREFILL_RB_CM : KVC_VK__PREFILL_RB; }
 /* kvc_vk_pool_options.prefill_min_queries's default on the tensor cores. H200 (2026-11-29,
-   bench_vk --prefill-queries 16,24,32 --prefill-heads 8,32,64, head dims 64 and 128, 4096
-   cells, the tiles every query sees made without masks): attn_prefill against the decode
-   kernel once a query was 0.72-1.67x at 16 queries (faster only for 64 heads), 1.25-1.85x at
-   24, 1.19-1.80x at 32. (The decode kernel's time doubles from 16 to 24 queries: one split
-   a query head, 128 workgroups of 8 subgroups at 16 queries, 192 at 24, on an H200's 132
-   multiprocessors; 17-23: not measured.) */
-#define KVC_VK__PREFILL_MIN_QUERIES 24
+   bench_vk --prefill-queries 16,17,20,23,24,32 --prefill-heads 8,32,64, head dims 64 and 128,
+   4096 cells, the tiles every query sees made without masks): attn_prefill against the
+   decode kernel once a query was 0.72-1.67x at 16 queries (faster only for 64 heads),
+   1.31-1.97x at 17, 1.25-1.85x at 24, 1.19-1.80x at 32. The decode kernel's time doubles
+   from 16 to 17 queries: one split a query head, 128 workgroups of 8 subgroups at 16 queries,
+   136 at 17, on an H200's 132 multiprocessors. */
+#define KVC_VK__PREFILL_MIN_QUERIES 17
 /* attn_prefill's shared memory: staged K and V rows (or, the tensor-core build, the queries
    of up to 4 subgroups at a time before the loop), scores and then the weights over them
    (rows padded by 16 bytes), the tensor-core build's rescale factors or the plain build's

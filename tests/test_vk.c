@@ -3434,7 +3434,7 @@ static void test_tiers_device(int kernels, tk_rng *rng) {
 
 /* kvc_vk_pool_options.prefill_min_queries as a pool resolves it (kvc_vk_pool_prefill_queries):
    the caller's count on f16 pools attn_prefill takes, never where it is negative or the pool
-   is quantised, and by default 24 where it runs on the tensor cores, never on a device
+   is quantised, and by default 17 where it runs on the tensor cores, never on a device
    without them (the plain build loses to the decode kernel). */
 static void test_prefill_default(void) {
     static const int32_t asked[4] = {0, -1, 8, 200};
@@ -3460,7 +3460,7 @@ static void test_prefill_default(void) {
             o.prefill_min_queries = a;
             TK_OK(kvc_vk_pool_create(ctx, &pc, k < 4 ? &o : NULL, &p));
             got = kvc_vk_pool_prefill_queries(p);
-            want = ti || a < 0 ? 0 : a > 0 ? a : cm ? 24 : 0;
+            want = ti || a < 0 ? 0 : a > 0 ? a : cm ? 17 : 0;
             /* (by default also 0 on tensor cores without attn_prefill's 16 x 16 x 16 shape) */
             ok = got == want || (a == 0 && !ti && cm && got == 0);
             if (!ok)
