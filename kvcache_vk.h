@@ -2860,7 +2860,7 @@ static size_t kvc_vk__prefill_tiles(kvc_vk_pool *p, const kvc_vk_attention_item 
     int32_t it, j = 0, qi, n;
     *n_tiles = 0;
     for (it = 0; it < n_items; ++it) {
-        int rises = -1;                 /* a CAUSAL view's answer (kvc_vk__prefill_bound), for its sequence */
+        int rises = -1;                 /* a CAUSAL view's answer (kvc_vk__cells_upto), for its sequence */
         uint32_t rises_seq = 0xffffffffu;
         for (qi = 0; qi < items[it].desc.n_queries; qi += n, j += n) {
             const uint32_t *job = p->build + job_off + (size_t)j * KVC_VK__JOB_STRIDE;
