@@ -17,11 +17,14 @@
 //            16 x 16 x 16 f16 products into f32 on the tensor cores, the queries split into
 //            hi + lo * 2^-12 halves as attn_split_cm.comp does, each row scaled by its own
 //            power of two into (-1, 1); the plain build: f32 dot products);
-//   softmax  two invocations per row, each half of its cells: running max, weights
-//            p = exp2(s - m), rescale factors (attn_split_cm.comp's rules, non-finite scores
-//            +inf);
-//   values   O += P V (USE_CM: P split hi / lo the same way, O in accumulators rescaled by a
-//            matrix of factors; plain: each invocation holds half of its row's values).
+//   softmax  running max, weights p = exp2(s - m), rescale factors (attn_split_cm.comp's
+//            rules, non-finite scores +inf); USE_CM: on S's accumulators in registers, each
+//            row's maximum across the four lanes that hold it (the layout that
+//            shaders/cm_layout.comp checks); plain: two invocations per row through shared
+//            memory, each half of its cells;
+//   values   O += P V (USE_CM: P split hi / lo the same way, converted from accumulators to
+//            the product's operands in registers, O in accumulators rescaled element by
+//            element; plain: each invocation holds half of its row's values).
 // Written out as attn_split.comp does: (max, sum, unnormalised output) per query head.
 #extension GL_EXT_control_flow_attributes : require
 #if USE_CM
@@ -46,7 +49,7 @@ layout(constant_id = PREFILL_PAGE_CELLS) const uint PAGE_CELLS = 256u;
 #define PF_TC 32
 #endif
 #ifndef PF_RB
-#define PF_RB 4 // (the tensor-core build: 8, shaders/embed.sh)
+#define PF_RB 4
 #endif
 #ifndef PF_NOLO
 #define PF_NOLO 0 // (timing only: 1 drops the lo halves' products, at f16 accuracy)
@@ -96,10 +99,9 @@ const uint SST = TC + 4u;                         // ss row stride (+16 bytes: 2
 const uint PK = (TC * 16u + NT - 1u) / NT;        // K (V) pieces a thread stages at most (head dims <= 128)
 
 shared uvec4 kv[KV_WORDS > Q_WORDS ? KV_WORDS : Q_WORDS];
-// S, row-major (row, cell); then P over it: the plain build's floats, the tensor-core
-// build's hi halves in a row's words 0 .. TC / 2 - 1 and its lo halves in TC / 2 .. TC - 1,
-// two to a word (no arrays of their own: eight subgroups' rows fit under 48 KB only so)
-shared float ss[ROWS * SST];
+#if !USE_CM
+shared float ss[ROWS * SST];                      // S, row-major (row, cell); then P over it
+#endif
 // Two tiles in flight: tile t's cells and masks are made while tile t - 1 is multiplied
 // (buffer t % 2), its K and V rows are loaded into registers then and staged at tile t.
 shared uint cgid[2 * TC];                         // the tile's cells: where
@@ -112,7 +114,7 @@ shared uint jnc[ROWS];                            //   non-causal
 #if USE_CM
 #define MATA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define MATC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-shared float am[RB * 256u];                       // rescale factors: a 16 x 16 matrix a subgroup, row r all alpha_r
+shared float rsc[ROWS];                           // each row's query scale (a power of two)
 void sync_sg() {
     controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
 }
@@ -254,6 +256,7 @@ void main() {
     float qmax = uintBitsToFloat(qm);
     if (qmax > 0.0) frexp(qmax, qe);
     rscale = ldexp(1.0, qe);
+    if (h == 0u) rsc[R] = rscale;
     MATA qh[HDK / 16u], ql[HDK / 16u];
     for (uint pass = 0u; pass < (RB + QP - 1u) / QP; ++pass) { // QP subgroups at a time (uniform)
         if (sg / QP == pass) {
@@ -278,14 +281,26 @@ void main() {
     }
     MATC o[HDV / 16u];
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
+    // S, P and O stay in registers: this lane's elements of a 16 x 16 accumulator (and of
+    // an f16 matrix converted from one) are, on NVIDIA's driver, 0-3 in row lane / 4 of
+    // the subgroup's 16 and 4-7 in row lane / 4 + 8, element i in column 2 (lane % 4) +
+    // (i & 1) + 8 ((i >> 1) & 1); the host runs this build only where a probe found that
+    // layout (kvc_vk__prefill_layout). A row's four lanes are lanes 4 (lane / 4) + 0..3.
+    uint rlo = sg * 16u + lane / 4u, rhi = rlo + 8u, c4 = 2u * (lane % 4u);
+    uint qlo = rlo / G, qhi = rhi / G;
+    bool oklo = qlo < nq, okhi = qhi < nq;
+    float mlo = NEG_INF, mhi = NEG_INF, llo = 0.0, lhi = 0.0;
 #else
     float o[64];                                   // values d = h, h + 2, ... of row R (HDV <= 128)
     [[unroll]] for (uint j = 0u; j < (HDV + 1u) / 2u; ++j) o[j] = 0.0;
-#endif
     float m = NEG_INF, l = 0.0;
+#endif
 
     // the first tile's masks and K / V rows (into registers)
     barrier();
+#if USE_CM
+    float rslo = rsc[rlo], rshi = rsc[rhi];
+#endif
     if (c0 + TC > all_see) make_masks(J, 0u, nq, tid);
     uvec4 kr[PK], vr[PK];
     [[unroll]] for (uint k = 0u; k < PK; ++k) {
@@ -335,8 +350,9 @@ void main() {
         if (more && base + 2u * TC > all_see) make_masks(J, nb, nq, tid);
         if (!any) continue;
 
-        // scores of this invocation's subgroup's rows into ss (row-major, stride SST)
 #if USE_CM
+        // S = Q K^T: the subgroup's 16 rows by the tile's cells
+        MATC s[TC / 16u];
         [[unroll]] for (uint n = 0u; n < TC / 16u; ++n) {
             MATC sh = MATC(0.0), sl = MATC(0.0);
             [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) {
@@ -347,11 +363,74 @@ void main() {
                 sl = coopMatMulAddNV(ql[k], kt, sl);
 #endif
             }
-            sh = sh + sl * INV_LO;
-            coopMatStoreNV(sh, ss, sg * 16u * SST + n * 16u, SST, false);
+            s[n] = sh + sl * INV_LO;
         }
-        sync_sg();
+        // softmax on the accumulators: base-2 scores, soft-capped (the cap's branch outside
+        // the loop), +inf where not finite, -inf where the row's query does not see the cell
+        uint vlo[WQ], vhi[WQ];
+        [[unroll]] for (uint w = 0u; w < WQ; ++w) {
+            vlo[w] = !oklo ? 0u : full ? ~0u : vis[cur * ROWS * WQ + qlo * WQ + w];
+            vhi[w] = !okhi ? 0u : full ? ~0u : vis[cur * ROWS * WQ + qhi * WQ + w];
+        }
+        float blo = NEG_INF, bhi = NEG_INF;
+#define TILE_SCORES(SCORE)                                                                      \
+        [[unroll]] for (uint n = 0u; n < TC / 16u; ++n)                                         \
+            [[unroll]] for (uint i = 0u; i < 8u; ++i) {                                         \
+                bool up = i >= 4u;                                                              \
+                uint bit = 16u * (n % 2u) + c4 + (i & 1u) + 8u * ((i >> 1u) & 1u);              \
+                float v = s[n][i] * (up ? rshi : rslo);                                         \
+                float x = (((up ? vhi[n / 2u] : vlo[n / 2u]) >> bit) & 1u) != 0u ? SCORE : NEG_INF; \
+                s[n][i] = x;                                                                    \
+                if (up) bhi = max(bhi, x); else blo = max(blo, x);                              \
+            }
+        if (pc.softcap2 > 0.0) {
+            TILE_SCORES(score_capped(v, pc.softcap2))
+        } else {
+            TILE_SCORES(score_finite(v))
+        }
+        blo = max(blo, subgroupShuffleXor(blo, 1u));
+        blo = max(blo, subgroupShuffleXor(blo, 2u));
+        bhi = max(bhi, subgroupShuffleXor(bhi, 1u));
+        bhi = max(bhi, subgroupShuffleXor(bhi, 2u));
+        float nlo = max(mlo, blo), nhi = max(mhi, bhi);
+        float alo = nlo == NEG_INF ? 1.0 : exp2(mlo - nlo), ahi = nhi == NEG_INF ? 1.0 : exp2(mhi - nhi);
+        mlo = nlo;
+        mhi = nhi;
+        llo *= alo;
+        lhi *= ahi;
+        // P = exp2(S - m) as hi + lo * 2^-12 halves, the A operands of P V (converted: an f16
+        // matrix keeps its accumulator's element places)
+        MATA pa[TC / 16u], pb[TC / 16u];
+        [[unroll]] for (uint n = 0u; n < TC / 16u; ++n) {
+            MATC plo = s[n];
+            [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+                bool up = i >= 4u;
+                float x = s[n][i], p = x == NEG_INF ? 0.0 : exp2(x - (up ? mhi : mlo));
+                if (up) lhi += p; else llo += p;
+                float hi = floor(p * HI + 0.5) * INV_HI;
+                s[n][i] = hi;
+                plo[i] = (p - hi) * LO;
+            }
+            pa[n] = MATA(s[n]);
+            pb[n] = MATA(plo);
+        }
+        if (subgroupAny(alo != 1.0 || ahi != 1.0)) // the row maxima grew: O rescaled
+            [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
+                [[unroll]] for (uint i = 0u; i < 8u; ++i) o[t][i] *= i >= 4u ? ahi : alo;
+        [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
+            MATC lo = MATC(0.0);
+            [[unroll]] for (uint j = 0u; j < TC / 16u; ++j) {
+                MATA vt;
+                coopMatLoadNV(vt, kv, TC * SK + 16u * j * SV + 2u * t, SV, false); // V (cell x d)
+                o[t] = coopMatMulAddNV(pa[j], vt, o[t]);
+#if !PF_NOLO
+                lo = coopMatMulAddNV(pb[j], vt, lo);
+#endif
+            }
+            o[t] = o[t] + lo * INV_LO;
+        }
 #else
+        // scores of the workgroup's rows into ss (row-major, stride SST)
         for (uint i = tid; i < ROWS * TC; i += NT) {
             uint r = i / TC, c = i % TC, qr = r / G;
             float s = 0.0;
@@ -365,11 +444,9 @@ void main() {
             ss[r * SST + c] = s;
         }
         barrier();
-#endif
 
-        // softmax: this invocation takes cells h PW .. h PW + PW - 1 of row R (whole pieces: the
-        // scores load 16 bytes at a time, P stores as packed halves), soft-capped in base 2
-        // (the cap's branch outside the loop), +inf where not finite
+        // softmax: this invocation takes cells h PW .. h PW + PW - 1 of row R, soft-capped in
+        // base 2 (the cap's branch outside the loop), +inf where not finite
         float x[PW];
         float mb = NEG_INF;
         uint cb = h * PW, vw = !row_ok ? 0u : full ? ~0u : vis[cur * ROWS * WQ + rq * WQ + cb / 32u] >> (cb % 32u);
@@ -386,55 +463,13 @@ void main() {
                 mb = max(mb, x[i]);
             }
         }
-#if USE_CM
-        mb = max(mb, subgroupShuffleXor(mb, 1u));
-        sync_sg(); // the row's scores are read before P's halves go over them
-#else
         red[tid] = mb;
         barrier();
         mb = max(mb, red[tid ^ 1u]);
-#endif
         float mn = max(m, mb);
         float alpha = mn == NEG_INF ? 1.0 : exp2(m - mn);
         m = mn;
         l *= alpha;
-#if USE_CM
-        [[unroll]] for (uint i = 0u; i < PW; i += 2u) {
-            vec2 p = vec2(x[i] == NEG_INF ? 0.0 : exp2(x[i] - mn), x[i + 1u] == NEG_INF ? 0.0 : exp2(x[i + 1u] - mn));
-            l += p.x;
-            l += p.y;
-            vec2 a = split(p.x), b = split(p.y);
-            ss[R * SST + (cb + i) / 2u] = uintBitsToFloat(packHalf2x16(vec2(a.x, b.x)));
-            ss[R * SST + TC / 2u + (cb + i) / 2u] = uintBitsToFloat(packHalf2x16(vec2(a.y, b.y)));
-        }
-        if (subgroupAny(alpha != 1.0)) { // the row maxima grew: O rescaled (a matrix of factors)
-            uint r16 = R % 16u;
-            [[unroll]] for (uint i = 0u; i < 8u; ++i) am[sg * 256u + r16 * 16u + 8u * h + i] = alpha;
-            sync_sg();
-            MATC a;
-            coopMatLoadNV(a, am, sg * 256u, 16u, false);
-            [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
-                for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
-        }
-        sync_sg(); // P's halves are written
-        MATA pa[TC / 16u], pb[TC / 16u]; // P's halves, loaded once a tile (738-742 -> 722-729 us)
-        [[unroll]] for (uint j = 0u; j < TC / 16u; ++j) {
-            coopMatLoadNV(pa[j], ss, sg * 16u * SST + 8u * j, SST, false);
-            coopMatLoadNV(pb[j], ss, sg * 16u * SST + TC / 2u + 8u * j, SST, false);
-        }
-        [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
-            MATC lo = MATC(0.0);
-            [[unroll]] for (uint j = 0u; j < TC / 16u; ++j) {
-                MATA vt;
-                coopMatLoadNV(vt, kv, TC * SK + 16u * j * SV + 2u * t, SV, false); // V (cell x d)
-                o[t] = coopMatMulAddNV(pa[j], vt, o[t]);
-#if !PF_NOLO
-                lo = coopMatMulAddNV(pb[j], vt, lo);
-#endif
-            }
-            o[t] = o[t] + lo * INV_LO;
-        }
-#else
         barrier(); // ss and red are read
         [[unroll]] for (uint i = 0u; i < PW; ++i) {
             float p = x[i] == NEG_INF ? 0.0 : exp2(x[i] - mn);
@@ -452,34 +487,38 @@ void main() {
 #endif
     }
 
-    // out: (max, sum, values) of the row's query head, as attn_split.comp
+    // out: (max, sum, values) of each row's query head, as attn_split.comp
+    uint stride = HDV + 2u;
 #if USE_CM
-    float lt = l + subgroupShuffleXor(l, 1u);
+    llo += subgroupShuffleXor(llo, 1u);
+    llo += subgroupShuffleXor(llo, 2u);
+    lhi += subgroupShuffleXor(lhi, 1u);
+    lhi += subgroupShuffleXor(lhi, 2u);
+    uint atlo = (((j0 + qlo) * KV_HEADS * G + kvh * G + rlo % G) * pc.n_splits + split_id) * stride;
+    uint athi = (((j0 + qhi) * KV_HEADS * G + kvh * G + rhi % G) * pc.n_splits + split_id) * stride;
+    if (lane % 4u == 0u) {
+        if (oklo) { part[atlo] = mlo; part[atlo + 1u] = llo; }
+        if (okhi) { part[athi] = mhi; part[athi + 1u] = lhi; }
+    }
+    [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
+        [[unroll]] for (uint i = 0u; i < 8u; i += 2u) {
+            bool up = i >= 4u;
+            uint at = (up ? athi : atlo) + 2u + 16u * t + c4 + 8u * ((i >> 1u) & 1u);
+            if (up ? okhi : oklo) {
+                part[at] = o[t][i];
+                part[at + 1u] = o[t][i + 1u];
+            }
+        }
 #else
     barrier();
     red[tid] = l;
     barrier();
     float lt = l + red[tid ^ 1u];
-#endif
-    uint stride = HDV + 2u;
     uint at0 = (((j0 + rq) * KV_HEADS * G + kvh * G + rg) * pc.n_splits + split_id) * stride;
     if (row_ok && h == 0u) {
         part[at0] = m;
         part[at0 + 1u] = lt;
     }
-#if USE_CM
-    [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) { // through the subgroup's rows of ss
-        sync_sg();
-        coopMatStoreNV(o[t], ss, sg * 16u * SST, SST, false);
-        sync_sg();
-        for (uint i = lane; i < 256u; i += 32u) {
-            uint r = sg * 16u + i / 16u, c = i % 16u, qr = r / G;
-            if (qr < nq)
-                part[(((j0 + qr) * KV_HEADS * G + kvh * G + r % G) * pc.n_splits + split_id) * stride + 2u + 16u * t + c] =
-                    ss[sg * 16u * SST + (i / 16u) * SST + c];
-        }
-    }
-#else
     if (row_ok)
         [[unroll]] for (uint j = 0u; j < (HDV + 1u) / 2u; ++j) {
             uint d = 2u * j + h;

@@ -36,7 +36,8 @@ attn_split_q_sg attn_split_q.comp -DUSE_SUBGROUP=1
 attn_split_q_sg_dot attn_split_q.comp -DUSE_SUBGROUP=1 -DUSE_DOT=1
 rotate rotate.comp
 attn_prefill attn_prefill.comp -DUSE_CM=0
-attn_prefill_cm attn_prefill.comp -DUSE_CM=1 -DPF_RB=8 -O0"
+attn_prefill_cm attn_prefill.comp -DUSE_CM=1 -O0
+cm_layout cm_layout.comp -O0"
 
 # The attention job record: one query of one cache, as kvcache_vk.h writes it into the
 # meta buffer and attn_common.glsl's load_job reads it, one 32-bit word per field.
