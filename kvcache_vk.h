@@ -254,11 +254,12 @@ typedef struct kvc_vk_pool_options {
                             multiples of 8, unrotated keys; other pools ignore it) instead of
                             the decode kernel once a query. 0 = the default: 17 where
                             attn_prefill runs on the tensor cores (VK_NV_cooperative_matrix,
-                            the driver's matrix layout checked once a context), never elsewhere (its plain build is slower than the decode kernel);
+                            the driver's matrix layout checked once a context), never
+                            elsewhere (its plain build is slower than the decode kernel);
                             negative = never. Same results, within test_vk's bounds. On an H200
                             it was faster for every shape measured from 17 queries (8, 32 or 64
-                            q / 8 kv heads, head dim 64 or 128, 4096 cells: 1.31-1.97x at 17,
-                            1.19-1.80x at 32), mostly slower at 16 (docs/performance.md) */
+                            q / 8 kv heads, head dim 64 or 128, 4096 cells: 1.50-2.41x at 17,
+                            1.35-1.97x at 32), mostly slower at 16 (docs/performance.md) */
     uint32_t disable_features; /* KVC_VK_FEATURE_* this pool does not use (tests and benchmarks
                                   compare the paths) */
     int host_layout;     /* keep kvcache.h's (llama.cpp's) block layout in device memory; otherwise
@@ -1852,9 +1853,10 @@ static kvc_page_hooks kvc_vk__hooks(kvc_vk_pool *p) {
    bench_vk --prefill-queries 16,17,20,23,24,32 --prefill-heads 8,32,64, head dims 64 and 128,
    4096 cells, the tiles every query sees made without masks): attn_prefill against the
    decode kernel once a query was 0.72-1.67x at 16 queries (faster only for 64 heads),
-   1.31-1.97x at 17, 1.25-1.85x at 24, 1.19-1.80x at 32. The decode kernel's time doubles
-   from 16 to 17 queries: one split a query head, 128 workgroups of 8 subgroups at 16 queries,
-   136 at 17, on an H200's 132 multiprocessors. */
+   1.31-1.97x at 17, 1.25-1.85x at 24, 1.19-1.80x at 32; with S and P in registers (round 12,
+   split-K over 128 workgroups) 1.50-2.41x at 17, 1.35-1.97x at 32. The decode kernel's time
+   doubles from 16 to 17 queries: one split a query head, 128 workgroups of 8 subgroups at 16
+   queries, 136 at 17, on an H200's 132 multiprocessors. */
 #define KVC_VK__PREFILL_MIN_QUERIES 17
 /* attn_prefill's shared memory: staged K and V rows (or, the tensor-core build, the queries
    of up to 4 subgroups at a time before the loop), the plain build's scores and then weights
@@ -2968,12 +2970,15 @@ static void kvc_vk__record_merge(kvc_vk_pool *p, VkCommandBuffer cmd, VkPipeline
 
 /* Prefill (every item with many queries): attn_prefill over tiles of queries, split-K over
    about KVC_VK__PREFILL_GROUPS workgroups in all, then the merge. The metadata is built up
-   to `at` (the jobs from job_off); the tile records go after it. 128: on an H200 (2026-11-29,
-   32 or 64 q / 8 kv heads, head dim 128, 4096 cells, two rounds) 8-14 % faster than 256 at 64
-   and 128 queries, within 2 % at 512, 0.5-4 % faster at 4096; 512 and 1024 were slower than
-   256 at 64 and 128 queries (fewer than 128: not measured). */
+   to `at` (the jobs from job_off); the tile records go after it. 256: two workgroups of 4
+   subgroups fit a multiprocessor (255 registers, 21 KB of shared memory). H200 (2026-11-29,
+   8 / 32 / 64 q over 8 kv heads, head dim 128, 4096 cells, two rounds, us, 128 / 256): 17
+   queries 46.8-47.1 / 42.5-42.8, 69.6-69.9 / 63.2-63.3, 95.0-95.4 / 86.8-87.1; 128 queries
+   83.5-83.7 / 78.5, 211.7-212.1 / 187.0-188.0, 393.6-394.4 / 332.6-332.9; 512 queries
+   221.0-221.5 / 189.3-190.6, 620.4-620.9 / 623.2-624.3, 1552.5-1553.9 / 1553.3-1572.7 (the
+   8-subgroup build had been 8-14 % faster with 128 than with 256 at 64 and 128 queries). */
 #ifndef KVC_VK__PREFILL_GROUPS
-#define KVC_VK__PREFILL_GROUPS 128
+#define KVC_VK__PREFILL_GROUPS 256
 #endif
 static kvc_result kvc_vk__record_prefill(kvc_vk_pool *p, VkCommandBuffer cmd, int32_t layer, const kvc_vk_attention_item *items,
                                          int32_t n_items, size_t job_off, size_t at, int32_t n_jobs, int32_t max_view,

@@ -285,7 +285,7 @@ void main() {
     // an f16 matrix converted from one) are, on NVIDIA's driver, 0-3 in row lane / 4 of
     // the subgroup's 16 and 4-7 in row lane / 4 + 8, element i in column 2 (lane % 4) +
     // (i & 1) + 8 ((i >> 1) & 1); the host runs this build only where a probe found that
-    // layout (kvc_vk__prefill_layout). A row's four lanes are lanes 4 (lane / 4) + 0..3.
+    // layout (kvc_vk__probe_cm_layout). A row's four lanes are lanes 4 (lane / 4) + 0..3.
     uint rlo = sg * 16u + lane / 4u, rhi = rlo + 8u, c4 = 2u * (lane % 4u);
     uint qlo = rlo / G, qhi = rhi / G;
     bool oklo = qlo < nq, okhi = qhi < nq;
