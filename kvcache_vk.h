@@ -1875,16 +1875,13 @@ static size_t kvc_vk__prefill_shared(int cm) { /* (sized for head dims of 128) *
 static int kvc_vk__prefill_kind(const kvc_vk_pool *p) {
     const VkPhysicalDeviceLimits *lim = &p->ctx->props.limits;
     int cm = p->use_cm && (p->ctx->coopmat & 2) && p->hdk % 16 == 0 && p->hdv % 16 == 0;
+    uint32_t n = 32 * KVC_VK__PREFILL_RB; /* invocations a workgroup (both builds) */
     int k;
     if (p->tk != KVC_TYPE_F16 || p->tv != KVC_TYPE_F16 || p->hdk % 8 || p->hdv % 8 || p->hdk > 128 || p->hdv > 128 ||
-        p->rot_k || p->planar)
+        p->rot_k || p->planar || n > lim->maxComputeWorkGroupInvocations || n > lim->maxComputeWorkGroupSize[0])
         return 0;
-    for (k = cm ? 2 : 1; k > 0; --k) { /* the tensor-core build first */
-        uint32_t n = 32 * KVC_VK__PREFILL_RB;
-        if (kvc_vk__prefill_shared(k == 2) <= lim->maxComputeSharedMemorySize && n <= lim->maxComputeWorkGroupInvocations &&
-            n <= lim->maxComputeWorkGroupSize[0])
-            return k;
-    }
+    for (k = cm ? 2 : 1; k > 0; --k) /* the tensor-core build first */
+        if (kvc_vk__prefill_shared(k == 2) <= lim->maxComputeSharedMemorySize) return k;
     return 0;
 }
 
