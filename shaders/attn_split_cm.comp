@@ -23,7 +23,10 @@
 //            p = exp2(s - m). A tile with no score above its head's maximum (one vote)
 //            takes the short way; otherwise the tile's maxima (clustered subgroup max
 //            over the 16 cells), and where a maximum grows O^T is rescaled element-wise
-//            by a matrix of the same type whose columns hold each column's factor;
+//            by a matrix of the same type whose columns hold each column's factor.
+//            REGS (a specialization constant, where kvcache_vk.h's check found NVIDIA's
+//            element layout): the same on S^T's elements in registers, no S^T, P^T or
+//            factors through shared memory (el_col / el_row below);
 //   values   O^T (HDV x NQ) += V^T (HDV x 16) x P^T, P split into hi / lo columns the
 //            same way (p in [0, 1]: to about 2^-24 absolute).
 // Written out as attn_split.comp does: (max, sum, unnormalised output) per query head.
@@ -68,6 +71,8 @@ layout(constant_id = SPLIT_KV_HEADS) const uint KV_HEADS = 8u;
 layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u;
 layout(constant_id = SPLIT_ROT_K) const uint ROT_K = 0u; // rotated keys: R's block (q rotated as it is loaded); 0: none
 layout(constant_id = SPLIT_FUSED) const uint FUSED = 0u; // nonzero: the last workgroup of a head group merges (attn_onedisp.glsl)
+layout(constant_id = SPLIT_REGS) const uint REGS_SPEC = 0u; // nonzero: the softmax on S^T's elements (not QUANT)
+const bool REGS = QUANT == 0 ? REGS_SPEC != 0u : false;
 layout(local_size_x_id = SPLIT_WG) in;            // NSG subgroups of 32
 const uint WG = gl_WorkGroupSize.x, NSG = WG / 32u;
 
@@ -130,9 +135,10 @@ const uint NSS = QUANT != 0 ? NB : 1u;            // S^T and P^T matrices a tile
 // Each subgroup has its own piece of every array: kv from KO, am from SO, ss and ps from SP
 const uint KVW = KV_WORDS > O_WORDS ? KV_WORDS : O_WORDS;
 shared uvec4 kv[NSG * KVW];
-shared float ss[NSG * NSS * TC * NQ];             // S^T, row-major (cell, column)
-shared float am[NSG * 16u * NQ];                  // rescale factors: column n holds column n's
-shared float16_t ps[NSG * NSS * TC * NQ];         // P^T, row-major (cell, column)
+// (REGS: S^T, P^T and the factors stay in registers, these arrays hold nothing)
+shared float ss[REGS ? 1u : NSG * NSS * TC * NQ];     // S^T, row-major (cell, column)
+shared float am[REGS ? 1u : NSG * 16u * NQ];          // rescale factors: column n holds column n's
+shared float16_t ps[REGS ? 1u : NSG * NSS * TC * NQ]; // P^T, row-major (cell, column)
 shared float om[NSG * G], ol[NSG * G];            // each subgroup's maxima and sums per head
 uint KO, SO, SP;                                  // this subgroup's pieces
 
@@ -299,6 +305,41 @@ vec2 split(float x) {
     return vec2(hi, (x - hi) * LO);
 }
 
+// S^T, P^T and O^T's elements by place (REGS): a 16 x NQ matrix's element i of lane l sits at
+// row l / 4 + 8 (i / (2 NCB)), column 2 (l % 4) + (i & 1) + 8 ((i >> 1) % NCB), NCB = NQ / 8
+// (NVIDIA's layout, checked on the context by kvc_vk__probe_cm_layout). Lanes l and l ^ 4,
+// l ^ 8, l ^ 16 hold the same columns; slot k = i % (2 NCB) names a lane's column.
+const uint NCB = NQ / 8u, NSL = 2u * NCB, NE = NQ / 2u;
+uint el_col(uint lane, uint i) { return 2u * (lane & 3u) + (i & 1u) + 8u * ((i >> 1) % NCB); }
+uint el_row(uint lane, uint i) { return lane / 4u + 8u * (i / NSL); }
+// each element's partner: the same row's element in the column of the other half (hi <-> lo)
+// of its head
+void partners(MATC s, uint lane, out float y[NE]) {
+    if (2u * G == NQ && NCB == 1u) {
+        [[unroll]] for (uint i = 0u; i < NE; ++i) y[i] = subgroupShuffleXor(s[i], 2u);
+    } else if (2u * G == NQ) {
+        [[unroll]] for (uint i = 0u; i < NE; ++i) y[i] = s[i ^ 2u];
+    } else {
+        [[unroll]] for (uint i = 0u; i < NE; ++i) {
+            uint c = el_col(lane, i), cp = c < G ? c + G : c < 2u * G ? c - G : c;
+            uint src = (lane & ~3u) | ((cp % 8u) >> 1), kp = (cp & 1u) + 2u * (cp / 8u), rh = i / NSL;
+            float v = 0.0;
+            [[unroll]] for (uint k = 0u; k < NSL; ++k) {
+                float w = subgroupShuffle(s[rh * NSL + k], src);
+                v = k == kp ? w : v;
+            }
+            y[i] = v;
+        }
+    }
+}
+// the maximum over a column's 16 rows (the lane's two, then the 8 lanes of its column)
+float column_max(float a, float b) {
+    float v = max(a, b);
+    v = max(v, subgroupShuffleXor(v, 4u));
+    v = max(v, subgroupShuffleXor(v, 8u));
+    return max(v, subgroupShuffleXor(v, 16u));
+}
+
 void main() {
     uint kvh = gl_WorkGroupID.x, split_id = gl_WorkGroupID.y, jb = gl_WorkGroupID.z;
     uint tid = gl_LocalInvocationID.x, sg = tid / 32u, lane = tid % 32u, lc = lane & 15u, hb = lane >> 4;
@@ -463,8 +504,10 @@ void main() {
         kv[QO + (G + g) * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(a.y, b.y));
     }
 #endif
-    for (uint i = lane; i < 16u * NQ; i += 32u) am[SO + i] = 1.0;
-    for (uint i = lane; i < NSS * TC * NQ; i += 32u) ps[SP + i] = float16_t(0.0);
+    if (!REGS) {
+        for (uint i = lane; i < 16u * NQ; i += 32u) am[SO + i] = 1.0;
+        for (uint i = lane; i < NSS * TC * NQ; i += 32u) ps[SP + i] = float16_t(0.0);
+    }
     if (SHARED_Q) barrier(); else sync_shared();
     MATB qf[HDK / 16u];
     [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) coopMatLoadNV(qf[k], kv, QO + 2u * k, SK, true);
@@ -487,6 +530,16 @@ void main() {
         escale[t] = 1.0;
         [[unroll]] for (uint h = 0u; h < G; ++h)
             if (h == hb + 2u * t) escale[t] = ldexp(1.0, qe[h]);
+    }
+    // REGS: a lane's columns (slots): the query scaling undone, running maxima and sums
+    float esc[NSL], ms[NSL], ls[NSL];
+    [[unroll]] for (uint k = 0u; k < NSL; ++k) {
+        uint c = el_col(lane, k), hc = c < G ? c : c < 2u * G ? c - G : G;
+        esc[k] = 1.0;
+        [[unroll]] for (uint h = 0u; h < G; ++h)
+            if (h == hc) esc[k] = ldexp(1.0, qe[h]);
+        ms[k] = NEG_INF;
+        ls[k] = 0.0;
     }
 #endif
 
@@ -542,7 +595,7 @@ void main() {
             }
         }
         for (int i = 0; i < s0.length(); ++i) s0[i] += s1[i]; // (same layout: element-wise)
-        coopMatStoreNV(s0, ss, SP, NQ, false);
+        if (!REGS) coopMatStoreNV(s0, ss, SP, NQ, false);
 #endif
         sync_shared(); // (the K tile is read)
 
@@ -563,81 +616,128 @@ void main() {
         vis0 = vis1;
         vis1 = cell_at(J, base + 2u * TC, c1, lane, gid1);
 
-        // softmax: this invocation takes cell lc for heads hb, hb + 2, ...
-        float x[NT];
-        bool above = false;
-        [[unroll]] for (uint t = 0u; t < NT; ++t) {
-            uint a = lc * NQ + hb + 2u * t;
-#if QUANT
-            x[t] = 0.0; // (as attn_split_q.comp adds them)
-            [[unroll]] for (uint b = 0u; b < NB; ++b) x[t] += ss[SP + b * TC * NQ + a] * (dk[b] * qsc[t][b]);
-#else
-            x[t] = (ss[SP + a] + ss[SP + a + G] * INV_LO) * escale[t];
+        MATB pb[NSS];
+#if !QUANT
+        if (REGS) {
+            // softmax on S^T's elements: a lane's two rows (cells) and NSL columns, each head's hi
+            // column with its lo partner's score
+            float y[NE], x[NE];
+            partners(s0, lane, y);
+            [[unroll]] for (uint i = 0u; i < NE; ++i) {
+                uint c = el_col(lane, i);
+                x[i] = (c < G ? s0[i] + y[i] * INV_LO : y[i] + s0[i] * INV_LO) * esc[i % NSL];
+            }
+            if (pc.softcap2 > 0.0) [[unroll]] for (uint i = 0u; i < NE; ++i) x[i] = score_capped(x[i], pc.softcap2);
+            else [[unroll]] for (uint i = 0u; i < NE; ++i) x[i] = score_finite(x[i]);
+            bool above = false;
+            [[unroll]] for (uint i = 0u; i < NE; ++i) {
+                bool seen = ((hidden >> el_row(lane, i)) & 1u) == 0u && el_col(lane, i) < 2u * G;
+                x[i] = seen ? x[i] : NEG_INF;
+                above = above || x[i] > ms[i % NSL];
+            }
+            float alpha[NSL];
+            bool grew = false;
+            if (subgroupAny(above)) {
+                [[unroll]] for (uint k = 0u; k < NSL; ++k) {
+                    float mn = max(ms[k], column_max(x[k], x[k + NSL]));
+                    alpha[k] = mn == NEG_INF ? 1.0 : exp2(ms[k] - mn);
+                    ms[k] = mn;
+                    ls[k] *= alpha[k];
+                    grew = grew || alpha[k] != 1.0;
+                }
+                grew = subgroupAny(grew);
+            }
+            MATC pm;
+            [[unroll]] for (uint i = 0u; i < NE; ++i) {
+                float p = x[i] == NEG_INF ? 0.0 : exp2(x[i] - ms[i % NSL]);
+                ls[i % NSL] += p;
+                vec2 h = split(p);
+                pm[i] = el_col(lane, i) < G ? h.x : h.y;
+            }
+            if (grew)
+                [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
+                    [[unroll]] for (uint i = 0u; i < NE; ++i) o[t][i] *= alpha[i % NSL];
+            pb[0] = MATB(pm);
+            sync_shared(); // (V staged)
+        } else {
 #endif
-        }
-        // soft-capped in base 2; +inf if not finite (attn_common.glsl: the cap's branch outside the loops)
-        if (pc.softcap2 > 0.0) [[unroll]] for (uint t = 0u; t < NT; ++t) x[t] = score_capped(x[t], pc.softcap2);
-        else [[unroll]] for (uint t = 0u; t < NT; ++t) x[t] = score_finite(x[t]);
-        [[unroll]] for (uint t = 0u; t < NT; ++t) {
-            x[t] = vis && hb + 2u * t < G ? x[t] : NEG_INF;
-            above = above || x[t] > m[t];
-        }
-        // A tile with no score above its head's running maximum (after the first tiles, most
-        // tiles) keeps the maxima and has nothing to rescale: it skips the cross-lane maxima,
-        // the factors and the rescale's round trip (what the general path gives then, alpha = 1)
-        float p[NT];
-        bool grew = false;
-        if (subgroupAny(above)) {
+            // softmax: this invocation takes cell lc for heads hb, hb + 2, ...
+            float x[NT];
+            bool above = false;
+            [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                uint a = lc * NQ + hb + 2u * t;
+#if QUANT
+                x[t] = 0.0; // (as attn_split_q.comp adds them)
+                [[unroll]] for (uint b = 0u; b < NB; ++b) x[t] += ss[SP + b * TC * NQ + a] * (dk[b] * qsc[t][b]);
+#else
+                x[t] = (ss[SP + a] + ss[SP + a + G] * INV_LO) * escale[t];
+#endif
+            }
+            // soft-capped in base 2; +inf if not finite (attn_common.glsl: the cap's branch outside the loops)
+            if (pc.softcap2 > 0.0) [[unroll]] for (uint t = 0u; t < NT; ++t) x[t] = score_capped(x[t], pc.softcap2);
+            else [[unroll]] for (uint t = 0u; t < NT; ++t) x[t] = score_finite(x[t]);
+            [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                x[t] = vis && hb + 2u * t < G ? x[t] : NEG_INF;
+                above = above || x[t] > m[t];
+            }
+            // A tile with no score above its head's running maximum (after the first tiles, most
+            // tiles) keeps the maxima and has nothing to rescale: it skips the cross-lane maxima,
+            // the factors and the rescale's round trip (what the general path gives then, alpha = 1)
+            float p[NT];
+            bool grew = false;
+            if (subgroupAny(above)) {
+                [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                    uint g = hb + 2u * t;
+                    float mb = subgroupClusteredMax(x[t], 16u);
+                    float mn = max(m[t], mb);
+                    float alpha = mn == NEG_INF ? 1.0 : exp2(m[t] - mn);
+                    p[t] = x[t] == NEG_INF ? 0.0 : exp2(x[t] - mn);
+                    l[t] = l[t] * alpha + p[t];
+                    m[t] = mn;
+                    grew = grew || alpha != 1.0;
+                    if (g < G) {
+                        am[SO + lc * NQ + g] = alpha;
+                        am[SO + lc * NQ + G + g] = alpha;
+                    }
+                }
+                grew = subgroupAny(grew);
+            } else {
+                [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                    p[t] = x[t] == NEG_INF ? 0.0 : exp2(x[t] - m[t]);
+                    l[t] += p[t];
+                }
+            }
             [[unroll]] for (uint t = 0u; t < NT; ++t) {
                 uint g = hb + 2u * t;
-                float mb = subgroupClusteredMax(x[t], 16u);
-                float mn = max(m[t], mb);
-                float alpha = mn == NEG_INF ? 1.0 : exp2(m[t] - mn);
-                p[t] = x[t] == NEG_INF ? 0.0 : exp2(x[t] - mn);
-                l[t] = l[t] * alpha + p[t];
-                m[t] = mn;
-                grew = grew || alpha != 1.0;
                 if (g < G) {
-                    am[SO + lc * NQ + g] = alpha;
-                    am[SO + lc * NQ + G + g] = alpha;
-                }
-            }
-            grew = subgroupAny(grew);
-        } else {
-            [[unroll]] for (uint t = 0u; t < NT; ++t) {
-                p[t] = x[t] == NEG_INF ? 0.0 : exp2(x[t] - m[t]);
-                l[t] += p[t];
-            }
-        }
-        [[unroll]] for (uint t = 0u; t < NT; ++t) {
-            uint g = hb + 2u * t;
-            if (g < G) {
 #if QUANT
-                [[unroll]] for (uint b = 0u; b < NB; ++b) {
-                    // a hidden cell's scale may be anything: its weight is zero, not a product
-                    float w = vis ? p[t] * dv[b] : 0.0;
-                    vec2 h = split(w * fw[b]); // (exact: a power of two)
-                    ps[SP + b * TC * NQ + lc * NQ + g] = float16_t(h.x);
-                    ps[SP + b * TC * NQ + lc * NQ + G + g] = float16_t(h.y);
-                }
+                    [[unroll]] for (uint b = 0u; b < NB; ++b) {
+                        // a hidden cell's scale may be anything: its weight is zero, not a product
+                        float w = vis ? p[t] * dv[b] : 0.0;
+                        vec2 h = split(w * fw[b]); // (exact: a power of two)
+                        ps[SP + b * TC * NQ + lc * NQ + g] = float16_t(h.x);
+                        ps[SP + b * TC * NQ + lc * NQ + G + g] = float16_t(h.y);
+                    }
 #else
-                vec2 h = split(p[t]);
-                ps[SP + lc * NQ + g] = float16_t(h.x);
-                ps[SP + lc * NQ + G + g] = float16_t(h.y);
+                    vec2 h = split(p[t]);
+                    ps[SP + lc * NQ + g] = float16_t(h.x);
+                    ps[SP + lc * NQ + G + g] = float16_t(h.y);
 #endif
+                }
             }
+            sync_shared();
+            if (grew) {
+                MATC a;
+                coopMatLoadNV(a, am, SO, NQ, false);
+                [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
+                    for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
+            }
+            [[unroll]] for (uint b = 0u; b < NSS; ++b) coopMatLoadNV(pb[b], ps, SP + b * TC * NQ, NQ, false);
+#if !QUANT
         }
-        sync_shared();
-        if (grew) {
-            MATC a;
-            coopMatLoadNV(a, am, SO, NQ, false);
-            [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
-                for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
-        }
+#endif
 
         // values
-        MATB pb[NSS];
-        [[unroll]] for (uint b = 0u; b < NSS; ++b) coopMatLoadNV(pb[b], ps, SP + b * TC * NQ, NQ, false);
         [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
             MATA vt;
             coopMatLoadNV(vt, kv, KO + 2u * t, SV, true);
@@ -654,6 +754,21 @@ void main() {
         for (int i = 0; i < o[t].length(); ++i) o[t][i] *= pow2(rb[t / 2u] + 1);
 #endif
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) coopMatStoreNV(o[t], kv, KO + 4u * t, HDV / 4u, true);
+#if !QUANT
+    if (REGS) {
+        [[unroll]] for (uint k = 0u; k < NSL; ++k) {
+            float lt = ls[k];
+            lt += subgroupShuffleXor(lt, 4u);
+            lt += subgroupShuffleXor(lt, 8u);
+            lt += subgroupShuffleXor(lt, 16u);
+            uint c = el_col(lane, k);
+            if (lane < 4u && c < G) {
+                om[sg * G + c] = ms[k];
+                ol[sg * G + c] = lt;
+            }
+        }
+    } else
+#endif
     [[unroll]] for (uint t = 0u; t < NT; ++t) {
         float lt = subgroupClusteredAdd(l[t], 16u);
         uint g = hb + 2u * t;

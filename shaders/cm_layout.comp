@@ -1,10 +1,13 @@
 #version 450
-// cm_layout.comp - checks the element layout attn_prefill.comp's tensor-core build reads its
-// 16 x 16 matrices by (kvcache_vk.h's kvc_vk__probe_cm_layout runs it once a context): one
-// subgroup computes D = A I (A's element (r, c) = 16 r + c, loaded row-major; I loaded
-// column-major, as attn_prefill loads K^T) and converts D to f16, as attn_prefill converts
-// P. Word 0 of the output: 1 if every lane holds 8 elements of each and its element i sits at
-// row lane / 4 + 8 (i / 4), column 2 (lane % 4) + (i & 1) + 8 ((i >> 1) & 1) in both, else 0.
+// cm_layout.comp - checks the element layout that attn_prefill.comp's tensor-core build and
+// attn_split_cm.comp's REGS build read their matrices by (kvcache_vk.h's
+// kvc_vk__probe_cm_layout runs it once a context). One subgroup computes D = A I for a 16 x 16
+// identity (loaded column-major, as attn_prefill loads K^T) and for a 16 x 8 one (A's element
+// (r, c) = 16 r + c, loaded row-major), and converts each D to f16, as both kernels convert
+// P. A 16 x N matrix (N = 8 NCB) is in the expected layout if every lane holds 4 NCB elements
+// and its element i sits at row lane / 4 + 8 (i / (2 NCB)), column 2 (lane % 4) + (i & 1) +
+// 8 ((i >> 1) % NCB), in the f32 D and in its f16 conversion alike. Word 0 of the output: bit 0
+// for the 16 x 16 matrices, bit 1 for the 16 x 8 ones.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_shader_subgroup_vote : require
@@ -14,26 +17,45 @@ layout(set = 0, binding = 0) writeonly buffer OB { uint ok[]; };
 
 #define MATA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define MATC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-shared float16_t a_s[256], i_s[256];
+#define MATB8 fcoopmatNV<16, gl_ScopeSubgroup, 16, 8>
+#define MATC8 fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>
+shared float16_t a_s[256], i_s[256], i8_s[128];
+
+// element i of `lane` in a 16 x (8 ncb) matrix, as 16 row + column
+uint expected(uint lane, uint i, uint ncb) {
+    return 16u * (lane / 4u + 8u * (i / (2u * ncb))) + 2u * (lane % 4u) + (i & 1u) + 8u * ((i >> 1u) % ncb);
+}
 
 void main() {
     uint lane = gl_LocalInvocationID.x;
     for (uint e = lane; e < 256u; e += 32u) {
         a_s[e] = float16_t(float(e)); // (integers up to 2048 are exact in f16)
         i_s[e] = float16_t(e / 16u == e % 16u ? 1.0 : 0.0);
+        if (e < 128u) i8_s[e] = float16_t(e / 8u == e % 8u ? 1.0 : 0.0);
     }
     barrier();
     MATA a, id;
+    MATB8 id8;
     coopMatLoadNV(a, a_s, 0u, 16u, false);
     coopMatLoadNV(id, i_s, 0u, 16u, true);
+    coopMatLoadNV(id8, i8_s, 0u, 8u, false);
     MATC d = coopMatMulAddNV(a, id, MATC(0.0));
     MATA p = MATA(d);
+    MATC8 d8 = coopMatMulAddNV(a, id8, MATC8(0.0));
+    MATB8 p8 = MATB8(d8);
     bool good = d.length() == 8 && p.length() == 8;
     if (good)
         for (int i = 0; i < 8; ++i) {
-            uint e = uint(i), want = 16u * (lane / 4u + 8u * (e / 4u)) + 2u * (lane % 4u) + (e & 1u) + 8u * ((e >> 1u) & 1u);
-            good = good && d[i] == float(want) && float(p[i]) == float(want);
+            float want = float(expected(lane, uint(i), 2u));
+            good = good && d[i] == want && float(p[i]) == want;
+        }
+    bool good8 = d8.length() == 4 && p8.length() == 4;
+    if (good8)
+        for (int i = 0; i < 4; ++i) {
+            float want = float(expected(lane, uint(i), 1u));
+            good8 = good8 && d8[i] == want && float(p8[i]) == want;
         }
     good = subgroupAll(good);
-    if (lane == 0u) ok[0] = good ? 1u : 0u;
+    good8 = subgroupAll(good8);
+    if (lane == 0u) ok[0] = (good ? 1u : 0u) | (good8 ? 2u : 0u);
 }
