@@ -71,8 +71,8 @@ layout(constant_id = SPLIT_KV_HEADS) const uint KV_HEADS = 8u;
 layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u;
 layout(constant_id = SPLIT_ROT_K) const uint ROT_K = 0u; // rotated keys: R's block (q rotated as it is loaded); 0: none
 layout(constant_id = SPLIT_FUSED) const uint FUSED = 0u; // nonzero: the last workgroup of a head group merges (attn_onedisp.glsl)
-layout(constant_id = SPLIT_REGS) const uint REGS_SPEC = 0u; // nonzero: the softmax on S^T's elements (not QUANT)
-const bool REGS = QUANT == 0 ? REGS_SPEC != 0u : false;
+layout(constant_id = SPLIT_REGS) const uint REGS_SPEC = 0u; // nonzero: the softmax on S^T's elements
+const bool REGS = REGS_SPEC != 0u;
 layout(local_size_x_id = SPLIT_WG) in;            // NSG subgroups of 32
 const uint WG = gl_WorkGroupSize.x, NSG = WG / 32u;
 
@@ -136,7 +136,7 @@ const uint NSS = QUANT != 0 ? NB : 1u;            // S^T and P^T matrices a tile
 const uint KVW = KV_WORDS > O_WORDS ? KV_WORDS : O_WORDS;
 shared uvec4 kv[NSG * KVW];
 // (REGS: S^T, P^T and the factors stay in registers, these arrays hold nothing)
-shared float ss[REGS ? 1u : NSG * NSS * TC * NQ];     // S^T, row-major (cell, column)
+shared float ss[REGS ? G * NB : NSG * NSS * TC * NQ];  // S^T, row-major (cell, column); QUANT: first Q's scales
 shared float am[REGS ? 1u : NSG * 16u * NQ];          // rescale factors: column n holds column n's
 shared float16_t ps[REGS ? 1u : NSG * NSS * TC * NQ]; // P^T, row-major (cell, column)
 shared float om[NSG * G], ol[NSG * G];            // each subgroup's maxima and sums per head
@@ -314,7 +314,7 @@ uint el_col(uint lane, uint i) { return 2u * (lane & 3u) + (i & 1u) + 8u * ((i >
 uint el_row(uint lane, uint i) { return lane / 4u + 8u * (i / NSL); }
 // each element's partner: the same row's element in the column of the other half (hi <-> lo)
 // of its head
-void partners(MATC s, uint lane, out float y[NE]) {
+void partners(float s[NE], uint lane, out float y[NE]) {
     if (2u * G == NQ && NCB == 1u) {
         [[unroll]] for (uint i = 0u; i < NE; ++i) y[i] = subgroupShuffleXor(s[i], 2u);
     } else if (2u * G == NQ) {
@@ -515,6 +515,12 @@ void main() {
     if (SHARED_Q)
         [[unroll]] for (uint t = 0u; t < NT; ++t)
             [[unroll]] for (uint b = 0u; b < NB; ++b) qsc[t][b] = ss[min(hb + 2u * t, G - 1u) * NB + b];
+    float qsl[NSL][NB]; // REGS: the query scales of a lane's columns (a lo column: its head's)
+    [[unroll]] for (uint k = 0u; k < NSL; ++k) {
+        uint c = el_col(lane, k), hc = min(c < G ? c : c - G, G - 1u);
+        [[unroll]] for (uint b = 0u; b < NB; ++b)
+            qsl[k][b] = SHARED_Q ? ss[hc * NB + b] : subgroupShuffle(qs, hc * NB + b);
+    }
 #endif
     MATC o[HDV / 16u];
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
@@ -531,17 +537,16 @@ void main() {
         [[unroll]] for (uint h = 0u; h < G; ++h)
             if (h == hb + 2u * t) escale[t] = ldexp(1.0, qe[h]);
     }
-    // REGS: a lane's columns (slots): the query scaling undone, running maxima and sums
-    float esc[NSL], ms[NSL], ls[NSL];
+    float esc[NSL]; // REGS: the query scalings undone, a lane's columns (slots)
     [[unroll]] for (uint k = 0u; k < NSL; ++k) {
         uint c = el_col(lane, k), hc = c < G ? c : c < 2u * G ? c - G : G;
         esc[k] = 1.0;
         [[unroll]] for (uint h = 0u; h < G; ++h)
             if (h == hc) esc[k] = ldexp(1.0, qe[h]);
-        ms[k] = NEG_INF;
-        ls[k] = 0.0;
     }
 #endif
+    float ms[NSL], ls[NSL]; // REGS: running maxima and sums of a lane's columns
+    [[unroll]] for (uint k = 0u; k < NSL; ++k) { ms[k] = NEG_INF; ls[k] = 0.0; }
 
     if (SHARED_Q) barrier(); else sync_shared(); // everyone has read Q out of kv (SHARED_Q: subgroup 0 stages K there next)
     [[dont_unroll]] for (uint base = c0; base < c1; base += TC) {
@@ -572,7 +577,18 @@ void main() {
         sync_shared();
 
 #if QUANT
-        // each block's integer sums: its two products of 16 values
+        // REGS: the scales of the cells of a lane's two rows (cell r: lane r's)
+        float dkr[2][NB], dvr[2][NB], xs[NE];
+        if (REGS) {
+            [[unroll]] for (uint h = 0u; h < 2u; ++h)
+                [[unroll]] for (uint b = 0u; b < NB; ++b) {
+                    dkr[h][b] = subgroupShuffle(dk[b], el_row(lane, h * NSL));
+                    dvr[h][b] = subgroupShuffle(dv[b], el_row(lane, h * NSL));
+                }
+            [[unroll]] for (uint i = 0u; i < NE; ++i) xs[i] = 0.0;
+        }
+        // each block's integer sums: its two products of 16 values (REGS: added into the
+        // scores times the block scales, as the owners add them below)
         [[unroll]] for (uint b = 0u; b < NB; ++b) {
             MATA kt;
             MATC sb = MATC(0.0);
@@ -580,7 +596,10 @@ void main() {
             sb = coopMatMulAddNV(kt, qf[2u * b], sb);
             coopMatLoadNV(kt, kv, KO + 4u * b + 2u, SK, false);
             sb = coopMatMulAddNV(kt, qf[2u * b + 1u], sb);
-            coopMatStoreNV(sb, ss, SP + b * TC * NQ, NQ, false);
+            if (REGS)
+                [[unroll]] for (uint i = 0u; i < NE; ++i) xs[i] += sb[i] * (dkr[i / NSL][b] * qsl[i % NSL][b]);
+            else
+                coopMatStoreNV(sb, ss, SP + b * TC * NQ, NQ, false);
         }
 #else
         // scores, two accumulators for a shorter dependency chain
@@ -617,22 +636,28 @@ void main() {
         vis1 = cell_at(J, base + 2u * TC, c1, lane, gid1);
 
         MATB pb[NSS];
-#if !QUANT
         if (REGS) {
             // softmax on S^T's elements: a lane's two rows (cells) and NSL columns, each head's hi
-            // column with its lo partner's score
+            // column with its lo partner's score (QUANT: a lo column takes its head's score)
             float y[NE], x[NE];
-            partners(s0, lane, y);
+#if QUANT
+            uint hidden = subgroupBallot(!vis).x & 0xffffu;
+            partners(xs, lane, y);
+            [[unroll]] for (uint i = 0u; i < NE; ++i) x[i] = el_col(lane, i) < G ? xs[i] : y[i];
+#else
+            [[unroll]] for (uint i = 0u; i < NE; ++i) x[i] = s0[i];
+            partners(x, lane, y);
             [[unroll]] for (uint i = 0u; i < NE; ++i) {
                 uint c = el_col(lane, i);
                 x[i] = (c < G ? s0[i] + y[i] * INV_LO : y[i] + s0[i] * INV_LO) * esc[i % NSL];
             }
+#endif
             if (pc.softcap2 > 0.0) [[unroll]] for (uint i = 0u; i < NE; ++i) x[i] = score_capped(x[i], pc.softcap2);
             else [[unroll]] for (uint i = 0u; i < NE; ++i) x[i] = score_finite(x[i]);
-            bool above = false;
+            bool above = false, seen[NE];
             [[unroll]] for (uint i = 0u; i < NE; ++i) {
-                bool seen = ((hidden >> el_row(lane, i)) & 1u) == 0u && el_col(lane, i) < 2u * G;
-                x[i] = seen ? x[i] : NEG_INF;
+                seen[i] = ((hidden >> el_row(lane, i)) & 1u) == 0u && el_col(lane, i) < 2u * G;
+                x[i] = seen[i] ? x[i] : NEG_INF;
                 above = above || x[i] > ms[i % NSL];
             }
             float alpha[NSL];
@@ -647,20 +672,28 @@ void main() {
                 }
                 grew = subgroupAny(grew);
             }
-            MATC pm;
+            MATC pm[NSS];
             [[unroll]] for (uint i = 0u; i < NE; ++i) {
                 float p = x[i] == NEG_INF ? 0.0 : exp2(x[i] - ms[i % NSL]);
                 ls[i % NSL] += p;
+                bool hi = el_col(lane, i) < G;
+#if QUANT
+                [[unroll]] for (uint b = 0u; b < NB; ++b) {
+                    // a hidden cell's scale may be anything: its weight is zero, not a product
+                    vec2 h = split((seen[i] ? p * dvr[i / NSL][b] : 0.0) * fw[b]); // (exact: a power of two)
+                    pm[b][i] = hi ? h.x : h.y;
+                }
+#else
                 vec2 h = split(p);
-                pm[i] = el_col(lane, i) < G ? h.x : h.y;
+                pm[0][i] = hi ? h.x : h.y;
+#endif
             }
             if (grew)
                 [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
                     [[unroll]] for (uint i = 0u; i < NE; ++i) o[t][i] *= alpha[i % NSL];
-            pb[0] = MATB(pm);
+            [[unroll]] for (uint b = 0u; b < NSS; ++b) pb[b] = MATB(pm[b]);
             sync_shared(); // (V staged)
         } else {
-#endif
             // softmax: this invocation takes cell lc for heads hb, hb + 2, ...
             float x[NT];
             bool above = false;
@@ -733,9 +766,7 @@ void main() {
                     for (int i = 0; i < o[t].length(); ++i) o[t][i] *= a[i];
             }
             [[unroll]] for (uint b = 0u; b < NSS; ++b) coopMatLoadNV(pb[b], ps, SP + b * TC * NQ, NQ, false);
-#if !QUANT
         }
-#endif
 
         // values
         [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
@@ -754,7 +785,6 @@ void main() {
         for (int i = 0; i < o[t].length(); ++i) o[t][i] *= pow2(rb[t / 2u] + 1);
 #endif
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) coopMatStoreNV(o[t], kv, KO + 4u * t, HDV / 4u, true);
-#if !QUANT
     if (REGS) {
         [[unroll]] for (uint k = 0u; k < NSL; ++k) {
             float lt = ls[k];
@@ -768,7 +798,6 @@ void main() {
             }
         }
     } else
-#endif
     [[unroll]] for (uint t = 0u; t < NT; ++t) {
         float lt = subgroupClusteredAdd(l[t], 16u);
         uint g = hb + 2u * t;
