@@ -313,10 +313,10 @@ KVCDEF const kvc_vk_functions *kvc_vk_context_functions(const kvc_vk_context *ct
    storage) works as on the CPU: append stores R k / R v, attention, gather and RoPE shifts see
    the plain values, and the page buffers hold the stored (rotated) rows. Destroy the
    pool only when the device no longer runs work recorded for it. The first pool of a
-   context that would run attention on the tensor cores (f16 storage, or prefill: see
-   prefill_min_queries) submits one small dispatch to the context's queue and waits for it,
-   a check of the driver's matrix layout: keep other threads off that queue while it is
-   created. */
+   context that would run attention on the tensor cores (f16 storage, planar q8_0 / q4_0
+   storage whose values are not rotated, or prefill: see prefill_min_queries) submits one
+   small dispatch to the context's queue and waits for it, a check of the driver's matrix
+   layout: keep other threads off that queue while it is created. */
 KVCDEF kvc_result kvc_vk_pool_create(kvc_vk_context *ctx, const kvc_pool_config *cfg,
                                      const kvc_vk_pool_options *opts, kvc_vk_pool **out);
 /* KVC_ERR_BUSY while caches, snapshots or prefix objects of its host pool are alive. */

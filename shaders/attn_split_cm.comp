@@ -39,7 +39,8 @@
 //   scores   the query is rounded to q8_0 as on the CPU (attn_split_q.comp's prologue), its
 //            codes the columns of Q^T; one product a block of 32 values gives that block's
 //            integer sums exactly (|sum| < 2^19 in f32), and the owner of a (head, cell)
-//            adds them times the block scales (d_k x d_q, as attn_split_q.comp does);
+//            adds them times the block scales (d_k x d_q, as attn_split_q.comp does; REGS:
+//            on S^T's elements, each cell's scales shuffled to its rows);
 //   values   the weights times the cell's V scale of each block, w = p d_v, one P^T a
 //            block (V^T's rows of block b take block b's P^T), split hi / lo as p is
 //            above after a scaling by a power of two 2^-(R_b + 1) that brings them into [0, 1):
@@ -135,8 +136,8 @@ const uint NSS = QUANT != 0 ? NB : 1u;            // S^T and P^T matrices a tile
 // Each subgroup has its own piece of every array: kv from KO, am from SO, ss and ps from SP
 const uint KVW = KV_WORDS > O_WORDS ? KV_WORDS : O_WORDS;
 shared uvec4 kv[NSG * KVW];
-// (REGS: S^T, P^T and the factors stay in registers, these arrays hold nothing)
-shared float ss[REGS ? G * NB : NSG * NSS * TC * NQ];  // S^T, row-major (cell, column); QUANT: first Q's scales
+// (REGS: S^T, P^T and the factors stay in registers; ss holds only the QUANT query's scales)
+shared float ss[REGS ? G * NB : NSG * NSS * TC * NQ];  // S^T, row-major (cell, column)
 shared float am[REGS ? 1u : NSG * 16u * NQ];          // rescale factors: column n holds column n's
 shared float16_t ps[REGS ? 1u : NSG * NSS * TC * NQ]; // P^T, row-major (cell, column)
 shared float om[NSG * G], ol[NSG * G];            // each subgroup's maxima and sums per head
@@ -588,7 +589,7 @@ void main() {
             [[unroll]] for (uint i = 0u; i < NE; ++i) xs[i] = 0.0;
         }
         // each block's integer sums: its two products of 16 values (REGS: added into the
-        // scores times the block scales, as the owners add them below)
+        // scores times the block scales here, in the order the shared-memory path adds them)
         [[unroll]] for (uint b = 0u; b < NB; ++b) {
             MATA kt;
             MATC sb = MATC(0.0);
@@ -797,13 +798,14 @@ void main() {
                 ol[sg * G + c] = lt;
             }
         }
-    } else
-    [[unroll]] for (uint t = 0u; t < NT; ++t) {
-        float lt = subgroupClusteredAdd(l[t], 16u);
-        uint g = hb + 2u * t;
-        if (lc == 0u && g < G) {
-            om[sg * G + g] = m[t];
-            ol[sg * G + g] = lt;
+    } else {
+        [[unroll]] for (uint t = 0u; t < NT; ++t) {
+            float lt = subgroupClusteredAdd(l[t], 16u);
+            uint g = hb + 2u * t;
+            if (lc == 0u && g < G) {
+                om[sg * G + g] = m[t];
+                ol[sg * G + g] = lt;
+            }
         }
     }
     barrier();
