@@ -418,7 +418,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[ai], "--help") || !strcmp(argv[ai], "-h")) {
             printf("usage: %s [options]\n"
                    "  --cells LIST   cells per sequence (default 4096,32768,131072)\n"
-                   "  --batch LIST   sequences per call (default 1,8)\n"
+                   "  --batch LIST   sequences per call, 1-8 (default 1,8)\n"
                    "  --types LIST   storage types, NAME+rot for rotated storage (default f16,q8_0)\n"
                    "  --reps N       calls recorded back to back per timing (default 50)\n"
                    "  --splits N     at most N split-K chunks (default: the backend's choice)\n"
@@ -451,6 +451,8 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--no-prefill] [--saveload] [--causal] [--quick] [--help]\n"); return 2; }
     }
     if (g_hd != 64 && g_hd != 128 && g_hd != 256) { fprintf(stderr, "bench_vk: --hd: 64, 128 or 256\n"); return 2; }
+    for (bi = 0; bi < n_batch; ++bi)
+        if (batch_list[bi] < 1 || batch_list[bi] > 8) { fprintf(stderr, "bench_vk: --batch: 1 to 8 caches a call\n"); return 2; }
     in_elems = (size_t)CHUNK * HKV * g_hd;
     { /* the types in the order given; NAME+rot: rotated storage */
         const char *a = type_arg;
@@ -550,7 +552,6 @@ int main(int argc, char **argv) {
                 double us, bytes, err, spread = 1, host_us;
                 char step[32];
                 VkCommandBuffer cmd;
-                if (batch > 8) batch = 8;
                 kvc_pool_config_init(&pc);
                 pc.n_layers = 1; pc.n_kv_heads = HKV; pc.head_dim_k = pc.head_dim_v = g_hd;
                 pc.type_k = pc.type_v = types[ti];
