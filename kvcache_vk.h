@@ -2079,13 +2079,14 @@ static kvc_result kvc_vk__pool_setup(kvc_vk_pool *p, const kvc_vk_pool_options *
                                  p->hdk <= 128 && p->hdv <= 128);
     if (p->use_cm && (r = kvc_vk__module_create(p, p->planar ? KVC_VK__MODULE_ATTN_SPLIT_QCM : KVC_VK__MODULE_ATTN_SPLIT_CM)) != KVC_OK)
         return r;
-    if (p->use_cm && (r = kvc_vk__probe_cm_layout(p)) != KVC_OK) return r; /* (the REGS build) */
+    /* the element layout attn_split_cm's REGS build and attn_prefill_cm read (either runs only
+       where use_cm is set) */
+    if (p->use_cm && (r = kvc_vk__probe_cm_layout(p)) != KVC_OK) return r;
     /* prefill: the caller's threshold for either build, never where it is negative, by default
        KVC_VK__PREFILL_MIN_QUERIES where it runs on the tensor cores */
     {
         int32_t asked = opts ? opts->prefill_min_queries : 0;
         int kind = asked < 0 ? 0 : kvc_vk__prefill_kind(p);
-        if (kind == 2 && (r = kvc_vk__probe_cm_layout(p)) != KVC_OK) return r;
         if (kind == 2 && !(p->ctx->cm_layout & KVC_VK__LAYOUT_16X16)) kind = 0;
         p->prefill_min = asked > 0 ? asked : kind == 2 ? KVC_VK__PREFILL_MIN_QUERIES : 0;
         p->prefill = p->prefill_min > 0 ? kind : 0;
