@@ -40,7 +40,13 @@
 //            codes the columns of Q^T; one product a block of 32 values gives that block's
 //            integer sums exactly (|sum| < 2^19 in f32), and the owner of a (head, cell)
 //            adds them times the block scales (d_k x d_q, as attn_split_q.comp does; REGS:
-//            on S^T's elements, each cell's scales shuffled to its rows);
+//            on S^T's elements, each cell's scales shuffled to its rows). Built with IK = 1
+//            too (kvcache_vk.h's KVC_VK_FEATURE_INT8_MATRIX): the keys' codes are staged as
+//            they are, 8-bit integers (q4_0's nibbles less 8), and each block's sums come
+//            from one 16 x 32 x NQ product of 8-bit integers into 32-bit ones, the same
+//            integers without turning the codes into f16 (H200, q8_0, the build run for
+//            every size: batch 8 at 4k cells 51.3-51.7 -> 44.1-44.3 us, 128k 1192.6-1194.8 ->
+//            969.7-971.5);
 //   values   the weights times the cell's V scale of each block, w = p d_v, one P^T a
 //            block (V^T's rows of block b take block b's P^T), split hi / lo as p is
 //            above after a scaling by a power of two 2^-(R_b + 1) that brings them into [0, 1):
@@ -57,6 +63,13 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_vote : require
 #extension GL_KHR_shader_subgroup_ballot : require
+#ifndef IK
+#define IK 0
+#endif
+#if IK
+#extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
+#extension GL_NV_integer_cooperative_matrix : require
+#endif
 #extension GL_KHR_memory_scope_semantics : require
 #ifndef QUANT
 #define QUANT 0
@@ -111,6 +124,11 @@ const uint NQ = 2u * G <= 8u ? 8u : 16u;          // query columns (hi, lo, zero
 #define MATA fcoopmatNV<16, SG, 16, 16>
 #define MATB fcoopmatNV<16, SG, 16, NQ>
 #define MATC fcoopmatNV<32, SG, 16, NQ>
+#if IK
+#define IMATA icoopmatNV<8, SG, 16, 32>
+#define IMATB icoopmatNV<8, SG, 32, NQ>
+#define IMATC icoopmatNV<32, SG, 16, NQ>
+#endif
 const uint TC = 16u;                              // cells per tile
 const uint CK = HDK / 8u, CV = HDV / 8u;          // 16-byte pieces of a head row
 const uint SK = CK + 1u, SV = CV + 1u;            // shared row strides (+16 bytes: no bank conflicts)
@@ -208,6 +226,21 @@ void stage_codes(uint type, uvec4 x, uint r, uint p, uint st) {
         kv[at + 4u * p + 3u] = uvec4(byte_halves(hi.z, 1032.0), byte_halves(hi.w, 1032.0));
     }
 }
+#if IK
+// IK: a 16-byte piece x of a head row's K codes (piece p) into row r of kv as 8-bit integers:
+// q8_0's bytes are its codes; q4_0's nibbles n become the bytes n - 8 (each byte biased by
+// 128 first, so that none borrows from the next)
+uvec4 nibbles_i8(uvec4 n) { return ((n | uvec4(0x80808080u)) - uvec4(0x08080808u)) ^ uvec4(0x80808080u); }
+void stage_k_i8(uvec4 x, uint r, uint p) {
+    uint at = KO + r * SK;
+    if (TYPE_K == T_Q8_0) {
+        kv[at + p] = x;
+    } else {
+        kv[at + 2u * p] = nibbles_i8(x & uvec4(0x0f0f0f0fu));
+        kv[at + 2u * p + 1u] = nibbles_i8((x >> 4) & uvec4(0x0f0f0f0fu));
+    }
+}
+#endif
 // f16 bits to f32 as kvc_types.glsl's h2f, by selects instead of its branches (H200, q8_0 at
 // 128k cells batch 8 in a build that ran every size here: 1675 us with h2f, 1382 with
 // unpackHalf2x16, which some drivers flush to zero below 2^-14)
@@ -425,7 +458,13 @@ void main() {
         float code = float(clamp(int(roundEven(xs[bi] * subgroupShuffle(qid, bi))), -127, 127));
         float next = subgroupShuffleXor(code, 1u);
         uint g = b / NB, d = 32u * (b % NB) + lane;
+#if IK // (four codes a word, as bytes)
+        uint c2 = uint(int(subgroupShuffleXor(code, 2u))) & 0xffu, c3 = uint(int(subgroupShuffleXor(code, 3u))) & 0xffu;
+        uint word = (uint(int(code)) & 0xffu) | (uint(int(next)) & 0xffu) << 8 | c2 << 16 | c3 << 24;
+        if ((lane & 3u) == 0u && b < NBLK) kv[QO + g * SK + d / 16u][(d / 4u) % 4u] = word;
+#else
         if ((lane & 1u) == 0u && b < NBLK) kv[QO + g * SK + d / 8u][(d / 2u) % 4u] = packHalf2x16(vec2(code, next));
+#endif
     }
     // the owner's query scales (d_q x scale_log2) of its heads hb, hb + 2, ..., [head][block]
     // (SHARED_Q: through ss, which holds nothing yet, once every subgroup has put its own)
@@ -510,8 +549,13 @@ void main() {
         for (uint i = lane; i < NSS * TC * NQ; i += 32u) ps[SP + i] = float16_t(0.0);
     }
     if (SHARED_Q) barrier(); else sync_shared();
+#if IK
+    IMATB qi[NB];
+    [[unroll]] for (uint b = 0u; b < NB; ++b) coopMatLoadNV(qi[b], kv, QO + 2u * b, SK, true);
+#else
     MATB qf[HDK / 16u];
     [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) coopMatLoadNV(qf[k], kv, QO + 2u * k, SK, true);
+#endif
 #if QUANT
     if (SHARED_Q)
         [[unroll]] for (uint t = 0u; t < NT; ++t)
@@ -554,7 +598,11 @@ void main() {
         // stage this tile's K and start loading the next tile's (past the end: cell 0, never
         // used); its V waits in registers until the scores are taken, then goes where K was
 #if QUANT
+#if IK
+        [[unroll]] for (uint j = 0u; j < NKQ; ++j) { uint i = lane + 32u * j; stage_k_i8(kr[j], i / KQ, i % KQ); }
+#else
         [[unroll]] for (uint j = 0u; j < NKQ; ++j) { uint i = lane + 32u * j; stage_codes(TYPE_K, kr[j], i / KQ, i % KQ, SK); }
+#endif
         float dk[NB], dv[NB], fw[NB]; // this tile's scales of this invocation's cell (the next tile's load into ksw / vsw)
         [[unroll]] for (uint b = 0u; b < NB; ++b) {
             dk[b] = BLOCK_SCALE(ksw, b);
@@ -591,12 +639,18 @@ void main() {
         // each block's integer sums: its two products of 16 values (REGS: added into the
         // scores times the block scales here, in the order the shared-memory path adds them)
         [[unroll]] for (uint b = 0u; b < NB; ++b) {
+#if IK
+            IMATA kt;
+            coopMatLoadNV(kt, kv, KO + 2u * b, SK, false);
+            MATC sb = MATC(coopMatMulAddNV(kt, qi[b], IMATC(0))); // (exact in f32: |sum| <= 32 x 127 x 127)
+#else
             MATA kt;
             MATC sb = MATC(0.0);
             coopMatLoadNV(kt, kv, KO + 4u * b, SK, false);
             sb = coopMatMulAddNV(kt, qf[2u * b], sb);
             coopMatLoadNV(kt, kv, KO + 4u * b + 2u, SK, false);
             sb = coopMatMulAddNV(kt, qf[2u * b + 1u], sb);
+#endif
             if (REGS)
                 [[unroll]] for (uint i = 0u; i < NE; ++i) xs[i] += sb[i] * (dkr[i / NSL][b] * qsl[i % NSL][b]);
             else

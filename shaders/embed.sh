@@ -30,6 +30,7 @@ rows_read rows_read.comp
 copy copy.comp
 attn_split_cm attn_split_cm.comp -O0
 attn_split_qcm attn_split_cm.comp -O0 -DQUANT=1
+attn_split_qcm_i8 attn_split_cm.comp -O0 -DQUANT=1 -DIK=1
 attn_split_q attn_split_q.comp -DUSE_SUBGROUP=0
 attn_split_q_dot attn_split_q.comp -DUSE_SUBGROUP=0 -DUSE_DOT=1
 attn_split_q_sg attn_split_q.comp -DUSE_SUBGROUP=1
