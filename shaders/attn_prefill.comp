@@ -76,6 +76,9 @@ layout(push_constant) uniform PC {
 } pc;
 
 #include "attn_common.glsl"
+#if USE_CM
+#include "cm_layout.glsl"
+#endif
 
 const uint NT = 32u * RB;                         // invocations
 const uint ROWS = 16u * RB;                       // rows (query, head) of the workgroup
@@ -282,11 +285,9 @@ void main() {
     MATC o[HDV / 16u];
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) o[t] = MATC(0.0);
     // S, P and O stay in registers: this lane's elements of a 16 x 16 accumulator (and of
-    // an f16 matrix converted from one) are, on NVIDIA's driver, 0-3 in row lane / 4 of
-    // the subgroup's 16 and 4-7 in row lane / 4 + 8, element i in column 2 (lane % 4) +
-    // (i & 1) + 8 ((i >> 1) & 1); the host runs this build only where a probe found that
-    // layout (kvc_vk__probe_cm_layout). A row's four lanes are lanes 4 (lane / 4) + 0..3.
-    uint rlo = sg * 16u + lane / 4u, rhi = rlo + 8u, c4 = 2u * (lane % 4u);
+    // an f16 matrix converted from one) are placed as cm_layout.glsl says: 0-3 in row rlo of
+    // the subgroup's 16, 4-7 in row rhi, element i in column c4 + (i & 1) + 8 ((i >> 1) & 1).
+    uint rlo = sg * 16u + cm_row(lane, 0u, 2u), rhi = sg * 16u + cm_row(lane, 4u, 2u), c4 = cm_col(lane, 0u, 2u);
     uint qlo = rlo / G, qhi = rhi / G;
     bool oklo = qlo < nq, okhi = qhi < nq;
     float mlo = NEG_INF, mhi = NEG_INF, llo = 0.0, lhi = 0.0;

@@ -115,6 +115,7 @@ layout(push_constant) uniform PC {
 } pc;
 
 #include "attn_common.glsl"
+#include "cm_layout.glsl"
 #include "kvc_rotation.glsl"
 #define OD_NT WG
 #include "attn_onedisp.glsl"
@@ -339,13 +340,12 @@ vec2 split(float x) {
     return vec2(hi, (x - hi) * LO);
 }
 
-// S^T, P^T and O^T's elements by place (REGS): a 16 x NQ matrix's element i of lane l sits at
-// row l / 4 + 8 (i / (2 NCB)), column 2 (l % 4) + (i & 1) + 8 ((i >> 1) % NCB), NCB = NQ / 8
-// (NVIDIA's layout, checked on the context by kvc_vk__probe_cm_layout). Lanes l and l ^ 4,
-// l ^ 8, l ^ 16 hold the same columns; slot k = i % (2 NCB) names a lane's column.
+// S^T, P^T and O^T's elements by place (REGS): a 16 x NQ matrix's element i of a lane, as
+// cm_layout.glsl places them (NCB = NQ / 8 blocks of 8 columns). Lanes l and l ^ 4, l ^ 8,
+// l ^ 16 hold the same columns; slot k = i % (2 NCB) names a lane's column.
 const uint NCB = NQ / 8u, NSL = 2u * NCB, NE = NQ / 2u;
-uint el_col(uint lane, uint i) { return 2u * (lane & 3u) + (i & 1u) + 8u * ((i >> 1) % NCB); }
-uint el_row(uint lane, uint i) { return lane / 4u + 8u * (i / NSL); }
+uint el_col(uint lane, uint i) { return cm_col(lane, i, NCB); }
+uint el_row(uint lane, uint i) { return cm_row(lane, i, NCB); }
 // each element's partner: the same row's element in the column of the other half (hi <-> lo)
 // of its head
 void partners(float s[NE], uint lane, out float y[NE]) {

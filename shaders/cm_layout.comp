@@ -5,13 +5,13 @@
 // identity (loaded column-major, as attn_prefill loads K^T) and for a 16 x 8 one (A's element
 // (r, c) = 16 r + c, loaded row-major), and converts each D to f16, as both kernels convert
 // P. A 16 x N matrix (N = 8 NCB) is in the expected layout if every lane holds 4 NCB elements
-// and its element i sits at row lane / 4 + 8 (i / (2 NCB)), column 2 (lane % 4) + (i & 1) +
-// 8 ((i >> 1) % NCB), in the f32 D and in its f16 conversion alike. Word 0 of the output: bit 0
-// for the 16 x 16 matrices, bit 1 for the 16 x 8 ones.
+// and its element i sits where cm_layout.glsl says, in the f32 D and in its f16 conversion
+// alike. Word 0 of the output: bit 0 for the 16 x 16 matrices, bit 1 for the 16 x 8 ones.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_shader_subgroup_vote : require
 #extension GL_KHR_memory_scope_semantics : require
+#include "cm_layout.glsl"
 layout(local_size_x = 32) in;
 layout(set = 0, binding = 0) writeonly buffer OB { uint ok[]; };
 
@@ -23,7 +23,7 @@ shared float16_t a_s[256], i_s[256], i8_s[128];
 
 // element i of `lane` in a 16 x (8 ncb) matrix, as 16 row + column
 uint expected(uint lane, uint i, uint ncb) {
-    return 16u * (lane / 4u + 8u * (i / (2u * ncb))) + 2u * (lane % 4u) + (i & 1u) + 8u * ((i >> 1u) % ncb);
+    return 16u * cm_row(lane, i, ncb) + cm_col(lane, i, ncb);
 }
 
 void main() {
