@@ -636,8 +636,9 @@ void main() {
                 }
             [[unroll]] for (uint i = 0u; i < NE; ++i) xs[i] = 0.0;
         }
-        // each block's integer sums: its two products of 16 values (REGS: added into the
-        // scores times the block scales here, in the order the shared-memory path adds them)
+        // each block's integer sums: its two products of 16 values (IK: one of 32 8-bit
+        // integers; REGS: added into the scores times the block scales here, in the order the
+        // shared-memory path adds them)
         [[unroll]] for (uint b = 0u; b < NB; ++b) {
 #if IK
             IMATA kt;

@@ -3692,7 +3692,8 @@ int main(int argc, char **argv) {
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
                         sh.hdk, sh.hdv, sh.page_cells, sh.rotate, sh.no_subgroup ? " no-subgroup" : "",
                         sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "",
-                        sh.disable_features & KVC_VK_FEATURE_INT8_MATRIX ? " no-int8-matrix" : "", sh.host_layout ? " host-layout" : "", sh.extreme ? " extreme" : "",
+                        sh.disable_features & KVC_VK_FEATURE_INT8_MATRIX ? " no-int8-matrix" : "",
+                        sh.host_layout ? " host-layout" : "", sh.extreme ? " extreme" : "",
                         sh.growing > 0 ? " growing" : "");
         }
         g_seed = run_seed;
