@@ -572,8 +572,9 @@ void main() {
     float m[NT], l[NT];
     [[unroll]] for (uint t = 0u; t < NT; ++t) { m[t] = NEG_INF; l[t] = 0.0; }
 #if QUANT
-    int rb[NB]; // R_b: O^T's rows of block b are in units of 2^(R_b + 1)
-    [[unroll]] for (uint b = 0u; b < NB; ++b) rb[b] = -125;
+    int rb[NB];    // R_b: O^T's rows of block b are in units of 2^(R_b + 1)
+    float fw[NB];  // 2^-(R_b + 1)
+    [[unroll]] for (uint b = 0u; b < NB; ++b) { rb[b] = -125; fw[b] = pow2(124); }
 #endif
 #if !QUANT
     float escale[NT]; // the query scalings undone: this invocation's heads hb, hb + 2, ...
@@ -603,21 +604,27 @@ void main() {
 #else
         [[unroll]] for (uint j = 0u; j < NKQ; ++j) { uint i = lane + 32u * j; stage_codes(TYPE_K, kr[j], i / KQ, i % KQ, SK); }
 #endif
-        float dk[NB], dv[NB], fw[NB]; // this tile's scales of this invocation's cell (the next tile's load into ksw / vsw)
+        float dk[NB], dv[NB]; // this tile's scales of this invocation's cell (the next tile's load into ksw / vsw)
+        int ev[NB];           // their V scales' exponents (visible cells; scales are not negative:
+        bool wider = false;   // a NaN or an infinity counts as 2^128, and its row is NaN)
         [[unroll]] for (uint b = 0u; b < NB; ++b) {
             dk[b] = BLOCK_SCALE(ksw, b);
             dv[b] = BLOCK_SCALE(vsw, b);
-            // R_b (scales are not negative: a NaN or an infinity counts as 2^128, and its row is NaN)
-            int e = subgroupMax(vis0 ? int((floatBitsToUint(dv[b]) >> 23) & 0xffu) - 127 : -125);
-            e = clamp(e, -125, 125);
-            if (e > rb[b]) { // (uniform)
-                float f = rb[b] - e >= -126 ? pow2(rb[b] - e) : 0.0;
-                [[unroll]] for (uint t = 2u * b; t < 2u * b + 2u; ++t)
-                    for (int i = 0; i < o[t].length(); ++i) o[t][i] *= f;
-                rb[b] = e;
-            }
-            fw[b] = pow2(-rb[b] - 1);
+            ev[b] = vis0 ? clamp(int((floatBitsToUint(dv[b]) >> 23) & 0xffu) - 127, -125, 125) : -125;
+            wider = wider || ev[b] > rb[b];
         }
+        // R_b grows (one vote; after the first tiles it seldom does): the blocks' maxima
+        if (subgroupAny(wider))
+            [[unroll]] for (uint b = 0u; b < NB; ++b) {
+                int e = subgroupMax(ev[b]);
+                if (e > rb[b]) { // (uniform)
+                    float f = rb[b] - e >= -126 ? pow2(rb[b] - e) : 0.0;
+                    [[unroll]] for (uint t = 2u * b; t < 2u * b + 2u; ++t)
+                        for (int i = 0; i < o[t].length(); ++i) o[t][i] *= f;
+                    rb[b] = e;
+                    fw[b] = pow2(-e - 1);
+                }
+            }
 #else
         [[unroll]] for (uint j = 0u; j < NK; ++j) { uint i = lane + 32u * j; kv[KO + (i / CK) * SK + i % CK] = kr[j]; }
 #endif
