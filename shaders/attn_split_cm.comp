@@ -751,9 +751,13 @@ void main() {
                 pm[0][i] = hi ? h.x : h.y;
 #endif
             }
-            if (grew)
-                [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
-                    [[unroll]] for (uint i = 0u; i < NE; ++i) o[t][i] *= alpha[i % NSL];
+            // O^T rescaled every tile, by 1 where no maximum grew (the same bits): without a
+            // branch here the driver's compiler schedules the tile better (not read in its
+            // SASS; H200, f16, batch 1 at 4k cells 12.7-12.8 -> 12.3-12.5 us, batch 8 at 1k
+            // 15.5 -> 14.8-14.9; q8_0 batch 1 at 4k 14.1-14.3 -> 13.7-13.8)
+            [[unroll]] for (uint k = 0u; k < NSL; ++k) alpha[k] = grew ? alpha[k] : 1.0;
+            [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
+                [[unroll]] for (uint i = 0u; i < NE; ++i) o[t][i] *= alpha[i % NSL];
             [[unroll]] for (uint b = 0u; b < NSS; ++b) pb[b] = MATB(pm[b]);
             sync_shared(); // (V staged)
         } else {
