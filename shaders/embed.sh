@@ -83,7 +83,8 @@ VQ nonzero: q8_0 / q4_0 V rows summed 8 values of every head at a time
 GH attn_split_q.comp: query heads per workgroup
 ROT_K rotated keys: the rotation's block, q rotated as it is loaded (0: none)
 FUSED nonzero: one dispatch, the last workgroup of a head group merges (attn_onedisp.glsl)
-REGS attn_split_cm.comp: the softmax on the elements of S^T in registers, in the layout kvc_vk__probe_cm_layout checked"
+REGS attn_split_cm.comp: the softmax on the elements of S^T in registers, in the layout kvc_vk__probe_cm_layout checked
+HALF attn_split_cm.comp QUANT: block scales by unpackHalf2x16, which kvc_vk__probe_cm_layout found exact on f16 subnormals"
 spec_prefill="HDK head dim of K
 HDV head dim of V
 G query heads per kv head (the GQA group)
