@@ -17,7 +17,9 @@ to its last instruction.
   3. On the GPU machine: nvdisasm -b SM90 OUT.N.bin (SM90: Hopper).
 
 The layout is the driver's and undocumented: a frame whose code does not disassemble cleanly
-to its end is the wrong frame or a changed layout.
+to its end is the wrong frame or a changed layout. (Round 15 of issue 37: the frames of
+attn_split_cm's 8-bit builds had word 8 16 bytes larger, and nvdisasm stopped ("Unrecognized
+operation") a few hundred bytes before the end; the code up to that address read cleanly.)
 """
 import struct
 import subprocess
@@ -52,7 +54,8 @@ def main(argv):
             continue
         words = struct.unpack("<16I", f[:64])
         at = words[12] + 24
-        if words[8] == at + 184 + size and len(f) >= at + size:
+        # (round 15's 8-bit decode pipelines: word 8 was 16 more than that)
+        if words[8] - at - 184 in (size, size + 16) and len(f) >= at + size:
             name = "%s.%d.bin" % (argv[3], n)
             open(name, "wb").write(f[at:at + size])
             print("%s: %d bytes at %d of a %d-byte frame" % (name, size, at, len(f)))
