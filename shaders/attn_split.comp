@@ -43,6 +43,7 @@ layout(local_size_x_id = SPLIT_WG) in;                 // cells per block
 layout(constant_id = SPLIT_PAGE_CELLS) const uint PAGE_CELLS = 256u; // a constant: cell -> page is a multiply
 layout(constant_id = SPLIT_ROT_K) const uint ROT_K = 0u; // rotated keys: R's block (q rotated as it is loaded); 0: none
 layout(constant_id = SPLIT_FUSED) const uint FUSED = 0u; // nonzero: the last workgroup of a head group merges (attn_onedisp.glsl)
+layout(constant_id = SPLIT_HALF) const uint HALF = 0u; // nonzero: unpackHalf2x16 keeps f16 subnormals (half_exact.comp)
 const uint WG = gl_WorkGroupSize.x;
 
 layout(set = 0, binding = 0) readonly buffer KB { uvec4 kb[]; };
@@ -284,7 +285,7 @@ void main() {
                 [[unroll]] for (uint j = 0u; j < KROW_WORDS; ++j) wr[j] = kw[(kbase >> 2) + j];
             [[unroll]] for (uint b = 0u; b < HDK / 32u; ++b) {
                 uint o = KBB * b, dh = (wr[o >> 2] >> ((o & 2u) << 3)) & 0xffffu; // a row starts on a word
-                float d = TYPE_K == T_Q8_0 ? unpackHalf2x16(dh).x : h2f(dh);
+                float d = TYPE_K == T_Q8_0 && HALF != 0u ? unpackHalf2x16(dh).x : h2f(dh);
 #if USE_DOT
                 if (TYPE_K == T_Q8_0) { // the block's 32 codes start 2 bytes past a word in even blocks
                     uint c0 = o + 2u;
@@ -366,7 +367,7 @@ void main() {
                     bool any = false;
                     [[unroll]] for (uint g = 0u; g < G; ++g) any = any || w[j][g] != 0.0;
                     if (!any) continue;
-                    float d = TYPE_V == T_Q8_0 ? unpackHalf2x16(hw[j] & 0xffffu).x : h2f(hw[j] & 0xffffu);
+                    float d = TYPE_V == T_Q8_0 && HALF != 0u ? unpackHalf2x16(hw[j] & 0xffffu).x : h2f(hw[j] & 0xffffu);
                     uint lo = odd[j] ? (wd[j][0] >> 16) | (wd[j][1] << 16) : wd[j][0];
                     uint hi = odd[j] ? (wd[j][1] >> 16) | (wd[j][2] << 16) : wd[j][1];
                     float x[8];

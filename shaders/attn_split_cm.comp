@@ -87,7 +87,7 @@ layout(constant_id = SPLIT_ROT_K) const uint ROT_K = 0u; // rotated keys: R's bl
 layout(constant_id = SPLIT_FUSED) const uint FUSED = 0u; // nonzero: the last workgroup of a head group merges (attn_onedisp.glsl)
 layout(constant_id = SPLIT_REGS) const uint REGS_SPEC = 0u; // nonzero: the softmax on S^T's elements
 const bool REGS = REGS_SPEC != 0u;
-layout(constant_id = SPLIT_HALF) const uint HALF_SPEC = 0u; // nonzero: unpackHalf2x16 is exact on subnormals
+layout(constant_id = SPLIT_HALF) const uint HALF_SPEC = 0u; // nonzero: unpackHalf2x16 keeps f16 subnormals (half_exact.comp)
 const bool HALF = HALF_SPEC != 0u;
 layout(local_size_x_id = SPLIT_WG) in;            // NSG subgroups of 32
 const uint WG = gl_WorkGroupSize.x, NSG = WG / 32u;
@@ -247,7 +247,7 @@ void stage_k_i8(uvec4 x, uint r, uint p) {
 // f16 bits to f32 as kvc_types.glsl's h2f, by selects instead of its branches (H200, q8_0 at
 // 128k cells batch 8 in a build that ran every size here: 1675 us with h2f, 1382 with
 // unpackHalf2x16, which some drivers flush to zero below 2^-14: used where HALF, the
-// context's probe, found it exact)
+// context's check, found it exact)
 float h2f_sel(uint h) {
     uint e = (h >> 10) & 0x1fu, m = h & 0x3ffu, s = (h & 0x8000u) << 16;
     float sub = uintBitsToFloat(s | floatBitsToUint(float(m) * (1.0 / 16777216.0)));

@@ -38,7 +38,8 @@ attn_split_q_sg_dot attn_split_q.comp -DUSE_SUBGROUP=1 -DUSE_DOT=1
 rotate rotate.comp
 attn_prefill attn_prefill.comp -DUSE_CM=0
 attn_prefill_cm attn_prefill.comp -DUSE_CM=1 -O0
-cm_layout cm_layout.comp -O0"
+cm_layout cm_layout.comp -O0
+half_exact half_exact.comp"
 
 # The attention job record: one query of one cache, as kvcache_vk.h writes it into the
 # meta buffer and attn_common.glsl's load_job reads it, one 32-bit word per field.
@@ -84,7 +85,7 @@ GH attn_split_q.comp: query heads per workgroup
 ROT_K rotated keys: the rotation's block, q rotated as it is loaded (0: none)
 FUSED nonzero: one dispatch, the last workgroup of a head group merges (attn_onedisp.glsl)
 REGS attn_split_cm.comp: the softmax on the elements of S^T in registers, in the layout kvc_vk__probe_cm_layout checked
-HALF attn_split_cm.comp QUANT: block scales by unpackHalf2x16, which kvc_vk__probe_cm_layout found exact on f16 subnormals"
+HALF q8_0 / q4_0 block scales by unpackHalf2x16, which kvc_vk__probe_halves found exact on f16 subnormals"
 spec_prefill="HDK head dim of K
 HDV head dim of V
 G query heads per kv head (the GQA group)

@@ -46,7 +46,7 @@
 #define SPLIT_ROT_K 12 // rotated keys: the rotation's block, q rotated as it is loaded (0: none)
 #define SPLIT_FUSED 13 // nonzero: one dispatch, the last workgroup of a head group merges (attn_onedisp.glsl)
 #define SPLIT_REGS 14 // attn_split_cm.comp: the softmax on the elements of S^T in registers, in the layout kvc_vk__probe_cm_layout checked
-#define SPLIT_HALF 15 // attn_split_cm.comp QUANT: block scales by unpackHalf2x16, which kvc_vk__probe_cm_layout found exact on f16 subnormals
+#define SPLIT_HALF 15 // q8_0 / q4_0 block scales by unpackHalf2x16, which kvc_vk__probe_halves found exact on f16 subnormals
 // of attn_prefill.comp
 #define PREFILL_HDK 0 // head dim of K
 #define PREFILL_HDV 1 // head dim of V

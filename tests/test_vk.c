@@ -105,6 +105,12 @@ typedef struct shape {
        split passes' rescale of what they have summed; random scores alone stay within
        attn_split_q's slack of the first tile's maxima); 0: plain keys */
     float growing;
+    /* keys and values 2^12 times smaller (queries 2^12 times larger, the attention's tolerance
+       2^12 times smaller): q8_0 / q4_0 block scales are f16 subnormals, which a driver may
+       flush in unpackHalf2x16 (kvcache_vk.h's kvc_vk__probe_halves) */
+    int tiny;
+    int halves_off; /* the episode's pools take the scales by integer operations (h2f) even where
+                       unpackHalf2x16 keeps subnormals */
     int prefill; /* kvc_vk_pool_options.prefill_min_queries = 8 (test_prefill) */
 } shape;
 
@@ -306,6 +312,8 @@ static void put_both(side *s, const shape *sh, int32_t n, tk_rng *rng) {
                 int32_t j;
                 for (j = i; j < i + 32 && j < n * nk; ++j) k[j] = a;
             }
+        if (sh->tiny)
+            for (i = 0; i < n * (nk + nv); ++i) k[i] *= 1.0f / 4096.0f;
         if (sh->growing > 0)
             for (i = 0; i < n; ++i) {
                 int32_t j;
@@ -387,6 +395,10 @@ static void compare_attention(side *s, const shape *sh, int32_t layer, int32_t n
     for (i = 0; i < (int32_t)nqv; ++i) q[i] = tk_float(rng) * 2.0f;
     if (sh->extreme)
         for (i = 0; i < (int32_t)nqv; ++i) q[i] = q[i & ~31];
+    if (sh->tiny) {
+        for (i = 0; i < (int32_t)nqv; ++i) q[i] *= 4096.0f;
+        tol /= 4096.0;
+    }
     n_poison = tk_pct(rng, 30) ? tk_int(rng, 1, 3) : 0;
     ensure(&q_buf, sizeof(float) * nqv);
     ensure(&out_buf, sizeof(float) * nov);
@@ -3651,6 +3663,11 @@ int main(int argc, char **argv) {
             sh.group = tk_int(&rng, 1, 6); /* more than 4: two workgroups a kv head */
         }
         sh.host_layout = tk_pct(&rng, 25);
+        /* subnormal block scales, by turns through unpackHalf2x16 (where the context's check
+           passed) and through integer operations */
+        sh.tiny = ep % 4 == 2;
+        sh.halves_off = sh.tiny && (ep / 4) % 2 == 1;
+        if (sh.tiny && !getenv("KVC_VK_TYPE")) sh.tv = (kvc_type)tk_int(&rng, 3, 4);
         if ((int)sh.tk >= 3 && sh.hdk < 32) sh.hdk = 32 * tk_int(&rng, 1, 4);
         if ((int)sh.tv >= 3 && sh.hdv < 32) sh.hdv = 32 * tk_int(&rng, 1, 4);
         /* the backend needs rows of 4-byte multiples: an even number of q8_0/q4_0 blocks */
@@ -3683,18 +3700,20 @@ int main(int argc, char **argv) {
         if (sh.kind == KVC_KIND_ROTATING) { sh.window = tk_int(&rng, 2, 20); sh.sinks = tk_int(&rng, 0, sh.window - 1) % 3; }
         g_seed = es;
         {
-            int before = tk_failed;
+            int before = tk_failed, halves = ctx->halves;
+            if (sh.halves_off) ctx->halves = KVC_VK__HALVES_PROBED; /* (pools made from now on) */
             int steps = tk_scale() < 0.1 ? 12 : 30; /* valgrind's run: fewer, each costs */
             if (sh.kind == KVC_KIND_CAUSAL) episode_causal(&sh, &rng, steps);
             else episode_linear(&sh, &rng, steps);
+            if (sh.halves_off) ctx->halves = halves;
             if (tk_failed != before)
-                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s%s%s\n",
+                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s%s%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
                         sh.hdk, sh.hdv, sh.page_cells, sh.rotate, sh.no_subgroup ? " no-subgroup" : "",
                         sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "",
                         sh.disable_features & KVC_VK_FEATURE_INT8_MATRIX ? " no-int8-matrix" : "",
                         sh.host_layout ? " host-layout" : "", sh.extreme ? " extreme" : "",
-                        sh.growing > 0 ? " growing" : "");
+                        sh.growing > 0 ? " growing" : "", sh.tiny ? (sh.halves_off ? " tiny halves-off" : " tiny") : "");
         }
         g_seed = run_seed;
     }
@@ -3710,6 +3729,7 @@ int main(int argc, char **argv) {
         if (tk_failed != before) fprintf(stderr, "hybrid episode %d failed (%s K/V)\n", ep, kvc_type_name(t));
     }
     if (parts & 4) printf("memory-tree entries saved and loaded on the device: %d of 2\n", g_tree_saved);
+    printf("f16 subnormals through unpackHalf2x16: %s\n", !ctx->halves ? "not checked" : ctx->halves & KVC_VK__HALF_EXACT ? "exact" : "not exact");
     kvc_vk_buffer_destroy(ctx, &in_buf);
     kvc_vk_buffer_destroy(ctx, &q_buf);
     kvc_vk_buffer_destroy(ctx, &out_buf);
