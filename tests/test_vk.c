@@ -3701,8 +3701,8 @@ int main(int argc, char **argv) {
         g_seed = es;
         {
             int before = tk_failed, halves = ctx->halves;
-            if (sh.halves_off) ctx->halves = KVC_VK__HALVES_PROBED; /* (pools made from now on) */
             int steps = tk_scale() < 0.1 ? 12 : 30; /* valgrind's run: fewer, each costs */
+            if (sh.halves_off) ctx->halves = KVC_VK__HALVES_PROBED; /* (pools made from now on) */
             if (sh.kind == KVC_KIND_CAUSAL) episode_causal(&sh, &rng, steps);
             else episode_linear(&sh, &rng, steps);
             if (sh.halves_off) ctx->halves = halves;
