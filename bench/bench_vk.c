@@ -150,12 +150,21 @@ static void print_stats(const kvc_vk_pool *p, int prefill) {
         info.device, "vkGetPipelineExecutablePropertiesKHR");
     PFN_vkGetPipelineExecutableStatisticsKHR stats = (PFN_vkGetPipelineExecutableStatisticsKHR)fn->vkGetDeviceProcAddr(
         info.device, "vkGetPipelineExecutableStatisticsKHR");
-    VkPipeline pipes[2];
-    int k;
+    /* every split (or prefill) pipeline the pool made so far, with its key (attn_split_cm's
+       builds: KVC_VK__KEY_QCM, subgroups a workgroup << 17, FUSED << 16, the GQA group), then
+       its first merge pipeline */
+    VkPipeline pipes[KVC_VK__MAX_VARIANTS + 1];
+    uint32_t keys[KVC_VK__MAX_VARIANTS + 1];
+    const kvc_vk__variant *tab = prefill ? p->prefill_pipes : p->split;
+    int k, n_pipes = 0;
     if (!props || !stats || !p->ctx->stats) return;
-    pipes[0] = prefill ? p->prefill_pipes[0].pipe : p->split[0].pipe;
-    pipes[1] = p->merge[0].pipe;
-    for (k = 0; k < 2; ++k) {
+    for (k = 0; k < KVC_VK__MAX_VARIANTS && tab[k].pipe; ++k) {
+        keys[n_pipes] = tab[k].key;
+        pipes[n_pipes++] = tab[k].pipe;
+    }
+    keys[n_pipes] = p->merge[0].key;
+    pipes[n_pipes++] = p->merge[0].pipe;
+    for (k = 0; k < n_pipes; ++k) {
         VkPipelineInfoKHR pi;
         VkPipelineExecutableInfoKHR ei;
         VkPipelineExecutableStatisticKHR st[32];
@@ -168,7 +177,7 @@ static void print_stats(const kvc_vk_pool *p, int prefill) {
         ei.pipeline = pipes[k];
         for (i = 0; i < 32; ++i) { memset(&st[i], 0, sizeof(st[i])); st[i].sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR; }
         if (pipes[k] == VK_NULL_HANDLE || stats(info.device, &ei, &n, st) < 0) continue;
-        printf("  %s pipeline:", k ? "merge" : prefill ? "prefill" : "split");
+        printf("  %s pipeline (key 0x%x):", k == n_pipes - 1 ? "merge" : prefill ? "prefill" : "split", keys[k]);
         for (i = 0; i < n; ++i) {
             if (st[i].format == VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR)
                 printf(" %s=%llu", st[i].name, (unsigned long long)st[i].value.u64);
