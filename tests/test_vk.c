@@ -111,6 +111,10 @@ typedef struct shape {
     int tiny;
     int halves_off; /* the episode's pools take the scales by integer operations (h2f) even where
                        unpackHalf2x16 keeps subnormals */
+    /* attn_split_cm's small calls give each subgroup up to 4 tiles (64 cells) instead of
+       spreading over about 512 subgroups of one tile: below a few thousand cells only this
+       runs its tile loop's carried state (the next tile's loads, maxima, R_b) */
+    int long_tiles;
     int prefill; /* kvc_vk_pool_options.prefill_min_queries = 8 (test_prefill) */
 } shape;
 
@@ -3656,9 +3660,11 @@ int main(int argc, char **argv) {
         sh.group = tk_int(&rng, 1, 4);
         sh.hdk = dims[tk_int(&rng, 0, 5)];
         sh.hdv = tk_int(&rng, 0, 1) ? sh.hdk : dims[tk_int(&rng, 0, 5)];
-        if (ep % 4 == 1 && !getenv("KVC_VK_TYPE")) { /* a shape of the planar layout (attn_split_q) */
-            sh.tk = (kvc_type)tk_int(&rng, 3, 4);
-            sh.tv = (kvc_type)tk_int(&rng, 3, 4);
+        if (ep % 4 == 1) { /* a shape of the planar layout (attn_split_q, attn_split_cm's QUANT builds) */
+            if (!getenv("KVC_VK_TYPE")) {
+                sh.tk = (kvc_type)tk_int(&rng, 3, 4);
+                sh.tv = (kvc_type)tk_int(&rng, 3, 4);
+            }
             sh.hdk = sh.hdv = 64 << tk_int(&rng, 0, 2);
             sh.group = tk_int(&rng, 1, 6); /* more than 4: two workgroups a kv head */
         }
@@ -3667,6 +3673,7 @@ int main(int argc, char **argv) {
            passed) and through integer operations */
         sh.tiny = ep % 4 == 2;
         sh.halves_off = sh.tiny && (ep / 4) % 2 == 1;
+        sh.long_tiles = ep % 2 == 1;
         if (sh.tiny && !getenv("KVC_VK_TYPE")) sh.tv = (kvc_type)tk_int(&rng, 3, 4);
         if ((int)sh.tk >= 3 && sh.hdk < 32) sh.hdk = 32 * tk_int(&rng, 1, 4);
         if ((int)sh.tv >= 3 && sh.hdv < 32) sh.hdv = 32 * tk_int(&rng, 1, 4);
@@ -3686,6 +3693,11 @@ int main(int argc, char **argv) {
             if (kvc_rotation_block(sh.hdk, &nb) != KVC_OK) sh.rotate &= ~KVC_ROTATE_K;
             if (kvc_rotation_block(sh.hdv, &nb) != KVC_OK) sh.rotate &= ~KVC_ROTATE_V;
         }
+        if (ep % 8 == 1) { /* planar pages, values not rotated: attn_split_cm's QUANT build where
+                               the device has cooperative matrices, even in a short run */
+            sh.host_layout = 0;
+            sh.rotate &= ~KVC_ROTATE_V;
+        }
         sh.extreme = ep % 8 == 5;
         /* a planar shape and a random one; keys 8 times larger a tile of attn_split_q (4096 /
            head dim cells; 64 below head dim 64) */
@@ -3701,19 +3713,23 @@ int main(int argc, char **argv) {
         g_seed = es;
         {
             int before = tk_failed, halves = ctx->halves;
+            int32_t spread = ctx->cm_spread;
             int steps = tk_scale() < 0.1 ? 12 : 30; /* valgrind's run: fewer, each costs */
             if (sh.halves_off) ctx->halves = KVC_VK__HALVES_PROBED; /* (pools made from now on) */
+            if (sh.long_tiles) ctx->cm_spread = 1; /* (read by every call) */
             if (sh.kind == KVC_KIND_CAUSAL) episode_causal(&sh, &rng, steps);
             else episode_linear(&sh, &rng, steps);
             if (sh.halves_off) ctx->halves = halves;
+            ctx->cm_spread = spread;
             if (tk_failed != before)
-                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s%s%s%s\n",
+                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s%s%s%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
                         sh.hdk, sh.hdv, sh.page_cells, sh.rotate, sh.no_subgroup ? " no-subgroup" : "",
                         sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "",
                         sh.disable_features & KVC_VK_FEATURE_INT8_MATRIX ? " no-int8-matrix" : "",
                         sh.host_layout ? " host-layout" : "", sh.extreme ? " extreme" : "",
-                        sh.growing > 0 ? " growing" : "", sh.tiny ? (sh.halves_off ? " tiny halves-off" : " tiny") : "");
+                        sh.growing > 0 ? " growing" : "", sh.tiny ? (sh.halves_off ? " tiny halves-off" : " tiny") : "",
+                        sh.long_tiles ? " long-tiles" : "");
         }
         g_seed = run_seed;
     }
