@@ -19,7 +19,8 @@ to its last instruction.
 The layout is the driver's and undocumented: a frame whose code does not disassemble cleanly
 to its end is the wrong frame or a changed layout. (Round 15 of issue 37: the frames of
 attn_split_cm's 8-bit builds had word 8 16 bytes larger, and nvdisasm stopped ("Unrecognized
-operation") a few hundred bytes before the end; the code up to that address read cleanly.)
+operation") a few hundred bytes before the end; the code up to that address read cleanly.
+Round 16: word 8 was up to 224 bytes larger, and each frame's first SIZE bytes read cleanly.)
 """
 import struct
 import subprocess
@@ -54,8 +55,10 @@ def main(argv):
             continue
         words = struct.unpack("<16I", f[:64])
         at = words[12] + 24
-        # (round 15's 8-bit decode pipelines: word 8 was 16 more than that)
-        if words[8] - at - 184 in (size, size + 16) and len(f) >= at + size:
+        # (word 8 is 0-512 bytes more than that, in steps of 16: round 15's 8-bit pipelines 16,
+        # round 16's 32, 208 and 224; a frame's code then disassembles cleanly to its NOPs)
+        extra = words[8] - at - 184 - size
+        if 0 <= extra <= 512 and extra % 16 == 0 and len(f) >= at + size:
             name = "%s.%d.bin" % (argv[3], n)
             open(name, "wb").write(f[at:at + size])
             print("%s: %d bytes at %d of a %d-byte frame" % (name, size, at, len(f)))
