@@ -442,7 +442,7 @@ int main(int argc, char **argv) {
                    "A CPU device (lavapipe) gets the --quick shape unless --cells, --batch or --reps is given.\n"
                    "Environment: KVC_VK_DEVICE (device index), BENCH_VK_BOUNDS_CHECKS, BENCH_VK_NO_DOT,\n"
                    "BENCH_VK_NO_INT8 (the quantised tensor-core build without 8-bit products),\n"
-                   "BENCH_VK_STATS.\n", argv[0]);
+                   "BENCH_VK_STATS (each row's pipelines' statistics, printed before the row).\n", argv[0]);
             return 0;
         }
         if (!strcmp(argv[ai], "--quick")) quick = 1;
@@ -611,7 +611,7 @@ int main(int argc, char **argv) {
                 aj.pool = vp; aj.items = items; aj.n = batch;
                 us = time_gpu(record_attn, &aj, reps, &spread);
                 host_us = g_host_us;
-                if (getenv("BENCH_VK_STATS") && ci == 0 && bi == 0) print_stats(vp, 0);
+                if (getenv("BENCH_VK_STATS")) print_stats(vp, 0); /* (the row's own pool: what it made) */
                 err = check_one(types[ti], rots[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
                 kvc_pool_stats_get(hp, &st);
                 bytes = (double)batch * cells * (double)(st.k_row_bytes + st.v_row_bytes);
