@@ -285,7 +285,7 @@ void main() {
                 [[unroll]] for (uint j = 0u; j < KROW_WORDS; ++j) wr[j] = kw[(kbase >> 2) + j];
             [[unroll]] for (uint b = 0u; b < HDK / 32u; ++b) {
                 uint o = KBB * b, dh = (wr[o >> 2] >> ((o & 2u) << 3)) & 0xffffu; // a row starts on a word
-                float d = TYPE_K == T_Q8_0 && HALF != 0u ? unpackHalf2x16(dh).x : h2f(dh);
+                float d = f16_half(dh, 0u, TYPE_K == T_Q8_0 && HALF != 0u);
 #if USE_DOT
                 if (TYPE_K == T_Q8_0) { // the block's 32 codes start 2 bytes past a word in even blocks
                     uint c0 = o + 2u;
@@ -367,7 +367,7 @@ void main() {
                     bool any = false;
                     [[unroll]] for (uint g = 0u; g < G; ++g) any = any || w[j][g] != 0.0;
                     if (!any) continue;
-                    float d = TYPE_V == T_Q8_0 && HALF != 0u ? unpackHalf2x16(hw[j] & 0xffffu).x : h2f(hw[j] & 0xffffu);
+                    float d = f16_half(hw[j] & 0xffffu, 0u, TYPE_V == T_Q8_0 && HALF != 0u);
                     uint lo = odd[j] ? (wd[j][0] >> 16) | (wd[j][1] << 16) : wd[j][0];
                     uint hi = odd[j] ? (wd[j][1] >> 16) | (wd[j][2] << 16) : wd[j][1];
                     float x[8];

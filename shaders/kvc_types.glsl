@@ -29,6 +29,9 @@ float h2f(uint h) {
     if (e == 31u) return uintBitsToFloat(sgn | 0x7f800000u | (m << 13));
     return uintBitsToFloat(sgn | ((e + 112u) << 23) | (m << 13));
 }
+// the f16 in half h (0 low, 1 high) of word w as f32: by unpackHalf2x16 where `exact` (the
+// kernels' HALF: half_exact.comp found it keeps subnormals; faster), else by h2f
+float f16_half(uint w, uint h, bool exact) { return exact ? unpackHalf2x16(w)[h] : h2f((w >> (16u * h)) & 0xffffu); }
 float bf2f(uint h) { return uintBitsToFloat(h << 16); }
 
 // a - b q for q near a / b, with one rounding at the end: b q = p + e exactly (Dekker's
