@@ -109,7 +109,7 @@ void NAME(uint base, uint e0, out float v[E]) {                                 
     } else if (TYPE == T_Q8_0 && (E <= 32u && (32u % E) == 0u)) {                               \
         /* the segment lies inside one block: one scale, E bytes through whole words */       \
         uint blk = base + 34u * (e0 >> 5), s = blk + 2u + (e0 & 31u);                           \
-        float d = unpackHalf2x16(ld_u16(WHICH, blk)).x;                                        \
+        float d = f16_half(ld_u16(WHICH, blk), 0u, HALF != 0u);                                \
         uint w0 = s >> 2, sh = (s & 3u) * 8u;                                                   \
         uint cur = ldw(WHICH, w0);                                                              \
         [[unroll]] for (uint k = 0u; k < E; k += 4u) {                                                     \
