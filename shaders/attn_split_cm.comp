@@ -238,12 +238,15 @@ void stage_k_codes(uvec4 x, uint r, uint p) {
 // 2, then 1 and 3, of a word, so a word costs two masks instead of byte shuffles (H200, q8_0,
 // batch 8, 128k cells: 690 / 684 us against 757 / 760 in order). O^T's rows come out in that
 // order, and the epilogue reads them back through in_order. (q8_0's bias: ^ 0x80 beside 0x64
-// is ^ 0x6480.)
-uint nib_pair(uint u, uint sh) { return ((u >> sh) & 0x000f000fu) | 0x64006400u; }
+// is ^ 0x6480.) The constant sits in a register, g_vb, set opaquely in main: as an immediate
+// the driver spends two LOP3 a mask (one immediate each), with a register one (H200, q8_0,
+// batch 8, 128k cells: with dvf below, 673-687 us against 701-709).
+uint g_vb; // 0x64806480 (q8_0) or 0x64006400 (q4_0)
+uint nib_pair(uint u, uint sh) { return ((u >> sh) & 0x000f000fu) ^ g_vb; }
 void stage_v_codes(uvec4 x, uint r, uint p) {
     uint at = KO + r * SV;
     if (TYPE_V == T_Q8_0) {
-        uvec4 a = (x & uvec4(0x00ff00ffu)) ^ uvec4(0x64806480u), b = ((x >> 8) & uvec4(0x00ff00ffu)) ^ uvec4(0x64806480u);
+        uvec4 a = (x & uvec4(0x00ff00ffu)) ^ uvec4(g_vb), b = ((x >> 8) & uvec4(0x00ff00ffu)) ^ uvec4(g_vb);
         kv[at + 2u * p] = uvec4(half_pair(a.x, b.x, 1152.0), half_pair(a.y, b.y, 1152.0));
         kv[at + 2u * p + 1u] = uvec4(half_pair(a.z, b.z, 1152.0), half_pair(a.w, b.w, 1152.0));
     } else {
@@ -417,6 +420,10 @@ void main() {
     SP = sg * NSS * TC * NQ;
     if (FUSED != 0u) od_start();
     Job J = load_job(pc.job_off, jb);
+#if QUANT
+    // (a job's kind never has bit 31; the driver cannot know that, so g_vb stays a register)
+    g_vb = (TYPE_V == T_Q8_0 ? 0x64806480u : 0x64006400u) ^ (J.kind & 0x80000000u);
+#endif
     // the workgroup's split: pc.chunk cells, a slice of pc.chunk / NSG (whole tiles) a subgroup
     uint sub = pc.chunk / NSG, c0 = split_id * pc.chunk + sg * sub, c1 = min(c0 + sub, J.n_view);
     // The query's values first (rotated keys: R q, later), kept in registers until split:
@@ -740,6 +747,13 @@ void main() {
             float y[NE], x[NE];
 #if QUANT
             uint hidden = subgroupBallot(!vis).x & 0xffffu;
+            // each of the lane's two rows' V scale times fw, once a tile; zero for a hidden
+            // row (its scale may be anything), so its weights are zero, not a product
+            float dvf[2][NB];
+            [[unroll]] for (uint h = 0u; h < 2u; ++h) {
+                bool rv = ((hidden >> el_row(lane, h * NSL)) & 1u) == 0u;
+                [[unroll]] for (uint b = 0u; b < NB; ++b) dvf[h][b] = rv ? dvr[h][b] * fw[b] : 0.0;
+            }
             partners(xs, lane, y);
             [[unroll]] for (uint i = 0u; i < NE; ++i) x[i] = el_col(lane, i) < G ? xs[i] : y[i];
 #else
@@ -777,8 +791,7 @@ void main() {
                 bool hi = el_col(lane, i) < G;
 #if QUANT
                 [[unroll]] for (uint b = 0u; b < NB; ++b) {
-                    // a hidden cell's scale may be anything: its weight is zero, not a product
-                    vec2 h = split((seen[i] ? p * dvr[i / NSL][b] : 0.0) * fw[b]); // (exact: a power of two)
+                    vec2 h = split(p * dvf[i / NSL][b]); // (p is 0 where !seen[i])
                     pm[b][i] = hi ? h.x : h.y;
                 }
 #else
