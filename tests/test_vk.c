@@ -115,6 +115,7 @@ typedef struct shape {
        spreading over about 512 subgroups of one tile: below a few thousand cells only this
        runs its tile loop's carried state (the next tile's loads, maxima, R_b) */
     int long_tiles;
+    int wide; /* small calls on the large calls' attn_split_cm workgroups (kvc_vk_context.cm_wide) */
     int prefill; /* kvc_vk_pool_options.prefill_min_queries = 8 (test_prefill) */
 } shape;
 
@@ -3674,6 +3675,7 @@ int main(int argc, char **argv) {
         sh.tiny = ep % 4 == 2;
         sh.halves_off = sh.tiny && (ep / 4) % 2 == 1;
         sh.long_tiles = ep % 2 == 1;
+        sh.wide = ep % 4 == 1; /* (the planar QUANT episodes among them) */
         if (sh.tiny && !getenv("KVC_VK_TYPE")) sh.tv = (kvc_type)tk_int(&rng, 3, 4);
         if ((int)sh.tk >= 3 && sh.hdk < 32) sh.hdk = 32 * tk_int(&rng, 1, 4);
         if ((int)sh.tv >= 3 && sh.hdv < 32) sh.hdv = 32 * tk_int(&rng, 1, 4);
@@ -3714,22 +3716,25 @@ int main(int argc, char **argv) {
         {
             int before = tk_failed, halves = ctx->halves;
             int32_t spread = ctx->cm_spread;
+            int wide = ctx->cm_wide;
             int steps = tk_scale() < 0.1 ? 12 : 30; /* valgrind's run: fewer, each costs */
             if (sh.halves_off) ctx->halves = KVC_VK__HALVES_PROBED; /* (pools made from now on) */
             if (sh.long_tiles) ctx->cm_spread = 1; /* (read by every call) */
+            if (sh.wide) ctx->cm_wide = 1;
             if (sh.kind == KVC_KIND_CAUSAL) episode_causal(&sh, &rng, steps);
             else episode_linear(&sh, &rng, steps);
             if (sh.halves_off) ctx->halves = halves;
             ctx->cm_spread = spread;
+            ctx->cm_wide = wide;
             if (tk_failed != before)
-                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s%s%s%s%s\n",
+                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s%s%s%s%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
                         sh.hdk, sh.hdv, sh.page_cells, sh.rotate, sh.no_subgroup ? " no-subgroup" : "",
                         sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "",
                         sh.disable_features & KVC_VK_FEATURE_INT8_MATRIX ? " no-int8-matrix" : "",
                         sh.host_layout ? " host-layout" : "", sh.extreme ? " extreme" : "",
                         sh.growing > 0 ? " growing" : "", sh.tiny ? (sh.halves_off ? " tiny halves-off" : " tiny") : "",
-                        sh.long_tiles ? " long-tiles" : "");
+                        sh.long_tiles ? " long-tiles" : "", sh.wide ? " wide" : "");
         }
         g_seed = run_seed;
     }
