@@ -314,12 +314,14 @@ static void saveload_row(kvc_pool *hp, kvc_cache *c, double *save_gbs, double *l
 
 /* Prefill: NQ causal queries (the cache's last NQ positions; 512 unless --prefill-queries says
    otherwise) of NH query heads (32 unless --prefill-heads says otherwise; HKV kv heads) over
-   4096 cells of f16, one call (issue 37's prefill row; bench_vk_sdpa.py times SDPA's flash
-   kernel on the 512-query, 32-head shape). A FULL cache, or with --causal a CAUSAL one (one
-   sequence, positions 0 .. 4095 in its cells).
+   CELLS cells of f16 (4096 unless --prefill-cells says otherwise), one call (issue 37's prefill
+   row; bench_vk_sdpa.py times SDPA's flash kernel on the 512-query, 32-head, 4096-cell shape).
+   A FULL cache, or with --causal a CAUSAL one (one sequence, positions 0 .. CELLS - 1 in its
+   cells).
    The output is not checked against f64 here (test_vk checks prefill-sized calls' values). */
-static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_buf, int reps, int NQ, int NH, int causal) {
-    enum { CELLS = 4096 };
+static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_buf, int reps, int NQ, int NH, int CELLS,
+                        int causal) {
+    int32_t filled;
     kvc_pool_config pc;
     kvc_cache_config cc;
     kvc_vk_pool_options po;
@@ -353,8 +355,10 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
     tk_.buffer = kin_buf->buffer;
     tv_.buffer = vin_buf->buffer;
     CHECK(kvc_vk_context_begin(ctx, &cmd));
-    CHECK(kvc_begin(c, CELLS, NULL, 0));
-    CHECK(kvc_vk_cmd_append(vp, cmd, c, 0, &tk_, &tv_));
+    for (filled = 0; filled < CELLS; filled += CHUNK) {
+        CHECK(kvc_begin(c, CELLS - filled < CHUNK ? CELLS - filled : CHUNK, NULL, 0));
+        CHECK(kvc_vk_cmd_append(vp, cmd, c, 0, &tk_, &tv_));
+    }
     CHECK(kvc_vk_context_submit_wait(ctx, cmd));
     CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * n, 1, &qb));
     CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * n, 0, &ob));
@@ -402,6 +406,8 @@ int main(int argc, char **argv) {
     int n_pq = 1, pi;
     int32_t ph_list[8] = {HQ}; /* --prefill-heads: the prefill rows' query heads */
     int n_ph = 1, hi;
+    int32_t pc_list[8] = {4096}; /* --prefill-cells: the prefill rows' cells */
+    int n_pc = 1, pci;
     static char sl_rows[64][160];
     /* every pool and its caches stay until the end, and the copy kernel's buffers too. (This
        was against f16 batch 8 rows measured 2.3x / 2.6x slower in runs that freed them; the
@@ -436,6 +442,7 @@ int main(int argc, char **argv) {
                    "  --no-prefill   skip the prefill row (512 causal queries over 4096 cells, f16)\n"
                    "  --prefill-queries LIST  queries of the prefill rows (default 512; at most 4096)\n"
                    "  --prefill-heads LIST    query heads of the prefill rows, multiples of 8 (the kv heads; default 32)\n"
+                   "  --prefill-cells LIST    cells of the prefill rows' caches, at least the queries (default 4096; at most 131072)\n"
                    "  --saveload     also time kvc_cache_save / _load of each batch-1 row's cache\n"
                    "  --causal       decode and prefill rows over CAUSAL caches (default FULL: no per-cell masks)\n"
                    "  --quick        4096 cells, batch 1, 2 reps, a 64 MiB copy\n"
@@ -456,6 +463,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--no-prefill")) no_prefill = 1;
         else if (!strcmp(argv[ai], "--prefill-queries") && ai + 1 < argc) n_pq = parse_list(argv[++ai], pq_list, 8);
         else if (!strcmp(argv[ai], "--prefill-heads") && ai + 1 < argc) n_ph = parse_list(argv[++ai], ph_list, 8);
+        else if (!strcmp(argv[ai], "--prefill-cells") && ai + 1 < argc) n_pc = parse_list(argv[++ai], pc_list, 8);
         else if (!strcmp(argv[ai], "--saveload")) saveload = 1;
         else if (!strcmp(argv[ai], "--causal")) causal = 1;
         else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--no-prefill] [--saveload] [--causal] [--quick] [--help]\n"); return 2; }
@@ -642,10 +650,12 @@ int main(int argc, char **argv) {
                     CHECK(kvc_vk_pool_destroy(vp));
                 }
             }
-    for (hi = 0; !quick && !no_prefill && hi < n_ph; ++hi)
-        for (pi = 0; pi < n_pq; ++pi)
-            if (pq_list[pi] >= 1 && pq_list[pi] <= 4096 && ph_list[hi] >= HKV && ph_list[hi] % HKV == 0 && ph_list[hi] <= 64 * HKV)
-                prefill_row(&kin_buf, &vin_buf, reps < 10 ? reps : 10, pq_list[pi], ph_list[hi], causal);
+    for (pci = 0; !quick && !no_prefill && pci < n_pc; ++pci)
+        for (hi = 0; hi < n_ph; ++hi)
+            for (pi = 0; pi < n_pq; ++pi)
+                if (pq_list[pi] >= 1 && pq_list[pi] <= 4096 && pq_list[pi] <= pc_list[pci] && pc_list[pci] <= 131072 &&
+                    ph_list[hi] >= HKV && ph_list[hi] % HKV == 0 && ph_list[hi] <= 64 * HKV)
+                    prefill_row(&kin_buf, &vin_buf, reps < 10 ? reps : 10, pq_list[pi], ph_list[hi], pc_list[pci], causal);
     if (n_sl > 0) {
         printf("\nsave / load of one cache (kvc_cache_save to host memory, kvc_cache_load back to the device; wall time, medians of 5)\n\n");
         printf("| storage | cells | file MB | save GB/s | load GB/s | save vs copy kernel | load vs copy kernel |\n|---|---|---|---|---|---|---|\n");
