@@ -8,6 +8,8 @@ first row up to 1.6x slow); GB/s counts the f16 K+V bytes, as bench_vk does.
 
 Then prefill: 512 queries over 4k cells, causal (the queries are the last 512 positions:
 lower-right causal alignment), f16, on SDPA's flash kernel, as bench_vk's prefill row.
+`--prefill-cells LIST` times prefill over those cache sizes instead (as bench_vk's option of
+that name), `--prefill-only` skips the decode rows.
 
 Two columns: the 50 calls launched from Python ("eager": small shapes then wait for the
 host's launches), and the same 50 calls captured once in a CUDA graph and replayed
@@ -61,13 +63,25 @@ def main():
     if not torch.cuda.is_available():
         print("bench_vk_sdpa: skipped (no CUDA device)")
         return
+    args = sys.argv[1:]
+    prefill_cells = [4096]
+    if "--prefill-cells" in args:
+        at = args.index("--prefill-cells")
+        if at + 1 >= len(args):
+            sys.exit("usage: bench_vk_sdpa.py [--prefill-only] [--prefill-cells LIST]")
+        prefill_cells = [int(x) for x in args[at + 1].split(",")]
+        if any(n < 512 for n in prefill_cells):
+            sys.exit("bench_vk_sdpa: --prefill-cells: each at least 512 (the queries)")
     cells = [4096, 32768, 131072]
     batches = [1, 8]
     reps = 50
     print(f"bench_vk_sdpa: torch {torch.__version__}, {torch.cuda.get_device_name()}, {reps} calls per timing, medians of 5")
-    print("\n| SDPA f16 | batch | cells | eager (us) | graph (us) | K+V read | GB/s (graph) |")
-    print("|---|---|---|---|---|---|---|")
     torch.manual_seed(0)
+    if "--prefill-only" in args:
+        batches = []
+    else:
+        print("\n| SDPA f16 | batch | cells | eager (us) | graph (us) | K+V read | GB/s (graph) |")
+        print("|---|---|---|---|---|---|---|")
     for b in batches:
         for n in cells:
             q = torch.randn(b, 32, 1, 128, dtype=torch.float16, device="cuda")
@@ -90,14 +104,17 @@ def main():
             del q, k, v, g
             torch.cuda.empty_cache()
 
-    prefill(reps)
+    print("\n| SDPA f16 prefill | queries | cells | eager (us) | graph (us) | graph TFLOP/s |")
+    print("|---|---|---|---|---|---|")
+    for n in prefill_cells:
+        prefill(reps, n)
 
 
-def prefill(reps):
-    """512 causal queries over 4096 cells (the last 512 positions), flash backend"""
+def prefill(reps, n):
+    """512 causal queries over n cells (the last 512 positions), flash backend"""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
-    nq, n = 512, 4096
+    nq = 512
     q = torch.randn(1, 32, nq, 128, dtype=torch.float16, device="cuda")
     k = torch.randn(1, 8, n, 128, dtype=torch.float16, device="cuda")
     v = torch.randn(1, 8, n, 128, dtype=torch.float16, device="cuda")
@@ -116,8 +133,6 @@ def prefill(reps):
 
     # query i sees n - nq + 1 + i cells: 4 * 128 FLOPs a (query head, cell), QK and PV
     flops = 4 * 128 * 32 * (nq * (n - nq + 1) + nq * (nq - 1) / 2)
-    print("\n| SDPA f16 prefill | queries | cells | eager (us) | graph (us) | graph TFLOP/s |")
-    print("|---|---|---|---|---|---|")
     try:
         us = timed(eager, reps)
     except RuntimeError as e:
