@@ -25,7 +25,9 @@
 //   values   O += P V (USE_CM: P split hi / lo the same way, converted from accumulators to
 //            the product's operands in registers, O in accumulators rescaled element by
 //            element; plain: each invocation holds half of its row's values).
-// Written out as attn_split.comp does: (max, sum, unnormalised output) per query head.
+// Written out as attn_split.comp does: (max, sum, unnormalised output) per query head; or,
+// where the call has one split (and values not rotated), as the output itself (attn_merge.comp's rules: the head's
+// sink, the log-sum-exp, a row of NaN), and the host records no merge pass after it.
 #extension GL_EXT_control_flow_attributes : require
 #if USE_CM
 #extension GL_NV_cooperative_matrix : require
@@ -63,6 +65,8 @@ layout(set = 0, binding = 1) readonly buffer VB { uvec4 vb[]; };
 layout(set = 0, binding = 2) readonly buffer MB { uint meta[]; };
 layout(set = 0, binding = 3) readonly buffer QB { float qb[]; };
 layout(set = 0, binding = 4) writeonly buffer PB { float part[]; };
+layout(set = 0, binding = 5) writeonly buffer OB { float outv[]; }; // (one split) the output
+layout(set = 0, binding = 6) writeonly buffer LB { float lsev[]; }; //   and the log-sum-exps, where asked
 
 layout(push_constant) uniform PC {
     uint job_off;
@@ -73,6 +77,7 @@ layout(push_constant) uniform PC {
     uint v_row_bytes;
     float scale_log2;
     float softcap2;   // logit soft-capping in base 2 (softcap * log2(e)); 0: off
+    uint direct;      // nonzero: the call's one split, its output written here (no merge pass)
 } pc;
 
 #include "attn_common.glsl"
@@ -118,6 +123,7 @@ shared uint jnc[ROWS];                            //   non-causal
 #define MATA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define MATC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 shared float rsc[ROWS];                           // each row's query scale (a power of two)
+shared uint rbad[ROWS];                           // nonzero: the row's query holds a NaN or an infinity
 void sync_sg() {
     controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
 }
@@ -214,6 +220,23 @@ void make_masks(Job J, uint b, uint nq, uint tid) {
 #endif
 }
 
+// A row's end where the call has one split (pc.direct), by attn_merge.comp's rules: its query
+// head's sink (a natural-log logit) joins the denominator of M and L (the row's base-2
+// maximum and sum); f: the factor of its unnormalised values (zero where nothing was seen,
+// NaN for a bad row: its query, or a score, not finite); its log-sum-exp written where the
+// job asks for it (by one invocation of the row: lse_lane). Returns the output's first float.
+uint row_end(uint jb, uint head, float M, float L, bool bad, bool lse_lane, out float f) {
+    uint jw = pc.job_off + jb * JOB_STRIDE, so = meta[jw + JOB_SINK_OFF], lo = meta[jw + JOB_LSE_OFF];
+    float sk = so != 0xffffffffu ? uintBitsToFloat(meta[so + head]) * 1.4426950408889634 : NEG_INF;
+    float Ms = max(M, sk), nan_ = uintBitsToFloat(0x7fc00000u);
+    float fM = Ms == NEG_INF ? 0.0 : exp2(M - Ms), fS = Ms == NEG_INF ? 0.0 : exp2(sk - Ms);
+    float Lt = L * fM + fS;
+    bad = bad || M == POS_INF;
+    if (lse_lane && lo != 0xffffffffu) lsev[lo + head] = bad ? nan_ : Lt > 0.0 ? (Ms + log2(Lt)) * 0.6931471805599453 : NEG_INF;
+    f = bad ? nan_ : Lt > 0.0 ? fM / Lt : 0.0;
+    return meta[jw + JOB_OUT_OFF] + head * HDV;
+}
+
 void main() {
     // the tiles last to first: a prompt's last queries see the most cells, so the longest
     // workgroups start first and the short ones fill in behind them
@@ -249,17 +272,20 @@ void main() {
     // NaN or an infinity must not change the other rows' bits), split hi / lo, staged through
     // kv one half at a time (the subgroup's 16 rows at (sg % QP) * 16 SK, QP subgroups a
     // pass), kept as fragments
-    uint qm = 0u;
+    uint qm = 0u, qbad = 0u;
     for (uint d = h; d < HDK; d += 2u) {
-        uint a = floatBitsToUint(abs(row_ok ? qb[q0 + d] * pc.scale_log2 : 0.0));
+        float x = row_ok ? qb[q0 + d] : 0.0;
+        uint a = floatBitsToUint(abs(x * pc.scale_log2));
         if (a < 0x7f800000u) qm = max(qm, a);
+        if (nonfinite(x)) qbad = 1u;
     }
     qm = max(qm, subgroupShuffleXor(qm, 1u));
+    qbad = max(qbad, subgroupShuffleXor(qbad, 1u));
     int qe = 0;
     float qmax = uintBitsToFloat(qm);
     if (qmax > 0.0) frexp(qmax, qe);
     rscale = ldexp(1.0, qe);
-    if (h == 0u) rsc[R] = rscale;
+    if (h == 0u) { rsc[R] = rscale; rbad[R] = qbad; }
     MATA qh[HDK / 16u], ql[HDK / 16u];
     for (uint pass = 0u; pass < (RB + QP - 1u) / QP; ++pass) { // QP subgroups at a time (uniform)
         if (sg / QP == pass) {
@@ -488,42 +514,72 @@ void main() {
 #endif
     }
 
-    // out: (max, sum, values) of each row's query head, as attn_split.comp
+    // out: each row's (max, sum, values) as attn_split.comp writes them, at its split's
+    // partial row; or (pc.direct, uniform) its values times row_end's factor, at its output
     uint stride = HDV + 2u;
 #if USE_CM
     llo += subgroupShuffleXor(llo, 1u);
     llo += subgroupShuffleXor(llo, 2u);
     lhi += subgroupShuffleXor(lhi, 1u);
     lhi += subgroupShuffleXor(lhi, 2u);
-    uint atlo = (((j0 + qlo) * KV_HEADS * G + kvh * G + rlo % G) * pc.n_splits + split_id) * stride;
-    uint athi = (((j0 + qhi) * KV_HEADS * G + kvh * G + rhi % G) * pc.n_splits + split_id) * stride;
-    if (lane % 4u == 0u) {
-        if (oklo) { part[atlo] = mlo; part[atlo + 1u] = llo; }
-        if (okhi) { part[athi] = mhi; part[athi + 1u] = lhi; }
+    float flo = 1.0, fhi = 1.0;
+    uint atlo, athi;
+    if (pc.direct != 0u) {
+        atlo = oklo ? row_end(j0 + qlo, kvh * G + rlo % G, mlo, llo, rbad[rlo] != 0u, lane % 4u == 0u, flo) : 0u;
+        athi = okhi ? row_end(j0 + qhi, kvh * G + rhi % G, mhi, lhi, rbad[rhi] != 0u, lane % 4u == 0u, fhi) : 0u;
+    } else {
+        atlo = (((j0 + qlo) * KV_HEADS * G + kvh * G + rlo % G) * pc.n_splits + split_id) * stride;
+        athi = (((j0 + qhi) * KV_HEADS * G + kvh * G + rhi % G) * pc.n_splits + split_id) * stride;
+        if (lane % 4u == 0u) {
+            if (oklo) { part[atlo] = mlo; part[atlo + 1u] = llo; }
+            if (okhi) { part[athi] = mhi; part[athi + 1u] = lhi; }
+        }
+        atlo += 2u;
+        athi += 2u;
     }
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
         [[unroll]] for (uint i = 0u; i < 8u; i += 2u) {
             bool up = i >= 4u;
-            uint at = (up ? athi : atlo) + 2u + 16u * t + c4 + 8u * ((i >> 1u) & 1u);
+            uint at = (up ? athi : atlo) + 16u * t + c4 + 8u * ((i >> 1u) & 1u);
+            float f = up ? fhi : flo;
             if (up ? okhi : oklo) {
-                part[at] = o[t][i];
-                part[at + 1u] = o[t][i + 1u];
+                if (pc.direct != 0u) {
+                    outv[at] = o[t][i] * f;
+                    outv[at + 1u] = o[t][i + 1u] * f;
+                } else {
+                    part[at] = o[t][i];
+                    part[at + 1u] = o[t][i + 1u];
+                }
             }
         }
 #else
     barrier();
     red[tid] = l;
     barrier();
-    float lt = l + red[tid ^ 1u];
-    uint at0 = (((j0 + rq) * KV_HEADS * G + kvh * G + rg) * pc.n_splits + split_id) * stride;
-    if (row_ok && h == 0u) {
-        part[at0] = m;
-        part[at0 + 1u] = lt;
+    float lt = l + red[tid ^ 1u], f = 1.0;
+    uint at0;
+    if (pc.direct != 0u) { // the row's query values, read again: a NaN or an infinity
+        float bad = 0.0;
+        for (uint d = h; d < HDK; d += 2u)
+            if (row_ok && nonfinite(qb[q0 + d])) bad = 1.0;
+        barrier();
+        red[tid] = bad;
+        barrier();
+        at0 = row_ok ? row_end(j0 + rq, kvh * G + rg, m, lt, bad + red[tid ^ 1u] != 0.0, h == 0u, f) : 0u;
+    } else {
+        at0 = (((j0 + rq) * KV_HEADS * G + kvh * G + rg) * pc.n_splits + split_id) * stride;
+        if (row_ok && h == 0u) {
+            part[at0] = m;
+            part[at0 + 1u] = lt;
+        }
+        at0 += 2u;
     }
     if (row_ok)
         [[unroll]] for (uint j = 0u; j < (HDV + 1u) / 2u; ++j) {
             uint d = 2u * j + h;
-            if (d < HDV) part[at0 + 2u + d] = o[j];
+            if (d >= HDV) break;
+            if (pc.direct != 0u) outv[at0 + d] = o[j] * f;
+            else part[at0 + d] = o[j];
         }
 #endif
 }

@@ -3509,9 +3509,12 @@ static void test_prefill(tk_rng *rng) {
         shape sh;
         side s[2];
         int before = tk_failed, step, i, small, lead = tk_pct(rng, 50);
-        int32_t next[3] = {0, 0, 0};
+        int32_t next[3] = {0, 0, 0}, groups = ctx->pf_groups;
         memset(&sh, 0, sizeof(sh));
         sh.kind = (kvc_kind)(ep % 3);
+        /* every other episode (the second among them) in one split: its calls write the output
+           from attn_prefill, without the merge pass (kvc_vk_context.pf_groups) */
+        if (ep % 2 == 1) ctx->pf_groups = 1;
         sh.tk = sh.tv = KVC_TYPE_F16;
         sh.prefill = 1;
         sh.layers = 1;
@@ -3556,9 +3559,10 @@ static void test_prefill(tk_rng *rng) {
                               sh.kind != KVC_KIND_CAUSAL && tk_pct(rng, 15), rng);
         }
         if (tk_failed != before)
-            fprintf(stderr, "prefill %d failed: kind %d kv %d group %d dims %d/%d page %d window %d sinks %d%s\n", ep,
+            fprintf(stderr, "prefill %d failed: kind %d kv %d group %d dims %d/%d page %d window %d sinks %d%s%s\n", ep,
                     (int)sh.kind, sh.kv_heads, sh.group, sh.hdk, sh.hdv, sh.page_cells, sh.window, sh.sinks,
-                    sh.no_subgroup ? " no-subgroup" : "");
+                    sh.no_subgroup ? " no-subgroup" : "", ctx->pf_groups == 1 ? " one-split" : "");
+        ctx->pf_groups = groups;
         free_sides(s);
     }
 }
