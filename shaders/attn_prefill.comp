@@ -25,9 +25,10 @@
 //   values   O += P V (USE_CM: P split hi / lo the same way, converted from accumulators to
 //            the product's operands in registers, O in accumulators rescaled element by
 //            element; plain: each invocation holds half of its row's values).
-// Written out as attn_split.comp does: (max, sum, unnormalised output) per query head; or,
-// where the call has one split (and values not rotated), as the output itself (attn_merge.comp's rules: the head's
-// sink, the log-sum-exp, a row of NaN), and the host records no merge pass after it.
+// Written out as attn_split.comp does: (max, sum, unnormalised output) per query head, for
+// attn_merge or (rows 16 bytes longer) attn_merge_rows; or, where the call has one split (and
+// values not rotated), as the output itself (attn_merge.comp's rules: the head's sink, the
+// log-sum-exp, a row of NaN), and the host records no merge pass after it.
 #extension GL_EXT_control_flow_attributes : require
 #if USE_CM
 #extension GL_NV_cooperative_matrix : require
@@ -77,7 +78,9 @@ layout(push_constant) uniform PC {
     uint v_row_bytes;
     float scale_log2;
     float softcap2;   // logit soft-capping in base 2 (softcap * log2(e)); 0: off
-    uint direct;      // nonzero: the call's one split, its output written here (no merge pass)
+    uint out_mode;    // 0: partials for attn_merge (rows of HDV + 2 floats), 1: the call's one split,
+                      // its output written here (no merge pass), 2: partials for attn_merge_rows
+                      // (attn_onedisp.glsl's rows: HDV + 4 floats, the values 16 bytes in)
 } pc;
 
 #include "attn_common.glsl"
@@ -220,7 +223,7 @@ void make_masks(Job J, uint b, uint nq, uint tid) {
 #endif
 }
 
-// A row's end where the call has one split (pc.direct), by attn_merge.comp's rules: its query
+// A row's end where the call has one split (out_mode 1), by attn_merge.comp's rules: its query
 // head's sink (a natural-log logit) joins the denominator of M and L (the row's base-2
 // maximum and sum); f: the factor of its unnormalised values (zero where nothing was seen,
 // NaN for a bad row: its query, or a score, not finite); its log-sum-exp written where the
@@ -515,8 +518,10 @@ void main() {
     }
 
     // out: each row's (max, sum, values) as attn_split.comp writes them, at its split's
-    // partial row; or (pc.direct, uniform) its values times row_end's factor, at its output
-    uint stride = HDV + 2u;
+    // partial row (the values po floats in); or (out_mode 1, uniform) its values times
+    // row_end's factor, at its output
+    bool direct = pc.out_mode == 1u;
+    uint po = pc.out_mode == 2u ? 4u : 2u, stride = HDV + po;
 #if USE_CM
     llo += subgroupShuffleXor(llo, 1u);
     llo += subgroupShuffleXor(llo, 2u);
@@ -524,7 +529,7 @@ void main() {
     lhi += subgroupShuffleXor(lhi, 2u);
     float flo = 1.0, fhi = 1.0;
     uint atlo, athi;
-    if (pc.direct != 0u) {
+    if (direct) {
         atlo = oklo ? row_end(j0 + qlo, kvh * G + rlo % G, mlo, llo, rbad[rlo] != 0u, lane % 4u == 0u, flo) : 0u;
         athi = okhi ? row_end(j0 + qhi, kvh * G + rhi % G, mhi, lhi, rbad[rhi] != 0u, lane % 4u == 0u, fhi) : 0u;
     } else {
@@ -534,8 +539,8 @@ void main() {
             if (oklo) { part[atlo] = mlo; part[atlo + 1u] = llo; }
             if (okhi) { part[athi] = mhi; part[athi + 1u] = lhi; }
         }
-        atlo += 2u;
-        athi += 2u;
+        atlo += po;
+        athi += po;
     }
     [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t)
         [[unroll]] for (uint i = 0u; i < 8u; i += 2u) {
@@ -543,7 +548,7 @@ void main() {
             uint at = (up ? athi : atlo) + 16u * t + c4 + 8u * ((i >> 1u) & 1u);
             float f = up ? fhi : flo;
             if (up ? okhi : oklo) {
-                if (pc.direct != 0u) {
+                if (direct) {
                     outv[at] = o[t][i] * f;
                     outv[at + 1u] = o[t][i + 1u] * f;
                 } else {
@@ -558,7 +563,7 @@ void main() {
     barrier();
     float lt = l + red[tid ^ 1u], f = 1.0;
     uint at0;
-    if (pc.direct != 0u) { // the row's query values, read again: a NaN or an infinity
+    if (direct) { // the row's query values, read again: a NaN or an infinity
         float bad = 0.0;
         for (uint d = h; d < HDK; d += 2u)
             if (row_ok && nonfinite(qb[q0 + d])) bad = 1.0;
@@ -572,13 +577,13 @@ void main() {
             part[at0] = m;
             part[at0 + 1u] = lt;
         }
-        at0 += 2u;
+        at0 += po;
     }
     if (row_ok)
         [[unroll]] for (uint j = 0u; j < (HDV + 1u) / 2u; ++j) {
             uint d = 2u * j + h;
             if (d >= HDV) break;
-            if (pc.direct != 0u) outv[at0 + d] = o[j] * f;
+            if (direct) outv[at0 + d] = o[j] * f;
             else part[at0 + d] = o[j];
         }
 #endif

@@ -39,7 +39,8 @@ rotate rotate.comp
 attn_prefill attn_prefill.comp -DUSE_CM=0
 attn_prefill_cm attn_prefill.comp -DUSE_CM=1 -O0
 cm_layout cm_layout.comp -O0
-half_exact half_exact.comp"
+half_exact half_exact.comp
+attn_merge_rows attn_merge_rows.comp"
 
 # The attention job record: one query of one cache, as kvcache_vk.h writes it into the
 # meta buffer and attn_common.glsl's load_job reads it, one 32-bit word per field.

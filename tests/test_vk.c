@@ -3509,12 +3509,15 @@ static void test_prefill(tk_rng *rng) {
         shape sh;
         side s[2];
         int before = tk_failed, step, i, small, lead = tk_pct(rng, 50);
-        int32_t next[3] = {0, 0, 0}, groups = ctx->pf_groups;
+        int32_t next[3] = {0, 0, 0}, groups = ctx->pf_groups, rows_min = ctx->pf_rows_min;
         memset(&sh, 0, sizeof(sh));
         sh.kind = (kvc_kind)(ep % 3);
         /* every other episode (the second among them) in one split: its calls write the output
            from attn_prefill, without the merge pass (kvc_vk_context.pf_groups) */
         if (ep % 2 == 1) ctx->pf_groups = 1;
+        /* every fourth (the first among them): calls of several splits merge on attn_merge_rows
+           whatever their rows (kvc_vk_context.pf_rows_min) */
+        if (ep % 4 == 0) ctx->pf_rows_min = 1;
         sh.tk = sh.tv = KVC_TYPE_F16;
         sh.prefill = 1;
         sh.layers = 1;
@@ -3529,6 +3532,10 @@ static void test_prefill(tk_rng *rng) {
         sh.page_cells = 8 * tk_int(rng, 1, 4);
         sh.no_subgroup = tk_pct(rng, 30);
         if (sh.kind == KVC_KIND_ROTATING) { sh.window = tk_int(rng, 10, 120); sh.sinks = tk_int(rng, 0, 3); }
+        if (ep % 4 == 2) { /* values stored rotated: attn_merge rotates them back, every split count */
+            int32_t nb;
+            if (kvc_rotation_block(sh.hdv, &nb) == KVC_OK) sh.rotate = KVC_ROTATE_V;
+        }
         make_sides(s, &sh);
         for (step = 0; step < 3; ++step) {
             int32_t n, pos[48], seq[48];
@@ -3559,10 +3566,12 @@ static void test_prefill(tk_rng *rng) {
                               sh.kind != KVC_KIND_CAUSAL && tk_pct(rng, 15), rng);
         }
         if (tk_failed != before)
-            fprintf(stderr, "prefill %d failed: kind %d kv %d group %d dims %d/%d page %d window %d sinks %d%s%s\n", ep,
+            fprintf(stderr, "prefill %d failed: kind %d kv %d group %d dims %d/%d page %d window %d sinks %d%s%s%s%s\n", ep,
                     (int)sh.kind, sh.kv_heads, sh.group, sh.hdk, sh.hdv, sh.page_cells, sh.window, sh.sinks,
-                    sh.no_subgroup ? " no-subgroup" : "", ctx->pf_groups == 1 ? " one-split" : "");
+                    sh.no_subgroup ? " no-subgroup" : "", ctx->pf_groups == 1 ? " one-split" : "",
+                    sh.rotate ? " rotated-v" : "", ctx->pf_rows_min == 1 ? " merge-rows" : "");
         ctx->pf_groups = groups;
+        ctx->pf_rows_min = rows_min;
         free_sides(s);
     }
 }
