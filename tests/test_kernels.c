@@ -194,8 +194,11 @@ static void test_accuracy(tk_rng *rng) {
     /* Errors relative to the output's max (and rms), measured over 6 random seeds on this data
        (700 cells, uniform K, V, q; the outputs are averages, so small):
        f32 max 7e-7 rms 4e-7; f16 2e-4 / 2.2e-4; bf16 1.7e-3 / 1.6e-3; q8_0 4.7e-3 /
-       4.2e-3; q4_0 7.7e-2 / 7.7e-2. The bounds leave about 2x room. */
-    static const double max_bound[KVC_TYPE_COUNT] = {2e-6, 6e-4, 5e-3, 1.2e-2, 1.6e-1};
+       4.2e-3; q4_0 7.7e-2 / 7.7e-2. The bounds leave about 2x room. The scalar path (tcc's
+       build) is further out on f32: max 1.55e-6 over seeds 1-120, 2.16e-6 on seed
+       1795956109 (KVC_TEST_SCALE=0.05), which failed the earlier bound of 2e-6; rms at most
+       5.3e-7. */
+    static const double max_bound[KVC_TYPE_COUNT] = {4e-6, 6e-4, 5e-3, 1.2e-2, 1.6e-1};
     static const double rms_bound[KVC_TYPE_COUNT] = {1e-6, 5e-4, 4e-3, 1e-2, 1.5e-1};
     enum { N = 700, KV = 2, G = 4, D = 128, Q = 3 };
     static float k[N * KV * D], v[N * KV * D], q[Q * KV * G * D], out[Q * KV * G * D];
