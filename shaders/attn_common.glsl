@@ -64,3 +64,20 @@ bool nonfinite(float x) { return (floatBitsToUint(x) & 0x7f800000u) == 0x7f80000
 // H100 when the cap was off.
 float score_finite(float s) { return nonfinite(s) ? POS_INF : s; }
 float score_capped(float s, float cap) { return nonfinite(s) ? POS_INF : cap * tanh(s / cap); }
+
+// The end of a query head's row (attn_merge.comp's rules, which attn_prefill's one-split
+// output follows): the head's sink, a natural-log logit (f32 bits at meta word so + head; so
+// ~0u: none), in base 2, -inf for none; then, from the row's base-2 maximum M and sum L with
+// the sink joining the denominator, the factor fM of its unnormalised values and the
+// denominator Lt (values x fM / Lt; Lt = 0: zeros, nothing seen), and the row's log-sum-exp
+// (natural log; -inf where nothing was seen), returned.
+float head_sink(uint so, uint head) {
+    return so != 0xffffffffu ? uintBitsToFloat(meta[so + head]) * 1.4426950408889634 : -POS_INF;
+}
+float softmax_end(float M, float L, float sk, out float fM, out float Lt) {
+    float Ms = max(M, sk);
+    fM = Ms == -POS_INF ? 0.0 : exp2(M - Ms);
+    float fS = Ms == -POS_INF ? 0.0 : exp2(sk - Ms);
+    Lt = L * fM + fS;
+    return Lt > 0.0 ? (Ms + log2(Lt)) * 0.6931471805599453 : -POS_INF;
+}

@@ -128,7 +128,7 @@ void main() {
         }
     }
     uint jw = pc.job_off + jb * JOB_STRIDE, so = meta[jw + JOB_SINK_OFF], lo = meta[jw + JOB_LSE_OFF];
-    float sk = so != 0xffffffffu ? uintBitsToFloat(meta[so + qh]) * 1.4426950408889634 : NEG_INF;
+    float sk = head_sink(so, qh);
     uint bad = tid < n && mx == POS_INF ? 1u : 0u; // the split saw a score not finite (attn_common.glsl)
     for (uint i = tid; i < HDK; i += 256u)
         if ((qw[J.q_off + qh * HDK + i] & 0x7f800000u) == 0x7f800000u) bad = 1u;
@@ -152,10 +152,8 @@ void main() {
     float L = reduce(mx == NEG_INF ? 0.0 : lx * exp2(mx - M), 1u); // also the barrier that publishes qbad
     bool isbad = qbad != 0u;
 #endif
-    // the head's sink (a natural-log logit) joins the denominator; the maxima are base 2
-    float Ms = max(M, sk);
-    float fM = Ms == NEG_INF ? 0.0 : exp2(M - Ms), fS = Ms == NEG_INF ? 0.0 : exp2(sk - Ms);
-    float Lt = L * fM + fS;
+    // the head's sink joins the denominator
+    float fM, Lt, lse = softmax_end(M, L, sk, fM, Lt);
     float nan_ = uintBitsToFloat(0x7fc00000u);
     for (uint z = z0; z < z1; ++z) {
         uint d = z * DV + tid % DV;
@@ -202,5 +200,5 @@ void main() {
         }
     }
     if (tid == 0u && (ROT_V != 0u || gl_WorkGroupID.z == 0u) && lo != 0xffffffffu)
-        lsev[lo + qh] = isbad ? nan_ : Lt > 0.0 ? (Ms + log2(Lt)) * 0.6931471805599453 : NEG_INF;
+        lsev[lo + qh] = isbad ? nan_ : lse;
 }

@@ -223,19 +223,16 @@ void make_masks(Job J, uint b, uint nq, uint tid) {
 #endif
 }
 
-// A row's end where the call has one split (out_mode 1), by attn_merge.comp's rules: its query
-// head's sink (a natural-log logit) joins the denominator of M and L (the row's base-2
-// maximum and sum); f: the factor of its unnormalised values (zero where nothing was seen,
-// NaN for a bad row: its query, or a score, not finite); its log-sum-exp written where the
-// job asks for it (by one invocation of the row: lse_lane). Returns the output's first float.
+// A row's end where the call has one split (out_mode 1), by attn_merge.comp's rules
+// (attn_common.glsl's softmax_end) from M and L (the row's base-2 maximum and sum): f, the
+// factor of its unnormalised values (zero where nothing was seen, NaN for a bad row: its
+// query, or a score, not finite); its log-sum-exp written where the job asks for it (by one
+// invocation of the row: lse_lane). Returns the output's first float.
 uint row_end(uint jb, uint head, float M, float L, bool bad, bool lse_lane, out float f) {
     uint jw = pc.job_off + jb * JOB_STRIDE, so = meta[jw + JOB_SINK_OFF], lo = meta[jw + JOB_LSE_OFF];
-    float sk = so != 0xffffffffu ? uintBitsToFloat(meta[so + head]) * 1.4426950408889634 : NEG_INF;
-    float Ms = max(M, sk), nan_ = uintBitsToFloat(0x7fc00000u);
-    float fM = Ms == NEG_INF ? 0.0 : exp2(M - Ms), fS = Ms == NEG_INF ? 0.0 : exp2(sk - Ms);
-    float Lt = L * fM + fS;
+    float fM, Lt, lse = softmax_end(M, L, head_sink(so, head), fM, Lt), nan_ = uintBitsToFloat(0x7fc00000u);
     bad = bad || M == POS_INF;
-    if (lse_lane && lo != 0xffffffffu) lsev[lo + head] = bad ? nan_ : Lt > 0.0 ? (Ms + log2(Lt)) * 0.6931471805599453 : NEG_INF;
+    if (lse_lane && lo != 0xffffffffu) lsev[lo + head] = bad ? nan_ : lse;
     f = bad ? nan_ : Lt > 0.0 ? fM / Lt : 0.0;
     return meta[jw + JOB_OUT_OFF] + head * HDV;
 }
