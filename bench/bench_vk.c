@@ -15,7 +15,8 @@
    the rotation costs. --causal: CAUSAL caches (the mask reads each cell's sequence and
    position words) instead of FULL ones, and a `step host (us)` column, the CPU time to record
    a call after each cache lost its last cell (a decode step's first layer); the prefill rows
-   then run over a CAUSAL cache too.
+   then run over a CAUSAL cache too. The queries and outputs are device-local buffers, as an
+   engine's (and bench_vk_sdpa.py's) are; --host-io puts them in host-visible memory instead.
 
    No Vulkan loader or device: prints a skip and exits 0 (make bench runs it everywhere).
    A CPU device (VkPhysicalDeviceProperties.deviceType CPU, e.g. lavapipe) runs the default
@@ -58,6 +59,11 @@ int main(void) {
 #define CHUNK 8192 /* tokens appended per call while filling */
 
 static int g_hd = 128; /* head dim of K and V (--hd) */
+/* --host-io: the queries and outputs in host-visible memory (what the GPU reads and writes
+   through PCIe on a discrete card) instead of device-local buffers. An engine's queries come
+   from its own GPU matmuls, and bench_vk_sdpa.py's tensors live on the device, so device-local
+   is the default; until 2026-11-29 (issue 37, round 19) every row used host memory. */
+static int g_host_io = 0;
 
 static kvc_vk_context *ctx;
 static const kvc_vk_functions *fn;
@@ -360,9 +366,15 @@ static void prefill_row(const kvc_vk_buffer *kin_buf, const kvc_vk_buffer *vin_b
         CHECK(kvc_vk_cmd_append(vp, cmd, c, 0, &tk_, &tv_));
     }
     CHECK(kvc_vk_context_submit_wait(ctx, cmd));
-    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * n, 1, &qb));
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * n, g_host_io, &qb));
     CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * n, 0, &ob));
-    for (i = 0; i < n; ++i) ((float *)qb.mapped)[i] = frand();
+    {
+        float *qv = (float *)malloc(sizeof(float) * n);
+        if (qv == NULL) die("malloc", KVC_ERR_NO_MEMORY);
+        for (i = 0; i < n; ++i) qv[i] = frand();
+        CHECK(kvc_vk_buffer_upload(ctx, qb.buffer, 0, qv, sizeof(float) * n));
+        free(qv);
+    }
     memset(&item, 0, sizeof(item));
     item.cache = c;
     item.desc.n_queries = NQ; /* positions: the last NQ of the cache, causal */
@@ -445,6 +457,7 @@ int main(int argc, char **argv) {
                    "  --prefill-cells LIST    cells of the prefill rows' caches, at least the queries (default 4096; at most 131072)\n"
                    "  --saveload     also time kvc_cache_save / _load of each batch-1 row's cache\n"
                    "  --causal       decode and prefill rows over CAUSAL caches (default FULL: no per-cell masks)\n"
+                   "  --host-io      queries and outputs in host-visible memory (default: device-local buffers)\n"
                    "  --quick        4096 cells, batch 1, 2 reps, a 64 MiB copy\n"
                    "A CPU device (lavapipe) gets the --quick shape unless --cells, --batch or --reps is given.\n"
                    "Environment: KVC_VK_DEVICE (device index), BENCH_VK_BOUNDS_CHECKS, BENCH_VK_NO_DOT,\n"
@@ -460,13 +473,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[ai], "--splits") && ai + 1 < argc) groups = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--hd") && ai + 1 < argc) g_hd = atoi(argv[++ai]);
         else if (!strcmp(argv[ai], "--no-copy")) no_copy = 1;
+        else if (!strcmp(argv[ai], "--host-io")) g_host_io = 1;
         else if (!strcmp(argv[ai], "--no-prefill")) no_prefill = 1;
         else if (!strcmp(argv[ai], "--prefill-queries") && ai + 1 < argc) n_pq = parse_list(argv[++ai], pq_list, 8);
         else if (!strcmp(argv[ai], "--prefill-heads") && ai + 1 < argc) n_ph = parse_list(argv[++ai], ph_list, 8);
         else if (!strcmp(argv[ai], "--prefill-cells") && ai + 1 < argc) n_pc = parse_list(argv[++ai], pc_list, 8);
         else if (!strcmp(argv[ai], "--saveload")) saveload = 1;
         else if (!strcmp(argv[ai], "--causal")) causal = 1;
-        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--no-prefill] [--saveload] [--causal] [--quick] [--help]\n"); return 2; }
+        else { fprintf(stderr, "usage: bench_vk [--cells a,b] [--batch a,b] [--types f16,q8_0] [--reps n] [--splits n] [--hd 64|128|256] [--no-copy] [--no-prefill] [--saveload] [--causal] [--host-io] [--quick] [--help]\n"); return 2; }
     }
     if (g_hd != 64 && g_hd != 128 && g_hd != 256) { fprintf(stderr, "bench_vk: --hd: 64, 128 or 256\n"); return 2; }
     for (bi = 0; bi < n_batch; ++bi)
@@ -508,12 +522,13 @@ int main(int argc, char **argv) {
         batch_list[0] = 1;
         reps = 2;
     }
-    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d (8-bit %d), bounds checks off %d, integer dot %d), head dim %d, %d reps per timing, medians of 5\n",
+    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d (8-bit %d), bounds checks off %d, integer dot %d), head dim %d, %d reps per timing, medians of 5, queries and outputs in %s memory\n",
            info.device_name, VK_API_VERSION_MAJOR(info.api_version), VK_API_VERSION_MINOR(info.api_version),
            info.subgroup_size, (info.active_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) != 0,
            (info.active_features & KVC_VK_FEATURE_INT8_MATRIX) != 0,
            (info.active_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) != 0,
-           (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0, g_hd, reps);
+           (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0, g_hd, reps,
+           g_host_io ? "host-visible (--host-io)" : "device-local");
 
     /* inputs: one chunk of K and V rows (f32), repeated through every cache */
     kin = (float *)malloc(sizeof(float) * in_elems * 2);
@@ -525,9 +540,9 @@ int main(int argc, char **argv) {
     CHECK(kvc_vk_buffer_upload(ctx, vin_buf.buffer, 0, vin, sizeof(float) * in_elems));
     qh = (float *)malloc(sizeof(float) * 8 * HQ * g_hd * 2);
     for (ai = 0; ai < 8 * HQ * g_hd; ++ai) qh[ai] = frand();
-    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * g_hd, 1, &q_buf));
-    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * g_hd, 1, &out_buf));
-    memcpy(q_buf.mapped, qh, sizeof(float) * 8 * HQ * g_hd);
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * g_hd, g_host_io, &q_buf));
+    CHECK(kvc_vk_buffer_create(ctx, sizeof(float) * 8 * HQ * g_hd, g_host_io, &out_buf));
+    CHECK(kvc_vk_buffer_upload(ctx, q_buf.buffer, 0, qh, sizeof(float) * 8 * HQ * g_hd));
 
     /* the copy kernel: 1 GiB -> 1 GiB */
     kvc_pool_config_init(&pc);
@@ -620,7 +635,9 @@ int main(int argc, char **argv) {
                 us = time_gpu(record_attn, &aj, reps, &spread);
                 host_us = g_host_us;
                 if (getenv("BENCH_VK_STATS")) print_stats(vp, 0); /* (the row's own pool: what it made) */
-                err = check_one(types[ti], rots[ti], kin, vin, cells, qh, (const float *)out_buf.mapped);
+                /* (sequence 0's output, into qh's second half) */
+                CHECK(kvc_vk_buffer_download(ctx, out_buf.buffer, 0, qh + 8 * HQ * g_hd, sizeof(float) * HQ * g_hd));
+                err = check_one(types[ti], rots[ti], kin, vin, cells, qh, qh + 8 * HQ * g_hd);
                 kvc_pool_stats_get(hp, &st);
                 bytes = (double)batch * cells * (double)(st.k_row_bytes + st.v_row_bytes);
                 if (causal) snprintf(step, sizeof step, "%.1f", step_host_us(&aj, caches));
