@@ -462,6 +462,7 @@ int main(int argc, char **argv) {
                    "A CPU device (lavapipe) gets the --quick shape unless --cells, --batch or --reps is given.\n"
                    "Environment: KVC_VK_DEVICE (device index), BENCH_VK_BOUNDS_CHECKS, BENCH_VK_NO_DOT,\n"
                    "BENCH_VK_NO_INT8 (the quantised tensor-core build without 8-bit products),\n"
+                   "BENCH_VK_NO_KHR (prefill on VK_NV_cooperative_matrix instead of the KHR typed matrices),\n"
                    "BENCH_VK_STATS (each row's pipelines' statistics, printed before the row).\n", argv[0]);
             return 0;
         }
@@ -507,6 +508,7 @@ int main(int argc, char **argv) {
     if (getenv("BENCH_VK_BOUNDS_CHECKS")) o.disable_features |= KVC_VK_FEATURE_PIPELINE_ROBUSTNESS;
     if (getenv("BENCH_VK_NO_DOT")) o.disable_features |= KVC_VK_FEATURE_INTEGER_DOT_PRODUCT;
     if (getenv("BENCH_VK_NO_INT8")) o.disable_features |= KVC_VK_FEATURE_INT8_MATRIX;
+    if (getenv("BENCH_VK_NO_KHR")) o.disable_features |= KVC_VK_FEATURE_KHR_MATRIX;
     o.pipeline_statistics = getenv("BENCH_VK_STATS") != NULL;
     if (kvc_vk_device_create(&o, &ctx) != KVC_OK) { printf("bench_vk: skipped (no Vulkan device)\n"); return 0; }
     kvc_vk_context_info(ctx, &info);
@@ -522,10 +524,11 @@ int main(int argc, char **argv) {
         batch_list[0] = 1;
         reps = 2;
     }
-    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d (8-bit %d), bounds checks off %d, integer dot %d), head dim %d, %d reps per timing, medians of 5, queries and outputs in %s memory\n",
+    printf("bench_vk: %s (Vulkan %u.%u, subgroup %u, cooperative matrix %d (8-bit %d, KHR %d), bounds checks off %d, integer dot %d), head dim %d, %d reps per timing, medians of 5, queries and outputs in %s memory\n",
            info.device_name, VK_API_VERSION_MAJOR(info.api_version), VK_API_VERSION_MINOR(info.api_version),
            info.subgroup_size, (info.active_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) != 0,
            (info.active_features & KVC_VK_FEATURE_INT8_MATRIX) != 0,
+           (info.active_features & KVC_VK_FEATURE_KHR_MATRIX) != 0,
            (info.active_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) != 0,
            (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0, g_hd, reps,
            g_host_io ? "host-visible (--host-io)" : "device-local");

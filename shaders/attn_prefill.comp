@@ -29,9 +29,21 @@
 // attn_merge or (rows 16 bytes longer) attn_merge_rows; or, where the call has one split (and
 // values not rotated), as the output itself (attn_merge.comp's rules: the head's sink, the
 // log-sum-exp, a row of NaN), and the host records no merge pass after it.
+// The tensor-core build is made twice: on VK_NV_cooperative_matrix (attn_prefill_cm) and, with
+// -DKHR=1, on VK_KHR_cooperative_matrix's typed matrices (attn_prefill_khr, where the device has
+// them: KVC_VK_FEATURE_KHR_MATRIX), whose K and V fragments need no transposes in registers.
 #extension GL_EXT_control_flow_attributes : require
+#ifndef KHR
+#define KHR 0
+#endif
 #if USE_CM
+#if KHR // (glslang 15 or later: shaders/embed.sh)
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_NV_cooperative_matrix2 : require
+#else
 #extension GL_NV_cooperative_matrix : require
+#endif
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_ballot : require
@@ -123,8 +135,25 @@ shared uint sseen[2 * WQ];                        // the cells some query sees (
 shared int jpos[ROWS], jwin[ROWS];                // the tile's queries: positions, windows
 shared uint jnc[ROWS];                            //   non-causal
 #if USE_CM
+#if KHR
+// (VK_KHR_cooperative_matrix) matrices typed by their place in a product, so that K^T and V are
+// loaded as the product reads its B operand; NV_cooperative_matrix's untyped ones were loaded,
+// then transposed in registers (a MOVM per register on the H200, 143 a tile); P's conversion
+// from an accumulator to an A operand is VK_NV_cooperative_matrix2's
+#define MATA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define MATB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define MATC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define LOAD_ROWS(m, buf, at, stride) coopMatLoad(m, buf, at, stride, gl_CooperativeMatrixLayoutRowMajor)
+#define LOAD_COLS(m, buf, at, stride) coopMatLoad(m, buf, at, stride, gl_CooperativeMatrixLayoutColumnMajor)
+#define MUL_ADD coopMatMulAdd
+#else
 #define MATA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define MATB MATA
 #define MATC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define LOAD_ROWS(m, buf, at, stride) coopMatLoadNV(m, buf, at, stride, false)
+#define LOAD_COLS(m, buf, at, stride) coopMatLoadNV(m, buf, at, stride, true)
+#define MUL_ADD coopMatMulAddNV
+#endif
 shared float rsc[ROWS];                           // each row's query scale (a power of two)
 shared uint rbad[ROWS];                           // nonzero: the row's query holds a NaN or an infinity
 void sync_sg() {
@@ -300,8 +329,8 @@ void main() {
                 }
                 sync_sg();
                 [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) {
-                    if (part_lo == 0u) coopMatLoadNV(qh[k], kv, (sg % QP) * 16u * SK + 2u * k, SK, false);
-                    else coopMatLoadNV(ql[k], kv, (sg % QP) * 16u * SK + 2u * k, SK, false);
+                    if (part_lo == 0u) LOAD_ROWS(qh[k], kv, (sg % QP) * 16u * SK + 2u * k, SK);
+                    else LOAD_ROWS(ql[k], kv, (sg % QP) * 16u * SK + 2u * k, SK);
                 }
                 sync_sg();
             }
@@ -383,11 +412,11 @@ void main() {
         [[unroll]] for (uint n = 0u; n < TC / 16u; ++n) {
             MATC sh = MATC(0.0), sl = MATC(0.0);
             [[unroll]] for (uint k = 0u; k < HDK / 16u; ++k) {
-                MATA kt; // K^T (d x cell): the staged rows read column-major
-                coopMatLoadNV(kt, kv, n * 16u * SK + 2u * k, SK, true);
-                sh = coopMatMulAddNV(qh[k], kt, sh);
+                MATB kt; // K^T (d x cell): the staged rows read column-major
+                LOAD_COLS(kt, kv, n * 16u * SK + 2u * k, SK);
+                sh = MUL_ADD(qh[k], kt, sh);
 #if !PF_NOLO
-                sl = coopMatMulAddNV(ql[k], kt, sl);
+                sl = MUL_ADD(ql[k], kt, sl);
 #endif
             }
             s[n] = sh + sl * INV_LO;
@@ -447,11 +476,11 @@ void main() {
         [[unroll]] for (uint t = 0u; t < HDV / 16u; ++t) {
             MATC lo = MATC(0.0);
             [[unroll]] for (uint j = 0u; j < TC / 16u; ++j) {
-                MATA vt;
-                coopMatLoadNV(vt, kv, TC * SK + 16u * j * SV + 2u * t, SV, false); // V (cell x d)
-                o[t] = coopMatMulAddNV(pa[j], vt, o[t]);
+                MATB vt;
+                LOAD_ROWS(vt, kv, TC * SK + 16u * j * SV + 2u * t, SV); // V (cell x d)
+                o[t] = MUL_ADD(pa[j], vt, o[t]);
 #if !PF_NOLO
-                lo = coopMatMulAddNV(pb[j], vt, lo);
+                lo = MUL_ADD(pb[j], vt, lo);
 #endif
             }
             o[t] = o[t] + lo * INV_LO;

@@ -7,7 +7,19 @@
 // P. A 16 x N matrix (N = 8 NCB) is in the expected layout if every lane holds 4 NCB elements
 // and its element i sits where cm_layout.glsl says, in the f32 D and in its f16 conversion
 // alike. Word 0 of the output: bit 0 for the 16 x 16 matrices, bit 1 for the 16 x 8 ones.
+// KHR: the same with VK_KHR_cooperative_matrix's typed matrices (attn_prefill's KHR build), whose
+// A operands are never read by element: there the f16 conversion (an A operand) is checked by
+// its product with the identity, which must give the accumulator back in the same places.
+#ifndef KHR
+#define KHR 0
+#endif
+#if KHR // (glslang 15 or later: shaders/embed.sh)
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_NV_cooperative_matrix2 : require
+#else
 #extension GL_NV_cooperative_matrix : require
+#endif
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_shader_subgroup_vote : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -15,10 +27,19 @@
 layout(local_size_x = 32) in;
 layout(set = 0, binding = 0) writeonly buffer OB { uint ok[]; };
 
+#if KHR
+#define MATA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define MATB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define MATC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define MATB8 coopmat<float16_t, gl_ScopeSubgroup, 16, 8, gl_MatrixUseB>
+#define MATC8 coopmat<float, gl_ScopeSubgroup, 16, 8, gl_MatrixUseAccumulator>
+#else
 #define MATA fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define MATB MATA
 #define MATC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 #define MATB8 fcoopmatNV<16, gl_ScopeSubgroup, 16, 8>
 #define MATC8 fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>
+#endif
 shared float16_t a_s[256], i_s[256], i8_s[128];
 
 // element i of `lane` in a 16 x (8 ncb) matrix, as 16 row + column
@@ -34,6 +55,18 @@ void main() {
         if (e < 128u) i8_s[e] = float16_t(e / 8u == e % 8u ? 1.0 : 0.0);
     }
     barrier();
+#if KHR
+    MATA a;
+    MATB id;
+    MATB8 id8;
+    coopMatLoad(a, a_s, 0u, 16u, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatLoad(id, i_s, 0u, 16u, gl_CooperativeMatrixLayoutColumnMajor);
+    coopMatLoad(id8, i8_s, 0u, 8u, gl_CooperativeMatrixLayoutRowMajor);
+    MATC d = coopMatMulAdd(a, id, MATC(0.0));
+    MATC p = coopMatMulAdd(MATA(d), id, MATC(0.0)); // (the f16 conversion, by its product)
+    MATC8 d8 = coopMatMulAdd(a, id8, MATC8(0.0));
+    MATC8 p8 = coopMatMulAdd(MATA(d), id8, MATC8(0.0));
+#else
     MATA a, id;
     MATB8 id8;
     coopMatLoadNV(a, a_s, 0u, 16u, false);
@@ -43,6 +76,7 @@ void main() {
     MATA p = MATA(d);
     MATC8 d8 = coopMatMulAddNV(a, id8, MATC8(0.0));
     MATB8 p8 = MATB8(d8);
+#endif
     bool good = d.length() == 8 && p.length() == 8;
     if (good)
         for (int i = 0; i < 8; ++i) {

@@ -3609,10 +3609,11 @@ int main(int argc, char **argv) {
     kvc_vk_context_info(ctx, &info);
     types_avail = (int)KVC_TYPE_COUNT;
     cpu_device = info.device_type == VK_PHYSICAL_DEVICE_TYPE_CPU;
-    printf("device %s, subgroup %u (arithmetic %d), cooperative matrix %d (8-bit %d), bounds checks off %d, integer dot %d, validation %s; seed %llu (test_vk %llu replays it)\n",
+    printf("device %s, subgroup %u (arithmetic %d), cooperative matrix %d (8-bit %d, KHR %d), bounds checks off %d, integer dot %d, validation %s; seed %llu (test_vk %llu replays it)\n",
            info.device_name, info.subgroup_size, info.subgroup_arithmetic,
            (info.active_features & KVC_VK_FEATURE_COOPERATIVE_MATRIX) != 0,
            (info.active_features & KVC_VK_FEATURE_INT8_MATRIX) != 0,
+           (info.active_features & KVC_VK_FEATURE_KHR_MATRIX) != 0,
            (info.active_features & KVC_VK_FEATURE_PIPELINE_ROBUSTNESS) != 0,
            (info.active_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT) != 0,
            info.validation ? "on" : o.validation ? "NOT INSTALLED" : "off (KVC_VK_VALIDATION=0)",
@@ -3699,6 +3700,8 @@ int main(int argc, char **argv) {
         sh.no_subgroup = (ep / 3) % 2;
         /* (and the QUANT build's f16 keys instead of its 8-bit ones, where the device has them) */
         sh.disable_features = ep % 5 == 4 ? KVC_VK_FEATURE_INTEGER_DOT_PRODUCT : ep % 5 == 2 ? KVC_VK_FEATURE_INT8_MATRIX : 0u;
+        /* (and attn_prefill on VK_NV_cooperative_matrix where the KHR typed matrices are there) */
+        if (ep % 3 == 1) sh.disable_features |= KVC_VK_FEATURE_KHR_MATRIX;
         /* rotated storage: none, K, V, both, by turns from a seeded start (every 12 episodes
            each with every cache kind; a short run still gets some), where the head dims take
            it (kvc_rotation_block) */
@@ -3740,11 +3743,12 @@ int main(int argc, char **argv) {
             ctx->cm_spread = spread;
             ctx->cm_wide = wide;
             if (tk_failed != before)
-                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s%s%s%s%s%s\n",
+                fprintf(stderr, "episode %d failed: kind %d types %s/%s layers %d kv %d group %d dims %d/%d page %d rotate %u%s%s%s%s%s%s%s%s%s%s\n",
                         ep, (int)sh.kind, kvc_type_name(sh.tk), kvc_type_name(sh.tv), sh.layers, sh.kv_heads, sh.group,
                         sh.hdk, sh.hdv, sh.page_cells, sh.rotate, sh.no_subgroup ? " no-subgroup" : "",
                         sh.disable_features & KVC_VK_FEATURE_INTEGER_DOT_PRODUCT ? " no-integer-dot" : "",
                         sh.disable_features & KVC_VK_FEATURE_INT8_MATRIX ? " no-int8-matrix" : "",
+                        sh.disable_features & KVC_VK_FEATURE_KHR_MATRIX ? " no-khr-matrix" : "",
                         sh.host_layout ? " host-layout" : "", sh.extreme ? " extreme" : "",
                         sh.growing > 0 ? " growing" : "", sh.tiny ? (sh.halves_off ? " tiny halves-off" : " tiny") : "",
                         sh.long_tiles ? " long-tiles" : "", sh.wide ? " wide" : "");
