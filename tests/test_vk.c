@@ -1366,6 +1366,12 @@ static void test_errors(void) {
         TK_OK(kvc_vk_context_info(borrowed, &got));
         TK_EQ(got.active_features, 0u);
         TK_OK(kvc_vk_context_destroy(borrowed));
+        /* the typed matrices alone: accepted, not active without COOPERATIVE_MATRIX */
+        d.enabled_features = KVC_VK_FEATURE_KHR_MATRIX;
+        TK_OK(kvc_vk_context_create(&d, &borrowed));
+        TK_OK(kvc_vk_context_info(borrowed, &got));
+        TK_EQ(got.active_features, 0u);
+        TK_OK(kvc_vk_context_destroy(borrowed));
     }
 }
 
