@@ -104,7 +104,8 @@ bench: bench-build
 bench-quick: bench-build
 	@for b in $(BENCHES); do n=$$(basename $$b .c); echo "== $$n --quick" && ./$(BUILD)/$$n --quick || exit 1; done
 
-# regenerate the SPIR-V committed in kvcache_vk.h from shaders/*.comp (needs glslc)
+# regenerate the SPIR-V committed in kvcache_vk.h from shaders/*.comp (needs glslc; GLSLANG=path
+# to glslang 15 or later rebuilds the -DKHR=1 modules too, see docs/design.md)
 shaders:
 	bash shaders/embed.sh
 
