@@ -8,8 +8,11 @@ first row up to 1.6x slow); GB/s counts the f16 K+V bytes, as bench_vk does.
 
 Then prefill: 512 queries over 4k cells, causal (the queries are the last 512 positions:
 lower-right causal alignment), f16, on SDPA's flash kernel, as bench_vk's prefill row.
-`--prefill-cells LIST` times prefill over those cache sizes instead (as bench_vk's option of
-that name), `--prefill-only` skips the decode rows.
+
+The sizes take bench_vk's options of the same names: `--cells LIST` and `--batch LIST` (the
+decode rows), `--prefill-queries LIST`, `--prefill-heads LIST` (query heads over 8 kv heads)
+and `--prefill-cells LIST`; `--prefill-only` skips the decode rows, `--no-prefill` the
+prefill rows.
 
 Two columns: the 50 calls launched from Python ("eager": small shapes then wait for the
 host's launches), and the same 50 calls captured once in a CUDA graph and replayed
@@ -60,20 +63,29 @@ def graph_of(call, reps):
 
 
 def main():
+    args = sys.argv[1:]
+    lists = {"--cells": [4096, 32768, 131072], "--batch": [1, 8], "--prefill-queries": [512],
+             "--prefill-heads": [32], "--prefill-cells": [4096]}
+    at = 0
+    while at < len(args):
+        a = args[at]
+        if a in lists and at + 1 < len(args):
+            try:
+                lists[a] = [int(x) for x in args[at + 1].split(",")]
+            except ValueError:
+                sys.exit(f"bench_vk_sdpa: {a}: a comma-separated list of integers")
+            at += 2
+        elif a in ("--prefill-only", "--no-prefill"):
+            at += 1
+        else:
+            sys.exit("usage: bench_vk_sdpa.py [--cells LIST] [--batch LIST] [--prefill-queries LIST]\n"
+                     "       [--prefill-heads LIST] [--prefill-cells LIST] [--prefill-only] [--no-prefill]")
+    cells, batches = lists["--cells"], lists["--batch"]
+    if any(h < 8 or h % 8 for h in lists["--prefill-heads"]):
+        sys.exit("bench_vk_sdpa: --prefill-heads: multiples of 8 (the kv heads)")
     if not torch.cuda.is_available():
         print("bench_vk_sdpa: skipped (no CUDA device)")
         return
-    args = sys.argv[1:]
-    prefill_cells = [4096]
-    if "--prefill-cells" in args:
-        at = args.index("--prefill-cells")
-        if at + 1 >= len(args):
-            sys.exit("usage: bench_vk_sdpa.py [--prefill-only] [--prefill-cells LIST]")
-        prefill_cells = [int(x) for x in args[at + 1].split(",")]
-        if any(n < 512 for n in prefill_cells):
-            sys.exit("bench_vk_sdpa: --prefill-cells: each at least 512 (the queries)")
-    cells = [4096, 32768, 131072]
-    batches = [1, 8]
     reps = 50
     print(f"bench_vk_sdpa: torch {torch.__version__}, {torch.cuda.get_device_name()}, {reps} calls per timing, medians of 5")
     torch.manual_seed(0)
@@ -104,23 +116,27 @@ def main():
             del q, k, v, g
             torch.cuda.empty_cache()
 
-    print("\n| SDPA f16 prefill | queries | cells | eager (us) | graph (us) | graph TFLOP/s |")
-    print("|---|---|---|---|---|---|")
-    for n in prefill_cells:
-        prefill(reps, n)
+    if "--no-prefill" in args:
+        return
+    print("\n| SDPA f16 prefill | queries | q / kv heads | cells | eager (us) | graph (us) | graph TFLOP/s |")
+    print("|---|---|---|---|---|---|---|")
+    for nq in lists["--prefill-queries"]:
+        for nh in lists["--prefill-heads"]:
+            for n in lists["--prefill-cells"]:
+                if n >= nq:
+                    prefill(reps, nq, nh, n)
 
 
-def prefill(reps, n):
-    """512 causal queries over n cells (the last 512 positions), flash backend"""
+def prefill(reps, nq, nh, n):
+    """nq causal queries of nh heads over n cells (the last nq positions), flash backend"""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
-    nq = 512
-    q = torch.randn(1, 32, nq, 128, dtype=torch.float16, device="cuda")
+    q = torch.randn(1, nh, nq, 128, dtype=torch.float16, device="cuda")
     k = torch.randn(1, 8, n, 128, dtype=torch.float16, device="cuda")
     v = torch.randn(1, 8, n, 128, dtype=torch.float16, device="cuda")
     # flash takes GQA as heads repeated (causal_lower_right does not pass enable_gqa on in
     # every torch version): the same arithmetic, K and V read from L2 either way
-    kx, vx = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
+    kx, vx = k.repeat_interleave(nh // 8, dim=1), v.repeat_interleave(nh // 8, dim=1)
     mask = causal_lower_right(nq, n)
 
     def call():
@@ -132,7 +148,7 @@ def prefill(reps, n):
             call()
 
     # query i sees n - nq + 1 + i cells: 4 * 128 FLOPs a (query head, cell), QK and PV
-    flops = 4 * 128 * 32 * (nq * (n - nq + 1) + nq * (nq - 1) / 2)
+    flops = 4 * 128 * nh * (nq * (n - nq + 1) + nq * (nq - 1) / 2)
     try:
         us = timed(eager, reps)
     except RuntimeError as e:
@@ -140,7 +156,10 @@ def prefill(reps, n):
         return
     g = graph_of(call, reps)
     gus = timed(g.replay, reps) if g is not None else float("nan")
-    print(f"| sdpa flash, causal lower right | {nq} | {n} | {us:.1f} | {gus:.1f} | {flops / gus * 1e-6:.1f} |")
+    print(f"| sdpa flash, causal lower right | {nq} | {nh} / 8 | {n} | {us:.1f} | {gus:.1f} | {flops / gus * 1e-6:.1f} |")
+    sys.stdout.flush()
+    del q, k, v, kx, vx, g
+    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
